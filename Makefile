@@ -1,0 +1,34 @@
+# qeval: `make run` (the demo) and `make test` install what they need into .venv first.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test test-fast install clean-reports tasks model
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch first, from constraints.txt: the CPU wheel here, the same version's CUDA build on a GPU server
+	$(PY) -m pip install -q -c constraints.txt torch
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## run the demo (configs/demo.yaml on the shipped tiny model) into reports/demo/
+run: $(STAMP)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/qeval run configs/demo.yaml
+
+## every test, the slow end-to-end ones included (CI runs exactly this)
+test: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest
+
+## skip engine starts and full demo runs while developing
+test-fast: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not slow"
+
+## regenerate the task suite / retrain the tiny model (deterministic; ~30 min on 2 cores)
+tasks: $(STAMP)
+	$(PY) scripts/make_tasks.py
+model: $(STAMP)
+	$(PY) scripts/train_tiny_model.py --out models/qeval-tiny

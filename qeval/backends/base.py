@@ -1,0 +1,88 @@
+"""The backend protocol: batch calls, typed requests and results (lm-evaluation-harness style)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+#: a progress callback: called with the number of requests just finished
+Progress = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class LoglikelihoodRequest:
+    """Score `continuation` given `context` (the delimiter already joined in)."""
+
+    context: str
+    continuation: str
+
+
+@dataclass
+class LoglikelihoodResult:
+    logprob: float
+    is_greedy: bool
+    n_tokens: int
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    context: str
+    until: tuple[str, ...]
+    max_gen_toks: int
+
+
+@dataclass
+class RollingRequest:
+    """Score a whole text; `ref_indices` ([n_tokens, k]) asks for log-probs at a reference's
+    top-k token ids, for KL divergence against the baseline."""
+
+    text: str
+    ref_indices: np.ndarray | None = None
+
+
+@dataclass
+class RollingResult:
+    token_logprobs: np.ndarray  # [n_tokens] log-prob of each actual token
+    topk_indices: np.ndarray  # [n_tokens, k] this model's own top-k next-token ids
+    topk_logprobs: np.ndarray  # [n_tokens, k]
+    ref_logprobs: np.ndarray | None = None  # [n_tokens, k] at the reference's ids
+
+    @property
+    def logprob(self) -> float:
+        return float(self.token_logprobs.sum())
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.token_logprobs.shape[0])
+
+
+@dataclass
+class MemoryFigure:
+    """A measured number and where it came from."""
+
+    measured: int | None
+    source: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    """What a serving engine must offer qeval. One instance serves one setup in one process."""
+
+    name: str
+
+    def load(self) -> None: ...
+
+    def loglikelihood(self, requests: list[LoglikelihoodRequest], progress: Progress) -> list[LoglikelihoodResult]: ...
+
+    def loglikelihood_rolling(self, requests: list[RollingRequest], progress: Progress) -> list[RollingResult]: ...
+
+    def generate(self, requests: list[GenerateRequest], progress: Progress) -> list[str]: ...
+
+    def memory(self) -> dict[str, MemoryFigure]: ...
+
+    def library_versions(self) -> dict[str, str]: ...
+
+    def close(self) -> None: ...

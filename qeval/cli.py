@@ -1,0 +1,128 @@
+"""The `qeval` command line: run, validate, tasks (design §8 lists the stable surface)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from qeval.errors import UserError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Quantization quality-vs-memory evaluation.")
+_err = Console(stderr=True)
+
+
+def _fail(exc: UserError) -> None:
+    print(f"qeval: error: {exc}", file=sys.stderr)
+    raise typer.Exit(2)
+
+
+def _split(value: str | None) -> list[str] | None:
+    return [v.strip() for v in value.split(",") if v.strip()] if value else None
+
+
+@app.command()
+def run(
+    config: Annotated[Path, typer.Argument(help="run config YAML")],
+    output: Annotated[Optional[Path], typer.Option(help="run directory (default reports/<config name>)")] = None,
+    setups: Annotated[Optional[str], typer.Option(help="comma-separated setups to run (the baseline always runs)")] = None,
+    tasks: Annotated[Optional[str], typer.Option(help="comma-separated tasks to score")] = None,
+    limit: Annotated[Optional[int], typer.Option(min=1, help="score only the first N samples of each task")] = None,
+    force: Annotated[bool, typer.Option(help="recompute stored (setup, task) results")] = False,
+    fail_on_gate: Annotated[bool, typer.Option(help="exit 1 when a setup fails a quality gate")] = False,
+) -> None:
+    """Serve the model under every setup of CONFIG, score the tasks, write RUN_DIR."""
+    from qeval.config import load_config
+    from qeval.runner import RunOptions
+    from qeval.runner import run as run_all
+
+    try:
+        cfg = load_config(config)
+        out = output or Path("reports") / cfg.name
+        results = run_all(cfg, RunOptions(out, _split(setups), _split(tasks), limit, force))
+    except UserError as exc:
+        _fail(exc)
+        return
+    _err.print(f"results: {out / 'results.json'}\nreport:  {out / 'report.md'}")
+    failed_setups = [s["name"] for s in results["setups"] if s["status"] != "ok"]
+    if failed_setups:
+        _err.print(f"[yellow]setups that failed: {', '.join(failed_setups)} (see results.json)[/yellow]")
+    gate_failures = [s["name"] for s in results["setups"]
+                     for c in s["vs_baseline"].values() if c and c.get("verdict") == "fail"]
+    if fail_on_gate and gate_failures:
+        _err.print(f"[red]gate failed: {', '.join(sorted(set(gate_failures)))}[/red]")
+        raise typer.Exit(1)
+
+
+@app.command()
+def validate(config: Annotated[Path, typer.Argument(help="run config YAML")]) -> None:
+    """Check CONFIG, its tasks and data checksums, and every setup on this device; load no model."""
+    from qeval.config import load_config
+    from qeval.plan import make_plan
+
+    try:
+        plan = make_plan(load_config(config))
+    except UserError as exc:
+        _fail(exc)
+        return
+    print(f"{config}: ok ({len(plan.setups)} setups, {len(plan.tasks)} tasks, device {plan.device})")
+
+
+@app.command("tasks")
+def list_tasks(tasks_dir: Annotated[Path, typer.Option(help="folder of task YAMLs")] = Path("tasks")) -> None:
+    """List the tasks under TASKS_DIR with their kind, sample count and data checksum."""
+    from qeval.tasks import available_tasks, load_task
+
+    try:
+        names = available_tasks(tasks_dir)
+        table = Table("task", "kind", "samples", "sha256")
+        for name in names:
+            t = load_task(name, tasks_dir)
+            table.add_row(name, t.spec.output_type, str(len(t.docs)), t.sha256[:16] + "…")
+    except UserError as exc:
+        _fail(exc)
+        return
+    Console().print(table)
+
+
+@app.command("plan")
+def plan_cmd(
+    model: Annotated[str, typer.Option(help="model folder, config.json path, or hub id")],
+    gpu_gib: Annotated[float, typer.Option(min=0.1, help="GPU memory in GiB")] = 24.0,
+    utilization: Annotated[float, typer.Option(min=0.01, max=1.0, help="share of GPU memory the engine may use")] = 0.9,
+    context_len: Annotated[int, typer.Option(min=1, help="tokens per sequence")] = 4096,
+    margin: Annotated[float, typer.Option(min=0.0, max=0.9, help="share of the KV pool lost to fragmentation")] = 0.05,
+    overhead_gib: Annotated[float, typer.Option(min=0.0, help="activations and workspaces inside the budget")] = 1.0,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Predict weights, KV cache per token, KV tokens that fit and concurrent sequences per setup."""
+    import json
+
+    from qeval.planner import Target, load_model_config, plan, plan_json
+
+    try:
+        rows = plan(load_model_config(model), Target(gpu_gib, utilization, context_len, margin, overhead_gib))
+    except UserError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        print(json.dumps(plan_json(rows), indent=2))
+        return
+    table = Table("setup", "weights", "KV / token", "KV tokens", f"sequences @ {context_len}",
+                  title=f"{model} on {gpu_gib:g} GiB x {utilization:g}")
+    for r in rows:
+        table.add_row(r.setup, f"{r.weights_bytes / 2**30:.2f} GiB", f"{r.kv_bytes_per_token / 1024:.1f} KiB",
+                      f"{r.kv_cache_tokens:,}", f"{r.max_concurrency:g}" + ("" if r.fits else " (does not fit)"))
+    Console().print(table)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""The run configuration: typed, strict (`extra="forbid"`), validated before any model loads."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from qeval.errors import UserError
+from qeval.setups import Setup
+from qeval.yamlio import load_yaml
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSpec(_Strict):
+    """Where the model comes from: a local directory or a hub id (resolved by transformers)."""
+
+    path: str
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    max_context: int = Field(default=2048, gt=0)
+    trust_remote_code: bool = False
+    revision: str | None = None
+
+
+class Budget(_Strict):
+    """The deployment target the recommendation is sized for."""
+
+    gpu_memory_gib: float = Field(default=24.0, gt=0)
+    utilization: float = Field(default=0.9, gt=0, le=1)
+    context_len: int = Field(default=4096, gt=0)
+
+
+class Gate(_Strict):
+    """Non-inferiority: the drop on `task` ("all" for every task) is at most `max_drop`."""
+
+    task: str = "all"
+    max_drop: float = Field(gt=0)
+    relative: bool = False
+
+
+class RunConfig(_Strict):
+    """One qeval run: a model, the setups to serve it under, and the tasks to score."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    model: ModelSpec
+    backend: Literal["hf"] = "hf"
+    device: Literal["cpu", "cuda", "auto"] = "auto"
+    setups: list[Setup] = Field(min_length=1)
+    tasks: list[str] = Field(min_length=1)
+    tasks_dir: str = "tasks"
+    limit: int | None = Field(default=None, gt=0)
+    batch_size: int = Field(default=32, gt=0)
+    seed: int = 1234
+    budget: Budget = Budget()
+    gates: list[Gate] = []
+
+    @model_validator(mode="after")
+    def _check(self) -> RunConfig:
+        names = [s.name for s in self.setups]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate setup names: {', '.join(dupes)}")
+        baselines = [s.name for s in self.setups if s.baseline]
+        if len(baselines) > 1:
+            raise ValueError(f"more than one baseline setup: {', '.join(baselines)}")
+        if len(set(self.tasks)) != len(self.tasks):
+            raise ValueError("a task is listed twice")
+        for gate in self.gates:
+            if gate.task != "all" and gate.task not in self.tasks:
+                raise ValueError(f"gate names task {gate.task!r}, which the run does not score")
+        return self
+
+    @property
+    def baseline(self) -> Setup:
+        """The setup the others are compared with: the one marked, else the first."""
+        return next((s for s in self.setups if s.baseline), self.setups[0])
+
+    def config_hash(self) -> str:
+        return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    return f"{where}: {msg}" if where else msg
+
+
+def load_config(path: Path) -> RunConfig:
+    """Read and validate a run config. Paths inside it are resolved against the config's folder
+    first, then the working directory (so `make run` and a user's own folder both work)."""
+    raw = load_yaml(path)
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: expected a mapping at the top level")
+    try:
+        cfg = RunConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise UserError(f"{path}: {_first_error(exc)}") from None
+    cfg.model.path = _resolve(cfg.model.path, path.parent, must_exist=False)
+    cfg.tasks_dir = _resolve(cfg.tasks_dir, path.parent, must_exist=True)
+    return cfg
+
+
+def _resolve(value: str, base: Path, must_exist: bool) -> str:
+    for candidate in (Path(value), base / value, base.parent / value):
+        if candidate.exists():
+            return str(candidate.resolve())
+    if must_exist:
+        raise UserError(f"{value}: directory not found")
+    return value  # not a local path: a hub id, checked by the backend's validation

@@ -1,0 +1,93 @@
+"""Assemble results.json (design §8) from what the workers stored."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from qeval.comparison import compare_task, outputs_identical, weights_twin
+from qeval.memory import predict_kv_bytes_per_token, predict_weights_bytes
+from qeval.plan import RunPlan
+from qeval.provenance import hardware
+from qeval.setups import Setup
+from qeval.store import SCHEMA_VERSION, RunStore, read_json
+
+
+def assemble_results(plan: RunPlan, store: RunStore, run_info: dict[str, Any]) -> dict[str, Any]:
+    cfg = plan.cfg
+    # every setup of the config that has an outcome: a `--setups` rerun keeps the others
+    chosen = [s for s in cfg.setups if s in plan.setups or store.setup_path(s.name).is_file()]
+    setups = [_setup_entry(plan, store, s) for s in chosen]
+    ok = {e["name"] for e in setups if e["status"] == "ok"}
+    base = cfg.baseline.name
+    task_names = [t.name for t in plan.tasks]
+    for entry, setup in zip(setups, chosen):
+        if setup.name != base and entry["status"] == "ok" and base in ok:
+            for t in plan.tasks:
+                entry["vs_baseline"][t.name] = compare_task(store, base, setup.name, t.name, t.spec.output_type,
+                                                            cfg.seed, cfg.gates)
+        twin = weights_twin(cfg, setup) if setup.quantizes_kv else None
+        if twin is not None and setup.name in ok and twin.name in ok and outputs_identical(store, setup.name, twin.name, task_names):
+            entry["flags"].append(f"kv_cache_no_effect: outputs identical to weights-only twin {twin.name!r}; "
+                                  "the quantized KV cache was not exercised, do not read this as lossless")
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "run": run_info | {"hardware": hardware()},
+        "config": cfg.model_dump(mode="json"),
+        "tasks": {t.name: {"output_type": t.spec.output_type, "n": len(t.docs), "sha256": t.sha256,
+                           "fingerprint": t.fingerprint} for t in plan.tasks},
+        "setups": setups,
+        "recommendation": {"setup": None, "reasons": {}},
+    }
+
+
+def _setup_entry(plan: RunPlan, store: RunStore, setup: Setup) -> dict[str, Any]:
+    path = store.setup_path(setup.name)
+    outcome = read_json(path) if path.is_file() else {"status": "failed", "error": "not run"}
+    entry: dict[str, Any] = {
+        "name": setup.name, "baseline": setup.name == plan.cfg.baseline.name, "status": outcome["status"],
+        "error": outcome.get("error"), "spec": setup.model_dump(mode="json") | {"id": setup.id},
+        "memory": _ledger(plan, setup, outcome.get("memory") or {}), "tasks": {}, "vs_baseline": {}, "flags": [],
+        "library_versions": outcome.get("library_versions", {}), "quantization": outcome.get("quantization", {}),
+        "timings": outcome.get("timings", {}),
+    }
+    for t in plan.tasks:
+        meta = store.read_meta(setup.name, t.name)
+        if meta is not None:
+            entry["tasks"][t.name] = {"n": meta["n"], "metrics": meta["metrics"]}
+    if outcome["status"] == "ok" and len(entry["tasks"]) < len(plan.tasks):
+        entry["status"], entry["error"] = "failed", "some tasks have no stored results"
+    return entry
+
+
+def _ledger(plan: RunPlan, setup: Setup, measured: dict[str, Any]) -> dict[str, Any]:
+    """Predicted next to measured, each measured figure with its source (design §3)."""
+    def fig(name: str, predicted: int | None) -> dict[str, Any]:
+        m = measured.get(name, {})
+        return {"measured": m.get("measured"), "predicted": predicted, "source": m.get("source", "not measured")}
+
+    shape, dtype = plan.shape, plan.cfg.model.dtype
+    ledger = {
+        "weights_bytes": fig("weights_bytes", predict_weights_bytes(shape, setup, dtype) if shape else None),
+        "kv_bytes_per_token": fig("kv_bytes_per_token", predict_kv_bytes_per_token(shape, setup, dtype) if shape else None),
+        "peak_bytes": fig("peak_bytes", None) | {k: v for k, v in measured.get("peak_bytes", {}).get("extra", {}).items()},
+        "activations_bytes": fig("activations_bytes", None),
+    }
+    if "overhead_bytes" in measured:
+        ledger["overhead_bytes"] = fig("overhead_bytes", None)
+    ledger |= _capacity(plan, ledger)
+    return ledger
+
+
+def _capacity(plan: RunPlan, ledger: dict[str, Any]) -> dict[str, Any]:
+    """KV tokens that fit the budget and sequences at its context length. The transformers
+    backend has no KV pool of its own, so these are predictions from the measured bytes."""
+    b = plan.cfg.budget
+    w = ledger["weights_bytes"]["measured"] or ledger["weights_bytes"]["predicted"]
+    kv = ledger["kv_bytes_per_token"]["measured"] or ledger["kv_bytes_per_token"]["predicted"]
+    if not w or not kv:
+        return {"kv_cache_tokens": None, "max_concurrency": None}
+    free = b.gpu_memory_gib * 2**30 * b.utilization - w
+    tokens = max(int(free // kv), 0)
+    return {"kv_cache_tokens": tokens, "max_concurrency": round(tokens / b.context_len, 2),
+            "capacity_source": f"predicted for the budget ({b.gpu_memory_gib} GiB x {b.utilization}, "
+                               f"{b.context_len}-token sequences) from the weights and KV bytes above"}

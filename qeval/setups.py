@@ -1,0 +1,63 @@
+"""A quantization setup: what precision the weights and the KV cache are served at."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Weights = Literal["bf16", "fp16", "fp32", "int8", "int4"]
+KVCache = Literal["auto", "fp8", "int8", "int4", "int2"]
+Method = Literal["rtn", "bnb", "torchao", "w8a8", "w4a8", "gptq", "awq", "fp8"]
+
+#: bits per weight element for each weight precision (scales are added by memory.py)
+WEIGHT_BITS: dict[str, int] = {"fp32": 32, "bf16": 16, "fp16": 16, "int8": 8, "int4": 4}
+#: bits per KV element for each KV-cache precision; `auto` follows the model dtype
+KV_BITS: dict[str, int] = {"fp8": 8, "int8": 8, "int4": 4, "int2": 2}
+
+
+class Setup(BaseModel):
+    """One way of serving the model. `weights` None means the model's own 16-bit dtype."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    baseline: bool = False
+    weights: Weights | None = None
+    method: Method = "rtn"
+    group_size: int | None = Field(default=None, gt=0)
+    kv_cache: KVCache = "auto"
+    kv_group_size: int | None = Field(default=None, gt=0)
+    #: tokens QuantizedCache keeps unquantized; 1 quantizes everything (see hf.py)
+    kv_residual_length: int = Field(default=1, ge=1)
+    #: cap the worker's address space (MiB): reproduces an out-of-memory on a smaller device
+    memory_limit_mib: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> Setup:
+        quantized = self.weights in ("int8", "int4")
+        if self.group_size is not None and self.weights != "int4":
+            raise ValueError(f"setup {self.name}: group_size applies to int4 weights only")
+        if not quantized and self.method != "rtn":
+            raise ValueError(f"setup {self.name}: method {self.method!r} needs int8 or int4 weights")
+        return self
+
+    @property
+    def quantizes_weights(self) -> bool:
+        return self.weights in ("int8", "int4")
+
+    @property
+    def quantizes_kv(self) -> bool:
+        return self.kv_cache != "auto"
+
+    def weights_twin(self) -> dict:
+        """The fields that identify this setup's weights-only twin (same weights, KV auto)."""
+        return {"weights": self.weights, "method": self.method, "group_size": self.group_size}
+
+    @property
+    def id(self) -> str:
+        """Stable cache key: a hash of everything that changes the setup's outputs."""
+        fields = self.model_dump(exclude={"name", "baseline", "memory_limit_mib"})
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]

@@ -1,0 +1,198 @@
+"""Task definitions (lm-evaluation-harness-style YAML) and their checksummed data.
+
+A task YAML names its data (`dataset_path: json` + `data_files`, relative to the YAML,
+or a hub dataset through the optional `datasets` package), the data's sha256, how a
+document becomes a prompt (`doc_to_text`, `doc_to_target`, `doc_to_choice`, Jinja2
+templates or plain field names, as in lm-evaluation-harness) and how it is scored
+(`output_type`).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+import jinja2
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from qeval.errors import UserError
+from qeval.yamlio import load_yaml
+
+OutputType = Literal["multiple_choice", "generate_until", "loglikelihood_rolling"]
+_JINJA = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+
+
+class GenerationKwargs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    until: list[str] = ["\n"]
+    max_gen_toks: int = Field(default=32, gt=0)
+    do_sample: Literal[False] = False
+
+
+class TaskSpec(BaseModel):
+    """The YAML of one task."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: str
+    description: str = ""
+    output_type: OutputType
+    dataset_path: str = "json"
+    dataset_name: str | None = None
+    data_files: str | None = None
+    test_split: str = "test"
+    dataset_sha256: str | None = None
+    doc_id_field: str = "id"
+    doc_to_text: str
+    doc_to_target: str | None = None
+    doc_to_choice: str | None = None
+    target_delimiter: str = " "
+    generation_kwargs: GenerationKwargs = GenerationKwargs()
+    #: regex with one group applied to generations before exact match (lm-eval "filter")
+    answer_regex: str | None = None
+    metric_list: list[dict[str, Any]] = []
+    metadata: dict[str, Any] = {}
+
+
+@dataclass
+class Task:
+    """A loaded task: its spec, its verified documents and the checksum that keys its cache."""
+
+    spec: TaskSpec
+    yaml_path: Path
+    docs: list[dict[str, Any]]
+    sha256: str
+
+    @property
+    def name(self) -> str:
+        return self.spec.task
+
+    def doc_id(self, i: int) -> str:
+        return str(self.docs[i].get(self.spec.doc_id_field, i))
+
+    def text(self, doc: dict[str, Any]) -> str:
+        return _render(self.spec.doc_to_text, doc)
+
+    def choices(self, doc: dict[str, Any]) -> list[str]:
+        assert self.spec.doc_to_choice is not None
+        value = doc.get(self.spec.doc_to_choice)
+        if value is None:
+            value = ast.literal_eval(_render(self.spec.doc_to_choice, doc))
+        return [str(c) for c in value]
+
+    def target(self, doc: dict[str, Any]) -> str | int:
+        """The gold answer: a choice index for multiple choice, a string otherwise."""
+        spec = self.spec.doc_to_target
+        if spec is None:
+            return ""
+        value = doc[spec] if spec in doc else _render(spec, doc)
+        if self.spec.output_type == "multiple_choice":
+            return int(value)
+        return str(value)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """Changes when the data or anything about how it is prompted or scored changes."""
+        spec = json.dumps(self.spec.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256((self.sha256 + spec).encode()).hexdigest()[:16]
+
+
+def _render(template: str, doc: dict[str, Any]) -> str:
+    if template in doc:
+        return str(doc[template])
+    return _JINJA.from_string(template).render(**doc)
+
+
+def available_tasks(tasks_dir: Path) -> dict[str, Path]:
+    """Task name -> YAML path for every task definition under `tasks_dir`."""
+    found: dict[str, Path] = {}
+    for path in sorted(tasks_dir.glob("*.yaml")):
+        raw = load_yaml(path)
+        if isinstance(raw, dict) and "task" in raw:
+            found[str(raw["task"])] = path
+    return found
+
+
+def load_task(name: str, tasks_dir: Path, limit: int | None = None) -> Task:
+    """Load, checksum-verify and parse one task; every problem is a one-line UserError."""
+    paths = available_tasks(tasks_dir)
+    if name not in paths:
+        known = ", ".join(sorted(paths)) or "none"
+        raise UserError(f"unknown task {name!r} (known in {tasks_dir}: {known})")
+    path = paths[name]
+    try:
+        spec = TaskSpec.model_validate(load_yaml(path))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise UserError(f"{path}: {loc}: {err['msg']}") from None
+    docs, digest = _load_docs(spec, path)
+    if spec.dataset_sha256 and digest != spec.dataset_sha256:
+        raise UserError(
+            f"{path}: dataset checksum mismatch (expected {spec.dataset_sha256[:12]}…, got {digest[:12]}…)"
+        )
+    task = Task(spec=spec, yaml_path=path, docs=docs[:limit] if limit else docs, sha256=digest)
+    _check_docs(task)
+    return task
+
+
+def _load_docs(spec: TaskSpec, yaml_path: Path) -> tuple[list[dict[str, Any]], str]:
+    if spec.dataset_path != "json":
+        return _load_hub_docs(spec, yaml_path)
+    if not spec.data_files:
+        raise UserError(f"{yaml_path}: dataset_path json needs data_files")
+    data = (yaml_path.parent / spec.data_files).resolve()
+    if not data.is_file():
+        raise UserError(f"{yaml_path}: data file {data} not found")
+    raw = data.read_bytes()
+    docs = []
+    for lineno, line in enumerate(raw.decode("utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            doc = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{data}:{lineno}: corrupt dataset line ({exc.msg})") from None
+        if not isinstance(doc, dict):
+            raise UserError(f"{data}:{lineno}: corrupt dataset line (expected a JSON object)")
+        docs.append(doc)
+    return docs, hashlib.sha256(raw).hexdigest()
+
+
+def _load_hub_docs(spec: TaskSpec, yaml_path: Path) -> tuple[list[dict[str, Any]], str]:
+    """A hub (or any `datasets`-loadable) dataset; the checksum is over its rows as JSON."""
+    try:
+        import datasets
+    except ImportError:
+        raise UserError(
+            f"{yaml_path}: dataset_path {spec.dataset_path!r} needs the `datasets` package "
+            "(pip install datasets), or ship the data as JSONL with dataset_path: json"
+        ) from None
+    try:
+        ds = datasets.load_dataset(
+            spec.dataset_path, spec.dataset_name, split=spec.test_split, data_files=spec.data_files
+        )
+    except Exception as exc:  # noqa: BLE001 - any loader failure is the user's data problem
+        raise UserError(f"{yaml_path}: cannot load dataset {spec.dataset_path!r}: {exc}".splitlines()[0]) from None
+    docs = [dict(row) for row in ds]
+    blob = "\n".join(json.dumps(d, sort_keys=True, default=str) for d in docs).encode()
+    return docs, hashlib.sha256(blob).hexdigest()
+
+
+def _check_docs(task: Task) -> None:
+    """Render every document once, so a template or field error surfaces before a model loads."""
+    for i, doc in enumerate(task.docs):
+        try:
+            task.text(doc)
+            target = task.target(doc)
+            if task.spec.output_type == "multiple_choice":
+                choices = task.choices(doc)
+                if not 0 <= int(target) < len(choices):
+                    raise ValueError(f"target {target} out of range for {len(choices)} choices")
+        except (jinja2.TemplateError, KeyError, ValueError, SyntaxError, TypeError) as exc:
+            raise UserError(f"{task.yaml_path}: document {i} ({task.doc_id(i)}): {exc}") from None

@@ -1,0 +1,101 @@
+"""One setup in its own process: load, score each pending task, measure, write, exit.
+
+    python -m qeval.worker JOB.json
+
+The runner starts one of these per setup, so memory is measured cleanly, device memory
+is really returned between setups, and a crash or out-of-memory ends only this setup.
+Every outcome, failures included, is written to RUN_DIR/setups/<setup>.json.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from qeval.config import RunConfig
+from qeval.progress import progress_bar
+from qeval.store import RunStore, atomic_write_json
+
+
+_OOM_SIGNS = ("out of memory", "can't allocate memory", "cannot allocate memory", "failed to map")
+
+
+def _limit_memory(mib: int) -> None:
+    """Cap the address space at what is mapped now plus `mib`: allocations past it fail
+    the way they would on a device that small."""
+    import psutil
+
+    vms = psutil.Process().memory_info().vms
+    cap = vms + mib * 2**20
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+
+def run_job(job: dict[str, Any]) -> int:
+    from qeval.backends import create_backend
+    from qeval.memory import ModelShape  # noqa: F401  (imported before the memory cap)
+    from qeval.scoring import n_requests, score_task
+    from qeval.tasks import load_task
+
+    cfg = RunConfig.model_validate(job["config"])
+    setup = next(s for s in cfg.setups if s.name == job["setup"])
+    store = RunStore(Path(job["run_dir"]))
+    outcome: dict[str, Any] = {"name": setup.name, "status": "failed", "error": None, "timings": {}}
+    t0 = time.time()
+    try:
+        # import the whole stack first, so a memory cap bites on the model, not on imports
+        import torch  # noqa: F401
+        import transformers.models.llama.modeling_llama  # noqa: F401
+
+        from qeval.backends import hf  # noqa: F401
+
+        if setup.memory_limit_mib:
+            _limit_memory(setup.memory_limit_mib)
+        backend = create_backend(cfg, setup, job["device"])
+        with progress_bar(f"{setup.name}: loading model", total=None) as bar:
+            backend.load()
+            bar.advance(1)
+        outcome["timings"]["load_s"] = round(time.time() - t0, 2)
+        outcome["quantization"] = getattr(backend, "quant_info", {})
+        for name, key in job["tasks"].items():
+            task = load_task(name, Path(cfg.tasks_dir), cfg.limit)
+            ref = store.read_topk(*job["reference"][name]) if job["reference"].get(name) else None
+            t1 = time.time()
+            with progress_bar(f"{setup.name}: {name}", total=n_requests(task)) as bar:
+                result = score_task(backend, task, bar.advance, ref)
+            seconds = round(time.time() - t1, 2)
+            topk = result.topk if (setup.name == job["baseline"] and result.topk) else None
+            store.write_task(setup.name, name, key, result.records, result.metrics,
+                             {"seconds": seconds, "task_sha256": task.sha256}, topk)
+            outcome["timings"][f"{name}_s"] = seconds
+        outcome["memory"] = {k: vars(v) for k, v in backend.memory().items()}
+        outcome["library_versions"] = backend.library_versions()
+        outcome["status"] = "ok"
+    except MemoryError as exc:
+        outcome["error"] = f"out of memory: {exc or 'MemoryError'}"
+        if setup.memory_limit_mib:
+            outcome["error"] = f"under memory_limit_mib={setup.memory_limit_mib}: {outcome['error']}"
+    except Exception as exc:  # noqa: BLE001 - any failure is this setup's result
+        msg = str(exc).strip().splitlines()
+        oom = any(s in str(exc).lower() for s in _OOM_SIGNS) or (
+            setup.memory_limit_mib is not None and isinstance(exc, (OSError, ImportError)) and "map" in str(exc))
+        outcome["error"] = ("out of memory: " if oom else "") + f"{type(exc).__name__}: {msg[0] if msg else ''}"
+        if setup.memory_limit_mib:  # say so: odd errors are how allocation failures often surface
+            outcome["error"] = f"under memory_limit_mib={setup.memory_limit_mib}: {outcome['error']}"
+        outcome["traceback"] = traceback.format_exc(limit=8)
+    outcome["timings"]["total_s"] = round(time.time() - t0, 2)
+    atomic_write_json(store.setup_path(setup.name), outcome)
+    return 0 if outcome["status"] == "ok" else 1
+
+
+def main() -> None:
+    job = json.loads(Path(sys.argv[1]).read_text())
+    sys.exit(run_job(job))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""`qeval run` end to end on the shipped model: every setup kind, the ledger, resume,
+--force, a setup that runs out of memory, and the results schema (design §8)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_cli
+
+pytestmark = pytest.mark.slow
+LIMIT = "60"
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("demo")
+    res = run_cli("run", str(ROOT / "configs" / "demo.yaml"), "--output", str(out), "--limit", LIMIT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out, json.loads((out / "results.json").read_text())
+
+
+def _setup(results: dict, name: str) -> dict:
+    return next(s for s in results["setups"] if s["name"] == name)
+
+
+def test_every_setup_ok_and_scored(demo_run: tuple[Path, dict]) -> None:
+    out, r = demo_run
+    assert r["schema_version"] == 1
+    assert {"name", "config_hash", "qeval_version", "git_commit", "finished"} <= set(r["run"])
+    for s in r["setups"]:
+        assert s["status"] == "ok", s["error"]
+        assert set(s["tasks"]) == {"compare_mc", "addition", "facts", "ppl"}
+        for task, t in s["tasks"].items():
+            assert t["n"] == int(LIMIT)
+            for m in t["metrics"].values():
+                assert set(m) == {"value", "stderr"}
+            lines = (out / "samples" / s["name"] / f"{task}.jsonl").read_text().splitlines()
+            rec = json.loads(lines[0])
+            assert {"sample_id", "target", "prediction", "correct", "loglikelihoods", "nll", "n_tokens"} <= set(rec)
+    assert "quanto" in _setup(r, "int4")["library_versions"]["optimum-quanto"] or _setup(r, "int4")["library_versions"]
+
+
+def test_memory_ledger_holds(demo_run: tuple[Path, dict]) -> None:
+    _, r = demo_run
+    w = {s["name"]: s["memory"]["weights_bytes"]["measured"] for s in r["setups"]}
+    kv = {s["name"]: s["memory"]["kv_bytes_per_token"]["measured"] for s in r["setups"]}
+    assert w["int8"] <= 0.65 * w["bf16"]
+    assert w["int4"] <= 0.45 * w["bf16"]
+    assert kv["kv-int4"] <= 0.35 * kv["bf16"]
+    assert kv["kv-int2"] < kv["kv-int4"]
+    for s in r["setups"]:
+        mem = s["memory"]
+        for fig in ("weights_bytes", "kv_bytes_per_token", "peak_bytes"):
+            assert mem[fig]["measured"] and mem[fig]["source"] != "not measured"
+        # measured and predicted agree (the prediction is from config.json alone)
+        assert mem["weights_bytes"]["measured"] == pytest.approx(mem["weights_bytes"]["predicted"], rel=0.05)
+        assert mem["kv_bytes_per_token"]["measured"] == pytest.approx(mem["kv_bytes_per_token"]["predicted"], rel=0.05)
+        assert mem["max_concurrency"] > 0
+
+
+def test_every_quantized_setup_differs_from_baseline(demo_run: tuple[Path, dict]) -> None:
+    _, r = demo_run
+    for s in r["setups"]:
+        if s["baseline"]:
+            continue
+        ppl = s["vs_baseline"]["ppl"]
+        assert ppl["kl"] > 0, s["name"]
+        assert 0 < ppl["top1_agreement"] <= 1
+        assert not s["flags"], s["flags"]
+        for cmp in s["vs_baseline"].values():
+            assert cmp["ci"][0] <= cmp["delta"] <= cmp["ci"][1]
+            assert cmp["verdict"] in ("pass", "fail", "inconclusive")
+
+
+def test_report_has_the_table(demo_run: tuple[Path, dict]) -> None:
+    out, r = demo_run
+    md = (out / "report.md").read_text()
+    for s in r["setups"]:
+        assert s["name"] in md
+    assert "KV bytes/token" in md and "addition exact_match" in md
+
+
+def test_rerun_resumes_and_force_recomputes(demo_run: tuple[Path, dict]) -> None:
+    out, r = demo_run
+    sample = out / "samples" / "int8" / "facts.jsonl"
+    before = sample.stat().st_mtime_ns
+    # an interrupted run: int8's facts result is gone, everything else is stored
+    (out / "samples" / "int8" / "facts.meta.json").unlink()
+    res = run_cli("run", str(ROOT / "configs" / "demo.yaml"), "--output", str(out), "--limit", LIMIT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stderr.count("skipped") == len(r["setups"]) - 1
+    assert "int8: facts" in res.stderr
+    assert sample.stat().st_mtime_ns != before
+    untouched = out / "samples" / "int4" / "facts.jsonl"
+    t_int4 = untouched.stat().st_mtime_ns
+    again = json.loads((out / "results.json").read_text())
+    assert _setup(again, "int8")["tasks"] == _setup(r, "int8")["tasks"]  # deterministic recompute
+    res = run_cli("run", str(ROOT / "configs" / "demo.yaml"), "--output", str(out), "--limit", LIMIT,
+                  "--setups", "int4", "--tasks", "facts", "--force")
+    assert res.returncode == 0
+    assert untouched.stat().st_mtime_ns != t_int4
+
+
+def test_out_of_memory_setup_is_a_result_and_run_goes_on(tmp_path: Path) -> None:
+    cfg = (ROOT / "configs" / "demo.yaml").read_text().split("setups:")[0]
+    cfg += """setups:
+  - name: bf16
+    baseline: true
+  - name: tiny-device
+    weights: int8
+    memory_limit_mib: 1
+  - name: kv-int2
+    kv_cache: int2
+tasks: [addition]
+"""
+    cfg = cfg.replace("path: models/qeval-tiny", f"path: {ROOT / 'models' / 'qeval-tiny'}")
+    (tmp_path / "c.yaml").write_text(cfg)
+    res = run_cli("run", str(tmp_path / "c.yaml"), "--output", str(tmp_path / "out"), "--limit", "20")
+    assert res.returncode == 0, res.stderr[-2000:]
+    r = json.loads((tmp_path / "out" / "results.json").read_text())
+    crashed = _setup(r, "tiny-device")
+    assert crashed["status"] == "failed"
+    assert "memory_limit_mib=1" in crashed["error"]
+    assert _setup(r, "bf16")["status"] == _setup(r, "kv-int2")["status"] == "ok"
+    assert "failed: " in (tmp_path / "out" / "report.md").read_text()
