@@ -51,11 +51,24 @@ def run(
     failed_setups = [s["name"] for s in results["setups"] if s["status"] != "ok"]
     if failed_setups:
         _err.print(f"[yellow]setups that failed: {', '.join(failed_setups)} (see results.json)[/yellow]")
-    gate_failures = [s["name"] for s in results["setups"]
-                     for c in s["vs_baseline"].values() if c and c.get("verdict") == "fail"]
-    if fail_on_gate and gate_failures:
-        _err.print(f"[red]gate failed: {', '.join(sorted(set(gate_failures)))}[/red]")
-        raise typer.Exit(1)
+    if fail_on_gate:
+        problem = gate_problem(results)
+        if problem:
+            _err.print(f"[red]--fail-on-gate: {problem}[/red]")
+            raise typer.Exit(1)
+
+
+def gate_problem(results: dict) -> str | None:
+    """Why a release pipeline should stop: the candidate (the config's `candidate`, else the
+    recommended setup) does not pass every gate, or nothing is recommended."""
+    target = results["config"].get("candidate") or results["recommendation"]["setup"]
+    if target is None:
+        return "no setup passes every gate and fits the budget"
+    setup = next(s for s in results["setups"] if s["name"] == target)
+    if setup["status"] != "ok":
+        return f"candidate {target} failed: {setup['error']}"
+    bad = [f"{t}: {c['verdict']}" for t, c in setup["vs_baseline"].items() if c and c.get("verdict") not in ("pass", None)]
+    return f"candidate {target} does not pass every gate ({', '.join(bad)})" if bad else None
 
 
 @app.command()
@@ -70,6 +83,29 @@ def validate(config: Annotated[Path, typer.Argument(help="run config YAML")]) ->
         _fail(exc)
         return
     print(f"{config}: ok ({len(plan.setups)} setups, {len(plan.tasks)} tasks, device {plan.device})")
+
+
+@app.command()
+def report(run_dir: Annotated[Path, typer.Argument(help="a finished run directory")]) -> None:
+    """Regenerate report.md and report.html from RUN_DIR/results.json (byte-for-byte)."""
+    import json
+
+    from qeval.report import write_report
+
+    path = run_dir / "results.json"
+    if not path.is_file():
+        _fail(UserError(f"{path}: not found (is {run_dir} a qeval run directory?)"))
+    try:
+        results = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        _fail(UserError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})"))
+        return
+    from qeval.store import SCHEMA_VERSION
+
+    if results.get("schema_version") != SCHEMA_VERSION:
+        _fail(UserError(f"{path}: schema_version {results.get('schema_version')} but this qeval reads {SCHEMA_VERSION}"))
+    md, html = write_report(run_dir, results)
+    print(f"{md}\n{html}")
 
 
 @app.command("tasks")

@@ -33,15 +33,33 @@ def compare_task(store: RunStore, base: str, other: str, task: str, kind: str, s
     }
     gate = next((g for g in gates if g.task == task), None) or next((g for g in gates if g.task == "all"), None)
     if gate is not None:
-        base_value = np.mean([b[i]["correct"] for i in ids]) if higher else None
-        margin = gate.max_drop * (base_value if gate.relative and base_value is not None else 1.0)
+        base_value = np.mean([b[i]["correct"] for i in ids]) if higher else _ratio(b, ids)
+        margin = gate.max_drop * (float(base_value) if gate.relative else 1.0)
         out["verdict"] = verdict(cmp.ci, higher, margin)
         out["gate"] = gate.model_dump()
+        out["margin"] = margin
     if kind == "loglikelihood_rolling" and all("kl" in o[i] for i in ids):
         w = np.array([o[i]["kl_tokens"] for i in ids], dtype=float)
         out["kl"] = float(np.average([o[i]["kl"] for i in ids], weights=w))
         out["top1_agreement"] = float(np.average([o[i]["top1_agreement"] for i in ids], weights=w))
     return out
+
+
+def _ratio(records: dict[str, dict[str, Any]], ids: list[str]) -> float:
+    return float(sum(records[i]["nll"] for i in ids) / np.log(2) / sum(records[i]["n_bytes"] for i in ids))
+
+
+def adjust_p_values(block: dict[str, dict[str, Any] | None]) -> None:
+    """Benjamini-Hochberg across a setup's tasks (scipy), so that many tasks do not
+    manufacture a false alarm; adds `p_adjusted` beside each raw `p_value`."""
+    from scipy.stats import false_discovery_control
+
+    items = [(t, c) for t, c in block.items() if c and c.get("p_value") is not None]
+    if not items:
+        return
+    adjusted = false_discovery_control([c["p_value"] for _, c in items], method="bh")
+    for (_, c), p in zip(items, adjusted):
+        c["p_adjusted"] = float(p)
 
 
 def _by_id(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -59,6 +59,8 @@ class RunConfig(_Strict):
     seed: int = 1234
     budget: Budget = Budget()
     gates: list[Gate] = []
+    #: the setup a release pipeline intends to ship; `run --fail-on-gate` checks it
+    candidate: str | None = None
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
@@ -71,6 +73,8 @@ class RunConfig(_Strict):
             raise ValueError(f"more than one baseline setup: {', '.join(baselines)}")
         if len(set(self.tasks)) != len(self.tasks):
             raise ValueError("a task is listed twice")
+        if self.candidate is not None and self.candidate not in names:
+            raise ValueError(f"candidate {self.candidate!r} is not a setup of this config")
         for gate in self.gates:
             if gate.task != "all" and gate.task not in self.tasks:
                 raise ValueError(f"gate names task {gate.task!r}, which the run does not score")

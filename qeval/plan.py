@@ -23,8 +23,9 @@ _HASH_FULL_LIMIT = 256 * 2**20  # files above this are keyed by size and mtime, 
 class RunPlan:
     cfg: RunConfig
     device: str
-    tasks: list[Task]
+    tasks: list[Task]  # every task of the config: results cover them all
     setups: list[Setup]
+    run_tasks: list[str]  # the ones this invocation scores (--tasks)
     model_sha256: str
     shape: ModelShape | None
 
@@ -82,12 +83,10 @@ def make_plan(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
         setups = [s for s in cfg.setups if s.name in only_setups or s.name == cfg.baseline.name]
     for setup in setups:
         validate_setup(cfg, setup, device)
-    names = cfg.tasks
     if only_tasks:
         unknown = [t for t in only_tasks if t not in cfg.tasks]
         if unknown:
             raise UserError(f"--tasks: task {unknown[0]!r} is not in the config")
-        names = only_tasks
-    tasks = [load_task(n, Path(cfg.tasks_dir), limit or cfg.limit) for n in names]
+    tasks = [load_task(n, Path(cfg.tasks_dir), limit or cfg.limit) for n in cfg.tasks]
     shape = _model_shape(cfg)
-    return RunPlan(cfg, device, tasks, setups, model_checksum(cfg.model.path), shape)
+    return RunPlan(cfg, device, tasks, setups, only_tasks or list(cfg.tasks), model_checksum(cfg.model.path), shape)

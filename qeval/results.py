@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from qeval.comparison import compare_task, outputs_identical, weights_twin
+from qeval.comparison import adjust_p_values, compare_task, outputs_identical, weights_twin
 from qeval.memory import predict_kv_bytes_per_token, predict_weights_bytes
 from qeval.plan import RunPlan
 from qeval.provenance import hardware
+from qeval.recommend import recommend
 from qeval.setups import Setup
 from qeval.store import SCHEMA_VERSION, RunStore, read_json
 
@@ -25,19 +26,33 @@ def assemble_results(plan: RunPlan, store: RunStore, run_info: dict[str, Any]) -
             for t in plan.tasks:
                 entry["vs_baseline"][t.name] = compare_task(store, base, setup.name, t.name, t.spec.output_type,
                                                             cfg.seed, cfg.gates)
+            adjust_p_values(entry["vs_baseline"])
+        entry["flags"] += _ledger_gaps(entry)
         twin = weights_twin(cfg, setup) if setup.quantizes_kv else None
         if twin is not None and setup.name in ok and twin.name in ok and outputs_identical(store, setup.name, twin.name, task_names):
             entry["flags"].append(f"kv_cache_no_effect: outputs identical to weights-only twin {twin.name!r}; "
                                   "the quantized KV cache was not exercised, do not read this as lossless")
-    return {
+    results = {
         "schema_version": SCHEMA_VERSION,
         "run": run_info | {"hardware": hardware()},
         "config": cfg.model_dump(mode="json"),
         "tasks": {t.name: {"output_type": t.spec.output_type, "n": len(t.docs), "sha256": t.sha256,
                            "fingerprint": t.fingerprint} for t in plan.tasks},
         "setups": setups,
-        "recommendation": {"setup": None, "reasons": {}},
     }
+    results["recommendation"] = recommend(results)
+    return results
+
+
+def _ledger_gaps(entry: dict[str, Any]) -> list[str]:
+    """Predicted next to measured: a gap over 10% is flagged (design §3, issue 5)."""
+    flags = []
+    for name in ("weights_bytes", "kv_bytes_per_token"):
+        fig = entry["memory"][name]
+        m, p = fig["measured"], fig["predicted"]
+        if m and p and abs(m - p) / p > 0.10:
+            flags.append(f"memory_gap: {name} measured {m:,} vs predicted {p:,} ({(m - p) / p:+.0%})")
+    return flags
 
 
 def _setup_entry(plan: RunPlan, store: RunStore, setup: Setup) -> dict[str, Any]:

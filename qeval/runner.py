@@ -21,6 +21,7 @@ from qeval import __version__
 from qeval.plan import RunPlan, make_plan
 from qeval.config import RunConfig
 from qeval.setups import Setup
+from qeval.provenance import git_commit, now_iso
 from qeval.results import assemble_results
 from qeval.report import print_summary, write_report
 from qeval.store import RunStore, atomic_write_json, task_key
@@ -40,16 +41,17 @@ def run(cfg: RunConfig, opts: RunOptions) -> dict[str, Any]:
     if opts.limit:  # --limit overrides the config's, in the workers and the resume keys alike
         cfg = cfg.model_copy(update={"limit": opts.limit})
     plan = make_plan(cfg, opts.setups, opts.tasks)
+    started = now_iso()
     store = RunStore(opts.output)
     baseline = cfg.baseline.name
     for setup in sorted(plan.setups, key=lambda s: s.name != baseline):
-        keys = {t.name: _key(plan, setup.id, t.fingerprint, opts) for t in plan.tasks}
+        keys = {t.name: _key(plan, setup.id, t.fingerprint, opts) for t in plan.tasks if t.name in plan.run_tasks}
         pending = {n: k for n, k in keys.items() if opts.force or not store.is_done(setup.name, n, k)}
         if not pending and store.setup_path(setup.name).is_file():
             print(f"{setup.name}: all {len(keys)} tasks stored, skipped (use --force to recompute)", file=sys.stderr)
             continue
         _run_worker(plan, store, setup, pending, baseline)
-    results = assemble_results(plan, store, _run_info(plan, opts))
+    results = assemble_results(plan, store, _run_info(plan, opts) | {"started": started})
     atomic_write_json(store.results_path, results)
     write_report(store.root, results)
     print_summary(results)
@@ -71,10 +73,11 @@ def _run_worker(plan: RunPlan, store: RunStore, spec: Setup, tasks: dict[str, st
            "run_dir": str(store.root), "tasks": tasks, "reference": ref, "baseline": baseline}
     job_path = store.root / "jobs" / f"{setup}.json"
     atomic_write_json(job_path, job)
-    store.setup_path(setup).unlink(missing_ok=True)  # so a stale outcome cannot pass for this one
     env = os.environ | {"TOKENIZERS_PARALLELISM": "false"}
+    before = store.setup_path(setup).stat().st_mtime_ns if store.setup_path(setup).is_file() else None
     proc = subprocess.run([sys.executable, "-m", "qeval.worker", str(job_path)], env=env, check=False)
-    if not store.setup_path(setup).is_file():  # died without writing: killed, segfault, OOM-killer
+    path = store.setup_path(setup)
+    if not path.is_file() or path.stat().st_mtime_ns == before:  # died without writing: killed, segfault, OOM
         how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exited with code {proc.returncode}"
         error = f"worker process {how} before writing its result"
         if proc.returncode in (-9, 137):
@@ -85,8 +88,6 @@ def _run_worker(plan: RunPlan, store: RunStore, spec: Setup, tasks: dict[str, st
 
 
 def _run_info(plan: RunPlan, opts: RunOptions) -> dict[str, Any]:
-    from qeval.provenance import git_commit, now_iso
-
     return {"name": plan.cfg.name, "config_hash": plan.cfg.config_hash(), "qeval_version": __version__,
             "git_commit": git_commit(), "finished": now_iso(), "device": plan.device,
             "backend": plan.cfg.backend, "model_sha256": plan.model_sha256,

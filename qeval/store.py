@@ -19,12 +19,15 @@ from typing import Any
 import numpy as np
 
 SCHEMA_VERSION = 1
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write via a temporary file in the same folder and rename: readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; results are for sharing
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

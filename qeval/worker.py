@@ -44,7 +44,10 @@ def run_job(job: dict[str, Any]) -> int:
     cfg = RunConfig.model_validate(job["config"])
     setup = next(s for s in cfg.setups if s.name == job["setup"])
     store = RunStore(Path(job["run_dir"]))
-    outcome: dict[str, Any] = {"name": setup.name, "status": "failed", "error": None, "timings": {}}
+    previous = store.setup_path(setup.name)
+    # a partial rerun (--tasks) keeps the timings of the tasks it did not touch
+    timings = json.loads(previous.read_text()).get("timings", {}) if previous.is_file() else {}
+    outcome: dict[str, Any] = {"name": setup.name, "status": "failed", "error": None, "timings": timings}
     t0 = time.time()
     try:
         # import the whole stack first, so a memory cap bites on the model, not on imports

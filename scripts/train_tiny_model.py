@@ -120,7 +120,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--kv-heads", type=int, default=2)
-    ap.add_argument("--eval-every", type=int, default=500)
+    ap.add_argument("--eval-every", type=int, default=500, help="0: no in-training evaluation")
     args = ap.parse_args()
 
     torch.set_num_threads(2)
@@ -148,7 +148,7 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         if step % 100 == 0:
             print(f"step {step} loss {loss.item():.4f} {time.time() - t0:.0f}s", flush=True)
-        if step % args.eval_every == 0 or step == args.steps:
+        if args.eval_every and (step % args.eval_every == 0 or step == args.steps):
             print(f"step {step} eval {evaluate(model, tokenizer, splits)}", flush=True)
         if step >= args.steps:
             break

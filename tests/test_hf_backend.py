@@ -117,3 +117,11 @@ def test_weight_quantization_shrinks_weights_as_predicted(model_path: Path) -> N
         b = _backend(model_path, setup, dtype="bfloat16")
         measured = b.memory()["weights_bytes"].measured
         assert measured == pytest.approx(predict_weights_bytes(shape, setup, "bfloat16"), rel=0.02), setup.name
+
+
+def test_fp8_kv_cache_runs_and_changes_scores(model_path: Path, fp32: HFBackend) -> None:
+    base = np.array([r.logprob for r in fp32.loglikelihood(REQS, noop)])
+    b = _backend(model_path, Setup(name="kv8", kv_cache="fp8"))
+    got = np.array([r.logprob for r in b.loglikelihood(REQS, noop)])
+    assert np.abs(got - base).max() > 0
+    assert b.memory()["kv_bytes_per_token"].measured == 2 * 4 * 2 * 32  # 1 byte per element

@@ -126,3 +126,90 @@ tasks: [addition]
     assert "memory_limit_mib=1" in crashed["error"]
     assert _setup(r, "bf16")["status"] == _setup(r, "kv-int2")["status"] == "ok"
     assert "failed: " in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_recommendation_is_consistent_with_the_gate_table(demo_run: tuple[Path, dict]) -> None:
+    _, r = demo_run
+    rec = r["recommendation"]
+    assert set(rec["reasons"]) == {s["name"] for s in r["setups"]}
+    passing = [s for s in r["setups"] if s["status"] == "ok"
+               and all(c["verdict"] == "pass" for c in s["vs_baseline"].values())
+               and s["memory"]["max_concurrency"] >= 1]
+    assert rec["setup"] == max(passing, key=lambda s: s["memory"]["max_concurrency"])["name"]
+    for s in r["setups"]:
+        verdicts = {c["verdict"] for c in s["vs_baseline"].values()}
+        reason = rec["reasons"][s["name"]]
+        assert reason.startswith(s["name"] + ":")
+        if "fail" in verdicts:
+            assert "fails the" in reason
+        elif "inconclusive" in verdicts:
+            assert "inconclusive" in reason and "samples would decide it" in reason
+    assert "fail" in {c["verdict"] for c in _setup(r, "kv-int2")["vs_baseline"].values()}
+
+
+def test_report_regenerates_byte_for_byte(demo_run: tuple[Path, dict]) -> None:
+    out, _ = demo_run
+    before = {p: (out / p).read_bytes() for p in ("report.md", "report.html")}
+    res = run_cli("report", str(out))
+    assert res.returncode == 0, res.stderr
+    assert {p: (out / p).read_bytes() for p in before} == before
+
+
+def test_html_is_self_contained_and_escapes_model_output(demo_run: tuple[Path, dict], tmp_path: Path) -> None:
+    import re
+    import shutil
+
+    out, r = demo_run
+    html = (out / "report.html").read_text()
+    assert not re.search(r"https?://|src=|href=\"(?!#)", html)
+    for section in ("Recommendation", "Gates", "Plots", "Memory ledger", "Provenance", "Sign-off"):
+        assert f">{section}<" in html
+    run = tmp_path / "run"
+    shutil.copytree(out, run)
+    path = run / "samples" / "kv-int2" / "addition.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    base = {x["sample_id"]: x["correct"] for x in map(json.loads, (run / "samples" / "bf16" / "addition.jsonl").open())}
+    wrong = next(x for x in rows if not x["correct"] and base[x["sample_id"]])  # the first flip: shown
+    wrong["prediction"] = "<script>alert(1)</script>"
+    path.write_text("".join(json.dumps(x) + "\n" for x in rows))
+    assert run_cli("report", str(run)).returncode == 0
+    html = (run / "report.html").read_text()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html, html[html.find("Flipped"):][:3000]
+    assert "<script>" not in html
+
+
+def test_html_renders_its_plots_in_a_headless_browser(demo_run: tuple[Path, dict], tmp_path: Path) -> None:
+    import os
+    import shutil
+    import subprocess
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        assert not os.environ.get("CI"), "CI must install chromium (.ci/run does)"
+        pytest.skip("chromium not installed (apt-get install chromium)")
+    out, _ = demo_run
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}"]
+    url = (out / "report.html").as_uri()
+    dom = subprocess.run([chromium, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+    assert dom.count('<figure class="plot">') == 3
+    figures = dom.split('<figure class="plot">')[1:]
+    assert all("<svg" in f and f.count("<path") > 10 for f in figures)
+    shot = tmp_path / "report.png"
+    subprocess.run([chromium, *flags, "--window-size=1200,2400", f"--screenshot={shot}", url],
+                   capture_output=True, timeout=120, check=False)
+    assert shot.is_file() and shot.stat().st_size > 50_000  # a rendered page, not a blank one
+
+
+def test_fail_on_gate(demo_run: tuple[Path, dict], tmp_path: Path) -> None:
+    out, r = demo_run
+    cfg = ROOT / "configs" / "demo.yaml"
+    res = run_cli("run", str(cfg), "--output", str(out), "--limit", LIMIT, "--fail-on-gate")
+    assert res.returncode == (0 if r["recommendation"]["setup"] else 1), res.stderr[-1000:]
+    bad = tmp_path / "c.yaml"
+    bad.write_text(cfg.read_text().replace("path: models/qeval-tiny", f"path: {ROOT / 'models' / 'qeval-tiny'}")
+                   + "candidate: kv-int2\n")
+    res = run_cli("run", str(bad), "--output", str(out), "--limit", LIMIT, "--fail-on-gate")
+    assert res.returncode == 1
+    assert "candidate kv-int2 does not pass every gate" in res.stderr

@@ -1,6 +1,6 @@
-"""The first report: one table (setup, weights, KV bytes/token, each task's score and its
-difference from the baseline), written to report.md and printed at the end of a run.
-Generated from results.json alone."""
+"""report.md and the end-of-run table: the recommendation, the summary table (setup,
+weights, KV bytes/token, each task's score and its difference from the baseline), the
+gate table and the notes. Generated from results.json alone."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from rich.console import Console
 from rich.table import Table
 
 from qeval.scoring import PRIMARY_METRIC
-from qeval.store import atomic_write_bytes
 
 
 def _mib(n: int | None) -> str:
@@ -65,10 +64,52 @@ def render_markdown(results: dict[str, Any]) -> str:
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
     lines += ["", "Accuracies in percent; Δ is setup minus baseline with a paired-bootstrap 95% CI. "
               "Weights and KV bytes/token are measured on the loaded model (sources in results.json).", ""]
+    lines += _recommendation(results) + _gate_table(results)
     notes = _notes(results)
     if notes:
         lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
     return "\n".join(lines)
+
+
+def _recommendation(results: dict[str, Any]) -> list[str]:
+    rec = results["recommendation"]
+    head = f"**Recommended: {rec['setup']}**" if rec["setup"] else "**No setup passes every gate and fits the budget.**"
+    b = results["config"]["budget"]
+    lines = ["## Recommendation", "", head, "",
+             f"Budget: {b['gpu_memory_gib']:g} GiB x {b['utilization']:g} utilization, {b['context_len']}-token sequences.", ""]
+    lines += [f"- {reason}" for reason in rec["reasons"].values()]
+    return lines + [""]
+
+
+def gate_rows(results: dict[str, Any]) -> list[list[str]]:
+    """setup, task, delta, 95% CI, p (raw / BH-adjusted), flips, KL, verdict."""
+    rows = []
+    for s in results["setups"]:
+        for task, c in s["vs_baseline"].items():
+            if not c:
+                continue
+            scale = 100 if c["metric"] in ("acc", "exact_match") else 1
+            digits = 1 if scale == 100 else 4
+            flips = "" if c["flips_to_wrong"] is None else f"{c['flips_to_wrong']} / {c['flips_to_right']}"
+            p = "" if c["p_value"] is None else f"{c['p_value']:.3g} / {c.get('p_adjusted', c['p_value']):.3g}"
+            kl = "" if c.get("kl") is None else f"{c['kl']:.5f} ({100 * c['top1_agreement']:.1f}%)"
+            rows.append([s["name"], task, f"{scale * c['delta']:+.{digits}f}",
+                         f"[{scale * c['ci'][0]:+.{digits}f}, {scale * c['ci'][1]:+.{digits}f}]", p, flips, kl,
+                         c.get("verdict") or "no gate"])
+    return rows
+
+
+GATE_HEADER = ["setup", "task", "Δ", "95% CI", "p (raw / BH)", "flips right→wrong / wrong→right",
+               "KL (top-1 agreement)", "verdict"]
+
+
+def _gate_table(results: dict[str, Any]) -> list[str]:
+    rows = gate_rows(results)
+    if not rows:
+        return []
+    lines = ["## Gates", "", "| " + " | ".join(GATE_HEADER) + " |", "|" + "---|" * len(GATE_HEADER)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return lines + ["", "Δ in points for accuracies, in bits per byte for perplexity (lower is better there).", ""]
 
 
 def _notes(results: dict[str, Any]) -> list[str]:
@@ -80,12 +121,6 @@ def _notes(results: dict[str, Any]) -> list[str]:
         for t, k, top1 in kl:
             notes.append(f"{s['name']}: KL to baseline on {t} = {k:.5f} nats/token, top-1 agreement {100 * top1:.1f}%")
     return notes
-
-
-def write_report(run_dir: Path, results: dict[str, Any]) -> Path:
-    path = run_dir / "report.md"
-    atomic_write_bytes(path, render_markdown(results).encode())
-    return path
 
 
 def print_summary(results: dict[str, Any], console: Console | None = None) -> None:

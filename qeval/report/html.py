@@ -1,0 +1,68 @@
+"""report.html: self-contained (inline SVG plots, inline CSS, no external requests), every
+model output escaped by Jinja2's autoescaping, with a sign-off block for a reviewer."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+
+from qeval.report import plots
+from qeval.report.markdown import GATE_HEADER, gate_rows, summary_rows
+from qeval.store import RunStore
+
+_ENV = jinja2.Environment(loader=jinja2.PackageLoader("qeval", "report/templates"),
+                          autoescape=jinja2.select_autoescape(["html", "j2"]), undefined=jinja2.StrictUndefined)
+MAX_FLIPS = 5
+
+
+def _inline(svg: str) -> str:
+    """Namespace URIs and the generator comment are not needed inline: drop every URL."""
+    svg = re.sub(r'\s+xmlns(:xlink)?="[^"]*"', "", svg)
+    svg = re.sub(r"<metadata>.*?</metadata>", "", svg, flags=re.S)  # RDF namespace URLs
+    return re.sub(r"<!--.*?-->", "", svg, flags=re.S)
+
+
+def flip_examples(run_dir: Path, results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Samples a setup got wrong that the baseline got right (and the reverse), from samples/."""
+    store = RunStore(run_dir)
+    base = next((s["name"] for s in results["setups"] if s["baseline"]), None)
+    out: list[dict[str, Any]] = []
+    for s in results["setups"]:
+        for task, c in s["vs_baseline"].items():
+            if not c or c.get("flips_to_wrong") is None or base is None:
+                continue
+            b = {r["sample_id"]: r for r in store.read_samples(base, task)}
+            flips = [(r, b[r["sample_id"]]) for r in store.read_samples(s["name"], task)
+                     if r["sample_id"] in b and r["correct"] != b[r["sample_id"]]["correct"]]
+            for r, br in flips[:MAX_FLIPS]:
+                out.append({"setup": s["name"], "task": task, "id": r["sample_id"], "prompt": r.get("prompt", ""),
+                            "target": r["target"], "baseline": br["prediction"], "prediction": r["prediction"],
+                            "direction": "right → wrong" if br["correct"] else "wrong → right"})
+    return out
+
+
+def _versions(results: dict[str, Any]) -> dict[str, str]:
+    merged: dict[str, str] = {}
+    for s in results["setups"]:
+        merged |= s.get("library_versions") or {}
+    return dict(sorted(merged.items()))
+
+
+def render_html(run_dir: Path, results: dict[str, Any]) -> str:
+    header, rows = summary_rows(results)
+    figures = {
+        "Quality vs memory (Pareto front dashed)": plots.quality_vs_memory(results),
+        "Per-task difference from the baseline, 95% CI (dotted: the gate's margin)": plots.task_deltas(results),
+        "Memory ledger per setup (measured)": plots.memory_ledger(results),
+    }
+    return _ENV.get_template("report.html.j2").render(
+        r=results, header=header, rows=rows, gate_header=GATE_HEADER, gate_rows=gate_rows(results),
+        figures={k: _inline(v) for k, v in figures.items()}, flips=flip_examples(run_dir, results),
+        versions=_versions(results), config_yaml=yaml.safe_dump(results["config"], sort_keys=False),
+        hardware=json.dumps(results["run"].get("hardware", {}), indent=1),
+    )

@@ -1,0 +1,110 @@
+"""The report's figures, as inline SVG strings (deterministic bytes: fixed hash salt, no date)."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+plt.rcParams["svg.hashsalt"] = "qeval"  # stable element ids: `qeval report` is byte-for-byte
+plt.rcParams["font.size"] = 9
+
+_ACC = ("acc", "exact_match")
+
+
+def _svg(fig: Any) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": "qeval"})
+    plt.close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg"):]  # drop the XML prolog: it is inlined into HTML
+
+
+def _ok(results: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for s in results["setups"] if s["status"] == "ok"]
+
+
+def sequence_bytes(s: dict[str, Any], context: int) -> int:
+    """Weights plus the KV cache of one sequence at the target context: what one replica needs."""
+    m = s["memory"]
+    w = m["weights_bytes"]["measured"] or m["weights_bytes"]["predicted"] or 0
+    kv = m["kv_bytes_per_token"]["measured"] or m["kv_bytes_per_token"]["predicted"] or 0
+    return w + kv * context
+
+
+def worst_accuracy_delta(s: dict[str, Any]) -> float:
+    deltas = [c["delta"] for c in s["vs_baseline"].values() if c and c["metric"] in _ACC]
+    return 100 * min(deltas, default=0.0)
+
+
+def pareto(points: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+    """Points no other point beats on both memory (lower) and quality (higher)."""
+    front = [p for p in points if not any(q[0] <= p[0] and q[1] >= p[1] and q != p and (q[0] < p[0] or q[1] > p[1])
+                                          for q in points)]
+    return sorted(front)
+
+
+def quality_vs_memory(results: dict[str, Any]) -> str:
+    context = results["config"]["budget"]["context_len"]
+    pts = [(sequence_bytes(s, context) / 2**20, worst_accuracy_delta(s), s["name"]) for s in _ok(results)]
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ax.scatter([p[0] for p in pts], [p[1] for p in pts], color="#4477aa", zorder=3)
+    for x, y, name in pts:
+        ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4))
+    front = pareto(pts)
+    ax.plot([p[0] for p in front], [p[1] for p in front], "--", color="#cc6677", label="Pareto front", zorder=2)
+    ax.set_xlabel(f"weights + KV cache of one {context}-token sequence (MiB)")
+    ax.set_ylabel("worst accuracy Δ vs baseline (pts)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)
+    return _svg(fig)
+
+
+def task_deltas(results: dict[str, Any]) -> str:
+    rows = [(s["name"], t, c) for s in _ok(results) for t, c in s["vs_baseline"].items() if c]
+    fig, axes = plt.subplots(1, 2, figsize=(8, 0.35 * max(len(rows), 4) + 1), squeeze=False)
+    for ax, acc in zip(axes[0], (True, False)):
+        sel = [r for r in rows if (r[2]["metric"] in _ACC) == acc]
+        scale = 100 if acc else 1
+        for i, (name, task, c) in enumerate(sel):
+            lo, hi = c["ci"]
+            color = {"pass": "#228833", "fail": "#cc3311", "inconclusive": "#ee7733"}.get(c.get("verdict") or "", "#4477aa")
+            ax.errorbar(scale * c["delta"], i, xerr=[[scale * (c["delta"] - lo)], [scale * (hi - c["delta"])]],
+                        fmt="o", color=color, capsize=3)
+            margin = c.get("margin")
+            if margin is not None:
+                ax.axvline(-scale * margin if c["higher_is_better"] else scale * margin, color="#999999", lw=0.8, ls=":")
+        ax.set_yticks(range(len(sel)), [f"{n} · {t}" for n, t, _ in sel])
+        ax.axvline(0, color="black", lw=0.8)
+        ax.set_xlabel("Δ accuracy (pts)" if acc else "Δ bits per byte (lower is better)")
+        ax.grid(alpha=0.3, axis="x")
+    fig.tight_layout()
+    return _svg(fig)
+
+
+def memory_ledger(results: dict[str, Any]) -> str:
+    context = results["config"]["budget"]["context_len"]
+    setups = _ok(results)
+    names = [s["name"] for s in setups]
+    parts = {
+        "weights": [s["memory"]["weights_bytes"]["measured"] or 0 for s in setups],
+        f"KV cache, one {context}-token sequence": [(s["memory"]["kv_bytes_per_token"]["measured"] or 0) * context
+                                                    for s in setups],
+        "RSS / allocator growth while scoring (activations, KV, slack)": [s["memory"].get("activations_bytes", {}).get("measured") or 0
+                                                 for s in setups],
+    }
+    fig, ax = plt.subplots(figsize=(6, 0.4 * len(names) + 1.2))
+    left = [0.0] * len(names)
+    for (label, values), color in zip(parts.items(), ("#4477aa", "#66ccee", "#ccbb44")):
+        mib = [v / 2**20 for v in values]
+        ax.barh(names, mib, left=left, label=label, color=color)
+        left = [a + b for a, b in zip(left, mib)]
+    ax.set_xlabel("MiB")
+    ax.invert_yaxis()
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), fontsize=7, frameon=False)
+    ax.grid(alpha=0.3, axis="x")
+    return _svg(fig)
