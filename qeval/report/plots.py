@@ -5,10 +5,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt  # no backend forced: Agg headless, inline in a notebook
 
 plt.rcParams["svg.hashsalt"] = "qeval"  # stable element ids: `qeval report` is byte-for-byte
 plt.rcParams["font.size"] = 9
@@ -49,6 +46,19 @@ def pareto(points: list[tuple[float, float, str]]) -> list[tuple[float, float, s
 
 
 def quality_vs_memory(results: dict[str, Any]) -> str:
+    return _svg(quality_vs_memory_figure(results))
+
+
+def task_deltas(results: dict[str, Any]) -> str:
+    return _svg(task_deltas_figure(results))
+
+
+def memory_ledger(results: dict[str, Any]) -> str:
+    return _svg(memory_ledger_figure(results))
+
+
+def quality_vs_memory_figure(results: dict[str, Any]) -> Any:
+    """Worst accuracy difference against the memory one sequence needs, with the Pareto front."""
     context = results["config"]["budget"]["context_len"]
     pts = [(sequence_bytes(s, context) / 2**20, worst_accuracy_delta(s), s["name"]) for s in _ok(results)]
     fig, ax = plt.subplots(figsize=(6, 3.6))
@@ -61,10 +71,11 @@ def quality_vs_memory(results: dict[str, Any]) -> str:
     ax.set_ylabel("worst accuracy Δ vs baseline (pts)")
     ax.grid(alpha=0.3)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)
-    return _svg(fig)
+    return fig
 
 
-def task_deltas(results: dict[str, Any]) -> str:
+def task_deltas_figure(results: dict[str, Any]) -> Any:
+    """Each setup x task difference from the baseline with its 95% CI, coloured by verdict."""
     rows = [(s["name"], t, c) for s in _ok(results) for t, c in s["vs_baseline"].items() if c]
     fig, axes = plt.subplots(1, 2, figsize=(8, 0.35 * max(len(rows), 4) + 1), squeeze=False)
     for ax, acc in zip(axes[0], (True, False)):
@@ -83,10 +94,11 @@ def task_deltas(results: dict[str, Any]) -> str:
         ax.set_xlabel("Δ accuracy (pts)" if acc else "Δ bits per byte (lower is better)")
         ax.grid(alpha=0.3, axis="x")
     fig.tight_layout()
-    return _svg(fig)
+    return fig
 
 
-def memory_ledger(results: dict[str, Any]) -> str:
+def memory_ledger_figure(results: dict[str, Any]) -> Any:
+    """Measured weights, KV cache of one sequence and scoring-time growth, stacked per setup."""
     context = results["config"]["budget"]["context_len"]
     setups = _ok(results)
     names = [s["name"] for s in setups]
@@ -107,4 +119,4 @@ def memory_ledger(results: dict[str, Any]) -> str:
     ax.invert_yaxis()
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), fontsize=7, frameon=False)
     ax.grid(alpha=0.3, axis="x")
-    return _svg(fig)
+    return fig

@@ -1,0 +1,154 @@
+"""Drill-down from a notebook: a finished run, a few lines away from pandas.
+
+    import qeval
+    run = qeval.load_run("reports/demo")
+    run.summary()                      # setup x task: score, difference, CI, verdict
+    run.flips("int4", "addition")      # what INT4 got wrong that the baseline got right
+    run.samples("kv-int2", "facts")    # every sample, with prompt, prediction, log-likelihoods
+    run.memory()                       # the ledger, predicted and measured, with sources
+    run.plot_quality_vs_memory()       # matplotlib figures
+
+Reads only the stored results; no model is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from qeval.store import SCHEMA_VERSION, RunStore
+
+
+class SchemaVersionError(ValueError):
+    """The run directory was written by a qeval whose results schema this one cannot read."""
+
+
+class Run:
+    """A finished qeval run directory; see the module docstring."""
+
+    def __init__(self, path: Path, results: dict[str, Any]) -> None:
+        self.path = path
+        self.results = results
+        self._store = RunStore(path)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The resolved run config, as stored."""
+        return self.results["config"]
+
+    @property
+    def setups(self) -> list[str]:
+        return [s["name"] for s in self.results["setups"]]
+
+    @property
+    def tasks(self) -> list[str]:
+        return list(self.results["tasks"])
+
+    @property
+    def baseline(self) -> str:
+        return next(s["name"] for s in self.results["setups"] if s["baseline"])
+
+    def summary(self) -> pd.DataFrame:
+        """One row per setup x task: primary score, its stderr, difference from the baseline,
+        95% CI, p-values, flips, KL and top-1 agreement, and the gate verdict."""
+        rows = []
+        for s in self.results["setups"]:
+            for task in self.tasks:
+                cmp = s["vs_baseline"].get(task) or {}
+                metrics = s["tasks"].get(task, {}).get("metrics", {})
+                metric = cmp.get("metric") or _primary(self.results["tasks"][task]["output_type"])
+                value = metrics.get(metric, {})
+                ci = cmp.get("ci") or [None, None]
+                rows.append({"setup": s["name"], "task": task, "status": s["status"], "metric": metric,
+                             "score": value.get("value"), "stderr": value.get("stderr"), "delta": cmp.get("delta"),
+                             "ci_low": ci[0], "ci_high": ci[1], "p_value": cmp.get("p_value"),
+                             "p_adjusted": cmp.get("p_adjusted"), "flips_to_wrong": cmp.get("flips_to_wrong"),
+                             "flips_to_right": cmp.get("flips_to_right"), "kl": cmp.get("kl"),
+                             "top1_agreement": cmp.get("top1_agreement"), "verdict": cmp.get("verdict")})
+        return pd.DataFrame(rows)
+
+    def samples(self, setup: str | None = None, task: str | None = None) -> pd.DataFrame:
+        """Per-sample records (prompt, target, prediction, correct, per-choice log-likelihoods,
+        NLL, ...) for one or all setups and tasks, with `setup` and `task` columns."""
+        frames = [self._samples(s, t) for s in ([setup] if setup else self.setups)
+                  for t in ([task] if task else self.tasks)]
+        frames = [f for f in frames if len(f)]
+        if not frames:
+            return pd.DataFrame(columns=["setup", "task", "sample_id", "target", "prediction", "correct"])
+        return pd.concat(frames, ignore_index=True)
+
+    def flips(self, setup: str, task: str) -> pd.DataFrame:
+        """Samples whose correctness changed against the baseline, both directions, with the
+        baseline's answer beside the setup's."""
+        base = self._samples(self.baseline, task)[["sample_id", "prediction", "correct"]]
+        other = self._samples(setup, task)
+        both = other.merge(base, on="sample_id", suffixes=("", "_baseline"))
+        both = both[both["correct"].notna() & (both["correct"] != both["correct_baseline"])].copy()
+        both["direction"] = both["correct_baseline"].map({True: "right → wrong", False: "wrong → right"})
+        cols = ["sample_id", "prompt", "target", "prediction_baseline", "prediction", "correct_baseline", "correct",
+                "direction"]
+        return both[[c for c in cols if c in both.columns]].reset_index(drop=True)
+
+    def memory(self) -> pd.DataFrame:
+        """The memory ledger: one row per setup x figure, predicted and measured, with sources."""
+        rows = []
+        for s in self.results["setups"]:
+            for figure, value in s["memory"].items():
+                if isinstance(value, dict):
+                    rows.append({"setup": s["name"], "figure": figure, "predicted": value.get("predicted"),
+                                 "measured": value.get("measured"), "source": value.get("source")})
+            rows.append({"setup": s["name"], "figure": "max_concurrency", "predicted": s["memory"].get("max_concurrency"),
+                         "measured": None, "source": s["memory"].get("capacity_source")})
+        return pd.DataFrame(rows)
+
+    def plot_quality_vs_memory(self) -> Any:
+        """Figure: worst accuracy difference against memory per sequence, Pareto front dashed."""
+        from qeval.report.plots import quality_vs_memory_figure
+
+        return quality_vs_memory_figure(self.results)
+
+    def plot_task_deltas(self) -> Any:
+        """Figure: each setup x task difference from the baseline with its 95% CI."""
+        from qeval.report.plots import task_deltas_figure
+
+        return task_deltas_figure(self.results)
+
+    @lru_cache(maxsize=256)  # noqa: B019 - a Run lives as long as the notebook looking at it
+    def _samples(self, setup: str, task: str) -> pd.DataFrame:
+        path = self._store.samples_path(setup, task)
+        if not path.is_file():
+            return pd.DataFrame()
+        # json + from_records, not read_json: no type guessing ("082" stays a string)
+        with path.open() as f:
+            df = pd.DataFrame.from_records([json.loads(line) for line in f if line.strip()])
+        df.insert(0, "task", task)
+        df.insert(0, "setup", setup)
+        return df
+
+    def __repr__(self) -> str:
+        return f"Run({self.path}, setups={self.setups}, tasks={self.tasks})"
+
+
+def _primary(output_type: str) -> str:
+    from qeval.scoring import PRIMARY_METRIC
+
+    return PRIMARY_METRIC[output_type][0]
+
+
+def load_run(path: str | Path) -> Run:
+    """Open a finished run directory (the folder holding results.json)."""
+    root = Path(path)
+    file = root / "results.json"
+    if not file.is_file():
+        raise FileNotFoundError(f"{file} not found: is {root} a qeval run directory?")
+    results = json.loads(file.read_text())
+    version = results.get("schema_version", 0) if isinstance(results, dict) else 0
+    if version != SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"{file} has results schema_version {version}; this qeval reads schema_version {SCHEMA_VERSION} "
+            "(rerun it with this qeval, or open it with the qeval that wrote it)")
+    return Run(root, results)
