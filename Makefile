@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-fast install browser tasks model
+.PHONY: run test test-fast bench install browser tasks model
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ test: $(STAMP) browser
 ## skip engine starts and full demo runs while developing
 test-fast: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not slow"
+
+## qeval against lm-evaluation-harness: speed ratio and per-sample agreement (bench/)
+bench: $(STAMP)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) bench/compare_lm_eval.py
 
 ## regenerate the task suite / retrain the tiny model (deterministic; ~30 min on 2 cores)
 tasks: $(STAMP)

@@ -13,7 +13,7 @@ import ast
 import hashlib
 import json
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -105,7 +105,13 @@ class Task:
 def _render(template: str, doc: dict[str, Any]) -> str:
     if template in doc:
         return str(doc[template])
-    return _JINJA.from_string(template).render(**doc)
+    return _compiled(template).render(**doc)
+
+
+@lru_cache(maxsize=512)
+def _compiled(template: str) -> jinja2.Template:
+    """Compiling a template costs far more than rendering it: once per distinct template."""
+    return _JINJA.from_string(template)
 
 
 def available_tasks(tasks_dir: Path) -> dict[str, Path]:

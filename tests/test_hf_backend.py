@@ -50,14 +50,15 @@ def test_loglikelihood_matches_plain_transformers(fp32: HFBackend) -> None:
     assert got[3].n_tokens == 4  # the trailing space moved into the continuation (lm-eval)
 
 
-def test_two_pass_scoring_equals_one_pass_with_unquantized_cache(fp32: HFBackend) -> None:
-    """The prefill-then-score path (used for quantized KV) is exact when nothing is quantized."""
-    batch = [fp32._encode_pair(r.context, r.continuation) for r in REQS]
-    one = fp32._score_one_pass(batch)
-    two = fp32._score_two_pass(batch)
-    for (a, ga), (b, gb) in zip(one, two):
-        np.testing.assert_allclose(a, b, atol=1e-4)
-        assert ga == gb
+def test_shared_context_prefill_is_exact(fp32: HFBackend) -> None:
+    """Four choices of one question share one prefill of the context: same scores as
+    scoring each choice alone, to float32 rounding."""
+    ctx = "Largest of 37 82 15 64:"
+    reqs = [LoglikelihoodRequest(ctx, " " + c) for c in ("37", "82", "15", "64")]
+    together = [r.logprob for r in fp32.loglikelihood(reqs, noop)]
+    alone = [_reference_logprob(fp32, r.context, r.continuation) for r in reqs]
+    np.testing.assert_allclose(together, alone, atol=1e-4)
+    assert int(np.argmax(together)) == 1
 
 
 def test_batch_composition_does_not_change_scores(model_path: Path) -> None:

@@ -96,37 +96,42 @@ class HFBackend:
     # -- log-likelihood --------------------------------------------------------------
     @torch.no_grad()
     def loglikelihood(self, requests: list[LoglikelihoodRequest], progress: Progress) -> list[LoglikelihoodResult]:
-        """Summed log-prob of each continuation, and whether greedy decoding would produce it."""
-        pairs = [self._encode_pair(r.context, r.continuation) for r in requests]
-        order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
+        """Summed log-prob of each continuation, and whether greedy decoding would produce it.
+
+        Requests sharing a context (the choices of one question) share one prefill of it:
+        the context is run once and its cache rows are repeated for each continuation. With a
+        quantized KV cache every request gets its own prefill (quantized caches cannot be
+        row-selected), which is also what makes every continuation token see quantized K/V.
+        """
+        pairs = [_truncate(*self._encode_pair(r.context, r.continuation), self.max_length) for r in requests]
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, (ctx, _) in enumerate(pairs):
+            key = tuple(ctx) if not self.setup.quantizes_kv else (*ctx, -1 - i)  # -1-i: never shared
+            groups.setdefault(key, []).append(i)
+        order = sorted(groups.values(), key=lambda ids: -len(pairs[ids[0]][0]) - max(len(pairs[i][1]) for i in ids))
         out: list[LoglikelihoodResult | None] = [None] * len(pairs)
-        for start in range(0, len(order), self.batch_size):
-            idx = order[start : start + self.batch_size]
-            batch = [_truncate(*pairs[i], self.max_length) for i in idx]
-            score = self._score_two_pass if self.setup.quantizes_kv else self._score_one_pass
-            for i, (logps, greedy) in zip(idx, score(batch)):
-                out[i] = LoglikelihoodResult(float(logps.sum()), bool(greedy), len(logps))
-            progress(len(idx))
+        chunk: list[list[int]] = []
+        for n, ids in enumerate(order):
+            chunk.append(ids)
+            if sum(map(len, chunk)) >= self.batch_size or n == len(order) - 1:
+                for i, (logps, greedy) in zip([i for g in chunk for i in g], self._score_shared(chunk, pairs)):
+                    out[i] = LoglikelihoodResult(float(logps.sum()), bool(greedy), len(logps))
+                progress(sum(map(len, chunk)))
+                chunk = []
         return out  # type: ignore[return-value]
 
-    def _score_one_pass(self, batch: list[tuple[list[int], list[int]]]) -> list[tuple[np.ndarray, bool]]:
-        inputs = [(ctx + cont)[:-1] for ctx, cont in batch]
-        ids, mask = _pad(inputs, self.tok.pad_token_id, left=False)
-        logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
-        results = []
-        for row, (inp, (_, cont)) in enumerate(zip(inputs, batch)):
-            span = logits[row, len(inp) - len(cont) : len(inp)]
-            results.append(_gather(span, cont))
-        return results
-
-    def _score_two_pass(self, batch: list[tuple[list[int], list[int]]]) -> list[tuple[np.ndarray, bool]]:
-        """Prefill ctx[:-1] into the quantized cache, then score [ctx[-1]] + cont[:-1]."""
-        prefixes = [ctx[:-1] for ctx, _ in batch]
-        rests = [ctx[-1:] + cont[:-1] for ctx, cont in batch]
-        cache, p_mask = self._prefill(prefixes)
+    def _score_shared(self, chunk: list[list[int]], pairs: list[tuple[list[int], list[int]]]) -> list[tuple[np.ndarray, bool]]:
+        """Prefill each context's ctx[:-1] once, repeat its cache row per continuation, then
+        score [ctx[-1]] + cont[:-1] for every request of the chunk in one pass."""
+        cache, p_mask = self._prefill([pairs[g[0]][0][:-1] for g in chunk])
+        rows = torch.tensor([r for r, g in enumerate(chunk) for _ in g])
+        if len(rows) != len(chunk):
+            cache.batch_select_indices(rows.to(self.device))
+        p_mask = p_mask[rows]
+        reqs = [pairs[i] for g in chunk for i in g]
+        rests = [ctx[-1:] + cont[:-1] for ctx, cont in reqs]
         r_ids, r_mask = _pad(rests, self.tok.pad_token_id, left=False)
-        start = p_mask.sum(1, keepdim=True)
-        pos = start + torch.arange(r_ids.shape[1]).unsqueeze(0)
+        pos = p_mask.sum(1, keepdim=True) + torch.arange(r_ids.shape[1]).unsqueeze(0)
         logits = self.model(
             input_ids=r_ids.to(self.device),
             attention_mask=torch.cat([p_mask, r_mask], 1).to(self.device),
@@ -134,7 +139,7 @@ class HFBackend:
             past_key_values=cache,
             use_cache=True,
         ).logits
-        return [_gather(logits[row, : len(cont)], cont) for row, (_, cont) in enumerate(batch)]
+        return [_gather(logits[row, : len(cont)], cont) for row, (_, cont) in enumerate(reqs)]
 
     def _prefill(self, prefixes: list[list[int]]) -> tuple[Any, torch.Tensor]:
         """Left-padded prefill into a fresh cache; returns the cache and the prefix mask."""
