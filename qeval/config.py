@@ -36,6 +36,14 @@ class Budget(_Strict):
     context_len: int = Field(default=4096, gt=0)
 
 
+class EngineSpec(_Strict):
+    """vLLM engine settings (the `vllm` backend); memory utilization comes from `budget`."""
+
+    max_num_seqs: int | None = Field(default=None, gt=0)
+    tensor_parallel_size: int = Field(default=1, gt=0)
+    enforce_eager: bool = True  # CUDA graphs cost start-up time and memory that scoring does not need
+
+
 class Gate(_Strict):
     """Non-inferiority: the drop on `task` ("all" for every task) is at most `max_drop`."""
 
@@ -49,7 +57,7 @@ class RunConfig(_Strict):
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     model: ModelSpec
-    backend: Literal["hf"] = "hf"
+    backend: Literal["hf", "vllm"] = "hf"
     device: Literal["cpu", "cuda", "auto"] = "auto"
     setups: list[Setup] = Field(min_length=1)
     tasks: list[str] = Field(min_length=1)
@@ -58,6 +66,7 @@ class RunConfig(_Strict):
     batch_size: int = Field(default=32, gt=0)
     seed: int = 1234
     budget: Budget = Budget()
+    engine: EngineSpec = EngineSpec()
     gates: list[Gate] = []
     #: the setup a release pipeline intends to ship; `run --fail-on-gate` checks it
     candidate: str | None = None

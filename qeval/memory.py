@@ -106,7 +106,7 @@ def predict_kv_bytes_per_token(shape: ModelShape, setup: Setup, model_dtype: str
     if not setup.quantizes_kv:
         return elems * _DTYPE_BITS[model_dtype] // 8
     data = elems * KV_BITS[setup.kv_cache] // 8
-    if setup.kv_cache == "fp8":
+    if setup.kv_cache in ("fp8", "fp8_e5m2"):
         return data  # one per-tensor scale per layer: nothing per token
     group = setup.kv_group_size or shape.head_dim
     return data + (elems // group) * 2 * SCALE_BYTES

@@ -9,7 +9,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from qeval.backends import validate_setup
+from qeval.backends import validate_backend, validate_setup
 from qeval.config import RunConfig
 from qeval.errors import UserError
 from qeval.memory import ModelShape
@@ -83,6 +83,7 @@ def make_plan(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
         setups = [s for s in cfg.setups if s.name in only_setups or s.name == cfg.baseline.name]
     for setup in setups:
         validate_setup(cfg, setup, device)
+    validate_backend(cfg)
     if only_tasks:
         unknown = [t for t in only_tasks if t not in cfg.tasks]
         if unknown:

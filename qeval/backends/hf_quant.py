@@ -33,7 +33,7 @@ def library_versions(setup: Setup) -> dict[str, str]:
 def quantize_weights(model: Any, setup: Setup) -> dict[str, Any]:
     """Quantize the decoder's linear layers in place (embeddings and lm_head stay 16-bit,
     as in transformers' own quanto integration). Returns what was done, for the results."""
-    if not setup.quantizes_weights:
+    if setup.weights not in ("int8", "int4"):  # fp8 weights are vLLM's, refused by hf_support
         return {"library": None}
     if setup.method == "torchao":
         return _torchao_int8(model)

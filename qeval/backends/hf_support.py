@@ -39,6 +39,8 @@ def _installed(module: str) -> bool:
 def validate(setup: Setup, device: str) -> None:
     """Raise a one-line UserError for a setup the hf backend cannot run on `device`."""
     where = f"setup {setup.name!r} on hf/{device}"
+    if setup.weights == "fp8" or setup.kv_cache == "fp8_e5m2" or setup.checkpoint:
+        raise UserError(f"{where}: fp8 weights, fp8_e5m2 KV and quantized checkpoints are served by the vllm backend")
     if setup.quantizes_weights:
         if setup.method in _VLLM_ONLY:
             raise UserError(
