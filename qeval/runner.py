@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from qeval import __version__
+from qeval.backends import worker_python
 from qeval.plan import RunPlan, make_plan
 from qeval.config import RunConfig
 from qeval.setups import Setup
@@ -75,7 +76,7 @@ def _run_worker(plan: RunPlan, store: RunStore, spec: Setup, tasks: dict[str, st
     atomic_write_json(job_path, job)
     env = os.environ | {"TOKENIZERS_PARALLELISM": "false"}
     before = store.setup_path(setup).stat().st_mtime_ns if store.setup_path(setup).is_file() else None
-    proc = subprocess.run([sys.executable, "-m", "qeval.worker", str(job_path)], env=env, check=False)
+    proc = subprocess.run([worker_python(plan.cfg), "-m", "qeval.worker", str(job_path)], env=env, check=False)
     path = store.setup_path(setup)
     if not path.is_file() or path.stat().st_mtime_ns == before:  # died without writing: killed, segfault, OOM
         how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exited with code {proc.returncode}"

