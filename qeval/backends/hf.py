@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from qeval.backends import hf_quant
-from qeval.backends.tokens import encode_pair, rolling_windows, truncate
+from qeval.backends.tokens import encode_pair, memoized, rolling_windows, truncate
 from qeval.backends.base import (
     GenerateRequest,
     LoglikelihoodRequest,
@@ -98,7 +98,8 @@ class HFBackend:
         quantized KV cache every request gets its own prefill (quantized caches cannot be
         row-selected), which is also what makes every continuation token see quantized K/V.
         """
-        pairs = [truncate(*self._encode_pair(r.context, r.continuation), self.max_length) for r in requests]
+        encode = memoized(self._encode)
+        pairs = [truncate(*encode_pair(encode, r.context, r.continuation), self.max_length) for r in requests]
         groups: dict[tuple[int, ...], list[int]] = {}
         for i, (ctx, _) in enumerate(pairs):
             key = tuple(ctx) if not self.setup.quantizes_kv else (*ctx, -1 - i)  # -1-i: never shared

@@ -18,6 +18,19 @@ def encode_pair(encode: Callable[[str], list[int]], context: str, continuation: 
     return ctx, whole[len(ctx):]
 
 
+def memoized(encode: Callable[[str], list[int]]) -> Callable[[str], list[int]]:
+    """`encode` with a per-call-site memo: the four choices of a question share a context,
+    which is then tokenised once, not eight times (encode_pair encodes it twice)."""
+    memo: dict[str, list[int]] = {}
+
+    def cached(text: str) -> list[int]:
+        if text not in memo:
+            memo[text] = encode(text)
+        return memo[text]
+
+    return cached
+
+
 def truncate(ctx: list[int], cont: list[int], max_length: int) -> tuple[list[int], list[int]]:
     """Keep the last max_length+1 tokens (lm-eval), never cutting into the continuation."""
     keep = max_length + 1 - len(cont)

