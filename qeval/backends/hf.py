@@ -85,9 +85,6 @@ class HFBackend:
     def _encode(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=True).input_ids
 
-    def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
-        return encode_pair(self._encode, context, continuation)
-
     # -- log-likelihood --------------------------------------------------------------
     @torch.no_grad()
     def loglikelihood(self, requests: list[LoglikelihoodRequest], progress: Progress) -> list[LoglikelihoodResult]:
