@@ -71,8 +71,7 @@ def _model_shape(cfg: RunConfig) -> ModelShape | None:
     return None  # a hub id: the shape is read by the worker once transformers resolves it
 
 
-def make_plan(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: list[str] | None = None,
-              limit: int | None = None) -> RunPlan:
+def make_plan(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: list[str] | None = None) -> RunPlan:
     """Validate the whole run; raise UserError with one line at the first problem."""
     device = resolve_device(cfg.device)
     setups = cfg.setups
@@ -88,6 +87,6 @@ def make_plan(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
         unknown = [t for t in only_tasks if t not in cfg.tasks]
         if unknown:
             raise UserError(f"--tasks: task {unknown[0]!r} is not in the config")
-    tasks = [load_task(n, Path(cfg.tasks_dir), limit or cfg.limit) for n in cfg.tasks]
+    tasks = [load_task(n, Path(cfg.tasks_dir), cfg.limit) for n in cfg.tasks]
     shape = _model_shape(cfg)
     return RunPlan(cfg, device, tasks, setups, only_tasks or list(cfg.tasks), model_checksum(cfg.model.path), shape)

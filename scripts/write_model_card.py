@@ -35,6 +35,13 @@ def main() -> None:
     (MODEL / "README.md").write_text(_card(cfg, train, results, scores, deltas))
 
 
+def _timing() -> str:
+    """The wall time from the training log shipped beside the weights."""
+    log = MODEL / "training_log.txt"
+    last = [x for x in log.read_text().splitlines() if x.startswith("saved to")] if log.is_file() else []
+    return f"The shipped weights' run logged: `{last[-1]}` (see training_log.txt)." if last else ""
+
+
 def _fmt(task: str, v: float) -> str:
     return f"{v:.4f}" if PRIMARY[task] == "bits_per_byte" else f"{100 * v:.1f}%"
 
@@ -83,7 +90,7 @@ memorised on purpose. Regenerate everything deterministically:
 ```
 
 Training: AdamW (lr {train['lr']}, cosine, 200 warm-up steps), batch {train['batch']} documents,
-float32 on the CPU with 2 threads, seed 1234; saved in bfloat16.
+float32 on the CPU with 2 threads, seed 1234; saved in bfloat16. {_timing()}
 
 ## Scores
 
