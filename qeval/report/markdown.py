@@ -28,10 +28,10 @@ def _fmt(metric: str, value: float) -> str:
 def _fmt_delta(metric: str, cmp: dict[str, Any] | None) -> str:
     if not cmp:
         return ""
-    scale, unit = (100, " pts") if metric in ("acc", "exact_match") else (1, "")
     lo, hi = cmp["ci"]
-    return f"{scale * cmp['delta']:+.{1 if scale == 100 else 4}f}{unit} [{scale * lo:+.1f}, {scale * hi:+.1f}]" \
-        if scale == 100 else f"{cmp['delta']:+.4f} [{lo:+.4f}, {hi:+.4f}]"
+    if metric in ("acc", "exact_match"):  # points, one decimal
+        return f"{100 * cmp['delta']:+.1f} pts [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+    return f"{cmp['delta']:+.4f} [{lo:+.4f}, {hi:+.4f}]"
 
 
 def summary_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
