@@ -7,7 +7,10 @@ STAMP  := $(VENV)/.installed
 VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: run test test-fast bench install browser vllm tasks model
+QUANT_VENV  := .venv-quant
+QUANT_STAMP := $(QUANT_VENV)/.installed
+
+.PHONY: run run-vllm test test-fast bench install browser vllm quant tasks model
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,9 +37,25 @@ $(VLLM_STAMP): pyproject.toml constraints-vllm.txt
 
 vllm: $(VLLM_STAMP)
 
+# llm-compressor (`qeval quantize`) in a third virtualenv: it pins other transformers and
+# compressed-tensors versions than vLLM does. qeval is not installed there: the worker is a
+# plain script (qeval/quantize_worker.py). The CPU torch wheel here; any torch on a GPU server.
+$(QUANT_STAMP): constraints-quant.txt
+	test -x $(QUANT_VENV)/bin/python || $(PYTHON) -m venv $(QUANT_VENV)
+	$(QUANT_VENV)/bin/pip install -q -c constraints-quant.txt torch
+	$(QUANT_VENV)/bin/pip install -q -c constraints-quant.txt llmcompressor
+	touch $(QUANT_STAMP)
+
+quant: $(QUANT_STAMP)
+
 ## run the demo (configs/demo.yaml on the shipped tiny model) into reports/demo/
 run: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/qeval run configs/demo.yaml
+
+## the vLLM demo: quantize (W8A8-INT8, W4A8) then serve bf16 + both on the vLLM engine
+run-vllm: $(STAMP) $(VLLM_STAMP) $(QUANT_STAMP)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/qeval quantize configs/demo-vllm.yaml
+	HF_HUB_OFFLINE=1 $(VENV)/bin/qeval run configs/demo-vllm.yaml
 
 ## headless Chromium for the report's rendering test (Debian package; as root only)
 browser:
@@ -45,11 +64,11 @@ browser:
 	  || echo "chromium not installed: the HTML rendering test will skip (it fails under CI=true)"
 
 ## every test, the slow end-to-end ones included (CI runs exactly this)
-test: $(STAMP) $(VLLM_STAMP) browser
+test: $(STAMP) $(VLLM_STAMP) $(QUANT_STAMP) browser
 	HF_HUB_OFFLINE=1 $(PY) -m pytest
 
 ## skip engine starts and full demo runs while developing
-test-fast: $(STAMP) $(VLLM_STAMP)
+test-fast: $(STAMP) $(VLLM_STAMP) $(QUANT_STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not slow"
 
 ## qeval against lm-evaluation-harness: speed ratio and per-sample agreement (bench/)

@@ -86,6 +86,31 @@ def validate(config: Annotated[Path, typer.Argument(help="run config YAML")]) ->
 
 
 @app.command()
+def quantize(
+    config: Annotated[Path, typer.Argument(help="run config YAML")],
+    setups: Annotated[Optional[str], typer.Option(help="comma-separated setups to quantize (default: all that need it)")] = None,
+    force: Annotated[bool, typer.Option(help="remake checkpoints that are already cached")] = False,
+) -> None:
+    """Make the quantized checkpoints CONFIG's vllm setups serve (llm-compressor, in .venv-quant)."""
+    from qeval.config import load_config
+    from qeval.quantize import QuantizeFailed
+    from qeval.quantize import quantize as quantize_all
+
+    try:
+        made = quantize_all(load_config(config), only=_split(setups), force=force)
+    except UserError as exc:
+        _fail(exc)
+        return
+    except QuantizeFailed as exc:
+        print(f"qeval: quantize failed: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    table = Table("setup", "scheme", "checkpoint", "status")
+    for m in made:
+        table.add_row(m.setup, m.scheme, str(m.path), "cached" if m.cached else f"made in {m.seconds:.0f} s")
+    Console().print(table)
+
+
+@app.command()
 def report(run_dir: Annotated[Path, typer.Argument(help="a finished run directory")]) -> None:
     """Regenerate report.md and report.html from RUN_DIR/results.json (byte-for-byte)."""
     import json

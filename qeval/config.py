@@ -46,6 +46,38 @@ class EngineSpec(_Strict):
     cpu_memory_utilization: float = Field(default=0.2, gt=0, le=1)
 
 
+class Calibration(_Strict):
+    """The text `qeval quantize` calibrates on: a local JSONL / text file (`path`), or a hub
+    dataset (`dataset`, loaded with `datasets.load_dataset`). Neither: the task suite's own
+    training text, `<tasks_dir>/data/train.jsonl`."""
+
+    path: str | None = None
+    dataset: str | None = None
+    dataset_config: str | None = None
+    split: str = "train"
+    revision: str | None = None
+    text_field: str = "text"
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Calibration:
+        if self.path and self.dataset:
+            raise ValueError("give calibration `path` or `dataset`, not both")
+        return self
+
+
+class QuantizeSpec(_Strict):
+    """How `qeval quantize` makes the checkpoints the vllm backend serves (llm-compressor)."""
+
+    calibration: Calibration = Calibration()
+    num_samples: int = Field(default=256, gt=0)
+    #: calibration sequences are cut to this many tokens (and to the model's max_context)
+    max_seq_length: int = Field(default=512, gt=0)
+    #: SmoothQuant's migration strength for W8A8-INT8 (llm-compressor's default)
+    smoothing_strength: float = Field(default=0.8, ge=0, le=1)
+    #: where checkpoints are cached, one folder per (model, scheme, calibration) key
+    output_dir: str = "checkpoints"
+
+
 class Gate(_Strict):
     """Non-inferiority: the drop on `task` ("all" for every task) is at most `max_drop`."""
 
@@ -69,6 +101,7 @@ class RunConfig(_Strict):
     seed: int = 1234
     budget: Budget = Budget()
     engine: EngineSpec = EngineSpec()
+    quantize: QuantizeSpec = QuantizeSpec()
     gates: list[Gate] = []
     #: the setup a release pipeline intends to ship; `run --fail-on-gate` checks it
     candidate: str | None = None
@@ -121,6 +154,9 @@ def load_config(path: Path) -> RunConfig:
         raise UserError(f"{path}: {_first_error(exc)}") from None
     cfg.model.path = _resolve(cfg.model.path, path.parent, must_exist=False)
     cfg.tasks_dir = _resolve(cfg.tasks_dir, path.parent, must_exist=True)
+    cal = cfg.quantize.calibration
+    if cal.path:
+        cal.path = _resolve(cal.path, path.parent, must_exist=False)
     return cfg
 
 

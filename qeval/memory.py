@@ -96,7 +96,9 @@ def predict_weights_bytes(shape: ModelShape, setup: Setup, model_dtype: str) -> 
             total += out_f * SCALE_BYTES  # per output channel, symmetric
         elif setup.weights == "int4":
             groups = in_f // _int4_group(in_f, setup.group_size or 128)
-            total += out_f * groups * 2 * SCALE_BYTES  # scale + zero point per group
+            # quanto (rtn) and AWQ are asymmetric: a zero point beside each scale; GPTQ / W4A8 are symmetric
+            per_group = 1 if setup.method in ("gptq", "w4a8") else 2
+            total += out_f * groups * per_group * SCALE_BYTES
     return total
 
 

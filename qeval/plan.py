@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qeval.backends import validate_backend, validate_setup
+from qeval.checkpoints import resolve_checkpoints
 from qeval.config import RunConfig
 from qeval.errors import UserError
 from qeval.memory import ModelShape
@@ -57,7 +58,7 @@ def model_checksum(path: str) -> str:
     return h.hexdigest()
 
 
-def _model_shape(cfg: RunConfig) -> ModelShape | None:
+def model_shape(cfg: RunConfig) -> ModelShape | None:
     root = Path(cfg.model.path)
     if root.is_dir():
         if not (root / "config.json").is_file():
@@ -82,11 +83,15 @@ def make_plan(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
         setups = [s for s in cfg.setups if s.name in only_setups or s.name == cfg.baseline.name]
     for setup in setups:
         validate_setup(cfg, setup, device)
+    shape = model_shape(cfg)
+    model_sha = model_checksum(cfg.model.path)
+    # vllm setups served from `qeval quantize` checkpoints: point them at their folders
+    cfg = resolve_checkpoints(cfg, model_sha, {s.name for s in setups})
+    setups = [s for s in cfg.setups if s.name in {x.name for x in setups}]
     validate_backend(cfg)
     if only_tasks:
         unknown = [t for t in only_tasks if t not in cfg.tasks]
         if unknown:
             raise UserError(f"--tasks: task {unknown[0]!r} is not in the config")
     tasks = [load_task(n, Path(cfg.tasks_dir), cfg.limit) for n in cfg.tasks]
-    shape = _model_shape(cfg)
-    return RunPlan(cfg, device, tasks, setups, only_tasks or list(cfg.tasks), model_checksum(cfg.model.path), shape)
+    return RunPlan(cfg, device, tasks, setups, only_tasks or list(cfg.tasks), model_sha, shape)

@@ -92,15 +92,35 @@ def _ledger(plan: RunPlan, setup: Setup, measured: dict[str, Any]) -> dict[str, 
     }
     if "overhead_bytes" in measured:
         ledger["overhead_bytes"] = fig("overhead_bytes", None)
-    engine_tokens = measured.get("kv_cache_tokens", {}).get("measured")
-    if engine_tokens is not None:  # vLLM reports its KV pool: that, not a prediction
+    engine = _engine_pool(plan, measured)
+    if engine:
+        ledger["engine"] = engine
+    if engine and plan.device == "cuda":  # vLLM sized its KV pool on the GPU itself: that, not a prediction
         ctx = plan.cfg.budget.context_len
-        ledger |= {"kv_cache_tokens": engine_tokens, "max_concurrency": round(engine_tokens / ctx, 2),
-                   "capacity_source": f"vLLM engine log ({measured['kv_cache_tokens'].get('extra', {}).get('line', '')}); "
-                                      f"concurrency = tokens / {ctx}"}
+        ledger |= {"kv_cache_tokens": engine["kv_cache_tokens"],
+                   "max_concurrency": round(engine["kv_cache_tokens"] / ctx, 2),
+                   "capacity_source": f"vLLM engine on this GPU ({engine['source']}); concurrency = tokens / {ctx}"}
     else:
         ledger |= _capacity(plan, ledger)
     return ledger
+
+
+def _engine_pool(plan: RunPlan, measured: dict[str, Any]) -> dict[str, Any] | None:
+    """The KV pool the vLLM engine reported: tokens, and sequences at its max_model_len as it
+    logged them. On the CPU build the pool is a share of host memory
+    (engine.cpu_memory_utilization), so it says nothing about the budget: the recommendation
+    then uses the budget prediction, and this stays a record of what the engine did."""
+    tokens = measured.get("kv_cache_tokens", {})
+    if tokens.get("measured") is None:
+        return None
+    conc = measured.get("max_concurrency", {})
+    e = plan.cfg.engine
+    pool = (f"GPU memory x {plan.cfg.budget.utilization}" if plan.device == "cuda"
+            else f"host memory x {e.cpu_memory_utilization} (engine.cpu_memory_utilization; the CPU build's pool)")
+    return {"kv_cache_tokens": tokens["measured"], "max_concurrency": conc.get("measured"),
+            "max_concurrency_context": conc.get("extra", {}).get("context"), "pool": pool,
+            "source": "vLLM engine log: " + "; ".join(filter(None, [tokens.get("extra", {}).get("line"),
+                                                                   conc.get("extra", {}).get("line")]))}
 
 
 def _capacity(plan: RunPlan, ledger: dict[str, Any]) -> dict[str, Any]:
@@ -115,4 +135,5 @@ def _capacity(plan: RunPlan, ledger: dict[str, Any]) -> dict[str, Any]:
     tokens = max(int(free // kv), 0)
     return {"kv_cache_tokens": tokens, "max_concurrency": round(tokens / b.context_len, 2),
             "capacity_source": f"predicted for the budget ({b.gpu_memory_gib} GiB x {b.utilization}, "
-                               f"{b.context_len}-token sequences) from the weights and KV bytes above"}
+                               f"{b.context_len}-token sequences) from the weights and KV bytes above "
+                               "(measured where measured, else predicted)"}

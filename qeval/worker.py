@@ -76,6 +76,7 @@ def run_job(job: dict[str, Any]) -> int:
                              {"seconds": seconds, "task_sha256": task.sha256}, topk)
             outcome["timings"][f"{name}_s"] = seconds
         outcome["memory"] = {k: vars(v) for k, v in backend.memory().items()}
+        outcome["quantization"] = getattr(backend, "quant_info", {})  # again: engines log some of it late
         outcome["library_versions"] = backend.library_versions()
         outcome["status"] = "ok"
     except MemoryError as exc:

@@ -1,4 +1,6 @@
-"""Write qeval's shipped task suite: tasks/<task>.yaml and tasks/data/<task>.jsonl.
+"""Write qeval's shipped task suite: tasks/<task>.yaml and tasks/data/<task>.jsonl, and
+tasks/data/train.jsonl, the suite's training text (the first documents of the stream the
+tiny model was trained on), which `qeval quantize` calibrates on by default.
 
     python scripts/make_tasks.py
 
@@ -9,6 +11,7 @@ YAML records its data file's sha256; qeval refuses data that does not match.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -17,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tiny_corpus as tc  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent / "tasks"
+N_TRAIN = 512  # calibration documents: llm-compressor's usual 512
 
 TASKS = {
     "compare_mc": {
@@ -79,6 +83,10 @@ def main() -> None:
                 "metadata": {"generator": "scripts/make_tasks.py", "seed": tc.SEED, "n": len(rows)}}
         (ROOT / f"{name}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False, allow_unicode=True))
         print(f"{name}: {len(rows)} samples")
+    train = itertools.islice(tc.training_documents(tc.make_splits()), N_TRAIN)
+    data = "".join(json.dumps({"id": f"train-{i:04d}", "text": t}, sort_keys=True) + "\n" for i, t in enumerate(train))
+    (ROOT / "data" / "train.jsonl").write_text(data)
+    print(f"train (calibration text): {N_TRAIN} documents")
 
 
 if __name__ == "__main__":

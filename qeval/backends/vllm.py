@@ -24,7 +24,7 @@ from qeval.backends.base import (
 )
 from qeval.backends.logcapture import capture_fds
 from qeval.backends.tokens import encode_pair, memoized, rolling_windows, truncate
-from qeval.backends.vllm_logs import parse_engine_log
+from qeval.backends.vllm_logs import parse_engine_log, quantized_kernels
 from qeval.backends.vllm_support import engine_args
 from qeval.config import RunConfig
 from qeval.setups import Setup
@@ -43,7 +43,7 @@ class VLLMBackend:
         self.llm: Any = None
         self.tok: Any = None
         self._log: Any = None
-        self.quant_info: dict[str, Any] = {}
+        self._engine_args: dict[str, Any] = {}
 
     def load(self) -> None:
         from vllm import LLM
@@ -55,7 +55,7 @@ class VLLMBackend:
                            max_model_len=self.max_length, utilization=utilization, max_num_seqs=e.max_num_seqs,
                            tensor_parallel_size=e.tensor_parallel_size, enforce_eager=e.enforce_eager,
                            seed=self.cfg.seed, trust_remote_code=self.cfg.model.trust_remote_code)
-        self.quant_info = {"engine_args": args}
+        self._engine_args = args
         with capture_fds() as log:
             self.llm = LLM(max_logprobs=TOPK + 1, disable_log_stats=True, **args)
         self._log = log
@@ -63,6 +63,16 @@ class VLLMBackend:
 
     def close(self) -> None:
         self.llm = None
+
+    @property
+    def quant_info(self) -> dict[str, Any]:
+        """The engine arguments, and the linear kernel the engine chose for each quantized
+        scheme it loaded (from its log: evidence the checkpoint really ran quantized)."""
+        info: dict[str, Any] = {"engine_args": self._engine_args}
+        kernels = quantized_kernels(self._log.text()) if self._log else {}
+        if kernels:
+            info["engine_kernels"] = kernels
+        return info
 
     def library_versions(self) -> dict[str, str]:
         from importlib.metadata import version
@@ -140,6 +150,10 @@ class VLLMBackend:
             {"lines": [kv["line"], tokens["line"]]} if per_token else {})
         if tokens:
             figures["kv_cache_tokens"] = MemoryFigure(tokens["value"], "vLLM log: 'KV cache size'", {"line": tokens["line"]})
+        conc = found.get("max_concurrency")
+        if conc:
+            figures["max_concurrency"] = MemoryFigure(conc["value"], "vLLM log: 'Maximum concurrency'",
+                                                      {"line": conc["line"], "context": conc["context"]})
         proc = psutil.Process()
         rss = proc.memory_info().rss + sum(c.memory_info().rss for c in proc.children(recursive=True))
         figures["peak_bytes"] = MemoryFigure(int(rss), "RSS of the worker and its vLLM engine processes (psutil, after scoring)")

@@ -21,6 +21,15 @@ _PATTERNS = {
 }
 
 
+_KERNEL = re.compile(r"(?:Selected|Using) (\w+) for (CompressedTensors\w+)")
+
+
+def quantized_kernels(text: str) -> dict[str, str]:
+    """The linear kernel vLLM chose for each compressed-tensors scheme it loaded (evidence
+    that a checkpoint really ran quantized), e.g. {"CompressedTensorsW8A8Int8": "CPUInt8ScaledMMLinearKernel"}."""
+    return {scheme: kernel for kernel, scheme in _KERNEL.findall(text)}
+
+
 def parse_engine_log(text: str) -> dict[str, Any]:
     """Figures found in the log (absent ones are left out), each with the line it came from."""
     out: dict[str, Any] = {}

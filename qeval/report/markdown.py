@@ -17,6 +17,13 @@ def _mib(n: int | None) -> str:
     return "—" if n is None else f"{n / 2**20:.2f} MiB"
 
 
+def _weights(fig: dict[str, Any]) -> str:
+    """Measured weights, else the prediction, marked as one (vLLM's CPU build logs no weight size)."""
+    if fig["measured"] is None and fig.get("predicted") is not None:
+        return f"{_mib(fig['predicted'])} (predicted)"
+    return _mib(fig["measured"])
+
+
 def _metric_of(results: dict[str, Any], task: str) -> tuple[str, bool]:
     return PRIMARY_METRIC[results["tasks"][task]["output_type"]]
 
@@ -45,7 +52,7 @@ def summary_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     for s in results["setups"]:
         mem = s["memory"]
         row = [s["name"] + (" (baseline)" if s["baseline"] else ""), s["status"] if s["status"] == "ok" else f"failed: {s['error']}",
-               _mib(mem["weights_bytes"]["measured"]), str(mem["kv_bytes_per_token"]["measured"] or "—")]
+               _weights(mem["weights_bytes"]), str(mem["kv_bytes_per_token"]["measured"] or "—")]
         for t in tasks:
             metric, _ = _metric_of(results, t)
             value = s["tasks"].get(t, {}).get("metrics", {}).get(metric, {}).get("value")
@@ -63,7 +70,8 @@ def render_markdown(results: dict[str, Any]) -> str:
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
     lines += ["", "Accuracies in percent; Δ is setup minus baseline with a paired-bootstrap 95% CI. "
-              "Weights and KV bytes/token are measured on the loaded model (sources in results.json).", ""]
+              "Weights and KV bytes/token are measured on the loaded model, or marked predicted where the "
+              "backend reports no figure (sources in results.json).", ""]
     lines += _recommendation(results) + _gate_table(results)
     notes = _notes(results)
     if notes:
@@ -141,6 +149,6 @@ def print_summary(results: dict[str, Any], console: Console | None = None) -> No
             scale = 100 if metric in ("acc", "exact_match") else 1
             delta = f" ({scale * cmp['delta']:+.{1 if scale == 100 else 3}f})" if cmp else ""
             cells.append(_fmt(metric, value) + delta)
-        table.add_row(s["name"] + (" *" if s["baseline"] else ""), _mib(mem["weights_bytes"]["measured"]),
+        table.add_row(s["name"] + (" *" if s["baseline"] else ""), _weights(mem["weights_bytes"]),
                       str(mem["kv_bytes_per_token"]["measured"]), *cells)
     (console or Console()).print(table)
