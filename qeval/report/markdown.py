@@ -17,10 +17,10 @@ def _mib(n: int | None) -> str:
     return "—" if n is None else f"{n / 2**20:.2f} MiB"
 
 
-def _weights(fig: dict[str, Any]) -> str:
+def _weights(fig: dict[str, Any], mark: str = " (predicted)") -> str:
     """Measured weights, else the prediction, marked as one (vLLM's CPU build logs no weight size)."""
     if fig["measured"] is None and fig.get("predicted") is not None:
-        return f"{_mib(fig['predicted'])} (predicted)"
+        return _mib(fig["predicted"]) + mark
     return _mib(fig["measured"])
 
 
@@ -128,6 +128,16 @@ def _notes(results: dict[str, Any]) -> list[str]:
         kl = [(t, c["kl"], c["top1_agreement"]) for t, c in s["vs_baseline"].items() if c and c.get("kl") is not None]
         for t, k, top1 in kl:
             notes.append(f"{s['name']}: KL to baseline on {t} = {k:.5f} nats/token, top-1 agreement {100 * top1:.1f}%")
+        engine = s["memory"].get("engine")
+        if engine:
+            parts = [f"{s['name']}: the vLLM engine reported a KV pool of {engine['kv_cache_tokens']:,} tokens"]
+            if engine["max_concurrency"] is not None:
+                parts[0] += f", {engine['max_concurrency']:g} sequences of {engine['max_concurrency_context']} tokens"
+            parts.append(f"pool: {engine['pool']}")
+            kernels = s.get("quantization", {}).get("engine_kernels")
+            if kernels:
+                parts.append("kernels: " + ", ".join(f"{k}: {v}" for k, v in kernels.items()))
+            notes.append("; ".join(parts))
     return notes
 
 
@@ -135,7 +145,7 @@ def print_summary(results: dict[str, Any], console: Console | None = None) -> No
     """The same table, compact enough for a terminal: score and Δ share a cell."""
     table = Table(title=f"qeval: {results['run']['name']} (Δ vs baseline in brackets)")
     for h in ["setup", "weights", "KV B/tok"] + [f"{t} {_metric_of(results, t)[0]}" for t in results["tasks"]]:
-        table.add_column(h, overflow="fold")
+        table.add_column(h, overflow="fold", no_wrap=h == "weights")
     for s in results["setups"]:
         mem = s["memory"]
         if s["status"] != "ok":
@@ -149,6 +159,8 @@ def print_summary(results: dict[str, Any], console: Console | None = None) -> No
             scale = 100 if metric in ("acc", "exact_match") else 1
             delta = f" ({scale * cmp['delta']:+.{1 if scale == 100 else 3}f})" if cmp else ""
             cells.append(_fmt(metric, value) + delta)
-        table.add_row(s["name"] + (" *" if s["baseline"] else ""), _weights(mem["weights_bytes"]),
+        table.add_row(s["name"] + (" *" if s["baseline"] else ""), _weights(mem["weights_bytes"], " (p)"),
                       str(mem["kv_bytes_per_token"]["measured"]), *cells)
     (console or Console()).print(table)
+    if any(s["memory"]["weights_bytes"]["measured"] is None for s in results["setups"] if s["status"] == "ok"):
+        (console or Console()).print("(p): predicted; this backend reports no weight size (see report.md)")
