@@ -97,12 +97,20 @@ class Run:
         """The memory ledger: one row per setup x figure, predicted and measured, with sources."""
         rows = []
         for s in self.results["setups"]:
-            for figure, value in s["memory"].items():
-                if isinstance(value, dict):
+            mem = s["memory"]
+            for figure, value in mem.items():
+                if isinstance(value, dict) and figure != "engine":
                     rows.append({"setup": s["name"], "figure": figure, "predicted": value.get("predicted"),
                                  "measured": value.get("measured"), "source": value.get("source")})
-            rows.append({"setup": s["name"], "figure": "max_concurrency", "predicted": s["memory"].get("max_concurrency"),
-                         "measured": None, "source": s["memory"].get("capacity_source")})
+            predicted = str(mem.get("capacity_source", "")).startswith("predicted")
+            conc = mem.get("max_concurrency")
+            rows.append({"setup": s["name"], "figure": "max_concurrency", "predicted": conc if predicted else None,
+                         "measured": None if predicted else conc, "source": mem.get("capacity_source")})
+            engine = mem.get("engine")
+            if engine:  # what the vLLM engine itself reported (on the CPU build: a host-memory pool)
+                for key in ("kv_cache_tokens", "max_concurrency"):
+                    rows.append({"setup": s["name"], "figure": f"engine_{key}", "predicted": None,
+                                 "measured": engine[key], "source": f"{engine['source']} (pool: {engine['pool']})"})
         return pd.DataFrame(rows)
 
     def plot_quality_vs_memory(self) -> Any:

