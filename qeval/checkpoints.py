@@ -18,6 +18,7 @@ from typing import Any
 
 from qeval.config import Calibration, RunConfig
 from qeval.errors import UserError
+from qeval.jsonl import read_objects
 from qeval.setups import Setup
 
 RECORD = "qeval-quantize.json"  # the record of how a checkpoint was made (written last)
@@ -93,14 +94,8 @@ def read_calibration_texts(cal: Calibration, limit: int) -> list[str]:
     path = Path(cal.path)
     texts: list[str] = []
     if path.suffix in (".jsonl", ".json"):
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
-            if not isinstance(row, dict) or not isinstance(row.get(cal.text_field), str):
+        for n, row in read_objects(path):
+            if not isinstance(row.get(cal.text_field), str):
                 raise UserError(f"{path}:{n}: no string field {cal.text_field!r} (quantize.calibration.text_field)")
             texts.append(row[cal.text_field])
             if len(texts) == limit:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from qeval import __version__
+from qeval.backends import has_module
 from qeval.checkpoints import (
     RECORD,
     SCHEMES,
@@ -59,12 +60,7 @@ class Made:
 def quant_python() -> str:
     """The interpreter with llm-compressor: QEVAL_QUANT_PYTHON, else .venv-quant beside qeval."""
     python = os.environ.get("QEVAL_QUANT_PYTHON") or str(Path(__file__).resolve().parents[1] / ".venv-quant" / "bin" / "python")
-    probe = "import importlib.util as u; print(u.find_spec('llmcompressor') is not None)"
-    try:
-        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120, check=False).stdout
-    except OSError:
-        out = ""
-    if out.strip() != "True":
+    if not has_module(python, "llmcompressor"):
         raise UserError(f"llm-compressor is not installed for {python} (`make quant` creates .venv-quant; "
                         "or set QEVAL_QUANT_PYTHON to an interpreter that has it)")
     return python

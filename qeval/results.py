@@ -115,8 +115,8 @@ def _engine_pool(plan: RunPlan, measured: dict[str, Any]) -> dict[str, Any] | No
         return None
     conc = measured.get("max_concurrency", {})
     e = plan.cfg.engine
-    pool = (f"GPU memory x {plan.cfg.budget.utilization}" if plan.device == "cuda"
-            else f"host memory x {e.cpu_memory_utilization} (engine.cpu_memory_utilization), the CPU build's")
+    pool = (f"GPU memory x {plan.cfg.budget.utilization} (budget.utilization)" if plan.device == "cuda"
+            else f"host memory x {e.cpu_memory_utilization} (engine.cpu_memory_utilization)")
     return {"kv_cache_tokens": tokens["measured"], "max_concurrency": conc.get("measured"),
             "max_concurrency_context": conc.get("extra", {}).get("context"), "pool": pool,
             "source": "vLLM engine log: " + "; ".join(filter(None, [tokens.get("extra", {}).get("line"),

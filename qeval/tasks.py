@@ -21,6 +21,7 @@ import jinja2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from qeval.errors import UserError
+from qeval.jsonl import read_objects
 from qeval.yamlio import load_yaml
 
 OutputType = Literal["multiple_choice", "generate_until", "loglikelihood_rolling"]
@@ -156,17 +157,7 @@ def _load_docs(spec: TaskSpec, yaml_path: Path) -> tuple[list[dict[str, Any]], s
     if not data.is_file():
         raise UserError(f"{yaml_path}: data file {data} not found")
     raw = data.read_bytes()
-    docs = []
-    for lineno, line in enumerate(raw.decode("utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            doc = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{data}:{lineno}: corrupt dataset line ({exc.msg})") from None
-        if not isinstance(doc, dict):
-            raise UserError(f"{data}:{lineno}: corrupt dataset line (expected a JSON object)")
-        docs.append(doc)
+    docs = [doc for _, doc in read_objects(data, raw)]
     return docs, hashlib.sha256(raw).hexdigest()
 
 

@@ -65,7 +65,7 @@ def test_bad_quantize_input_is_one_line_exit_2(tmp_path: Path) -> None:
     corrupt.write_text('{"text": "1 + 2 = 3"}\n{"text": "4 + 4 = 8"}\n{"text": "cut off\n')
     bad = demo_vllm_config(tmp_path, tmp_path / "ck")
     bad.write_text(bad.read_text().replace("quantize:\n", f"quantize:\n  calibration: {{path: {corrupt}}}\n"))
-    _one_line_exit_2(run_cli("quantize", str(bad)), f"{corrupt}:3: not valid JSON")
+    _one_line_exit_2(run_cli("quantize", str(bad)), f"{corrupt}:3: corrupt dataset line")
 
     no_field = tmp_path / "nofield.jsonl"
     no_field.write_text('{"body": "x"}\n')
@@ -149,10 +149,16 @@ def test_a_second_quantize_is_a_cache_hit(quantized_demo: tuple[Path, Path, str]
 
 
 @pytest.mark.slow
-def test_gptq_w4a16_with_another_group_size(tmp_path: Path) -> None:
-    """W4A16 (GPTQ) in groups of 64: a scheme spelled out rather than a preset."""
+def test_gptq_w4a16_with_another_group_size_from_a_dataset(tmp_path: Path) -> None:
+    """W4A16 (GPTQ) in groups of 64 (a scheme spelled out rather than a preset), calibrated
+    through the `dataset:` path that hub datasets take, here on a local dataset folder."""
+    data = tmp_path / "calib"
+    data.mkdir()
+    lines = (TASKS / "data" / "train.jsonl").read_text().splitlines()[:64]
+    (data / "train.jsonl").write_text("\n".join(lines) + "\n")
     extra = "  - {name: w4a16, weights: int4, method: gptq, group_size: 64}\n"
     cfg = demo_vllm_config(tmp_path, tmp_path / "ck", extra)
+    cfg.write_text(cfg.read_text().replace("quantize:\n", f"quantize:\n  calibration: {{dataset: {data}, split: train}}\n"))
     res = run_cli("quantize", str(cfg), "--setups", "w4a16")
     assert res.returncode == 0, res.stderr[-3000:]
     (folder,) = (tmp_path / "ck").iterdir()
@@ -160,6 +166,8 @@ def test_gptq_w4a16_with_another_group_size(tmp_path: Path) -> None:
     group = qc["config_groups"]["group_0"]
     assert group["weights"]["num_bits"] == 4 and group["weights"]["group_size"] == 64
     assert group["input_activations"] is None and qc["format"] == "pack-quantized"
+    record = json.loads((folder / RECORD).read_text())
+    assert record["calibration"]["dataset"] == str(data) and record["calibration"]["texts"] == 64
 
 
 def test_quant_python_is_found_by_make_quant() -> None:

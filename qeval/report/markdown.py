@@ -133,7 +133,7 @@ def _notes(results: dict[str, Any]) -> list[str]:
             parts = [f"{s['name']}: the vLLM engine reported a KV pool of {engine['kv_cache_tokens']:,} tokens"]
             if engine["max_concurrency"] is not None:
                 parts[0] += f", {engine['max_concurrency']:g} sequences of {engine['max_concurrency_context']} tokens"
-            parts.append(f"pool: {engine['pool']}")
+            parts.append(f"pool sized as {engine['pool']}")
             kernels = s.get("quantization", {}).get("engine_kernels")
             if kernels:
                 parts.append("kernels: " + ", ".join(f"{k}: {v}" for k, v in kernels.items()))
