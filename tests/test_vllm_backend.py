@@ -107,3 +107,28 @@ def test_demo_vllm_serves_the_quantized_checkpoints(quantized_demo: tuple[Path, 
     w = {n: s["memory"]["weights_bytes"]["predicted"] for n, s in setups.items()}
     assert w["w4a8"] < w["w8a8"] < w["bf16"]
     assert "(predicted)" in (out / "report.md").read_text()  # the CPU build logs no weight size: said so
+
+
+def test_fp8_kv_cache_on_this_cpu(tmp_path: Path) -> None:
+    """What this machine's CPU allows, checked for real either way. Without AVX-512 or AMX:
+    refused before any engine starts (exit 2, one line naming the limit). With them: served,
+    and the engine's pool holds twice the tokens at 512 bytes each, and the scores really
+    move (vLLM's CPU attention reads the FP8 cache), so no `kv_cache_no_effect` flag."""
+    from qeval.backends.vllm_support import cpu_has_fp8
+
+    cfg = tmp_path / "kv.yaml"
+    cfg.write_text(f"name: kv\nmodel: {{path: {MODEL}, dtype: bfloat16, max_context: 256}}\ntasks_dir: {ROOT / 'tasks'}\n"
+                   "backend: vllm\ndevice: cpu\nsetups: [{name: bf16, baseline: true}, {name: kv-fp8, kv_cache: fp8}]\n"
+                   "tasks: [compare_mc, ppl]\nlimit: 100\nbudget: {gpu_memory_gib: 0.01, utilization: 0.9, context_len: 256}\n")
+    res = run_cli("run", str(cfg), "--output", str(tmp_path / "out"))
+    if not cpu_has_fp8():
+        assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr[-2000:]
+        assert "FP8 KV cache needs AVX-512 or AMX" in res.stderr and not (tmp_path / "out").exists()
+        return
+    assert res.returncode == 0, res.stderr[-3000:]
+    setups = {s["name"]: s for s in json.loads((tmp_path / "out" / "results.json").read_text())["setups"]}
+    bf16, kv = setups["bf16"]["memory"], setups["kv-fp8"]["memory"]
+    assert kv["engine"]["kv_cache_tokens"] / bf16["engine"]["kv_cache_tokens"] == pytest.approx(2.0, rel=0.02)
+    assert kv["kv_bytes_per_token"]["measured"] == pytest.approx(512, abs=2) == kv["kv_bytes_per_token"]["predicted"]
+    ppl = setups["kv-fp8"]["vs_baseline"]["ppl"]
+    assert ppl["kl"] > 1e-4 and not any("no_effect" in f for f in setups["kv-fp8"]["flags"])

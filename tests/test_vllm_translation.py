@@ -51,6 +51,7 @@ def test_bitsandbytes_and_e5m2() -> None:
     (Setup(name="q", weights="int4", method="rtn"), "cuda", "transformers-side quantizer"),
     (Setup(name="g", weights="int4", method="gptq", checkpoint="x/y"), "cpu", "needs AVX-512 on the CPU build"),
     (Setup(name="b", weights="int4", method="bnb"), "cpu", "GPU builds of vLLM only"),
+    (Setup(name="f", weights="fp8"), "cpu", "FP8 weights .* do not run on vLLM's CPU build"),
     (Setup(name="w", weights="int8", method="w4a8", checkpoint="x/y"), "cuda", "does not make int8 weights"),
 ])
 def test_refusals(setup: Setup, device: str, message: str, monkeypatch: pytest.MonkeyPatch) -> None:
