@@ -107,3 +107,21 @@ def test_fp8_kv_on_this_cpu(tmp_path: Path) -> None:
         return
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
     assert "FP8 KV cache needs AVX-512 or AMX" in res.stderr
+
+
+def test_gpu_peak_sums_nvml_over_our_processes_only() -> None:
+    """The NVML path's bookkeeping (GPU-only, so driven by a stand-in NVML here): our PIDs on
+    every GPU are summed, others ignored; no process of ours seen means no figure."""
+    from types import SimpleNamespace
+
+    from qeval.backends.vllm import gpu_process_bytes
+
+    procs = {0: [SimpleNamespace(pid=10, usedGpuMemory=3 * 2**30), SimpleNamespace(pid=99, usedGpuMemory=2**30)],
+             1: [SimpleNamespace(pid=11, usedGpuMemory=2**29), SimpleNamespace(pid=12, usedGpuMemory=None)]}
+    calls: list[str] = []
+    nvml = SimpleNamespace(nvmlInit=lambda: calls.append("init"), nvmlShutdown=lambda: calls.append("shutdown"),
+                           nvmlDeviceGetCount=lambda: 2, nvmlDeviceGetHandleByIndex=lambda i: i,
+                           nvmlDeviceGetComputeRunningProcesses=lambda h: procs[h])
+    assert gpu_process_bytes({10, 11, 12}, nvml) == 3 * 2**30 + 2**29
+    assert gpu_process_bytes({42}, nvml) is None
+    assert calls == ["init", "shutdown"] * 2
