@@ -6,7 +6,7 @@ import hashlib
 import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Weights = Literal["bf16", "fp16", "fp32", "fp8", "int8", "int4"]
 KVCache = Literal["auto", "fp8", "fp8_e5m2", "int8", "int4", "int2"]
@@ -36,6 +36,14 @@ class Setup(BaseModel):
     checkpoint: str | None = None
     #: cap the worker's address space (MiB): reproduces an out-of-memory on a smaller device
     memory_limit_mib: int | None = Field(default=None, gt=0)
+
+    @field_validator("method", mode="before")
+    @classmethod
+    def _archived(cls, value: object) -> object:
+        if isinstance(value, str) and value.lower().replace("-", "_") in ("autogptq", "auto_gptq", "autoawq", "auto_awq"):
+            raise ValueError(f"{value} is archived upstream and not offered; method gptq or awq makes those "
+                             "checkpoints with llm-compressor (`qeval quantize`)")
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> Setup:

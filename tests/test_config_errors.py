@@ -33,6 +33,10 @@ BAD = {
     "bad_kv_value": (GOOD.replace("kv_cache: int2", "kv_cache: int3"), "setups.2.kv_cache"),
     "duplicate_setup": (GOOD.replace("name: kv2", "name: int4"), "duplicate setup names: int4"),
     "gate_on_unknown_task": (GOOD + "gates: [{task: facts, max_drop: 0.01}]\n", "gate names task 'facts'"),
+    "archived_autogptq": (GOOD.replace("weights: int4, group_size: 128", "weights: int4, method: AutoGPTQ"),
+                          "AutoGPTQ is archived upstream"),
+    "calibration_twice": (GOOD + "quantize: {calibration: {path: a.jsonl, dataset: org/name}}\n",
+                          "give calibration `path` or `dataset`, not both"),
     "group_size_on_int8": (GOOD.replace("weights: int4, group_size", "weights: int8, group_size"),
                            "group_size applies to int4"),
 }
