@@ -176,6 +176,9 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
+    # qeval's vLLM backend points fds 1 and 2 at its engine-log capture (teed to stderr);
+    # the figures go to the stdout this script started with
+    report = os.fdopen(os.dup(1), "w", buffering=1)
 
     import torch
 
@@ -186,13 +189,14 @@ def main() -> None:
     lm_s, lm = run_lm_eval(args, tasks)
     q_s, q = run_qeval(args, tasks)
     rows = compare(tasks, q, lm)
-    print(f"model {args.model.name}, {args.dtype}, batch {args.batch_size}, {os.cpu_count()} CPUs, tasks {args.tasks}")
-    print(f"lm-evaluation-harness ({args.backend}): {lm_s:7.2f} s")
-    print(f"qeval ({args.backend}):{' ' * (len('lm-evaluation-harness ') - len('qeval '))} {q_s:7.2f} s")
-    print(f"speed-up (lm-eval / qeval): {lm_s / q_s:7.2f}x")
+    print(f"model {args.model.name}, {args.dtype}, batch {args.batch_size}, {os.cpu_count()} CPUs, tasks {args.tasks}",
+          file=report)
+    print(f"lm-evaluation-harness ({args.backend}): {lm_s:7.2f} s", file=report)
+    print(f"qeval ({args.backend}):{' ' * (len('lm-evaluation-harness ') - len('qeval '))} {q_s:7.2f} s", file=report)
+    print(f"speed-up (lm-eval / qeval): {lm_s / q_s:7.2f}x", file=report)
     for r in rows:
         print(f"  {r['task']:<11} n={r['n']:<4} {r['metric']}: qeval {r['qeval']:.4f}  lm-eval {r['lm_eval']:.4f}   "
-              f"|Δ log-likelihood| max {r['max_abs_diff']:.2e}  median {r['median_abs_diff']:.2e}")
+              f"|Δ log-likelihood| max {r['max_abs_diff']:.2e}  median {r['median_abs_diff']:.2e}", file=report)
     if args.json:
         args.json.write_text(json.dumps({"lm_eval_s": lm_s, "qeval_s": q_s, "speedup": lm_s / q_s, "tasks": rows}, indent=2))
 
