@@ -87,7 +87,8 @@ def quantize(cfg: RunConfig, *, only: list[str] | None = None, force: bool = Fal
     cal_sha = calibration_checksum(cal)
     texts = read_calibration_texts(cal, cfg.quantize.num_samples) if cal.path else None
     model_sha = model_checksum(cfg.model.path)
-    made, python = [], None
+    made: list[Made] = []
+    python: str | None = None
     for setup in todo:
         dest = checkpoint_dir(cfg, setup, model_sha, cal_sha)
         scheme = SCHEMES[setup.method]

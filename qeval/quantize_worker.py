@@ -46,7 +46,8 @@ def _recipe(spec: dict[str, Any]) -> list[Any]:
     return recipe + [GPTQModifier(**quant)]
 
 
-def _calibration(job: dict[str, Any], tok: Any) -> Any:
+def _calibration(job: dict[str, Any], tok: Any) -> tuple[Any, int]:
+    """The tokenized calibration set (a `datasets.Dataset`) and how many documents it has."""
     from datasets import Dataset, load_dataset
 
     texts = job["texts"]
