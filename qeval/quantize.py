@@ -33,7 +33,7 @@ from qeval.checkpoints import (
     read_calibration_texts,
     recipe_spec,
 )
-from qeval.config import RunConfig
+from qeval.config import Calibration, RunConfig
 from qeval.errors import UserError
 from qeval.plan import model_checksum, model_shape
 from qeval.provenance import git_commit, hardware, now_iso
@@ -99,7 +99,7 @@ def quantize(cfg: RunConfig, *, only: list[str] | None = None, force: bool = Fal
         python = python or quant_python()
         n = len(texts) if texts is not None else cfg.quantize.num_samples
         log(f"{setup.name}: quantizing to {scheme.preset} ({scheme.algorithm}) on {n} calibration texts -> {dest}")
-        record = _make(cfg, setup, dest, python, texts, model_sha, cal_sha)
+        record = _make(cfg, setup, dest, python, cal, texts, model_sha, cal_sha)
         log(f"{setup.name}: done in {record['made_by']['seconds']:.0f} s")
         made.append(Made(setup.name, scheme.preset, dest, False, record["made_by"]["seconds"]))
     return made
@@ -124,13 +124,12 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _make(cfg: RunConfig, setup: Setup, dest: Path, python: str, texts: list[str] | None,
+def _make(cfg: RunConfig, setup: Setup, dest: Path, python: str, cal: Calibration, texts: list[str] | None,
           model_sha: str, cal_sha: str) -> dict[str, Any]:
     tmp = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
     _remove_stale(dest)
     tmp.mkdir(parents=True)
     recipe = recipe_spec(cfg, setup)
-    cal = calibration_source(cfg)
     m = cfg.model
     job = {"model": {"path": m.path, "revision": m.revision, "dtype": m.dtype, "trust_remote_code": m.trust_remote_code},
            "recipe": recipe, "texts": texts, "calibration": cal.model_dump(), "seed": cfg.seed, "output": str(tmp)}

@@ -56,26 +56,24 @@ def validate_backend(cfg: RunConfig) -> None:
 
 def vllm_kv_dtypes(python: str) -> set[str]:
     """The kv_cache_dtype values the vLLM of interpreter `python` accepts."""
-    import subprocess
-
-    probe = "import typing; from vllm.config.cache import CacheDType; print(' '.join(typing.get_args(CacheDType)))"
-    try:
-        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=300, check=False).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return set()
-    return set(out.split())
+    return set(_probe(python, "import typing; from vllm.config.cache import CacheDType; "
+                              "print(' '.join(typing.get_args(CacheDType)))", timeout=300).split())
 
 
 def has_module(python: str, module: str) -> bool:
     """Whether the interpreter `python` can import `module` (checked without importing it)."""
+    return _probe(python, f"import importlib.util as u; print(u.find_spec({module!r}) is not None)") == "True"
+
+
+def _probe(python: str, code: str, timeout: int = 120) -> str:
+    """What `python -c code` prints (stripped); "" if it cannot run."""
     import subprocess
 
-    probe = f"import importlib.util as u; print(u.find_spec({module!r}) is not None)"
     try:
-        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120, check=False).stdout
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired):
-        return False
-    return out.strip() == "True"
+        return ""
+    return out.stdout.strip()
 
 
 def create_backend(cfg: RunConfig, setup: Setup, device: str) -> Backend:
