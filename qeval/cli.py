@@ -15,10 +15,17 @@ from qeval.errors import UserError
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Quantization quality-vs-memory evaluation.")
 _err = Console(stderr=True)
 
+#: `qeval run`'s exit codes (README "Guarantees")
+EXIT_OK = 0  # every setup scored (and, under --fail-on-gate, the candidate passes every gate)
+EXIT_SETUP_FAILED = 1  # a setup (the baseline included) failed: the comparison is incomplete
+EXIT_BAD_INPUT = 2  # bad input, refused before any model loaded; nothing written
+EXIT_GATE_FAILED = 3  # --fail-on-gate: every setup scored, but the candidate does not pass every gate
+EXIT_INTERRUPTED = 130  # Ctrl-C: rerun the same command to resume
+
 
 def _fail(exc: UserError) -> None:
     print(f"qeval: error: {exc}", file=sys.stderr)
-    raise typer.Exit(2)
+    raise typer.Exit(EXIT_BAD_INPUT)
 
 
 def _split(value: str | None) -> list[str] | None:
@@ -32,10 +39,13 @@ def run(
     setups: Annotated[Optional[str], typer.Option(help="comma-separated setups to run (the baseline always runs)")] = None,
     tasks: Annotated[Optional[str], typer.Option(help="comma-separated tasks to score")] = None,
     limit: Annotated[Optional[int], typer.Option(min=1, help="score only the first N samples of each task")] = None,
-    force: Annotated[bool, typer.Option(help="recompute stored (setup, task) results")] = False,
-    fail_on_gate: Annotated[bool, typer.Option(help="exit 1 when a setup fails a quality gate")] = False,
+    force: Annotated[bool, typer.Option(help="recompute stored results; write into a folder holding another run")] = False,
+    fail_on_gate: Annotated[bool, typer.Option(help="exit 3 when the candidate does not pass every quality gate")] = False,
 ) -> None:
-    """Serve the model under every setup of CONFIG, score the tasks, write RUN_DIR."""
+    """Serve the model under every setup of CONFIG, score the tasks, write RUN_DIR.
+
+    Exit codes: 0 every setup scored; 1 a setup failed; 2 bad input (nothing ran);
+    3 under --fail-on-gate, the candidate does not pass every gate; 130 interrupted."""
     from qeval.config import load_config
     from qeval.runner import RunOptions
     from qeval.runner import run as run_all
@@ -47,26 +57,47 @@ def run(
     except UserError as exc:
         _fail(exc)
         return
+    except KeyboardInterrupt:
+        print("qeval: interrupted; what was stored is kept: rerun the same command to resume", file=sys.stderr)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     _err.print(f"results: {out / 'results.json'}\nreport:  {out / 'report.md'}")
+    code = exit_code(results, fail_on_gate)
     failed_setups = [s["name"] for s in results["setups"] if s["status"] != "ok"]
     if failed_setups:
         _err.print(f"[yellow]setups that failed: {', '.join(failed_setups)} (see results.json)[/yellow]")
-    if fail_on_gate:
-        problem = gate_problem(results)
-        if problem:
-            _err.print(f"[red]--fail-on-gate: {problem}[/red]")
-            raise typer.Exit(1)
+    if results.get("dropped"):
+        _err.print(f"[yellow]{len(results['dropped'])} stored result(s) of another run were not compared "
+                   "(listed under `dropped` in results.json and in the report)[/yellow]")
+    if code == EXIT_GATE_FAILED:
+        _err.print(f"[red]--fail-on-gate: {gate_problem(results)}[/red]")
+    raise typer.Exit(code)
+
+
+def exit_code(results: dict, fail_on_gate: bool) -> int:
+    """0, 1 or 3 for a run that finished (2 and 130 are decided before it finishes)."""
+    if any(s["status"] != "ok" for s in results["setups"]):
+        return EXIT_SETUP_FAILED
+    if fail_on_gate and gate_problem(results):
+        return EXIT_GATE_FAILED
+    return EXIT_OK
 
 
 def gate_problem(results: dict) -> str | None:
     """Why a release pipeline should stop: the candidate (the config's `candidate`, else the
     recommended setup) does not pass every gate, or nothing is recommended."""
-    target = results["config"].get("candidate") or results["recommendation"]["setup"]
+    rec = results["recommendation"]
+    if rec.get("blocked"):
+        return f"no recommendation: {rec['blocked']}"
+    target = results["config"].get("candidate") or rec["setup"]
     if target is None:
         return "no setup passes every gate and fits the budget"
-    setup = next(s for s in results["setups"] if s["name"] == target)
+    setup = next((s for s in results["setups"] if s["name"] == target), None)
+    if setup is None:
+        return f"candidate {target} has no result in this run"
     if setup["status"] != "ok":
         return f"candidate {target} failed: {setup['error']}"
+    if target not in rec.get("candidates", [target]):
+        return f"candidate {target} is not recommendable: {rec['reasons'].get(target, '')}"
     bad = [f"{t}: {c['verdict']}" for t, c in setup["vs_baseline"].items() if c and c.get("verdict") not in ("pass", None)]
     return f"candidate {target} does not pass every gate ({', '.join(bad)})" if bad else None
 
@@ -113,23 +144,25 @@ def quantize(
 @app.command()
 def report(run_dir: Annotated[Path, typer.Argument(help="a finished run directory")]) -> None:
     """Regenerate report.md and report.html from RUN_DIR/results.json (byte-for-byte)."""
-    import json
-
     from qeval.report import write_report
 
-    path = run_dir / "results.json"
-    if not path.is_file():
-        _fail(UserError(f"{path}: not found (is {run_dir} a qeval run directory?)"))
-    try:
-        results = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        _fail(UserError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})"))
-        return
-    from qeval.store import SCHEMA_VERSION
+    from qeval.store import SCHEMA_VERSION, read_json
 
-    if results.get("schema_version") != SCHEMA_VERSION:
-        _fail(UserError(f"{path}: schema_version {results.get('schema_version')} but this qeval reads {SCHEMA_VERSION}"))
-    md, html = write_report(run_dir, results)
+    path = run_dir / "results.json"
+    try:
+        if not path.is_file():
+            raise UserError(f"{path}: not found (is {run_dir} a qeval run directory?)")
+        results = read_json(path)
+        if not isinstance(results, dict) or results.get("schema_version") != SCHEMA_VERSION:
+            version = results.get("schema_version") if isinstance(results, dict) else None
+            raise UserError(f"{path}: schema_version {version} but this qeval reads {SCHEMA_VERSION}")
+        md, html = write_report(run_dir, results)
+    except UserError as exc:
+        _fail(exc)
+        return
+    except (KeyError, TypeError, ValueError) as exc:  # valid JSON, but not the results schema
+        _fail(UserError(f"{path}: not a qeval results file ({type(exc).__name__}: {exc})"))
+        return
     print(f"{md}\n{html}")
 
 

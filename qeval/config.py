@@ -5,11 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from qeval.errors import UserError
+from qeval.names import NAME_PATTERN
 from qeval.setups import Setup
 from qeval.yamlio import load_yaml
 
@@ -89,12 +90,12 @@ class Gate(_Strict):
 class RunConfig(_Strict):
     """One qeval run: a model, the setups to serve it under, and the tasks to score."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    name: str = Field(pattern=NAME_PATTERN)
     model: ModelSpec
     backend: Literal["hf", "vllm"] = "hf"
     device: Literal["cpu", "cuda", "auto"] = "auto"
     setups: list[Setup] = Field(min_length=1)
-    tasks: list[str] = Field(min_length=1)
+    tasks: list[Annotated[str, Field(pattern=NAME_PATTERN)]] = Field(min_length=1)
     tasks_dir: str = "tasks"
     limit: int | None = Field(default=None, gt=0)
     batch_size: int = Field(default=32, gt=0)
@@ -133,12 +134,17 @@ class RunConfig(_Strict):
         return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
 
 
-def _first_error(exc: ValidationError) -> str:
+def first_error(exc: ValidationError) -> str:
+    """The first validation error as `where: what`, in words a user can act on."""
     err = exc.errors()[0]
     where = ".".join(str(p) for p in err["loc"])
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         msg = "unknown key"
+    elif err["type"] == "string_pattern_mismatch":
+        shown = str(err.get("input"))
+        msg = (f"{shown[:40] + '…' if len(shown) > 40 else shown!r} is not allowed as a name: use letters, digits, "
+               "'.', '_' and '-', starting with a letter or digit, at most 100 characters")
     return f"{where}: {msg}" if where else msg
 
 
@@ -151,8 +157,13 @@ def load_config(path: Path) -> RunConfig:
     try:
         cfg = RunConfig.model_validate(raw)
     except ValidationError as exc:
-        raise UserError(f"{path}: {_first_error(exc)}") from None
+        raise UserError(f"{path}: {first_error(exc)}") from None
     cfg.model.path = _resolve(cfg.model.path, path.parent, must_exist=False)
+    first = cfg.model.path.split("/", 1)[0]
+    if not Path(cfg.model.path).exists() and "/" in cfg.model.path and first and any(
+            (b / first).is_dir() for b in (Path.cwd(), path.parent, path.parent.parent)):
+        # `models/qeval-tinyy`: a typo of a local path, not a hub id (org/name) to try online
+        raise UserError(f"{path}: model path {cfg.model.path} not found (a folder {first}/ exists, but not this one)")
     cfg.tasks_dir = _resolve(cfg.tasks_dir, path.parent, must_exist=True)
     cal = cfg.quantize.calibration
     if cal.path:

@@ -13,7 +13,11 @@ from qeval.errors import UserError
 
 def read_objects(path: Path, raw: bytes | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) for each non-blank line of `path` (or of its bytes `raw`)."""
-    text = (raw if raw is not None else path.read_bytes()).decode("utf-8")
+    try:
+        text = (raw if raw is not None else path.read_bytes()).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = (raw if raw is not None else path.read_bytes())[: exc.start].count(b"\n") + 1
+        raise UserError(f"{path}:{line}: corrupt dataset line (not UTF-8)") from None
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue

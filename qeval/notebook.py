@@ -115,15 +115,15 @@ class Run:
 
     def plot_quality_vs_memory(self) -> Any:
         """Figure: worst accuracy difference against memory per sequence, Pareto front dashed."""
-        from qeval.report.plots import quality_vs_memory_figure
+        from qeval.report.plots import quality_vs_memory_figure, styled
 
-        return quality_vs_memory_figure(self.results)
+        return styled(quality_vs_memory_figure)(self.results)
 
     def plot_task_deltas(self) -> Any:
         """Figure: each setup x task difference from the baseline with its 95% CI."""
-        from qeval.report.plots import task_deltas_figure
+        from qeval.report.plots import styled, task_deltas_figure
 
-        return task_deltas_figure(self.results)
+        return styled(task_deltas_figure)(self.results)
 
     @lru_cache(maxsize=256)  # noqa: B019 - a Run lives as long as the notebook looking at it
     def _samples(self, setup: str, task: str) -> pd.DataFrame:

@@ -1,12 +1,12 @@
-"""Everything decided before any model loads: device, tasks (checksums verified), model
-checksum and shape, setups validated against the backend. Cheap: a typo costs a second."""
+"""Everything decided before any model loads: device, tasks (checksums verified), the model
+(resolved and content-checksummed once, here), its shape, and the setups validated against
+the backend. Cheap: a typo costs a second."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import shutil
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from qeval.backends import validate_backend, validate_setup
@@ -14,10 +14,9 @@ from qeval.checkpoints import resolve_checkpoints
 from qeval.config import RunConfig
 from qeval.errors import UserError
 from qeval.memory import ModelShape
+from qeval.model_source import ModelSource, resolve_model
 from qeval.setups import Setup
 from qeval.tasks import Task, load_task
-
-_HASH_FULL_LIMIT = 256 * 2**20  # files above this are keyed by size and mtime, not content
 
 
 @dataclass
@@ -25,10 +24,12 @@ class RunPlan:
     cfg: RunConfig
     device: str
     tasks: list[Task]  # every task of the config: results cover them all
-    setups: list[Setup]
+    setups: list[Setup]  # the ones this invocation runs (the baseline always)
     run_tasks: list[str]  # the ones this invocation scores (--tasks)
     model_sha256: str
     shape: ModelShape | None
+    #: optional setups this backend/device cannot run: name -> why (reported, not run)
+    skipped: dict[str, str] = field(default_factory=dict)
 
 
 def resolve_device(requested: str) -> str:
@@ -41,35 +42,12 @@ def resolve_device(requested: str) -> str:
     return requested
 
 
-def model_checksum(path: str) -> str:
-    """sha256 over the model folder's files (config, tokenizer, weights); for a hub id,
-    over the id and revision, since the files are not local until the worker loads them."""
-    root = Path(path)
-    if not root.is_dir():
-        return hashlib.sha256(f"hub:{path}".encode()).hexdigest()
-    h = hashlib.sha256()
-    for f in sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")):
-        h.update(str(f.relative_to(root)).encode())
-        st = f.stat()
-        if st.st_size <= _HASH_FULL_LIMIT:
-            h.update(f.read_bytes())
-        else:
-            h.update(f"{st.st_size}:{st.st_mtime_ns}".encode())
-    return h.hexdigest()
-
-
-def model_shape(cfg: RunConfig) -> ModelShape | None:
-    root = Path(cfg.model.path)
-    if root.is_dir():
-        if not (root / "config.json").is_file():
-            raise UserError(f"model path {root} has no config.json")
-        try:
-            return ModelShape.from_config(json.loads((root / "config.json").read_text()))
-        except (KeyError, json.JSONDecodeError) as exc:
-            raise UserError(f"{root / 'config.json'}: not a decoder config qeval understands ({exc})") from None
-    if "/" not in cfg.model.path or cfg.model.path.startswith((".", "/")):
-        raise UserError(f"model path {cfg.model.path} not found (and it is not a hub id like org/name)")
-    return None  # a hub id: the shape is read by the worker once transformers resolves it
+def model_shape(source: ModelSource) -> ModelShape:
+    try:
+        return ModelShape.from_config(source.config)
+    except (KeyError, TypeError) as exc:
+        raise UserError(f"{source.local_dir / 'config.json'}: not a decoder config qeval understands "
+                        f"(missing {exc})") from None
 
 
 def make_plan(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: list[str] | None = None) -> RunPlan:
@@ -81,12 +59,20 @@ def make_plan(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
         if unknown:
             raise UserError(f"--setups: unknown setup {unknown[0]!r}")
         setups = [s for s in cfg.setups if s.name in only_setups or s.name == cfg.baseline.name]
+    skipped: dict[str, str] = {}
     for setup in setups:
-        validate_setup(cfg, setup, device)
-    shape = model_shape(cfg)
-    model_sha = model_checksum(cfg.model.path)
+        try:
+            validate_setup(cfg, setup, device)
+        except UserError as exc:
+            if not setup.optional or setup.baseline:
+                raise
+            skipped[setup.name] = str(exc)
+            print(f"qeval: optional setup {setup.name} skipped: {exc}", file=sys.stderr)
+    setups = [s for s in setups if s.name not in skipped]
+    source = resolve_model(cfg.model.path, cfg.model.revision)
+    shape = model_shape(source)
     # vllm setups served from `qeval quantize` checkpoints: point them at their folders
-    cfg = resolve_checkpoints(cfg, model_sha, {s.name for s in setups})
+    cfg = resolve_checkpoints(cfg, source.checksum, {s.name for s in setups})
     setups = [s for s in cfg.setups if s.name in {x.name for x in setups}]
     validate_backend(cfg)
     if only_tasks:
@@ -94,4 +80,13 @@ def make_plan(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
         if unknown:
             raise UserError(f"--tasks: task {unknown[0]!r} is not in the config")
     tasks = [load_task(n, Path(cfg.tasks_dir), cfg.limit) for n in cfg.tasks]
-    return RunPlan(cfg, device, tasks, setups, only_tasks or list(cfg.tasks), model_sha, shape)
+    _check_generation_room(cfg, tasks)
+    return RunPlan(cfg, device, tasks, setups, only_tasks or list(cfg.tasks), source.checksum, shape, skipped)
+
+
+def _check_generation_room(cfg: RunConfig, tasks: list[Task]) -> None:
+    """A generation task must leave room for a prompt inside the model's context."""
+    for t in tasks:
+        if t.spec.output_type == "generate_until" and t.spec.generation_kwargs.max_gen_toks >= cfg.model.max_context:
+            raise UserError(f"task {t.name}: max_gen_toks {t.spec.generation_kwargs.max_gen_toks} leaves no room for "
+                            f"the prompt in model.max_context {cfg.model.max_context}")

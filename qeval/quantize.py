@@ -35,7 +35,7 @@ from qeval.checkpoints import (
 )
 from qeval.config import Calibration, RunConfig
 from qeval.errors import UserError
-from qeval.plan import model_checksum, model_shape
+from qeval.model_source import resolve_model
 from qeval.provenance import git_commit, hardware, now_iso
 from qeval.setups import Setup
 from qeval.store import atomic_write_json
@@ -82,11 +82,11 @@ def quantize(cfg: RunConfig, *, only: list[str] | None = None, force: bool = Fal
         # measured: llmcompressor 0.14's AWQ pipeline pins calibration tensors, which needs an accelerator
         raise UserError("method awq: llm-compressor 0.14 runs AWQ only on a GPU machine (on CPU it fails with "
                         "'Cannot access accelerator device'); use method gptq here")
-    model_shape(cfg)  # one clear line for a missing model folder before anything heavy
+    source = resolve_model(cfg.model.path, cfg.model.revision)  # one clear line for a bad model path, early
     cal = calibration_source(cfg)
     cal_sha = calibration_checksum(cal)
     texts = read_calibration_texts(cal, cfg.quantize.num_samples) if cal.path else None
-    model_sha = model_checksum(cfg.model.path)
+    model_sha = source.checksum
     made: list[Made] = []
     python: str | None = None
     for setup in todo:

@@ -44,12 +44,21 @@ def worst_drop(setup: dict[str, Any]) -> float:
 
 
 def recommend(results: dict[str, Any]) -> dict[str, Any]:
-    """Fill results["recommendation"]: {"setup", "reasons", "candidates"}."""
+    """Fill results["recommendation"]: {"setup", "reasons", "candidates", "blocked"}.
+
+    No baseline result, no comparison, no recommendation: a setup is only ever recommended on
+    evidence, a paired comparison with a baseline that ran, on every task of the run."""
     context = results["config"]["budget"]["context_len"]
+    base = next((s for s in results["setups"] if s["baseline"]), None)
+    if base is None or base["status"] != "ok":
+        why = ("the baseline has no result in this run" if base is None
+               else f"the baseline {base['name']} failed: {base['error']}")
+        reasons = {s["name"]: f"{s['name']}: not compared, so not recommended: {why}" for s in results["setups"]}
+        return {"setup": None, "reasons": reasons, "candidates": [], "blocked": why}
     reasons: dict[str, str] = {}
     eligible: list[dict[str, Any]] = []
     for s in results["setups"]:
-        reason = _exclusion(s, context)
+        reason = _exclusion(s, context, list(results["tasks"]))
         if reason:
             reasons[s["name"]] = reason
         else:
@@ -65,13 +74,17 @@ def recommend(results: dict[str, Any]) -> dict[str, Any]:
     order = [s["name"] for s in results["setups"]]
     reasons = {n: reasons[n] for n in order if n in reasons}
     return {"setup": best["name"] if best else None, "reasons": reasons,
-            "candidates": [s["name"] for s in eligible]}
+            "candidates": [s["name"] for s in eligible], "blocked": None}
 
 
-def _exclusion(s: dict[str, Any], context: int) -> str | None:
+def _exclusion(s: dict[str, Any], context: int, tasks: list[str]) -> str | None:
     name = s["name"]
     if s["status"] != "ok":
         return f"{name}: failed: {s['error']}"
+    if not s["baseline"]:
+        missing = [t for t in tasks if not (s["vs_baseline"].get(t) or {}).get("n")]
+        if missing:
+            return f"{name}: no paired comparison with the baseline on {', '.join(missing)}: no evidence, no pass"
     for task, c in s["vs_baseline"].items():
         if c and c.get("verdict") == "fail":
             return f"{name}: {_describe(task, c)}, fails the {_margin_text(c)} gate"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qeval.comparison import adjust_p_values, compare_task, outputs_identical, weights_twin
 from qeval.memory import predict_kv_bytes_per_token, predict_weights_bytes
@@ -10,29 +10,49 @@ from qeval.plan import RunPlan
 from qeval.provenance import hardware
 from qeval.recommend import recommend
 from qeval.setups import Setup
-from qeval.store import SCHEMA_VERSION, RunStore, read_json
+from qeval.store import SCHEMA_VERSION, RunStore, key_difference
+
+if TYPE_CHECKING:
+    from qeval.runner import SetupKeys
 
 
-def assemble_results(plan: RunPlan, store: RunStore, run_info: dict[str, Any]) -> dict[str, Any]:
+def assemble_results(plan: RunPlan, store: RunStore, keys: dict[str, SetupKeys],
+                     run_info: dict[str, Any]) -> dict[str, Any]:
+    """results.json from the stored outcomes and samples *whose keys match this run*: a result
+    stored under another model, data, setup, option or qeval version is dropped from the
+    comparison and listed under `dropped` with what differs."""
     cfg = plan.cfg
-    # every setup of the config that has an outcome: a `--setups` rerun keeps the others
-    chosen = [s for s in cfg.setups if s in plan.setups or store.setup_path(s.name).is_file()]
-    setups = [_setup_entry(plan, store, s) for s in chosen]
-    ok = {e["name"] for e in setups if e["status"] == "ok"}
+    dropped: list[dict[str, Any]] = []
+    setups, chosen = [], []
+    for s in cfg.setups:
+        if s.name in plan.skipped:
+            continue
+        outcome = store.read_outcome(s.name)
+        if outcome is None and s not in plan.setups:
+            continue  # never run into this directory: nothing to show
+        if outcome is not None and outcome.get("key") != keys[s.name].key:
+            dropped.append({"setup": s.name, "task": None,
+                            "reason": key_difference(outcome.get("key_parts"), keys[s.name].parts)})
+            continue
+        setups.append(_setup_entry(plan, store, s, outcome, keys[s.name], dropped))
+        chosen.append(s)
+    ok = {e["name"]: e for e in setups if e["status"] == "ok"}
     base = cfg.baseline.name
-    task_names = [t.name for t in plan.tasks]
     for entry, setup in zip(setups, chosen):
         if setup.name != base and entry["status"] == "ok" and base in ok:
             for t in plan.tasks:
-                cmp = compare_task(store, base, setup.name, t.name, t.spec.output_type, cfg.seed, cfg.gates)
-                if cmp is not None:  # None: a task neither side has results for
-                    entry["vs_baseline"][t.name] = cmp
+                if t.name in entry["tasks"] and t.name in ok[base]["tasks"]:
+                    cmp = compare_task(store, base, setup.name, t.name, t.spec.output_type, cfg.seed, cfg.gates)
+                    if cmp is not None:
+                        entry["vs_baseline"][t.name] = cmp
             adjust_p_values(entry["vs_baseline"])
         entry["flags"] += _ledger_gaps(entry)
         twin = weights_twin(cfg, setup) if setup.quantizes_kv else None
-        if twin is not None and setup.name in ok and twin.name in ok and outputs_identical(store, setup.name, twin.name, task_names):
-            entry["flags"].append(f"kv_cache_no_effect: outputs identical to weights-only twin {twin.name!r}; "
-                                  "the quantized KV cache was not exercised, do not read this as lossless")
+        if twin is not None and setup.name in ok and twin.name in ok:
+            shared = [t for t in entry["tasks"] if t in ok[twin.name]["tasks"]]
+            if shared and outputs_identical(store, setup.name, twin.name, shared):
+                entry["flags"].append(f"kv_cache_no_effect: outputs identical to weights-only twin {twin.name!r}; "
+                                      "the quantized KV cache was not exercised, do not read this as lossless")
     results = {
         "schema_version": SCHEMA_VERSION,
         "run": run_info | {"hardware": hardware()},
@@ -41,6 +61,7 @@ def assemble_results(plan: RunPlan, store: RunStore, run_info: dict[str, Any]) -
                            "fingerprint": t.fingerprint} for t in plan.tasks
                   if t.name in plan.run_tasks or any(t.name in e["tasks"] for e in setups)},
         "setups": setups,
+        "dropped": dropped,
     }
     results["recommendation"] = recommend(results)
     return results
@@ -57,9 +78,9 @@ def _ledger_gaps(entry: dict[str, Any]) -> list[str]:
     return flags
 
 
-def _setup_entry(plan: RunPlan, store: RunStore, setup: Setup) -> dict[str, Any]:
-    path = store.setup_path(setup.name)
-    outcome = read_json(path) if path.is_file() else {"status": "failed", "error": "not run"}
+def _setup_entry(plan: RunPlan, store: RunStore, setup: Setup, outcome: dict[str, Any] | None,
+                 keys: SetupKeys, dropped: list[dict[str, Any]]) -> dict[str, Any]:
+    outcome = outcome or {"status": "failed", "error": "not run"}
     entry: dict[str, Any] = {
         "name": setup.name, "baseline": setup.name == plan.cfg.baseline.name, "status": outcome["status"],
         "error": outcome.get("error"), "spec": setup.model_dump(mode="json") | {"id": setup.id},
@@ -69,8 +90,13 @@ def _setup_entry(plan: RunPlan, store: RunStore, setup: Setup) -> dict[str, Any]
     }
     for t in plan.tasks:
         meta = store.read_meta(setup.name, t.name)
-        if meta is not None:
-            entry["tasks"][t.name] = {"n": meta["n"], "metrics": meta["metrics"]}
+        if meta is None:
+            continue
+        if meta.get("key") != keys.task_key(t.name):
+            dropped.append({"setup": setup.name, "task": t.name,
+                            "reason": key_difference(meta.get("key_parts"), keys.tasks[t.name])})
+            continue
+        entry["tasks"][t.name] = {"n": meta["n"], "metrics": meta["metrics"]}
     missing = [t for t in plan.run_tasks if t not in entry["tasks"]]
     if outcome["status"] == "ok" and setup in plan.setups and missing:
         entry["status"], entry["error"] = "failed", f"no stored results for {', '.join(missing)}"

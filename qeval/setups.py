@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from qeval.names import NAME_PATTERN
+
 Weights = Literal["bf16", "fp16", "fp32", "fp8", "int8", "int4"]
 KVCache = Literal["auto", "fp8", "fp8_e5m2", "int8", "int4", "int2"]
 Method = Literal["rtn", "bnb", "torchao", "w8a8", "w4a8", "gptq", "awq", "fp8"]
@@ -23,7 +25,7 @@ class Setup(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    name: str = Field(pattern=NAME_PATTERN)
     baseline: bool = False
     weights: Weights | None = None
     method: Method = "rtn"
@@ -36,6 +38,9 @@ class Setup(BaseModel):
     checkpoint: str | None = None
     #: cap the worker's address space (MiB): reproduces an out-of-memory on a smaller device
     memory_limit_mib: int | None = Field(default=None, gt=0)
+    #: where the backend cannot run this setup on this device, skip it (reported) instead of
+    #: refusing the config: one config then serves machines of different abilities
+    optional: bool = False
 
     @field_validator("method", mode="before")
     @classmethod
@@ -69,5 +74,5 @@ class Setup(BaseModel):
     @property
     def id(self) -> str:
         """Stable cache key: a hash of everything that changes the setup's outputs."""
-        fields = self.model_dump(exclude={"name", "baseline", "memory_limit_mib"})
+        fields = self.model_dump(exclude={"name", "baseline", "memory_limit_mib", "optional"})
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]

@@ -25,15 +25,45 @@ class PairedComparison:
 
 
 def paired_accuracy(base: np.ndarray, other: np.ndarray, metric: str, seed: int) -> PairedComparison:
-    """Difference in accuracy with a paired-bootstrap 95% CI and McNemar's exact test."""
-    base, other = base.astype(float), other.astype(float)
-    diff = other - base
-    lo, hi = _bootstrap_ci(lambda idx: diff[idx].mean(), len(diff), seed)
-    to_wrong = int(((base == 1) & (other == 0)).sum())
-    to_right = int(((base == 0) & (other == 1)).sum())
+    """Difference in accuracy with Newcombe's paired score interval (95%) and McNemar's exact test.
+
+    Not a bootstrap: with no discordant pair every bootstrap resample has difference 0, so the
+    bootstrap CI collapses to [0, 0] and 24 samples would "prove" a drop below one point.
+    Newcombe's interval (1998, method 10: Wilson score limits of each accuracy, combined with
+    the pairs' correlation) stays honest there: 24 of 24 right on both sides gives about
+    ±14 points, 400 of 400 about ±1. `seed` is unused (kept for the call signature)."""
+    base, other = base.astype(bool), other.astype(bool)
+    to_wrong = int((base & ~other).sum())
+    to_right = int((~base & other).sum())
+    n = len(base)
+    lo, hi = newcombe_paired_ci(int((base & other).sum()), to_wrong, to_right, int((~base & ~other).sum()))
     discordant = to_wrong + to_right
     p = float(sps.binomtest(to_right, discordant, 0.5).pvalue) if discordant else 1.0
-    return PairedComparison(metric, float(diff.mean()), (lo, hi), p, to_wrong, to_right, len(diff))
+    return PairedComparison(metric, (to_right - to_wrong) / n, (lo, hi), p, to_wrong, to_right, n)
+
+
+def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    """Wilson score interval of a proportion k / n."""
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(centre - half, 0.0), min(centre + half, 1.0)
+
+
+def newcombe_paired_ci(both: int, to_wrong: int, to_right: int, neither: int) -> tuple[float, float]:
+    """95% interval of (setup accuracy - baseline accuracy) from the 2x2 table of paired
+    outcomes: Newcombe (1998), "Improved confidence intervals for the difference between
+    binomial proportions based on paired data", method 10 (no continuity correction)."""
+    n = both + to_wrong + to_right + neither
+    p1, p2 = (both + to_wrong) / n, (both + to_right) / n  # baseline, setup
+    l1, u1 = wilson(both + to_wrong, n)
+    l2, u2 = wilson(both + to_right, n)
+    denom = (both + to_wrong) * (to_right + neither) * (both + to_right) * (to_wrong + neither)
+    phi = (both * neither - to_wrong * to_right) / math.sqrt(denom) if denom else 0.0
+    diff = p2 - p1
+    lower = diff - math.sqrt(max((p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1) + (u1 - p1) ** 2, 0.0))
+    upper = diff + math.sqrt(max((u2 - p2) ** 2 - 2 * phi * (u2 - p2) * (p1 - l1) + (p1 - l1) ** 2, 0.0))
+    return lower, upper
 
 
 def paired_ratio(base_num: np.ndarray, other_num: np.ndarray, den: np.ndarray, metric: str, seed: int) -> PairedComparison:

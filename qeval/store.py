@@ -1,33 +1,40 @@
 """The run directory: atomic writes, per-(setup, task) results keyed for resume.
 
-    RUN_DIR/results.json                      the assembled run (schema below, design §8)
-    RUN_DIR/setups/<setup>.json               one worker's outcome: status, memory, versions
+    RUN_DIR/results.json                      the assembled run
+    RUN_DIR/setups/<setup>.json               one worker's outcome: status, memory, versions, key
     RUN_DIR/samples/<setup>/<task>.jsonl      one line per sample (the store of record)
-    RUN_DIR/samples/<setup>/<task>.meta.json  its cache key, metrics and timing
+    RUN_DIR/samples/<setup>/<task>.meta.json  its resume key (and the key's parts), metrics, timing
     RUN_DIR/samples/<setup>/<task>.topk.npz   perplexity top-k distributions (baseline only)
+
+Every path is built from validated names and checked to resolve inside RUN_DIR.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
-import tempfile
+import secrets
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from qeval.errors import UserError
+from qeval.names import inside
+
 SCHEMA_VERSION = 1
-_UMASK = os.umask(0)
-os.umask(_UMASK)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write via a temporary file in the same folder and rename: readers never see half a file."""
+    """Write via a temporary file in the same folder and rename: readers never see half a file.
+    The temporary file is created with mode 0666 so that the process umask decides its
+    permissions, as for any other file the user writes (mkstemp would make it 0600)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; results are for sharing
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -35,7 +42,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
@@ -54,12 +61,24 @@ def _jsonable(obj: Any) -> Any:
 
 
 def read_json(path: Path) -> Any:
-    return json.loads(path.read_text())
+    """A JSON file qeval wrote; a truncated, corrupt or non-UTF-8 one is a one-line UserError."""
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path}: corrupt JSON ({getattr(exc, 'msg', exc)})") from None
 
 
-def task_key(*parts: str) -> str:
-    """The resume key of a (setup, task): any change in its parts recomputes it."""
-    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:24]
+def key_of(parts: dict[str, str]) -> str:
+    """The resume key of a (setup, task) or a setup: any change in its parts recomputes it."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def key_difference(stored: dict[str, Any] | None, expected: dict[str, str]) -> str:
+    """Why a stored result does not belong to this run, in words: the parts that differ."""
+    if not stored:
+        return "written by an older qeval (no key parts stored)"
+    diff = [f"{k} {stored.get(k)!s:.16} -> {v!s:.16}" for k, v in expected.items() if stored.get(k) != v]
+    return ", ".join(diff) or "a different key"
 
 
 class RunStore:
@@ -69,24 +88,24 @@ class RunStore:
         self.root = root
 
     def samples_path(self, setup: str, task: str) -> Path:
-        return self.root / "samples" / setup / f"{task}.jsonl"
+        return inside(self.root, "samples", setup, f"{task}.jsonl")
 
     def meta_path(self, setup: str, task: str) -> Path:
-        return self.root / "samples" / setup / f"{task}.meta.json"
+        return inside(self.root, "samples", setup, f"{task}.meta.json")
 
     def topk_path(self, setup: str, task: str) -> Path:
-        return self.root / "samples" / setup / f"{task}.topk.npz"
+        return inside(self.root, "samples", setup, f"{task}.topk.npz")
 
     def setup_path(self, setup: str) -> Path:
-        return self.root / "setups" / f"{setup}.json"
+        return inside(self.root, "setups", f"{setup}.json")
 
     @property
     def results_path(self) -> Path:
         return self.root / "results.json"
 
     def is_done(self, setup: str, task: str, key: str) -> bool:
-        meta = self.meta_path(setup, task)
-        return meta.is_file() and self.samples_path(setup, task).is_file() and read_json(meta).get("key") == key
+        meta = self.read_meta(setup, task)
+        return meta is not None and meta.get("key") == key and self.samples_path(setup, task).is_file()
 
     def write_task(self, setup: str, task: str, key: str, records: list[dict[str, Any]],
                    metrics: dict[str, Any], extra: dict[str, Any], topk: dict[str, np.ndarray] | None) -> None:
@@ -95,21 +114,47 @@ class RunStore:
         lines = "".join(json.dumps(r, default=_jsonable) + "\n" for r in records)
         atomic_write_bytes(self.samples_path(setup, task), lines.encode())
         if topk is not None:
-            path = self.topk_path(setup, task)
-            with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npz", delete=False) as f:
-                np.savez_compressed(f, **topk)
-            os.replace(f.name, path)
+            buf = io.BytesIO()
+            np.savez_compressed(buf, **topk)
+            atomic_write_bytes(self.topk_path(setup, task), buf.getvalue())
         atomic_write_json(self.meta_path(setup, task), {"key": key, "n": len(records), "metrics": metrics} | extra)
 
     def read_meta(self, setup: str, task: str) -> dict[str, Any] | None:
+        """The stored meta, or None when absent or unreadable (a corrupt meta means the pair is
+        not done: it is recomputed, and the reason printed)."""
         path = self.meta_path(setup, task)
-        return read_json(path) if path.is_file() else None
+        if not path.is_file():
+            return None
+        try:
+            meta = read_json(path)
+        except UserError as exc:
+            print(f"qeval: warning: {exc}; {setup}/{task} will be recomputed", file=sys.stderr)
+            return None
+        return meta if isinstance(meta, dict) else None
+
+    def read_outcome(self, setup: str) -> dict[str, Any] | None:
+        """A worker's stored outcome, or None when absent or unreadable."""
+        path = self.setup_path(setup)
+        if not path.is_file():
+            return None
+        try:
+            outcome = read_json(path)
+        except UserError as exc:
+            print(f"qeval: warning: {exc}; setup {setup} will be rerun", file=sys.stderr)
+            return None
+        return outcome if isinstance(outcome, dict) else None
 
     def read_samples(self, setup: str, task: str) -> list[dict[str, Any]]:
+        """Per-sample records; a corrupt line is a one-line UserError naming file and line."""
         path = self.samples_path(setup, task)
         if not path.is_file():
             return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        from qeval.jsonl import read_objects
+
+        try:
+            return [obj for _, obj in read_objects(path)]
+        except UserError as exc:
+            raise UserError(str(exc).replace("corrupt dataset line", "corrupt samples line")) from None
 
     def read_topk(self, setup: str, task: str) -> dict[str, np.ndarray] | None:
         path = self.topk_path(setup, task)

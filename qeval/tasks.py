@@ -18,14 +18,38 @@ from pathlib import Path
 from typing import Any, Literal
 
 import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from qeval.errors import UserError
 from qeval.jsonl import read_objects
+from qeval.names import NAME_PATTERN
 from qeval.yamlio import load_yaml
 
 OutputType = Literal["multiple_choice", "generate_until", "loglikelihood_rolling"]
-_JINJA = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+# Templates come from task files, which are untrusted: the sandbox refuses attribute access
+# to internals (`cycler.__init__.__globals__.os`) and calls that mutate. (lm-evaluation-harness
+# renders with a plain Environment; qeval does not.)
+_MAX_RENDERED = 1_000_000  # characters: a template that builds more is refused, not rendered
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """The sandbox, plus a bound on `*` and `**`: `{{ 'a' * 10**10 }}` would otherwise try to
+    allocate 10 GB while validating a task file."""
+
+    intercepted_binops = frozenset(["*", "**"])
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "**" and isinstance(right, int) and abs(right) > 64:
+            raise SecurityError("exponent too large")
+        if operator == "*":
+            seq, n = (left, right) if isinstance(right, int) else (right, left)
+            if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > _MAX_RENDERED:
+                raise SecurityError("repetition too large")
+        return super().call_binop(context, operator, left, right)
+
+
+_JINJA = _Sandbox(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 
 
 class GenerationKwargs(BaseModel):
@@ -40,7 +64,7 @@ class TaskSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    task: str
+    task: str = Field(pattern=NAME_PATTERN)
     description: str = ""
     output_type: OutputType
     dataset_path: str = "json"
@@ -80,11 +104,24 @@ class Task:
         return _render(self.spec.doc_to_text, doc)
 
     def choices(self, doc: dict[str, Any]) -> list[str]:
+        """The choices of a multiple-choice document: a list of non-empty strings (numbers
+        are written out); anything else is a data error, not something to coerce."""
         assert self.spec.doc_to_choice is not None
         value = doc.get(self.spec.doc_to_choice)
         if value is None:
             value = ast.literal_eval(_render(self.spec.doc_to_choice, doc))
-        return [str(c) for c in value]
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"choices must be a list, got {type(value).__name__} {value!r:.60}")
+        if len(value) < 2:
+            raise ValueError(f"a multiple-choice document needs at least 2 choices, got {len(value)}")
+        out = []
+        for c in value:
+            if isinstance(c, bool) or not isinstance(c, (str, int, float)):
+                raise ValueError(f"choice {c!r:.60} is a {type(c).__name__}, not a string")
+            if not str(c).strip():
+                raise ValueError("a choice is empty")
+            out.append(str(c))
+        return out
 
     def target(self, doc: dict[str, Any]) -> str | int:
         """The gold answer: a choice index for multiple choice, a string otherwise."""
@@ -93,7 +130,7 @@ class Task:
             return ""
         value = doc[spec] if spec in doc else _render(spec, doc)
         if self.spec.output_type == "multiple_choice":
-            return int(value)
+            return _choice_index(value, self.choices(doc))
         return str(value)
 
     @cached_property
@@ -101,6 +138,22 @@ class Task:
         """Changes when the data or anything about how it is prompted or scored changes."""
         spec = json.dumps(self.spec.model_dump(mode="json"), sort_keys=True)
         return hashlib.sha256((self.sha256 + spec).encode()).hexdigest()[:16]
+
+
+def _choice_index(value: Any, choices: list[str]) -> int:
+    """A label as lm-eval reads it: an integer, a string of digits, or the text of a choice.
+    `true` and `1.9` are not labels: they used to be coerced to 1 silently."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        index = value
+    elif isinstance(value, str) and value.strip().isdigit():
+        index = int(value.strip())
+    elif isinstance(value, str) and value in choices:
+        index = choices.index(value)
+    else:
+        raise ValueError(f"label {value!r:.60} is not a choice index (an integer) or the text of a choice")
+    if not 0 <= index < len(choices):
+        raise ValueError(f"label {index} out of range for {len(choices)} choices")
+    return index
 
 
 def _render(template: str, doc: dict[str, Any]) -> str:
@@ -135,14 +188,16 @@ def load_task(name: str, tasks_dir: Path, limit: int | None = None) -> Task:
     try:
         spec = TaskSpec.model_validate(load_yaml(path))
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise UserError(f"{path}: {loc}: {err['msg']}") from None
+        from qeval.config import first_error
+
+        raise UserError(f"{path}: {first_error(exc)}") from None
     docs, digest = _load_docs(spec, path)
     if spec.dataset_sha256 and digest != spec.dataset_sha256:
         raise UserError(
             f"{path}: dataset checksum mismatch (expected {spec.dataset_sha256[:12]}…, got {digest[:12]}…)"
         )
+    if not docs:
+        raise UserError(f"{path}: the task has no documents: nothing to score or compare")
     task = Task(spec=spec, yaml_path=path, docs=docs[:limit] if limit else docs, sha256=digest)
     _check_docs(task)
     return task
@@ -182,14 +237,20 @@ def _load_hub_docs(spec: TaskSpec, yaml_path: Path) -> tuple[list[dict[str, Any]
 
 
 def _check_docs(task: Task) -> None:
-    """Render every document once, so a template or field error surfaces before a model loads."""
+    """Render every document once, so a template or field error surfaces before a model loads;
+    and refuse duplicate ids, which would pair two documents as one in the comparison."""
+    seen: dict[str, int] = {}
     for i, doc in enumerate(task.docs):
+        doc_id = task.doc_id(i)
+        if doc_id in seen:
+            raise UserError(f"{task.yaml_path}: documents {seen[doc_id]} and {i} share the id {doc_id!r} "
+                            f"({task.spec.doc_id_field}); ids must be unique for the paired comparison")
+        seen[doc_id] = i
         try:
             task.text(doc)
-            target = task.target(doc)
-            if task.spec.output_type == "multiple_choice":
-                choices = task.choices(doc)
-                if not 0 <= int(target) < len(choices):
-                    raise ValueError(f"target {target} out of range for {len(choices)} choices")
-        except (jinja2.TemplateError, KeyError, ValueError, SyntaxError, TypeError) as exc:
-            raise UserError(f"{task.yaml_path}: document {i} ({task.doc_id(i)}): {exc}") from None
+            task.target(doc)
+        except SecurityError as exc:
+            raise UserError(f"{task.yaml_path}: document {i}: template refused by the sandbox ({exc})") from None
+        except (jinja2.TemplateError, KeyError, ValueError, SyntaxError, TypeError, MemoryError,
+                RecursionError) as exc:
+            raise UserError(f"{task.yaml_path}: document {i} ({doc_id}): {str(exc)[:200]}") from None

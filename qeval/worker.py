@@ -44,10 +44,11 @@ def run_job(job: dict[str, Any]) -> int:
     cfg = RunConfig.model_validate(job["config"])
     setup = next(s for s in cfg.setups if s.name == job["setup"])
     store = RunStore(Path(job["run_dir"]))
-    previous = store.setup_path(setup.name)
+    previous = store.read_outcome(setup.name) or {}
     # a partial rerun (--tasks) keeps the timings of the tasks it did not touch
-    timings = json.loads(previous.read_text()).get("timings", {}) if previous.is_file() else {}
-    outcome: dict[str, Any] = {"name": setup.name, "status": "failed", "error": None, "timings": timings}
+    timings = previous.get("timings", {}) if previous.get("key") == job["key"] else {}
+    outcome: dict[str, Any] = {"name": setup.name, "status": "failed", "error": None, "timings": timings,
+                               "key": job["key"], "key_parts": job["key_parts"]}
     t0 = time.time()
     try:
         # import the whole stack first, so a memory cap bites on the model, not on imports
@@ -73,7 +74,8 @@ def run_job(job: dict[str, Any]) -> int:
             seconds = round(time.time() - t1, 2)
             topk = result.topk if (setup.name == job["baseline"] and result.topk) else None
             store.write_task(setup.name, name, key, result.records, result.metrics,
-                             {"seconds": seconds, "task_sha256": task.sha256}, topk)
+                             {"seconds": seconds, "task_sha256": task.sha256,
+                              "key_parts": job["task_key_parts"][name]}, topk)
             outcome["timings"][f"{name}_s"] = seconds
         outcome["memory"] = {k: vars(v) for k, v in backend.memory().items()}
         outcome["quantization"] = getattr(backend, "quant_info", {})  # again: engines log some of it late
@@ -98,7 +100,10 @@ def run_job(job: dict[str, Any]) -> int:
 
 def main() -> None:
     job = json.loads(Path(sys.argv[1]).read_text())
-    sys.exit(run_job(job))
+    try:
+        sys.exit(run_job(job))
+    except KeyboardInterrupt:
+        sys.exit(130)
 
 
 if __name__ == "__main__":

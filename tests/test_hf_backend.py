@@ -89,9 +89,11 @@ def test_greedy_generation_matches_transformers_generate(fp32: HFBackend) -> Non
 
 
 def test_rolling_loglikelihood_matches_direct_sum(fp32: HFBackend) -> None:
+    """Every token of the document is scored, the first one given the prefix token (BOS
+    here), as lm-eval does: its tokenizer adds BOS, which is then scored given BOS too."""
     text = "ISO code of Ethiopia: ET\n91 + 85 = 176\nLargest of 79 61 84 48: 84"
     res = fp32.loglikelihood_rolling([RollingRequest(text)], noop)[0]
-    ids = fp32.tok(text).input_ids
+    ids = [fp32.tok.bos_token_id] + fp32.tok(text).input_ids
     with torch.inference_mode():
         logp = torch.log_softmax(fp32.model(torch.tensor([ids])).logits[0].float(), -1)
     direct = float(sum(logp[i - 1, ids[i]] for i in range(1, len(ids))))
@@ -101,14 +103,20 @@ def test_rolling_loglikelihood_matches_direct_sum(fp32: HFBackend) -> None:
 
 
 def test_rolling_windows_cover_every_token_once() -> None:
-    tokens = [1] + list(range(100, 137))
-    for max_len in (4, 8, 37, 64):
-        windows = _rolling_windows(tokens, max_len)
+    """lm-eval's windows: every token predicted once, the first from the prefix token."""
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+    tokens = list(range(100, 137))
+    for max_len in (1, 4, 8, 37, 64):
+        windows = _rolling_windows(tokens, 7, max_len)
         preds = [t for _, p in windows for t in p]
-        assert preds == tokens[1:]
+        assert preds == tokens
+        assert windows[0][0] == [7]
         for ctx, pred in windows:
             assert len(ctx) + len(pred) - 1 <= max_len
             assert ctx  # every prediction is conditioned on something
+        reference = [make_disjoint_window(w) for w in get_rolling_token_windows(tokens, 7, max_len, 1)]
+        assert windows == [(list(c), list(p)) for c, p in reference]
 
 
 def test_weight_quantization_shrinks_weights_as_predicted(model_path: Path) -> None:

@@ -17,7 +17,7 @@ import pytest
 from conftest import MODEL, ROOT, TASKS, demo_vllm_config, run_cli
 from qeval.checkpoints import RECORD, checkpoint_dir, needs_checkpoint
 from qeval.config import load_config
-from qeval.plan import model_checksum
+from qeval.model_source import folder_checksum
 from qeval.quantize import quant_python
 
 
@@ -113,9 +113,9 @@ def test_quantize_makes_w8a8_and_w4a8_checkpoints(quantized_demo: tuple[Path, Pa
     want = {"w8a8": (8, "channel", None), "w4a8": (4, "group", 128)}
     train = (TASKS / "data" / "train.jsonl").read_bytes()
     for setup in (s for s in cfg.setups if needs_checkpoint(s)):
-        folder = checkpoint_dir(cfg, setup, model_checksum(str(MODEL)), hashlib.sha256(train).hexdigest())
+        folder = checkpoint_dir(cfg, setup, folder_checksum(MODEL), hashlib.sha256(train).hexdigest())
         record = json.loads((folder / RECORD).read_text())
-        assert record["model"]["sha256"] == model_checksum(str(MODEL))
+        assert record["model"]["sha256"] == folder_checksum(MODEL)
         assert record["calibration"]["sha256"] == hashlib.sha256(train).hexdigest()
         assert record["calibration"]["texts"] == 256 and record["calibration"]["tokens"] > 256 * 10
         assert record["made_by"]["libraries"]["llmcompressor"] == "0.14.0.1"

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from qeval.backends import hf_quant
-from qeval.backends.tokens import encode_pair, memoized, rolling_windows, truncate
+from qeval.backends.tokens import conventions, encode_pair, generation_context, memoized, rolling_windows, truncate
 from qeval.backends.base import (
     GenerateRequest,
     LoglikelihoodRequest,
@@ -67,6 +67,7 @@ class HFBackend:
         self.quant_info = hf_quant.quantize_weights(self.model, self.setup)
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
+        self.conv = conventions(self.tok)
         self.max_length = min(self.max_length, getattr(self.model.config, "max_position_embeddings", 10**9))
         if self.device == "cuda":
             torch.cuda.synchronize()
@@ -81,10 +82,6 @@ class HFBackend:
     def library_versions(self) -> dict[str, str]:
         return hf_quant.library_versions(self.setup)
 
-    # -- tokenisation ----------------------------------------------------------------
-    def _encode(self, text: str) -> list[int]:
-        return self.tok(text, add_special_tokens=True).input_ids
-
     # -- log-likelihood --------------------------------------------------------------
     @torch.no_grad()
     def loglikelihood(self, requests: list[LoglikelihoodRequest], progress: Progress) -> list[LoglikelihoodResult]:
@@ -95,8 +92,9 @@ class HFBackend:
         quantized KV cache every request gets its own prefill (quantized caches cannot be
         row-selected), which is also what makes every continuation token see quantized K/V.
         """
-        encode = memoized(self._encode)
-        pairs = [truncate(*encode_pair(encode, r.context, r.continuation), self.max_length) for r in requests]
+        encode = memoized(self.conv.encode)
+        pairs = [truncate(*encode_pair(self.conv, r.context, r.continuation, encode), self.max_length)
+                 for r in requests]
         groups: dict[tuple[int, ...], list[int]] = {}
         for i, (ctx, _) in enumerate(pairs):
             key = tuple(ctx) if not self.setup.quantizes_kv else (*ctx, -1 - i)  # -1-i: never shared
@@ -161,7 +159,7 @@ class HFBackend:
         windows = []  # (request index, offset of the window's first predicted token, ctx, pred)
         for r, req in enumerate(requests):
             offset = 0
-            for ctx, pred in rolling_windows(self._encode(req.text), self.max_length):
+            for ctx, pred in rolling_windows(self.conv.encode(req.text), self.conv.prefix_token_id, self.max_length):
                 windows.append((r, offset, ctx, pred))
                 offset += len(pred)
         parts: list[list[tuple[int, tuple[np.ndarray, ...]]]] = [[] for _ in requests]
@@ -186,14 +184,14 @@ class HFBackend:
     @torch.no_grad()
     def generate(self, requests: list[GenerateRequest], progress: Progress) -> list[str]:
         """Greedy generation until a stop string or max_gen_toks, batched with left padding."""
-        encoded = [self._encode(r.context) for r in requests]
+        encoded = [self.conv.encode(r.context) for r in requests]
         order = sorted(range(len(requests)), key=lambda i: -len(encoded[i]))
         out: list[str] = [""] * len(requests)
         for start in range(0, len(order), self.batch_size):
             idx = order[start : start + self.batch_size]
             reqs = [requests[i] for i in idx]
             max_new = max(r.max_gen_toks for r in reqs)
-            ctxs = [encoded[i][-(self.max_length - max_new) :] for i in idx]
+            ctxs = [generation_context(encoded[i], self.max_length, max_new) for i in idx]
             for i, text in zip(idx, self._greedy(ctxs, reqs, max_new)):
                 out[i] = text
             progress(len(idx))

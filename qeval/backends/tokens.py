@@ -1,24 +1,65 @@
-"""Tokenisation conventions shared by every backend (lm-evaluation-harness 0.4.x)."""
+"""Tokenisation conventions shared by every backend: lm-evaluation-harness 0.4.x (`HFLM` with
+its default arguments), so that qeval's log-likelihoods equal lm-eval's on the same model.
+
+- Text is encoded with the tokenizer's own default special tokens (`add_bos_token=None` in
+  lm-eval): a Llama-2 tokenizer prepends BOS, SmolLM2's and GPT-2's prepend nothing.
+- The *prefix token* conditions what has no context: BOS if the tokenizer has one, else EOS
+  (`HFLM.prefix_token_id`). Rolling log-likelihood scores every token of the document, the
+  first one predicted from the prefix token; an empty multiple-choice context is the prefix.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+Encode = Callable[[str], list[int]]
 
 
-def encode_pair(encode: Callable[[str], list[int]], context: str, continuation: str) -> tuple[list[int], list[int]]:
+@dataclass(frozen=True)
+class Conventions:
+    """How one tokenizer is driven: `encode` as lm-eval's `tok_encode` (default special
+    tokens), `encode_plain` without special tokens, and the prefix token id."""
+
+    encode: Encode
+    encode_plain: Encode
+    prefix_token_id: int
+
+
+def conventions(tok: Any) -> Conventions:
+    """lm-eval's conventions for a Hugging Face tokenizer."""
+    prefix = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    if prefix is None:
+        raise ValueError("the tokenizer has neither a BOS nor an EOS token: no prefix token for scoring")
+    return Conventions(encode=lambda s: tok(s).input_ids,
+                       encode_plain=lambda s: tok(s, add_special_tokens=False).input_ids,
+                       prefix_token_id=int(prefix))
+
+
+def encode_pair(conv: Conventions, context: str, continuation: str,
+                encode: Encode | None = None) -> tuple[list[int], list[int]]:
     """Context and continuation tokens as lm-eval splits them: trailing context whitespace
-    moves to the continuation, whose tokens are those of encode(context + continuation)
-    past encode(context)."""
+    moves to the continuation, whose tokens are those of encode(context + continuation) past
+    encode(context); an empty context is the prefix token (`LM.loglikelihood`). `encode`
+    replaces `conv.encode` (a memoized copy)."""
+    enc = encode or conv.encode
+    if context == "":
+        cont = conv.encode_plain(continuation)
+        if cont and cont[0] == conv.prefix_token_id:
+            return cont[:1], cont[1:]
+        return [conv.prefix_token_id], cont
     n_spaces = len(context) - len(context.rstrip())
     if n_spaces:
         continuation = context[-n_spaces:] + continuation
         context = context[:-n_spaces]
-    whole = encode(context + continuation)
-    ctx = encode(context)
-    return ctx, whole[len(ctx):]
+    whole = enc(context + continuation)
+    ctx = enc(context)
+    # a context of spaces alone encodes to nothing on tokenizers without BOS: condition on the prefix
+    return (ctx or [conv.prefix_token_id]), whole[len(ctx):]
 
 
-def memoized(encode: Callable[[str], list[int]]) -> Callable[[str], list[int]]:
+def memoized(encode: Encode) -> Encode:
     """`encode` with a per-call-site memo: the four choices of a question share a context,
     which is then tokenised once, not eight times (encode_pair encodes it twice)."""
     memo: dict[str, list[int]] = {}
@@ -37,19 +78,27 @@ def truncate(ctx: list[int], cont: list[int], max_length: int) -> tuple[list[int
     return (ctx[-keep:] if keep > 0 else ctx[-1:]), cont
 
 
-def rolling_windows(tokens: list[int], max_length: int) -> list[tuple[list[int], list[int]]]:
-    """lm-eval's `get_rolling_token_windows` + `make_disjoint_window` with context_len=1.
-    `tokens` starts with BOS, the prefix token: it conditions the first window, unscored."""
-    prefix, token_list = tokens[:1], tokens[1:]
-    if not token_list:
+def generation_context(tokens: list[int], max_length: int, max_gen_toks: int) -> list[int]:
+    """The prompt tokens a generation keeps: the *last* ones, leaving room for max_gen_toks
+    new tokens, and at least one. (`tokens[-(max_length - max_gen_toks):]` kept the wrong end,
+    or everything, when max_gen_toks >= max_length.)"""
+    keep = max(max_length - max_gen_toks, 1)
+    return tokens[-keep:]
+
+
+def rolling_windows(tokens: list[int], prefix_token_id: int, max_length: int) -> list[tuple[list[int], list[int]]]:
+    """lm-eval's `get_rolling_token_windows` + `make_disjoint_window` with context_len=1:
+    (context, predicted) pairs covering every token of `tokens` once, the first window
+    conditioned on the prefix token."""
+    if not tokens:
         return []
-    first = min(max_length, len(token_list))
-    windows = [(prefix, token_list[:first])]
+    first = min(max_length, len(tokens))
+    windows = [([prefix_token_id], tokens[:first])]
     predicted = first
-    while predicted < len(token_list):
-        n = min(len(token_list) - predicted, max_length)
+    while predicted < len(tokens):
+        n = min(len(tokens) - predicted, max_length)
         end = predicted + n
-        ctx = token_list[max(end - max_length - 1, 0) : end - 1]
-        windows.append((ctx[: len(ctx) - (n - 1)], token_list[end - n : end]))
+        ctx = tokens[max(end - max_length - 1, 0) : end - 1]
+        windows.append((ctx[: len(ctx) - (n - 1)], tokens[end - n : end]))
         predicted += n
     return windows

@@ -23,7 +23,7 @@ from qeval.backends.base import (
     RollingResult,
 )
 from qeval.backends.logcapture import capture_fds
-from qeval.backends.tokens import encode_pair, memoized, rolling_windows, truncate
+from qeval.backends.tokens import conventions, encode_pair, generation_context, memoized, rolling_windows, truncate
 from qeval.backends.vllm_logs import parse_engine_log, quantized_kernels
 from qeval.backends.vllm_support import engine_args
 from qeval.config import RunConfig
@@ -60,6 +60,7 @@ class VLLMBackend:
             self.llm = LLM(max_logprobs=TOPK + 1, disable_log_stats=True, **args)
         self._log = log
         self.tok = self.llm.get_tokenizer()
+        self.conv = conventions(self.tok)
 
     def close(self) -> None:
         self.llm = None
@@ -85,9 +86,6 @@ class VLLMBackend:
                 pass
         return libs
 
-    def _encode(self, text: str) -> list[int]:
-        return self.tok(text, add_special_tokens=True).input_ids
-
     def _prompt_logprobs(self, prompts: list[list[int]], k: int, flat: bool = False) -> list[Any]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -98,8 +96,9 @@ class VLLMBackend:
         return [o.prompt_logprobs for o in outs]
 
     def loglikelihood(self, requests: list[LoglikelihoodRequest], progress: Progress) -> list[LoglikelihoodResult]:
-        encode = memoized(self._encode)
-        pairs = [truncate(*encode_pair(encode, r.context, r.continuation), self.max_length) for r in requests]
+        encode = memoized(self.conv.encode)
+        pairs = [truncate(*encode_pair(self.conv, r.context, r.continuation, encode), self.max_length)
+                 for r in requests]
         plps = self._prompt_logprobs([ctx + cont for ctx, cont in pairs], 1)
         results = []
         for (ctx, cont), plp in zip(pairs, plps):
@@ -111,7 +110,8 @@ class VLLMBackend:
 
     def loglikelihood_rolling(self, requests: list[RollingRequest], progress: Progress) -> list[RollingResult]:
         windows = [(r, ctx, pred) for r, req in enumerate(requests)
-                   for ctx, pred in rolling_windows(self._encode(req.text), self.max_length)]
+                   for ctx, pred in rolling_windows(self.conv.encode(req.text), self.conv.prefix_token_id,
+                                                    self.max_length)]
         outs = self._prompt_logprobs([ctx + pred for _, ctx, pred in windows], TOPK, flat=True)
         parts: list[list[tuple[np.ndarray, ...]]] = [[] for _ in requests]
         for (r, ctx, pred), flat in zip(windows, outs):
@@ -125,7 +125,7 @@ class VLLMBackend:
 
         prompts, params = [], []
         for r in requests:
-            ids = self._encode(r.context)[-(self.max_length - r.max_gen_toks):]
+            ids = generation_context(self.conv.encode(r.context), self.max_length, r.max_gen_toks)
             prompts.append(TokensPrompt(prompt_token_ids=ids))
             params.append(SamplingParams(max_tokens=r.max_gen_toks, temperature=0.0, stop=list(r.until)))
         outs = self.llm.generate(prompts, params, use_tqdm=False)

@@ -3,8 +3,11 @@ model output escaped by Jinja2's autoescaping, with a sign-off block for a revie
 
 from __future__ import annotations
 
+import html
 import json
 import re
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,16 +56,26 @@ def _versions(results: dict[str, Any]) -> dict[str, str]:
     return dict(sorted(merged.items()))
 
 
+def _plot(make: Callable[[dict[str, Any]], str], results: dict[str, Any]) -> str:
+    """An inline SVG; a plot that cannot be drawn is a line of text in its place, never a
+    report that is not written after hours of scoring."""
+    try:
+        return _inline(make(results))
+    except Exception as exc:  # noqa: BLE001 - the report must be written whatever the content
+        print(f"qeval: warning: a plot could not be drawn ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return f"<p>(plot not drawn: {html.escape(type(exc).__name__)}: {html.escape(str(exc)[:200])})</p>"
+
+
 def render_html(run_dir: Path, results: dict[str, Any]) -> str:
-    header, rows = summary_rows(results)
+    header, rows = summary_rows(results, esc=str)
     figures = {
-        "Quality vs memory (Pareto front dashed)": plots.quality_vs_memory(results),
-        "Per-task difference from the baseline, 95% CI (dotted: the gate's margin)": plots.task_deltas(results),
-        "Memory ledger per setup (measured)": plots.memory_ledger(results),
+        "Quality vs memory (Pareto front dashed)": _plot(plots.quality_vs_memory, results),
+        "Per-task difference from the baseline, 95% CI (dotted: the gate's margin)": _plot(plots.task_deltas, results),
+        "Memory ledger per setup (measured)": _plot(plots.memory_ledger, results),
     }
     return _ENV.get_template("report.html.j2").render(
-        r=results, header=header, rows=rows, gate_header=GATE_HEADER, gate_rows=gate_rows(results),
-        figures={k: _inline(v) for k, v in figures.items()}, flips=flip_examples(run_dir, results),
+        r=results, header=header, rows=rows, gate_header=GATE_HEADER, gate_rows=gate_rows(results, esc=str),
+        figures=figures, flips=flip_examples(run_dir, results),
         versions=_versions(results), config_yaml=yaml.safe_dump(results["config"], sort_keys=False),
         hardware=json.dumps(results["run"].get("hardware", {}), indent=1),
     )

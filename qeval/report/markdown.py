@@ -4,13 +4,30 @@ gate table and the notes. Generated from results.json alone."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from qeval.scoring import PRIMARY_METRIC
+
+
+# `*` and `_` are left alone: at worst they italicise, and names such as compare_mc stay readable
+_MD_SPECIAL = str.maketrans({c: f"\\{c}" for c in "\\`[]|"} | {"<": "&lt;", ">": "&gt;", "&": "&amp;",
+                                                              "\n": " ", "\r": " "})
+
+
+def md_text(value: object) -> str:
+    """Text from the results (names, errors, paths, reasons) made inert in markdown: no table
+    cell is split by a `|`, no HTML or link passes through, no line is broken. (The HTML
+    report passes `esc=str`: Jinja2 autoescapes there.)"""
+    return str(value).translate(_MD_SPECIAL)
+
+
+def _code(value: object) -> str:
+    """Text inside a `code span`: only a backtick or a line break can escape it."""
+    return str(value).replace("`", "'").replace("\n", " ").replace("\r", " ")
 
 
 def _mib(n: int | None) -> str:
@@ -41,17 +58,18 @@ def _fmt_delta(metric: str, cmp: dict[str, Any] | None) -> str:
     return f"{cmp['delta']:+.4f} [{lo:+.4f}, {hi:+.4f}]"
 
 
-def summary_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the summary table."""
+def summary_rows(results: dict[str, Any], esc: Callable[[object], str] = md_text) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the summary table; `esc` makes names and errors safe for the format."""
     tasks = list(results["tasks"])
     header = ["setup", "status", "weights", "KV bytes/token"]
     for t in tasks:
         metric, higher = _metric_of(results, t)
-        header += [f"{t} {metric}{'' if higher else ' (lower is better)'}", "Δ vs baseline [95% CI]"]
+        header += [f"{esc(t)} {metric}{'' if higher else ' (lower is better)'}", "Δ vs baseline [95% CI]"]
     rows = []
     for s in results["setups"]:
         mem = s["memory"]
-        row = [s["name"] + (" (baseline)" if s["baseline"] else ""), s["status"] if s["status"] == "ok" else f"failed: {s['error']}",
+        row = [esc(s["name"]) + (" (baseline)" if s["baseline"] else ""),
+               s["status"] if s["status"] == "ok" else f"failed: {esc(s['error'])}",
                _weights(mem["weights_bytes"]), str(mem["kv_bytes_per_token"]["measured"] or "—")]
         for t in tasks:
             metric, _ = _metric_of(results, t)
@@ -64,11 +82,11 @@ def summary_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 def render_markdown(results: dict[str, Any]) -> str:
     header, rows = summary_rows(results)
     run = results["run"]
-    lines = [f"# qeval run: {run['name']}", "",
-             f"Model `{results['config']['model']['path']}` (sha256 {run['model_sha256'][:12]}…), backend "
+    lines = [f"# qeval run: {md_text(run['name'])}", "",
+             f"Model `{_code(results['config']['model']['path'])}` (sha256 {run['model_sha256'][:12]}…), backend "
              f"{run['backend']} on {run['device']}, qeval {run['qeval_version']}.", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
     lines += ["", "Accuracies in percent; Δ is setup minus baseline with a paired-bootstrap 95% CI. "
               "Weights and KV bytes/token are measured on the loaded model, or marked predicted where the "
               "backend reports no figure (sources in results.json).", ""]
@@ -85,11 +103,11 @@ def _recommendation(results: dict[str, Any]) -> list[str]:
     b = results["config"]["budget"]
     lines = ["## Recommendation", "", head, "",
              f"Budget: {b['gpu_memory_gib']:g} GiB x {b['utilization']:g} utilization, {b['context_len']}-token sequences.", ""]
-    lines += [f"- {reason}" for reason in rec["reasons"].values()]
+    lines += [f"- {md_text(reason)}" for reason in rec["reasons"].values()]
     return lines + [""]
 
 
-def gate_rows(results: dict[str, Any]) -> list[list[str]]:
+def gate_rows(results: dict[str, Any], esc: Callable[[object], str] = md_text) -> list[list[str]]:
     """setup, task, delta, 95% CI, p (raw / BH-adjusted), flips, KL, verdict."""
     rows = []
     for s in results["setups"]:
@@ -101,7 +119,7 @@ def gate_rows(results: dict[str, Any]) -> list[list[str]]:
             flips = "" if c["flips_to_wrong"] is None else f"{c['flips_to_wrong']} / {c['flips_to_right']}"
             p = "" if c["p_value"] is None else f"{c['p_value']:.3g} / {c.get('p_adjusted', c['p_value']):.3g}"
             kl = "" if c.get("kl") is None else f"{c['kl']:.5f} ({100 * c['top1_agreement']:.1f}%)"
-            rows.append([s["name"], task, f"{scale * c['delta']:+.{digits}f}",
+            rows.append([esc(s["name"]), esc(task), f"{scale * c['delta']:+.{digits}f}",
                          f"[{scale * c['ci'][0]:+.{digits}f}, {scale * c['ci'][1]:+.{digits}f}]", p, flips, kl,
                          c.get("verdict") or "no gate"])
     return rows
@@ -124,10 +142,11 @@ def _notes(results: dict[str, Any]) -> list[str]:
     notes = []
     for s in results["setups"]:
         for flag in s["flags"]:
-            notes.append(f"**{s['name']}**: {flag}")
+            notes.append(f"**{md_text(s['name'])}**: {md_text(flag)}")
         kl = [(t, c["kl"], c["top1_agreement"]) for t, c in s["vs_baseline"].items() if c and c.get("kl") is not None]
         for t, k, top1 in kl:
-            notes.append(f"{s['name']}: KL to baseline on {t} = {k:.5f} nats/token, top-1 agreement {100 * top1:.1f}%")
+            notes.append(f"{md_text(s['name'])}: KL to baseline on {md_text(t)} = {k:.5f} nats/token, "
+                         f"top-1 agreement {100 * top1:.1f}%")
         engine = s["memory"].get("engine")
         if engine:
             parts = [f"{s['name']}: the vLLM engine reported a KV pool of {engine['kv_cache_tokens']:,} tokens"]
@@ -137,7 +156,13 @@ def _notes(results: dict[str, Any]) -> list[str]:
             kernels = s.get("quantization", {}).get("engine_kernels")
             if kernels:
                 parts.append("kernels: " + ", ".join(f"{k}: {v}" for k, v in kernels.items()))
-            notes.append("; ".join(parts))
+            notes.append(md_text("; ".join(parts)))
+    for d in results.get("dropped", []):
+        what = f"{d['setup']}/{d['task']}" if d.get("task") else f"setup {d['setup']}"
+        notes.append(f"not compared: {md_text(what)} is stored under another run's key ({md_text(d['reason'])}); "
+                     "rerun it to include it")
+    for name, why in results["run"].get("skipped_setups", {}).items():
+        notes.append(f"optional setup {md_text(name)} skipped: {md_text(why)}")
     return notes
 
 

@@ -3,22 +3,36 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from typing import Any
 
+import matplotlib as mpl
 import matplotlib.pyplot as plt  # no backend forced: Agg headless, inline in a notebook
 
-plt.rcParams["svg.hashsalt"] = "qeval"  # stable element ids: `qeval report` is byte-for-byte
-plt.rcParams["font.size"] = 9
+# Set per figure (rc_context), never globally: importing qeval must not restyle a notebook.
+# - svg.hashsalt: stable element ids, so `qeval report` is byte-for-byte
+# - text.parse_math off: names are data, and `$\foo$` in a task name is not mathtext to render
+_RC = {"svg.hashsalt": "qeval", "font.size": 9, "text.parse_math": False}
 
 _ACC = ("acc", "exact_match")
 
 
-def _svg(fig: Any) -> str:
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": "qeval"})
-    plt.close(fig)
+def _svg(make: Callable[[dict[str, Any]], Any], results: dict[str, Any]) -> str:
+    with mpl.rc_context(_RC):
+        fig = make(results)
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": "qeval"})
+        plt.close(fig)
     text = buf.getvalue()
     return text[text.index("<svg"):]  # drop the XML prolog: it is inlined into HTML
+
+
+def styled(make: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
+    """A figure function run under qeval's style, for notebook use."""
+    def wrapped(results: dict[str, Any]) -> Any:
+        with mpl.rc_context(_RC):
+            return make(results)
+    return wrapped
 
 
 def _ok(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -46,15 +60,15 @@ def pareto(points: list[tuple[float, float, str]]) -> list[tuple[float, float, s
 
 
 def quality_vs_memory(results: dict[str, Any]) -> str:
-    return _svg(quality_vs_memory_figure(results))
+    return _svg(quality_vs_memory_figure, results)
 
 
 def task_deltas(results: dict[str, Any]) -> str:
-    return _svg(task_deltas_figure(results))
+    return _svg(task_deltas_figure, results)
 
 
 def memory_ledger(results: dict[str, Any]) -> str:
-    return _svg(memory_ledger_figure(results))
+    return _svg(memory_ledger_figure, results)
 
 
 def quality_vs_memory_figure(results: dict[str, Any]) -> Any:
