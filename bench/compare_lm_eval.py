@@ -79,8 +79,9 @@ def _lm_eval_model(args: argparse.Namespace) -> Any:
     if args.backend == "hf":
         from lm_eval.models.huggingface import HFLM
 
+        # lm-eval's defaults (add_bos_token=None: the tokenizer's own convention), which qeval follows
         return HFLM(pretrained=str(args.model), device="cpu", dtype=args.dtype, batch_size=args.batch_size,
-                    add_bos_token=True, max_length=args.max_length)
+                    max_length=args.max_length)
     import importlib.metadata as md
 
     from vllm.platforms import current_platform
@@ -103,7 +104,7 @@ def _lm_eval_model(args: argparse.Namespace) -> Any:
     VLLM = lm_vllm.VLLM
 
     return VLLM(pretrained=str(args.model), dtype=args.dtype, max_model_len=args.max_length, batch_size="auto",
-                add_bos_token=True, seed=1234, gpu_memory_utilization=VLLM_HOST_SHARE, enforce_eager=True,
+                seed=1234, gpu_memory_utilization=VLLM_HOST_SHARE, enforce_eager=True,
                 enable_prefix_caching=False)
 
 
@@ -127,10 +128,6 @@ def run_lm_eval(args: argparse.Namespace, tasks: list[Any]) -> tuple[float, dict
     with tempfile.TemporaryDirectory() as folder:
         for task in tasks:
             name = lm_eval_yaml(task, args.limit, Path(folder))
-            # lm-eval's rolling log-likelihood puts its BOS prefix token in front of the
-            # tokenizer's own BOS when add_bos_token=True, scoring a spurious BOS->BOS step;
-            # with False its windows are exactly qeval's (BOS + text). Choices keep the BOS.
-            lm.add_bos_token = task.spec.output_type != "loglikelihood_rolling"
             manager = TaskManager(include_path=folder)
             t0 = time.perf_counter()
             out = simple_evaluate(model=lm, tasks=[name], task_manager=manager, log_samples=True, bootstrap_iters=0,

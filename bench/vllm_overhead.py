@@ -60,10 +60,11 @@ def main() -> None:
         task = load_task(name, ROOT / "tasks")
         if task.spec.output_type == "multiple_choice":
             reqs = [(task.text(d), task.spec.target_delimiter + c) for d in task.docs for c in task.choices(d)]
-            prompts = [sum(truncate(*encode_pair(backend._encode, c, x), 256), []) for c, x in reqs]
+            prompts = [sum(truncate(*encode_pair(backend.conv, c, x), 256), []) for c, x in reqs]
             k, flat = 1, False
         else:
-            prompts = [c + p for d in task.docs for c, p in rolling_windows(backend._encode(task.text(d)), 256)]
+            prompts = [c + p for d in task.docs
+                       for c, p in rolling_windows(backend.conv.encode(task.text(d)), backend.conv.prefix_token_id, 256)]
             k, flat = qv.TOPK, True
         # exactly the parameters qeval's backend sends for this kind of task
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k, detokenize=False, flat_logprobs=flat)

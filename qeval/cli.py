@@ -96,10 +96,12 @@ def gate_problem(results: dict) -> str | None:
         return f"candidate {target} has no result in this run"
     if setup["status"] != "ok":
         return f"candidate {target} failed: {setup['error']}"
-    if target not in rec.get("candidates", [target]):
-        return f"candidate {target} is not recommendable: {rec['reasons'].get(target, '')}"
     bad = [f"{t}: {c['verdict']}" for t, c in setup["vs_baseline"].items() if c and c.get("verdict") not in ("pass", None)]
-    return f"candidate {target} does not pass every gate ({', '.join(bad)})" if bad else None
+    if bad:
+        return f"candidate {target} does not pass every gate ({', '.join(bad)})"
+    if target not in rec.get("candidates", [target]):  # e.g. no comparison on some task, or no room in the budget
+        return f"candidate {target} is not recommendable: {rec['reasons'].get(target, '')}"
+    return None
 
 
 @app.command()

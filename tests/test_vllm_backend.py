@@ -90,8 +90,15 @@ def test_demo_vllm_serves_the_quantized_checkpoints(quantized_demo: tuple[Path, 
     assert res.returncode == 0, res.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     setups = {s["name"]: s for s in results["setups"]}
-    assert list(setups) == ["bf16", "w8a8", "w4a8"]
-    kernels = {"w8a8": "CompressedTensorsW8A8Int8", "w4a8": "CompressedTensorsW4A8Int"}
+    from qeval.backends.vllm_support import cpu_has_fp8
+
+    # the mixed setup (W4A8 + FP8 KV cache) is optional: served where the CPU runs FP8, else skipped, said so
+    mixed = ["w4a8-kv-fp8"] if cpu_has_fp8() else []
+    assert list(setups) == ["bf16", "w8a8", "w4a8", *mixed]
+    if not mixed:
+        assert "AVX-512" in results["run"]["skipped_setups"]["w4a8-kv-fp8"]
+    kernels = {"w8a8": "CompressedTensorsW8A8Int8", "w4a8": "CompressedTensorsW4A8Int",
+               "w4a8-kv-fp8": "CompressedTensorsW4A8Int"}
     for name, s in setups.items():
         assert s["status"] == "ok", s["error"]
         assert {t: v["n"] for t, v in s["tasks"].items()} == {t: 400 for t in ("compare_mc", "addition", "facts", "ppl")}
@@ -100,10 +107,14 @@ def test_demo_vllm_serves_the_quantized_checkpoints(quantized_demo: tuple[Path, 
         if name == "bf16":
             assert served == str(MODEL) and "engine_kernels" not in s["quantization"]
         else:  # the engine loaded the checkpoint folder and ran it on its int8 kernels
-            assert Path(served).parent == checkpoints.resolve() and f"-{name}-" in Path(served).name
+            assert Path(served).parent == checkpoints.resolve() and f"-{name.split('-')[0]}-" in Path(served).name
             assert kernels[name] in s["quantization"]["engine_kernels"]
             for task, cmp in s["vs_baseline"].items():  # quantized, not broken: within a few points
                 assert abs(cmp["delta"]) < (0.02 if task == "ppl" else 0.05), (name, task, cmp)
+    if mixed:  # the FP8 cache really changed what the model computed, on top of W4A8
+        assert setups["w4a8-kv-fp8"]["quantization"]["engine_args"]["kv_cache_dtype"] == "fp8"
+        assert setups["w4a8-kv-fp8"]["vs_baseline"]["ppl"]["kl"] > 0
+        assert not any(f.startswith("kv_cache_no_effect") for f in setups["w4a8-kv-fp8"]["flags"])
     w = {n: s["memory"]["weights_bytes"]["predicted"] for n, s in setups.items()}
     assert w["w4a8"] < w["w8a8"] < w["bf16"]
     assert "(predicted)" in (out / "report.md").read_text()  # the CPU build logs no weight size: said so

@@ -99,7 +99,9 @@ def render_markdown(results: dict[str, Any]) -> str:
 
 def _recommendation(results: dict[str, Any]) -> list[str]:
     rec = results["recommendation"]
-    head = f"**Recommended: {rec['setup']}**" if rec["setup"] else "**No setup passes every gate and fits the budget.**"
+    head = f"**Recommended: {md_text(rec['setup'])}**" if rec["setup"] else "**No setup passes every gate and fits the budget.**"
+    if rec.get("blocked"):
+        head = f"**No recommendation: {md_text(rec['blocked'])}.**"
     b = results["config"]["budget"]
     lines = ["## Recommendation", "", head, "",
              f"Budget: {b['gpu_memory_gib']:g} GiB x {b['utilization']:g} utilization, {b['context_len']}-token sequences.", ""]
