@@ -10,7 +10,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 QUANT_VENV  := .venv-quant
 QUANT_STAMP := $(QUANT_VENV)/.installed
 
-.PHONY: run run-vllm test test-fast bench bench-vllm install browser vllm quant tasks model
+.PHONY: run run-vllm test test-fast lint bench bench-vllm install browser vllm quant tasks model
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -65,12 +65,17 @@ browser:
 	  && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } \
 	  || echo "chromium not installed: the HTML rendering test will skip (it fails under CI=true)"
 
+## lint (ruff) and type-check (mypy): a lint or type error fails `make test` before any test runs
+lint: $(STAMP)
+	$(VENV)/bin/ruff check qeval tests bench scripts
+	$(VENV)/bin/mypy
+
 ## every test, the slow end-to-end ones included (CI runs exactly this)
-test: $(STAMP) $(VLLM_STAMP) $(QUANT_STAMP) browser models/smollm2-135m/.prepared
+test: lint $(VLLM_STAMP) $(QUANT_STAMP) browser models/smollm2-135m/.prepared
 	HF_HUB_OFFLINE=1 $(PY) -m pytest
 
 ## skip engine starts and full demo runs while developing
-test-fast: $(STAMP) $(VLLM_STAMP) $(QUANT_STAMP) models/smollm2-135m/.prepared
+test-fast: lint $(VLLM_STAMP) $(QUANT_STAMP) models/smollm2-135m/.prepared
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not slow"
 
 ## qeval against lm-evaluation-harness: speed ratio and per-sample agreement (bench/)

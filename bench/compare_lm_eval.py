@@ -59,16 +59,17 @@ def lm_eval_yaml(task: Any, limit: int | None, folder: Path) -> str:
 
 
 def run_qeval(args: argparse.Namespace, tasks: list[Any]) -> tuple[float, dict[str, Any]]:
-    from qeval.backends import create_backend
-    from qeval.config import EngineSpec, ModelSpec, RunConfig
-    from qeval.scoring import score_task
+    from qeval.backends import backend_entry
+    from qeval.backends.vllm.config import EngineSpec
+    from qeval.config import ModelSpec, RunConfig
     from qeval.setups import Setup
+    from qeval.tasks.scoring import score_task
 
     setup = Setup(name="baseline")
     cfg = RunConfig(name="bench", model=ModelSpec(path=str(args.model), dtype=args.dtype, max_context=args.max_length),
                     backend=args.backend, setups=[setup], tasks=[t.name for t in tasks], batch_size=args.batch_size,
                     engine=EngineSpec(cpu_memory_utilization=VLLM_HOST_SHARE))
-    backend = create_backend(cfg, setup, "cpu")
+    backend = backend_entry(cfg.backend).create(cfg, setup, "cpu")
     backend.load()
     t0 = time.perf_counter()
     results = {t.name: score_task(backend, t, lambda n: None) for t in tasks}
@@ -195,7 +196,8 @@ def main() -> None:
         print(f"  {r['task']:<11} n={r['n']:<4} {r['metric']}: qeval {r['qeval']:.4f}  lm-eval {r['lm_eval']:.4f}   "
               f"|Δ log-likelihood| max {r['max_abs_diff']:.2e}  median {r['median_abs_diff']:.2e}", file=report)
     if args.json:
-        args.json.write_text(json.dumps({"lm_eval_s": lm_s, "qeval_s": q_s, "speedup": lm_s / q_s, "tasks": rows}, indent=2))
+        figures = {"lm_eval_s": lm_s, "qeval_s": q_s, "speedup": lm_s / q_s, "tasks": rows}
+        args.json.write_text(json.dumps(figures, indent=2))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import argparse
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -32,12 +33,12 @@ def main() -> None:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from qeval.backends import vllm as qv
     from qeval.backends.tokens import encode_pair, rolling_windows, truncate
+    from qeval.backends.vllm import backend as qv
     from qeval.config import ModelSpec, RunConfig
-    from qeval.scoring import score_task
     from qeval.setups import Setup
     from qeval.tasks import load_task
+    from qeval.tasks.scoring import score_task
 
     setup = Setup(name="bf16")
     cfg = RunConfig(name="bench", model=ModelSpec(path=str(args.model), dtype=args.dtype, max_context=256),
@@ -63,17 +64,18 @@ def main() -> None:
             prompts = [sum(truncate(*encode_pair(backend.conv, c, x), 256), []) for c, x in reqs]
             k, flat = 1, False
         else:
+            conv = backend.conv
             prompts = [c + p for d in task.docs
-                       for c, p in rolling_windows(backend.conv.encode(task.text(d)), backend.conv.prefix_token_id, 256)]
+                       for c, p in rolling_windows(conv.encode(task.text(d)), conv.prefix_token_id, 256)]
             k, flat = qv.TOPK, True
         # exactly the parameters qeval's backend sends for this kind of task
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k, detokenize=False, flat_logprobs=flat)
         token_prompts = [TokensPrompt(prompt_token_ids=p) for p in prompts]
 
-        def raw() -> None:
+        def raw(token_prompts: list[Any] = token_prompts, params: Any = params) -> None:
             generate(token_prompts, params, use_tqdm=False)
 
-        def ours() -> None:
+        def ours(task: Any = task) -> None:
             score_task(backend, task, lambda n: None)
 
         raw(), ours()  # warm-up

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from qeval.analysis.recommend import candidate_problem
 from qeval.errors import UserError
+
+if TYPE_CHECKING:
+    from qeval.results.schema import Results
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Quantization quality-vs-memory evaluation.")
 _err = Console(stderr=True)
@@ -35,20 +39,22 @@ def _split(value: str | None) -> list[str] | None:
 @app.command()
 def run(
     config: Annotated[Path, typer.Argument(help="run config YAML")],
-    output: Annotated[Optional[Path], typer.Option(help="run directory (default reports/<config name>)")] = None,
-    setups: Annotated[Optional[str], typer.Option(help="comma-separated setups to run (the baseline always runs)")] = None,
-    tasks: Annotated[Optional[str], typer.Option(help="comma-separated tasks to score")] = None,
-    limit: Annotated[Optional[int], typer.Option(min=1, help="score only the first N samples of each task")] = None,
-    force: Annotated[bool, typer.Option(help="recompute stored results; write into a folder holding another run")] = False,
-    fail_on_gate: Annotated[bool, typer.Option(help="exit 3 when the candidate does not pass every quality gate")] = False,
+    output: Annotated[Path | None, typer.Option(help="run directory (default reports/<config name>)")] = None,
+    setups: Annotated[str | None, typer.Option(help="comma-separated setups to run (the baseline always runs)")] = None,
+    tasks: Annotated[str | None, typer.Option(help="comma-separated tasks to score")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="score only the first N samples of each task")] = None,
+    force: Annotated[bool, typer.Option(
+        help="recompute stored results; write into a folder holding another run")] = False,
+    fail_on_gate: Annotated[bool, typer.Option(
+        help="exit 3 when the candidate does not pass every quality gate")] = False,
 ) -> None:
     """Serve the model under every setup of CONFIG, score the tasks, write RUN_DIR.
 
     Exit codes: 0 every setup scored; 1 a setup failed; 2 bad input (nothing ran);
     3 under --fail-on-gate, the candidate does not pass every gate; 130 interrupted."""
     from qeval.config import load_config
-    from qeval.runner import RunOptions
-    from qeval.runner import run as run_all
+    from qeval.run.runner import RunOptions
+    from qeval.run.runner import run as run_all
 
     try:
         cfg = load_config(config)
@@ -62,56 +68,34 @@ def run(
         raise typer.Exit(EXIT_INTERRUPTED) from None
     _err.print(f"results: {out / 'results.json'}\nreport:  {out / 'report.md'}")
     code = exit_code(results, fail_on_gate)
-    failed_setups = [s["name"] for s in results["setups"] if s["status"] != "ok"]
+    failed_setups = [s.name for s in results.setups if s.status != "ok"]
     if failed_setups:
         _err.print(f"[yellow]setups that failed: {', '.join(failed_setups)} (see results.json)[/yellow]")
-    if results.get("dropped"):
-        _err.print(f"[yellow]{len(results['dropped'])} stored result(s) of another run were not compared "
+    if results.dropped:
+        _err.print(f"[yellow]{len(results.dropped)} stored result(s) of another run were not compared "
                    "(listed under `dropped` in results.json and in the report)[/yellow]")
     if code == EXIT_GATE_FAILED:
-        _err.print(f"[red]--fail-on-gate: {gate_problem(results)}[/red]")
+        _err.print(f"[red]--fail-on-gate: {candidate_problem(results)}[/red]")
     raise typer.Exit(code)
 
 
-def exit_code(results: dict, fail_on_gate: bool) -> int:
+def exit_code(results: Results, fail_on_gate: bool) -> int:
     """0, 1 or 3 for a run that finished (2 and 130 are decided before it finishes)."""
-    if any(s["status"] != "ok" for s in results["setups"]):
+    if any(s.status != "ok" for s in results.setups):
         return EXIT_SETUP_FAILED
-    if fail_on_gate and gate_problem(results):
+    if fail_on_gate and candidate_problem(results):
         return EXIT_GATE_FAILED
     return EXIT_OK
-
-
-def gate_problem(results: dict) -> str | None:
-    """Why a release pipeline should stop: the candidate (the config's `candidate`, else the
-    recommended setup) does not pass every gate, or nothing is recommended."""
-    rec = results["recommendation"]
-    if rec.get("blocked"):
-        return f"no recommendation: {rec['blocked']}"
-    target = results["config"].get("candidate") or rec["setup"]
-    if target is None:
-        return "no setup passes every gate and fits the budget"
-    setup = next((s for s in results["setups"] if s["name"] == target), None)
-    if setup is None:
-        return f"candidate {target} has no result in this run"
-    if setup["status"] != "ok":
-        return f"candidate {target} failed: {setup['error']}"
-    bad = [f"{t}: {c['verdict']}" for t, c in setup["vs_baseline"].items() if c and c.get("verdict") not in ("pass", None)]
-    if bad:
-        return f"candidate {target} does not pass every gate ({', '.join(bad)})"
-    if target not in rec.get("candidates", [target]):  # e.g. no comparison on some task, or no room in the budget
-        return f"candidate {target} is not recommendable: {rec['reasons'].get(target, '')}"
-    return None
 
 
 @app.command()
 def validate(config: Annotated[Path, typer.Argument(help="run config YAML")]) -> None:
     """Check CONFIG, its tasks and data checksums, and every setup on this device; load no model."""
     from qeval.config import load_config
-    from qeval.plan import make_plan
+    from qeval.run.preflight import preflight
 
     try:
-        plan = make_plan(load_config(config))
+        plan = preflight(load_config(config))
     except UserError as exc:
         _fail(exc)
         return
@@ -121,13 +105,14 @@ def validate(config: Annotated[Path, typer.Argument(help="run config YAML")]) ->
 @app.command()
 def quantize(
     config: Annotated[Path, typer.Argument(help="run config YAML")],
-    setups: Annotated[Optional[str], typer.Option(help="comma-separated setups to quantize (default: all that need it)")] = None,
+    setups: Annotated[str | None, typer.Option(
+        help="comma-separated setups to quantize (default: all that need it)")] = None,
     force: Annotated[bool, typer.Option(help="remake checkpoints that are already cached")] = False,
 ) -> None:
     """Make the quantized checkpoints CONFIG's vllm setups serve (llm-compressor, in .venv-quant)."""
     from qeval.config import load_config
-    from qeval.quantize import QuantizeFailed
-    from qeval.quantize import quantize as quantize_all
+    from qeval.quantize.pipeline import QuantizeFailed
+    from qeval.quantize.pipeline import quantize as quantize_all
 
     try:
         made = quantize_all(load_config(config), only=_split(setups), force=force)
@@ -147,23 +132,12 @@ def quantize(
 def report(run_dir: Annotated[Path, typer.Argument(help="a finished run directory")]) -> None:
     """Regenerate report.md and report.html from RUN_DIR/results.json (byte-for-byte)."""
     from qeval.report import write_report
+    from qeval.results.schema import read_results
 
-    from qeval.store import SCHEMA_VERSION, read_json
-
-    path = run_dir / "results.json"
     try:
-        if not path.is_file():
-            raise UserError(f"{path}: not found (is {run_dir} a qeval run directory?)")
-        results = read_json(path)
-        if not isinstance(results, dict) or results.get("schema_version") != SCHEMA_VERSION:
-            version = results.get("schema_version") if isinstance(results, dict) else None
-            raise UserError(f"{path}: schema_version {version} but this qeval reads {SCHEMA_VERSION}")
-        md, html = write_report(run_dir, results)
+        md, html = write_report(run_dir, read_results(run_dir / "results.json"))
     except UserError as exc:
         _fail(exc)
-        return
-    except (KeyError, TypeError, ValueError) as exc:  # valid JSON, but not the results schema
-        _fail(UserError(f"{path}: not a qeval results file ({type(exc).__name__}: {exc})"))
         return
     print(f"{md}\n{html}")
 
@@ -188,20 +162,25 @@ def list_tasks(tasks_dir: Annotated[Path, typer.Option(help="folder of task YAML
 @app.command("plan")
 def plan_cmd(
     model: Annotated[str, typer.Option(help="model folder, config.json path, or hub id")],
-    gpu_gib: Annotated[float, typer.Option(min=0.1, help="GPU memory in GiB")] = 24.0,
+    gpu_gib: Annotated[float, typer.Option(min=0.001, help="GPU memory in GiB")] = 24.0,
     utilization: Annotated[float, typer.Option(min=0.01, max=1.0, help="share of GPU memory the engine may use")] = 0.9,
     context_len: Annotated[int, typer.Option(min=1, help="tokens per sequence")] = 4096,
-    margin: Annotated[float, typer.Option(min=0.0, max=0.9, help="share of the KV pool lost to fragmentation")] = 0.05,
-    overhead_gib: Annotated[float, typer.Option(min=0.0, help="activations and workspaces inside the budget")] = 1.0,
+    margin: Annotated[float, typer.Option(min=0.0, max=0.9, help="share of the KV pool lost to fragmentation "
+                                          "(budget.margin)")] = 0.05,
+    overhead_gib: Annotated[float, typer.Option(min=0.0, help="runtime overhead inside the budget: activations, "
+                                                "workspaces, CUDA context (budget.overhead_gib)")] = 1.0,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Predict weights, KV cache per token, KV tokens that fit and concurrent sequences per setup."""
     import json
 
-    from qeval.planner import Target, load_model_config, plan, plan_json
+    from qeval.memory.capacity import Budget
+    from qeval.memory.planner import load_model_config, plan, plan_json
 
     try:
-        rows = plan(load_model_config(model), Target(gpu_gib, utilization, context_len, margin, overhead_gib))
+        budget = Budget(gpu_memory_gib=gpu_gib, utilization=utilization, context_len=context_len,
+                        overhead_gib=overhead_gib, margin=margin)
+        rows = plan(load_model_config(model), budget)
     except UserError as exc:
         _fail(exc)
         return
@@ -214,6 +193,16 @@ def plan_cmd(
         table.add_row(r.setup, f"{r.weights_bytes / 2**30:.2f} GiB", f"{r.kv_bytes_per_token / 1024:.1f} KiB",
                       f"{r.kv_cache_tokens:,}", f"{r.max_concurrency:g}" + ("" if r.fits else " (does not fit)"))
     Console().print(table)
+
+
+@app.command("schema")
+def schema_cmd() -> None:
+    """Print the JSON Schema of results.json (docs/results.schema.json is this output)."""
+    import json
+
+    from qeval.results.schema import json_schema
+
+    print(json.dumps(json_schema(), indent=2))
 
 
 def main() -> None:

@@ -1,4 +1,8 @@
-"""The run configuration: typed, strict (`extra="forbid"`), validated before any model loads."""
+"""The run configuration: typed, strict (`extra="forbid"`), validated before any model loads.
+
+RunConfig composes the pieces each package owns: the budget (memory.capacity), the gates
+(analysis.gates), the vLLM engine settings (backends.vllm.config), the quantize settings
+(quantize.config) and the setups (setups)."""
 
 from __future__ import annotations
 
@@ -7,19 +11,20 @@ import json
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
+from qeval.analysis.gates import Gate
+from qeval.backends.vllm.config import EngineSpec
 from qeval.errors import UserError
-from qeval.names import NAME_PATTERN
+from qeval.files.names import NAME_PATTERN
+from qeval.files.yaml import load_yaml
+from qeval.memory.capacity import Budget
+from qeval.quantize.config import QuantizeSpec
 from qeval.setups import Setup
-from qeval.yamlio import load_yaml
+from qeval.strict import Strict
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ModelSpec(_Strict):
+class ModelSpec(Strict):
     """Where the model comes from: a local directory or a hub id (resolved by transformers)."""
 
     path: str
@@ -29,65 +34,7 @@ class ModelSpec(_Strict):
     revision: str | None = None
 
 
-class Budget(_Strict):
-    """The deployment target the recommendation is sized for."""
-
-    gpu_memory_gib: float = Field(default=24.0, gt=0)
-    utilization: float = Field(default=0.9, gt=0, le=1)
-    context_len: int = Field(default=4096, gt=0)
-
-
-class EngineSpec(_Strict):
-    """vLLM engine settings (the `vllm` backend); memory utilization comes from `budget`."""
-
-    max_num_seqs: int | None = Field(default=None, gt=0)
-    tensor_parallel_size: int = Field(default=1, gt=0)
-    enforce_eager: bool = True  # CUDA graphs cost start-up time and memory that scoring does not need
-    #: the CPU build reserves this share of *host* memory (its `gpu_memory_utilization`)
-    cpu_memory_utilization: float = Field(default=0.2, gt=0, le=1)
-
-
-class Calibration(_Strict):
-    """The text `qeval quantize` calibrates on: a local JSONL / text file (`path`), or a hub
-    dataset (`dataset`, loaded with `datasets.load_dataset`). Neither: the task suite's own
-    training text, `<tasks_dir>/data/train.jsonl`."""
-
-    path: str | None = None
-    dataset: str | None = None
-    dataset_config: str | None = None
-    split: str = "train"
-    revision: str | None = None
-    text_field: str = "text"
-
-    @model_validator(mode="after")
-    def _one_source(self) -> Calibration:
-        if self.path and self.dataset:
-            raise ValueError("give calibration `path` or `dataset`, not both")
-        return self
-
-
-class QuantizeSpec(_Strict):
-    """How `qeval quantize` makes the checkpoints the vllm backend serves (llm-compressor)."""
-
-    calibration: Calibration = Calibration()
-    num_samples: int = Field(default=256, gt=0)
-    #: calibration sequences are cut to this many tokens (and to the model's max_context)
-    max_seq_length: int = Field(default=512, gt=0)
-    #: SmoothQuant's migration strength for W8A8-INT8 (llm-compressor's default)
-    smoothing_strength: float = Field(default=0.8, ge=0, le=1)
-    #: where checkpoints are cached, one folder per (model, scheme, calibration) key
-    output_dir: str = "checkpoints"
-
-
-class Gate(_Strict):
-    """Non-inferiority: the drop on `task` ("all" for every task) is at most `max_drop`."""
-
-    task: str = "all"
-    max_drop: float = Field(gt=0)
-    relative: bool = False
-
-
-class RunConfig(_Strict):
+class RunConfig(Strict):
     """One qeval run: a model, the setups to serve it under, and the tasks to score."""
 
     name: str = Field(pattern=NAME_PATTERN)

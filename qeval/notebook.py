@@ -20,7 +20,9 @@ from typing import Any
 
 import pandas as pd
 
-from qeval.store import SCHEMA_VERSION, RunStore
+from qeval.errors import UserError
+from qeval.results.schema import Results, read_results
+from qeval.run.store import RunStore
 
 
 class SchemaVersionError(ValueError):
@@ -28,9 +30,10 @@ class SchemaVersionError(ValueError):
 
 
 class Run:
-    """A finished qeval run directory; see the module docstring."""
+    """A finished qeval run directory; see the module docstring. `results` is the typed
+    results.json (qeval.results.schema.Results)."""
 
-    def __init__(self, path: Path, results: dict[str, Any]) -> None:
+    def __init__(self, path: Path, results: Results) -> None:
         self.path = path
         self.results = results
         self._store = RunStore(path)
@@ -38,37 +41,40 @@ class Run:
     @property
     def config(self) -> dict[str, Any]:
         """The resolved run config, as stored."""
-        return self.results["config"]
+        return self.results.config
 
     @property
     def setups(self) -> list[str]:
-        return [s["name"] for s in self.results["setups"]]
+        return [s.name for s in self.results.setups]
 
     @property
     def tasks(self) -> list[str]:
-        return list(self.results["tasks"])
+        return list(self.results.tasks)
 
     @property
     def baseline(self) -> str:
-        return next(s["name"] for s in self.results["setups"] if s["baseline"])
+        base = self.results.baseline
+        if base is None:
+            raise ValueError("this run has no baseline result")
+        return base.name
 
     def summary(self) -> pd.DataFrame:
         """One row per setup x task: primary score, its stderr, difference from the baseline,
         95% CI, p-values, flips, KL and top-1 agreement, and the gate verdict."""
         rows = []
-        for s in self.results["setups"]:
-            for task in self.tasks:
-                cmp = s["vs_baseline"].get(task) or {}
-                metrics = s["tasks"].get(task, {}).get("metrics", {})
-                metric = cmp.get("metric") or _primary(self.results["tasks"][task]["output_type"])
-                value = metrics.get(metric, {})
-                ci = cmp.get("ci") or [None, None]
-                rows.append({"setup": s["name"], "task": task, "status": s["status"], "metric": metric,
-                             "score": value.get("value"), "stderr": value.get("stderr"), "delta": cmp.get("delta"),
-                             "ci_low": ci[0], "ci_high": ci[1], "p_value": cmp.get("p_value"),
-                             "p_adjusted": cmp.get("p_adjusted"), "flips_to_wrong": cmp.get("flips_to_wrong"),
-                             "flips_to_right": cmp.get("flips_to_right"), "kl": cmp.get("kl"),
-                             "top1_agreement": cmp.get("top1_agreement"), "verdict": cmp.get("verdict")})
+        for s in self.results.setups:
+            for task, info in self.results.tasks.items():
+                cmp = s.vs_baseline.get(task)
+                metric = cmp.metric if cmp else info.compared_metric
+                value = s.tasks[task].metrics.get(metric) if task in s.tasks else None
+                c: dict[str, Any] = cmp.model_dump() if cmp else {}
+                ci = c.get("ci") or (None, None)
+                rows.append({"setup": s.name, "task": task, "status": s.status, "metric": metric,
+                             "score": value.value if value else None, "stderr": value.stderr if value else None,
+                             "delta": c.get("delta"), "ci_low": ci[0], "ci_high": ci[1], "p_value": c.get("p_value"),
+                             "p_adjusted": c.get("p_adjusted"), "flips_to_wrong": c.get("flips_to_wrong"),
+                             "flips_to_right": c.get("flips_to_right"), "kl": c.get("kl"),
+                             "top1_agreement": c.get("top1_agreement"), "verdict": c.get("verdict")})
         return pd.DataFrame(rows)
 
     def samples(self, setup: str | None = None, task: str | None = None) -> pd.DataFrame:
@@ -96,21 +102,22 @@ class Run:
     def memory(self) -> pd.DataFrame:
         """The memory ledger: one row per setup x figure, predicted and measured, with sources."""
         rows = []
-        for s in self.results["setups"]:
-            mem = s["memory"]
-            for figure, value in mem.items():
-                if isinstance(value, dict) and figure != "engine":
-                    rows.append({"setup": s["name"], "figure": figure, "predicted": value.get("predicted"),
-                                 "measured": value.get("measured"), "source": value.get("source")})
-            predicted = str(mem.get("capacity_source", "")).startswith("predicted")
-            conc = mem.get("max_concurrency")
-            rows.append({"setup": s["name"], "figure": "max_concurrency", "predicted": conc if predicted else None,
-                         "measured": None if predicted else conc, "source": mem.get("capacity_source")})
-            engine = mem.get("engine")
-            if engine:  # what the vLLM engine itself reported (on the CPU build: a host-memory pool)
+        for s in self.results.setups:
+            mem = s.memory
+            for figure in ("weights_bytes", "kv_bytes_per_token", "peak_bytes", "activations_bytes", "overhead_bytes"):
+                value = getattr(mem, figure)
+                if value is not None:
+                    rows.append({"setup": s.name, "figure": figure, "predicted": value.predicted,
+                                 "measured": value.measured, "source": value.source})
+            predicted = str(mem.capacity_source or "").startswith("predicted")
+            conc = mem.max_concurrency
+            rows.append({"setup": s.name, "figure": "max_concurrency", "predicted": conc if predicted else None,
+                         "measured": None if predicted else conc, "source": mem.capacity_source})
+            if mem.engine:  # what the vLLM engine itself reported (on the CPU build: a host-memory pool)
                 for key in ("kv_cache_tokens", "max_concurrency"):
-                    rows.append({"setup": s["name"], "figure": f"engine_{key}", "predicted": None,
-                                 "measured": engine[key], "source": f"{engine['source']} (pool: {engine['pool']})"})
+                    rows.append({"setup": s.name, "figure": f"engine_{key}", "predicted": None,
+                                 "measured": getattr(mem.engine, key),
+                                 "source": f"{mem.engine.source} (pool: {mem.engine.pool})"})
         return pd.DataFrame(rows)
 
     def plot_quality_vs_memory(self) -> Any:
@@ -141,22 +148,16 @@ class Run:
         return f"Run({self.path}, setups={self.setups}, tasks={self.tasks})"
 
 
-def _primary(output_type: str) -> str:
-    from qeval.scoring import PRIMARY_METRIC
-
-    return PRIMARY_METRIC[output_type][0]
-
-
 def load_run(path: str | Path) -> Run:
     """Open a finished run directory (the folder holding results.json)."""
     root = Path(path)
     file = root / "results.json"
     if not file.is_file():
         raise FileNotFoundError(f"{file} not found: is {root} a qeval run directory?")
-    results = json.loads(file.read_text())
-    version = results.get("schema_version", 0) if isinstance(results, dict) else 0
-    if version != SCHEMA_VERSION:
-        raise SchemaVersionError(
-            f"{file} has results schema_version {version}; this qeval reads schema_version {SCHEMA_VERSION} "
-            "(rerun it with this qeval, or open it with the qeval that wrote it)")
-    return Run(root, results)
+    try:
+        return Run(root, read_results(file))
+    except UserError as exc:
+        if "schema_version" in str(exc):
+            raise SchemaVersionError(f"{exc} (rerun it with this qeval, or open it with the qeval that wrote it)"
+                                     ) from None
+        raise ValueError(str(exc)) from None

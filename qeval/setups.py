@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from qeval.names import NAME_PATTERN
+from qeval.files.names import NAME_PATTERN
 
 Weights = Literal["bf16", "fp16", "fp32", "fp8", "int8", "int4"]
 KVCache = Literal["auto", "fp8", "fp8_e5m2", "int8", "int4", "int2"]
@@ -45,7 +45,8 @@ class Setup(BaseModel):
     @field_validator("method", mode="before")
     @classmethod
     def _archived(cls, value: object) -> object:
-        if isinstance(value, str) and value.lower().replace("-", "_") in ("autogptq", "auto_gptq", "autoawq", "auto_awq"):
+        archived = ("autogptq", "auto_gptq", "autoawq", "auto_awq")
+        if isinstance(value, str) and value.lower().replace("-", "_") in archived:
             raise ValueError(f"{value} is archived upstream and not offered; method gptq or awq makes those "
                              "checkpoints with llm-compressor (`qeval quantize`)")
         return value
@@ -67,9 +68,10 @@ class Setup(BaseModel):
     def quantizes_kv(self) -> bool:
         return self.kv_cache != "auto"
 
-    def weights_twin(self) -> dict:
-        """The fields that identify this setup's weights-only twin (same weights, KV auto)."""
-        return {"weights": self.weights, "method": self.method, "group_size": self.group_size}
+    def weights_key(self) -> tuple[str | None, str, int | None]:
+        """What identifies this setup's weights: two setups with the same key serve the same
+        weights (a KV-cache setup's weights-only twin has its key and KV auto)."""
+        return (self.weights, self.method, self.group_size)
 
     @property
     def id(self) -> str:

@@ -64,7 +64,8 @@ def documents() -> dict[str, list[dict]]:
          "label": n.index(tc.compare_answer(w, n))}
         for i, (w, n) in enumerate(s.compare_eval)
     ]
-    docs["addition"] = [{"id": f"add-{i:04d}", "a": a, "b": b, "answer": str(a + b)} for i, (a, b) in enumerate(s.add_eval)]
+    docs["addition"] = [{"id": f"add-{i:04d}", "a": a, "b": b, "answer": str(a + b)}
+                        for i, (a, b) in enumerate(s.add_eval)]
     docs["facts"] = [{"id": f"fact-{i:04d}", "kind": f.kind, "question": f.prompt, "answer": f.code}
                      for i, f in enumerate(s.fact_eval)]
     docs["ppl"] = [{"id": f"ppl-{i:04d}", "text": t} for i, t in enumerate(tc.perplexity_documents(s))]

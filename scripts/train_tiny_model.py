@@ -91,7 +91,7 @@ def greedy_accuracy(model, tokenizer, prompts: list[str], targets: list[str]) ->
     for i in range(0, len(prompts), 100):
         enc = tokenizer(prompts[i : i + 100], padding=True, return_tensors="pt")
         out = model.generate(**enc, max_new_tokens=6, do_sample=False, pad_token_id=0)
-        for row, tgt in zip(out[:, enc.input_ids.shape[1] :], targets[i : i + 100]):
+        for row, tgt in zip(out[:, enc.input_ids.shape[1] :], targets[i : i + 100], strict=True):
             text = tokenizer.decode(row, skip_special_tokens=True).split("\n")[0].strip()
             correct += text == tgt
     tokenizer.padding_side = "right"

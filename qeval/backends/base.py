@@ -10,6 +10,8 @@ import numpy as np
 
 #: a progress callback: called with the number of requests just finished
 Progress = Callable[[int], None]
+#: next-token ids kept per position of a perplexity text, for KL against the baseline
+TOPK = 16
 
 
 @dataclass(frozen=True)
@@ -69,11 +71,18 @@ class MemoryFigure:
 
 
 class Backend(Protocol):
-    """What a serving engine must offer qeval. One instance serves one setup in one process."""
+    """What a serving engine must offer qeval. One instance serves one setup in one process:
+    the worker calls load(), the batch calls, memory(), quant_info and library_versions(),
+    then close(), failure or not."""
 
     name: str
 
     def load(self) -> None: ...
+
+    @property
+    def quant_info(self) -> dict[str, Any]:
+        """What was quantized and how (library, scheme, kernels), for the results."""
+        ...
 
     def loglikelihood(self, requests: list[LoglikelihoodRequest], progress: Progress) -> list[LoglikelihoodResult]: ...
 

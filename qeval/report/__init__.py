@@ -4,15 +4,15 @@ report.md (markdown.py), report.html with plots (html.py, plots.py)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
+from qeval.files.atomic import atomic_write_bytes
 from qeval.report.markdown import print_summary, render_markdown
-from qeval.store import atomic_write_bytes
+from qeval.results.schema import Results
 
 __all__ = ["print_summary", "write_report"]
 
 
-def write_report(run_dir: Path, results: dict[str, Any]) -> tuple[Path, Path]:
+def write_report(run_dir: Path, results: Results) -> tuple[Path, Path]:
     """Write report.md and report.html; the same results always give the same bytes."""
     from qeval.report.html import render_html
 

@@ -15,8 +15,9 @@ import jinja2
 import yaml
 
 from qeval.report import plots
-from qeval.report.markdown import GATE_HEADER, gate_rows, summary_rows
-from qeval.store import RunStore
+from qeval.report.markdown import GATE_HEADER, budget_text, gate_rows, summary_rows
+from qeval.results.schema import Results
+from qeval.run.store import RunStore
 
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("qeval", "report/templates"),
                           autoescape=jinja2.select_autoescape(["html", "j2"]), undefined=jinja2.StrictUndefined)
@@ -30,33 +31,33 @@ def _inline(svg: str) -> str:
     return re.sub(r"<!--.*?-->", "", svg, flags=re.S)
 
 
-def flip_examples(run_dir: Path, results: dict[str, Any]) -> list[dict[str, Any]]:
+def flip_examples(run_dir: Path, results: Results) -> list[dict[str, Any]]:
     """Samples a setup got wrong that the baseline got right (and the reverse), from samples/."""
     store = RunStore(run_dir)
-    base = next((s["name"] for s in results["setups"] if s["baseline"]), None)
+    base = results.baseline.name if results.baseline else None
     out: list[dict[str, Any]] = []
-    for s in results["setups"]:
-        for task, c in s["vs_baseline"].items():
-            if not c or c.get("flips_to_wrong") is None or base is None:
+    for s in results.setups:
+        for task, c in s.vs_baseline.items():
+            if c.flips_to_wrong is None or base is None:
                 continue
             b = {r["sample_id"]: r for r in store.read_samples(base, task)}
-            flips = [(r, b[r["sample_id"]]) for r in store.read_samples(s["name"], task)
+            flips = [(r, b[r["sample_id"]]) for r in store.read_samples(s.name, task)
                      if r["sample_id"] in b and r["correct"] != b[r["sample_id"]]["correct"]]
             for r, br in flips[:MAX_FLIPS]:
-                out.append({"setup": s["name"], "task": task, "id": r["sample_id"], "prompt": r.get("prompt", ""),
+                out.append({"setup": s.name, "task": task, "id": r["sample_id"], "prompt": r.get("prompt", ""),
                             "target": r["target"], "baseline": br["prediction"], "prediction": r["prediction"],
                             "direction": "right → wrong" if br["correct"] else "wrong → right"})
     return out
 
 
-def _versions(results: dict[str, Any]) -> dict[str, str]:
+def _versions(results: Results) -> dict[str, str]:
     merged: dict[str, str] = {}
-    for s in results["setups"]:
-        merged |= s.get("library_versions") or {}
+    for s in results.setups:
+        merged |= s.library_versions
     return dict(sorted(merged.items()))
 
 
-def _plot(make: Callable[[dict[str, Any]], str], results: dict[str, Any]) -> str:
+def _plot(make: Callable[[Results], str], results: Results) -> str:
     """An inline SVG; a plot that cannot be drawn is a line of text in its place, never a
     report that is not written after hours of scoring."""
     try:
@@ -66,7 +67,8 @@ def _plot(make: Callable[[dict[str, Any]], str], results: dict[str, Any]) -> str
         return f"<p>(plot not drawn: {html.escape(type(exc).__name__)}: {html.escape(str(exc)[:200])})</p>"
 
 
-def render_html(run_dir: Path, results: dict[str, Any]) -> str:
+def render_html(run_dir: Path, results: Results) -> str:
+    """report.html (see the module docstring)."""
     header, rows = summary_rows(results, esc=str)
     figures = {
         "Quality vs memory (Pareto front dashed)": _plot(plots.quality_vs_memory, results),
@@ -75,7 +77,7 @@ def render_html(run_dir: Path, results: dict[str, Any]) -> str:
     }
     return _ENV.get_template("report.html.j2").render(
         r=results, header=header, rows=rows, gate_header=GATE_HEADER, gate_rows=gate_rows(results, esc=str),
-        figures=figures, flips=flip_examples(run_dir, results),
-        versions=_versions(results), config_yaml=yaml.safe_dump(results["config"], sort_keys=False),
-        hardware=json.dumps(results["run"].get("hardware", {}), indent=1),
+        figures=figures, flips=flip_examples(run_dir, results), budget=budget_text(results),
+        versions=_versions(results), config_yaml=yaml.safe_dump(results.config, sort_keys=False),
+        hardware=json.dumps(results.run.hardware, indent=1),
     )

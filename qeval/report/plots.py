@@ -9,15 +9,16 @@ from typing import Any
 import matplotlib as mpl
 import matplotlib.pyplot as plt  # no backend forced: Agg headless, inline in a notebook
 
+from qeval.results.schema import Results, SetupResult
+from qeval.tasks.metrics import metric as describe
+
 # Set per figure (rc_context), never globally: importing qeval must not restyle a notebook.
 # - svg.hashsalt: stable element ids, so `qeval report` is byte-for-byte
 # - text.parse_math off: names are data, and `$\foo$` in a task name is not mathtext to render
-_RC = {"svg.hashsalt": "qeval", "font.size": 9, "text.parse_math": False}
-
-_ACC = ("acc", "exact_match")
+_RC: Any = {"svg.hashsalt": "qeval", "font.size": 9, "text.parse_math": False}  # Any: the stub wants literal keys
 
 
-def _svg(make: Callable[[dict[str, Any]], Any], results: dict[str, Any]) -> str:
+def _svg(make: Callable[[Results], Any], results: Results) -> str:
     with mpl.rc_context(_RC):
         fig = make(results)
         buf = io.StringIO()
@@ -27,28 +28,29 @@ def _svg(make: Callable[[dict[str, Any]], Any], results: dict[str, Any]) -> str:
     return text[text.index("<svg"):]  # drop the XML prolog: it is inlined into HTML
 
 
-def styled(make: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
+def styled(make: Callable[[Results], Any]) -> Callable[[Results], Any]:
     """A figure function run under qeval's style, for notebook use."""
-    def wrapped(results: dict[str, Any]) -> Any:
+    def wrapped(results: Results) -> Any:
         with mpl.rc_context(_RC):
             return make(results)
     return wrapped
 
 
-def _ok(results: dict[str, Any]) -> list[dict[str, Any]]:
-    return [s for s in results["setups"] if s["status"] == "ok"]
+def _ok(results: Results) -> list[SetupResult]:
+    return [s for s in results.setups if s.status == "ok"]
 
 
-def sequence_bytes(s: dict[str, Any], context: int) -> int:
+def sequence_bytes(s: SetupResult, context: int) -> int:
     """Weights plus the KV cache of one sequence at the target context: what one replica needs."""
-    m = s["memory"]
-    w = m["weights_bytes"]["measured"] or m["weights_bytes"]["predicted"] or 0
-    kv = m["kv_bytes_per_token"]["measured"] or m["kv_bytes_per_token"]["predicted"] or 0
-    return w + kv * context
+    m = s.memory
+    w = m.weights_bytes.measured or m.weights_bytes.predicted or 0
+    kv = m.kv_bytes_per_token.measured or m.kv_bytes_per_token.predicted or 0
+    return int(w + kv * context)
 
 
-def worst_accuracy_delta(s: dict[str, Any]) -> float:
-    deltas = [c["delta"] for c in s["vs_baseline"].values() if c and c["metric"] in _ACC]
+def worst_accuracy_delta(s: SetupResult) -> float:
+    """The largest accuracy drop of a setup, in points (0 when no proportion is compared)."""
+    deltas = [c.delta for c in s.vs_baseline.values() if describe(c.metric).proportion]
     return 100 * min(deltas, default=0.0)
 
 
@@ -59,22 +61,22 @@ def pareto(points: list[tuple[float, float, str]]) -> list[tuple[float, float, s
     return sorted(front)
 
 
-def quality_vs_memory(results: dict[str, Any]) -> str:
+def quality_vs_memory(results: Results) -> str:
     return _svg(quality_vs_memory_figure, results)
 
 
-def task_deltas(results: dict[str, Any]) -> str:
+def task_deltas(results: Results) -> str:
     return _svg(task_deltas_figure, results)
 
 
-def memory_ledger(results: dict[str, Any]) -> str:
+def memory_ledger(results: Results) -> str:
     return _svg(memory_ledger_figure, results)
 
 
-def quality_vs_memory_figure(results: dict[str, Any]) -> Any:
+def quality_vs_memory_figure(results: Results) -> Any:
     """Worst accuracy difference against the memory one sequence needs, with the Pareto front."""
-    context = results["config"]["budget"]["context_len"]
-    pts = [(sequence_bytes(s, context) / 2**20, worst_accuracy_delta(s), s["name"]) for s in _ok(results)]
+    context = results.config["budget"]["context_len"]
+    pts = [(sequence_bytes(s, context) / 2**20, worst_accuracy_delta(s), s.name) for s in _ok(results)]
     fig, ax = plt.subplots(figsize=(6, 3.6))
     ax.scatter([p[0] for p in pts], [p[1] for p in pts], color="#4477aa", zorder=3)
     for x, y, name in pts:
@@ -88,47 +90,48 @@ def quality_vs_memory_figure(results: dict[str, Any]) -> Any:
     return fig
 
 
-def task_deltas_figure(results: dict[str, Any]) -> Any:
-    """Each setup x task difference from the baseline with its 95% CI, coloured by verdict."""
-    rows = [(s["name"], t, c) for s in _ok(results) for t, c in s["vs_baseline"].items() if c]
+def task_deltas_figure(results: Results) -> Any:
+    """Each setup x task difference from the baseline with its 95% CI, coloured by verdict:
+    proportions (points) on the left, ratio metrics on the right."""
+    rows = [(s.name, t, c) for s in _ok(results) for t, c in s.vs_baseline.items()]
     fig, axes = plt.subplots(1, 2, figsize=(8, 0.35 * max(len(rows), 4) + 1), squeeze=False)
-    for ax, acc in zip(axes[0], (True, False)):
-        sel = [r for r in rows if (r[2]["metric"] in _ACC) == acc]
-        scale = 100 if acc else 1
-        for i, (name, task, c) in enumerate(sel):
-            lo, hi = c["ci"]
-            color = {"pass": "#228833", "fail": "#cc3311", "inconclusive": "#ee7733"}.get(c.get("verdict") or "", "#4477aa")
-            ax.errorbar(scale * c["delta"], i, xerr=[[scale * (c["delta"] - lo)], [scale * (hi - c["delta"])]],
+    for ax, proportion in zip(axes[0], (True, False), strict=True):
+        sel = [r for r in rows if describe(r[2].metric).proportion == proportion]
+        scale = 100 if proportion else 1
+        for i, (_, _, c) in enumerate(sel):
+            lo, hi = c.ci
+            color = {"pass": "#228833", "fail": "#cc3311", "inconclusive": "#ee7733"}.get(c.verdict or "", "#4477aa")
+            ax.errorbar(scale * c.delta, i, xerr=[[scale * (c.delta - lo)], [scale * (hi - c.delta)]],
                         fmt="o", color=color, capsize=3)
-            margin = c.get("margin")
-            if margin is not None:
-                ax.axvline(-scale * margin if c["higher_is_better"] else scale * margin, color="#999999", lw=0.8, ls=":")
+            if c.margin is not None:
+                ax.axvline(-scale * c.margin if c.higher_is_better else scale * c.margin, color="#999999", lw=0.8,
+                           ls=":")
         ax.set_yticks(range(len(sel)), [f"{n} · {t}" for n, t, _ in sel])
         ax.axvline(0, color="black", lw=0.8)
-        ax.set_xlabel("Δ accuracy (pts)" if acc else "Δ bits per byte (lower is better)")
+        ax.set_xlabel("Δ accuracy (pts)" if proportion else "Δ bits per byte (lower is better)")
         ax.grid(alpha=0.3, axis="x")
     fig.tight_layout()
     return fig
 
 
-def memory_ledger_figure(results: dict[str, Any]) -> Any:
+def memory_ledger_figure(results: Results) -> Any:
     """Measured weights, KV cache of one sequence and scoring-time growth, stacked per setup."""
-    context = results["config"]["budget"]["context_len"]
+    context = results.config["budget"]["context_len"]
     setups = _ok(results)
-    names = [s["name"] for s in setups]
+    names = [s.name for s in setups]
     parts = {
-        "weights": [s["memory"]["weights_bytes"]["measured"] or 0 for s in setups],
-        f"KV cache, one {context}-token sequence": [(s["memory"]["kv_bytes_per_token"]["measured"] or 0) * context
+        "weights": [s.memory.weights_bytes.measured or 0 for s in setups],
+        f"KV cache, one {context}-token sequence": [(s.memory.kv_bytes_per_token.measured or 0) * context
                                                     for s in setups],
-        "RSS / allocator growth while scoring (activations, KV, slack)": [s["memory"].get("activations_bytes", {}).get("measured") or 0
-                                                 for s in setups],
+        "RSS / allocator growth while scoring (activations, KV, slack)": [s.memory.activations_bytes.measured or 0
+                                                                         for s in setups],
     }
     fig, ax = plt.subplots(figsize=(6, 0.4 * len(names) + 1.2))
     left = [0.0] * len(names)
-    for (label, values), color in zip(parts.items(), ("#4477aa", "#66ccee", "#ccbb44")):
+    for (label, values), color in zip(parts.items(), ("#4477aa", "#66ccee", "#ccbb44"), strict=True):
         mib = [v / 2**20 for v in values]
         ax.barh(names, mib, left=left, label=label, color=color)
-        left = [a + b for a, b in zip(left, mib)]
+        left = [a + b for a, b in zip(left, mib, strict=True)]
     ax.set_xlabel("MiB")
     ax.invert_yaxis()
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), fontsize=7, frameon=False)

@@ -1,0 +1,1 @@
+"""Analysis: paired statistics, comparison with the baseline, the recommendation, results assembly."""

@@ -1,0 +1,123 @@
+"""The decision (docs/statistics.md, "The recommendation"): among setups that pass every gate
+and fit the budget, recommend the one allowing the most concurrent sequences (ties: the smaller
+worst drop); every other setup gets a one-line reason.
+
+No baseline result, no comparison, no recommendation: a setup is only ever recommended on
+evidence, a paired comparison with a baseline that ran, on every task of the run."""
+
+from __future__ import annotations
+
+import math
+
+from qeval.results.schema import Comparison, Recommendation, Results, SetupResult
+from qeval.tasks.metrics import metric as describe
+
+
+def describe_delta(task: str, c: Comparison) -> str:
+    """"facts -6.2 pts [-9.1 pts, -3.3 pts]": a task's difference with its interval."""
+    m = describe(c.metric)
+    return f"{task} {m.fmt_delta(c.delta)} [{m.fmt_delta(c.ci[0])}, {m.fmt_delta(c.ci[1])}]"
+
+
+def samples_to_decide(c: Comparison) -> int | None:
+    """For an inconclusive verdict: total samples at which the CI (shrinking as 1/sqrt(n))
+    would clear the margin, if the difference stayed where it is."""
+    lo, hi = c.ci
+    half = (hi - lo) / 2
+    if c.margin is None or half <= 0:
+        return None
+    sign = 1 if c.higher_is_better else -1
+    distance = abs(sign * c.delta + c.margin)
+    if distance < 1e-12:
+        return None
+    return int(math.ceil(c.n * (half / distance) ** 2))
+
+
+def worst_drop(setup: SetupResult) -> float:
+    """The largest drop against the baseline over the setup's tasks, in each metric's units."""
+    drops = [-(c.delta if c.higher_is_better else -c.delta) for c in setup.vs_baseline.values()]
+    return max(drops, default=0.0)
+
+
+def recommend(results: Results) -> Recommendation:
+    """The recommendation for `results` (see the module docstring)."""
+    context = results.config["budget"]["context_len"]
+    base = results.baseline
+    if base is None or base.status != "ok":
+        why = ("the baseline has no result in this run" if base is None
+               else f"the baseline {base.name} failed: {base.error}")
+        return Recommendation(setup=None, candidates=[], blocked=why, reasons={
+            s.name: f"{s.name}: not compared, so not recommended: {why}" for s in results.setups})
+    reasons: dict[str, str] = {}
+    eligible: list[SetupResult] = []
+    for s in results.setups:
+        reason = _exclusion(s, context, list(results.tasks))
+        if reason:
+            reasons[s.name] = reason
+        else:
+            eligible.append(s)
+    eligible.sort(key=lambda s: (-(s.memory.max_concurrency or 0), worst_drop(s)))
+    best = eligible[0] if eligible else None
+    for s in eligible[1:]:
+        assert best is not None
+        reasons[s.name] = (f"{s.name}: passes every gate, but allows {s.memory.max_concurrency:g} sequences at "
+                           f"{context} tokens against {best.memory.max_concurrency:g} for {best.name}")
+    if best is not None:
+        reasons[best.name] = (f"{best.name}: recommended: passes every gate and allows {best.memory.max_concurrency:g} "
+                              f"sequences at {context} tokens, the most of any passing setup")
+    order = [s.name for s in results.setups]
+    return Recommendation(setup=best.name if best else None, reasons={n: reasons[n] for n in order if n in reasons},
+                          candidates=[s.name for s in eligible], blocked=None)
+
+
+def _exclusion(s: SetupResult, context: int, tasks: list[str]) -> str | None:
+    """Why `s` cannot be recommended, or None."""
+    name = s.name
+    if s.status != "ok":
+        return f"{name}: failed: {s.error}"
+    if not s.baseline:
+        missing = [t for t in tasks if t not in s.vs_baseline or not s.vs_baseline[t].n]
+        if missing:
+            return f"{name}: no paired comparison with the baseline on {', '.join(missing)}: no evidence, no pass"
+    for task, c in s.vs_baseline.items():
+        if c.verdict == "fail":
+            return f"{name}: {describe_delta(task, c)}, fails the {_margin(c)} gate"
+    for task, c in s.vs_baseline.items():
+        if c.verdict == "inconclusive":
+            need = samples_to_decide(c)
+            more = f"; about {need} samples would decide it" if need else ""
+            return f"{name}: {describe_delta(task, c)}, inconclusive against the {_margin(c)} gate{more}"
+    conc = s.memory.max_concurrency
+    if conc is None:
+        return f"{name}: no memory figures to size it against the budget"
+    if conc < 1:
+        return f"{name}: fits only {conc:g} sequences of {context} tokens in the budget"
+    return None
+
+
+def _margin(c: Comparison) -> str:
+    assert c.gate is not None
+    return describe(c.metric).fmt_margin(c.gate.max_drop, c.gate.relative)
+
+
+def candidate_problem(results: Results) -> str | None:
+    """Why a release pipeline should stop (`run --fail-on-gate`): no recommendation at all, or
+    the candidate (the config's `candidate`, else the recommended setup) does not pass every
+    gate, or cannot be recommended; None when it may ship."""
+    rec = results.recommendation
+    if rec.blocked:
+        return f"no recommendation: {rec.blocked}"
+    target = results.config.get("candidate") or rec.setup
+    if target is None:
+        return "no setup passes every gate and fits the budget"
+    setup = next((s for s in results.setups if s.name == target), None)
+    if setup is None:
+        return f"candidate {target} has no result in this run"
+    if setup.status != "ok":
+        return f"candidate {target} failed: {setup.error}"
+    bad = [f"{t}: {c.verdict}" for t, c in setup.vs_baseline.items() if c.verdict not in ("pass", None)]
+    if bad:
+        return f"candidate {target} does not pass every gate ({', '.join(bad)})"
+    if target not in rec.candidates:  # e.g. no comparison on some task, or no room in the budget
+        return f"candidate {target} is not recommendable: {rec.reasons.get(target, '')}"
+    return None

@@ -1,0 +1,326 @@
+"""The transformers backend: one setup, one process; batched scoring on CPU or CUDA.
+
+Scoring follows lm-evaluation-harness (0.4.x `HFLM`) conventions: trailing context
+whitespace moves to the continuation, the continuation's tokens are those of
+`encode(context + continuation)` past `encode(context)`, the BOS token is prepended (as
+`add_bos_token=True`), and rolling log-likelihood uses its disjoint-window scheme.
+
+KV-cache quantization is only visible when a token attends to K/V that came *out of*
+the cache, so the quantized path prefills all but the last context token into the cache
+first and scores the rest in a second pass; generation decodes token by token from a
+prefilled cache; perplexity text is scored through a round-trip cache (see hf_quant).
+"""
+
+from __future__ import annotations
+
+import resource
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from qeval.backends.base import (
+    TOPK,
+    GenerateRequest,
+    LoglikelihoodRequest,
+    LoglikelihoodResult,
+    MemoryFigure,
+    Progress,
+    RollingRequest,
+    RollingResult,
+)
+from qeval.backends.hf import quant as hf_quant
+from qeval.backends.tokens import conventions, encode_pair, generation_context, memoized, rolling_windows, truncate
+from qeval.config import RunConfig
+from qeval.memory.ledger import cache_bytes, model_weights_bytes
+from qeval.setups import Setup
+
+# Scoring runs under no_grad, not inference_mode: quanto's packed int4 weights fail on
+# inference tensors ("Cannot set version_counter for inference tensor").
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class HFBackend:
+    """Serves one Setup with transformers; see the module docstring for the conventions."""
+
+    name = "hf"
+
+    def __init__(self, cfg: RunConfig, setup: Setup, device: str) -> None:
+        self.cfg, self.setup, self.device = cfg, setup, device
+        self.batch_size = cfg.batch_size
+        self.max_length = cfg.model.max_context
+        self.model: Any = None
+        self.tok: Any = None
+        self._rss_after_load = 0
+
+    # -- lifecycle -------------------------------------------------------------------
+    def load(self) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        spec = self.cfg.model
+        dtype = _DTYPES[spec.dtype if self.setup.weights in (None, "int8", "int4") else _weights_dtype(self.setup)]
+        kw = {"trust_remote_code": spec.trust_remote_code, "revision": spec.revision}
+        self.tok = AutoTokenizer.from_pretrained(spec.path, **kw)
+        self.model = AutoModelForCausalLM.from_pretrained(spec.path, dtype=dtype, **kw)
+        self.model.to(self.device).eval().requires_grad_(False)  # scoring never needs gradients
+        self._quant_info = hf_quant.quantize_weights(self.model, self.setup)
+        if self.tok.pad_token_id is None:
+            self.tok.pad_token = self.tok.eos_token
+        self.conv = conventions(self.tok)
+        self.max_length = min(self.max_length, getattr(self.model.config, "max_position_embeddings", 10**9))
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        self._rss_after_load = _rss_bytes()
+
+    @property
+    def quant_info(self) -> dict[str, Any]:
+        """What the weight quantizer did (library, scheme, group sizes); empty before load."""
+        return self._quant_info
+
+    def close(self) -> None:
+        self.model = None
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
+
+    def library_versions(self) -> dict[str, str]:
+        return hf_quant.library_versions(self.setup)
+
+    # -- log-likelihood --------------------------------------------------------------
+    @torch.no_grad()
+    def loglikelihood(self, requests: list[LoglikelihoodRequest], progress: Progress) -> list[LoglikelihoodResult]:
+        """Summed log-prob of each continuation, and whether greedy decoding would produce it.
+
+        Requests sharing a context (the choices of one question) share one prefill of it:
+        the context is run once and its cache rows are repeated for each continuation. With a
+        quantized KV cache every request gets its own prefill (quantized caches cannot be
+        row-selected), which is also what makes every continuation token see quantized K/V.
+        """
+        encode = memoized(self.conv.encode)
+        pairs = [truncate(*encode_pair(self.conv, r.context, r.continuation, encode), self.max_length)
+                 for r in requests]
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, (ctx, _) in enumerate(pairs):
+            key = tuple(ctx) if not self.setup.quantizes_kv else (*ctx, -1 - i)  # -1-i: never shared
+            groups.setdefault(key, []).append(i)
+        order = sorted(groups.values(), key=lambda ids: -len(pairs[ids[0]][0]) - max(len(pairs[i][1]) for i in ids))
+        out: list[LoglikelihoodResult | None] = [None] * len(pairs)
+        chunk: list[list[int]] = []
+        for n, ids in enumerate(order):
+            chunk.append(ids)
+            if sum(map(len, chunk)) >= self.batch_size or n == len(order) - 1:
+                ids = [i for g in chunk for i in g]
+                for i, (logps, greedy) in zip(ids, self._score_shared(chunk, pairs), strict=True):
+                    out[i] = LoglikelihoodResult(float(logps.sum()), bool(greedy), len(logps))
+                progress(sum(map(len, chunk)))
+                chunk = []
+        return out  # type: ignore[return-value]
+
+    def _score_shared(self, chunk: list[list[int]],
+                      pairs: list[tuple[list[int], list[int]]]) -> list[tuple[np.ndarray, bool]]:
+        """Prefill each context's ctx[:-1] once, repeat its cache row per continuation, then
+        score [ctx[-1]] + cont[:-1] for every request of the chunk in one pass."""
+        cache, p_mask = self._prefill([pairs[g[0]][0][:-1] for g in chunk])
+        rows = torch.tensor([r for r, g in enumerate(chunk) for _ in g])
+        if len(rows) != len(chunk):
+            cache.batch_select_indices(rows.to(self.device))
+        p_mask = p_mask[rows]
+        reqs = [pairs[i] for g in chunk for i in g]
+        rests = [ctx[-1:] + cont[:-1] for ctx, cont in reqs]
+        r_ids, r_mask = _pad(rests, self.tok.pad_token_id, left=False)
+        pos = p_mask.sum(1, keepdim=True) + torch.arange(r_ids.shape[1]).unsqueeze(0)
+        logits = self.model(
+            input_ids=r_ids.to(self.device),
+            attention_mask=torch.cat([p_mask, r_mask], 1).to(self.device),
+            position_ids=pos.to(self.device),
+            past_key_values=cache,
+            use_cache=True,
+        ).logits
+        return [_gather(logits[row, : len(cont)], cont) for row, (_, cont) in enumerate(reqs)]
+
+    def _prefill(self, prefixes: list[list[int]]) -> tuple[Any, torch.Tensor]:
+        """Left-padded prefill into a fresh cache; returns the cache and the prefix mask."""
+        cache = hf_quant.new_cache(self.model.config, self.setup)
+        ids, mask = _pad(prefixes, self.tok.pad_token_id, left=True)
+        if ids.shape[1]:
+            pos = (mask.cumsum(1) - 1).clamp(min=0)
+            self.model(
+                input_ids=ids.to(self.device),
+                attention_mask=mask.to(self.device),
+                position_ids=pos.to(self.device),
+                past_key_values=cache,
+                use_cache=True,
+            )
+        return cache, mask
+
+    # -- rolling log-likelihood (perplexity) -------------------------------------------
+    @torch.no_grad()
+    def loglikelihood_rolling(self, requests: list[RollingRequest], progress: Progress) -> list[RollingResult]:
+        """Per-token log-probs of whole texts, with top-k next-token distributions.
+
+        Windows of all texts are batched together (right-padded). With a quantized KV
+        cache, K/V pass through its quantizer before attention (`hf_quant.round_trip_cache`),
+        which equals token-by-token decoding at the cost of one forward pass.
+        """
+        windows = []  # (request index, offset of the window's first predicted token, ctx, pred)
+        for r, req in enumerate(requests):
+            offset = 0
+            for ctx, pred in rolling_windows(self.conv.encode(req.text), self.conv.prefix_token_id, self.max_length):
+                windows.append((r, offset, ctx, pred))
+                offset += len(pred)
+        parts: list[list[tuple[int, tuple[np.ndarray, ...]]]] = [[] for _ in requests]
+        order = sorted(range(len(windows)), key=lambda i: -len(windows[i][2]) - len(windows[i][3]))
+        for start in range(0, len(order), self.batch_size):
+            batch = [windows[i] for i in order[start : start + self.batch_size]]
+            inputs = [(ctx + pred)[:-1] for _, _, ctx, pred in batch]
+            ids, mask = _pad(inputs, self.tok.pad_token_id, left=False)
+            # quantized KV: every K/V goes through the cache's quantizer before attention
+            cache = hf_quant.round_trip_cache(self.model.config, self.setup) if self.setup.quantizes_kv else None
+            logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                past_key_values=cache, use_cache=cache is not None).logits
+            for row, (r, offset, _, pred) in enumerate(batch):
+                span = logits[row, len(inputs[row]) - len(pred) : len(inputs[row])]
+                ref = requests[r].ref_indices
+                ref = None if ref is None else ref[offset : offset + len(pred)]
+                parts[r].append((offset, _window_stats(span, pred, ref)))
+            progress(len({w[0] for w in batch}))
+        return [_assemble(sorted(p, key=lambda x: x[0]), req.ref_indices is not None)
+                for p, req in zip(parts, requests, strict=True)]
+
+    # -- generation --------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, requests: list[GenerateRequest], progress: Progress) -> list[str]:
+        """Greedy generation until a stop string or max_gen_toks, batched with left padding."""
+        encoded = [self.conv.encode(r.context) for r in requests]
+        order = sorted(range(len(requests)), key=lambda i: -len(encoded[i]))
+        out: list[str] = [""] * len(requests)
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start : start + self.batch_size]
+            reqs = [requests[i] for i in idx]
+            max_new = max(r.max_gen_toks for r in reqs)
+            ctxs = [generation_context(encoded[i], self.max_length, max_new) for i in idx]
+            for i, text in zip(idx, self._greedy(ctxs, reqs, max_new), strict=True):
+                out[i] = text
+            progress(len(idx))
+        return out
+
+    def _greedy(self, ctxs: list[list[int]], reqs: list[GenerateRequest], max_new: int) -> list[str]:
+        cache, mask = self._prefill([c[:-1] for c in ctxs])
+        step = torch.tensor([[c[-1]] for c in ctxs])
+        pos = mask.sum(1, keepdim=True)
+        generated: list[list[int]] = [[] for _ in ctxs]
+        done = [False] * len(ctxs)
+        for _ in range(max_new):
+            mask = torch.cat([mask, torch.ones(len(ctxs), 1, dtype=mask.dtype)], 1)
+            logits = self.model(
+                input_ids=step.to(self.device),
+                attention_mask=mask.to(self.device),
+                position_ids=pos.to(self.device),
+                past_key_values=cache,
+                use_cache=True,
+            ).logits[:, -1]
+            nxt = logits.argmax(-1).cpu()
+            for row, token in enumerate(nxt.tolist()):
+                if done[row]:
+                    continue
+                generated[row].append(token)
+                text = self.tok.decode(generated[row], skip_special_tokens=True)
+                r = reqs[row]
+                done[row] = (token == self.tok.eos_token_id or any(s in text for s in r.until)
+                             or len(generated[row]) >= r.max_gen_toks)
+            if all(done):
+                break
+            step, pos = nxt[:, None], pos + 1
+        return [_cut(self.tok.decode(g, skip_special_tokens=True), r.until)
+                for g, r in zip(generated, reqs, strict=True)]
+
+    # -- memory ------------------------------------------------------------------------
+    @torch.no_grad()
+    def memory(self) -> dict[str, MemoryFigure]:
+        """Measured ledger figures, each with its source."""
+        figures = {
+            "weights_bytes": MemoryFigure(model_weights_bytes(self.model),
+                                          "sum of loaded tensor bytes (quantized data, scales, zero points)"),
+            "kv_bytes_per_token": MemoryFigure(self._measure_kv_per_token(),
+                                               "bytes held by the cache object after a 64-token prefill"),
+        }
+        rss_peak = _peak_rss_bytes()
+        if self.device == "cuda":
+            figures["peak_bytes"] = MemoryFigure(int(torch.cuda.max_memory_allocated()),
+                                                 "torch.cuda.max_memory_allocated",
+                                                 {"reserved_peak": int(torch.cuda.max_memory_reserved())})
+            figures["activations_bytes"] = MemoryFigure(
+                int(torch.cuda.max_memory_allocated()) - figures["weights_bytes"].measured,  # type: ignore[operator]
+                "CUDA allocator peak minus weights (activations and KV cache of the scoring batches)",
+            )
+            figures["overhead_bytes"] = MemoryFigure(
+                int(torch.cuda.max_memory_reserved() - torch.cuda.max_memory_allocated()),
+                "CUDA reserved peak minus allocated peak (allocator slack; the CUDA context is not included)")
+        else:
+            figures["peak_bytes"] = MemoryFigure(rss_peak, "process peak RSS (getrusage ru_maxrss)")
+            figures["activations_bytes"] = MemoryFigure(
+                max(rss_peak - self._rss_after_load, 0),
+                "RSS peak minus RSS after load (activations, KV cache and allocator growth while scoring)")
+        return figures
+
+    def _measure_kv_per_token(self, n: int = 64) -> int:
+        ids = torch.randint(0, min(self.model.config.vocab_size, 1000), (1, n), device=self.device)
+        cache = hf_quant.new_cache(self.model.config, self.setup)
+        self.model(input_ids=ids, past_key_values=cache, use_cache=True)
+        return cache_bytes(cache) // n
+
+
+def _weights_dtype(setup: Setup) -> str:
+    return {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[setup.weights or "bf16"]
+
+
+def _gather(logits: torch.Tensor, cont: list[int]) -> tuple[np.ndarray, bool]:
+    logp = F.log_softmax(logits.float(), dim=-1)
+    target = torch.tensor(cont, device=logp.device)
+    greedy = bool((logp.argmax(-1) == target).all())
+    return logp.gather(1, target[:, None])[:, 0].cpu().numpy(), greedy
+
+
+def _pad(seqs: list[list[int]], pad_id: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max((len(s) for s in seqs), default=0)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for row, s in enumerate(seqs):
+        if not s:
+            continue
+        sl = slice(width - len(s), width) if left else slice(0, len(s))
+        ids[row, sl] = torch.tensor(s)
+        mask[row, sl] = 1
+    return ids, mask
+
+
+def _window_stats(span: torch.Tensor, pred: list[int], ref: np.ndarray | None) -> tuple[np.ndarray, ...]:
+    logp = F.log_softmax(span.float(), dim=-1)
+    top_l, top_i = logp.topk(min(TOPK, logp.shape[-1]), dim=-1)
+    tok = logp.gather(1, torch.tensor(pred, device=logp.device)[:, None])[:, 0]
+    ref_l = (logp.gather(1, torch.as_tensor(ref, dtype=torch.long, device=logp.device)) if ref is not None
+             else top_l[:, :0])
+    return tuple(t.cpu().numpy() for t in (tok, top_i, top_l, ref_l))
+
+
+def _assemble(parts: list[tuple[int, tuple[np.ndarray, ...]]], with_ref: bool) -> RollingResult:
+    cols = [np.concatenate([p[1][k] for p in parts]) for k in range(4)]
+    return RollingResult(cols[0], cols[1].astype(np.int32), cols[2].astype(np.float32), cols[3] if with_ref else None)
+
+
+def _cut(text: str, until: tuple[str, ...]) -> str:
+    for stop in until:
+        if stop and stop in text:
+            text = text.split(stop)[0]
+    return text
+
+
+def _rss_bytes() -> int:
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def _peak_rss_bytes() -> int:
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB

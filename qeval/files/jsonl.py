@@ -1,0 +1,30 @@
+"""JSON Lines input (task data, calibration text): one object per line, and one clear line
+naming the file and line number when a line is not one."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from qeval.errors import UserError
+
+
+def read_objects(path: Path, raw: bytes | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line of `path` (or of its bytes `raw`)."""
+    try:
+        text = (raw if raw is not None else path.read_bytes()).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        bad_line = (raw if raw is not None else path.read_bytes())[: exc.start].count(b"\n") + 1
+        raise UserError(f"{path}:{bad_line}: corrupt dataset line (not UTF-8)") from None
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}:{lineno}: corrupt dataset line ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise UserError(f"{path}:{lineno}: corrupt dataset line (expected a JSON object)")
+        yield lineno, obj

@@ -1,0 +1,1 @@
+"""Memory: the ledger (predictions and byte counting), the capacity formula, `qeval plan`."""

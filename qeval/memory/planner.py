@@ -1,0 +1,74 @@
+"""`qeval plan`: predict, from a model's config.json alone, how each setup fits a GPU."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from qeval.errors import UserError
+from qeval.memory.capacity import Budget, kv_capacity
+from qeval.memory.ledger import ModelShape, predict_kv_bytes_per_token, predict_weights_bytes
+from qeval.setups import Setup
+
+#: the setups a plan compares; the 16-bit, automatic-KV row is named fp16 (the stable surface: docs/architecture.md)
+PLAN_SETUPS = [
+    Setup(name="fp16", weights="fp16"),
+    Setup(name="int8", weights="int8"),
+    Setup(name="int4", weights="int4", group_size=128),
+    Setup(name="fp16-kv-fp8", weights="fp16", kv_cache="fp8"),
+    Setup(name="int8-kv-fp8", weights="int8", kv_cache="fp8"),
+    Setup(name="int4-kv-fp8", weights="int4", group_size=128, kv_cache="fp8"),
+    Setup(name="int4-kv-int4", weights="int4", group_size=128, kv_cache="int4"),
+]
+
+
+@dataclass
+class PlanRow:
+    """One setup of `qeval plan`."""
+
+    setup: str
+    weights_bytes: int
+    kv_bytes_per_token: int
+    kv_cache_tokens: int
+    max_concurrency: float
+    fits: bool
+
+
+def load_model_config(model: str) -> dict[str, Any]:
+    """config.json from a local folder, or from the hub where it is reachable."""
+    path = Path(model)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UserError(f"{path} has no config.json")
+        return json.loads((path / "config.json").read_text())
+    if path.is_file():
+        return json.loads(path.read_text())
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return json.loads(Path(hf_hub_download(model, "config.json")).read_text())
+    except Exception as exc:  # noqa: BLE001 - offline, unknown repo, gated: all one line for the user
+        raise UserError(f"cannot read config.json for {model!r}: {type(exc).__name__}".strip()) from None
+
+
+def plan(config: dict[str, Any], budget: Budget, dtype: str = "float16") -> list[PlanRow]:
+    """Weights, KV bytes per token, KV tokens that fit and concurrent sequences, per setup,
+    by the same formula a run's recommendation uses (memory.capacity)."""
+    try:
+        shape = ModelShape.from_config(config)
+    except KeyError as exc:
+        raise UserError(f"config.json lacks {exc.args[0]!r}: not a decoder model qeval can plan") from None
+    rows = []
+    for setup in PLAN_SETUPS:
+        w = predict_weights_bytes(shape, setup, dtype)
+        kv = predict_kv_bytes_per_token(shape, setup, dtype)
+        cap = kv_capacity(w, kv, budget)
+        rows.append(PlanRow(setup.name, w, kv, cap.kv_cache_tokens, cap.max_concurrency,
+                            cap.kv_cache_tokens >= budget.context_len))
+    return rows
+
+
+def plan_json(rows: list[PlanRow]) -> dict[str, Any]:
+    return {"setups": [asdict(r) for r in rows]}

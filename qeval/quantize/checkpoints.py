@@ -1,0 +1,141 @@
+"""Quantized checkpoints made by `qeval quantize`: which llm-compressor scheme a setup asks
+for, the text it is calibrated on, and the cache key that names its folder.
+
+A checkpoint's folder is `<quantize.output_dir>/<model>-<method>-<key>`, where the key hashes
+everything that changes the checkpoint: the model's checksum, the scheme and its knobs, the
+calibration text's checksum and how much of it is used. `qeval run` finds the folder by the
+same key, so a changed model or calibration set can never be served from a stale checkpoint.
+This module runs in qeval's own environment; llm-compressor runs in worker.py (this package).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from qeval.config import RunConfig
+from qeval.errors import UserError
+from qeval.files.jsonl import read_objects
+from qeval.quantize.config import Calibration
+from qeval.setups import Setup
+
+RECORD = "qeval-quantize.json"  # the record of how a checkpoint was made (written last)
+DEFAULT_CALIBRATION = "data/train.jsonl"  # under tasks_dir: the shipped suite's training text
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """An llm-compressor recipe for one setup method."""
+
+    preset: str  # compressed-tensors preset scheme name
+    algorithm: str  # what the recipe runs, for people
+    weights: str  # the Setup.weights it makes
+    smoothquant: bool = False
+    awq: bool = False
+
+
+#: setup method -> the checkpoint `qeval quantize` makes for it (llmcompressor 0.14)
+SCHEMES: dict[str, Scheme] = {
+    "w8a8": Scheme("W8A8", "SmoothQuant + GPTQ, INT8 weights per channel, INT8 activations per token (dynamic)",
+                   "int8", smoothquant=True),
+    "w4a8": Scheme("W4A8", "GPTQ, INT4 weights per group, INT8 activations per token (dynamic)", "int4"),
+    "gptq": Scheme("W4A16", "GPTQ, INT4 weights per group, 16-bit activations", "int4"),
+    "awq": Scheme("W4A16_ASYM", "AWQ, asymmetric INT4 weights per group, 16-bit activations", "int4", awq=True),
+}
+
+
+def needs_checkpoint(setup: Setup) -> bool:
+    """Setups the vllm backend serves from a quantized checkpoint folder."""
+    return setup.weights in ("int8", "int4") and setup.method in SCHEMES
+
+
+def recipe_spec(cfg: RunConfig, setup: Setup) -> dict[str, Any]:
+    """Everything about the recipe that changes the checkpoint (part of the cache key)."""
+    scheme = SCHEMES[setup.method]
+    q = cfg.quantize
+    spec: dict[str, Any] = {"method": setup.method, "scheme": scheme.preset, "targets": "Linear",
+                            "ignore": ["lm_head"], "dtype": cfg.model.dtype,
+                            "num_samples": q.num_samples,
+                            "max_seq_length": min(q.max_seq_length, cfg.model.max_context)}
+    if scheme.weights == "int4":
+        spec["group_size"] = setup.group_size or 128
+    if scheme.smoothquant:
+        spec["smoothing_strength"] = q.smoothing_strength
+    return spec
+
+
+# -- calibration text ---------------------------------------------------------------------
+
+def calibration_source(cfg: RunConfig) -> Calibration:
+    """The config's calibration source, with the default (the suite's training text) filled in."""
+    cal = cfg.quantize.calibration
+    if cal.path or cal.dataset:
+        return cal
+    return cal.model_copy(update={"path": str(Path(cfg.tasks_dir) / DEFAULT_CALIBRATION)})
+
+
+def calibration_checksum(cal: Calibration) -> str:
+    """sha256 of a local calibration file; for a hub dataset, of its id, config, split and
+    revision (the hub's contents are pinned only by `revision`: set it for reproducibility)."""
+    if cal.path:
+        path = Path(cal.path)
+        if not path.is_file():
+            raise UserError(f"calibration file {path} not found (set quantize.calibration.path or .dataset)")
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    ident = f"hub:{cal.dataset}:{cal.dataset_config}:{cal.split}:{cal.revision}:{cal.text_field}"
+    return hashlib.sha256(ident.encode()).hexdigest()
+
+
+def read_calibration_texts(cal: Calibration, limit: int) -> list[str]:
+    """The first `limit` documents of a local calibration file: JSONL (`text_field` of each
+    line) or plain text (documents separated by blank lines). One clear line on bad input."""
+    assert cal.path is not None
+    path = Path(cal.path)
+    texts: list[str] = []
+    if path.suffix in (".jsonl", ".json"):
+        for n, row in read_objects(path):
+            if not isinstance(row.get(cal.text_field), str):
+                raise UserError(f"{path}:{n}: no string field {cal.text_field!r} (quantize.calibration.text_field)")
+            texts.append(row[cal.text_field])
+            if len(texts) == limit:
+                break
+    else:
+        texts = [d.strip() for d in path.read_text(encoding="utf-8").split("\n\n") if d.strip()][:limit]
+    if not texts:
+        raise UserError(f"{path}: no calibration text in it")
+    return texts
+
+
+# -- where a checkpoint lives -------------------------------------------------------------
+
+def checkpoint_key(model_sha256: str, recipe: dict[str, Any], calibration_sha256: str) -> str:
+    blob = json.dumps({"model": model_sha256, "recipe": recipe, "calibration": calibration_sha256}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def checkpoint_dir(cfg: RunConfig, setup: Setup, model_sha256: str, calibration_sha256: str) -> Path:
+    model_name = Path(cfg.model.path.rstrip("/")).name or "model"
+    key = checkpoint_key(model_sha256, recipe_spec(cfg, setup), calibration_sha256)
+    return Path(cfg.quantize.output_dir) / f"{model_name}-{setup.method}-{key}"
+
+
+def resolve_checkpoints(cfg: RunConfig, model_sha256: str, names: set[str]) -> RunConfig:
+    """`cfg` with each vllm setup in `names` that serves a quantized checkpoint, and names
+    none, pointed at the folder `qeval quantize` made for it. One line if it is missing."""
+    wanted = [s for s in cfg.setups if s.name in names and needs_checkpoint(s) and not s.checkpoint]
+    if cfg.backend != "vllm" or not wanted:
+        return cfg
+    cal_sha = calibration_checksum(calibration_source(cfg))
+    setups = []
+    for s in cfg.setups:
+        if s in wanted:
+            where = checkpoint_dir(cfg, s, model_sha256, cal_sha)
+            if not (where / RECORD).is_file():
+                raise UserError(f"setup {s.name!r}: no {SCHEMES[s.method].preset} checkpoint of this model and "
+                                f"calibration text yet (expected {where}); run `qeval quantize` on this config first")
+            s = s.model_copy(update={"checkpoint": str(where.resolve())})
+        setups.append(s)
+    return cfg.model_copy(update={"setups": setups})

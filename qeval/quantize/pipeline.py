@@ -1,0 +1,177 @@
+"""`qeval quantize`: make the quantized checkpoints a config's vllm setups serve.
+
+    for each setup that serves a checkpoint (method w8a8 / w4a8 / gptq / awq, no `checkpoint:`):
+        skip it if its folder (keyed by model + recipe + calibration text) is complete
+        else run llm-compressor in the quantize environment into a temporary folder,
+             write the record of how it was made, and rename the folder into place
+
+The rename is the commit: a folder under its final name is always complete, so an
+interrupted quantize leaves nothing `qeval run` could mistake for a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from qeval import __version__
+from qeval.backends.interpreter import has_module
+from qeval.config import RunConfig
+from qeval.errors import UserError
+from qeval.files.atomic import atomic_write_json
+from qeval.quantize.checkpoints import (
+    RECORD,
+    SCHEMES,
+    calibration_checksum,
+    calibration_source,
+    checkpoint_dir,
+    checkpoint_key,
+    needs_checkpoint,
+    read_calibration_texts,
+    recipe_spec,
+)
+from qeval.quantize.config import Calibration
+from qeval.run.model_source import resolve_model
+from qeval.run.provenance import git_commit, hardware, now_iso
+from qeval.setups import Setup
+
+WORKER = Path(__file__).resolve().parent / "worker.py"
+SCHEMA_VERSION = 1
+
+
+class QuantizeFailed(Exception):
+    """llm-compressor failed on a setup (exit code 1: the input was fine, the step was not)."""
+
+
+@dataclass
+class Made:
+    setup: str
+    scheme: str
+    path: Path
+    cached: bool
+    seconds: float | None
+
+
+def quant_python() -> str:
+    """The interpreter with llm-compressor: QEVAL_QUANT_PYTHON, else .venv-quant beside qeval."""
+    beside = Path(__file__).resolve().parents[2] / ".venv-quant" / "bin" / "python"
+    python = os.environ.get("QEVAL_QUANT_PYTHON") or str(beside)
+    if not has_module(python, "llmcompressor"):
+        raise UserError(f"llm-compressor is not installed for {python} (`make quant` creates .venv-quant; "
+                        "or set QEVAL_QUANT_PYTHON to an interpreter that has it)")
+    return python
+
+
+def quantize(cfg: RunConfig, *, only: list[str] | None = None, force: bool = False,
+             log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> list[Made]:
+    """Make (or find cached) every checkpoint `cfg` needs; returns where each one is."""
+    todo = [s for s in cfg.setups if needs_checkpoint(s) and not s.checkpoint]
+    if only:
+        unknown = [n for n in only if n not in {s.name for s in cfg.setups}]
+        if unknown:
+            raise UserError(f"--setups: unknown setup {unknown[0]!r}")
+        todo = [s for s in todo if s.name in only]
+    if not todo:
+        raise UserError("no setup to quantize: that takes weights int8/int4 with method "
+                        f"{' / '.join(SCHEMES)} and no `checkpoint:` of its own")
+    if any(s.method == "awq" for s in todo) and shutil.which("nvidia-smi") is None:
+        # measured: llmcompressor 0.14's AWQ pipeline pins calibration tensors, which needs an accelerator
+        raise UserError("method awq: llm-compressor 0.14 runs AWQ only on a GPU machine (on CPU it fails with "
+                        "'Cannot access accelerator device'); use method gptq here")
+    source = resolve_model(cfg.model.path, cfg.model.revision)  # one clear line for a bad model path, early
+    cal = calibration_source(cfg)
+    cal_sha = calibration_checksum(cal)
+    texts = read_calibration_texts(cal, cfg.quantize.num_samples) if cal.path else None
+    model_sha = source.checksum
+    made: list[Made] = []
+    python: str | None = None
+    for setup in todo:
+        dest = checkpoint_dir(cfg, setup, model_sha, cal_sha)
+        scheme = SCHEMES[setup.method]
+        if (dest / RECORD).is_file() and not force:
+            log(f"{setup.name}: {scheme.preset} checkpoint cached at {dest}")
+            made.append(Made(setup.name, scheme.preset, dest, True, None))
+            continue
+        python = python or quant_python()
+        n = len(texts) if texts is not None else cfg.quantize.num_samples
+        log(f"{setup.name}: quantizing to {scheme.preset} ({scheme.algorithm}) on {n} calibration texts -> {dest}")
+        record = _make(cfg, setup, dest, python, cal, texts, model_sha, cal_sha)
+        log(f"{setup.name}: done in {record['made_by']['seconds']:.0f} s")
+        made.append(Made(setup.name, scheme.preset, dest, False, record["made_by"]["seconds"]))
+    return made
+
+
+def _remove_stale(dest: Path) -> None:
+    """Temporary folders of earlier attempts at `dest` whose process is gone (failed or killed)."""
+    for old in dest.parent.glob(f"{dest.name}.tmp-*") if dest.parent.is_dir() else []:
+        pid = old.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
+            continue  # another quantize is making this very checkpoint right now
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _make(cfg: RunConfig, setup: Setup, dest: Path, python: str, cal: Calibration, texts: list[str] | None,
+          model_sha: str, cal_sha: str) -> dict[str, Any]:
+    tmp = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
+    _remove_stale(dest)
+    tmp.mkdir(parents=True)
+    recipe = recipe_spec(cfg, setup)
+    m = cfg.model
+    model = {"path": m.path, "revision": m.revision, "dtype": m.dtype, "trust_remote_code": m.trust_remote_code}
+    job = {"model": model,
+           "recipe": recipe, "texts": texts, "calibration": cal.model_dump(), "seed": cfg.seed, "output": str(tmp)}
+    job_path = tmp / "qeval-job.json"
+    atomic_write_json(job_path, job)
+    started = now_iso()
+    log_path = tmp / "quantize.log"
+    env = os.environ | {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    with log_path.open("w") as log_file:
+        # -P: the worker's own folder (qeval/) stays off sys.path, so no qeval module shadows another
+        proc = subprocess.run([python, "-P", str(WORKER), str(job_path)], stdout=log_file,
+                              stderr=subprocess.STDOUT, env=env, check=False)
+    if proc.returncode != 0:
+        tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()][-1:]
+        raise QuantizeFailed(f"setup {setup.name!r}: llm-compressor exited with {proc.returncode}: "
+                             f"{tail[0] if tail else 'no output'} (log: {log_path})")
+    info = json.loads((tmp / "worker-info.json").read_text())
+    (tmp / "worker-info.json").unlink()
+    job_path.unlink()  # the calibration texts are in the source file; the record says which
+    record = {
+        "schema_version": SCHEMA_VERSION,
+        "key": checkpoint_key(model_sha, recipe, cal_sha),
+        "setup": setup.name,
+        "scheme": SCHEMES[setup.method].preset,
+        "algorithm": SCHEMES[setup.method].algorithm,
+        "recipe": recipe,
+        "model": {"path": m.path, "sha256": model_sha, "revision": m.revision},
+        "calibration": {**cal.model_dump(exclude_none=True), "sha256": cal_sha,
+                        "texts": info["calibration_texts"], "tokens": info["calibration_tokens"]},
+        "made_by": {"qeval": __version__, "git_commit": git_commit(), "started": started, "finished": now_iso(),
+                    "seconds": info["seconds"], "libraries": info["libraries"], "hardware": hardware()},
+    }
+    atomic_write_json(tmp / RECORD, record)
+    if dest.exists():  # --force: the old folder goes only once the new one is complete
+        old = dest.with_name(f"{dest.name}.old-{os.getpid()}")
+        os.replace(dest, old)
+        os.replace(tmp, dest)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, dest)
+    return record

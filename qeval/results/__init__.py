@@ -1,0 +1,1 @@
+"""The results schema (results.json and sample records) and its one reader."""

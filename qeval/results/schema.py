@@ -1,0 +1,228 @@
+"""The results schema: what `RUN_DIR/results.json` and `RUN_DIR/samples/<setup>/<task>.jsonl`
+hold, as typed models. This is qeval's API for pipelines, reports and notebooks: every consumer
+works on these objects, and `docs/results.schema.json` is exported from them.
+
+Compatibility (docs/architecture.md, "The stable surface"): fields are added freely, and a
+reader keeps fields it does not know (every model allows extra keys), so a results.json from a
+newer qeval with the same `schema_version` still reads. Renaming or removing a field bumps
+`SCHEMA_VERSION`, and `read_results` then refuses the other version with one line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from qeval.analysis.gates import Gate
+from qeval.errors import UserError
+
+SCHEMA_VERSION = 1
+
+
+class _Model(BaseModel):
+    # extra="allow": a reader keeps (and writes back) fields a newer qeval added
+    model_config = ConfigDict(extra="allow")
+
+
+class Figure(_Model):
+    """One figure of the memory ledger: measured, predicted, and where the measurement came from."""
+
+    measured: int | float | None = Field(None, description="the measured value (bytes), or null where not measured")
+    predicted: int | None = Field(None, description="the analytic prediction from config.json (bytes), if any")
+    source: str = Field("not measured", description="how the measured value was obtained, in words")
+
+
+class EnginePool(_Model):
+    """The KV-cache pool the vLLM engine reported for itself (parsed from its log)."""
+
+    kv_cache_tokens: int = Field(description="tokens the engine's KV pool holds")
+    max_concurrency: float | None = Field(None, description="sequences of max_concurrency_context tokens it fits")
+    max_concurrency_context: int | None = Field(None, description="the sequence length the engine sized that for")
+    pool: str = Field(description="what the pool was sized from (GPU memory x utilization, or host memory on CPU)")
+    source: str = Field(description="the log lines the figures were read from")
+
+
+class Memory(_Model):
+    """Where the memory goes, predicted and measured (docs/memory.md), and what fits the budget."""
+
+    weights_bytes: Figure = Field(description="the served weights, quantization scales and zero points included")
+    kv_bytes_per_token: Figure = Field(description="KV-cache bytes one token costs (K and V, every layer)")
+    peak_bytes: Figure = Field(Figure(), description="the worker's peak memory while scoring")
+    activations_bytes: Figure = Field(Figure(), description="growth over the loaded model while scoring")
+    overhead_bytes: Figure | None = Field(None, description="allocator slack (CUDA only)")
+    engine: EnginePool | None = Field(None, description="the vLLM engine's own KV pool, where it reported one")
+    kv_cache_tokens: int | None = Field(None, description="KV tokens that fit the budget (capacity_source says how)")
+    max_concurrency: float | None = Field(None, description="sequences of budget.context_len tokens that fit")
+    capacity_source: str | None = Field(None, description="how kv_cache_tokens and max_concurrency were obtained")
+
+
+class MetricValue(_Model):
+    """A task metric over the scored documents."""
+
+    value: float
+    stderr: float | None = Field(None, description="standard error over documents; null where undefined (n = 1)")
+
+    @field_validator("stderr", mode="before")
+    @classmethod
+    def _finite(cls, v: Any) -> Any:
+        return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+class TaskScore(_Model):
+    """One setup's score on one task."""
+
+    n: int = Field(description="documents scored")
+    metrics: dict[str, MetricValue] = Field(description="metric name -> value (the task's metric_list)")
+
+
+class Comparison(_Model):
+    """A setup against the baseline on one task, paired by document (docs/statistics.md)."""
+
+    metric: str = Field(description="the metric compared (the task's primary metric)")
+    higher_is_better: bool
+    delta: float = Field(description="setup minus baseline, in the metric's units")
+    ci: tuple[float, float] = Field(description="95% confidence interval of delta")
+    ci_method: Literal["newcombe", "bootstrap"] | None = Field(
+        None, description="newcombe: Newcombe's paired score interval (accuracies); bootstrap: paired bootstrap over "
+                          "documents (ratio metrics); null in results written before it was recorded (bootstrap)")
+    p_value: float | None = Field(None, description="McNemar's exact test (accuracies) or Wilcoxon (perplexity)")
+    p_adjusted: float | None = Field(None, description="Benjamini-Hochberg adjusted across the setup's tasks")
+    flips_to_wrong: int | None = Field(None, description="documents right under the baseline, wrong here")
+    flips_to_right: int | None = Field(None, description="documents wrong under the baseline, right here")
+    n: int = Field(description="documents paired")
+    verdict: Literal["pass", "fail", "inconclusive"] | None = Field(
+        None, description="the gate's verdict; null: no gate applies")
+    kl: float | None = Field(None, description="mean KL(baseline || setup) per token, perplexity tasks")
+    top1_agreement: float | None = Field(None, description="share of tokens whose top-1 prediction agrees")
+    gate: Gate | None = Field(None, description="the gate applied")
+    margin: float | None = Field(None, description="the gate's allowed drop, in the metric's units")
+
+
+class SetupResult(_Model):
+    """One setup of the run: its outcome, memory, scores and comparison with the baseline."""
+
+    name: str
+    baseline: bool
+    status: Literal["ok", "failed"]
+    error: str | None = Field(None, description="why it failed, one line")
+    spec: dict[str, Any] = Field(description="the setup as configured, with its stable id")
+    memory: Memory
+    tasks: dict[str, TaskScore] = Field({}, description="task -> score (only results stored under this run's key)")
+    vs_baseline: dict[str, Comparison] = Field({}, description="task -> comparison with the baseline (empty for "
+                                                              "the baseline, and when either side failed)")
+    flags: list[str] = Field([], description="warnings a reviewer must see (e.g. kv_cache_no_effect, memory_gap)")
+    library_versions: dict[str, str] = {}
+    quantization: dict[str, Any] = Field({}, description="what the quantizer or engine did (library, scheme, kernels)")
+    timings: dict[str, float] = {}
+
+
+class RunInfo(_Model):
+    """Provenance of the run."""
+
+    name: str
+    config_hash: str
+    qeval_version: str
+    git_commit: str | None = None
+    started: str | None = None
+    finished: str | None = None
+    device: str
+    backend: str
+    model_sha256: str = Field(description="sha256 over the model folder's content")
+    limit: int | None = None
+    output: str | None = None
+    skipped_setups: dict[str, str] = Field({}, description="optional setups this device could not run, and why")
+    hardware: dict[str, Any] = {}
+
+
+class TaskInfo(_Model):
+    """A task of the run and the data it was scored on."""
+
+    output_type: str
+    n: int
+    sha256: str = Field(description="sha256 of the task's data")
+    fingerprint: str = Field(description="hash of the data and of how it is prompted and scored")
+    metric: str | None = Field(None, description="the metric setups are compared on (null in results written "
+                                                 "before it was recorded: the kind's default)")
+
+    @property
+    def compared_metric(self) -> str:
+        from qeval.tasks.metrics import primary_metric
+
+        return self.metric or primary_metric(self.output_type)
+
+
+class Dropped(_Model):
+    """A stored result left out of the comparison: it belongs to another run's key."""
+
+    setup: str
+    task: str | None = Field(None, description="null: the whole setup")
+    reason: str = Field(description="what differs from this run's key")
+
+
+class Recommendation(_Model):
+    """The decision (docs/statistics.md, "The recommendation")."""
+
+    setup: str | None = Field(description="the recommended setup; null: none")
+    reasons: dict[str, str] = Field(description="setup -> one line saying why it is or is not recommended")
+    candidates: list[str] = Field([], description="setups that pass every gate and fit the budget")
+    blocked: str | None = Field(None, description="why no setup could be judged at all (e.g. the baseline failed)")
+
+
+class Results(_Model):
+    """RUN_DIR/results.json."""
+
+    schema_version: Literal[1]
+    run: RunInfo
+    config: dict[str, Any] = Field(description="the resolved run config")
+    tasks: dict[str, TaskInfo]
+    setups: list[SetupResult]
+    dropped: list[Dropped] = []
+    recommendation: Recommendation
+
+    def setup(self, name: str) -> SetupResult:
+        return next(s for s in self.setups if s.name == name)
+
+    @property
+    def baseline(self) -> SetupResult | None:
+        return next((s for s in self.setups if s.baseline), None)
+
+
+class SampleRecord(_Model):
+    """One line of RUN_DIR/samples/<setup>/<task>.jsonl: one document's outcome."""
+
+    sample_id: str = Field(description="the document's id (unique within the task)")
+    target: Any = Field(None, description="the gold answer")
+    prediction: Any = Field(None, description="what the setup answered")
+    correct: bool | None = Field(None, description="null for perplexity tasks")
+    loglikelihoods: list[float] | None = Field(None, description="per choice, multiple choice only")
+    nll: float | None = Field(None, description="negative log-likelihood of the gold continuation or the text")
+    n_tokens: int | None = None
+
+
+def read_results(path: Path) -> Results:
+    """RUN_DIR/results.json, typed; a missing, corrupt or other-version file is one UserError."""
+    if not path.is_file():
+        raise UserError(f"{path}: not found (is {path.parent} a qeval run directory?)")
+    try:
+        raw = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path}: corrupt JSON ({getattr(exc, 'msg', exc)})") from None
+    version = raw.get("schema_version") if isinstance(raw, dict) else None
+    if version != SCHEMA_VERSION:
+        raise UserError(f"{path}: results schema_version {version}; this qeval reads schema_version {SCHEMA_VERSION}")
+    try:
+        return Results.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise UserError(f"{path}: not a qeval results file ({'.'.join(map(str, err['loc']))}: {err['msg']})") from None
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of results.json (exported to docs/results.schema.json)."""
+    schema = Results.model_json_schema()
+    schema["title"] = f"qeval results.json (schema_version {SCHEMA_VERSION})"
+    return schema

@@ -1,0 +1,58 @@
+"""Resume keys: a (setup, task) result is reused only when everything that changes its numbers
+is what this run would use. The key hashes named parts; the parts are stored beside it, so a
+mismatch can say what changed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from qeval import __version__
+
+if TYPE_CHECKING:
+    from qeval.run.preflight import Preflight
+    from qeval.setups import Setup
+
+
+def key_of(parts: dict[str, str]) -> str:
+    """The resume key of a (setup, task) or a setup: any change in its parts recomputes it."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def key_difference(stored: dict[str, Any] | None, expected: dict[str, str]) -> str:
+    """Why a stored result does not belong to this run, in words: the parts that differ."""
+    if not stored:
+        return "written by an older qeval (no key parts stored)"
+    diff = [f"{k} {stored.get(k)!s:.16} -> {v!s:.16}" for k, v in expected.items() if stored.get(k) != v]
+    return ", ".join(diff) or "a different key"
+
+
+@dataclass(frozen=True)
+class SetupKeys:
+    """The resume keys of one setup in this run: its outcome's, and each task's, with the
+    parts they hash (stored beside them, so a mismatch can say what changed)."""
+
+    parts: dict[str, str]
+    tasks: dict[str, dict[str, str]]
+
+    @property
+    def key(self) -> str:
+        return key_of(self.parts)
+
+    def task_key(self, task: str) -> str:
+        return key_of(self.tasks[task])
+
+
+def setup_keys(pre: Preflight, setup: Setup) -> SetupKeys:
+    """Everything that changes a setup's numbers: the model's content, the setup, qeval, the
+    backend and device, the dtype and context, the sample limit, and how requests are batched
+    (padding changes the numerics: up to 0.067 nats per document under a quantized KV cache)."""
+    cfg, m = pre.cfg, pre.cfg.model
+    parts = {"model_sha256": pre.model_sha256, "setup": setup.id, "qeval": __version__, "backend": cfg.backend,
+             "device": pre.device, "dtype": m.dtype, "max_context": str(m.max_context), "limit": str(cfg.limit),
+             "batch_size": str(cfg.batch_size)}
+    if cfg.backend == "vllm":  # the engine's scheduler decides the batching there
+        parts["engine"] = json.dumps(cfg.engine.model_dump(mode="json"), sort_keys=True)
+    return SetupKeys(parts, {t.name: parts | {"task": t.fingerprint} for t in pre.tasks})

@@ -1,0 +1,95 @@
+"""Everything decided before any model loads: device, tasks (checksums verified), the model
+(resolved and content-checksummed once, here), its shape, and the setups validated against
+the backend. Cheap: a typo costs a second."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qeval.backends import backend_entry
+from qeval.config import RunConfig
+from qeval.errors import UserError
+from qeval.memory.ledger import ModelShape
+from qeval.quantize.checkpoints import resolve_checkpoints
+from qeval.run.model_source import ModelSource, resolve_model
+from qeval.setups import Setup
+from qeval.tasks import Task, load_task
+
+
+@dataclass
+class Preflight:
+    """A run checked before any model loads: what `preflight` resolved and validated."""
+
+    cfg: RunConfig
+    device: str
+    tasks: list[Task]  # every task of the config: results cover them all
+    setups: list[Setup]  # the ones this invocation runs (the baseline always)
+    run_tasks: list[str]  # the ones this invocation scores (--tasks)
+    model_sha256: str
+    shape: ModelShape | None
+    #: optional setups this backend/device cannot run: name -> why (reported, not run)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def resolve_device(requested: str) -> str:
+    """`auto` picks CUDA when an NVIDIA GPU is present (nvidia-smi on PATH, as the set-up does)."""
+    has_gpu = shutil.which("nvidia-smi") is not None
+    if requested == "cuda" and not has_gpu:
+        raise UserError("device cuda requested, but no NVIDIA GPU is present on this machine (no nvidia-smi)")
+    if requested == "auto":
+        return "cuda" if has_gpu else "cpu"
+    return requested
+
+
+def model_shape(source: ModelSource) -> ModelShape:
+    try:
+        return ModelShape.from_config(source.config)
+    except (KeyError, TypeError) as exc:
+        raise UserError(f"{source.local_dir / 'config.json'}: not a decoder config qeval understands "
+                        f"(missing {exc})") from None
+
+
+def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: list[str] | None = None) -> Preflight:
+    """Validate the whole run (`qeval validate`, and the first step of `qeval run`); raise
+    UserError with one line at the first problem."""
+    device = resolve_device(cfg.device)
+    setups = cfg.setups
+    if only_setups:
+        unknown = [s for s in only_setups if s not in {x.name for x in cfg.setups}]
+        if unknown:
+            raise UserError(f"--setups: unknown setup {unknown[0]!r}")
+        setups = [s for s in cfg.setups if s.name in only_setups or s.name == cfg.baseline.name]
+    skipped: dict[str, str] = {}
+    for setup in setups:
+        try:
+            backend_entry(cfg.backend).validate_setup(setup, device)
+        except UserError as exc:
+            if not setup.optional or setup.baseline:
+                raise
+            skipped[setup.name] = str(exc)
+            print(f"qeval: optional setup {setup.name} skipped: {exc}", file=sys.stderr)
+    setups = [s for s in setups if s.name not in skipped]
+    source = resolve_model(cfg.model.path, cfg.model.revision)
+    shape = model_shape(source)
+    # vllm setups served from `qeval quantize` checkpoints: point them at their folders
+    cfg = resolve_checkpoints(cfg, source.checksum, {s.name for s in setups})
+    setups = [s for s in cfg.setups if s.name in {x.name for x in setups}]
+    backend_entry(cfg.backend).check_install(cfg)
+    if only_tasks:
+        unknown = [t for t in only_tasks if t not in cfg.tasks]
+        if unknown:
+            raise UserError(f"--tasks: task {unknown[0]!r} is not in the config")
+    tasks = [load_task(n, Path(cfg.tasks_dir), cfg.limit) for n in cfg.tasks]
+    _check_generation_room(cfg, tasks)
+    return Preflight(cfg, device, tasks, setups, only_tasks or list(cfg.tasks), source.checksum, shape, skipped)
+
+
+def _check_generation_room(cfg: RunConfig, tasks: list[Task]) -> None:
+    """A generation task must leave room for a prompt inside the model's context."""
+    for t in tasks:
+        if t.spec.output_type == "generate_until" and t.spec.generation_kwargs.max_gen_toks >= cfg.model.max_context:
+            raise UserError(f"task {t.name}: max_gen_toks {t.spec.generation_kwargs.max_gen_toks} leaves no room for "
+                            f"the prompt in model.max_context {cfg.model.max_context}")

@@ -1,0 +1,85 @@
+"""Taking a run directory: refuse a path that cannot hold a run, a folder holding someone
+else's files or another config's run, and a folder another `qeval run` is writing (a lock).
+
+    RUN_DIR/.qeval-run.json   qeval's marker: which config's run this folder holds
+    RUN_DIR/.qeval.lock       flock(2)-held for the whole run, holding the owner's PID
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from qeval.errors import UserError
+from qeval.files.atomic import atomic_write_json
+
+MARKER = ".qeval-run.json"
+LOCK = ".qeval.lock"
+
+
+@dataclass
+class RunDirLock:
+    """An open, locked run directory; `release()` (or process exit) frees it."""
+
+    root: Path
+    handle: IO[str]
+
+    def release(self) -> None:
+        fcntl.flock(self.handle, fcntl.LOCK_UN)
+        self.handle.close()
+
+
+def take_run_dir(root: Path, config_name: str, force: bool) -> RunDirLock:
+    """Create or reuse `root` for a run of `config_name`; raise one-line UserErrors for every
+    reason it cannot be, before anything in it is touched."""
+    if root.exists() and not root.is_dir():
+        raise UserError(f"--output {root}: exists and is not a directory")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--output {root}: cannot create it ({exc.strerror})") from None
+    _check_owner(root, config_name, force)
+    try:
+        handle = open(root / LOCK, "a+")  # noqa: SIM115 - held for the whole run
+    except OSError as exc:
+        raise UserError(f"--output {root}: not writable ({exc.strerror})") from None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        pid = handle.read().strip() or "unknown"
+        handle.close()
+        raise UserError(f"--output {root}: another qeval run (PID {pid}) is writing to it; wait for it to finish "
+                        "or choose another --output") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    try:
+        atomic_write_json(root / MARKER, {"config_name": config_name})
+    except OSError as exc:
+        handle.close()
+        raise UserError(f"--output {root}: not writable ({exc.strerror})") from None
+    return RunDirLock(root, handle)
+
+
+def _check_owner(root: Path, config_name: str, force: bool) -> None:
+    """A folder qeval may write: empty, or holding this config's run (qeval's marker says so)."""
+    entries = [p.name for p in root.iterdir() if p.name != LOCK]
+    if not entries or force:
+        return
+    marker = root / MARKER
+    if not marker.is_file():
+        raise UserError(f"--output {root}: holds files qeval did not write ({', '.join(sorted(entries)[:3])}…); "
+                        "refusing to overwrite them (choose an empty folder, or pass --force)")
+    try:
+        owner = json.loads(marker.read_text(encoding="utf-8")).get("config_name")
+    except (OSError, ValueError, AttributeError):
+        owner = None
+    if owner != config_name:
+        raise UserError(f"--output {root}: holds the run of config {owner!r}, not {config_name!r}; refusing to "
+                        "overwrite it (choose another --output, or pass --force)")

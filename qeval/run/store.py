@@ -1,0 +1,107 @@
+"""The run directory: atomic writes, per-(setup, task) results keyed for resume.
+
+    RUN_DIR/results.json                      the assembled run
+    RUN_DIR/setups/<setup>.json               one worker's outcome: status, memory, versions, key
+    RUN_DIR/samples/<setup>/<task>.jsonl      one line per sample (the store of record)
+    RUN_DIR/samples/<setup>/<task>.meta.json  its resume key (and the key's parts), metrics, timing
+    RUN_DIR/samples/<setup>/<task>.topk.npz   perplexity top-k distributions (baseline only)
+
+Every path is built from validated names and checked to resolve inside RUN_DIR.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qeval.errors import UserError
+from qeval.files.atomic import _jsonable, atomic_write_bytes, atomic_write_json, read_json
+from qeval.files.names import inside
+
+
+class RunStore:
+    """Reads and writes one run directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def samples_path(self, setup: str, task: str) -> Path:
+        return inside(self.root, "samples", setup, f"{task}.jsonl")
+
+    def meta_path(self, setup: str, task: str) -> Path:
+        return inside(self.root, "samples", setup, f"{task}.meta.json")
+
+    def topk_path(self, setup: str, task: str) -> Path:
+        return inside(self.root, "samples", setup, f"{task}.topk.npz")
+
+    def setup_path(self, setup: str) -> Path:
+        return inside(self.root, "setups", f"{setup}.json")
+
+    @property
+    def results_path(self) -> Path:
+        return self.root / "results.json"
+
+    def is_done(self, setup: str, task: str, key: str) -> bool:
+        meta = self.read_meta(setup, task)
+        return meta is not None and meta.get("key") == key and self.samples_path(setup, task).is_file()
+
+    def write_task(self, setup: str, task: str, key: str, records: list[dict[str, Any]],
+                   metrics: dict[str, Any], extra: dict[str, Any], topk: dict[str, np.ndarray] | None) -> None:
+        """Samples first, the meta (which marks the pair done) last: a crash between the
+        two leaves the pair not done, never done with missing samples."""
+        lines = "".join(json.dumps(r, default=_jsonable) + "\n" for r in records)
+        atomic_write_bytes(self.samples_path(setup, task), lines.encode())
+        if topk is not None:
+            buf = io.BytesIO()
+            np.savez_compressed(buf, **topk)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
+            atomic_write_bytes(self.topk_path(setup, task), buf.getvalue())
+        atomic_write_json(self.meta_path(setup, task), {"key": key, "n": len(records), "metrics": metrics} | extra)
+
+    def read_meta(self, setup: str, task: str) -> dict[str, Any] | None:
+        """The stored meta, or None when absent or unreadable (a corrupt meta means the pair is
+        not done: it is recomputed, and the reason printed)."""
+        path = self.meta_path(setup, task)
+        if not path.is_file():
+            return None
+        try:
+            meta = read_json(path)
+        except UserError as exc:
+            print(f"qeval: warning: {exc}; {setup}/{task} will be recomputed", file=sys.stderr)
+            return None
+        return meta if isinstance(meta, dict) else None
+
+    def read_outcome(self, setup: str) -> dict[str, Any] | None:
+        """A worker's stored outcome, or None when absent or unreadable."""
+        path = self.setup_path(setup)
+        if not path.is_file():
+            return None
+        try:
+            outcome = read_json(path)
+        except UserError as exc:
+            print(f"qeval: warning: {exc}; setup {setup} will be rerun", file=sys.stderr)
+            return None
+        return outcome if isinstance(outcome, dict) else None
+
+    def read_samples(self, setup: str, task: str) -> list[dict[str, Any]]:
+        """Per-sample records; a corrupt line is a one-line UserError naming file and line."""
+        path = self.samples_path(setup, task)
+        if not path.is_file():
+            return []
+        from qeval.files.jsonl import read_objects
+
+        try:
+            return [obj for _, obj in read_objects(path)]
+        except UserError as exc:
+            raise UserError(str(exc).replace("corrupt dataset line", "corrupt samples line")) from None
+
+    def read_topk(self, setup: str, task: str) -> dict[str, np.ndarray] | None:
+        path = self.topk_path(setup, task)
+        if not path.is_file():
+            return None
+        with np.load(path) as z:
+            return {k: z[k] for k in z.files}

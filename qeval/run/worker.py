@@ -1,0 +1,123 @@
+"""One setup in its own process: load, score each pending task, measure, write, exit.
+
+    python -m qeval.run.worker JOB.json
+
+The runner starts one of these per setup, so memory is measured cleanly, device memory
+is really returned between setups, and a crash or out-of-memory ends only this setup.
+Every outcome, failures included, is written to RUN_DIR/setups/<setup>.json.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from qeval.config import RunConfig
+from qeval.files.atomic import atomic_write_json
+from qeval.run.progress import progress_bar
+from qeval.run.store import RunStore
+from qeval.setups import Setup
+
+_OOM_SIGNS = ("out of memory", "can't allocate memory", "cannot allocate memory", "failed to map")
+
+
+def _limit_memory(mib: int) -> None:
+    """Cap the address space at what is mapped now plus `mib`: allocations past it fail
+    the way they would on a device that small."""
+    import psutil
+
+    vms = psutil.Process().memory_info().vms
+    cap = vms + mib * 2**20
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+
+def run_job(job: dict[str, Any]) -> int:
+    """Serve one setup as the runner's job file says; write its outcome; 0 if it is ok."""
+    cfg = RunConfig.model_validate(job["config"])
+    setup = next(s for s in cfg.setups if s.name == job["setup"])
+    store = RunStore(Path(job["run_dir"]))
+    previous = store.read_outcome(setup.name) or {}
+    # a partial rerun (--tasks) keeps the timings of the tasks it did not touch
+    timings = previous.get("timings", {}) if previous.get("key") == job["key"] else {}
+    outcome: dict[str, Any] = {"name": setup.name, "status": "failed", "error": None, "timings": timings,
+                               "key": job["key"], "key_parts": job["key_parts"]}
+    t0 = time.time()
+    try:
+        outcome |= _serve(cfg, setup, store, job, outcome["timings"])
+        outcome["status"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - any failure (MemoryError included) is this setup's result
+        outcome["error"] = _failure(exc, setup)
+        outcome["traceback"] = traceback.format_exc(limit=8)
+    outcome["timings"]["total_s"] = round(time.time() - t0, 2)
+    atomic_write_json(store.setup_path(setup.name), outcome)
+    return 0 if outcome["status"] == "ok" else 1
+
+
+def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: dict[str, Any],
+           timings: dict[str, float]) -> dict[str, Any]:
+    """Load, score each pending task (each stored as soon as it is done), measure memory."""
+    # import the engine's stack first (creating the backend imports its module), so that a
+    # memory cap bites on the model, not on imports
+    import torch  # noqa: F401
+    import transformers.models.llama.modeling_llama  # noqa: F401
+
+    from qeval.backends import backend_entry
+    from qeval.tasks import load_task
+    from qeval.tasks.scoring import n_requests, score_task
+
+    t0 = time.time()
+    backend = backend_entry(cfg.backend).create(cfg, setup, job["device"])
+    if setup.memory_limit_mib:
+        _limit_memory(setup.memory_limit_mib)
+    try:
+        with progress_bar(f"{setup.name}: loading model", total=None) as bar:
+            backend.load()
+            bar.advance(1)
+        timings["load_s"] = round(time.time() - t0, 2)
+        for name, key in job["tasks"].items():
+            task = load_task(name, Path(cfg.tasks_dir), cfg.limit)
+            ref = store.read_topk(*job["reference"][name]) if job["reference"].get(name) else None
+            t1 = time.time()
+            with progress_bar(f"{setup.name}: {name}", total=n_requests(task)) as bar:
+                result = score_task(backend, task, bar.advance, ref)
+            timings[f"{name}_s"] = round(time.time() - t1, 2)
+            topk = result.topk if (setup.name == job["baseline"] and result.topk) else None
+            store.write_task(setup.name, name, key, result.records, result.metrics,
+                             {"seconds": timings[f"{name}_s"], "task_sha256": task.sha256,
+                              "key_parts": job["task_key_parts"][name]}, topk)
+        return {"memory": {k: vars(v) for k, v in backend.memory().items()},
+                "quantization": backend.quant_info,  # read last: engines log some of it late
+                "library_versions": backend.library_versions()}
+    finally:
+        backend.close()
+
+
+def _failure(exc: BaseException, setup: Setup) -> str:
+    """One line for a failed setup; allocation failures named as out of memory."""
+    if isinstance(exc, MemoryError):
+        error = f"out of memory: {exc or 'MemoryError'}"
+    else:
+        msg = str(exc).strip().splitlines()
+        oom = any(s in str(exc).lower() for s in _OOM_SIGNS) or (
+            setup.memory_limit_mib is not None and isinstance(exc, (OSError, ImportError)) and "map" in str(exc))
+        error = ("out of memory: " if oom else "") + f"{type(exc).__name__}: {msg[0] if msg else ''}"
+    if setup.memory_limit_mib:  # say so: odd errors are how allocation failures often surface
+        error = f"under memory_limit_mib={setup.memory_limit_mib}: {error}"
+    return error
+
+
+def main() -> None:
+    job = json.loads(Path(sys.argv[1]).read_text())
+    try:
+        sys.exit(run_job(job))
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""Metric descriptors: what each metric qeval reports means, which direction is better, and
+how it is shown. Comparison, gates, recommendation reasons, reports and plots ask the
+descriptor instead of testing metric names.
+
+A task's `metric_list` selects which of its kind's metrics it reports; the first is the one
+it is compared on. A metric name may carry an lm-evaluation-harness filter after a comma
+(`exact_match,flexible-extract`): the descriptor is the part before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from qeval.errors import UserError
+
+OutputType = Literal["multiple_choice", "generate_until", "loglikelihood_rolling"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """How one metric reads: a proportion (shown in percent, compared in points) or a ratio
+    (shown with `digits` decimals in its own unit)."""
+
+    name: str
+    higher_is_better: bool
+    proportion: bool
+    unit: str
+    digits: int = 4
+
+    @property
+    def scale(self) -> float:
+        return 100.0 if self.proportion else 1.0
+
+    def fmt(self, value: float) -> str:
+        """The value as reports show it (accuracy 0.953 -> "95.3")."""
+        return f"{value * 100:.1f}" if self.proportion else f"{value:.{self.digits}f}"
+
+    def fmt_delta(self, delta: float, unit: bool = True) -> str:
+        """A difference as reports show it: points for proportions ("+1.2 pts")."""
+        if self.proportion:
+            return f"{delta * 100:+.1f}" + (" pts" if unit else "")
+        return f"{delta:+.{self.digits}f}"
+
+    def fmt_margin(self, margin: float, relative: bool) -> str:
+        """A gate's margin in words ("2 pt", "1% relative", "0.02")."""
+        if relative:
+            return f"{margin * 100:g}% relative"
+        return f"{margin * 100:g} pt" if self.proportion else f"{margin:g}"
+
+
+METRICS: dict[str, Metric] = {m.name: m for m in [
+    Metric("acc", True, True, "%"),
+    Metric("acc_norm", True, True, "%"),
+    Metric("exact_match", True, True, "%"),
+    Metric("bits_per_byte", False, False, "bits/byte"),
+    Metric("token_perplexity", False, False, "perplexity", 3),
+    Metric("byte_perplexity", False, False, "perplexity", 4),
+    Metric("word_perplexity", False, False, "perplexity", 3),
+    Metric("kl_to_baseline", False, False, "nats/token", 5),
+    Metric("top1_agreement", True, True, "%"),
+]}
+
+#: what each task kind can report, its default metric_list first
+KIND_METRICS: dict[str, tuple[str, ...]] = {
+    "multiple_choice": ("acc", "acc_norm"),
+    "generate_until": ("exact_match",),
+    "loglikelihood_rolling": ("bits_per_byte", "token_perplexity"),
+}
+
+
+def metric(name: str) -> Metric:
+    """The descriptor of `name` (an lm-eval filter suffix after a comma is ignored)."""
+    base = name.split(",", 1)[0]
+    if base not in METRICS:
+        raise KeyError(f"unknown metric {name!r}")
+    return METRICS[base]
+
+
+def primary_metric(output_type: str) -> str:
+    """The metric a task kind is compared on when its metric_list does not say."""
+    return KIND_METRICS[output_type][0]
+
+
+def select_metrics(task: str, output_type: str, metric_list: list[dict[str, object]]) -> list[str]:
+    """The metrics a task reports, in its metric_list's order (the first is compared on);
+    an entry qeval cannot compute for this kind of task is a one-line UserError."""
+    if not metric_list:
+        return list(KIND_METRICS[output_type])
+    names = []
+    for entry in metric_list:
+        name = entry.get("metric") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or name not in KIND_METRICS[output_type]:
+            raise UserError(f"task {task}: metric {name!r} is not one qeval computes for {output_type} tasks "
+                            f"({', '.join(KIND_METRICS[output_type])})")
+        names.append(name)
+    return names

