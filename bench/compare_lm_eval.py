@@ -168,7 +168,7 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=ROOT / "models" / "qeval-tiny")
     ap.add_argument("--backend", choices=["hf", "vllm"], default="hf", help="vllm: run with .venv-vllm's python")
     ap.add_argument("--tasks", default="compare_mc,ppl")
-    ap.add_argument("--dtype", default="float32", help="float32 makes agreement a sharp test (design notes §6)")
+    ap.add_argument("--dtype", default="float32", help="float32 makes agreement a sharp test (docs/architecture.md §6)")
     ap.add_argument("--batch-size", type=int, default=64, help="the same for both")
     ap.add_argument("--max-length", type=int, default=256)
     ap.add_argument("--limit", type=int, default=None)

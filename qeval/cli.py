@@ -1,4 +1,5 @@
-"""The `qeval` command line: run, validate, tasks (design §8 lists the stable surface)."""
+"""The `qeval` command line: run, validate, plan, report, tasks, quantize, schema (the stable surface:
+docs/architecture.md §7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Paired comparison of a setup with the baseline, from per-sample records (design §4)."""
+"""Paired comparison of a setup with the baseline, from per-sample records (docs/statistics.md)."""
 
 from __future__ import annotations
 

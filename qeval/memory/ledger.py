@@ -1,7 +1,7 @@
 """The memory ledger: analytic predictions from a model's config.json, and byte counting of
 what a loaded model or cache really holds.
 
-Predictions follow design notes §3. KV bytes per token use `num_key_value_heads` (grouped-
+Predictions follow docs/memory.md. KV bytes per token use `num_key_value_heads` (grouped-
 query attention), never `num_attention_heads`: the `hidden_size` form overstates a GQA
 model's cache (Llama-3-8B fourfold).
 """

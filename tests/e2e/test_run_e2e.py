@@ -1,5 +1,5 @@
 """`qeval run` end to end on the shipped model: every setup kind, the ledger, resume,
---force, a setup that runs out of memory, and the results schema (design §8)."""
+--force, a setup that runs out of memory, and the results schema (docs/architecture.md §7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`qeval plan` from config.json alone (design §3, issue 5's acceptance)."""
+"""`qeval plan` from config.json alone (docs/memory.md)."""
 
 from __future__ import annotations
 
