@@ -113,11 +113,16 @@ Measured by qeval's transformers backend (`bf16` is the model as shipped) on the
 
 {table}
 
-In parentheses: the difference from bf16 with its 95% paired-bootstrap CI. For `ppl`
-(bits per byte) lower is better. int8/int4 are optimum-quanto round-to-nearest weights
-(int8 per channel; int4 group 128, which here is one group per row); kv-int4/kv-int2 are
-transformers' `QuantizedCache` with the quanto backend, one group per head vector.
-`tests/test_model_card.py` reruns this and checks the numbers in `scores.json`.
+In parentheses: the difference from bf16 with its 95% CI (Newcombe's paired score interval
+for accuracies, a paired bootstrap for bits per byte). For `ppl` (bits per byte) lower is
+better; it follows lm-evaluation-harness's convention (docs/tasks.md): every token of a
+document is scored, the first from the prefix token, and this tokenizer's own BOS is among
+them (scored given the prefix BOS), which the model never saw twice in a row in training:
+that one token adds about 0.2 bits per byte to these short documents. int8/int4 are
+optimum-quanto round-to-nearest weights (int8 per channel; int4 group 128, which here is one
+group per row); kv-int4/kv-int2 are transformers' `QuantizedCache` with the quanto backend,
+one group per head vector; int4-kv-int4 is both. `tests/e2e/test_model_card.py` reruns this
+and checks the numbers in `scores.json`.
 """
 
 
