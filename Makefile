@@ -98,3 +98,4 @@ model: $(STAMP)
 smollm2: models/smollm2-135m/.prepared
 models/smollm2-135m/.prepared: | $(STAMP)
 	$(PY) scripts/prepare_smollm2.py --out models/smollm2-135m
+	$(PY) scripts/prepare_smollm2.py --gguf-only models/smollm2-gguf

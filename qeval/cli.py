@@ -144,20 +144,39 @@ def report(run_dir: Annotated[Path, typer.Argument(help="a finished run director
 
 
 @app.command("tasks")
-def list_tasks(tasks_dir: Annotated[Path, typer.Option(help="folder of task YAMLs")] = Path("tasks")) -> None:
-    """List the tasks under TASKS_DIR with their kind, sample count and data checksum."""
+def list_tasks(
+    tasks_dir: Annotated[Path, typer.Option(help="folder of qeval task YAMLs")] = Path("tasks"),
+    lm_eval: Annotated[list[Path] | None, typer.Option(help="folders of lm-eval task YAMLs (lm_eval.include_path); "
+                                                            "default: tasks/lm_eval")] = None,
+    library: Annotated[bool, typer.Option(help="also list lm-eval's own task library (its index takes ~10 s)")] = False,
+) -> None:
+    """List qeval's tasks (kind, samples, data checksum), the lm-eval tasks and groups of the
+    include folders, the suites, and with --library lm-eval's own tasks."""
     from qeval.tasks import available_tasks, load_task
+    from qeval.tasks.harness.config import SUITES
+    from qeval.tasks.harness.yamls import local_names
 
     try:
-        names = available_tasks(tasks_dir)
-        table = Table("task", "kind", "samples", "sha256")
-        for name in names:
+        table = Table("task", "kind", "samples", "sha256 / source")
+        for name in available_tasks(tasks_dir):
             t = load_task(name, tasks_dir)
             table.add_row(name, t.spec.output_type, str(len(t.docs)), t.sha256[:16] + "…")
+        folders = lm_eval if lm_eval is not None else [p for p in [tasks_dir / "lm_eval"] if p.is_dir()]
+        for folder in folders:
+            for name, (kind, path) in local_names(folder).items():
+                table.add_row(name, f"lm-eval {kind}", "", str(path))
+        for suite, members in SUITES.items():
+            table.add_row(suite, "suite", "", ", ".join(f"{t.name} ({t.num_fewshot}-shot)" for t in members))
     except UserError as exc:
         _fail(exc)
         return
     Console().print(table)
+    if library:
+        from lm_eval.tasks import TaskManager
+
+        manager = TaskManager()
+        print(f"lm-eval's library: {len(manager.all_subtasks)} tasks, {len(manager.all_groups)} groups, e.g. "
+              + ", ".join(sorted(manager.all_groups)[:20]) + " …")
 
 
 @app.command("plan")

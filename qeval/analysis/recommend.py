@@ -15,7 +15,7 @@ from qeval.tasks.metrics import metric as describe
 
 def describe_delta(task: str, c: Comparison) -> str:
     """"facts -6.2 pts [-9.1 pts, -3.3 pts]": a task's difference with its interval."""
-    m = describe(c.metric)
+    m = describe(c.metric, c.higher_is_better)
     return f"{task} {m.fmt_delta(c.delta)} [{m.fmt_delta(c.ci[0])}, {m.fmt_delta(c.ci[1])}]"
 
 
@@ -50,8 +50,9 @@ def recommend(results: Results) -> Recommendation:
             s.name: f"{s.name}: not compared, so not recommended: {why}" for s in results.setups})
     reasons: dict[str, str] = {}
     eligible: list[SetupResult] = []
+    top_level = [t for t, info in results.tasks.items() if info.entry in (None, t)]
     for s in results.setups:
-        reason = _exclusion(s, context, list(results.tasks))
+        reason = _exclusion(s, context, top_level)
         if reason:
             reasons[s.name] = reason
         else:
@@ -82,6 +83,13 @@ def _exclusion(s: SetupResult, context: int, tasks: list[str]) -> str | None:
     for task, c in s.vs_baseline.items():
         if c.verdict == "fail":
             return f"{name}: {describe_delta(task, c)}, fails the {_margin(c)} gate"
+    for suite, sc in s.suites.items():
+        if sc.verdict in ("fail", "inconclusive") and sc.gate is not None:
+            rec = f"{100 * sc.recovery:.1f}%" if sc.recovery is not None else "unknown"
+            ci = f" [{100 * sc.ci[0]:.1f}%, {100 * sc.ci[1]:.1f}%]" if sc.ci else ""
+            word = "fails" if sc.verdict == "fail" else "inconclusive against"
+            gate = f"{100 * (sc.gate.min_recovery or 0):g}%"
+            return f"{name}: {suite} recovery {rec}{ci}, {word} the {gate} recovery gate"
     for task, c in s.vs_baseline.items():
         if c.verdict == "inconclusive":
             need = samples_to_decide(c)
@@ -97,6 +105,9 @@ def _exclusion(s: SetupResult, context: int, tasks: list[str]) -> str | None:
 
 def _margin(c: Comparison) -> str:
     assert c.gate is not None
+    if c.gate.min_recovery is not None:
+        return f"{100 * c.gate.min_recovery:g}% recovery"
+    assert c.gate.max_drop is not None
     return describe(c.metric).fmt_margin(c.gate.max_drop, c.gate.relative)
 
 

@@ -53,13 +53,19 @@ def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
 def newcombe_paired_ci(both: int, to_wrong: int, to_right: int, neither: int) -> tuple[float, float]:
     """95% interval of (setup accuracy - baseline accuracy) from the 2x2 table of paired
     outcomes: Newcombe (1998), "Improved confidence intervals for the difference between
-    binomial proportions based on paired data", method 10 (no continuity correction)."""
+    binomial proportions based on paired data", method 10, with its continuity-corrected
+    correlation."""
     n = both + to_wrong + to_right + neither
     p1, p2 = (both + to_wrong) / n, (both + to_right) / n  # baseline, setup
     l1, u1 = wilson(both + to_wrong, n)
     l2, u2 = wilson(both + to_right, n)
     denom = (both + to_wrong) * (to_right + neither) * (both + to_right) * (to_wrong + neither)
-    phi = (both * neither - to_wrong * to_right) / math.sqrt(denom) if denom else 0.0
+    # the pairs' correlation, with Newcombe's correction: without it, a table with no discordant
+    # pair (4 right and 4 wrong on both sides) has correlation 1 and a zero-width interval
+    ad_bc = float(both * neither - to_wrong * to_right)
+    if ad_bc > 0:
+        ad_bc = max(ad_bc - n / 2, 0.0)
+    phi = ad_bc / math.sqrt(denom) if denom else 0.0
     diff = p2 - p1
     lower = diff - math.sqrt(max((p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1) + (u1 - p1) ** 2, 0.0))
     upper = diff + math.sqrt(max((u2 - p2) ** 2 - 2 * phi * (u2 - p2) * (p1 - l1) + (p1 - l1) ** 2, 0.0))
@@ -76,6 +82,35 @@ def paired_ratio(base_num: np.ndarray, other_num: np.ndarray, den: np.ndarray, m
     delta = stat(np.arange(len(den)))
     p = float(sps.wilcoxon(other_num / den, base_num / den).pvalue) if np.any(other_num != base_num) else 1.0
     return PairedComparison(metric, delta, (lo, hi), p, None, None, len(den))
+
+
+def paired_mean(base: np.ndarray, other: np.ndarray, metric: str, seed: int) -> PairedComparison:
+    """Difference of a per-document score that is not right/wrong (e.g. truthfulqa_mc2's
+    probability mass on the true answers): paired bootstrap CI, Wilcoxon signed-rank test."""
+    diff = other.astype(float) - base.astype(float)
+    n = len(diff)
+    if not np.any(diff != 0):
+        # no document changed: the bootstrap would say [0, 0] however few they are; bound the
+        # mean change instead as if up to 3/n of the documents could change by the scores' range
+        # ("rule of three", as Newcombe's interval does for accuracies)
+        scale = max(1.0, float(np.abs(np.concatenate([base, other])).max()))
+        half = min(1.0, 3 / n) * scale
+        return PairedComparison(metric, 0.0, (-half, half), 1.0, None, None, n)
+    lo, hi = _bootstrap_ci(lambda idx: float(diff[idx].mean()), n, seed)
+    p = float(sps.wilcoxon(other, base).pvalue)
+    return PairedComparison(metric, float(diff.mean()), (lo, hi), p, None, None, n)
+
+
+def average_difference_ci(diffs: list[float], cis: list[tuple[float, float]],
+                          level: float = 0.95) -> tuple[float, float, float]:
+    """The average of several tasks' differences and its interval, the tasks taken as
+    independent: each task's standard error read off its own interval (Newcombe's for
+    accuracies, which stays honest when nothing flipped), combined in quadrature.
+    Returns (average difference, CI low, CI high)."""
+    z = float(sps.norm.ppf(1 - (1 - level) / 2))
+    se = math.sqrt(sum(((hi - lo) / (2 * z)) ** 2 for lo, hi in cis)) / len(cis)
+    mean = float(np.mean(diffs))
+    return mean, mean - z * se, mean + z * se
 
 
 def _bootstrap_ci(stat, n: int, seed: int, level: float = 0.95) -> tuple[float, float]:  # type: ignore[no-untyped-def]

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.table import Table
 
-from qeval.results.schema import Comparison, Figure, Results
+from qeval.results.schema import Comparison, Figure, Results, SetupResult
 from qeval.tasks.metrics import Metric
 from qeval.tasks.metrics import metric as describe
 
@@ -47,20 +47,27 @@ def weights_text(fig: Figure, mark: str = " (predicted)") -> str:
 
 def task_metric(results: Results, task: str) -> Metric:
     """The descriptor of the metric `task` is compared on."""
-    return describe(results.tasks[task].compared_metric)
+    info = results.tasks[task]
+    return describe(info.compared_metric, info.higher_is_better)
+
+
+def top_level(results: Results) -> list[str]:
+    """The config's own tasks and lm-eval groups (a group's members are reported apart)."""
+    return [t for t, info in results.tasks.items() if info.entry in (None, t)]
 
 
 def _delta_cell(m: Metric, cmp: Comparison | None) -> str:
     if cmp is None:
         return ""
     lo, hi = cmp.ci
-    return f"{m.fmt_delta(cmp.delta)} [{m.fmt_delta(lo, unit=False)}, {m.fmt_delta(hi, unit=False)}]"
+    cell = f"{m.fmt_delta(cmp.delta)} [{m.fmt_delta(lo, unit=False)}, {m.fmt_delta(hi, unit=False)}]"
+    return cell + (f", {100 * cmp.recovery:.1f}%" if cmp.recovery is not None else "")
 
 
 def summary_rows(results: Results, esc: Escape = md_text) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the summary table; `esc` makes names and errors safe for the format."""
     header = ["setup", "status", "weights", "KV bytes/token"]
-    for t in results.tasks:
+    for t in top_level(results):
         m = task_metric(results, t)
         header += [f"{esc(t)} {m.name}{'' if m.higher_is_better else ' (lower is better)'}", "Δ vs baseline [95% CI]"]
     rows = []
@@ -68,12 +75,18 @@ def summary_rows(results: Results, esc: Escape = md_text) -> tuple[list[str], li
         row = [esc(s.name) + (" (baseline)" if s.baseline else ""),
                s.status if s.status == "ok" else f"failed: {esc(s.error)}",
                weights_text(s.memory.weights_bytes), str(s.memory.kv_bytes_per_token.measured or "—")]
-        for t in results.tasks:
+        for t in top_level(results):
             m = task_metric(results, t)
-            value = s.tasks[t].metrics.get(m.name) if t in s.tasks else None
-            row += ["—" if value is None else m.fmt(value.value), _delta_cell(m, s.vs_baseline.get(t))]
+            value = _value(s, t, results.tasks[t].compared_metric)
+            row += ["—" if value is None else m.fmt(value), _delta_cell(m, s.vs_baseline.get(t))]
         rows.append(row)
     return header, rows
+
+
+def _value(s: SetupResult, task: str, metric: str) -> float | None:
+    score = s.tasks.get(task)
+    value = score.metrics.get(metric) if score else None
+    return value.value if value else None
 
 
 def render_markdown(results: Results) -> str:
@@ -85,14 +98,54 @@ def render_markdown(results: Results) -> str:
              f"{run.backend} on {run.device}, qeval {run.qeval_version}.", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
-    lines += ["", f"Accuracies in percent; Δ is setup minus baseline with {_ci_legend(results)}. Weights and KV "
-              "bytes/token are measured on the loaded model, or marked predicted where the backend reports no figure "
-              "(sources in results.json).", ""]
-    lines += _recommendation(results) + _gate_table(results)
+    recovery = "; the last figure is recovery, the setup's score as a share of the baseline's"
+    lines += ["", f"Accuracies in percent; Δ is setup minus baseline with {_ci_legend(results)}"
+              + (recovery if _any_recovery(results) else "") + ". Weights and KV bytes/token are measured on the "
+              "loaded model, or marked predicted where the backend reports no figure (sources in results.json).", ""]
+    lines += _recommendation(results) + _suite_table(results) + _gate_table(results) + _members_table(results)
     notes = _notes(results)
     if notes:
         lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
     return "\n".join(lines)
+
+
+def _any_recovery(results: Results) -> bool:
+    return any(c.recovery is not None for s in results.setups for c in s.vs_baseline.values())
+
+
+def _suite_table(results: Results) -> list[str]:
+    """Each setup's suite averages and recovery, as model cards report it."""
+    rows = [[md_text(s.name), md_text(suite), f"{100 * sc.score:.1f}", f"{100 * sc.baseline:.1f}",
+             "—" if sc.recovery is None else f"{100 * sc.recovery:.1f}%",
+             "" if sc.ci is None else f"[{100 * sc.ci[0]:.1f}%, {100 * sc.ci[1]:.1f}%]", sc.verdict or "no gate"]
+            for s in results.setups for suite, sc in s.suites.items()]
+    if not rows:
+        return []
+    header = ["setup", "suite", "average", "baseline average", "recovery", "95% CI", "verdict"]
+    lines = ["## Suites", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    names = "; ".join(f"{md_text(k)}: {', '.join(md_text(t) for t in v)}" for k, v in results.suites.items())
+    return lines + ["", f"Averages of the suites' task scores in percent ({names}); recovery is the setup's average "
+                    "as a share of the baseline's, its interval combined from the tasks' own intervals.", ""]
+
+
+def _members_table(results: Results) -> list[str]:
+    """lm-eval group members: each task's score and difference (not gated unless named)."""
+    rows = []
+    for group, members in results.groups.items():
+        for t in members:
+            if t not in results.tasks:
+                continue
+            m = task_metric(results, t)
+            for s in results.setups:
+                value = _value(s, t, results.tasks[t].compared_metric)
+                rows.append([md_text(group), md_text(t), md_text(s.name), "—" if value is None else m.fmt(value),
+                             _delta_cell(m, s.vs_baseline.get(t))])
+    if not rows:
+        return []
+    header = ["group", "task", "setup", "score", "Δ vs baseline [95% CI]"]
+    return ["## lm-eval group members", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + \
+        ["| " + " | ".join(r) + " |" for r in rows] + [""]
 
 
 def _ci_legend(results: Results) -> str:
@@ -127,11 +180,15 @@ def _recommendation(results: Results) -> list[str]:
 
 
 def gate_rows(results: Results, esc: Escape = md_text) -> list[list[str]]:
-    """setup, task, delta, 95% CI, p (raw / BH-adjusted), flips, KL, verdict."""
+    """setup, task, delta, 95% CI, p (raw / BH-adjusted), flips, KL, verdict: the config's own
+    tasks and groups, and any group member a gate names."""
     rows = []
+    shown = set(top_level(results))
     for s in results.setups:
         for task, c in s.vs_baseline.items():
-            m = describe(c.metric)
+            if task not in shown and c.verdict is None:
+                continue
+            m = describe(c.metric, c.higher_is_better)
             flips = "" if c.flips_to_wrong is None else f"{c.flips_to_wrong} / {c.flips_to_right}"
             adjusted = c.p_adjusted if c.p_adjusted is not None else c.p_value
             p = "" if c.p_value is None else f"{c.p_value:.3g} / {adjusted:.3g}"
@@ -187,19 +244,19 @@ def print_summary(results: Results, console: Console | None = None) -> None:
     """The same table, compact enough for a terminal: score and Δ share a cell."""
     console = console or Console()
     table = Table(title=f"qeval: {results.run.name} (Δ vs baseline in brackets)")
-    for h in ["setup", "weights", "KV B/tok"] + [f"{t} {task_metric(results, t).name}" for t in results.tasks]:
+    for h in ["setup", "weights", "KV B/tok"] + [f"{t} {task_metric(results, t).name}" for t in top_level(results)]:
         table.add_column(h, overflow="fold", no_wrap=h == "weights")
     for s in results.setups:
         if s.status != "ok":
             table.add_row(s.name, "failed", "", (s.error or "")[:60])
             continue
         cells = []
-        for t in results.tasks:
+        for t in top_level(results):
             m = task_metric(results, t)
-            value = s.tasks[t].metrics.get(m.name) if t in s.tasks else None
+            value = _value(s, t, results.tasks[t].compared_metric)
             cmp = s.vs_baseline.get(t)
             delta = f" ({m.fmt_delta(cmp.delta, unit=False)})" if cmp else ""
-            cells.append(("—" if value is None else m.fmt(value.value)) + delta)
+            cells.append(("—" if value is None else m.fmt(value)) + delta)
         table.add_row(s.name + (" *" if s.baseline else ""), weights_text(s.memory.weights_bytes, " (p)"),
                       str(s.memory.kv_bytes_per_token.measured), *cells)
     console.print(table)

@@ -100,6 +100,23 @@ class Comparison(_Model):
     top1_agreement: float | None = Field(None, description="share of tokens whose top-1 prediction agrees")
     gate: Gate | None = Field(None, description="the gate applied")
     margin: float | None = Field(None, description="the gate's allowed drop, in the metric's units")
+    recovery: float | None = Field(None, description="the setup's score as a share of the baseline's "
+                                                     "(higher-is-better metrics)")
+
+
+class SuiteScore(_Model):
+    """A setup on a suite: the average of its tasks' scores (each lm-eval group as one task),
+    and recovery, the setup's average as a share of the baseline's (as Red Hat's and
+    llm-compressor's model cards report it)."""
+
+    tasks: list[str] = Field(description="the suite's tasks that both sides scored")
+    score: float = Field(description="the setup's average of task scores")
+    baseline: float = Field(description="the baseline's average of the same task scores")
+    recovery: float | None = Field(None, description="score / baseline")
+    ci: tuple[float, float] | None = Field(None, description="95% interval of recovery, from the tasks' own "
+                                                             "intervals combined (docs/statistics.md)")
+    verdict: Literal["pass", "fail", "inconclusive"] | None = Field(None, description="a min_recovery gate's verdict")
+    gate: Gate | None = None
 
 
 class SetupResult(_Model):
@@ -114,6 +131,7 @@ class SetupResult(_Model):
     tasks: dict[str, TaskScore] = Field({}, description="task -> score (only results stored under this run's key)")
     vs_baseline: dict[str, Comparison] = Field({}, description="task -> comparison with the baseline (empty for "
                                                               "the baseline, and when either side failed)")
+    suites: dict[str, SuiteScore] = Field({}, description="suite -> average score and recovery against the baseline")
     flags: list[str] = Field([], description="warnings a reviewer must see (e.g. kv_cache_no_effect, memory_gap)")
     library_versions: dict[str, str] = {}
     quantization: dict[str, Any] = Field({}, description="what the quantizer or engine did (library, scheme, kernels)")
@@ -147,6 +165,11 @@ class TaskInfo(_Model):
     fingerprint: str = Field(description="hash of the data and of how it is prompted and scored")
     metric: str | None = Field(None, description="the metric setups are compared on (null in results written "
                                                  "before it was recorded: the kind's default)")
+    kind: str = Field("native", description="native: a qeval task YAML; lm_eval: an lm-evaluation-harness task")
+    entry: str | None = Field(None, description="the config entry it belongs to: itself, or its lm-eval group")
+    num_fewshot: int | None = Field(None, description="few-shot examples in each prompt (lm-eval tasks)")
+    higher_is_better: bool | None = Field(None, description="the compared metric's direction as lm-eval declares "
+                                                           "it (null: qeval's metric descriptor decides)")
 
     @property
     def compared_metric(self) -> str:
@@ -180,6 +203,8 @@ class Results(_Model):
     config: dict[str, Any] = Field(description="the resolved run config")
     tasks: dict[str, TaskInfo]
     setups: list[SetupResult]
+    groups: dict[str, list[str]] = Field({}, description="lm-eval group -> its tasks (scored pooled, as one task)")
+    suites: dict[str, list[str]] = Field({}, description="suite -> its tasks and groups")
     dropped: list[Dropped] = []
     recommendation: Recommendation
 

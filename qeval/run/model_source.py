@@ -34,6 +34,8 @@ def resolve_model(path: str, revision: str | None = None, base: Path | None = No
     p = Path(path)
     if p.is_dir():
         return ModelSource(path, p, folder_checksum(p), read_model_config(p))
+    if p.is_file() and p.suffix == ".gguf":
+        return ModelSource(path, p.parent, file_checksum(p), gguf_config(p))
     if _looks_local(path, base):
         raise UserError(f"model path {path} not found (no such folder; a hub id has the form org/name)")
     return _resolve_hub(path, revision)
@@ -81,6 +83,33 @@ def read_model_config(folder: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"{cfg}: not a JSON object")
     return data
+
+
+def is_gguf(path: str) -> bool:
+    """A GGUF file as `model.path`: transformers dequantizes it on load (the baseline then
+    carries the GGUF's own precision, not the original checkpoint's)."""
+    return path.endswith(".gguf") and Path(path).is_file()
+
+
+def gguf_config(path: Path) -> dict[str, Any]:
+    """The transformers config a GGUF file describes (needs the `gguf` package)."""
+    try:
+        import gguf  # noqa: F401
+        from transformers import AutoConfig
+    except ImportError:
+        raise UserError(f"model path {path} is a GGUF file: reading it needs the `gguf` package (pip install gguf)"
+                        ) from None
+    try:
+        return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name).to_dict()
+    except Exception as exc:  # noqa: BLE001 - an unreadable or unsupported GGUF: one line
+        raise UserError(f"model path {path}: not a GGUF file transformers can read ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+
+
+def file_checksum(path: Path) -> str:
+    """sha256 of one file's content."""
+    with path.open("rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def folder_checksum(root: Path) -> str:

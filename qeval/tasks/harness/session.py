@@ -1,0 +1,220 @@
+"""lm-evaluation-harness tasks loaded for a run: names resolved (the config's include paths
+first, then lm-eval's library), groups expanded to their tasks, few-shot settings applied, and
+each task described for qeval (kind, documents, metrics, the metric compared, a fingerprint of
+everything that decides its requests and scoring).
+
+Route: qeval drives lm-eval's documented external API (an `lm_eval.api.model.LM` served by
+qeval's backends, `lm_eval.evaluator.evaluate(..., log_samples=True)`): lm-eval keeps its
+prompts, few-shot sampling, `process_docs`, filters and metrics; qeval does the model work in
+one batched call per request type. Written against lm-eval 0.4.13.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qeval.errors import UserError
+from qeval.files.names import NAME_PATTERN
+from qeval.tasks.harness.config import HarnessSpec, HarnessTask
+from qeval.tasks.harness.yamls import materialize
+
+_ADDR = re.compile(r" at 0x[0-9a-f]+>")
+
+
+@dataclass
+class HarnessTaskInfo:
+    """One lm-eval task (a leaf: groups are expanded) as qeval's pipeline sees it."""
+
+    name: str
+    entry: str  # the config entry (task or group) it came from
+    output_type: str
+    n_docs: int
+    metrics: list[str]  # "acc", "acc_norm", "exact_match,strict-match", ... (filter "none" dropped)
+    compared: str  # the metric setups are compared on
+    fingerprint: str
+    sha256: str  # of the documents scored and the few-shot pool
+    num_fewshot: int
+    higher_is_better: dict[str, bool] = field(default_factory=dict)
+    limit: int | None = None
+
+    @property
+    def kind(self) -> str:
+        return "lm_eval"
+
+
+@dataclass
+class HarnessSession:
+    """lm-eval's task objects for a run, and qeval's description of them."""
+
+    spec: HarnessSpec
+    tasks: dict[str, Any]  # leaf name -> lm_eval ConfigurableTask
+    infos: dict[str, HarnessTaskInfo]
+    groups: dict[str, list[str]]  # group -> its leaf tasks (nested groups flattened)
+    workdir: tempfile.TemporaryDirectory[str]
+
+    def close(self) -> None:
+        self.workdir.cleanup()
+
+
+def lm_eval_version() -> str:
+    from importlib.metadata import version
+
+    return version("lm_eval")
+
+
+def sandbox_templates() -> None:
+    """lm-eval renders prompt templates with a plain Jinja2 Environment; qeval swaps in its
+    sandboxed one (qeval/tasks/templates.py), so a task YAML cannot reach for internals."""
+    import lm_eval.utils as lm_utils
+
+    from qeval.tasks.templates import sandbox_environment
+
+    env = sandbox_environment()
+    env.filters.update(lm_utils.env.filters)
+    lm_utils.env = env
+
+
+def open_session(spec: HarnessSpec, base: Path, limit: int | None) -> HarnessSession:
+    """Load every task of `spec` (paths relative to `base`); one-line UserErrors for unknown
+    names, unreadable data or a task qeval cannot score."""
+    os.environ.setdefault("HF_DATASETS_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "0"))
+    # lm-eval and datasets draw tqdm bars on stderr; qeval shows its own progress, and an error
+    # must stay one line
+    os.environ["TQDM_DISABLE"] = "1"
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    sandbox_templates()
+    from lm_eval.tasks import TaskManager
+
+    workdir = tempfile.TemporaryDirectory(prefix="qeval-lm-eval-")
+    entries = spec.entries()
+    overrides = {t.name: _data_overrides(t) for t in entries if _data_overrides(t)}
+    paths = [(base / p).resolve() if not Path(p).is_absolute() else Path(p) for p in spec.include_path]
+    folder = materialize(paths, overrides, Path(workdir.name) / "tasks")
+    local = TaskManager(include_defaults=False, include_path=str(folder))
+    names = [t.name for t in entries]
+    manager = local if all(n in local.all_subtasks or n in local.all_groups for n in names) else \
+        TaskManager(include_path=str(folder))  # lm-eval's own library: its index takes ~10 s to build
+    unknown = [n for n in names if n not in manager.all_subtasks and n not in manager.all_groups]
+    if unknown:
+        raise UserError(f"unknown lm-eval task {unknown[0]!r} (not in lm_eval.include_path nor lm-eval "
+                        f"{lm_eval_version()}'s library)")
+    try:
+        loaded = manager.load(names)
+    except Exception as exc:  # noqa: BLE001 - a missing data file, a hub dataset offline...: one line
+        raise UserError(f"lm-eval tasks {', '.join(names)}: cannot load: {type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+    groups = _leaves_of_groups(loaded["group_map"])
+    session = HarnessSession(spec, {}, {}, {g: groups[g] for g in names if g in groups}, workdir)
+    for entry in entries:
+        for leaf in groups.get(entry.name, [entry.name]):
+            task = loaded["tasks"][leaf]
+            session.tasks[leaf] = task
+            session.infos[leaf] = describe(leaf, entry, task, spec.fewshot_seed, entry.limit or limit)
+    return session
+
+
+def _data_overrides(t: HarnessTask) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if t.dataset_path is not None:
+        out["dataset_path"] = t.dataset_path
+        out["dataset_name"] = t.dataset_name
+    if t.dataset_kwargs is not None:
+        out["dataset_kwargs"] = t.dataset_kwargs
+    return out
+
+
+def _leaves_of_groups(group_map: dict[str, list[str]]) -> dict[str, list[str]]:
+    """group -> its leaf tasks in order, nested groups flattened."""
+    def leaves(name: str) -> list[str]:
+        return [leaf for child in group_map[name] for leaf in (leaves(child) if child in group_map else [child])]
+
+    return {g: leaves(g) for g in group_map}
+
+
+def describe(leaf: str, entry: HarnessTask, task: Any, seed: int, limit: int | None) -> HarnessTaskInfo:
+    """Apply the entry's settings to the lm-eval task object and describe it for qeval."""
+    if not re.fullmatch(NAME_PATTERN, leaf):
+        raise UserError(f"lm-eval task name {leaf!r} cannot be stored safely (qeval names are letters, digits, "
+                        "'.', '_', '-')")
+    yaml_shots = task.get_config("num_fewshot")
+    if entry.num_fewshot is not None and yaml_shots != 0:  # simple_evaluate's rule: a YAML's 0 stays 0
+        task.set_config("num_fewshot", entry.num_fewshot)
+    elif yaml_shots is None:
+        task.set_config("num_fewshot", 0)
+    if entry.max_gen_toks is not None and task.OUTPUT_TYPE == "generate_until":
+        task.set_config("generation_kwargs", {"max_gen_toks": entry.max_gen_toks}, update=True)
+    task.set_fewshot_seed(seed)
+    metrics = task_metrics(task)
+    # perplexity tasks are compared on bits per byte (paired by document), whatever comes first
+    default = "bits_per_byte" if task.OUTPUT_TYPE == "loglikelihood_rolling" and "bits_per_byte" in metrics \
+        else metrics[0]
+    compared = entry.metric or default
+    if compared not in metrics:
+        raise UserError(f"lm-eval task {leaf}: metric {compared!r} is not one it reports ({', '.join(metrics)})")
+    if task.OUTPUT_TYPE not in ("multiple_choice", "generate_until", "loglikelihood_rolling", "loglikelihood"):
+        raise UserError(f"lm-eval task {leaf}: output type {task.OUTPUT_TYPE} is not one qeval scores")
+    docs = list(task.eval_docs)
+    n = min(len(docs), limit) if limit else len(docs)
+    data = _data_sha256(task, docs)
+    body = {"lm_eval": lm_eval_version(), "config": _stable(task.config.to_dict(keep_callable=True)),
+            "num_fewshot": task.get_config("num_fewshot"), "fewshot_seed": seed, "n": n, "data": data}
+    body["config"].get("metadata", {}).pop("config_source", None)  # where the YAML lived is not content
+    body["config"].pop("dataset_kwargs", None)  # local paths: the data is in `data` by content
+    fingerprint = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return HarnessTaskInfo(name=leaf, entry=entry.name, output_type=task.OUTPUT_TYPE, n_docs=n, metrics=metrics,
+                           compared=compared, fingerprint=fingerprint, sha256=data,
+                           num_fewshot=int(task.get_config("num_fewshot") or 0),
+                           higher_is_better={m.split(",")[0]: bool(v) for m, v in task.higher_is_better().items()},
+                           limit=n if n < len(docs) else None)
+
+
+def task_metrics(task: Any) -> list[str]:
+    """The metric keys lm-eval reports for a task, `metric,filter` with filter "none" dropped."""
+    filters = [f["name"] for f in (task.config.filter_list or [])] or ["none"]
+    names = [m["metric"] if isinstance(m["metric"], str) else m["metric"].__name__
+             for m in (task.config.metric_list or [])] or list(task.higher_is_better())
+    return [n if f == "none" else f"{n},{f}" for f in filters for n in names]
+
+
+def _data_sha256(task: Any, docs: list[Any]) -> str:
+    """sha256 over the scored documents and the few-shot pool, as JSON: the data by content,
+    whether it came from local files or a hub revision."""
+    h = hashlib.sha256()
+    for doc in docs:
+        h.update(json.dumps(doc, sort_keys=True, default=str).encode() + b"\n")
+    try:
+        pool = task.fewshot_docs()
+    except Exception:  # noqa: BLE001 - a task without a few-shot pool (0-shot only)
+        pool = None
+    for doc in pool or []:
+        h.update(b"shot:" + json.dumps(doc, sort_keys=True, default=str).encode() + b"\n")
+    return h.hexdigest()
+
+
+def _stable(obj: Any) -> Any:
+    """JSON-able and the same in every process: callables by their source, no memory addresses."""
+    if callable(obj):
+        try:
+            return inspect.getsource(obj)
+        except (OSError, TypeError):
+            return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+    if isinstance(obj, dict):
+        return {str(k): _stable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_stable(v) for v in obj]
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return _ADDR.sub(">", str(obj))

@@ -1,0 +1,154 @@
+"""lm-eval task YAMLs made independent of where qeval runs: each `include_path` folder is copied
+into a private folder and its YAMLs rewritten so that
+
+- `include: lm_eval/<path>` points into the installed lm-evaluation-harness's task library
+  (lm-eval itself has no include by name; a path into site-packages would tie the file to one
+  virtualenv), and any other relative `include:` is made absolute;
+- relative `dataset_kwargs.data_files` resolve against the YAML's own folder (lm-eval's
+  `datasets` resolves them against the working directory);
+- a task the qeval config gives data overrides (`dataset_path`, `dataset_name`,
+  `dataset_kwargs`) carries them; a built-in task with overrides gets a YAML of its own that
+  `include`s the built-in one.
+
+`!function` tags are kept as they are: a folder on `include_path` may run Python, exactly as it
+does under lm-eval, so point it only at folders you trust.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from qeval.errors import UserError
+from qeval.files.yaml import MAX_YAML_BYTES, MAX_YAML_NODES, expanded_size
+
+LM_EVAL_PREFIX = "lm_eval/"
+
+
+class _Function(str):
+    """A `!function module.name` value, kept as written."""
+
+
+class _Loader(yaml.SafeLoader):
+    pass
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Loader.add_constructor("!function", lambda loader, node: _Function(loader.construct_scalar(node)))
+_Dumper.add_representer(_Function, lambda dumper, value: dumper.represent_scalar("!function", str(value)))
+
+
+def tasks_root() -> Path:
+    """The installed lm-eval's task library (lm_eval/tasks)."""
+    import lm_eval.tasks
+
+    return Path(lm_eval.tasks.__file__).resolve().parent
+
+
+def read_task_yaml(path: Path) -> dict[str, Any]:
+    """A task or group YAML, bounded like every YAML qeval reads."""
+    if path.stat().st_size > MAX_YAML_BYTES:
+        raise UserError(f"{path}: over the {MAX_YAML_BYTES:,}-byte limit for a YAML file")
+    try:
+        doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # noqa: S506 - SafeLoader subclass
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: invalid lm-eval task YAML: {str(exc).splitlines()[0]}") from None
+    if expanded_size(doc) > MAX_YAML_NODES:
+        raise UserError(f"{path}: YAML expands to more than {MAX_YAML_NODES:,} nodes (an alias bomb?)")
+    return doc if isinstance(doc, dict) else {}
+
+
+def materialize(include_paths: list[Path], overrides: dict[str, dict[str, Any]], out: Path) -> Path:
+    """Copy and rewrite every include path into `out` (see the module docstring); returns `out`."""
+    pending = dict(overrides)
+    for i, src in enumerate(include_paths):
+        if not src.is_dir():
+            raise UserError(f"lm_eval.include_path {src}: not a folder")
+        dest = out / f"{i:02d}-{src.name}"
+        shutil.copytree(src, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "data"))
+        for copy in sorted(dest.rglob("*.yaml")):
+            original = src / copy.relative_to(dest)
+            doc = read_task_yaml(original)
+            name = doc.get("task") if isinstance(doc.get("task"), str) else None
+            doc = _rewrite(doc, original.parent) | (pending.pop(name, {}) if name else {})
+            copy.write_text(yaml.dump(doc, Dumper=_Dumper, sort_keys=False, allow_unicode=True))
+    for name, extra in pending.items():  # built-in tasks with data overrides
+        folder = out / "zz-overrides"
+        folder.mkdir(parents=True, exist_ok=True)
+        doc = {"include": str(builtin_yaml(name)), "task": name} | extra
+        (folder / f"{name}.yaml").write_text(yaml.dump(doc, Dumper=_Dumper, sort_keys=False))
+    return out
+
+
+def _rewrite(doc: dict[str, Any], base: Path) -> dict[str, Any]:
+    include = doc.get("include")
+    if isinstance(include, str):
+        if include.startswith(LM_EVAL_PREFIX):
+            target = tasks_root() / include[len(LM_EVAL_PREFIX):]
+        else:
+            target = base / include
+        if not target.is_file():
+            raise UserError(f"{base}: include {include!r} not found (lm_eval/<path> is resolved in {tasks_root()})")
+        doc["include"] = str(target.resolve())
+    files = (doc.get("dataset_kwargs") or {}).get("data_files")
+    if files is not None:
+        doc["dataset_kwargs"] = dict(doc["dataset_kwargs"]) | {"data_files": _absolute(files, base)}
+    return doc
+
+
+def _absolute(files: Any, base: Path) -> Any:
+    if isinstance(files, dict):
+        return {k: _absolute(v, base) for k, v in files.items()}
+    if isinstance(files, list):
+        return [_absolute(v, base) for v in files]
+    if isinstance(files, str) and "://" not in files and not Path(files).is_absolute():
+        path = (base / files).resolve()
+        if not path.is_file():
+            raise UserError(f"{base}: data file {files} not found (relative paths are read from the YAML's folder)")
+        return str(path)
+    return files
+
+
+_NAME_LINE = re.compile(r'^\s*["\']?(task|group)["\']?\s*:\s*["\']?([A-Za-z0-9_\-.]+)["\']?\s*(#.*)?$', re.M)
+
+
+@lru_cache(maxsize=1)
+def _builtin_index() -> dict[str, list[Path]]:
+    """{name: YAMLs whose text says `task: name` or `group: name`}: a text scan of lm-eval's task
+    library, about a second, where its TaskManager() parses every YAML (10 s here)."""
+    index: dict[str, list[Path]] = {}
+    for f in sorted(tasks_root().rglob("*.yaml")):
+        for m in _NAME_LINE.finditer(f.read_text(errors="replace")):
+            index.setdefault(m.group(2), []).append(f)
+    return index
+
+
+def builtin_yaml(name: str) -> Path:
+    """The YAML of lm-eval's own task `name` (for data overrides of a built-in task)."""
+    for path in _builtin_index().get(name, []):
+        doc = read_task_yaml(path)
+        if doc.get("task") == name:
+            return path
+    raise UserError(f"lm-eval task {name!r}: not a task of lm-eval's library (groups take no data overrides)")
+
+
+def local_names(folder: Path) -> dict[str, tuple[str, Path]]:
+    """Tasks and groups the YAMLs of an include folder define: name -> (kind, file)."""
+    if not folder.is_dir():
+        raise UserError(f"{folder}: not a folder of lm-eval task YAMLs")
+    out: dict[str, tuple[str, Path]] = {}
+    for path in sorted(folder.rglob("*.yaml")):
+        doc = read_task_yaml(path)
+        for kind in ("group", "task"):
+            if isinstance(doc.get(kind), str):
+                out[doc[kind]] = (kind, path)
+                break
+    return out

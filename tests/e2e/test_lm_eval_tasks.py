@@ -1,0 +1,192 @@
+"""lm-evaluation-harness's task library scored by qeval (issue 13): agreement with lm-eval's own
+`simple_evaluate` on the same model (float32) for every request type, on the shipped
+character-level model and on SmolLM2-135M (BPE, no BOS added), on both backends; groups with
+per-subtask and group scores; recovery and suites; the hub code path on a local dataset folder."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import MODEL, ROOT, TASKS, run_cli
+
+pytestmark = pytest.mark.slow
+SMOLLM2 = ROOT / "models" / "smollm2-135m"
+#: one task of each request type: multiple choice (acc, acc_norm), generation with lm-eval's
+#: strict and flexible filters, rolling perplexity
+TASK_SET = "hellaswag_local,gsm8k_local,wikitext_local"
+
+
+def _tolerance(loglikelihood: float) -> float:
+    """1e-4 nats, or 4 float32 ulps of the document's log-likelihood where that is coarser: a
+    5,000-nat document's float32 ulp is 4.9e-4, and lm-eval sums it in float32."""
+    return max(1e-4, 4 * float(np.spacing(np.float32(abs(loglikelihood)))))
+
+
+def _bench(python: str, model: Path, tmp: Path, *extra: str) -> list[dict]:
+    out = tmp / "bench.json"
+    res = subprocess.run([python, str(ROOT / "bench" / "compare_lm_eval.py"), "--model", str(model),
+                          "--tasks", TASK_SET, "--limit", "5", "--max-gen-toks", "24", "--json", str(out), *extra],
+                         capture_output=True, text=True, timeout=2400, check=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(out.read_text())["tasks"]
+
+
+def _assert_agreement(rows: list[dict]) -> None:
+    assert {r["output_type"] for r in rows} == {"multiple_choice", "generate_until", "loglikelihood_rolling"}
+    for r in rows:
+        assert r["n"] == 5, r
+        assert r["generations_equal"] and r["per_document_metrics_equal"], r
+        assert r["max_abs_diff"] <= _tolerance(r["max_abs_loglikelihood"]), r
+        for metric, value in r["qeval"].items():
+            assert r["lm_eval"][metric] == pytest.approx(value, rel=1e-6, abs=1e-9), (r["task"], metric)
+
+
+@pytest.mark.parametrize("model", [MODEL, SMOLLM2], ids=["shipped", "smollm2"])
+def test_hf_backend_agrees_with_simple_evaluate(model: Path, tmp_path: Path) -> None:
+    if model == SMOLLM2:
+        assert (SMOLLM2 / ".prepared").is_file(), "run `make smollm2` (make test does)"
+    _assert_agreement(_bench(sys.executable, model, tmp_path))
+
+
+def test_vllm_backend_agrees_with_simple_evaluate(tmp_path: Path) -> None:
+    """Both on the vLLM engine (lm-eval's `vllm` model type in .venv-vllm, where `make vllm`
+    installs lm-eval), on the real BPE model."""
+    from qeval.backends.vllm.install import worker_python
+    from qeval.config import ModelSpec, RunConfig
+    from qeval.setups import Setup
+
+    python = worker_python(RunConfig(name="b", model=ModelSpec(path="m"), backend="vllm",
+                                     setups=[Setup(name="s")], tasks=["t"]))
+    _assert_agreement(_bench(python, SMOLLM2, tmp_path, "--backend", "vllm"))
+
+
+CONFIG = """\
+name: lm
+model: {{path: "{model}", dtype: float32, max_context: 256}}
+tasks_dir: "{tasks}"
+device: cpu
+batch_size: 16
+setups:
+  - {{name: fp32, baseline: true}}
+  - {{name: int8, weights: int8}}
+  - {{name: kv2, kv_cache: int2}}
+lm_eval:
+  include_path: ["{tasks}/lm_eval"]
+  tasks:
+    - {{name: mmlu_local, num_fewshot: 1}}
+    - {{name: arc_easy_local, num_fewshot: 1, metric: acc_norm}}
+    - {{name: wikitext_local}}
+  suites: []
+limit: 8
+budget: {{gpu_memory_gib: 0.01, context_len: 256, overhead_gib: 0.001}}
+gates:
+  - {{task: all, max_drop: 0.5}}
+  - {{task: mmlu_local, min_recovery: 0.5}}
+"""
+
+
+@pytest.fixture(scope="module")
+def group_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, Path]:
+    tmp = tmp_path_factory.mktemp("lm")
+    cfg = tmp / "c.yaml"
+    cfg.write_text(CONFIG.format(model=MODEL, tasks=TASKS))
+    out = tmp / "out"
+    res = run_cli("run", str(cfg), "--output", str(out))
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out, json.loads((out / "results.json").read_text()), cfg
+
+
+def test_a_group_reports_subtasks_group_and_paired_statistics(group_run: tuple[Path, dict, Path]) -> None:
+    out, r, _ = group_run
+    subjects = ["mmlu_local_abstract_algebra", "mmlu_local_college_computer_science",
+                "mmlu_local_high_school_geography"]
+    assert r["groups"] == {"mmlu_local": subjects}
+    assert r["tasks"]["mmlu_local"]["kind"] == "group" and r["tasks"]["mmlu_local"]["n"] == 24
+    assert all(r["tasks"][s]["entry"] == "mmlu_local" and r["tasks"][s]["num_fewshot"] == 1 for s in subjects)
+    for s in r["setups"]:
+        scores = {t: s["tasks"][t]["metrics"]["acc"]["value"] for t in subjects}
+        group = s["tasks"]["mmlu_local"]["metrics"]["acc"]["value"]
+        assert group == pytest.approx(sum(scores.values()) / 3)  # equal sizes: the size-weighted mean
+        if s["baseline"]:
+            continue
+        g = s["vs_baseline"]["mmlu_local"]
+        assert g["n"] == 24 and g["ci_method"] == "newcombe" and g["ci"][0] <= g["delta"] <= g["ci"][1]
+        assert g["verdict"] in ("pass", "fail", "inconclusive") and g["gate"]["min_recovery"] == 0.5
+        base = next(b for b in r["setups"] if b["baseline"])["tasks"]["mmlu_local"]["metrics"]["acc"]["value"]
+        if base:
+            assert g["recovery"] == pytest.approx(group / base)
+        for t in subjects:  # members: compared, not gated by `all`
+            assert s["vs_baseline"][t]["n"] == 8 and s["vs_baseline"][t]["verdict"] is None
+    arc = next(s for s in r["setups"] if s["name"] == "kv2")["vs_baseline"]["arc_easy_local"]
+    assert arc["metric"] == "acc_norm"
+    wiki = next(s for s in r["setups"] if s["name"] == "kv2")["vs_baseline"]["wikitext_local"]
+    assert wiki["metric"] == "bits_per_byte" and wiki["kl"] > 0  # the int2 KV cache moved the distribution
+    md = (out / "report.md").read_text()
+    assert "## lm-eval group members" in md and "mmlu_local acc" in md
+
+
+def test_records_carry_lm_evals_doc_ids_and_metric_values(group_run: tuple[Path, dict, Path]) -> None:
+    out, _, _ = group_run
+    rec = json.loads((out / "samples" / "int8" / "arc_easy_local.jsonl").read_text().splitlines()[3])
+    assert rec["doc_id"] == 3 and rec["sample_id"] == "3"
+    assert set(rec["metrics"]) == {"acc", "acc_norm"} and len(rec["loglikelihoods"]) == len(rec["n_tokens"])
+    assert rec["prompt_hash"] and rec["doc_hash"]
+
+
+def test_rerun_resumes_and_few_shot_changes_recompute(group_run: tuple[Path, dict, Path]) -> None:
+    out, _, cfg = group_run
+    res = run_cli("run", str(cfg), "--output", str(out))
+    assert res.returncode == 0 and res.stderr.count("skipped") == 3, res.stderr[-2000:]
+    changed = cfg.with_name("c2.yaml")
+    changed.write_text(cfg.read_text().replace("{name: arc_easy_local, num_fewshot: 1", "{name: arc_easy_local, "
+                                               "num_fewshot: 0"))
+    res = run_cli("run", str(changed), "--output", str(out), "--setups", "int8")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "int8: 1 lm-eval tasks" in res.stderr  # only arc: its few-shot setting is in its key
+    r = json.loads((out / "results.json").read_text())
+    assert r["tasks"]["arc_easy_local"]["num_fewshot"] == 0
+
+
+def test_a_suite_reports_recovery(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(CONFIG.format(model=MODEL, tasks=TASKS).replace("  suites: []", "  suites: [openllm-v1-local]")
+                   .replace("    - {name: mmlu_local, num_fewshot: 1}\n",
+                            "    - {name: gsm8k_local, num_fewshot: 1, max_gen_toks: 16}\n")
+                   .replace("{task: mmlu_local, min_recovery: 0.5}", "{task: openllm-v1-local, min_recovery: 0.5}")
+                   .replace("limit: 8", "limit: 4"))
+    res = run_cli("run", str(cfg), "--output", str(tmp_path / "out"), "--setups", "kv2")
+    assert res.returncode == 0, res.stderr[-3000:]
+    r = json.loads((tmp_path / "out" / "results.json").read_text())
+    suite = next(s for s in r["setups"] if s["name"] == "kv2")["suites"]["openllm-v1-local"]
+    assert len(suite["tasks"]) == 6 and suite["verdict"] in ("pass", "fail", "inconclusive")
+    if suite["baseline"]:
+        assert suite["recovery"] == pytest.approx(suite["score"] / suite["baseline"])
+        assert suite["ci"][0] <= suite["recovery"] <= suite["ci"][1]
+    assert "## Suites" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_the_hub_code_path_on_a_local_dataset_folder(tmp_path: Path) -> None:
+    """A built-in lm-eval task (hellaswag) whose dataset_path names a folder, as a hub id would
+    name a repository: lm-eval's own YAML, prompt and process_docs, data from `datasets`."""
+    folder = tmp_path / "hellaswag-dataset"
+    folder.mkdir()
+    for split in ("train", "validation"):
+        shutil.copy(TASKS / "lm_eval" / "data" / "hellaswag" / f"{split}.jsonl", folder / f"{split}.jsonl")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"name: hub\nmodel: {{path: \"{MODEL}\", dtype: float32, max_context: 256}}\ndevice: cpu\n"
+                   f"setups: [{{name: fp32, baseline: true}}]\nlimit: 4\n"
+                   f"lm_eval: {{tasks: [{{name: hellaswag, num_fewshot: 1, dataset_path: \"{folder}\"}}]}}\n")
+    res = run_cli("run", str(cfg), "--output", str(tmp_path / "out"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    r = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert r["tasks"]["hellaswag"]["kind"] == "lm_eval" and r["setups"][0]["tasks"]["hellaswag"]["n"] == 4
+    rec = json.loads((tmp_path / "out" / "samples" / "fp32" / "hellaswag.jsonl").read_text().splitlines()[0])
+    assert "[" not in rec["prompt"]  # hellaswag's process_docs ran: the WikiHow "[title]" markup is gone
+    assert not math.isnan(r["setups"][0]["tasks"]["hellaswag"]["metrics"]["acc_norm"]["value"])
