@@ -49,7 +49,11 @@ class RunConfig(Strict):
     #: lm-evaluation-harness tasks, groups and suites (docs/tasks.md, "Standard benchmarks")
     lm_eval: HarnessSpec | None = None
     limit: int | None = Field(default=None, gt=0)
+    #: sequences per forward pass when scoring (padding changes numerics: part of the resume key)
     batch_size: int = Field(default=32, gt=0)
+    #: sequences decoded together by the hf backend (default 4 x batch_size): a decode step
+    #: reads every weight once whatever the rows, so wider steps are nearly free
+    generation_batch_size: int | None = Field(default=None, gt=0)
     seed: int = 1234
     budget: Budget = Budget()
     engine: EngineSpec = EngineSpec()

@@ -52,7 +52,8 @@ def setup_keys(pre: Preflight, setup: Setup) -> SetupKeys:
     cfg, m = pre.cfg, pre.cfg.model
     parts = {"model_sha256": pre.model_sha256, "setup": setup.id, "qeval": __version__, "backend": cfg.backend,
              "device": pre.device, "dtype": m.dtype, "max_context": str(m.max_context), "limit": str(cfg.limit),
-             "batch_size": str(cfg.batch_size)}
+             "batch_size": str(cfg.batch_size),
+             "generation_batch_size": str(cfg.generation_batch_size or 4 * cfg.batch_size)}
     if cfg.backend == "vllm":  # the engine's scheduler decides the batching there
         parts["engine"] = json.dumps(cfg.engine.model_dump(mode="json"), sort_keys=True)
     return SetupKeys(parts, {t.name: parts | {"task": t.fingerprint} for t in pre.tasks})

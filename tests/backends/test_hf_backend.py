@@ -136,3 +136,32 @@ def test_fp8_kv_cache_runs_and_changes_scores(model_path: Path, fp32: HFBackend)
     got = np.array([r.logprob for r in b.loglikelihood(REQS, noop)])
     assert np.abs(got - base).max() > 0
     assert b.memory()["kv_bytes_per_token"].measured == 2 * 4 * 2 * 32  # 1 byte per element
+
+
+def test_a_shared_prompt_prefix_is_run_once_and_scores_the_same(fp32: HFBackend,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Few-shot prompts that share their examples (lm-eval's first_n sampler): the shared
+    prefix is prefilled once; scores and generations equal those without sharing."""
+    from qeval.backends.hf import backend as hf
+
+    shots = "Largest of 37 82 15 64: 82\nSmallest of 23 32 38 87: 23\n12 + 30 = 42\n"
+    reqs = [LoglikelihoodRequest(shots + q, " " + a) for q, a in
+            [("Largest of 11 95 40 22:", "95"), ("Largest of 11 95 40 22:", "40"), ("31 + 12 =", "43"),
+             ("ISO code of France:", "FR")]]
+    gens = [GenerateRequest(shots + q, ("\n",), 6) for q in ("55 + 21 =", "Smallest of 50 41 77 63:")]
+    calls: list[int] = []
+    real = fp32.model.forward
+
+    def spy(*args: object, **kwargs: object) -> object:
+        calls.append(kwargs["input_ids"].shape[1])  # type: ignore[union-attr]
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fp32.model, "forward", spy)
+    shared = [r.logprob for r in fp32.loglikelihood(reqs, noop)]
+    # the shared prefix ran once (one call of its length), the questions' own tokens after it
+    assert calls[0] >= len(shots) and calls[1] < 30, calls
+    shared_gen = fp32.generate(gens, noop)
+    monkeypatch.setattr(hf, "MIN_SHARED_PREFIX", 10**9)
+    alone = [r.logprob for r in fp32.loglikelihood(reqs, noop)]
+    np.testing.assert_allclose(shared, alone, atol=1e-4)
+    assert fp32.generate(gens, noop) == shared_gen

@@ -14,6 +14,7 @@ prefilled cache; perplexity text is scored through a round-trip cache (see hf_qu
 from __future__ import annotations
 
 import resource
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ class HFBackend:
     def __init__(self, cfg: RunConfig, setup: Setup, device: str) -> None:
         self.cfg, self.setup, self.device = cfg, setup, device
         self.batch_size = cfg.batch_size
+        self.gen_batch_size = cfg.generation_batch_size or 4 * cfg.batch_size
         self.max_length = cfg.model.max_context
         self.model: Any = None
         self.tok: Any = None
@@ -97,10 +99,14 @@ class HFBackend:
     def loglikelihood(self, requests: list[LoglikelihoodRequest], progress: Progress) -> list[LoglikelihoodResult]:
         """Summed log-prob of each continuation, and whether greedy decoding would produce it.
 
-        Requests sharing a context (the choices of one question) share one prefill of it:
-        the context is run once and its cache rows are repeated for each continuation. With a
-        quantized KV cache every request gets its own prefill (quantized caches cannot be
-        row-selected), which is also what makes every continuation token see quantized K/V.
+        Requests sharing a context (the choices of one question) share one prefill of it. With
+        an unquantized KV cache the prefill runs the whole context and its last position scores
+        every continuation's first token (a one-token answer needs no second pass); the rest of
+        each longer continuation is scored in a second pass over the prefill's cache rows,
+        repeated per continuation. With a quantized KV cache every request gets its own prefill
+        of ctx[:-1] (quantized caches cannot be row-selected) and its second pass scores
+        [ctx[-1]] + cont[:-1], so that every scored position attends to K/V that came out of
+        the quantized cache.
         """
         encode = memoized(self.conv.encode)
         pairs = [truncate(*encode_pair(self.conv, r.context, r.continuation, encode), self.max_length)
@@ -111,53 +117,87 @@ class HFBackend:
             groups.setdefault(key, []).append(i)
         order = sorted(groups.values(), key=lambda ids: -len(pairs[ids[0]][0]) - max(len(pairs[i][1]) for i in ids))
         out: list[LoglikelihoodResult | None] = [None] * len(pairs)
-        chunk: list[list[int]] = []
-        for n, ids in enumerate(order):
-            chunk.append(ids)
-            if sum(map(len, chunk)) >= self.batch_size or n == len(order) - 1:
-                ids = [i for g in chunk for i in g]
-                for i, (logps, greedy) in zip(ids, self._score_shared(chunk, pairs), strict=True):
-                    out[i] = LoglikelihoodResult(float(logps.sum()), bool(greedy), len(logps))
-                progress(sum(map(len, chunk)))
-                chunk = []
+        for chunk in self._chunks(order, pairs):
+            ids = [i for g in chunk for i in g]
+            for i, (logps, greedy) in zip(ids, self._score_shared(chunk, pairs), strict=True):
+                out[i] = LoglikelihoodResult(float(logps.sum(dtype=np.float64)), bool(greedy), len(logps))
+            progress(len(ids))
         return out  # type: ignore[return-value]
+
+    def _chunks(self, order: list[list[int]], pairs: list[tuple[list[int], list[int]]]) -> Iterator[list[list[int]]]:
+        """Up to batch_size contexts per prefill, and no more tokens in the second pass's cache
+        rows (context x continuations) than batch_size full-length sequences hold."""
+        budget = self.batch_size * self.max_length
+        chunk: list[list[int]] = []
+        tokens = 0
+        for ids in order:
+            cost = len(pairs[ids[0]][0]) * len(ids)
+            if chunk and (len(chunk) >= self.batch_size or tokens + cost > budget):
+                yield chunk
+                chunk, tokens = [], 0
+            chunk.append(ids)
+            tokens += cost
+        if chunk:
+            yield chunk
 
     def _score_shared(self, chunk: list[list[int]],
                       pairs: list[tuple[list[int], list[int]]]) -> list[tuple[np.ndarray, bool]]:
-        """Prefill each context's ctx[:-1] once, repeat its cache row per continuation, then
-        score [ctx[-1]] + cont[:-1] for every request of the chunk in one pass."""
-        cache, p_mask = self._prefill([pairs[g[0]][0][:-1] for g in chunk])
-        rows = torch.tensor([r for r, g in enumerate(chunk) for _ in g])
-        if len(rows) != len(chunk):
-            cache.batch_select_indices(rows.to(self.device))
-        p_mask = p_mask[rows]
-        reqs = [pairs[i] for g in chunk for i in g]
-        rests = [ctx[-1:] + cont[:-1] for ctx, cont in reqs]
-        r_ids, r_mask = _pad(rests, self.tok.pad_token_id, left=False)
-        pos = p_mask.sum(1, keepdim=True) + torch.arange(r_ids.shape[1]).unsqueeze(0)
-        logits = self.model(
-            input_ids=r_ids.to(self.device),
-            attention_mask=torch.cat([p_mask, r_mask], 1).to(self.device),
-            position_ids=pos.to(self.device),
-            past_key_values=cache,
-            use_cache=True,
-        ).logits
-        return [_gather(logits[row, : len(cont)], cont) for row, (_, cont) in enumerate(reqs)]
+        """Per request of the chunk: the continuation's token log-probs and whether each is greedy."""
+        fresh = not self.setup.quantizes_kv  # scored positions may attend to K/V computed in the same pass
+        reqs = [(r, pairs[i]) for r, g in enumerate(chunk) for i in g]
+        cache, p_mask, last = self._prefill([pairs[g[0]][0] if fresh else pairs[g[0]][0][:-1] for g in chunk],
+                                            keep_last=fresh)
+        first = [(F.log_softmax(last[r].float(), -1), cont[0]) for r, (_, cont) in reqs] if fresh else []
+        second = [k for k, (_, (_, cont)) in enumerate(reqs) if len(cont) > 1 or not fresh]
+        rests: dict[int, tuple[np.ndarray, bool]] = {}
+        if second:
+            rows = torch.tensor([reqs[k][0] for k in second])
+            if len(rows) != len(chunk) or not torch.equal(rows, torch.arange(len(chunk))):
+                cache.batch_select_indices(rows.to(self.device))
+            inputs = [cont[:-1] if fresh else ctx[-1:] + cont[:-1] for _, (ctx, cont) in (reqs[k] for k in second)]
+            r_ids, r_mask = _pad(inputs, self.tok.pad_token_id, left=False)
+            mask = p_mask[rows]
+            pos = mask.sum(1, keepdim=True) + torch.arange(r_ids.shape[1]).unsqueeze(0)
+            logits = self.model(input_ids=r_ids.to(self.device),
+                                attention_mask=torch.cat([mask, r_mask], 1).to(self.device),
+                                position_ids=pos.to(self.device), past_key_values=cache, use_cache=True).logits
+            for row, k in enumerate(second):
+                cont = reqs[k][1][1]
+                rests[k] = _gather(logits[row, : len(cont) - fresh], cont[fresh:])
+        out = []
+        for k in range(len(reqs)):
+            head = [] if not fresh else [_gather_one(*first[k])]
+            tail = [rests[k]] if k in rests else []
+            parts = head + tail
+            out.append((np.concatenate([p[0] for p in parts]), all(p[1] for p in parts)))
+        return out
 
-    def _prefill(self, prefixes: list[list[int]]) -> tuple[Any, torch.Tensor]:
-        """Left-padded prefill into a fresh cache; returns the cache and the prefix mask."""
+    def _prefill(self, prefixes: list[list[int]], keep_last: bool = False) -> tuple[Any, torch.Tensor, Any]:
+        """Left-padded prefill into a fresh cache: the cache, the prefix mask, and (keep_last)
+        the logits of each row's last position. Only those are computed (logits_to_keep=1):
+        the full-vocabulary logits of every prefix position are never needed.
+
+        With an unquantized KV cache, a token prefix all rows share (the few-shot examples of
+        an MMLU subject, which lm-eval draws `first_n`) is run once and its cache rows
+        repeated; each row's own tokens follow it, padded in between."""
         cache = hf_quant.new_cache(self.model.config, self.setup)
-        ids, mask = _pad(prefixes, self.tok.pad_token_id, left=True)
+        shared = 0 if self.setup.quantizes_kv or len(prefixes) < 2 else _common_prefix(prefixes)
+        if shared < MIN_SHARED_PREFIX:
+            shared = 0
+        else:
+            head = torch.tensor([prefixes[0][:shared]], device=self.device)
+            self.model(input_ids=head, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            cache.batch_repeat_interleave(len(prefixes))
+        ids, mask = _pad([p[shared:] for p in prefixes], self.tok.pad_token_id, left=True)
+        last = None
         if ids.shape[1]:
-            pos = (mask.cumsum(1) - 1).clamp(min=0)
-            self.model(
-                input_ids=ids.to(self.device),
-                attention_mask=mask.to(self.device),
-                position_ids=pos.to(self.device),
-                past_key_values=cache,
-                use_cache=True,
-            )
-        return cache, mask
+            pos = shared + (mask.cumsum(1) - 1).clamp(min=0)
+            mask = torch.cat([torch.ones(len(prefixes), shared, dtype=mask.dtype), mask], 1)
+            out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                             position_ids=pos.to(self.device), past_key_values=cache, use_cache=True,
+                             logits_to_keep=1)
+            last = out.logits[:, -1] if keep_last else None
+        return cache, mask, last
 
     # -- rolling log-likelihood (perplexity) -------------------------------------------
     @torch.no_grad()
@@ -196,12 +236,16 @@ class HFBackend:
     # -- generation --------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, requests: list[GenerateRequest], progress: Progress) -> list[str]:
-        """Greedy generation until a stop string or max_gen_toks, batched with left padding."""
+        """Greedy generation until a stop string or max_gen_toks, batched with left padding.
+
+        Rows are decoded `generation_batch_size` at a time (default 4 x batch_size): a decode
+        step reads every weight once whatever the rows, so more rows per step cost little and
+        save whole passes over the weights."""
         encoded = [self.conv.encode(r.context) for r in requests]
         order = sorted(range(len(requests)), key=lambda i: -len(encoded[i]))
         out: list[str] = [""] * len(requests)
-        for start in range(0, len(order), self.batch_size):
-            idx = order[start : start + self.batch_size]
+        for start in range(0, len(order), self.gen_batch_size):
+            idx = order[start : start + self.gen_batch_size]
             reqs = [requests[i] for i in idx]
             max_new = max(r.max_gen_toks for r in reqs)
             ctxs = [generation_context(encoded[i], self.max_length, max_new) for i in idx]
@@ -211,34 +255,46 @@ class HFBackend:
         return out
 
     def _greedy(self, ctxs: list[list[int]], reqs: list[GenerateRequest], max_new: int) -> list[str]:
-        cache, mask = self._prefill([c[:-1] for c in ctxs])
-        step = torch.tensor([[c[-1]] for c in ctxs])
+        """Decode from a prefilled cache. Unquantized KV: the prefill's last position gives the
+        first token, and a row that has finished leaves the batch (its compute is not spent on
+        padding until the slowest row stops). Quantized KV: the last context token is fed from
+        the cache like every later one, so each generated token is predicted from K/V that came
+        out of the cache (quantized caches cannot drop rows: finished rows ride along)."""
+        fresh = not self.setup.quantizes_kv
+        cache, mask, last = self._prefill(ctxs if fresh else [c[:-1] for c in ctxs], keep_last=fresh)
         pos = mask.sum(1, keepdim=True)
         generated: list[list[int]] = [[] for _ in ctxs]
         done = [False] * len(ctxs)
+        rows = list(range(len(ctxs)))  # the original row of each batch row
+        step = None if fresh else torch.tensor([[c[-1]] for c in ctxs])
         for _ in range(max_new):
-            mask = torch.cat([mask, torch.ones(len(ctxs), 1, dtype=mask.dtype)], 1)
-            logits = self.model(
-                input_ids=step.to(self.device),
-                attention_mask=mask.to(self.device),
-                position_ids=pos.to(self.device),
-                past_key_values=cache,
-                use_cache=True,
-            ).logits[:, -1]
-            nxt = logits.argmax(-1).cpu()
-            for row, token in enumerate(nxt.tolist()):
-                if done[row]:
-                    continue
-                generated[row].append(token)
-                text = self.tok.decode(generated[row], skip_special_tokens=True)
-                r = reqs[row]
-                done[row] = (token == self.tok.eos_token_id or any(s in text for s in r.until)
-                             or len(generated[row]) >= r.max_gen_toks)
+            if step is not None:
+                mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=mask.dtype)], 1)
+                last = self.model(input_ids=step.to(self.device), attention_mask=mask.to(self.device),
+                                  position_ids=pos.to(self.device), past_key_values=cache, use_cache=True).logits[:, -1]
+                pos = pos + 1
+            nxt = last.argmax(-1).cpu()
+            for b, token in enumerate(nxt.tolist()):
+                row = rows[b]
+                if not done[row]:
+                    generated[row].append(token)
+                    done[row] = self._stops(generated[row], token, reqs[row])
             if all(done):
                 break
-            step, pos = nxt[:, None], pos + 1
+            keep = [b for b, row in enumerate(rows) if not done[row]] if fresh else list(range(len(rows)))
+            if len(keep) < len(rows):
+                index = torch.tensor(keep)
+                cache.batch_select_indices(index.to(self.device))
+                mask, pos, nxt, rows = mask[index], pos[index], nxt[index], [rows[b] for b in keep]
+            step = nxt[:, None]
         return [_cut(self.tok.decode(g, skip_special_tokens=True), r.until)
                 for g, r in zip(generated, reqs, strict=True)]
+
+    def _stops(self, generated: list[int], token: int, req: GenerateRequest) -> bool:
+        """EOS, a stop string in the decoded text, or max_gen_toks reached."""
+        if token == self.tok.eos_token_id or len(generated) >= req.max_gen_toks:
+            return True
+        return any(s in self.tok.decode(generated, skip_special_tokens=True) for s in req.until)
 
     # -- memory ------------------------------------------------------------------------
     @torch.no_grad()
@@ -278,6 +334,25 @@ class HFBackend:
 
 def _weights_dtype(setup: Setup) -> str:
     return {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[setup.weights or "bf16"]
+
+
+#: a prefix shared by every row of a prefill is run once when at least this long
+MIN_SHARED_PREFIX = 16
+
+
+def _common_prefix(seqs: list[list[int]]) -> int:
+    """Length of the token prefix all sequences share, leaving each at least one token."""
+    n = min(len(s) for s in seqs) - 1
+    first = seqs[0]
+    for i in range(max(n, 0)):
+        if any(s[i] != first[i] for s in seqs[1:]):
+            return i
+    return max(n, 0)
+
+
+def _gather_one(logp: torch.Tensor, token: int) -> tuple[np.ndarray, bool]:
+    """The log-prob of one token under a log-softmaxed distribution, and whether it is the argmax."""
+    return np.array([float(logp[token])], dtype=np.float32), bool(int(logp.argmax()) == token)
 
 
 def _gather(logits: torch.Tensor, cont: list[int]) -> tuple[np.ndarray, bool]:
