@@ -190,3 +190,19 @@ def test_the_hub_code_path_on_a_local_dataset_folder(tmp_path: Path) -> None:
     rec = json.loads((tmp_path / "out" / "samples" / "fp32" / "hellaswag.jsonl").read_text().splitlines()[0])
     assert "[" not in rec["prompt"]  # hellaswag's process_docs ran: the WikiHow "[title]" markup is gone
     assert not math.isnan(r["setups"][0]["tasks"]["hellaswag"]["metrics"]["acc_norm"]["value"])
+
+
+def test_the_smollm2_sweep_config_runs_and_reports_recovery(tmp_path: Path) -> None:
+    """configs/smollm2-openllm.yaml (the real model, the offline Open LLM suite, WikiText), cut
+    to 3 documents a task and the baseline plus the mixed INT4-weights + INT4-KV setup."""
+    assert (SMOLLM2 / ".prepared").is_file(), "run `make smollm2` (make test does)"
+    out = tmp_path / "out"
+    res = run_cli("run", str(ROOT / "configs" / "smollm2-openllm.yaml"), "--output", str(out), "--limit", "3",
+                  "--setups", "int4-kv-int4", timeout=3000)
+    assert res.returncode == 0, res.stderr[-3000:]
+    r = json.loads((out / "results.json").read_text())
+    mixed = next(s for s in r["setups"] if s["name"] == "int4-kv-int4")
+    assert set(mixed["suites"]) == {"openllm-v1-local"}
+    assert mixed["vs_baseline"]["wikitext_local"]["kl"] > 0
+    md = (out / "report.md").read_text()
+    assert "## Suites" in md and "openllm-v1-local" in md and "recovery" in md
