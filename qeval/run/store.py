@@ -65,27 +65,11 @@ class RunStore:
     def read_meta(self, setup: str, task: str) -> dict[str, Any] | None:
         """The stored meta, or None when absent or unreadable (a corrupt meta means the pair is
         not done: it is recomputed, and the reason printed)."""
-        path = self.meta_path(setup, task)
-        if not path.is_file():
-            return None
-        try:
-            meta = read_json(path)
-        except UserError as exc:
-            print(f"qeval: warning: {exc}; {setup}/{task} will be recomputed", file=sys.stderr)
-            return None
-        return meta if isinstance(meta, dict) else None
+        return _read_object(self.meta_path(setup, task), f"{setup}/{task} will be recomputed")
 
     def read_outcome(self, setup: str) -> dict[str, Any] | None:
         """A worker's stored outcome, or None when absent or unreadable."""
-        path = self.setup_path(setup)
-        if not path.is_file():
-            return None
-        try:
-            outcome = read_json(path)
-        except UserError as exc:
-            print(f"qeval: warning: {exc}; setup {setup} will be rerun", file=sys.stderr)
-            return None
-        return outcome if isinstance(outcome, dict) else None
+        return _read_object(self.setup_path(setup), f"setup {setup} will be rerun")
 
     def read_samples(self, setup: str, task: str) -> list[dict[str, Any]]:
         """Per-sample records; a corrupt line is a one-line UserError naming file and line."""
@@ -105,3 +89,16 @@ class RunStore:
             return None
         with np.load(path) as z:
             return {k: z[k] for k in z.files}
+
+
+def _read_object(path: Path, consequence: str) -> dict[str, Any] | None:
+    """A JSON object qeval stored, or None when absent; a corrupt one is None too, with a
+    warning saying what follows from it."""
+    if not path.is_file():
+        return None
+    try:
+        obj = read_json(path)
+    except UserError as exc:
+        print(f"qeval: warning: {exc}; {consequence}", file=sys.stderr)
+        return None
+    return obj if isinstance(obj, dict) else None
