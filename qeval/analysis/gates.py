@@ -14,9 +14,11 @@ class Gate(Strict):
     99%; on a suite, of its average)."""
 
     task: str = "all"
-    max_drop: float | None = Field(default=None, gt=0)
+    max_drop: float | None = Field(default=None, gt=0, description="the largest drop allowed, in the metric's units "
+                                                                   "(a share of the baseline's value with relative)")
     relative: bool = False
-    min_recovery: float | None = Field(default=None, gt=0, le=1)
+    min_recovery: float | None = Field(default=None, gt=0, le=1, description="the smallest share of the baseline's "
+                                                                           "score the setup must keep (0.99 = 99%)")
 
     @model_validator(mode="after")
     def _one(self) -> Gate:
