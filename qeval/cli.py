@@ -15,6 +15,7 @@ from qeval.analysis.recommend import candidate_problem
 from qeval.errors import UserError
 
 if TYPE_CHECKING:
+    from qeval.memory.cluster import Cluster, ClusterRow
     from qeval.results.schema import Results
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Quantization quality-vs-memory evaluation.")
@@ -199,22 +200,35 @@ def plan_cmd(
     overhead_gib: Annotated[float, typer.Option(min=0.0, help="runtime overhead inside the budget: activations, "
                                                 "workspaces, CUDA context (budget.overhead_gib)")] = 1.0,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    gpus_per_node: Annotated[int | None, typer.Option(min=1, help="cluster view: GPUs per node (of --gpu-gib "
+                                                      "each; docs/cluster.md)")] = None,
+    nodes: Annotated[int, typer.Option(min=1, help="cluster view: nodes")] = 1,
+    concurrency: Annotated[int, typer.Option(min=1, help="cluster view: sequences of --context-len each setup "
+                                             "must hold")] = 1,
 ) -> None:
-    """Predict weights, KV cache per token, KV tokens that fit and concurrent sequences per setup."""
+    """Predict weights, KV cache per token, KV tokens that fit and concurrent sequences per setup;
+    with --gpus-per-node, also the GPUs each setup needs on a cluster and how many run at once."""
     import json
 
     from qeval.memory.capacity import Budget
+    from qeval.memory.cluster import Cluster, cluster_json, cluster_plan
     from qeval.memory.planner import load_model_config, plan, plan_json
 
     try:
         budget = Budget(gpu_memory_gib=gpu_gib, utilization=utilization, context_len=context_len,
                         overhead_gib=overhead_gib, margin=margin)
-        rows = plan(load_model_config(model), budget)
+        config = load_model_config(model)
+        rows = plan(config, budget)
+        cluster = Cluster(nodes, gpus_per_node) if gpus_per_node else None
+        grouped = cluster_plan(config, budget, cluster, concurrency) if cluster else None
     except UserError as exc:
         _fail(exc)
         return
     if as_json:
-        print(json.dumps(plan_json(rows), indent=2))
+        out = plan_json(rows)
+        if cluster and grouped:
+            out["cluster"] = cluster_json(*grouped, cluster, gpu_gib, concurrency)
+        print(json.dumps(out, indent=2))
         return
     table = Table("setup", "weights", "KV / token", "KV tokens", f"sequences @ {context_len}",
                   title=f"{model} on {gpu_gib:g} GiB x {utilization:g}")
@@ -222,6 +236,23 @@ def plan_cmd(
         table.add_row(r.setup, f"{r.weights_bytes / 2**30:.2f} GiB", f"{r.kv_bytes_per_token / 1024:.1f} KiB",
                       f"{r.kv_cache_tokens:,}", f"{r.max_concurrency:g}" + ("" if r.fits else " (does not fit)"))
     Console().print(table)
+    if cluster and grouped:
+        _print_cluster(model, cluster, gpu_gib, context_len, concurrency, *grouped)
+
+
+def _print_cluster(model: str, cluster: Cluster, gpu_gib: float, context_len: int, concurrency: int,
+                   rows: list[ClusterRow], at_once: int) -> None:
+    table = Table("setup", "GPUs (TP x PP)", "KV tokens", f"sequences @ {context_len}", "copies at once",
+                  title=f"{model} on {cluster.nodes} node(s) x {cluster.gpus_per_node} GPUs of {gpu_gib:g} GiB, "
+                        f"{concurrency} sequence(s) each")
+    for r in rows:
+        if r.gpus is None:
+            table.add_row(r.setup, "does not fit", "", "", "0")
+            continue
+        table.add_row(r.setup, f"{r.gpus} ({r.tensor_parallel_size} x {r.pipeline_parallel_size})",
+                      f"{r.kv_cache_tokens:,}", f"{r.max_concurrency:g}", str(r.copies_at_once))
+    Console().print(table)
+    Console().print(f"all {len(rows)} setups side by side: {at_once} run at once on this cluster")
 
 
 @app.command("schema")
