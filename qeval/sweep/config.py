@@ -76,6 +76,10 @@ def load_sweep(path: Path) -> Sweep | None:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise UserError(f"{path}: models: duplicate model names: {', '.join(dupes)}")
+    for m in models:
+        if m.setups is None and "setups" not in common:
+            raise UserError(f"{path}: models.{m.name}: no setups: give the model its own `setups:`, or the sweep "
+                            "`setups:` for the models that give none")
     configs = {m.name: config_from_dict(_model_config(common, entry, m), path, where=f"models.{m.name}: ")
                for m, entry in zip(models, entries, strict=True)}
     return Sweep(name, configs)
