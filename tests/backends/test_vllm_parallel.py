@@ -89,3 +89,19 @@ def test_the_backend_passes_the_config_to_the_engine(tmp_path: Path, monkeypatch
 def test_the_gpu_example_config_still_asks_for_one_gpu() -> None:
     cfg = load_config(ROOT / "configs" / "gpu-llama3-8b.yaml")
     assert (cfg.engine.tensor_parallel_size, cfg.engine.pipeline_parallel_size) == (1, 1)
+
+
+def test_the_cluster_example_loads_and_asks_for_a_group_of_four() -> None:
+    from qeval.run.executors.resources import JobResources, job_resources
+    from qeval.sweep.config import load_sweep
+
+    sweep = load_sweep(ROOT / "configs" / "cluster-example.yaml")
+    assert sweep is not None and list(sweep.configs) == ["base", "community-awq"]
+    for cfg in sweep.configs.values():
+        assert cfg.executor.kind == "ray" and job_resources(cfg, "cuda") == JobResources(1.0, num_gpus=4)
+        for setup in cfg.setups:
+            vllm_support.validate(setup, "cuda")
+            args = vllm_support.engine_args(cfg.model.path, setup, dtype=cfg.model.dtype, max_model_len=8192,
+                                            utilization=0.9, max_num_seqs=64, tensor_parallel_size=4,
+                                            enforce_eager=True, seed=cfg.seed)
+            assert args["tensor_parallel_size"] == 4 and args["distributed_executor_backend"] == "mp"
