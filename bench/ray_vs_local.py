@@ -14,6 +14,7 @@ few cores the workers share them, and two processes of one thread each are not t
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -27,7 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def timed_run(config: Path, out: Path, limit: int, executor: str) -> float:
     """Wall seconds of `qeval run CONFIG --executor EXECUTOR` (the whole command, as a user waits for it)."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # ray: a local Ray started by the run
-    env |= {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    # Ray starts its workers at niceness 15 (measured: state SN in ps); on a machine shared with
+    # other work that alone slows them down. Both legs compete at niceness 0 here.
+    env |= {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "RAY_worker_niceness": "0"}
     started = time.perf_counter()
     res = subprocess.run([sys.executable, "-m", "qeval.cli", "run", str(config), "--output", str(out),
                           "--limit", str(limit), "--executor", executor], cwd=ROOT, env=env,
@@ -36,6 +39,12 @@ def timed_run(config: Path, out: Path, limit: int, executor: str) -> float:
     if res.returncode != 0:
         raise SystemExit(f"{executor} run failed ({res.returncode}):\n{res.stderr[-3000:]}")
     return seconds
+
+
+def worker_seconds(run: Path) -> float:
+    """The setups' own times (their worker processes' total_s), summed."""
+    outcomes = [json.loads(p.read_text()) for p in (run / "setups").glob("*.json")]
+    return float(sum(o.get("timings", {}).get("total_s", 0.0) for o in outcomes))
 
 
 def samples(run: Path) -> dict[str, bytes]:
@@ -47,6 +56,7 @@ def main() -> None:
     ap.add_argument("--config", type=Path, default=ROOT / "configs" / "demo.yaml")
     ap.add_argument("--limit", type=int, default=60)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=1, help="pairs of runs (local, then ray), each reported")
     args = ap.parse_args()
     cores = os.cpu_count() or 1
     per_job = max(1, cores // args.workers)
@@ -55,19 +65,23 @@ def main() -> None:
         text = args.config.read_text().replace("path: models/", f"path: {ROOT}/models/")
         config.write_text(text + f"\ntasks_dir: {ROOT / 'tasks'}\nexecutor: {{kind: ray, max_parallel: {args.workers}, "
                                  f"num_cpus_per_job: {per_job}}}\n")
-        load = os.getloadavg()[0]
-        local = timed_run(config, Path(tmp) / "local", args.limit, "local")
-        ray = timed_run(config, Path(tmp) / "ray", args.limit, "ray")
-        load = max(load, os.getloadavg()[0])
-        same = samples(Path(tmp) / "local") == samples(Path(tmp) / "ray")
-        n = len(samples(Path(tmp) / "local"))
-    print(f"config {args.config.name}, --limit {args.limit}; machine: {cores} cores "
-          f"(os.cpu_count), highest 1-minute load average seen {load:.1f}")
-    print(f"local (one setup at a time, {cores} threads): {local:7.1f} s")
-    print(f"ray ({args.workers} workers x {per_job} CPU):           {ray:7.1f} s   (a local Ray started inside)")
-    print(f"ratio local / ray: {local / ray:.2f}x   per-sample records identical: {same} ({n} files)")
-    if not same:
-        raise SystemExit("the two executors' per-sample records differ")
+        # untimed: one-time costs (kernel builds such as quanto's C++ extension, the disk cache) paid once
+        timed_run(config, Path(tmp) / "warm-up", 1, "local")
+        print(f"config {args.config.name}, --limit {args.limit}; machine: {cores} cores (os.cpu_count); "
+              f"local: one setup at a time, {cores} threads; ray: {args.workers} workers x {per_job} CPU, "
+              "a local Ray started inside the timed run", flush=True)
+        for i in range(args.repeat):
+            load = os.getloadavg()[0]
+            local = timed_run(config, Path(tmp) / f"local{i}", args.limit, "local")
+            ray = timed_run(config, Path(tmp) / f"ray{i}", args.limit, "ray")
+            load = max(load, os.getloadavg()[0])
+            same = samples(Path(tmp) / f"local{i}") == samples(Path(tmp) / f"ray{i}")
+            own = {leg: worker_seconds(Path(tmp) / f"{leg}{i}") for leg in ("local", "ray")}
+            print(f"local {local:6.1f} s, ray {ray:6.1f} s: ratio local / ray {local / ray:.2f}x "
+                  f"(setups' own times: {own['local']:.0f} s / {own['ray']:.0f} s; highest 1-minute load "
+                  f"average seen {load:.1f}; per-sample records identical: {same})", flush=True)
+            if not same:
+                raise SystemExit("the two executors' per-sample records differ")
 
 
 if __name__ == "__main__":

@@ -253,3 +253,20 @@ def test_two_model_sweep_gives_the_cross_model_table(cluster: LocalCluster, tmp_
     before = md
     res = run_cli("report", str(out))
     assert res.returncode == 0 and (out / "report.md").read_text() == before  # from the stored files alone
+
+
+def test_a_job_no_node_can_hold_fails_at_once(cluster: LocalCluster, tmp_path: Path) -> None:
+    """device: cuda on a cluster without GPUs: every setup asks for a GPU no node has. Each is
+    failed with what it needed instead of waiting in Ray's queue for ever (the driver itself
+    needs no GPU under the ray executor)."""
+    cfg = _config(tmp_path, "{kind: ray}")
+    cfg.write_text(cfg.read_text().replace("device: auto", "device: cuda"))
+    started = time.monotonic()
+    res = run_cli("run", str(cfg), "--output", str(tmp_path / "run"), "--limit", LIMIT, "--setups", "int8")
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert time.monotonic() - started < 120
+    r = json.loads((tmp_path / "run" / "results.json").read_text())
+    for s in r["setups"]:
+        assert s["status"] == "failed"
+        assert s["error"] == ("cannot be placed on this cluster: needs 1 CPU and 1 GPU on one node; the largest node "
+                              "of the cluster has 1 CPUs and 0 GPUs"), s["error"]

@@ -117,18 +117,9 @@ class RayExecutor:
         flying: dict[ray.ObjectRef, _Flight] = {}
         try:
             while waiting or flying:
-                for job in [j for j in waiting if all(a in done for a in j.after)]:
-                    if self.spec.max_parallel and len(flying) >= self.spec.max_parallel:
-                        break
-                    waiting.remove(job)
-                    problem = unplaceable(job.resources, ray.nodes())
-                    if problem:
-                        self._lost(job, f"cannot be placed on this cluster: {problem}")
-                        done.add(job.id)
-                        continue
-                    ref, flight = self._submit(job)
-                    flying[ref] = flight
-                if not flying:
+                self._submit_ready(waiting, done, flying)
+                if not flying:  # nothing running: every waiting job waits for one that will never run
+                    assert not waiting, f"jobs wait for nothing that runs: {[j.id for j in waiting]}"
                     continue
                 ready, _ = ray.wait(list(flying), num_returns=1, timeout=POLL_S)
                 for ref in ready:  # fetched at once: an unfetched result lives only on its node
@@ -151,6 +142,25 @@ class RayExecutor:
         finally:
             for flight in flying.values():
                 self._release(flight)
+
+    def _submit_ready(self, waiting: list[WorkerJob], done: set[str], flying: dict[ray.ObjectRef, _Flight]) -> None:
+        """Submit every waiting job whose `after` jobs are done, up to max_parallel running; a job
+        no node can hold is failed here (which may make others ready: hence the loop)."""
+        progressed = True
+        while progressed:
+            progressed = False
+            for job in [j for j in waiting if all(a in done for a in j.after)]:
+                if self.spec.max_parallel and len(flying) >= self.spec.max_parallel:
+                    return
+                waiting.remove(job)
+                progressed = True
+                problem = unplaceable(job.resources, ray.nodes())
+                if problem:
+                    self._lost(job, f"cannot be placed on this cluster: {problem}")
+                    done.add(job.id)
+                    continue
+                ref, flight = self._submit(job)
+                flying[ref] = flight
 
     def _submit(self, job: WorkerJob) -> tuple[ray.ObjectRef, _Flight]:
         res = job.resources
