@@ -151,7 +151,7 @@ def test_a_killed_ray_worker_is_retried(cluster: LocalCluster, local_run: Path, 
 
 
 def test_exhausted_retries_record_the_cause(cluster: LocalCluster, tmp_path: Path) -> None:
-    cfg = _config(tmp_path, "{kind: ray, max_retries: 0}")
+    cfg = _config(tmp_path, f"{{kind: ray, max_retries: 0, address: '{cluster.address}'}}")  # the config's address
     out = tmp_path / "run"
     with Watch(cluster.scratch, kill_setup="int8") as watch:
         res = run_cli("run", str(cfg), "--output", str(out), "--limit", LIMIT, "--setups", "int8")
