@@ -15,6 +15,7 @@ from qeval.analysis.recommend import candidate_problem
 from qeval.errors import UserError
 
 if TYPE_CHECKING:
+    from qeval.memory.cluster import Cluster, ClusterRow
     from qeval.results.schema import Results
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Quantization quality-vs-memory evaluation.")
@@ -48,6 +49,8 @@ def run(
         help="recompute stored results; write into a folder holding another run")] = False,
     fail_on_gate: Annotated[bool, typer.Option(
         help="exit 3 when the candidate does not pass every quality gate")] = False,
+    executor: Annotated[str | None, typer.Option(
+        help="local or ray: where the setups run (overrides the config's executor.kind; docs/cluster.md)")] = None,
 ) -> None:
     """Serve the model under every setup of CONFIG, score the tasks, write RUN_DIR.
 
@@ -56,28 +59,41 @@ def run(
     from qeval.config import load_config
     from qeval.run.runner import RunOptions
     from qeval.run.runner import run as run_all
+    from qeval.sweep.config import load_sweep
+    from qeval.sweep.run import run_sweep
 
     try:
-        cfg = load_config(config)
-        out = output or Path("reports") / cfg.name
-        results = run_all(cfg, RunOptions(out, _split(setups), _split(tasks), limit, force))
+        if executor not in (None, "local", "ray"):
+            raise UserError(f"--executor {executor}: expected local or ray")
+        sweep = load_sweep(config)  # None: a config of one model
+        if sweep is not None:
+            out = output or Path("reports") / sweep.name
+            runs = run_sweep(sweep, RunOptions(out, _split(setups), _split(tasks), limit, force, executor))
+        else:
+            cfg = load_config(config)
+            out = output or Path("reports") / cfg.name
+            runs = {"": run_all(cfg, RunOptions(out, _split(setups), _split(tasks), limit, force, executor))}
     except UserError as exc:
         _fail(exc)
         return
     except KeyboardInterrupt:
         print("qeval: interrupted; what was stored is kept: rerun the same command to resume", file=sys.stderr)
         raise typer.Exit(EXIT_INTERRUPTED) from None
-    _err.print(f"results: {out / 'results.json'}\nreport:  {out / 'report.md'}")
-    code = exit_code(results, fail_on_gate)
-    failed_setups = [s.name for s in results.setups if s.status != "ok"]
-    if failed_setups:
-        _err.print(f"[yellow]setups that failed: {', '.join(failed_setups)} (see results.json)[/yellow]")
-    if results.dropped:
-        _err.print(f"[yellow]{len(results.dropped)} stored result(s) of another run were not compared "
-                   "(listed under `dropped` in results.json and in the report)[/yellow]")
-    if code == EXIT_GATE_FAILED:
-        _err.print(f"[red]--fail-on-gate: {candidate_problem(results)}[/red]")
-    raise typer.Exit(code)
+    _err.print(f"{'sweep:   ' + str(out / 'sweep.json') if sweep else 'results: ' + str(out / 'results.json')}\n"
+               f"report:  {out / 'report.md'}")
+    codes = []
+    for model, results in runs.items():  # a sweep: per model; exit 1 over 3 over 0, as for one model
+        where = f"{model}: " if model else ""
+        codes.append(exit_code(results, fail_on_gate))
+        failed_setups = [s.name for s in results.setups if s.status != "ok"]
+        if failed_setups:
+            _err.print(f"[yellow]{where}setups that failed: {', '.join(failed_setups)} (see results.json)[/yellow]")
+        if results.dropped:
+            _err.print(f"[yellow]{where}{len(results.dropped)} stored result(s) of another run were not compared "
+                       "(listed under `dropped` in results.json and in the report)[/yellow]")
+        if codes[-1] == EXIT_GATE_FAILED:
+            _err.print(f"[red]{where}--fail-on-gate: {candidate_problem(results)}[/red]")
+    raise typer.Exit(next((c for c in (EXIT_SETUP_FAILED, EXIT_GATE_FAILED) if c in codes), EXIT_OK))
 
 
 def exit_code(results: Results, fail_on_gate: bool) -> int:
@@ -94,13 +110,17 @@ def validate(config: Annotated[Path, typer.Argument(help="run config YAML")]) ->
     """Check CONFIG, its tasks and data checksums, and every setup on this device; load no model."""
     from qeval.config import load_config
     from qeval.run.preflight import preflight
+    from qeval.sweep.config import load_sweep
 
     try:
-        plan = preflight(load_config(config))
+        sweep = load_sweep(config)
+        plans = {m: preflight(c) for m, c in (sweep.configs if sweep else {"": load_config(config)}).items()}
     except UserError as exc:
         _fail(exc)
         return
-    print(f"{config}: ok ({len(plan.setups)} setups, {len(plan.tasks)} tasks, device {plan.device})")
+    for model, plan in plans.items():
+        where = f" model {model}" if model else ""
+        print(f"{config}{where}: ok ({len(plan.setups)} setups, {len(plan.tasks)} tasks, device {plan.device})")
 
 
 @app.command()
@@ -131,11 +151,20 @@ def quantize(
 
 @app.command()
 def report(run_dir: Annotated[Path, typer.Argument(help="a finished run directory")]) -> None:
-    """Regenerate report.md and report.html from RUN_DIR/results.json (byte-for-byte)."""
+    """Regenerate report.md and report.html from RUN_DIR/results.json (byte-for-byte); for a
+    sweep, every model's and the sweep's report.md from sweep.json."""
     from qeval.report import write_report
     from qeval.results.schema import read_results
 
     try:
+        if (run_dir / "sweep.json").is_file():  # a sweep: each model's report, then the sweep's
+            from qeval.sweep.report import write_sweep_report
+            from qeval.sweep.schema import model_run_dir, read_sweep
+
+            for m in read_sweep(run_dir / "sweep.json").models:
+                write_report(model_run_dir(run_dir, m), read_results(model_run_dir(run_dir, m) / "results.json"))
+            print(write_sweep_report(run_dir))
+            return
         md, html = write_report(run_dir, read_results(run_dir / "results.json"))
     except UserError as exc:
         _fail(exc)
@@ -190,22 +219,35 @@ def plan_cmd(
     overhead_gib: Annotated[float, typer.Option(min=0.0, help="runtime overhead inside the budget: activations, "
                                                 "workspaces, CUDA context (budget.overhead_gib)")] = 1.0,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    gpus_per_node: Annotated[int | None, typer.Option(min=1, help="cluster view: GPUs per node (of --gpu-gib "
+                                                      "each; docs/cluster.md)")] = None,
+    nodes: Annotated[int, typer.Option(min=1, help="cluster view: nodes")] = 1,
+    concurrency: Annotated[int, typer.Option(min=1, help="cluster view: sequences of --context-len each setup "
+                                             "must hold")] = 1,
 ) -> None:
-    """Predict weights, KV cache per token, KV tokens that fit and concurrent sequences per setup."""
+    """Predict weights, KV cache per token, KV tokens that fit and concurrent sequences per setup;
+    with --gpus-per-node, also the GPUs each setup needs on a cluster and how many run at once."""
     import json
 
     from qeval.memory.capacity import Budget
+    from qeval.memory.cluster import Cluster, cluster_json, cluster_plan
     from qeval.memory.planner import load_model_config, plan, plan_json
 
     try:
         budget = Budget(gpu_memory_gib=gpu_gib, utilization=utilization, context_len=context_len,
                         overhead_gib=overhead_gib, margin=margin)
-        rows = plan(load_model_config(model), budget)
+        config = load_model_config(model)
+        rows = plan(config, budget)
+        cluster = Cluster(nodes, gpus_per_node) if gpus_per_node else None
+        grouped = cluster_plan(config, budget, cluster, concurrency) if cluster else None
     except UserError as exc:
         _fail(exc)
         return
     if as_json:
-        print(json.dumps(plan_json(rows), indent=2))
+        out = plan_json(rows)
+        if cluster and grouped:
+            out["cluster"] = cluster_json(*grouped, cluster, gpu_gib, concurrency)
+        print(json.dumps(out, indent=2))
         return
     table = Table("setup", "weights", "KV / token", "KV tokens", f"sequences @ {context_len}",
                   title=f"{model} on {gpu_gib:g} GiB x {utilization:g}")
@@ -213,6 +255,23 @@ def plan_cmd(
         table.add_row(r.setup, f"{r.weights_bytes / 2**30:.2f} GiB", f"{r.kv_bytes_per_token / 1024:.1f} KiB",
                       f"{r.kv_cache_tokens:,}", f"{r.max_concurrency:g}" + ("" if r.fits else " (does not fit)"))
     Console().print(table)
+    if cluster and grouped:
+        _print_cluster(model, cluster, gpu_gib, context_len, concurrency, *grouped)
+
+
+def _print_cluster(model: str, cluster: Cluster, gpu_gib: float, context_len: int, concurrency: int,
+                   rows: list[ClusterRow], at_once: int) -> None:
+    table = Table("setup", "GPUs (TP x PP)", "KV tokens", f"sequences @ {context_len}", "copies at once",
+                  title=f"{model} on {cluster.nodes} node(s) x {cluster.gpus_per_node} GPUs of {gpu_gib:g} GiB, "
+                        f"{concurrency} sequence(s) each")
+    for r in rows:
+        if r.gpus is None:
+            table.add_row(r.setup, "does not fit", "", "", "0")
+            continue
+        table.add_row(r.setup, f"{r.gpus} ({r.tensor_parallel_size} x {r.pipeline_parallel_size})",
+                      f"{r.kv_cache_tokens:,}", f"{r.max_concurrency:g}", str(r.copies_at_once))
+    Console().print(table)
+    Console().print(f"all {len(rows)} setups side by side: {at_once} run at once on this cluster")
 
 
 @app.command("schema")

@@ -2,7 +2,7 @@
 
 RunConfig composes the pieces each package owns: the budget (memory.capacity), the gates
 (analysis.gates), the vLLM engine settings (backends.vllm.config), the quantize settings
-(quantize.config) and the setups (setups)."""
+(quantize.config), the executor (run.executors.config) and the setups (setups)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from qeval.files.names import NAME_PATTERN
 from qeval.files.yaml import load_yaml
 from qeval.memory.capacity import Budget
 from qeval.quantize.config import QuantizeSpec
+from qeval.run.executors.config import ExecutorSpec
 from qeval.setups import Setup
 from qeval.strict import Strict
 from qeval.tasks.harness.config import HarnessSpec
@@ -58,6 +59,7 @@ class RunConfig(Strict):
     budget: Budget = Budget()
     engine: EngineSpec = EngineSpec()
     quantize: QuantizeSpec = QuantizeSpec()
+    executor: ExecutorSpec = ExecutorSpec()
     gates: list[Gate] = []
     #: the setup a release pipeline intends to ship; `run --fail-on-gate` checks it
     candidate: str | None = None
@@ -115,10 +117,18 @@ def load_config(path: Path) -> RunConfig:
     raw = load_yaml(path)
     if not isinstance(raw, dict):
         raise UserError(f"{path}: expected a mapping at the top level")
+    if "models" in raw:
+        raise UserError(f"{path}: lists several models (a sweep): `qeval run` and `qeval validate` take it; "
+                        "this command takes a config of one model")
+    return config_from_dict(raw, path)
+
+
+def config_from_dict(raw: dict[str, object], path: Path, where: str = "") -> RunConfig:
+    """A RunConfig from a config file's mapping (`where` prefixes errors: a sweep's model)."""
     try:
         cfg = RunConfig.model_validate(raw)
     except ValidationError as exc:
-        raise UserError(f"{path}: {first_error(exc)}") from None
+        raise UserError(f"{path}: {where}{first_error(exc)}") from None
     cfg.model.path = _resolve(cfg.model.path, path.parent, must_exist=False)
     first = cfg.model.path.split("/", 1)[0]
     if not Path(cfg.model.path).exists() and "/" in cfg.model.path and first and any(

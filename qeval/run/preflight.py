@@ -44,10 +44,11 @@ class Preflight:
         return list(dict.fromkeys(t.entry for t in self.tasks))
 
 
-def resolve_device(requested: str) -> str:
-    """`auto` picks CUDA when an NVIDIA GPU is present (nvidia-smi on PATH, as the set-up does)."""
+def resolve_device(requested: str, on_cluster: bool = False) -> str:
+    """`auto` picks CUDA when an NVIDIA GPU is present (nvidia-smi on PATH, as the set-up does).
+    On a cluster (`executor.kind: ray`) the GPUs are the workers', so cuda is not checked here."""
     has_gpu = shutil.which("nvidia-smi") is not None
-    if requested == "cuda" and not has_gpu:
+    if requested == "cuda" and not has_gpu and not on_cluster:
         raise UserError("device cuda requested, but no NVIDIA GPU is present on this machine (no nvidia-smi)")
     if requested == "auto":
         return "cuda" if has_gpu else "cpu"
@@ -65,7 +66,7 @@ def model_shape(source: ModelSource) -> ModelShape:
 def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: list[str] | None = None) -> Preflight:
     """Validate the whole run (`qeval validate`, and the first step of `qeval run`); raise
     UserError with one line at the first problem."""
-    device = resolve_device(cfg.device)
+    device = resolve_device(cfg.device, on_cluster=cfg.executor.kind == "ray")
     setups = cfg.setups
     if only_setups:
         unknown = [s for s in only_setups if s not in {x.name for x in cfg.setups}]

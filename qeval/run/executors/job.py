@@ -1,0 +1,143 @@
+"""One worker job (a model's setup) as the runner prepared it, and the driver-side steps
+every executor shares: starting the worker process, what a remote worker needs from the run
+directory, accepting the files it sends back, and recording a job that ended without an
+outcome of its own."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from qeval.files.atomic import atomic_write_bytes, atomic_write_json
+from qeval.files.names import inside
+from qeval.run.executors.resources import JobResources
+
+if TYPE_CHECKING:
+    from qeval.config import RunConfig
+    from qeval.run.keys import SetupKeys
+    from qeval.run.store import RunStore
+    from qeval.setups import Setup
+
+#: the files a worker writes for one task of its setup, in the order the driver writes them:
+#: the samples and top-k first, the meta (which marks the (setup, task) pair done) last
+TASK_FILES = (".jsonl", ".topk.npz", ".meta.json")
+
+
+class RefusedFile(Exception):
+    """A file a remote worker sent back that its job may not write."""
+
+
+@dataclass(frozen=True)
+class WorkerJob:
+    """One setup of one run: its job file's content, where its results belong, what it needs."""
+
+    #: unique among the jobs of one executor call: the setup, or `<model>/<setup>` in a sweep
+    id: str
+    cfg: RunConfig
+    setup: Setup
+    store: RunStore
+    #: the job file's content (qeval.run.worker reads it); `run_dir` is the driver's run directory
+    job: dict[str, Any]
+    keys: SetupKeys
+    resources: JobResources
+    #: ids of the jobs that must finish first (the baseline, whose top-k is this job's KL reference)
+    after: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.setup.name
+
+    @property
+    def job_path(self) -> Path:
+        return inside(self.store.root, "jobs", f"{self.name}.json")
+
+    def outcome_stamp(self) -> int | None:
+        """The outcome file's mtime, to tell afterwards whether the worker wrote a new one."""
+        path = self.store.setup_path(self.name)
+        return path.stat().st_mtime_ns if path.is_file() else None
+
+    def inputs(self) -> dict[str, bytes]:
+        """What a worker on another machine reads from the run directory, by relative path:
+        the setup's previous outcome (a partial rerun keeps its other tasks' timings) and the
+        baseline's top-k of each pending perplexity task (the KL reference)."""
+        wanted = [self.store.setup_path(self.name)]
+        for task in self.job["tasks"]:
+            ref = self.job["reference"].get(task)
+            if ref:
+                wanted.append(self.store.topk_path(*ref))
+        return {p.relative_to(self.store.root).as_posix(): p.read_bytes() for p in wanted if p.is_file()}
+
+    def allowed(self, rel: str) -> tuple[int, Path]:
+        """Where a file a remote worker sent back goes, with its place in the write order;
+        RefusedFile unless it is one this job writes: samples/<setup>/<pending task>.<kind>
+        or setups/<setup>.json."""
+        parts = PurePosixPath(rel).parts
+        if parts == ("setups", f"{self.name}.json"):
+            return len(TASK_FILES), self.store.setup_path(self.name)
+        if len(parts) == 3 and parts[:2] == ("samples", self.name):
+            for order, suffix in enumerate(TASK_FILES):
+                task = parts[2].removesuffix(suffix)
+                if parts[2].endswith(suffix) and task in self.job["tasks"]:
+                    return order, inside(self.store.root, *parts)
+        raise RefusedFile(f"refused a file the worker sent back: {rel[:200]!r} is not one setup {self.name} writes")
+
+    def accept(self, files: dict[str, bytes]) -> None:
+        """Write a remote worker's files into the run directory, atomically, each checked
+        first (nothing is written when one is refused), the files that mark work done last."""
+        placed = sorted((self.allowed(rel), data) for rel, data in files.items())
+        for (_, path), data in placed:
+            atomic_write_bytes(path, data)
+
+    def record_failure(self, error: str) -> None:
+        """The setup's outcome when its worker could not write one: failed, with why."""
+        atomic_write_json(self.store.setup_path(self.name),
+                          {"name": self.name, "status": "failed", "error": error, "timings": {},
+                           "key": self.keys.key, "key_parts": self.keys.parts})
+
+    def record_crash(self, returncode: int) -> None:
+        """The worker process ended without writing its outcome: killed, segfault, OOM."""
+        how = f"killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"
+        error = f"worker process {how} before writing its result"
+        if returncode in (-9, 137):
+            error = ("worker killed by SIGKILL before writing its result (the kernel's out-of-memory killer does "
+                     "this; so does kill -9)")
+        if self.setup.memory_limit_mib:
+            error = f"out of memory: {error}, under memory_limit_mib={self.setup.memory_limit_mib}"
+        self.record_failure(error)
+
+
+def _die_with_parent(parent: int) -> None:
+    """In the worker, before exec: SIGKILL it when its parent dies (Linux prctl
+    PR_SET_PDEATHSIG), so a killed `qeval run` (or Ray worker) leaves no worker computing."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except OSError:  # not glibc Linux: the worker then outlives a killed parent, as before
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def run_worker_process(python: str, job_path: Path, env: dict[str, str], log: Path | None = None) -> int:
+    """`python -m qeval.run.worker JOB.json`, dying with this process; its return code."""
+    out = log.open("ab") if log is not None else None
+    try:
+        proc = subprocess.run([python, "-m", "qeval.run.worker", str(job_path)], env=env, check=False,
+                              stdout=out, stderr=subprocess.STDOUT if out else None,
+                              preexec_fn=functools.partial(_die_with_parent, os.getpid()))
+    finally:
+        if out is not None:
+            out.close()
+    return proc.returncode
+
+
+def worker_python(cfg: RunConfig) -> str:
+    """The interpreter the worker of `cfg`'s backend runs in, on this machine."""
+    from qeval.backends import backend_entry
+
+    return backend_entry(cfg.backend).worker_python(cfg)

@@ -1,0 +1,95 @@
+"""A sweep config: one run config with `models:` (a list) in place of `model:`.
+
+    name: compare-models
+    models:
+      - {name: base, path: org/Model-8B, dtype: bfloat16}
+      - {name: awq, path: org/Model-8B-AWQ, setups: [{name: w4a16, baseline: true}]}
+    setups: [...]      # the setups of every model that gives none of its own
+    tasks: [...]       # every other key applies to every model
+
+Each model becomes an ordinary RunConfig named after it; the sweep's `executor` runs all of
+their jobs together."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError
+
+from qeval.config import ModelSpec, RunConfig, config_from_dict, first_error
+from qeval.errors import UserError
+from qeval.files.names import NAME_PATTERN, check_name
+from qeval.files.yaml import load_yaml
+from qeval.setups import Setup
+
+#: the keys of a `models:` entry that are not the model's own (ModelSpec) settings
+_SWEEP_KEYS = ("name", "setups", "candidate")
+
+
+class SweepModel(ModelSpec):
+    """One model of a sweep: where it comes from, and optionally its own setups and candidate."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    setups: list[Setup] | None = Field(default=None, min_length=1)
+    candidate: str | None = None
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A checked sweep config: each model's run config, in the config's order."""
+
+    name: str
+    configs: dict[str, RunConfig]
+
+    @property
+    def reference(self) -> str:
+        """The model the others' baselines are compared with: the first listed."""
+        return next(iter(self.configs))
+
+
+def load_sweep(path: Path) -> Sweep | None:
+    """The sweep `path` describes, or None when it gives one `model:` (an ordinary run)."""
+    raw = load_yaml(path)
+    if not isinstance(raw, dict) or "models" not in raw:
+        return None
+    if "model" in raw:
+        raise UserError(f"{path}: give `model` (one model) or `models` (a sweep), not both")
+    entries = raw["models"]
+    if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
+        raise UserError(f"{path}: models: expected a list of models, each a mapping with name and path")
+    if not isinstance(raw.get("name"), str):
+        raise UserError(f"{path}: name: a sweep needs a name (letters, digits, '.', '_' and '-')")
+    try:
+        name = check_name("sweep", raw["name"])
+    except UserError as exc:
+        raise UserError(f"{path}: {exc}") from None
+    common = {k: v for k, v in raw.items() if k != "models"}
+    models: list[SweepModel] = []
+    for i, entry in enumerate(entries):
+        try:
+            models.append(SweepModel.model_validate(entry))
+        except ValidationError as exc:
+            raise UserError(f"{path}: models.{i}.{first_error(exc)}") from None
+    names = [m.name for m in models]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise UserError(f"{path}: models: duplicate model names: {', '.join(dupes)}")
+    for m in models:
+        if m.setups is None and "setups" not in common:
+            raise UserError(f"{path}: models.{m.name}: no setups: give the model its own `setups:`, or the sweep "
+                            "`setups:` for the models that give none")
+    configs = {m.name: config_from_dict(_model_config(common, entry, m), path, where=f"models.{m.name}: ")
+               for m, entry in zip(models, entries, strict=True)}
+    return Sweep(name, configs)
+
+
+def _model_config(common: dict[str, Any], entry: dict[str, Any], model: SweepModel) -> dict[str, Any]:
+    """One model's run config: the sweep's keys, its model, its setups (else the sweep's)."""
+    raw = common | {"name": model.name, "model": {k: v for k, v in entry.items() if k not in _SWEEP_KEYS}}
+    if "setups" in entry:
+        raw["setups"] = entry["setups"]
+    if model.candidate is not None:
+        raw["candidate"] = model.candidate
+    return raw

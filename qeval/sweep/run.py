@@ -1,0 +1,72 @@
+"""`qeval run` on a sweep: every model's run checked first, then all of their jobs handed to
+one executor together (on `ray`, models and setups run side by side; each model's baseline
+before the setups that need it), then each model's results and report, and the sweep's.
+
+    RUN_DIR/sweep.json               the sweep's summary (qeval.sweep.schema)
+    RUN_DIR/report.md                one report: the models side by side, then each model's own
+    RUN_DIR/models/<model>/          an ordinary run directory per model (results.json, samples/…)
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from qeval.errors import UserError
+from qeval.files.atomic import atomic_write_bytes
+from qeval.report import print_summary
+from qeval.results.schema import Results
+from qeval.run.executors import open_executor
+from qeval.run.preflight import Preflight
+from qeval.run.provenance import now_iso
+from qeval.run.rundir import RunDirLock, take_run_dir
+from qeval.run.runner import RunOptions, check, finish, prepare
+from qeval.sweep.config import Sweep
+from qeval.sweep.report import write_sweep_report
+from qeval.sweep.summary import summarize
+
+
+def model_dir(root: Path, model: str) -> Path:
+    return root / "models" / model
+
+
+def run_sweep(sweep: Sweep, opts: RunOptions) -> dict[str, Results]:
+    """Run every model of `sweep` into opts.output (see the module docstring); each model's
+    results, in the config's order."""
+    checked: dict[str, tuple[Preflight, RunOptions]] = {}
+    for name, cfg in sweep.configs.items():  # every model validated before any directory is touched
+        mopts = replace(opts, output=model_dir(opts.output, name), setups=_setups_of(sweep, name, opts.setups))
+        checked[name] = (check(cfg, mopts), mopts)
+    spec = next(iter(checked.values()))[0].cfg.executor
+    locks: list[RunDirLock] = []
+    with open_executor(spec) as executor:
+        try:
+            locks.append(take_run_dir(opts.output, sweep.name, opts.force))
+            prepared = {}
+            for name, (pre, mopts) in checked.items():
+                locks.append(take_run_dir(mopts.output, pre.cfg.name, opts.force))
+                prepared[name] = prepare(pre, mopts, prefix=f"{name}/")
+            started = now_iso()
+            executor.run([job for p in prepared.values() for job in p.jobs])
+            runs = {name: finish(p) for name, p in prepared.items()}
+            summary = summarize(sweep, runs, {n: p.store for n, p in prepared.items()}, spec.kind, started, now_iso())
+            atomic_write_bytes(opts.output / "sweep.json", (summary.model_dump_json(indent=2) + "\n").encode())
+            write_sweep_report(opts.output)
+        finally:
+            for lock in reversed(locks):
+                lock.release()
+    for results in runs.values():
+        print_summary(results)
+    return runs
+
+
+def _setups_of(sweep: Sweep, model: str, names: list[str] | None) -> list[str] | None:
+    """--setups for one model of the sweep: the named setups it has (its baseline always runs)."""
+    if not names:
+        return None
+    known = {s.name for cfg in sweep.configs.values() for s in cfg.setups}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UserError(f"--setups: no model of the sweep has a setup {unknown[0]!r}")
+    cfg = sweep.configs[model]
+    return [s.name for s in cfg.setups if s.name in names] or [cfg.baseline.name]

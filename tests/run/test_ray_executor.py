@@ -1,0 +1,272 @@
+"""The `ray` executor on a real local Ray cluster (issue 15): a head and a worker node on
+127.0.0.1, one CPU each, started and stopped by this module, so two jobs run at a time.
+
+Each test runs the shipped demo config (a few of its setups, --limit 20) through `qeval run
+--executor ray` and compares the per-sample records with a `local` run's, byte for byte:
+undisturbed, with the Ray worker of a setup SIGKILLed in the middle of its scoring (retried),
+with retries exhausted (recorded as failed with Ray's cause), and interrupted with Ctrl-C
+(cancelled, then resumed). A two-model sweep runs on the same cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import MODEL, ROOT, TASKS, run_cli, validate_results
+from ray_cluster import ENV, LocalCluster, start_cluster
+
+pytestmark = pytest.mark.slow
+DEMO = ROOT / "configs" / "demo.yaml"
+LIMIT = "20"
+SETUPS = "int8,kv-int4"  # and the baseline, bf16: it runs first, then these two side by side
+_SCRATCH = re.compile(r"^qeval-ray-(\d+)-")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    saved = {k: os.environ.get(k) for k in (*ENV, "RAY_ADDRESS")}
+    c = start_cluster(ROOT, worker_nodes=1, cpus_per_node=1)
+    os.environ.update(ENV | {"RAY_ADDRESS": c.address})  # the drivers `qeval run` starts join it
+    try:
+        yield c
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("local") / "run"
+    res = run_cli("run", str(DEMO), "--output", str(out), "--limit", LIMIT, "--setups", SETUPS, "--executor", "local")
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out
+
+
+def _samples(run: Path, setups: tuple[str, ...] = ("bf16", "int8", "kv-int4")) -> dict[str, bytes]:
+    return {p.relative_to(run).as_posix(): p.read_bytes() for s in setups
+            for p in sorted((run / "samples" / s).glob("*.jsonl"))}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+class Watch(threading.Thread):
+    """Watches the nodes' scratch folders (qeval-ray-<Ray worker pid>-*/run/…) while a run goes:
+    how many jobs ran at once, which Ray worker ran each setup, and, when asked, SIGKILLs the Ray
+    worker running `kill_setup` once its worker process has stored its first task there."""
+
+    def __init__(self, scratch: Path, kill_setup: str | None = None, first_task: str = "compare_mc") -> None:
+        super().__init__(daemon=True)
+        self.scratch, self.kill_setup, self.first_task = scratch, kill_setup, first_task
+        self.most_at_once = 0
+        self.pids: dict[str, list[int]] = {}
+        self.killed: int | None = None
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            running = []
+            for d in self.scratch.glob("qeval-ray-*"):
+                m = _SCRATCH.match(d.name)
+                jobs = list((d / "run" / "jobs").glob("*.json")) if m else []
+                if not m or not jobs or not _alive(int(m.group(1))):
+                    continue
+                pid, setup = int(m.group(1)), jobs[0].stem
+                running.append(pid)
+                if pid not in self.pids.setdefault(setup, []):
+                    self.pids[setup].append(pid)
+                stored = d / "run" / "samples" / setup / f"{self.first_task}.meta.json"
+                if setup == self.kill_setup and self.killed is None and stored.is_file():
+                    os.kill(pid, signal.SIGKILL)  # the Ray worker process; its worker process dies with it
+                    self.killed = pid
+            self.most_at_once = max(self.most_at_once, len(running))
+            time.sleep(0.05)
+
+    def __enter__(self) -> Watch:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.join(5)
+
+
+def _config(tmp: Path, executor: str) -> Path:
+    """configs/demo.yaml with an absolute model path and an `executor:` block."""
+    text = DEMO.read_text().replace("path: models/qeval-tiny", f"path: {MODEL}")
+    path = tmp / "demo.yaml"
+    path.write_text(text + f"tasks_dir: {TASKS}\nexecutor: {executor}\n")
+    return path
+
+
+def test_ray_two_at_a_time_matches_local(cluster: LocalCluster, local_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    with Watch(cluster.scratch) as watch:
+        res = run_cli("run", str(DEMO), "--output", str(out), "--limit", LIMIT, "--setups", SETUPS,
+                      "--executor", "ray")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert watch.most_at_once == 2, watch.pids  # the two quantized setups side by side, never more
+    assert set(watch.pids) == {"bf16", "int8", "kv-int4"}
+    ray_samples = _samples(out)
+    assert len(ray_samples) == 12 and ray_samples == _samples(local_run)
+    local, ray = (json.loads((r / "results.json").read_text()) for r in (local_run, out))
+    assert [(s["name"], s["status"], s["tasks"]) for s in ray["setups"]] == \
+        [(s["name"], s["status"], s["tasks"]) for s in local["setups"]]
+    assert ray["recommendation"] == local["recommendation"]
+    # the driver wrote the run directory; nothing of the nodes' scratch folders is in it
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in local_run.iterdir())
+    assert not list(cluster.scratch.glob("qeval-ray-*"))  # each job removed its scratch folder
+
+
+def test_a_killed_ray_worker_is_retried(cluster: LocalCluster, local_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    with Watch(cluster.scratch, kill_setup="int8") as watch:
+        res = run_cli("run", str(DEMO), "--output", str(out), "--limit", LIMIT, "--setups", "int8",
+                      "--executor", "ray")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert watch.killed is not None, "the Ray worker running int8 was never seen scoring"
+    assert watch.pids["int8"][0] == watch.killed and len(watch.pids["int8"]) == 2, watch.pids  # a fresh process
+    assert _samples(out, ("bf16", "int8")) == _samples(local_run, ("bf16", "int8"))
+    r = json.loads((out / "results.json").read_text())
+    assert all(s["status"] == "ok" for s in r["setups"])
+
+
+def test_exhausted_retries_record_the_cause(cluster: LocalCluster, tmp_path: Path) -> None:
+    cfg = _config(tmp_path, f"{{kind: ray, max_retries: 0, address: '{cluster.address}'}}")  # the config's address
+    out = tmp_path / "run"
+    with Watch(cluster.scratch, kill_setup="int8") as watch:
+        res = run_cli("run", str(cfg), "--output", str(out), "--limit", LIMIT, "--setups", "int8")
+    assert watch.killed is not None
+    assert res.returncode == 1, res.stderr[-3000:]  # a setup failed: the run went on, and says so
+    r = json.loads((out / "results.json").read_text())
+    setups = {s["name"]: s for s in r["setups"]}
+    assert setups["bf16"]["status"] == "ok"
+    assert setups["int8"]["status"] == "failed"
+    assert setups["int8"]["error"].startswith("WorkerCrashedError: The worker died unexpectedly"), setups["int8"]
+    assert "int8: failed: WorkerCrashedError" in res.stderr
+    assert "failed: WorkerCrashedError" in (out / "report.md").read_text()
+
+
+def test_ctrl_c_cancels_the_jobs_and_the_run_resumes(cluster: LocalCluster, local_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = [sys.executable, "-m", "qeval.cli", "run", str(DEMO), "--output", str(out), "--limit", LIMIT,
+            "--setups", SETUPS, "--executor", "ray"]
+    with Watch(cluster.scratch) as watch:
+        driver = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 600
+        while not ({"int8", "kv-int4"} & set(watch.pids)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        driver.send_signal(signal.SIGINT)
+        _, err = driver.communicate(timeout=120)
+    assert driver.returncode == 130, err[-3000:]
+    assert "rerun the same command to resume" in err
+    running = [p for setup in ("int8", "kv-int4") for p in watch.pids.get(setup, [])]
+    assert running
+    time.sleep(3)  # force-cancelled: the Ray workers are SIGKILLed, their worker processes die with them
+    assert not [p for p in running if _alive(p)]
+    assert not list((out / "setups").glob("int8.json")) and not list((out / "setups").glob("kv-int4.json"))
+    res = run_cli("run", str(DEMO), "--output", str(out), "--limit", LIMIT, "--setups", SETUPS, "--executor", "ray")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "bf16: all 4 tasks stored, skipped" in res.stderr  # resumed: the baseline finished before Ctrl-C
+    assert _samples(out) == _samples(local_run)
+
+
+def _float32_copy(dst: Path) -> Path:
+    """The shipped model saved in float32: a second local model (its content checksum differs)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32).save_pretrained(dst)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(MODEL / name, dst / name)
+    return dst
+
+
+SWEEP = """\
+name: two-models
+models:
+  - {name: tiny, path: "@MODEL@", dtype: bfloat16, max_context: 256}
+  - name: tiny-f32
+    path: "@F32@"
+    dtype: float32
+    max_context: 256
+    setups:                          # its own setups; tiny takes the sweep's
+      - {name: fp32, baseline: true}
+      - {name: int8, weights: int8}
+tasks_dir: "@TASKS@"
+device: cpu
+batch_size: 64
+setups:
+  - {name: bf16, baseline: true}
+  - {name: int8, weights: int8}
+tasks: [addition, ppl]
+budget: {gpu_memory_gib: 0.01, utilization: 0.9, context_len: 256, overhead_gib: 0.001, margin: 0.05}
+gates: [{task: all, max_drop: 0.02}]
+executor: {kind: ray}
+"""
+
+
+def test_two_model_sweep_gives_the_cross_model_table(cluster: LocalCluster, tmp_path: Path) -> None:
+    f32 = _float32_copy(tmp_path / "tiny-f32")
+    cfg = tmp_path / "sweep.yaml"
+    cfg.write_text(SWEEP.replace("@MODEL@", str(MODEL)).replace("@F32@", str(f32)).replace("@TASKS@", str(TASKS)))
+    out = tmp_path / "run"
+    with Watch(cluster.scratch) as watch:
+        res = run_cli("run", str(cfg), "--output", str(out), "--limit", LIMIT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert watch.most_at_once == 2  # the two models' baselines side by side
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert [m["name"] for m in sweep["models"]] == ["tiny", "tiny-f32"]
+    assert [m["baseline"] for m in sweep["models"]] == ["bf16", "fp32"]
+    assert sweep["models"][0]["model_sha256"] != sweep["models"][1]["model_sha256"]
+    vs = sweep["baselines_vs_reference"]["tiny-f32"]
+    assert set(vs) == {"addition", "ppl"} and vs["ppl"]["n"] == int(LIMIT)
+    for m in sweep["models"]:
+        validate_results(out / m["run_dir"] / "results.json")
+        r = json.loads((out / m["run_dir"] / "results.json").read_text())
+        assert all(s["status"] == "ok" for s in r["setups"])
+        assert "ppl" in next(s for s in r["setups"] if s["name"] == "int8")["vs_baseline"]  # vs its own baseline
+    md = (out / "report.md").read_text()
+    table = md.split("## The models' baselines", 1)[1].split("##", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| tiny")]
+    assert len(rows) == 2 and rows[0].startswith("| tiny (reference) |") and "| fp32 |" in rows[1]
+    assert md.count("## Model ") == 2 and "## Recommendation per model" in md
+    before = md
+    res = run_cli("report", str(out))
+    assert res.returncode == 0 and (out / "report.md").read_text() == before  # from the stored files alone
+
+
+def test_a_job_no_node_can_hold_fails_at_once(cluster: LocalCluster, tmp_path: Path) -> None:
+    """device: cuda on a cluster without GPUs: every setup asks for a GPU no node has. Each is
+    failed with what it needed instead of waiting in Ray's queue for ever (the driver itself
+    needs no GPU under the ray executor)."""
+    cfg = _config(tmp_path, "{kind: ray}")
+    cfg.write_text(cfg.read_text().replace("device: auto", "device: cuda"))
+    started = time.monotonic()
+    res = run_cli("run", str(cfg), "--output", str(tmp_path / "run"), "--limit", LIMIT, "--setups", "int8")
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert time.monotonic() - started < 120
+    r = json.loads((tmp_path / "run" / "results.json").read_text())
+    for s in r["setups"]:
+        assert s["status"] == "failed"
+        assert s["error"] == ("cannot be placed on this cluster: needs 1 CPU and 1 GPU on one node; the largest node "
+                              "of the cluster has 1 CPUs and 0 GPUs"), s["error"]
