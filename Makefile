@@ -79,11 +79,12 @@ test-fast: lint $(VLLM_STAMP) $(QUANT_STAMP) models/smollm2-135m/.prepared
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not slow"
 
 ## qeval against lm-evaluation-harness: speed ratio and per-sample agreement (bench/)
-bench: $(STAMP)
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) bench/compare_lm_eval.py
+bench: $(STAMP) models/smollm2-135m/.prepared
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) bench/compare_lm_eval.py --model models/smollm2-135m
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) bench/compare_lm_eval.py --model models/qeval-tiny
 
 ## the same against lm-eval's vLLM model type, both on the vLLM engine
-bench-vllm: $(STAMP) $(VLLM_STAMP)
+bench-vllm: $(STAMP) $(VLLM_STAMP) models/smollm2-135m/.prepared
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(VLLM_VENV)/bin/python bench/compare_lm_eval.py --backend vllm
 
 ## the ray executor with 2 workers against local on the demo (--limit 60): wall-time ratio, core count
