@@ -36,8 +36,9 @@ def test_load_run_tables(run_dir: Path) -> None:
     assert len(samples) == len(run.setups) * len(run.tasks) * 80
     assert samples["sample_id"].map(type).eq(str).all()
     flips = run.flips("kv-int2", "addition")
-    row = next(s for s in run.results["setups"] if s["name"] == "kv-int2")["vs_baseline"]["addition"]
-    assert len(flips) == row["flips_to_wrong"] + row["flips_to_right"]
+    row = next(s for s in run.results.setups if s.name == "kv-int2").vs_baseline["addition"]
+    assert row.flips_to_wrong is not None and row.flips_to_right is not None
+    assert len(flips) == row.flips_to_wrong + row.flips_to_right
     assert (flips["prediction"] != flips["prediction_baseline"]).all()
     mem = run.memory()
     assert {"weights_bytes", "kv_bytes_per_token", "peak_bytes"} <= set(mem["figure"])
