@@ -9,6 +9,10 @@ from typing import TYPE_CHECKING, Any
 from qeval.analysis.comparison import adjust_p_values, compare_task, compared_metric, outputs_identical, weights_twin
 from qeval.analysis.recommend import recommend
 from qeval.memory.figures import gap_flags, memory_block
+from qeval.perf.block import performance_block
+from qeval.perf.ceilings import read_ceilings
+from qeval.perf.phase import perf_key
+from qeval.perf.schema import Ceilings
 from qeval.results.schema import SCHEMA_VERSION, Dropped, Results, RunInfo, SetupResult, TaskInfo, TaskScore
 from qeval.run.keys import key_difference
 from qeval.run.preflight import Preflight
@@ -28,6 +32,8 @@ def assemble_results(pre: Preflight, store: RunStore, keys: dict[str, SetupKeys]
     cfg = pre.cfg
     dropped: list[Dropped] = []
     entries: dict[str, SetupResult] = {}
+    stored_ceilings = read_ceilings(store) if cfg.performance.enabled else None
+    ceilings = Ceilings.model_validate(stored_ceilings) if stored_ceilings else None
     for s in cfg.setups:
         if s.name in pre.skipped:
             continue
@@ -37,14 +43,14 @@ def assemble_results(pre: Preflight, store: RunStore, keys: dict[str, SetupKeys]
         if outcome is not None and outcome.get("key") != keys[s.name].key:
             dropped.append(Dropped(setup=s.name, reason=key_difference(outcome.get("key_parts"), keys[s.name].parts)))
             continue
-        entries[s.name] = _setup_entry(pre, store, s, outcome, keys[s.name], dropped)
+        entries[s.name] = _setup_entry(pre, store, s, outcome, keys[s.name], dropped, ceilings)
     tasks = {t.name: TaskInfo(output_type=t.spec.output_type, n=len(t.docs), sha256=t.sha256,
                               fingerprint=t.fingerprint, metric=compared_metric(t.spec.output_type, t.metrics))
              for t in pre.tasks if t.name in pre.run_tasks or any(t.name in e.tasks for e in entries.values())}
     entries = _compare(pre, store, entries, tasks)
     results = Results(schema_version=SCHEMA_VERSION, run=RunInfo(**run_info, hardware=hardware()),
                       config=cfg.model_dump(mode="json"), tasks=tasks, setups=list(entries.values()),
-                      dropped=dropped, recommendation={"setup": None, "reasons": {}})
+                      dropped=dropped, recommendation={"setup": None, "reasons": {}}, ceilings=ceilings)
     return results.model_copy(update={"recommendation": recommend(results)})
 
 
@@ -74,7 +80,7 @@ def _compare(pre: Preflight, store: RunStore, entries: dict[str, SetupResult],
 
 
 def _setup_entry(pre: Preflight, store: RunStore, setup: Setup, outcome: dict[str, Any] | None,
-                 keys: SetupKeys, dropped: list[Dropped]) -> SetupResult:
+                 keys: SetupKeys, dropped: list[Dropped], ceilings: Ceilings | None = None) -> SetupResult:
     outcome = outcome or {"status": "failed", "error": "not run"}
     scores: dict[str, TaskScore] = {}
     for t in pre.tasks:
@@ -94,7 +100,10 @@ def _setup_entry(pre: Preflight, store: RunStore, setup: Setup, outcome: dict[st
     share = (f"GPU memory x {cfg.budget.utilization} (budget.utilization)" if pre.device == "cuda"
              else f"host memory x {cfg.engine.cpu_memory_utilization} (engine.cpu_memory_utilization)")
     memory = memory_block(setup, outcome.get("memory") or {}, pre.shape, cfg.model.dtype, pre.device, cfg.budget, share)
+    perf, perf_flags = performance_block(setup, outcome.get("performance") if cfg.performance.enabled else None,
+                                         perf_key(keys.parts, cfg), memory, pre.shape, cfg.model.dtype, ceilings)
     return SetupResult(name=setup.name, baseline=setup.name == cfg.baseline.name, status=status, error=error,
                        spec=setup.model_dump(mode="json") | {"id": setup.id}, memory=memory, tasks=scores,
                        library_versions=outcome.get("library_versions", {}),
-                       quantization=outcome.get("quantization", {}), timings=outcome.get("timings", {}))
+                       quantization=outcome.get("quantization", {}), timings=outcome.get("timings", {}),
+                       performance=perf, flags=perf_flags)

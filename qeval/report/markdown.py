@@ -1,6 +1,7 @@
 """report.md and the end-of-run table: the recommendation, the summary table (setup,
 weights, KV bytes/token, each task's score and its difference from the baseline), the
-gate table and the notes. Generated from results.json alone (qeval.results.schema)."""
+gate table, the performance section (qeval/perf/views.py) and the notes. Generated from
+results.json alone (qeval.results.schema)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.table import Table
 
+from qeval.perf import views as perf_views
 from qeval.results.schema import Comparison, Figure, Results
 from qeval.tasks.metrics import Metric
 from qeval.tasks.metrics import metric as describe
@@ -89,6 +91,7 @@ def render_markdown(results: Results) -> str:
               "bytes/token are measured on the loaded model, or marked predicted where the backend reports no figure "
               "(sources in results.json).", ""]
     lines += _recommendation(results) + _gate_table(results)
+    lines += perf_views.markdown_lines(results, md_text)  # nothing for results without a performance phase
     notes = _notes(results)
     if notes:
         lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]

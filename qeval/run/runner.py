@@ -2,9 +2,11 @@
 
     preflight validate config, tasks, setups, model and device (no model loaded)
     take      the output directory: refuse another run's folder, lock it against a second qeval
+    ceilings  the device's copy bandwidth and matmul peak, once per run (performance phase on)
     for each setup, baseline first:
         skip it if its outcome is ok and every (setup, task) pair is stored under this run's key
-        else run a worker process: load, score the missing tasks, measure, write
+        else run a worker process: load, score the missing tasks, measure memory, time the
+        performance workload (when not stored under this run's key), write
     assemble  results.json from the stored results whose keys match this run (others dropped, listed)
     report    report.md, report.html and the summary table
 """
@@ -16,7 +18,7 @@ import os
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,8 @@ from qeval.analysis.assemble import assemble_results
 from qeval.backends import backend_entry
 from qeval.config import RunConfig
 from qeval.files.atomic import atomic_write_bytes, atomic_write_json
+from qeval.perf.ceilings import ensure_ceilings
+from qeval.perf.phase import perf_key
 from qeval.report import print_summary, write_report
 from qeval.results.schema import Results, read_results
 from qeval.run.keys import SetupKeys, setup_keys
@@ -55,16 +59,23 @@ def run(cfg: RunConfig, opts: RunOptions) -> Results:
         store = RunStore(opts.output)
         keys = {s.name: setup_keys(pre, s) for s in pre.cfg.setups}
         baseline = pre.cfg.baseline.name
+        # the device's ceilings, once per run, before any setup (docs/performance.md)
+        ensure_ceilings(pre, store, backend_entry(pre.cfg.backend).worker_python(pre.cfg))
         for setup in sorted(pre.setups, key=lambda s: s.name != baseline):
             k = keys[setup.name]
             pending = {t: k.task_key(t) for t in pre.run_tasks
                        if opts.force or not store.is_done(setup.name, t, k.task_key(t))}
             outcome = store.read_outcome(setup.name)
-            if not pending and outcome and outcome.get("status") == "ok" and outcome.get("key") == k.key:
+            perf = perf_key(k.parts, pre.cfg) if pre.cfg.performance.enabled else None
+            perf_stored = (outcome or {}).get("performance") or {}
+            perf_pending = perf is not None and (opts.force or perf_stored.get("key") != perf
+                                                 or perf_stored.get("status") != "ok")
+            if (not pending and not perf_pending and outcome and outcome.get("status") == "ok"
+                    and outcome.get("key") == k.key):
                 print(f"{setup.name}: all {len(pre.run_tasks)} tasks stored, skipped (use --force to recompute)",
                       file=sys.stderr)
                 continue
-            _run_worker(pre, store, setup, pending, k, baseline)
+            _run_worker(pre, store, setup, pending, k, baseline, perf if perf_pending else None)
         assembled = assemble_results(pre, store, keys, _run_info(pre, opts) | {"started": started})
         atomic_write_bytes(store.results_path, (assembled.model_dump_json(indent=2) + "\n").encode())
         # the report is rendered from the file just written, as `qeval report` renders it: same bytes
@@ -86,14 +97,16 @@ def _die_with_parent() -> None:
 
 
 def _run_worker(pre: Preflight, store: RunStore, spec: Setup, tasks: dict[str, str], keys: SetupKeys,
-                baseline: str) -> None:
+                baseline: str, perf: str | None = None) -> None:
     """One setup in a fresh process; a crash is recorded, never raised."""
     setup = spec.name
     ref = {t.name: [baseline, t.name] for t in pre.tasks
            if t.spec.output_type == "loglikelihood_rolling" and setup != baseline}
     job = {"config": pre.cfg.model_dump(mode="json"), "setup": setup, "device": pre.device,
            "run_dir": str(store.root), "tasks": tasks, "task_key_parts": {t: keys.tasks[t] for t in tasks},
-           "reference": ref, "baseline": baseline, "key": keys.key, "key_parts": keys.parts}
+           "reference": ref, "baseline": baseline, "key": keys.key, "key_parts": keys.parts,
+           # the performance phase, when its figures are not stored under this key yet
+           "performance": {"key": perf, "shape": asdict(pre.shape) if pre.shape else None} if perf else None}
     job_path = store.root / "jobs" / f"{setup}.json"
     atomic_write_json(job_path, job)
     env = os.environ | {"TOKENIZERS_PARALLELISM": "false"}

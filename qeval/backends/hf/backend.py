@@ -14,7 +14,7 @@ prefilled cache; perplexity text is scored through a round-trip cache (see hf_qu
 from __future__ import annotations
 
 import resource
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -35,6 +35,9 @@ from qeval.backends.tokens import conventions, encode_pair, generation_context, 
 from qeval.config import RunConfig
 from qeval.memory.ledger import cache_bytes, model_weights_bytes
 from qeval.setups import Setup
+
+if TYPE_CHECKING:
+    from qeval.perf.workload import Measurement, Workload
 
 # Scoring runs under no_grad, not inference_mode: quanto's packed int4 weights fail on
 # inference tensors ("Cannot set version_counter for inference tensor").
@@ -263,6 +266,18 @@ class HFBackend:
                 max(rss_peak - self._rss_after_load, 0),
                 "RSS peak minus RSS after load (activations, KV cache and allocator growth while scoring)")
         return figures
+
+    # -- performance -------------------------------------------------------------------
+    @property
+    def concurrency_limit(self) -> int | None:
+        return None  # a batch is as large as memory allows
+
+    def performance(self, workload: Workload) -> Measurement:
+        """Batched prefill and greedy decode on the setup's own cache (qeval/perf/hf.py)."""
+        from qeval.perf import hf as perf_hf
+
+        return perf_hf.measure(self.model, self.tok, lambda: hf_quant.new_cache(self.model.config, self.setup),
+                               self.device, workload)
 
     def _measure_kv_per_token(self, n: int = 64) -> int:
         ids = torch.randint(0, min(self.model.config.vocab_size, 1000), (1, n), device=self.device)
