@@ -65,8 +65,11 @@ class HFBackend:
         dtype = _DTYPES[spec.dtype if self.setup.weights in (None, "int8", "int4") else _weights_dtype(self.setup)]
         kw = {"trust_remote_code": spec.trust_remote_code, "revision": spec.revision}
         self.tok = AutoTokenizer.from_pretrained(spec.path, **kw)
-        self.model = AutoModelForCausalLM.from_pretrained(spec.path, dtype=dtype, **kw)
-        self.model.to(self.device).eval().requires_grad_(False)  # scoring never needs gradients
+        load = hf_quant.load_kwargs(self.setup, dtype, self.device)  # bitsandbytes quantizes while loading
+        self.model = AutoModelForCausalLM.from_pretrained(spec.path, dtype=dtype, **kw, **load)
+        if not load:  # a bitsandbytes model is placed by device_map and refuses .to()
+            self.model.to(self.device)
+        self.model.eval().requires_grad_(False)  # scoring never needs gradients
         self._quant_info = hf_quant.quantize_weights(self.model, self.setup)
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
