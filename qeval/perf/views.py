@@ -228,3 +228,20 @@ def html_context(results: Results) -> dict[str, object] | None:
                        ("Latency", "latency", LATENCY_HEADER, latency_rows(results, str)),
                        ("Share of the ceiling", "ceiling", CEILING_HEADER, ceiling_rows(results, str))],
             "how": sources(results) + notes(results)}
+
+
+def summary_rows(results: Results) -> list[list[str]]:
+    """The end-of-run terminal table: per setup, output tokens/s at concurrency 1 and at its
+    top level, and TPOT p50 at concurrency 1 (medians; the report has the ranges)."""
+    rows = []
+    for s in _perf_setups(results):
+        perf = s.performance
+        assert perf is not None
+        one, top = perf.level(1), perf.top
+        if perf.status != "ok" or top is None:
+            rows.append([s.name, f"failed: {(perf.error or '')[:50]}", "", ""])
+            continue
+        rows.append([s.name, "—" if one is None else f"{one.output_tokens_per_s.median:,.0f}",
+                     f"{top.output_tokens_per_s.median:,.0f} at {top.concurrency}",
+                     "—" if one is None else f"{one.tpot_p50_s.median * 1e3:.1f}"])
+    return rows

@@ -206,5 +206,13 @@ def print_summary(results: Results, console: Console | None = None) -> None:
         table.add_row(s.name + (" *" if s.baseline else ""), weights_text(s.memory.weights_bytes, " (p)"),
                       str(s.memory.kv_bytes_per_token.measured), *cells)
     console.print(table)
+    perf = perf_views.summary_rows(results)
+    if perf:
+        speed = Table(title="performance (medians; ranges and sources in report.md)")
+        for h in ("setup", "output tok/s at 1", "output tok/s at the top level", "TPOT p50 at 1 (ms)"):
+            speed.add_column(h)
+        for row in perf:
+            speed.add_row(*row)
+        console.print(speed)
     if any(s.memory.weights_bytes.measured is None for s in results.setups if s.status == "ok"):
         console.print("(p): predicted; this backend reports no weight size (see report.md)")
