@@ -188,6 +188,16 @@ def notes(results: Results) -> list[str]:
     return [f"{', '.join(names)}: {text}" for text, names in by_text.items()]
 
 
+#: repeats further apart than this (max / min) mark a setup's timings as taken on a loaded machine
+NOISY = 1.5
+
+
+def noisy_setups(results: Results) -> list[str]:
+    """Setups whose output tokens/s repeats, at some level, differ by more than NOISY x."""
+    return [s.name for s in _perf_setups(results) if s.performance is not None and any(
+        x.output_tokens_per_s.max > NOISY * x.output_tokens_per_s.min for x in s.performance.levels)]
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
 
@@ -201,6 +211,11 @@ def markdown_lines(results: Results, esc: Escape) -> list[str]:
               "Pareto-optimal: no other setup is at least as good on all three sides (accuracy, memory per sequence "
               f"at {results.config['budget']['context_len']} tokens, throughput) and better on one.", ""]
     lines += ["### Throughput", "", *_table(THROUGHPUT_HEADER, throughput_rows(results, esc)), ""]
+    noisy = noisy_setups(results)
+    if noisy:
+        lines += [f"The repeats of {esc(', '.join(noisy))} vary by more than {NOISY:g}x (max / min) in output "
+                  "tokens/s at some level: the machine's load changed while they were timed. Read the medians with "
+                  "their ranges; a quiet or dedicated machine gives figures to decide on.", ""]
     lines += ["### Latency", "", *_table(LATENCY_HEADER, latency_rows(results, esc)), "",
               "TTFT: time to first token; TPOT: time per output token after the first; request latency: submission "
               "to last token. Percentiles over each level's requests, then the median over repeats.", ""]
@@ -227,7 +242,8 @@ def html_context(results: Results) -> dict[str, object] | None:
                        ("Throughput", "throughput", THROUGHPUT_HEADER, throughput_rows(results, str)),
                        ("Latency", "latency", LATENCY_HEADER, latency_rows(results, str)),
                        ("Share of the ceiling", "ceiling", CEILING_HEADER, ceiling_rows(results, str))],
-            "how": sources(results) + notes(results)}
+            "how": sources(results) + notes(results),
+            "noisy": ", ".join(noisy_setups(results))}
 
 
 def summary_rows(results: Results) -> list[list[str]]:
