@@ -190,4 +190,7 @@ def test_results_without_performance_have_no_performance_section() -> None:
     from qeval.report.markdown import render_markdown
 
     assert "## Performance" not in render_markdown(results)
+    import qeval
+
+    assert qeval.load_run(str(V1)).performance().empty
     assert json.loads((V1 / "results.json").read_text())["schema_version"] == 1
