@@ -134,10 +134,11 @@ def main() -> None:
                     backend="vllm", setups=[setup], tasks=["x"], seed=args.seed,
                     performance=PerfSpec(input_len=args.input_len, output_len=args.output_len))
     backend = VLLMBackend(cfg, setup, "cpu")
+    # the figures go to the stdout this script started with: the backend captures fds 1 and 2 for the engine log
+    report = os.fdopen(os.dup(1), "w", buffering=1)
     t0 = time.perf_counter()
     backend.load()  # the engine qeval runs (log stats on for the performance phase)
     start_s = time.perf_counter() - t0
-    report = os.fdopen(os.dup(1), "w", buffering=1)  # qeval's backend captures fds 1 and 2 for the engine log
     llm, model = backend.llm, str(args.model)
     vocab = llm.llm_engine.model_config.get_vocab_size()
     n, b, k = args.num_prompts, args.latency_batch, args.latency_iters
