@@ -154,7 +154,6 @@ def test_hf_performance_on_the_tiny_model() -> None:
     """Throughput rises from concurrency 1 to a batch of 8, and every figure carries its
     source and repeat count."""
     from qeval.backends.hf.backend import HFBackend
-    from qeval.perf.phase import summarize
 
     setup = Setup(name="bf16")
     cfg = RunConfig(name="t", model=ModelSpec(path=str(MODEL), dtype="bfloat16", max_context=256), setups=[setup],
