@@ -142,7 +142,7 @@ def test_fp8_kv_cache_on_this_cpu(tmp_path: Path) -> None:
     cfg.write_text(f"name: kv\nmodel: {{path: {MODEL}, dtype: bfloat16, max_context: 256}}\n"
                    f"tasks_dir: {ROOT / 'tasks'}\nbackend: vllm\ndevice: cpu\n"
                    "setups: [{name: bf16, baseline: true}, {name: kv-fp8, kv_cache: fp8}]\n"
-                   "tasks: [compare_mc, ppl]\nlimit: 100\n"
+                   "tasks: [compare_mc, ppl]\nlimit: 100\nperformance: {enabled: false}\n"
                    "budget: {gpu_memory_gib: 0.01, utilization: 0.9, context_len: 256, overhead_gib: 0.001}\n")
     res = run_cli("run", str(cfg), "--output", str(tmp_path / "out"))
     if not cpu_has_fp8():

@@ -133,6 +133,7 @@ def test_out_of_memory_setup_is_a_result_and_run_goes_on(tmp_path: Path) -> None
   - name: kv-int2
     kv_cache: int2
 tasks: [addition]
+performance: {enabled: false}
 """
     cfg = cfg.replace("path: models/qeval-tiny", f"path: {ROOT / 'models' / 'qeval-tiny'}")
     (tmp_path / "c.yaml").write_text(cfg)
