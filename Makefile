@@ -10,7 +10,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 QUANT_VENV  := .venv-quant
 QUANT_STAMP := $(QUANT_VENV)/.installed
 
-.PHONY: run run-vllm test test-fast lint bench bench-vllm bench-ray install browser vllm quant tasks model
+.PHONY: run run-vllm test test-fast lint bench bench-vllm bench-ray bench-perf install browser vllm quant tasks model
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -90,6 +90,10 @@ bench-vllm: $(STAMP) $(VLLM_STAMP) models/smollm2-135m/.prepared
 ## the ray executor with 2 workers against local on the demo (--limit 60): wall-time ratio, core count
 bench-ray: $(STAMP)
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) bench/ray_vs_local.py
+
+## qeval's performance phase against `vllm bench throughput` / `latency` on one engine (agreement within 5%)
+bench-perf: $(STAMP) $(VLLM_STAMP)
+	HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python bench/perf_vs_vllm_bench.py
 
 ## regenerate the task suite / retrain the tiny model (deterministic; ~30 min on 2 cores)
 tasks: $(STAMP)

@@ -19,6 +19,7 @@ from qeval.errors import UserError
 from qeval.files.names import NAME_PATTERN
 from qeval.files.yaml import load_yaml
 from qeval.memory.capacity import Budget
+from qeval.perf.config import PerfSpec, RecommendBy
 from qeval.quantize.config import QuantizeSpec
 from qeval.run.executors.config import ExecutorSpec
 from qeval.setups import Setup
@@ -63,6 +64,10 @@ class RunConfig(Strict):
     gates: list[Gate] = []
     #: the setup a release pipeline intends to ship; `run --fail-on-gate` checks it
     candidate: str | None = None
+    #: the performance phase's workload (qeval/perf, docs/performance.md)
+    performance: PerfSpec = PerfSpec()
+    #: what the recommendation optimises among setups passing every gate and fitting the budget
+    recommend_by: RecommendBy = "concurrency"
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
@@ -86,6 +91,12 @@ class RunConfig(Strict):
         for gate in self.gates:  # lm-eval group members are known only once loaded: checked at preflight
             if gate.task != "all" and gate.task not in self.tasks and not self.lm_eval:
                 raise ValueError(f"gate names task {gate.task!r}, which the run does not score")
+        perf = self.performance
+        if perf.enabled and perf.input_len + perf.output_len > self.model.max_context:
+            raise ValueError(f"performance: input_len {perf.input_len} + output_len {perf.output_len} exceeds "
+                             f"model.max_context {self.model.max_context}")
+        if self.recommend_by != "concurrency" and not perf.enabled:
+            raise ValueError(f"recommend_by {self.recommend_by} needs the performance phase (performance.enabled)")
         return self
 
     @property

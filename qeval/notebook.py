@@ -6,6 +6,7 @@
     run.flips("int4", "addition")      # what INT4 got wrong that the baseline got right
     run.samples("kv-int2", "facts")    # every sample, with prompt, prediction, log-likelihoods
     run.memory()                       # the ledger, predicted and measured, with sources
+    run.performance()                  # throughput and latency per level, median and range, with sources
     run.plot_quality_vs_memory()       # matplotlib figures
 
 Reads only the stored results; no model is loaded.
@@ -98,6 +99,20 @@ class Run:
         cols = ["sample_id", "prompt", "target", "prediction_baseline", "prediction", "correct_baseline", "correct",
                 "direction"]
         return both[[c for c in cols if c in both.columns]].reset_index(drop=True)
+
+    def performance(self) -> pd.DataFrame:
+        """The performance phase: one row per setup x concurrency level x figure, with the
+        median, range, repeats, unit and source (docs/performance.md); empty without one."""
+        rows = []
+        for s in self.results.setups:
+            perf = s.performance
+            for level in perf.levels if perf is not None else []:
+                for name, fig in level:
+                    if hasattr(fig, "median"):
+                        rows.append({"setup": s.name, "concurrency": level.concurrency, "figure": name,
+                                     "median": fig.median, "min": fig.min, "max": fig.max, "repeats": fig.repeats,
+                                     "unit": fig.unit, "source": fig.source})
+        return pd.DataFrame(rows)
 
     def memory(self) -> pd.DataFrame:
         """The memory ledger: one row per setup x figure, predicted and measured, with sources."""

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,6 +50,42 @@ def validate_results(path: Path) -> None:
     import jsonschema
 
     jsonschema.validate(json.loads(path.read_text()), json.loads(SCHEMA.read_text()))
+
+
+PERF_FIGURES = ("requests_per_s", "output_tokens_per_s", "prefill_tokens_per_s", "decode_tokens_per_s",
+                "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "e2e_p50_s", "e2e_p90_s")
+
+
+def assert_figures_carry_their_source(perf: dict[str, Any]) -> None:
+    """Every figure of a performance block (as stored by the worker, or in results.json): a
+    source naming its workload, a repeat count matching its values, a unit, and its median
+    inside its range (docs/performance.md)."""
+    assert perf["levels"], perf
+    for level in perf["levels"]:
+        figures = level.get("figures", level)
+        for name in PERF_FIGURES:
+            f = figures[name]
+            assert f["source"] and "[workload: " in f["source"], (name, f)
+            assert f["repeats"] == len(f["values"]) >= 1 and f["unit"], (name, f)
+            assert f["min"] <= f["median"] <= f["max"] and f["min"] > 0, (name, f)
+
+
+def assert_performance_invariants(setup: dict[str, Any]) -> None:
+    """A setup's performance block in results.json: every figure carries its source and repeat
+    count; concurrency 1 and the budget's level were timed and throughput rises from one to the
+    other; each share of the ceiling is at most 1, or flagged as a wrong ceiling."""
+    perf = setup["performance"]
+    assert perf is not None and perf["status"] == "ok", (setup["name"], perf)
+    assert_figures_carry_their_source(perf)
+    one, top = perf["levels"][0], perf["levels"][-1]
+    assert one["concurrency"] == 1 and top["concurrency"] > 1, perf["workload"]
+    for name in ("requests_per_s", "output_tokens_per_s", "decode_tokens_per_s"):
+        assert top[name]["median"] > one[name]["median"], (setup["name"], name)
+    for side in ("decode", "prefill"):
+        share = perf[side]
+        assert share is not None and share["achieved"] > 0 and share["ceiling"] > 0, (setup["name"], side)
+        flagged = any(f.startswith(f"ceiling_exceeded: {side}") for f in setup["flags"])
+        assert 0 < share["share"] <= 1 or flagged, (setup["name"], side, share)
 
 
 def write_config(path: Path, body: str) -> Path:

@@ -21,6 +21,10 @@ from qeval.analysis.comparison import (
 )
 from qeval.analysis.recommend import recommend
 from qeval.memory.figures import gap_flags, memory_block
+from qeval.perf.block import performance_block
+from qeval.perf.ceilings import read_ceilings
+from qeval.perf.phase import perf_key
+from qeval.perf.schema import Ceilings
 from qeval.results.schema import (
     SCHEMA_VERSION,
     Comparison,
@@ -51,6 +55,8 @@ def assemble_results(pre: Preflight, store: RunStore, keys: dict[str, SetupKeys]
     cfg = pre.cfg
     dropped: list[Dropped] = []
     entries: dict[str, SetupResult] = {}
+    stored_ceilings = read_ceilings(store) if cfg.performance.enabled else None
+    ceilings = Ceilings.model_validate(stored_ceilings) if stored_ceilings else None
     for s in cfg.setups:
         if s.name in pre.skipped:
             continue
@@ -60,13 +66,14 @@ def assemble_results(pre: Preflight, store: RunStore, keys: dict[str, SetupKeys]
         if outcome is not None and outcome.get("key") != keys[s.name].key:
             dropped.append(Dropped(setup=s.name, reason=key_difference(outcome.get("key_parts"), keys[s.name].parts)))
             continue
-        entries[s.name] = _setup_entry(pre, store, s, outcome, keys[s.name], dropped)
+        entries[s.name] = _setup_entry(pre, store, s, outcome, keys[s.name], dropped, ceilings)
     tasks = _task_infos(pre, entries)
     entries = _compare(pre, store, entries, tasks)
     results = Results(schema_version=SCHEMA_VERSION, run=RunInfo(**run_info, hardware=hardware()),
                       config=cfg.model_dump(mode="json"), tasks=tasks, setups=list(entries.values()),
                       groups={g: m for g, m in pre.groups.items() if g in tasks}, suites=pre.suites,
-                      dropped=dropped, recommendation={"setup": None, "reasons": {}})
+                      dropped=dropped, recommendation={"setup": None, "reasons": {}},
+                      ceilings=ceilings)
     return results.model_copy(update={"recommendation": recommend(results)})
 
 
@@ -174,7 +181,7 @@ def _kv_flag(store: RunStore, cfg: Any, setup: Setup, entries: dict[str, SetupRe
 
 
 def _setup_entry(pre: Preflight, store: RunStore, setup: Setup, outcome: dict[str, Any] | None,
-                 keys: SetupKeys, dropped: list[Dropped]) -> SetupResult:
+                 keys: SetupKeys, dropped: list[Dropped], ceilings: Ceilings | None = None) -> SetupResult:
     outcome = outcome or {"status": "failed", "error": "not run"}
     scores: dict[str, TaskScore] = {}
     for t in pre.tasks:
@@ -194,7 +201,10 @@ def _setup_entry(pre: Preflight, store: RunStore, setup: Setup, outcome: dict[st
     share = (f"GPU memory x {cfg.budget.utilization} (budget.utilization)" if pre.device == "cuda"
              else f"host memory x {cfg.engine.cpu_memory_utilization} (engine.cpu_memory_utilization)")
     memory = memory_block(setup, outcome.get("memory") or {}, pre.shape, cfg.model.dtype, pre.device, cfg.budget, share)
+    perf, perf_flags = performance_block(setup, outcome.get("performance") if cfg.performance.enabled else None,
+                                         perf_key(keys.parts, cfg), memory, pre.shape, cfg.model.dtype, ceilings)
     return SetupResult(name=setup.name, baseline=setup.name == cfg.baseline.name, status=status, error=error,
                        spec=setup.model_dump(mode="json") | {"id": setup.id}, memory=memory, tasks=scores,
                        library_versions=outcome.get("library_versions", {}),
-                       quantization=outcome.get("quantization", {}), timings=outcome.get("timings", {}))
+                       quantization=outcome.get("quantization", {}), timings=outcome.get("timings", {}),
+                       performance=perf, flags=perf_flags)

@@ -1,6 +1,8 @@
 """The decision (docs/statistics.md, "The recommendation"): among setups that pass every gate
 and fit the budget, recommend the one allowing the most concurrent sequences (ties: the smaller
-worst drop); every other setup gets a one-line reason.
+worst drop), or, as the config's `recommend_by` says, the highest throughput or the lowest
+latency measured by the performance phase (docs/performance.md); every other setup gets a
+one-line reason.
 
 No baseline result, no comparison, no recommendation: a setup is only ever recommended on
 evidence, a paired comparison with a baseline that ran, on every task of the run."""
@@ -57,18 +59,47 @@ def recommend(results: Results) -> Recommendation:
             reasons[s.name] = reason
         else:
             eligible.append(s)
-    eligible.sort(key=lambda s: (-(s.memory.max_concurrency or 0), worst_drop(s)))
-    best = eligible[0] if eligible else None
-    for s in eligible[1:]:
-        assert best is not None
-        reasons[s.name] = (f"{s.name}: passes every gate, but allows {s.memory.max_concurrency:g} sequences at "
-                           f"{context} tokens against {best.memory.max_concurrency:g} for {best.name}")
-    if best is not None:
-        reasons[best.name] = (f"{best.name}: recommended: passes every gate and allows {best.memory.max_concurrency:g} "
-                              f"sequences at {context} tokens, the most of any passing setup")
+    by = results.config.get("recommend_by", "concurrency")
+    if by != "concurrency":  # throughput or latency, from the performance phase (qeval/perf/rank.py)
+        best = _rank_by_performance(eligible, by, reasons)
+    else:
+        eligible.sort(key=lambda s: (-(s.memory.max_concurrency or 0), worst_drop(s)))
+        best = eligible[0] if eligible else None
+        for s in eligible[1:]:
+            assert best is not None
+            reasons[s.name] = (f"{s.name}: passes every gate, but allows {s.memory.max_concurrency:g} sequences at "
+                               f"{context} tokens against {best.memory.max_concurrency:g} for {best.name}")
+        if best is not None:
+            reasons[best.name] = (f"{best.name}: recommended: passes every gate and allows "
+                                  f"{best.memory.max_concurrency:g} sequences at {context} tokens, the most of any "
+                                  "passing setup")
     order = [s.name for s in results.setups]
     return Recommendation(setup=best.name if best else None, reasons={n: reasons[n] for n in order if n in reasons},
                           candidates=[s.name for s in eligible], blocked=None)
+
+
+def _rank_by_performance(eligible: list[SetupResult], by: str, reasons: dict[str, str]) -> SetupResult | None:
+    """The passing setup with the highest throughput or lowest latency (ties: the smaller worst
+    drop); a passing setup without that figure gets a reason instead of a rank."""
+    from qeval.perf import rank
+
+    for s in eligible:
+        why = rank.missing(s, by)
+        if why:
+            reasons[s.name] = why
+    ranked = sorted((s for s in eligible if s.name not in reasons), key=lambda s: (rank.sort_value(s, by),
+                                                                                   worst_drop(s)))
+    if not ranked:
+        return None
+    best, most = ranked[0], "the most" if by == "throughput" else "the lowest"
+    for s in ranked[1:]:
+        reasons[s.name] = (f"{s.name}: passes every gate, but serves {rank.describe(s, by)} against "
+                           f"{rank.describe(best, by)} for {best.name}")
+    close = [s.name for s in ranked[1:] if rank.overlaps(best, s, by)]
+    noise = f"; within the measured spread of {', '.join(close)}: not a clear win" if close else ""
+    reasons[best.name] = (f"{best.name}: recommended (by {by}): passes every gate and serves "
+                          f"{rank.describe(best, by)}, {most} of any passing setup{noise}")
+    return best
 
 
 def _exclusion(s: SetupResult, context: int, tasks: list[str]) -> str | None:

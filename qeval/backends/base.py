@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from qeval.perf.workload import Measurement, Workload
 
 #: a progress callback: called with the number of requests just finished
 Progress = Callable[[int], None]
@@ -73,7 +76,7 @@ class MemoryFigure:
 class Backend(Protocol):
     """What a serving engine must offer qeval. One instance serves one setup in one process:
     the worker calls load(), the batch calls, memory(), quant_info and library_versions(),
-    then close(), failure or not."""
+    performance() when the config's performance phase is on, then close(), failure or not."""
 
     name: str
 
@@ -91,6 +94,16 @@ class Backend(Protocol):
     def generate(self, requests: list[GenerateRequest], progress: Progress) -> list[str]: ...
 
     def memory(self) -> dict[str, MemoryFigure]: ...
+
+    @property
+    def concurrency_limit(self) -> int | None:
+        """The most requests the engine serves at once (its scheduler's limit); None: no limit."""
+        ...
+
+    def performance(self, workload: Workload) -> Measurement:
+        """Time `workload` on the loaded model: per level and timed repeat, its waves, and how
+        each figure was taken (qeval/perf, docs/performance.md)."""
+        ...
 
     def library_versions(self) -> dict[str, str]: ...
 

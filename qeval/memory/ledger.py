@@ -92,7 +92,9 @@ def predict_weights_bytes(shape: ModelShape, setup: Setup, model_dtype: str) -> 
     total = shape.other_params() * other_bits // 8
     for out_f, in_f in shape.linear_shapes():
         total += out_f * in_f * base_bits // 8
-        if setup.weights == "int8":
+        if setup.method == "bnb":  # bitsandbytes keeps float32 scales: per row (int8), per block of 64 (NF4)
+            total += out_f * 4 if setup.weights == "int8" else out_f * in_f // 64 * 4
+        elif setup.weights == "int8":
             total += out_f * SCALE_BYTES  # per output channel, symmetric
         elif setup.weights == "int4":
             groups = in_f // _int4_group(in_f, setup.group_size or 128)

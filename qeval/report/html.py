@@ -14,6 +14,7 @@ from typing import Any
 import jinja2
 import yaml
 
+from qeval.perf import views as perf_views
 from qeval.report import plots
 from qeval.report.markdown import GATE_HEADER, budget_text, gate_rows, summary_rows
 from qeval.results.schema import Results
@@ -75,9 +76,13 @@ def render_html(run_dir: Path, results: Results) -> str:
         "Per-task difference from the baseline, 95% CI (dotted: the gate's margin)": _plot(plots.task_deltas, results),
         "Memory ledger per setup (measured)": _plot(plots.memory_ledger, results),
     }
+    perf = perf_views.html_context(results)
+    if perf:
+        figures["Quality x memory x throughput (filled: Pareto-optimal over all three)"] = _plot(plots.tradeoff,
+                                                                                                  results)
     return _ENV.get_template("report.html.j2").render(
         r=results, header=header, rows=rows, gate_header=GATE_HEADER, gate_rows=gate_rows(results, esc=str),
         figures=figures, flips=flip_examples(run_dir, results), budget=budget_text(results),
         versions=_versions(results), config_yaml=yaml.safe_dump(results.config, sort_keys=False),
-        hardware=json.dumps(results.run.hardware, indent=1),
+        hardware=json.dumps(results.run.hardware, indent=1), perf=perf,
     )

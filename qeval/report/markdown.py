@@ -1,6 +1,7 @@
 """report.md and the end-of-run table: the recommendation, the summary table (setup,
 weights, KV bytes/token, each task's score and its difference from the baseline), the
-gate table and the notes. Generated from results.json alone (qeval.results.schema)."""
+gate table, the performance section (qeval/perf/views.py) and the notes. Generated from
+results.json alone (qeval.results.schema)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.table import Table
 
+from qeval.perf import views as perf_views
 from qeval.results.schema import Comparison, Figure, Results, SetupResult
 from qeval.tasks.metrics import Metric
 from qeval.tasks.metrics import metric as describe
@@ -103,6 +105,7 @@ def render_markdown(results: Results) -> str:
               + (recovery if _any_recovery(results) else "") + ". Weights and KV bytes/token are measured on the "
               "loaded model, or marked predicted where the backend reports no figure (sources in results.json).", ""]
     lines += _recommendation(results) + _suite_table(results) + _gate_table(results) + _members_table(results)
+    lines += perf_views.markdown_lines(results, md_text)  # nothing for results without a performance phase
     notes = _notes(results)
     if notes:
         lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
@@ -260,5 +263,13 @@ def print_summary(results: Results, console: Console | None = None) -> None:
         table.add_row(s.name + (" *" if s.baseline else ""), weights_text(s.memory.weights_bytes, " (p)"),
                       str(s.memory.kv_bytes_per_token.measured), *cells)
     console.print(table)
+    perf = perf_views.summary_rows(results)
+    if perf:
+        speed = Table(title="performance (medians; ranges and sources in report.md)")
+        for h in ("setup", "output tok/s at 1", "output tok/s at the top level", "TPOT p50 at 1 (ms)"):
+            speed.add_column(h)
+        for row in perf:
+            speed.add_row(*row)
+        console.print(speed)
     if any(s.memory.weights_bytes.measured is None for s in results.setups if s.status == "ok"):
         console.print("(p): predicted; this backend reports no weight size (see report.md)")

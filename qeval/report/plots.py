@@ -73,6 +73,13 @@ def memory_ledger(results: Results) -> str:
     return _svg(memory_ledger_figure, results)
 
 
+def tradeoff(results: Results) -> str:
+    """Quality x memory x throughput (qeval/perf/plot.py)."""
+    from qeval.perf.plot import tradeoff_figure
+
+    return _svg(tradeoff_figure, results)
+
+
 def quality_vs_memory_figure(results: Results) -> Any:
     """Worst accuracy difference against the memory one sequence needs, with the Pareto front."""
     context = results.config["budget"]["context_len"]

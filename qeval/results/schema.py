@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from qeval.analysis.gates import Gate
 from qeval.errors import UserError
+from qeval.perf.schema import Ceilings, Performance
 
 SCHEMA_VERSION = 1
 
@@ -136,6 +137,8 @@ class SetupResult(_Model):
     library_versions: dict[str, str] = {}
     quantization: dict[str, Any] = Field({}, description="what the quantizer or engine did (library, scheme, kernels)")
     timings: dict[str, float] = {}
+    performance: Performance | None = Field(None, description="serving speed on the configured workload and the "
+                                                              "share of the device's ceilings (null: not measured)")
 
 
 class RunInfo(_Model):
@@ -207,6 +210,8 @@ class Results(_Model):
     suites: dict[str, list[str]] = Field({}, description="suite -> its tasks and groups")
     dropped: list[Dropped] = []
     recommendation: Recommendation
+    ceilings: Ceilings | None = Field(None, description="the device's copy bandwidth and matmul peak, measured once "
+                                                        "per run (null: no performance phase)")
 
     def setup(self, name: str) -> SetupResult:
         return next(s for s in self.setups if s.name == name)

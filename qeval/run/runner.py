@@ -2,10 +2,12 @@
 
     preflight validate config, tasks, setups, model and device (no model loaded)
     take      the output directory: refuse another run's folder, lock it against a second qeval
+    ceilings  the device's copy bandwidth and matmul peak, once per run (performance phase on)
     for each setup, baseline first:
         skip it if its outcome is ok and every (setup, task) pair is stored under this run's key
-        else a job: a worker process (load, score the missing tasks, measure, write), run by
-        the config's executor: here one after another (local), or on a Ray cluster (ray)
+        else a job: a worker process (load, score the missing tasks, measure memory, time the
+        performance workload when it is not stored under this run's key, write), run by the
+        config's executor: here one after another (local), or on a Ray cluster (ray)
     assemble  results.json from the stored results whose keys match this run (others dropped, listed)
     report    report.md, report.html and the summary table
 """
@@ -13,14 +15,17 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from qeval import __version__
 from qeval.analysis.assemble import assemble_results
+from qeval.backends import backend_entry
 from qeval.config import RunConfig
 from qeval.files.atomic import atomic_write_bytes, atomic_write_json
+from qeval.perf.ceilings import ensure_ceilings
+from qeval.perf.phase import perf_key
 from qeval.report import print_summary, write_report
 from qeval.results.schema import Results, read_results
 from qeval.run.executors import open_executor
@@ -88,17 +93,24 @@ def prepare(pre: Preflight, opts: RunOptions, prefix: str = "") -> PreparedRun:
     store = RunStore(opts.output)
     keys = {s.name: setup_keys(pre, s) for s in pre.cfg.setups}
     baseline = pre.cfg.baseline.name
+    # the device's ceilings, once per run, before any setup (docs/performance.md)
+    ensure_ceilings(pre, store, backend_entry(pre.cfg.backend).worker_python(pre.cfg))
     jobs = []
     for setup in sorted(pre.setups, key=lambda s: s.name != baseline):
         k = keys[setup.name]
         pending = {t: k.task_key(t) for t in pre.run_tasks
                    if opts.force or not store.is_done(setup.name, t, k.task_key(t))}
         outcome = store.read_outcome(setup.name)
-        if not pending and outcome and outcome.get("status") == "ok" and outcome.get("key") == k.key:
+        perf = perf_key(k.parts, pre.cfg) if pre.cfg.performance.enabled else None
+        perf_stored = (outcome or {}).get("performance") or {}
+        perf_pending = perf is not None and (opts.force or perf_stored.get("key") != perf
+                                             or perf_stored.get("status") != "ok")
+        if (not pending and not perf_pending and outcome and outcome.get("status") == "ok"
+                and outcome.get("key") == k.key):
             print(f"{prefix}{setup.name}: all {len(pre.run_tasks)} tasks stored, skipped (use --force to recompute)",
                   file=sys.stderr)
             continue
-        jobs.append(_job(pre, store, setup, pending, k, baseline, prefix))
+        jobs.append(_job(pre, store, setup, pending, k, baseline, prefix, perf if perf_pending else None))
     # a setup whose KL reference is the baseline's top-k waits for the baseline's job
     if jobs and jobs[0].name == baseline:
         first = jobs[0].id
@@ -120,14 +132,16 @@ def finish(prepared: PreparedRun) -> Results:
 
 
 def _job(pre: Preflight, store: RunStore, spec: Setup, tasks: dict[str, str], keys: SetupKeys,
-         baseline: str, prefix: str) -> WorkerJob:
+         baseline: str, prefix: str, perf: str | None) -> WorkerJob:
     """One setup's job: its job file (what qeval.run.worker reads) written into RUN_DIR/jobs/."""
     setup = spec.name
     ref = {t.name: [baseline, t.name] for t in pre.tasks
            if t.output_type == "loglikelihood_rolling" and setup != baseline}
     job = {"config": pre.cfg.model_dump(mode="json"), "setup": setup, "device": pre.device,
            "run_dir": str(store.root), "tasks": tasks, "task_key_parts": {t: keys.tasks[t] for t in tasks},
-           "reference": ref, "baseline": baseline, "key": keys.key, "key_parts": keys.parts}
+           "reference": ref, "baseline": baseline, "key": keys.key, "key_parts": keys.parts,
+           # the performance phase, when its figures are not stored under this key yet
+           "performance": {"key": perf, "shape": asdict(pre.shape) if pre.shape else None} if perf else None}
     worker = WorkerJob(f"{prefix}{setup}", pre.cfg, spec, store, job, keys, job_resources(pre.cfg, pre.device))
     atomic_write_json(worker.job_path, job)
     return worker

@@ -50,6 +50,11 @@ def run_job(job: dict[str, Any]) -> int:
     try:
         outcome |= _serve(cfg, setup, store, job, outcome["timings"])
         outcome["status"] = "ok"
+        if not job["tasks"] and previous.get("key") == job["key"] and previous.get("memory"):
+            # a rerun for the performance phase alone scored nothing: its peak is not the scoring peak
+            outcome["memory"] = previous["memory"]
+        if "performance" not in outcome and previous.get("key") == job["key"] and previous.get("performance"):
+            outcome["performance"] = previous["performance"]  # current (the runner asked for none): kept
     except Exception as exc:  # noqa: BLE001 - any failure (MemoryError included) is this setup's result
         outcome["error"] = _failure(exc, setup)
         outcome["traceback"] = traceback.format_exc(limit=8)
@@ -89,9 +94,17 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: dict[str, Any],
         harness = [n for n in job["tasks"] if n not in native]
         if harness and cfg.lm_eval:
             _serve_harness(backend, cfg, setup, store, job, harness, timings)
-        return {"memory": {k: vars(v) for k, v in backend.memory().items()},
-                "quantization": backend.quant_info,  # read last: engines log some of it late
-                "library_versions": backend.library_versions()}
+        memory = {k: vars(v) for k, v in backend.memory().items()}
+        out: dict[str, Any] = {"memory": memory}
+        if job.get("performance"):  # after scoring and memory: its larger batches must not show in either
+            from qeval.perf.phase import run_phase
+
+            with progress_bar(f"{setup.name}: performance", total=None) as bar:
+                out["performance"] = run_phase(backend, cfg, setup, job["device"], memory, job["performance"])
+                bar.advance(1)
+            timings["performance_s"] = out["performance"]["seconds"]
+        return out | {"quantization": backend.quant_info,  # read last: engines log some of it late
+                      "library_versions": backend.library_versions()}
     finally:
         backend.close()
 

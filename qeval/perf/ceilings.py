@@ -1,0 +1,177 @@
+"""The device's physical limits, measured once per run on the device the setups run on:
+copy bandwidth (what decode at batch 1 is bound by: every weight byte and the KV cache are
+read for each token) and matmul peak (what prefill is bound by: 2 FLOPs per parameter per
+prompt token). Per setup (qeval/perf/block.py):
+
+    decode ceiling  = copy bandwidth / (weight bytes read per token + KV bytes at the context)
+    prefill ceiling = matmul peak / (2 x parameters every prompt token multiplies)
+
+    python -m qeval.perf.ceilings OUT.json DEVICE DTYPE
+
+The runner runs this in a fresh process of the workers' interpreter before the setups (so no
+setup's memory sees it, and the torch build and threads are the workers'), and stores the
+figures in RUN_DIR/ceilings.json; a resumed run reuses them when device and hardware match.
+
+The probe is sized past the caches: a ceiling a setup beats means the probe was wrong (a
+share over 1 is flagged, never clipped)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qeval.files.atomic import atomic_write_json
+from qeval.perf.stats import measured
+
+if TYPE_CHECKING:
+    from qeval.run.preflight import Preflight
+    from qeval.run.store import RunStore
+
+PROBE_VERSION = "1"
+REPEATS = 5
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def last_level_cache_bytes() -> int | None:
+    """The CPU's largest cache (Linux sysfs), e.g. 32 MiB of L3; None where unreadable."""
+    best = None
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            size = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(size[-1:], 1)
+        value = int(size.rstrip("KMG")) * mult
+        best = max(best or 0, value)
+    return best
+
+
+def _timed(op: Callable[[], Any], sync: Callable[[], None], min_s: float = 0.05) -> float:
+    """Seconds per call of `op`, over enough calls to fill min_s (a fast GPU copy is microseconds)."""
+    op()
+    sync()
+    calls, t0 = 0, time.perf_counter()
+    while True:
+        op()
+        calls += 1
+        sync()
+        elapsed = time.perf_counter() - t0
+        if elapsed >= min_s:
+            return elapsed / calls
+
+
+def probe(device: str, dtype: str) -> dict[str, Any]:
+    """Copy bandwidth and matmul peaks (the model dtype, and int8 where torch offers it) on `device`."""
+    import torch
+
+    sync: Callable[[], None] = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    cache = (torch.cuda.get_device_properties(0).L2_cache_size if device == "cuda"
+             else last_level_cache_bytes()) or 0
+    nbytes = max(256 * 2**20, 8 * cache) if device != "cuda" else max(2 * 2**30, 8 * cache)
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    copies = [2 * nbytes / _timed(lambda: dst.copy_(src), sync) for _ in range(REPEATS)]
+    src = dst = torch.empty(0)  # give the memory back before the matmuls
+    n = 8192 if device == "cuda" else 2048
+    tdt = getattr(torch, dtype)
+    a, b = torch.randn(n, n, device=device).to(tdt), torch.randn(n, n, device=device).to(tdt)
+    peaks = {dtype: measured([2 * n**3 / _timed(lambda: torch.matmul(a, b), sync) for _ in range(REPEATS)],
+                             "FLOP/s", f"torch.matmul of two {n}x{n} {dtype} matrices: 2 n^3 / time; "
+                                       f"best of the repeats is the ceiling")}
+    try:
+        ia = torch.randint(-128, 127, (n, n), dtype=torch.int8, device=device)
+        ib = torch.randint(-128, 127, (n, n), dtype=torch.int8, device=device)
+        peaks["int8"] = measured([2 * n**3 / _timed(lambda: torch._int_mm(ia, ib), sync) for _ in range(REPEATS)],
+                                 "OP/s", f"torch._int_mm of two {n}x{n} int8 matrices (int32 accumulate): "
+                                         "2 n^3 / time; best of the repeats is the ceiling")
+    except (RuntimeError, AttributeError) as exc:  # no int8 GEMM in this torch build or device
+        peaks["int8_unavailable"] = {"reason": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+    name = torch.cuda.get_device_name(0) if device == "cuda" else _cpu_name()
+    return {
+        "device": device, "device_name": name, "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "cache_bytes": cache or None,
+        "copy_bandwidth": measured(copies, "bytes/s",
+                                   f"Tensor.copy_ of {nbytes / 2**20:.0f} MiB (8x the largest cache or more): "
+                                   "bytes read + bytes written / time; best of the repeats is the ceiling"),
+        "matmul_peak": {k: v for k, v in peaks.items() if "unavailable" not in k},
+        "notes": [v["reason"] for k, v in peaks.items() if "unavailable" in k],
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def ceilings_path(store: RunStore) -> Path:
+    from qeval.files.names import inside
+
+    return inside(store.root, "ceilings.json")
+
+
+def ensure_ceilings(pre: Preflight, store: RunStore, python: str) -> dict[str, Any] | None:
+    """The run's stored ceilings when measured on this device and hardware, else measured now
+    (a fresh process of `python`); None when performance is off. A failed probe is stored
+    with its error and warned about: the setups then report figures without shares."""
+    if not pre.cfg.performance.enabled:
+        return None
+    from qeval.run.keys import key_of
+    from qeval.run.provenance import hardware
+
+    key = key_of({"device": pre.device, "hardware": json.dumps(hardware(), sort_keys=True), "python": python,
+                  "dtype": pre.cfg.model.dtype, "probe": PROBE_VERSION})
+    path = ceilings_path(store)
+    if path.is_file():
+        try:
+            stored = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            stored = None
+        if isinstance(stored, dict) and stored.get("key") == key and not stored.get("error"):
+            return stored
+    print(f"qeval: measuring {pre.device} copy bandwidth and matmul peak (once per run)", file=sys.stderr)
+    tmp = path.with_name("ceilings.probe.json")
+    t0 = time.time()
+    proc = subprocess.run([python, "-m", "qeval.perf.ceilings", str(tmp), pre.device, pre.cfg.model.dtype],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode == 0 and tmp.is_file():
+        result = json.loads(tmp.read_text()) | {"key": key, "seconds": round(time.time() - t0, 2)}
+        tmp.unlink()
+    else:
+        err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        print(f"qeval: warning: the ceilings probe failed ({err}); no shares of the ceiling", file=sys.stderr)
+        result = {"key": key, "error": err}
+    atomic_write_json(path, result)
+    return result
+
+
+def read_ceilings(store: RunStore) -> dict[str, Any] | None:
+    """The stored ceilings of a run directory (None when absent, unreadable or failed)."""
+    path = ceilings_path(store)
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return stored if isinstance(stored, dict) and not stored.get("error") else None
+
+
+def main() -> None:
+    out, device, dtype = sys.argv[1], sys.argv[2], sys.argv[3]
+    if dtype not in _DTYPES:
+        raise SystemExit(f"unknown dtype {dtype}")
+    atomic_write_json(Path(out), probe(device, dtype))
+
+
+if __name__ == "__main__":
+    main()

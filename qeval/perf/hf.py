@@ -1,0 +1,79 @@
+"""The performance measurement on transformers (the `hf` backend's `performance()`).
+
+A wave of `level` requests is one batch: one prefill forward over level x input_len tokens
+(logits of the last position only, as generation computes them), then output_len - 1 greedy
+decode steps from the prefilled cache (the setup's own cache: DynamicCache, or its
+QuantizedCache), end of sequence ignored so every request generates exactly output_len
+tokens. Times are wall clock (`time.perf_counter`), the device synchronized before each read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from qeval.perf.workload import Measurement, Wave, Workload, random_prompt_ids
+
+SOURCES = {
+    "requests_per_s": "requests / wall time of the level's waves (each wave one batch: a prefill forward, then "
+                      "output_len - 1 greedy decode steps, EOS ignored; time.perf_counter, device synchronized)",
+    "output_tokens_per_s": "generated tokens / wall time of the level's waves (as requests_per_s)",
+    "prefill_tokens_per_s": "prompt tokens / wall time of the prefill forwards (the whole batch's prompts in one "
+                            "forward, last-position logits and the first token included)",
+    "decode_tokens_per_s": "tokens generated after the first / wall time of the decode steps (batch x steps)",
+    "ttft": "time to first token: the wave's prefill forward and first greedy token (one batch: every request "
+            "of a wave shares it); percentile over the level's requests",
+    "tpot": "time per output token after the first: the wave's decode time / (output_len - 1); percentile over "
+            "the level's requests",
+    "e2e": "request latency, submission to last token: the wave's wall time; percentile over the level's requests",
+}
+
+
+def _sync(device: str) -> Callable[[], None]:
+    if device == "cuda":
+        return torch.cuda.synchronize
+    return lambda: None
+
+
+@torch.no_grad()  # not inference_mode: quanto's packed int4 weights fail on inference tensors
+def measure(model: Any, tok: Any, new_cache: Callable[[], Any], device: str, workload: Workload) -> Measurement:
+    """Every level of `workload`: warm-up passes (prompts of seed + 1), then timed repeats (prompts
+    of seed) in alternating order."""
+    special = set(getattr(tok, "all_special_ids", []) or [])
+    sync = _sync(device)
+    head = list(tok("").input_ids)  # the special tokens the tokenizer adds itself (BOS, or none)
+    waves: dict[int, list[list[Wave]]] = {level: [] for level in workload.levels}
+    for rep in range(workload.warmup + workload.repeats):
+        timed = rep >= workload.warmup
+        for level in workload.order(rep):
+            n = workload.requests_at(level)
+            prompts = random_prompt_ids(model.config.vocab_size, special, n, workload.input_len,
+                                        workload.seed if timed else workload.seed + 1, head)
+            done = [_wave(model, new_cache, prompts[i : i + level], workload.output_len, device, sync)
+                    for i in range(0, n, level)]
+            if timed:
+                waves[level].append(done)
+    return Measurement(waves, dict(SOURCES))
+
+
+def _wave(model: Any, new_cache: Callable[[], Any], prompts: list[list[int]], output_len: int, device: str,
+          sync: Callable[[], None]) -> Wave:
+    ids = torch.tensor(prompts, device=device)
+    cache = new_cache()
+    sync()
+    t0 = time.perf_counter()
+    logits = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+    nxt = logits.argmax(-1)
+    sync()
+    t1 = time.perf_counter()
+    for _ in range(output_len - 1):
+        nxt = model(input_ids=nxt[:, None], past_key_values=cache, use_cache=True).logits[:, -1].argmax(-1)
+    sync()
+    t2 = time.perf_counter()
+    c, steps = len(prompts), output_len - 1
+    return Wave(elapsed_s=t2 - t0, prompt_tokens=c * len(prompts[0]), output_tokens=c * output_len,
+                prefill_s=t1 - t0, decode_tokens_per_s=c * steps / (t2 - t1),
+                ttft_s=[t1 - t0] * c, tpot_s=[(t2 - t1) / steps] * c, e2e_s=[t2 - t0] * c)

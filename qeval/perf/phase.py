@@ -1,0 +1,112 @@
+"""The performance phase inside a setup's worker (docs/performance.md): after scoring and
+the memory measurement, resolve the workload's concurrency levels from the setup's memory
+budget, let the backend time it, and summarise every figure over the repeats.
+
+Stored under `performance` in RUN_DIR/setups/<setup>.json, keyed (`perf_key`) so that a rerun
+measures again only when something that changes the figures changed."""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from typing import TYPE_CHECKING, Any
+
+from qeval.perf.stats import measured, percentile
+from qeval.perf.workload import Measurement, Workload, resolve_levels, workload_for
+
+if TYPE_CHECKING:
+    from qeval.backends.base import Backend
+    from qeval.config import RunConfig
+    from qeval.setups import Setup
+
+#: bump when the measurement changes what a stored figure means
+PERF_VERSION = "1"
+#: where a figure's source turns from how it was timed to the workload it was timed on
+WORKLOAD_MARK = "[workload: "
+
+#: figure name -> (unit, source key in the backend's sources, how a repeat's value is taken)
+FIGURES: dict[str, tuple[str, str]] = {
+    "requests_per_s": ("requests/s", "requests_per_s"),
+    "output_tokens_per_s": ("tokens/s", "output_tokens_per_s"),
+    "prefill_tokens_per_s": ("tokens/s", "prefill_tokens_per_s"),
+    "decode_tokens_per_s": ("tokens/s", "decode_tokens_per_s"),
+    "ttft_p50_s": ("s", "ttft"), "ttft_p90_s": ("s", "ttft"),
+    "tpot_p50_s": ("s", "tpot"), "tpot_p90_s": ("s", "tpot"),
+    "e2e_p50_s": ("s", "e2e"), "e2e_p90_s": ("s", "e2e"),
+}
+
+
+def perf_key(setup_parts: dict[str, str], cfg: RunConfig) -> str:
+    """What changes a setup's performance figures: the setup's own resume key parts (model,
+    setup, backend, device, engine...), the workload, the budget (it sizes `max`) and the seed."""
+    from qeval.run.keys import key_of
+
+    return key_of(setup_parts | {"performance": json.dumps(cfg.performance.model_dump(mode="json"), sort_keys=True),
+                                 "budget": json.dumps(cfg.budget.model_dump(mode="json"), sort_keys=True),
+                                 "seed": str(cfg.seed), "perf_version": PERF_VERSION})
+
+
+def budget_concurrency(cfg: RunConfig, setup: Setup, device: str, memory: dict[str, Any],
+                       shape: dict[str, Any] | None) -> float | None:
+    """The setup's memory.max_concurrency, computed here exactly as the results will report it
+    (qeval.memory.figures.memory_block on the same measured figures, as stored, and model shape)."""
+    from qeval.memory.figures import memory_block
+    from qeval.memory.ledger import ModelShape
+
+    block = memory_block(setup, memory, ModelShape(**shape) if shape else None, cfg.model.dtype, device,
+                         cfg.budget, "")
+    return block.max_concurrency
+
+
+def run_phase(backend: Backend, cfg: RunConfig, setup: Setup, device: str, memory: dict[str, Any],
+              job: dict[str, Any]) -> dict[str, Any]:
+    """Time the workload on the loaded backend; a failure here is recorded, never raised
+    (the setup's scores stand without its performance)."""
+    t0 = time.time()
+    out: dict[str, Any] = {"key": job["key"], "status": "failed", "error": None}
+    try:
+        conc = budget_concurrency(cfg, setup, device, memory, job.get("shape"))
+        levels, why = resolve_levels(cfg.performance, conc, backend.concurrency_limit)
+        workload = workload_for(cfg.performance, levels, why, cfg.seed)
+        m = backend.performance(workload)
+        out |= {"status": "ok", "workload": workload.as_dict(), "levels": summarize(m, workload),
+                "notes": m.notes, "budget_concurrency": conc}
+    except Exception as exc:  # noqa: BLE001 - any failure (out of memory included) is this phase's result
+        msg = str(exc).strip().splitlines()
+        out["error"] = f"{type(exc).__name__}: {msg[0] if msg else ''}"
+        out["traceback"] = traceback.format_exc(limit=8)
+    out["seconds"] = round(time.time() - t0, 2)
+    return out
+
+
+def summarize(m: Measurement, workload: Workload) -> list[dict[str, Any]]:
+    """Per level: each figure's value per timed repeat, then median, spread and repeat count."""
+    levels = []
+    for level, repeats in m.waves.items():
+        per_repeat: dict[str, list[float]] = {name: [] for name in FIGURES}
+        for waves in repeats:
+            wall = sum(w.elapsed_s for w in waves)
+            ttft = [t for w in waves for t in w.ttft_s]
+            tpot = [t for w in waves for t in w.tpot_s]
+            e2e = [t for w in waves for t in w.e2e_s]
+            values = {
+                "requests_per_s": len(ttft) / wall,
+                "output_tokens_per_s": sum(w.output_tokens for w in waves) / wall,
+                "prefill_tokens_per_s": sum(w.prompt_tokens for w in waves) / sum(w.prefill_s for w in waves),
+                "decode_tokens_per_s": sum(w.decode_tokens_per_s for w in waves) / len(waves),
+                "ttft_p50_s": percentile(ttft, 50), "ttft_p90_s": percentile(ttft, 90),
+                "tpot_p50_s": percentile(tpot, 50), "tpot_p90_s": percentile(tpot, 90),
+                "e2e_p50_s": percentile(e2e, 50), "e2e_p90_s": percentile(e2e, 90),
+            }
+            for name, v in values.items():
+                per_repeat[name].append(v)
+        figures = {name: measured(per_repeat[name], unit, _source(m, key, workload))
+                   for name, (unit, key) in FIGURES.items()}
+        levels.append({"concurrency": level, "requests": workload.requests_at(level), "figures": figures})
+    return sorted(levels, key=lambda x: x["concurrency"])
+
+
+def _source(m: Measurement, key: str, workload: Workload) -> str:
+    return (f"{m.sources[key]} {WORKLOAD_MARK}{workload.input_len}-token prompts, {workload.output_len} output "
+            f"tokens; median of {workload.repeats} timed repeat(s) after {workload.warmup} warm-up pass(es)]")
