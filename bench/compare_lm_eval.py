@@ -100,7 +100,8 @@ def run_lm_eval(lm: Any, task: str, args: argparse.Namespace, folder: Path) -> t
                                                                             include_path=str(folder)),
                           num_fewshot=SHOTS.get(task, 0), fewshot_random_seed=1234, log_samples=True,
                           bootstrap_iters=0, samples={task: list(range(args.limit))} if args.limit else None,
-                          gen_kwargs={"max_gen_toks": args.max_gen_toks}, verbosity="ERROR")
+                          gen_kwargs={"max_gen_toks": args.max_gen_toks} if args.max_gen_toks else None,
+                          verbosity="ERROR")
     return time.perf_counter() - t0, out
 
 
@@ -166,7 +167,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", help="float32 makes agreement a sharp test")
     ap.add_argument("--batch-size", type=int, default=16, help="the same for both")
     ap.add_argument("--max-length", type=int, default=None, help="default: 256 for qeval-tiny, else 1024")
-    ap.add_argument("--max-gen-toks", type=int, default=32)
+    ap.add_argument("--max-gen-toks", type=int, default=None,
+                    help="default: the task's own (gsm8k: 256, stopping at 'Question:'), as lm-eval runs it")
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()

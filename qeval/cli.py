@@ -51,6 +51,10 @@ def run(
         help="exit 3 when the candidate does not pass every quality gate")] = False,
     executor: Annotated[str | None, typer.Option(
         help="local or ray: where the setups run (overrides the config's executor.kind; docs/cluster.md)")] = None,
+    performance: Annotated[bool | None, typer.Option(
+        "--performance/--no-performance",
+        help="time every setup after scoring, or skip that phase for this run (overrides the config's "
+             "performance.enabled; docs/performance.md)")] = None,
 ) -> None:
     """Serve the model under every setup of CONFIG, score the tasks, write RUN_DIR.
 
@@ -68,11 +72,12 @@ def run(
         sweep = load_sweep(config)  # None: a config of one model
         if sweep is not None:
             out = output or Path("reports") / sweep.name
-            runs = run_sweep(sweep, RunOptions(out, _split(setups), _split(tasks), limit, force, executor))
+            runs = run_sweep(sweep, RunOptions(out, _split(setups), _split(tasks), limit, force, executor, performance))
         else:
             cfg = load_config(config)
             out = output or Path("reports") / cfg.name
-            runs = {"": run_all(cfg, RunOptions(out, _split(setups), _split(tasks), limit, force, executor))}
+            opts = RunOptions(out, _split(setups), _split(tasks), limit, force, executor, performance)
+            runs = {"": run_all(cfg, opts)}
     except UserError as exc:
         _fail(exc)
         return

@@ -64,8 +64,10 @@ class RunConfig(Strict):
     gates: list[Gate] = []
     #: the setup a release pipeline intends to ship; `run --fail-on-gate` checks it
     candidate: str | None = None
-    #: the performance phase's workload (qeval/perf, docs/performance.md)
-    performance: PerfSpec = PerfSpec()
+    #: the performance phase's workload (qeval/perf, docs/performance.md). Off unless the config
+    #: has a `performance:` block (then `enabled` defaults to true): timing every setup costs
+    #: minutes on a CPU, and a quality-only run should not pay for it unasked
+    performance: PerfSpec = PerfSpec(enabled=False)
     #: what the recommendation optimises among setups passing every gate and fitting the budget
     recommend_by: RecommendBy = "concurrency"
 

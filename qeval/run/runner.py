@@ -23,6 +23,7 @@ from qeval import __version__
 from qeval.analysis.assemble import assemble_results
 from qeval.backends import backend_entry
 from qeval.config import RunConfig
+from qeval.errors import UserError
 from qeval.files.atomic import atomic_write_bytes, atomic_write_json
 from qeval.perf.ceilings import ensure_ceilings
 from qeval.perf.phase import perf_key
@@ -48,6 +49,8 @@ class RunOptions:
     force: bool = False
     #: `local` or `ray`: overrides the config's executor.kind (`qeval run --executor`)
     executor: str | None = None
+    #: overrides the config's performance.enabled (`qeval run --performance/--no-performance`)
+    performance: bool | None = None
 
 
 @dataclass
@@ -83,6 +86,10 @@ def check(cfg: RunConfig, opts: RunOptions) -> Preflight:
         cfg = cfg.model_copy(update={"limit": opts.limit})
     if opts.executor:
         cfg = cfg.model_copy(update={"executor": cfg.executor.model_copy(update={"kind": opts.executor})})
+    if opts.performance is not None:
+        if not opts.performance and cfg.recommend_by != "concurrency":
+            raise UserError(f"--no-performance: recommend_by {cfg.recommend_by} needs the performance phase")
+        cfg = cfg.model_copy(update={"performance": cfg.performance.model_copy(update={"enabled": opts.performance})})
     return preflight(cfg, opts.setups, opts.tasks)
 
 

@@ -46,7 +46,8 @@ def test_card_text_carries_the_numbers() -> None:
 
 @pytest.mark.slow
 def test_fresh_full_run_reproduces_the_card(tmp_path: Path) -> None:
-    res = run_cli("run", str(ROOT / "configs" / "demo.yaml"), "--output", str(tmp_path), "--setups", "bf16")
+    res = run_cli("run", str(ROOT / "configs" / "demo.yaml"), "--output", str(tmp_path), "--setups", "bf16",
+                  "--no-performance")
     assert res.returncode == 0, res.stderr[-2000:]
     got = json.loads((tmp_path / "results.json").read_text())["setups"][0]["tasks"]
     for task, metric in PRIMARY.items():

@@ -193,3 +193,24 @@ def test_results_without_performance_have_no_performance_section() -> None:
 
     assert qeval.load_run(str(V1)).performance().empty
     assert json.loads((V1 / "results.json").read_text())["schema_version"] == 1
+
+
+def test_the_phase_is_on_only_where_the_config_asks_or_the_command_line_says(tmp_path: Path) -> None:
+    """No `performance:` block: no phase (a quality-only run pays nothing for it); a block, even
+    empty, turns it on; `--no-performance` skips it for one run, `--performance` forces it."""
+    from qeval.config import load_config
+    from qeval.run.runner import RunOptions, check
+
+    base = (ROOT / "configs" / "demo.yaml").read_text().replace("path: models/qeval-tiny", f"path: {MODEL}")
+    without = base.split("performance:")[0]
+    for text, enabled in ((without, False), (without + "performance: {}\n", True), (base, True)):
+        (tmp_path / "c.yaml").write_text(text)
+        cfg = load_config(tmp_path / "c.yaml")
+        assert cfg.performance.enabled is enabled
+        assert check(cfg, RunOptions(tmp_path / "o", performance=False)).cfg.performance.enabled is False
+        assert check(cfg, RunOptions(tmp_path / "o", performance=True)).cfg.performance.enabled is True
+    (tmp_path / "c.yaml").write_text(base + "recommend_by: latency\n")
+    res = run_cli("run", str(tmp_path / "c.yaml"), "--output", str(tmp_path / "out"), "--no-performance")
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "--no-performance: recommend_by latency needs the performance phase" in res.stderr
+    assert not (tmp_path / "out").exists()  # refused before the run directory was taken

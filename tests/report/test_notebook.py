@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("nbrun")
-    res = run_cli("run", str(ROOT / "configs" / "demo.yaml"), "--output", str(out), "--limit", "80")
+    res = run_cli("run", str(ROOT / "configs" / "demo.yaml"), "--output", str(out), "--limit", "80", "--no-performance")
     assert res.returncode == 0, res.stderr[-2000:]
     return out
 

@@ -28,6 +28,7 @@ from ray_cluster import ENV, LocalCluster, start_cluster
 pytestmark = pytest.mark.slow
 DEMO = ROOT / "configs" / "demo.yaml"
 LIMIT = "20"
+QUICK = ("--limit", LIMIT, "--no-performance")  # about where jobs run, not their speed
 SETUPS = "int8,kv-int4"  # and the baseline, bf16: it runs first, then these two side by side
 _SCRATCH = re.compile(r"^qeval-ray-(\d+)-")
 
@@ -51,7 +52,7 @@ def cluster() -> Iterator[LocalCluster]:
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("local") / "run"
-    res = run_cli("run", str(DEMO), "--output", str(out), "--limit", LIMIT, "--setups", SETUPS, "--executor", "local")
+    res = run_cli("run", str(DEMO), "--output", str(out), *QUICK, "--setups", SETUPS, "--executor", "local")
     assert res.returncode == 0, res.stderr[-3000:]
     return out
 
@@ -121,7 +122,7 @@ def _config(tmp: Path, executor: str) -> Path:
 def test_ray_two_at_a_time_matches_local(cluster: LocalCluster, local_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     with Watch(cluster.scratch) as watch:
-        res = run_cli("run", str(DEMO), "--output", str(out), "--limit", LIMIT, "--setups", SETUPS,
+        res = run_cli("run", str(DEMO), "--output", str(out), *QUICK, "--setups", SETUPS,
                       "--executor", "ray")
     assert res.returncode == 0, res.stderr[-3000:]
     assert watch.most_at_once == 2, watch.pids  # the two quantized setups side by side, never more
@@ -140,7 +141,7 @@ def test_ray_two_at_a_time_matches_local(cluster: LocalCluster, local_run: Path,
 def test_a_killed_ray_worker_is_retried(cluster: LocalCluster, local_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     with Watch(cluster.scratch, kill_setup="int8") as watch:
-        res = run_cli("run", str(DEMO), "--output", str(out), "--limit", LIMIT, "--setups", "int8",
+        res = run_cli("run", str(DEMO), "--output", str(out), *QUICK, "--setups", "int8",
                       "--executor", "ray")
     assert res.returncode == 0, res.stderr[-3000:]
     assert watch.killed is not None, "the Ray worker running int8 was never seen scoring"
@@ -154,7 +155,7 @@ def test_exhausted_retries_record_the_cause(cluster: LocalCluster, tmp_path: Pat
     cfg = _config(tmp_path, f"{{kind: ray, max_retries: 0, address: '{cluster.address}'}}")  # the config's address
     out = tmp_path / "run"
     with Watch(cluster.scratch, kill_setup="int8") as watch:
-        res = run_cli("run", str(cfg), "--output", str(out), "--limit", LIMIT, "--setups", "int8")
+        res = run_cli("run", str(cfg), "--output", str(out), *QUICK, "--setups", "int8")
     assert watch.killed is not None
     assert res.returncode == 1, res.stderr[-3000:]  # a setup failed: the run went on, and says so
     r = json.loads((out / "results.json").read_text())
@@ -168,7 +169,7 @@ def test_exhausted_retries_record_the_cause(cluster: LocalCluster, tmp_path: Pat
 
 def test_ctrl_c_cancels_the_jobs_and_the_run_resumes(cluster: LocalCluster, local_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    args = [sys.executable, "-m", "qeval.cli", "run", str(DEMO), "--output", str(out), "--limit", LIMIT,
+    args = [sys.executable, "-m", "qeval.cli", "run", str(DEMO), "--output", str(out), *QUICK,
             "--setups", SETUPS, "--executor", "ray"]
     with Watch(cluster.scratch) as watch:
         driver = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -184,7 +185,7 @@ def test_ctrl_c_cancels_the_jobs_and_the_run_resumes(cluster: LocalCluster, loca
     time.sleep(3)  # force-cancelled: the Ray workers are SIGKILLed, their worker processes die with them
     assert not [p for p in running if _alive(p)]
     assert not list((out / "setups").glob("int8.json")) and not list((out / "setups").glob("kv-int4.json"))
-    res = run_cli("run", str(DEMO), "--output", str(out), "--limit", LIMIT, "--setups", SETUPS, "--executor", "ray")
+    res = run_cli("run", str(DEMO), "--output", str(out), *QUICK, "--setups", SETUPS, "--executor", "ray")
     assert res.returncode == 0, res.stderr[-3000:]
     assert "bf16: all 4 tasks stored, skipped" in res.stderr  # resumed: the baseline finished before Ctrl-C
     assert _samples(out) == _samples(local_run)
@@ -231,7 +232,7 @@ def test_two_model_sweep_gives_the_cross_model_table(cluster: LocalCluster, tmp_
     cfg.write_text(SWEEP.replace("@MODEL@", str(MODEL)).replace("@F32@", str(f32)).replace("@TASKS@", str(TASKS)))
     out = tmp_path / "run"
     with Watch(cluster.scratch) as watch:
-        res = run_cli("run", str(cfg), "--output", str(out), "--limit", LIMIT)
+        res = run_cli("run", str(cfg), "--output", str(out), *QUICK)
     assert res.returncode == 0, res.stderr[-3000:]
     assert watch.most_at_once == 2  # the two models' baselines side by side
     sweep = json.loads((out / "sweep.json").read_text())
@@ -262,7 +263,7 @@ def test_a_job_no_node_can_hold_fails_at_once(cluster: LocalCluster, tmp_path: P
     cfg = _config(tmp_path, "{kind: ray}")
     cfg.write_text(cfg.read_text().replace("device: auto", "device: cuda"))
     started = time.monotonic()
-    res = run_cli("run", str(cfg), "--output", str(tmp_path / "run"), "--limit", LIMIT, "--setups", "int8")
+    res = run_cli("run", str(cfg), "--output", str(tmp_path / "run"), *QUICK, "--setups", "int8")
     assert res.returncode == 1, res.stderr[-3000:]
     assert time.monotonic() - started < 120
     r = json.loads((tmp_path / "run" / "results.json").read_text())
