@@ -140,6 +140,14 @@ def ensure_ceilings(pre: Preflight, store: RunStore, python: str) -> dict[str, A
             stored = None
         if isinstance(stored, dict) and stored.get("key") == key and not stored.get("error"):
             return stored
+    from qeval.run.executors.address import cluster_address
+
+    remote = cluster_address(pre.cfg.executor.address) if pre.cfg.executor.kind == "ray" else None
+    if remote is not None:  # the jobs run on the cluster's nodes; this driver's device says nothing of theirs
+        err = f"not measured: the jobs run on the Ray cluster at {remote}, whose nodes the driver does not probe"
+        print(f"qeval: the ceilings were {err}; no shares of the ceiling", file=sys.stderr)
+        atomic_write_json(path, {"key": key, "error": err})
+        return None
     print(f"qeval: measuring {pre.device} copy bandwidth and matmul peak (once per run)", file=sys.stderr)
     tmp = path.with_name("ceilings.probe.json")
     t0 = time.time()

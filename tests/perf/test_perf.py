@@ -214,3 +214,20 @@ def test_the_phase_is_on_only_where_the_config_asks_or_the_command_line_says(tmp
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert "--no-performance: recommend_by latency needs the performance phase" in res.stderr
     assert not (tmp_path / "out").exists()  # refused before the run directory was taken
+
+
+def test_no_ceilings_from_a_driver_whose_jobs_run_on_a_ray_cluster(tmp_path: Path) -> None:
+    """The driver's device is not the cluster nodes': the probe is skipped and the reason stored."""
+    from qeval.config import load_config
+    from qeval.perf.ceilings import ensure_ceilings, read_ceilings
+    from qeval.run.preflight import preflight
+    from qeval.run.store import RunStore
+
+    text = (ROOT / "configs" / "demo.yaml").read_text().replace("path: models/qeval-tiny", f"path: {MODEL}")
+    (tmp_path / "c.yaml").write_text(text + "executor: {kind: ray, address: '10.0.0.1:6379'}\n")
+    pre = preflight(load_config(tmp_path / "c.yaml"), None, None)
+    store = RunStore(tmp_path / "run")
+    assert ensure_ceilings(pre, store, "/nonexistent/python") is None  # no process started
+    stored = json.loads((tmp_path / "run" / "ceilings.json").read_text())
+    assert "not measured: the jobs run on the Ray cluster at 10.0.0.1:6379" in stored["error"]
+    assert read_ceilings(store) is None
