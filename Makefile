@@ -81,7 +81,7 @@ test-fast: lint $(VLLM_STAMP) $(QUANT_STAMP) models/smollm2-135m/.prepared
 ## qeval against lm-evaluation-harness: speed ratio and per-sample agreement (bench/)
 bench: $(STAMP) models/smollm2-135m/.prepared
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) bench/compare_lm_eval.py --model models/smollm2-135m
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) bench/compare_lm_eval.py --model models/qeval-tiny
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) bench/compare_lm_eval.py --model models/qeval-tiny --max-gen-toks 32  # its context is 256 tokens
 
 ## the same against lm-eval's vLLM model type, both on the vLLM engine
 bench-vllm: $(STAMP) $(VLLM_STAMP) models/smollm2-135m/.prepared

@@ -170,6 +170,9 @@ def main() -> None:
     ap.add_argument("--max-gen-toks", type=int, default=None,
                     help="default: the task's own (gsm8k: 256, stopping at 'Question:'), as lm-eval runs it")
     ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads for both sides (default 1: on a shared 2-core machine two threads "
+                         "oversubscribe, and a forward pass then takes 2-7x longer from one call to the next)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
     args.max_length = args.max_length or (256 if args.model.name == "qeval-tiny" else 1024)
@@ -179,7 +182,7 @@ def main() -> None:
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
     import torch
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(args.threads)
     from qeval.tasks.harness.yamls import materialize
 
     lm, backend = lm_eval_model(args), qeval_backend(args)
@@ -192,11 +195,12 @@ def main() -> None:
             row = compare(task, theirs, ours) | {"lm_eval_s": lm_s, "qeval_s": q_s, "speedup": lm_s / q_s,
                                                  "output_type": theirs["configs"][task]["output_type"]}
             rows.append(row)
-            print(f"{task:<18} {row['output_type']:<22} n={row['n']:<4} lm-eval {lm_s:7.2f} s  qeval {q_s:7.2f} s  "
+            print(f"{task:<22} {row['output_type']:<22} n={row['n']:<4} lm-eval {lm_s:7.2f} s  qeval {q_s:7.2f} s  "
                   f"speed-up {row['speedup']:5.2f}x  |Δ ll| max {row['max_abs_diff']:.1e}  generations equal "
                   f"{row['generations_equal']}  metrics equal {row['per_document_metrics_equal']}", file=report)
     print(f"model {args.model.name}, {args.dtype}, batch {args.batch_size}, max length {args.max_length}, "
-          f"{os.cpu_count()} CPUs, backend {args.backend}", file=report)
+          f"{args.threads} torch thread(s) on {os.cpu_count()} CPUs (load average {os.getloadavg()[0]:.2f}), "
+          f"backend {args.backend}", file=report)
     if args.json:
         args.json.write_text(json.dumps({"model": args.model.name, "backend": args.backend, "tasks": rows}, indent=2))
 

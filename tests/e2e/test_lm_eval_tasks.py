@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -32,7 +33,8 @@ def _tolerance(loglikelihood: float) -> float:
 def _bench(python: str, model: Path, tmp: Path, *extra: str) -> list[dict]:
     out = tmp / "bench.json"
     res = subprocess.run([python, str(ROOT / "bench" / "compare_lm_eval.py"), "--model", str(model),
-                          "--tasks", TASK_SET, "--limit", "5", "--max-gen-toks", "24", "--json", str(out), *extra],
+                          "--tasks", TASK_SET, "--limit", "5", "--max-gen-toks", "24", "--json", str(out),
+                          "--threads", str(os.cpu_count() or 1), *extra],
                          capture_output=True, text=True, timeout=2400, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(out.read_text())["tasks"]
