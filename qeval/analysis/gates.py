@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from qeval.strict import Strict
@@ -17,6 +19,9 @@ class Gate(Strict):
     max_drop: float | None = Field(default=None, gt=0)
     relative: bool = False
     min_recovery: float | None = Field(default=None, gt=0, le=1)
+    #: a long-context gate's length: tokens, or `budget` (budget.context_len); the task is then a
+    #: long-context family, `all` meaning each of them (qeval/tasks/longctx/tasks.py resolves it)
+    length: int | Literal["budget"] | None = Field(default=None)
 
     @model_validator(mode="after")
     def _one(self) -> Gate:
