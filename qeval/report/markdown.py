@@ -10,6 +10,7 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.table import Table
 
+from qeval.report.longctx import markdown_section as long_context_section
 from qeval.results.schema import Comparison, Figure, Results, SetupResult
 from qeval.tasks.metrics import Metric
 from qeval.tasks.metrics import metric as describe
@@ -103,6 +104,7 @@ def render_markdown(results: Results) -> str:
               + (recovery if _any_recovery(results) else "") + ". Weights and KV bytes/token are measured on the "
               "loaded model, or marked predicted where the backend reports no figure (sources in results.json).", ""]
     lines += _recommendation(results) + _suite_table(results) + _gate_table(results) + _members_table(results)
+    lines += long_context_section(results, md_text)
     notes = _notes(results)
     if notes:
         lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from qeval.analysis.gates import Gate
 from qeval.errors import UserError
+from qeval.results.longctx import LongContextInfo, SetupLongContext
 
 SCHEMA_VERSION = 1
 
@@ -136,6 +137,8 @@ class SetupResult(_Model):
     library_versions: dict[str, str] = {}
     quantization: dict[str, Any] = Field({}, description="what the quantizer or engine did (library, scheme, kernels)")
     timings: dict[str, float] = {}
+    long_context: SetupLongContext | None = Field(None, description="KV bytes and loss by token position at each "
+                                                                    "long-context length (null: no long_context)")
 
 
 class RunInfo(_Model):
@@ -207,6 +210,7 @@ class Results(_Model):
     suites: dict[str, list[str]] = Field({}, description="suite -> its tasks and groups")
     dropped: list[Dropped] = []
     recommendation: Recommendation
+    long_context: LongContextInfo | None = Field(None, description="the generated long-context tasks (null: none)")
 
     def setup(self, name: str) -> SetupResult:
         return next(s for s in self.setups if s.name == name)

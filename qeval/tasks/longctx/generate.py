@@ -35,7 +35,7 @@ def _fit(build: Callable[[int], str], encode: Encode, budget: int, what: str) ->
 
 
 class _Sentences:
-    """The first n sentences of a stream, drawn once and kept."""
+    """The first n sentences (or words) of a stream, drawn once and kept."""
 
     def __init__(self, stream: Iterator[str]) -> None:
         self._stream, self._seen = stream, []  # type: tuple[Iterator[str], list[str]]
@@ -101,7 +101,10 @@ def multikey_doc(encode: Encode, budget: int, depth: float, rng: random.Random, 
 
 
 def prose_doc(encode: Encode, budget: int, rng: random.Random) -> dict[str, Any]:
-    """A chronicle of at most `budget` tokens (as many whole sentences as fit)."""
-    prose = _Sentences(chronicle(random.Random(rng.random())))
+    """A chronicle of at most `budget` tokens: as many words as fit (the last sentence may stop
+    short: every token is scored, none is left over)."""
+    prose = _Sentences(word for sentence in chronicle(random.Random(rng.random())) for word in sentence.split())
     n, text, tokens = _fit(lambda k: " ".join(prose[:k]), encode, budget, "position_ppl")
-    return {"text": text, "sentences": n, "tokens": tokens}
+    if n == 0:
+        raise UserError(f"long_context: position_ppl at {budget} tokens holds no word: use a longer length")
+    return {"text": text, "words": n, "tokens": tokens}
