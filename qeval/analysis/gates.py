@@ -16,12 +16,15 @@ class Gate(Strict):
     99%; on a suite, of its average)."""
 
     task: str = "all"
-    max_drop: float | None = Field(default=None, gt=0)
+    max_drop: float | None = Field(default=None, gt=0, description="the largest drop allowed, in the metric's units "
+                                                                   "(a share of the baseline's value with relative)")
     relative: bool = False
-    min_recovery: float | None = Field(default=None, gt=0, le=1)
-    #: a long-context gate's length: tokens, or `budget` (budget.context_len); the task is then a
-    #: long-context family, `all` meaning each of them (qeval/tasks/longctx/tasks.py resolves it)
-    length: int | Literal["budget"] | None = Field(default=None)
+    min_recovery: float | None = Field(default=None, gt=0, le=1, description="the smallest share of the baseline's "
+                                                                           "score the setup must keep (0.99 = 99%)")
+    #: qeval/tasks/longctx/tasks.py resolves it to one generated task
+    length: int | Literal["budget"] | None = Field(
+        default=None, description="a long-context gate's length in tokens, or `budget` (budget.context_len); its "
+                                  "task is then a long-context family, `all` meaning each of them")
 
     @model_validator(mode="after")
     def _one(self) -> Gate:

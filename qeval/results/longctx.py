@@ -46,7 +46,7 @@ class LengthPoint(_Model):
 class SetupLongContext(_Model):
     """A setup's long-context results, one point per length."""
 
-    lengths: list[LengthPoint]
+    lengths: list[LengthPoint] = Field(description="one point per length, shortest first")
 
 
 class LongContextInfo(_Model):
@@ -56,7 +56,7 @@ class LongContextInfo(_Model):
     deployment_length: int = Field(description="budget.context_len where it is one of the lengths, else the longest: "
                                                "each family's task there is top-level (gated by `all`)")
     families: dict[str, dict[str, str]] = Field(description="family -> length (as text) -> task name")
-    seed: int
+    seed: int = Field(description="the seed every document was generated from")
     samples: int = Field(description="documents generated per task and length")
     depths: list[float] = Field(description="needle depths, as a share of the filler before the needle")
     bucket_edges: list[int] = Field(description="position bucket boundaries in tokens (the longest length's)")

@@ -117,7 +117,7 @@ class SuiteScore(_Model):
     ci: tuple[float, float] | None = Field(None, description="95% interval of recovery, from the tasks' own "
                                                              "intervals combined (docs/statistics.md)")
     verdict: Literal["pass", "fail", "inconclusive"] | None = Field(None, description="a min_recovery gate's verdict")
-    gate: Gate | None = None
+    gate: Gate | None = Field(None, description="the recovery gate applied to the suite")
 
 
 class SetupResult(_Model):
