@@ -141,7 +141,8 @@ def quality_vs_length_figure(results: Results) -> Any:
         ax.set_ylabel(f"{m.name}" + (" (%)" if m.proportion else f" ({m.unit})"))
         ax.set_title(fam)
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+    if axes[0][0].get_legend_handles_labels()[0]:
+        axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     return fig
 
@@ -169,7 +170,8 @@ def bucket_deltas_figure(results: Results) -> Any:
         ax.set_xlabel("token position (bucket centre)")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("Δ NLL per token vs baseline (nats)")
-    axes[0][0].legend(fontsize=7)
+    if axes[0][0].get_legend_handles_labels()[0]:
+        axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     return fig
 
