@@ -158,3 +158,22 @@ def test_position_buckets_pair_documents_bucket_by_bucket() -> None:
     assert got[0].delta == pytest.approx((23 - 22) / 20) and got[1].delta == pytest.approx((52 - 42) / 20)
     assert got[1].baseline_nll == pytest.approx(2.1) and got[1].kl == pytest.approx(0.1)
     assert got[1].top1_agreement == pytest.approx(0.9) and got[1].ci is not None
+
+
+def test_position_buckets_pair_only_shared_documents() -> None:
+    """A document the baseline lacks is left out of the pairing (not compared with nothing);
+    without a baseline (the baseline's own block) a bucket has its NLL and no comparison; an
+    empty bucket is left out."""
+    def rec(i: str, nlls: list[float], tokens: list[int], kl: float | None = None) -> dict[str, Any]:
+        b = [{"start": s, "end": e, "tokens": t, "nll": n} | ({"kl": kl, "top1": t} if kl is not None else {})
+             for (s, e), n, t in zip([(0, 10), (10, 20)], nlls, tokens, strict=True)]
+        return {"sample_id": i, "buckets": b}
+
+    base = [rec("a", [10, 0], [10, 0]), rec("b", [20, 0], [10, 0])]
+    other = [rec("a", [12, 0], [10, 0], kl=1.0), rec("b", [21, 0], [10, 0], kl=3.0), rec("c", [99, 0], [10, 0], kl=9.0)]
+    got = position_buckets(other, base, seed=1)
+    assert len(got) == 1 and got[0].documents == 2 and got[0].tokens == 20  # "c" unpaired, bucket 10-20 empty
+    assert got[0].delta == pytest.approx(3 / 20) and got[0].kl == pytest.approx(4 / 20)
+    assert got[0].ci is not None and got[0].ci[0] <= got[0].delta <= got[0].ci[1]
+    own = position_buckets(base, None, seed=1)
+    assert own[0].nll == pytest.approx(1.5) and own[0].delta is None and own[0].kl is None
