@@ -129,13 +129,16 @@ budget: {{gpu_memory_gib: 4, context_len: 1024, overhead_gib: 0.5}}
 
 @needs_smollm2
 def test_long_context_path_cost_is_bounded(tmp_path: Path) -> None:
-    """bench/longctx_prefill.py on SmolLM2 at 1024 tokens in 256-token chunks: scoring and
-    generation under an INT4 KV cache within its stated multiple of plain prefill (the 8k
-    figure: docs/benchmarks.md)."""
+    """bench/longctx_prefill.py on SmolLM2 at 1024 tokens in 256-token chunks, one thread:
+    scoring and generation under an INT4 KV cache within x3 of plain prefill (measured on the
+    2-core dev machine: x1.30 and x2.19; the 10 decoded tokens weigh more at 1k than at 8k,
+    where the bound is x2 and the measured figures x1.27 and x1.44: docs/benchmarks.md)."""
     out = tmp_path / "bench.json"
     res = subprocess.run([sys.executable, str(ROOT / "bench" / "longctx_prefill.py"), "--model", str(SMOLLM2),
-                          "--tokens", "1024", "--chunk", "256", "--json", str(out)],
+                          "--tokens", "1024", "--chunk", "256", "--threads", "1", "--max-ratio", "3",
+                          "--json", str(out)],
                          capture_output=True, text=True, timeout=900, check=False)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     figures = json.loads(out.read_text())
-    assert figures["tokens"] == 1024 and figures["scoring_ratio"] <= figures["max_ratio"]
+    assert figures["tokens"] == 1024 and figures["threads"] == 1 and figures["max_ratio"] == 3
+    assert max(figures["scoring_ratio"], figures["generation_ratio"]) <= 3
