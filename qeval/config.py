@@ -25,6 +25,7 @@ from qeval.run.executors.config import ExecutorSpec
 from qeval.setups import Setup
 from qeval.strict import Strict
 from qeval.tasks.harness.config import HarnessSpec
+from qeval.tasks.longctx.config import LongContextSpec
 
 
 class ModelSpec(Strict):
@@ -50,6 +51,8 @@ class RunConfig(Strict):
     tasks_dir: str = "tasks"
     #: lm-evaluation-harness tasks, groups and suites (docs/tasks.md, "Standard benchmarks")
     lm_eval: HarnessSpec | None = None
+    #: long-context tasks generated at a list of lengths (docs/tasks.md, "Long-context tasks")
+    long_context: LongContextSpec | None = None
     limit: int | None = Field(default=None, gt=0)
     #: sequences per forward pass when scoring (padding changes numerics: part of the resume key)
     batch_size: int = Field(default=32, gt=0)
@@ -83,7 +86,7 @@ class RunConfig(Strict):
         if len(set(self.tasks)) != len(self.tasks):
             raise ValueError("a task is listed twice")
         harness = [t.name for t in self.lm_eval.entries()] if self.lm_eval else []
-        if not self.tasks and not harness:
+        if not self.tasks and not harness and not self.long_context:
             raise ValueError("no task to score: give `tasks` (qeval's own) or `lm_eval.tasks` / `lm_eval.suites`")
         if set(self.tasks) & set(harness):
             both = sorted(set(self.tasks) & set(harness))[0]
@@ -91,7 +94,7 @@ class RunConfig(Strict):
         if self.candidate is not None and self.candidate not in names:
             raise ValueError(f"candidate {self.candidate!r} is not a setup of this config")
         for gate in self.gates:  # lm-eval group members are known only once loaded: checked at preflight
-            if gate.task != "all" and gate.task not in self.tasks and not self.lm_eval:
+            if gate.task != "all" and gate.task not in self.tasks and not self.lm_eval and not self.long_context:
                 raise ValueError(f"gate names task {gate.task!r}, which the run does not score")
         perf = self.performance
         if perf.enabled and perf.input_len + perf.output_len > self.model.max_context:

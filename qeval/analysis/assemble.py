@@ -19,6 +19,7 @@ from qeval.analysis.comparison import (
     paired,
     weights_twin,
 )
+from qeval.analysis.longctx import attach_long_context
 from qeval.analysis.recommend import recommend
 from qeval.memory.figures import gap_flags, memory_block
 from qeval.perf.block import performance_block
@@ -74,6 +75,7 @@ def assemble_results(pre: Preflight, store: RunStore, keys: dict[str, SetupKeys]
                       groups={g: m for g, m in pre.groups.items() if g in tasks}, suites=pre.suites,
                       dropped=dropped, recommendation={"setup": None, "reasons": {}},
                       ceilings=ceilings)
+    results = attach_long_context(results, pre, store)  # KV bytes and loss by position per length
     return results.model_copy(update={"recommendation": recommend(results)})
 
 

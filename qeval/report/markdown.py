@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from qeval.perf import views as perf_views
+from qeval.report.longctx import markdown_section as long_context_section
 from qeval.results.schema import Comparison, Figure, Results, SetupResult
 from qeval.tasks.metrics import Metric
 from qeval.tasks.metrics import metric as describe
@@ -106,6 +107,7 @@ def render_markdown(results: Results) -> str:
               "loaded model, or marked predicted where the backend reports no figure (sources in results.json).", ""]
     lines += _recommendation(results) + _suite_table(results) + _gate_table(results) + _members_table(results)
     lines += perf_views.markdown_lines(results, md_text)  # nothing for results without a performance phase
+    lines += long_context_section(results, md_text)
     notes = _notes(results)
     if notes:
         lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]

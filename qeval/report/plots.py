@@ -144,3 +144,15 @@ def memory_ledger_figure(results: Results) -> Any:
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), fontsize=7, frameon=False)
     ax.grid(alpha=0.3, axis="x")
     return fig
+
+
+def quality_vs_length(results: Results) -> str:
+    from qeval.report.longctx import quality_vs_length_figure
+
+    return _svg(quality_vs_length_figure, results)
+
+
+def bucket_deltas(results: Results) -> str:
+    from qeval.report.longctx import bucket_deltas_figure
+
+    return _svg(bucket_deltas_figure, results)

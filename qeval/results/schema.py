@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from qeval.analysis.gates import Gate
 from qeval.errors import UserError
 from qeval.perf.schema import Ceilings, Performance
+from qeval.results.longctx import LongContextInfo, SetupLongContext
 
 SCHEMA_VERSION = 1
 
@@ -139,6 +140,8 @@ class SetupResult(_Model):
     timings: dict[str, float] = {}
     performance: Performance | None = Field(None, description="serving speed on the configured workload and the "
                                                               "share of the device's ceilings (null: not measured)")
+    long_context: SetupLongContext | None = Field(None, description="KV bytes and loss by token position at each "
+                                                                    "long-context length (null: no long_context)")
 
 
 class RunInfo(_Model):
@@ -212,6 +215,7 @@ class Results(_Model):
     recommendation: Recommendation
     ceilings: Ceilings | None = Field(None, description="the device's copy bandwidth and matmul peak, measured once "
                                                         "per run (null: no performance phase)")
+    long_context: LongContextInfo | None = Field(None, description="the generated long-context tasks (null: none)")
 
     def setup(self, name: str) -> SetupResult:
         return next(s for s in self.setups if s.name == name)

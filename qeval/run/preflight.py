@@ -19,6 +19,7 @@ from qeval.setups import Setup
 from qeval.tasks import TaskInfoLike, load_task
 from qeval.tasks.harness.config import HarnessSpec
 from qeval.tasks.harness.session import open_session
+from qeval.tasks.longctx.hooks import add_to_preflight as add_long_context
 
 
 @dataclass
@@ -95,6 +96,7 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
     pre = Preflight(cfg, device, list(native), setups, [], source.checksum, shape, skipped)
     if cfg.lm_eval:
         _add_harness(pre, cfg.lm_eval)
+    add_long_context(pre, source.config)  # generated tasks; gates written at a length resolved
     pre.run_tasks = _selected(pre, only_tasks)
     _check_gates(pre)
     return pre

@@ -73,6 +73,7 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: dict[str, Any],
 
     from qeval.backends import backend_entry
     from qeval.tasks import load_task
+    from qeval.tasks.longctx.hooks import worker_tasks
     from qeval.tasks.scoring import n_requests, score_task
 
     t0 = time.time()
@@ -85,13 +86,14 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: dict[str, Any],
             bar.advance(1)
         timings["load_s"] = round(time.time() - t0, 2)
         native = [n for n in job["tasks"] if n in cfg.tasks]
-        for name in native:
-            task = load_task(name, Path(cfg.tasks_dir), cfg.limit)
+        generated = worker_tasks(cfg, {n: job["task_key_parts"][n] for n in job["tasks"]})  # long context
+        for name in native + list(generated):
+            task = generated[name] if name in generated else load_task(name, Path(cfg.tasks_dir), cfg.limit)
             t1 = time.time()
             with progress_bar(f"{setup.name}: {name}", total=n_requests(task)) as bar:
                 result = score_task(backend, task, bar.advance, _reference(store, job, name))
             _store(store, setup, job, name, result, round(time.time() - t1, 2), task.sha256, timings)
-        harness = [n for n in job["tasks"] if n not in native]
+        harness = [n for n in job["tasks"] if n not in native and n not in generated]
         if harness and cfg.lm_eval:
             _serve_harness(backend, cfg, setup, store, job, harness, timings)
         memory = {k: vars(v) for k, v in backend.memory().items()}

@@ -12,6 +12,7 @@ import numpy as np
 
 from qeval.backends.base import Backend, GenerateRequest, LoglikelihoodRequest, Progress, RollingRequest, RollingResult
 from qeval.tasks import Task
+from qeval.tasks.longctx.buckets import bucket_sums
 
 
 @dataclass
@@ -107,9 +108,12 @@ def _rolling(backend: Backend, task: Task, progress: Progress, reference: dict[s
             "target": None, "prediction": None, "correct": None, "loglikelihoods": None,
             "nll": -res.logprob, "n_tokens": res.n_tokens, "n_bytes": len(task.text(doc).encode()),
         }
+        kl = top1 = None
         if refs is not None and res.ref_logprobs is not None:
             kl, top1 = kl_top1(refs[i], res)
             rec |= {"kl": float(kl.mean()), "top1_agreement": float(top1.mean()), "kl_tokens": int(kl.size)}
+        if getattr(task, "buckets", None):  # long-context position_ppl: loss and KL by token position
+            rec["buckets"] = bucket_sums(task.buckets, res.token_logprobs, kl, top1)  # type: ignore[attr-defined]
         records.append(rec)
     return TaskResult(records, _perplexity_metrics(records), pack_topk(results))
 

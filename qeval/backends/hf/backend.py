@@ -32,6 +32,7 @@ from qeval.backends.base import (
     RollingRequest,
     RollingResult,
 )
+from qeval.backends.hf import chunked
 from qeval.backends.hf import quant as hf_quant
 from qeval.backends.tokens import conventions, encode_pair, generation_context, memoized, rolling_windows, truncate
 from qeval.config import RunConfig
@@ -57,6 +58,8 @@ class HFBackend:
         self.batch_size = cfg.batch_size
         self.gen_batch_size = cfg.generation_batch_size or 4 * cfg.batch_size
         self.max_length = cfg.model.max_context
+        # a window or prompt longer than this goes through the chunked, batch-1 path (hf/chunked.py)
+        self.chunk = cfg.long_context.chunk_tokens if cfg.long_context else LONG_CHUNK
         self.model: Any = None
         self.tok: Any = None
         self._rss_after_load = 0
@@ -221,6 +224,11 @@ class HFBackend:
                 windows.append((r, offset, ctx, pred))
                 offset += len(pred)
         parts: list[list[tuple[int, tuple[np.ndarray, ...]]]] = [[] for _ in requests]
+        long = [w for w in windows if len(w[2]) + len(w[3]) - 1 > self.chunk]
+        for r, offset, ctx, pred in long:  # one at a time, in chunks (hf/chunked.py)
+            parts[r].append((offset, self._score_long(ctx, pred, requests[r].ref_indices, offset)))
+            progress(1)
+        windows = [w for w in windows if len(w[2]) + len(w[3]) - 1 <= self.chunk]
         order = sorted(range(len(windows)), key=lambda i: -len(windows[i][2]) - len(windows[i][3]))
         for start in range(0, len(order), self.batch_size):
             batch = [windows[i] for i in order[start : start + self.batch_size]]
@@ -239,6 +247,19 @@ class HFBackend:
         return [_assemble(sorted(p, key=lambda x: x[0]), req.ref_indices is not None)
                 for p, req in zip(parts, requests, strict=True)]
 
+    def _score_long(self, ctx: list[int], pred: list[int], ref: np.ndarray | None,
+                    offset: int) -> tuple[np.ndarray, ...]:
+        """One long window, chunked: the same arrays `_window_stats` gives for a short one."""
+        ref = None if ref is None else ref[offset : offset + len(pred)]
+
+        def stats(logits: torch.Tensor, at: int) -> tuple[np.ndarray, ...]:
+            n = logits.shape[0]
+            return _window_stats(logits, pred[at : at + n], None if ref is None else ref[at : at + n])
+
+        pieces = chunked.score_chunked(self.model, self.setup, (ctx + pred)[:-1], len(pred), self.chunk, stats,
+                                       self.device)
+        return tuple(np.concatenate([p[k] for p in pieces]) for k in range(4))
+
     # -- generation --------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, requests: list[GenerateRequest], progress: Progress) -> list[str]:
@@ -248,8 +269,17 @@ class HFBackend:
         step reads every weight once whatever the rows, so more rows per step cost little and
         save whole passes over the weights."""
         encoded = [self.conv.encode(r.context) for r in requests]
-        order = sorted(range(len(requests)), key=lambda i: -len(encoded[i]))
         out: list[str] = [""] * len(requests)
+        for i, r in enumerate(requests):  # long prompts: one at a time, chunked prefill (hf/chunked.py)
+            ctx = generation_context(encoded[i], self.max_length, r.max_gen_toks)
+            if len(ctx) > self.chunk:
+                tokens = chunked.greedy_chunked(self.model, self.setup, ctx, r.max_gen_toks, self.chunk, self.device,
+                                                lambda g, t, r=r: self._stops(g, t, r))  # type: ignore[misc]
+                out[i] = _cut(self.tok.decode(tokens, skip_special_tokens=True), r.until)
+                progress(1)
+        short = [i for i, r in enumerate(requests)
+                 if len(generation_context(encoded[i], self.max_length, r.max_gen_toks)) <= self.chunk]
+        order = sorted(short, key=lambda i: -len(encoded[i]))
         for start in range(0, len(order), self.gen_batch_size):
             idx = order[start : start + self.gen_batch_size]
             reqs = [requests[i] for i in idx]
@@ -354,6 +384,8 @@ def _weights_dtype(setup: Setup) -> str:
     return {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[setup.weights or "bf16"]
 
 
+#: windows and prompts longer than this many tokens are scored one at a time, in chunks of it
+LONG_CHUNK = 1024
 #: a prefix shared by every row of a prefill is run once when at least this long
 MIN_SHARED_PREFIX = 16
 

@@ -131,17 +131,21 @@ def round_trip_cache(config: Any, setup: Setup) -> Any:
         def __init__(self, quantizer: Any) -> None:
             super().__init__()
             self._q = quantizer
+            self._fp8_scale: dict[str, Any] = {}
 
-        def _round_trip(self, t: torch.Tensor, axis: int) -> torch.Tensor:
+        def _round_trip(self, t: torch.Tensor, axis: int, which: str) -> torch.Tensor:
             q = self._q
             if setup.kv_cache == "fp8":
+                # FP8's per-tensor scale is set by the first update and then frozen, as in
+                # transformers' Fp8QuantizedLayer: chunked scoring sees what a chunked prefill would
                 q.dtype = t.dtype
-                return q._dequantize(q._quantize(t))
+                data, self._fp8_scale[which] = q._quantize(t, scale=self._fp8_scale.get(which))
+                return q._dequantize((data, self._fp8_scale[which]))
             return q._dequantize(q._quantize(t.contiguous(), axis=axis)).to(t.dtype)
 
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            k = self._round_trip(key_states, getattr(self._q, "axis_key", 0))
-            v = self._round_trip(value_states, getattr(self._q, "axis_value", 0))
+            k = self._round_trip(key_states, getattr(self._q, "axis_key", 0), "k")
+            v = self._round_trip(value_states, getattr(self._q, "axis_value", 0), "v")
             return super().update(k, v, *args, **kwargs)
 
     return Cache(layers=[_RoundTripLayer(layer) for layer in template.layers])

@@ -113,9 +113,13 @@ class VLLMBackend:
         return results
 
     def loglikelihood_rolling(self, requests: list[RollingRequest], progress: Progress) -> list[RollingResult]:
+        # the engine is sent context + every predicted token (prompt_logprobs reads a token's log-prob
+        # at its own position) and asked for one new token: two more than the windows' length. Windows
+        # two shorter keep that within max_model_len (as lm-eval's vllm model does; a document of
+        # max_context tokens was refused by the engine). Shorter documents get the hf backend's windows.
         windows = [(r, ctx, pred) for r, req in enumerate(requests)
                    for ctx, pred in rolling_windows(self.conv.encode(req.text), self.conv.prefix_token_id,
-                                                    self.max_length)]
+                                                    self.max_length - 2)]
         outs = self._prompt_logprobs([ctx + pred for _, ctx, pred in windows], TOPK, flat=True)
         parts: list[list[tuple[np.ndarray, ...]]] = [[] for _ in requests]
         for (r, ctx, pred), flat in zip(windows, outs, strict=True):

@@ -1,0 +1,27 @@
+"""Perplexity by token position: one document's loss (and KL to the baseline) summed over
+buckets of token position, stored with its sample record so that the comparison can pair
+documents bucket by bucket (qeval/analysis/longctx.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def bucket_sums(edges: list[int], token_logprobs: np.ndarray, kl: np.ndarray | None,
+                top1: np.ndarray | None) -> list[dict[str, Any]]:
+    """Per bucket [edges[i], edges[i+1]) of predicted-token positions (0 = the document's first
+    token): tokens, summed NLL (nats) and, against a baseline, summed KL and top-1 agreements.
+    Tokens past the last edge count in the last bucket."""
+    n = len(token_logprobs)
+    out = []
+    for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:], strict=True)):
+        hi = max(hi, n) if i == len(edges) - 2 else hi
+        sl = slice(min(lo, n), min(hi, n))
+        rec: dict[str, Any] = {"start": lo, "end": hi, "tokens": sl.stop - sl.start,
+                               "nll": float(-token_logprobs[sl].sum(dtype=np.float64))}
+        if kl is not None and top1 is not None:
+            rec |= {"kl": float(kl[sl].sum(dtype=np.float64)), "top1": int(top1[sl].sum())}
+        out.append(rec)
+    return out

@@ -1,0 +1,59 @@
+"""Where long-context tasks join a run: preflight generates them (and resolves gates written at
+a length) before any model loads; the worker generates them again with the same tokenizer and
+checks they are the same documents, by fingerprint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qeval.errors import UserError
+from qeval.tasks.longctx.tasks import LongContextTask, generated_tasks, plan, resolve_gates
+
+if TYPE_CHECKING:
+    from qeval.config import RunConfig
+    from qeval.run.preflight import Preflight
+
+
+def add_to_preflight(pre: Preflight, model_config: dict[str, Any]) -> None:
+    """Append the config's long-context tasks to `pre.tasks`; gates on a family or at a length
+    become gates on one generated task (pre.cfg.gates)."""
+    cfg = pre.cfg
+    if cfg.long_context is None:
+        if any(g.length is not None for g in cfg.gates):
+            raise UserError("a gate is written at a length, but the config has no long_context")
+        return
+    names = {t.name for t in pre.tasks}
+    tasks = generated_tasks(cfg, model_config)
+    clash = sorted(names & {t.name for t in tasks})
+    if clash:
+        raise UserError(f"task {clash[0]!r} is both a config task and a generated long-context one")
+    pre.tasks += tasks
+    pre.cfg = cfg.model_copy(update={"gates": resolve_gates(cfg.gates, cfg, plan(cfg, model_config))})
+
+
+def model_config_of(path: str) -> dict[str, Any]:
+    """config.json of the model (a folder, a GGUF file, or a hub id already cached)."""
+    from qeval.run.model_source import gguf_config, is_gguf, read_model_config
+
+    if is_gguf(path):
+        return gguf_config(Path(path))
+    if Path(path).is_dir():
+        return read_model_config(Path(path))
+    from transformers import AutoConfig
+
+    return dict(AutoConfig.from_pretrained(path).to_dict())
+
+
+def worker_tasks(cfg: RunConfig, wanted: dict[str, dict[str, str]]) -> dict[str, LongContextTask]:
+    """The long-context tasks among `wanted` (task -> its key parts), generated here; a task
+    whose documents differ from preflight's (another tokenizer in this environment) is refused
+    rather than scored under the wrong key."""
+    if cfg.long_context is None:
+        return {}
+    tasks = {t.name: t for t in generated_tasks(cfg, model_config_of(cfg.model.path)) if t.name in wanted}
+    for name, task in tasks.items():
+        if task.fingerprint != wanted[name].get("task"):
+            raise RuntimeError(f"long-context task {name}: the documents generated in the worker differ from "
+                               "preflight's (a different tokenizer in this environment?)")
+    return tasks
