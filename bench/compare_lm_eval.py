@@ -170,9 +170,10 @@ def main() -> None:
     ap.add_argument("--max-gen-toks", type=int, default=None,
                     help="default: the task's own (gsm8k: 256, stopping at 'Question:'), as lm-eval runs it")
     ap.add_argument("--limit", type=int, default=None)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads for both sides (default 1: on a shared 2-core machine two threads "
-                         "oversubscribe, and a forward pass then takes 2-7x longer from one call to the next)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                    help="torch threads for both sides (default: every core, as torch runs; on a machine shared "
+                         "with other jobs use 1: two threads on two busy cores make a forward pass 2-7x slower from "
+                         "one call to the next)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
     args.max_length = args.max_length or (256 if args.model.name == "qeval-tiny" else 1024)
