@@ -18,7 +18,7 @@ from typing import Any
 from qeval.errors import UserError
 from qeval.memory.capacity import Budget, kv_capacity
 from qeval.memory.ledger import ModelShape, predict_kv_bytes_per_token, predict_weights_bytes
-from qeval.memory.planner import PLAN_SETUPS
+from qeval.memory.planner import PLAN_SETUPS, model_shape
 
 
 @dataclass(frozen=True)
@@ -63,10 +63,7 @@ def cluster_plan(config: dict[str, Any], budget: Budget, cluster: Cluster, concu
     tokens, and how many of the setups run at once on the cluster."""
     if cluster.nodes < 1 or cluster.gpus_per_node < 1 or concurrency < 1:
         raise UserError("a cluster needs at least one node, one GPU per node and a concurrency of at least 1")
-    try:
-        shape = ModelShape.from_config(config)
-    except KeyError as exc:
-        raise UserError(f"config.json lacks {exc.args[0]!r}: not a decoder model qeval can plan") from None
+    shape = model_shape(config)
     rows = []
     for setup in PLAN_SETUPS:
         weights = predict_weights_bytes(shape, setup, dtype)

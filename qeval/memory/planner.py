@@ -53,13 +53,18 @@ def load_model_config(model: str) -> dict[str, Any]:
         raise UserError(f"cannot read config.json for {model!r}: {type(exc).__name__}".strip()) from None
 
 
+def model_shape(config: dict[str, Any]) -> ModelShape:
+    """The shape the predictions need, from a config.json; one line for a model qeval cannot plan."""
+    try:
+        return ModelShape.from_config(config)
+    except KeyError as exc:
+        raise UserError(f"config.json lacks {exc.args[0]!r}: not a decoder model qeval can plan") from None
+
+
 def plan(config: dict[str, Any], budget: Budget, dtype: str = "float16") -> list[PlanRow]:
     """Weights, KV bytes per token, KV tokens that fit and concurrent sequences, per setup,
     by the same formula a run's recommendation uses (memory.capacity)."""
-    try:
-        shape = ModelShape.from_config(config)
-    except KeyError as exc:
-        raise UserError(f"config.json lacks {exc.args[0]!r}: not a decoder model qeval can plan") from None
+    shape = model_shape(config)
     rows = []
     for setup in PLAN_SETUPS:
         w = predict_weights_bytes(shape, setup, dtype)

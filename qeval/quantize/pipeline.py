@@ -26,6 +26,7 @@ from qeval.backends.interpreter import has_module
 from qeval.config import RunConfig
 from qeval.errors import UserError
 from qeval.files.atomic import atomic_write_json
+from qeval.files.processes import pid_alive
 from qeval.quantize.checkpoints import (
     RECORD,
     SCHEMES,
@@ -112,19 +113,9 @@ def _remove_stale(dest: Path) -> None:
     """Temporary folders of earlier attempts at `dest` whose process is gone (failed or killed)."""
     for old in dest.parent.glob(f"{dest.name}.tmp-*") if dest.parent.is_dir() else []:
         pid = old.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and pid_alive(int(pid)):
             continue  # another quantize is making this very checkpoint right now
         shutil.rmtree(old, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _make(cfg: RunConfig, setup: Setup, dest: Path, python: str, cal: Calibration, texts: list[str] | None,

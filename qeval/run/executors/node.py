@@ -20,6 +20,7 @@ from typing import Any
 
 from qeval.files.atomic import atomic_write_bytes, atomic_write_json
 from qeval.files.names import inside
+from qeval.files.processes import pid_alive
 from qeval.run.executors.job import run_worker_process, worker_python
 
 #: scratch folders are named qeval-ray-<Ray worker PID>-<random> under the node's temp dir
@@ -124,18 +125,8 @@ def clear_stale_scratch() -> None:
     base = Path(tempfile.gettempdir())
     for path in base.glob(f"{SCRATCH_PREFIX}*"):
         match = _SCRATCH.match(path.name)
-        if match and path.is_dir() and not _alive(int(match.group(1))):
+        if match and path.is_dir() and not pid_alive(int(match.group(1))):
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:
