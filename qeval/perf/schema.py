@@ -5,15 +5,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from qeval.results.base import ResultModel
 
 
-class _Model(BaseModel):
-    # extra="allow", as every results model: a reader keeps fields a newer qeval added
-    model_config = ConfigDict(extra="allow")
-
-
-class Measured(_Model):
+class Measured(ResultModel):
     """A repeated measurement: the median of the repeats, their spread, how many, and how."""
 
     median: float = Field(description="median over the timed repeats (the figure reports show)")
@@ -25,7 +22,7 @@ class Measured(_Model):
     values: list[float] = Field([], description="every repeat's value, in the order measured")
 
 
-class PerfWorkload(_Model):
+class PerfWorkload(ResultModel):
     """The synthetic workload the setup was timed on (`performance:` in the config)."""
 
     input_len: int = Field(description="prompt tokens per request (special tokens included)")
@@ -38,7 +35,7 @@ class PerfWorkload(_Model):
     levels_source: str = Field("", description="how the levels were chosen (`max`: the budget's concurrency, caps)")
 
 
-class PerfLevel(_Model):
+class PerfLevel(ResultModel):
     """Every figure at one concurrency level."""
 
     concurrency: int = Field(description="requests served at once (one wave)")
@@ -55,7 +52,7 @@ class PerfLevel(_Model):
     e2e_p90_s: Measured = Field(description="request latency, 90th percentile over requests (s)")
 
 
-class CeilingShare(_Model):
+class CeilingShare(ResultModel):
     """An achieved rate against the device's physical limit for this setup (docs/performance.md)."""
 
     achieved: float = Field(description="the achieved rate (median), tokens/s")
@@ -65,7 +62,7 @@ class CeilingShare(_Model):
     source: str = Field(description="the formula and the figures it used")
 
 
-class Performance(_Model):
+class Performance(ResultModel):
     """A setup's serving speed on the workload, measured after scoring in the same worker."""
 
     status: Literal["ok", "failed"]
@@ -90,7 +87,7 @@ class Performance(_Model):
         return self.levels[-1] if self.levels else None
 
 
-class Ceilings(_Model):
+class Ceilings(ResultModel):
     """The device's limits, measured once per run on the setups' device (qeval/perf/ceilings.py)."""
 
     device: str

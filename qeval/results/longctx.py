@@ -5,14 +5,12 @@ the baseline bucket by bucket. Per-length task scores and their comparisons are 
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from qeval.results.base import ResultModel
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="allow")  # as qeval.results.schema: newer fields read back
-
-
-class PositionBucket(_Model):
+class PositionBucket(ResultModel):
     """One bucket of token positions [start, end) of a length's position_ppl documents."""
 
     start: int = Field(description="first token position of the bucket (0: a document's first token)")
@@ -30,7 +28,7 @@ class PositionBucket(_Model):
                                                            "agrees with the baseline's")
 
 
-class LengthPoint(_Model):
+class LengthPoint(ResultModel):
     """One setup at one length: the KV cache one sequence of that length holds, the length's
     tasks, and its loss by position."""
 
@@ -43,13 +41,13 @@ class LengthPoint(_Model):
     buckets: list[PositionBucket] = Field([], description="position_ppl by token position; empty without it")
 
 
-class SetupLongContext(_Model):
+class SetupLongContext(ResultModel):
     """A setup's long-context results, one point per length."""
 
     lengths: list[LengthPoint] = Field(description="one point per length, shortest first")
 
 
-class LongContextInfo(_Model):
+class LongContextInfo(ResultModel):
     """What the run generated (docs/tasks.md, "Long-context tasks")."""
 
     lengths: list[int] = Field(description="the lengths scored, in tokens")

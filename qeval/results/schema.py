@@ -15,22 +15,20 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
 from qeval.analysis.gates import Gate
 from qeval.errors import UserError
 from qeval.perf.schema import Ceilings, Performance
+from qeval.results.base import ResultModel
 from qeval.results.longctx import LongContextInfo, SetupLongContext
 
 SCHEMA_VERSION = 1
 
 
-class _Model(BaseModel):
-    # extra="allow": a reader keeps (and writes back) fields a newer qeval added
-    model_config = ConfigDict(extra="allow")
 
 
-class Figure(_Model):
+class Figure(ResultModel):
     """One figure of the memory ledger: measured, predicted, and where the measurement came from."""
 
     measured: int | float | None = Field(None, description="the measured value (bytes), or null where not measured")
@@ -38,7 +36,7 @@ class Figure(_Model):
     source: str = Field("not measured", description="how the measured value was obtained, in words")
 
 
-class EnginePool(_Model):
+class EnginePool(ResultModel):
     """The KV-cache pool the vLLM engine reported for itself (parsed from its log)."""
 
     kv_cache_tokens: int = Field(description="tokens the engine's KV pool holds")
@@ -48,7 +46,7 @@ class EnginePool(_Model):
     source: str = Field(description="the log lines the figures were read from")
 
 
-class Memory(_Model):
+class Memory(ResultModel):
     """Where the memory goes, predicted and measured (docs/memory.md), and what fits the budget."""
 
     weights_bytes: Figure = Field(description="the served weights, quantization scales and zero points included")
@@ -62,7 +60,7 @@ class Memory(_Model):
     capacity_source: str | None = Field(None, description="how kv_cache_tokens and max_concurrency were obtained")
 
 
-class MetricValue(_Model):
+class MetricValue(ResultModel):
     """A task metric over the scored documents."""
 
     value: float
@@ -74,14 +72,14 @@ class MetricValue(_Model):
         return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
-class TaskScore(_Model):
+class TaskScore(ResultModel):
     """One setup's score on one task."""
 
     n: int = Field(description="documents scored")
     metrics: dict[str, MetricValue] = Field(description="metric name -> value (the task's metric_list)")
 
 
-class Comparison(_Model):
+class Comparison(ResultModel):
     """A setup against the baseline on one task, paired by document (docs/statistics.md)."""
 
     metric: str = Field(description="the metric compared (the task's primary metric)")
@@ -106,7 +104,7 @@ class Comparison(_Model):
                                                      "(higher-is-better metrics)")
 
 
-class SuiteScore(_Model):
+class SuiteScore(ResultModel):
     """A setup on a suite: the average of its tasks' scores (each lm-eval group as one task),
     and recovery, the setup's average as a share of the baseline's (as Red Hat's and
     llm-compressor's model cards report it)."""
@@ -121,7 +119,7 @@ class SuiteScore(_Model):
     gate: Gate | None = Field(None, description="the recovery gate applied to the suite")
 
 
-class SetupResult(_Model):
+class SetupResult(ResultModel):
     """One setup of the run: its outcome, memory, scores and comparison with the baseline."""
 
     name: str
@@ -144,7 +142,7 @@ class SetupResult(_Model):
                                                                     "long-context length (null: no long_context)")
 
 
-class RunInfo(_Model):
+class RunInfo(ResultModel):
     """Provenance of the run."""
 
     name: str
@@ -162,7 +160,7 @@ class RunInfo(_Model):
     hardware: dict[str, Any] = {}
 
 
-class TaskInfo(_Model):
+class TaskInfo(ResultModel):
     """A task of the run and the data it was scored on."""
 
     output_type: str
@@ -184,7 +182,7 @@ class TaskInfo(_Model):
         return self.metric or primary_metric(self.output_type)
 
 
-class Dropped(_Model):
+class Dropped(ResultModel):
     """A stored result left out of the comparison: it belongs to another run's key."""
 
     setup: str
@@ -192,7 +190,7 @@ class Dropped(_Model):
     reason: str = Field(description="what differs from this run's key")
 
 
-class Recommendation(_Model):
+class Recommendation(ResultModel):
     """The decision (docs/statistics.md, "The recommendation")."""
 
     setup: str | None = Field(description="the recommended setup; null: none")
@@ -201,7 +199,7 @@ class Recommendation(_Model):
     blocked: str | None = Field(None, description="why no setup could be judged at all (e.g. the baseline failed)")
 
 
-class Results(_Model):
+class Results(ResultModel):
     """RUN_DIR/results.json."""
 
     schema_version: Literal[1]
@@ -225,7 +223,7 @@ class Results(_Model):
         return next((s for s in self.setups if s.baseline), None)
 
 
-class SampleRecord(_Model):
+class SampleRecord(ResultModel):
     """One line of RUN_DIR/samples/<setup>/<task>.jsonl: one document's outcome."""
 
     sample_id: str = Field(description="the document's id (unique within the task)")

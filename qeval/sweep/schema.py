@@ -8,21 +8,19 @@ import json
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from qeval.errors import UserError
 from qeval.files.names import inside
+from qeval.results.base import ResultModel
 from qeval.results.schema import Comparison, MetricValue
 
 SWEEP_VERSION = 1
 
 
-class _Model(BaseModel):
-    # as in results.json: a reader keeps fields a newer qeval added
-    model_config = ConfigDict(extra="allow")
 
 
-class SweepModelEntry(_Model):
+class SweepModelEntry(ResultModel):
     """One model of the sweep: where its run lives and what it decided."""
 
     name: str
@@ -38,7 +36,7 @@ class SweepModelEntry(_Model):
     failed_setups: list[str] = []
 
 
-class SweepResults(_Model):
+class SweepResults(ResultModel):
     """RUN_DIR/sweep.json."""
 
     sweep_version: Literal[1]

@@ -1,0 +1,13 @@
+"""The base of every results model (results.json, its performance and long-context blocks,
+sweep.json): in a module of its own so those modules share it without importing each other."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class ResultModel(BaseModel):
+    # No docstring: pydantic would give it to every subclass without one, in the JSON Schema.
+    # extra="allow": a reader keeps (and writes back) fields a newer qeval added, so a file of
+    # the same schema version from a newer qeval still reads (docs/architecture.md).
+    model_config = ConfigDict(extra="allow")
