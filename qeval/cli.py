@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from qeval.analysis.recommend import candidate_problem
@@ -84,20 +85,25 @@ def run(
     except KeyboardInterrupt:
         print("qeval: interrupted; what was stored is kept: rerun the same command to resume", file=sys.stderr)
         raise typer.Exit(EXIT_INTERRUPTED) from None
-    _err.print(f"{'sweep:   ' + str(out / 'sweep.json') if sweep else 'results: ' + str(out / 'results.json')}\n"
-               f"report:  {out / 'report.md'}")
+    from qeval.report import verdict_line
+
+    _err.print(escape(f"{'sweep:   ' + str(out / 'sweep.json') if sweep else 'results: ' + str(out / 'results.json')}\n"
+                      f"report:  {out / 'report.md'}"))
     codes = []
     for model, results in runs.items():  # a sweep: per model; exit 1 over 3 over 0, as for one model
         where = f"{model}: " if model else ""
         codes.append(exit_code(results, fail_on_gate))
         failed_setups = [s.name for s in results.setups if s.status != "ok"]
         if failed_setups:
-            _err.print(f"[yellow]{where}setups that failed: {', '.join(failed_setups)} (see results.json)[/yellow]")
+            _err.print(f"[yellow]{escape(where)}setups that failed: {escape(', '.join(failed_setups))} "
+                       "(see results.json)[/yellow]")
         if results.dropped:
-            _err.print(f"[yellow]{where}{len(results.dropped)} stored result(s) of another run were not compared "
-                       "(listed under `dropped` in results.json and in the report)[/yellow]")
+            _err.print(f"[yellow]{escape(where)}{len(results.dropped)} stored result(s) of another run were not "
+                       "compared (listed under `dropped` in results.json and in the report)[/yellow]")
         if codes[-1] == EXIT_GATE_FAILED:
-            _err.print(f"[red]{where}--fail-on-gate: {candidate_problem(results)}[/red]")
+            _err.print(f"[red]{escape(where + '--fail-on-gate: ' + str(candidate_problem(results)))}[/red]")
+    for model, results in runs.items():  # the answer last, as report.md has it
+        _err.print(f"[bold]{escape((model + ': ' if model else '') + verdict_line(results))}[/bold]")
     raise typer.Exit(next((c for c in (EXIT_SETUP_FAILED, EXIT_GATE_FAILED) if c in codes), EXIT_OK))
 
 
@@ -125,7 +131,8 @@ def validate(config: Annotated[Path, typer.Argument(help="run config YAML")]) ->
         return
     for model, plan in plans.items():
         where = f" model {model}" if model else ""
-        print(f"{config}{where}: ok ({len(plan.setups)} setups, {len(plan.tasks)} tasks, device {plan.device})")
+        dtype = f", {plan.precision.dtype} ({plan.precision.reason})" if plan.precision else ""
+        print(f"{config}{where}: ok ({len(plan.setups)} setups, {len(plan.tasks)} tasks, device {plan.device}{dtype})")
 
 
 @app.command()

@@ -32,7 +32,10 @@ class ModelSpec(Strict):
     """Where the model comes from: a local directory or a hub id (resolved by transformers)."""
 
     path: str
-    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    #: `auto`: the model's own 16-bit dtype where the device runs it natively, float32 elsewhere
+    #: (a CPU without avx512_bf16 / AMX emulates bfloat16 ~100x slower: qeval/backends/precision.py).
+    #: Resolved at preflight; results.json records both (`run.dtype_requested`, `run.dtype`)
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     max_context: int = Field(default=2048, gt=0)
     trust_remote_code: bool = False
     revision: str | None = None

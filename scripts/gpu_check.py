@@ -45,6 +45,8 @@ def main() -> None:
         sys.exit("gpu_check: --device cuda but no nvidia-smi on this machine (use --device cpu for the CPU check)")
     cfg = yaml.safe_load(args.config.read_text())
     cfg["device"] = args.device
+    if args.device == "cpu":  # the GPU's 16-bit dtype where this CPU runs it natively, else float32 (not emulated)
+        cfg["model"]["dtype"] = "auto"
     cfg["model"]["path"] = str((args.model or ROOT / cfg["model"]["path"]).resolve())
     cfg["tasks_dir"] = str(ROOT / cfg.get("tasks_dir", "tasks"))
     if not Path(cfg["model"]["path"], "config.json").is_file():

@@ -25,6 +25,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 SCHEMA = ROOT / "docs" / "results.schema.json"
 
 
+def cpu_dtype() -> str:
+    """What `dtype: auto` gives a bfloat16 model on this CPU: bfloat16 where it is native, float32
+    where torch would emulate it ~116x slower (qeval/backends/device.py). Tests that build a
+    backend by hand use it, so no test computes in an emulated 16-bit dtype by accident."""
+    from qeval.backends.device import resolve_precision
+
+    return resolve_precision("auto", {"dtype": "bfloat16"}, "cpu").dtype
+
+
 def run_cli(*args: str, cwd: Path = ROOT, timeout: int = 1800) -> subprocess.CompletedProcess[str]:
     """Run `qeval ARGS` in a fresh interpreter, as a user would. Every results.json a `run` or
     `report` writes is checked against the exported JSON Schema (docs/results.schema.json)."""

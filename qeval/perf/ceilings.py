@@ -12,12 +12,16 @@ The runner runs this in a fresh process of the workers' interpreter before the s
 setup's memory sees it, and the torch build and threads are the workers'), and stores the
 figures in RUN_DIR/ceilings.json; a resumed run reuses them when device and hardware match.
 
-The probe is sized past the caches: a ceiling a setup beats means the probe was wrong (a
-share over 1 is flagged, never clipped)."""
+The copy is sized past the caches: a ceiling a setup beats means the probe was wrong (a
+share over 1 is flagged, never clipped). The matmuls are sized by time, not fixed: each grows
+until one call takes 50 ms, so the whole probe takes at most BUDGET_S (10 s) on any device,
+and each figure's `source` names the size it was measured at."""
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import subprocess
 import sys
 import time
@@ -26,15 +30,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qeval.files.atomic import atomic_write_json
+from qeval.files.processes import die_with_parent
 from qeval.perf.stats import measured
 
 if TYPE_CHECKING:
     from qeval.run.preflight import Preflight
     from qeval.run.store import RunStore
 
-PROBE_VERSION = "1"
+PROBE_VERSION = "2"
 REPEATS = 5
+#: the whole probe's wall-time bound on any device, however slow (a CPU that emulates bfloat16
+#: runs a 2048^3 matmul in 60 s: the fixed-size probe of version 1 took 785 s there)
+BUDGET_S = 10.0
+#: one timed call should take at least this long to be a measurement, not timer noise
+TARGET_S = 0.05
 _DTYPES = ("float32", "bfloat16", "float16")
+#: the probe process's own limit: the budget, plus torch's import and a cold start
+PROCESS_TIMEOUT_S = 120
 
 
 def last_level_cache_bytes() -> int | None:
@@ -51,7 +63,7 @@ def last_level_cache_bytes() -> int | None:
     return best
 
 
-def _timed(op: Callable[[], Any], sync: Callable[[], None], min_s: float = 0.05) -> float:
+def _timed(op: Callable[[], Any], sync: Callable[[], None], min_s: float = TARGET_S) -> float:
     """Seconds per call of `op`, over enough calls to fill min_s (a fast GPU copy is microseconds)."""
     op()
     sync()
@@ -65,38 +77,81 @@ def _timed(op: Callable[[], Any], sync: Callable[[], None], min_s: float = 0.05)
             return elapsed / calls
 
 
-def probe(device: str, dtype: str) -> dict[str, Any]:
-    """Copy bandwidth and matmul peaks (the model dtype, and int8 where torch offers it) on `device`."""
+def _repeat(op: Callable[[], Any], sync: Callable[[], None], deadline: float) -> list[float]:
+    """Seconds per call, up to REPEATS times, as many as fit before `deadline` (at least one)."""
+    times = [_timed(op, sync)]
+    while len(times) < REPEATS and time.perf_counter() + 2.5 * max(max(times), TARGET_S) < deadline:
+        times.append(_timed(op, sync))
+    return times
+
+
+def _sized_matmul(make: Callable[[int], Callable[[], Any]], sync: Callable[[], None], n_max: int,
+                  deadline: float) -> tuple[int, list[float]]:
+    """Grow a square matmul from 128 by doubling until one call takes TARGET_S (or n_max, or
+    the next size would not fit the time left), then time it: the size follows the device's
+    speed, so a fast GPU is measured on a large problem and an emulated dtype in a second."""
+    n = 128
+    while True:
+        op = make(n)
+        t0 = time.perf_counter()
+        op()
+        sync()
+        once = time.perf_counter() - t0
+        # the next size costs 8x: grow only while it and its repeats fit the time left
+        if once >= TARGET_S or 2 * n > n_max or time.perf_counter() + 8 * once * (REPEATS + 2) > deadline:
+            return n, [2 * n**3 / t for t in _repeat(op, sync, deadline)]
+        n *= 2
+
+
+def probe(device: str, dtype: str, budget_s: float = BUDGET_S) -> dict[str, Any]:
+    """Copy bandwidth and matmul peaks (the model dtype, and int8 where torch offers it) on
+    `device`, within `budget_s` seconds in all: each measurement is sized by time."""
     import torch
 
+    start = time.perf_counter()
     sync: Callable[[], None] = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     cache = (torch.cuda.get_device_properties(0).L2_cache_size if device == "cuda"
              else last_level_cache_bytes()) or 0
-    nbytes = max(256 * 2**20, 8 * cache) if device != "cuda" else max(2 * 2**30, 8 * cache)
+    # the copy stays sized past the caches (a cached copy would overstate DRAM bandwidth)
+    # (twice the last level: a VM reports the whole socket's L3, 480 MiB on these EPYCs/Xeons, and 8x
+    # that took 6 s just to allocate and touch; src + dst at 2x each stream 4x the cache per call)
+    nbytes = min(max(256 * 2**20, 2 * cache), 2 * 2**30) if device != "cuda" else max(2 * 2**30, 8 * cache)
     src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
-    copies = [2 * nbytes / _timed(lambda: dst.copy_(src), sync) for _ in range(REPEATS)]
+    copies = [2 * nbytes / t for t in _repeat(lambda: dst.copy_(src), sync, start + 0.2 * budget_s)]
     src = dst = torch.empty(0)  # give the memory back before the matmuls
-    n = 8192 if device == "cuda" else 2048
+    n_max = 8192 if device == "cuda" else 2048
     tdt = getattr(torch, dtype)
-    a, b = torch.randn(n, n, device=device).to(tdt), torch.randn(n, n, device=device).to(tdt)
-    peaks = {dtype: measured([2 * n**3 / _timed(lambda: torch.matmul(a, b), sync) for _ in range(REPEATS)],
-                             "FLOP/s", f"torch.matmul of two {n}x{n} {dtype} matrices: 2 n^3 / time; "
-                                       f"best of the repeats is the ceiling")}
+    # the model dtype's share of the time left, then int8's: both bounded by the same budget
+    mid = time.perf_counter() + 0.5 * (start + budget_s - time.perf_counter())
+
+    def float_mm(n: int) -> Callable[[], Any]:
+        a, b = torch.randn(n, n, device=device).to(tdt), torch.randn(n, n, device=device).to(tdt)
+        return lambda: torch.matmul(a, b)
+
+    n, rates = _sized_matmul(float_mm, sync, n_max, mid)
+    peaks = {dtype: measured(rates, "FLOP/s", f"torch.matmul of two {n}x{n} {dtype} matrices (size grown until one "
+                                              f"call took {1000 * TARGET_S:.0f} ms, at most {n_max}): 2 n^3 / time; "
+                                              "best of the repeats is the ceiling")}
     try:
-        ia = torch.randint(-128, 127, (n, n), dtype=torch.int8, device=device)
-        ib = torch.randint(-128, 127, (n, n), dtype=torch.int8, device=device)
-        peaks["int8"] = measured([2 * n**3 / _timed(lambda: torch._int_mm(ia, ib), sync) for _ in range(REPEATS)],
-                                 "OP/s", f"torch._int_mm of two {n}x{n} int8 matrices (int32 accumulate): "
-                                         "2 n^3 / time; best of the repeats is the ceiling")
+        def int_mm(n: int) -> Callable[[], Any]:
+            ia = torch.randint(-128, 127, (n, n), dtype=torch.int8, device=device)
+            ib = torch.randint(-128, 127, (n, n), dtype=torch.int8, device=device)
+            return lambda: torch._int_mm(ia, ib)
+
+        n8, rates8 = _sized_matmul(int_mm, sync, n_max, start + budget_s)
+        peaks["int8"] = measured(rates8, "OP/s", f"torch._int_mm of two {n8}x{n8} int8 matrices (int32 accumulate; "
+                                                 f"size grown until one call took {1000 * TARGET_S:.0f} ms, at most "
+                                                 f"{n_max}): 2 n^3 / time; best of the repeats is the ceiling")
     except (RuntimeError, AttributeError) as exc:  # no int8 GEMM in this torch build or device
         peaks["int8_unavailable"] = {"reason": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
     name = torch.cuda.get_device_name(0) if device == "cuda" else _cpu_name()
+    past = "8x" if device == "cuda" else "2x"
     return {
         "device": device, "device_name": name, "threads": torch.get_num_threads(), "torch": torch.__version__,
-        "cache_bytes": cache or None,
+        "cache_bytes": cache or None, "probe_s": round(time.perf_counter() - start, 2),
         "copy_bandwidth": measured(copies, "bytes/s",
-                                   f"Tensor.copy_ of {nbytes / 2**20:.0f} MiB (8x the largest cache or more): "
+                                   f"Tensor.copy_ of {nbytes / 2**20:.0f} MiB ({past} the largest cache or more): "
                                    "bytes read + bytes written / time; best of the repeats is the ceiling"),
         "matmul_peak": {k: v for k, v in peaks.items() if "unavailable" not in k},
         "notes": [v["reason"] for k, v in peaks.items() if "unavailable" in k],
@@ -151,8 +206,12 @@ def ensure_ceilings(pre: Preflight, store: RunStore, python: str) -> dict[str, A
     print(f"qeval: measuring {pre.device} copy bandwidth and matmul peak (once per run)", file=sys.stderr)
     tmp = path.with_name("ceilings.probe.json")
     t0 = time.time()
-    proc = subprocess.run([python, "-m", "qeval.perf.ceilings", str(tmp), pre.device, pre.cfg.model.dtype],
-                          capture_output=True, text=True, check=False)
+    try:  # dies with this process (a killed `qeval run` leaves no probe racing the rerun for its file)
+        proc = subprocess.run([python, "-m", "qeval.perf.ceilings", str(tmp), pre.device, pre.cfg.model.dtype],
+                              capture_output=True, text=True, check=False, timeout=PROCESS_TIMEOUT_S,
+                              preexec_fn=functools.partial(die_with_parent, os.getpid()))
+    except subprocess.TimeoutExpired:
+        proc = subprocess.CompletedProcess([], 1, "", f"the probe took over {PROCESS_TIMEOUT_S} s and was stopped")
     if proc.returncode == 0 and tmp.is_file():
         result = json.loads(tmp.read_text()) | {"key": key, "seconds": round(time.time() - t0, 2)}
         tmp.unlink()

@@ -95,8 +95,10 @@ class Ceilings(ResultModel):
     threads: int = Field(description="torch threads of the probe (a CPU engine may compute on fewer)")
     torch: str = Field(description="torch version of the probe (the workers' interpreter)")
     cache_bytes: int | None = Field(None, description="the largest cache (CPU last level, GPU L2); the bandwidth "
-                                                      "probe is sized 8x past it")
+                                                      "probe is sized past it (2x on a CPU, 8x on a GPU)")
     copy_bandwidth: Measured = Field(description="bytes read + written per second by a large tensor copy")
     matmul_peak: dict[str, Measured] = Field(description="dtype -> matmul rate (FLOP/s; int8: OP/s)")
     notes: list[str] = Field([], description="what the probe could not measure, and why")
     seconds: float | None = Field(None, description="wall time of the probe process")
+    probe_s: float | None = Field(None, description="time the measurements took inside the probe (bounded at 10 s: "
+                                                    "each is sized by time; null before probe version 2)")

@@ -135,12 +135,20 @@ def tradeoff_rows(results: Results, esc: Escape) -> list[list[str]]:
     return rows
 
 
+def rate_text(value: float, unit: str) -> str:
+    """A rate with the SI prefix that shows it: 2.8e8 FLOP/s is "280 MFLOP/s", not "0.00 TFLOP/s"."""
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
+
+
 def ceilings_text(results: Results) -> str:
     """One line: the device's limits as this run measured them."""
     c = results.ceilings
     if c is None:
         return "Device ceilings: not measured (no successful probe in this run), so no shares of the ceiling."
-    peaks = ", ".join(f"{k} matmul {m.max / 1e12:.2f} T{m.unit} (best of {m.repeats})"
+    peaks = ", ".join(f"{k} matmul {rate_text(m.max, m.unit)} (best of {m.repeats})"
                       for k, m in c.matmul_peak.items())
     return (f"Device ceilings, measured once in this run on {c.device} ({c.device_name}, {c.threads} torch threads): "
             f"copy bandwidth {c.copy_bandwidth.max / 1e9:.1f} GB/s (best of {c.copy_bandwidth.repeats}), {peaks}.")

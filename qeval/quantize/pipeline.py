@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from qeval import __version__
+from qeval.backends.device import resolve_device, resolve_precision
 from qeval.backends.interpreter import has_module
 from qeval.config import RunConfig
 from qeval.errors import UserError
@@ -87,6 +88,9 @@ def quantize(cfg: RunConfig, *, only: list[str] | None = None, force: bool = Fal
         raise UserError("method awq: llm-compressor 0.14 runs AWQ only on a GPU machine (on CPU it fails with "
                         "'Cannot access accelerator device'); use method gptq here")
     source = resolve_model(cfg.model.path, cfg.model.revision)  # one clear line for a bad model path, early
+    # `dtype: auto` as the run will resolve it on this device (the checkpoint's key holds the dtype)
+    cfg.model.dtype = resolve_precision(cfg.model.dtype, source.config,  # type: ignore[assignment]
+                                        resolve_device(cfg.device)).dtype
     cal = calibration_source(cfg)
     cal_sha = calibration_checksum(cal)
     texts = read_calibration_texts(cal, cfg.quantize.num_samples) if cal.path else None

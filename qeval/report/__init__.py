@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from qeval.files.atomic import atomic_write_bytes
-from qeval.report.markdown import print_summary, render_markdown
+from qeval.report.markdown import print_summary, render_markdown, verdict_line
 from qeval.results.schema import Results
 
-__all__ = ["print_summary", "write_report"]
+__all__ = ["print_summary", "verdict_line", "write_report"]
 
 
 def write_report(run_dir: Path, results: Results) -> tuple[Path, Path]:

@@ -98,7 +98,7 @@ def render_markdown(results: Results) -> str:
     run = results.run
     lines = [f"# qeval run: {md_text(run.name)}", "",
              f"Model `{_code(results.config['model']['path'])}` (sha256 {run.model_sha256[:12]}…), backend "
-             f"{run.backend} on {run.device}, qeval {run.qeval_version}.", "",
+             f"{run.backend} on {run.device}{_precision_text(results)}, qeval {run.qeval_version}.", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     recovery = "; the last figure is recovery, the setup's score as a share of the baseline's"
@@ -112,6 +112,24 @@ def render_markdown(results: Results) -> str:
     if notes:
         lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
     return "\n".join(lines)
+
+
+def _precision_text(results: Results) -> str:
+    """The precision every setup computes in (the baseline's, plainly), where the run recorded it."""
+    run = results.run
+    if run.dtype is None:
+        return ""
+    return f", computing in {run.dtype} ({md_text(run.dtype_reason or run.dtype_requested)})"
+
+
+def verdict_line(results: Results) -> str:
+    """The answer in one line, as report.md's recommendation has it: what to deploy and why."""
+    rec = results.recommendation
+    if rec.blocked:
+        return f"No recommendation: {rec.blocked}."
+    if rec.setup is None:
+        return "No setup passes every gate and fits the budget: " + "; ".join(rec.reasons.values())
+    return f"Recommended: {rec.setup}. {rec.reasons.get(rec.setup, '')}".rstrip()
 
 
 def _any_recovery(results: Results) -> bool:

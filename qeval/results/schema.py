@@ -158,6 +158,12 @@ class RunInfo(ResultModel):
     output: str | None = None
     skipped_setups: dict[str, str] = Field({}, description="optional setups this device could not run, and why")
     hardware: dict[str, Any] = {}
+    dtype: str | None = Field(None, description="the dtype the setups computed in (model.dtype resolved on this "
+                                                "device; null in results written before it was recorded)")
+    dtype_requested: str | None = Field(None, description="model.dtype as the config gave it (auto, bfloat16, "
+                                                          "float16 or float32)")
+    dtype_reason: str | None = Field(None, description="why that dtype: what `auto` chose and why, or what an "
+                                                       "emulated 16-bit dtype costs on this device")
 
 
 class TaskInfo(ResultModel):

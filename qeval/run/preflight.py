@@ -4,12 +4,19 @@ the backend. Cheap: a typo costs a second."""
 
 from __future__ import annotations
 
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from qeval.backends import backend_entry
+from qeval.backends.device import (
+    SIXTEEN_BIT,
+    Precision,
+    emulated_warning,
+    native_16bit,
+    resolve_device,
+    resolve_precision,
+)
 from qeval.config import RunConfig
 from qeval.errors import UserError
 from qeval.memory.ledger import ModelShape
@@ -38,22 +45,13 @@ class Preflight:
     #: lm-eval groups of the config -> their tasks; suites -> their entries
     groups: dict[str, list[str]] = field(default_factory=dict)
     suites: dict[str, list[str]] = field(default_factory=dict)
+    #: model.dtype as asked and as resolved on this device (cfg.model.dtype holds the resolved one)
+    precision: Precision | None = None
 
     @property
     def entries(self) -> list[str]:
         """The config's own tasks, groups unexpanded: what gates on `all` and the evidence rule cover."""
         return list(dict.fromkeys(t.entry for t in self.tasks))
-
-
-def resolve_device(requested: str, on_cluster: bool = False) -> str:
-    """`auto` picks CUDA when an NVIDIA GPU is present (nvidia-smi on PATH, as the set-up does).
-    On a cluster (`executor.kind: ray`) the GPUs are the workers', so cuda is not checked here."""
-    has_gpu = shutil.which("nvidia-smi") is not None
-    if requested == "cuda" and not has_gpu and not on_cluster:
-        raise UserError("device cuda requested, but no NVIDIA GPU is present on this machine (no nvidia-smi)")
-    if requested == "auto":
-        return "cuda" if has_gpu else "cpu"
-    return requested
 
 
 def model_shape(source: ModelSource) -> ModelShape:
@@ -86,6 +84,7 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
     setups = [s for s in setups if s.name not in skipped]
     source = resolve_model(cfg.model.path, cfg.model.revision)
     shape = model_shape(source)
+    precision = _resolve_dtype(cfg, source.config, device)
     # vllm setups served from `qeval quantize` checkpoints: point them at their folders
     cfg = resolve_checkpoints(cfg, source.checksum, {s.name for s in setups})
     setups = [s for s in cfg.setups if s.name in {x.name for x in setups}]
@@ -93,13 +92,29 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
     native = [load_task(n, Path(cfg.tasks_dir), cfg.limit) for n in cfg.tasks]
     for t in native:
         _check_generation_room(cfg, t.name, t.output_type, t.spec.generation_kwargs.max_gen_toks)
-    pre = Preflight(cfg, device, list(native), setups, [], source.checksum, shape, skipped)
+    pre = Preflight(cfg, device, list(native), setups, [], source.checksum, shape, skipped, precision=precision)
     if cfg.lm_eval:
         _add_harness(pre, cfg.lm_eval)
     add_long_context(pre, source.config)  # generated tasks; gates written at a length resolved
     pre.run_tasks = _selected(pre, only_tasks)
     _check_gates(pre)
     return pre
+
+
+def _resolve_dtype(cfg: RunConfig, config: dict[str, object], device: str) -> Precision:
+    """Resolve `model.dtype: auto` for this device, in place: workers, resume keys, the memory
+    prediction and the ceilings probe all see the dtype the setups really run in. An explicit
+    16-bit dtype this device only emulates is kept, with one warning line (it costs ~100x)."""
+    precision = resolve_precision(cfg.model.dtype, config, device)
+    cfg.model.dtype = precision.dtype  # type: ignore[assignment]  # one of the three concrete dtypes
+    if precision.emulated:
+        print(f"qeval: warning: {precision.reason}", file=sys.stderr)
+    for setup in cfg.setups:
+        explicit = {"bf16": "bfloat16", "fp16": "float16"}.get(setup.weights or "")
+        if explicit and explicit in SIXTEEN_BIT and explicit not in native_16bit(device):
+            print(f"qeval: warning: setup {setup.name}: weights {setup.weights}: {emulated_warning(explicit)}",
+                  file=sys.stderr)
+    return precision
 
 
 def _add_harness(pre: Preflight, spec: HarnessSpec) -> None:

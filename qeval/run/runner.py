@@ -158,4 +158,6 @@ def _run_info(pre: Preflight, opts: RunOptions) -> dict[str, Any]:
     return {"name": pre.cfg.name, "config_hash": pre.cfg.config_hash(), "qeval_version": __version__,
             "git_commit": git_commit(), "finished": now_iso(), "device": pre.device,
             "backend": pre.cfg.backend, "model_sha256": pre.model_sha256,
-            "limit": pre.cfg.limit, "output": str(opts.output), "skipped_setups": pre.skipped}
+            "limit": pre.cfg.limit, "output": str(opts.output), "skipped_setups": pre.skipped,
+            **({"dtype": pre.precision.dtype, "dtype_requested": pre.precision.requested,
+                "dtype_reason": pre.precision.reason} if pre.precision else {})}

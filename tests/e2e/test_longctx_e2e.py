@@ -88,7 +88,7 @@ def test_tiny_model_lengths_buckets_and_gates(tiny: tuple[Path, dict[str, Any]])
 def test_smollm2_kv_caches_at_short_lengths(tmp_path: Path) -> None:
     """SmolLM2 at 256 and 512 tokens: passkey, multi-key and position perplexity under INT4 and
     INT2 KV caches; the INT2 cache's KL exceeds the INT4 one's."""
-    body = f"""model: {{path: {SMOLLM2}, dtype: bfloat16, max_context: 512}}
+    body = f"""model: {{path: {SMOLLM2}, dtype: auto, max_context: 512}}
 backend: hf
 device: cpu
 setups:
@@ -113,7 +113,7 @@ def test_vllm_fp8_kv_cache_at_a_long_prompt(tmp_path: Path) -> None:
 
     if not cpu_has_fp8():
         pytest.skip("this CPU has neither AVX-512 nor AMX: vLLM's FP8 KV cache is refused (tested in test_vllm)")
-    body = f"""model: {{path: {SMOLLM2}, dtype: bfloat16, max_context: 1024}}
+    body = f"""model: {{path: {SMOLLM2}, dtype: auto, max_context: 1024}}
 backend: vllm
 device: cpu
 setups:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MODEL, PERF_FIGURES, ROOT, assert_figures_carry_their_source, run_cli
+from conftest import MODEL, PERF_FIGURES, ROOT, assert_figures_carry_their_source, cpu_dtype, run_cli
 
 from qeval.analysis.recommend import recommend
 from qeval.config import ModelSpec, RunConfig
@@ -156,7 +156,7 @@ def test_hf_performance_on_the_tiny_model() -> None:
     from qeval.backends.hf.backend import HFBackend
 
     setup = Setup(name="bf16")
-    cfg = RunConfig(name="t", model=ModelSpec(path=str(MODEL), dtype="bfloat16", max_context=256), setups=[setup],
+    cfg = RunConfig(name="t", model=ModelSpec(path=str(MODEL), dtype=cpu_dtype(), max_context=256), setups=[setup],
                     tasks=["x"], performance=PerfSpec(input_len=32, output_len=8, num_requests=8, repeats=2))
     b = HFBackend(cfg, setup, "cpu")
     b.load()

@@ -205,7 +205,7 @@ def _float32_copy(dst: Path) -> Path:
 SWEEP = """\
 name: two-models
 models:
-  - {name: tiny, path: "@MODEL@", dtype: bfloat16, max_context: 256}
+  - {name: tiny, path: "@MODEL@", dtype: auto, max_context: 256}
   - name: tiny-f32
     path: "@F32@"
     dtype: float32

@@ -5,10 +5,8 @@ outcome of its own."""
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import os
-import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -16,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from qeval.files.atomic import atomic_write_bytes, atomic_write_json
 from qeval.files.names import inside
+from qeval.files.processes import die_with_parent
 from qeval.run.executors.resources import JobResources
 
 if TYPE_CHECKING:
@@ -112,24 +111,13 @@ class WorkerJob:
         self.record_failure(error)
 
 
-def _die_with_parent(parent: int) -> None:
-    """In the worker, before exec: SIGKILL it when its parent dies (Linux prctl
-    PR_SET_PDEATHSIG), so a killed `qeval run` (or Ray worker) leaves no worker computing."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except OSError:  # not glibc Linux: the worker then outlives a killed parent, as before
-        return
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
-
-
 def run_worker_process(python: str, job_path: Path, env: dict[str, str], log: Path | None = None) -> int:
     """`python -m qeval.run.worker JOB.json`, dying with this process; its return code."""
     out = log.open("ab") if log is not None else None
     try:
         proc = subprocess.run([python, "-m", "qeval.run.worker", str(job_path)], env=env, check=False,
                               stdout=out, stderr=subprocess.STDOUT if out else None,
-                              preexec_fn=functools.partial(_die_with_parent, os.getpid()))
+                              preexec_fn=functools.partial(die_with_parent, os.getpid()))
     finally:
         if out is not None:
             out.close()

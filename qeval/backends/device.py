@@ -1,0 +1,131 @@
+"""Which device the setups run on (`device: auto`), which 16-bit dtypes it runs natively, and
+what `model.dtype: auto` resolves to.
+
+Measured on an AVX2-only AMD EPYC (torch 2.13 CPU): a 512x512 matmul runs
+at 76.8 GFLOP/s in float32 and 0.66 GFLOP/s in bfloat16. Without `avx512_bf16` or AMX, torch
+emulates bfloat16 on the CPU, about 116x slower than float32; float16 likewise without
+`avx512_fp16` / AMX-FP16. So a 16-bit baseline on such a CPU is not "the production precision,
+cheaply": it is the same numbers at a hundredth of the speed. `auto` takes the model's own
+16-bit dtype where the device runs it natively, float32 elsewhere.
+
+Detection reads the CPU's feature flags (Linux `/proc/cpuinfo`: x86 `flags`, Arm `Features`;
+macOS `sysctl hw.optional.arm.FEAT_BF16`), which costs no torch import, so `qeval validate`
+stays a one-second check. Importing this module needs no torch.
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from qeval.errors import UserError
+
+
+def resolve_device(requested: str, on_cluster: bool = False) -> str:
+    """`auto` picks CUDA when an NVIDIA GPU is present (nvidia-smi on PATH, as the set-up does).
+    On a cluster (`executor.kind: ray`) the GPUs are the workers', so cuda is not checked here."""
+    has_gpu = shutil.which("nvidia-smi") is not None
+    if requested == "cuda" and not has_gpu and not on_cluster:
+        raise UserError("device cuda requested, but no NVIDIA GPU is present on this machine (no nvidia-smi)")
+    if requested == "auto":
+        return "cuda" if has_gpu else "cpu"
+    return requested
+
+
+SIXTEEN_BIT = ("bfloat16", "float16")
+
+#: x86 flags (Linux names) that give torch's CPU kernels a native path for each 16-bit dtype
+_X86_NATIVE = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("avx512_fp16", "amx_fp16")}
+#: Arm flags (Linux `Features`): bf16 (FEAT_BF16), fphp/asimdhp (half-precision arithmetic)
+_ARM_NATIVE = {"bfloat16": ("bf16",), "float16": ("asimdhp", "fphp")}
+#: what an emulated 16-bit matmul costs against float32 on the AVX2 machine measured above
+EMULATED_SLOWDOWN = 116
+
+
+@lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU feature flags (Linux /proc/cpuinfo `flags` or `Features`); empty where unreadable."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def _macos_has(feature: str) -> bool:
+    try:
+        out = subprocess.run(["sysctl", "-n", f"hw.optional.arm.{feature}"], capture_output=True, text=True,
+                             timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.stdout.strip() == "1"
+
+
+def native_16bit(device: str) -> frozenset[str]:
+    """The 16-bit dtypes `device` computes natively (no emulation). CUDA: both (pre-Ampere
+    GPUs lack bfloat16, which the engine itself refuses there)."""
+    if device == "cuda":
+        return frozenset(SIXTEEN_BIT)
+    if platform.system() == "Darwin" and platform.machine() == "arm64":
+        # Apple silicon: half precision always; bfloat16 from M2 on (FEAT_BF16)
+        return frozenset({"float16"} | ({"bfloat16"} if _macos_has("FEAT_BF16") else set()))
+    flags = cpu_flags()
+    table = _ARM_NATIVE if platform.machine() in ("aarch64", "arm64") else _X86_NATIVE
+    return frozenset(d for d, names in table.items() if any(n in flags for n in names))
+
+
+def model_dtype(config: dict[str, Any]) -> str | None:
+    """The dtype a model's config.json says its weights are in (`dtype`, or the older `torch_dtype`)."""
+    value = config.get("dtype") or config.get("torch_dtype")
+    if isinstance(value, str):
+        return value.removeprefix("torch.")
+    return None
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What the model computes in, and why: recorded in results.json and the report."""
+
+    requested: str  # the config's model.dtype: auto, bfloat16, float16 or float32
+    dtype: str  # what the setups run in
+    reason: str  # one line: why this dtype (auto) or what it costs here (an emulated 16-bit dtype)
+    emulated: bool = False  # a 16-bit dtype this device emulates (slow)
+
+
+def resolve_precision(requested: str, config: dict[str, Any], device: str) -> Precision:
+    """`auto` -> the model's 16-bit dtype where `device` runs it natively, else float32. An explicit
+    16-bit dtype the device emulates is kept (the user asked for it) and flagged as slow."""
+    native = native_16bit(device)
+    where = "this GPU" if device == "cuda" else "this CPU"
+    if requested == "auto":
+        own = model_dtype(config) or "bfloat16"
+        if own not in SIXTEEN_BIT:
+            return Precision(requested, "float32", f"dtype auto: the model's own dtype is {own}, so float32")
+        if own in native:
+            return Precision(requested, own, f"dtype auto: the model's own {own}, native on {where}")
+        return Precision(requested, "float32", f"dtype auto: float32, because {where} has no native {own} "
+                                               f"({_flag_names(own)}); {own} would run about "
+                                               f"{EMULATED_SLOWDOWN}x slower, emulated")
+    if requested in SIXTEEN_BIT and requested not in native:
+        return Precision(requested, requested, emulated_warning(requested, where), emulated=True)
+    return Precision(requested, requested, f"dtype {requested}, as the config says")
+
+
+def emulated_warning(dtype: str, where: str = "this CPU") -> str:
+    """One line: what an emulated 16-bit dtype costs, and what to use instead."""
+    return (f"model.dtype {dtype}: {where} has no native {dtype} ({_flag_names(dtype)}), so torch emulates it, "
+            f"about {EMULATED_SLOWDOWN}x slower than float32 in a matmul; use `dtype: auto` (float32 here) "
+            f"or `dtype: float32`")
+
+
+def _flag_names(dtype: str) -> str:
+    machine = platform.machine()
+    names = _ARM_NATIVE[dtype] if machine in ("aarch64", "arm64") else _X86_NATIVE[dtype]
+    return "no " + " / ".join(names)
