@@ -160,6 +160,7 @@ def config_from_dict(raw: dict[str, object], path: Path, where: str = "") -> Run
         cal.path = _resolve(cal.path, path.parent, must_exist=False)
     if cfg.lm_eval:
         cfg.lm_eval.include_path = [_resolve(p, path.parent, must_exist=True) for p in cfg.lm_eval.include_path]
+        cfg.lm_eval.data_dirs = [_resolve(p, path.parent, must_exist=True) for p in cfg.lm_eval.data_dirs]
         for t in cfg.lm_eval.tasks:
             if t.dataset_path:  # a local dataset folder, else a hub id left as it is
                 t.dataset_path = _resolve(t.dataset_path, path.parent, must_exist=False)

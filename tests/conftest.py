@@ -97,9 +97,72 @@ def assert_performance_invariants(setup: dict[str, Any]) -> None:
         assert 0 < share["share"] <= 1 or flagged, (setup["name"], side, share)
 
 
+def one_line_exit_2(res: subprocess.CompletedProcess[str], expected: str) -> None:
+    """Bad input, as the README promises it: exit code 2 and one line on stderr, no traceback."""
+    assert res.returncode == 2, (res.returncode, res.stdout[-2000:], res.stderr[-2000:])
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr[-3000:]
+    assert expected in lines[0], lines[0]
+    assert "Traceback" not in res.stderr
+
+
 def write_config(path: Path, body: str) -> Path:
     path.write_text(body.replace("@MODEL@", str(MODEL)).replace("@TASKS@", str(TASKS)))
     return path
+
+
+#: a small run config: the tiny model, a 16-bit baseline and INT8, one task, no performance phase
+SMALL_CONFIG = """\
+name: t
+model: {path: "@MODEL@", max_context: 256}
+tasks_dir: "@TASKS@"
+device: cpu
+batch_size: 16
+setups:
+  - {name: bf16, baseline: true}
+  - {name: int8, weights: int8}
+tasks: [addition]
+gates: [{task: all, max_drop: 0.02}]
+performance: {enabled: false}  # these tests are about input and the run directory, not speed
+"""
+
+
+def task_dir(tmp: Path, yaml_text: str, rows: list[dict] | str, name: str = "t1") -> Path:
+    """A tasks folder with one task YAML (no checksum) and its data file."""
+    folder = tmp / "tasks"
+    (folder / "data").mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.yaml").write_text(yaml_text)
+    data = rows if isinstance(rows, str) else "".join(json.dumps(r) + "\n" for r in rows)
+    (folder / "data" / f"{name}.jsonl").write_text(data)
+    return folder
+
+
+def config_for(tmp: Path, tasks_dir: Path, tasks: str = "[t1]", body: str = SMALL_CONFIG) -> Path:
+    """SMALL_CONFIG (or `body`) scoring `tasks` from `tasks_dir`, written to tmp/c.yaml."""
+    text = body.replace('"@TASKS@"', f'"{tasks_dir}"').replace("tasks: [addition]", f"tasks: {tasks}")
+    return write_config(tmp / "c.yaml", text)
+
+
+MC_YAML = """\
+task: t1
+output_type: multiple_choice
+doc_to_text: "{{question}}"
+doc_to_choice: choices
+doc_to_target: label
+dataset_path: json
+data_files: data/t1.jsonl
+"""
+GEN_YAML = """\
+task: t1
+output_type: generate_until
+doc_to_text: "{{a}} + {{b}} ="
+doc_to_target: answer
+generation_kwargs: {until: ["\\n"], max_gen_toks: 6}
+dataset_path: json
+data_files: data/t1.jsonl
+"""
+INT8 = "  - {name: int8, weights: int8}"
+GEN_ROWS = [{"id": str(i), "a": 10 + i, "b": 20, "answer": str(30 + i)} for i in range(12)]
 
 
 @pytest.fixture(scope="session")

@@ -63,7 +63,9 @@ def paired(store: RunStore, base: str, other: str, task: str, metric: str) -> Pa
     """The setup's and the baseline's values of `metric` on `task`, paired by sample id; None
     when no sample pairs."""
     b, o = _by_id(store.read_samples(base, task)), _by_id(store.read_samples(other, task))
-    ids = [i for i in b if i in o]
+    # a document prompted differently on the two sides (a changed `!function` helper, say) is not
+    # a pair: its difference would measure the prompt, not the quantization
+    ids = [i for i in b if i in o and b[i].get("prompt_hash") == o[i].get("prompt_hash")]
     if not ids:
         return None
     if metric == "bits_per_byte":

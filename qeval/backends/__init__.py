@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from qeval.backends.base import Backend
@@ -31,12 +31,20 @@ class BackendEntry:
     worker_python: Callable[[RunConfig], str]
     #: the engine, inside the worker: one instance serves one setup
     create: Callable[[RunConfig, Setup, str], Backend]
+    #: raise a one-line UserError for a setup this model's config.json rules out on this backend
+    validate_model: Callable[[Setup, dict[str, Any]], None] = lambda setup, config: None
 
 
 def _hf_validate(setup: Setup, device: str) -> None:
     from qeval.backends.hf.support import validate
 
     validate(setup, device)
+
+
+def _hf_validate_model(setup: Setup, config: dict[str, Any]) -> None:
+    from qeval.backends.hf.support import validate_model
+
+    validate_model(setup, config)
 
 
 def _hf_create(cfg: RunConfig, setup: Setup, device: str) -> Backend:
@@ -70,7 +78,8 @@ def _vllm_create(cfg: RunConfig, setup: Setup, device: str) -> Backend:
 
 
 REGISTRY: dict[str, BackendEntry] = {
-    "hf": BackendEntry("hf", _hf_validate, lambda cfg: None, lambda cfg: sys.executable, _hf_create),
+    "hf": BackendEntry("hf", _hf_validate, lambda cfg: None, lambda cfg: sys.executable, _hf_create,
+                       _hf_validate_model),
     "vllm": BackendEntry("vllm", _vllm_validate, _vllm_check_install, _vllm_python, _vllm_create),
 }
 

@@ -85,6 +85,7 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
     source = resolve_model(cfg.model.path, cfg.model.revision)
     shape = model_shape(source)
     precision = _resolve_dtype(cfg, source.config, device)
+    setups = _against_model(cfg, setups, source.config, skipped)
     # vllm setups served from `qeval quantize` checkpoints: point them at their folders
     cfg = resolve_checkpoints(cfg, source.checksum, {s.name for s in setups})
     setups = [s for s in cfg.setups if s.name in {x.name for x in setups}]
@@ -99,6 +100,25 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
     pre.run_tasks = _selected(pre, only_tasks)
     _check_gates(pre)
     return pre
+
+
+def _against_model(cfg: RunConfig, setups: list[Setup], config: dict[str, object],
+                   skipped: dict[str, str]) -> list[Setup]:
+    """Setups checked against the model's own config.json (a quantized KV cache on a sliding-window
+    model): refused in one line, or skipped and said so where the setup is optional."""
+    entry = backend_entry(cfg.backend)
+    kept = []
+    for setup in setups:
+        try:
+            entry.validate_model(setup, config)
+        except UserError as exc:
+            if not setup.optional or setup.baseline:
+                raise
+            skipped[setup.name] = str(exc)
+            print(f"qeval: optional setup {setup.name} skipped: {exc}", file=sys.stderr)
+            continue
+        kept.append(setup)
+    return kept
 
 
 def _resolve_dtype(cfg: RunConfig, config: dict[str, object], device: str) -> Precision:

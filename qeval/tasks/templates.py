@@ -2,12 +2,26 @@
 
 Templates come from task files, which are untrusted: jinja2's ImmutableSandboxedEnvironment
 refuses attribute access to internals (`cycler.__init__.__globals__.os`) and calls that
-mutate, and qeval bounds `*` and `**` on top. (lm-evaluation-harness renders its own task
-templates with a plain Environment; qeval's are not.)
+mutate. qeval bounds what a template may build on top, at three depths:
+
+- before an operation allocates: `*` and `**`, printf widths (`'%0100000000d' % a`, the
+  `format` filter, `str.format`), and any integer argument past the bound to a call or filter
+  (`'a'|center(100000000)`) are refused;
+- while rendering: the output is streamed and refused past `_MAX_RENDERED` characters
+  (nested `range` loops), past `_MAX_SECONDS` (checked at each output piece), and past
+  `_MAX_ITERATIONS` range() items (loops that print nothing);
+- every Template this environment makes renders that way, lm-eval's included.
+
+(lm-evaluation-harness renders its own task templates with a plain Environment; qeval's are not.)
 """
 
 from __future__ import annotations
 
+import functools
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from typing import Any
 
@@ -15,13 +29,87 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
 _MAX_RENDERED = 1_000_000  # characters: a template that builds more is refused, not rendered
+_MAX_SECONDS = 5.0  # per render: a prompt template takes microseconds
+#: a printf (`%08d`) or format-spec (`{:>8}`) width or precision
+_PRINTF_WIDTH = re.compile(r"%[-+ #0*]*(\d+)(?:\.(\d+))?")
+_FORMAT_WIDTH = re.compile(r"\{[^{}]*:[^{}]*?(\d+)(?:\.(\d+))?[^{}]*\}")
+
+
+def _check_widths(fmt: object, pattern: re.Pattern[str]) -> None:
+    if isinstance(fmt, str):
+        for match in pattern.finditer(fmt):
+            if any(g and int(g) > _MAX_RENDERED for g in match.groups()):
+                raise SecurityError("format width too large")
+
+
+def _check_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """No integer argument of a template call or filter may exceed the output bound: a width,
+    count or repeat that large only ever builds an oversized string."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _MAX_RENDERED:
+            raise SecurityError("argument too large")
+
+
+def _bounded(result: Any) -> Any:
+    if isinstance(result, (str, list, tuple)) and len(result) > _MAX_RENDERED:
+        raise SecurityError("result too large")
+    return result
+
+
+def _bounded_filter(f: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(f)  # keeps jinja's pass_context / pass_environment marks
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        _check_args(args, kwargs)
+        if f.__name__ == "do_format" and args:
+            _check_widths(next((a for a in args if isinstance(a, str)), None), _PRINTF_WIDTH)
+        return _bounded(f(*args, **kwargs))
+
+    return wrapper
+
+
+_MAX_ITERATIONS = 1_000_000  # range() items per render, nested loops together
+_iterations = threading.local()
+
+
+def _counted_range(*args: int) -> Iterator[int]:
+    """`range` in a template: every item counts against the render's budget, so nested loops
+    that print nothing cannot spin for hours between two output pieces."""
+    for i in range(*args):
+        _iterations.n = getattr(_iterations, "n", 0) + 1
+        if _iterations.n > _MAX_ITERATIONS:
+            raise SecurityError(f"the template loops over more than {_MAX_ITERATIONS:,} range() items")
+        yield i
+
+
+class _BoundedTemplate(jinja2.Template):
+    """Renders by streaming, refused past `_MAX_RENDERED` characters or `_MAX_SECONDS`."""
+
+    def render(self, *args: Any, **kwargs: Any) -> str:
+        deadline = time.monotonic() + _MAX_SECONDS
+        _iterations.n = 0
+        out: list[str] = []
+        size = 0
+        for piece in self.generate(*args, **kwargs):
+            size += len(piece)
+            if size > _MAX_RENDERED:
+                raise SecurityError(f"the rendered text exceeds {_MAX_RENDERED:,} characters")
+            if time.monotonic() > deadline:
+                raise SecurityError(f"rendering took over {_MAX_SECONDS:g} s")
+            out.append(piece)
+        return "".join(out)
 
 
 class _Sandbox(ImmutableSandboxedEnvironment):
-    """The sandbox, plus a bound on `*` and `**`: `{{ 'a' * 10**10 }}` would otherwise try to
-    allocate 10 GB while validating a task file."""
+    """The sandbox, plus bounds on what a template may build (the module docstring): `{{ 'a' *
+    10**10 }}` would otherwise try to allocate 10 GB while validating a task file."""
 
-    intercepted_binops = frozenset(["*", "**"])
+    intercepted_binops = frozenset(["*", "**", "%"])
+    template_class = _BoundedTemplate
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.filters = {name: _bounded_filter(f) for name, f in self.filters.items()}
+        self.globals["range"] = _counted_range
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         if operator == "**" and isinstance(right, int) and abs(right) > 64:
@@ -30,11 +118,22 @@ class _Sandbox(ImmutableSandboxedEnvironment):
             seq, n = (left, right) if isinstance(right, int) else (right, left)
             if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > _MAX_RENDERED:
                 raise SecurityError("repetition too large")
-        return super().call_binop(context, operator, left, right)
+        if operator == "%":
+            _check_widths(left, _PRINTF_WIDTH)
+        return _bounded(super().call_binop(context, operator, left, right))
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 - jinja's signature
+        _check_args(args, kwargs)
+        # jinja wraps str.format in its own safe formatter; the string is the wrapped method's
+        method = getattr(__obj, "__wrapped__", __obj)
+        if getattr(method, "__name__", None) in ("format", "format_map"):
+            _check_widths(getattr(method, "__self__", None), _FORMAT_WIDTH)
+        return _bounded(super().call(__context, __obj, *args, **kwargs))
 
 
 def sandbox_environment() -> jinja2.Environment:
-    """A sandboxed Environment with qeval's bounds (also swapped into lm-eval's renderer)."""
+    """A sandboxed Environment with qeval's bounds (also swapped into lm-eval's renderer;
+    filters added to it later are bounded by the streamed output alone)."""
     return _Sandbox(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 
 

@@ -9,6 +9,7 @@ tried; transformers' `HqqConfig` is broken in 5.2x, so HQQ is only offered for t
 from __future__ import annotations
 
 import importlib.util
+from typing import Any
 
 from qeval.errors import UserError
 from qeval.setups import Setup
@@ -65,3 +66,34 @@ def validate(setup: Setup, device: str) -> None:
                             "not installed")
     if setup.kv_group_size is not None and not setup.quantizes_kv:
         raise UserError(f"{where}: kv_group_size needs a quantized kv_cache")
+
+
+def attention_layer_types(config: dict[str, Any]) -> list[str]:
+    """Each decoder layer's attention kind as transformers' cache sees it (5.23,
+    `cache_utils.get_layer_types_and_kwargs`): `layer_types` where the config gives it, else
+    sliding where `sliding_window` is set, chunked where `attention_chunk_size` is, else full.
+    A multimodal config's text decoder (`text_config`) is the one that caches."""
+    nested = config.get("text_config")
+    text: dict[str, Any] = nested if isinstance(nested, dict) else config
+    types = text.get("layer_types")
+    if isinstance(types, list) and all(isinstance(t, str) for t in types):
+        return ["dummy" if t in ("moe", "mlp") else t for t in types]
+    n = int(text.get("num_hidden_layers") or 0)
+    if text.get("sliding_window") is not None and text.get("use_sliding_window", True) is not False:
+        return ["sliding_attention"] * n
+    if text.get("attention_chunk_size") is not None:
+        return ["chunked_attention"] * n
+    return ["full_attention"] * n
+
+
+def validate_model(setup: Setup, config: dict[str, Any]) -> None:
+    """What the model's own config rules out, before it loads: transformers' `QuantizedCache`
+    refuses any layer that is not full attention (a sliding-window or chunked layer), minutes
+    into the load; refused here from config.json."""
+    if not setup.quantizes_kv:
+        return
+    other = sorted(set(attention_layer_types(config)) - {"full_attention"})
+    if other:
+        raise UserError(f"setup {setup.name!r} on hf: a {setup.kv_cache} KV cache (transformers' QuantizedCache) "
+                        f"supports only full-attention layers, and this model has {', '.join(other)} layers; "
+                        "drop the setup or serve its KV cache on the vllm backend")

@@ -36,6 +36,9 @@ class HarnessSpec(Strict):
     shipped offline fixtures in tasks/lm_eval), then in lm-eval's own task library."""
 
     include_path: list[str] = []
+    #: folders outside the include folders that their task YAMLs may read data files from (by
+    #: default a YAML reads data only from inside its own include folder)
+    data_dirs: list[str] = []
     #: the seed of lm-eval's few-shot sampler (one per task, drawn document by document)
     fewshot_seed: int = 1234
     tasks: list[HarnessTask] = []

@@ -25,7 +25,7 @@ from typing import Any
 from qeval.errors import UserError
 from qeval.files.names import NAME_PATTERN
 from qeval.tasks.harness.config import HarnessSpec, HarnessTask
-from qeval.tasks.harness.yamls import materialize
+from qeval.tasks.harness.yamls import materialize, read_task_yaml
 
 _ADDR = re.compile(r" at 0x[0-9a-f]+>")
 
@@ -102,15 +102,15 @@ def open_session(spec: HarnessSpec, base: Path, limit: int | None) -> HarnessSes
     entries = spec.entries()
     overrides = {t.name: _data_overrides(t) for t in entries if _data_overrides(t)}
     paths = [(base / p).resolve() if not Path(p).is_absolute() else Path(p) for p in spec.include_path]
-    folder = materialize(paths, overrides, Path(workdir.name) / "tasks")
+    data_dirs = [(base / p).resolve() if not Path(p).is_absolute() else Path(p) for p in spec.data_dirs]
+    folder = materialize(paths, overrides, Path(workdir.name) / "tasks", data_dirs)
     local = TaskManager(include_defaults=False, include_path=str(folder))
     names = [t.name for t in entries]
     manager = local if all(n in local.all_subtasks or n in local.all_groups for n in names) else \
         TaskManager(include_path=str(folder))  # lm-eval's own library: its index takes ~10 s to build
     unknown = [n for n in names if n not in manager.all_subtasks and n not in manager.all_groups]
     if unknown:
-        raise UserError(f"unknown lm-eval task {unknown[0]!r} (not in lm_eval.include_path nor lm-eval "
-                        f"{lm_eval_version()}'s library)")
+        raise UserError(_unknown_task(unknown[0], folder))
     try:
         loaded = manager.load(names)
     except Exception as exc:  # noqa: BLE001 - a missing data file, a hub dataset offline...: one line
@@ -124,6 +124,23 @@ def open_session(spec: HarnessSpec, base: Path, limit: int | None) -> HarnessSes
             session.tasks[leaf] = task
             session.infos[leaf] = describe(leaf, entry, task, spec.fewshot_seed, entry.limit or limit)
     return session
+
+
+def _unknown_task(name: str, folder: Path) -> str:
+    """Why lm-eval does not know `name`: a YAML of the include path that defines it but that
+    lm-eval dropped while indexing (it skips such a file silently) gets its real error."""
+    from lm_eval import utils as lm_utils
+
+    for path in sorted(folder.rglob("*.yaml")):
+        doc = read_task_yaml(path)
+        if name in (doc.get("task"), doc.get("group")):
+            try:
+                lm_utils.load_yaml_config(str(path))
+            except Exception as exc:  # noqa: BLE001 - whatever lm-eval tripped on is the cause to show
+                return f"lm-eval task {name!r} ({path.name}): lm-eval cannot load it: {type(exc).__name__}: " \
+                       f"{(str(exc).splitlines() or [''])[0][:300]}"
+            return f"lm-eval task {name!r} ({path.name}) is defined, but lm-eval's index dropped it"
+    return f"unknown lm-eval task {name!r} (not in lm_eval.include_path nor lm-eval {lm_eval_version()}'s library)"
 
 
 def _data_overrides(t: HarnessTask) -> dict[str, Any]:
@@ -157,6 +174,7 @@ def describe(leaf: str, entry: HarnessTask, task: Any, seed: int, limit: int | N
     if entry.max_gen_toks is not None and task.OUTPUT_TYPE == "generate_until":
         task.set_config("generation_kwargs", {"max_gen_toks": entry.max_gen_toks}, update=True)
     task.set_fewshot_seed(seed)
+    _check_fewshot_pool(leaf, task)
     metrics = task_metrics(task)
     # perplexity tasks are compared on bits per byte (paired by document), whatever comes first
     default = "bits_per_byte" if task.OUTPUT_TYPE == "loglikelihood_rolling" and "bits_per_byte" in metrics \
@@ -169,8 +187,11 @@ def describe(leaf: str, entry: HarnessTask, task: Any, seed: int, limit: int | N
     docs = list(task.eval_docs)
     n = min(len(docs), limit) if limit else len(docs)
     data = _data_sha256(task, docs)
+    shots = task.get_config("num_fewshot")
     body = {"lm_eval": lm_eval_version(), "config": _stable(task.config.to_dict(keep_callable=True)),
-            "num_fewshot": task.get_config("num_fewshot"), "fewshot_seed": seed, "n": n, "data": data}
+            "num_fewshot": shots, "n": n, "data": data}
+    if shots:  # the seed draws the few-shot examples: a 0-shot prompt does not depend on it
+        body["fewshot_seed"] = seed
     body["config"].get("metadata", {}).pop("config_source", None)  # where the YAML lived is not content
     body["config"].pop("dataset_kwargs", None)  # local paths: the data is in `data` by content
     fingerprint = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -179,6 +200,26 @@ def describe(leaf: str, entry: HarnessTask, task: Any, seed: int, limit: int | N
                            num_fewshot=int(task.get_config("num_fewshot") or 0),
                            higher_is_better={m.split(",")[0]: bool(v) for m, v in task.higher_is_better().items()},
                            limit=n if n < len(docs) else None)
+
+
+def _check_fewshot_pool(leaf: str, task: Any) -> None:
+    """k-shot prompts need k examples to draw: past the pool, lm-eval fails in every setup after
+    the model loaded ("Sample larger than population"); refuse it here instead."""
+    shots = int(task.get_config("num_fewshot") or 0)
+    if not shots:
+        return
+    try:
+        pool = task.fewshot_docs()
+    except Exception:  # noqa: BLE001 - no few-shot split at all: lm-eval draws from the test docs
+        pool = None
+    if pool is None:
+        pool = task.eval_docs  # lm-eval then samples from the evaluation split (minus the document itself)
+        size = len(pool) - 1
+    else:
+        size = len(pool)
+    if shots > size:
+        raise UserError(f"lm-eval task {leaf}: num_fewshot {shots} is larger than its few-shot pool of {size} "
+                        "documents")
 
 
 def task_metrics(task: Any) -> list[str]:
@@ -204,13 +245,29 @@ def _data_sha256(task: Any, docs: list[Any]) -> str:
     return h.hexdigest()
 
 
+def _callable_content(obj: Any) -> str:
+    """A `!function` helper by content: its name, and the sha256 of every Python file beside its
+    module (its own source alone misses a module constant it reads, or a helper module it imports)."""
+    name = f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+    try:
+        source = inspect.getsourcefile(obj)
+    except TypeError:  # a builtin: nothing on disk to change
+        return name
+    # lm-eval names a helper's module by its file path (a temporary copy here): the file's name
+    # and content identify it, its folder does not
+    name = f"{Path(source or '?').stem}.{getattr(obj, '__qualname__', repr(obj))}"
+    if not source or not Path(source).is_file():
+        return name
+    h = hashlib.sha256()
+    for py in sorted(Path(source).parent.glob("*.py")):
+        h.update(py.name.encode() + b"\0" + py.read_bytes() + b"\0")
+    return f"{name} [module folder sha256 {h.hexdigest()}]"
+
+
 def _stable(obj: Any) -> Any:
     """JSON-able and the same in every process: callables by their source, no memory addresses."""
     if callable(obj):
-        try:
-            return inspect.getsource(obj)
-        except (OSError, TypeError):
-            return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+        return _callable_content(obj)
     if isinstance(obj, dict):
         return {str(k): _stable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

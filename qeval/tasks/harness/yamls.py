@@ -5,7 +5,10 @@ into a private folder and its YAMLs rewritten so that
   (lm-eval itself has no include by name; a path into site-packages would tie the file to one
   virtualenv), and any other relative `include:` is made absolute;
 - relative `dataset_kwargs.data_files` resolve against the YAML's own folder (lm-eval's
-  `datasets` resolves them against the working directory);
+  `datasets` resolves them against the working directory), and every data file must lie inside
+  its include folder, or inside a folder the config lists in `lm_eval.data_dirs`;
+- a relative `include:` of another YAML in the folder (a `_base.yaml`) points at that YAML's
+  rewritten copy, so the base's own includes and data files are rewritten too;
 - a task the qeval config gives data overrides (`dataset_path`, `dataset_name`,
   `dataset_kwargs`) carries them; a built-in task with overrides gets a YAML of its own that
   `include`s the built-in one.
@@ -66,19 +69,23 @@ def read_task_yaml(path: Path) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-def materialize(include_paths: list[Path], overrides: dict[str, dict[str, Any]], out: Path) -> Path:
-    """Copy and rewrite every include path into `out` (see the module docstring); returns `out`."""
+def materialize(include_paths: list[Path], overrides: dict[str, dict[str, Any]], out: Path,
+                data_dirs: list[Path] | None = None) -> Path:
+    """Copy and rewrite every include path into `out` (see the module docstring); returns `out`.
+    A YAML's data files must lie inside its include folder, or inside one of `data_dirs`."""
+    data_dirs = [d.resolve() for d in data_dirs or []]
     pending = dict(overrides)
     for i, src in enumerate(include_paths):
         if not src.is_dir():
             raise UserError(f"lm_eval.include_path {src}: not a folder")
         dest = out / f"{i:02d}-{src.name}"
         shutil.copytree(src, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "data"))
+        roots = (src.resolve(), dest.resolve())
         for copy in sorted(dest.rglob("*.yaml")):
             original = src / copy.relative_to(dest)
             doc = read_task_yaml(original)
             name = doc.get("task") if isinstance(doc.get("task"), str) else None
-            doc = _rewrite(doc, original.parent) | (pending.pop(name, {}) if name else {})
+            doc = _rewrite(doc, original.parent, roots, data_dirs) | (pending.pop(name, {}) if name else {})
             copy.write_text(yaml.dump(doc, Dumper=_Dumper, sort_keys=False, allow_unicode=True))
     for name, extra in pending.items():  # built-in tasks with data overrides
         folder = out / "zz-overrides"
@@ -88,29 +95,41 @@ def materialize(include_paths: list[Path], overrides: dict[str, dict[str, Any]],
     return out
 
 
-def _rewrite(doc: dict[str, Any], base: Path) -> dict[str, Any]:
+def _rewrite(doc: dict[str, Any], base: Path, roots: tuple[Path, Path], data_dirs: list[Path]) -> dict[str, Any]:
+    """One YAML of an include folder made self-contained. `roots`: the include folder and its
+    rewritten copy; a relative `include:` inside the folder points at the copy (whose own
+    includes and data files are rewritten too: a `_base.yaml` that includes lm_eval/...)."""
+    src_root, dest_root = roots
     include = doc.get("include")
     if isinstance(include, str):
         if include.startswith(LM_EVAL_PREFIX):
             target = tasks_root() / include[len(LM_EVAL_PREFIX):]
         else:
-            target = base / include
+            target = (base / include).resolve()
+            if target.is_relative_to(src_root) and target.suffix == ".yaml":
+                target = dest_root / target.relative_to(src_root)
         if not target.is_file():
             raise UserError(f"{base}: include {include!r} not found (lm_eval/<path> is resolved in {tasks_root()})")
         doc["include"] = str(target.resolve())
     files = (doc.get("dataset_kwargs") or {}).get("data_files")
     if files is not None:
-        doc["dataset_kwargs"] = dict(doc["dataset_kwargs"]) | {"data_files": _absolute(files, base)}
+        doc["dataset_kwargs"] = dict(doc["dataset_kwargs"]) | {"data_files": _absolute(files, base,
+                                                                                        [src_root, *data_dirs])}
     return doc
 
 
-def _absolute(files: Any, base: Path) -> Any:
+def _absolute(files: Any, base: Path, allowed: list[Path]) -> Any:
+    """Data file paths made absolute (relative ones against the YAML's folder), each confined to
+    `allowed`: a task folder from elsewhere must not read /etc/passwd or ../../secrets."""
     if isinstance(files, dict):
-        return {k: _absolute(v, base) for k, v in files.items()}
+        return {k: _absolute(v, base, allowed) for k, v in files.items()}
     if isinstance(files, list):
-        return [_absolute(v, base) for v in files]
-    if isinstance(files, str) and "://" not in files and not Path(files).is_absolute():
-        path = (base / files).resolve()
+        return [_absolute(v, base, allowed) for v in files]
+    if isinstance(files, str) and "://" not in files:
+        path = (base / files).resolve()  # an absolute `files` stays itself
+        if not any(path.is_relative_to(root) for root in allowed):
+            raise UserError(f"{base}: data file {files} is outside the include folder {allowed[0]} (list its "
+                            "folder in lm_eval.data_dirs to allow it)")
         if not path.is_file():
             raise UserError(f"{base}: data file {files} not found (relative paths are read from the YAML's folder)")
         return str(path)

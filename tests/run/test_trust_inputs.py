@@ -1,0 +1,212 @@
+"""Careless and hostile input, round two: what the newer features (lm-eval tasks, `!function`
+helpers, few-shot pools, sliding-window models, child processes) do with it. Each test
+reproduces one way a run could be made to lie, hang or read what it should not, and checks
+that qeval refuses it in one line (exit 2) or tells the truth instead."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import GEN_ROWS, GEN_YAML, MODEL, ROOT, config_for, one_line_exit_2, run_cli, task_dir
+
+# -- template output is bounded, however it is built ------------------------------------------------
+
+@pytest.mark.parametrize("template", [
+    "{{ '%0100000000d' % a }}",
+    "{{ 'a'|center(100000000) }}",
+    "{{ '{:>100000000}'.format(a) }}",
+    "{% for i in range(100000) %}{% for j in range(100000) %}xxxxxxxxxx{% endfor %}{% endfor %}",
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% set x = 1 %}{% endfor %}{% endfor %}",
+])
+def test_template_output_is_bounded(tmp_path: Path, template: str) -> None:
+    """A printf width, a filter argument, a format spec or nested loops: each would build
+    gigabytes (or spin for hours) while validating; each is refused in well under a second."""
+    folder = task_dir(tmp_path, GEN_YAML.replace('doc_to_text: "{{a}} + {{b}} ="',
+                                                  f"doc_to_text: {json.dumps(template)}"), GEN_ROWS)
+    one_line_exit_2(run_cli("validate", str(config_for(tmp_path, folder)), timeout=60), "sandbox")
+
+
+def test_bounded_templates_still_render_formatting() -> None:
+    from qeval.tasks.templates import render
+
+    assert render("{{ '%05d' % a }} {{ 'ab'|center(6) }} {{ '{:>4}'.format(a) }}|{% for i in range(3) %}{{ i }}"
+                  "{% endfor %}", {"a": 3}) == "00003   ab      3|012"
+
+
+# -- lm-eval include folders: `!function` helpers, data files, base YAMLs ----------------------------
+
+HELPER_YAML = """\
+task: helper_task
+dataset_path: json
+dataset_kwargs: {data_files: {test: data/rows.jsonl, train: data/rows.jsonl}}
+test_split: test
+fewshot_split: train
+output_type: multiple_choice
+doc_to_text: !function utils.doc_to_text
+doc_to_choice: "{{choices}}"
+doc_to_target: label
+metric_list: [{metric: acc}]
+"""
+HELPER_ROWS = [{"q": f"question {i}", "choices": ["yes", "no"], "label": i % 2} for i in range(6)]
+
+
+def _helper_folder(tmp: Path, prefix: str = "Q: ", yaml_text: str = HELPER_YAML) -> Path:
+    folder = tmp / "lm"
+    (folder / "data").mkdir(parents=True, exist_ok=True)
+    (folder / "helper.yaml").write_text(yaml_text)
+    (folder / "utils.py").write_text(f"PREFIX = {prefix!r}\n\n\ndef doc_to_text(doc):\n    return PREFIX + doc['q']\n")
+    (folder / "data" / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in HELPER_ROWS))
+    return folder
+
+
+def _infos(folder: Path, num_fewshot: int = 0, seed: int = 1234, name: str = "helper_task") -> dict:
+    from qeval.tasks.harness.config import HarnessSpec
+    from qeval.tasks.harness.session import open_session
+
+    spec = HarnessSpec(include_path=[str(folder)], fewshot_seed=seed,
+                       tasks=[{"name": name, "num_fewshot": num_fewshot}])
+    session = open_session(spec, folder, None)
+    try:
+        return dict(session.infos)
+    finally:
+        session.close()
+
+
+def test_a_changed_function_helper_changes_the_fingerprint(tmp_path: Path) -> None:
+    """The helper reads a module constant: editing the constant (not the function's own
+    source) must change the task's fingerprint, so stored results are recomputed, not paired
+    with a baseline scored on the old prompt."""
+    before = _infos(_helper_folder(tmp_path / "a", "Q: "))["helper_task"].fingerprint
+    same = _infos(_helper_folder(tmp_path / "b", "Q: "))["helper_task"].fingerprint
+    after = _infos(_helper_folder(tmp_path / "c", "Question: "))["helper_task"].fingerprint
+    assert before == same != after
+
+
+def test_records_whose_prompt_differs_are_not_paired(tmp_path: Path) -> None:
+    from qeval.analysis.comparison import paired
+    from qeval.run.store import RunStore
+
+    store = RunStore(tmp_path)
+    rows = [{"sample_id": str(i), "correct": 1, "prompt_hash": f"p{i}"} for i in range(4)]
+    other = [dict(r, correct=0) | ({"prompt_hash": "changed"} if r["sample_id"] == "3" else {}) for r in rows]
+    for setup, records in (("base", rows), ("q", other)):
+        path = store.samples_path(setup, "t")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    data = paired(store, "base", "q", "t", "acc")
+    assert data is not None and len(data.base) == 3  # document 3 was prompted differently: left out
+
+
+def test_fewshot_seed_is_keyed_only_where_few_shot_sampling_uses_it(tmp_path: Path) -> None:
+    folder = _helper_folder(tmp_path)
+    zero = [_infos(folder, 0, seed)["helper_task"].fingerprint for seed in (1, 2)]
+    shots = [_infos(folder, 2, seed)["helper_task"].fingerprint for seed in (1, 2)]
+    assert zero[0] == zero[1]  # a 0-shot prompt does not depend on the seed: nothing recomputed
+    assert shots[0] != shots[1]
+
+
+@pytest.mark.parametrize("path", ["../../../../etc/hostname", "/etc/passwd"])
+def test_data_files_outside_the_include_folder_are_refused(tmp_path: Path, path: str) -> None:
+    folder = _helper_folder(tmp_path, yaml_text=HELPER_YAML.replace("test: data/rows.jsonl", f"test: {path}"))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"name: c\nmodel: {{path: {MODEL}, max_context: 256}}\nsetups: [{{name: base}}]\n"
+                   f"lm_eval: {{include_path: [{folder}], tasks: [{{name: helper_task}}]}}\n")
+    one_line_exit_2(run_cli("validate", str(cfg)), "is outside the include folder")
+    # the config may allow a folder explicitly
+    outside = tmp_path / "shared-data"
+    outside.mkdir()
+    (outside / "rows.jsonl").write_text((folder / "data" / "rows.jsonl").read_text())
+    (folder / "helper.yaml").write_text(HELPER_YAML.replace("test: data/rows.jsonl", f"test: {outside}/rows.jsonl"))
+    cfg.write_text(cfg.read_text().replace("tasks: [{name: helper_task}]}",
+                                           f"data_dirs: [{outside}], tasks: [{{name: helper_task}}]}}"))
+    res = run_cli("validate", str(cfg))
+    assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_a_base_yaml_include_beside_the_task(tmp_path: Path) -> None:
+    """lm-eval's own pattern: `include: _base.yaml` beside the task, the base including a
+    built-in task with relative data files. The include must reach the rewritten base."""
+
+    folder = tmp_path / "lm"
+    (folder / "data").mkdir(parents=True)
+    for split in ("train", "test"):
+        src = ROOT / "tasks" / "lm_eval" / "data" / "arc_easy" / f"{split}.jsonl"
+        (folder / "data" / f"{split}.jsonl").write_text(src.read_text())
+    (folder / "_base.yaml").write_text("include: lm_eval/arc/arc_easy.yaml\ndataset_path: json\ndataset_name: null\n"
+                                       "dataset_kwargs:\n  data_files: {train: data/train.jsonl, "
+                                       "test: data/test.jsonl}\n")
+    (folder / "arc_base_local.yaml").write_text("include: _base.yaml\ntask: arc_base_local\n")
+    infos = _infos(folder, name="arc_base_local")
+    assert infos["arc_base_local"].n_docs > 0
+
+
+def test_lm_eval_dropping_a_task_says_why(tmp_path: Path) -> None:
+    folder = tmp_path / "lm"
+    folder.mkdir()
+    (folder / "broken.yaml").write_text("include: missing_base.yaml\ntask: broken_task\n")
+    from qeval.errors import UserError
+
+    with pytest.raises(UserError) as err:
+        _infos(folder, name="broken_task")
+    assert "missing_base.yaml" in str(err.value) and "unknown lm-eval task" not in str(err.value)
+
+
+def test_num_fewshot_larger_than_the_pool_is_refused_at_validate(tmp_path: Path) -> None:
+    """50 shots from a pool of 6 validated, then failed in every setup after loading."""
+    folder = _helper_folder(tmp_path)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"name: c\nmodel: {{path: {MODEL}, max_context: 256}}\nsetups: [{{name: base}}]\n"
+                   f"lm_eval: {{include_path: [{folder}], tasks: [{{name: helper_task, num_fewshot: 50}}]}}\n")
+    one_line_exit_2(run_cli("validate", str(cfg)), "num_fewshot 50 is larger than its few-shot pool of 6")
+    cfg.write_text(cfg.read_text().replace("num_fewshot: 50", "num_fewshot: 5"))
+    assert run_cli("validate", str(cfg)).returncode == 0
+
+
+# -- a quantized KV cache on a model with sliding-window layers ------------------------------------
+
+def _sliding_model(tmp: Path, **fields: object) -> Path:
+    import shutil
+
+    dst = tmp / "sliding"
+    shutil.copytree(MODEL, dst)
+    cfg = json.loads((dst / "config.json").read_text()) | fields
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+@pytest.mark.parametrize("fields", [
+    {"layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+     "sliding_window": 64},  # Gemma 3's form
+    {"sliding_window": 64},  # Mistral's: every layer
+])
+def test_quantized_kv_cache_on_a_sliding_window_model_is_refused_before_loading(tmp_path: Path,
+                                                                               fields: dict) -> None:
+    model = _sliding_model(tmp_path, **fields)
+    cfg = tmp_path / "c.yaml"
+    body = (f"name: c\nmodel: {{path: {model}, max_context: 256}}\ntasks_dir: {ROOT / 'tasks'}\ntasks: [facts]\n"
+            "setups: [{name: base, baseline: true}, {name: kv4, kv_cache: int4}]\n")
+    cfg.write_text(body)
+    one_line_exit_2(run_cli("validate", str(cfg)), "supports only full-attention layers")
+    cfg.write_text(body.replace("{name: kv4, kv_cache: int4}", "{name: kv4, kv_cache: int4, optional: true}"))
+    res = run_cli("validate", str(cfg))
+    assert res.returncode == 0 and "optional setup kv4 skipped" in res.stderr, res.stderr
+
+
+def test_layer_types_follow_transformers() -> None:
+    """qeval reads the layer kinds from config.json as transformers' cache does (checked against
+    transformers itself for Llama, Mistral's all-sliding form and Gemma 3's `layer_types`)."""
+    from transformers import AutoConfig
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    from qeval.backends.hf.support import attention_layer_types
+
+    base = {"num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "intermediate_size": 128, "vocab_size": 128}
+    for model_type, fields in (("llama", {}), ("mistral", {"sliding_window": 64}),
+                               ("gemma3_text", {"sliding_window": 64, "layer_types": ["sliding_attention"] * 3
+                                                + ["full_attention"]})):
+        cfg = base | fields | {"model_type": model_type}
+        theirs, _ = get_layer_types_and_kwargs(AutoConfig.for_model(**cfg))
+        assert attention_layer_types(cfg) == list(theirs), model_type
