@@ -85,6 +85,11 @@ def run(
     except KeyboardInterrupt:
         print("qeval: interrupted; what was stored is kept: rerun the same command to resume", file=sys.stderr)
         raise typer.Exit(EXIT_INTERRUPTED) from None
+    except OSError as exc:  # a full disk, a read-only or immutable file, at the end of the work
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"qeval: error: cannot write the run's files{where}: {exc.strerror or exc}; what was stored is kept: "
+              "fix that and rerun the same command (stored results are not recomputed)", file=sys.stderr)
+        raise typer.Exit(EXIT_SETUP_FAILED) from None
     from qeval.report import verdict_line
 
     _err.print(escape(f"{'sweep:   ' + str(out / 'sweep.json') if sweep else 'results: ' + str(out / 'results.json')}\n"

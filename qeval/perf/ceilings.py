@@ -45,6 +45,8 @@ BUDGET_S = 10.0
 #: one timed call should take at least this long to be a measurement, not timer noise
 TARGET_S = 0.05
 _DTYPES = ("float32", "bfloat16", "float16")
+#: probes this process made, by key: a sweep probes each device once, not once per model
+_MEASURED: dict[str, dict[str, Any]] = {}
 #: the probe process's own limit: the budget, plus torch's import and a cold start
 PROCESS_TIMEOUT_S = 120
 
@@ -203,6 +205,9 @@ def ensure_ceilings(pre: Preflight, store: RunStore, python: str) -> dict[str, A
         print(f"qeval: the ceilings were {err}; no shares of the ceiling", file=sys.stderr)
         atomic_write_json(path, {"key": key, "error": err})
         return None
+    if key in _MEASURED:  # a sweep's models on one device: measured once, stored in each run directory
+        atomic_write_json(path, _MEASURED[key])
+        return _MEASURED[key]
     print(f"qeval: measuring {pre.device} copy bandwidth and matmul peak (once per run)", file=sys.stderr)
     tmp = path.with_name("ceilings.probe.json")
     t0 = time.time()
@@ -220,6 +225,8 @@ def ensure_ceilings(pre: Preflight, store: RunStore, python: str) -> dict[str, A
         print(f"qeval: warning: the ceilings probe failed ({err}); no shares of the ceiling", file=sys.stderr)
         result = {"key": key, "error": err}
     atomic_write_json(path, result)
+    if not result.get("error"):
+        _MEASURED[key] = result
     return result
 
 

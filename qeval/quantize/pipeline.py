@@ -11,6 +11,7 @@ interrupted quantize leaves nothing `qeval run` could mistake for a checkpoint.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -27,7 +28,7 @@ from qeval.backends.interpreter import has_module
 from qeval.config import RunConfig
 from qeval.errors import UserError
 from qeval.files.atomic import atomic_write_json
-from qeval.files.processes import pid_alive
+from qeval.files.processes import die_with_parent, pid_alive
 from qeval.quantize.checkpoints import (
     RECORD,
     SCHEMES,
@@ -140,7 +141,8 @@ def _make(cfg: RunConfig, setup: Setup, dest: Path, python: str, cal: Calibratio
     with log_path.open("w") as log_file:
         # -P: the worker's own folder (qeval/) stays off sys.path, so no qeval module shadows another
         proc = subprocess.run([python, "-P", str(WORKER), str(job_path)], stdout=log_file,
-                              stderr=subprocess.STDOUT, env=env, check=False)
+                              stderr=subprocess.STDOUT, env=env, check=False,
+                              preexec_fn=functools.partial(die_with_parent, os.getpid()))  # no orphan quantizer
     if proc.returncode != 0:
         tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()][-1:]
         raise QuantizeFailed(f"setup {setup.name!r}: llm-compressor exited with {proc.returncode}: "

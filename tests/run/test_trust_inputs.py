@@ -210,3 +210,136 @@ def test_layer_types_follow_transformers() -> None:
         cfg = base | fields | {"model_type": model_type}
         theirs, _ = get_layer_types_and_kwargs(AutoConfig.for_model(**cfg))
         assert attention_layer_types(cfg) == list(theirs), model_type
+
+
+# -- child processes die with qeval; a sweep probes once ----------------------------------------------
+
+def _processes_with(text: str) -> list[int]:
+    import os
+
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmd:
+            found.append(int(pid))
+    return found
+
+
+@pytest.mark.slow
+def test_the_ceilings_probe_dies_with_a_killed_run(tmp_path: Path) -> None:
+    """kill -9 of `qeval run` while it says "measuring": the probe must not run on under PID 1
+    (a rerun would race it for ceilings.probe.json)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    cfg = (ROOT / "configs" / "demo.yaml").read_text().replace("path: models/qeval-tiny", f"path: {MODEL}")
+    (tmp_path / "c.yaml").write_text(cfg.replace("backend:", f"tasks_dir: {ROOT / 'tasks'}\nbackend:"))
+    proc = subprocess.Popen([sys.executable, "-m", "qeval.cli", "run", str(tmp_path / "c.yaml"), "--output", str(out),
+                             "--limit", "2"], stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if "measuring" in line:
+            break
+    deadline = time.time() + 30
+    while not _processes_with(str(out / "ceilings.probe.json")) and time.time() < deadline:
+        time.sleep(0.05)
+    assert _processes_with(str(out / "ceilings.probe.json")), "the probe did not start"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.time() + 10
+    while _processes_with(str(out / "ceilings.probe.json")) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not _processes_with(str(out / "ceilings.probe.json")), "the probe outlived its run"
+
+
+def test_a_sweep_probes_each_device_once(tmp_path: Path) -> None:
+    """The ceilings of one device and interpreter are measured once per process: a sweep's
+    second model reuses them (a second probe here would fail: its interpreter does not exist)."""
+    import sys
+
+    from qeval.config import load_config
+    from qeval.perf import ceilings
+    from qeval.run.preflight import preflight
+    from qeval.run.store import RunStore
+
+    text = (ROOT / "configs" / "demo.yaml").read_text().replace("path: models/qeval-tiny", f"path: {MODEL}")
+    (tmp_path / "c.yaml").write_text(text.replace("backend:", f"tasks_dir: {ROOT / 'tasks'}\nbackend:"))
+    pre = preflight(load_config(tmp_path / "c.yaml"), None, None)
+    first = ceilings.ensure_ceilings(pre, RunStore(tmp_path / "a"), sys.executable)
+    assert first is not None and not first.get("error")
+    monkey = pytest.MonkeyPatch()
+    with monkey.context() as m:
+        m.setattr(ceilings.subprocess, "run", lambda *a, **k: pytest.fail("probed twice"))
+        second = ceilings.ensure_ceilings(pre, RunStore(tmp_path / "b"), sys.executable)
+    assert second == first and (tmp_path / "b" / "ceilings.json").is_file()
+
+
+def test_a_ray_cluster_that_is_not_there_writes_nothing(tmp_path: Path) -> None:
+    """`address: auto` with no cluster on this machine: one line, exit 2, and no run directory
+    (the marker and jobs/ were written before the connection failed)."""
+    import os
+    import subprocess
+    import sys
+
+    empty = tmp_path / "no-ray"  # where Ray looks for a running cluster's address: nothing there
+    empty.mkdir()
+    body = (f"name: c\nmodel: {{path: {MODEL}, max_context: 256}}\ntasks_dir: {ROOT / 'tasks'}\ntasks: [facts]\n"
+            "setups: [{name: base, baseline: true}]\nexecutor: {kind: ray, address: auto}\n")
+    (tmp_path / "c.yaml").write_text(body)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_TMPDIR": str(empty),
+                                                                         "TMPDIR": str(empty)}
+    res = subprocess.run([sys.executable, "-m", "qeval.cli", "run", str(tmp_path / "c.yaml"), "--output",
+                          str(tmp_path / "out")], capture_output=True, text=True, timeout=120, env=env, check=False)
+    one_line_exit_2(res, "cannot join the Ray cluster at auto")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_a_results_file_that_cannot_be_written_is_one_line_and_keeps_the_work(tmp_path: Path) -> None:
+    """At the very end of a run (a full disk, an immutable results.json: here a folder in its
+    place): one line, exit 1, every setup's stored results kept; the rerun after the fix
+    recomputes nothing."""
+    import shutil
+
+    cfg = config_for(tmp_path, ROOT / "tasks", tasks="[facts]")
+    out = tmp_path / "out"
+    (out / "results.json").mkdir(parents=True)
+    (out / "results.json" / "keep").write_text("x")  # not empty: os.replace onto it fails
+    res = run_cli("run", str(cfg), "--output", str(out), "--limit", "4", "--force")
+    assert res.returncode == 1, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr and "cannot write the run's files" in res.stderr.strip().splitlines()[-1]
+    assert (out / "samples" / "int8" / "facts.jsonl").is_file()
+    shutil.rmtree(out / "results.json")
+    res = run_cli("run", str(cfg), "--output", str(out), "--limit", "4")
+    assert res.returncode == 0 and "stored, skipped" in res.stderr and (out / "results.json").is_file()
+
+
+SMOLLM2_GGUF = ROOT / "models" / "smollm2-gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SMOLLM2_GGUF.is_file(), reason="make smollm2 places the GGUF (CI runs it)")
+def test_a_gguf_gets_its_own_tokenizer_not_the_folders(tmp_path: Path) -> None:
+    """A .gguf beside another model's tokenizer.json: the load reads the GGUF's own tokenizer
+    (49,152 entries), which its checksum covers, not the 128-entry one lying beside it."""
+    from qeval.backends.hf.backend import HFBackend
+    from qeval.config import ModelSpec, RunConfig
+    from qeval.setups import Setup
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / SMOLLM2_GGUF.name).symlink_to(SMOLLM2_GGUF)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).write_text((MODEL / name).read_text())
+    setup = Setup(name="base")
+    cfg = RunConfig(name="t", model=ModelSpec(path=str(folder / SMOLLM2_GGUF.name), dtype="float32", max_context=256),
+                    setups=[setup], tasks=["x"])
+    backend = HFBackend(cfg, setup, "cpu")
+    backend.load()
+    assert len(backend.tok) == 49152

@@ -63,6 +63,7 @@ class HFBackend:
         self.model: Any = None
         self.tok: Any = None
         self._rss_after_load = 0
+        self._gguf_dir: Any = None  # a private folder for a GGUF file (see _gguf_alone), removed with this object
 
     # -- lifecycle -------------------------------------------------------------------
     def load(self) -> None:
@@ -73,7 +74,7 @@ class HFBackend:
         kw: dict[str, Any] = {"trust_remote_code": spec.trust_remote_code, "revision": spec.revision}
         path = spec.path
         if is_gguf(path):  # dequantized on load into `dtype`: the GGUF's own precision is the baseline's
-            path, kw["gguf_file"] = str(Path(path).parent), Path(path).name
+            path, kw["gguf_file"] = self._gguf_alone(Path(path)), Path(path).name
         self.tok = AutoTokenizer.from_pretrained(path, **kw)
         load = hf_quant.load_kwargs(self.setup, dtype, self.device)  # bitsandbytes quantizes while loading
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw, **load)
@@ -89,6 +90,16 @@ class HFBackend:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         self._rss_after_load = _rss_bytes()
+
+    def _gguf_alone(self, gguf: Path) -> str:
+        """A folder holding only a link to the GGUF file: transformers prefers a tokenizer.json
+        (or config.json) lying beside the file to the GGUF's own, and the model's checksum
+        covers the file alone, so nothing else may be read with it."""
+        import tempfile
+
+        self._gguf_dir = tempfile.TemporaryDirectory(prefix="qeval-gguf-")
+        (Path(self._gguf_dir.name) / gguf.name).symlink_to(gguf.resolve())
+        return self._gguf_dir.name
 
     @property
     def quant_info(self) -> dict[str, Any]:

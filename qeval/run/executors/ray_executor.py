@@ -52,12 +52,14 @@ def _job_task(payload: dict[str, Any]) -> dict[str, Any]:
 
 @contextmanager
 def connected(spec: ExecutorSpec) -> Iterator[RayExecutor]:
-    """A RayExecutor for the `with` block. The address is checked now (one line if nothing
-    answers); Ray itself is joined, or started, only when there is a job to run."""
+    """A RayExecutor for the `with` block. A cluster address is checked and joined now, before
+    the run directory is written (one line if nothing answers, or `auto` finds no cluster); a
+    local Ray is started only when there is a job to run (a fully stored run starts none)."""
     address = cluster_address(spec.address)
+    executor = RayExecutor(spec, address)
     if address:
         check_address(address)
-    executor = RayExecutor(spec, address)
+        executor._connect()
     try:
         yield executor
     finally:
