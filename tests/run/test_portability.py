@@ -191,3 +191,21 @@ def test_rates_print_in_a_unit_that_shows_them() -> None:
     assert rate_text(2.8e8, "FLOP/s") == "280 MFLOP/s"
     assert rate_text(2.772e12, "FLOP/s") == "2.77 TFLOP/s"
     assert rate_text(5.1e10, "OP/s") == "51 GOP/s"
+
+
+@pytest.mark.parametrize(("env", "native"), [
+    ({}, {"bfloat16"}),
+    ({"ONEDNN_MAX_CPU_ISA": "AVX2"}, set()),
+    ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}, set()),
+    ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, {"bfloat16"}),
+    ({"ATEN_CPU_CAPABILITY": "avx2"}, set()),
+])
+def test_isa_caps_in_the_environment_count(bf16: None, monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
+                                           native: set[str]) -> None:
+    """torch computes like an AVX2 machine under these caps (how docs/benchmarks.md measures the
+    AVX2 case on an AVX-512 machine), so `auto` must see them."""
+    for key in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert precision.native_16bit("cpu") == native
