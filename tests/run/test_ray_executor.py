@@ -127,6 +127,8 @@ def test_ray_two_at_a_time_matches_local(cluster: LocalCluster, local_run: Path,
     assert res.returncode == 0, res.stderr[-3000:]
     assert watch.most_at_once == 2, watch.pids  # the two quantized setups side by side, never more
     assert set(watch.pids) == {"bf16", "int8", "kv-int4"}
+    for setup in ("bf16", "int8", "kv-int4"):  # each task's progress, forwarded from the nodes as it happens
+        assert f"{setup}: compare_mc done" in res.stderr and f"{setup}: loading model done" in res.stderr
     ray_samples = _samples(out)
     assert len(ray_samples) == 12 and ray_samples == _samples(local_run)
     local, ray = (json.loads((r / "results.json").read_text()) for r in (local_run, out))

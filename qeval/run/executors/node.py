@@ -13,6 +13,7 @@ import re
 import shutil
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
@@ -69,7 +70,14 @@ def _run(payload: dict[str, Any], scratch: Path) -> dict[str, Any]:
     before = _stamp(outcome)
     started = time.monotonic()
     log = scratch / "worker.log"
-    returncode = run_worker_process(worker_python(cfg), job_path, worker_env(payload), log)
+    stop = threading.Event()
+    tail = threading.Thread(target=_forward_progress, args=(log, setup, payload, stop), daemon=True)
+    tail.start()
+    try:
+        returncode = run_worker_process(worker_python(cfg), job_path, worker_env(payload), log)
+    finally:
+        stop.set()
+        tail.join(timeout=5)
     written = outcome.is_file() and _stamp(outcome) != before
     files = {}
     samples = root / "samples" / setup
@@ -81,6 +89,32 @@ def _run(payload: dict[str, Any], scratch: Path) -> dict[str, Any]:
     text = log.read_bytes()[-LOG_TAIL:].decode("utf-8", "replace") if log.is_file() else ""
     return {"returncode": returncode, "outcome_written": written, "files": files, "node": _node(),
             "pid": os.getpid(), "seconds": round(time.monotonic() - started, 2), "log_tail": text}
+
+
+def _forward_progress(log: Path, setup: str, payload: dict[str, Any], stop: threading.Event) -> None:
+    """Send the worker's progress lines (`<setup>: <task> …` / `done`) to the driver's queue as
+    the worker writes them, once a second and at the end."""
+    queue = payload.get("progress")
+    if queue is None:
+        return
+    offset, pending = 0, b""
+    while True:
+        finished = stop.wait(1.0)
+        if log.is_file():
+            with log.open("rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+            offset += len(chunk)
+            *lines, pending = (pending + chunk).replace(b"\r", b"\n").split(b"\n")
+            prefix = f"{setup}: "
+            texts = [line.decode("utf-8", "replace") for line in lines]
+            for item in [(payload["job_id"], t[len(prefix):]) for t in texts if t.startswith(prefix)]:
+                try:
+                    queue.put_nowait(item)
+                except Exception:  # noqa: BLE001 - the driver's queue is gone: progress is best effort
+                    return
+        if finished:
+            return
 
 
 def worker_env(payload: dict[str, Any]) -> dict[str, str]:

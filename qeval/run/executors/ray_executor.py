@@ -114,6 +114,11 @@ class RayExecutor:
         ids = {j.id for j in jobs}
         assert all(a in ids for j in jobs for a in j.after), "a job waits for a job that is not in this run"
         self._connect()
+        from ray.util.queue import Queue
+
+        # the workers' per-task progress lines, sent back as they happen (a Ray task's own output
+        # stays on its node: log_to_driver is off, it would bring Ray's noise with it)
+        self._progress = Queue(actor_options={"num_cpus": 0})
         waiting: list[WorkerJob] = list(jobs)
         done: set[str] = set()
         flying: dict[ray.ObjectRef, _Flight] = {}
@@ -124,6 +129,7 @@ class RayExecutor:
                     assert not waiting, f"jobs wait for nothing that runs: {[j.id for j in waiting]}"
                     continue
                 ready, _ = ray.wait(list(flying), num_returns=1, timeout=POLL_S)
+                self._print_progress()
                 for ref in ready:  # fetched at once: an unfetched result lives only on its node
                     flight = flying.pop(ref)
                     self._finish(flight, ref)
@@ -144,6 +150,19 @@ class RayExecutor:
         finally:
             for flight in flying.values():
                 self._release(flight)
+            self._print_progress()
+            self._progress.shutdown()
+
+    def _print_progress(self) -> None:
+        """Print the progress lines the running jobs' nodes sent since the last call."""
+        from ray.util.queue import Empty
+
+        try:
+            lines = self._progress.get_nowait_batch(self._progress.qsize())
+        except (Empty, RayError):  # nothing new, or the queue is gone with a lost node
+            return
+        for job_id, line in lines:
+            print(f"{job_id}: {line}", file=sys.stderr)
 
     def _submit_ready(self, waiting: list[WorkerJob], done: set[str], flying: dict[ray.ObjectRef, _Flight]) -> None:
         """Submit every waiting job whose `after` jobs are done, up to max_parallel running; a job
@@ -175,7 +194,7 @@ class RayExecutor:
                 placement_group=group, placement_group_bundle_index=0)
         payload = {"setup": job.name, "job": job.job, "inputs": job.inputs(), "qeval_version": __version__,
                    "driver_host": socket.gethostname(), "env": forwarded_env(), "threads": res.threads,
-                   "gpus": res.num_gpus, "engine_gpus": res.engine_gpus}
+                   "gpus": res.num_gpus, "engine_gpus": res.engine_gpus, "job_id": job.id, "progress": self._progress}
         ref = _job_task.options(**options).remote(payload)
         print(f"{job.id}: submitted ({res.describe()})", file=sys.stderr)
         return ref, _Flight(job, group, time.monotonic())
