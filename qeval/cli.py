@@ -136,7 +136,7 @@ def validate(config: Annotated[Path, typer.Argument(help="run config YAML")]) ->
         return
     for model, plan in plans.items():
         where = f" model {model}" if model else ""
-        dtype = f", {plan.precision.dtype} ({plan.precision.reason})" if plan.precision else ""
+        dtype = f", {plan.precision.short}" if plan.precision else ""
         print(f"{config}{where}: ok ({len(plan.setups)} setups, {len(plan.tasks)} tasks, device {plan.device}{dtype})")
 
 

@@ -119,6 +119,14 @@ class Precision:
     dtype: str  # what the setups run in
     reason: str  # one line: why this dtype (auto) or what it costs here (an emulated 16-bit dtype)
     emulated: bool = False  # a 16-bit dtype this device emulates (slow)
+    fallback: str = ""  # why `auto` fell back to float32 ("this CPU has no native bfloat16"), else ""
+
+    @property
+    def short(self) -> str:
+        """`dtype float32 (auto: this CPU has no native bfloat16)`, `dtype bfloat16 (auto)`, `dtype float32`."""
+        if self.requested != "auto":
+            return f"dtype {self.dtype}" + (" (emulated here: slow)" if self.emulated else "")
+        return f"dtype {self.dtype} (auto{': ' + self.fallback if self.fallback else ''})"
 
 
 def resolve_precision(requested: str, config: dict[str, Any], device: str) -> Precision:
@@ -132,9 +140,10 @@ def resolve_precision(requested: str, config: dict[str, Any], device: str) -> Pr
             return Precision(requested, "float32", f"dtype auto: the model's own dtype is {own}, so float32")
         if own in native:
             return Precision(requested, own, f"dtype auto: the model's own {own}, native on {where}")
-        return Precision(requested, "float32", f"dtype auto: float32, because {where} has no native {own} "
-                                               f"({_flag_names(own)}); {own} would run about "
-                                               f"{EMULATED_SLOWDOWN}x slower, emulated")
+        fallback = f"{where} has no native {own}"
+        return Precision(requested, "float32", f"dtype auto: float32, because {fallback} ({_flag_names(own)}); "
+                                               f"{own} would run about {EMULATED_SLOWDOWN}x slower, emulated",
+                         fallback=fallback)
     if requested in SIXTEEN_BIT and requested not in native:
         return Precision(requested, requested, emulated_warning(requested, where), emulated=True)
     return Precision(requested, requested, f"dtype {requested}, as the config says")

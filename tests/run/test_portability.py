@@ -90,7 +90,7 @@ def test_validate_says_what_bf16_costs_here_and_what_to_use(no_bf16: None, tmp_p
     assert "no native bfloat16" in warning[0] and "116x slower" in warning[0] and "dtype: auto" in warning[0]
     code, out, err = _validate_in_process(_config(tmp_path, "auto"), capsys)
     assert code == 0 and "warning" not in err, err
-    assert "float32 (dtype auto: float32, because this CPU has no native bfloat16" in out
+    assert "dtype float32 (auto: this CPU has no native bfloat16)" in out
 
 
 def test_auto_is_resolved_before_keys_memory_and_workers(no_bf16: None, tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import MODEL, ROOT, TASKS, run_cli
+from conftest import MODEL, ROOT, TASKS, cpu_dtype, run_cli
 
 from qeval.config import RunConfig
 from qeval.errors import UserError
@@ -48,7 +48,8 @@ def test_each_model_is_a_run_config_of_its_own(tmp_path: Path) -> None:
     sweep = load_sweep(tmp_path / "s.yaml")
     assert sweep is not None and sweep.name == "s" and sweep.reference == "a"
     a, b = sweep.configs["a"], sweep.configs["b"]
-    assert (a.name, a.model.dtype, [s.name for s in a.setups]) == ("a", "bfloat16", ["bf16", "int8"])
+    # dtype: the default, auto (resolved per device at preflight)
+    assert (a.name, a.model.dtype, [s.name for s in a.setups]) == ("a", "auto", ["bf16", "int8"])
     assert (b.name, b.model.dtype, [s.name for s in b.setups]) == ("b", "float32", ["fp32", "kv-int4"])
     assert a.executor == b.executor and a.executor.max_parallel == 4  # one executor runs both models' jobs
     assert a.tasks == b.tasks == ["addition"] and a.model.path == str(MODEL)
@@ -60,8 +61,11 @@ def test_validate_checks_every_model(tmp_path: Path) -> None:
     (tmp_path / "s.yaml").write_text(SWEEP)
     res = run_cli("validate", str(tmp_path / "s.yaml"))
     assert res.returncode == 0, res.stderr
-    assert res.stdout.splitlines() == [f"{tmp_path / 's.yaml'} model a: ok (2 setups, 1 tasks, device cpu)",
-                                       f"{tmp_path / 's.yaml'} model b: ok (2 setups, 1 tasks, device cpu)"]
+    auto = "dtype bfloat16 (auto)" if cpu_dtype() == "bfloat16" else \
+        "dtype float32 (auto: this CPU has no native bfloat16)"  # model a leaves dtype to its default, auto
+    assert res.stdout.splitlines() == [f"{tmp_path / 's.yaml'} model a: ok (2 setups, 1 tasks, device cpu, {auto})",
+                                       f"{tmp_path / 's.yaml'} model b: ok (2 setups, 1 tasks, device cpu, "
+                                       "dtype float32)"]
 
 
 @pytest.mark.parametrize(("change", "expected"), [
