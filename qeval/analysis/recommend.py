@@ -9,8 +9,6 @@ evidence, a paired comparison with a baseline that ran, on every task of the run
 
 from __future__ import annotations
 
-import math
-
 from qeval.results.schema import Comparison, Recommendation, Results, SetupResult
 from qeval.tasks.metrics import metric as describe
 
@@ -19,20 +17,6 @@ def describe_delta(task: str, c: Comparison) -> str:
     """"facts -6.2 pts [-9.1 pts, -3.3 pts]": a task's difference with its interval."""
     m = describe(c.metric, c.higher_is_better)
     return f"{task} {m.fmt_delta(c.delta)} [{m.fmt_delta(c.ci[0])}, {m.fmt_delta(c.ci[1])}]"
-
-
-def samples_to_decide(c: Comparison) -> int | None:
-    """For an inconclusive verdict: total samples at which the CI (shrinking as 1/sqrt(n))
-    would clear the margin, if the difference stayed where it is."""
-    lo, hi = c.ci
-    half = (hi - lo) / 2
-    if c.margin is None or half <= 0:
-        return None
-    sign = 1 if c.higher_is_better else -1
-    distance = abs(sign * c.delta + c.margin)
-    if distance < 1e-12:
-        return None
-    return int(math.ceil(c.n * (half / distance) ** 2))
 
 
 def worst_drop(setup: SetupResult) -> float:
@@ -123,9 +107,10 @@ def _exclusion(s: SetupResult, context: int, tasks: list[str]) -> str | None:
             return f"{name}: {suite} recovery {rec}{ci}, {word} the {gate} recovery gate"
     for task, c in s.vs_baseline.items():
         if c.verdict == "inconclusive":
-            need = samples_to_decide(c)
-            more = f"; about {need} samples would decide it" if need else ""
-            return f"{name}: {describe_delta(task, c)}, inconclusive against the {_margin(c)} gate{more}"
+            # the figure is the comparison's own (stats.samples_to_decide); results written before it have none
+            why = f" ({c.verdict_reason})" if c.verdict_reason else ""
+            more = f"; about {c.samples_to_decide} samples would decide it" if c.samples_to_decide else ""
+            return f"{name}: {describe_delta(task, c)}, inconclusive against the {_margin(c)} gate{why}{more}"
     conc = s.memory.max_concurrency
     if conc is None:
         return f"{name}: no memory figures to size it against the budget"

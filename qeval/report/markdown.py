@@ -175,6 +175,9 @@ def _ci_legend(results: Results) -> str:
     """How the intervals in this results file were computed (runs before ci_method was recorded
     used a paired bootstrap throughout)."""
     methods = {c.ci_method for s in results.setups for c in s.vs_baseline.values()}
+    if "t" in methods:
+        return ("a 95% CI (Newcombe's paired score interval for accuracies, a t-interval on the paired differences "
+                "for bits per byte and other scores)")
     if "newcombe" in methods:
         return "a 95% CI (Newcombe's paired score interval for accuracies, a paired bootstrap for bits per byte)"
     return "a paired-bootstrap 95% CI"
@@ -254,6 +257,8 @@ def _notes(results: Results) -> list[str]:
             if kernels:
                 parts.append("kernels: " + ", ".join(f"{k}: {v}" for k, v in kernels.items()))
             notes.append(md_text("; ".join(parts)))
+            if c.verdict_reason:  # absent from results written before the floor on n
+                notes.append(f"{md_text(s.name)} on {md_text(t)}: {c.verdict}: {md_text(c.verdict_reason)}")
     for d in results.dropped:
         what = f"{d.setup}/{d.task}" if d.task else f"setup {d.setup}"
         notes.append(f"not compared: {md_text(what)} is stored under another run's key ({md_text(d.reason)}); "
