@@ -38,7 +38,7 @@ def recommend(results: Results) -> Recommendation:
     eligible: list[SetupResult] = []
     top_level = [t for t, info in results.tasks.items() if info.entry in (None, t)]
     for s in results.setups:
-        reason = _exclusion(s, context, top_level)
+        reason = _exclusion(s, context, top_level, results.run.partial_tasks)
         if reason:
             reasons[s.name] = reason
         else:
@@ -57,6 +57,8 @@ def recommend(results: Results) -> Recommendation:
             reasons[best.name] = (f"{best.name}: recommended: passes every gate and allows "
                                   f"{best.memory.max_concurrency:g} sequences at {context} tokens, the most of any "
                                   "passing setup")
+    if best is not None and results.run.partial_tasks:
+        reasons[best.name] += f"; {partial_text(results.run.partial_tasks)}"
     order = [s.name for s in results.setups]
     return Recommendation(setup=best.name if best else None, reasons={n: reasons[n] for n in order if n in reasons},
                           candidates=[s.name for s in eligible], blocked=None)
@@ -86,15 +88,21 @@ def _rank_by_performance(eligible: list[SetupResult], by: str, reasons: dict[str
     return best
 
 
-def _exclusion(s: SetupResult, context: int, tasks: list[str]) -> str | None:
+def partial_text(partial: dict[str, str]) -> str:
+    """"judged on part of the config only (not scored: arc_easy: not selected by --tasks)"."""
+    return "judged on part of the config only (not scored: " + "; ".join(f"{t}: {w}" for t, w in partial.items()) + ")"
+
+
+def _exclusion(s: SetupResult, context: int, tasks: list[str], partial: dict[str, str]) -> str | None:
     """Why `s` cannot be recommended, or None."""
     name = s.name
     if s.status != "ok":
         return f"{name}: failed: {s.error}"
     if not s.baseline:
         missing = [t for t in tasks if t not in s.vs_baseline or not s.vs_baseline[t].n]
-        if missing:
-            return f"{name}: no paired comparison with the baseline on {', '.join(missing)}: no evidence, no pass"
+        if missing:  # e.g. a group with some of its tasks scored: say which
+            what = ", ".join(f"{t} ({partial[t]})" if t in partial else t for t in missing)
+            return f"{name}: no paired comparison with the baseline on {what}: no evidence, no pass"
     for task, c in s.vs_baseline.items():
         if c.verdict == "fail":
             return f"{name}: {describe_delta(task, c)}, fails the {_margin(c)} gate"
@@ -130,7 +138,8 @@ def _margin(c: Comparison) -> str:
 def candidate_problem(results: Results) -> str | None:
     """Why a release pipeline should stop (`run --fail-on-gate`): no recommendation at all, or
     the candidate (the config's `candidate`, else the recommended setup) does not pass every
-    gate, or cannot be recommended; None when it may ship."""
+    gate, or cannot be recommended, or the run scored only part of the config; None when it
+    may ship."""
     rec = results.recommendation
     if rec.blocked:
         return f"no recommendation: {rec.blocked}"
@@ -147,4 +156,6 @@ def candidate_problem(results: Results) -> str | None:
         return f"candidate {target} does not pass every gate ({', '.join(bad)})"
     if target not in rec.candidates:  # e.g. no comparison on some task, or no room in the budget
         return f"candidate {target} is not recommendable: {rec.reasons.get(target, '')}"
+    if results.run.partial_tasks:  # a release is judged on the whole config, not on the tasks one run chose
+        return f"candidate {target} was {partial_text(results.run.partial_tasks)}"
     return None

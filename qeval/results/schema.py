@@ -172,6 +172,10 @@ class RunInfo(ResultModel):
                                                           "float16 or float32)")
     dtype_reason: str | None = Field(None, description="why that dtype: what `auto` chose and why, or what an "
                                                        "emulated 16-bit dtype costs on this device")
+    partial_tasks: dict[str, str] = Field({}, description="config entries (tasks, lm-eval groups) with no complete "
+                                                          "result in this run, and why (e.g. not selected by "
+                                                          "--tasks): the run is judged on part of the config; "
+                                                          "empty: every entry was scored")
 
 
 class TaskInfo(ResultModel):
