@@ -70,7 +70,8 @@ def assemble_results(pre: Preflight, store: RunStore, keys: dict[str, SetupKeys]
         entries[s.name] = _setup_entry(pre, store, s, outcome, keys[s.name], dropped, ceilings)
     tasks = _task_infos(pre, entries)
     entries = _compare(pre, store, entries, tasks)
-    results = Results(schema_version=SCHEMA_VERSION, run=RunInfo(**run_info, hardware=hardware()),
+    run = RunInfo(**run_info, hardware=hardware(), partial_tasks=partial_tasks(pre, tasks))
+    results = Results(schema_version=SCHEMA_VERSION, run=run,
                       config=cfg.model_dump(mode="json"), tasks=tasks, setups=list(entries.values()),
                       groups={g: m for g, m in pre.groups.items() if g in tasks}, suites=pre.suites,
                       dropped=dropped, recommendation={"setup": None, "reasons": {}},
@@ -98,6 +99,25 @@ def _task_infos(pre: Preflight, entries: dict[str, SetupResult]) -> dict[str, Ta
     return tasks
 
 
+def partial_tasks(pre: Preflight, tasks: dict[str, TaskInfo]) -> dict[str, str]:
+    """The config's entries (tasks, lm-eval groups) this run has no complete result for, and
+    why: a run limited by --tasks is judged on part of the config, and must say so."""
+    out: dict[str, str] = {}
+    for entry in pre.entries:
+        # an lm-eval group's tasks, a long-context family's other lengths, or the task itself
+        members = [t.name for t in pre.tasks if t.entry == entry]
+        missing = [m for m in members if m not in tasks]  # every task this invocation scores is in `tasks`
+        if not missing:
+            continue
+        why = "not selected by --tasks"
+        if members != [entry]:
+            scored = f"{len(members) - len(missing)} of its {len(members)} tasks scored"
+            why = f"{scored} (missing: {', '.join(missing)}: {why})"
+            why += ", so no group score or verdict" if entry in pre.groups else ""
+        out[entry] = why
+    return out
+
+
 def _compare(pre: Preflight, store: RunStore, entries: dict[str, SetupResult],
              tasks: dict[str, TaskInfo]) -> dict[str, SetupResult]:
     """Each ok setup against an ok baseline: tasks, groups, suites; and the KV no-effect flag."""
@@ -118,7 +138,7 @@ def _compare(pre: Preflight, store: RunStore, entries: dict[str, SetupResult],
                 vs[t] = c.model_copy(update=kl_summary(store, name, t)) if d.metric == "bits_per_byte" else c
             for group in (g for g in tasks if tasks[g].kind == "group"):
                 parts = [data[m] for m in pre.groups[group] if m in data]
-                if parts:
+                if parts and len(parts) == len(pre.groups[group]):  # a group is judged on every member or not at all
                     vs[group] = compare(Paired.pool(parts), group, cfg.seed, cfg.gates, tasks[group].higher_is_better)
             suites = _suites(pre, data, vs)
         scores |= _group_scores(entry, tasks, pre.groups)
@@ -147,13 +167,14 @@ def _paired_tasks(store: RunStore, base: str, other: str, tasks: dict[str, TaskI
 
 
 def _group_scores(entry: SetupResult, tasks: dict[str, TaskInfo], groups: dict[str, list[str]]) -> dict[str, TaskScore]:
-    """A group's score: its tasks' scores weighted by their sizes (lm-eval's weight_by_size)."""
+    """A group's score: its tasks' scores weighted by their sizes (lm-eval's weight_by_size);
+    none unless every task of the group was scored."""
     out = {}
     for group in (g for g in tasks if tasks[g].kind == "group"):
         metric = tasks[group].compared_metric
         members = [(entry.tasks[m].n, entry.tasks[m].metrics[metric].value) for m in groups[group]
                    if m in entry.tasks and metric in entry.tasks[m].metrics]
-        if members:
+        if members and len(members) == len(groups[group]):  # part of a group is not the group's score
             n = sum(k for k, _ in members)
             out[group] = TaskScore(n=n, metrics={metric: MetricValue(value=sum(k * v for k, v in members) / n)})
     return out

@@ -10,7 +10,17 @@ from typing import Any
 import numpy as np
 
 from qeval.analysis.gates import Gate
-from qeval.analysis.stats import average_difference_ci, paired_accuracy, paired_mean, paired_ratio, verdict
+from qeval.analysis.stats import (
+    MIN_PAIRED_N,
+    PairedComparison,
+    average_difference_ci,
+    paired_accuracy,
+    paired_mean,
+    paired_ratio,
+    samples_to_decide,
+    small_sample_reason,
+    verdict,
+)
 from qeval.config import RunConfig
 from qeval.results.schema import Comparison, SuiteScore
 from qeval.run.store import RunStore
@@ -90,13 +100,13 @@ def compare(data: Paired, task: str, seed: int, gates: list[Gate],
     desc = describe(data.metric, higher_is_better)
     if data.den is not None:
         cmp = paired_ratio(data.base, data.other, data.den, data.metric, seed)
-        method = "bootstrap"
+        method = "t"
     elif data.binary:
         cmp = paired_accuracy(data.base, data.other, data.metric, seed)
         method = "newcombe"
     else:  # a per-document score that is not right/wrong (truthfulqa_mc2's probability mass)
         cmp = paired_mean(data.base, data.other, data.metric, seed)
-        method = "bootstrap"
+        method = "t"
     base_value = data.base_value()
     out = Comparison(metric=data.metric, higher_is_better=desc.higher_is_better, delta=cmp.delta, ci=cmp.ci,
                      ci_method=method, p_value=cmp.p_value, flips_to_wrong=cmp.flips_to_wrong,
@@ -105,8 +115,22 @@ def compare(data: Paired, task: str, seed: int, gates: list[Gate],
     gate = next((g for g in gates if g.task == task), None) or next((g for g in gates if g.task == "all"), None)
     if gate is not None:
         margin = gate.margin(base_value)
-        out = out.model_copy(update={"verdict": verdict(cmp.ci, desc.higher_is_better, margin),
-                                     "gate": gate, "margin": margin})
+        out = out.model_copy(update={"gate": gate, "margin": margin} | _gated(cmp, desc.higher_is_better, margin))
+    return out
+
+
+def _gated(cmp: PairedComparison, higher_is_better: bool, margin: float) -> dict[str, object]:
+    """The verdict, with the floor on n (stats.MIN_PAIRED_N: fewer documents are inconclusive
+    whatever the interval says) and, when inconclusive, the documents that would decide it."""
+    result = verdict(cmp.ci, higher_is_better, margin)
+    reason = small_sample_reason(cmp.n)
+    if reason is not None:
+        result = "inconclusive"
+    out: dict[str, object] = {"verdict": result}
+    if reason is not None:
+        out["verdict_reason"] = reason
+    if result == "inconclusive":
+        out["samples_to_decide"] = samples_to_decide(cmp, higher_is_better, margin)
     return out
 
 
@@ -143,6 +167,8 @@ def compare_suite(parts: dict[str, tuple[Paired, Comparison]], gates: list[Gate]
     if gate is not None and out.ci is not None:
         assert gate.min_recovery is not None
         v = "pass" if out.ci[0] >= gate.min_recovery else "fail" if out.ci[1] < gate.min_recovery else "inconclusive"
+        if any(c.n < MIN_PAIRED_N for _, c in parts.values()):
+            v = "inconclusive"  # a task under the floor on n decides nothing, averaged or not
         out = out.model_copy(update={"verdict": v, "gate": gate})
     return out
 

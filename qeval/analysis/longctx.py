@@ -63,8 +63,8 @@ def _setup_block(s: SetupResult, base: SetupResult | None, tasks: list[LongConte
 def position_buckets(records: list[dict[str, Any]], baseline: list[dict[str, Any]] | None,
                      seed: int) -> list[PositionBucket]:
     """Loss by position bucket over a length's documents; with the baseline's records, paired
-    by document: the difference of the token-weighted mean NLL with a paired bootstrap
-    interval, and the KL and top-1 agreement the setup's records carry."""
+    by document: the difference of the token-weighted mean NLL with a t-interval over
+    documents (stats.paired_ratio), and the KL and top-1 agreement the setup's records carry."""
     mine = {r["sample_id"]: r["buckets"] for r in records if r.get("buckets")}
     theirs = {r["sample_id"]: r["buckets"] for r in baseline or [] if r.get("buckets")}
     ids = [i for i in mine if i in theirs] if baseline is not None else list(mine)
@@ -83,7 +83,7 @@ def position_buckets(records: list[dict[str, Any]], baseline: list[dict[str, Any
             base_nll = np.array([theirs[i][k]["nll"] for i in docs])
             cmp = paired_ratio(base_nll, nll, tok, "nll", seed)
             b = b.model_copy(update={"baseline_nll": float(base_nll.sum() / tok.sum()), "delta": cmp.delta,
-                                     "ci": cmp.ci, "p_value": cmp.p_value})
+                                     "ci": cmp.ci, "ci_method": "t", "p_value": cmp.p_value})
         if all("kl" in mine[i][k] for i in docs):
             b = b.model_copy(update={"kl": float(sum(mine[i][k]["kl"] for i in docs) / tok.sum()),
                                      "top1_agreement": float(sum(mine[i][k]["top1"] for i in docs) / tok.sum())})

@@ -9,8 +9,6 @@ evidence, a paired comparison with a baseline that ran, on every task of the run
 
 from __future__ import annotations
 
-import math
-
 from qeval.results.schema import Comparison, Recommendation, Results, SetupResult
 from qeval.tasks.metrics import metric as describe
 
@@ -19,20 +17,6 @@ def describe_delta(task: str, c: Comparison) -> str:
     """"facts -6.2 pts [-9.1 pts, -3.3 pts]": a task's difference with its interval."""
     m = describe(c.metric, c.higher_is_better)
     return f"{task} {m.fmt_delta(c.delta)} [{m.fmt_delta(c.ci[0])}, {m.fmt_delta(c.ci[1])}]"
-
-
-def samples_to_decide(c: Comparison) -> int | None:
-    """For an inconclusive verdict: total samples at which the CI (shrinking as 1/sqrt(n))
-    would clear the margin, if the difference stayed where it is."""
-    lo, hi = c.ci
-    half = (hi - lo) / 2
-    if c.margin is None or half <= 0:
-        return None
-    sign = 1 if c.higher_is_better else -1
-    distance = abs(sign * c.delta + c.margin)
-    if distance < 1e-12:
-        return None
-    return int(math.ceil(c.n * (half / distance) ** 2))
 
 
 def worst_drop(setup: SetupResult) -> float:
@@ -54,7 +38,7 @@ def recommend(results: Results) -> Recommendation:
     eligible: list[SetupResult] = []
     top_level = [t for t, info in results.tasks.items() if info.entry in (None, t)]
     for s in results.setups:
-        reason = _exclusion(s, context, top_level)
+        reason = _exclusion(s, context, top_level, results.run.partial_tasks)
         if reason:
             reasons[s.name] = reason
         else:
@@ -73,6 +57,8 @@ def recommend(results: Results) -> Recommendation:
             reasons[best.name] = (f"{best.name}: recommended: passes every gate and allows "
                                   f"{best.memory.max_concurrency:g} sequences at {context} tokens, the most of any "
                                   "passing setup")
+    if best is not None and results.run.partial_tasks:
+        reasons[best.name] += f"; {partial_text(results.run.partial_tasks)}"
     order = [s.name for s in results.setups]
     return Recommendation(setup=best.name if best else None, reasons={n: reasons[n] for n in order if n in reasons},
                           candidates=[s.name for s in eligible], blocked=None)
@@ -102,15 +88,21 @@ def _rank_by_performance(eligible: list[SetupResult], by: str, reasons: dict[str
     return best
 
 
-def _exclusion(s: SetupResult, context: int, tasks: list[str]) -> str | None:
+def partial_text(partial: dict[str, str]) -> str:
+    """"judged on part of the config only (not scored: arc_easy: not selected by --tasks)"."""
+    return "judged on part of the config only (not scored: " + "; ".join(f"{t}: {w}" for t, w in partial.items()) + ")"
+
+
+def _exclusion(s: SetupResult, context: int, tasks: list[str], partial: dict[str, str]) -> str | None:
     """Why `s` cannot be recommended, or None."""
     name = s.name
     if s.status != "ok":
         return f"{name}: failed: {s.error}"
     if not s.baseline:
         missing = [t for t in tasks if t not in s.vs_baseline or not s.vs_baseline[t].n]
-        if missing:
-            return f"{name}: no paired comparison with the baseline on {', '.join(missing)}: no evidence, no pass"
+        if missing:  # e.g. a group with some of its tasks scored: say which
+            what = ", ".join(f"{t} ({partial[t]})" if t in partial else t for t in missing)
+            return f"{name}: no paired comparison with the baseline on {what}: no evidence, no pass"
     for task, c in s.vs_baseline.items():
         if c.verdict == "fail":
             return f"{name}: {describe_delta(task, c)}, fails the {_margin(c)} gate"
@@ -123,9 +115,10 @@ def _exclusion(s: SetupResult, context: int, tasks: list[str]) -> str | None:
             return f"{name}: {suite} recovery {rec}{ci}, {word} the {gate} recovery gate"
     for task, c in s.vs_baseline.items():
         if c.verdict == "inconclusive":
-            need = samples_to_decide(c)
-            more = f"; about {need} samples would decide it" if need else ""
-            return f"{name}: {describe_delta(task, c)}, inconclusive against the {_margin(c)} gate{more}"
+            # the figure is the comparison's own (stats.samples_to_decide); results written before it have none
+            why = f" ({c.verdict_reason})" if c.verdict_reason else ""
+            more = f"; about {c.samples_to_decide} samples would decide it" if c.samples_to_decide else ""
+            return f"{name}: {describe_delta(task, c)}, inconclusive against the {_margin(c)} gate{why}{more}"
     conc = s.memory.max_concurrency
     if conc is None:
         return f"{name}: no memory figures to size it against the budget"
@@ -145,7 +138,8 @@ def _margin(c: Comparison) -> str:
 def candidate_problem(results: Results) -> str | None:
     """Why a release pipeline should stop (`run --fail-on-gate`): no recommendation at all, or
     the candidate (the config's `candidate`, else the recommended setup) does not pass every
-    gate, or cannot be recommended; None when it may ship."""
+    gate, or cannot be recommended, or the run scored only part of the config; None when it
+    may ship."""
     rec = results.recommendation
     if rec.blocked:
         return f"no recommendation: {rec.blocked}"
@@ -162,4 +156,6 @@ def candidate_problem(results: Results) -> str | None:
         return f"candidate {target} does not pass every gate ({', '.join(bad)})"
     if target not in rec.candidates:  # e.g. no comparison on some task, or no room in the budget
         return f"candidate {target} is not recommendable: {rec.reasons.get(target, '')}"
+    if results.run.partial_tasks:  # a release is judged on the whole config, not on the tasks one run chose
+        return f"candidate {target} was {partial_text(results.run.partial_tasks)}"
     return None

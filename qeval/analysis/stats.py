@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats as sps
 
-N_BOOTSTRAP = 2000
+#: The fewest paired documents a gate verdict may rest on; below it the verdict is
+#: "inconclusive" whatever the interval says (docs/statistics.md, "Small samples"). Why 6: on
+#: fewer documents no outcome at all is significant at 5% on the paired tests reported beside
+#: the interval (the exact sign test on flips and the exact signed-rank test reach at best
+#: p = 2 / 2^n: 0.0625 at n = 5, 0.031 at n = 6), so a verdict would rest on the interval's
+#: distributional assumptions alone, which so few documents cannot check.
+MIN_PAIRED_N = 6
+
+#: The largest sample size `samples_to_decide` reports; past it "would decide" means nothing.
+MAX_SAMPLES_TO_DECIDE = 10_000_000
+
+Interval = tuple[float, float]
 
 
 @dataclass
@@ -22,6 +34,9 @@ class PairedComparison:
     flips_to_wrong: int | None
     flips_to_right: int | None
     n: int
+    #: the same interval at n' documents, the observed proportions (accuracies) or spread
+    #: (scores) unchanged: what `samples_to_decide` searches; None where it cannot be scaled
+    interval_at: Callable[[float], Interval] | None = None
 
 
 def paired_accuracy(base: np.ndarray, other: np.ndarray, metric: str, seed: int) -> PairedComparison:
@@ -36,21 +51,27 @@ def paired_accuracy(base: np.ndarray, other: np.ndarray, metric: str, seed: int)
     to_wrong = int((base & ~other).sum())
     to_right = int((~base & other).sum())
     n = len(base)
-    lo, hi = newcombe_paired_ci(int((base & other).sum()), to_wrong, to_right, int((~base & ~other).sum()))
+    table = (int((base & other).sum()), to_wrong, to_right, int((~base & ~other).sum()))
+    lo, hi = newcombe_paired_ci(*table)
     discordant = to_wrong + to_right
     p = float(sps.binomtest(to_right, discordant, 0.5).pvalue) if discordant else 1.0
-    return PairedComparison(metric, (to_right - to_wrong) / n, (lo, hi), p, to_wrong, to_right, n)
+
+    def interval_at(m: float) -> Interval:  # the 2x2 table's proportions kept, its counts scaled to m
+        return newcombe_paired_ci(*(k * m / n for k in table))
+
+    return PairedComparison(metric, (to_right - to_wrong) / n, (lo, hi), p, to_wrong, to_right, n, interval_at)
 
 
-def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
-    """Wilson score interval of a proportion k / n."""
+def wilson(k: float, n: float, z: float = 1.959963984540054) -> Interval:
+    """Wilson score interval of a proportion k / n (fractional counts allowed: `samples_to_decide`
+    scales a table)."""
     p = k / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     return max(centre - half, 0.0), min(centre + half, 1.0)
 
 
-def newcombe_paired_ci(both: int, to_wrong: int, to_right: int, neither: int) -> tuple[float, float]:
+def newcombe_paired_ci(both: float, to_wrong: float, to_right: float, neither: float) -> Interval:
     """95% interval of (setup accuracy - baseline accuracy) from the 2x2 table of paired
     outcomes: Newcombe (1998), "Improved confidence intervals for the difference between
     binomial proportions based on paired data", method 10, with its continuity-corrected
@@ -74,31 +95,82 @@ def newcombe_paired_ci(both: int, to_wrong: int, to_right: int, neither: int) ->
 
 def paired_ratio(base_num: np.ndarray, other_num: np.ndarray, den: np.ndarray, metric: str,
                  seed: int) -> PairedComparison:
-    """Difference of a ratio metric (bits per byte: sum nll / sum bytes), bootstrapped by document."""
-    def stat(idx: np.ndarray) -> float:
-        return float((other_num[idx].sum() - base_num[idx].sum()) / den[idx].sum())
+    """Difference of a ratio metric (bits per byte: sum nll / sum bytes) with a t-interval on the
+    documents' linearised differences, and a Wilcoxon signed-rank test.
 
-    lo, hi = _bootstrap_ci(stat, len(den), seed)
-    delta = stat(np.arange(len(den)))
-    p = float(sps.wilcoxon(other_num / den, base_num / den).pvalue) if np.any(other_num != base_num) else 1.0
-    return PairedComparison(metric, delta, (lo, hi), p, None, None, len(den))
+    The difference of the ratios is sum(d) / sum(den), d a document's change in the numerator;
+    its standard error is that of a ratio estimator, from the residuals d - delta * den (the
+    delta method). Not a percentile bootstrap: on n documents it can only return values of
+    n resamples, so at n = 1 its interval has zero width and at n = 2-3 it is about [min, max].
+    `seed` is unused (kept for the call signature)."""
+    d = other_num.astype(float) - base_num.astype(float)
+    n, mean_den = len(den), float(den.mean())
+    delta = float(d.sum() / den.sum())
+    p = float(sps.wilcoxon(other_num / den, base_num / den).pvalue) if np.any(d != 0) else 1.0
+    if n < 2:  # no spread to estimate: the change could be as large as the document's own value
+        half = float(max(np.abs(base_num / den).max(), np.abs(other_num / den).max(), abs(delta)))
+        return PairedComparison(metric, delta, (delta - half, delta + half), p, None, None, n)
+    sd = float(np.std((d - delta * den) / mean_den, ddof=1))
+    return PairedComparison(metric, delta, t_interval(delta, sd, n), p, None, None, n,
+                            lambda m: t_interval(delta, sd, m))
 
 
 def paired_mean(base: np.ndarray, other: np.ndarray, metric: str, seed: int) -> PairedComparison:
     """Difference of a per-document score that is not right/wrong (e.g. truthfulqa_mc2's
-    probability mass on the true answers): paired bootstrap CI, Wilcoxon signed-rank test."""
+    probability mass on the true answers): a t-interval on the paired differences, a Wilcoxon
+    signed-rank test. `seed` is unused (kept for the call signature)."""
     diff = other.astype(float) - base.astype(float)
     n = len(diff)
+    scale = max(1.0, float(np.abs(np.concatenate([base, other])).max()))
     if not np.any(diff != 0):
-        # no document changed: the bootstrap would say [0, 0] however few they are; bound the
+        # no document changed: a t-interval would say [0, 0] however few they are; bound the
         # mean change instead as if up to 3/n of the documents could change by the scores' range
         # ("rule of three", as Newcombe's interval does for accuracies)
-        scale = max(1.0, float(np.abs(np.concatenate([base, other])).max()))
-        half = min(1.0, 3 / n) * scale
-        return PairedComparison(metric, 0.0, (-half, half), 1.0, None, None, n)
-    lo, hi = _bootstrap_ci(lambda idx: float(diff[idx].mean()), n, seed)
+        def rule_of_three(m: float) -> Interval:
+            return -min(1.0, 3 / m) * scale, min(1.0, 3 / m) * scale
+
+        return PairedComparison(metric, 0.0, rule_of_three(n), 1.0, None, None, n, rule_of_three)
+    mean = float(diff.mean())
     p = float(sps.wilcoxon(other, base).pvalue)
-    return PairedComparison(metric, float(diff.mean()), (lo, hi), p, None, None, n)
+    if n < 2:  # no spread to estimate: the change could span the scores' range
+        return PairedComparison(metric, mean, (mean - scale, mean + scale), p, None, None, n)
+    sd = float(np.std(diff, ddof=1))
+    return PairedComparison(metric, mean, t_interval(mean, sd, n), p, None, None, n, lambda m: t_interval(mean, sd, m))
+
+
+def t_interval(mean: float, sd: float, n: float, level: float = 0.95) -> Interval:
+    """Student's t-interval of a mean from n >= 2 paired differences with standard deviation sd
+    (n fractional allowed: `samples_to_decide` asks it at other sizes)."""
+    half = float(sps.t.ppf(1 - (1 - level) / 2, n - 1)) * sd / math.sqrt(n)
+    return mean - half, mean + half
+
+
+def samples_to_decide(cmp: PairedComparison, higher_is_better: bool, max_drop: float) -> int | None:
+    """For an inconclusive verdict: the fewest documents (at least MIN_PAIRED_N) at which the
+    comparison's own interval, its observed proportions or spread unchanged, would decide the
+    gate; None when it cannot be scaled or would need more than MAX_SAMPLES_TO_DECIDE.
+
+    Searched, not extrapolated as 1/sqrt(n): Newcombe's interval shrinks as 1/n when nothing
+    flipped, so a square-root rule overstates the figure there about tenfold."""
+    interval_at = cmp.interval_at
+    if interval_at is None:
+        return None
+
+    def decided(m: int) -> bool:
+        return verdict(interval_at(m), higher_is_better, max_drop) != "inconclusive"
+
+    lo = max(cmp.n, MIN_PAIRED_N)
+    if decided(lo):
+        return lo
+    hi = 2 * lo
+    while not decided(hi):  # doubling, then bisection: `decided` is monotone as the interval shrinks
+        if hi >= MAX_SAMPLES_TO_DECIDE:
+            return None
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:  # invariant: undecided at lo, decided at hi
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if decided(mid) else (mid, hi)
+    return hi
 
 
 def average_difference_ci(diffs: list[float], cis: list[tuple[float, float]],
@@ -113,14 +185,7 @@ def average_difference_ci(diffs: list[float], cis: list[tuple[float, float]],
     return mean, mean - z * se, mean + z * se
 
 
-def _bootstrap_ci(stat, n: int, seed: int, level: float = 0.95) -> tuple[float, float]:  # type: ignore[no-untyped-def]
-    rng = np.random.default_rng(seed)
-    draws = np.array([stat(rng.integers(0, n, n)) for _ in range(N_BOOTSTRAP)])
-    a = (1 - level) / 2
-    return float(np.quantile(draws, a)), float(np.quantile(draws, 1 - a))
-
-
-def verdict(drop_ci: tuple[float, float], higher_is_better: bool, max_drop: float) -> str:
+def verdict(drop_ci: Interval, higher_is_better: bool, max_drop: float) -> str:
     """Non-inferiority: pass when the CI's worst end is within the margin, fail when the
     whole CI is beyond it, inconclusive otherwise."""
     worst, best = (drop_ci[0], drop_ci[1]) if higher_is_better else (-drop_ci[1], -drop_ci[0])
@@ -133,3 +198,11 @@ def verdict(drop_ci: tuple[float, float], higher_is_better: bool, max_drop: floa
 
 def finite(x: float | None) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
+
+
+def small_sample_reason(n: int) -> str | None:
+    """Why a gate cannot be decided on `n` paired documents whatever the interval says (fewer
+    than MIN_PAIRED_N), or None."""
+    if n >= MIN_PAIRED_N:
+        return None
+    return f"only {n} document{'' if n == 1 else 's'} paired, fewer than the {MIN_PAIRED_N} a verdict needs"

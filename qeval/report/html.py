@@ -17,7 +17,7 @@ import yaml
 from qeval.perf import views as perf_views
 from qeval.report import plots
 from qeval.report.longctx import html_tables as long_context_tables
-from qeval.report.markdown import GATE_HEADER, budget_text, gate_rows, summary_rows
+from qeval.report.markdown import GATE_HEADER, budget_text, gate_rows, partial_line, summary_rows
 from qeval.results.schema import Results
 from qeval.run.store import RunStore
 
@@ -87,6 +87,7 @@ def render_html(run_dir: Path, results: Results) -> str:
     return _ENV.get_template("report.html.j2").render(
         r=results, header=header, rows=rows, gate_header=GATE_HEADER, gate_rows=gate_rows(results, esc=str),
         figures=figures, flips=flip_examples(run_dir, results), budget=budget_text(results),
+        partial=partial_line(results),
         versions=_versions(results), config_yaml=yaml.safe_dump(results.config, sort_keys=False),
         hardware=json.dumps(results.run.hardware, indent=1), perf=perf, long_context=long_context_tables(results),
     )

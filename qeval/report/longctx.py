@@ -116,8 +116,8 @@ def markdown_section(results: Results, esc: Escape) -> list[str]:
     if rows:
         lines += ["### Loss by token position", ""] + _table(header, rows)
         lines += ["", "Baseline: mean NLL per token (nats) of the tokens at those positions. Other setups: Δ NLL "
-                  "per token against the baseline on the same tokens [95% paired-bootstrap CI over documents]; "
-                  "KL(baseline || setup) per token (top-16 + tail, a lower bound).", ""]
+                  f"per token against the baseline on the same tokens [{_bucket_ci_legend(results)} over "
+                  "documents]; KL(baseline || setup) per token (top-16 + tail, a lower bound).", ""]
     return lines
 
 
@@ -185,3 +185,10 @@ def html_tables(results: Results) -> dict[str, tuple[list[str], list[list[str]]]
     if rows:
         out["Loss by token position: baseline NLL per token; others Δ NLL [95% CI]; KL"] = (header, rows)
     return out
+
+
+def _bucket_ci_legend(results: Results) -> str:
+    """How the buckets' intervals were computed (results written before ci_method: a bootstrap)."""
+    t = any(b.ci_method == "t" for s in results.setups if s.long_context for p in s.long_context.lengths
+            for b in p.buckets)
+    return "95% t-interval" if t else "95% paired-bootstrap CI"

@@ -175,6 +175,9 @@ def _ci_legend(results: Results) -> str:
     """How the intervals in this results file were computed (runs before ci_method was recorded
     used a paired bootstrap throughout)."""
     methods = {c.ci_method for s in results.setups for c in s.vs_baseline.values()}
+    if "t" in methods:
+        return ("a 95% CI (Newcombe's paired score interval for accuracies, a t-interval on the paired differences "
+                "for bits per byte and other scores)")
     if "newcombe" in methods:
         return "a 95% CI (Newcombe's paired score interval for accuracies, a paired bootstrap for bits per byte)"
     return "a paired-bootstrap 95% CI"
@@ -197,9 +200,22 @@ def _recommendation(results: Results) -> list[str]:
         head = f"**Recommended: {md_text(rec.setup)}**"
     if rec.blocked:
         head = f"**No recommendation: {md_text(rec.blocked)}.**"
-    lines = ["## Recommendation", "", head, "", f"Budget: {budget_text(results)}.", ""]
+    lines = ["## Recommendation", "", head, ""]
+    partial = partial_line(results)
+    if partial:  # absent from results written before partial_tasks, and from whole-config runs
+        lines += [f"**{md_text(partial)}**", ""]
+    lines += [f"Budget: {budget_text(results)}.", ""]
     lines += [f"- {md_text(reason)}" for reason in rec.reasons.values()]
     return lines + [""]
+
+
+def partial_line(results: Results) -> str | None:
+    """The warning that a run scored only part of its config (--tasks), or None."""
+    partial = results.run.partial_tasks
+    if not partial:
+        return None
+    return ("This run scored part of the config; the recommendation is judged on that part only. Not scored: "
+            + "; ".join(f"{t}: {why}" for t, why in partial.items()) + ".")
 
 
 def gate_rows(results: Results, esc: Escape = md_text) -> list[list[str]]:
@@ -241,6 +257,8 @@ def _notes(results: Results) -> list[str]:
         for flag in s.flags:
             notes.append(f"**{md_text(s.name)}**: {md_text(flag)}")
         for t, c in s.vs_baseline.items():
+            if c.verdict_reason:  # absent from results written before the floor on n
+                notes.append(f"{md_text(s.name)} on {md_text(t)}: {c.verdict}: {md_text(c.verdict_reason)}")
             if c.kl is not None:
                 notes.append(f"{md_text(s.name)}: KL to baseline on {md_text(t)} = {c.kl:.5f} nats/token, "
                              f"top-1 agreement {100 * (c.top1_agreement or 0):.1f}%")
@@ -254,6 +272,8 @@ def _notes(results: Results) -> list[str]:
             if kernels:
                 parts.append("kernels: " + ", ".join(f"{k}: {v}" for k, v in kernels.items()))
             notes.append(md_text("; ".join(parts)))
+            if c.verdict_reason:  # absent from results written before the floor on n
+                notes.append(f"{md_text(s.name)} on {md_text(t)}: {c.verdict}: {md_text(c.verdict_reason)}")
     for d in results.dropped:
         what = f"{d.setup}/{d.task}" if d.task else f"setup {d.setup}"
         notes.append(f"not compared: {md_text(what)} is stored under another run's key ({md_text(d.reason)}); "

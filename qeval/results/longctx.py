@@ -5,6 +5,8 @@ the baseline bucket by bucket. Per-length task scores and their comparisons are 
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from qeval.results.base import ResultModel
@@ -20,7 +22,11 @@ class PositionBucket(ResultModel):
     nll: float = Field(description="this setup's mean negative log-likelihood per token in the bucket (nats)")
     baseline_nll: float | None = Field(None, description="the baseline's, on the same tokens; null for the baseline")
     delta: float | None = Field(None, description="nll - baseline_nll (nats per token; positive: worse)")
-    ci: tuple[float, float] | None = Field(None, description="95% paired-bootstrap interval of delta over documents")
+    ci: tuple[float, float] | None = Field(None, description="95% paired interval of delta over documents "
+                                                             "(ci_method says how)")
+    ci_method: Literal["t"] | None = Field(None, description="t: Student's t-interval on the documents' linearised "
+                                                             "differences; null: a paired percentile bootstrap "
+                                                             "(results written before the t-interval)")
     p_value: float | None = Field(None, description="Wilcoxon signed-rank test over documents")
     kl: float | None = Field(None, description="mean KL(baseline || setup) per token in the bucket (top-16 + tail, "
                                                "a lower bound of the full KL)")

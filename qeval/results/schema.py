@@ -86,9 +86,11 @@ class Comparison(ResultModel):
     higher_is_better: bool
     delta: float = Field(description="setup minus baseline, in the metric's units")
     ci: tuple[float, float] = Field(description="95% confidence interval of delta")
-    ci_method: Literal["newcombe", "bootstrap"] | None = Field(
-        None, description="newcombe: Newcombe's paired score interval (accuracies); bootstrap: paired bootstrap over "
-                          "documents (ratio metrics); null in results written before it was recorded (bootstrap)")
+    ci_method: Literal["newcombe", "t", "bootstrap"] | None = Field(
+        None, description="newcombe: Newcombe's paired score interval (accuracies); t: Student's t-interval on the "
+                          "paired per-document differences (bits per byte, linearised as a ratio; other scores); "
+                          "bootstrap: paired percentile bootstrap over documents (results written before the "
+                          "t-interval); null in results written before it was recorded (bootstrap)")
     p_value: float | None = Field(None, description="McNemar's exact test (accuracies) or Wilcoxon (perplexity)")
     p_adjusted: float | None = Field(None, description="Benjamini-Hochberg adjusted across the setup's tasks")
     flips_to_wrong: int | None = Field(None, description="documents right under the baseline, wrong here")
@@ -96,6 +98,12 @@ class Comparison(ResultModel):
     n: int = Field(description="documents paired")
     verdict: Literal["pass", "fail", "inconclusive"] | None = Field(
         None, description="the gate's verdict; null: no gate applies")
+    verdict_reason: str | None = Field(
+        None, description="why the verdict is inconclusive whatever the interval says (e.g. fewer paired documents "
+                          "than a verdict needs); null: the interval decided")
+    samples_to_decide: int | None = Field(
+        None, description="for an inconclusive verdict: the documents at which this interval, the observed "
+                          "proportions or spread unchanged, would decide the gate; null: decided, or no estimate")
     kl: float | None = Field(None, description="mean KL(baseline || setup) per token, perplexity tasks")
     top1_agreement: float | None = Field(None, description="share of tokens whose top-1 prediction agrees")
     gate: Gate | None = Field(None, description="the gate applied")
@@ -164,6 +172,10 @@ class RunInfo(ResultModel):
                                                           "float16 or float32)")
     dtype_reason: str | None = Field(None, description="why that dtype: what `auto` chose and why, or what an "
                                                        "emulated 16-bit dtype costs on this device")
+    partial_tasks: dict[str, str] = Field({}, description="config entries (tasks, lm-eval groups) with no complete "
+                                                          "result in this run, and why (e.g. not selected by "
+                                                          "--tasks): the run is judged on part of the config; "
+                                                          "empty: every entry was scored")
 
 
 class TaskInfo(ResultModel):

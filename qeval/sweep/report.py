@@ -62,8 +62,8 @@ def _baselines(sweep: SweepResults) -> list[str]:
         rows.append(row)
     return (["## The models' baselines", "", _row(header), "|" + "---|" * len(header)] + [_row(r) for r in rows]
             + ["", f"Accuracies in percent. Δ is the model's baseline minus {md_text(ref)}'s, paired by document "
-                   "(Newcombe's interval for accuracies, a paired bootstrap for bits per byte), on tasks both scored "
-                   "on the same data.", ""])
+                   f"(Newcombe's interval for accuracies, {_ratio_ci(sweep)} for bits per byte), on tasks both "
+                   "scored on the same data.", ""])
 
 
 def _recommendations(sweep: SweepResults, runs: dict[str, Results]) -> list[str]:
@@ -113,3 +113,9 @@ def _row(cells: list[str]) -> str:
 
 def _code(value: object) -> str:
     return str(value).replace("`", "'").replace("\n", " ").replace("\r", " ")
+
+
+def _ratio_ci(sweep: SweepResults) -> str:
+    """How bits per byte was compared (sweeps written before the t-interval: a bootstrap)."""
+    t = any(c.ci_method == "t" for vs in sweep.baselines_vs_reference.values() for c in vs.values())
+    return "a t-interval on the paired differences" if t else "a paired bootstrap"

@@ -252,3 +252,19 @@ def test_plan_and_the_run_size_the_budget_alike(demo_run: tuple[Path, dict]) -> 
         assert mem["kv_bytes_per_token"]["measured"] == plan[plan_name]["kv_bytes_per_token"], run_name
         assert mem["max_concurrency"] == plan[plan_name]["max_concurrency"], run_name
         assert mem["kv_cache_tokens"] == plan[plan_name]["kv_cache_tokens"], run_name
+
+
+def test_a_run_limited_by_tasks_says_so_everywhere(tmp_path: Path) -> None:
+    """`--tasks compare_mc` on the demo: results.json, report.md, report.html and the
+    recommendation say the run was judged on part of the config; --fail-on-gate refuses it."""
+    out = tmp_path / "out"
+    res = run_cli("run", str(ROOT / "configs" / "demo.yaml"), "--output", str(out), "--limit", "3", "--setups",
+                  "int8", "--tasks", "compare_mc", "--no-performance", "--fail-on-gate")
+    assert res.returncode == 3, res.stderr[-2000:]
+    r = json.loads((out / "results.json").read_text())
+    assert r["run"]["partial_tasks"] == {t: "not selected by --tasks" for t in ("addition", "facts", "ppl")}
+    assert "judged on part of the config" in r["recommendation"]["reasons"][r["recommendation"]["setup"]]
+    cmp = _setup(r, "int8")["vs_baseline"]["compare_mc"]
+    assert cmp["verdict"] == "inconclusive" and "only 3 documents paired" in cmp["verdict_reason"]
+    assert "This run scored part of the config" in (out / "report.md").read_text()
+    assert 'id="partial"' in (out / "report.html").read_text()
