@@ -3,6 +3,7 @@ docs/architecture.md §7)."""
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -222,7 +223,7 @@ def list_tasks(
 
 @app.command("plan")
 def plan_cmd(
-    model: Annotated[str, typer.Option(help="model folder, config.json path, or hub id")],
+    model: Annotated[str, typer.Option(help="model folder, config.json path, GGUF file, or hub id")],
     gpu_gib: Annotated[float, typer.Option(min=0.001, help="GPU memory in GiB")] = 24.0,
     utilization: Annotated[float, typer.Option(min=0.01, max=1.0, help="share of GPU memory the engine may use")] = 0.9,
     context_len: Annotated[int, typer.Option(min=1, help="tokens per sequence")] = 4096,
@@ -233,9 +234,9 @@ def plan_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
     gpus_per_node: Annotated[int | None, typer.Option(min=1, help="cluster view: GPUs per node (of --gpu-gib "
                                                       "each; docs/cluster.md)")] = None,
-    nodes: Annotated[int, typer.Option(min=1, help="cluster view: nodes")] = 1,
-    concurrency: Annotated[int, typer.Option(min=1, help="cluster view: sequences of --context-len each setup "
-                                             "must hold")] = 1,
+    nodes: Annotated[int | None, typer.Option(min=1, help="cluster view: nodes (default 1)")] = None,
+    concurrency: Annotated[int | None, typer.Option(min=1, help="cluster view: sequences of --context-len each "
+                                                    "setup must hold (default 1)")] = None,
 ) -> None:
     """Predict weights, KV cache per token, KV tokens that fit and concurrent sequences per setup;
     with --gpus-per-node, also the GPUs each setup needs on a cluster and how many run at once."""
@@ -246,6 +247,11 @@ def plan_cmd(
     from qeval.memory.planner import load_model_config, plan, plan_json
 
     try:
+        _check_plan_options(gpu_gib=gpu_gib, utilization=utilization, margin=margin, overhead_gib=overhead_gib)
+        if gpus_per_node is None and (nodes is not None or concurrency is not None):
+            raise UserError(f"{'--nodes' if nodes is not None else '--concurrency'} applies to the cluster view: "
+                            "give --gpus-per-node too")
+        nodes, concurrency = nodes or 1, concurrency or 1
         budget = Budget(gpu_memory_gib=gpu_gib, utilization=utilization, context_len=context_len,
                         overhead_gib=overhead_gib, margin=margin)
         config = load_model_config(model)
@@ -269,6 +275,13 @@ def plan_cmd(
     Console().print(table)
     if cluster and grouped:
         _print_cluster(model, cluster, gpu_gib, context_len, concurrency, *grouped)
+
+
+def _check_plan_options(**values: float) -> None:
+    """Click's ranges let inf and nan through (every comparison with nan is false)."""
+    for name, value in values.items():
+        if not math.isfinite(value):
+            raise UserError(f"--{name.replace('_', '-')} {value}: expected a finite number")
 
 
 def _print_cluster(model: str, cluster: Cluster, gpu_gib: float, context_len: int, concurrency: int,

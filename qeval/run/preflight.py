@@ -21,7 +21,7 @@ from qeval.config import RunConfig
 from qeval.errors import UserError
 from qeval.memory.ledger import ModelShape
 from qeval.quantize.checkpoints import resolve_checkpoints
-from qeval.run.model_source import ModelSource, resolve_model
+from qeval.run.model_source import ModelSource, is_gguf, resolve_model
 from qeval.setups import Setup
 from qeval.tasks import TaskInfoLike, load_task
 from qeval.tasks.harness.config import HarnessSpec
@@ -55,11 +55,13 @@ class Preflight:
 
 
 def model_shape(source: ModelSource) -> ModelShape:
+    """The model's shape from its config, or one line naming the field qeval cannot use."""
     try:
         return ModelShape.from_config(source.config)
-    except (KeyError, TypeError) as exc:
-        raise UserError(f"{source.local_dir / 'config.json'}: not a decoder config qeval understands "
-                        f"(missing {exc})") from None
+    except ValueError as exc:
+        where = source.path if is_gguf(source.path) else source.local_dir / "config.json"
+        raise UserError(f"{where}: not a decoder config qeval understands "
+                        f"(it {exc})") from None
 
 
 def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: list[str] | None = None) -> Preflight:

@@ -1,0 +1,120 @@
+"""The command line refuses bad input in one line and exit code 2, before any model loads:
+`qeval plan`'s model files and options, rich markup in what qeval prints, lax config types,
+ambiguous names, Typer's usage errors, and a run directory inside the model's folder."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import MODEL, ROOT, TASKS, run_cli, write_config
+
+from qeval.config import load_config
+from qeval.errors import UserError
+from qeval.sweep.config import load_sweep
+
+LLAMA2 = ROOT / "tests" / "data" / "llama2-7b-config.json"
+
+CONFIG = """\
+name: t
+model: {path: "@MODEL@"}
+tasks_dir: "@TASKS@"
+device: cpu
+setups:
+  - {name: bf16, baseline: true}
+  - {name: int8, weights: int8}
+tasks: [addition]
+"""
+
+
+def _one_line_exit_2(res: subprocess.CompletedProcess[str], expected: str) -> None:
+    assert res.returncode == 2, (res.returncode, res.stderr[-3000:])
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr[-3000:]
+    assert lines[0].startswith("qeval: error: ") and expected in lines[0], lines[0]
+    assert "Traceback" not in res.stderr
+
+
+def _plan_rows(*args: str) -> dict[str, dict]:
+    res = run_cli("plan", *args, "--json")
+    assert res.returncode == 0, res.stderr[-3000:]
+    return {r["setup"]: r for r in json.loads(res.stdout)["setups"]}
+
+
+# --- qeval plan: model files and options (point 9) ---------------------------------------------
+
+
+def _tiny_gguf(path: Path) -> Path:
+    """A llama GGUF carrying the shape of models/qeval-tiny (its metadata is all plan reads)."""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("tiny")
+    writer.add_context_length(256)
+    writer.add_embedding_length(128)
+    writer.add_block_count(4)
+    writer.add_feed_forward_length(384)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_vocab_size(128)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_tensor("token_embd.weight", np.zeros((128, 128), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_plan_reads_a_gguf_file_as_run_does(tmp_path: Path) -> None:
+    """`plan --model x.gguf` reads the config the GGUF describes (qeval/run/model_source.py), as
+    `run` does, instead of decoding the binary file as JSON (point 9)."""
+    fp16 = _plan_rows("--model", str(_tiny_gguf(tmp_path / "tiny.gguf")))["fp16"]
+    assert fp16["kv_bytes_per_token"] == 2 * 4 * 2 * 32 * 2  # K and V x layers x KV heads x head_dim x 2 bytes
+
+
+def test_plan_on_a_file_that_is_not_gguf_is_one_line(tmp_path: Path) -> None:
+    """A corrupt or non-GGUF `.gguf` file: one line naming it, not a UnicodeDecodeError (point 9)."""
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
+    _one_line_exit_2(run_cli("plan", "--model", str(bad)), "broken.gguf")
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("{not json", "not a readable JSON config"),
+    ("[1, 2]", "not a JSON object"),
+    ('"a string"', "not a JSON object"),
+    ("{}", "lacks 'num_attention_heads'"),
+    (json.dumps(json.loads(LLAMA2.read_text()) | {"num_attention_heads": 0}), "num_attention_heads 0"),
+    (json.dumps(json.loads(LLAMA2.read_text()) | {"hidden_size": "4096"}), "hidden_size '4096'"),
+    (json.dumps({"text_config": [1]}), "not a JSON object"),
+])
+def test_plan_on_a_bad_config_json_is_one_line(tmp_path: Path, text: str, expected: str) -> None:
+    """A config.json that is not JSON, not an object, lacks fields or has a zero head count (point 9)."""
+    (tmp_path / "config.json").write_text(text)
+    _one_line_exit_2(run_cli("plan", "--model", str(tmp_path / "config.json")), expected)
+    _one_line_exit_2(run_cli("plan", "--model", str(tmp_path)), expected)  # the folder holding it
+
+
+def test_validate_refuses_zero_attention_heads(tmp_path: Path) -> None:
+    """A model folder whose config.json has num_attention_heads 0: one line, not a ZeroDivisionError (point 9)."""
+    model = tmp_path / "model"
+    shutil.copytree(MODEL, model)
+    cfg = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(cfg | {"num_attention_heads": 0, "head_dim": None}))
+    body = CONFIG.replace('"@MODEL@"', f'"{model}"')
+    _one_line_exit_2(run_cli("validate", str(write_config(tmp_path / "c.yaml", body))), "num_attention_heads 0")
+
+
+@pytest.mark.parametrize(("option", "value"), [
+    ("--gpu-gib", "inf"), ("--gpu-gib", "nan"), ("--gpu-gib", "-1"),
+    ("--utilization", "nan"), ("--overhead-gib", "inf"), ("--margin", "nan"),
+])
+def test_plan_refuses_a_budget_that_is_not_a_finite_number(option: str, value: str) -> None:
+    """inf and nan passed click's ranges and crashed the capacity formula (point 9)."""
+    _one_line_exit_2(run_cli("plan", "--model", str(LLAMA2), option, value), option)
