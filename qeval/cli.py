@@ -158,7 +158,8 @@ def quantize(
         raise typer.Exit(1) from None
     table = Table("setup", "scheme", "checkpoint", "status")
     for m in made:
-        table.add_row(m.setup, m.scheme, str(m.path), "cached" if m.cached else f"made in {m.seconds:.0f} s")
+        table.add_row(escape(m.setup), escape(m.scheme), escape(str(m.path)),
+                      "cached" if m.cached else f"made in {m.seconds:.0f} s")
     Console().print(table)
 
 
@@ -202,13 +203,13 @@ def list_tasks(
         table = Table("task", "kind", "samples", "sha256 / source")
         for name in available_tasks(tasks_dir):
             t = load_task(name, tasks_dir)
-            table.add_row(name, t.spec.output_type, str(len(t.docs)), t.sha256[:16] + "…")
+            table.add_row(escape(name), escape(t.spec.output_type), str(len(t.docs)), t.sha256[:16] + "…")
         folders = lm_eval if lm_eval is not None else [p for p in [tasks_dir / "lm_eval"] if p.is_dir()]
         for folder in folders:
             for name, (kind, path) in local_names(folder).items():
-                table.add_row(name, f"lm-eval {kind}", "", str(path))
+                table.add_row(escape(name), f"lm-eval {kind}", "", escape(str(path)))
         for suite, members in SUITES.items():
-            table.add_row(suite, "suite", "", ", ".join(f"{t.name} ({t.num_fewshot}-shot)" for t in members))
+            table.add_row(suite, "suite", "", escape(", ".join(f"{t.name} ({t.num_fewshot}-shot)" for t in members)))
     except UserError as exc:
         _fail(exc)
         return
@@ -268,9 +269,9 @@ def plan_cmd(
         print(json.dumps(out, indent=2))
         return
     table = Table("setup", "weights", "KV / token", "KV tokens", f"sequences @ {context_len}",
-                  title=f"{model} on {gpu_gib:g} GiB x {utilization:g}")
+                  title=escape(f"{model} on {gpu_gib:g} GiB x {utilization:g}"))
     for r in rows:
-        table.add_row(r.setup, f"{r.weights_bytes / 2**30:.2f} GiB", f"{r.kv_bytes_per_token / 1024:.1f} KiB",
+        table.add_row(escape(r.setup), f"{r.weights_bytes / 2**30:.2f} GiB", f"{r.kv_bytes_per_token / 1024:.1f} KiB",
                       f"{r.kv_cache_tokens:,}", f"{r.max_concurrency:g}" + ("" if r.fits else " (does not fit)"))
     Console().print(table)
     if cluster and grouped:
@@ -287,13 +288,13 @@ def _check_plan_options(**values: float) -> None:
 def _print_cluster(model: str, cluster: Cluster, gpu_gib: float, context_len: int, concurrency: int,
                    rows: list[ClusterRow], at_once: int) -> None:
     table = Table("setup", "GPUs (TP x PP)", "KV tokens", f"sequences @ {context_len}", "copies at once",
-                  title=f"{model} on {cluster.nodes} node(s) x {cluster.gpus_per_node} GPUs of {gpu_gib:g} GiB, "
-                        f"{concurrency} sequence(s) each")
+                  title=escape(f"{model} on {cluster.nodes} node(s) x {cluster.gpus_per_node} GPUs of {gpu_gib:g} "
+                               f"GiB, {concurrency} sequence(s) each"))
     for r in rows:
         if r.gpus is None:
-            table.add_row(r.setup, "does not fit", "", "", "0")
+            table.add_row(escape(r.setup), "does not fit", "", "", "0")
             continue
-        table.add_row(r.setup, f"{r.gpus} ({r.tensor_parallel_size} x {r.pipeline_parallel_size})",
+        table.add_row(escape(r.setup), f"{r.gpus} ({r.tensor_parallel_size} x {r.pipeline_parallel_size})",
                       f"{r.kv_cache_tokens:,}", f"{r.max_concurrency:g}", str(r.copies_at_once))
     Console().print(table)
     Console().print(f"all {len(rows)} setups side by side: {at_once} run at once on this cluster")

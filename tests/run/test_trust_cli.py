@@ -118,3 +118,40 @@ def test_validate_refuses_zero_attention_heads(tmp_path: Path) -> None:
 def test_plan_refuses_a_budget_that_is_not_a_finite_number(option: str, value: str) -> None:
     """inf and nan passed click's ranges and crashed the capacity formula (point 9)."""
     _one_line_exit_2(run_cli("plan", "--model", str(LLAMA2), option, value), option)
+
+
+# --- rich markup in what qeval prints (point 10) ------------------------------------------------
+
+
+def test_the_summary_table_prints_an_error_with_markup_as_written() -> None:
+    """A setup's error containing `[/x]` ended `qeval run` in a MarkupError; `[red]` vanished (point 10)."""
+    from rich.console import Console
+
+    from qeval.report import print_summary
+    from qeval.results.schema import read_results
+
+    results = read_results(ROOT / "tests" / "data" / "run-v1" / "results.json")
+    failed = results.setups[-1].model_copy(update={"status": "failed", "error": "OSError [/x] in m[red]"})
+    results = results.model_copy(update={"setups": [*results.setups[:-1], failed]})
+    out = io.StringIO()
+    print_summary(results, Console(file=out, width=200))
+    assert "OSError [/x] in m[red]" in out.getvalue()
+
+
+@pytest.mark.parametrize("folder", ["m[/x]", "m[red]"])
+def test_plan_prints_a_model_path_with_brackets_as_written(tmp_path: Path, folder: str) -> None:
+    """`m[/x]` crashed plan's table title; `m[red]` was shown as `m` (point 10)."""
+    (tmp_path / folder).mkdir(parents=True)
+    shutil.copy(LLAMA2, tmp_path / folder / "config.json")
+    res = run_cli("plan", "--model", folder, "--gpus-per-node", "2", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.count(f"{folder} on ") == 2, res.stdout  # the plan's table and the cluster view's
+
+
+def test_tasks_prints_a_folder_with_brackets_as_written(tmp_path: Path) -> None:
+    """`qeval tasks` prints the include folder as written (point 10)."""
+    (tmp_path / "f[red]").mkdir()
+    (tmp_path / "f[red]" / "x.yaml").write_text("task: x_local\n")
+    res = run_cli("tasks", "--lm-eval", "f[red]", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "f[red]" in res.stdout, res.stdout
