@@ -83,6 +83,10 @@ class RunConfig(Strict):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"duplicate setup names: {', '.join(dupes)}")
+        folded = case_collisions(names)
+        if folded:
+            raise ValueError(f"setup names {folded} differ only in case: their result folders would be one on a "
+                             "case-insensitive file system (macOS, Windows)")
         baselines = [s.name for s in self.setups if s.baseline]
         if len(baselines) > 1:
             raise ValueError(f"more than one baseline setup: {', '.join(baselines)}")
@@ -114,6 +118,16 @@ class RunConfig(Strict):
 
     def config_hash(self) -> str:
         return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+
+
+def case_collisions(names: list[str]) -> str:
+    """'A and a' for the first names that differ only in case (each names a folder), else ''."""
+    first: dict[str, str] = {}
+    for name in dict.fromkeys(names):
+        if name.casefold() in first:
+            return f"{first[name.casefold()]} and {name}"
+        first[name.casefold()] = name
+    return ""
 
 
 def first_error(exc: ValidationError) -> str:

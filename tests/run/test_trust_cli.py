@@ -155,3 +155,61 @@ def test_tasks_prints_a_folder_with_brackets_as_written(tmp_path: Path) -> None:
     res = run_cli("tasks", "--lm-eval", "f[red]", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "f[red]" in res.stdout, res.stdout
+
+
+# --- strict types, ambiguous names (point 12) ----------------------------------------------------
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    ("batch_size: true\n", "batch_size: Input should be a valid integer"),
+    ('limit: "5"\n', "limit: Input should be a valid integer"),
+    ('performance: {enabled: "yes"}\n', "performance.enabled: Input should be a valid boolean"),
+    ("lm_eval: {tasks: [{name: arc_challenge_local, num_fewshot: true}]}\n", "lm_eval.tasks.0.num_fewshot"),
+    ("model: {path: \"@MODEL@\", trust_remote_code: 1}\n", "model.trust_remote_code"),
+    ('budget: {gpu_memory_gib: "24"}\n', "budget.gpu_memory_gib: Input should be a valid number"),
+])
+def test_config_values_of_another_type_are_refused(tmp_path: Path, extra: str, expected: str) -> None:
+    """`batch_size: true` was read as 1, `limit: "5"` as 5, `enabled: "yes"` as true (point 12)."""
+    body = CONFIG.replace('model: {path: "@MODEL@"}\n', "") if extra.startswith("model:") else CONFIG
+    with pytest.raises(UserError, match=expected) as exc:
+        load_config(write_config(tmp_path / "c.yaml", body + extra))
+    assert "\n" not in str(exc.value)
+
+
+def test_a_setup_value_of_another_type_is_refused(tmp_path: Path) -> None:
+    """Setups are as strict as the rest of the config (point 12)."""
+    body = CONFIG.replace("{name: int8, weights: int8}", '{name: int8, weights: int8, optional: "yes"}')
+    with pytest.raises(UserError, match="setups.1.optional: Input should be a valid boolean"):
+        load_config(write_config(tmp_path / "c.yaml", body))
+
+
+def test_a_budget_of_inf_in_a_config_is_refused(tmp_path: Path) -> None:
+    """`.inf` or `.nan` in YAML is no budget (point 12, as for plan's options)."""
+    cfg = write_config(tmp_path / "c.yaml", CONFIG + "budget: {gpu_memory_gib: .inf}\n")
+    with pytest.raises(UserError, match="budget.gpu_memory_gib"):
+        load_config(cfg)
+
+
+def test_an_integer_is_still_a_number(tmp_path: Path) -> None:
+    """Strict types keep `utilization: 1` a number (point 12)."""
+    cfg = load_config(write_config(tmp_path / "c.yaml", CONFIG + "budget: {utilization: 1, gpu_memory_gib: 16}\n"))
+    assert cfg.budget.utilization == 1.0 and cfg.budget.gpu_memory_gib == 16.0
+
+
+def test_two_include_folders_defining_one_task_are_refused(tmp_path: Path) -> None:
+    """lm-eval scored the first folder's task and ignored the other without a word (point 12)."""
+    from qeval.tasks.harness.yamls import materialize
+
+    for folder in ("team_a", "team_b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "mine.yaml").write_text("task: shared_task\ndataset_path: json\n")
+    with pytest.raises(UserError, match="'shared_task' is defined in both") as exc:
+        materialize([tmp_path / "team_a", tmp_path / "team_b"], {}, tmp_path / "out")
+    assert str(tmp_path / "team_a") in str(exc.value) and str(tmp_path / "team_b") in str(exc.value)
+
+
+def test_setup_names_differing_only_in_case_are_refused(tmp_path: Path) -> None:
+    """`A` and `a` share a folder on a case-insensitive file system (point 12)."""
+    body = CONFIG.replace("{name: int8, weights: int8}", "{name: BF16, weights: int8}")
+    with pytest.raises(UserError, match="setup names bf16 and BF16 differ only in case"):
+        load_config(write_config(tmp_path / "c.yaml", body))
