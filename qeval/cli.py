@@ -16,6 +16,11 @@ from rich.table import Table
 from qeval.analysis.recommend import candidate_problem
 from qeval.errors import UserError
 
+try:  # typer >= 0.20 runs on a click of its own; older ones on click itself
+    from typer._click import exceptions as _click_errors
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from click import exceptions as _click_errors  # type: ignore[no-redef]
+
 if TYPE_CHECKING:
     from qeval.memory.cluster import Cluster, ClusterRow
     from qeval.results.schema import Results
@@ -311,7 +316,26 @@ def schema_cmd() -> None:
 
 
 def main() -> None:
-    app()
+    """The `qeval` entry point. Click's usage errors (an unknown option, `--limit abc`, a missing
+    argument) end in one line and exit 2, as every other bad input does, not in Typer's box."""
+    try:
+        code = app(standalone_mode=False)
+    except _click_errors.UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `qeval` alone: the help, as Typer shows it
+            help_text = exc.format_message()  # empty where Typer's rich help printed itself
+            if help_text:
+                print(help_text, file=sys.stderr)
+            raise SystemExit(exc.exit_code) from None
+        hint = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx else ""
+        print(f"qeval: error: {' '.join(exc.format_message().split())}{hint}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT) from None
+    except _click_errors.ClickException as exc:  # e.g. a file option that cannot be opened
+        print(f"qeval: error: {' '.join(exc.format_message().split())}", file=sys.stderr)
+        raise SystemExit(exc.exit_code) from None
+    except typer.Abort:  # EOF at a prompt: click's own word for it
+        print("Aborted!", file=sys.stderr)
+        raise SystemExit(1) from None
+    raise SystemExit(code if isinstance(code, int) else EXIT_OK)
 
 
 if __name__ == "__main__":

@@ -213,3 +213,89 @@ def test_setup_names_differing_only_in_case_are_refused(tmp_path: Path) -> None:
     body = CONFIG.replace("{name: int8, weights: int8}", "{name: BF16, weights: int8}")
     with pytest.raises(UserError, match="setup names bf16 and BF16 differ only in case"):
         load_config(write_config(tmp_path / "c.yaml", body))
+
+
+# --- typos and confusing errors (point 13) --------------------------------------------------------
+
+
+SWEEP = f"""\
+name: s
+models:
+  - {{name: a, path: "{MODEL}"}}
+  - {{name: b, path: "{MODEL}"}}
+tasks_dir: "{TASKS}"
+device: cpu
+setups: [{{name: bf16, baseline: true}}]
+tasks: [addition]
+"""
+
+
+def test_sweep_model_names_differing_only_in_case_are_refused(tmp_path: Path) -> None:
+    """Two sweep models `a` and `A` share a run folder on macOS or Windows (point 12)."""
+    (tmp_path / "s.yaml").write_text(SWEEP.replace("{name: b,", "{name: A,"))
+    with pytest.raises(UserError, match="model names a and A differ only in case"):
+        load_sweep(tmp_path / "s.yaml")
+
+
+@pytest.mark.parametrize("extra", [
+    f"lm_eval: {{include_path: [\"{TASKS / 'lm_eval'}\"], tasks: [{{name: arc_challenge_local}}]}}\n",
+    "long_context: {lengths: [64], tasks: [passkey]}\n",
+])
+def test_a_config_without_native_tasks_needs_no_tasks_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          extra: str) -> None:
+    """Only `lm_eval:` or `long_context:`: no `tasks` folder is read, so none is required (point 13)."""
+    body = "\n".join(line for line in CONFIG.splitlines() if not line.startswith(("tasks", "tasks_dir"))) + "\n"
+    monkeypatch.chdir(tmp_path)  # no tasks/ folder here, nor beside the config
+    cfg = load_config(write_config(tmp_path / "c.yaml", body + extra))
+    assert cfg.tasks == []
+
+
+def test_a_missing_tasks_dir_names_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The error says which key names the missing folder (point 13)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match="tasks_dir no-such: directory not found"):
+        load_config(write_config(tmp_path / "c.yaml", CONFIG.replace('"@TASKS@"', "no-such")))
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (("run", "--limit", "abc", "c.yaml"), "'--limit'"),
+    (("run", "--no-such-option", "c.yaml"), "No such option: --no-such-option"),
+    (("run",), "Missing argument"),
+    (("plan",), "--model"),
+    (("no-such-command",), "No such command"),
+])
+def test_usage_errors_are_one_line_exit_2(args: tuple[str, ...], expected: str) -> None:
+    """Typer drew a multi-line box for these, where every other bad input is one line (point 13)."""
+    _one_line_exit_2(run_cli(*args), expected)
+
+
+def test_help_still_works() -> None:
+    """Usage errors are one line; --help is still Typer's help (point 13)."""
+    res = run_cli("plan", "--help")
+    assert res.returncode == 0 and "--gpus-per-node" in res.stdout, res.stderr[-3000:]
+
+
+@pytest.mark.parametrize(("top", "expected"), [
+    ("batchsize: 3\n", "s.yaml: batchsize: unknown key"),
+    ("max_context: 64\n", "s.yaml: max_context: unknown key (a model's own setting"),
+    ("batch_size: 0\n", "s.yaml: batch_size: Input should be greater than 0"),
+])
+def test_a_sweeps_own_keys_are_not_blamed_on_a_model(tmp_path: Path, top: str, expected: str) -> None:
+    """A sweep's top-level key was reported as `models.<first>: key` (point 13)."""
+    (tmp_path / "s.yaml").write_text(SWEEP + top)
+    with pytest.raises(UserError) as exc:
+        load_sweep(tmp_path / "s.yaml")
+    assert expected in str(exc.value) and "models." not in str(exc.value), str(exc.value)
+
+
+def test_a_models_own_key_is_still_blamed_on_it(tmp_path: Path) -> None:
+    """An error in what a model gives itself still names the model (point 13)."""
+    (tmp_path / "s.yaml").write_text(SWEEP.replace("{name: b,", "{name: b, candidate: nosuch,"))
+    with pytest.raises(UserError, match="models.b: candidate 'nosuch' is not a setup"):
+        load_sweep(tmp_path / "s.yaml")
+
+
+@pytest.mark.parametrize("option", ["--nodes", "--concurrency"])
+def test_cluster_options_without_gpus_per_node_are_refused(option: str) -> None:
+    """They were ignored without a word: the plan printed had no cluster view (point 13)."""
+    _one_line_exit_2(run_cli("plan", "--model", str(LLAMA2), option, "2"), f"{option} applies to the cluster view")
