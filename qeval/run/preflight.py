@@ -47,6 +47,8 @@ class Preflight:
     suites: dict[str, list[str]] = field(default_factory=dict)
     #: model.dtype as asked and as resolved on this device (cfg.model.dtype holds the resolved one)
     precision: Precision | None = None
+    #: the local model folder whose every file the checksum covers (None: a hub id or a GGUF file)
+    model_dir: Path | None = None
 
     @property
     def entries(self) -> list[str]:
@@ -94,7 +96,8 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
     native = [load_task(n, Path(cfg.tasks_dir), cfg.limit) for n in cfg.tasks]
     for t in native:
         _check_generation_room(cfg, t.name, t.output_type, t.spec.generation_kwargs.max_gen_toks)
-    pre = Preflight(cfg, device, list(native), setups, [], source.checksum, shape, skipped, precision=precision)
+    pre = Preflight(cfg, device, list(native), setups, [], source.checksum, shape, skipped, precision=precision,
+                    model_dir=source.local_dir if Path(source.path).is_dir() else None)
     if cfg.lm_eval:
         _add_harness(pre, cfg.lm_eval)
     add_long_context(pre, source.config)  # generated tasks; gates written at a length resolved

@@ -299,3 +299,16 @@ def test_a_models_own_key_is_still_blamed_on_it(tmp_path: Path) -> None:
 def test_cluster_options_without_gpus_per_node_are_refused(option: str) -> None:
     """They were ignored without a word: the plan printed had no cluster view (point 13)."""
     _one_line_exit_2(run_cli("plan", "--model", str(LLAMA2), option, "2"), f"{option} applies to the cluster view")
+
+
+# --- the run directory (point 18) --------------------------------------------------------------------
+
+
+def test_an_output_inside_the_model_folder_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """Its files would change the model's checksum: every rerun would recompute everything (point 18)."""
+    model = tmp_path / "model"
+    shutil.copytree(MODEL, model)
+    before = sorted(p.name for p in model.rglob("*"))
+    cfg = write_config(tmp_path / "c.yaml", CONFIG.replace('"@MODEL@"', f'"{model}"'))
+    _one_line_exit_2(run_cli("run", str(cfg), "--output", str(model / "runs" / "t")), "inside the model folder")
+    assert sorted(p.name for p in model.rglob("*")) == before
