@@ -3,6 +3,7 @@ docs/architecture.md §7)."""
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -14,6 +15,11 @@ from rich.table import Table
 
 from qeval.analysis.recommend import candidate_problem
 from qeval.errors import UserError
+
+try:  # typer >= 0.20 runs on a click of its own; older ones on click itself
+    from typer._click import exceptions as _click_errors
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from click import exceptions as _click_errors  # type: ignore[no-redef]
 
 if TYPE_CHECKING:
     from qeval.memory.cluster import Cluster, ClusterRow
@@ -162,7 +168,8 @@ def quantize(
         raise typer.Exit(1) from None
     table = Table("setup", "scheme", "checkpoint", "status")
     for m in made:
-        table.add_row(m.setup, m.scheme, str(m.path), "cached" if m.cached else f"made in {m.seconds:.0f} s")
+        table.add_row(escape(m.setup), escape(m.scheme), escape(str(m.path)),
+                      "cached" if m.cached else f"made in {m.seconds:.0f} s")
     Console().print(table)
 
 
@@ -206,13 +213,13 @@ def list_tasks(
         table = Table("task", "kind", "samples", "sha256 / source")
         for name in available_tasks(tasks_dir):
             t = load_task(name, tasks_dir)
-            table.add_row(name, t.spec.output_type, str(len(t.docs)), t.sha256[:16] + "…")
+            table.add_row(escape(name), escape(t.spec.output_type), str(len(t.docs)), t.sha256[:16] + "…")
         folders = lm_eval if lm_eval is not None else [p for p in [tasks_dir / "lm_eval"] if p.is_dir()]
         for folder in folders:
             for name, (kind, path) in local_names(folder).items():
-                table.add_row(name, f"lm-eval {kind}", "", str(path))
+                table.add_row(escape(name), f"lm-eval {kind}", "", escape(str(path)))
         for suite, members in SUITES.items():
-            table.add_row(suite, "suite", "", ", ".join(f"{t.name} ({t.num_fewshot}-shot)" for t in members))
+            table.add_row(suite, "suite", "", escape(", ".join(f"{t.name} ({t.num_fewshot}-shot)" for t in members)))
     except UserError as exc:
         _fail(exc)
         return
@@ -227,7 +234,7 @@ def list_tasks(
 
 @app.command("plan")
 def plan_cmd(
-    model: Annotated[str, typer.Option(help="model folder, config.json path, or hub id")],
+    model: Annotated[str, typer.Option(help="model folder, config.json path, GGUF file, or hub id")],
     gpu_gib: Annotated[float, typer.Option(min=0.001, help="GPU memory in GiB")] = 24.0,
     utilization: Annotated[float, typer.Option(min=0.01, max=1.0, help="share of GPU memory the engine may use")] = 0.9,
     context_len: Annotated[int, typer.Option(min=1, help="tokens per sequence")] = 4096,
@@ -238,9 +245,9 @@ def plan_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
     gpus_per_node: Annotated[int | None, typer.Option(min=1, help="cluster view: GPUs per node (of --gpu-gib "
                                                       "each; docs/cluster.md)")] = None,
-    nodes: Annotated[int, typer.Option(min=1, help="cluster view: nodes")] = 1,
-    concurrency: Annotated[int, typer.Option(min=1, help="cluster view: sequences of --context-len each setup "
-                                             "must hold")] = 1,
+    nodes: Annotated[int | None, typer.Option(min=1, help="cluster view: nodes (default 1)")] = None,
+    concurrency: Annotated[int | None, typer.Option(min=1, help="cluster view: sequences of --context-len each "
+                                                    "setup must hold (default 1)")] = None,
 ) -> None:
     """Predict weights, KV cache per token, KV tokens that fit and concurrent sequences per setup;
     with --gpus-per-node, also the GPUs each setup needs on a cluster and how many run at once."""
@@ -251,6 +258,11 @@ def plan_cmd(
     from qeval.memory.planner import load_model_config, plan, plan_json
 
     try:
+        _check_plan_options(gpu_gib=gpu_gib, utilization=utilization, margin=margin, overhead_gib=overhead_gib)
+        if gpus_per_node is None and (nodes is not None or concurrency is not None):
+            raise UserError(f"{'--nodes' if nodes is not None else '--concurrency'} applies to the cluster view: "
+                            "give --gpus-per-node too")
+        nodes, concurrency = nodes or 1, concurrency or 1
         budget = Budget(gpu_memory_gib=gpu_gib, utilization=utilization, context_len=context_len,
                         overhead_gib=overhead_gib, margin=margin)
         config = load_model_config(model)
@@ -267,25 +279,32 @@ def plan_cmd(
         print(json.dumps(out, indent=2))
         return
     table = Table("setup", "weights", "KV / token", "KV tokens", f"sequences @ {context_len}",
-                  title=f"{model} on {gpu_gib:g} GiB x {utilization:g}")
+                  title=escape(f"{model} on {gpu_gib:g} GiB x {utilization:g}"))
     for r in rows:
-        table.add_row(r.setup, f"{r.weights_bytes / 2**30:.2f} GiB", f"{r.kv_bytes_per_token / 1024:.1f} KiB",
+        table.add_row(escape(r.setup), f"{r.weights_bytes / 2**30:.2f} GiB", f"{r.kv_bytes_per_token / 1024:.1f} KiB",
                       f"{r.kv_cache_tokens:,}", f"{r.max_concurrency:g}" + ("" if r.fits else " (does not fit)"))
     Console().print(table)
     if cluster and grouped:
         _print_cluster(model, cluster, gpu_gib, context_len, concurrency, *grouped)
 
 
+def _check_plan_options(**values: float) -> None:
+    """Click's ranges let inf and nan through (every comparison with nan is false)."""
+    for name, value in values.items():
+        if not math.isfinite(value):
+            raise UserError(f"--{name.replace('_', '-')} {value}: expected a finite number")
+
+
 def _print_cluster(model: str, cluster: Cluster, gpu_gib: float, context_len: int, concurrency: int,
                    rows: list[ClusterRow], at_once: int) -> None:
     table = Table("setup", "GPUs (TP x PP)", "KV tokens", f"sequences @ {context_len}", "copies at once",
-                  title=f"{model} on {cluster.nodes} node(s) x {cluster.gpus_per_node} GPUs of {gpu_gib:g} GiB, "
-                        f"{concurrency} sequence(s) each")
+                  title=escape(f"{model} on {cluster.nodes} node(s) x {cluster.gpus_per_node} GPUs of {gpu_gib:g} "
+                               f"GiB, {concurrency} sequence(s) each"))
     for r in rows:
         if r.gpus is None:
-            table.add_row(r.setup, "does not fit", "", "", "0")
+            table.add_row(escape(r.setup), "does not fit", "", "", "0")
             continue
-        table.add_row(r.setup, f"{r.gpus} ({r.tensor_parallel_size} x {r.pipeline_parallel_size})",
+        table.add_row(escape(r.setup), f"{r.gpus} ({r.tensor_parallel_size} x {r.pipeline_parallel_size})",
                       f"{r.kv_cache_tokens:,}", f"{r.max_concurrency:g}", str(r.copies_at_once))
     Console().print(table)
     Console().print(f"all {len(rows)} setups side by side: {at_once} run at once on this cluster")
@@ -302,7 +321,26 @@ def schema_cmd() -> None:
 
 
 def main() -> None:
-    app()
+    """The `qeval` entry point. Click's usage errors (an unknown option, `--limit abc`, a missing
+    argument) end in one line and exit 2, as every other bad input does, not in Typer's box."""
+    try:
+        code = app(standalone_mode=False)
+    except _click_errors.UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `qeval` alone: the help, as Typer shows it
+            help_text = exc.format_message()  # empty where Typer's rich help printed itself
+            if help_text:
+                print(help_text, file=sys.stderr)
+            raise SystemExit(exc.exit_code) from None
+        hint = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx else ""
+        print(f"qeval: error: {' '.join(exc.format_message().split())}{hint}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT) from None
+    except _click_errors.ClickException as exc:  # e.g. a file option that cannot be opened
+        print(f"qeval: error: {' '.join(exc.format_message().split())}", file=sys.stderr)
+        raise SystemExit(exc.exit_code) from None
+    except typer.Abort:  # EOF at a prompt: click's own word for it
+        print("Aborted!", file=sys.stderr)
+        raise SystemExit(1) from None
+    raise SystemExit(code if isinstance(code, int) else EXIT_OK)
 
 
 if __name__ == "__main__":

@@ -83,6 +83,10 @@ class RunConfig(Strict):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"duplicate setup names: {', '.join(dupes)}")
+        folded = case_collisions(names)
+        if folded:
+            raise ValueError(f"setup names {folded} differ only in case: their result folders would be one on a "
+                             "case-insensitive file system (macOS, Windows)")
         baselines = [s.name for s in self.setups if s.baseline]
         if len(baselines) > 1:
             raise ValueError(f"more than one baseline setup: {', '.join(baselines)}")
@@ -116,6 +120,16 @@ class RunConfig(Strict):
         return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
 
 
+def case_collisions(names: list[str]) -> str:
+    """'A and a' for the first names that differ only in case (each names a folder), else ''."""
+    first: dict[str, str] = {}
+    for name in dict.fromkeys(names):
+        if name.casefold() in first:
+            return f"{first[name.casefold()]} and {name}"
+        first[name.casefold()] = name
+    return ""
+
+
 def first_error(exc: ValidationError) -> str:
     """The first validation error as `where: what`, in words a user can act on."""
     err = exc.errors()[0]
@@ -142,35 +156,42 @@ def load_config(path: Path) -> RunConfig:
     return config_from_dict(raw, path)
 
 
-def config_from_dict(raw: dict[str, object], path: Path, where: str = "") -> RunConfig:
-    """A RunConfig from a config file's mapping (`where` prefixes errors: a sweep's model)."""
+def config_from_dict(raw: dict[str, object], path: Path, where: str = "",
+                     own: frozenset[str] | None = None) -> RunConfig:
+    """A RunConfig from a config file's mapping. `where` prefixes errors (a sweep's model), those
+    in the keys `own` names where given: a sweep's shared keys are written once, at the top."""
     try:
         cfg = RunConfig.model_validate(raw)
     except ValidationError as exc:
-        raise UserError(f"{path}: {where}{first_error(exc)}") from None
+        loc = exc.errors()[0]["loc"]
+        prefix = where if own is None or not loc or loc[0] in own else ""
+        raise UserError(f"{path}: {prefix}{first_error(exc)}") from None
     cfg.model.path = _resolve(cfg.model.path, path.parent, must_exist=False)
     first = cfg.model.path.split("/", 1)[0]
     if not Path(cfg.model.path).exists() and "/" in cfg.model.path and first and any(
             (b / first).is_dir() for b in (Path.cwd(), path.parent, path.parent.parent)):
         # `models/qeval-tinyy`: a typo of a local path, not a hub id (org/name) to try online
         raise UserError(f"{path}: model path {cfg.model.path} not found (a folder {first}/ exists, but not this one)")
-    cfg.tasks_dir = _resolve(cfg.tasks_dir, path.parent, must_exist=True)
+    # only qeval's own tasks are read from tasks_dir: a config of lm-eval or long-context tasks needs none
+    cfg.tasks_dir = _resolve(cfg.tasks_dir, path.parent, must_exist=bool(cfg.tasks), key="tasks_dir")
     cal = cfg.quantize.calibration
     if cal.path:
         cal.path = _resolve(cal.path, path.parent, must_exist=False)
     if cfg.lm_eval:
-        cfg.lm_eval.include_path = [_resolve(p, path.parent, must_exist=True) for p in cfg.lm_eval.include_path]
-        cfg.lm_eval.data_dirs = [_resolve(p, path.parent, must_exist=True) for p in cfg.lm_eval.data_dirs]
+        cfg.lm_eval.include_path = [_resolve(p, path.parent, must_exist=True, key="lm_eval.include_path")
+                                    for p in cfg.lm_eval.include_path]
+        cfg.lm_eval.data_dirs = [_resolve(p, path.parent, must_exist=True, key="lm_eval.data_dirs")
+                                 for p in cfg.lm_eval.data_dirs]
         for t in cfg.lm_eval.tasks:
             if t.dataset_path:  # a local dataset folder, else a hub id left as it is
                 t.dataset_path = _resolve(t.dataset_path, path.parent, must_exist=False)
     return cfg
 
 
-def _resolve(value: str, base: Path, must_exist: bool) -> str:
+def _resolve(value: str, base: Path, must_exist: bool, key: str = "") -> str:
     for candidate in (Path(value), base / value, base.parent / value):
         if candidate.exists():
             return str(candidate.resolve())
     if must_exist:
-        raise UserError(f"{value}: directory not found")
+        raise UserError(f"{key + ' ' if key else ''}{value}: directory not found")
     return value  # not a local path: a hub id, checked by the backend's validation

@@ -23,7 +23,8 @@ KV_BITS: dict[str, int] = {"fp8": 8, "fp8_e5m2": 8, "int8": 8, "int4": 4, "int2"
 class Setup(BaseModel):
     """One way of serving the model. `weights` None means the model's own 16-bit dtype."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict as every config model (qeval/strict.py): `baseline: "yes"` is refused, not read as true
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     name: str = Field(pattern=NAME_PATTERN)
     baseline: bool = False

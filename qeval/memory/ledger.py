@@ -35,18 +35,26 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> ModelShape:
-        cfg = cfg.get("text_config", cfg)  # multimodal wrappers keep the LM under text_config
-        heads = cfg["num_attention_heads"]
+        """The shape a config.json describes; ValueError naming the field that is missing or
+        not a positive integer (a zero head count would divide by zero further on)."""
+        text = cfg.get("text_config", cfg) if isinstance(cfg, dict) else cfg
+        if not isinstance(text, dict):  # multimodal wrappers keep the LM under text_config
+            raise ValueError("is not a JSON object")
+        heads = _positive(text, "num_attention_heads")
+        hidden = _positive(text, "hidden_size")
+        head_dim = _positive(text, "head_dim") if text.get("head_dim") else hidden // heads
+        if head_dim < 1:
+            raise ValueError(f"has hidden_size {hidden} below num_attention_heads {heads}: no head dimension")
         return cls(
-            vocab_size=cfg["vocab_size"],
-            hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"],
-            num_layers=cfg["num_hidden_layers"],
+            vocab_size=_positive(text, "vocab_size"),
+            hidden_size=hidden,
+            intermediate_size=_positive(text, "intermediate_size"),
+            num_layers=_positive(text, "num_hidden_layers"),
             num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", False)),
+            num_kv_heads=_positive(text, "num_key_value_heads") if text.get("num_key_value_heads") else heads,
+            head_dim=head_dim,
+            tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
+            attention_bias=bool(text.get("attention_bias", False)),
         )
 
     @classmethod
@@ -72,6 +80,16 @@ class ModelShape:
 
     def n_params(self) -> int:
         return sum(o * i for o, i in self.linear_shapes()) + self.other_params()
+
+
+def _positive(cfg: dict[str, Any], key: str) -> int:
+    """cfg[key] as a positive integer, else ValueError saying what it is."""
+    if key not in cfg:
+        raise ValueError(f"lacks {key!r}")
+    value = cfg[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"has {key} {value!r}: expected a positive integer")
+    return value
 
 
 def _int4_group(in_features: int, group_size: int) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -37,28 +36,33 @@ class PlanRow:
 
 
 def load_model_config(model: str) -> dict[str, Any]:
-    """config.json from a local folder, or from the hub where it is reachable."""
+    """config.json from a local folder or file, the config a GGUF file describes, or config.json
+    from the hub where it is reachable; one line for anything else (as `qeval run` reads them:
+    qeval/run/model_source.py)."""
+    from qeval.run.model_source import gguf_config, read_config_file, read_model_config
+
     path = Path(model)
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise UserError(f"{path} has no config.json")
-        return json.loads((path / "config.json").read_text())
+        return read_model_config(path)
     if path.is_file():
-        return json.loads(path.read_text())
+        return gguf_config(path) if path.suffix == ".gguf" else read_config_file(path)
+    if model.endswith((".gguf", ".json")):  # a file name, not a hub id: don't ask the hub for it
+        raise UserError(f"--model {model}: no such file")
     try:
         from huggingface_hub import hf_hub_download
 
-        return json.loads(Path(hf_hub_download(model, "config.json")).read_text())
+        local = Path(hf_hub_download(model, "config.json"))
     except Exception as exc:  # noqa: BLE001 - offline, unknown repo, gated: all one line for the user
         raise UserError(f"cannot read config.json for {model!r}: {type(exc).__name__}".strip()) from None
+    return read_config_file(local)
 
 
 def model_shape(config: dict[str, Any]) -> ModelShape:
     """The shape the predictions need, from a config.json; one line for a model qeval cannot plan."""
     try:
         return ModelShape.from_config(config)
-    except KeyError as exc:
-        raise UserError(f"config.json lacks {exc.args[0]!r}: not a decoder model qeval can plan") from None
+    except ValueError as exc:
+        raise UserError(f"config.json: not a decoder model qeval can plan (it {exc})") from None
 
 
 def plan(config: dict[str, Any], budget: Budget, dtype: str = "float16") -> list[PlanRow]:

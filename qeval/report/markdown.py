@@ -9,6 +9,7 @@ import re
 from collections.abc import Callable
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from qeval.perf import views as perf_views
@@ -284,14 +285,15 @@ def _notes(results: Results) -> list[str]:
 
 
 def print_summary(results: Results, console: Console | None = None) -> None:
-    """The same table, compact enough for a terminal: score and Δ share a cell."""
+    """The same table, compact enough for a terminal: score and Δ share a cell. Every text from
+    the run (names, error messages) is escaped: rich would read `[/x]` in it as markup."""
     console = console or Console()
-    table = Table(title=f"qeval: {results.run.name} (Δ vs baseline in brackets)")
+    table = Table(title=escape(f"qeval: {results.run.name} (Δ vs baseline in brackets)"))
     for h in ["setup", "weights", "KV B/tok"] + [f"{t} {task_metric(results, t).name}" for t in top_level(results)]:
-        table.add_column(h, overflow="fold", no_wrap=h == "weights")
+        table.add_column(escape(h), overflow="fold", no_wrap=h == "weights")
     for s in results.setups:
         if s.status != "ok":
-            table.add_row(s.name, "failed", "", (s.error or "")[:60])
+            table.add_row(escape(s.name), "failed", "", escape((s.error or "")[:60]))
             continue
         cells = []
         for t in top_level(results):
@@ -299,8 +301,9 @@ def print_summary(results: Results, console: Console | None = None) -> None:
             value = _value(s, t, results.tasks[t].compared_metric)
             cmp = s.vs_baseline.get(t)
             delta = f" ({m.fmt_delta(cmp.delta, unit=False)})" if cmp else ""
-            cells.append(("—" if value is None else m.fmt(value)) + delta)
-        table.add_row(s.name + (" *" if s.baseline else ""), weights_text(s.memory.weights_bytes, " (p)"),
+            cells.append(escape(("—" if value is None else m.fmt(value)) + delta))
+        table.add_row(escape(s.name + (" *" if s.baseline else "")),
+                      escape(weights_text(s.memory.weights_bytes, " (p)")),
                       str(s.memory.kv_bytes_per_token.measured), *cells)
     console.print(table)
     perf = perf_views.summary_rows(results)
@@ -309,7 +312,7 @@ def print_summary(results: Results, console: Console | None = None) -> None:
         for h in ("setup", "output tok/s at 1", "output tok/s at the top level", "TPOT p50 at 1 (ms)"):
             speed.add_column(h)
         for row in perf:
-            speed.add_row(*row)
+            speed.add_row(*(escape(cell) for cell in row))
         console.print(speed)
     if any(s.memory.weights_bytes.measured is None for s in results.setups if s.status == "ok"):
         console.print("(p): predicted; this backend reports no weight size (see report.md)")

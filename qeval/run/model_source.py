@@ -76,6 +76,11 @@ def read_model_config(folder: Path) -> dict[str, Any]:
     cfg = folder / "config.json"
     if not cfg.is_file():
         raise UserError(f"model path {folder} has no config.json")
+    return read_config_file(cfg)
+
+
+def read_config_file(cfg: Path) -> dict[str, Any]:
+    """A config.json file's object, or one line saying what is wrong with it."""
     try:
         data = json.loads(cfg.read_bytes().decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

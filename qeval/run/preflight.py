@@ -21,7 +21,7 @@ from qeval.config import RunConfig
 from qeval.errors import UserError
 from qeval.memory.ledger import ModelShape
 from qeval.quantize.checkpoints import resolve_checkpoints
-from qeval.run.model_source import ModelSource, resolve_model
+from qeval.run.model_source import ModelSource, is_gguf, resolve_model
 from qeval.setups import Setup
 from qeval.tasks import TaskInfoLike, load_task
 from qeval.tasks.harness.config import HarnessSpec
@@ -47,6 +47,8 @@ class Preflight:
     suites: dict[str, list[str]] = field(default_factory=dict)
     #: model.dtype as asked and as resolved on this device (cfg.model.dtype holds the resolved one)
     precision: Precision | None = None
+    #: the local model folder whose every file the checksum covers (None: a hub id or a GGUF file)
+    model_dir: Path | None = None
 
     @property
     def entries(self) -> list[str]:
@@ -55,11 +57,13 @@ class Preflight:
 
 
 def model_shape(source: ModelSource) -> ModelShape:
+    """The model's shape from its config, or one line naming the field qeval cannot use."""
     try:
         return ModelShape.from_config(source.config)
-    except (KeyError, TypeError) as exc:
-        raise UserError(f"{source.local_dir / 'config.json'}: not a decoder config qeval understands "
-                        f"(missing {exc})") from None
+    except ValueError as exc:
+        where = source.path if is_gguf(source.path) else source.local_dir / "config.json"
+        raise UserError(f"{where}: not a decoder config qeval understands "
+                        f"(it {exc})") from None
 
 
 def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: list[str] | None = None) -> Preflight:
@@ -93,7 +97,8 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
     native = [load_task(n, Path(cfg.tasks_dir), cfg.limit) for n in cfg.tasks]
     for t in native:
         _check_generation_room(cfg, t.name, t.output_type, t.spec.generation_kwargs.max_gen_toks)
-    pre = Preflight(cfg, device, list(native), setups, [], source.checksum, shape, skipped, precision=precision)
+    pre = Preflight(cfg, device, list(native), setups, [], source.checksum, shape, skipped, precision=precision,
+                    model_dir=source.local_dir if Path(source.path).is_dir() else None)
     if cfg.lm_eval:
         _add_harness(pre, cfg.lm_eval)
     add_long_context(pre, source.config)  # generated tasks; gates written at a length resolved

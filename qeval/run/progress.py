@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 _console = Console(stderr=True)
@@ -23,6 +24,7 @@ class _Bar:
 @contextmanager
 def progress_bar(description: str, total: int | None) -> Iterator[_Bar]:
     """A bar for `total` units; in a log (no terminal) one line at start and end instead."""
+    description = escape(description)  # rich reads `[...]` in a task or setup name as markup
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=_console, transient=False,
                         disable=not _console.is_terminal)

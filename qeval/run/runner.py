@@ -90,7 +90,21 @@ def check(cfg: RunConfig, opts: RunOptions) -> Preflight:
         if not opts.performance and cfg.recommend_by != "concurrency":
             raise UserError(f"--no-performance: recommend_by {cfg.recommend_by} needs the performance phase")
         cfg = cfg.model_copy(update={"performance": cfg.performance.model_copy(update={"enabled": opts.performance})})
-    return preflight(cfg, opts.setups, opts.tasks)
+    pre = preflight(cfg, opts.setups, opts.tasks)
+    check_output(opts.output, pre.model_dir)
+    return pre
+
+
+def check_output(output: Path, model_dir: Path | None) -> None:
+    """Refuse a run directory inside the model's folder, before anything is written: the model's
+    checksum covers every file of that folder, so the run's own files would make each rerun see
+    another model and recompute everything."""
+    if model_dir is None:
+        return
+    out, model = output.resolve(), model_dir.resolve()
+    if out == model or model in out.parents:
+        raise UserError(f"--output {output}: inside the model folder {model_dir}: the run's files would change the "
+                        "model's checksum, and every rerun would recompute everything; write the run elsewhere")
 
 
 def prepare(pre: Preflight, opts: RunOptions, prefix: str = "") -> PreparedRun:

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
-from qeval.config import ModelSpec, RunConfig, config_from_dict, first_error
+from qeval.config import ModelSpec, RunConfig, case_collisions, config_from_dict, first_error
 from qeval.errors import UserError
 from qeval.files.names import NAME_PATTERN, check_name
 from qeval.files.yaml import load_yaml
@@ -72,17 +72,41 @@ def load_sweep(path: Path) -> Sweep | None:
             models.append(SweepModel.model_validate(entry))
         except ValidationError as exc:
             raise UserError(f"{path}: models.{i}.{first_error(exc)}") from None
-    names = [m.name for m in models]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise UserError(f"{path}: models: duplicate model names: {', '.join(dupes)}")
+    _check_model_names(path, [m.name for m in models])
     for m in models:
         if m.setups is None and "setups" not in common:
             raise UserError(f"{path}: models.{m.name}: no setups: give the model its own `setups:`, or the sweep "
                             "`setups:` for the models that give none")
-    configs = {m.name: config_from_dict(_model_config(common, entry, m), path, where=f"models.{m.name}: ")
+    _check_common_keys(path, common)
+    configs = {m.name: config_from_dict(_model_config(common, entry, m), path, where=f"models.{m.name}: ",
+                                        own=_own_keys(entry))
                for m, entry in zip(models, entries, strict=True)}
     return Sweep(name, configs)
+
+
+def _check_model_names(path: Path, names: list[str]) -> None:
+    """Each model has a run folder of its own: names must differ, and not only in case."""
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise UserError(f"{path}: models: duplicate model names: {', '.join(dupes)}")
+    folded = case_collisions(names)
+    if folded:
+        raise UserError(f"{path}: models: model names {folded} differ only in case: their run folders would be one "
+                        "on a case-insensitive file system (macOS, Windows)")
+
+
+def _check_common_keys(path: Path, common: dict[str, Any]) -> None:
+    """An unknown key at the top level is the sweep's, not its first model's: name it as written."""
+    for key in common:
+        if key not in RunConfig.model_fields:
+            hint = " (a model's own setting: give it in each entry of `models:`)" if key in ModelSpec.model_fields \
+                else ""
+            raise UserError(f"{path}: {key}: unknown key{hint}")
+
+
+def _own_keys(entry: dict[str, Any]) -> frozenset[str]:
+    """The run-config keys a `models:` entry gives itself: an error there is the model's."""
+    return frozenset({"name", "model"} | {k for k in ("setups", "candidate") if k in entry})
 
 
 def _model_config(common: dict[str, Any], entry: dict[str, Any], model: SweepModel) -> dict[str, Any]:

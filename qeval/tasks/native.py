@@ -19,27 +19,25 @@ from typing import Any, Literal
 
 import jinja2
 from jinja2.sandbox import SecurityError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from qeval.errors import UserError
 from qeval.files.jsonl import read_objects
 from qeval.files.names import NAME_PATTERN
 from qeval.files.yaml import load_yaml
+from qeval.strict import Strict
 from qeval.tasks.metrics import select_metrics
 from qeval.tasks.templates import render as _render
 
 OutputType = Literal["multiple_choice", "generate_until", "loglikelihood_rolling"]
-class GenerationKwargs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class GenerationKwargs(Strict):
     until: list[str] = ["\n"]
     max_gen_toks: int = Field(default=32, gt=0)
     do_sample: Literal[False] = False
 
 
-class TaskSpec(BaseModel):
-    """The YAML of one task."""
-
-    model_config = ConfigDict(extra="forbid")
+class TaskSpec(Strict):
+    """The YAML of one task (strict like a config: qeval/strict.py)."""
 
     task: str = Field(pattern=NAME_PATTERN)
     description: str = ""

@@ -75,9 +75,11 @@ def materialize(include_paths: list[Path], overrides: dict[str, dict[str, Any]],
     A YAML's data files must lie inside its include folder, or inside one of `data_dirs`."""
     data_dirs = [d.resolve() for d in data_dirs or []]
     pending = dict(overrides)
-    for i, src in enumerate(include_paths):
+    for src in include_paths:
         if not src.is_dir():
             raise UserError(f"lm_eval.include_path {src}: not a folder")
+    check_distinct_names(include_paths)
+    for i, src in enumerate(include_paths):
         dest = out / f"{i:02d}-{src.name}"
         shutil.copytree(src, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "data"))
         roots = (src.resolve(), dest.resolve())
@@ -93,6 +95,18 @@ def materialize(include_paths: list[Path], overrides: dict[str, dict[str, Any]],
         doc = {"include": str(builtin_yaml(name)), "task": name} | extra
         (folder / f"{name}.yaml").write_text(yaml.dump(doc, Dumper=_Dumper, sort_keys=False))
     return out
+
+
+def check_distinct_names(include_paths: list[Path]) -> None:
+    """Refuse a task or group name that two include folders define: lm-eval would score the
+    first folder's and ignore the other without a word."""
+    defined_in: dict[str, Path] = {}
+    for folder in dict.fromkeys(include_paths):  # a folder listed twice is the same definitions
+        for name in local_names(folder):
+            if name in defined_in:
+                raise UserError(f"lm_eval.include_path: task {name!r} is defined in both {defined_in[name]} and "
+                                f"{folder}: rename one")
+            defined_in[name] = folder
 
 
 def _rewrite(doc: dict[str, Any], base: Path, roots: tuple[Path, Path], data_dirs: list[Path]) -> dict[str, Any]:
