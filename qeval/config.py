@@ -80,13 +80,9 @@ class RunConfig(Strict):
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
         names = [s.name for s in self.setups]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"duplicate setup names: {', '.join(dupes)}")
-        folded = case_collisions(names)
-        if folded:
-            raise ValueError(f"setup names {folded} differ only in case: their result folders would be one on a "
-                             "case-insensitive file system (macOS, Windows)")
+        problem = folder_names_problem(names, "setup")
+        if problem:
+            raise ValueError(problem)
         baselines = [s.name for s in self.setups if s.baseline]
         if len(baselines) > 1:
             raise ValueError(f"more than one baseline setup: {', '.join(baselines)}")
@@ -118,6 +114,18 @@ class RunConfig(Strict):
 
     def config_hash(self) -> str:
         return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+
+
+def folder_names_problem(names: list[str], what: str) -> str:
+    """Why `names` (each names a folder: setups, sweep models) cannot all be used, else ''."""
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        return f"duplicate {what} names: {', '.join(dupes)}"
+    folded = case_collisions(names)
+    if folded:
+        return (f"{what} names {folded} differ only in case: their folders would be one on a case-insensitive "
+                "file system (macOS, Windows)")
+    return ""
 
 
 def case_collisions(names: list[str]) -> str:

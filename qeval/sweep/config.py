@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
-from qeval.config import ModelSpec, RunConfig, case_collisions, config_from_dict, first_error
+from qeval.config import ModelSpec, RunConfig, config_from_dict, first_error, folder_names_problem
 from qeval.errors import UserError
 from qeval.files.names import NAME_PATTERN, check_name
 from qeval.files.yaml import load_yaml
@@ -86,13 +86,9 @@ def load_sweep(path: Path) -> Sweep | None:
 
 def _check_model_names(path: Path, names: list[str]) -> None:
     """Each model has a run folder of its own: names must differ, and not only in case."""
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise UserError(f"{path}: models: duplicate model names: {', '.join(dupes)}")
-    folded = case_collisions(names)
-    if folded:
-        raise UserError(f"{path}: models: model names {folded} differ only in case: their run folders would be one "
-                        "on a case-insensitive file system (macOS, Windows)")
+    problem = folder_names_problem(names, "model")
+    if problem:
+        raise UserError(f"{path}: models: {problem}")
 
 
 def _check_common_keys(path: Path, common: dict[str, Any]) -> None:

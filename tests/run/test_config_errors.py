@@ -44,7 +44,7 @@ BAD = {
 def test_good_config_validates(tmp_path: Path) -> None:
     res = run_cli("validate", str(write_config(tmp_path / "c.yaml", GOOD)))
     assert res.returncode == 0, res.stderr
-    assert "ok (3 setups, 2 tasks, device cpu)" in res.stdout
+    assert "ok (3 setups, 2 tasks, device cpu, dtype " in res.stdout
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
