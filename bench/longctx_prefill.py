@@ -43,13 +43,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=ROOT / "models" / "smollm2-135m")
     ap.add_argument("--tokens", type=int, default=8192)
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="auto", help="auto: bfloat16 where this CPU runs it natively, else float32")
     ap.add_argument("--kv", default="int4")
     ap.add_argument("--chunk", type=int, default=1024)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (see above)")
     ap.add_argument("--max-ratio", type=float, default=2.0)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    from qeval.backends.device import dtype_for
+
+    args.dtype = dtype_for(args.dtype, Path(args.model))  # `auto` as a run resolves it on this CPU
 
     import numpy as np
     import torch

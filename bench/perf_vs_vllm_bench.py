@@ -104,7 +104,7 @@ def verdict(ours: dict[str, Any], ref: dict[str, Any]) -> tuple[float, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=ROOT / "models" / "qeval-tiny")
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="auto", help="auto: bfloat16 where this CPU runs it natively, else float32")
     ap.add_argument("--max-context", type=int, default=256)
     ap.add_argument("--num-prompts", type=int, default=512)
     ap.add_argument("--input-len", type=int, default=64)
@@ -116,6 +116,9 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="write the figures here")
     ap.add_argument("--fail-on-disagree", action="store_true", help="exit 1 when a figure disagrees (beyond noise)")
     args = ap.parse_args()
+    from qeval.backends.device import dtype_for
+
+    args.dtype = dtype_for(args.dtype, Path(args.model))  # `auto` as a run resolves it on this CPU
 
     import vllm.benchmarks.latency as L
     import vllm.benchmarks.throughput as T

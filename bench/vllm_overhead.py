@@ -26,9 +26,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=ROOT / "models" / "qeval-tiny")
     ap.add_argument("--tasks", default="compare_mc,ppl")
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="auto", help="auto: bfloat16 where this CPU runs it natively, else float32")
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
+    from qeval.backends.device import dtype_for
+
+    args.dtype = dtype_for(args.dtype, Path(args.model))  # `auto` as a run resolves it on this CPU
 
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt

@@ -149,6 +149,20 @@ def resolve_precision(requested: str, config: dict[str, Any], device: str) -> Pr
     return Precision(requested, requested, f"dtype {requested}, as the config says")
 
 
+def dtype_for(requested: str, model: Path, device: str = "cpu") -> str:
+    """`requested` resolved for a model folder's config.json, for code that builds a RunConfig
+    without a preflight (bench/): `auto` -> as a run would resolve it; others unchanged."""
+    if requested != "auto":
+        return requested
+    import json
+
+    try:
+        config = json.loads((model / "config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    return resolve_precision(requested, config if isinstance(config, dict) else {}, device).dtype
+
+
 def emulated_warning(dtype: str, where: str = "this CPU") -> str:
     """One line: what an emulated 16-bit dtype costs, and what to use instead."""
     return (f"model.dtype {dtype}: {where} has no native {dtype} ({_flag_names(dtype)}), so torch emulates it, "
