@@ -113,8 +113,8 @@ def run(
                        "compared (listed under `dropped` in results.json and in the report)[/yellow]")
         if codes[-1] == EXIT_GATE_FAILED:
             _err.print(f"[red]{escape(where + '--fail-on-gate: ' + str(candidate_problem(results)))}[/red]")
-    for model, results in runs.items():  # the answer last, as report.md has it
-        _err.print(f"[bold]{escape((model + ': ' if model else '') + verdict_line(results))}[/bold]")
+    for model, results in runs.items():  # the answer last, as report.md has it: one line, never wrapped
+        print((model + ": " if model else "") + verdict_line(results), file=sys.stderr)
     raise typer.Exit(next((c for c in (EXIT_SETUP_FAILED, EXIT_GATE_FAILED) if c in codes), EXIT_OK))
 
 

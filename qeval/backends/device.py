@@ -93,21 +93,39 @@ def _isa_allowed() -> frozenset[str]:
     if aten in ("default", "avx2", "avx", "sse", "zvector"):
         return frozenset()
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
-    if not isa or isa in ("ALL", "DEFAULT") or isa.startswith("AVX10"):
+    if not isa or isa in ("ALL", "DEFAULT") or isa.startswith("AVX10") or isa not in _ONEDNN_ISAS:
         return both
-    allowed = set()
-    if "BF16" in isa or "AMX" in isa:
-        allowed.add("bfloat16")
-    if "FP16" in isa:
-        allowed.add("float16")
-    return frozenset(allowed)
+    level = _ONEDNN_ISAS.index(isa)  # oneDNN's ISAs are ordered: a cap allows every ISA below it
+    return frozenset(d for d, first in (("bfloat16", "AVX512_CORE_BF16"), ("float16", "AVX512_CORE_FP16"))
+                     if level >= _ONEDNN_ISAS.index(first))
+
+
+#: oneDNN's x86 ISA names in its own order (ONEDNN_MAX_CPU_ISA, oneDNN 3.x)
+_ONEDNN_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
+                "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16")
+
+
+def isa_cap() -> str:
+    """The environment variable that caps torch's CPU ISA, as `NAME=value`, or '' when none does."""
+    for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
+        if os.environ.get(name, "").strip():
+            return f"{name}={os.environ[name].strip()}"
+    return ""
+
+
+_KNOWN_DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 def model_dtype(config: dict[str, Any]) -> str | None:
-    """The dtype a model's config.json says its weights are in (`dtype`, or the older `torch_dtype`)."""
-    value = config.get("dtype") or config.get("torch_dtype")
-    if isinstance(value, str):
-        return value.removeprefix("torch.")
+    """The dtype a model's config.json says its weights are in (`dtype`, or the older
+    `torch_dtype`, of a multimodal model's `text_config` too); None where neither names one."""
+    text = config.get("text_config")
+    places: list[dict[str, Any]] = [config, text if isinstance(text, dict) else {}]
+    for where in places:
+        for key in ("dtype", "torch_dtype"):
+            value = where.get(key)
+            if isinstance(value, str) and value.removeprefix("torch.") in _KNOWN_DTYPES:
+                return value.removeprefix("torch.")
     return None
 
 
@@ -135,13 +153,18 @@ def resolve_precision(requested: str, config: dict[str, Any], device: str) -> Pr
     native = native_16bit(device)
     where = "this GPU" if device == "cuda" else "this CPU"
     if requested == "auto":
-        own = model_dtype(config) or "bfloat16"
+        own = model_dtype(config)
+        if own is None:  # as transformers loads a config that names no dtype
+            return Precision(requested, "float32", "dtype auto: float32, because the model's config names no dtype",
+                             fallback="the model's config names no dtype")
         if own not in SIXTEEN_BIT:
             return Precision(requested, "float32", f"dtype auto: the model's own dtype is {own}, so float32")
         if own in native:
             return Precision(requested, own, f"dtype auto: the model's own {own}, native on {where}")
-        fallback = f"{where} has no native {own}"
-        return Precision(requested, "float32", f"dtype auto: float32, because {fallback} ({_flag_names(own)}); "
+        cap = isa_cap() if device != "cuda" else ""
+        fallback = f"{cap} caps torch below native {own}" if cap else f"{where} has no native {own}"
+        flags = "" if cap else f" ({_flag_names(own)})"
+        return Precision(requested, "float32", f"dtype auto: float32, because {fallback}{flags}; "
                                                f"{own} would run about {EMULATED_SLOWDOWN}x slower, emulated",
                          fallback=fallback)
     if requested in SIXTEEN_BIT and requested not in native:

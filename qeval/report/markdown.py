@@ -130,7 +130,8 @@ def verdict_line(results: Results) -> str:
         return f"No recommendation: {rec.blocked}."
     if rec.setup is None:
         return "No setup passes every gate and fits the budget: " + "; ".join(rec.reasons.values())
-    return f"Recommended: {rec.setup}. {rec.reasons.get(rec.setup, '')}".rstrip()
+    reason = rec.reasons.get(rec.setup, "").removeprefix(f"{rec.setup}: recommended")
+    return f"Recommended: {rec.setup}{reason}".rstrip()
 
 
 def _any_recovery(results: Results) -> bool:

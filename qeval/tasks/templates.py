@@ -5,11 +5,11 @@ refuses attribute access to internals (`cycler.__init__.__globals__.os`) and cal
 mutate. qeval bounds what a template may build on top, at three depths:
 
 - before an operation allocates: `*` and `**`, printf widths (`'%0100000000d' % a`, the
-  `format` filter, `str.format`), and any integer argument past the bound to a call or filter
+  `format` filter, `str.format`), and a width past the bound to a padding method or filter
   (`'a'|center(100000000)`) are refused;
 - while rendering: the output is streamed and refused past `_MAX_RENDERED` characters
-  (nested `range` loops), past `_MAX_SECONDS` (checked at each output piece), and past
-  `_MAX_ITERATIONS` range() items (loops that print nothing);
+  (nested `range` loops), past `_MAX_ITERATIONS` range() items (loops that print nothing),
+  and past `_MAX_SECONDS` (a SIGALRM timer in the main thread; elsewhere at each output piece);
 - every Template this environment makes renders that way, lm-eval's included.
 
 (lm-evaluation-harness renders its own task templates with a plain Environment; qeval's are not.)
@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import functools
 import re
+import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -42,12 +43,18 @@ def _check_widths(fmt: object, pattern: re.Pattern[str]) -> None:
                 raise SecurityError("format width too large")
 
 
-def _check_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """No integer argument of a template call or filter may exceed the output bound: a width,
-    count or repeat that large only ever builds an oversized string."""
+#: str methods and filters whose integer arguments are output widths: a width past the output
+#: bound only ever builds an oversized string (other integers, a 7-digit sum, pass as they are)
+_WIDTH_TAKERS = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs", "indent", "wordwrap", "do_center",
+                           "do_indent", "do_wordwrap", "do_truncate", "truncate", "do_batch", "do_slice"})
+
+
+def _check_args(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    if name not in _WIDTH_TAKERS:
+        return
     for value in (*args, *kwargs.values()):
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _MAX_RENDERED:
-            raise SecurityError("argument too large")
+            raise SecurityError("width argument too large")
 
 
 def _bounded(result: Any) -> Any:
@@ -59,7 +66,7 @@ def _bounded(result: Any) -> Any:
 def _bounded_filter(f: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(f)  # keeps jinja's pass_context / pass_environment marks
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        _check_args(args, kwargs)
+        _check_args(f.__name__, args[1:], kwargs)  # args[0]: the filtered value (or the context)
         if f.__name__ == "do_format" and args:
             _check_widths(next((a for a in args if isinstance(a, str)), None), _PRINTF_WIDTH)
         return _bounded(f(*args, **kwargs))
@@ -71,14 +78,41 @@ _MAX_ITERATIONS = 1_000_000  # range() items per render, nested loops together
 _iterations = threading.local()
 
 
-def _counted_range(*args: int) -> Iterator[int]:
-    """`range` in a template: every item counts against the render's budget, so nested loops
-    that print nothing cannot spin for hours between two output pieces."""
-    for i in range(*args):
-        _iterations.n = getattr(_iterations, "n", 0) + 1
-        if _iterations.n > _MAX_ITERATIONS:
-            raise SecurityError(f"the template loops over more than {_MAX_ITERATIONS:,} range() items")
-        yield i
+def _counted_range(*args: int) -> range:
+    """`range` in a template: a real range, whose length counts against the render's budget when
+    it is made, so nested loops that print nothing cannot spin for hours (an inner range is made
+    once per outer item)."""
+    r = range(*args)
+    _iterations.n = getattr(_iterations, "n", 0) + len(r)
+    if _iterations.n > _MAX_ITERATIONS:
+        raise SecurityError(f"the template makes more than {_MAX_ITERATIONS:,} range() items")
+    return r
+
+
+class _Alarm:
+    """A wall-clock bound on one render where it can interrupt anything (the main thread of a
+    Unix process, where qeval validates and scores): loops over a long string, `lipsum(10**6)`
+    or a tower of `**` produce no output to check between. Elsewhere the streamed check alone."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.armed = seconds, False
+        self.previous: Any = None
+
+    def __enter__(self) -> _Alarm:
+        if (hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+                and signal.getitimer(signal.ITIMER_REAL)[0] == 0):  # never displace a caller's alarm
+            self.previous = signal.signal(signal.SIGALRM, self._expired)
+            signal.setitimer(signal.ITIMER_REAL, self.seconds)
+            self.armed = True
+        return self
+
+    def _expired(self, signum: int, frame: Any) -> None:
+        raise SecurityError(f"rendering took over {self.seconds:g} s")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.armed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self.previous)
 
 
 class _BoundedTemplate(jinja2.Template):
@@ -89,13 +123,14 @@ class _BoundedTemplate(jinja2.Template):
         _iterations.n = 0
         out: list[str] = []
         size = 0
-        for piece in self.generate(*args, **kwargs):
-            size += len(piece)
-            if size > _MAX_RENDERED:
-                raise SecurityError(f"the rendered text exceeds {_MAX_RENDERED:,} characters")
-            if time.monotonic() > deadline:
-                raise SecurityError(f"rendering took over {_MAX_SECONDS:g} s")
-            out.append(piece)
+        with _Alarm(_MAX_SECONDS):
+            for piece in self.generate(*args, **kwargs):
+                size += len(piece)
+                if size > _MAX_RENDERED:
+                    raise SecurityError(f"the rendered text exceeds {_MAX_RENDERED:,} characters")
+                if time.monotonic() > deadline:
+                    raise SecurityError(f"rendering took over {_MAX_SECONDS:g} s")
+                out.append(piece)
         return "".join(out)
 
 
@@ -123,9 +158,9 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         return _bounded(super().call_binop(context, operator, left, right))
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 - jinja's signature
-        _check_args(args, kwargs)
         # jinja wraps str.format in its own safe formatter; the string is the wrapped method's
         method = getattr(__obj, "__wrapped__", __obj)
+        _check_args(getattr(method, "__name__", ""), args, kwargs)
         if getattr(method, "__name__", None) in ("format", "format_map"):
             _check_widths(getattr(method, "__self__", None), _FORMAT_WIDTH)
         return _bounded(super().call(__context, __obj, *args, **kwargs))

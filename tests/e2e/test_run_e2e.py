@@ -18,7 +18,12 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("demo")
     res = run_cli("run", str(ROOT / "configs" / "demo.yaml"), "--output", str(out), "--limit", LIMIT)
     assert res.returncode == 0, res.stderr[-3000:]
-    return out, json.loads((out / "results.json").read_text())
+    results = json.loads((out / "results.json").read_text())
+    # the terminal ends with the answer, one line, as report.md has it
+    rec = results["recommendation"]["setup"]
+    assert res.stderr.strip().splitlines()[-1] == "Recommended: " + rec + results["recommendation"]["reasons"][
+        rec].removeprefix(f"{rec}: recommended")
+    return out, results
 
 
 def _setup(results: dict, name: str) -> dict:

@@ -209,3 +209,34 @@ def test_isa_caps_in_the_environment_count(bf16: None, monkeypatch: pytest.Monke
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     assert precision.native_16bit("cpu") == native
+
+
+@pytest.mark.parametrize(("config", "dtype"), [
+    ({}, "float32"),  # no dtype at all: float32, as transformers loads it, not an invented bfloat16
+    ({"dtype": 16, "torch_dtype": "bfloat16"}, "bfloat16"),  # a malformed dtype: the older key still counts
+    ({"dtype": ["bfloat16"]}, "float32"),
+    ({"dtype": "torch.bfloat16"}, "bfloat16"),
+    ({"dtype": "float64"}, "float32"),
+    ({"text_config": {"dtype": "bfloat16"}}, "bfloat16"),  # a multimodal config's decoder
+])
+def test_auto_reads_only_a_dtype_the_config_really_names(bf16: None, config: dict, dtype: str) -> None:
+    p = precision.resolve_precision("auto", config, "cpu")
+    assert p.dtype == dtype, p
+    if not config:
+        assert "names no dtype" in p.reason
+
+
+def test_an_isa_cap_is_named_as_the_cause(bf16: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    p = precision.resolve_precision("auto", {"dtype": "bfloat16"}, "cpu")
+    assert p.dtype == "float32" and "ONEDNN_MAX_CPU_ISA=AVX2" in p.reason, p.reason
+
+
+@pytest.mark.parametrize(("isa", "native"), [("AVX512_CORE_FP16", {"bfloat16", "float16"}),
+                                             ("AVX512_CORE_AMX", {"bfloat16", "float16"}),
+                                             ("AVX2_VNNI", set())])
+def test_onednn_isa_caps_are_ordered(bf16: None, monkeypatch: pytest.MonkeyPatch, isa: str, native: set) -> None:
+    monkeypatch.setattr(precision, "cpu_flags", lambda: AVX512_BF16 | {"avx512_fp16"})
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", isa)
+    assert precision.native_16bit("cpu") == native

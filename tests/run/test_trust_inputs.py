@@ -28,11 +28,37 @@ def test_template_output_is_bounded(tmp_path: Path, template: str) -> None:
     one_line_exit_2(run_cli("validate", str(config_for(tmp_path, folder)), timeout=60), "sandbox")
 
 
+@pytest.mark.parametrize("template", [
+    "{% set s='x'*100000 %}{% for a in s %}{% for c in s %}{% endfor %}{% endfor %}done",  # loops over a string
+    "{{ lipsum(1000000)|length }}",
+    "{% set ns=namespace(x=2) %}{% for i in range(40) %}{% set ns.x=ns.x*ns.x %}{% endfor %}{{ 1 }}",
+])
+def test_template_time_is_bounded(tmp_path: Path, template: str) -> None:
+    """Work that prints nothing between two output pieces is stopped by the clock (5 s)."""
+    folder = task_dir(tmp_path, GEN_YAML.replace('doc_to_text: "{{a}} + {{b}} ="',
+                                                  f"doc_to_text: {json.dumps(template)}"), GEN_ROWS)
+    one_line_exit_2(run_cli("validate", str(config_for(tmp_path, folder)), timeout=60), "took over 5 s")
+
+
+@pytest.mark.parametrize("template", ["{{ 1/0 }}", "{{ '%c' % 99999999 }}", "{{ 1e309|int }}"])
+def test_a_template_that_raises_is_one_line(tmp_path: Path, template: str) -> None:
+    folder = task_dir(tmp_path, GEN_YAML.replace('doc_to_text: "{{a}} + {{b}} ="',
+                                                  f"doc_to_text: {json.dumps(template)}"), GEN_ROWS)
+    one_line_exit_2(run_cli("validate", str(config_for(tmp_path, folder))), "document 0")
+
+
 def test_bounded_templates_still_render_formatting() -> None:
+    """The bounds refuse only what builds an oversized string: big numbers, `range` as a value
+    and ordinary padding render as jinja renders them."""
     from qeval.tasks.templates import render
 
     assert render("{{ '%05d' % a }} {{ 'ab'|center(6) }} {{ '{:>4}'.format(a) }}|{% for i in range(3) %}{{ i }}"
                   "{% endfor %}", {"a": 3}) == "00003   ab      3|012"
+    doc = {"a": 3, "b": 12345678}
+    assert render("{{ (a + b)|string }} {{ '{:,}'.format(b) }} {{ b|abs }} {{ '{}: {}'.format(a, b) }}", doc) \
+        == "12345681 12,345,678 12345678 3: 12345678"
+    assert render("{{ range(3) }} {{ range(10)|length }} {{ range(5)|last }} {{ range(10)[2] }}", doc) \
+        == "range(0, 3) 10 4 2"
 
 
 # -- lm-eval include folders: `!function` helpers, data files, base YAMLs ----------------------------
@@ -123,6 +149,38 @@ def test_data_files_outside_the_include_folder_are_refused(tmp_path: Path, path:
                                            f"data_dirs: [{outside}], tasks: [{{name: helper_task}}]}}"))
     res = run_cli("validate", str(cfg))
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+def _outside_folder(tmp: Path) -> Path:
+    secret = tmp / "secret"
+    secret.mkdir()
+    (secret / "rows.jsonl").write_text("".join(json.dumps(r | {"q": "SECRET"}) + "\n" for r in HELPER_ROWS))
+    (secret / "base_out.yaml").write_text(HELPER_YAML.replace("data/rows.jsonl", f"{secret}/rows.jsonl"))
+    return secret
+
+
+@pytest.mark.parametrize("bypass", ["file_url", "include_out", "dataset_path", "data_dir", "glob_out"])
+def test_every_way_to_data_outside_the_folder_is_refused(tmp_path: Path, bypass: str) -> None:
+    secret = _outside_folder(tmp_path)
+    yaml_text = {
+        "file_url": HELPER_YAML.replace("test: data/rows.jsonl", f"test: file://{secret}/rows.jsonl"),
+        "include_out": "include: ../secret/base_out.yaml\ntask: helper_task\n",
+        "dataset_path": HELPER_YAML.replace("dataset_path: json\n", f"dataset_path: {secret}\n").replace(
+            "dataset_kwargs: {data_files: {test: data/rows.jsonl, train: data/rows.jsonl}}\n", ""),
+        "data_dir": HELPER_YAML.replace("dataset_kwargs: {data_files: {test: data/rows.jsonl, train: data/rows.jsonl}}",
+                                        f"dataset_kwargs: {{data_dir: {secret}}}"),
+        "glob_out": HELPER_YAML.replace("test: data/rows.jsonl", f"test: {secret}/*.jsonl"),
+    }[bypass]
+    folder = _helper_folder(tmp_path, yaml_text=yaml_text)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"name: c\nmodel: {{path: {MODEL}, max_context: 256}}\nsetups: [{{name: base}}]\n"
+                   f"lm_eval: {{include_path: [{folder}], tasks: [{{name: helper_task}}]}}\n")
+    one_line_exit_2(run_cli("validate", str(cfg)), "is outside the include folder")
+
+
+def test_a_glob_inside_the_folder_still_loads(tmp_path: Path) -> None:
+    folder = _helper_folder(tmp_path, yaml_text=HELPER_YAML.replace("test: data/rows.jsonl", "test: data/r*.jsonl"))
+    assert _infos(folder)["helper_task"].n_docs == len(HELPER_ROWS)
 
 
 def test_a_base_yaml_include_beside_the_task(tmp_path: Path) -> None:

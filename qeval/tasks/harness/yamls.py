@@ -19,6 +19,8 @@ does under lm-eval, so point it only at folders you trust.
 
 from __future__ import annotations
 
+import glob
+import os
 import re
 import shutil
 from functools import lru_cache
@@ -120,34 +122,56 @@ def _rewrite(doc: dict[str, Any], base: Path, roots: tuple[Path, Path], data_dir
             target = tasks_root() / include[len(LM_EVAL_PREFIX):]
         else:
             target = (base / include).resolve()
-            if target.is_relative_to(src_root) and target.suffix == ".yaml":
+            if not target.is_relative_to(src_root):  # its data files would escape every check below
+                raise UserError(f"{base}: include {include!r} is outside the include folder {src_root} (include "
+                                "lm_eval/<path> for lm-eval's own tasks)")
+            if target.suffix == ".yaml":
                 target = dest_root / target.relative_to(src_root)
         if not target.is_file():
             raise UserError(f"{base}: include {include!r} not found (lm_eval/<path> is resolved in {tasks_root()})")
         doc["include"] = str(target.resolve())
-    files = (doc.get("dataset_kwargs") or {}).get("data_files")
-    if files is not None:
-        doc["dataset_kwargs"] = dict(doc["dataset_kwargs"]) | {"data_files": _absolute(files, base,
-                                                                                        [src_root, *data_dirs])}
+    allowed = [src_root, *data_dirs]
+    kwargs = doc.get("dataset_kwargs") or {}
+    if isinstance(kwargs, dict):
+        for key in ("data_files", "data_dir"):
+            if kwargs.get(key) is not None:
+                kwargs = dict(kwargs) | {key: _absolute(kwargs[key], base, allowed, folder=key == "data_dir")}
+        if kwargs:
+            doc["dataset_kwargs"] = kwargs
+    path = doc.get("dataset_path")
+    if isinstance(path, str) and (Path(path).is_absolute() or path.startswith((".", "file:"))
+                                  or (base / path).exists()):
+        doc["dataset_path"] = _absolute(path, base, allowed, folder=True)  # a local dataset folder or script
     return doc
 
 
-def _absolute(files: Any, base: Path, allowed: list[Path]) -> Any:
-    """Data file paths made absolute (relative ones against the YAML's folder), each confined to
-    `allowed`: a task folder from elsewhere must not read /etc/passwd or ../../secrets."""
+_GLOB = re.compile(r"[*?\[]")
+
+
+def _absolute(files: Any, base: Path, allowed: list[Path], folder: bool = False) -> Any:
+    """Local data paths made absolute (relative ones against the YAML's folder), each confined to
+    `allowed`, after symlinks, `file://` and glob matches: a task folder from elsewhere must not
+    read /etc/passwd or ../../secrets. Remote URLs (hf://, https://) are left to `datasets`."""
     if isinstance(files, dict):
-        return {k: _absolute(v, base, allowed) for k, v in files.items()}
+        return {k: _absolute(v, base, allowed, folder) for k, v in files.items()}
     if isinstance(files, list):
-        return [_absolute(v, base, allowed) for v in files]
-    if isinstance(files, str) and "://" not in files:
-        path = (base / files).resolve()  # an absolute `files` stays itself
-        if not any(path.is_relative_to(root) for root in allowed):
-            raise UserError(f"{base}: data file {files} is outside the include folder {allowed[0]} (list its "
-                            "folder in lm_eval.data_dirs to allow it)")
-        if not path.is_file():
-            raise UserError(f"{base}: data file {files} not found (relative paths are read from the YAML's folder)")
-        return str(path)
-    return files
+        return [_absolute(v, base, allowed, folder) for v in files]
+    if not isinstance(files, str) or ("://" in files and not files.startswith("file://")):
+        return files
+    raw = files.removeprefix("file://")
+    path = Path(os.path.abspath(base / raw))  # an absolute `raw` stays itself; symlinks resolved below
+    pattern = bool(_GLOB.search(raw))
+    # a glob is confined by its fixed folder and by every file it matches
+    checked = [Path(_GLOB.split(str(path))[0]).parent] if pattern else [path]
+    matches = [Path(m) for m in glob.glob(str(path), recursive=True)] if pattern else [path]
+    for candidate in checked + matches:
+        if not any(candidate.resolve().is_relative_to(root) for root in allowed):
+            raise UserError(f"{base}: data {files} is outside the include folder {allowed[0]} (list its folder in "
+                            "lm_eval.data_dirs to allow it)")
+    if not matches or not pattern and not (path.is_dir() if folder else path.is_file()):
+        raise UserError(f"{base}: data {'folder' if folder else 'file'} {files} not found (relative paths are "
+                        "read from the YAML's folder)")
+    return str(path)
 
 
 _NAME_LINE = re.compile(r'^\s*["\']?(task|group)["\']?\s*:\s*["\']?([A-Za-z0-9_\-.]+)["\']?\s*(#.*)?$', re.M)
