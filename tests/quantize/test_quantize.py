@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import MODEL, ROOT, TASKS, demo_vllm_config, run_cli
 
+from qeval.backends.device import dtype_for
 from qeval.config import load_config
 from qeval.quantize.checkpoints import RECORD, checkpoint_dir, needs_checkpoint
 from qeval.quantize.pipeline import quant_python
@@ -111,6 +112,7 @@ def test_quantize_makes_w8a8_and_w4a8_checkpoints(quantized_demo: tuple[Path, Pa
 
     cfg_path, ck, _ = quantized_demo
     cfg = load_config(cfg_path)
+    cfg.model.dtype = dtype_for(cfg.model.dtype, MODEL)  # type: ignore[assignment]  # `auto`, as quantize resolves it
     want = {"w8a8": (8, "channel", None), "w4a8": (4, "group", 128)}
     train = (TASKS / "data" / "train.jsonl").read_bytes()
     for setup in (s for s in cfg.setups if needs_checkpoint(s)):
