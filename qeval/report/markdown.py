@@ -274,8 +274,6 @@ def _notes(results: Results) -> list[str]:
             if kernels:
                 parts.append("kernels: " + ", ".join(f"{k}: {v}" for k, v in kernels.items()))
             notes.append(md_text("; ".join(parts)))
-            if c.verdict_reason:  # absent from results written before the floor on n
-                notes.append(f"{md_text(s.name)} on {md_text(t)}: {c.verdict}: {md_text(c.verdict_reason)}")
     for d in results.dropped:
         what = f"{d.setup}/{d.task}" if d.task else f"setup {d.setup}"
         notes.append(f"not compared: {md_text(what)} is stored under another run's key ({md_text(d.reason)}); "

@@ -401,3 +401,56 @@ def test_a_gguf_gets_its_own_tokenizer_not_the_folders(tmp_path: Path) -> None:
     backend = HFBackend(cfg, setup, "cpu")
     backend.load()
     assert len(backend.tok) == 49152
+
+
+@pytest.mark.slow
+def test_the_vllm_engine_dies_with_a_killed_run(tmp_path: Path) -> None:
+    """kill -9 of `qeval run` while vLLM serves: the worker dies with the runner, and vLLM's own
+    engine core and workers with it (qeval's vLLM plugin), not seconds later under PID 1."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    (tmp_path / "c.yaml").write_text(f"name: vk\nmodel: {{path: {MODEL}, max_context: 256}}\n"
+                                     f"tasks_dir: {ROOT / 'tasks'}\nbackend: vllm\ndevice: cpu\n"
+                                     "setups: [{name: base, baseline: true}]\ntasks: [compare_mc, ppl, facts]\n")
+    proc = subprocess.Popen([sys.executable, "-m", "qeval.cli", "run", str(tmp_path / "c.yaml"), "--output",
+                             str(out)], stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if "base: loading model done" in line:
+            break
+    engines = [pid for pid in _processes_with("VLLM::") if Path(f"/proc/{pid}").exists()]
+    worker = _processes_with(str(out / "jobs" / "base.json"))
+    assert worker, "the worker is not running"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.time() + 2
+    alive = [p for p in engines + worker if _running(p)]
+    while alive and time.time() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in alive if _running(p)]
+    assert not alive, f"outlived the run: {alive}"
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # a zombie has exited (it waits for PID 1 to reap it)
+
+
+def test_the_vllm_plugin_leaves_other_vllm_uses_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    from qeval.backends.vllm import plugin
+
+    monkeypatch.delenv("QEVAL_WORKER", raising=False)
+    calls = []
+    monkeypatch.setattr("qeval.files.processes.die_with_parent", lambda pid: calls.append(pid))
+    plugin.register()
+    assert calls == []
+    monkeypatch.setenv("QEVAL_WORKER", "1")
+    plugin.register()
+    assert len(calls) == 1

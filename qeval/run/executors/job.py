@@ -115,7 +115,9 @@ def run_worker_process(python: str, job_path: Path, env: dict[str, str], log: Pa
     """`python -m qeval.run.worker JOB.json`, dying with this process; its return code."""
     out = log.open("ab") if log is not None else None
     try:
-        proc = subprocess.run([python, "-m", "qeval.run.worker", str(job_path)], env=env, check=False,
+        # QEVAL_WORKER: the engine's own processes know they serve a qeval worker (backends/vllm/plugin.py)
+        proc = subprocess.run([python, "-m", "qeval.run.worker", str(job_path)], env=env | {"QEVAL_WORKER": "1"},
+                              check=False,
                               stdout=out, stderr=subprocess.STDOUT if out else None,
                               preexec_fn=functools.partial(die_with_parent, os.getpid()))
     finally:
