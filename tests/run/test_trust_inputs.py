@@ -454,3 +454,45 @@ def test_the_vllm_plugin_leaves_other_vllm_uses_alone(monkeypatch: pytest.Monkey
     monkeypatch.setenv("QEVAL_WORKER", "1")
     plugin.register()
     assert len(calls) == 1
+
+
+@pytest.mark.slow
+def test_a_killed_driver_leaves_no_local_ray_behind(tmp_path: Path) -> None:
+    """kill -9 of `qeval run --executor ray` on a local Ray it started: Ray's GCS and raylet
+    share its fate, and its dashboard and runtime-env agents (which outlived it by 50 s and more)
+    are stopped by qeval's reaper within a few seconds."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+    import time
+
+    import psutil
+
+    ray_tmp = tempfile.mkdtemp(prefix="qr", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    (tmp_path / "c.yaml").write_text(f"name: rk\nmodel: {{path: {MODEL}, max_context: 256}}\n"
+                                     f"tasks_dir: {ROOT / 'tasks'}\ntasks: [compare_mc, ppl]\n"
+                                     "setups: [{name: base, baseline: true}, {name: int8, weights: int8}]\n"
+                                     "executor: {kind: ray}\n")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_TMPDIR": ray_tmp}
+    proc = subprocess.Popen([sys.executable, "-m", "qeval.cli", "run", str(tmp_path / "c.yaml"), "--output",
+                             str(tmp_path / "out")], stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if "submitted" in line:
+            break
+    started = psutil.Process(proc.pid).children(recursive=True)
+    agents = [p for p in started if "Agent" in " ".join(p.cmdline())]
+    assert agents, [p.cmdline()[:1] for p in started]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.time() + 5
+    alive = [p for p in started if _running(p.pid)]
+    while alive and time.time() < deadline:
+        time.sleep(0.1)
+        alive = [p for p in alive if _running(p.pid)]
+    assert not alive, [(p.pid, p.cmdline()[:1]) for p in alive]
+    import shutil
+
+    shutil.rmtree(ray_tmp, ignore_errors=True)

@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -83,6 +84,19 @@ class _Flight:
     submitted: float
 
 
+def _reap_on_death() -> None:
+    """A reaper for the local Ray this process just started (qeval/run/executors/reaper.py): its
+    processes are stopped within a second of this driver's death, kill -9 included."""
+    import psutil
+
+    here = psutil.Process()
+    started = [f"{p.pid}:{p.create_time()}" for p in here.children(recursive=True)]
+    if started:
+        subprocess.Popen([sys.executable, "-m", "qeval.run.executors.reaper", str(here.pid), *started],
+                         start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+
+
 class RayExecutor:
     """Runs jobs as Ray tasks (see the module docstring)."""
 
@@ -104,6 +118,8 @@ class RayExecutor:
             lines = str(exc).strip().splitlines()
             raise UserError(f"cannot join the Ray cluster at {self.address or 'a new local Ray'}: "
                             f"{type(exc).__name__}: {lines[0] if lines else ''}") from None
+        if not self.address:
+            _reap_on_death()
         where = self.address or "a local Ray started for this run"
         print(f"qeval: ray executor on {where}: {ray.cluster_resources().get('CPU', 0):g} CPUs, "
               f"{ray.cluster_resources().get('GPU', 0):g} GPUs", file=sys.stderr)
