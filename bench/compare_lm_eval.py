@@ -21,7 +21,6 @@ import argparse
 import json
 import logging
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -209,10 +208,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    if "--backend" in sys.argv and "vllm" in sys.argv:
-        # every figure is written: skip the interpreter's teardown, where vLLM's engine shutdown
-        # sometimes aborts (SIGABRT, seen once in CI after the results were out) and would turn a
-        # finished benchmark into a failure
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)

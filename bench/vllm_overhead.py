@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -102,8 +101,3 @@ def _timed(fn) -> float:  # type: ignore[no-untyped-def]
 
 if __name__ == "__main__":
     main()
-    # every figure is written: skip the interpreter's teardown, where vLLM's engine shutdown
-    # sometimes aborts (SIGABRT, seen once in CI after a finished benchmark)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
