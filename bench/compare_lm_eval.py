@@ -7,7 +7,7 @@ agreement, measured in one run on one machine.
 
 Each task runs through both sides with the same few-shot settings and seed, from the offline
 fixtures in tasks/lm_eval: lm-eval's `simple_evaluate` with its own model (`HFLM`, or its `vllm`
-model type), and qeval's lm-eval route (qeval.tasks.harness: lm-eval builds the requests, qeval's
+model type), and qeval's lm-eval route (qeval.tasks.lm_eval: lm-eval builds the requests, qeval's
 backend scores them in one batched call per request type). Model loads are outside the timed
 region; task building is inside on both sides. Printed: each side's wall time and the ratio per
 task (by request type), the per-document agreement (max |Δ log-likelihood| per request,
@@ -78,9 +78,9 @@ def _is_cpu_wheel() -> bool:
 
 def qeval_backend(args: argparse.Namespace) -> Any:
     from qeval.backends import backend_entry
-    from qeval.backends.vllm.config import EngineSpec
     from qeval.config import ModelSpec, RunConfig
-    from qeval.setups import Setup
+    from qeval.config.engine import EngineSpec
+    from qeval.config.setups import Setup
 
     setup = Setup(name="baseline")
     cfg = RunConfig(name="bench", model=ModelSpec(path=str(args.model), dtype=args.dtype, max_context=args.max_length),
@@ -106,16 +106,16 @@ def run_lm_eval(lm: Any, task: str, args: argparse.Namespace, folder: Path) -> t
 
 
 def run_qeval(backend: Any, task: str, args: argparse.Namespace) -> tuple[float, Any]:
-    from qeval.tasks.harness.config import HarnessSpec, HarnessTask
-    from qeval.tasks.harness.scoring import score_harness
-    from qeval.tasks.harness.session import open_session
+    from qeval.config.lm_eval import LmEvalSpec, LmEvalTask
+    from qeval.tasks.lm_eval.scoring import score_lm_eval
+    from qeval.tasks.lm_eval.session import open_session
 
     t0 = time.perf_counter()
-    spec = HarnessSpec(include_path=[str(ROOT / "tasks" / "lm_eval")], fewshot_seed=1234,
-                       tasks=[HarnessTask(name=task, num_fewshot=SHOTS.get(task, 0), max_gen_toks=args.max_gen_toks)])
+    spec = LmEvalSpec(include_path=[str(ROOT / "tasks" / "lm_eval")], fewshot_seed=1234,
+                       tasks=[LmEvalTask(name=task, num_fewshot=SHOTS.get(task, 0), max_gen_toks=args.max_gen_toks)])
     session = open_session(spec, ROOT, args.limit)
     try:
-        result = score_harness(backend, session, [task], lambda n: None)[task]
+        result = score_lm_eval(backend, session, [task], lambda n: None)[task]
     finally:
         session.close()
     return time.perf_counter() - t0, result
@@ -184,7 +184,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from qeval.tasks.harness.yamls import materialize
+    from qeval.tasks.lm_eval.yamls import materialize
 
     lm, backend = lm_eval_model(args), qeval_backend(args)
     rows = []

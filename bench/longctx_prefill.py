@@ -63,9 +63,9 @@ def main() -> int:
     from qeval.backends.hf.backend import HFBackend
     from qeval.backends.hf.quant import new_cache
     from qeval.config import ModelSpec, RunConfig
-    from qeval.setups import Setup
-    from qeval.tasks.longctx.config import LongContextSpec
-    from qeval.tasks.longctx.generate import passkey_doc, prose_doc
+    from qeval.config.long_context import LongContextSpec
+    from qeval.config.setups import Setup
+    from qeval.tasks.long_context.generate import passkey_doc, prose_doc
 
     setup = Setup(name=f"kv-{args.kv}", kv_cache=args.kv)
     cfg = RunConfig(name="bench", model=ModelSpec(path=str(args.model), dtype=args.dtype, max_context=args.tokens),

@@ -10,7 +10,7 @@ on (log stats on, prefix caching off, `enforce_eager`, the CPU build's memory sh
   --random-output-len O --num-prompts N --seed S` (vllm.benchmarks.throughput.main, the code
   the `vllm bench throughput` subcommand runs; its `LLM.from_engine_args` pointed at the
   running engine, so the engine and its settings are the same object for both sides) against
-  qeval's phase (qeval.perf.vllm.measure) at one level of N requests all submitted at once,
+  qeval's phase (qeval.backends.vllm.perf.measure) at one level of N requests all submitted at once,
   the same seed: the same prompts, the same sampling parameters.
 - latency: `vllm bench latency --input-len I --output-len O --batch-size B --num-iters K`
   (average wall time of one generate call of B prompts) against the mean wave time of qeval's
@@ -123,13 +123,13 @@ def main() -> None:
     import vllm.benchmarks.latency as L
     import vllm.benchmarks.throughput as T
 
+    from qeval.backends.vllm import perf as perf_vllm
     from qeval.backends.vllm.backend import VLLMBackend
+    from qeval.backends.workload import Workload
     from qeval.config import ModelSpec, RunConfig
-    from qeval.perf import vllm as perf_vllm
-    from qeval.perf.config import PerfSpec
+    from qeval.config.performance import PerfSpec
+    from qeval.config.setups import Setup
     from qeval.perf.phase import summarize
-    from qeval.perf.workload import Workload
-    from qeval.setups import Setup
 
     setup = Setup(name="bench")
     cfg = RunConfig(name="bench", model=ModelSpec(path=str(args.model), dtype=args.dtype,

@@ -39,7 +39,7 @@ def main() -> None:
     from qeval.backends.tokens import encode_pair, rolling_windows, truncate
     from qeval.backends.vllm import backend as qv
     from qeval.config import ModelSpec, RunConfig
-    from qeval.setups import Setup
+    from qeval.config.setups import Setup
     from qeval.tasks import load_task
     from qeval.tasks.scoring import score_task
 

@@ -179,6 +179,7 @@ def report(run_dir: Annotated[Path, typer.Argument(help="a finished run director
     sweep, every model's and the sweep's report.md from sweep.json."""
     from qeval.report import write_report
     from qeval.results.schema import read_results
+    from qeval.tasks.kinds import report_sections
 
     try:
         if (run_dir / "sweep.json").is_file():  # a sweep: each model's report, then the sweep's
@@ -186,10 +187,11 @@ def report(run_dir: Annotated[Path, typer.Argument(help="a finished run director
             from qeval.sweep.schema import model_run_dir, read_sweep
 
             for m in read_sweep(run_dir / "sweep.json").models:
-                write_report(model_run_dir(run_dir, m), read_results(model_run_dir(run_dir, m) / "results.json"))
-            print(write_sweep_report(run_dir))
+                write_report(model_run_dir(run_dir, m), read_results(model_run_dir(run_dir, m) / "results.json"),
+                             report_sections())
+            print(write_sweep_report(run_dir, report_sections()))
             return
-        md, html = write_report(run_dir, read_results(run_dir / "results.json"))
+        md, html = write_report(run_dir, read_results(run_dir / "results.json"), report_sections())
     except UserError as exc:
         _fail(exc)
         return
@@ -205,9 +207,9 @@ def list_tasks(
 ) -> None:
     """List qeval's tasks (kind, samples, data checksum), the lm-eval tasks and groups of the
     include folders, the suites, and with --library lm-eval's own tasks."""
+    from qeval.config.lm_eval import SUITES
     from qeval.tasks import available_tasks, load_task
-    from qeval.tasks.harness.config import SUITES
-    from qeval.tasks.harness.yamls import local_names
+    from qeval.tasks.lm_eval.yamls import local_names
 
     try:
         table = Table("task", "kind", "samples", "sha256 / source")

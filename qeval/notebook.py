@@ -22,8 +22,8 @@ from typing import Any
 import pandas as pd
 
 from qeval.errors import UserError
+from qeval.records.store import RunStore
 from qeval.results.schema import Results, read_results
-from qeval.run.store import RunStore
 
 
 class SchemaVersionError(ValueError):

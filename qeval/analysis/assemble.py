@@ -7,6 +7,7 @@ Each setup is compared with the baseline task by task, over each lm-eval group's
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from qeval.analysis.comparison import (
@@ -19,13 +20,18 @@ from qeval.analysis.comparison import (
     paired,
     weights_twin,
 )
-from qeval.analysis.longctx import attach_long_context
 from qeval.analysis.recommend import recommend
+from qeval.config.setups import Setup
 from qeval.memory.figures import gap_flags, memory_block
 from qeval.perf.block import performance_block
 from qeval.perf.ceilings import read_ceilings
 from qeval.perf.phase import perf_key
-from qeval.perf.schema import Ceilings
+from qeval.records.job import Outcome
+from qeval.records.keys import key_difference
+from qeval.records.preflight import Preflight
+from qeval.records.provenance import hardware
+from qeval.records.store import RunStore
+from qeval.results.performance import Ceilings
 from qeval.results.schema import (
     SCHEMA_VERSION,
     Comparison,
@@ -38,21 +44,21 @@ from qeval.results.schema import (
     TaskInfo,
     TaskScore,
 )
-from qeval.run.keys import key_difference
-from qeval.run.preflight import Preflight
-from qeval.run.provenance import hardware
-from qeval.run.store import RunStore
-from qeval.setups import Setup
 
 if TYPE_CHECKING:
-    from qeval.run.keys import SetupKeys
+    from qeval.records.keys import SetupKeys
+
+#: a task kind's results block: the results with its own block added
+ResultsBlock = Callable[[Results, Preflight, RunStore], Results]
 
 KV_NO_EFFECT = ("kv_cache_no_effect: outputs identical to weights-only twin {twin!r}; the quantized KV cache "
                 "was not exercised, do not read this as lossless")
 
 
-def assemble_results(pre: Preflight, store: RunStore, keys: dict[str, SetupKeys], run_info: dict[str, Any]) -> Results:
-    """The run's results from its directory (see the module docstring)."""
+def assemble_results(pre: Preflight, store: RunStore, keys: dict[str, SetupKeys], run_info: dict[str, Any],
+                     blocks: Sequence[ResultsBlock] = ()) -> Results:
+    """The run's results from its directory (see the module docstring). `blocks` add the task
+    kinds' own blocks (qeval/tasks/kinds.py `results_blocks()`), before the recommendation."""
     cfg = pre.cfg
     dropped: list[Dropped] = []
     entries: dict[str, SetupResult] = {}
@@ -64,19 +70,20 @@ def assemble_results(pre: Preflight, store: RunStore, keys: dict[str, SetupKeys]
         outcome = store.read_outcome(s.name)
         if outcome is None and s not in pre.setups:
             continue  # never run into this directory: nothing to show
-        if outcome is not None and outcome.get("key") != keys[s.name].key:
-            dropped.append(Dropped(setup=s.name, reason=key_difference(outcome.get("key_parts"), keys[s.name].parts)))
+        if outcome is not None and outcome.key != keys[s.name].key:
+            dropped.append(Dropped(setup=s.name, reason=key_difference(outcome.key_parts, keys[s.name].parts)))
             continue
         entries[s.name] = _setup_entry(pre, store, s, outcome, keys[s.name], dropped, ceilings)
     tasks = _task_infos(pre, entries)
     entries = _compare(pre, store, entries, tasks)
     run = RunInfo(**run_info, hardware=hardware(), partial_tasks=partial_tasks(pre, tasks))
     results = Results(schema_version=SCHEMA_VERSION, run=run,
-                      config=cfg.model_dump(mode="json"), tasks=tasks, setups=list(entries.values()),
+                      config=cfg.as_json(), tasks=tasks, setups=list(entries.values()),
                       groups={g: m for g, m in pre.groups.items() if g in tasks}, suites=pre.suites,
                       dropped=dropped, recommendation={"setup": None, "reasons": {}},
                       ceilings=ceilings)
-    results = attach_long_context(results, pre, store)  # KV bytes and loss by position per length
+    for block in blocks:  # e.g. long context: KV bytes and loss by token position at each length
+        results = block(results, pre, store)
     return results.model_copy(update={"recommendation": recommend(results)})
 
 
@@ -86,7 +93,7 @@ def _task_infos(pre: Preflight, entries: dict[str, SetupResult]) -> dict[str, Ta
     for t in pre.tasks:
         if t.name in pre.run_tasks or any(t.name in e.tasks for e in entries.values()):
             tasks[t.name] = TaskInfo(output_type=t.output_type, n=t.n_docs, sha256=t.sha256, fingerprint=t.fingerprint,
-                                     metric=t.compared, kind=t.kind, entry=t.entry,
+                                     metric=t.compared_metric, kind=t.kind, entry=t.entry,
                                      num_fewshot=t.num_fewshot if t.kind == "lm_eval" else None,
                                      higher_is_better=_direction(t))
     for group, members in pre.groups.items():
@@ -152,7 +159,7 @@ def _direction(t: Any) -> bool | None:
     """Whether the compared metric is better higher, as lm-eval declares it (None: qeval's own
     descriptor decides)."""
     hib = getattr(t, "higher_is_better", None)
-    return hib.get(t.compared.split(",")[0]) if isinstance(hib, dict) else None
+    return hib.get(t.compared_metric.split(",")[0]) if isinstance(hib, dict) else None
 
 
 def _paired_tasks(store: RunStore, base: str, other: str, tasks: dict[str, TaskInfo],
@@ -203,9 +210,9 @@ def _kv_flag(store: RunStore, cfg: Any, setup: Setup, entries: dict[str, SetupRe
         else []
 
 
-def _setup_entry(pre: Preflight, store: RunStore, setup: Setup, outcome: dict[str, Any] | None,
+def _setup_entry(pre: Preflight, store: RunStore, setup: Setup, outcome: Outcome | None,
                  keys: SetupKeys, dropped: list[Dropped], ceilings: Ceilings | None = None) -> SetupResult:
-    outcome = outcome or {"status": "failed", "error": "not run"}
+    outcome = outcome or Outcome(name=setup.name, status="failed", error="not run")
     scores: dict[str, TaskScore] = {}
     for t in pre.tasks:
         meta = store.read_meta(setup.name, t.name)
@@ -216,18 +223,18 @@ def _setup_entry(pre: Preflight, store: RunStore, setup: Setup, outcome: dict[st
                                    reason=key_difference(meta.get("key_parts"), keys.tasks[t.name])))
             continue
         scores[t.name] = TaskScore(n=meta["n"], metrics=meta["metrics"])
-    status, error = outcome["status"], outcome.get("error")
+    status, error = outcome.status, outcome.error
     missing = [t for t in pre.run_tasks if t not in scores]
     if status == "ok" and setup in pre.setups and missing:
         status, error = "failed", f"no stored results for {', '.join(missing)}"
     cfg = pre.cfg
     share = (f"GPU memory x {cfg.budget.utilization} (budget.utilization)" if pre.device == "cuda"
              else f"host memory x {cfg.engine.cpu_memory_utilization} (engine.cpu_memory_utilization)")
-    memory = memory_block(setup, outcome.get("memory") or {}, pre.shape, cfg.model.dtype, pre.device, cfg.budget, share)
-    perf, perf_flags = performance_block(setup, outcome.get("performance") if cfg.performance.enabled else None,
+    memory = memory_block(setup, outcome.memory, pre.shape, cfg.model.dtype, pre.device, cfg.budget, share)
+    perf, perf_flags = performance_block(setup, outcome.performance if cfg.performance.enabled else None,
                                          perf_key(keys.parts, cfg), memory, pre.shape, cfg.model.dtype, ceilings)
     return SetupResult(name=setup.name, baseline=setup.name == cfg.baseline.name, status=status, error=error,
                        spec=setup.model_dump(mode="json") | {"id": setup.id}, memory=memory, tasks=scores,
-                       library_versions=outcome.get("library_versions", {}),
-                       quantization=outcome.get("quantization", {}), timings=outcome.get("timings", {}),
+                       library_versions=outcome.library_versions,
+                       quantization=outcome.quantization, timings=outcome.timings,
                        performance=perf, flags=perf_flags)

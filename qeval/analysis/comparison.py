@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 
-from qeval.analysis.gates import Gate
 from qeval.analysis.stats import (
     MIN_PAIRED_N,
     PairedComparison,
@@ -22,16 +21,17 @@ from qeval.analysis.stats import (
     verdict,
 )
 from qeval.config import RunConfig
+from qeval.config.gates import Gate
+from qeval.config.setups import Setup
+from qeval.records.store import RunStore
+from qeval.results.metrics import metric as describe
 from qeval.results.schema import Comparison, SuiteScore
-from qeval.run.store import RunStore
-from qeval.setups import Setup
-from qeval.tasks.metrics import metric as describe
 
 #: the per-sample field each comparable metric of qeval's own tasks is paired on
 _PAIRED_FIELD = {"acc": "correct", "acc_norm": "correct_norm", "exact_match": "correct"}
 
 
-def compared_metric(output_type: str, metrics: list[str]) -> str:
+def pick_compared_metric(output_type: str, metrics: list[str]) -> str:
     """The metric a qeval task is compared on: the first of its metrics qeval can pair by
     document (perplexity tasks always on bits per byte)."""
     if output_type == "loglikelihood_rolling":

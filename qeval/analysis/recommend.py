@@ -9,8 +9,8 @@ evidence, a paired comparison with a baseline that ran, on every task of the run
 
 from __future__ import annotations
 
+from qeval.results.metrics import metric as describe
 from qeval.results.schema import Comparison, Recommendation, Results, SetupResult
-from qeval.tasks.metrics import metric as describe
 
 
 def describe_delta(task: str, c: Comparison) -> str:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from qeval.backends.base import Backend
     from qeval.config import RunConfig
-    from qeval.setups import Setup
+    from qeval.config.setups import Setup
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
-    from qeval.perf.workload import Measurement, Workload
+    from qeval.backends.workload import Measurement, Workload
 
 #: a progress callback: called with the number of requests just finished
 Progress = Callable[[int], None]

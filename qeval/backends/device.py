@@ -19,12 +19,12 @@ import os
 import platform
 import shutil
 import subprocess
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from qeval.errors import UserError
+from qeval.records.preflight import Precision
 
 
 def resolve_device(requested: str, on_cluster: bool = False) -> str:
@@ -127,24 +127,6 @@ def model_dtype(config: dict[str, Any]) -> str | None:
             if isinstance(value, str) and value.removeprefix("torch.") in _KNOWN_DTYPES:
                 return value.removeprefix("torch.")
     return None
-
-
-@dataclass(frozen=True)
-class Precision:
-    """What the model computes in, and why: recorded in results.json and the report."""
-
-    requested: str  # the config's model.dtype: auto, bfloat16, float16 or float32
-    dtype: str  # what the setups run in
-    reason: str  # one line: why this dtype (auto) or what it costs here (an emulated 16-bit dtype)
-    emulated: bool = False  # a 16-bit dtype this device emulates (slow)
-    fallback: str = ""  # why `auto` fell back to float32 ("this CPU has no native bfloat16"), else ""
-
-    @property
-    def short(self) -> str:
-        """`dtype float32 (auto: this CPU has no native bfloat16)`, `dtype bfloat16 (auto)`, `dtype float32`."""
-        if self.requested != "auto":
-            return f"dtype {self.dtype}" + (" (emulated here: slow)" if self.emulated else "")
-        return f"dtype {self.dtype} (auto{': ' + self.fallback if self.fallback else ''})"
 
 
 def resolve_precision(requested: str, config: dict[str, Any], device: str) -> Precision:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from qeval.config.setups import Setup
 from qeval.memory.capacity import Budget, kv_capacity
 from qeval.memory.ledger import ModelShape, predict_kv_bytes_per_token, predict_weights_bytes
 from qeval.results.schema import EnginePool, Figure, Memory
-from qeval.setups import Setup
 
 #: predicted and measured weights or KV bytes further apart than this are flagged
 GAP_FLAG = 0.10

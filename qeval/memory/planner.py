@@ -6,10 +6,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from qeval.config.setups import Setup
 from qeval.errors import UserError
 from qeval.memory.capacity import Budget, kv_capacity
 from qeval.memory.ledger import ModelShape, predict_kv_bytes_per_token, predict_weights_bytes
-from qeval.setups import Setup
 
 #: the setups a plan compares; the 16-bit, automatic-KV row is named fp16 (the stable surface: docs/architecture.md)
 PLAN_SETUPS = [
@@ -38,8 +38,8 @@ class PlanRow:
 def load_model_config(model: str) -> dict[str, Any]:
     """config.json from a local folder or file, the config a GGUF file describes, or config.json
     from the hub where it is reachable; one line for anything else (as `qeval run` reads them:
-    qeval/run/model_source.py)."""
-    from qeval.run.model_source import gguf_config, read_config_file, read_model_config
+    qeval/records/model_source.py)."""
+    from qeval.records.model_source import gguf_config, read_config_file, read_model_config
 
     path = Path(model)
     if path.is_dir():

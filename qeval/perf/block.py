@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from qeval.config.setups import Setup
 from qeval.memory.ledger import ModelShape
-from qeval.perf.schema import Ceilings, CeilingShare, PerfLevel, Performance
+from qeval.results.performance import Ceilings, CeilingShare, PerfLevel, Performance
 from qeval.results.schema import Memory
-from qeval.setups import Setup
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 #: setups whose matmuls take 8-bit activations: their prefill is bound by the int8 peak

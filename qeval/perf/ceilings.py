@@ -34,8 +34,8 @@ from qeval.files.processes import die_with_parent
 from qeval.perf.stats import measured
 
 if TYPE_CHECKING:
-    from qeval.run.preflight import Preflight
-    from qeval.run.store import RunStore
+    from qeval.records.preflight import Preflight
+    from qeval.records.store import RunStore
 
 PROBE_VERSION = "2"
 REPEATS = 5
@@ -184,8 +184,8 @@ def ensure_ceilings(pre: Preflight, store: RunStore, python: str) -> dict[str, A
     with its error and warned about: the setups then report figures without shares."""
     if not pre.cfg.performance.enabled:
         return None
-    from qeval.run.keys import key_of
-    from qeval.run.provenance import hardware
+    from qeval.records.keys import key_of
+    from qeval.records.provenance import hardware
 
     key = key_of({"device": pre.device, "hardware": json.dumps(hardware(), sort_keys=True), "python": python,
                   "dtype": pre.cfg.model.dtype, "probe": PROBE_VERSION})
@@ -197,7 +197,7 @@ def ensure_ceilings(pre: Preflight, store: RunStore, python: str) -> dict[str, A
             stored = None
         if isinstance(stored, dict) and stored.get("key") == key and not stored.get("error"):
             return stored
-    from qeval.run.executors.address import cluster_address
+    from qeval.records.address import cluster_address
 
     remote = cluster_address(pre.cfg.executor.address) if pre.cfg.executor.kind == "ray" else None
     if remote is not None:  # the jobs run on the cluster's nodes; this driver's device says nothing of theirs

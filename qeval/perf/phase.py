@@ -12,13 +12,14 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any
 
+from qeval.backends.workload import Measurement, Workload, resolve_levels, workload_for
 from qeval.perf.stats import measured, percentile
-from qeval.perf.workload import Measurement, Workload, resolve_levels, workload_for
 
 if TYPE_CHECKING:
     from qeval.backends.base import Backend
     from qeval.config import RunConfig
-    from qeval.setups import Setup
+    from qeval.config.setups import Setup
+    from qeval.records.job import PerformanceJob
 
 #: bump when the measurement changes what a stored figure means
 PERF_VERSION = "1"
@@ -40,7 +41,7 @@ FIGURES: dict[str, tuple[str, str]] = {
 def perf_key(setup_parts: dict[str, str], cfg: RunConfig) -> str:
     """What changes a setup's performance figures: the setup's own resume key parts (model,
     setup, backend, device, engine...), the workload, the budget (it sizes `max`) and the seed."""
-    from qeval.run.keys import key_of
+    from qeval.records.keys import key_of
 
     return key_of(setup_parts | {"performance": json.dumps(cfg.performance.model_dump(mode="json"), sort_keys=True),
                                  "budget": json.dumps(cfg.budget.model_dump(mode="json"), sort_keys=True),
@@ -60,13 +61,13 @@ def budget_concurrency(cfg: RunConfig, setup: Setup, device: str, memory: dict[s
 
 
 def run_phase(backend: Backend, cfg: RunConfig, setup: Setup, device: str, memory: dict[str, Any],
-              job: dict[str, Any]) -> dict[str, Any]:
+              job: PerformanceJob) -> dict[str, Any]:
     """Time the workload on the loaded backend; a failure here is recorded, never raised
     (the setup's scores stand without its performance)."""
     t0 = time.time()
-    out: dict[str, Any] = {"key": job["key"], "status": "failed", "error": None}
+    out: dict[str, Any] = {"key": job.key, "status": "failed", "error": None}
     try:
-        conc = budget_concurrency(cfg, setup, device, memory, job.get("shape"))
+        conc = budget_concurrency(cfg, setup, device, memory, job.shape)
         levels, why = resolve_levels(cfg.performance, conc, backend.concurrency_limit)
         workload = workload_for(cfg.performance, levels, why, cfg.seed)
         m = backend.performance(workload)

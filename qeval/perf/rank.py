@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from qeval.perf.schema import Measured
+    from qeval.results.performance import Measured
     from qeval.results.schema import SetupResult
 
 

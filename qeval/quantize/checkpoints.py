@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from qeval.config import RunConfig
+from qeval.config.quantize import Calibration
+from qeval.config.setups import Setup
 from qeval.errors import UserError
 from qeval.files.jsonl import read_objects
-from qeval.quantize.config import Calibration
-from qeval.setups import Setup
 
 RECORD = "qeval-quantize.json"  # the record of how a checkpoint was made (written last)
 DEFAULT_CALIBRATION = "data/train.jsonl"  # under tasks_dir: the shipped suite's training text

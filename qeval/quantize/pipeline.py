@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qeval import __version__
 from qeval.backends.device import resolve_device, resolve_precision
 from qeval.backends.interpreter import has_module
 from qeval.config import RunConfig
+from qeval.config.quantize import Calibration
+from qeval.config.setups import Setup
 from qeval.errors import UserError
 from qeval.files.atomic import atomic_write_json
 from qeval.files.processes import die_with_parent, pid_alive
@@ -40,10 +41,9 @@ from qeval.quantize.checkpoints import (
     read_calibration_texts,
     recipe_spec,
 )
-from qeval.quantize.config import Calibration
-from qeval.run.model_source import resolve_model
-from qeval.run.provenance import git_commit, hardware, now_iso
-from qeval.setups import Setup
+from qeval.records.model_source import resolve_model
+from qeval.records.provenance import git_commit, hardware, now_iso
+from qeval.version import __version__
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
 SCHEMA_VERSION = 1

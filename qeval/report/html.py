@@ -3,23 +3,24 @@ model output escaped by Jinja2's autoescaping, with a sign-off block for a revie
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import jinja2
 import yaml
 
-from qeval.perf import views as perf_views
+from qeval.records.store import RunStore
+from qeval.report import performance as perf_views
 from qeval.report import plots
-from qeval.report.longctx import html_tables as long_context_tables
 from qeval.report.markdown import GATE_HEADER, budget_text, gate_rows, partial_line, summary_rows
+from qeval.report.sections import ReportSection
 from qeval.results.schema import Results
-from qeval.run.store import RunStore
 
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("qeval", "report/templates"),
                           autoescape=jinja2.select_autoescape(["html", "j2"]), undefined=jinja2.StrictUndefined)
@@ -69,8 +70,9 @@ def _plot(make: Callable[[Results], str], results: Results) -> str:
         return f"<p>(plot not drawn: {html.escape(type(exc).__name__)}: {html.escape(str(exc)[:200])})</p>"
 
 
-def render_html(run_dir: Path, results: Results) -> str:
-    """report.html (see the module docstring)."""
+def render_html(run_dir: Path, results: Results, sections: Sequence[ReportSection] = ()) -> str:
+    """report.html (see the module docstring): the report's own tables and plots, then each
+    section's (the task kinds')."""
     header, rows = summary_rows(results, esc=str)
     figures = {
         "Quality vs memory (Pareto front dashed)": _plot(plots.quality_vs_memory, results),
@@ -81,13 +83,14 @@ def render_html(run_dir: Path, results: Results) -> str:
     if perf:
         figures["Quality x memory x throughput (filled: Pareto-optimal over all three)"] = _plot(plots.tradeoff,
                                                                                                   results)
-    if results.long_context:  # issue 16: quality against length, loss by token position
-        figures["Long context: quality against context length"] = _plot(plots.quality_vs_length, results)
-        figures["Long context: Δ NLL per token by position, 95% CI"] = _plot(plots.bucket_deltas, results)
+    for section in sections:
+        for caption, make in section.figures(results).items():
+            figures[caption] = _plot(functools.partial(plots.svg_of, make), results)
     return _ENV.get_template("report.html.j2").render(
         r=results, header=header, rows=rows, gate_header=GATE_HEADER, gate_rows=gate_rows(results, esc=str),
         figures=figures, flips=flip_examples(run_dir, results), budget=budget_text(results),
         partial=partial_line(results),
         versions=_versions(results), config_yaml=yaml.safe_dump(results.config, sort_keys=False),
-        hardware=json.dumps(results.run.hardware, indent=1), perf=perf, long_context=long_context_tables(results),
+        hardware=json.dumps(results.run.hardware, indent=1), perf=perf,
+        sections=[(s.title, s.anchor, tables) for s in sections if (tables := s.tables(results))],
     )

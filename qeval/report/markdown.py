@@ -1,41 +1,22 @@
 """report.md and the end-of-run table: the recommendation, the summary table (setup,
 weights, KV bytes/token, each task's score and its difference from the baseline), the
-gate table, the performance section (qeval/perf/views.py) and the notes. Generated from
+gate table, the performance section (qeval/report/performance.py) and the notes. Generated from
 results.json alone (qeval.results.schema)."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
+from collections.abc import Sequence
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from qeval.perf import views as perf_views
-from qeval.report.longctx import markdown_section as long_context_section
+from qeval.report import performance as perf_views
+from qeval.report.sections import ReportSection
+from qeval.report.tables import Escape, code_text, md_table, md_text
+from qeval.results.metrics import Metric
+from qeval.results.metrics import metric as describe
 from qeval.results.schema import Comparison, Figure, Results, SetupResult
-from qeval.tasks.metrics import Metric
-from qeval.tasks.metrics import metric as describe
-
-# `*` and `_` are left alone: at worst they italicise, and names such as compare_mc stay readable.
-# Brackets alone are harmless ("[-1.2, +0.4]"); a link needs `](`, `][` or `]:`, and those are broken.
-_MD_SPECIAL = str.maketrans({c: f"\\{c}" for c in "\\`|"} | {"<": "&lt;", ">": "&gt;", "&": "&amp;",
-                                                             "\n": " ", "\r": " "})
-_LINK = re.compile(r"\](?=[(\[:])")
-Escape = Callable[[object], str]
-
-
-def md_text(value: object) -> str:
-    """Text from the results (names, errors, paths, reasons) made inert in markdown: no table
-    cell is split by a `|`, no HTML or link passes through, no line is broken. (The HTML
-    report passes `esc=str`: Jinja2 autoescapes there.)"""
-    return _LINK.sub(r"]\\", str(value).translate(_MD_SPECIAL))
-
-
-def _code(value: object) -> str:
-    """Text inside a `code span`: only a backtick or a line break can escape it."""
-    return str(value).replace("`", "'").replace("\n", " ").replace("\r", " ")
 
 
 def _mib(n: int | float | None) -> str:
@@ -93,22 +74,22 @@ def _value(s: SetupResult, task: str, metric: str) -> float | None:
     return value.value if value else None
 
 
-def render_markdown(results: Results) -> str:
-    """report.md."""
+def render_markdown(results: Results, sections: Sequence[ReportSection] = ()) -> str:
+    """report.md: the report's own tables, then each section's (the task kinds')."""
     header, rows = summary_rows(results)
     run = results.run
     lines = [f"# qeval run: {md_text(run.name)}", "",
-             f"Model `{_code(results.config['model']['path'])}` (sha256 {run.model_sha256[:12]}…), backend "
+             f"Model `{code_text(results.config['model']['path'])}` (sha256 {run.model_sha256[:12]}…), backend "
              f"{run.backend} on {run.device}{_precision_text(results)}, qeval {run.qeval_version}.", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
+             *md_table(header, rows)]
     recovery = "; the last figure is recovery, the setup's score as a share of the baseline's"
     lines += ["", f"Accuracies in percent; Δ is setup minus baseline with {_ci_legend(results)}"
               + (recovery if _any_recovery(results) else "") + ". Weights and KV bytes/token are measured on the "
               "loaded model, or marked predicted where the backend reports no figure (sources in results.json).", ""]
     lines += _recommendation(results) + _suite_table(results) + _gate_table(results) + _members_table(results)
     lines += perf_views.markdown_lines(results, md_text)  # nothing for results without a performance phase
-    lines += long_context_section(results, md_text)
+    for section in sections:
+        lines += section.markdown(results, md_text)
     notes = _notes(results)
     if notes:
         lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
@@ -147,8 +128,7 @@ def _suite_table(results: Results) -> list[str]:
     if not rows:
         return []
     header = ["setup", "suite", "average", "baseline average", "recovery", "95% CI", "verdict"]
-    lines = ["## Suites", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    lines = ["## Suites", "", *md_table(header, rows)]
     names = "; ".join(f"{md_text(k)}: {', '.join(md_text(t) for t in v)}" for k, v in results.suites.items())
     return lines + ["", f"Averages of the suites' task scores in percent ({names}); recovery is the setup's average "
                     "as a share of the baseline's, its interval combined from the tasks' own intervals.", ""]
@@ -169,8 +149,7 @@ def _members_table(results: Results) -> list[str]:
     if not rows:
         return []
     header = ["group", "task", "setup", "score", "Δ vs baseline [95% CI]"]
-    return ["## lm-eval group members", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + \
-        ["| " + " | ".join(r) + " |" for r in rows] + [""]
+    return ["## lm-eval group members", "", *md_table(header, rows), ""]
 
 
 def _ci_legend(results: Results) -> str:
@@ -248,8 +227,7 @@ def _gate_table(results: Results) -> list[str]:
     rows = gate_rows(results)
     if not rows:
         return []
-    lines = ["## Gates", "", "| " + " | ".join(GATE_HEADER) + " |", "|" + "---|" * len(GATE_HEADER)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    lines = ["## Gates", "", *md_table(GATE_HEADER, rows)]
     return lines + ["", "Δ in points for accuracies, in bits per byte for perplexity (lower is better there).", ""]
 
 

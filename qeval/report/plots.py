@@ -9,8 +9,8 @@ from typing import Any
 import matplotlib as mpl
 import matplotlib.pyplot as plt  # no backend forced: Agg headless, inline in a notebook
 
+from qeval.results.metrics import metric as describe
 from qeval.results.schema import Results, SetupResult
-from qeval.tasks.metrics import metric as describe
 
 # Set per figure (rc_context), never globally: importing qeval must not restyle a notebook.
 # - svg.hashsalt: stable element ids, so `qeval report` is byte-for-byte
@@ -18,7 +18,7 @@ from qeval.tasks.metrics import metric as describe
 _RC: Any = {"svg.hashsalt": "qeval", "font.size": 9, "text.parse_math": False}  # Any: the stub wants literal keys
 
 
-def _svg(make: Callable[[Results], Any], results: Results) -> str:
+def svg_of(make: Callable[[Results], Any], results: Results) -> str:
     with mpl.rc_context(_RC):
         fig = make(results)
         buf = io.StringIO()
@@ -40,20 +40,6 @@ def _ok(results: Results) -> list[SetupResult]:
     return [s for s in results.setups if s.status == "ok"]
 
 
-def sequence_bytes(s: SetupResult, context: int) -> int:
-    """Weights plus the KV cache of one sequence at the target context: what one replica needs."""
-    m = s.memory
-    w = m.weights_bytes.measured or m.weights_bytes.predicted or 0
-    kv = m.kv_bytes_per_token.measured or m.kv_bytes_per_token.predicted or 0
-    return int(w + kv * context)
-
-
-def worst_accuracy_delta(s: SetupResult) -> float:
-    """The largest accuracy drop of a setup, in points (0 when no proportion is compared)."""
-    deltas = [c.delta for c in s.vs_baseline.values() if describe(c.metric).proportion]
-    return 100 * min(deltas, default=0.0)
-
-
 def pareto(points: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
     """Points no other point beats on both memory (lower) and quality (higher)."""
     front = [p for p in points if not any(q[0] <= p[0] and q[1] >= p[1] and q != p and (q[0] < p[0] or q[1] > p[1])
@@ -62,28 +48,28 @@ def pareto(points: list[tuple[float, float, str]]) -> list[tuple[float, float, s
 
 
 def quality_vs_memory(results: Results) -> str:
-    return _svg(quality_vs_memory_figure, results)
+    return svg_of(quality_vs_memory_figure, results)
 
 
 def task_deltas(results: Results) -> str:
-    return _svg(task_deltas_figure, results)
+    return svg_of(task_deltas_figure, results)
 
 
 def memory_ledger(results: Results) -> str:
-    return _svg(memory_ledger_figure, results)
+    return svg_of(memory_ledger_figure, results)
 
 
 def tradeoff(results: Results) -> str:
-    """Quality x memory x throughput (qeval/perf/plot.py)."""
-    from qeval.perf.plot import tradeoff_figure
+    """Quality x memory x throughput (qeval/report/performance_plot.py)."""
+    from qeval.report.performance_plot import tradeoff_figure
 
-    return _svg(tradeoff_figure, results)
+    return svg_of(tradeoff_figure, results)
 
 
 def quality_vs_memory_figure(results: Results) -> Any:
     """Worst accuracy difference against the memory one sequence needs, with the Pareto front."""
     context = results.config["budget"]["context_len"]
-    pts = [(sequence_bytes(s, context) / 2**20, worst_accuracy_delta(s), s.name) for s in _ok(results)]
+    pts = [(s.sequence_bytes(context) / 2**20, s.worst_accuracy_delta(), s.name) for s in _ok(results)]
     fig, ax = plt.subplots(figsize=(6, 3.6))
     ax.scatter([p[0] for p in pts], [p[1] for p in pts], color="#4477aa", zorder=3)
     for x, y, name in pts:
@@ -144,15 +130,3 @@ def memory_ledger_figure(results: Results) -> Any:
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), fontsize=7, frameon=False)
     ax.grid(alpha=0.3, axis="x")
     return fig
-
-
-def quality_vs_length(results: Results) -> str:
-    from qeval.report.longctx import quality_vs_length_figure
-
-    return _svg(quality_vs_length_figure, results)
-
-
-def bucket_deltas(results: Results) -> str:
-    from qeval.report.longctx import bucket_deltas_figure
-
-    return _svg(bucket_deltas_figure, results)

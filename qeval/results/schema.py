@@ -17,11 +17,11 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
 
-from qeval.analysis.gates import Gate
+from qeval.config.gates import Gate
 from qeval.errors import UserError
-from qeval.perf.schema import Ceilings, Performance
 from qeval.results.base import ResultModel
-from qeval.results.longctx import LongContextInfo, SetupLongContext
+from qeval.results.long_context import LongContextInfo, SetupLongContext
+from qeval.results.performance import Ceilings, Performance
 
 SCHEMA_VERSION = 1
 
@@ -149,6 +149,20 @@ class SetupResult(ResultModel):
     long_context: SetupLongContext | None = Field(None, description="KV bytes and loss by token position at each "
                                                                     "long-context length (null: no long_context)")
 
+    def sequence_bytes(self, context: int) -> int:
+        """Weights plus the KV cache of one sequence of `context` tokens (measured, else
+        predicted): what one replica needs."""
+        m = self.memory
+        w = m.weights_bytes.measured or m.weights_bytes.predicted or 0
+        kv = m.kv_bytes_per_token.measured or m.kv_bytes_per_token.predicted or 0
+        return int(w + kv * context)
+
+    def worst_accuracy_delta(self) -> float:
+        """The largest accuracy drop against the baseline, in points (0: none, or the baseline)."""
+        from qeval.results.metrics import metric
+
+        return 100 * min((c.delta for c in self.vs_baseline.values() if metric(c.metric).proportion), default=0.0)
+
 
 class RunInfo(ResultModel):
     """Provenance of the run."""
@@ -195,9 +209,9 @@ class TaskInfo(ResultModel):
 
     @property
     def compared_metric(self) -> str:
-        from qeval.tasks.metrics import primary_metric
+        from qeval.results.metrics import default_compared_metric
 
-        return self.metric or primary_metric(self.output_type)
+        return self.metric or default_compared_metric(self.output_type)
 
 
 class Dropped(ResultModel):

@@ -5,7 +5,6 @@ the backend. Cheap: a typo costs a second."""
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from qeval.backends import backend_entry
@@ -18,42 +17,13 @@ from qeval.backends.device import (
     resolve_precision,
 )
 from qeval.config import RunConfig
+from qeval.config.setups import Setup
 from qeval.errors import UserError
 from qeval.memory.ledger import ModelShape
 from qeval.quantize.checkpoints import resolve_checkpoints
-from qeval.run.model_source import ModelSource, is_gguf, resolve_model
-from qeval.setups import Setup
-from qeval.tasks import TaskInfoLike, load_task
-from qeval.tasks.harness.config import HarnessSpec
-from qeval.tasks.harness.session import open_session
-from qeval.tasks.longctx.hooks import add_to_preflight as add_long_context
-
-
-@dataclass
-class Preflight:
-    """A run checked before any model loads: what `preflight` resolved and validated."""
-
-    cfg: RunConfig
-    device: str
-    tasks: list[TaskInfoLike]  # every task of the config (lm-eval groups expanded): results cover them all
-    setups: list[Setup]  # the ones this invocation runs (the baseline always)
-    run_tasks: list[str]  # the ones this invocation scores (--tasks)
-    model_sha256: str
-    shape: ModelShape | None
-    #: optional setups this backend/device cannot run: name -> why (reported, not run)
-    skipped: dict[str, str] = field(default_factory=dict)
-    #: lm-eval groups of the config -> their tasks; suites -> their entries
-    groups: dict[str, list[str]] = field(default_factory=dict)
-    suites: dict[str, list[str]] = field(default_factory=dict)
-    #: model.dtype as asked and as resolved on this device (cfg.model.dtype holds the resolved one)
-    precision: Precision | None = None
-    #: the local model folder whose every file the checksum covers (None: a hub id or a GGUF file)
-    model_dir: Path | None = None
-
-    @property
-    def entries(self) -> list[str]:
-        """The config's own tasks, groups unexpanded: what gates on `all` and the evidence rule cover."""
-        return list(dict.fromkeys(t.entry for t in self.tasks))
+from qeval.records.model_source import ModelSource, is_gguf, resolve_model
+from qeval.records.preflight import Preflight
+from qeval.tasks.kinds import check_plugin_pieces, task_kinds
 
 
 def model_shape(source: ModelSource) -> ModelShape:
@@ -94,14 +64,11 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
     cfg = resolve_checkpoints(cfg, source.checksum, {s.name for s in setups})
     setups = [s for s in cfg.setups if s.name in {x.name for x in setups}]
     backend_entry(cfg.backend).check_install(cfg)
-    native = [load_task(n, Path(cfg.tasks_dir), cfg.limit) for n in cfg.tasks]
-    for t in native:
-        _check_generation_room(cfg, t.name, t.output_type, t.spec.generation_kwargs.max_gen_toks)
-    pre = Preflight(cfg, device, list(native), setups, [], source.checksum, shape, skipped, precision=precision,
+    check_plugin_pieces(cfg)
+    pre = Preflight(cfg, device, [], setups, [], source.checksum, shape, skipped, precision=precision,
                     model_dir=source.local_dir if Path(source.path).is_dir() else None)
-    if cfg.lm_eval:
-        _add_harness(pre, cfg.lm_eval)
-    add_long_context(pre, source.config)  # generated tasks; gates written at a length resolved
+    for kind in task_kinds():  # each kind's tasks (lm-eval groups expanded, gates at a length resolved)
+        kind.expand(pre, source.config)
     pre.run_tasks = _selected(pre, only_tasks)
     _check_gates(pre)
     return pre
@@ -142,20 +109,6 @@ def _resolve_dtype(cfg: RunConfig, config: dict[str, object], device: str) -> Pr
     return precision
 
 
-def _add_harness(pre: Preflight, spec: HarnessSpec) -> None:
-    """Load the lm-eval tasks once here (names, data, few-shot pools): a typo costs seconds."""
-    session = open_session(spec, Path.cwd(), pre.cfg.limit)
-    try:
-        for name, info in session.infos.items():
-            max_gen = (session.tasks[name].config.generation_kwargs or {}).get("max_gen_toks", 256)
-            _check_generation_room(pre.cfg, name, info.output_type, int(max_gen))
-            pre.tasks.append(info)
-        pre.groups = session.groups
-        pre.suites = spec.suite_members()
-    finally:
-        session.close()
-
-
 def _selected(pre: Preflight, only: list[str] | None) -> list[str]:
     """The tasks this invocation scores: --tasks names tasks, lm-eval groups or their members."""
     if not only:
@@ -177,10 +130,3 @@ def _check_gates(pre: Preflight) -> None:
     for gate in pre.cfg.gates:
         if gate.task not in known:
             raise UserError(f"gate names task {gate.task!r}, which the run does not score")
-
-
-def _check_generation_room(cfg: RunConfig, name: str, output_type: str, max_gen_toks: int) -> None:
-    """A generation task must leave room for a prompt inside the model's context."""
-    if output_type == "generate_until" and max_gen_toks >= cfg.model.max_context:
-        raise UserError(f"task {name}: max_gen_toks {max_gen_toks} leaves no room for the prompt in "
-                        f"model.max_context {cfg.model.max_context} (lm-eval tasks: set max_gen_toks in lm_eval.tasks)")

@@ -19,25 +19,28 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from qeval import __version__
 from qeval.analysis.assemble import assemble_results
 from qeval.backends import backend_entry
 from qeval.config import RunConfig
+from qeval.config.setups import Setup
 from qeval.errors import UserError
 from qeval.files.atomic import atomic_write_bytes, atomic_write_json
 from qeval.perf.ceilings import ensure_ceilings
 from qeval.perf.phase import perf_key
+from qeval.records.job import Job, PerformanceJob
+from qeval.records.keys import SetupKeys, setup_keys
+from qeval.records.preflight import Preflight
+from qeval.records.provenance import git_commit, now_iso
+from qeval.records.store import RunStore
 from qeval.report import print_summary, write_report
 from qeval.results.schema import Results, read_results
 from qeval.run.executors import open_executor
 from qeval.run.executors.job import WorkerJob
 from qeval.run.executors.resources import job_resources
-from qeval.run.keys import SetupKeys, setup_keys
-from qeval.run.preflight import Preflight, preflight
-from qeval.run.provenance import git_commit, now_iso
+from qeval.run.preflight import preflight
 from qeval.run.rundir import take_run_dir
-from qeval.run.store import RunStore
-from qeval.setups import Setup
+from qeval.tasks.kinds import report_sections, results_blocks
+from qeval.version import __version__
 
 
 @dataclass
@@ -123,11 +126,11 @@ def prepare(pre: Preflight, opts: RunOptions, prefix: str = "") -> PreparedRun:
                    if opts.force or not store.is_done(setup.name, t, k.task_key(t))}
         outcome = store.read_outcome(setup.name)
         perf = perf_key(k.parts, pre.cfg) if pre.cfg.performance.enabled else None
-        perf_stored = (outcome or {}).get("performance") or {}
+        perf_stored = (outcome.performance if outcome else None) or {}
         perf_pending = perf is not None and (opts.force or perf_stored.get("key") != perf
                                              or perf_stored.get("status") != "ok")
-        if (not pending and not perf_pending and outcome and outcome.get("status") == "ok"
-                and outcome.get("key") == k.key):
+        if (not pending and not perf_pending and outcome and outcome.status == "ok"
+                and outcome.key == k.key):
             print(f"{prefix}{setup.name}: all {len(pre.run_tasks)} tasks stored, skipped (use --force to recompute)",
                   file=sys.stderr)
             continue
@@ -135,7 +138,7 @@ def prepare(pre: Preflight, opts: RunOptions, prefix: str = "") -> PreparedRun:
     # a setup whose KL reference is the baseline's top-k waits for the baseline's job
     if jobs and jobs[0].name == baseline:
         first = jobs[0].id
-        jobs = jobs[:1] + [replace(j, after=(first,)) if any(t in j.job["reference"] for t in j.job["tasks"]) else j
+        jobs = jobs[:1] + [replace(j, after=(first,)) if any(t in j.job.reference for t in j.job.tasks) else j
                            for j in jobs[1:]]
     return PreparedRun(pre, opts, store, keys, jobs, started)
 
@@ -144,11 +147,11 @@ def finish(prepared: PreparedRun) -> Results:
     """results.json from what the run directory holds under this run's keys, and the report."""
     pre, store = prepared.pre, prepared.store
     info = _run_info(pre, prepared.opts) | {"started": prepared.started}
-    assembled = assemble_results(pre, store, prepared.keys, info)
+    assembled = assemble_results(pre, store, prepared.keys, info, results_blocks())
     atomic_write_bytes(store.results_path, (assembled.model_dump_json(indent=2) + "\n").encode())
     # the report is rendered from the file just written, as `qeval report` renders it: same bytes
     results = read_results(store.results_path)
-    write_report(store.root, results)
+    write_report(store.root, results, report_sections())
     return results
 
 
@@ -156,15 +159,16 @@ def _job(pre: Preflight, store: RunStore, spec: Setup, tasks: dict[str, str], ke
          baseline: str, prefix: str, perf: str | None) -> WorkerJob:
     """One setup's job: its job file (what qeval.run.worker reads) written into RUN_DIR/jobs/."""
     setup = spec.name
-    ref = {t.name: [baseline, t.name] for t in pre.tasks
+    ref = {t.name: (baseline, t.name) for t in pre.tasks
            if t.output_type == "loglikelihood_rolling" and setup != baseline}
-    job = {"config": pre.cfg.model_dump(mode="json"), "setup": setup, "device": pre.device,
-           "run_dir": str(store.root), "tasks": tasks, "task_key_parts": {t: keys.tasks[t] for t in tasks},
-           "reference": ref, "baseline": baseline, "key": keys.key, "key_parts": keys.parts,
-           # the performance phase, when its figures are not stored under this key yet
-           "performance": {"key": perf, "shape": asdict(pre.shape) if pre.shape else None} if perf else None}
+    job = Job(config=pre.cfg.model_dump(mode="json"), setup=setup, device=pre.device, run_dir=str(store.root),
+              tasks=tasks, task_key_parts={t: keys.tasks[t] for t in tasks},
+              task_kinds={t.name: t.kind for t in pre.tasks if t.name in tasks}, reference=ref, baseline=baseline,
+              key=keys.key, key_parts=keys.parts,
+              # the performance phase, when its figures are not stored under this key yet
+              performance=PerformanceJob(key=perf, shape=asdict(pre.shape) if pre.shape else None) if perf else None)
     worker = WorkerJob(f"{prefix}{setup}", pre.cfg, spec, store, job, keys, job_resources(pre.cfg, pre.device))
-    atomic_write_json(worker.job_path, job)
+    atomic_write_json(worker.job_path, job.model_dump(mode="json"))
     return worker
 
 

@@ -9,7 +9,6 @@ Every outcome, failures included, is written to RUN_DIR/setups/<setup>.json.
 
 from __future__ import annotations
 
-import json
 import resource
 import sys
 import time
@@ -18,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from qeval.config import RunConfig
+from qeval.config.setups import Setup
 from qeval.files.atomic import atomic_write_json
+from qeval.records.job import Job, Outcome, read_job
+from qeval.records.store import RunStore
 from qeval.run.progress import progress_bar
-from qeval.run.store import RunStore
-from qeval.setups import Setup
 
 _OOM_SIGNS = ("out of memory", "can't allocate memory", "cannot allocate memory", "failed to map")
 
@@ -36,48 +36,47 @@ def _limit_memory(mib: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
 
-def run_job(job: dict[str, Any]) -> int:
+def run_job(job: Job) -> int:
     """Serve one setup as the runner's job file says; write its outcome; 0 if it is ok."""
-    cfg = RunConfig.model_validate(job["config"])
-    setup = next(s for s in cfg.setups if s.name == job["setup"])
-    store = RunStore(Path(job["run_dir"]))
-    previous = store.read_outcome(setup.name) or {}
+    cfg = RunConfig.model_validate(job.config)
+    setup = next(s for s in cfg.setups if s.name == job.setup)
+    store = RunStore(Path(job.run_dir))
+    previous = store.read_outcome(setup.name)
+    current = previous if previous is not None and previous.key == job.key else None
     # a partial rerun (--tasks) keeps the timings of the tasks it did not touch
-    timings = previous.get("timings", {}) if previous.get("key") == job["key"] else {}
-    outcome: dict[str, Any] = {"name": setup.name, "status": "failed", "error": None, "timings": timings,
-                               "key": job["key"], "key_parts": job["key_parts"]}
+    outcome = Outcome(name=setup.name, timings=dict(current.timings) if current else {}, key=job.key,
+                      key_parts=job.key_parts)
     t0 = time.time()
     try:
-        outcome |= _serve(cfg, setup, store, job, outcome["timings"])
-        outcome["status"] = "ok"
-        if not job["tasks"] and previous.get("key") == job["key"] and previous.get("memory"):
+        _serve(cfg, setup, store, job, outcome)
+        outcome.status = "ok"
+        if not job.tasks and current is not None and current.memory:
             # a rerun for the performance phase alone scored nothing: its peak is not the scoring peak
-            outcome["memory"] = previous["memory"]
-        if "performance" not in outcome and previous.get("key") == job["key"] and previous.get("performance"):
-            outcome["performance"] = previous["performance"]  # current (the runner asked for none): kept
+            outcome.memory = current.memory
+        if outcome.performance is None and current is not None and current.performance:
+            outcome.performance = current.performance  # current (the runner asked for none): kept
     except Exception as exc:  # noqa: BLE001 - any failure (MemoryError included) is this setup's result
-        outcome["error"] = _failure(exc, setup)
-        outcome["traceback"] = traceback.format_exc(limit=8)
-    outcome["timings"]["total_s"] = round(time.time() - t0, 2)
-    atomic_write_json(store.setup_path(setup.name), outcome)
-    return 0 if outcome["status"] == "ok" else 1
+        outcome.error = _failure(exc, setup)
+        outcome.traceback = traceback.format_exc(limit=8)
+    outcome.timings["total_s"] = round(time.time() - t0, 2)
+    atomic_write_json(store.setup_path(setup.name), outcome.model_dump(mode="json"))
+    return 0 if outcome.status == "ok" else 1
 
 
-def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: dict[str, Any],
-           timings: dict[str, float]) -> dict[str, Any]:
-    """Load, score each pending task (each stored as soon as it is done), measure memory."""
+def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: Job, outcome: Outcome) -> None:
+    """Load, score each pending task (each stored as soon as it is done, by its kind), measure
+    memory, then time the performance workload where the job asks for it."""
     # import the engine's stack first (creating the backend imports its module), so that a
     # memory cap bites on the model, not on imports
     import torch  # noqa: F401
     import transformers.models.llama.modeling_llama  # noqa: F401
 
     from qeval.backends import backend_entry
-    from qeval.tasks import load_task
-    from qeval.tasks.longctx.hooks import worker_tasks
-    from qeval.tasks.scoring import n_requests, score_task
+    from qeval.tasks.kinds import Scoring, names_by_kind, task_kind
 
+    timings = outcome.timings
     t0 = time.time()
-    backend = backend_entry(cfg.backend).create(cfg, setup, job["device"])
+    backend = backend_entry(cfg.backend).create(cfg, setup, job.device)
     if setup.memory_limit_mib:
         _limit_memory(setup.memory_limit_mib)
     try:
@@ -85,66 +84,42 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: dict[str, Any],
             backend.load()
             bar.advance(1)
         timings["load_s"] = round(time.time() - t0, 2)
-        native = [n for n in job["tasks"] if n in cfg.tasks]
-        generated = worker_tasks(cfg, {n: job["task_key_parts"][n] for n in job["tasks"]})  # long context
-        for name in native + list(generated):
-            task = generated[name] if name in generated else load_task(name, Path(cfg.tasks_dir), cfg.limit)
-            t1 = time.time()
-            with progress_bar(f"{setup.name}: {name}", total=n_requests(task)) as bar:
-                result = score_task(backend, task, bar.advance, _reference(store, job, name))
-            _store(store, setup, job, name, result, round(time.time() - t1, 2), task.sha256, timings)
-        harness = [n for n in job["tasks"] if n not in native and n not in generated]
-        if harness and cfg.lm_eval:
-            _serve_harness(backend, cfg, setup, store, job, harness, timings)
-        memory = {k: vars(v) for k, v in backend.memory().items()}
-        out: dict[str, Any] = {"memory": memory}
-        if job.get("performance"):  # after scoring and memory: its larger batches must not show in either
+
+        def store_result(name: str, result: Any, seconds: float, sha256: str) -> None:
+            _store(store, setup, job, name, result, seconds, sha256, timings)
+
+        ctx = Scoring(backend=backend, cfg=cfg, setup=setup, key_parts=job.task_key_parts,
+                      progress=lambda label, total: progress_bar(label, total=total),
+                      reference=lambda task: _reference(store, job, task), store=store_result)
+        for kind, names in names_by_kind(job.task_kinds, list(job.tasks)).items():
+            task_kind(kind).score(ctx, names)
+        outcome.memory = {k: vars(v) for k, v in backend.memory().items()}
+        if job.performance:  # after scoring and memory: its larger batches must not show in either
             from qeval.perf.phase import run_phase
 
             with progress_bar(f"{setup.name}: performance", total=None) as bar:
-                out["performance"] = run_phase(backend, cfg, setup, job["device"], memory, job["performance"])
+                outcome.performance = run_phase(backend, cfg, setup, job.device, outcome.memory, job.performance)
                 bar.advance(1)
-            timings["performance_s"] = out["performance"]["seconds"]
-        return out | {"quantization": backend.quant_info,  # read last: engines log some of it late
-                      "library_versions": backend.library_versions()}
+            timings["performance_s"] = outcome.performance["seconds"]
+        outcome.quantization = backend.quant_info  # read last: engines log some of it late
+        outcome.library_versions = backend.library_versions()
     finally:
         backend.close()
 
 
-def _serve_harness(backend: Any, cfg: RunConfig, setup: Setup, store: RunStore, job: dict[str, Any],
-                   names: list[str], timings: dict[str, float]) -> None:
-    """The setup's pending lm-eval tasks in one lm-eval evaluate() call: one batched backend
-    call per request type for all of them."""
-    from qeval.tasks.harness.scoring import n_requests, score_harness
-    from qeval.tasks.harness.session import open_session
-
-    assert cfg.lm_eval is not None
-    session = open_session(cfg.lm_eval, Path.cwd(), cfg.limit)
-    try:
-        refs = {n: ref for n in names if (ref := _reference(store, job, n)) is not None}
-        t1 = time.time()
-        with progress_bar(f"{setup.name}: {len(names)} lm-eval tasks", total=n_requests(session, names)) as bar:
-            results = score_harness(backend, session, names, bar.advance, refs)
-        seconds = round((time.time() - t1) / len(names), 2)  # one evaluate() call: its time shared out
-        for name, result in results.items():
-            _store(store, setup, job, name, result, seconds, session.infos[name].sha256, timings)
-    finally:
-        session.close()
-
-
-def _reference(store: RunStore, job: dict[str, Any], task: str) -> Any:
+def _reference(store: RunStore, job: Job, task: str) -> Any:
     """The baseline's stored top-k for a perplexity task (KL reference), if this setup needs it."""
-    ref = job["reference"].get(task)
+    ref = job.reference.get(task)
     return store.read_topk(*ref) if ref else None
 
 
-def _store(store: RunStore, setup: Setup, job: dict[str, Any], name: str, result: Any, seconds: float,
+def _store(store: RunStore, setup: Setup, job: Job, name: str, result: Any, seconds: float,
            sha256: str, timings: dict[str, float]) -> None:
     """One task's records and metrics, under its key; the baseline keeps its perplexity top-k."""
     timings[f"{name}_s"] = seconds
-    topk = result.topk if (setup.name == job["baseline"] and result.topk) else None
-    store.write_task(setup.name, name, job["tasks"][name], result.records, result.metrics,
-                     {"seconds": seconds, "task_sha256": sha256, "key_parts": job["task_key_parts"][name]}, topk)
+    topk = result.topk if (setup.name == job.baseline and result.topk) else None
+    store.write_task(setup.name, name, job.tasks[name], result.records, result.metrics,
+                     {"seconds": seconds, "task_sha256": sha256, "key_parts": job.task_key_parts[name]}, topk)
 
 
 def _failure(exc: BaseException, setup: Setup) -> str:
@@ -162,7 +137,7 @@ def _failure(exc: BaseException, setup: Setup) -> str:
 
 
 def main() -> None:
-    job = json.loads(Path(sys.argv[1]).read_text())
+    job = read_job(Path(sys.argv[1]))
     try:
         sys.exit(run_job(job))
     except KeyboardInterrupt:

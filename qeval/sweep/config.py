@@ -19,10 +19,10 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from qeval.config import ModelSpec, RunConfig, config_from_dict, first_error, folder_names_problem
+from qeval.config.setups import Setup
 from qeval.errors import UserError
 from qeval.files.names import NAME_PATTERN, check_name
 from qeval.files.yaml import load_yaml
-from qeval.setups import Setup
 
 #: the keys of a `models:` entry that are not the model's own (ModelSpec) settings
 _SWEEP_KEYS = ("name", "setups", "candidate")

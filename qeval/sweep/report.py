@@ -6,32 +6,35 @@ across the models, then each model's own report in full."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from qeval.files.atomic import atomic_write_bytes
-from qeval.report.markdown import md_text, render_markdown
+from qeval.report.markdown import render_markdown
+from qeval.report.sections import ReportSection
+from qeval.report.tables import code_text, md_table, md_text
+from qeval.results.metrics import metric as describe
 from qeval.results.schema import Results, read_results
 from qeval.sweep.schema import SweepResults, model_run_dir, read_sweep
-from qeval.tasks.metrics import metric as describe
 
 
-def write_sweep_report(root: Path) -> Path:
+def write_sweep_report(root: Path, sections: Sequence[ReportSection] = ()) -> Path:
     """Write RUN_DIR/report.md of a sweep (the same files always give the same bytes)."""
     sweep = read_sweep(root / "sweep.json")
     runs = {m.name: read_results(model_run_dir(root, m) / "results.json") for m in sweep.models}
     path = root / "report.md"
-    atomic_write_bytes(path, render_sweep(sweep, runs).encode())
+    atomic_write_bytes(path, render_sweep(sweep, runs, sections).encode())
     return path
 
 
-def render_sweep(sweep: SweepResults, runs: dict[str, Results]) -> str:
-    """report.md of a sweep (see the module docstring)."""
+def render_sweep(sweep: SweepResults, runs: dict[str, Results], sections: Sequence[ReportSection] = ()) -> str:
+    """report.md of a sweep (see the module docstring); `sections` as for a run's report."""
     lines = [f"# qeval sweep: {md_text(sweep.name)}", "",
              f"{len(sweep.models)} models, each served under its setups and compared with its own baseline "
              f"(executor: {sweep.executor}). Each model's run directory is `models/<model>/`.", ""]
     lines += _baselines(sweep) + _recommendations(sweep, runs) + _setups(sweep, runs)
     for m in sweep.models:
-        own = render_markdown(runs[m.name]).splitlines()[1:]  # its title: the heading below
+        own = render_markdown(runs[m.name], sections).splitlines()[1:]  # its title: the heading below
         lines += [f"## Model {md_text(m.name)}"] + [_demote(line) for line in own]
     return "\n".join(lines).rstrip("\n") + "\n"
 
@@ -51,7 +54,7 @@ def _baselines(sweep: SweepResults) -> list[str]:
     rows = []
     for model in sweep.models:
         status = "" if model.baseline_status == "ok" else f" ({model.baseline_status})"
-        row = [md_text(model.name) + (" (reference)" if model.name == ref else ""), f"`{_code(model.path)}`",
+        row = [md_text(model.name) + (" (reference)" if model.name == ref else ""), f"`{code_text(model.path)}`",
                md_text(model.baseline or "—") + status]
         vs = sweep.baselines_vs_reference.get(model.name, {})
         for task, name in sweep.tasks.items():
@@ -60,7 +63,7 @@ def _baselines(sweep: SweepResults) -> list[str]:
             row.append("" if cmp is None else f"{m.fmt_delta(cmp.delta)} [{m.fmt_delta(cmp.ci[0], unit=False)}, "
                                               f"{m.fmt_delta(cmp.ci[1], unit=False)}]")
         rows.append(row)
-    return (["## The models' baselines", "", _row(header), "|" + "---|" * len(header)] + [_row(r) for r in rows]
+    return (["## The models' baselines", "", *md_table(header, rows)]
             + ["", f"Accuracies in percent. Δ is the model's baseline minus {md_text(ref)}'s, paired by document "
                    f"(Newcombe's interval for accuracies, {_ratio_ci(sweep)} for bits per byte), on tasks both "
                    "scored on the same data.", ""])
@@ -87,7 +90,7 @@ def _setups(sweep: SweepResults, runs: dict[str, Results]) -> list[str]:
         names += [s.name for s in runs[m.name].setups if s.name not in names]
     header = ["setup"] + [md_text(m.name) for m in sweep.models]
     rows = [[md_text(n)] + [_verdict(runs[m.name], n) for m in sweep.models] for n in names]
-    return (["## Setups across models", "", _row(header), "|" + "---|" * len(header)] + [_row(r) for r in rows]
+    return (["## Setups across models", "", *md_table(header, rows)]
             + ["", "Each setup against its own model's baseline; sequences: of the budget's context length that fit "
                    "the budget. —: the model has no such setup.", ""])
 
@@ -105,14 +108,6 @@ def _verdict(results: Results, name: str) -> str:
             "inconclusive" if "inconclusive" in verdicts else "not recommendable")
     conc = s.memory.max_concurrency
     return word + ("" if conc is None else f", {conc:g} sequences")
-
-
-def _row(cells: list[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
-
-
-def _code(value: object) -> str:
-    return str(value).replace("`", "'").replace("\n", " ").replace("\r", " ")
 
 
 def _ratio_ci(sweep: SweepResults) -> str:

@@ -14,16 +14,17 @@ from pathlib import Path
 
 from qeval.errors import UserError
 from qeval.files.atomic import atomic_write_bytes
+from qeval.records.preflight import Preflight
+from qeval.records.provenance import now_iso
 from qeval.report import print_summary
 from qeval.results.schema import Results
 from qeval.run.executors import open_executor
-from qeval.run.preflight import Preflight
-from qeval.run.provenance import now_iso
 from qeval.run.rundir import RunDirLock, take_run_dir
 from qeval.run.runner import RunOptions, check, finish, prepare
 from qeval.sweep.config import Sweep
 from qeval.sweep.report import write_sweep_report
 from qeval.sweep.summary import summarize
+from qeval.tasks.kinds import report_sections
 
 
 def model_dir(root: Path, model: str) -> Path:
@@ -51,7 +52,7 @@ def run_sweep(sweep: Sweep, opts: RunOptions) -> dict[str, Results]:
             runs = {name: finish(p) for name, p in prepared.items()}
             summary = summarize(sweep, runs, {n: p.store for n, p in prepared.items()}, spec.kind, started, now_iso())
             atomic_write_bytes(opts.output / "sweep.json", (summary.model_dump_json(indent=2) + "\n").encode())
-            write_sweep_report(opts.output)
+            write_sweep_report(opts.output, report_sections())
         finally:
             for lock in reversed(locks):
                 lock.release()

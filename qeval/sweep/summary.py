@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from qeval.analysis.comparison import adjust_p_values, compare_task
+from qeval.records.store import RunStore
 from qeval.results.schema import Comparison, Results
-from qeval.run.store import RunStore
 from qeval.sweep.config import Sweep
 from qeval.sweep.schema import SWEEP_VERSION, SweepModelEntry, SweepResults
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from qeval.backends.base import Backend, GenerateRequest, LoglikelihoodRequest, Progress, RollingRequest, RollingResult
 from qeval.tasks import Task
-from qeval.tasks.longctx.buckets import bucket_sums
+from qeval.tasks.long_context.buckets import bucket_sums
 
 
 @dataclass

@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 
 from qeval.analysis.comparison import compare_task, outputs_identical, weights_twin
-from qeval.analysis.gates import Gate
 from qeval.analysis.stats import paired_accuracy, verdict
 from qeval.config import ModelSpec, RunConfig
-from qeval.run.store import RunStore
-from qeval.setups import Setup
+from qeval.config.gates import Gate
+from qeval.config.setups import Setup
+from qeval.records.store import RunStore
 
 
 def _records(correct: list[bool], nll: float = 1.0) -> list[dict]:

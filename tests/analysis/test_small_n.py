@@ -13,7 +13,6 @@ from conftest import ROOT
 
 from qeval.analysis.assemble import _compare, _group_scores, _task_infos, partial_tasks
 from qeval.analysis.comparison import Paired, compare, compare_suite
-from qeval.analysis.gates import Gate
 from qeval.analysis.recommend import candidate_problem, recommend
 from qeval.analysis.stats import (
     MIN_PAIRED_N,
@@ -24,12 +23,13 @@ from qeval.analysis.stats import (
     verdict,
 )
 from qeval.config import ModelSpec, RunConfig, load_config
+from qeval.config.gates import Gate
+from qeval.config.setups import Setup
+from qeval.records.store import RunStore
 from qeval.report.html import render_html
 from qeval.report.markdown import render_markdown
 from qeval.results.schema import Figure, Memory, MetricValue, Results, SetupResult, TaskInfo, TaskScore, read_results
 from qeval.run.preflight import preflight
-from qeval.run.store import RunStore
-from qeval.setups import Setup
 
 V1 = ROOT / "tests" / "data" / "run-v1"
 GATE = [Gate(max_drop=0.02)]

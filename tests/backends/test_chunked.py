@@ -12,8 +12,8 @@ import pytest
 from qeval.backends.base import GenerateRequest, RollingRequest
 from qeval.backends.hf.backend import HFBackend
 from qeval.config import ModelSpec, RunConfig
-from qeval.setups import Setup
-from qeval.tasks.longctx.config import LongContextSpec
+from qeval.config.long_context import LongContextSpec
+from qeval.config.setups import Setup
 
 TEXT = ("Alice Marsh was a baker from Thornbury, 34 years old, who owned a red lantern. Everyone in Thornbury "
         "knew that Alice Marsh the baker never lent the red lantern to anyone. 12 + 30 = 42")

@@ -14,7 +14,7 @@ from qeval.backends.base import GenerateRequest, LoglikelihoodRequest, RollingRe
 from qeval.backends.hf.backend import HFBackend
 from qeval.backends.tokens import rolling_windows as _rolling_windows
 from qeval.config import ModelSpec, RunConfig
-from qeval.setups import Setup
+from qeval.config.setups import Setup
 
 REQS = [LoglikelihoodRequest("Largest of 37 82 15 64:", " 82"), LoglikelihoodRequest("12 + 30 =", " 42"),
         LoglikelihoodRequest("ISO code of France:", " FR"), LoglikelihoodRequest("ISO code of Zulu language: ", "zul"),

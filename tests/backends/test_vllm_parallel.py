@@ -14,7 +14,7 @@ from conftest import ROOT, write_config
 
 from qeval.backends.vllm import support as vllm_support
 from qeval.config import load_config
-from qeval.setups import Setup
+from qeval.config.setups import Setup
 
 BASE = dict(dtype="bfloat16", max_model_len=4096, utilization=0.9, max_num_seqs=64, enforce_eager=True, seed=1234)
 

@@ -9,9 +9,9 @@ from conftest import ROOT, run_cli, write_config
 
 from qeval.backends.vllm import support as vllm_support
 from qeval.config import load_config
+from qeval.config.setups import Setup
 from qeval.errors import UserError
 from qeval.quantize.checkpoints import needs_checkpoint
-from qeval.setups import Setup
 
 AVX2 = frozenset({"sse4_2", "avx", "avx2", "fma"})
 

@@ -20,7 +20,7 @@ def test_perf_bench_runs_vllm_bench_on_the_same_engine(tmp_path: Path) -> None:
     agreement is the benchmark's to print, docs/benchmarks.md; timings are not asserted here.)"""
     from qeval.backends import backend_entry
     from qeval.config import ModelSpec, RunConfig
-    from qeval.setups import Setup
+    from qeval.config.setups import Setup
 
     python = backend_entry("vllm").worker_python(RunConfig(name="b", model=ModelSpec(path="m"), backend="vllm",
                                                            setups=[Setup(name="s")], tasks=["t"]))

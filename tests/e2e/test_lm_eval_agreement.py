@@ -28,7 +28,7 @@ def _pair(model: Path, max_length: int):  # type: ignore[no-untyped-def]
 
     from qeval.backends.hf.backend import HFBackend
     from qeval.config import ModelSpec, RunConfig
-    from qeval.setups import Setup
+    from qeval.config.setups import Setup
 
     setup = Setup(name="fp32")
     cfg = RunConfig(name="a", model=ModelSpec(path=str(model), dtype="float32", max_context=max_length),

@@ -67,7 +67,7 @@ def test_vllm_backend_agrees_with_simple_evaluate(tmp_path: Path) -> None:
     installs lm-eval), on the real BPE model."""
     from qeval.backends.vllm.install import worker_python
     from qeval.config import ModelSpec, RunConfig
-    from qeval.setups import Setup
+    from qeval.config.setups import Setup
 
     python = worker_python(RunConfig(name="b", model=ModelSpec(path="m"), backend="vllm",
                                      setups=[Setup(name="s")], tasks=["t"]))

@@ -13,17 +13,17 @@ import pytest
 from conftest import MODEL, PERF_FIGURES, ROOT, assert_figures_carry_their_source, cpu_dtype, run_cli
 
 from qeval.analysis.recommend import recommend
+from qeval.backends.workload import Measurement, Wave, resolve_levels, workload_for
 from qeval.config import ModelSpec, RunConfig
+from qeval.config.performance import PerfSpec
+from qeval.config.setups import Setup
 from qeval.memory.ledger import ModelShape
 from qeval.perf.block import performance_block
-from qeval.perf.config import PerfSpec
 from qeval.perf.phase import summarize
-from qeval.perf.schema import Ceilings, Performance
 from qeval.perf.stats import measured
-from qeval.perf.views import pareto3
-from qeval.perf.workload import Measurement, Wave, resolve_levels, workload_for
+from qeval.report.performance import pareto3
+from qeval.results.performance import Ceilings, Performance
 from qeval.results.schema import Results, read_results
-from qeval.setups import Setup
 
 V1 = ROOT / "tests" / "data" / "run-v1"
 # -- the workload ---------------------------------------------------------------------------------
@@ -220,8 +220,8 @@ def test_no_ceilings_from_a_driver_whose_jobs_run_on_a_ray_cluster(tmp_path: Pat
     """The driver's device is not the cluster nodes': the probe is skipped and the reason stored."""
     from qeval.config import load_config
     from qeval.perf.ceilings import ensure_ceilings, read_ceilings
+    from qeval.records.store import RunStore
     from qeval.run.preflight import preflight
-    from qeval.run.store import RunStore
 
     text = (ROOT / "configs" / "demo.yaml").read_text().replace("path: models/qeval-tiny", f"path: {MODEL}")
     (tmp_path / "c.yaml").write_text(text + "executor: {kind: ray, address: '10.0.0.1:6379'}\n")

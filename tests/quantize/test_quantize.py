@@ -19,7 +19,7 @@ from qeval.backends.device import dtype_for
 from qeval.config import load_config
 from qeval.quantize.checkpoints import RECORD, checkpoint_dir, needs_checkpoint
 from qeval.quantize.pipeline import quant_python
-from qeval.run.model_source import folder_checksum
+from qeval.records.model_source import folder_checksum
 
 
 def _one_line_exit_2(res: object, *needles: str) -> None:

@@ -4,7 +4,6 @@ the jobs, and the node-side helpers. The real cluster runs are in test_ray_execu
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -15,9 +14,9 @@ import pytest
 from conftest import MODEL, TASKS, run_cli, write_config
 
 from qeval.config import load_config
+from qeval.config.executor import ExecutorSpec
 from qeval.errors import UserError
-from qeval.run.executors.address import check_address, cluster_address
-from qeval.run.executors.config import ExecutorSpec
+from qeval.records.address import check_address, cluster_address
 from qeval.run.executors.job import RefusedFile
 from qeval.run.executors.node import clear_stale_scratch, forwarded_env, verify_inputs
 from qeval.run.executors.resources import JobResources, job_resources, unplaceable
@@ -138,9 +137,11 @@ def _prepared(tmp_path: Path, tasks: list[str] | None = None) -> PreparedRun:
 
 
 def test_baseline_first_and_only_kl_users_wait_for_it(tmp_path: Path) -> None:
+    from qeval.records.job import read_job
+
     jobs = _prepared(tmp_path).jobs
     assert [(j.id, j.after) for j in jobs] == [("bf16", ()), ("int8", ("bf16",)), ("kv-int4", ("bf16",))]
-    assert json.loads(jobs[1].job_path.read_text()) == jobs[1].job  # the job file the worker reads
+    assert read_job(jobs[1].job_path) == jobs[1].job  # the job file the worker reads, typed
     # without a perplexity task no setup needs the baseline's top-k: all may run at once
     assert [j.after for j in _prepared(tmp_path / "a", tasks=["addition"]).jobs] == [(), (), ()]
 
@@ -163,9 +164,10 @@ def test_a_remote_worker_gets_what_it_reads_and_may_send_back_only_its_own_files
         int8.accept({"samples/int8/ppl.jsonl": b"{}\n", "samples/kv-int4/ppl.jsonl": b"{}\n"})
     assert not store.samples_path("int8", "ppl").exists()
     int8.accept({"samples/int8/ppl.meta.json": b"{}", "samples/int8/ppl.jsonl": b"{}\n",
-                 "setups/int8.json": b'{"status": "ok"}'})
+                 "setups/int8.json": b'{"name": "int8", "status": "ok"}'})
     assert store.samples_path("int8", "ppl").read_bytes() == b"{}\n"
-    assert store.read_outcome("int8") == {"status": "ok"}
+    outcome = store.read_outcome("int8")
+    assert outcome is not None and outcome.status == "ok"
     # written in the order that keeps a half-accepted job not done: samples, then meta, then outcome
     order = [int8.allowed(p)[0] for p in ("samples/int8/ppl.jsonl", "samples/int8/ppl.meta.json", "setups/int8.json")]
     assert order == sorted(order)
@@ -176,10 +178,11 @@ def test_a_lost_job_is_recorded_like_a_crashed_worker(tmp_path: Path) -> None:
     job.record_failure("WorkerCrashedError: The worker died unexpectedly while executing this task.")
     outcome = job.store.read_outcome("int8")
     assert outcome is not None
-    assert outcome["status"] == "failed" and outcome["key"] == job.keys.key
-    assert outcome["error"].startswith("WorkerCrashedError")
+    assert outcome.status == "failed" and outcome.key == job.keys.key
+    assert (outcome.error or "").startswith("WorkerCrashedError")
     job.record_crash(-9)
-    assert "SIGKILL" in (job.store.read_outcome("int8") or {})["error"]
+    crashed = job.store.read_outcome("int8")
+    assert crashed is not None and "SIGKILL" in (crashed.error or "")
 
 
 def test_ray_errors_are_one_line_with_their_type() -> None:

@@ -97,7 +97,7 @@ def test_auto_is_resolved_before_keys_memory_and_workers(no_bf16: None, tmp_path
     """What `auto` chose is what the setups run in: the resume key, the memory prediction and
     the worker's job all see float32 on this (simulated) CPU, and bfloat16 on the other kind."""
     from qeval.config import load_config
-    from qeval.run.keys import setup_keys
+    from qeval.records.keys import setup_keys
     from qeval.run.preflight import preflight
 
     pre = preflight(load_config(_config(tmp_path, "auto")))
@@ -108,7 +108,7 @@ def test_auto_is_resolved_before_keys_memory_and_workers(no_bf16: None, tmp_path
 
 def test_auto_keys_differ_between_cpu_kinds(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from qeval.config import load_config
-    from qeval.run.keys import setup_keys
+    from qeval.records.keys import setup_keys
     from qeval.run.preflight import preflight
 
     keys = {}
@@ -186,7 +186,7 @@ def test_probe_on_this_cpu_is_within_its_budget() -> None:
 
 
 def test_rates_print_in_a_unit_that_shows_them() -> None:
-    from qeval.perf.views import rate_text
+    from qeval.report.performance import rate_text
 
     assert rate_text(2.8e8, "FLOP/s") == "280 MFLOP/s"
     assert rate_text(2.772e12, "FLOP/s") == "2.77 TFLOP/s"

@@ -13,8 +13,8 @@ from conftest import MODEL, ROOT, TASKS, cpu_dtype, run_cli
 
 from qeval.config import RunConfig
 from qeval.errors import UserError
+from qeval.records.store import RunStore
 from qeval.results.schema import read_results
-from qeval.run.store import RunStore
 from qeval.sweep.config import Sweep, load_sweep
 from qeval.sweep.report import render_sweep, write_sweep_report
 from qeval.sweep.schema import read_sweep

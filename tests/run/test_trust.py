@@ -74,7 +74,7 @@ def test_setup_names_are_safe(tmp_path: Path, name: str) -> None:
 
 def test_store_paths_stay_inside_the_run_directory(tmp_path: Path) -> None:
     from qeval.errors import UserError
-    from qeval.run.store import RunStore
+    from qeval.records.store import RunStore
 
     store = RunStore(tmp_path / "run")
     (tmp_path / "run").mkdir()
@@ -189,7 +189,7 @@ def test_multiple_choice_data_is_checked_strictly(tmp_path: Path, change: dict, 
 
 
 def test_labels_as_digit_strings_and_choice_text_are_read() -> None:
-    from qeval.tasks.native import _choice_index
+    from qeval.tasks.native.tasks import _choice_index
 
     assert _choice_index("1", ["a", "b"]) == 1
     assert _choice_index("b", ["a", "b"]) == 1
@@ -217,7 +217,7 @@ def test_a_same_size_same_mtime_model_is_a_different_model(tmp_path: Path) -> No
     """Files over 256 MiB used to be keyed by size and mtime: `cp -p` of another model of the
     same size reused the old results. (A sparse file keeps this test cheap.)"""
     try:
-        from qeval.run.model_source import folder_checksum as checksum
+        from qeval.records.model_source import folder_checksum as checksum
     except ImportError:  # the code this test was written against
         from qeval.run.preflight import model_checksum as checksum  # type: ignore[attr-defined,no-redef]
     model = tmp_path / "m"

@@ -72,7 +72,7 @@ def _tiny_gguf(path: Path) -> Path:
 
 
 def test_plan_reads_a_gguf_file_as_run_does(tmp_path: Path) -> None:
-    """`plan --model x.gguf` reads the config the GGUF describes (qeval/run/model_source.py), as
+    """`plan --model x.gguf` reads the config the GGUF describes (qeval/records/model_source.py), as
     `run` does, instead of decoding the binary file as JSON (point 9)."""
     fp16 = _plan_rows("--model", str(_tiny_gguf(tmp_path / "tiny.gguf")))["fp16"]
     assert fp16["kv_bytes_per_token"] == 2 * 4 * 2 * 32 * 2  # K and V x layers x KV heads x head_dim x 2 bytes
@@ -198,7 +198,7 @@ def test_an_integer_is_still_a_number(tmp_path: Path) -> None:
 
 def test_two_include_folders_defining_one_task_are_refused(tmp_path: Path) -> None:
     """lm-eval scored the first folder's task and ignored the other without a word (point 12)."""
-    from qeval.tasks.harness.yamls import materialize
+    from qeval.tasks.lm_eval.yamls import materialize
 
     for folder in ("team_a", "team_b"):
         (tmp_path / folder).mkdir()

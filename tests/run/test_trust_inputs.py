@@ -88,10 +88,10 @@ def _helper_folder(tmp: Path, prefix: str = "Q: ", yaml_text: str = HELPER_YAML)
 
 
 def _infos(folder: Path, num_fewshot: int = 0, seed: int = 1234, name: str = "helper_task") -> dict:
-    from qeval.tasks.harness.config import HarnessSpec
-    from qeval.tasks.harness.session import open_session
+    from qeval.config.lm_eval import LmEvalSpec
+    from qeval.tasks.lm_eval.session import open_session
 
-    spec = HarnessSpec(include_path=[str(folder)], fewshot_seed=seed,
+    spec = LmEvalSpec(include_path=[str(folder)], fewshot_seed=seed,
                        tasks=[{"name": name, "num_fewshot": num_fewshot}])
     session = open_session(spec, folder, None)
     try:
@@ -112,7 +112,7 @@ def test_a_changed_function_helper_changes_the_fingerprint(tmp_path: Path) -> No
 
 def test_records_whose_prompt_differs_are_not_paired(tmp_path: Path) -> None:
     from qeval.analysis.comparison import paired
-    from qeval.run.store import RunStore
+    from qeval.records.store import RunStore
 
     store = RunStore(tmp_path)
     rows = [{"sample_id": str(i), "correct": 1, "prompt_hash": f"p{i}"} for i in range(4)]
@@ -323,8 +323,8 @@ def test_a_sweep_probes_each_device_once(tmp_path: Path) -> None:
 
     from qeval.config import load_config
     from qeval.perf import ceilings
+    from qeval.records.store import RunStore
     from qeval.run.preflight import preflight
-    from qeval.run.store import RunStore
 
     text = (ROOT / "configs" / "demo.yaml").read_text().replace("path: models/qeval-tiny", f"path: {MODEL}")
     (tmp_path / "c.yaml").write_text(text.replace("backend:", f"tasks_dir: {ROOT / 'tasks'}\nbackend:"))
@@ -388,7 +388,7 @@ def test_a_gguf_gets_its_own_tokenizer_not_the_folders(tmp_path: Path) -> None:
     (49,152 entries), which its checksum covers, not the 128-entry one lying beside it."""
     from qeval.backends.hf.backend import HFBackend
     from qeval.config import ModelSpec, RunConfig
-    from qeval.setups import Setup
+    from qeval.config.setups import Setup
 
     folder = tmp_path / "m"
     folder.mkdir()

@@ -14,15 +14,15 @@ import numpy as np
 import pytest
 from conftest import MODEL, ROOT
 
-from qeval.analysis.gates import Gate
-from qeval.analysis.longctx import position_buckets
 from qeval.config import ModelSpec, RunConfig
+from qeval.config.gates import Gate
+from qeval.config.setups import Setup
 from qeval.errors import UserError
-from qeval.setups import Setup
-from qeval.tasks.longctx import words
-from qeval.tasks.longctx.buckets import bucket_sums
-from qeval.tasks.longctx.hooks import model_config_of
-from qeval.tasks.longctx.tasks import MAX_GEN, LongContextTask, build_tasks, load_tokenizer, plan, resolve_gates
+from qeval.tasks.long_context import words
+from qeval.tasks.long_context.buckets import bucket_sums
+from qeval.tasks.long_context.kind import model_config_of
+from qeval.tasks.long_context.results import position_buckets
+from qeval.tasks.long_context.tasks import MAX_GEN, LongContextTask, build_tasks, load_tokenizer, plan, resolve_gates
 
 SMOLLM2 = ROOT / "models" / "smollm2-135m"
 # (model, lengths to generate at: the generators are checked past the tiny model's 256 tokens)

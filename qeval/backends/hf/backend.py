@@ -36,12 +36,12 @@ from qeval.backends.hf import chunked
 from qeval.backends.hf import quant as hf_quant
 from qeval.backends.tokens import conventions, encode_pair, generation_context, memoized, rolling_windows, truncate
 from qeval.config import RunConfig
+from qeval.config.setups import Setup
 from qeval.memory.ledger import cache_bytes, model_weights_bytes
-from qeval.run.model_source import is_gguf
-from qeval.setups import Setup
+from qeval.records.model_source import is_gguf
 
 if TYPE_CHECKING:
-    from qeval.perf.workload import Measurement, Workload
+    from qeval.backends.workload import Measurement, Workload
 
 # Scoring runs under no_grad, not inference_mode: quanto's packed int4 weights fail on
 # inference tensors ("Cannot set version_counter for inference tensor").
@@ -378,8 +378,8 @@ class HFBackend:
         return None  # a batch is as large as memory allows
 
     def performance(self, workload: Workload) -> Measurement:
-        """Batched prefill and greedy decode on the setup's own cache (qeval/perf/hf.py)."""
-        from qeval.perf import hf as perf_hf
+        """Batched prefill and greedy decode on the setup's own cache (qeval/backends/hf/perf.py)."""
+        from qeval.backends.hf import perf as perf_hf
 
         return perf_hf.measure(self.model, self.tok, lambda: hf_quant.new_cache(self.model.config, self.setup),
                                self.device, workload)

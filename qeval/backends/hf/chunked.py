@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from qeval.backends.hf import quant as hf_quant
-from qeval.setups import Setup
+from qeval.config.setups import Setup
 
 #: stats of one run of scored positions: (logits [n, vocab], first scored index) -> arrays
 WindowStats = Callable[[torch.Tensor, int], tuple[np.ndarray, ...]]

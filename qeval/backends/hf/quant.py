@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from qeval.backends.hf.support import KV_BACKENDS
-from qeval.setups import Setup
+from qeval.config.setups import Setup
 
 
 def _version(dist: str) -> str:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
+from qeval.config.setups import Setup
 from qeval.errors import UserError
-from qeval.setups import Setup
 
 #: method -> (package that implements it on transformers, weight precisions it offers)
 WEIGHT_METHODS: dict[str, tuple[str, tuple[str, ...]]] = {

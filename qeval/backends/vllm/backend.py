@@ -28,10 +28,10 @@ from qeval.backends.vllm.logcapture import capture_fds
 from qeval.backends.vllm.logs import parse_engine_log, quantized_kernels
 from qeval.backends.vllm.support import engine_args
 from qeval.config import RunConfig
-from qeval.setups import Setup
+from qeval.config.setups import Setup
 
 if TYPE_CHECKING:
-    from qeval.perf.workload import Measurement, Workload
+    from qeval.backends.workload import Measurement, Workload
 
 
 class VLLMBackend:
@@ -146,8 +146,8 @@ class VLLMBackend:
         return int(self.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs)
 
     def performance(self, workload: Workload) -> Measurement:
-        """Throughput and request latency on vLLM's own benchmark prompts (qeval/perf/vllm.py)."""
-        from qeval.perf import vllm as perf_vllm
+        """Throughput and request latency on vLLM's own benchmark prompts (qeval/backends/vllm/perf.py)."""
+        from qeval.backends.vllm import perf as perf_vllm
 
         m = perf_vllm.measure(self.llm, workload)
         note = perf_vllm.engine_threads_note(self._log.text() if self._log else "")

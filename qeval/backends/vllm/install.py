@@ -28,7 +28,7 @@ def worker_python(cfg: RunConfig) -> str:
 
 def check_install(cfg: RunConfig) -> None:
     """Raise UserError when vLLM, or a kv_cache_dtype a setup needs, is missing for the workers."""
-    from qeval.run.model_source import is_gguf
+    from qeval.records.model_source import is_gguf
 
     if is_gguf(cfg.model.path):
         raise UserError(f"backend vllm: model path {cfg.model.path} is a GGUF file; qeval serves GGUF models with "

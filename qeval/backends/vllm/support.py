@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from qeval.backends.device import cpu_flags
+from qeval.config.setups import Setup
 from qeval.errors import UserError
-from qeval.setups import Setup
 
 _CHECKPOINT_METHODS = {"w8a8": "int8", "w4a8": "int4", "gptq": "int4", "awq": "int4"}
 

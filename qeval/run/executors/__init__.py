@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from qeval.run.executors.config import ExecutorSpec
+    from qeval.config.executor import ExecutorSpec
     from qeval.run.executors.job import WorkerJob
 
 

@@ -10,18 +10,19 @@ import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from qeval.files.atomic import atomic_write_bytes, atomic_write_json
 from qeval.files.names import inside
 from qeval.files.processes import die_with_parent
+from qeval.records.job import Job, Outcome
 from qeval.run.executors.resources import JobResources
 
 if TYPE_CHECKING:
     from qeval.config import RunConfig
-    from qeval.run.keys import SetupKeys
-    from qeval.run.store import RunStore
-    from qeval.setups import Setup
+    from qeval.config.setups import Setup
+    from qeval.records.keys import SetupKeys
+    from qeval.records.store import RunStore
 
 #: the files a worker writes for one task of its setup, in the order the driver writes them:
 #: the samples and top-k first, the meta (which marks the (setup, task) pair done) last
@@ -42,7 +43,7 @@ class WorkerJob:
     setup: Setup
     store: RunStore
     #: the job file's content (qeval.run.worker reads it); `run_dir` is the driver's run directory
-    job: dict[str, Any]
+    job: Job
     keys: SetupKeys
     resources: JobResources
     #: ids of the jobs that must finish first (the baseline, whose top-k is this job's KL reference)
@@ -66,8 +67,8 @@ class WorkerJob:
         the setup's previous outcome (a partial rerun keeps its other tasks' timings) and the
         baseline's top-k of each pending perplexity task (the KL reference)."""
         wanted = [self.store.setup_path(self.name)]
-        for task in self.job["tasks"]:
-            ref = self.job["reference"].get(task)
+        for task in self.job.tasks:
+            ref = self.job.reference.get(task)
             if ref:
                 wanted.append(self.store.topk_path(*ref))
         return {p.relative_to(self.store.root).as_posix(): p.read_bytes() for p in wanted if p.is_file()}
@@ -82,7 +83,7 @@ class WorkerJob:
         if len(parts) == 3 and parts[:2] == ("samples", self.name):
             for order, suffix in enumerate(TASK_FILES):
                 task = parts[2].removesuffix(suffix)
-                if parts[2].endswith(suffix) and task in self.job["tasks"]:
+                if parts[2].endswith(suffix) and task in self.job.tasks:
                     return order, inside(self.store.root, *parts)
         raise RefusedFile(f"refused a file the worker sent back: {rel[:200]!r} is not one setup {self.name} writes")
 
@@ -96,8 +97,8 @@ class WorkerJob:
     def record_failure(self, error: str) -> None:
         """The setup's outcome when its worker could not write one: failed, with why."""
         atomic_write_json(self.store.setup_path(self.name),
-                          {"name": self.name, "status": "failed", "error": error, "timings": {},
-                           "key": self.keys.key, "key_parts": self.keys.parts})
+                          Outcome(name=self.name, status="failed", error=error, key=self.keys.key,
+                                  key_parts=self.keys.parts).model_dump(mode="json"))
 
     def record_crash(self, returncode: int) -> None:
         """The worker process ended without writing its outcome: killed, segfault, OOM."""

@@ -22,6 +22,7 @@ from typing import Any
 from qeval.files.atomic import atomic_write_bytes, atomic_write_json
 from qeval.files.names import inside
 from qeval.files.processes import pid_alive
+from qeval.records.job import Job
 from qeval.run.executors.job import run_worker_process, worker_python
 
 #: scratch folders are named qeval-ray-<Ray worker PID>-<random> under the node's temp dir
@@ -41,7 +42,7 @@ def forwarded_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
 def run_on_node(payload: dict[str, Any]) -> dict[str, Any]:
     """Run one job (see the module docstring); returns the worker's return code, whether it
     wrote its outcome, and its files as {path relative to the run directory: bytes}."""
-    from qeval import __version__
+    from qeval.version import __version__
 
     if payload["qeval_version"] != __version__:
         raise RuntimeError(f"node {socket.gethostname()} runs qeval {__version__}, the driver qeval "
@@ -60,12 +61,12 @@ def _run(payload: dict[str, Any], scratch: Path) -> dict[str, Any]:
     setup, root = payload["setup"], scratch / "run"
     for rel, data in payload["inputs"].items():
         atomic_write_bytes(inside(root, *PurePosixPath(rel).parts), data)
-    job = dict(payload["job"], run_dir=str(root))
-    cfg = RunConfig.model_validate(job["config"])
+    job = Job.model_validate(payload["job"]).model_copy(update={"run_dir": str(root)})
+    cfg = RunConfig.model_validate(job.config)
     if payload["driver_host"] != socket.gethostname():
         verify_inputs(cfg, job)
     job_path = inside(root, "jobs", f"{setup}.json")
-    atomic_write_json(job_path, job)
+    atomic_write_json(job_path, job.model_dump(mode="json"))
     outcome = inside(root, "setups", f"{setup}.json")
     before = _stamp(outcome)
     started = time.monotonic()
@@ -134,13 +135,13 @@ def worker_env(payload: dict[str, Any]) -> dict[str, str]:
     return env
 
 
-def verify_inputs(cfg: Any, job: dict[str, Any]) -> None:
+def verify_inputs(cfg: Any, job: Job) -> None:
     """On a node other than the driver's machine: the model and task data this node would
     read must be what the driver checksummed, or the results would be keyed to other inputs."""
-    from qeval.run.model_source import resolve_model
-    from qeval.tasks import load_task
+    from qeval.records.model_source import resolve_model
+    from qeval.tasks.kinds import task_kind
 
-    expected = job["key_parts"]["model_sha256"]
+    expected = job.key_parts["model_sha256"]
     try:
         found = resolve_model(cfg.model.path, cfg.model.revision).checksum
     except Exception as exc:  # noqa: BLE001 - one line in the setup's outcome, whatever went wrong
@@ -148,9 +149,10 @@ def verify_inputs(cfg: Any, job: dict[str, Any]) -> None:
     if found != expected:
         raise RuntimeError(f"model {cfg.model.path} on node {socket.gethostname()} differs from the driver's "
                            f"(sha256 {found[:12]}… against {expected[:12]}…)")
-    for name, parts in job["task_key_parts"].items():
-        task = load_task(name, Path(cfg.tasks_dir), cfg.limit)
-        if task.fingerprint != parts["task"]:
+    for name, parts in job.task_key_parts.items():
+        # a kind whose tasks are made where they load (generated, lm-eval's) checks them in the worker
+        local = task_kind(job.task_kinds[name]).fingerprint
+        if local is not None and local(cfg, name) != parts["task"]:
             raise RuntimeError(f"task {name} on node {socket.gethostname()} differs from the driver's copy")
 
 

@@ -33,13 +33,13 @@ from ray.exceptions import OutOfMemoryError, RayError, RayTaskError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from qeval import __version__
+from qeval.config.executor import ExecutorSpec
 from qeval.errors import UserError
-from qeval.run.executors.address import check_address, cluster_address
-from qeval.run.executors.config import ExecutorSpec
+from qeval.records.address import check_address, cluster_address
 from qeval.run.executors.job import RefusedFile, WorkerJob
 from qeval.run.executors.node import forwarded_env, run_on_node
 from qeval.run.executors.resources import unplaceable
+from qeval.version import __version__
 
 #: seconds between checks of running jobs (Ctrl-C is handled within one of them)
 POLL_S = 1.0
@@ -208,7 +208,8 @@ class RayExecutor:
             group = placement_group([res.bundle], strategy="STRICT_PACK")
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 placement_group=group, placement_group_bundle_index=0)
-        payload = {"setup": job.name, "job": job.job, "inputs": job.inputs(), "qeval_version": __version__,
+        payload = {"setup": job.name, "job": job.job.model_dump(mode="json"), "inputs": job.inputs(),
+                   "qeval_version": __version__,
                    "driver_host": socket.gethostname(), "env": forwarded_env(), "threads": res.threads,
                    "gpus": res.num_gpus, "engine_gpus": res.engine_gpus, "job_id": job.id, "progress": self._progress}
         ref = _job_task.options(**options).remote(payload)
@@ -234,7 +235,8 @@ class RayExecutor:
         if not out["outcome_written"]:
             job.record_crash(out["returncode"])
             print(f"{job.id}: worker failed on {out['node']}; the end of its log:\n{out['log_tail']}", file=sys.stderr)
-        status = (job.store.read_outcome(job.name) or {}).get("status", "failed")
+        stored = job.store.read_outcome(job.name)
+        status = stored.status if stored else "failed"
         print(f"{job.id}: {status} on {out['node']} (Ray worker {out['pid']}) in {out['seconds']:.1f} s",
               file=sys.stderr)
 

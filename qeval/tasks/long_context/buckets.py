@@ -1,6 +1,6 @@
 """Perplexity by token position: one document's loss (and KL to the baseline) summed over
 buckets of token position, stored with its sample record so that the comparison can pair
-documents bucket by bucket (qeval/analysis/longctx.py)."""
+documents bucket by bucket (qeval/tasks/long_context/results.py)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import re
 import time
 from typing import Any
 
-from qeval.perf.workload import Measurement, Wave, Workload
+from qeval.backends.workload import Measurement, Wave, Workload
 
 SOURCES = {
     "requests_per_s": "requests / wall time of the level's waves (each wave one LLM.generate call with all its "

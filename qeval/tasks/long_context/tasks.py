@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qeval.config.long_context import LongContextSpec
 from qeval.errors import UserError
-from qeval.tasks.longctx.config import LongContextSpec
-from qeval.tasks.longctx.generate import Encode, multikey_doc, passkey_doc, prose_doc
+from qeval.tasks.long_context.generate import Encode, multikey_doc, passkey_doc, prose_doc
 from qeval.tasks.native import GenerationKwargs, Task, TaskSpec
 
 if TYPE_CHECKING:
-    from qeval.analysis.gates import Gate
     from qeval.config import RunConfig
+    from qeval.config.gates import Gate
 
 #: bump when a generator's output changes: it is part of every task's fingerprint
 GENERATOR_VERSION = 1
@@ -167,7 +167,7 @@ def load_tokenizer(path: str, revision: str | None, trust_remote_code: bool) -> 
     """The model's tokenizer (a folder, a hub id, or a GGUF file's parent folder)."""
     from transformers import AutoTokenizer
 
-    from qeval.run.model_source import is_gguf
+    from qeval.records.model_source import is_gguf
 
     kw: dict[str, Any] = {"revision": revision, "trust_remote_code": trust_remote_code}
     if is_gguf(path):

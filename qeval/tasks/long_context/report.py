@@ -1,4 +1,4 @@
-"""The report's long-context section (issue 16): each setup's quality against context length
+"""The report's long-context section: each setup's quality against context length
 beside the KV cache one sequence of that length holds, and its loss by token position against
 the baseline's; with two plots for report.html. From results.json alone."""
 
@@ -9,11 +9,11 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 
-from qeval.results.longctx import PositionBucket
+from qeval.report.sections import ReportSection
+from qeval.report.tables import Escape, md_table
+from qeval.results.long_context import PositionBucket
+from qeval.results.metrics import metric as describe
 from qeval.results.schema import Results, SetupResult
-from qeval.tasks.metrics import metric as describe
-
-Escape = Callable[[object], str]
 
 
 def tokens_text(n: int) -> str:
@@ -94,10 +94,6 @@ def bucket_rows(results: Results, esc: Escape) -> tuple[list[str], list[list[str
     return header, rows
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
-
-
 def markdown_section(results: Results, esc: Escape) -> list[str]:
     """The long-context section of report.md; empty without long-context tasks."""
     info = results.long_context
@@ -109,12 +105,12 @@ def markdown_section(results: Results, esc: Escape) -> list[str]:
              f"length); the deployment length is {tokens_text(info.deployment_length)}: there each family's task "
              "is gated like any task, and at the other lengths only where a gate names the length. "
              f"{esc(info.source)}.", "", "### Quality against context length", ""]
-    lines += _table(*length_rows(results, esc))
+    lines += md_table(*length_rows(results, esc))
     lines += ["", "KV cache / sequence: the setup's KV bytes per token (measured, else marked predicted) times the "
               "length. Δ: setup minus baseline with its 95% CI and the gate's verdict where a gate applies.", ""]
     header, rows = bucket_rows(results, esc)
     if rows:
-        lines += ["### Loss by token position", ""] + _table(header, rows)
+        lines += ["### Loss by token position", ""] + md_table(header, rows)
         lines += ["", "Baseline: mean NLL per token (nats) of the tokens at those positions. Other setups: Δ NLL "
                   f"per token against the baseline on the same tokens [{_bucket_ci_legend(results)} over "
                   "documents]; KL(baseline || setup) per token (top-16 + tail, a lower bound).", ""]
@@ -192,3 +188,14 @@ def _bucket_ci_legend(results: Results) -> str:
     t = any(b.ci_method == "t" for s in results.setups if s.long_context for p in s.long_context.lengths
             for b in p.buckets)
     return "95% t-interval" if t else "95% paired-bootstrap CI"
+
+
+def _figures(results: Results) -> dict[str, Callable[[Results], Any]]:
+    if results.long_context is None:
+        return {}
+    return {"Long context: quality against context length": quality_vs_length_figure,
+            "Long context: Δ NLL per token by position, 95% CI": bucket_deltas_figure}
+
+
+SECTION = ReportSection(title="Long context", anchor="long-context", markdown=markdown_section, tables=html_tables,
+                        figures=_figures)

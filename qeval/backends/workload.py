@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from qeval.perf.config import PerfSpec
+from qeval.config.performance import PerfSpec
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from itertools import cycle, islice
 from typing import Any
 
 from qeval.errors import UserError
-from qeval.tasks.longctx import words as w
-from qeval.tasks.longctx.prose import chronicle
+from qeval.tasks.long_context import words as w
+from qeval.tasks.long_context.prose import chronicle
 
 Encode = Callable[[str], list[int]]
 

@@ -79,7 +79,7 @@ def metric(name: str, higher_is_better: bool | None = None) -> Metric:
     return METRICS[base]
 
 
-def primary_metric(output_type: str) -> str:
+def default_compared_metric(output_type: str) -> str:
     """The metric a task kind is compared on when its metric_list does not say."""
     return KIND_METRICS[output_type][0]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from qeval.perf.workload import Measurement, Wave, Workload, random_prompt_ids
+from qeval.backends.workload import Measurement, Wave, Workload, random_prompt_ids
 
 SOURCES = {
     "requests_per_s": "requests / wall time of the level's waves (each wave one batch: a prefill forward, then "

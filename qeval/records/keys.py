@@ -9,11 +9,11 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from qeval import __version__
+from qeval.version import __version__
 
 if TYPE_CHECKING:
-    from qeval.run.preflight import Preflight
-    from qeval.setups import Setup
+    from qeval.config.setups import Setup
+    from qeval.records.preflight import Preflight
 
 
 def key_of(parts: dict[str, str]) -> str:

@@ -13,7 +13,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from qeval.tasks.longctx import words as w
+from qeval.tasks.long_context import words as w
 
 
 @dataclass(frozen=True)

@@ -22,16 +22,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qeval.config.lm_eval import LmEvalSpec, LmEvalTask
 from qeval.errors import UserError
 from qeval.files.names import NAME_PATTERN
-from qeval.tasks.harness.config import HarnessSpec, HarnessTask
-from qeval.tasks.harness.yamls import materialize, read_task_yaml
+from qeval.tasks.lm_eval.yamls import materialize, read_task_yaml
 
 _ADDR = re.compile(r" at 0x[0-9a-f]+>")
 
 
 @dataclass
-class HarnessTaskInfo:
+class LmEvalTaskInfo:
     """One lm-eval task (a leaf: groups are expanded) as qeval's pipeline sees it."""
 
     name: str
@@ -39,7 +39,7 @@ class HarnessTaskInfo:
     output_type: str
     n_docs: int
     metrics: list[str]  # "acc", "acc_norm", "exact_match,strict-match", ... (filter "none" dropped)
-    compared: str  # the metric setups are compared on
+    compared_metric: str  # the metric setups are compared on
     fingerprint: str
     sha256: str  # of the documents scored and the few-shot pool
     num_fewshot: int
@@ -52,12 +52,12 @@ class HarnessTaskInfo:
 
 
 @dataclass
-class HarnessSession:
+class LmEvalSession:
     """lm-eval's task objects for a run, and qeval's description of them."""
 
-    spec: HarnessSpec
+    spec: LmEvalSpec
     tasks: dict[str, Any]  # leaf name -> lm_eval ConfigurableTask
-    infos: dict[str, HarnessTaskInfo]
+    infos: dict[str, LmEvalTaskInfo]
     groups: dict[str, list[str]]  # group -> its leaf tasks (nested groups flattened)
     workdir: tempfile.TemporaryDirectory[str]
 
@@ -83,7 +83,7 @@ def sandbox_templates() -> None:
     lm_utils.env = env
 
 
-def open_session(spec: HarnessSpec, base: Path, limit: int | None) -> HarnessSession:
+def open_session(spec: LmEvalSpec, base: Path, limit: int | None) -> LmEvalSession:
     """Load every task of `spec` (paths relative to `base`); one-line UserErrors for unknown
     names, unreadable data or a task qeval cannot score."""
     os.environ.setdefault("HF_DATASETS_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "0"))
@@ -117,7 +117,7 @@ def open_session(spec: HarnessSpec, base: Path, limit: int | None) -> HarnessSes
         raise UserError(f"lm-eval tasks {', '.join(names)}: cannot load: {type(exc).__name__}: "
                         f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
     groups = _leaves_of_groups(loaded["group_map"])
-    session = HarnessSession(spec, {}, {}, {g: groups[g] for g in names if g in groups}, workdir)
+    session = LmEvalSession(spec, {}, {}, {g: groups[g] for g in names if g in groups}, workdir)
     for entry in entries:
         for leaf in groups.get(entry.name, [entry.name]):
             task = loaded["tasks"][leaf]
@@ -143,7 +143,7 @@ def _unknown_task(name: str, folder: Path) -> str:
     return f"unknown lm-eval task {name!r} (not in lm_eval.include_path nor lm-eval {lm_eval_version()}'s library)"
 
 
-def _data_overrides(t: HarnessTask) -> dict[str, Any]:
+def _data_overrides(t: LmEvalTask) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if t.dataset_path is not None:
         out["dataset_path"] = t.dataset_path
@@ -161,7 +161,7 @@ def _leaves_of_groups(group_map: dict[str, list[str]]) -> dict[str, list[str]]:
     return {g: leaves(g) for g in group_map}
 
 
-def describe(leaf: str, entry: HarnessTask, task: Any, seed: int, limit: int | None) -> HarnessTaskInfo:
+def describe(leaf: str, entry: LmEvalTask, task: Any, seed: int, limit: int | None) -> LmEvalTaskInfo:
     """Apply the entry's settings to the lm-eval task object and describe it for qeval."""
     if not re.fullmatch(NAME_PATTERN, leaf):
         raise UserError(f"lm-eval task name {leaf!r} cannot be stored safely (qeval names are letters, digits, "
@@ -195,8 +195,8 @@ def describe(leaf: str, entry: HarnessTask, task: Any, seed: int, limit: int | N
     body["config"].get("metadata", {}).pop("config_source", None)  # where the YAML lived is not content
     body["config"].pop("dataset_kwargs", None)  # local paths: the data is in `data` by content
     fingerprint = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return HarnessTaskInfo(name=leaf, entry=entry.name, output_type=task.OUTPUT_TYPE, n_docs=n, metrics=metrics,
-                           compared=compared, fingerprint=fingerprint, sha256=data,
+    return LmEvalTaskInfo(name=leaf, entry=entry.name, output_type=task.OUTPUT_TYPE, n_docs=n, metrics=metrics,
+                           compared_metric=compared, fingerprint=fingerprint, sha256=data,
                            num_fewshot=int(task.get_config("num_fewshot") or 0),
                            higher_is_better={m.split(",")[0]: bool(v) for m, v in task.higher_is_better().items()},
                            limit=n if n < len(docs) else None)

@@ -10,7 +10,7 @@ from pydantic import Field, model_validator
 from qeval.strict import Strict
 
 
-class HarnessTask(Strict):
+class LmEvalTask(Strict):
     """One lm-eval task or group, with the settings it is scored under."""
 
     #: the lm-eval task or group name (mmlu, gsm8k, hellaswag, arc_challenge, a team's own...)
@@ -31,7 +31,7 @@ class HarnessTask(Strict):
     dataset_kwargs: dict[str, Any] | None = None
 
 
-class HarnessSpec(Strict):
+class LmEvalSpec(Strict):
     """lm-eval tasks of a run. Names resolve in `include_path` first (a team's own YAMLs, or the
     shipped offline fixtures in tasks/lm_eval), then in lm-eval's own task library."""
 
@@ -41,12 +41,12 @@ class HarnessSpec(Strict):
     data_dirs: list[str] = []
     #: the seed of lm-eval's few-shot sampler (one per task, drawn document by document)
     fewshot_seed: int = 1234
-    tasks: list[HarnessTask] = []
+    tasks: list[LmEvalTask] = []
     #: named lists of tasks (SUITES), e.g. openllm-v1
     suites: list[str] = []
 
     @model_validator(mode="after")
-    def _check(self) -> HarnessSpec:
+    def _check(self) -> LmEvalSpec:
         unknown = [s for s in self.suites if s not in SUITES]
         if unknown:
             raise ValueError(f"unknown suite {unknown[0]!r} (known: {', '.join(sorted(SUITES))})")
@@ -56,7 +56,7 @@ class HarnessSpec(Strict):
             raise ValueError(f"lm-eval task listed twice: {', '.join(dupes)}")
         return self
 
-    def entries(self) -> list[HarnessTask]:
+    def entries(self) -> list[LmEvalTask]:
         """The explicit tasks, then each suite's (a task named in both keeps the explicit settings)."""
         explicit = {t.name for t in self.tasks}
         return self.tasks + [t for s in self.suites for t in SUITES[s] if t.name not in explicit]
@@ -66,8 +66,8 @@ class HarnessSpec(Strict):
         return {s: [t.name for t in SUITES[s]] for s in self.suites}
 
 
-def _suite(*entries: tuple[str, int, str]) -> list[HarnessTask]:
-    return [HarnessTask(name=n, num_fewshot=k, metric=m) for n, k, m in entries]
+def _suite(*entries: tuple[str, int, str]) -> list[LmEvalTask]:
+    return [LmEvalTask(name=n, num_fewshot=k, metric=m) for n, k, m in entries]
 
 
 #: The Open LLM Leaderboard v1 selection, as Red Hat's and llm-compressor's model cards report
@@ -75,7 +75,7 @@ def _suite(*entries: tuple[str, int, str]) -> list[HarnessTask]:
 _OPENLLM_V1 = [("arc_challenge", 25, "acc_norm"), ("hellaswag", 10, "acc_norm"), ("mmlu", 5, "acc"),
                ("truthfulqa_mc2", 0, "acc"), ("winogrande", 5, "acc"), ("gsm8k", 5, "exact_match,strict-match")]
 
-SUITES: dict[str, list[HarnessTask]] = {
+SUITES: dict[str, list[LmEvalTask]] = {
     "openllm-v1": _suite(*_OPENLLM_V1),
     # the same selection on the offline fixtures that ship in tasks/lm_eval (include_path: [tasks/lm_eval]);
     # few-shot counts capped by the fixtures' small few-shot pools

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import matplotlib.pyplot as plt
 
-from qeval.perf.views import pareto3, tradeoff_points
+from qeval.report.performance import pareto3, tradeoff_points
 
 if TYPE_CHECKING:
     from qeval.results.schema import Results

@@ -24,8 +24,8 @@ from qeval.errors import UserError
 from qeval.files.jsonl import read_objects
 from qeval.files.names import NAME_PATTERN
 from qeval.files.yaml import load_yaml
+from qeval.results.metrics import select_metrics
 from qeval.strict import Strict
-from qeval.tasks.metrics import select_metrics
 from qeval.tasks.templates import render as _render
 
 OutputType = Literal["multiple_choice", "generate_until", "loglikelihood_rolling"]
@@ -93,11 +93,11 @@ class Task:
         return 0
 
     @property
-    def compared(self) -> str:
+    def compared_metric(self) -> str:
         """The metric setups are compared on: the first of its metrics that pairs by document."""
-        from qeval.analysis.comparison import compared_metric
+        from qeval.analysis.comparison import pick_compared_metric
 
-        return compared_metric(self.output_type, self.metrics)
+        return pick_compared_metric(self.output_type, self.metrics)
 
     @cached_property
     def metrics(self) -> list[str]:

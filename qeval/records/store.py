@@ -22,6 +22,7 @@ import numpy as np
 from qeval.errors import UserError
 from qeval.files.atomic import _jsonable, atomic_write_bytes, atomic_write_json, read_json
 from qeval.files.names import inside
+from qeval.records.job import Outcome, outcome_of
 
 
 class RunStore:
@@ -67,9 +68,10 @@ class RunStore:
         not done: it is recomputed, and the reason printed)."""
         return _read_object(self.meta_path(setup, task), f"{setup}/{task} will be recomputed")
 
-    def read_outcome(self, setup: str) -> dict[str, Any] | None:
-        """A worker's stored outcome, or None when absent or unreadable."""
-        return _read_object(self.setup_path(setup), f"setup {setup} will be rerun")
+    def read_outcome(self, setup: str) -> Outcome | None:
+        """A worker's stored outcome, typed, or None when absent or unreadable."""
+        raw = _read_object(self.setup_path(setup), f"setup {setup} will be rerun")
+        return None if raw is None else outcome_of(raw, self.setup_path(setup))
 
     def read_samples(self, setup: str, task: str) -> list[dict[str, Any]]:
         """Per-sample records; a corrupt line is a one-line UserError naming file and line."""

@@ -4,16 +4,15 @@ front over all three). report/markdown.py and report/html.py render these rows."
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from qeval.perf.phase import WORKLOAD_MARK
+from qeval.report.tables import Escape, md_table
 
 if TYPE_CHECKING:
-    from qeval.perf.schema import Measured
+    from qeval.results.performance import Measured
     from qeval.results.schema import Results, SetupResult
 
-Escape = Callable[[object], str]
 
 THROUGHPUT_HEADER = ["setup", "concurrency", "requests/s", "output tokens/s", "prefill tokens/s", "decode tokens/s"]
 LATENCY_HEADER = ["setup", "concurrency", "TTFT p50 (ms)", "TTFT p90 (ms)", "TPOT p50 (ms)", "TPOT p90 (ms)",
@@ -83,21 +82,6 @@ def ceiling_rows(results: Results, esc: Escape) -> list[list[str]]:
     return rows
 
 
-def worst_accuracy_delta(s: SetupResult) -> float:
-    """The largest accuracy drop against the baseline, in points (0: none, or the baseline)."""
-    from qeval.tasks.metrics import metric
-
-    return 100 * min((c.delta for c in s.vs_baseline.values() if metric(c.metric).proportion), default=0.0)
-
-
-def sequence_bytes(s: SetupResult, context: int) -> int:
-    """Weights plus the KV cache of one sequence at the budget's context (measured, else predicted)."""
-    m = s.memory
-    w = m.weights_bytes.measured or m.weights_bytes.predicted or 0
-    kv = m.kv_bytes_per_token.measured or m.kv_bytes_per_token.predicted or 0
-    return int(w + kv * context)
-
-
 def tradeoff_points(results: Results) -> list[tuple[str, float, int, float]]:
     """(setup, worst accuracy Δ in points, bytes of one sequence, output tokens/s at its top
     level) for every ok setup with performance figures."""
@@ -106,7 +90,7 @@ def tradeoff_points(results: Results) -> list[tuple[str, float, int, float]]:
     for s in results.setups:
         perf = s.performance
         if s.status == "ok" and perf is not None and perf.top is not None:
-            points.append((s.name, worst_accuracy_delta(s), sequence_bytes(s, context),
+            points.append((s.name, s.worst_accuracy_delta(), s.sequence_bytes(context),
                            perf.top.output_tokens_per_s.median))
     return points
 
@@ -206,30 +190,26 @@ def noisy_setups(results: Results) -> list[str]:
         x.output_tokens_per_s.max > NOISY * x.output_tokens_per_s.min for x in s.performance.levels)]
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
-
-
 def markdown_lines(results: Results, esc: Escape) -> list[str]:
     """report.md's "Performance" section; nothing for results without a performance phase."""
     if not has_performance(results):
         return []
     lines = ["## Performance", "", workload_text(results), "", ceilings_text(results), ""]
-    lines += ["### Quality × memory × throughput", "", *_table(TRADEOFF_HEADER, tradeoff_rows(results, esc)), "",
+    lines += ["### Quality × memory × throughput", "", *md_table(TRADEOFF_HEADER, tradeoff_rows(results, esc)), "",
               "Pareto-optimal: no other setup is at least as good on all three sides (accuracy, memory per sequence "
               f"at {results.config['budget']['context_len']} tokens, throughput) and better on one.", ""]
-    lines += ["### Throughput", "", *_table(THROUGHPUT_HEADER, throughput_rows(results, esc)), ""]
+    lines += ["### Throughput", "", *md_table(THROUGHPUT_HEADER, throughput_rows(results, esc)), ""]
     noisy = noisy_setups(results)
     if noisy:
         lines += [f"The repeats of {esc(', '.join(noisy))} vary by more than {NOISY:g}x (max / min) in output "
                   "tokens/s at some level: the machine's load changed while they were timed. Read the medians with "
                   "their ranges; a quiet or dedicated machine gives figures to decide on.", ""]
-    lines += ["### Latency", "", *_table(LATENCY_HEADER, latency_rows(results, esc)), "",
+    lines += ["### Latency", "", *md_table(LATENCY_HEADER, latency_rows(results, esc)), "",
               "TTFT: time to first token; TPOT: time per output token after the first; request latency: submission "
               "to last token. Percentiles over each level's requests, then the median over repeats.", ""]
     ceiling = ceiling_rows(results, esc)
     if ceiling:
-        lines += ["### Share of the ceiling", "", *_table(CEILING_HEADER, ceiling), "",
+        lines += ["### Share of the ceiling", "", *md_table(CEILING_HEADER, ceiling), "",
                   "Decode ceiling: copy bandwidth / (weight bytes read per token + KV bytes at the mean context); "
                   "prefill ceiling: matmul peak / (2 x the decoder's linear parameters). Tokens/s; a share over 1 "
                   "means the ceiling measurement is wrong for that setup (flagged in the notes).", ""]

@@ -21,7 +21,7 @@ class Gate(Strict):
     relative: bool = False
     min_recovery: float | None = Field(default=None, gt=0, le=1, description="the smallest share of the baseline's "
                                                                            "score the setup must keep (0.99 = 99%)")
-    #: qeval/tasks/longctx/tasks.py resolves it to one generated task
+    #: qeval/tasks/long_context/tasks.py resolves it to one generated task
     length: int | Literal["budget"] | None = Field(
         default=None, description="a long-context gate's length in tokens, or `budget` (budget.context_len); its "
                                   "task is then a long-context family, `all` meaning each of them")

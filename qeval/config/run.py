@@ -9,23 +9,23 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from qeval.analysis.gates import Gate
-from qeval.backends.vllm.config import EngineSpec
+from qeval.config.budget import Budget
+from qeval.config.engine import EngineSpec
+from qeval.config.executor import ExecutorSpec
+from qeval.config.gates import Gate
+from qeval.config.lm_eval import LmEvalSpec
+from qeval.config.long_context import LongContextSpec
+from qeval.config.performance import PerfSpec, RecommendBy
+from qeval.config.quantize import QuantizeSpec
+from qeval.config.setups import Setup
 from qeval.errors import UserError
 from qeval.files.names import NAME_PATTERN
 from qeval.files.yaml import load_yaml
-from qeval.memory.capacity import Budget
-from qeval.perf.config import PerfSpec, RecommendBy
-from qeval.quantize.config import QuantizeSpec
-from qeval.run.executors.config import ExecutorSpec
-from qeval.setups import Setup
 from qeval.strict import Strict
-from qeval.tasks.harness.config import HarnessSpec
-from qeval.tasks.longctx.config import LongContextSpec
 
 
 class ModelSpec(Strict):
@@ -53,9 +53,12 @@ class RunConfig(Strict):
     tasks: list[Annotated[str, Field(pattern=NAME_PATTERN)]] = []
     tasks_dir: str = "tasks"
     #: lm-evaluation-harness tasks, groups and suites (docs/tasks.md, "Standard benchmarks")
-    lm_eval: HarnessSpec | None = None
+    lm_eval: LmEvalSpec | None = None
     #: long-context tasks generated at a list of lengths (docs/tasks.md, "Long-context tasks")
     long_context: LongContextSpec | None = None
+    #: the config pieces of task kinds registered from outside qeval (qeval/tasks/kinds.py):
+    #: kind name -> its piece, validated at preflight against the kind's own spec
+    kinds: dict[str, dict[str, Any]] = {}
     limit: int | None = Field(default=None, gt=0)
     #: sequences per forward pass when scoring (padding changes numerics: part of the resume key)
     batch_size: int = Field(default=32, gt=0)
@@ -88,16 +91,17 @@ class RunConfig(Strict):
             raise ValueError(f"more than one baseline setup: {', '.join(baselines)}")
         if len(set(self.tasks)) != len(self.tasks):
             raise ValueError("a task is listed twice")
-        harness = [t.name for t in self.lm_eval.entries()] if self.lm_eval else []
-        if not self.tasks and not harness and not self.long_context:
+        lm_eval = [t.name for t in self.lm_eval.entries()] if self.lm_eval else []
+        if not self.tasks and not lm_eval and not self.long_context and not self.kinds:
             raise ValueError("no task to score: give `tasks` (qeval's own) or `lm_eval.tasks` / `lm_eval.suites`")
-        if set(self.tasks) & set(harness):
-            both = sorted(set(self.tasks) & set(harness))[0]
+        if set(self.tasks) & set(lm_eval):
+            both = sorted(set(self.tasks) & set(lm_eval))[0]
             raise ValueError(f"task {both!r} is both a qeval task and an lm-eval one")
         if self.candidate is not None and self.candidate not in names:
             raise ValueError(f"candidate {self.candidate!r} is not a setup of this config")
         for gate in self.gates:  # lm-eval group members are known only once loaded: checked at preflight
-            if gate.task != "all" and gate.task not in self.tasks and not self.lm_eval and not self.long_context:
+            if gate.task != "all" and gate.task not in self.tasks and not self.lm_eval and not self.long_context \
+                    and not self.kinds:
                 raise ValueError(f"gate names task {gate.task!r}, which the run does not score")
         perf = self.performance
         if perf.enabled and perf.input_len + perf.output_len > self.model.max_context:
@@ -112,8 +116,13 @@ class RunConfig(Strict):
         """The setup the others are compared with: the one marked, else the first."""
         return next((s for s in self.setups if s.baseline), self.setups[0])
 
+    def as_json(self) -> dict[str, Any]:
+        """The config as results.json and the config hash hold it: `kinds` left out while empty,
+        so a config that uses no plugin kind reads and hashes as before the key existed."""
+        return self.model_dump(mode="json", exclude={"kinds"} if not self.kinds else None)
+
     def config_hash(self) -> str:
-        return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+        return hashlib.sha256(json.dumps(self.as_json(), sort_keys=True).encode()).hexdigest()
 
 
 def folder_names_problem(names: list[str], what: str) -> str:

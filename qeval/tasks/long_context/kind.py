@@ -1,6 +1,7 @@
-"""Where long-context tasks join a run: preflight generates them (and resolves gates written at
-a length) before any model loads; the worker generates them again with the same tokenizer and
-checks they are the same documents, by fingerprint."""
+"""The long_context kind's entry: preflight generates the tasks (and resolves gates written at a
+length) before any model loads; the worker generates them again with the same tokenizer and
+checks they are the same documents, by fingerprint; assembly adds the KV bytes and the loss by
+token position at each length (results.py), and the report its section (report.py)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qeval.errors import UserError
-from qeval.tasks.longctx.tasks import LongContextTask, generated_tasks, plan, resolve_gates
+from qeval.tasks.kinds import Scoring, TaskKind, score_each
+from qeval.tasks.long_context.report import SECTION
+from qeval.tasks.long_context.results import attach_long_context
+from qeval.tasks.long_context.tasks import LongContextTask, generated_tasks, plan, resolve_gates
 
 if TYPE_CHECKING:
     from qeval.config import RunConfig
-    from qeval.run.preflight import Preflight
+    from qeval.records.preflight import Preflight
 
 
-def add_to_preflight(pre: Preflight, model_config: dict[str, Any]) -> None:
+def expand(pre: Preflight, model_config: dict[str, Any]) -> None:
     """Append the config's long-context tasks to `pre.tasks`; gates on a family or at a length
     become gates on one generated task (pre.cfg.gates)."""
     cfg = pre.cfg
@@ -34,7 +38,7 @@ def add_to_preflight(pre: Preflight, model_config: dict[str, Any]) -> None:
 
 def model_config_of(path: str) -> dict[str, Any]:
     """config.json of the model (a folder, a GGUF file, or a hub id already cached)."""
-    from qeval.run.model_source import gguf_config, is_gguf, read_model_config
+    from qeval.records.model_source import gguf_config, is_gguf, read_model_config
 
     if is_gguf(path):
         return gguf_config(Path(path))
@@ -57,3 +61,11 @@ def worker_tasks(cfg: RunConfig, wanted: dict[str, dict[str, str]]) -> dict[str,
             raise RuntimeError(f"long-context task {name}: the documents generated in the worker differ from "
                                "preflight's (a different tokenizer in this environment?)")
     return tasks
+
+
+def score(ctx: Scoring, names: list[str]) -> None:
+    tasks = worker_tasks(ctx.cfg, {n: ctx.key_parts[n] for n in names})
+    score_each(ctx, (tasks[n] for n in names))
+
+
+KIND = TaskKind(name="long_context", expand=expand, score=score, results=attach_long_context, report=SECTION)

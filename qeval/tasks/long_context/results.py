@@ -1,6 +1,6 @@
-"""Long-context results (issue 16): each setup's KV bytes at each length and its loss by token
+"""Long-context results: each setup's KV bytes at each length and its loss by token
 position paired with the baseline's, bucket by bucket, from the stored records
-(qeval/tasks/longctx/buckets.py). The per-length task comparisons are ordinary ones."""
+(qeval/tasks/long_context/buckets.py). The per-length task comparisons are ordinary ones."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qeval.analysis.stats import paired_ratio
-from qeval.results.longctx import LengthPoint, LongContextInfo, PositionBucket, SetupLongContext
+from qeval.results.long_context import LengthPoint, LongContextInfo, PositionBucket, SetupLongContext
 from qeval.results.schema import Results, SetupResult
-from qeval.tasks.longctx.tasks import LongContextTask
+from qeval.tasks.long_context.tasks import LongContextTask
 
 if TYPE_CHECKING:
-    from qeval.run.preflight import Preflight
-    from qeval.run.store import RunStore
+    from qeval.records.preflight import Preflight
+    from qeval.records.store import RunStore
 
-SOURCE = ("Generated in memory by qeval/tasks/longctx (no download): passkey prompts after Mohtashami & Jaggi "
+SOURCE = ("Generated in memory by qeval/tasks/long_context (no download): passkey prompts after Mohtashami & Jaggi "
           "(2023), RULER-style multi-key needles (Hsieh et al. 2024) in generated prose, and generated prose "
           "for perplexity by position; each sized with the model's tokenizer")
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from qeval.backends.base import Backend, GenerateRequest, LoglikelihoodRequest, Progress, RollingRequest
-from qeval.tasks.harness.session import HarnessSession
+from qeval.tasks.lm_eval.session import LmEvalSession
 from qeval.tasks.scoring import TaskResult, kl_top1, pack_topk, split_reference
 
 
@@ -66,7 +66,7 @@ def make_lm(backend: Backend, references: dict[str, dict[str, np.ndarray]], prog
     return QevalLM()
 
 
-def n_requests(session: HarnessSession, leaves: list[str]) -> int:
+def n_requests(session: LmEvalSession, leaves: list[str]) -> int:
     """Requests the leaves send (multiple choice: one per choice), for the progress bar."""
     total = 0
     for leaf in leaves:
@@ -76,7 +76,7 @@ def n_requests(session: HarnessSession, leaves: list[str]) -> int:
     return total
 
 
-def score_harness(backend: Backend, session: HarnessSession, leaves: list[str], progress: Progress,
+def score_lm_eval(backend: Backend, session: LmEvalSession, leaves: list[str], progress: Progress,
                   references: dict[str, dict[str, np.ndarray]] | None = None) -> dict[str, TaskResult]:
     """Score `leaves` in one lm-eval evaluate() call; per leaf, qeval's records and metrics."""
     from lm_eval.evaluator import evaluate
@@ -91,13 +91,13 @@ def score_harness(backend: Backend, session: HarnessSession, leaves: list[str], 
     return {leaf: _task_result(leaf, session, out, lm.raw, references or {}) for leaf in leaves}
 
 
-def _task_result(leaf: str, session: HarnessSession, out: dict[str, Any], raw: dict[tuple[str, int, int], Any],
+def _task_result(leaf: str, session: LmEvalSession, out: dict[str, Any], raw: dict[tuple[str, int, int], Any],
                  references: dict[str, dict[str, np.ndarray]]) -> TaskResult:
     info = session.infos[leaf]
     by_doc: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for s in out["samples"][leaf]:
         by_doc[int(s["doc_id"])].append(s)
-    records = [_record(leaf, info.output_type, info.compared, doc_id, entries, raw)
+    records = [_record(leaf, info.output_type, info.compared_metric, doc_id, entries, raw)
                for doc_id, entries in sorted(by_doc.items())]
     metrics: dict[str, dict[str, float | None]] = {}
     for key, value in out["results"][leaf].items():

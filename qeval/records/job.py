@@ -1,0 +1,100 @@
+"""The two files between the runner and a worker process, typed and validated on read: the job
+(RUN_DIR/jobs/<setup>.json, what the runner asks) and the outcome (RUN_DIR/setups/<setup>.json,
+what the worker did). A file that does not validate is one line naming it, not a KeyError deep
+in a worker."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from qeval.errors import UserError
+
+
+class PerformanceJob(BaseModel):
+    """The performance phase a job asks for (its figures are not stored under this key yet)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str
+    #: the model's shape (records.shape.ModelShape as a mapping): the budget's concurrency
+    shape: dict[str, Any] | None = None
+
+
+class Job(BaseModel):
+    """One setup's job: what `python -m qeval.run.worker JOB.json` serves and scores."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: the resolved run config (RunConfig as JSON)
+    config: dict[str, Any]
+    setup: str
+    device: str
+    #: the run directory the worker writes into
+    run_dir: str
+    #: the pending tasks: task -> the resume key its result is stored under
+    tasks: dict[str, str]
+    #: task -> the parts of that key (the `task` part is the data fingerprint)
+    task_key_parts: dict[str, dict[str, str]]
+    #: task -> its kind (qeval/tasks/kinds.py): which kind's scoring serves it
+    task_kinds: dict[str, str] = {}
+    #: perplexity task -> (setup, task) of the baseline's stored top-k: the KL reference
+    reference: dict[str, tuple[str, str]] = {}
+    baseline: str
+    #: the setup's resume key and its parts
+    key: str
+    key_parts: dict[str, str]
+    performance: PerformanceJob | None = None
+
+
+class Outcome(BaseModel):
+    """What one worker did for its setup; failures included (`status`, `error`)."""
+
+    # extra="allow": an outcome written by another qeval version still reads (its key then
+    # differs, and the setup is listed as dropped, not misread)
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    status: Literal["ok", "failed"] = "failed"
+    error: str | None = None
+    traceback: str | None = None
+    #: seconds: load_s, <task>_s, performance_s, total_s
+    timings: dict[str, float] = {}
+    key: str | None = None
+    key_parts: dict[str, Any] | None = None
+    #: the backend's memory figures: name -> {measured, source, ...}
+    memory: dict[str, dict[str, Any]] = {}
+    #: the performance phase's figures (qeval/perf/phase.py), keyed to their own key
+    performance: dict[str, Any] | None = None
+    quantization: dict[str, Any] = Field(default_factory=dict)
+    library_versions: dict[str, str] = Field(default_factory=dict)
+
+
+def read_job(path: Path) -> Job:
+    """A job file, validated; one UserError naming the file otherwise."""
+    try:
+        return Job.model_validate(json.loads(path.read_text()))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: not a qeval job file ({_why(exc)})") from None
+
+
+def outcome_of(raw: Any, where: Path) -> Outcome | None:
+    """A stored outcome, validated; None (with one line on stderr) when it is not one: the
+    setup is then rerun, as for a missing or corrupt file."""
+    try:
+        return Outcome.model_validate(raw)
+    except ValidationError as exc:
+        import sys
+
+        print(f"qeval: {where}: not a qeval outcome ({_why(exc)}); setup will be rerun", file=sys.stderr)
+        return None
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, ValidationError):
+        err = exc.errors()[0]
+        return f"{'.'.join(map(str, err['loc']))}: {err['msg']}"
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -1,0 +1,89 @@
+"""The Preflight record: a run checked before any model loads (run/preflight.py makes it), what
+every task must say of itself (TaskInfoLike), and the precision the setups compute in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from qeval.config import RunConfig
+from qeval.config.setups import Setup
+from qeval.records.shape import ModelShape
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What the model computes in, and why: recorded in results.json and the report."""
+
+    requested: str  # the config's model.dtype: auto, bfloat16, float16 or float32
+    dtype: str  # what the setups run in
+    reason: str  # one line: why this dtype (auto) or what it costs here (an emulated 16-bit dtype)
+    emulated: bool = False  # a 16-bit dtype this device emulates (slow)
+    fallback: str = ""  # why `auto` fell back to float32 ("this CPU has no native bfloat16"), else ""
+
+    @property
+    def short(self) -> str:
+        """`dtype float32 (auto: this CPU has no native bfloat16)`, `dtype bfloat16 (auto)`, `dtype float32`."""
+        if self.requested != "auto":
+            return f"dtype {self.dtype}" + (" (emulated here: slow)" if self.emulated else "")
+        return f"dtype {self.dtype} (auto{': ' + self.fallback if self.fallback else ''})"
+
+
+
+class TaskInfoLike(Protocol):
+    """What the run, the keys and the assembly need of any task, native or lm-eval."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def entry(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def output_type(self) -> str: ...
+
+    @property
+    def n_docs(self) -> int: ...
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    @property
+    def sha256(self) -> str: ...
+
+    @property
+    def compared_metric(self) -> str: ...
+
+    @property
+    def num_fewshot(self) -> int: ...
+
+
+@dataclass
+class Preflight:
+    """A run checked before any model loads: what `preflight` resolved and validated."""
+
+    cfg: RunConfig
+    device: str
+    tasks: list[TaskInfoLike]  # every task of the config (lm-eval groups expanded): results cover them all
+    setups: list[Setup]  # the ones this invocation runs (the baseline always)
+    run_tasks: list[str]  # the ones this invocation scores (--tasks)
+    model_sha256: str
+    shape: ModelShape | None
+    #: optional setups this backend/device cannot run: name -> why (reported, not run)
+    skipped: dict[str, str] = field(default_factory=dict)
+    #: lm-eval groups of the config -> their tasks; suites -> their entries
+    groups: dict[str, list[str]] = field(default_factory=dict)
+    suites: dict[str, list[str]] = field(default_factory=dict)
+    #: model.dtype as asked and as resolved on this device (cfg.model.dtype holds the resolved one)
+    precision: Precision | None = None
+    #: the local model folder whose every file the checksum covers (None: a hub id or a GGUF file)
+    model_dir: Path | None = None
+
+    @property
+    def entries(self) -> list[str]:
+        """The config's own tasks, groups unexpanded: what gates on `all` and the evidence rule cover."""
+        return list(dict.fromkeys(t.entry for t in self.tasks))

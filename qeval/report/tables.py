@@ -1,0 +1,32 @@
+"""The one markdown table helper and the one escape every report section uses."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+
+#: makes text from the results safe for the output format: `md_text` for markdown, `str` for
+#: report.html (Jinja2 autoescapes there)
+Escape = Callable[[object], str]
+
+# `*` and `_` are left alone: at worst they italicise, and names such as compare_mc stay readable.
+# Brackets alone are harmless ("[-1.2, +0.4]"); a link needs `](`, `][` or `]:`, and those are broken.
+_MD_SPECIAL = str.maketrans({c: f"\\{c}" for c in "\\`|"} | {"<": "&lt;", ">": "&gt;", "&": "&amp;",
+                                                             "\n": " ", "\r": " "})
+_LINK = re.compile(r"\](?=[(\[:])")
+
+
+def md_text(value: object) -> str:
+    """Text from the results (names, errors, paths, reasons) made inert in markdown: no table
+    cell is split by a `|`, no HTML or link passes through, no line is broken."""
+    return _LINK.sub(r"]\\", str(value).translate(_MD_SPECIAL))
+
+
+def code_text(value: object) -> str:
+    """Text inside a `code span`: only a backtick or a line break can escape it."""
+    return str(value).replace("`", "'").replace("\n", " ").replace("\r", " ")
+
+
+def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A markdown table's lines: the header, its rule, one line per row (cells already escaped)."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]

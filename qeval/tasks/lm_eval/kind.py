@@ -1,0 +1,53 @@
+"""The lm_eval kind's entry: lm-evaluation-harness tasks, groups and suites (`lm_eval:` in the
+config), loaded through lm-eval's own TaskManager and scored in one `evaluate()` call."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qeval.tasks.kinds import Scoring, TaskKind, check_generation_room
+from qeval.tasks.lm_eval.scoring import n_requests, score_lm_eval
+from qeval.tasks.lm_eval.session import open_session
+
+if TYPE_CHECKING:
+    from qeval.records.preflight import Preflight
+
+
+def expand(pre: Preflight, model_config: dict[str, Any]) -> None:
+    """Load the lm-eval tasks once here (names, data, few-shot pools): a typo costs seconds."""
+    spec = pre.cfg.lm_eval
+    if spec is None:
+        return
+    session = open_session(spec, Path.cwd(), pre.cfg.limit)
+    try:
+        for name, info in session.infos.items():
+            max_gen = (session.tasks[name].config.generation_kwargs or {}).get("max_gen_toks", 256)
+            check_generation_room(pre.cfg, name, info.output_type, int(max_gen))
+            pre.tasks.append(info)
+        pre.groups = session.groups
+        pre.suites = spec.suite_members()
+    finally:
+        session.close()
+
+
+def score(ctx: Scoring, names: list[str]) -> None:
+    """The setup's pending lm-eval tasks in one lm-eval evaluate() call: one batched backend
+    call per request type for all of them."""
+    assert ctx.cfg.lm_eval is not None
+    session = open_session(ctx.cfg.lm_eval, Path.cwd(), ctx.cfg.limit)
+    try:
+        refs = {n: ref for n in names if (ref := ctx.reference(n)) is not None}
+        t0 = time.time()
+        label = f"{ctx.setup.name}: {len(names)} lm-eval tasks"
+        with ctx.progress(label, n_requests(session, names)) as bar:
+            results = score_lm_eval(ctx.backend, session, names, bar.advance, refs)
+        seconds = round((time.time() - t0) / len(names), 2)  # one evaluate() call: its time shared out
+        for name, result in results.items():
+            ctx.store(name, result, seconds, session.infos[name].sha256)
+    finally:
+        session.close()
+
+
+KIND = TaskKind(name="lm_eval", expand=expand, score=score)

@@ -1,0 +1,35 @@
+"""The native kind's entry: qeval's own task YAMLs, named by the config's `tasks` and read from
+its `tasks_dir`, scored document by document (qeval/tasks/scoring.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qeval.tasks.kinds import Scoring, TaskKind, check_generation_room, score_each
+from qeval.tasks.native.tasks import load_task
+
+if TYPE_CHECKING:
+    from qeval.config import RunConfig
+    from qeval.records.preflight import Preflight
+
+
+def expand(pre: Preflight, model_config: dict[str, Any]) -> None:
+    """Load each of the config's own tasks (checksums verified) before any model loads."""
+    cfg = pre.cfg
+    for name in cfg.tasks:
+        task = load_task(name, Path(cfg.tasks_dir), cfg.limit)
+        check_generation_room(cfg, task.name, task.output_type, task.spec.generation_kwargs.max_gen_toks)
+        pre.tasks.append(task)
+
+
+def score(ctx: Scoring, names: list[str]) -> None:
+    cfg = ctx.cfg
+    score_each(ctx, (load_task(n, Path(cfg.tasks_dir), cfg.limit) for n in names))
+
+
+def fingerprint(cfg: RunConfig, name: str) -> str:
+    return load_task(name, Path(cfg.tasks_dir), cfg.limit).fingerprint
+
+
+KIND = TaskKind(name="native", expand=expand, score=score, fingerprint=fingerprint)
