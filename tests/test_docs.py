@@ -213,8 +213,9 @@ def bad_sections(texts: Iterable[Text], root: Path) -> list[str]:
 
 # --- c. options of `qeval` command lines ------------------------------------------------------
 
-#: `qeval run`, `.venv/bin/qeval plan`; not `qeval.load_run` or `qeval/cli.py`
-_COMMAND = re.compile(r"(?<![\w.-])qeval[ \t\n]+([a-z][\w-]*)")
+#: `qeval run`, `.venv/bin/qeval plan`, `X=1 qeval tasks`, as a command: at the start of the code or
+#: after `&&`, `;`, `|` or `$(`; not `qeval.load_run`, `qeval/cli.py` or `ruff check qeval tests`
+_COMMAND = re.compile(r"(?:^|&&|;|\||\$\()[ \t]*(?:\w+=\S*[ \t]+)*(?:\S*/)?qeval[ \t\n]+([a-z][\w-]*)", re.M)
 _OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 _SPAN = re.compile(r"`((?:[^`\n]|\n(?![ \t]*\n))+)`")  # an inline code span, within a paragraph
 
@@ -346,6 +347,7 @@ def _fake_repo(tmp_path: Path) -> Path:
         "```bash\nqeval run configs/x.yaml --output DIR --frobnicate  # not --commented\n"
         "qeval plan --model M\n      [--gpu-gib 24 --bogus]\n```\n\n"
         "Or `qeval run\n--no-performance --limt 5`, `qeval report RUN_DIR` and `qeval frob`.\n"
+        "`ruff check qeval tests`, `make x && HF_HUB_OFFLINE=1 .venv/bin/qeval tasks --nope`.\n"
         "`python -m qeval.run.keys` and `python -m qeval.run.absent`.\n")
     return tmp_path
 
@@ -357,7 +359,7 @@ def test_missing_paths_are_each_reported(tmp_path: Path) -> None:
         "README.md:3: qeval/run/missing.py",
         "README.md:3: docs/nope.md",
         "README.md:3: tests/test_*.py",
-        "README.md:16: qeval/run/absent.py",
+        "README.md:17: qeval/run/absent.py",
         "docs/architecture.md:5: docs/gone.md",
         "qeval/run/keys.py:1: qeval/run/gone.py",
         "qeval/run/keys.py:4: tests/nowhere.py",
@@ -385,6 +387,7 @@ def test_unknown_options_are_each_reported(tmp_path: Path) -> None:
         "README.md:11: qeval plan --bogus: no such option",
         "README.md:15: qeval run --limt: no such option",
         "README.md:15: qeval frob: no such command",
+        "README.md:16: qeval tasks --nope: no such option",
     ]
 
 
