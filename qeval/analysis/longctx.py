@@ -1,4 +1,4 @@
-"""Long-context results (issue 16): each setup's KV bytes at each length and its loss by token
+"""Long-context results: each setup's KV bytes at each length and its loss by token
 position paired with the baseline's, bucket by bucket, from the stored records
 (qeval/tasks/longctx/buckets.py). The per-length task comparisons are ordinary ones."""
 

@@ -1,4 +1,4 @@
-"""The report's long-context section (issue 16): each setup's quality against context length
+"""The report's long-context section: each setup's quality against context length
 beside the KV cache one sequence of that length holds, and its loss by token position against
 the baseline's; with two plots for report.html. From results.json alone."""
 

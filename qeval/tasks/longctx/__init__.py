@@ -1,4 +1,4 @@
-"""Long-context tasks (issue 16): passkey retrieval, a RULER-style multi-key needle and
+"""Long-context tasks: passkey retrieval, a RULER-style multi-key needle and
 perplexity by token position, generated offline at a list of lengths (docs/tasks.md,
 "Long-context tasks")."""
 
