@@ -1,5 +1,5 @@
 """The cost of qeval's long-context path under a quantized KV cache, against plain prefill
-(issue 16; docs/benchmarks.md, "Long context").
+(docs/benchmarks.md, "Long context").
 
     .venv/bin/python bench/longctx_prefill.py [--model models/smollm2-135m] [--tokens 8192]
         [--kv int4] [--chunk 1024] [--threads 1] [--max-ratio 2.0] [--json OUT]      (make bench-longctx)

@@ -3,7 +3,7 @@
     .venv/bin/qeval run configs/demo.yaml --output reports/card --force
     .venv/bin/python scripts/write_model_card.py reports/card/results.json
 
-scores.json is what tests/test_model_card.py checks a fresh run against.
+scores.json is what tests/e2e/test_model_card.py checks a fresh run against.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The long-context blocks of results.json (issue 16; docs/results.md): what was generated, and
+"""The long-context blocks of results.json (docs/results.md): what was generated, and
 for each setup its KV-cache bytes and perplexity by token position at each length, paired with
 the baseline bucket by bucket. Per-length task scores and their comparisons are ordinary tasks
 (`passkey_4096`, ...) in `tasks` and `vs_baseline`."""

@@ -122,7 +122,7 @@ def test_demo_vllm_serves_the_quantized_checkpoints(quantized_demo: tuple[Path, 
         assert setups["w4a8-kv-fp8"]["quantization"]["engine_args"]["kv_cache_dtype"] == "fp8"
         assert setups["w4a8-kv-fp8"]["vs_baseline"]["ppl"]["kl"] > 0
         assert not any(f.startswith("kv_cache_no_effect") for f in setups["w4a8-kv-fp8"]["flags"])
-    for name, s in setups.items():  # issue 14: throughput and latency per setup, from the same engine
+    for name, s in setups.items():  # the performance phase: throughput and latency per setup, from the same engine
         assert_performance_invariants(s)
         level = s["performance"]["levels"][0]
         assert "RequestOutput.metrics" in level["ttft_p50_s"]["source"]

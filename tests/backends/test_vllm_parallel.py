@@ -1,4 +1,4 @@
-"""vLLM tensor and pipeline parallelism (issue 15): the engine arguments for more than one GPU
+"""vLLM tensor and pipeline parallelism: the engine arguments for more than one GPU
 come from the same translation table as everything else (pure: no engine starts; multi-GPU
 runs are untested on this project's machines, which have no GPU)."""
 

@@ -1,7 +1,7 @@
 """qeval's log-likelihoods against lm-evaluation-harness's on the same model, float32, lm-eval's
 default arguments: on the shipped model (character-level, its tokenizer adds BOS) and on
-SmolLM2-135M (byte-level BPE, no BOS added), where a first-token convention bug cost 13 nats
-per document (issue 11)."""
+SmolLM2-135M (byte-level BPE, no BOS added), where a first-token convention bug once cost 13 nats
+per document."""
 
 from __future__ import annotations
 

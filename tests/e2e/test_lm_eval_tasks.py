@@ -1,4 +1,4 @@
-"""lm-evaluation-harness's task library scored by qeval (issue 13): agreement with lm-eval's own
+"""lm-evaluation-harness's task library scored by qeval: agreement with lm-eval's own
 `simple_evaluate` on the same model (float32) for every request type, on the shipped
 character-level model and on SmolLM2-135M (BPE, no BOS added), on both backends; groups with
 per-subtask and group scores; recovery and suites; the hub code path on a local dataset folder."""

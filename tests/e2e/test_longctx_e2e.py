@@ -1,4 +1,4 @@
-"""Long-context runs end to end (issue 16): on the shipped model (every hf KV setup), on
+"""Long-context runs end to end: on the shipped model (every hf KV setup), on
 SmolLM2-135M (INT4 and INT2 KV caches, all three task families) and on vLLM's FP8 KV cache
 where the CPU runs it; and the benchmark's bound on the long-context path's cost. Short
 lengths (256-1024 tokens): the 2k/4k/8k run is configs/smollm2-longctx.yaml (docs/tasks.md)."""

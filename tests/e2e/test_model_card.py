@@ -1,5 +1,5 @@
 """The shipped model as its card describes it: architecture, size, and scores that a
-fresh full run of the demo reproduces (and that meet the issue's bars)."""
+fresh full run of the demo reproduces (and that meet the bars test_card_scores_meet_the_bars sets)."""
 
 from __future__ import annotations
 

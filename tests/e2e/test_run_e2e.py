@@ -88,7 +88,7 @@ def test_report_has_the_table(demo_run: tuple[Path, dict]) -> None:
 
 
 def test_every_setup_has_a_performance_block(demo_run: tuple[Path, dict]) -> None:
-    """Issue 14: the demo times every setup after scoring, at concurrency 1 and the most
+    """The performance phase: the demo times every setup after scoring, at concurrency 1 and the most
     sequences its memory allows (capped by the config), against ceilings measured once."""
     out, r = demo_run
     c = r["ceilings"]
@@ -240,7 +240,7 @@ def test_fail_on_gate(demo_run: tuple[Path, dict], tmp_path: Path) -> None:
 
 
 def test_plan_and_the_run_size_the_budget_alike(demo_run: tuple[Path, dict]) -> None:
-    """One capacity formula (issue 12): `qeval plan` on the same model and budget reports the
+    """One capacity formula: `qeval plan` on the same model and budget reports the
     same weights, KV bytes and concurrency as the run for the same setup."""
     _, r = demo_run
     b = r["config"]["budget"]

@@ -1,4 +1,4 @@
-"""`qeval plan`'s cluster view (issue 15): the GPU group each setup needs at the target
+"""`qeval plan`'s cluster view: the GPU group each setup needs at the target
 context and concurrency, by the one capacity formula, and how many setups run at once."""
 
 from __future__ import annotations

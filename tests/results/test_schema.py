@@ -46,7 +46,8 @@ def test_a_results_file_from_before_the_typed_schema_reads() -> None:
 
 
 def test_report_of_a_run_made_before_the_change_is_unchanged(tmp_path: Path) -> None:
-    """Issue 12: `qeval report` on a run directory written by the old code gives the same report.md."""
+    """`qeval report` on a run directory an earlier qeval wrote (tests/data/run-v1) gives the same
+    report.md."""
     run = tmp_path / "run"
     shutil.copytree(V1, run)
     expected = (V1 / "report.md").read_bytes()

@@ -1,4 +1,4 @@
-"""The executor layer without a cluster (issue 15): the `executor:` config piece, the cluster
+"""The executor layer without a cluster: the `executor:` config piece, the cluster
 address, what a job reserves, what a remote worker may send back, the order the runner gives
 the jobs, and the node-side helpers. The real cluster runs are in test_ray_executor.py."""
 

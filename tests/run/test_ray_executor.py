@@ -1,4 +1,4 @@
-"""The `ray` executor on a real local Ray cluster (issue 15): a head and a worker node on
+"""The `ray` executor on a real local Ray cluster: a head and a worker node on
 127.0.0.1, one CPU each, started and stopped by this module, so two jobs run at a time.
 
 Each test runs the shipped demo config (a few of its setups, --limit 20) through `qeval run

@@ -1,4 +1,4 @@
-"""Sweeps without running a model (issue 15): the `models:` config and its refusals, and the
+"""Sweeps of several models, without running one: the `models:` config and its refusals, and the
 sweep's summary and report from stored runs (tests/data/run-v1 as two models)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Careless and hostile input (issue 11): each test reproduces one way a run could be made to
+"""Careless and hostile input (docs/guarantees.md): each test reproduces one way a run could be made to
 lie, lose data or run code, and checks that qeval refuses it or tells the truth instead.
 Input errors are checked through the CLI, as a user meets them: one line, exit code 2."""
 

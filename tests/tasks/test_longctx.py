@@ -1,4 +1,4 @@
-"""Long-context tasks (issue 16) on the shipped character-level tokenizer and on SmolLM2's BPE
+"""Long-context tasks on the shipped character-level tokenizer and on SmolLM2's BPE
 one: generated deterministically from their seed, sized to their length, each needle where
 the task says (position in tokens, depth in the filler); lengths, buckets and gates resolved
 as docs/tasks.md says."""

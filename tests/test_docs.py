@@ -1,0 +1,400 @@
+"""The docs check: what README.md, CONTRIBUTING.md, docs/*.md and the docstrings and comments of
+qeval/, bench/ and scripts/ cite must exist: every repository path, every `§N` section, and
+every option of a `qeval` command line shown in the Markdown pages.
+
+Each check lists every stale reference it finds as `file:line: what`, so a change that moves a
+module sees all the references it leaves behind at once. The unit tests at the end feed each
+checker a small made-up repository and assert that it reports what is wrong there.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import io
+import posixpath
+import re
+import tokenize
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: a cited path is checked when it starts with one of these folders, or is one of these files
+TOP_DIRS = ("qeval", "tests", "docs", "configs", "tasks", "models", "bench", "scripts", "notebooks", ".ci")
+TOP_FILES = ("Makefile", "pyproject.toml", "README.md", "CONTRIBUTING.md")
+
+#: paths CONTRIBUTING.md describes that the restructuring of qeval/ into task-kind plugins adds;
+#: they may be missing until it lands, and `test_planned_paths_are_still_missing` asks for each
+#: to be deleted from here once it exists
+PLANNED = frozenset({
+    "qeval/config/",
+    "qeval/config/run.py",
+    "qeval/records/",
+    "qeval/records/keys.py",
+    "qeval/report/sections.py",
+    "qeval/tasks/kinds.py",
+    "qeval/tasks/<kind>/kind.py",
+})
+
+#: made-up paths that comments use as examples, not citations
+EXAMPLES = frozenset({
+    "models/x",  # qeval/run/model_source.py: a local path that is not a hub id
+    "models/qeval-tinyy",  # qeval/config.py: a typo of a local path
+})
+
+
+@dataclass(frozen=True)
+class Text:
+    """Prose to check: a whole Markdown page, or one docstring or comment of a Python file."""
+
+    file: str  # repo-relative, for the messages
+    line: int  # the line `text` starts on
+    text: str
+    markdown: bool = False
+
+    def line_of(self, offset: int) -> int:
+        return self.line + self.text.count("\n", 0, offset)
+
+
+# --- collecting the texts ---------------------------------------------------------------------
+
+
+def markdown_texts(root: Path) -> list[Text]:
+    pages = [root / name for name in ("README.md", "CONTRIBUTING.md")] + sorted((root / "docs").glob("*.md"))
+    return [Text(str(p.relative_to(root)), 1, p.read_text(encoding="utf-8"), markdown=True)
+            for p in pages if p.is_file()]
+
+
+def python_texts(path: Path, name: str) -> Iterator[Text]:
+    """A Python file's docstrings (module, class, function) and comments."""
+    source = path.read_text(encoding="utf-8")
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+            first = node.body[0]
+            if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                    and isinstance(first.value.value, str)):
+                yield Text(name, first.lineno, first.value.value)
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            yield Text(name, tok.start[0], tok.string)
+
+
+def source_texts(root: Path) -> list[Text]:
+    files = sorted((root / "qeval").rglob("*.py")) + sorted((root / "bench").glob("*.py")) \
+        + sorted((root / "scripts").glob("*.py"))
+    return [t for f in files for t in python_texts(f, str(f.relative_to(root)))]
+
+
+def all_texts(root: Path) -> list[Text]:
+    return markdown_texts(root) + source_texts(root)
+
+
+# --- a. repository paths ----------------------------------------------------------------------
+
+_PATH = re.compile(
+    r"(?<![\w./\\$~<>-])"  # not the tail of a longer path, an URL, ~/x or RUN_DIR/x
+    r"((?:{})/[\w.*/<>+-]*|(?:{})(?![\w.-]))".format(
+        "|".join(re.escape(d) for d in TOP_DIRS), "|".join(re.escape(f) for f in TOP_FILES)))
+#: `python -m qeval.x.y`: a module path
+_MODULE = re.compile(r"-m\s+(qeval(?:\.\w+)+)")
+#: a Markdown link's target, relative to its page: `[cluster.md](cluster.md)`, `(../README.md#x)`
+_LINK = re.compile(r"\]\((?![a-z][a-z0-9+.-]*:|#)([^)#\s]+)")
+
+
+def cited_paths(text: Text) -> Iterator[tuple[int, str]]:
+    """(line, path) for each repo-relative path the text cites, trailing punctuation and
+    `::name` / `:line` suffixes stripped (the pattern stops at ':'); on a Markdown page, also
+    each link's target, relative to the page."""
+    found: dict[tuple[int, str], None] = {}
+    for m in _PATH.finditer(text.text):
+        path = m.group(1).rstrip(".,;")
+        if not path.endswith("..."):  # `qeval/...`: an ellipsis, not a path
+            found[text.line_of(m.start()), path] = None
+    for m in _MODULE.finditer(text.text):
+        found[text.line_of(m.start()), m.group(1).replace(".", "/") + ".py"] = None
+    if text.markdown:
+        for m in _LINK.finditer(text.text):
+            target = posixpath.normpath(posixpath.join(posixpath.dirname(text.file), m.group(1)))
+            found[text.line_of(m.start()), target + ("/" if m.group(1).endswith("/") else "")] = None
+    yield from found
+
+
+def _ignored(path: str, patterns: list[str]) -> bool:
+    """Whether git ignores the path (a build output: .venv/, models/smollm2-135m/), going by
+    the .gitignore patterns qeval's .gitignore uses: names, globs and anchored folders."""
+    parts = path.strip("/").split("/")
+    for pat in patterns:
+        anchored = pat.startswith("/") or "/" in pat.rstrip("/")
+        pat_parts = pat.strip("/").split("/")
+        starts = [0] if anchored else range(len(parts))
+        for i in starts:
+            window = parts[i:i + len(pat_parts)]
+            if len(window) == len(pat_parts) and all(
+                    fnmatch.fnmatchcase(a, b) for a, b in zip(window, pat_parts, strict=True)):
+                return True
+    return False
+
+
+def _gitignore(root: Path) -> list[str]:
+    f = root / ".gitignore"
+    lines = f.read_text(encoding="utf-8").splitlines() if f.is_file() else []
+    return [x.strip() for x in lines if x.strip() and not x.startswith(("#", "!"))]
+
+
+def path_exists(root: Path, path: str) -> bool:
+    pattern = re.sub(r"<[^>/]*>", "*", path)  # `qeval/backends/<name>/`: a placeholder
+    if "*" in pattern:
+        return any(True for _ in root.glob(pattern.rstrip("/")))
+    target = root / pattern
+    if path.endswith("/"):
+        return target.is_dir()
+    if target.exists():
+        return True
+    # `python -m qeval.x.y`: a module may be a package
+    return path.endswith(".py") and (root / path[:-3] / "__init__.py").is_file()
+
+
+def missing_paths(texts: Iterable[Text], root: Path, allowed: Iterable[str] = ()) -> list[str]:
+    ignore = _gitignore(root)
+    allowed = set(allowed)
+    return [f"{t.file}:{line}: {path}"
+            for t in texts for line, path in cited_paths(t)
+            if path not in allowed and not _ignored(path, ignore) and not path_exists(root, path)]
+
+
+# --- b. `§N` sections -------------------------------------------------------------------------
+
+#: a numbered heading: `## §2 The packages` or `## 2. The packages`
+_HEADING = re.compile(r"^#{1,6}[ \t]+(?:§[ \t]*(\d+)|(\d+)\.)[ \t]", re.M)
+#: `docs/architecture.md §2`, `[architecture.md](architecture.md) §2`, or a bare `§2`
+_SECTION_REF = re.compile(r"(?:(?P<doc>[\w./-]*[\w-]\.md)[`\])]*[ \t]*)?§(?P<n>\d+)")
+_FENCE = re.compile(r"^```.*?^```", re.M | re.S)
+
+
+def _blank_fences(md: str) -> str:
+    """The page with its fenced code blocks blanked, line count kept."""
+    return _FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), md)
+
+
+def sections(md: str) -> set[str]:
+    return {a or b for a, b in _HEADING.findall(_blank_fences(md))}
+
+
+def bad_sections(texts: Iterable[Text], root: Path) -> list[str]:
+    """A `§N` names section N of the page it follows; a bare `§N` names a section of its own page
+    in docs/, and elsewhere (code, README) one of docs/architecture.md, which code cites so."""
+    cache: dict[Path, set[str] | None] = {}
+    bad = []
+    for t in texts:
+        here = (root / t.file).parent
+        for m in _SECTION_REF.finditer(t.text):
+            doc = m.group("doc")
+            if doc is None:
+                page = root / t.file if t.markdown and t.file.startswith("docs/") else root / "docs/architecture.md"
+            else:
+                page = root / doc if "/" in doc and (root / doc).is_file() else here / doc
+            page = page.resolve()
+            if page not in cache:
+                cache[page] = sections(page.read_text(encoding="utf-8")) if page.is_file() else None
+            found = cache[page]
+            where = page.relative_to(root.resolve()) if page.is_relative_to(root.resolve()) else page
+            if found is None:
+                bad.append(f"{t.file}:{t.line_of(m.start())}: §{m.group('n')} of {doc}: no such page")
+            elif m.group("n") not in found:
+                bad.append(f"{t.file}:{t.line_of(m.start())}: §{m.group('n')}: {where} has no such section"
+                           f" (it has {', '.join('§' + s for s in sorted(found, key=int))})")
+    return bad
+
+
+# --- c. options of `qeval` command lines ------------------------------------------------------
+
+#: `qeval run`, `.venv/bin/qeval plan`, `X=1 qeval tasks`, as a command: at the start of the code or
+#: after `&&`, `;`, `|` or `$(`; not `qeval.load_run`, `qeval/cli.py` or `ruff check qeval tests`
+_COMMAND = re.compile(r"(?:^|&&|;|\||\$\()[ \t]*(?:\w+=\S*[ \t]+)*(?:\S*/)?qeval[ \t\n]+([a-z][\w-]*)", re.M)
+_OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+_SPAN = re.compile(r"`((?:[^`\n]|\n(?![ \t]*\n))+)`")  # an inline code span, within a paragraph
+
+
+def command_lines(md: str) -> Iterator[tuple[int, str]]:
+    """(line, text) of each piece of code in a Markdown page that may hold a command line: each
+    line of a fenced block (with its continuation lines, `  [--opt ...]`, and without its
+    `# comment`), and each inline code span."""
+    for m in _FENCE.finditer(md):
+        first = md.count("\n", 0, m.start()) + 1
+        block = m.group(0).split("\n")
+        merged: list[tuple[int, str]] = []
+        for i, raw in enumerate(block[1:-1], start=first + 1):
+            code = re.sub(r"(^|[ \t])#.*", "", raw)
+            if merged and re.match(r"[ \t]+[\[-]", code):
+                merged[-1] = (merged[-1][0], merged[-1][1] + "\n" + code)
+            else:
+                merged.append((i, code))
+        yield from merged
+    prose = _blank_fences(md)
+    for m in _SPAN.finditer(prose):
+        yield prose.count("\n", 0, m.start()) + 1, m.group(1)
+
+
+def bad_options(texts: Iterable[Text], cli: Any) -> list[str]:
+    """Each `--option` after `qeval SUBCOMMAND` in a Markdown page's code must be one the
+    subcommand accepts (its params' opts and secondary opts, or --help)."""
+    bad = []
+    for t in texts:
+        if not t.markdown:
+            continue
+        for line, code in command_lines(t.text):
+            commands = list(_COMMAND.finditer(code))
+            for k, m in enumerate(commands):
+                name = m.group(1)
+                end = commands[k + 1].start() if k + 1 < len(commands) else len(code)
+                rest = re.split(r"&&|\|\||;|\|(?![\w-])", code[m.end():end])[0]
+                cmd = cli.commands.get(name)
+                if cmd is None:
+                    where = t.line + line - 1 + code.count("\n", 0, m.start())
+                    bad.append(f"{t.file}:{where}: qeval {name}: no such command")
+                    continue
+                accepted = {"--help"} | {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)}
+                for opt in _OPTION.finditer(rest):
+                    if opt.group(0) not in accepted:
+                        where = t.line + line - 1 + code.count("\n", 0, m.end() + opt.start())
+                        bad.append(f"{t.file}:{where}: qeval {name} {opt.group(0)}: no such option")
+    return bad
+
+
+def _cli() -> Any:
+    """qeval's command group (typer's click group: `.commands`, each with `.params`)."""
+    import typer.main
+
+    from qeval.cli import app
+
+    return typer.main.get_command(app)
+
+
+# --- the checks on this repository ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[Text]:
+    return all_texts(ROOT)
+
+
+def _report(what: str, found: list[str]) -> str:
+    return f"{len(found)} {what}:\n" + "\n".join(found)
+
+
+def test_cited_paths_exist(texts: list[Text]) -> None:
+    missing = missing_paths(texts, ROOT, allowed=PLANNED | EXAMPLES)
+    assert not missing, _report("cited paths that do not exist (file:line: path)", missing)
+
+
+def test_planned_paths_are_still_missing() -> None:
+    landed = sorted(p for p in PLANNED if path_exists(ROOT, p))
+    assert not landed, _report("paths in PLANNED (tests/test_docs.py) that now exist: delete them there", landed)
+
+
+def test_section_references_exist(texts: list[Text]) -> None:
+    bad = bad_sections(texts, ROOT)
+    assert not bad, _report("§ references to sections that do not exist", bad)
+
+
+def test_command_line_options_exist(texts: list[Text]) -> None:
+    bad = bad_options(texts, _cli())
+    assert not bad, _report("options the docs show that the command does not take", bad)
+
+
+def test_stable_surface_lists_every_option() -> None:
+    """docs/architecture.md §7 (the stable surface) names every option of every command."""
+    page = (ROOT / "docs/architecture.md").read_text(encoding="utf-8")
+    m = re.search(r"^## §7 .*?(?=^## |\Z)", page, re.M | re.S)
+    assert m, "docs/architecture.md has no §7"
+    listed: dict[str, set[str]] = {}
+    for _, code in command_lines(m.group(0)):
+        commands = list(_COMMAND.finditer(code))
+        for k, c in enumerate(commands):
+            end = commands[k + 1].start() if k + 1 < len(commands) else len(code)
+            listed.setdefault(c.group(1), set()).update(_OPTION.findall(code[c.end():end]))
+    unlisted = [f"qeval {name} {p.opts[0]}" for name, cmd in _cli().commands.items() for p in cmd.params
+                if p.opts[0].startswith("--") and p.opts[0] not in listed.get(name, ())]
+    assert not unlisted, _report("options missing from docs/architecture.md §7", unlisted)
+
+
+# --- each checker reports what is wrong -------------------------------------------------------
+
+
+def _fake_repo(tmp_path: Path) -> Path:
+    (tmp_path / "qeval" / "run").mkdir(parents=True)
+    (tmp_path / "qeval" / "run" / "store.py").write_text('"""The store (docs/architecture.md §1)."""\n')
+    (tmp_path / "qeval" / "run" / "keys.py").write_text(
+        '"""Keys: qeval/run/gone.py and docs/architecture.md §9."""\n\n\ndef f():  # see tests/nowhere.py\n'
+        '    """From qeval/run/store.py::f, qeval/run/store.py:12."""\n')
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "architecture.md").write_text(
+        "# Architecture\n\n## §1 The data flow\n\nAs §1 says; §3 does not exist. [x](gone.md), [r](../README.md),"
+        " [w](https://example.com/x.md), [s](#1-the-data-flow).\n\n"
+        "## 2. The packages\n\n```\n## 4. in a code block is no heading\n```\n")
+    (tmp_path / ".gitignore").write_text("models/big/\n")
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "x.yaml").write_text("name: x\n")
+    (tmp_path / "README.md").write_text(
+        "# x\n\nSee `qeval/run/store.py`, qeval/run/missing.py, [a](docs/nope.md), `tests/test_*.py`,\n"
+        "`qeval/<name>/` and models/big/config.json (generated), RUN_DIR/models/x.\n\n"
+        "docs/architecture.md §2 and [architecture.md](docs/architecture.md) §5, and §4.\n\n"
+        "```bash\nqeval run configs/x.yaml --output DIR --frobnicate  # not --commented\n"
+        "qeval plan --model M\n      [--gpu-gib 24 --bogus]\n```\n\n"
+        "Or `qeval run\n--no-performance --limt 5`, `qeval report RUN_DIR` and `qeval frob`.\n"
+        "`ruff check qeval tests`, `make x && HF_HUB_OFFLINE=1 .venv/bin/qeval tasks --nope`.\n"
+        "`python -m qeval.run.keys` and `python -m qeval.run.absent`.\n")
+    return tmp_path
+
+
+def test_missing_paths_are_each_reported(tmp_path: Path) -> None:
+    root = _fake_repo(tmp_path)
+    found = missing_paths(all_texts(root), root)
+    assert found == [
+        "README.md:3: qeval/run/missing.py",
+        "README.md:3: docs/nope.md",
+        "README.md:3: tests/test_*.py",
+        "README.md:17: qeval/run/absent.py",
+        "docs/architecture.md:5: docs/gone.md",
+        "qeval/run/keys.py:1: qeval/run/gone.py",
+        "qeval/run/keys.py:4: tests/nowhere.py",
+    ]
+    assert missing_paths(all_texts(root), root, allowed={"qeval/run/gone.py"}) == [
+        x for x in found if "gone.py" not in x]
+
+
+def test_bad_sections_are_each_reported(tmp_path: Path) -> None:
+    root = _fake_repo(tmp_path)
+    found = bad_sections(all_texts(root), root)
+    assert [x.split(" (it has")[0] for x in found] == [
+        "README.md:6: §5: docs/architecture.md has no such section",
+        "README.md:6: §4: docs/architecture.md has no such section",
+        "docs/architecture.md:5: §3: docs/architecture.md has no such section",
+        "qeval/run/keys.py:1: §9: docs/architecture.md has no such section",
+    ]
+    assert found[0].endswith("(it has §1, §2)")
+
+
+def test_unknown_options_are_each_reported(tmp_path: Path) -> None:
+    root = _fake_repo(tmp_path)
+    assert bad_options(all_texts(root), _cli()) == [
+        "README.md:9: qeval run --frobnicate: no such option",
+        "README.md:11: qeval plan --bogus: no such option",
+        "README.md:15: qeval run --limt: no such option",
+        "README.md:15: qeval frob: no such command",
+        "README.md:16: qeval tasks --nope: no such option",
+    ]
+
+
+def test_ignored_paths() -> None:
+    patterns = ["__pycache__/", "/build/", "models/smollm2-135m/", "*.egg-info/"]
+    assert _ignored("models/smollm2-135m/config.json", patterns)
+    assert _ignored("qeval/__pycache__/x.pyc", patterns)
+    assert _ignored("qeval.egg-info/", patterns)
+    assert not _ignored("qeval/build/x.py", patterns)
+    assert not _ignored("models/qeval-tiny/config.json", patterns)
