@@ -121,7 +121,7 @@ def write_config(path: Path, body: str | Mapping[str, Any]) -> Path:
 
 #: the setups of the small run config, as config_dict takes them
 BASELINE: dict[str, Any] = {"name": "bf16", "baseline": True}
-INT8_SETUP: dict[str, Any] = {"name": "int8", "weights": "int8"}
+INT8: dict[str, Any] = {"name": "int8", "weights": "int8"}
 GATES: tuple[dict[str, Any], ...] = ({"task": "all", "max_drop": 0.02},)
 
 
@@ -138,7 +138,7 @@ def _plain(value: Any) -> Any:
 
 def config_dict(*, name: str | None = "t", model: Path | str | Mapping[str, Any] | None = MODEL,
                 max_context: int | None = 256, tasks_dir: Path | str | None = TASKS, device: str | None = "cpu",
-                batch_size: int | None = 16, setups: Sequence[Mapping[str, Any]] | None = (BASELINE, INT8_SETUP),
+                batch_size: int | None = 16, setups: Sequence[Mapping[str, Any]] | None = (BASELINE, INT8),
                 tasks: Sequence[str] | None = ("addition",), gates: Sequence[Mapping[str, Any]] | None = GATES,
                 performance: bool | Mapping[str, Any] | None = False, **extra: Any) -> dict[str, Any]:
     """A run config as a mapping, by default the small one (SMALL_CONFIG): the tiny model, a
@@ -222,7 +222,6 @@ generation_kwargs: {until: ["\\n"], max_gen_toks: 6}
 dataset_path: json
 data_files: data/t1.jsonl
 """
-INT8 = "  - {name: int8, weights: int8}"
 GEN_ROWS = [{"id": str(i), "a": 10 + i, "b": 20, "answer": str(30 + i)} for i in range(12)]
 
 
