@@ -7,10 +7,12 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "qeval-tiny"
@@ -106,12 +108,69 @@ def one_line_exit_2(res: subprocess.CompletedProcess[str], expected: str) -> Non
     assert "Traceback" not in res.stderr
 
 
-def write_config(path: Path, body: str) -> Path:
-    path.write_text(body.replace("@MODEL@", str(MODEL)).replace("@TASKS@", str(TASKS)))
+def write_config(path: Path, body: str | Mapping[str, Any]) -> Path:
+    """Write a run config to `path`: YAML text (its @MODEL@ and @TASKS@ replaced by the shipped
+    model and task folder), or a mapping, dumped as YAML (config_dict builds one)."""
+    if isinstance(body, Mapping):
+        text = yaml.safe_dump(_plain(body), sort_keys=False, allow_unicode=True)
+    else:
+        text = body.replace("@MODEL@", str(MODEL)).replace("@TASKS@", str(TASKS))
+    path.write_text(text)
     return path
 
 
-#: a small run config: the tiny model, a 16-bit baseline and INT8, one task, no performance phase
+#: the setups of the small run config, as config_dict takes them
+BASELINE: dict[str, Any] = {"name": "bf16", "baseline": True}
+INT8: dict[str, Any] = {"name": "int8", "weights": "int8"}
+GATES: tuple[dict[str, Any], ...] = ({"task": "all", "max_drop": 0.02},)
+
+
+def _plain(value: Any) -> Any:
+    """`value` as YAML can hold it: paths as strings, tuples as lists, copied all the way down."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def config_dict(*, name: str | None = "t", model: Path | str | Mapping[str, Any] | None = MODEL,
+                max_context: int | None = 256, tasks_dir: Path | str | None = TASKS, device: str | None = "cpu",
+                batch_size: int | None = 16, setups: Sequence[Mapping[str, Any]] | None = (BASELINE, INT8),
+                tasks: Sequence[str] | None = ("addition",), gates: Sequence[Mapping[str, Any]] | None = GATES,
+                performance: bool | Mapping[str, Any] | None = False, **extra: Any) -> dict[str, Any]:
+    """A run config as a mapping, by default the small one (SMALL_CONFIG): the tiny model, a
+    16-bit baseline and INT8, one task, no performance phase.
+
+    Every top-level key can be given: the named ones replace their default, any other keyword
+    (`lm_eval=`, `long_context=`, `executor=`, `budget=`, `limit=`, `candidate=`, ...) is added
+    after them. A key given as None is left out. `model` is the model's path, or a mapping laid
+    over {path: MODEL, max_context: max_context} (a None there drops that field: {"max_context":
+    None}). `performance` is a bool (the block {enabled: ...}) or the block itself."""
+    cfg: dict[str, Any] = {"name": name}
+    if model is not None:
+        spec: dict[str, Any] = {"path": MODEL, "max_context": max_context}
+        if isinstance(model, Mapping):
+            spec |= model
+        else:
+            spec["path"] = model
+        cfg["model"] = {k: v for k, v in spec.items() if v is not None}
+    if isinstance(performance, bool):
+        performance = {"enabled": performance}
+    cfg |= {"tasks_dir": tasks_dir, "device": device, "batch_size": batch_size, "setups": setups, "tasks": tasks,
+            "gates": gates, "performance": performance} | extra
+    return {k: _plain(v) for k, v in cfg.items() if v is not None}
+
+
+def make_config(tmp: Path, *, filename: str = "c.yaml", **keys: Any) -> Path:
+    """config_dict(**keys) written as YAML to tmp/filename; its path."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    return write_config(tmp / filename, config_dict(**keys))
+
+
+#: the small run config as YAML text, for the tests about the text itself (config_dict's defaults)
 SMALL_CONFIG = """\
 name: t
 model: {path: "@MODEL@", max_context: 256}
@@ -137,10 +196,12 @@ def task_dir(tmp: Path, yaml_text: str, rows: list[dict] | str, name: str = "t1"
     return folder
 
 
-def config_for(tmp: Path, tasks_dir: Path, tasks: str = "[t1]", body: str = SMALL_CONFIG) -> Path:
-    """SMALL_CONFIG (or `body`) scoring `tasks` from `tasks_dir`, written to tmp/c.yaml."""
-    text = body.replace('"@TASKS@"', f'"{tasks_dir}"').replace("tasks: [addition]", f"tasks: {tasks}")
-    return write_config(tmp / "c.yaml", text)
+def config_for(tmp: Path, tasks_dir: Path, tasks: Sequence[str] | str = ("t1",), **keys: Any) -> Path:
+    """The small run config scoring `tasks` (a list, or its YAML text) from `tasks_dir`, written
+    to tmp/c.yaml (make_config; `keys` as config_dict takes them)."""
+    if isinstance(tasks, str):
+        tasks = yaml.safe_load(tasks)
+    return make_config(tmp, tasks_dir=tasks_dir, tasks=tasks, **keys)
 
 
 MC_YAML = """\
@@ -161,7 +222,6 @@ generation_kwargs: {until: ["\\n"], max_gen_toks: 6}
 dataset_path: json
 data_files: data/t1.jsonl
 """
-INT8 = "  - {name: int8, weights: int8}"
 GEN_ROWS = [{"id": str(i), "a": 10 + i, "b": 20, "answer": str(30 + i)} for i in range(12)]
 
 

@@ -144,14 +144,14 @@ def test_fp8_kv_cache_on_this_cpu(tmp_path: Path) -> None:
     and the engine's pool holds twice the tokens of a bfloat16 cache (four times a
     float32 one) at 512 bytes each, and the scores really
     move (vLLM's CPU attention reads the FP8 cache), so no `kv_cache_no_effect` flag."""
+    from conftest import BASELINE, make_config
+
     from qeval.backends.vllm.support import cpu_has_fp8
 
-    cfg = tmp_path / "kv.yaml"
-    cfg.write_text(f"name: kv\nmodel: {{path: {MODEL}, dtype: auto, max_context: 256}}\n"
-                   f"tasks_dir: {ROOT / 'tasks'}\nbackend: vllm\ndevice: cpu\n"
-                   "setups: [{name: bf16, baseline: true}, {name: kv-fp8, kv_cache: fp8}]\n"
-                   "tasks: [compare_mc, ppl]\nlimit: 100\nperformance: {enabled: false}\n"
-                   "budget: {gpu_memory_gib: 0.01, utilization: 0.9, context_len: 256, overhead_gib: 0.001}\n")
+    cfg = make_config(tmp_path, filename="kv.yaml", name="kv", model={"dtype": "auto"}, backend="vllm",
+                      setups=[BASELINE, {"name": "kv-fp8", "kv_cache": "fp8"}], tasks=["compare_mc", "ppl"],
+                      limit=100, batch_size=None, gates=None,
+                      budget={"gpu_memory_gib": 0.01, "utilization": 0.9, "context_len": 256, "overhead_gib": 0.001})
     res = run_cli("run", str(cfg), "--output", str(tmp_path / "out"))
     if not cpu_has_fp8():
         assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr[-2000:]

@@ -51,19 +51,6 @@ def test_distributed_backend_table(tp: int, pp: int, backend: str | None) -> Non
     assert vllm_support.distributed_backend(tp, pp) == backend
 
 
-CONFIG = """\
-name: t
-model: {path: "@MODEL@", max_context: 256}
-tasks_dir: "@TASKS@"
-backend: vllm
-device: cuda
-engine: {tensor_parallel_size: 4, pipeline_parallel_size: 2}
-setups:
-  - {name: bf16, baseline: true}
-tasks: [addition]
-"""
-
-
 def test_the_backend_passes_the_config_to_the_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """VLLMBackend.load() on a config with TP 4 x PP 2: the `vllm.LLM` call gets both sizes and
     the Ray backend (a stand-in `vllm` module records the call: no engine exists here)."""
@@ -79,7 +66,11 @@ def test_the_backend_passes_the_config_to_the_engine(tmp_path: Path, monkeypatch
         raise _Called
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=llm))
-    cfg = load_config(write_config(tmp_path / "c.yaml", CONFIG))
+    from conftest import BASELINE, config_dict
+
+    body = config_dict(backend="vllm", device="cuda", engine={"tensor_parallel_size": 4, "pipeline_parallel_size": 2},
+                       setups=[BASELINE], batch_size=None, gates=None, performance=None)
+    cfg = load_config(write_config(tmp_path / "c.yaml", body))
     with pytest.raises(_Called):
         VLLMBackend(cfg, cfg.setups[0], "cuda").load()
     assert seen["tensor_parallel_size"] == 4 and seen["pipeline_parallel_size"] == 2

@@ -55,7 +55,7 @@ def test_int_kv_dtypes_are_asked_of_the_installed_vllm(tmp_path: Path) -> None:
     from qeval.backends.vllm.install import check_install as validate_backend
     from qeval.backends.vllm.install import vllm_kv_dtypes, worker_python
 
-    cfg = load_config(write_config(tmp_path / "c.yaml", FP8_KV_CONFIG.replace("kv_cache: fp8", "kv_cache: int8")))
+    cfg = load_config(write_config(tmp_path / "c.yaml", _kv_config("int8")))
     assert {"int8_per_token_head", "int4_per_token_head"} <= vllm_kv_dtypes(worker_python(cfg))
     validate_backend(cfg)
     old = tmp_path / "python"
@@ -96,17 +96,12 @@ def test_cpu_features_decide_w4a16_and_fp8(monkeypatch: pytest.MonkeyPatch) -> N
             vllm_support.validate(setup, "cpu")
 
 
-FP8_KV_CONFIG = """\
-name: v
-model: {path: "@MODEL@"}
-tasks_dir: "@TASKS@"
-backend: vllm
-device: cpu
-setups:
-  - {name: bf16, baseline: true}
-  - {name: kv-fp8, kv_cache: fp8}
-tasks: [addition]
-"""
+def _kv_config(kv_cache: str = "fp8") -> dict:
+    """A vLLM run on the CPU: the baseline and a `kv_cache` setup named kv-fp8 (conftest.config_dict)."""
+    from conftest import BASELINE, config_dict
+
+    return config_dict(name="v", max_context=None, backend="vllm", batch_size=None, gates=None, performance=None,
+                       setups=[BASELINE, {"name": "kv-fp8", "kv_cache": kv_cache}])
 
 
 def test_fp8_kv_on_an_avx2_cpu_is_refused_by_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -117,14 +112,14 @@ def test_fp8_kv_on_an_avx2_cpu_is_refused_by_the_cli(tmp_path: Path, monkeypatch
     from qeval.cli import app
 
     monkeypatch.setattr(vllm_support, "cpu_flags", lambda: AVX2)
-    res = CliRunner().invoke(app, ["validate", str(write_config(tmp_path / "c.yaml", FP8_KV_CONFIG))])
+    res = CliRunner().invoke(app, ["validate", str(write_config(tmp_path / "c.yaml", _kv_config()))])
     assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1
     assert "FP8 KV cache needs AVX-512 or AMX" in res.stderr and "this CPU has neither" in res.stderr
 
 
 def test_fp8_kv_on_this_cpu(tmp_path: Path) -> None:
     """This machine's own answer, whichever CPU it has."""
-    res = run_cli("validate", str(write_config(tmp_path / "c.yaml", FP8_KV_CONFIG)))
+    res = run_cli("validate", str(write_config(tmp_path / "c.yaml", _kv_config())))
     if vllm_support.cpu_has_fp8():  # an AVX-512 / AMX machine can run it
         assert res.returncode == 0, res.stderr
         return

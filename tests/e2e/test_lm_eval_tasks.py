@@ -74,36 +74,29 @@ def test_vllm_backend_agrees_with_simple_evaluate(tmp_path: Path) -> None:
     _assert_agreement(_bench(python, SMOLLM2, tmp_path, "--backend", "vllm"))
 
 
-CONFIG = """\
-name: lm
-model: {{path: "{model}", dtype: float32, max_context: 256}}
-tasks_dir: "{tasks}"
-device: cpu
-batch_size: 16
-setups:
-  - {{name: fp32, baseline: true}}
-  - {{name: int8, weights: int8}}
-  - {{name: kv2, kv_cache: int2}}
-lm_eval:
-  include_path: ["{tasks}/lm_eval"]
-  tasks:
-    - {{name: mmlu_local, num_fewshot: 1}}
-    - {{name: arc_easy_local, num_fewshot: 1, metric: acc_norm}}
-    - {{name: wikitext_local}}
-  suites: []
-limit: 8
-budget: {{gpu_memory_gib: 0.01, context_len: 256, overhead_gib: 0.001}}
-gates:
-  - {{task: all, max_drop: 0.5}}
-  - {{task: mmlu_local, min_recovery: 0.5}}
-"""
+def _keys() -> dict:
+    """The group run's config, as conftest.make_config takes it: three setups, lm-eval tasks of
+    each kind (a group, acc_norm, rolling perplexity), a drop gate and a recovery gate."""
+    from conftest import INT8
+
+    lm_eval = {"include_path": [TASKS / "lm_eval"],
+               "tasks": [{"name": "mmlu_local", "num_fewshot": 1},
+                         {"name": "arc_easy_local", "num_fewshot": 1, "metric": "acc_norm"},
+                         {"name": "wikitext_local"}],
+               "suites": []}
+    return dict(name="lm", model={"dtype": "float32"}, setups=[{"name": "fp32", "baseline": True}, INT8,
+                                                               {"name": "kv2", "kv_cache": "int2"}],
+                tasks=None, performance=None, lm_eval=lm_eval, limit=8,
+                budget={"gpu_memory_gib": 0.01, "context_len": 256, "overhead_gib": 0.001},
+                gates=[{"task": "all", "max_drop": 0.5}, {"task": "mmlu_local", "min_recovery": 0.5}])
 
 
 @pytest.fixture(scope="module")
 def group_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, Path]:
+    from conftest import make_config
+
     tmp = tmp_path_factory.mktemp("lm")
-    cfg = tmp / "c.yaml"
-    cfg.write_text(CONFIG.format(model=MODEL, tasks=TASKS))
+    cfg = make_config(tmp, **_keys())
     out = tmp / "out"
     res = run_cli("run", str(cfg), "--output", str(out))
     assert res.returncode == 0, res.stderr[-3000:]
@@ -148,12 +141,14 @@ def test_records_carry_lm_evals_doc_ids_and_metric_values(group_run: tuple[Path,
 
 
 def test_rerun_resumes_and_few_shot_changes_recompute(group_run: tuple[Path, dict, Path]) -> None:
+    from conftest import make_config
+
     out, _, cfg = group_run
     res = run_cli("run", str(cfg), "--output", str(out))
     assert res.returncode == 0 and res.stderr.count("skipped") == 3, res.stderr[-2000:]
-    changed = cfg.with_name("c2.yaml")
-    changed.write_text(cfg.read_text().replace("{name: arc_easy_local, num_fewshot: 1", "{name: arc_easy_local, "
-                                               "num_fewshot: 0"))
+    keys = _keys()
+    keys["lm_eval"]["tasks"][1]["num_fewshot"] = 0  # arc_easy_local
+    changed = make_config(cfg.parent, filename="c2.yaml", **keys)
     res = run_cli("run", str(changed), "--output", str(out), "--setups", "int8")
     assert res.returncode == 0, res.stderr[-2000:]
     assert "int8: 1 lm-eval tasks" in res.stderr  # only arc: its few-shot setting is in its key
@@ -162,12 +157,13 @@ def test_rerun_resumes_and_few_shot_changes_recompute(group_run: tuple[Path, dic
 
 
 def test_a_suite_reports_recovery(tmp_path: Path) -> None:
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(CONFIG.format(model=MODEL, tasks=TASKS).replace("  suites: []", "  suites: [openllm-v1-local]")
-                   .replace("    - {name: mmlu_local, num_fewshot: 1}\n",
-                            "    - {name: gsm8k_local, num_fewshot: 1, max_gen_toks: 16}\n")
-                   .replace("{task: mmlu_local, min_recovery: 0.5}", "{task: openllm-v1-local, min_recovery: 0.5}")
-                   .replace("limit: 8", "limit: 4"))
+    from conftest import make_config
+
+    keys = _keys() | {"limit": 4}
+    keys["lm_eval"] |= {"suites": ["openllm-v1-local"]}
+    keys["lm_eval"]["tasks"][0] = {"name": "gsm8k_local", "num_fewshot": 1, "max_gen_toks": 16}  # was mmlu_local
+    keys["gates"][1] = {"task": "openllm-v1-local", "min_recovery": 0.5}
+    cfg = make_config(tmp_path, **keys)
     res = run_cli("run", str(cfg), "--output", str(tmp_path / "out"), "--setups", "kv2")
     assert res.returncode == 0, res.stderr[-3000:]
     r = json.loads((tmp_path / "out" / "results.json").read_text())
@@ -186,10 +182,12 @@ def test_the_hub_code_path_on_a_local_dataset_folder(tmp_path: Path) -> None:
     folder.mkdir()
     for split in ("train", "validation"):
         shutil.copy(TASKS / "lm_eval" / "data" / "hellaswag" / f"{split}.jsonl", folder / f"{split}.jsonl")
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"name: hub\nmodel: {{path: \"{MODEL}\", dtype: float32, max_context: 256}}\ndevice: cpu\n"
-                   f"setups: [{{name: fp32, baseline: true}}]\nlimit: 4\n"
-                   f"lm_eval: {{tasks: [{{name: hellaswag, num_fewshot: 1, dataset_path: \"{folder}\"}}]}}\n")
+    from conftest import make_config
+
+    cfg = make_config(tmp_path, name="hub", model={"path": MODEL, "dtype": "float32"}, tasks_dir=None,
+                      batch_size=None, setups=[{"name": "fp32", "baseline": True}], tasks=None, gates=None,
+                      performance=None, limit=4,
+                      lm_eval={"tasks": [{"name": "hellaswag", "num_fewshot": 1, "dataset_path": folder}]})
     res = run_cli("run", str(cfg), "--output", str(tmp_path / "out"))
     assert res.returncode == 0, res.stderr[-3000:]
     r = json.loads((tmp_path / "out" / "results.json").read_text())

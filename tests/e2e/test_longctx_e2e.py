@@ -19,9 +19,13 @@ SMOLLM2 = ROOT / "models" / "smollm2-135m"
 needs_smollm2 = pytest.mark.skipif(not (SMOLLM2 / "config.json").is_file(), reason="make smollm2 first")
 
 
-def _run(tmp: Path, body: str, name: str) -> tuple[Path, dict[str, Any]]:
-    cfg = tmp / f"{name}.yaml"
-    cfg.write_text(f"name: {name}\ntasks_dir: {TASKS}\n" + body)
+def _run(tmp: Path, name: str, **keys: Any) -> tuple[Path, dict[str, Any]]:
+    """A long-context run of conftest.make_config(**keys), written to tmp/NAME.yaml: no native
+    tasks, no batch size or performance block, gates only where `keys` give them."""
+    from conftest import make_config
+
+    keys = {"tasks": None, "batch_size": None, "gates": None, "performance": None} | keys
+    cfg = make_config(tmp, filename=f"{name}.yaml", name=name, tasks_dir=TASKS, **keys)
     out = tmp / name
     res = run_cli("run", str(cfg), "--output", str(out))
     assert res.returncode == 0, res.stderr[-3000:]
@@ -48,21 +52,15 @@ def _kl_above_zero_in_every_bucket(out: Path, results: dict[str, Any], setups: l
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    body = f"""model: {{path: {MODEL}, dtype: float32, max_context: 256}}
-backend: hf
-device: cpu
-setups:
-  - {{name: bf16, baseline: true}}
-  - {{name: kv-int4, kv_cache: int4}}
-  - {{name: kv-int2, kv_cache: int2}}
-  - {{name: kv-fp8, kv_cache: fp8}}
-long_context: {{tasks: [position_ppl], samples: 3, chunk_tokens: 64}}
-budget: {{gpu_memory_gib: 0.01, utilization: 0.9, context_len: 256, overhead_gib: 0.001}}
-gates:
-  - {{task: position_ppl, length: budget, max_drop: 0.5}}
-  - {{task: position_ppl, length: 128, max_drop: 0.5}}
-"""
-    return _run(tmp_path_factory.mktemp("lc"), body, "tiny-longctx")
+    from conftest import BASELINE
+
+    setups = [BASELINE, *({"name": f"kv-{kv}", "kv_cache": kv} for kv in ("int4", "int2", "fp8"))]
+    return _run(tmp_path_factory.mktemp("lc"), "tiny-longctx", model={"path": MODEL, "dtype": "float32"},
+                backend="hf", setups=setups,
+                long_context={"tasks": ["position_ppl"], "samples": 3, "chunk_tokens": 64},
+                budget={"gpu_memory_gib": 0.01, "utilization": 0.9, "context_len": 256, "overhead_gib": 0.001},
+                gates=[{"task": "position_ppl", "length": "budget", "max_drop": 0.5},
+                       {"task": "position_ppl", "length": 128, "max_drop": 0.5}])
 
 
 def test_tiny_model_lengths_buckets_and_gates(tiny: tuple[Path, dict[str, Any]]) -> None:
@@ -88,17 +86,12 @@ def test_tiny_model_lengths_buckets_and_gates(tiny: tuple[Path, dict[str, Any]])
 def test_smollm2_kv_caches_at_short_lengths(tmp_path: Path) -> None:
     """SmolLM2 at 256 and 512 tokens: passkey, multi-key and position perplexity under INT4 and
     INT2 KV caches; the INT2 cache's KL exceeds the INT4 one's."""
-    body = f"""model: {{path: {SMOLLM2}, dtype: auto, max_context: 512}}
-backend: hf
-device: cpu
-setups:
-  - {{name: bf16, baseline: true}}
-  - {{name: kv-int4, kv_cache: int4}}
-  - {{name: kv-int2, kv_cache: int2}}
-long_context: {{lengths: [256, 512], samples: 2, depths: [0.5], chunk_tokens: 128}}
-budget: {{gpu_memory_gib: 4, context_len: 512, overhead_gib: 0.5}}
-"""
-    out, r = _run(tmp_path, body, "smollm2-lc")
+    from conftest import BASELINE
+
+    out, r = _run(tmp_path, "smollm2-lc", model={"path": SMOLLM2, "dtype": "auto", "max_context": 512}, backend="hf",
+                  setups=[BASELINE, {"name": "kv-int4", "kv_cache": "int4"}, {"name": "kv-int2", "kv_cache": "int2"}],
+                  long_context={"lengths": [256, 512], "samples": 2, "depths": [0.5], "chunk_tokens": 128},
+                  budget={"gpu_memory_gib": 4, "context_len": 512, "overhead_gib": 0.5})
     _kl_above_zero_in_every_bucket(out, r, ["kv-int4", "kv-int2"])
     assert set(r["tasks"]) == {f"{f}_{n}" for f in ("passkey", "multikey", "position_ppl") for n in (256, 512)}
     kl = {s["name"]: s["vs_baseline"]["position_ppl_512"]["kl"] for s in r["setups"][1:]}
@@ -113,16 +106,13 @@ def test_vllm_fp8_kv_cache_at_a_long_prompt(tmp_path: Path) -> None:
 
     if not cpu_has_fp8():
         pytest.skip("this CPU has neither AVX-512 nor AMX: vLLM's FP8 KV cache is refused (tested in test_vllm)")
-    body = f"""model: {{path: {SMOLLM2}, dtype: auto, max_context: 1024}}
-backend: vllm
-device: cpu
-setups:
-  - {{name: bf16, baseline: true}}
-  - {{name: kv-fp8, kv_cache: fp8}}
-long_context: {{lengths: [1024], tasks: [passkey, position_ppl], samples: 2, depths: [0.5], buckets: [256, 1024]}}
-budget: {{gpu_memory_gib: 4, context_len: 1024, overhead_gib: 0.5}}
-"""
-    out, r = _run(tmp_path, body, "vllm-lc")
+    from conftest import BASELINE
+
+    out, r = _run(tmp_path, "vllm-lc", model={"path": SMOLLM2, "dtype": "auto", "max_context": 1024}, backend="vllm",
+                  setups=[BASELINE, {"name": "kv-fp8", "kv_cache": "fp8"}],
+                  long_context={"lengths": [1024], "tasks": ["passkey", "position_ppl"], "samples": 2, "depths": [0.5],
+                                "buckets": [256, 1024]},
+                  budget={"gpu_memory_gib": 4, "context_len": 1024, "overhead_gib": 0.5})
     _kl_above_zero_in_every_bucket(out, r, ["kv-fp8"])
     assert [b["start"] for b in r["setups"][1]["long_context"]["lengths"][0]["buckets"]] == [0, 256]
 

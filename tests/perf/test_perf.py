@@ -171,14 +171,13 @@ def test_hf_performance_on_the_tiny_model() -> None:
 # -- config and old results -----------------------------------------------------------------------
 
 def test_bad_performance_config_is_one_line(tmp_path: Path) -> None:
-    base = (ROOT / "configs" / "demo.yaml").read_text().replace("path: models/qeval-tiny", f"path: {MODEL}")
-    for extra, message in (("performance: {input_len: 250, output_len: 16}\n", "exceeds model.max_context 256"),
-                           ("performance: {enabled: false}\nrecommend_by: latency\n", "needs the performance phase"),
-                           ("performance: {concurrency: [1, 0]}\n", "at least 1"),
-                           ("recommend_by: speed\n", "recommend_by")):
-        text = base.split("performance:")[0] + extra
-        (tmp_path / "c.yaml").write_text(text)
-        res = run_cli("validate", str(tmp_path / "c.yaml"))
+    from conftest import make_config
+
+    for keys, message in (({"performance": {"input_len": 250, "output_len": 16}}, "exceeds model.max_context 256"),
+                          ({"performance": False, "recommend_by": "latency"}, "needs the performance phase"),
+                          ({"performance": {"concurrency": [1, 0]}}, "at least 1"),
+                          ({"performance": None, "recommend_by": "speed"}, "recommend_by")):
+        res = run_cli("validate", str(make_config(tmp_path, **keys)))
         assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
         assert message in res.stderr, res.stderr
 

@@ -54,9 +54,10 @@ def test_a_run_without_its_checkpoints_says_to_quantize(tmp_path: Path) -> None:
 
 
 def test_bad_quantize_input_is_one_line_exit_2(tmp_path: Path) -> None:
-    plain = tmp_path / "plain.yaml"
-    plain.write_text(f"name: p\nmodel: {{path: {MODEL}}}\ntasks_dir: {TASKS}\nbackend: vllm\n"
-                     "setups: [{name: bf16, baseline: true}]\ntasks: [addition]\n")
+    from conftest import BASELINE, make_config
+
+    plain = make_config(tmp_path, filename="plain.yaml", name="p", max_context=None, backend="vllm", setups=[BASELINE],
+                        device=None, batch_size=None, gates=None, performance=None)
     _one_line_exit_2(run_cli("quantize", str(plain)), "no setup to quantize")
 
     missing = demo_vllm_config(tmp_path, tmp_path / "ck")

@@ -23,18 +23,16 @@ from qeval.run.executors.resources import JobResources, job_resources, unplaceab
 from qeval.run.preflight import preflight
 from qeval.run.runner import PreparedRun, RunOptions, prepare
 
-CONFIG = """\
-name: t
-model: {path: "@MODEL@", max_context: 256}
-tasks_dir: "@TASKS@"
-device: cpu
-batch_size: 16
-setups:
-  - {name: bf16, baseline: true}
-  - {name: int8, weights: int8}
-  - {name: kv-int4, kv_cache: int4}
-tasks: [addition, ppl]
-"""
+SETUPS = [{"name": "bf16", "baseline": True}, {"name": "int8", "weights": "int8"},
+          {"name": "kv-int4", "kv_cache": "int4"}]
+
+
+def _config(tmp: Path, filename: str = "c.yaml", **keys: object) -> Path:
+    """The small run config (conftest.config_dict) with a KV-cache setup and a perplexity task, no gates."""
+    from conftest import config_dict
+
+    return write_config(tmp / filename, config_dict(setups=SETUPS, tasks=["addition", "ppl"], gates=None,
+                                                    performance=None, **keys))  # type: ignore[arg-type]
 
 
 def _one_line_exit_2(res: subprocess.CompletedProcess[str], expected: str) -> None:
@@ -46,26 +44,26 @@ def _one_line_exit_2(res: subprocess.CompletedProcess[str], expected: str) -> No
 # -- the config piece -------------------------------------------------------------------------
 
 def test_executor_defaults_to_local_and_is_validated(tmp_path: Path) -> None:
-    cfg = load_config(write_config(tmp_path / "c.yaml", CONFIG))
+    cfg = load_config(_config(tmp_path))
     assert cfg.executor == ExecutorSpec(kind="local", address=None, max_retries=2, max_parallel=None,
                                         num_cpus_per_job=1.0)
-    ray = load_config(write_config(tmp_path / "r.yaml", CONFIG + "executor: {kind: ray, max_retries: 0}\n"))
+    ray = load_config(_config(tmp_path, "r.yaml", executor={"kind": "ray", "max_retries": 0}))
     assert ray.executor.kind == "ray" and ray.executor.max_retries == 0
 
 
 @pytest.mark.parametrize(("block", "expected"), [
-    ("{kind: local, address: '10.0.0.1:6379'}", "executor: executor.address applies to kind: ray only"),
-    ("{kind: slurm}", "executor.kind: Input should be 'local' or 'ray'"),
-    ("{kind: ray, max_retries: -1}", "executor.max_retries: Input should be greater than or equal to 0"),
-    ("{kind: ray, retries: 2}", "executor.retries: unknown key"),
+    ({"kind": "local", "address": "10.0.0.1:6379"}, "executor: executor.address applies to kind: ray only"),
+    ({"kind": "slurm"}, "executor.kind: Input should be 'local' or 'ray'"),
+    ({"kind": "ray", "max_retries": -1}, "executor.max_retries: Input should be greater than or equal to 0"),
+    ({"kind": "ray", "retries": 2}, "executor.retries: unknown key"),
 ])
-def test_bad_executor_config_is_one_line(tmp_path: Path, block: str, expected: str) -> None:
-    cfg = write_config(tmp_path / "c.yaml", CONFIG + f"executor: {block}\n")
+def test_bad_executor_config_is_one_line(tmp_path: Path, block: dict, expected: str) -> None:
+    cfg = _config(tmp_path, executor=block)
     _one_line_exit_2(run_cli("validate", str(cfg)), expected)
 
 
 def test_unknown_executor_option_is_one_line(tmp_path: Path) -> None:
-    cfg = write_config(tmp_path / "c.yaml", CONFIG)
+    cfg = _config(tmp_path)
     _one_line_exit_2(run_cli("run", str(cfg), "--output", str(tmp_path / "o"), "--executor", "slurm"),
                      "--executor slurm: expected local or ray")
 
@@ -93,7 +91,7 @@ def test_a_dead_address_is_one_line_fast_and_writes_nothing(tmp_path: Path) -> N
     """`ray.init` on an address where nothing listens retries for minutes: checked first."""
     from ray_cluster import free_port
 
-    cfg = write_config(tmp_path / "c.yaml", CONFIG + f"executor: {{kind: ray, address: '127.0.0.1:{free_port()}'}}\n")
+    cfg = _config(tmp_path, executor={"kind": "ray", "address": f"127.0.0.1:{free_port()}"})
     started = time.monotonic()
     res = run_cli("run", str(cfg), "--output", str(tmp_path / "out"))
     _one_line_exit_2(res, "nothing answers there")
@@ -104,7 +102,7 @@ def test_a_dead_address_is_one_line_fast_and_writes_nothing(tmp_path: Path) -> N
 # -- what a job reserves ---------------------------------------------------------------------------
 
 def test_resources_follow_device_and_parallel_sizes(tmp_path: Path) -> None:
-    cfg = load_config(write_config(tmp_path / "c.yaml", CONFIG + "executor: {kind: ray, num_cpus_per_job: 2}\n"))
+    cfg = load_config(_config(tmp_path, executor={"kind": "ray", "num_cpus_per_job": 2}))
     assert job_resources(cfg, "cpu") == JobResources(2.0)
     assert job_resources(cfg, "cpu").threads == 2 and job_resources(cfg, "cpu").bundle is None
     assert job_resources(cfg, "cuda") == JobResources(2.0, num_gpus=1)
@@ -130,7 +128,7 @@ def test_a_request_no_node_can_hold_is_named() -> None:
 
 def _prepared(tmp_path: Path, tasks: list[str] | None = None) -> PreparedRun:
     tmp_path.mkdir(exist_ok=True)
-    cfg = load_config(write_config(tmp_path / "c.yaml", CONFIG))
+    cfg = load_config(_config(tmp_path))
     opts = RunOptions(tmp_path / "run", tasks=tasks)
     (tmp_path / "run").mkdir(exist_ok=True)
     return prepare(preflight(cfg, None, tasks), opts)

@@ -66,10 +66,12 @@ def test_arm_flags(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _config(tmp: Path, dtype: str) -> Path:
-    cfg = tmp / "c.yaml"
-    cfg.write_text(f"name: c\nmodel: {{path: {MODEL}, dtype: {dtype}, max_context: 256}}\ntasks_dir: {TASKS}\n"
-                   "setups: [{name: base, baseline: true}, {name: int8, weights: int8}]\ntasks: [facts]\n")
-    return cfg
+    """The small run config on `dtype` and device auto (the default both resolve here)."""
+    from conftest import INT8, make_config
+
+    return make_config(tmp, name="c", model={"path": MODEL, "dtype": dtype}, tasks_dir=TASKS, tasks=["facts"],
+                       setups=[{"name": "base", "baseline": True}, INT8], device=None, batch_size=None, gates=None,
+                       performance=None)
 
 
 def _validate_in_process(cfg: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

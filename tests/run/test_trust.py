@@ -62,13 +62,15 @@ def test_templates_still_render_data() -> None:
 @pytest.mark.parametrize("name", ["../../x", "/abs/file", "a/b", ".hidden", "x" * 300])
 def test_task_names_are_safe(tmp_path: Path, name: str) -> None:
     folder = _task_dir(tmp_path, GEN_YAML.replace("task: t1", f"task: {json.dumps(name)}"), GEN_ROWS)
-    res = run_cli("validate", str(_config_for(tmp_path, folder, tasks=json.dumps([name]))))
+    res = run_cli("validate", str(_config_for(tmp_path, folder, tasks=[name])))
     _one_line_exit_2(res, "is not allowed as a name")
 
 
 @pytest.mark.parametrize("name", ["../escape", "x" * 300, "a|b"])
 def test_setup_names_are_safe(tmp_path: Path, name: str) -> None:
-    cfg = write_config(tmp_path / "c.yaml", CONFIG.replace("name: int8", f"name: {json.dumps(name)}"))
+    from conftest import BASELINE, make_config
+
+    cfg = make_config(tmp_path, setups=[BASELINE, INT8 | {"name": name}])
     _one_line_exit_2(run_cli("validate", str(cfg)), "is not allowed as a name")
 
 
@@ -103,6 +105,7 @@ def test_alias_bomb_in_task_metadata_is_refused(tmp_path: Path) -> None:
 
 
 def test_alias_bomb_in_config_is_refused(tmp_path: Path) -> None:
+    # the config's own text: the bomb is YAML anchors and aliases, which no mapping spells
     cfg = write_config(tmp_path / "c.yaml", CONFIG + "x_" + BOMB.replace("\n", "\nx_"))
     _one_line_exit_2(run_cli("validate", str(cfg), timeout=120), "alias bomb")
 
@@ -130,7 +133,9 @@ def test_an_empty_task_is_refused(tmp_path: Path) -> None:
 # -- 13, 14. bad input is one line ---------------------------------------------------------
 
 def test_a_mistyped_model_path_is_not_a_hub_id(tmp_path: Path) -> None:
-    cfg = write_config(tmp_path / "c.yaml", CONFIG.replace('"@MODEL@"', "models/qeval-tinyy"))
+    from conftest import make_config
+
+    cfg = make_config(tmp_path, model="models/qeval-tinyy")
     started = time.monotonic()
     res = run_cli("validate", str(cfg))
     _one_line_exit_2(res, "model path models/qeval-tinyy not found")
@@ -138,13 +143,17 @@ def test_a_mistyped_model_path_is_not_a_hub_id(tmp_path: Path) -> None:
 
 
 def test_an_unreachable_hub_id_is_one_line(tmp_path: Path) -> None:
-    cfg = write_config(tmp_path / "c.yaml", CONFIG.replace('"@MODEL@"', "no-such-org/no-such-model"))
+    from conftest import make_config
+
+    cfg = make_config(tmp_path, model="no-such-org/no-such-model")
     _one_line_exit_2(run_cli("validate", str(cfg)), "model no-such-org/no-such-model: not a local folder")
 
 
 def test_invalid_utf8_is_one_line(tmp_path: Path) -> None:
-    cfg = tmp_path / "c.yaml"
-    cfg.write_bytes(write_config(tmp_path / "c.yaml", CONFIG).read_bytes() + b"# \xff\xfe\n")
+    from conftest import make_config
+
+    cfg = make_config(tmp_path)
+    cfg.write_bytes(cfg.read_bytes() + b"# \xff\xfe\n")
     _one_line_exit_2(run_cli("validate", str(cfg)), "not UTF-8")
     folder = _task_dir(tmp_path / "x", GEN_YAML, GEN_ROWS)
     (folder / "t1.yaml").write_bytes(GEN_YAML.encode() + b"description: \xff\n")
@@ -156,14 +165,18 @@ def test_invalid_utf8_is_one_line(tmp_path: Path) -> None:
 
 
 def test_an_output_path_that_cannot_hold_a_run_is_one_line(tmp_path: Path) -> None:
-    cfg = write_config(tmp_path / "c.yaml", CONFIG)
+    from conftest import make_config
+
+    cfg = make_config(tmp_path)
     (tmp_path / "file").write_text("x")
     _one_line_exit_2(run_cli("run", str(cfg), "--output", str(tmp_path / "file")), "is not a directory")
     _one_line_exit_2(run_cli("run", str(cfg), "--output", str(tmp_path / "file" / "sub")), "cannot create it")
 
 
 def test_a_long_setup_name_fails_at_validate_not_after_the_baseline(tmp_path: Path) -> None:
-    cfg = write_config(tmp_path / "c.yaml", CONFIG.replace("name: int8", "name: " + "s" * 300))
+    from conftest import BASELINE, make_config
+
+    cfg = make_config(tmp_path, setups=[BASELINE, INT8 | {"name": "s" * 300}])
     res = run_cli("run", str(cfg), "--output", str(tmp_path / "out"))
     _one_line_exit_2(res, "is not allowed as a name")
     assert not (tmp_path / "out").exists()
@@ -272,7 +285,9 @@ def test_report_on_a_truncated_results_or_samples_file_is_one_line(tmp_path: Pat
 # -- 11, 12. the run directory: ownership and the lock --------------------------------------------
 
 def test_a_folder_holding_foreign_files_is_not_overwritten(tmp_path: Path) -> None:
-    cfg = write_config(tmp_path / "c.yaml", CONFIG)
+    from conftest import make_config
+
+    cfg = make_config(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
     (out / "results.json").write_text('{"mine": true}')
@@ -307,8 +322,9 @@ def _wait_for_worker(parent: subprocess.Popen[str], timeout: float = 120) -> lis
 @pytest.mark.slow
 def test_a_second_run_is_refused_and_a_killed_runner_takes_its_worker_along(tmp_path: Path) -> None:
     import psutil
+    from conftest import make_config
 
-    cfg = write_config(tmp_path / "c.yaml", CONFIG.replace("tasks: [addition]", "tasks: [addition, ppl]"))
+    cfg = make_config(tmp_path, tasks=["addition", "ppl"])
     out = tmp_path / "out"
     first = _start_run(cfg, out)
     try:
@@ -339,9 +355,9 @@ def _setup(results: dict, name: str) -> dict:
 
 @pytest.mark.slow
 def test_a_failed_baseline_recommends_nothing_and_exits_1(tmp_path: Path) -> None:
-    cfg = write_config(tmp_path / "c.yaml", CONFIG.replace("{name: bf16, baseline: true}",
-                                                           "{name: bf16, baseline: true, memory_limit_mib: 1}")
-                       + "candidate: int8\n")
+    from conftest import BASELINE, make_config
+
+    cfg = make_config(tmp_path, setups=[BASELINE | {"memory_limit_mib": 1}, INT8], candidate="int8")
     out = tmp_path / "out"
     res = run_cli("run", str(cfg), "--output", str(out), "--limit", "8", "--fail-on-gate")
     assert res.returncode == 1, res.stderr[-2000:]
@@ -357,9 +373,11 @@ def test_a_failed_baseline_recommends_nothing_and_exits_1(tmp_path: Path) -> Non
 
 @pytest.mark.slow
 def test_exit_codes_and_what_reruns_recompute(tmp_path: Path) -> None:
+    from conftest import BASELINE, make_config
+
     out = tmp_path / "out"
-    body = CONFIG.replace("  - {name: int8, weights: int8}", INT8 + "\n  - {name: kv2, kv_cache: int2}")
-    cfg = write_config(tmp_path / "c.yaml", body + "candidate: kv2\n")
+    setups = [BASELINE, INT8, {"name": "kv2", "kv_cache": "int2"}]
+    cfg = make_config(tmp_path, setups=setups, candidate="kv2")
     # 3: every setup scored, the candidate fails its gate (an int2 KV cache wrecks addition)
     res = run_cli("run", str(cfg), "--output", str(out), "--limit", "30", "--fail-on-gate")
     assert res.returncode == 3, res.stderr[-2000:]
@@ -385,7 +403,7 @@ def test_exit_codes_and_what_reruns_recompute(tmp_path: Path) -> None:
     assert res.returncode == 0 and "Traceback" not in res.stderr
     assert "corrupt JSON" in res.stderr and "kv2: addition" in res.stderr
     # 10: batch_size changes the numerics, so it is part of the key
-    res = run_cli("run", str(write_config(tmp_path / "c.yaml", body.replace("batch_size: 16", "batch_size: 4"))),
+    res = run_cli("run", str(make_config(tmp_path, setups=setups, batch_size=4)),
                   "--output", str(out), "--limit", "30")
     assert res.returncode == 0 and "skipped" not in res.stderr, res.stderr[-2000:]
     assert first["setups"]  # (the first run's results were complete)
@@ -395,8 +413,10 @@ def test_exit_codes_and_what_reruns_recompute(tmp_path: Path) -> None:
 def test_results_of_another_run_are_dropped_visibly(tmp_path: Path) -> None:
     """7: a copied run directory rerun with --limit 20 --setups int8: the other setups' 30-sample
     scores must not sit next to a 20-sample baseline."""
-    body = CONFIG.replace("  - {name: int8, weights: int8}", INT8 + "\n  - {name: kv4, kv_cache: int4}")
-    cfg = write_config(tmp_path / "c.yaml", body)
+    from conftest import BASELINE, make_config
+
+    setups = [BASELINE, INT8, {"name": "kv4", "kv_cache": "int4"}]
+    cfg = make_config(tmp_path, setups=setups)
     out = tmp_path / "out"
     assert run_cli("run", str(cfg), "--output", str(out), "--limit", "30").returncode == 0
     copy = tmp_path / "copy"
@@ -413,7 +433,7 @@ def test_results_of_another_run_are_dropped_visibly(tmp_path: Path) -> None:
     model = tmp_path / "model"
     shutil.copytree(MODEL, model)
     (model / "README.md").write_text("changed\n")
-    cfg2 = write_config(tmp_path / "c2.yaml", body.replace('"@MODEL@"', f'"{model}"'))
+    cfg2 = make_config(tmp_path, filename="c2.yaml", setups=setups, model=model)
     res = run_cli("run", str(cfg2), "--output", str(out), "--limit", "30", "--setups", "int8")
     assert res.returncode == 0 and "skipped" not in res.stderr, res.stderr[-2000:]
     r = _results(out)

@@ -19,18 +19,6 @@ from qeval.sweep.config import load_sweep
 
 LLAMA2 = ROOT / "tests" / "data" / "llama2-7b-config.json"
 
-CONFIG = """\
-name: t
-model: {path: "@MODEL@"}
-tasks_dir: "@TASKS@"
-device: cpu
-setups:
-  - {name: bf16, baseline: true}
-  - {name: int8, weights: int8}
-tasks: [addition]
-"""
-
-
 def _one_line_exit_2(res: subprocess.CompletedProcess[str], expected: str) -> None:
     assert res.returncode == 2, (res.returncode, res.stderr[-3000:])
     lines = res.stderr.strip().splitlines()
@@ -107,8 +95,9 @@ def test_validate_refuses_zero_attention_heads(tmp_path: Path) -> None:
     shutil.copytree(MODEL, model)
     cfg = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps(cfg | {"num_attention_heads": 0, "head_dim": None}))
-    body = CONFIG.replace('"@MODEL@"', f'"{model}"')
-    _one_line_exit_2(run_cli("validate", str(write_config(tmp_path / "c.yaml", body))), "num_attention_heads 0")
+    from conftest import make_config
+
+    _one_line_exit_2(run_cli("validate", str(make_config(tmp_path, model=model))), "num_attention_heads 0")
 
 
 @pytest.mark.parametrize(("option", "value"), [
@@ -160,39 +149,47 @@ def test_tasks_prints_a_folder_with_brackets_as_written(tmp_path: Path) -> None:
 # --- strict types, ambiguous names (point 12) ----------------------------------------------------
 
 
-@pytest.mark.parametrize(("extra", "expected"), [
-    ("batch_size: true\n", "batch_size: Input should be a valid integer"),
-    ('limit: "5"\n', "limit: Input should be a valid integer"),
-    ('performance: {enabled: "yes"}\n', "performance.enabled: Input should be a valid boolean"),
-    ("lm_eval: {tasks: [{name: arc_challenge_local, num_fewshot: true}]}\n", "lm_eval.tasks.0.num_fewshot"),
-    ("model: {path: \"@MODEL@\", trust_remote_code: 1}\n", "model.trust_remote_code"),
-    ('budget: {gpu_memory_gib: "24"}\n', "budget.gpu_memory_gib: Input should be a valid number"),
+@pytest.mark.parametrize(("keys", "expected"), [
+    ({"batch_size": True}, "batch_size: Input should be a valid integer"),
+    ({"limit": "5"}, "limit: Input should be a valid integer"),
+    ({"performance": {"enabled": "yes"}}, "performance.enabled: Input should be a valid boolean"),
+    ({"lm_eval": {"tasks": [{"name": "arc_challenge_local", "num_fewshot": True}]}}, "lm_eval.tasks.0.num_fewshot"),
+    ({"model": {"trust_remote_code": 1}}, "model.trust_remote_code"),
+    ({"budget": {"gpu_memory_gib": "24"}}, "budget.gpu_memory_gib: Input should be a valid number"),
 ])
-def test_config_values_of_another_type_are_refused(tmp_path: Path, extra: str, expected: str) -> None:
+def test_config_values_of_another_type_are_refused(tmp_path: Path, keys: dict, expected: str) -> None:
     """`batch_size: true` was read as 1, `limit: "5"` as 5, `enabled: "yes"` as true (point 12)."""
-    body = CONFIG.replace('model: {path: "@MODEL@"}\n', "") if extra.startswith("model:") else CONFIG
+    from conftest import make_config
+
     with pytest.raises(UserError, match=expected) as exc:
-        load_config(write_config(tmp_path / "c.yaml", body + extra))
+        load_config(make_config(tmp_path, **keys))
     assert "\n" not in str(exc.value)
 
 
 def test_a_setup_value_of_another_type_is_refused(tmp_path: Path) -> None:
     """Setups are as strict as the rest of the config (point 12)."""
-    body = CONFIG.replace("{name: int8, weights: int8}", '{name: int8, weights: int8, optional: "yes"}')
+    from conftest import BASELINE, INT8, make_config
+
+    cfg = make_config(tmp_path, setups=[BASELINE, INT8 | {"optional": "yes"}])
     with pytest.raises(UserError, match="setups.1.optional: Input should be a valid boolean"):
-        load_config(write_config(tmp_path / "c.yaml", body))
+        load_config(cfg)
 
 
 def test_a_budget_of_inf_in_a_config_is_refused(tmp_path: Path) -> None:
     """`.inf` or `.nan` in YAML is no budget (point 12, as for plan's options)."""
-    cfg = write_config(tmp_path / "c.yaml", CONFIG + "budget: {gpu_memory_gib: .inf}\n")
+    from conftest import make_config
+
+    cfg = make_config(tmp_path)
+    write_config(cfg, cfg.read_text() + "budget: {gpu_memory_gib: .inf}\n")  # YAML's own spelling
     with pytest.raises(UserError, match="budget.gpu_memory_gib"):
         load_config(cfg)
 
 
 def test_an_integer_is_still_a_number(tmp_path: Path) -> None:
     """Strict types keep `utilization: 1` a number (point 12)."""
-    cfg = load_config(write_config(tmp_path / "c.yaml", CONFIG + "budget: {utilization: 1, gpu_memory_gib: 16}\n"))
+    from conftest import make_config
+
+    cfg = load_config(make_config(tmp_path, budget={"utilization": 1, "gpu_memory_gib": 16}))
     assert cfg.budget.utilization == 1.0 and cfg.budget.gpu_memory_gib == 16.0
 
 
@@ -210,9 +207,11 @@ def test_two_include_folders_defining_one_task_are_refused(tmp_path: Path) -> No
 
 def test_setup_names_differing_only_in_case_are_refused(tmp_path: Path) -> None:
     """`A` and `a` share a folder on a case-insensitive file system (point 12)."""
-    body = CONFIG.replace("{name: int8, weights: int8}", "{name: BF16, weights: int8}")
+    from conftest import BASELINE, INT8, make_config
+
+    cfg = make_config(tmp_path, setups=[BASELINE, INT8 | {"name": "BF16"}])
     with pytest.raises(UserError, match="setup names bf16 and BF16 differ only in case"):
-        load_config(write_config(tmp_path / "c.yaml", body))
+        load_config(cfg)
 
 
 # --- typos and confusing errors (point 13) --------------------------------------------------------
@@ -238,23 +237,26 @@ def test_sweep_model_names_differing_only_in_case_are_refused(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize("extra", [
-    f"lm_eval: {{include_path: [\"{TASKS / 'lm_eval'}\"], tasks: [{{name: arc_challenge_local}}]}}\n",
-    "long_context: {lengths: [64], tasks: [passkey]}\n",
+    {"lm_eval": {"include_path": [TASKS / "lm_eval"], "tasks": [{"name": "arc_challenge_local"}]}},
+    {"long_context": {"lengths": [64], "tasks": ["passkey"]}},
 ])
 def test_a_config_without_native_tasks_needs_no_tasks_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                          extra: str) -> None:
+                                                          extra: dict) -> None:
     """Only `lm_eval:` or `long_context:`: no `tasks` folder is read, so none is required (point 13)."""
-    body = "\n".join(line for line in CONFIG.splitlines() if not line.startswith(("tasks", "tasks_dir"))) + "\n"
+    from conftest import make_config
+
     monkeypatch.chdir(tmp_path)  # no tasks/ folder here, nor beside the config
-    cfg = load_config(write_config(tmp_path / "c.yaml", body + extra))
+    cfg = load_config(make_config(tmp_path, tasks_dir=None, tasks=None, **extra))
     assert cfg.tasks == []
 
 
 def test_a_missing_tasks_dir_names_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The error says which key names the missing folder (point 13)."""
     monkeypatch.chdir(tmp_path)
+    from conftest import make_config
+
     with pytest.raises(UserError, match="tasks_dir no-such: directory not found"):
-        load_config(write_config(tmp_path / "c.yaml", CONFIG.replace('"@TASKS@"', "no-such")))
+        load_config(make_config(tmp_path, tasks_dir="no-such"))
 
 
 @pytest.mark.parametrize(("args", "expected"), [
@@ -309,6 +311,8 @@ def test_an_output_inside_the_model_folder_is_refused_before_anything_is_written
     model = tmp_path / "model"
     shutil.copytree(MODEL, model)
     before = sorted(p.name for p in model.rglob("*"))
-    cfg = write_config(tmp_path / "c.yaml", CONFIG.replace('"@MODEL@"', f'"{model}"'))
+    from conftest import make_config
+
+    cfg = make_config(tmp_path, model=model)
     _one_line_exit_2(run_cli("run", str(cfg), "--output", str(model / "runs" / "t")), "inside the model folder")
     assert sorted(p.name for p in model.rglob("*")) == before

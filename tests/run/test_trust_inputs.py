@@ -135,18 +135,19 @@ def test_fewshot_seed_is_keyed_only_where_few_shot_sampling_uses_it(tmp_path: Pa
 
 @pytest.mark.parametrize("path", ["../../../../etc/hostname", "/etc/passwd"])
 def test_data_files_outside_the_include_folder_are_refused(tmp_path: Path, path: str) -> None:
+    from conftest import make_config
+
     folder = _helper_folder(tmp_path, yaml_text=HELPER_YAML.replace("test: data/rows.jsonl", f"test: {path}"))
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"name: c\nmodel: {{path: {MODEL}, max_context: 256}}\nsetups: [{{name: base}}]\n"
-                   f"lm_eval: {{include_path: [{folder}], tasks: [{{name: helper_task}}]}}\n")
+    lm_eval = {"include_path": [folder], "tasks": [{"name": "helper_task"}]}
+    cfg = make_config(tmp_path, name="c", setups=[{"name": "base"}], tasks_dir=None, tasks=None, lm_eval=lm_eval)
     one_line_exit_2(run_cli("validate", str(cfg)), "is outside the include folder")
     # the config may allow a folder explicitly
     outside = tmp_path / "shared-data"
     outside.mkdir()
     (outside / "rows.jsonl").write_text((folder / "data" / "rows.jsonl").read_text())
     (folder / "helper.yaml").write_text(HELPER_YAML.replace("test: data/rows.jsonl", f"test: {outside}/rows.jsonl"))
-    cfg.write_text(cfg.read_text().replace("tasks: [{name: helper_task}]}",
-                                           f"data_dirs: [{outside}], tasks: [{{name: helper_task}}]}}"))
+    make_config(tmp_path, name="c", setups=[{"name": "base"}], tasks_dir=None, tasks=None,
+                lm_eval=lm_eval | {"data_dirs": [outside]})
     res = run_cli("validate", str(cfg))
     assert res.returncode == 0, res.stderr[-2000:]
 
@@ -161,6 +162,8 @@ def _outside_folder(tmp: Path) -> Path:
 
 @pytest.mark.parametrize("bypass", ["file_url", "include_out", "dataset_path", "data_dir", "glob_out"])
 def test_every_way_to_data_outside_the_folder_is_refused(tmp_path: Path, bypass: str) -> None:
+    from conftest import make_config
+
     secret = _outside_folder(tmp_path)
     yaml_text = {
         "file_url": HELPER_YAML.replace("test: data/rows.jsonl", f"test: file://{secret}/rows.jsonl"),
@@ -172,9 +175,8 @@ def test_every_way_to_data_outside_the_folder_is_refused(tmp_path: Path, bypass:
         "glob_out": HELPER_YAML.replace("test: data/rows.jsonl", f"test: {secret}/*.jsonl"),
     }[bypass]
     folder = _helper_folder(tmp_path, yaml_text=yaml_text)
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"name: c\nmodel: {{path: {MODEL}, max_context: 256}}\nsetups: [{{name: base}}]\n"
-                   f"lm_eval: {{include_path: [{folder}], tasks: [{{name: helper_task}}]}}\n")
+    cfg = make_config(tmp_path, name="c", setups=[{"name": "base"}], tasks_dir=None, tasks=None,
+                      lm_eval={"include_path": [folder], "tasks": [{"name": "helper_task"}]})
     one_line_exit_2(run_cli("validate", str(cfg)), "is outside the include folder")
 
 
@@ -213,13 +215,16 @@ def test_lm_eval_dropping_a_task_says_why(tmp_path: Path) -> None:
 
 def test_num_fewshot_larger_than_the_pool_is_refused_at_validate(tmp_path: Path) -> None:
     """50 shots from a pool of 6 validated, then failed in every setup after loading."""
+    from conftest import make_config
+
     folder = _helper_folder(tmp_path)
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"name: c\nmodel: {{path: {MODEL}, max_context: 256}}\nsetups: [{{name: base}}]\n"
-                   f"lm_eval: {{include_path: [{folder}], tasks: [{{name: helper_task, num_fewshot: 50}}]}}\n")
-    one_line_exit_2(run_cli("validate", str(cfg)), "num_fewshot 50 is larger than its few-shot pool of 6")
-    cfg.write_text(cfg.read_text().replace("num_fewshot: 50", "num_fewshot: 5"))
-    assert run_cli("validate", str(cfg)).returncode == 0
+
+    def config(shots: int) -> Path:
+        return make_config(tmp_path, name="c", setups=[{"name": "base"}], tasks_dir=None, tasks=None,
+                           lm_eval={"include_path": [folder], "tasks": [{"name": "helper_task", "num_fewshot": shots}]})
+
+    one_line_exit_2(run_cli("validate", str(config(50))), "num_fewshot 50 is larger than its few-shot pool of 6")
+    assert run_cli("validate", str(config(5))).returncode == 0
 
 
 # -- a quantized KV cache on a model with sliding-window layers ------------------------------------
@@ -241,13 +246,13 @@ def _sliding_model(tmp: Path, **fields: object) -> Path:
 ])
 def test_quantized_kv_cache_on_a_sliding_window_model_is_refused_before_loading(tmp_path: Path,
                                                                                fields: dict) -> None:
+    from conftest import make_config
+
     model = _sliding_model(tmp_path, **fields)
-    cfg = tmp_path / "c.yaml"
-    body = (f"name: c\nmodel: {{path: {model}, max_context: 256}}\ntasks_dir: {ROOT / 'tasks'}\ntasks: [facts]\n"
-            "setups: [{name: base, baseline: true}, {name: kv4, kv_cache: int4}]\n")
-    cfg.write_text(body)
+    base, kv4 = {"name": "base", "baseline": True}, {"name": "kv4", "kv_cache": "int4"}
+    cfg = make_config(tmp_path, name="c", model=model, tasks=["facts"], setups=[base, kv4])
     one_line_exit_2(run_cli("validate", str(cfg)), "supports only full-attention layers")
-    cfg.write_text(body.replace("{name: kv4, kv_cache: int4}", "{name: kv4, kv_cache: int4, optional: true}"))
+    make_config(tmp_path, name="c", model=model, tasks=["facts"], setups=[base, kv4 | {"optional": True}])
     res = run_cli("validate", str(cfg))
     assert res.returncode == 0 and "optional setup kv4 skipped" in res.stderr, res.stderr
 
@@ -345,11 +350,12 @@ def test_a_ray_cluster_that_is_not_there_writes_nothing(tmp_path: Path) -> None:
     import subprocess
     import sys
 
+    from conftest import make_config
+
     empty = tmp_path / "no-ray"  # where Ray looks for a running cluster's address: nothing there
     empty.mkdir()
-    body = (f"name: c\nmodel: {{path: {MODEL}, max_context: 256}}\ntasks_dir: {ROOT / 'tasks'}\ntasks: [facts]\n"
-            "setups: [{name: base, baseline: true}]\nexecutor: {kind: ray, address: auto}\n")
-    (tmp_path / "c.yaml").write_text(body)
+    make_config(tmp_path, name="c", tasks=["facts"], setups=[{"name": "base", "baseline": True}],
+                executor={"kind": "ray", "address": "auto"})
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_TMPDIR": str(empty),
                                                                          "TMPDIR": str(empty)}
     res = subprocess.run([sys.executable, "-m", "qeval.cli", "run", str(tmp_path / "c.yaml"), "--output",
@@ -365,7 +371,7 @@ def test_a_results_file_that_cannot_be_written_is_one_line_and_keeps_the_work(tm
     recomputes nothing."""
     import shutil
 
-    cfg = config_for(tmp_path, ROOT / "tasks", tasks="[facts]")
+    cfg = config_for(tmp_path, ROOT / "tasks", tasks=["facts"])
     out = tmp_path / "out"
     (out / "results.json").mkdir(parents=True)
     (out / "results.json" / "keep").write_text("x")  # not empty: os.replace onto it fails
@@ -412,10 +418,11 @@ def test_the_vllm_engine_dies_with_a_killed_run(tmp_path: Path) -> None:
     import sys
     import time
 
+    from conftest import make_config
+
     out = tmp_path / "out"
-    (tmp_path / "c.yaml").write_text(f"name: vk\nmodel: {{path: {MODEL}, max_context: 256}}\n"
-                                     f"tasks_dir: {ROOT / 'tasks'}\nbackend: vllm\ndevice: cpu\n"
-                                     "setups: [{name: base, baseline: true}]\ntasks: [compare_mc, ppl, facts]\n")
+    make_config(tmp_path, name="vk", backend="vllm", setups=[{"name": "base", "baseline": True}],
+                tasks=["compare_mc", "ppl", "facts"], batch_size=None, gates=None, performance=None)
     proc = subprocess.Popen([sys.executable, "-m", "qeval.cli", "run", str(tmp_path / "c.yaml"), "--output",
                              str(out)], stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
@@ -469,12 +476,11 @@ def test_a_killed_driver_leaves_no_local_ray_behind(tmp_path: Path) -> None:
     import time
 
     import psutil
+    from conftest import INT8, make_config
 
     ray_tmp = tempfile.mkdtemp(prefix="qr", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    (tmp_path / "c.yaml").write_text(f"name: rk\nmodel: {{path: {MODEL}, max_context: 256}}\n"
-                                     f"tasks_dir: {ROOT / 'tasks'}\ntasks: [compare_mc, ppl]\n"
-                                     "setups: [{name: base, baseline: true}, {name: int8, weights: int8}]\n"
-                                     "executor: {kind: ray}\n")
+    make_config(tmp_path, name="rk", tasks=["compare_mc", "ppl"], setups=[{"name": "base", "baseline": True}, INT8],
+                executor={"kind": "ray"}, device=None, batch_size=None, gates=None, performance=None)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_TMPDIR": ray_tmp}
     proc = subprocess.Popen([sys.executable, "-m", "qeval.cli", "run", str(tmp_path / "c.yaml"), "--output",
                              str(tmp_path / "out")], stderr=subprocess.PIPE, text=True, env=env)
