@@ -28,23 +28,11 @@ ROOT = Path(__file__).resolve().parent.parent
 TOP_DIRS = ("qeval", "tests", "docs", "configs", "tasks", "models", "bench", "scripts", "notebooks", ".ci")
 TOP_FILES = ("Makefile", "pyproject.toml", "README.md", "CONTRIBUTING.md")
 
-#: paths CONTRIBUTING.md describes that the restructuring of qeval/ into task-kind plugins adds;
-#: they may be missing until it lands, and `test_planned_paths_are_still_missing` asks for each
-#: to be deleted from here once it exists
-PLANNED = frozenset({
-    "qeval/config/",
-    "qeval/config/run.py",
-    "qeval/records/",
-    "qeval/records/keys.py",
-    "qeval/report/sections.py",
-    "qeval/tasks/kinds.py",
-    "qeval/tasks/<kind>/kind.py",
-})
 
 #: made-up paths that comments use as examples, not citations
 EXAMPLES = frozenset({
-    "models/x",  # qeval/run/model_source.py: a local path that is not a hub id
-    "models/qeval-tinyy",  # qeval/config.py: a typo of a local path
+    "models/x",  # qeval/records/model_source.py: a local path that is not a hub id
+    "models/qeval-tinyy",  # qeval/config/run.py: a typo of a local path
 })
 
 
@@ -288,13 +276,8 @@ def _report(what: str, found: list[str]) -> str:
 
 
 def test_cited_paths_exist(texts: list[Text]) -> None:
-    missing = missing_paths(texts, ROOT, allowed=PLANNED | EXAMPLES)
+    missing = missing_paths(texts, ROOT, allowed=EXAMPLES)
     assert not missing, _report("cited paths that do not exist (file:line: path)", missing)
-
-
-def test_planned_paths_are_still_missing() -> None:
-    landed = sorted(p for p in PLANNED if path_exists(ROOT, p))
-    assert not landed, _report("paths in PLANNED (tests/test_docs.py) that now exist: delete them there", landed)
 
 
 def test_section_references_exist(texts: list[Text]) -> None:

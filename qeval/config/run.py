@@ -33,7 +33,7 @@ class ModelSpec(Strict):
 
     path: str
     #: `auto`: the model's own 16-bit dtype where the device runs it natively, float32 elsewhere
-    #: (a CPU without avx512_bf16 / AMX emulates bfloat16 ~100x slower: qeval/backends/precision.py).
+    #: (a CPU without avx512_bf16 / AMX emulates bfloat16 ~100x slower: qeval/backends/device.py).
     #: Resolved at preflight; results.json records both (`run.dtype_requested`, `run.dtype`)
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     max_context: int = Field(default=2048, gt=0)
