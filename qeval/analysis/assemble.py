@@ -94,7 +94,7 @@ def _task_infos(pre: Preflight, entries: dict[str, SetupResult]) -> dict[str, Ta
         if t.name in pre.run_tasks or any(t.name in e.tasks for e in entries.values()):
             tasks[t.name] = TaskInfo(output_type=t.output_type, n=t.n_docs, sha256=t.sha256, fingerprint=t.fingerprint,
                                      metric=t.compared_metric, kind=t.kind, entry=t.entry,
-                                     num_fewshot=t.num_fewshot if t.kind == "lm_eval" else None,
+                                     num_fewshot=t.num_fewshot,
                                      higher_is_better=_direction(t))
     for group, members in pre.groups.items():
         present = [m for m in members if m in tasks]
@@ -143,7 +143,7 @@ def _compare(pre: Preflight, store: RunStore, entries: dict[str, SetupResult],
                 gates = cfg.gates if tasks[t].entry in (None, t) else [g for g in cfg.gates if g.task == t]
                 c = compare(d, t, cfg.seed, gates, tasks[t].higher_is_better)
                 vs[t] = c.model_copy(update=kl_summary(store, name, t)) if d.metric == "bits_per_byte" else c
-            for group in (g for g in tasks if tasks[g].kind == "group"):
+            for group in (g for g in tasks if tasks[g].is_group):
                 parts = [data[m] for m in pre.groups[group] if m in data]
                 if parts and len(parts) == len(pre.groups[group]):  # a group is judged on every member or not at all
                     vs[group] = compare(Paired.pool(parts), group, cfg.seed, cfg.gates, tasks[group].higher_is_better)
@@ -166,7 +166,7 @@ def _paired_tasks(store: RunStore, base: str, other: str, tasks: dict[str, TaskI
                   entries: dict[str, SetupResult]) -> dict[str, Paired]:
     out = {}
     for t, info in tasks.items():
-        if info.kind != "group" and t in entries[other].tasks and t in entries[base].tasks:
+        if not info.is_group and t in entries[other].tasks and t in entries[base].tasks:
             d = paired(store, base, other, t, info.compared_metric)
             if d is not None:
                 out[t] = d
@@ -177,7 +177,7 @@ def _group_scores(entry: SetupResult, tasks: dict[str, TaskInfo], groups: dict[s
     """A group's score: its tasks' scores weighted by their sizes (lm-eval's weight_by_size);
     none unless every task of the group was scored."""
     out = {}
-    for group in (g for g in tasks if tasks[g].kind == "group"):
+    for group in (g for g in tasks if tasks[g].is_group):
         metric = tasks[group].compared_metric
         members = [(entry.tasks[m].n, entry.tasks[m].metrics[metric].value) for m in groups[group]
                    if m in entry.tasks and metric in entry.tasks[m].metrics]

@@ -33,6 +33,13 @@ class BackendEntry:
     create: Callable[[RunConfig, Setup, str], Backend]
     #: raise a one-line UserError for a setup this model's config.json rules out on this backend
     validate_model: Callable[[Setup, dict[str, Any]], None] = lambda setup, config: None
+    #: resume-key parts of this backend beyond the common ones (settings that change its numbers)
+    key_parts: Callable[[RunConfig], dict[str, str]] = lambda cfg: {}
+    #: whether quantized setups are served from `qeval quantize` checkpoints (else quantized on load)
+    serves_checkpoints: bool = False
+    #: how the engine spreads one setup over several devices: None (one device, or qeval's own
+    #: worker drives them: "mp"), or "ray" (the engine places its own workers on the cluster)
+    distributed: Callable[[RunConfig], str | None] = lambda cfg: None
 
 
 def _hf_validate(setup: Setup, device: str) -> None:
@@ -77,13 +84,31 @@ def _vllm_create(cfg: RunConfig, setup: Setup, device: str) -> Backend:
     return VLLMBackend(cfg, setup, device)
 
 
+def _vllm_key_parts(cfg: RunConfig) -> dict[str, str]:
+    import json
+
+    # the engine's scheduler decides the batching there: its settings change the numbers
+    return {"engine": json.dumps(cfg.engine.model_dump(mode="json"), sort_keys=True)}
+
+
+def _vllm_distributed(cfg: RunConfig) -> str | None:
+    from qeval.backends.vllm.support import distributed_backend
+
+    return distributed_backend(cfg.engine.tensor_parallel_size, cfg.engine.pipeline_parallel_size)
+
+
 REGISTRY: dict[str, BackendEntry] = {
     "hf": BackendEntry("hf", _hf_validate, lambda cfg: None, lambda cfg: sys.executable, _hf_create,
                        _hf_validate_model),
-    "vllm": BackendEntry("vllm", _vllm_validate, _vllm_check_install, _vllm_python, _vllm_create),
+    "vllm": BackendEntry("vllm", _vllm_validate, _vllm_check_install, _vllm_python, _vllm_create,
+                         key_parts=_vllm_key_parts, serves_checkpoints=True, distributed=_vllm_distributed),
 }
 
 
 def backend_entry(name: str) -> BackendEntry:
-    """The registry entry of a backend (the config validates the name against REGISTRY's keys)."""
+    """The registry entry of a backend; one line naming the registered ones if there is none."""
+    if name not in REGISTRY:
+        from qeval.errors import UserError
+
+        raise UserError(f"backend: {name!r} is not a backend qeval has (registered: {', '.join(REGISTRY)})")
     return REGISTRY[name]

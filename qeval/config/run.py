@@ -46,7 +46,8 @@ class RunConfig(Strict):
 
     name: str = Field(pattern=NAME_PATTERN)
     model: ModelSpec
-    backend: Literal["hf", "vllm"] = "hf"
+    #: a backend of the registry (qeval/backends/__init__.py), checked there: one line if unknown
+    backend: str = Field(default="hf", pattern=NAME_PATTERN)
     device: Literal["cpu", "cuda", "auto"] = "auto"
     setups: list[Setup] = Field(min_length=1)
     #: qeval's own tasks (YAMLs in tasks_dir)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from qeval.backends import backend_entry
 from qeval.config import RunConfig
 from qeval.config.quantize import Calibration
 from qeval.config.setups import Setup
@@ -126,7 +127,7 @@ def resolve_checkpoints(cfg: RunConfig, model_sha256: str, names: set[str]) -> R
     """`cfg` with each vllm setup in `names` that serves a quantized checkpoint, and names
     none, pointed at the folder `qeval quantize` made for it. One line if it is missing."""
     wanted = [s for s in cfg.setups if s.name in names and needs_checkpoint(s) and not s.checkpoint]
-    if cfg.backend != "vllm" or not wanted:
+    if not backend_entry(cfg.backend).serves_checkpoints or not wanted:
         return cfg
     cal_sha = calibration_checksum(calibration_source(cfg))
     setups = []

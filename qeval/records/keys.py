@@ -54,6 +54,5 @@ def setup_keys(pre: Preflight, setup: Setup) -> SetupKeys:
              "device": pre.device, "dtype": m.dtype, "max_context": str(m.max_context), "limit": str(cfg.limit),
              "batch_size": str(cfg.batch_size),
              "generation_batch_size": str(cfg.generation_batch_size or 4 * cfg.batch_size)}
-    if cfg.backend == "vllm":  # the engine's scheduler decides the batching there
-        parts["engine"] = json.dumps(cfg.engine.model_dump(mode="json"), sort_keys=True)
+    parts |= pre.backend_key_parts  # the backend's own (vLLM: its engine settings)
     return SetupKeys(parts, {t.name: parts | {"task": t.fingerprint} for t in pre.tasks})

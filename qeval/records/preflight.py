@@ -59,7 +59,7 @@ class TaskInfoLike(Protocol):
     def compared_metric(self) -> str: ...
 
     @property
-    def num_fewshot(self) -> int: ...
+    def num_fewshot(self) -> int | None: ...  # None: the kind has no few-shot prompts
 
 
 @dataclass
@@ -82,6 +82,8 @@ class Preflight:
     precision: Precision | None = None
     #: the local model folder whose every file the checksum covers (None: a hub id or a GGUF file)
     model_dir: Path | None = None
+    #: resume-key parts the backend adds (backends/__init__.py `BackendEntry.key_parts`)
+    backend_key_parts: dict[str, str] = field(default_factory=dict)
 
     @property
     def entries(self) -> list[str]:

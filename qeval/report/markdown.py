@@ -283,7 +283,7 @@ def print_summary(results: Results, console: Console | None = None) -> None:
                       escape(weights_text(s.memory.weights_bytes, " (p)")),
                       str(s.memory.kv_bytes_per_token.measured), *cells)
     console.print(table)
-    perf = perf_views.summary_rows(results)
+    perf = perf_views.terminal_speed_rows(results)
     if perf:
         speed = Table(title="performance (medians; ranges and sources in report.md)")
         for h in ("setup", "output tok/s at 1", "output tok/s at the top level", "TPOT p50 at 1 (ms)"):

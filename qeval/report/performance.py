@@ -234,7 +234,7 @@ def html_context(results: Results) -> dict[str, object] | None:
             "noisy": ", ".join(noisy_setups(results))}
 
 
-def summary_rows(results: Results) -> list[list[str]]:
+def terminal_speed_rows(results: Results) -> list[list[str]]:
     """The end-of-run terminal table: per setup, output tokens/s at concurrency 1 and at its
     top level, and TPOT p50 at concurrency 1 (medians; the report has the ranges)."""
     rows = []

@@ -201,11 +201,19 @@ class TaskInfo(ResultModel):
     fingerprint: str = Field(description="hash of the data and of how it is prompted and scored")
     metric: str | None = Field(None, description="the metric setups are compared on (null in results written "
                                                  "before it was recorded: the kind's default)")
-    kind: str = Field("native", description="native: a qeval task YAML; lm_eval: an lm-evaluation-harness task")
+    kind: str = Field("native", description="the task's kind (qeval/tasks/kinds.py): native, a qeval task YAML; "
+                                            "lm_eval, an lm-evaluation-harness task; long_context, a generated "
+                                            "long-context task; a registered plugin kind's name; or group, an "
+                                            "lm-eval group of tasks scored pooled")
     entry: str | None = Field(None, description="the config entry it belongs to: itself, or its lm-eval group")
     num_fewshot: int | None = Field(None, description="few-shot examples in each prompt (lm-eval tasks)")
     higher_is_better: bool | None = Field(None, description="the compared metric's direction as lm-eval declares "
                                                            "it (null: qeval's metric descriptor decides)")
+
+    @property
+    def is_group(self) -> bool:
+        """An lm-eval group: its members' documents pooled, not a task of its own."""
+        return self.kind == "group"
 
     @property
     def compared_metric(self) -> str:

@@ -1,5 +1,7 @@
-"""Tasks and scoring: qeval's own task YAMLs (native.py), lm-evaluation-harness tasks
-(harness/), metric descriptors, scorers. Both kinds describe themselves alike (TaskInfoLike)."""
+"""Task kinds and scoring: the registry (kinds.py) and one folder per kind, native/ (qeval's own
+task YAMLs), lm_eval/ (lm-evaluation-harness tasks) and long_context/ (generated long-context
+tasks); the scorers (scoring.py) and the template sandbox (templates.py). Every task describes
+itself alike (records.preflight.TaskInfoLike)."""
 
 from __future__ import annotations
 

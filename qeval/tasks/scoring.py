@@ -33,10 +33,10 @@ def n_requests(task: Task) -> int:
 def score_task(backend: Backend, task: Task, progress: Progress,
                reference: dict[str, np.ndarray] | None = None) -> TaskResult:
     """Score every document of `task`; `reference` is the baseline's top-k (perplexity KL)."""
-    kind = task.spec.output_type
-    if kind == "multiple_choice":
+    output_type = task.spec.output_type
+    if output_type == "multiple_choice":
         result = _multiple_choice(backend, task, progress)
-    elif kind == "generate_until":
+    elif output_type == "generate_until":
         result = _generate(backend, task, progress)
     else:
         result = _rolling(backend, task, progress, reference)

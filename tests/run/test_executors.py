@@ -102,7 +102,8 @@ def test_a_dead_address_is_one_line_fast_and_writes_nothing(tmp_path: Path) -> N
 # -- what a job reserves ---------------------------------------------------------------------------
 
 def test_resources_follow_device_and_parallel_sizes(tmp_path: Path) -> None:
-    cfg = load_config(_config(tmp_path, executor={"kind": "ray", "num_cpus_per_job": 2}))
+    # vLLM's parallel sizes: the engine (backend vllm) decides how one setup spreads over GPUs
+    cfg = load_config(_config(tmp_path, backend="vllm", executor={"kind": "ray", "num_cpus_per_job": 2}))
     assert job_resources(cfg, "cpu") == JobResources(2.0)
     assert job_resources(cfg, "cpu").threads == 2 and job_resources(cfg, "cpu").bundle is None
     assert job_resources(cfg, "cuda") == JobResources(2.0, num_gpus=1)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from qeval.backends.vllm.support import distributed_backend
+from qeval.backends import backend_entry
 
 if TYPE_CHECKING:
     from qeval.config import RunConfig
@@ -56,7 +56,7 @@ def job_resources(cfg: RunConfig, device: str) -> JobResources:
     if device != "cuda":
         return JobResources(cpus)
     tp, pp = cfg.engine.tensor_parallel_size, cfg.engine.pipeline_parallel_size
-    if distributed_backend(tp, pp) == "ray":
+    if backend_entry(cfg.backend).distributed(cfg) == "ray":
         return JobResources(cpus, engine_gpus=tp * pp)
     return JobResources(cpus, num_gpus=tp)
 

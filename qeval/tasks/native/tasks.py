@@ -89,8 +89,8 @@ class Task:
         return "native"
 
     @property
-    def num_fewshot(self) -> int:
-        return 0
+    def num_fewshot(self) -> int | None:
+        return None  # qeval's own tasks are zero-shot: no few-shot count to record
 
     @property
     def compared_metric(self) -> str:
