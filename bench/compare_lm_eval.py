@@ -111,7 +111,7 @@ def run_qeval(backend: Any, task: str, args: argparse.Namespace) -> tuple[float,
     from qeval.tasks.lm_eval.session import open_session
 
     t0 = time.perf_counter()
-    spec = LmEvalSpec(include_path=[str(ROOT / "tasks" / "lm_eval")], fewshot_seed=1234,
+    spec = LmEvalSpec(include_path=[str(args.include)], fewshot_seed=1234,
                        tasks=[LmEvalTask(name=task, num_fewshot=SHOTS.get(task, 0), max_gen_toks=args.max_gen_toks)])
     session = open_session(spec, ROOT, args.limit)
     try:
@@ -164,6 +164,8 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=ROOT / "models" / "smollm2-135m")
     ap.add_argument("--backend", choices=["hf", "vllm"], default="hf", help="vllm: run with .venv-vllm's python")
     ap.add_argument("--tasks", default="arc_easy_local,hellaswag_local,gsm8k_local,wikitext_local")
+    ap.add_argument("--include", type=Path, default=ROOT / "tasks" / "lm_eval",
+                    help="the folder of task YAMLs (tasks/lm_eval_full: the full sets, `make lm-eval-full`)")
     ap.add_argument("--dtype", default="float32", help="float32 makes agreement a sharp test")
     ap.add_argument("--batch-size", type=int, default=16, help="the same for both")
     ap.add_argument("--max-length", type=int, default=None, help="default: 256 for qeval-tiny, else 1024")
@@ -189,7 +191,7 @@ def main() -> None:
     lm, backend = lm_eval_model(args), qeval_backend(args)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        folder = materialize([ROOT / "tasks" / "lm_eval"], {}, Path(tmp) / "tasks")
+        folder = materialize([args.include], {}, Path(tmp) / "tasks")
         for task in args.tasks.split(","):
             lm_s, theirs = run_lm_eval(lm, task, args, folder)
             q_s, ours = run_qeval(backend, task, args)

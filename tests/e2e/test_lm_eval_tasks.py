@@ -30,10 +30,10 @@ def _tolerance(loglikelihood: float) -> float:
     return max(1e-4, 4 * float(np.spacing(np.float32(abs(loglikelihood)))))
 
 
-def _bench(python: str, model: Path, tmp: Path, *extra: str) -> list[dict]:
+def _bench(python: str, model: Path, tmp: Path, *extra: str, tasks: str = TASK_SET) -> list[dict]:
     out = tmp / "bench.json"
     res = subprocess.run([python, str(ROOT / "bench" / "compare_lm_eval.py"), "--model", str(model),
-                          "--tasks", TASK_SET, "--limit", "5", "--max-gen-toks", "24", "--json", str(out),
+                          "--tasks", tasks, "--limit", "5", "--max-gen-toks", "24", "--json", str(out),
                           "--threads", str(os.cpu_count() or 1), *extra],
                          capture_output=True, text=True, timeout=2400, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -53,6 +53,25 @@ def _assert_agreement(rows: list[dict]) -> None:
                 assert math.log(r["lm_eval"][metric]) == pytest.approx(math.log(value), abs=1e-4), (r["task"], metric)
             else:
                 assert r["lm_eval"][metric] == pytest.approx(value, rel=1e-6, abs=1e-9), (r["task"], metric)
+
+
+def test_agreement_on_the_full_public_sets(tmp_path: Path) -> None:
+    """On the real data (`make lm-eval-full`), SmolLM2: qeval's per-document log-likelihoods,
+    generations and metric values equal lm-eval's simple_evaluate's, on a multiple-choice set of
+    each shape (ARC-Challenge, HellaSwag), a generation task with its filters (GSM8K, chain of
+    thought) and a log-likelihood task (LAMBADA)."""
+    full = ROOT / "tasks" / "lm_eval_full"
+    assert (full / ".prepared").is_file(), "run `make lm-eval-full` (make test does)"
+    assert (SMOLLM2 / ".prepared").is_file(), "run `make smollm2` (make test does)"
+    rows = _bench(sys.executable, SMOLLM2, tmp_path, "--include", str(full),
+                  tasks="arc_challenge_full,hellaswag_full,gsm8k_cot_full,lambada_openai_full")
+    assert {r["output_type"] for r in rows} == {"multiple_choice", "generate_until", "loglikelihood"}
+    for r in rows:
+        assert r["n"] == 5, r
+        assert r["generations_equal"] and r["per_document_metrics_equal"], r
+        assert r["max_abs_diff"] <= _tolerance(r["max_abs_loglikelihood"]), r
+        for metric, value in r["qeval"].items():
+            assert r["lm_eval"][metric] == pytest.approx(value, rel=1e-6, abs=1e-9), (r["task"], metric)
 
 
 @pytest.mark.parametrize("model", [MODEL, SMOLLM2], ids=["shipped", "smollm2"])
