@@ -78,6 +78,16 @@ class Run:
                              "top1_agreement": c.get("top1_agreement"), "verdict": c.get("verdict")})
         return pd.DataFrame(rows)
 
+    def kl(self) -> pd.DataFrame:
+        """One row per setup x perplexity task: the token-level KL(baseline || setup) and Δp
+        distribution (llama.cpp's `--kl-divergence` figures); empty where none was measured."""
+        rows = []
+        for s in self.results.setups:
+            for task, c in s.vs_baseline.items():
+                if c.kl_distribution is not None:
+                    rows.append({"setup": s.name, "task": task} | c.kl_distribution.model_dump())
+        return pd.DataFrame(rows)
+
     def samples(self, setup: str | None = None, task: str | None = None) -> pd.DataFrame:
         """Per-sample records (prompt, target, prediction, correct, per-choice log-likelihoods,
         NLL, ...) for one or all setups and tasks, with `setup` and `task` columns."""

@@ -25,7 +25,7 @@ from qeval.config.gates import Gate
 from qeval.config.setups import Setup
 from qeval.records.store import RunStore
 from qeval.results.metrics import metric as describe
-from qeval.results.schema import Comparison, SuiteScore
+from qeval.results.schema import Comparison, KLDistribution, SuiteScore
 
 #: the per-sample field each comparable metric of qeval's own tasks is paired on
 _PAIRED_FIELD = {"acc": "correct", "acc_norm": "correct_norm", "exact_match": "correct"}
@@ -145,14 +145,19 @@ def compare_task(store: RunStore, base: str, other: str, task: str, metric: str,
     return out.model_copy(update=kl_summary(store, other, task)) if metric == "bits_per_byte" else out
 
 
-def kl_summary(store: RunStore, other: str, task: str) -> dict[str, float]:
-    """Token-weighted KL to the baseline and top-1 agreement over a perplexity task's documents."""
+def kl_summary(store: RunStore, other: str, task: str) -> dict[str, Any]:
+    """Token-weighted KL to the baseline and top-1 agreement over a perplexity task's documents,
+    and the token-level distribution the worker kept."""
     records = store.read_samples(other, task)
     if not records or not all("kl" in r for r in records):
         return {}
     w = np.array([r["kl_tokens"] for r in records], dtype=float)
-    return {"kl": float(np.average([r["kl"] for r in records], weights=w)),
-            "top1_agreement": float(np.average([r["top1_agreement"] for r in records], weights=w))}
+    out: dict[str, Any] = {"kl": float(np.average([r["kl"] for r in records], weights=w)),
+                           "top1_agreement": float(np.average([r["top1_agreement"] for r in records], weights=w))}
+    dist = (store.read_meta(other, task) or {}).get("kl_distribution")
+    if dist:  # absent from results stored before the distribution was kept
+        out["kl_distribution"] = KLDistribution.model_validate(dist)
+    return out
 
 
 def compare_suite(parts: dict[str, tuple[Paired, Comparison]], gates: list[Gate], suite: str) -> SuiteScore:

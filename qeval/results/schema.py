@@ -79,6 +79,33 @@ class TaskScore(ResultModel):
     metrics: dict[str, MetricValue] = Field(description="metric name -> value (the task's metric_list)")
 
 
+class KLDistribution(ResultModel):
+    """KL(baseline || setup) and Δp over every scored token of a perplexity task, as llama.cpp's
+    `llama-perplexity --kl-divergence` reports them. KL is taken on the baseline's top-16 ids plus
+    one tail bucket: a lower bound of the full KL (docs/statistics.md)."""
+
+    tokens: int = Field(description="tokens the distribution is over")
+    kl_mean: float
+    kl_median: float
+    kl_p90: float
+    kl_p99: float
+    kl_p99_9: float = Field(description="the 99.9th percentile")
+    kl_max: float
+    same_top1: float = Field(description="share of tokens whose top-1 prediction is the baseline's")
+    dp_mean: float | None = Field(None, description="mean Δp: the setup's probability of the actual next token "
+                                                    "minus the baseline's (null: the baseline's reference predates it)")
+    dp_rms: float | None = None
+    dp_min: float | None = None
+    dp_p1: float | None = None
+    dp_p5: float | None = None
+    dp_p25: float | None = None
+    dp_median: float | None = None
+    dp_p75: float | None = None
+    dp_p95: float | None = None
+    dp_p99: float | None = None
+    dp_max: float | None = None
+
+
 class Comparison(ResultModel):
     """A setup against the baseline on one task, paired by document (docs/statistics.md)."""
 
@@ -106,6 +133,8 @@ class Comparison(ResultModel):
                           "proportions or spread unchanged, would decide the gate; null: decided, or no estimate")
     kl: float | None = Field(None, description="mean KL(baseline || setup) per token, perplexity tasks")
     top1_agreement: float | None = Field(None, description="share of tokens whose top-1 prediction agrees")
+    kl_distribution: KLDistribution | None = Field(None, description="the token-level KL and Δp distribution "
+                                                                     "(perplexity tasks; null: not measured)")
     gate: Gate | None = Field(None, description="the gate applied")
     margin: float | None = Field(None, description="the gate's allowed drop, in the metric's units")
     recovery: float | None = Field(None, description="the setup's score as a share of the baseline's "

@@ -118,8 +118,10 @@ def _store(store: RunStore, setup: Setup, job: Job, name: str, result: Any, seco
     """One task's records and metrics, under its key; the baseline keeps its perplexity top-k."""
     timings[f"{name}_s"] = seconds
     topk = result.topk if (setup.name == job.baseline and result.topk) else None
-    store.write_task(setup.name, name, job.tasks[name], result.records, result.metrics,
-                     {"seconds": seconds, "task_sha256": sha256, "key_parts": job.task_key_parts[name]}, topk)
+    extra = {"seconds": seconds, "task_sha256": sha256, "key_parts": job.task_key_parts[name]}
+    if getattr(result, "kl_distribution", None):  # scored against the baseline's top-k: token-level KL and Δp
+        extra["kl_distribution"] = result.kl_distribution
+    store.write_task(setup.name, name, job.tasks[name], result.records, result.metrics, extra, topk)
 
 
 def _failure(exc: BaseException, setup: Setup) -> str:

@@ -22,6 +22,9 @@ class TaskResult:
     records: list[dict[str, Any]]
     metrics: dict[str, dict[str, float | None]]
     topk: dict[str, np.ndarray] = field(default_factory=dict)
+    #: the task's token-level distribution of KL to the baseline and Δp (kl_distribution), where
+    #: the setup was scored against the baseline's top-k; stored in the task's meta
+    kl_distribution: dict[str, float] | None = None
 
 
 def n_requests(task: Task) -> int:
@@ -100,6 +103,7 @@ def _generate(backend: Backend, task: Task, progress: Progress) -> TaskResult:
 
 def _rolling(backend: Backend, task: Task, progress: Progress, reference: dict[str, np.ndarray] | None) -> TaskResult:
     refs = split_reference(reference, len(task.docs))
+    tokens = TokenDivergence()
     reqs = [RollingRequest(task.text(d), None if refs is None else refs[i][0]) for i, d in enumerate(task.docs)]
     results = backend.loglikelihood_rolling(reqs, progress)
     records = []
@@ -112,10 +116,11 @@ def _rolling(backend: Backend, task: Task, progress: Progress, reference: dict[s
         if refs is not None and res.ref_logprobs is not None:
             kl, top1 = kl_top1(refs[i], res)
             rec |= {"kl": float(kl.mean()), "top1_agreement": float(top1.mean()), "kl_tokens": int(kl.size)}
+            tokens.add(kl, top1, delta_p(refs[i], res))
         if getattr(task, "buckets", None):  # long-context position_ppl: loss and KL by token position
             rec["buckets"] = bucket_sums(task.buckets, res.token_logprobs, kl, top1)  # type: ignore[attr-defined]
         records.append(rec)
-    return TaskResult(records, _perplexity_metrics(records), pack_topk(results))
+    return TaskResult(records, _perplexity_metrics(records), pack_topk(results), tokens.summary())
 
 
 def _perplexity_metrics(records: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
@@ -135,10 +140,10 @@ def _perplexity_metrics(records: list[dict[str, Any]]) -> dict[str, dict[str, fl
     return metrics
 
 
-def kl_top1(ref: tuple[np.ndarray, np.ndarray], res: RollingResult) -> tuple[np.ndarray, np.ndarray]:
+def kl_top1(ref: Reference, res: RollingResult) -> tuple[np.ndarray, np.ndarray]:
     """KL(baseline || setup) per position on the baseline's top-k ids plus one tail bucket:
     the exact KL of that coarsened distribution, a lower bound of the full KL."""
-    ref_idx, ref_logp = ref
+    ref_idx, ref_logp = ref[0], ref[1]
     n = min(len(ref_idx), len(res.ref_logprobs))  # type: ignore[arg-type]
     p = np.exp(ref_logp[:n].astype(np.float64))
     q = np.exp(res.ref_logprobs[:n].astype(np.float64))  # type: ignore[index]
@@ -150,20 +155,76 @@ def kl_top1(ref: tuple[np.ndarray, np.ndarray], res: RollingResult) -> tuple[np.
     return np.maximum(kl, 0.0), top1
 
 
+def delta_p(ref: Reference, res: RollingResult) -> np.ndarray | None:
+    """Per position, the setup's probability of the actual next token minus the baseline's
+    (llama.cpp's Δp); None for a reference stored before it kept the actual tokens' log-probs."""
+    if len(ref) < 3 or ref[2] is None:
+        return None
+    n = min(len(ref[2]), res.n_tokens)
+    return np.exp(res.token_logprobs[:n].astype(np.float64)) - np.exp(ref[2][:n].astype(np.float64))
+
+
+#: quantiles of the token-level KL and Δp distributions, as `llama-perplexity --kl-divergence` prints them
+KL_QUANTILES = {"median": 0.5, "p90": 0.9, "p99": 0.99, "p99_9": 0.999}
+DP_QUANTILES = {"p1": 0.01, "p5": 0.05, "p25": 0.25, "median": 0.5, "p75": 0.75, "p95": 0.95, "p99": 0.99}
+
+
+class TokenDivergence:
+    """Every scored token's KL(baseline || setup), top-1 agreement and Δp over one task, summed
+    up as a distribution (KL_QUANTILES, DP_QUANTILES, mean, max, RMS, same top-1 share)."""
+
+    def __init__(self) -> None:
+        self.kl: list[np.ndarray] = []
+        self.top1: list[np.ndarray] = []
+        self.dp: list[np.ndarray] = []
+        self.dp_missing = False
+
+    def add(self, kl: np.ndarray, top1: np.ndarray, dp: np.ndarray | None) -> None:
+        self.kl.append(kl)
+        self.top1.append(top1)
+        if dp is None:
+            self.dp_missing = True
+        else:
+            self.dp.append(dp)
+
+    def summary(self) -> dict[str, float] | None:
+        if not self.kl:
+            return None
+        kl = np.concatenate(self.kl)
+        if kl.size == 0:
+            return None
+        out = {"tokens": float(kl.size), "kl_mean": float(kl.mean()), "kl_max": float(kl.max()),
+               "same_top1": float(np.concatenate(self.top1).mean())}
+        out |= {f"kl_{name}": float(np.quantile(kl, q)) for name, q in KL_QUANTILES.items()}
+        if self.dp and not self.dp_missing:
+            dp = np.concatenate(self.dp)
+            out |= {"dp_mean": float(dp.mean()), "dp_rms": float(np.sqrt((dp**2).mean())), "dp_min": float(dp.min()),
+                    "dp_max": float(dp.max())}
+            out |= {f"dp_{name}": float(np.quantile(dp, q)) for name, q in DP_QUANTILES.items()}
+        return out
+
+
+#: one document's reference: the baseline's top-k ids and log-probs per position, and (references
+#: stored since Δp) its log-prob of each actual token
+Reference = tuple[np.ndarray, ...]
+
+
 def pack_topk(results: list[RollingResult]) -> dict[str, np.ndarray]:
     lengths = np.array([r.n_tokens for r in results], dtype=np.int64)
     return {
         "offsets": np.concatenate([[0], np.cumsum(lengths)]),
         "indices": np.concatenate([r.topk_indices for r in results]).astype(np.int32),
         "logprobs": np.concatenate([r.topk_logprobs for r in results]).astype(np.float32),
+        "token_logprobs": np.concatenate([r.token_logprobs for r in results]).astype(np.float32),
     }
 
 
-def split_reference(ref: dict[str, np.ndarray] | None, n_docs: int) -> list[tuple[np.ndarray, np.ndarray]] | None:
+def split_reference(ref: dict[str, np.ndarray] | None, n_docs: int) -> list[Reference] | None:
     if ref is None or len(ref["offsets"]) < n_docs + 1:
         return None
-    o = ref["offsets"]
-    return [(ref["indices"][o[i] : o[i + 1]], ref["logprobs"][o[i] : o[i + 1]]) for i in range(n_docs)]
+    o, tok = ref["offsets"], ref.get("token_logprobs")
+    return [(ref["indices"][o[i] : o[i + 1]], ref["logprobs"][o[i] : o[i + 1]])
+            + ((tok[o[i] : o[i + 1]],) if tok is not None else ()) for i in range(n_docs)]
 
 
 def _mean_se(values: list[bool] | list[float]) -> dict[str, float | None]:

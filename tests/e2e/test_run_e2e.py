@@ -273,3 +273,24 @@ def test_a_run_limited_by_tasks_says_so_everywhere(tmp_path: Path) -> None:
     assert cmp["verdict"] == "inconclusive" and "only 3 documents paired" in cmp["verdict_reason"]
     assert "This run scored part of the config" in (out / "report.md").read_text()
     assert 'id="partial"' in (out / "report.html").read_text()
+
+
+def test_the_kl_distribution_is_in_results_report_and_notebook(demo_run: tuple[Path, dict]) -> None:
+    """Per quantized setup on the perplexity task: the token-level KL and Δp distribution, as
+    llama.cpp's --kl-divergence reports it, consistent with the mean KL and top-1 agreement."""
+    import qeval
+
+    out, results = demo_run
+    for name in ("int4", "kv-int4", "kv-int2"):
+        c = _setup(results, name)["vs_baseline"]["ppl"]
+        d = c["kl_distribution"]
+        records = [json.loads(x) for x in (out / "samples" / name / "ppl.jsonl").read_text().splitlines()]
+        assert d["tokens"] == sum(r["kl_tokens"] for r in records)
+        assert d["kl_mean"] == pytest.approx(c["kl"], rel=1e-6) and d["same_top1"] == pytest.approx(c["top1_agreement"])
+        assert 0 <= d["kl_median"] <= d["kl_p90"] <= d["kl_p99"] <= d["kl_p99_9"] <= d["kl_max"]
+        assert -1 <= d["dp_min"] <= d["dp_p1"] <= d["dp_median"] <= d["dp_p99"] <= d["dp_max"] <= 1
+        assert d["dp_rms"] >= abs(d["dp_mean"])
+    assert "## KL divergence to the baseline" in (out / "report.md").read_text()
+    assert 'id="kl"' in (out / "report.html").read_text()
+    table = qeval.load_run(out).kl()
+    assert set(table["setup"]) >= {"int4", "kv-int4", "kv-int2"} and "kl_p99_9" in table.columns

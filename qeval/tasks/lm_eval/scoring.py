@@ -13,7 +13,7 @@ import numpy as np
 
 from qeval.backends.base import Backend, GenerateRequest, LoglikelihoodRequest, Progress, RollingRequest
 from qeval.tasks.lm_eval.session import LmEvalSession
-from qeval.tasks.scoring import TaskResult, kl_top1, pack_topk, split_reference
+from qeval.tasks.scoring import TaskResult, TokenDivergence, delta_p, kl_top1, pack_topk, split_reference
 
 
 def make_lm(backend: Backend, references: dict[str, dict[str, np.ndarray]], progress: Progress) -> Any:
@@ -115,11 +115,14 @@ def _task_result(leaf: str, session: LmEvalSession, out: dict[str, Any], raw: di
         topk = pack_topk(results)
         ref = references.get(leaf)
         per_doc = split_reference(ref, len(records)) if ref is not None else None
+        tokens = TokenDivergence()
         if per_doc is not None:
             for rec, res, doc_ref in zip(records, results, per_doc, strict=True):
                 if res.ref_logprobs is not None:
                     kl, top1 = kl_top1(doc_ref, res)
                     rec |= {"kl": float(kl.mean()), "top1_agreement": float(top1.mean()), "kl_tokens": int(kl.size)}
+                    tokens.add(kl, top1, delta_p(doc_ref, res))
+        return TaskResult(records, metrics, topk, tokens.summary())
     return TaskResult(records, metrics, topk)
 
 
