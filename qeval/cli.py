@@ -252,6 +252,11 @@ def plan_cmd(
     nodes: Annotated[int | None, typer.Option(min=1, help="cluster view: nodes (default 1)")] = None,
     concurrency: Annotated[int | None, typer.Option(min=1, help="cluster view: sequences of --context-len each "
                                                     "setup must hold (default 1)")] = None,
+    engine: Annotated[str, typer.Option(help="whose accounting of the KV cache: vllm (block rounding, the "
+                                        "hybrid allocator's groups) or hf (transformers' cache layers)")] = "vllm",
+    block_size: Annotated[int, typer.Option(min=1, help="vLLM's KV block size in tokens (16 on a GPU)")] = 16,
+    max_num_batched_tokens: Annotated[int, typer.Option(min=1, help="vLLM's tokens in flight: sliding-window "
+                                                        "and chunked layers keep room for them")] = 2048,
 ) -> None:
     """Predict weights, KV cache per token, KV tokens that fit and concurrent sequences per setup;
     with --gpus-per-node, also the GPUs each setup needs on a cluster and how many run at once."""
@@ -259,6 +264,7 @@ def plan_cmd(
 
     from qeval.memory.capacity import Budget
     from qeval.memory.cluster import Cluster, cluster_json, cluster_plan
+    from qeval.memory.layouts import VllmCache
     from qeval.memory.planner import load_model_config, plan, plan_json
 
     try:
@@ -269,10 +275,15 @@ def plan_cmd(
         nodes, concurrency = nodes or 1, concurrency or 1
         budget = Budget(gpu_memory_gib=gpu_gib, utilization=utilization, context_len=context_len,
                         overhead_gib=overhead_gib, margin=margin)
+        if engine not in ("vllm", "hf"):
+            raise UserError(f"--engine {engine}: expected vllm or hf")
+        vllm = VllmCache(block_size=block_size, in_flight_tokens=max_num_batched_tokens, state_pages=2,
+                         kernel_block=block_size)
         config = load_model_config(model)
-        rows = plan(config, budget)
+        rows = plan(config, budget, engine=engine, vllm=vllm)  # type: ignore[arg-type]  # checked above
         cluster = Cluster(nodes, gpus_per_node) if gpus_per_node else None
-        grouped = cluster_plan(config, budget, cluster, concurrency) if cluster else None
+        grouped = cluster_plan(config, budget, cluster, concurrency, engine=engine,  # type: ignore[arg-type]
+                               vllm=vllm) if cluster else None
     except UserError as exc:
         _fail(exc)
         return
@@ -282,14 +293,27 @@ def plan_cmd(
             out["cluster"] = cluster_json(*grouped, cluster, gpu_gib, concurrency)
         print(json.dumps(out, indent=2))
         return
-    table = Table("setup", "weights", "KV / token", "KV tokens", f"sequences @ {context_len}",
-                  title=escape(f"{model} on {gpu_gib:g} GiB x {utilization:g}"))
+    title = escape(f"{model} on {gpu_gib:g} GiB x {utilization:g} ({engine})")
+    table = Table("setup", "weights", "KV / token", f"KV / sequence @ {context_len}", "KV tokens",
+                  f"sequences @ {context_len}", title=title)
     for r in rows:
         table.add_row(escape(r.setup), f"{r.weights_bytes / 2**30:.2f} GiB", f"{r.kv_bytes_per_token / 1024:.1f} KiB",
-                      f"{r.kv_cache_tokens:,}", f"{r.max_concurrency:g}" + ("" if r.fits else " (does not fit)"))
+                      _mib(r.kv_bytes_per_sequence), f"{r.kv_cache_tokens:,}",
+                      f"{r.max_concurrency:g}" + ("" if r.fits else " (does not fit)"))
     Console().print(table)
+    first = rows[0]
+    if set(first.kv_by_layer_type) != {"full"} or first.state_bytes_per_sequence:
+        parts = [f"{kind} {_mib(b)}" for kind, b in first.kv_by_layer_type.items()]
+        parts += [f"state {_mib(first.state_bytes_per_sequence)}"] if first.state_bytes_per_sequence else []
+        Console().print(escape(f"{first.setup}: one {context_len}-token sequence holds {', '.join(parts)} "
+                               f"({engine}), against {_mib(first.naive_kv_bytes_per_sequence)} if every layer "
+                               "cached every token; KV / token is the cost below the shortest window"))
     if cluster and grouped:
         _print_cluster(model, cluster, gpu_gib, context_len, concurrency, *grouped)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
 
 
 def _check_plan_options(**values: float) -> None:

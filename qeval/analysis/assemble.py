@@ -230,7 +230,8 @@ def _setup_entry(pre: Preflight, store: RunStore, setup: Setup, outcome: Outcome
     cfg = pre.cfg
     share = (f"GPU memory x {cfg.budget.utilization} (budget.utilization)" if pre.device == "cuda"
              else f"host memory x {cfg.engine.cpu_memory_utilization} (engine.cpu_memory_utilization)")
-    memory = memory_block(setup, outcome.memory, pre.shape, cfg.model.dtype, pre.device, cfg.budget, share)
+    memory = memory_block(setup, outcome.memory, pre.shape, cfg.model.dtype, pre.device, cfg.budget, share,
+                          cfg.backend)
     perf, perf_flags = performance_block(setup, outcome.performance if cfg.performance.enabled else None,
                                          perf_key(keys.parts, cfg), memory, pre.shape, cfg.model.dtype, ceilings)
     return SetupResult(name=setup.name, baseline=setup.name == cfg.baseline.name, status=status, error=error,

@@ -1,9 +1,11 @@
-"""The one capacity formula: how many KV-cache tokens, and so how many sequences, fit a
+"""The one capacity formula: how many sequences, and so how many KV-cache tokens, fit a
 deployment budget. `qeval plan` and a run's recommendation both call `kv_capacity`, so they
-report the same concurrency for the same setup and budget (docs/memory.md).
+report the same concurrency for the same setup and budget (docs/memory.md). It takes what one
+sequence of the budget's context holds (memory.layouts: per layer kind, and the state of state
+layers; on a uniform model that is KV bytes per token x context_len).
 
-    pool   = gpu_memory_gib x utilization - overhead_gib - weights
-    tokens = floor(pool x (1 - margin) / kv_bytes_per_token)
+    pool      = gpu_memory_gib x utilization - overhead_gib - weights
+    tokens    = floor(pool x (1 - margin) x context_len / sequence_bytes)
     sequences = tokens / context_len
 """
 
@@ -25,8 +27,12 @@ class Capacity:
     max_concurrency: float
 
 
-def kv_capacity(weights_bytes: int, kv_bytes_per_token: int, budget: Budget) -> Capacity:
+def kv_capacity(weights_bytes: int, sequence_bytes: int, budget: Budget) -> Capacity:
     """The formula of the module docstring; 0 tokens when the weights alone do not fit."""
     pool = budget.gpu_memory_gib * GIB * budget.utilization - budget.overhead_gib * GIB - weights_bytes
-    tokens = max(int(pool * (1 - budget.margin) // kv_bytes_per_token), 0)
+    if sequence_bytes % budget.context_len == 0:  # exact per token (a uniform model): no rounding in between
+        tokens = int(pool * (1 - budget.margin) // (sequence_bytes // budget.context_len))
+    else:
+        tokens = int(pool * (1 - budget.margin) * budget.context_len // sequence_bytes)
+    tokens = max(tokens, 0)
     return Capacity(tokens, round(tokens / budget.context_len, 2))

@@ -17,7 +17,8 @@ from typing import Any
 
 from qeval.errors import UserError
 from qeval.memory.capacity import Budget, kv_capacity
-from qeval.memory.ledger import ModelShape, predict_kv_bytes_per_token, predict_weights_bytes
+from qeval.memory.layouts import VLLM_SERVE_GPU, Engine, VllmCache, predict_sequence
+from qeval.memory.ledger import ModelShape, predict_weights_bytes
 from qeval.memory.planner import PLAN_SETUPS, model_shape
 
 
@@ -51,14 +52,17 @@ def layouts(shape: ModelShape, cluster: Cluster) -> list[tuple[int, int]]:
 
 
 def group_kv_bytes_per_token(shape: ModelShape, kv_bytes_per_token: int, tp: int) -> int:
-    """KV bytes per token over a tensor-parallel group: each GPU holds ceil(heads / t) KV heads,
-    so past t = heads every GPU holds a copy."""
-    held = math.ceil(shape.num_kv_heads / tp) * tp
-    return math.ceil(kv_bytes_per_token * held / shape.num_kv_heads)
+    """KV bytes (per token, or per sequence) over a tensor-parallel group: each GPU holds
+    ceil(heads / t) KV heads, so past t = heads every GPU holds a copy; an MLA latent is one
+    vector, replicated on every GPU of the group (vLLM's MLAAttentionSpec: max_tp_shards=1)."""
+    heads = 1 if shape.kv_lora_rank is not None else shape.num_kv_heads
+    held = math.ceil(heads / tp) * tp
+    return math.ceil(kv_bytes_per_token * held / heads)
 
 
 def cluster_plan(config: dict[str, Any], budget: Budget, cluster: Cluster, concurrency: int = 1,
-                 dtype: str = "float16") -> tuple[list[ClusterRow], int]:
+                 dtype: str = "float16", engine: Engine = "vllm",
+                 vllm: VllmCache = VLLM_SERVE_GPU) -> tuple[list[ClusterRow], int]:
     """Each plan setup's group on `cluster` for `concurrency` sequences of budget.context_len
     tokens, and how many of the setups run at once on the cluster."""
     if cluster.nodes < 1 or cluster.gpus_per_node < 1 or concurrency < 1:
@@ -67,13 +71,13 @@ def cluster_plan(config: dict[str, Any], budget: Budget, cluster: Cluster, concu
     rows = []
     for setup in PLAN_SETUPS:
         weights = predict_weights_bytes(shape, setup, dtype)
-        kv = predict_kv_bytes_per_token(shape, setup, dtype)
+        seq = predict_sequence(shape, setup, dtype, budget.context_len, engine, vllm).total
         row = ClusterRow(setup.name, None, None, None, 0, 0.0, 0)
         for tp, pp in layouts(shape, cluster):
             gpus = tp * pp
             group = budget.model_copy(update={"gpu_memory_gib": budget.gpu_memory_gib * gpus,
                                               "overhead_gib": budget.overhead_gib * gpus})
-            cap = kv_capacity(weights, group_kv_bytes_per_token(shape, kv, tp), group)
+            cap = kv_capacity(weights, group_kv_bytes_per_token(shape, seq, tp), group)
             if cap.kv_cache_tokens >= budget.context_len * concurrency:
                 copies = cluster.nodes * (cluster.gpus_per_node // tp) if pp == 1 else cluster.nodes // pp
                 row = ClusterRow(setup.name, tp, pp, gpus, cap.kv_cache_tokens, cap.max_concurrency, copies)

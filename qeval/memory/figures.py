@@ -8,15 +8,16 @@ from typing import Any
 
 from qeval.config.setups import Setup
 from qeval.memory.capacity import Budget, kv_capacity
+from qeval.memory.layouts import VLLM_QEVAL_CPU, VLLM_SERVE_GPU, Engine, predict_sequence
 from qeval.memory.ledger import ModelShape, predict_kv_bytes_per_token, predict_weights_bytes
-from qeval.results.schema import EnginePool, Figure, Memory
+from qeval.results.schema import EnginePool, Figure, Memory, SequenceKV
 
 #: predicted and measured weights or KV bytes further apart than this are flagged
 GAP_FLAG = 0.10
 
 
 def memory_block(setup: Setup, measured: dict[str, Any], shape: ModelShape | None, dtype: str, device: str,
-                 budget: Budget, engine_share: str) -> Memory:
+                 budget: Budget, engine_share: str, backend: str = "hf") -> Memory:
     """The memory block from the worker's measured figures (`measured`, as stored) and the
     model's shape. `engine_share` says what a vLLM engine's pool was sized from."""
     def fig(name: str, predicted: int | None = None) -> Figure:
@@ -31,6 +32,7 @@ def memory_block(setup: Setup, measured: dict[str, Any], shape: ModelShape | Non
         peak_bytes=fig("peak_bytes"), activations_bytes=fig("activations_bytes"),
         overhead_bytes=fig("overhead_bytes") if "overhead_bytes" in measured else None,
         engine=_engine_pool(measured, engine_share),
+        kv_per_sequence=_sequence(setup, measured, shape, dtype, device, budget, backend) if shape else None,
     )
     if mem.engine and device == "cuda":  # vLLM sized its KV pool on the GPU itself: that, not a prediction
         ctx = budget.context_len
@@ -42,11 +44,30 @@ def memory_block(setup: Setup, measured: dict[str, Any], shape: ModelShape | Non
     kv = mem.kv_bytes_per_token.measured or mem.kv_bytes_per_token.predicted
     if not w or not kv:
         return mem
-    cap = kv_capacity(int(w), int(kv), budget)
+    seq, what = int(kv) * budget.context_len, "KV bytes per token above x context_len"
+    if shape is not None and not shape.uniform and mem.kv_per_sequence is not None:
+        s = mem.kv_per_sequence  # layers keep different spans: the sequence, not tokens x context
+        seq, what = int(s.measured or s.predicted), "KV bytes of one sequence (kv_per_sequence)"
+    cap = kv_capacity(int(w), seq, budget)
     return mem.model_copy(update={
         "kv_cache_tokens": cap.kv_cache_tokens, "max_concurrency": cap.max_concurrency,
-        "capacity_source": f"predicted for the budget ({budget.describe()}) from the weights and KV bytes above "
+        "capacity_source": f"predicted for the budget ({budget.describe()}) from the weights and {what} "
                            "(measured where measured, else predicted); the same formula as `qeval plan`"})
+
+
+def _sequence(setup: Setup, measured: dict[str, Any], shape: ModelShape, dtype: str, device: str, budget: Budget,
+              backend: str) -> SequenceKV:
+    """One sequence of the budget's context on this backend, predicted by its engine's rules, and
+    measured where the worker measured it at that context."""
+    engine: Engine = "vllm" if backend == "vllm" else "hf"
+    vllm = VLLM_SERVE_GPU if device == "cuda" else VLLM_QEVAL_CPU
+    p = predict_sequence(shape, setup, dtype, budget.context_len, engine, vllm)
+    m = measured.get("kv_bytes_per_sequence") or {}
+    at = (m.get("extra") or {}).get("context")
+    ok = m.get("measured") is not None and at == budget.context_len
+    return SequenceKV(context=budget.context_len, engine=engine, predicted=p.total, by_layer_type=p.by_kind,
+                      state_bytes=p.state, naive=p.naive, measured=m["measured"] if ok else None,
+                      source=m.get("source", "not measured") if ok else "not measured")
 
 
 def _engine_pool(measured: dict[str, Any], share: str) -> EnginePool | None:

@@ -51,14 +51,32 @@ def predict_weights_bytes(shape: ModelShape, setup: Setup, model_dtype: str) -> 
 
 
 def predict_kv_bytes_per_token(shape: ModelShape, setup: Setup, model_dtype: str) -> int:
-    """2 (K and V) x layers x KV heads x head_dim x bytes, plus per-group scales when quantized."""
-    elems = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim
+    """KV bytes one token costs over the attention layers (state layers hold none per token):
+    each layer 2 (K and V) x KV heads x head_dim x bytes, or one latent vector for MLA, plus
+    per-group scales when quantized. Where layers keep different spans of tokens (sliding
+    windows, chunks) this is the cost below the shortest span: memory.layouts has the sequence."""
+    return kv_bytes_per_layer_token(shape, setup, model_dtype) * attention_layers(shape)
+
+
+def attention_layers(shape: ModelShape) -> int:
+    """Layers that cache tokens (every kind but the linear-attention state layers)."""
+    return sum(1 for k in shape.kinds() if k != "linear")
+
+
+def kv_bytes_per_layer_token(shape: ModelShape, setup: Setup, model_dtype: str) -> int:
+    """One token in one attention layer (see predict_kv_bytes_per_token)."""
+    if shape.kv_lora_rank is not None and shape.qk_rope_head_dim is not None:
+        elems = shape.kv_lora_rank + shape.qk_rope_head_dim  # MLA: vLLM's head_size, transformers' two tensors
+        group_dim = elems
+    else:
+        elems = 2 * shape.num_kv_heads * shape.head_dim
+        group_dim = shape.head_dim
     if not setup.quantizes_kv:
         return elems * _DTYPE_BITS[model_dtype] // 8
     data = elems * KV_BITS[setup.kv_cache] // 8
     if setup.kv_cache in ("fp8", "fp8_e5m2"):
         return data  # one per-tensor scale per layer: nothing per token
-    group = setup.kv_group_size or shape.head_dim
+    group = setup.kv_group_size or group_dim
     return data + (elems // group) * 2 * SCALE_BYTES
 
 
@@ -92,6 +110,35 @@ def model_weights_bytes(model: Any) -> int:
 def _is_rope_cache(buf: Any, model: Any) -> bool:
     # rotary inv_freq is a recomputable buffer, not a weight; a few hundred bytes either way
     return any(buf is b for n, b in model.named_buffers() if n.endswith("inv_freq"))
+
+
+def cache_storage_bytes(cache: Any) -> int:
+    """Bytes of storage a transformers Cache pins across its layers: a sliding layer's kept
+    tokens are a slice of its last update's tensor (cache_utils.DynamicSlidingWindowLayer), so
+    the storage behind the slice is what is resident, each storage once."""
+    import torch
+
+    seen: set[int] = set()
+
+    def walk(obj: Any) -> int:
+        if isinstance(obj, (list, tuple)):
+            return sum(walk(x) for x in obj)
+        if isinstance(obj, dict):  # LinearAttentionLayer keeps its states by index
+            return sum(walk(x) for x in obj.values())
+        if not isinstance(obj, torch.Tensor):
+            return 0
+        if hasattr(obj, "__tensor_flatten__"):
+            names, _ = obj.__tensor_flatten__()
+            return sum(walk(getattr(obj, n)) for n in names)
+        if obj.dim() < 2:  # bookkeeping (a layer's sliding_window, cumulative_length), not cached tokens
+            return 0
+        storage = obj.untyped_storage()
+        if storage.data_ptr() in seen:
+            return 0
+        seen.add(storage.data_ptr())
+        return int(storage.nbytes())
+
+    return sum(walk(list(vars(layer).values())) for layer in cache.layers)
 
 
 def cache_bytes(cache: Any) -> int:

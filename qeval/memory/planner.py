@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qeval.config.setups import Setup
 from qeval.errors import UserError
 from qeval.memory.capacity import Budget, kv_capacity
+from qeval.memory.layouts import VLLM_SERVE_GPU, Engine, VllmCache, predict_sequence
 from qeval.memory.ledger import ModelShape, predict_kv_bytes_per_token, predict_weights_bytes
 
 #: the setups a plan compares; the 16-bit, automatic-KV row is named fp16 (the stable surface: docs/architecture.md)
@@ -29,10 +30,19 @@ class PlanRow:
 
     setup: str
     weights_bytes: int
+    #: KV bytes one token costs over the attention layers; on a model whose layers keep different
+    #: spans (sliding windows, chunks) or that has state layers, only below the shortest span
     kv_bytes_per_token: int
     kv_cache_tokens: int
     max_concurrency: float
     fits: bool
+    #: what one sequence of the budget's context holds on the engine: the capacity's input
+    kv_bytes_per_sequence: int = 0
+    #: that, per layer kind (full, sliding, chunked, latent), and the state layers' constant state
+    kv_by_layer_type: dict[str, int] = field(default_factory=dict)
+    state_bytes_per_sequence: int = 0
+    #: the textbook 2 x layers x KV heads x head_dim x bytes x context, for comparison
+    naive_kv_bytes_per_sequence: int = 0
 
 
 def load_model_config(model: str) -> dict[str, Any]:
@@ -65,17 +75,20 @@ def model_shape(config: dict[str, Any]) -> ModelShape:
         raise UserError(f"config.json: not a decoder model qeval can plan (it {exc})") from None
 
 
-def plan(config: dict[str, Any], budget: Budget, dtype: str = "float16") -> list[PlanRow]:
-    """Weights, KV bytes per token, KV tokens that fit and concurrent sequences, per setup,
-    by the same formula a run's recommendation uses (memory.capacity)."""
+def plan(config: dict[str, Any], budget: Budget, dtype: str = "float16", engine: Engine = "vllm",
+         vllm: VllmCache = VLLM_SERVE_GPU) -> list[PlanRow]:
+    """Weights, KV bytes per token and per sequence (per layer kind, and the state), KV tokens
+    that fit and concurrent sequences, per setup, on `engine`'s accounting (memory.layouts), by
+    the same formula a run's recommendation uses (memory.capacity)."""
     shape = model_shape(config)
     rows = []
     for setup in PLAN_SETUPS:
         w = predict_weights_bytes(shape, setup, dtype)
         kv = predict_kv_bytes_per_token(shape, setup, dtype)
-        cap = kv_capacity(w, kv, budget)
+        seq = predict_sequence(shape, setup, dtype, budget.context_len, engine, vllm)
+        cap = kv_capacity(w, seq.total, budget)
         rows.append(PlanRow(setup.name, w, kv, cap.kv_cache_tokens, cap.max_concurrency,
-                            cap.kv_cache_tokens >= budget.context_len))
+                            cap.kv_cache_tokens >= budget.context_len, seq.total, seq.by_kind, seq.state, seq.naive))
     return rows
 
 

@@ -53,10 +53,8 @@ def budget_concurrency(cfg: RunConfig, setup: Setup, device: str, memory: dict[s
     """The setup's memory.max_concurrency, computed here exactly as the results will report it
     (qeval.memory.figures.memory_block on the same measured figures, as stored, and model shape)."""
     from qeval.memory.figures import memory_block
-    from qeval.memory.ledger import ModelShape
-
-    block = memory_block(setup, memory, ModelShape(**shape) if shape else None, cfg.model.dtype, device,
-                         cfg.budget, "")
+    block = memory_block(setup, memory, _shape(shape) if shape else None, cfg.model.dtype, device, cfg.budget, "",
+                         cfg.backend)
     return block.max_concurrency
 
 
@@ -111,3 +109,11 @@ def summarize(m: Measurement, workload: Workload) -> list[dict[str, Any]]:
 def _source(m: Measurement, key: str, workload: Workload) -> str:
     return (f"{m.sources[key]} {WORKLOAD_MARK}{workload.input_len}-token prompts, {workload.output_len} output "
             f"tokens; median of {workload.repeats} timed repeat(s) after {workload.warmup} warm-up pass(es)]")
+
+
+def _shape(fields: dict[str, Any]) -> Any:
+    """The model's shape from the job file (its fields as a mapping; lists back to tuples)."""
+    from qeval.records.shape import ModelShape
+
+    values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
+    return ModelShape(**values)

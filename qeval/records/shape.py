@@ -22,6 +22,31 @@ class ModelShape:
     head_dim: int
     tie_word_embeddings: bool
     attention_bias: bool = False
+    #: each layer's kind, as the engines read config.json: "full", "sliding", "chunked" or
+    #: "linear" (a state layer: linear attention); empty: every layer full attention
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+    #: latent attention (MLA): what one token caches per layer is kv_lora_rank + qk_rope_head_dim
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    qk_nope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    #: linear-attention state layers (Gated DeltaNet, Qwen3-Next)
+    linear_num_key_heads: int | None = None
+    linear_num_value_heads: int | None = None
+    linear_key_head_dim: int | None = None
+    linear_value_head_dim: int | None = None
+    linear_conv_kernel_dim: int | None = None
+
+    def kinds(self) -> tuple[str, ...]:
+        """Each layer's kind (`layer_types`, or full attention throughout)."""
+        return tuple(self.layer_types) or ("full",) * self.num_layers
+
+    @property
+    def uniform(self) -> bool:
+        """Every layer caches every token with full K/V heads: the per-token figure says it all."""
+        return set(self.kinds()) == {"full"} and self.kv_lora_rank is None
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> ModelShape:
@@ -30,6 +55,8 @@ class ModelShape:
         text = cfg.get("text_config", cfg) if isinstance(cfg, dict) else cfg
         if not isinstance(text, dict):  # multimodal wrappers keep the LM under text_config
             raise ValueError("is not a JSON object")
+        # a published config.json leaves out what its config class defaults (Gemma 3's vocabulary)
+        text = _DEFAULTS.get(str(text.get("model_type")), {}) | text
         heads = _positive(text, "num_attention_heads")
         hidden = _positive(text, "hidden_size")
         head_dim = _positive(text, "head_dim") if text.get("head_dim") else hidden // heads
@@ -45,6 +72,14 @@ class ModelShape:
             head_dim=head_dim,
             tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
             attention_bias=bool(text.get("attention_bias", False)),
+            layer_types=layer_kinds(text, _positive(text, "num_hidden_layers")),
+            sliding_window=_optional(text, "sliding_window") if _uses_window(text) else None,
+            attention_chunk_size=_optional(text, "attention_chunk_size"),
+            kv_lora_rank=_optional(text, "kv_lora_rank"),
+            qk_rope_head_dim=_optional(text, "qk_rope_head_dim") if text.get("kv_lora_rank") else None,
+            qk_nope_head_dim=_optional(text, "qk_nope_head_dim") if text.get("kv_lora_rank") else None,
+            v_head_dim=_optional(text, "v_head_dim") if text.get("kv_lora_rank") else None,
+            **{k: _optional(text, k) for k in _LINEAR},
         )
 
     @classmethod
@@ -80,3 +115,56 @@ def _positive(cfg: dict[str, Any], key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"has {key} {value!r}: expected a positive integer")
     return value
+
+
+#: fields a published config.json may leave to its config class, with transformers 5.23's defaults
+_DEFAULTS: dict[str, dict[str, Any]] = {"gemma3_text": {"vocab_size": 262208, "sliding_window": 4096}}
+_LINEAR = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+           "linear_conv_kernel_dim")
+_KINDS = {"full_attention": "full", "sliding_attention": "sliding", "chunked_attention": "chunked",
+          "linear_attention": "linear"}
+
+
+def _optional(cfg: dict[str, Any], key: str) -> int | None:
+    return _positive(cfg, key) if cfg.get(key) is not None else None
+
+
+def _uses_window(text: dict[str, Any]) -> bool:
+    # Qwen2-style configs carry a `sliding_window` that `use_sliding_window: false` switches off
+    return text.get("sliding_window") is not None and text.get("use_sliding_window", True) is not False
+
+
+def layer_kinds(text: dict[str, Any], n: int) -> tuple[str, ...]:
+    """Each layer's kind as transformers 5.23's config classes (and vLLM 0.32, which reads them)
+    resolve it: an explicit `layer_types`, else the model type's own default pattern, else one
+    kind for every layer (`sliding_window` set: all sliding, as Mistral-7B-v0.1; vLLM's
+    engine/arg_utils.py applies a model-wide window the same way). Empty: all full attention."""
+    explicit = text.get("layer_types")
+    if isinstance(explicit, list) and explicit:
+        unknown = sorted({k for k in explicit if k not in _KINDS})
+        if unknown:
+            raise ValueError(f"has layer_types {unknown[0]!r}, a layer kind qeval does not know")
+        if len(explicit) != n:
+            raise ValueError(f"has {len(explicit)} layer_types for {n} layers")
+        kinds = tuple(_KINDS[k] for k in explicit)
+        return () if set(kinds) == {"full"} else kinds
+    model_type = str(text.get("model_type", ""))
+    window = _uses_window(text)
+    if model_type.startswith("gemma3") and window:  # Gemma3TextConfig: every 6th layer global
+        every = int(text.get("sliding_window_pattern") or 6)
+        return tuple("full" if (i + 1) % every == 0 else "sliding" for i in range(n))
+    if model_type.startswith("gemma2") and window:  # Gemma2Config: alternating, sliding first
+        return tuple("sliding" if (i + 1) % 2 else "full" for i in range(n))
+    if model_type.startswith("cohere2") and window:  # Cohere2Config: every 4th layer global
+        every = int(text.get("sliding_window_pattern") or 4)
+        return tuple("full" if (i + 1) % every == 0 else "sliding" for i in range(n))
+    if text.get("attention_chunk_size") is not None:  # Llama4TextConfig: NoPE layers are global
+        rope = text.get("no_rope_layers") or [int((i + 1) % int(text.get("no_rope_layer_interval") or 4) != 0)
+                                               for i in range(n)]
+        return tuple("chunked" if r else "full" for r in rope)
+    if text.get("full_attention_interval"):  # Qwen3NextConfig: linear attention between global layers
+        every = int(text["full_attention_interval"])
+        return tuple("full" if (i + 1) % every == 0 else "linear" for i in range(n))
+    if window:
+        return ("sliding",) * n
+    return ()

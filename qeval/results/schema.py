@@ -46,11 +46,31 @@ class EnginePool(ResultModel):
     source: str = Field(description="the log lines the figures were read from")
 
 
+class SequenceKV(ResultModel):
+    """What one sequence of the budget's context holds on this backend: KV per layer kind and the
+    state of state layers (docs/memory.md, "Attention layouts"). On a uniform model it is KV bytes
+    per token x context; where layers keep different spans (sliding windows, chunks, a latent)
+    or hold a state, this, not the per-token figure, sizes the deployment."""
+
+    context: int = Field(description="tokens in the sequence (budget.context_len)")
+    engine: str = Field(description="whose accounting: vllm (block rounding, the hybrid allocator's groups) or hf")
+    predicted: int = Field(description="bytes, from config.json by the engine's rules")
+    by_layer_type: dict[str, int] = Field(description="predicted bytes per layer kind: full, sliding, chunked, "
+                                                      "latent (MLA)")
+    state_bytes: int = Field(0, description="predicted constant state of the state layers (linear attention)")
+    naive: int = Field(description="2 x layers x KV heads x head_dim x bytes x context: the textbook figure")
+    measured: int | None = Field(None, description="bytes the engine's cache held for one sequence of this "
+                                                   "context, or null where not measured")
+    source: str = Field("not measured", description="how the measured value was obtained")
+
+
 class Memory(ResultModel):
     """Where the memory goes, predicted and measured (docs/memory.md), and what fits the budget."""
 
     weights_bytes: Figure = Field(description="the served weights, quantization scales and zero points included")
-    kv_bytes_per_token: Figure = Field(description="KV-cache bytes one token costs (K and V, every layer)")
+    kv_bytes_per_token: Figure = Field(description="KV-cache bytes one token costs (K and V, every attention "
+                                                   "layer); where layers keep different spans of tokens, the "
+                                                   "cost below the shortest span (see kv_per_sequence)")
     peak_bytes: Figure = Field(Figure(), description="the worker's peak memory while scoring")
     activations_bytes: Figure = Field(Figure(), description="growth over the loaded model while scoring")
     overhead_bytes: Figure | None = Field(None, description="allocator slack (CUDA only)")
@@ -58,6 +78,9 @@ class Memory(ResultModel):
     kv_cache_tokens: int | None = Field(None, description="KV tokens that fit the budget (capacity_source says how)")
     max_concurrency: float | None = Field(None, description="sequences of budget.context_len tokens that fit")
     capacity_source: str | None = Field(None, description="how kv_cache_tokens and max_concurrency were obtained")
+    kv_per_sequence: SequenceKV | None = Field(None, description="one sequence of the budget's context: KV per "
+                                                                 "layer kind and state (null in results written "
+                                                                 "before it was recorded)")
 
 
 class MetricValue(ResultModel):

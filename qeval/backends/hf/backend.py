@@ -37,7 +37,7 @@ from qeval.backends.hf import quant as hf_quant
 from qeval.backends.tokens import conventions, encode_pair, generation_context, memoized, rolling_windows, truncate
 from qeval.config import RunConfig
 from qeval.config.setups import Setup
-from qeval.memory.ledger import cache_bytes, model_weights_bytes
+from qeval.memory.ledger import cache_bytes, cache_storage_bytes, model_weights_bytes
 from qeval.records.model_source import is_gguf
 
 if TYPE_CHECKING:
@@ -353,6 +353,9 @@ class HFBackend:
             "kv_bytes_per_token": MemoryFigure(self._measure_kv_per_token(),
                                                "bytes held by the cache object after a 64-token prefill"),
         }
+        sequence = self._measure_sequence()
+        if sequence is not None:
+            figures["kv_bytes_per_sequence"] = sequence
         rss_peak = _peak_rss_bytes()
         if self.device == "cuda":
             figures["peak_bytes"] = MemoryFigure(int(torch.cuda.max_memory_allocated()),
@@ -383,6 +386,27 @@ class HFBackend:
 
         return perf_hf.measure(self.model, self.tok, lambda: hf_quant.new_cache(self.model.config, self.setup),
                                self.device, workload)
+
+    def _measure_sequence(self) -> MemoryFigure | None:
+        """Where layers keep different spans of tokens (sliding windows, chunks) or hold a state:
+        the storage the cache pins for one sequence of the budget's context, after its prefill and
+        one decode step (the step that trims a sliding layer's storage to its window). None for a
+        uniform model (KV per token x context is exact there) or a context past the model's."""
+        from qeval.records.shape import ModelShape
+
+        try:
+            shape = ModelShape.from_config(self.model.config.to_dict())
+        except ValueError:
+            return None
+        n = self.cfg.budget.context_len
+        if shape.uniform or n > self.cfg.model.max_context or n < 2:
+            return None
+        ids = torch.randint(0, min(self.model.config.vocab_size, 1000), (1, n - 1), device=self.device)
+        cache = hf_quant.new_cache(self.model.config, self.setup)
+        out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
+        self.model(input_ids=out.logits[:, -1:].argmax(-1), past_key_values=cache, use_cache=True)
+        return MemoryFigure(cache_storage_bytes(cache), f"storage the cache pins after a {n - 1}-token prefill and one "
+                            "decode step (one sequence of budget.context_len)", {"context": n})
 
     def _measure_kv_per_token(self, n: int = 64) -> int:
         ids = torch.randint(0, min(self.model.config.vocab_size, 1000), (1, n), device=self.device)

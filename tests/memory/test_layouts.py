@@ -1,0 +1,158 @@
+"""Every attention layout's memory (docs/memory.md, "Attention layouts"): the layer kinds as
+transformers' config classes resolve them, the per-sequence KV and state of six public shapes
+(tests/data) at 4k and 128k against the values worked by hand from vLLM 0.32.0's and
+transformers 5.23.0's rules, and the caches transformers really builds on small random-weight
+instances of each architecture against the prediction."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from qeval.config.setups import Setup
+from qeval.memory.layouts import VLLM_QEVAL_CPU, VllmCache, predict_sequence
+from qeval.records.shape import ModelShape
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+MODELS = ["gemma-3-27b", "gpt-oss-20b", "mistral-7b-v0.1", "deepseek-v3", "qwen3-next-80b-a3b", "llama-4-scout"]
+BF16 = Setup(name="bf16", weights="bf16")
+#: vLLM 0.32.0 on this CPU build as the LLM class sizes it (block 128, 4,096 batched tokens);
+#: Qwen3-Next with prefix caching on (two state pages), its state in bfloat16
+VLLM_CPU_PREFIX = VllmCache(block_size=128, in_flight_tokens=4096, state_pages=2, kernel_block=128)
+
+#: (model, context) -> (vLLM bytes, transformers bytes once decoding), worked by hand in docs/memory.md
+WORKED = {
+    ("gemma-3-27b", 4096): (2_411_724_800, 771_751_936),
+    ("gemma-3-27b", 131072): (13_316_915_200, 11_173_625_856),
+    ("gpt-oss-20b", 4096): (204_472_320, 103_809_024),
+    ("gpt-oss-20b", 131072): (3_328_180_224, 3_224_371_200),
+    ("mistral-7b-v0.1", 4096): (553_648_128, 536_870_912),
+    ("mistral-7b-v0.1", 131072): (1_090_519_040, 536_870_912),
+    ("deepseek-v3", 4096): (287_834_112, 287_834_112),
+    ("deepseek-v3", 131072): (9_210_691_584, 9_210_691_584),
+    ("qwen3-next-80b-a3b", 4096): (204_472_320, 178_520_064),
+    ("qwen3-next-80b-a3b", 131072): (3_318_743_040, 3_299_082_240),
+    ("llama-4-scout", 4096): (805_306_368, 805_306_368),
+    ("llama-4-scout", 131072): (8_254_390_272, 7_650_410_496),
+}
+NAIVE_128K = {"gemma-3-27b": 66_571_993_088, "gpt-oss-20b": 6_442_450_944, "mistral-7b-v0.1": 17_179_869_184,
+              "deepseek-v3": 654_982_512_640, "qwen3-next-80b-a3b": 12_884_901_888, "llama-4-scout": 25_769_803_776}
+
+
+def shape_of(name: str) -> ModelShape:
+    return ModelShape.from_config(json.loads((DATA / f"{name}-config.json").read_text()))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_layer_kinds_are_transformers_own(name: str) -> None:
+    from transformers import AutoConfig
+
+    raw = json.loads((DATA / f"{name}-config.json").read_text())
+    text = raw.get("text_config", raw)
+    hf = AutoConfig.for_model(text["model_type"], **{k: v for k, v in text.items() if k != "model_type"})
+    expected = getattr(hf, "layer_types", None)
+    kinds = {"full_attention": "full", "sliding_attention": "sliding", "chunked_attention": "chunked",
+             "linear_attention": "linear"}
+    ours = shape_of(name).kinds()
+    if expected:
+        assert ours == tuple(kinds[k] for k in expected)
+    else:  # Mistral: no layer_types; the cache makes every layer sliding (get_layer_types_and_kwargs)
+        from transformers.cache_utils import DynamicCache
+
+        cache = DynamicCache(config=hf)
+        assert ours == tuple("sliding" if type(layer).__name__ == "DynamicSlidingWindowLayer" else "full"
+                             for layer in cache.layers)
+
+
+def test_the_shapes_read() -> None:
+    counts = {n: dict(Counter(shape_of(n).kinds())) for n in MODELS}
+    assert counts == {"gemma-3-27b": {"sliding": 52, "full": 10}, "gpt-oss-20b": {"sliding": 12, "full": 12},
+                      "mistral-7b-v0.1": {"sliding": 32}, "deepseek-v3": {"full": 61},
+                      "qwen3-next-80b-a3b": {"linear": 36, "full": 12}, "llama-4-scout": {"chunked": 36, "full": 12}}
+    assert shape_of("deepseek-v3").kv_lora_rank == 512 and shape_of("llama-4-scout").attention_chunk_size == 8192
+
+
+@pytest.mark.parametrize(("name", "context"), list(WORKED))
+def test_per_sequence_kv_equals_the_hand_worked_value(name: str, context: int) -> None:
+    shape = shape_of(name)
+    vllm, hf = WORKED[(name, context)]
+    assert predict_sequence(shape, BF16, "bfloat16", context, "vllm", VLLM_CPU_PREFIX).total == vllm
+    assert predict_sequence(shape, BF16, "bfloat16", context, "hf").total == hf
+    if context == 131072:
+        assert predict_sequence(shape, BF16, "bfloat16", context, "hf").naive == NAIVE_128K[name]
+
+
+def test_a_uniform_model_is_tokens_times_context_on_both_engines() -> None:
+    shape = ModelShape.from_config(json.loads((DATA / "llama3-8b-config.json").read_text()))
+    for engine in ("vllm", "hf"):
+        seq = predict_sequence(shape, BF16, "bfloat16", 4096, engine, VLLM_QEVAL_CPU)  # type: ignore[arg-type]
+        assert seq.by_kind == {"full": 131072 * 4096} and seq.state == 0 and seq.naive == seq.total
+
+
+def test_an_fp8_latent_halves_deepseeks_cache() -> None:
+    shape = shape_of("deepseek-v3")
+    fp8 = predict_sequence(shape, Setup(name="f", kv_cache="fp8"), "bfloat16", 4096, "vllm", VLLM_CPU_PREFIX)
+    assert fp8.by_kind == {"latent": 287_834_112 // 2}
+
+
+def test_plan_splits_the_sequence_and_sizes_capacity_by_it() -> None:
+    from qeval.memory.capacity import Budget
+    from qeval.memory.planner import plan
+
+    raw = json.loads((DATA / "gemma-3-27b-config.json").read_text())
+    rows = {r.setup: r for r in plan(raw, Budget(gpu_memory_gib=80, context_len=32768))}
+    fp16 = rows["fp16"]
+    assert set(fp16.kv_by_layer_type) == {"sliding", "full"} and fp16.state_bytes_per_sequence == 0
+    assert fp16.kv_bytes_per_sequence == sum(fp16.kv_by_layer_type.values())
+    assert fp16.kv_bytes_per_sequence < fp16.naive_kv_bytes_per_sequence / 3  # the windows' saving, not 5.6x lost
+    assert fp16.max_concurrency == pytest.approx(fp16.kv_cache_tokens / 32768, abs=0.01)
+
+
+# -- transformers' own caches, on small random-weight instances --------------------------------------
+
+TINY = {
+    "mistral": {"sliding_window": 16},
+    "gemma3_text": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16, "head_dim": 16,
+                    "query_pre_attn_scalar": 16},
+    "gpt_oss": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16, "head_dim": 16,
+                "num_local_experts": 2, "num_experts_per_tok": 1},
+    "llama4_text": {"attention_chunk_size": 16, "no_rope_layers": [1, 0], "head_dim": 16, "num_local_experts": 2,
+                    "intermediate_size_mlp": 64, "interleave_moe_layer_step": 1},
+    "deepseek_v3": {"num_key_value_heads": 4, "kv_lora_rank": 32, "q_lora_rank": 32, "qk_rope_head_dim": 8,
+                    "qk_nope_head_dim": 16, "v_head_dim": 16, "n_routed_experts": 2, "num_experts_per_tok": 1,
+                    "first_k_dense_replace": 2, "moe_intermediate_size": 32, "n_group": 1, "topk_group": 1},
+    "qwen3_next": {"layer_types": ["linear_attention", "full_attention"], "head_dim": 16, "linear_num_key_heads": 2,
+                   "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+                   "linear_conv_kernel_dim": 4, "num_experts": 2, "num_experts_per_tok": 1,
+                   "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32},
+}
+
+
+@pytest.mark.parametrize("model_type", list(TINY))
+@pytest.mark.parametrize("context", [12, 40])
+def test_transformers_caches_what_the_ledger_predicts(model_type: str, context: int) -> None:
+    """A prefill of context - 1 tokens and one decode step (the step that trims a sliding layer's
+    storage to its window) on a 2-layer random-weight instance in float32: the storage the
+    cache pins equals the hf prediction, inside and past the 16-token windows and chunks."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.cache_utils import DynamicCache
+
+    from qeval.memory.ledger import cache_storage_bytes
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(model_type, **({"vocab_size": 128, "hidden_size": 64, "intermediate_size": 64,
+                                                  "num_hidden_layers": 2, "num_attention_heads": 4,
+                                                  "num_key_value_heads": 2, "max_position_embeddings": 256}
+                                                 | TINY[model_type]))
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    cache = DynamicCache(config=config)
+    with torch.no_grad():
+        out = model(input_ids=torch.randint(0, 128, (1, context - 1)), past_key_values=cache, use_cache=True)
+        model(input_ids=out.logits[:, -1:].argmax(-1), past_key_values=cache, use_cache=True)
+    shape = ModelShape.from_config(config.to_dict())
+    predicted = predict_sequence(shape, Setup(name="f", weights="fp32"), "float32", context, "hf")
+    assert cache_storage_bytes(cache) == predicted.total, (model_type, predicted)
