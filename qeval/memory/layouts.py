@@ -66,6 +66,8 @@ class SequenceKV:
     by_kind: dict[str, int] = field(default_factory=dict)
     state: int = 0
     naive: int = 0
+    #: vLLM: the bytes of one block over a group's width (its pool is sized in these); 0 for hf
+    block_bytes: int = 0
 
     @property
     def total(self) -> int:
@@ -137,7 +139,7 @@ def sequence_kv(shape: ModelShape, layer_token_bytes: int, context: int, engine:
             state += need
         else:
             by_kind[latent if kind == "full" else kind] = need
-    return SequenceKV("vllm", context, by_kind, state, naive)
+    return SequenceKV("vllm", context, by_kind, state, naive, width * page)
 
 
 def _group_width(counts: list[int]) -> int:

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from qeval.report import divergence
+from qeval.report import divergence, sequence
 from qeval.report import performance as perf_views
 from qeval.report.sections import ReportSection
 from qeval.report.tables import Escape, code_text, md_table, md_text
@@ -89,7 +89,7 @@ def render_markdown(results: Results, sections: Sequence[ReportSection] = ()) ->
               "loaded model, or marked predicted where the backend reports no figure (sources in results.json).", ""]
     lines += _recommendation(results) + _suite_table(results) + _gate_table(results) + _members_table(results)
     lines += perf_views.markdown_lines(results, md_text)  # nothing for results without a performance phase
-    for section in (divergence.SECTION, *sections):  # the report's own, then the task kinds'
+    for section in (sequence.SECTION, divergence.SECTION, *sections):  # the report's own, then the task kinds'
         lines += section.markdown(results, md_text)
     notes = _notes(results)
     if notes:

@@ -13,6 +13,7 @@ from typing import Any
 
 from qeval.config.setups import Setup
 from qeval.errors import UserError
+from qeval.records.shape import layer_kinds
 
 #: method -> (package that implements it on transformers, weight precisions it offers)
 WEIGHT_METHODS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -69,21 +70,17 @@ def validate(setup: Setup, device: str) -> None:
 
 
 def attention_layer_types(config: dict[str, Any]) -> list[str]:
-    """Each decoder layer's attention kind as transformers' cache sees it (5.23,
-    `cache_utils.get_layer_types_and_kwargs`): `layer_types` where the config gives it, else
-    sliding where `sliding_window` is set, chunked where `attention_chunk_size` is, else full.
-    A multimodal config's text decoder (`text_config`) is the one that caches."""
+    """Each decoder layer's kind as transformers' config classes and cache resolve it
+    (records.shape.layer_kinds: `layer_types`, else the model type's own pattern, else one kind
+    for every layer). A multimodal config's text decoder (`text_config`) is the one that caches."""
     nested = config.get("text_config")
     text: dict[str, Any] = nested if isinstance(nested, dict) else config
-    types = text.get("layer_types")
-    if isinstance(types, list) and all(isinstance(t, str) for t in types):
-        return ["dummy" if t in ("moe", "mlp") else t for t in types]
     n = int(text.get("num_hidden_layers") or 0)
-    if text.get("sliding_window") is not None and text.get("use_sliding_window", True) is not False:
-        return ["sliding_attention"] * n
-    if text.get("attention_chunk_size") is not None:
-        return ["chunked_attention"] * n
-    return ["full_attention"] * n
+    try:
+        kinds = layer_kinds(text, n)
+    except ValueError:
+        kinds = ()
+    return list(kinds) or ["full"] * n
 
 
 def validate_model(setup: Setup, config: dict[str, Any]) -> None:
@@ -92,8 +89,9 @@ def validate_model(setup: Setup, config: dict[str, Any]) -> None:
     into the load; refused here from config.json."""
     if not setup.quantizes_kv:
         return
-    other = sorted(set(attention_layer_types(config)) - {"full_attention"})
+    other = sorted({f"{k} attention" for k in attention_layer_types(config)} - {"full attention"})
     if other:
         raise UserError(f"setup {setup.name!r} on hf: a {setup.kv_cache} KV cache (transformers' QuantizedCache) "
-                        f"supports only full-attention layers, and this model has {', '.join(other)} layers; "
+                        f"supports only full-attention layers (it is not full attention), and this model has "
+                        f"{', '.join(other)} layers; "
                         "drop the setup or serve its KV cache on the vllm backend")

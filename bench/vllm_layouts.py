@@ -1,0 +1,107 @@
+"""vLLM's own KV accounting against qeval's, on small random-weight instances of each attention
+layout its CPU build runs (`load_format="dummy"`: weights are never read). For each: a 2-layer
+model folder written by transformers, an engine started with a fixed KV pool
+(`kv_cache_memory_bytes`) and max_model_len L, and its log line "KV cache size: N tokens,
+Maximum concurrency for L tokens per request: Yx", against qeval/memory/layouts.py's prediction
+of one sequence (blocks x block bytes): Y = floor(pool / block bytes) / blocks per sequence.
+
+    .venv-vllm/bin/python bench/vllm_layouts.py [--json OUT]      (about a minute per layout)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+POOL = 64 * 2**20  # bytes of KV pool given to every engine
+CONTEXT = 2048
+LAYOUTS = {
+    "llama (full)": ("llama", {}),
+    "mistral (sliding everywhere)": ("mistral", {"sliding_window": 256}),
+    "gemma3 (sliding + full)": ("gemma3_text", {"layer_types": ["sliding_attention", "full_attention"],
+                                                "sliding_window": 256, "query_pre_attn_scalar": 64}),
+    "gpt-oss style (sliding + full, sinks)": ("gpt_oss", {"layer_types": ["sliding_attention", "full_attention"],
+                                                          "sliding_window": 128, "num_local_experts": 4,
+                                                          "num_experts_per_tok": 2}),
+}
+BASE = {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "max_position_embeddings": 4096,
+        "bos_token_id": 1, "eos_token_id": 2}
+
+
+def write_model(folder: Path, model_type: str, extra: dict[str, object]) -> dict[str, object]:
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(model_type, **(BASE | extra))
+    config.save_pretrained(folder)
+    return config.to_dict()
+
+
+def engine_figures(folder: Path) -> tuple[int, float, str]:
+    """Start vLLM on the folder with dummy weights and the fixed pool; its logged tokens and concurrency."""
+    from vllm import LLM
+
+    lines: list[str] = []
+
+    class Grab(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logging.getLogger("vllm").addHandler(Grab())
+    llm = LLM(model=str(folder), load_format="dummy", skip_tokenizer_init=True, max_model_len=CONTEXT,
+              kv_cache_memory_bytes=POOL, enforce_eager=True, enable_prefix_caching=False, dtype="bfloat16")
+    del llm
+    text = "\n".join(lines)
+    tokens = re.search(r"KV cache size: ([\d,]+) tokens", text)
+    conc = re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text)
+    if not tokens or not conc:
+        raise RuntimeError("no KV cache line in vLLM's log")
+    return int(tokens.group(1).replace(",", "")), float(conc.group(2)), tokens.group(0) + "; " + conc.group(0)
+
+
+def predicted(config: dict[str, object]) -> tuple[float, int]:
+    """qeval's concurrency at CONTEXT for POOL bytes, and its bytes per sequence."""
+    from qeval.config.setups import Setup
+    from qeval.memory.layouts import VLLM_QEVAL_CPU, predict_sequence
+    from qeval.records.shape import ModelShape
+
+    shape = ModelShape.from_config(config)
+    seq = predict_sequence(shape, Setup(name="bf16", weights="bf16"), "bfloat16", CONTEXT, "vllm", VLLM_QEVAL_CPU)
+    blocks = seq.total // seq.block_bytes
+    return (POOL // seq.block_bytes) / blocks, seq.total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (model_type, extra) in LAYOUTS.items():
+            folder = Path(tmp) / model_type
+            config = write_model(folder, model_type, extra)
+            ours, seq = predicted(config)
+            try:
+                tokens, theirs, line = engine_figures(folder)
+            except Exception as exc:  # noqa: BLE001 - an architecture this build cannot start is a row, said so
+                rows.append({"layout": name, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"})
+                print(f"{name:<40} vLLM could not start it: {rows[-1]['error']}")
+                continue
+            rows.append({"layout": name, "vllm_concurrency": theirs, "vllm_tokens": tokens, "qeval_concurrency": ours,
+                         "qeval_sequence_bytes": seq, "line": line})
+            print(f"{name:<40} vLLM {theirs:8.2f}x ({tokens:,} tokens)  qeval {ours:8.2f}x  ({seq:,} B per sequence)")
+    if args.json:
+        args.json.write_text(json.dumps({"pool_bytes": POOL, "context": CONTEXT, "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
