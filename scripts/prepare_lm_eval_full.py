@@ -252,13 +252,14 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "tasks" / "lm_eval_full")
     parser.add_argument("--cache", type=Path, default=ROOT / ".whl")
     parser.add_argument("--force", action="store_true", help="rebuild even when the folder is complete")
+    parser.add_argument("--checksums", type=Path, default=CHECKSUMS, help="the sha256 list the files must match")
     parser.add_argument("--write-checksums", action="store_true",
-                        help=f"record the files' sha256 in {CHECKSUMS.relative_to(ROOT)} instead of checking them")
+                        help="record the files' sha256 in --checksums instead of checking them")
     args = parser.parse_args()
-    expected = dict(line.split("  ", 1)[::-1] for line in CHECKSUMS.read_text().splitlines()) \
-        if CHECKSUMS.is_file() else {}
+    sums: Path = args.checksums
+    expected = dict(line.split("  ", 1)[::-1] for line in sums.read_text().splitlines()) if sums.is_file() else {}
     marker = args.out / MARKER
-    stamp = hashlib.sha256(CHECKSUMS.read_bytes()).hexdigest() if CHECKSUMS.is_file() else ""
+    stamp = hashlib.sha256(sums.read_bytes()).hexdigest() if sums.is_file() else ""
     if marker.is_file() and marker.read_text().strip() == stamp and not args.force and not args.write_checksums:
         print(f"{args.out}: complete, left alone (--force rebuilds)", file=sys.stderr)
         return 0
@@ -270,13 +271,13 @@ def main() -> int:
         (tmp / "out" / "README.md").write_text(_readme(counts))
         files = dict(written(tmp / "out"))
         if args.write_checksums:
-            CHECKSUMS.write_text("".join(f"{sha}  {rel}\n" for rel, sha in files.items()))
-            stamp = hashlib.sha256(CHECKSUMS.read_bytes()).hexdigest()
+            sums.write_text("".join(f"{sha}  {rel}\n" for rel, sha in files.items()))
+            stamp = hashlib.sha256(sums.read_bytes()).hexdigest()
         else:
             missing = sorted(set(expected) - set(files))
             bad = [rel for rel, sha in files.items() if expected.get(rel) != sha]
             if missing or bad:
-                raise ShaMismatch(f"{len(bad)} written files differ from {CHECKSUMS.relative_to(ROOT)} "
+                raise ShaMismatch(f"{len(bad)} written files differ from {sums} "
                                   f"(first: {(bad + missing)[0]}); {len(missing)} missing")
         (tmp / "out" / MARKER).write_text(stamp + "\n")
         shutil.rmtree(args.out, ignore_errors=True)

@@ -37,11 +37,8 @@ def test_the_sets_are_prepared_and_their_files_checked(tmp_path: Path) -> None:
     sums = tmp_path / "sums"
     lines = (ROOT / "scripts" / "lm_eval_full.sha256").read_text().splitlines()
     sums.write_text("\n".join(["0" * 64 + lines[0][64:], *lines[1:]]) + "\n")
-    script = (ROOT / "scripts" / "prepare_lm_eval_full.py").read_text().replace(
-        'CHECKSUMS = ROOT / "scripts" / "lm_eval_full.sha256"', f"CHECKSUMS = Path({str(sums)!r})")
-    (tmp_path / "prep.py").write_text(script.replace("ROOT = Path(__file__).resolve().parent.parent",
-                                                     f"ROOT = Path({str(ROOT)!r})"))
-    res = subprocess.run([sys.executable, str(tmp_path / "prep.py"), "--out", str(tmp_path / "out")],
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "prepare_lm_eval_full.py"), "--out",
+                          str(tmp_path / "out"), "--checksums", str(sums)],
                          capture_output=True, text=True, timeout=600, check=False)
     assert res.returncode == 2, res.stderr[-2000:]
     assert "differ from" in res.stderr and lines[0][66:] in res.stderr
