@@ -108,25 +108,25 @@ class KLDistribution(ResultModel):
     one tail bucket: a lower bound of the full KL (docs/statistics.md)."""
 
     tokens: int = Field(description="tokens the distribution is over")
-    kl_mean: float
-    kl_median: float
-    kl_p90: float
-    kl_p99: float
+    kl_mean: float = Field(description="mean KL(baseline || setup) per token, nats")
+    kl_median: float = Field(description="the median token's KL")
+    kl_p90: float = Field(description="the 90th percentile of KL over tokens")
+    kl_p99: float = Field(description="the 99th percentile")
     kl_p99_9: float = Field(description="the 99.9th percentile")
-    kl_max: float
+    kl_max: float = Field(description="the largest token's KL")
     same_top1: float = Field(description="share of tokens whose top-1 prediction is the baseline's")
     dp_mean: float | None = Field(None, description="mean Δp: the setup's probability of the actual next token "
                                                     "minus the baseline's (null: the baseline's reference predates it)")
-    dp_rms: float | None = None
-    dp_min: float | None = None
-    dp_p1: float | None = None
-    dp_p5: float | None = None
-    dp_p25: float | None = None
-    dp_median: float | None = None
-    dp_p75: float | None = None
-    dp_p95: float | None = None
-    dp_p99: float | None = None
-    dp_max: float | None = None
+    dp_rms: float | None = Field(None, description="root mean square of Δp")
+    dp_min: float | None = Field(None, description="the most negative Δp")
+    dp_p1: float | None = Field(None, description="the 1st percentile of Δp")
+    dp_p5: float | None = Field(None, description="the 5th percentile of Δp")
+    dp_p25: float | None = Field(None, description="the 25th percentile of Δp")
+    dp_median: float | None = Field(None, description="the median Δp")
+    dp_p75: float | None = Field(None, description="the 75th percentile of Δp")
+    dp_p95: float | None = Field(None, description="the 95th percentile of Δp")
+    dp_p99: float | None = Field(None, description="the 99th percentile of Δp")
+    dp_max: float | None = Field(None, description="the largest Δp")
 
 
 class Comparison(ResultModel):

@@ -57,7 +57,8 @@ def test_the_group_is_the_smallest_that_fits_by_the_one_formula() -> None:
 
 def _capacity(shape: ModelShape, weights: int, kv: int, tp: int) -> int:
     group = BUDGET.model_copy(update={"gpu_memory_gib": 24 * tp, "overhead_gib": tp})
-    return kv_capacity(weights, group_kv_bytes_per_token(shape, kv, tp), group).kv_cache_tokens
+    sequence = group_kv_bytes_per_token(shape, kv * BUDGET.context_len, tp)  # a uniform model: tokens x context
+    return kv_capacity(weights, sequence, group).kv_cache_tokens
 
 
 def test_kv_heads_are_replicated_past_their_number() -> None:
