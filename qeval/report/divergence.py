@@ -5,8 +5,8 @@ probability). Empty for results without it (written before it was kept, or no pe
 
 from __future__ import annotations
 
-from qeval.report.sections import HtmlTables, ReportSection
-from qeval.report.tables import Escape, md_table
+from qeval.report.sections import table_section
+from qeval.report.tables import Escape
 from qeval.results.schema import Results
 
 HEADER = ["setup", "task", "tokens", "mean KLD", "median", "p90", "p99", "p99.9", "max", "same top-1", "mean Δp",
@@ -29,20 +29,11 @@ def rows(results: Results, esc: Escape) -> list[list[str]]:
     return out
 
 
-def markdown(results: Results, esc: Escape) -> list[str]:
-    body = rows(results, esc)
-    if not body:
-        return []
-    return ["## KL divergence to the baseline", "", *md_table(HEADER, body), "",
-            "Over every scored token of each perplexity task: KL(baseline || setup) in nats on the baseline's "
-            "top-16 next tokens plus one tail bucket (a lower bound of the full KL), the share of tokens whose "
-            "top-1 prediction is the baseline's, and Δp, the setup's probability of the actual next token minus "
-            "the baseline's, in points.", ""]
+LEGEND = ("Over every scored token of each perplexity task: KL(baseline || setup) in nats on the baseline's "
+          "top-16 next tokens plus one tail bucket (a lower bound of the full KL), the share of tokens whose "
+          "top-1 prediction is the baseline's, and Δp, the setup's probability of the actual next token minus "
+          "the baseline's, in points.")
 
 
-def tables(results: Results) -> HtmlTables:
-    body = rows(results, str)
-    return {"Token-level KL(baseline || setup) and Δp, perplexity tasks": (HEADER, body)} if body else {}
-
-
-SECTION = ReportSection(title="KL divergence to the baseline", anchor="kl", markdown=markdown, tables=tables)
+SECTION = table_section("KL divergence to the baseline", "kl",
+                        "Token-level KL(baseline || setup) and Δp, perplexity tasks", HEADER, rows, LEGEND)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from qeval.report.tables import Escape
+from qeval.report.tables import Escape, md_table
 from qeval.results.schema import Results
 
 #: report.html's tables of a section: caption -> (header, rows), unescaped (Jinja2 escapes them)
@@ -33,3 +33,18 @@ class ReportSection:
     tables: Callable[[Results], HtmlTables] = field(default=_none)
     #: report.html's plots: caption -> a function drawing a matplotlib figure from the results
     figures: Callable[[Results], dict[str, Callable[[Results], Any]]] = field(default=_none)
+
+
+def table_section(title: str, anchor: str, caption: str, header: list[str],
+                  rows: Callable[[Results, Escape], list[list[str]]], legend: str) -> ReportSection:
+    """A section of one table: `## title`, the table and its legend in report.md, the table under
+    `caption` in report.html; nothing where `rows` gives none."""
+    def markdown(results: Results, esc: Escape) -> list[str]:
+        body = rows(results, esc)
+        return [f"## {title}", "", *md_table(header, body), "", legend, ""] if body else []
+
+    def tables(results: Results) -> HtmlTables:
+        body = rows(results, str)
+        return {caption: (header, body)} if body else {}
+
+    return ReportSection(title=title, anchor=anchor, markdown=markdown, tables=tables)

@@ -6,8 +6,8 @@ and for results written before it was recorded."""
 
 from __future__ import annotations
 
-from qeval.report.sections import HtmlTables, ReportSection
-from qeval.report.tables import Escape, md_table
+from qeval.report.sections import table_section
+from qeval.report.tables import Escape
 from qeval.results.schema import Results
 
 HEADER = ["setup", "context", "per layer kind (predicted)", "state", "predicted", "measured", "naive"]
@@ -29,20 +29,11 @@ def rows(results: Results, esc: Escape) -> list[list[str]]:
     return out
 
 
-def markdown(results: Results, esc: Escape) -> list[str]:
-    body = rows(results, esc)
-    if not body:
-        return []
-    return ["## KV cache per sequence", "", *md_table(HEADER, body), "",
-            "This model's layers keep different spans of tokens or hold a state, so KV bytes per token x context "
-            "is not what one sequence holds: this is (docs/memory.md, \"Attention layouts\"), and the capacity is "
-            "sized by it. Predicted by the engine's own rules; measured: the storage the hf backend's cache pinned "
-            "for one sequence; naive: 2 x layers x KV heads x head_dim x bytes x context.", ""]
+LEGEND = ("This model's layers keep different spans of tokens or hold a state, so KV bytes per token x context "
+          "is not what one sequence holds: this is (docs/memory.md, \"Attention layouts\"), and the capacity is "
+          "sized by it. Predicted by the engine's own rules; measured: the storage the hf backend's cache pinned "
+          "for one sequence; naive: 2 x layers x KV heads x head_dim x bytes x context.")
 
 
-def tables(results: Results) -> HtmlTables:
-    body = rows(results, str)
-    return {"One sequence of the budget's context, per layer kind": (HEADER, body)} if body else {}
-
-
-SECTION = ReportSection(title="KV cache per sequence", anchor="kv-sequence", markdown=markdown, tables=tables)
+SECTION = table_section("KV cache per sequence", "kv-sequence",
+                        "One sequence of the budget's context, per layer kind", HEADER, rows, LEGEND)
