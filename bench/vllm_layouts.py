@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import re
+import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -31,8 +32,23 @@ LAYOUTS = {
     "gpt-oss style (sliding + full, sinks)": ("gpt_oss", {"layer_types": ["sliding_attention", "full_attention"],
                                                           "sliding_window": 128, "num_local_experts": 4,
                                                           "num_experts_per_tok": 2}),
+    "llama4 style (chunked + full)": ("llama4_text", {"attention_chunk_size": 256, "no_rope_layers": [1, 0],
+                                                      "num_local_experts": 2, "intermediate_size_mlp": 512,
+                                                      "interleave_moe_layer_step": 1}),
+    "deepseek-v3 style (latent, MLA)": ("deepseek_v3", {"num_key_value_heads": 4, "kv_lora_rank": 512,
+                                                        "q_lora_rank": 64, "qk_rope_head_dim": 64,
+                                                        "qk_nope_head_dim": 64, "v_head_dim": 64,
+                                                        "n_routed_experts": 2, "num_experts_per_tok": 1,
+                                                        "first_k_dense_replace": 2, "moe_intermediate_size": 64,
+                                                        "n_group": 1, "topk_group": 1}),
+    "qwen3-next style (linear attention + full)": ("qwen3_next", {
+        "layer_types": ["linear_attention", "full_attention"], "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4, "linear_key_head_dim": 64, "linear_value_head_dim": 64,
+        "linear_conv_kernel_dim": 4, "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 64,
+        "shared_expert_intermediate_size": 64}),
 }
-BASE = {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+TOKENIZER = ROOT / "models" / "smollm2-135m"  # `make smollm2`
+BASE = {"vocab_size": 49152, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "max_position_embeddings": 4096,
         "bos_token_id": 1, "eos_token_id": 2}
 
@@ -42,39 +58,44 @@ def write_model(folder: Path, model_type: str, extra: dict[str, object]) -> dict
 
     config = AutoConfig.for_model(model_type, **(BASE | extra))
     config.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # a real tokenizer of this vocabulary size
+        shutil.copy(TOKENIZER / name, folder / name)
     return config.to_dict()
 
 
-def engine_figures(folder: Path) -> tuple[int, float, str]:
-    """Start vLLM on the folder with dummy weights and the fixed pool; its logged tokens and concurrency."""
+def start_engine(folder: Path) -> None:
+    """In a child process: vLLM on the folder with dummy weights and the fixed pool (it logs its
+    KV cache line at start-up), then exit."""
     from vllm import LLM
 
-    lines: list[str] = []
+    LLM(model=str(folder), load_format="dummy", max_model_len=CONTEXT, kv_cache_memory_bytes=POOL,
+        enforce_eager=True, enable_prefix_caching=False, dtype="bfloat16")
 
-    class Grab(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(record.getMessage())
 
-    logging.getLogger("vllm").addHandler(Grab())
-    llm = LLM(model=str(folder), load_format="dummy", skip_tokenizer_init=True, max_model_len=CONTEXT,
-              kv_cache_memory_bytes=POOL, enforce_eager=True, enable_prefix_caching=False, dtype="bfloat16")
-    del llm
-    text = "\n".join(lines)
+def engine_figures(folder: Path) -> tuple[int, float, str]:
+    """The tokens and concurrency vLLM logged for the folder, from a child process's output
+    (vLLM logs to stdout, from its engine-core process)."""
+    res = subprocess.run([sys.executable, __file__, "--engine", str(folder)], capture_output=True, text=True,
+                         timeout=600, check=False)
+    text = res.stdout + res.stderr
     tokens = re.search(r"KV cache size: ([\d,]+) tokens", text)
     conc = re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text)
     if not tokens or not conc:
-        raise RuntimeError("no KV cache line in vLLM's log")
+        last = [line for line in text.splitlines() if "Error" in line][-1:] or ["no KV cache line in vLLM's log"]
+        raise RuntimeError(last[0][:300])
     return int(tokens.group(1).replace(",", "")), float(conc.group(2)), tokens.group(0) + "; " + conc.group(0)
 
 
 def predicted(config: dict[str, object]) -> tuple[float, int]:
     """qeval's concurrency at CONTEXT for POOL bytes, and its bytes per sequence."""
+    from qeval.backends.vllm.support import cache_accounting
     from qeval.config.setups import Setup
-    from qeval.memory.layouts import VLLM_QEVAL_CPU, predict_sequence
+    from qeval.memory.layouts import predict_sequence
     from qeval.records.shape import ModelShape
 
     shape = ModelShape.from_config(config)
-    seq = predict_sequence(shape, Setup(name="bf16", weights="bf16"), "bfloat16", CONTEXT, "vllm", VLLM_QEVAL_CPU)
+    seq = predict_sequence(shape, Setup(name="bf16", weights="bf16"), "bfloat16", CONTEXT, "vllm",
+                           cache_accounting("cpu"))
     blocks = seq.total // seq.block_bytes
     return (POOL // seq.block_bytes) / blocks, seq.total
 
@@ -82,7 +103,11 @@ def predicted(config: dict[str, object]) -> tuple[float, int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--engine", type=Path, help=argparse.SUPPRESS)  # the child process's mode
     args = ap.parse_args()
+    if args.engine:
+        start_engine(args.engine)
+        return
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -92,8 +117,8 @@ def main() -> None:
             ours, seq = predicted(config)
             try:
                 tokens, theirs, line = engine_figures(folder)
-            except Exception as exc:  # noqa: BLE001 - an architecture this build cannot start is a row, said so
-                rows.append({"layout": name, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"})
+            except RuntimeError as exc:  # an architecture this build cannot start is a row, said so
+                rows.append({"layout": name, "error": str(exc)})
                 print(f"{name:<40} vLLM could not start it: {rows[-1]['error']}")
                 continue
             rows.append({"layout": name, "vllm_concurrency": theirs, "vllm_tokens": tokens, "qeval_concurrency": ours,

@@ -8,7 +8,7 @@ from typing import Any
 
 from qeval.config.setups import Setup
 from qeval.memory.capacity import Budget, kv_capacity
-from qeval.memory.layouts import VLLM_QEVAL_CPU, VLLM_SERVE_GPU, Engine, predict_sequence
+from qeval.memory.layouts import VLLM_QEVAL_CPU, VLLM_SERVE_GPU, Engine, VllmCache, predict_sequence
 from qeval.memory.ledger import ModelShape, predict_kv_bytes_per_token, predict_weights_bytes
 from qeval.results.schema import EnginePool, Figure, Memory, SequenceKV
 
@@ -17,7 +17,7 @@ GAP_FLAG = 0.10
 
 
 def memory_block(setup: Setup, measured: dict[str, Any], shape: ModelShape | None, dtype: str, device: str,
-                 budget: Budget, engine_share: str, backend: str = "hf") -> Memory:
+                 budget: Budget, engine_share: str, backend: str = "hf", vllm: VllmCache | None = None) -> Memory:
     """The memory block from the worker's measured figures (`measured`, as stored) and the
     model's shape. `engine_share` says what a vLLM engine's pool was sized from."""
     def fig(name: str, predicted: int | None = None) -> Figure:
@@ -32,7 +32,7 @@ def memory_block(setup: Setup, measured: dict[str, Any], shape: ModelShape | Non
         peak_bytes=fig("peak_bytes"), activations_bytes=fig("activations_bytes"),
         overhead_bytes=fig("overhead_bytes") if "overhead_bytes" in measured else None,
         engine=_engine_pool(measured, engine_share),
-        kv_per_sequence=_sequence(setup, measured, shape, dtype, device, budget, backend) if shape else None,
+        kv_per_sequence=_sequence(setup, measured, shape, dtype, device, budget, backend, vllm) if shape else None,
     )
     if mem.engine and device == "cuda":  # vLLM sized its KV pool on the GPU itself: that, not a prediction
         ctx = budget.context_len
@@ -56,11 +56,11 @@ def memory_block(setup: Setup, measured: dict[str, Any], shape: ModelShape | Non
 
 
 def _sequence(setup: Setup, measured: dict[str, Any], shape: ModelShape, dtype: str, device: str, budget: Budget,
-              backend: str) -> SequenceKV:
+              backend: str, vllm: VllmCache | None) -> SequenceKV:
     """One sequence of the budget's context on this backend, predicted by its engine's rules, and
     measured where the worker measured it at that context."""
     engine: Engine = "vllm" if backend == "vllm" else "hf"
-    vllm = VLLM_SERVE_GPU if device == "cuda" else VLLM_QEVAL_CPU
+    vllm = vllm or (VLLM_SERVE_GPU if device == "cuda" else VLLM_QEVAL_CPU)
     p = predict_sequence(shape, setup, dtype, budget.context_len, engine, vllm)
     m = measured.get("kv_bytes_per_sequence") or {}
     at = (m.get("extra") or {}).get("context")

@@ -53,6 +53,9 @@ class VllmCache:
     state_pages: int = 1
     #: the backend's smallest kernel block: hybrid state models raise the block size in its units
     kernel_block: int = 128
+    #: the linear-attention recurrent state's dtype (None: the model's); the CPU build resets it to
+    #: float32 on CPUs with avx512_bf16 (vllm/platforms/cpu.py: "Reset SSM cache type to float32")
+    state_dtype: str | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,7 @@ def sequence_kv(shape: ModelShape, layer_token_bytes: int, context: int, engine:
     kinds = shape.kinds()
     counts = {k: kinds.count(k) for k in dict.fromkeys(kinds)}
     naive = naive_bytes(shape, _BYTES[dtype], context)
+    state_dtype = state_dtype or (vllm.state_dtype if vllm and engine == "vllm" else None)
     state_one = linear_state_bytes(shape, engine, dtype, state_dtype) if "linear" in counts else 0
     latent = "latent" if shape.kv_lora_rank is not None else "full"
     if engine == "hf":

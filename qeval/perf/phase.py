@@ -52,9 +52,12 @@ def budget_concurrency(cfg: RunConfig, setup: Setup, device: str, memory: dict[s
                        shape: dict[str, Any] | None) -> float | None:
     """The setup's memory.max_concurrency, computed here exactly as the results will report it
     (qeval.memory.figures.memory_block on the same measured figures, as stored, and model shape)."""
+    from qeval.backends.vllm.support import cache_accounting
     from qeval.memory.figures import memory_block
+
+    vllm = cache_accounting(device) if cfg.backend == "vllm" else None
     block = memory_block(setup, memory, _shape(shape) if shape else None, cfg.model.dtype, device, cfg.budget, "",
-                         cfg.backend)
+                         cfg.backend, vllm)
     return block.max_concurrency
 
 

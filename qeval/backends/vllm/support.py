@@ -29,12 +29,14 @@ built into the CPU wheel).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from qeval.backends.device import cpu_flags
 from qeval.config.setups import Setup
 from qeval.errors import UserError
+from qeval.memory.layouts import VLLM_QEVAL_CPU, VLLM_SERVE_GPU, VllmCache
 
 _CHECKPOINT_METHODS = {"w8a8": "int8", "w4a8": "int4", "gptq": "int4", "awq": "int4"}
 
@@ -136,3 +138,12 @@ def engine_args(model_path: str, setup: Setup, *, dtype: str, max_model_len: int
     if setup.kv_cache != "auto":
         args["kv_cache_dtype"] = KV_DTYPES[setup.kv_cache]
     return args
+
+
+def cache_accounting(device: str) -> VllmCache:
+    """How vLLM sizes its KV cache where qeval's vllm backend runs it: `vllm serve`'s GPU defaults
+    on CUDA; on this CPU build the LLM class's (block 128, 4,096 batched tokens, prefix caching
+    off), with a float32 linear-attention state on CPUs with avx512_bf16 (vllm/platforms/cpu.py)."""
+    if device == "cuda":
+        return VLLM_SERVE_GPU
+    return replace(VLLM_QEVAL_CPU, state_dtype="float32" if "avx512_bf16" in cpu_flags() else None)
