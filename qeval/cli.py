@@ -307,7 +307,8 @@ def plan_cmd(
         parts += [f"state {_mib(first.state_bytes_per_sequence)}"] if first.state_bytes_per_sequence else []
         Console().print(escape(f"{first.setup}: one {context_len}-token sequence holds {', '.join(parts)} "
                                f"({engine}), against {_mib(first.naive_kv_bytes_per_sequence)} if every layer "
-                               "cached every token; KV / token is the cost below the shortest window"))
+                               "cached every token; KV / token counts the attention layers only, below the "
+                               "shortest window or chunk"))
     if cluster and grouped:
         _print_cluster(model, cluster, gpu_gib, context_len, concurrency, *grouped)
 
