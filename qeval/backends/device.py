@@ -134,6 +134,14 @@ def resolve_precision(requested: str, config: dict[str, Any], device: str) -> Pr
     16-bit dtype the device emulates is kept (the user asked for it) and flagged as slow."""
     native = native_16bit(device)
     where = "this GPU" if device == "cuda" else "this CPU"
+    if requested == "bfloat16-if-native":
+        if "bfloat16" in native:
+            return Precision(requested, "bfloat16", f"dtype bfloat16-if-native: bfloat16, native on {where}")
+        cap = isa_cap() if device != "cuda" else ""
+        fallback = f"{cap} caps torch below native bfloat16" if cap else f"{where} has no native bfloat16"
+        return Precision(requested, "float32", f"dtype bfloat16-if-native: float32, because {fallback}; "
+                                               f"bfloat16 would run about {EMULATED_SLOWDOWN}x slower, emulated",
+                         fallback=fallback)
     if requested == "auto":
         own = model_dtype(config)
         if own is None:  # as transformers loads a config that names no dtype
@@ -157,7 +165,7 @@ def resolve_precision(requested: str, config: dict[str, Any], device: str) -> Pr
 def dtype_for(requested: str, model: Path, device: str = "cpu") -> str:
     """`requested` resolved for a model folder's config.json, for code that builds a RunConfig
     without a preflight (bench/): `auto` -> as a run would resolve it; others unchanged."""
-    if requested != "auto":
+    if requested not in ("auto", "bfloat16-if-native"):
         return requested
     import json
 

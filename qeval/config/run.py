@@ -34,8 +34,10 @@ class ModelSpec(Strict):
     path: str
     #: `auto`: the model's own 16-bit dtype where the device runs it natively, float32 elsewhere
     #: (a CPU without avx512_bf16 / AMX emulates bfloat16 ~100x slower: qeval/backends/device.py).
+    #: `bfloat16-if-native`: bfloat16 where the device runs it natively, float32 elsewhere, whatever the
+    #: model's own dtype (a float32 folder such as the dequantized SmolLM2 served as its bf16 original).
     #: Resolved at preflight; results.json records both (`run.dtype_requested`, `run.dtype`)
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    dtype: Literal["auto", "bfloat16-if-native", "bfloat16", "float16", "float32"] = "auto"
     max_context: int = Field(default=2048, gt=0)
     trust_remote_code: bool = False
     revision: str | None = None

@@ -16,7 +16,7 @@ from qeval.records.shape import ModelShape
 class Precision:
     """What the model computes in, and why: recorded in results.json and the report."""
 
-    requested: str  # the config's model.dtype: auto, bfloat16, float16 or float32
+    requested: str  # the config's model.dtype: auto, bfloat16-if-native, bfloat16, float16 or float32
     dtype: str  # what the setups run in
     reason: str  # one line: why this dtype (auto) or what it costs here (an emulated 16-bit dtype)
     emulated: bool = False  # a 16-bit dtype this device emulates (slow)
@@ -25,9 +25,9 @@ class Precision:
     @property
     def short(self) -> str:
         """`dtype float32 (auto: this CPU has no native bfloat16)`, `dtype bfloat16 (auto)`, `dtype float32`."""
-        if self.requested != "auto":
+        if self.requested not in ("auto", "bfloat16-if-native"):
             return f"dtype {self.dtype}" + (" (emulated here: slow)" if self.emulated else "")
-        return f"dtype {self.dtype} (auto{': ' + self.fallback if self.fallback else ''})"
+        return f"dtype {self.dtype} ({self.requested}{': ' + self.fallback if self.fallback else ''})"
 
 
 

@@ -234,8 +234,8 @@ class RunInfo(ResultModel):
     hardware: dict[str, Any] = {}
     dtype: str | None = Field(None, description="the dtype the setups computed in (model.dtype resolved on this "
                                                 "device; null in results written before it was recorded)")
-    dtype_requested: str | None = Field(None, description="model.dtype as the config gave it (auto, bfloat16, "
-                                                          "float16 or float32)")
+    dtype_requested: str | None = Field(None, description="model.dtype as the config gave it (auto, "
+                                                          "bfloat16-if-native, bfloat16, float16 or float32)")
     dtype_reason: str | None = Field(None, description="why that dtype: what `auto` chose and why, or what an "
                                                        "emulated 16-bit dtype costs on this device")
     partial_tasks: dict[str, str] = Field({}, description="config entries (tasks, lm-eval groups) with no complete "

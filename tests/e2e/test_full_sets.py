@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 FULL = ROOT / "tasks" / "lm_eval_full"
 SMOLLM2 = ROOT / "models" / "smollm2-135m"
 TASKS = ["arc_easy_full", "arc_challenge_full", "hellaswag_full", "piqa_full", "winogrande_full", "openbookqa_full",
-         "sciq_full", "gsm8k_cot_full", "lambada_openai_full", "mmlu_full"]
+         "sciq_full", "gsm8k_cot_full", "gsm8k_full", "lambada_openai_full", "mmlu_full"]
 #: documents scored per set, as the wheels ship them (ARC: the test sets)
 SIZES = {"arc_easy_full": 2376, "arc_challenge_full": 1172, "hellaswag_full": 10042, "piqa_full": 1838,
          "winogrande_full": 1267, "openbookqa_full": 500, "sciq_full": 1000, "gsm8k_cot_full": 1319,

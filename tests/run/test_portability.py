@@ -50,6 +50,18 @@ def test_auto_is_the_models_own_dtype_where_native(bf16: None) -> None:
     assert precision.resolve_precision("auto", {"dtype": "float16"}, "cuda").dtype == "float16"
 
 
+def test_bfloat16_if_native_follows_the_cpu_not_the_models_dtype(bf16: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real demo's baseline: a float32 folder (dequantized SmolLM2) served as its bf16 original
+    where the CPU has native bf16, and in float32, flagged with why, where it has not."""
+    p = precision.resolve_precision("bfloat16-if-native", {"dtype": "float32"}, "cpu")
+    assert (p.dtype, p.emulated, p.fallback) == ("bfloat16", False, "")
+    assert p.short == "dtype bfloat16 (bfloat16-if-native)"
+    monkeypatch.setattr(precision, "cpu_flags", lambda: AVX2)
+    p = precision.resolve_precision("bfloat16-if-native", {"dtype": "float32"}, "cpu")
+    assert p.dtype == "float32" and not p.emulated and "no native bfloat16" in p.reason
+    assert p.short == "dtype float32 (bfloat16-if-native: this CPU has no native bfloat16)"
+
+
 def test_explicit_16bit_on_an_emulating_cpu_is_kept_and_flagged(no_bf16: None) -> None:
     p = precision.resolve_precision("bfloat16", {"dtype": "bfloat16"}, "cpu")
     assert p.dtype == "bfloat16" and p.emulated
@@ -131,6 +143,8 @@ def test_the_shipped_demo_configs_use_auto() -> None:
                  "smollm2-openllm.yaml"):
         cfg = yaml.safe_load((ROOT / "configs" / name).read_text())
         assert cfg["model"]["dtype"] == "auto", name
+    real = yaml.safe_load((ROOT / "configs" / "smollm2-real.yaml").read_text())
+    assert real["model"]["dtype"] == "bfloat16-if-native"
 
 
 # -- the ceilings probe ---------------------------------------------------------------------------
