@@ -163,6 +163,34 @@ def compare(task: str, theirs: dict[str, Any], ours: Any) -> dict[str, Any]:
                         if isinstance(v, (int, float))}}
 
 
+def unique_tokens(theirs: dict[str, Any], task: str, tok: Any) -> int:
+    """Tokens a scorer that shares each document's context across its choices must run: per
+    document, the context once plus every continuation (lm-eval's own requests, its tokenizer)."""
+    by_doc: dict[int, tuple[str, list[str]]] = {}
+    for s in theirs["samples"][task]:
+        args = s.get("arguments") or []
+        for arg in (list(args.values()) if isinstance(args, dict) else args):  # the schema's dict form too
+            ctx, cont = (arg.get("arg_0"), arg.get("arg_1")) if isinstance(arg, dict) else (arg[0], arg[1])
+            entry = by_doc.setdefault(int(s["doc_id"]), (ctx, []))
+            entry[1].append(cont if isinstance(cont, str) else "")
+    return sum(len(tok(ctx)["input_ids"]) + sum(len(tok(c, add_special_tokens=False)["input_ids"]) for c in conts)
+               for ctx, conts in by_doc.values())
+
+
+def matmul_peak(threads: int) -> float:
+    """float32 FLOP/s of a 1024^3 torch.matmul on `threads` threads (best of 5, after a warm-up)."""
+    import torch
+
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    torch.matmul(a, b)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * 1024**3 / best
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=ROOT / "models" / "smollm2-135m")
@@ -181,6 +209,9 @@ def main() -> None:
                          "with other jobs use 1: two threads on two busy cores make a forward pass 2-7x slower from "
                          "one call to the next)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument("--flops", action="store_true",
+                    help="also print the share of the float32 matmul peak each side reaches on unique tokens "
+                         "(multiple-choice tasks: context once plus every continuation, x 2 x parameters)")
     args = ap.parse_args()
     args.max_length = args.max_length or (256 if args.model.name == "qeval-tiny" else 1024)
     # qeval's vLLM backend points fds 1 and 2 at its engine-log capture (teed to stderr);
@@ -201,6 +232,12 @@ def main() -> None:
             q_s, ours = run_qeval(backend, task, args)
             row = compare(task, theirs, ours) | {"lm_eval_s": lm_s, "qeval_s": q_s, "speedup": lm_s / q_s,
                                                  "output_type": theirs["configs"][task]["output_type"]}
+            if args.flops and row["output_type"] == "multiple_choice":
+                params = sum(p.numel() for p in lm.model.parameters())
+                floor = unique_tokens(theirs, task, lm.tokenizer) * 2 * params / matmul_peak(args.threads)
+                row |= {"floor_s": floor, "lm_eval_peak_share": floor / lm_s, "qeval_peak_share": floor / q_s}
+                print(f"{task:<22} matmul-peak floor {floor:.1f} s: lm-eval at {floor / lm_s:.0%}, "
+                      f"qeval at {floor / q_s:.0%} of it", file=report)
             rows.append(row)
             print(f"{task:<22} {row['output_type']:<22} n={row['n']:<4} lm-eval {lm_s:7.2f} s  qeval {q_s:7.2f} s  "
                   f"speed-up {row['speedup']:5.2f}x  |Δ ll| max {row['max_abs_diff']:.1e}  generations equal "
