@@ -97,3 +97,30 @@ def test_a_latent_attention_model_is_refused_with_a_quantized_cache() -> None:
     with pytest.raises(UserError, match="latent-attention"):
         validate_model(Setup(name="k", kv_cache="int4"), {"kv_lora_rank": 512, "num_hidden_layers": 2})
     validate_model(Setup(name="k", kv_cache="int4"), {"sliding_window": 16, "num_hidden_layers": 2})
+
+
+@pytest.mark.parametrize("chunk", [5, 12])  # shorter and longer than the window
+def test_long_inputs_past_the_window_chunk_as_they_run_in_one_pass(chunk: int) -> None:
+    """The long-context paths (backends/hf/chunked.py) on a sliding-window model under an INT4
+    KV cache: a 40-token text scored `chunk` tokens at a time equals one pass, and greedy
+    decoding after a chunked prefill equals decoding after a one-pass prefill."""
+    import numpy as np
+    import torch
+
+    from qeval.backends.hf.chunked import greedy_chunked, score_chunked
+
+    model = _model(WINDOW)
+    setup = Setup(name="k", weights="fp32", kv_cache="int4")
+    text = torch.randint(0, 128, (40,)).tolist()
+
+    def logprobs(logits: Any, offset: int) -> tuple[np.ndarray, ...]:
+        return (torch.log_softmax(logits.float(), -1).numpy(),)
+
+    with torch.no_grad():
+        one = np.concatenate([p[0] for p in score_chunked(model, setup, text, 30, 1000, logprobs, "cpu")])
+        chunked = np.concatenate([p[0] for p in score_chunked(model, setup, text, 30, chunk, logprobs, "cpu")])
+        assert one.shape == chunked.shape == (30, 128)
+        assert np.abs(one - chunked).max() < 1e-4
+        never = lambda generated, token: False  # noqa: E731
+        assert greedy_chunked(model, setup, text, 6, chunk, "cpu", never) == \
+            greedy_chunked(model, setup, text, 6, 1000, "cpu", never)
