@@ -61,7 +61,7 @@ def main() -> int:
 
     from qeval.backends.base import GenerateRequest, RollingRequest
     from qeval.backends.hf.backend import HFBackend
-    from qeval.backends.hf.quant import new_cache
+    from qeval.backends.hf.kv_cache import new_cache
     from qeval.config import ModelSpec, RunConfig
     from qeval.config.long_context import LongContextSpec
     from qeval.config.setups import Setup

@@ -23,8 +23,10 @@ drawing blocks of that full width: padding slots are paid for.
 transformers 5.23.0 (cache_utils.py): DynamicLayer holds every token; DynamicSlidingWindowLayer
 (sliding and chunked layers alike) keeps the last W - 1 tokens, in a slice of the last update's
 tensor: min(L, W) tokens of storage once decoding runs (all L right after a prefill, until the
-first decode step); LinearAttentionLayer holds a conv state of the full kernel width in the
-model dtype and the recurrent state in float32; DeepSeek-V3's attention caches the latent
+first decode step); under a quantized KV cache qeval's own QuantizedSlidingLayer
+(backends/hf/kv_cache.py) keeps min(L, W - 1) tokens, quantized, in storage of its own;
+LinearAttentionLayer holds a conv state of the full kernel width in the model dtype and the
+recurrent state in float32; DeepSeek-V3's attention caches the latent
 (kv_nope, k_rot) before expanding it.
 """
 
@@ -109,10 +111,13 @@ def naive_bytes(shape: ModelShape, dtype_bytes: float, context: int) -> int:
 
 
 def sequence_kv(shape: ModelShape, layer_token_bytes: int, context: int, engine: Engine, dtype: str,
-                vllm: VllmCache | None = None, state_dtype: str | None = None) -> SequenceKV:
+                vllm: VllmCache | None = None, state_dtype: str | None = None,
+                quantized: bool = False) -> SequenceKV:
     """One sequence at `context` tokens on `engine` (the module docstring), from what one token
     costs in one attention layer (memory.ledger.kv_bytes_per_layer_token: the KV dtype,
-    quantization scales included). `dtype` is the model's (state layers, the naive figure)."""
+    quantization scales included). `dtype` is the model's (state layers, the naive figure).
+    `quantized`: a quantized KV cache, whose windowed layers on hf keep W - 1 tokens of their
+    own storage (qeval's QuantizedSlidingLayer), not a slice of the last update's W."""
     kinds = shape.kinds()
     counts = {k: kinds.count(k) for k in dict.fromkeys(kinds)}
     naive = naive_bytes(shape, _BYTES[dtype], context)
@@ -120,8 +125,9 @@ def sequence_kv(shape: ModelShape, layer_token_bytes: int, context: int, engine:
     state_one = linear_state_bytes(shape, engine, dtype, state_dtype) if "linear" in counts else 0
     latent = "latent" if shape.kv_lora_rank is not None else "full"
     if engine == "hf":
-        held = {"full": context, "sliding": min(context, shape.sliding_window or context),
-                "chunked": min(context, shape.attention_chunk_size or context)}
+        span = 1 if quantized else 0
+        held = {"full": context, "sliding": min(context, (shape.sliding_window or context + span) - span),
+                "chunked": min(context, (shape.attention_chunk_size or context + span) - span)}
         kept = {(latent if k == "full" else k): n * layer_token_bytes * held[k]
                 for k, n in counts.items() if k != "linear"}
         return SequenceKV("hf", context, kept, counts.get("linear", 0) * state_one, naive)
@@ -164,4 +170,4 @@ def predict_sequence(shape: ModelShape, setup: Setup, model_dtype: str, context:
     """One sequence of `setup` at `context` tokens on `engine`: KV per layer kind (the setup's KV
     dtype, scales included) and the state of state layers."""
     return sequence_kv(shape, kv_bytes_per_layer_token(shape, setup, model_dtype), context, engine, model_dtype,
-                       vllm, state_dtype)
+                       vllm, state_dtype, quantized=setup.quantizes_kv)

@@ -77,7 +77,9 @@ def kv_bytes_per_layer_token(shape: ModelShape, setup: Setup, model_dtype: str) 
     if setup.kv_cache in ("fp8", "fp8_e5m2"):
         return data  # one per-tensor scale per layer: nothing per token
     group = setup.kv_group_size or group_dim
-    return data + (elems // group) * 2 * SCALE_BYTES
+    # a scale and a zero point per group, in the dtype of the K/V they quantize (quanto's
+    # MaxOptimizer and HQQ keep the input's dtype): 4 bytes each when the model computes in float32
+    return data + (elems // group) * 2 * max(SCALE_BYTES, _DTYPE_BITS[model_dtype] // 8)
 
 
 def tensor_bytes(obj: Any, seen: set[int] | None = None) -> int:

@@ -156,3 +156,34 @@ def test_transformers_caches_what_the_ledger_predicts(model_type: str, context: 
     shape = ModelShape.from_config(config.to_dict())
     predicted = predict_sequence(shape, Setup(name="f", weights="fp32"), "float32", context, "hf")
     assert cache_storage_bytes(cache) == predicted.total, (model_type, predicted)
+
+
+@pytest.mark.parametrize("model_type", [m for m in TINY if m != "deepseek_v3"])  # MLA: refused on hf
+@pytest.mark.parametrize("kv", ["int4", "fp8"])
+@pytest.mark.parametrize("context", [12, 40])
+def test_a_quantized_cache_on_every_layout_holds_what_the_ledger_predicts(model_type: str, kv: str,
+                                                                         context: int) -> None:
+    """The same, under a quantized KV cache (backends/hf/kv_cache.py): full layers in transformers'
+    quantized layers, windowed ones in qeval's QuantizedSlidingLayer (W - 1 tokens), state layers
+    as transformers keeps them; int4 scales in the model's float32."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from qeval.backends.hf.kv_cache import new_cache
+    from qeval.memory.ledger import cache_storage_bytes
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(model_type, **({"vocab_size": 128, "hidden_size": 64, "intermediate_size": 64,
+                                                  "num_hidden_layers": 2, "num_attention_heads": 4,
+                                                  "num_key_value_heads": 2, "max_position_embeddings": 256}
+                                                 | TINY[model_type]))
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    setup = Setup(name="k", weights="fp32", kv_cache=kv)
+    cache = new_cache(config, setup)
+    with torch.no_grad():
+        out = model(input_ids=torch.randint(0, 128, (1, context - 1)), past_key_values=cache, use_cache=True)
+        model(input_ids=out.logits[:, -1:].argmax(-1), past_key_values=cache, use_cache=True)
+    shape = ModelShape.from_config(config.to_dict())
+    predicted = predict_sequence(shape, setup, "float32", context, "hf")
+    # FP8's per-tensor scale is a 0-d tensor per stream: bookkeeping, not tokens (cache_storage_bytes)
+    assert cache_storage_bytes(cache) == predicted.total, (model_type, predicted)

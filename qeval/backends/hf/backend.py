@@ -8,7 +8,7 @@ whitespace moves to the continuation, the continuation's tokens are those of
 KV-cache quantization is only visible when a token attends to K/V that came *out of*
 the cache, so the quantized path prefills all but the last context token into the cache
 first and scores the rest in a second pass; generation decodes token by token from a
-prefilled cache; perplexity text is scored through a round-trip cache (see hf_quant).
+prefilled cache; perplexity text is scored through a round-trip cache (see kv_cache).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from qeval.backends.base import (
     RollingRequest,
     RollingResult,
 )
-from qeval.backends.hf import chunked
+from qeval.backends.hf import chunked, kv_cache
 from qeval.backends.hf import quant as hf_quant
 from qeval.backends.tokens import conventions, encode_pair, generation_context, memoized, rolling_windows, truncate
 from qeval.config import RunConfig
@@ -200,7 +200,7 @@ class HFBackend:
         With an unquantized KV cache, a token prefix all rows share (the few-shot examples of
         an MMLU subject, which lm-eval draws `first_n`) is run once and its cache rows
         repeated; each row's own tokens follow it, padded in between."""
-        cache = hf_quant.new_cache(self.model.config, self.setup)
+        cache = kv_cache.new_cache(self.model.config, self.setup)
         shared = 0 if self.setup.quantizes_kv or len(prefixes) < 2 else _common_prefix(prefixes)
         if shared < MIN_SHARED_PREFIX:
             shared = 0
@@ -225,7 +225,7 @@ class HFBackend:
         """Per-token log-probs of whole texts, with top-k next-token distributions.
 
         Windows of all texts are batched together (right-padded). With a quantized KV
-        cache, K/V pass through its quantizer before attention (`hf_quant.round_trip_cache`),
+        cache, K/V pass through its quantizer before attention (`kv_cache.round_trip_cache`),
         which equals token-by-token decoding at the cost of one forward pass.
         """
         windows = []  # (request index, offset of the window's first predicted token, ctx, pred)
@@ -246,7 +246,7 @@ class HFBackend:
             inputs = [(ctx + pred)[:-1] for _, _, ctx, pred in batch]
             ids, mask = _pad(inputs, self.tok.pad_token_id, left=False)
             # quantized KV: every K/V goes through the cache's quantizer before attention
-            cache = hf_quant.round_trip_cache(self.model.config, self.setup) if self.setup.quantizes_kv else None
+            cache = kv_cache.round_trip_cache(self.model.config, self.setup) if self.setup.quantizes_kv else None
             logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                                 past_key_values=cache, use_cache=cache is not None).logits
             for row, (r, offset, _, pred) in enumerate(batch):
@@ -384,7 +384,7 @@ class HFBackend:
         """Batched prefill and greedy decode on the setup's own cache (qeval/backends/hf/perf.py)."""
         from qeval.backends.hf import perf as perf_hf
 
-        return perf_hf.measure(self.model, self.tok, lambda: hf_quant.new_cache(self.model.config, self.setup),
+        return perf_hf.measure(self.model, self.tok, lambda: kv_cache.new_cache(self.model.config, self.setup),
                                self.device, workload)
 
     def _measure_sequence(self) -> MemoryFigure | None:
@@ -402,7 +402,7 @@ class HFBackend:
         if shape.uniform or n > self.cfg.model.max_context or n < 2:
             return None
         ids = torch.randint(0, min(self.model.config.vocab_size, 1000), (1, n - 1), device=self.device)
-        cache = hf_quant.new_cache(self.model.config, self.setup)
+        cache = kv_cache.new_cache(self.model.config, self.setup)
         out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
         self.model(input_ids=out.logits[:, -1:].argmax(-1), past_key_values=cache, use_cache=True)
         return MemoryFigure(cache_storage_bytes(cache), f"storage the cache pins after a {n - 1}-token prefill and one "
@@ -410,7 +410,7 @@ class HFBackend:
 
     def _measure_kv_per_token(self, n: int = 64) -> int:
         ids = torch.randint(0, min(self.model.config.vocab_size, 1000), (1, n), device=self.device)
-        cache = hf_quant.new_cache(self.model.config, self.setup)
+        cache = kv_cache.new_cache(self.model.config, self.setup)
         self.model(input_ids=ids, past_key_values=cache, use_cache=True)
         return cache_bytes(cache) // n
 

@@ -2,8 +2,8 @@
 scored (docs/backends.md, "Long prompts").
 
 A long document goes through the model `chunk` tokens at a time into one cache. Under a
-quantized KV cache that cache is the round-trip cache (scoring) or QuantizedCache
-(generation), so every chunk attends to K/V of the earlier chunks that came out of the cache,
+quantized KV cache that cache is the round-trip cache (scoring) or the quantized cache
+(generation; both in kv_cache.py), so every chunk attends to K/V of the earlier chunks that came out of the cache,
 as before, and the memory of one forward pass is bounded by the chunk: the attention scores
 of a chunk against the whole prefix, and the full-vocabulary logits of the scored positions
 of one chunk only (an 8k window's logits are 1.6 GB on a 49k vocabulary; a 1024-token chunk's
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from qeval.backends.hf import quant as hf_quant
+from qeval.backends.hf import kv_cache
 from qeval.config.setups import Setup
 
 #: stats of one run of scored positions: (logits [n, vocab], first scored index) -> arrays
@@ -30,8 +30,8 @@ def score_chunked(model: Any, setup: Setup, inputs: list[int], n_scored: int, ch
     """Run `inputs` (one window) through the model `chunk` tokens at a time; for the last
     `n_scored` positions, call `stats(logits, offset)` on each chunk's scored logits (offset:
     index of the first of them among the scored positions) and return the pieces in order."""
-    cache = (hf_quant.round_trip_cache(model.config, setup) if setup.quantizes_kv
-             else hf_quant.new_cache(model.config, setup))
+    cache = (kv_cache.round_trip_cache(model.config, setup) if setup.quantizes_kv
+             else kv_cache.new_cache(model.config, setup))
     first_scored = len(inputs) - n_scored
     pieces = []
     for start in range(0, len(inputs), chunk):
@@ -48,7 +48,7 @@ def score_chunked(model: Any, setup: Setup, inputs: list[int], n_scored: int, ch
 def prefill_chunked(model: Any, setup: Setup, prefix: list[int], chunk: int, device: str) -> tuple[Any, Any]:
     """Prefill `prefix` into a fresh generation cache (QuantizedCache under a quantized KV
     cache) `chunk` tokens at a time: the cache and the logits of the last position."""
-    cache = hf_quant.new_cache(model.config, setup)
+    cache = kv_cache.new_cache(model.config, setup)
     last = None
     for start in range(0, len(prefix), chunk):
         ids = torch.tensor([prefix[start : start + chunk]], device=device)

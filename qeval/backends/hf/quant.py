@@ -1,4 +1,4 @@
-"""Translate a Setup into transformers-side quantization: weight quantizers and KV caches."""
+"""Translate a Setup into transformers-side weight quantization (the KV caches: kv_cache.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from typing import Any
 
 import torch
 
-from qeval.backends.hf.support import KV_BACKENDS
 from qeval.config.setups import Setup
 
 
@@ -82,70 +81,3 @@ def _torchao_int8(model: Any) -> dict[str, Any]:
 
     quantize_(model.model, Int8WeightOnlyConfig())
     return {"library": f"torchao {_version('torchao')}", "scheme": "int8 weight-only, per-channel"}
-
-
-def new_cache(config: Any, setup: Setup) -> Any:
-    """A fresh cache for one batch: DynamicCache, or QuantizedCache for a quantized KV setup.
-
-    `residual_length` is the count of recent tokens QuantizedCache keeps in full precision;
-    with its default (128) every short prompt would stay unquantized, so qeval defaults it
-    to 1. The group defaults to one head vector (head_dim), so no group straddles two
-    tokens: a sample's score then cannot depend on its neighbours' padding.
-    """
-    from transformers import DynamicCache
-    from transformers.cache_utils import QuantizedCache
-
-    if not setup.quantizes_kv:
-        return DynamicCache(config=config)
-    backend, _, bits = KV_BACKENDS[setup.kv_cache]
-    if backend == "fp8":
-        return QuantizedCache(backend="fp8", config=config)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return QuantizedCache(
-        backend=backend,
-        config=config,
-        nbits=bits,
-        axis_key=0,
-        axis_value=0,
-        q_group_size=setup.kv_group_size or head_dim,
-        residual_length=setup.kv_residual_length,
-    )
-
-
-def round_trip_cache(config: Any, setup: Setup) -> Any:
-    """A cache for scoring whole texts in one forward pass under a quantized KV cache.
-
-    Each layer passes every incoming K/V through the same quantizer QuantizedCache uses
-    (quanto's, or transformers' FP8 one) and back before attention, so every token attends
-    to quantized K/V of all tokens before it, as in token-by-token decoding, at the cost
-    of one pass instead of one per token. With one group per head vector the round trip
-    of a token does not depend on other tokens, so this equals decoding with
-    `new_cache(...)` except that a token also sees its *own* K/V quantized (decoding
-    attends to it fresh): slightly stricter, never more lenient.
-    """
-    from transformers.cache_utils import Cache, DynamicLayer
-
-    template = new_cache(config, setup)
-
-    class _RoundTripLayer(DynamicLayer):
-        def __init__(self, quantizer: Any) -> None:
-            super().__init__()
-            self._q = quantizer
-            self._fp8_scale: dict[str, Any] = {}
-
-        def _round_trip(self, t: torch.Tensor, axis: int, which: str) -> torch.Tensor:
-            q = self._q
-            if setup.kv_cache == "fp8":
-                # FP8's per-tensor scale is set by the first update and then frozen, as in
-                # transformers' Fp8QuantizedLayer: chunked scoring sees what a chunked prefill would
-                q.dtype = t.dtype
-                data, self._fp8_scale[which] = q._quantize(t, scale=self._fp8_scale.get(which))
-                return q._dequantize((data, self._fp8_scale[which]))
-            return q._dequantize(q._quantize(t.contiguous(), axis=axis)).to(t.dtype)
-
-        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            k = self._round_trip(key_states, getattr(self._q, "axis_key", 0), "k")
-            v = self._round_trip(value_states, getattr(self._q, "axis_value", 0), "v")
-            return super().update(k, v, *args, **kwargs)
-
-    return Cache(layers=[_RoundTripLayer(layer) for layer in template.layers])

@@ -84,14 +84,15 @@ def attention_layer_types(config: dict[str, Any]) -> list[str]:
 
 
 def validate_model(setup: Setup, config: dict[str, Any]) -> None:
-    """What the model's own config rules out, before it loads: transformers' `QuantizedCache`
-    refuses any layer that is not full attention (a sliding-window or chunked layer), minutes
-    into the load; refused here from config.json."""
+    """What the model's own config rules out, before it loads. A quantized KV cache runs on full,
+    sliding-window and chunked layers (kv_cache.py builds it per layer type; state layers hold no
+    K/V and stay as transformers keeps them). Refused: a latent (MLA) cache, which transformers
+    keeps as two tensors of other widths than a head, untested under qeval's quantizers."""
     if not setup.quantizes_kv:
         return
-    other = sorted({f"{k} attention" for k in attention_layer_types(config)} - {"full attention"})
-    if other:
-        raise UserError(f"setup {setup.name!r} on hf: a {setup.kv_cache} KV cache (transformers' QuantizedCache) "
-                        f"supports only full-attention layers (it is not full attention), and this model has "
-                        f"{', '.join(other)} layers; "
+    nested = config.get("text_config")
+    text: dict[str, Any] = nested if isinstance(nested, dict) else config
+    if text.get("kv_lora_rank") is not None:
+        raise UserError(f"setup {setup.name!r} on hf: a {setup.kv_cache} KV cache on a latent-attention (MLA) model "
+                        "is not offered on transformers (its cache holds the latent, not K/V heads); "
                         "drop the setup or serve its KV cache on the vllm backend")

@@ -1,0 +1,231 @@
+"""The KV caches the transformers backend serves a setup with, on every attention layout.
+
+transformers 5.23's `QuantizedCache` (cache_utils.py) builds one quantized layer per decoder
+layer and refuses a model with any layer that is not full attention: its layers keep every
+token. A sliding-window or chunked layer (Gemma 2/3, GPT-OSS, Mistral, Llama 4; transformers
+keeps both in `DynamicSlidingWindowLayer`, the last W - 1 tokens) needs a quantized layer that
+keeps only its window, so qeval builds the cache itself, per layer type
+(`get_layer_types_and_kwargs`, as `DynamicCache(config=...)` does):
+
+- full attention: transformers' own quantized layer (quanto, HQQ or FP8), as `QuantizedCache`;
+- sliding window and chunked: `QuantizedSlidingLayer`, below: the same quantizer on the last
+  W - 1 tokens, the same attention mask sizes as `DynamicSlidingWindowLayer`;
+- anything else (state layers, shared-KV "dummy" layers): transformers' own unquantized layer,
+  as `DynamicCache` builds it: there is no K/V there to quantize.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from qeval.backends.hf.support import KV_BACKENDS
+from qeval.config.setups import Setup
+
+#: transformers' layer types that cache tokens through K/V (the rest hold states or nothing)
+_FULL = "full_attention"
+_WINDOWED = ("sliding_attention", "chunked_attention")
+
+
+def _quantizer(config: Any, setup: Setup) -> Any:
+    """One of transformers' quantized layers, configured as the setup asks: used as the full
+    layers' cache, and as the quantizer (`_quantize` / `_dequantize`) of the windowed ones.
+
+    `residual_length` is the count of recent tokens a quantized layer keeps in full precision;
+    with transformers' default (128) every short prompt would stay unquantized, so qeval
+    defaults it to 1. The group defaults to one head vector (head_dim), so no group straddles
+    two tokens: a sample's score then cannot depend on its neighbours' padding, and a window
+    can drop its oldest tokens without re-grouping the rest."""
+    from transformers.cache_utils import Fp8QuantizedLayer, HQQQuantizedLayer, QuantoQuantizedLayer
+
+    backend, _, bits = KV_BACKENDS[setup.kv_cache]
+    if backend == "fp8":
+        return Fp8QuantizedLayer()
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    layer = QuantoQuantizedLayer if backend == "quanto" else HQQQuantizedLayer
+    return layer(nbits=bits, axis_key=0, axis_value=0, q_group_size=setup.kv_group_size or head_dim,
+                 residual_length=setup.kv_residual_length)
+
+
+class _Codec:
+    """Quantize and dequantize one stream (K or V) of a layer with a transformers quantized
+    layer's own methods. FP8's per-tensor scale is set by the first tensor and then frozen,
+    as in transformers' Fp8QuantizedLayer."""
+
+    def __init__(self, quantizer: Any, fp8: bool, axis: int) -> None:
+        self.q, self.fp8, self.axis = quantizer, fp8, axis
+        self.scale: Any = None
+
+    def encode(self, t: torch.Tensor) -> Any:
+        if self.fp8:
+            self.q.dtype = t.dtype
+            data, self.scale = self.q._quantize(t, scale=self.scale)
+            return data, self.scale
+        return self.q._quantize(t.contiguous(), axis=self.axis)
+
+    def decode(self, stored: Any, dtype: torch.dtype) -> torch.Tensor:
+        return self.q._dequantize(stored).to(dtype)
+
+    def keep_last(self, stored: Any, n: int, dtype: torch.dtype) -> Any:
+        """`stored` (group-wise) cut to its last n tokens, by a round trip of the kept tokens: each
+        group is one token's head vector at the default group size, so re-quantizing them changes
+        nothing but float rounding (transformers' QuantizedLayer re-quantizes everything it keeps too)."""
+        return self.encode(self.decode(stored, dtype)[:, :, -n:, :])
+
+
+def _windowed_base() -> type:
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    return DynamicSlidingWindowLayer
+
+
+class QuantizedSlidingLayer(_windowed_base()):  # type: ignore[misc]
+    """A sliding-window (or chunked) layer that keeps its last W - 1 tokens quantized.
+
+    Attention sees what transformers' QuantizedLayer gives a full layer: the stored tokens
+    dequantized, then the recent full-precision residual, then the new tokens as computed. What
+    is kept afterwards is the last W - 1 of them, as `DynamicSlidingWindowLayer` keeps; the mask
+    sizes are that class's. The residual (at most `residual_length` - 1 tokens) counts inside the
+    window; once the residual and the new tokens reach `residual_length`, the kept window is
+    quantized whole and the residual emptied, as QuantizedLayer flushes."""
+
+    def __init__(self, sliding_window: int, quantizer: Any, fp8: bool, residual_length: int) -> None:
+        super().__init__(sliding_window=sliding_window)
+        self._keys = _Codec(quantizer, fp8, getattr(quantizer, "axis_key", 0))
+        self._values = _Codec(quantizer, fp8, getattr(quantizer, "axis_value", 0))
+        self._residual_length = 1 if fp8 else max(1, residual_length)  # FP8 appends as it goes: no residual
+        self._quantized_keys: Any = None
+        self._quantized_values: Any = None
+        self._quantized_len = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.cumulative_length += key_states.shape[-2]
+        if self._keys.fp8:
+            return self._update_fp8(key_states, value_states)
+        dtype = key_states.dtype
+        past_k = [self._keys.decode(self._quantized_keys, dtype)] if self._quantized_len else []
+        past_v = [self._values.decode(self._quantized_values, dtype)] if self._quantized_len else []
+        full_k = torch.cat([*past_k, self.keys, key_states], dim=-2)
+        full_v = torch.cat([*past_v, self.values, value_states], dim=-2)
+        keep = self.sliding_window - 1
+        kept_k, kept_v = full_k[:, :, -keep:, :], full_v[:, :, -keep:, :]
+        residual = (self.keys.shape[-2] if self.keys.dim() == 4 else 0) + key_states.shape[-2]
+        if residual >= self._residual_length:  # flush: the kept window quantized whole
+            self._quantized_keys, self._quantized_values = self._keys.encode(kept_k), self._values.encode(kept_v)
+            self._quantized_len = kept_k.shape[-2]
+            self.keys = torch.tensor([], dtype=dtype, device=key_states.device)
+            self.values = torch.tensor([], dtype=dtype, device=key_states.device)
+        else:  # the new tokens join the residual; the quantized part loses what left the window
+            self.keys = kept_k[:, :, -residual:, :].clone()
+            self.values = kept_v[:, :, -residual:, :].clone()
+            room = kept_k.shape[-2] - residual
+            if room <= 0:
+                self._quantized_keys = self._quantized_values = None
+                self._quantized_len = 0
+            elif room < self._quantized_len:
+                self._quantized_keys = self._keys.keep_last(self._quantized_keys, room, dtype)
+                self._quantized_values = self._values.keep_last(self._quantized_values, room, dtype)
+                self._quantized_len = room
+        return full_k, full_v
+
+    def _update_fp8(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """As transformers' Fp8QuantizedLayer: the first update calibrates each stream's scale on
+        all of its tokens and attends to them fresh; later ones append with the frozen scale and
+        attend to everything dequantized. Then the stored FP8 is cut to the window."""
+        keep = self.sliding_window - 1
+        first = not self._quantized_len
+        streams = []
+        for codec, stored, new in ((self._keys, self._quantized_keys, key_states),
+                                   (self._values, self._quantized_values, value_states)):
+            data, scale = codec.encode(new)
+            if not first:
+                data = torch.cat([stored[0], data], dim=-2)
+            full = new if first else codec.decode((data, scale), new.dtype)
+            streams.append((full, (data[:, :, -keep:, :].clone(), scale)))
+        (full_k, self._quantized_keys), (full_v, self._quantized_values) = streams
+        self._quantized_len = self._quantized_keys[0].shape[-2]
+        return full_k, full_v
+
+    def reset(self) -> None:
+        super().reset()
+        self._quantized_keys = self._quantized_values = None
+        self._quantized_len = 0
+        self._keys.scale = self._values.scale = None
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("a quantized sliding-window layer cannot be cropped (qeval never crops)")
+
+
+def _layer_plan(config: Any) -> tuple[list[str], list[dict[str, Any]]]:
+    """Each decoder layer's transformers type and init kwargs, as DynamicCache(config=...) gets them."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    return get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+
+
+def new_cache(config: Any, setup: Setup) -> Any:
+    """A fresh cache for one batch: transformers' DynamicCache, or a quantized cache built per
+    layer type for a quantized KV setup (the module docstring)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache
+
+    if not setup.quantizes_kv:
+        return DynamicCache(config=config)
+    fp8 = KV_BACKENDS[setup.kv_cache][0] == "fp8"
+    layers: list[Any] = []
+    for kind, kwargs in zip(*_layer_plan(config), strict=True):
+        if kind == _FULL:
+            layers.append(_quantizer(config, setup))
+        elif kind in _WINDOWED:
+            layers.append(QuantizedSlidingLayer(kwargs["sliding_window"], _quantizer(config, setup), fp8,
+                                                setup.kv_residual_length))
+        else:
+            layers.append(DYNAMIC_LAYER_TYPE_MAPPING[kind](**kwargs))
+    return Cache(layers=layers)
+
+
+def round_trip_cache(config: Any, setup: Setup) -> Any:
+    """A cache for scoring whole texts in one forward pass under a quantized KV cache.
+
+    Each layer passes every incoming K/V through the quantizer `new_cache` uses (quanto's,
+    HQQ's, or transformers' FP8 one) and back before attention, so every token attends to
+    quantized K/V of all tokens before it, as in token-by-token decoding, at the cost of one
+    pass instead of one per token. With one group per head vector the round trip of a token
+    does not depend on other tokens, so this equals decoding with `new_cache(...)` except
+    that a token also sees its *own* K/V quantized (decoding attends to it fresh): slightly
+    stricter, never more lenient. Sliding and chunked layers keep their window as
+    transformers' DynamicSlidingWindowLayer does; their mask is that layer's.
+    """
+    from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, DynamicLayer, DynamicSlidingWindowLayer
+
+    fp8 = KV_BACKENDS[setup.kv_cache][0] == "fp8"
+
+    def round_tripping(base: type) -> type:
+        class _RoundTrip(base):  # type: ignore[misc, valid-type]
+            def __init__(self, codec_k: _Codec, codec_v: _Codec, **kwargs: Any) -> None:
+                super().__init__(**kwargs)
+                self._codec_k, self._codec_v = codec_k, codec_v
+
+            def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+                       **kwargs: Any) -> Any:
+                dtype = key_states.dtype
+                k = self._codec_k.decode(self._codec_k.encode(key_states), dtype)
+                v = self._codec_v.decode(self._codec_v.encode(value_states), dtype)
+                return super().update(k, v, *args, **kwargs)
+
+        return _RoundTrip
+
+    full, windowed = round_tripping(DynamicLayer), round_tripping(DynamicSlidingWindowLayer)
+    layers: list[Any] = []
+    for kind, kwargs in zip(*_layer_plan(config), strict=True):
+        if kind not in (_FULL, *_WINDOWED):
+            layers.append(DYNAMIC_LAYER_TYPE_MAPPING[kind](**kwargs))
+            continue
+        q = _quantizer(config, setup)
+        codecs = (_Codec(q, fp8, getattr(q, "axis_key", 0)), _Codec(q, fp8, getattr(q, "axis_value", 0)))
+        layers.append(full(*codecs) if kind == _FULL else windowed(*codecs, sliding_window=kwargs["sliding_window"]))
+    return Cache(layers=layers)
