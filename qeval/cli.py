@@ -1,5 +1,5 @@
-"""The `qeval` command line: run, validate, plan, report, tasks, quantize, schema (the stable surface:
-docs/architecture.md §7)."""
+"""The `qeval` command line: run, validate, plan, report, compare, tasks, quantize, schema (the stable
+surface: docs/architecture.md §7)."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def run(
     from qeval.run.runner import RunOptions
     from qeval.run.runner import run as run_all
     from qeval.sweep.config import load_sweep
-    from qeval.sweep.run import run_sweep
+    from qeval.sweep.run import model_dir, run_sweep
 
     try:
         if executor not in (None, "local", "ray"):
@@ -80,11 +80,13 @@ def run(
         if sweep is not None:
             out = output or Path("reports") / sweep.name
             runs = run_sweep(sweep, RunOptions(out, _split(setups), _split(tasks), limit, force, executor, performance))
+            tracked = {m: (model_dir(out, m), c.tracking) for m, c in sweep.configs.items() if m in runs}
         else:
             cfg = load_config(config)
             out = output or Path("reports") / cfg.name
             opts = RunOptions(out, _split(setups), _split(tasks), limit, force, executor, performance)
             runs = {"": run_all(cfg, opts)}
+            tracked = {"": (out, cfg.tracking)}
     except UserError as exc:
         _fail(exc)
         return
@@ -97,7 +99,10 @@ def run(
               "fix that and rerun the same command (stored results are not recomputed)", file=sys.stderr)
         raise typer.Exit(EXIT_SETUP_FAILED) from None
     from qeval.report import verdict_line
+    from qeval.tracking import track_run
 
+    for model, (run_dir, tracking) in tracked.items():  # after the run's own files, which never wait on it
+        track_run(run_dir, runs[model], tracking, where=f"{model}: " if model else "")
     _err.print(escape(f"{'sweep:   ' + str(out / 'sweep.json') if sweep else 'results: ' + str(out / 'results.json')}\n"
                       f"report:  {out / 'report.md'}"))
     codes = []
@@ -196,6 +201,40 @@ def report(run_dir: Annotated[Path, typer.Argument(help="a finished run director
         _fail(exc)
         return
     print(f"{md}\n{html}")
+
+
+@app.command("compare")
+def compare_cmd(
+    runs: Annotated[list[Path], typer.Argument(help="finished run directories; the first is the reference")],
+    output: Annotated[Path, typer.Option(help="folder for compare.md, compare.html and compare.json")] = Path(
+        "reports/compare"),
+    fail_on_regression: Annotated[float | None, typer.Option(
+        min=0.0, help="exit 3 when a setup got worse than in the first run by more than MARGIN (in the metric's "
+                      "units: 0.02 is 2 points of accuracy) with 95% confidence")] = None,
+) -> None:
+    """Compare the same setups across runs: paired by document where the runs scored the same
+    data, unpaired (and said so) where not; what changed between them; each setup's key metric
+    over the runs.
+
+    Exit codes: 0 compared; 2 bad input; 3 under --fail-on-regression, a setup got worse."""
+    from qeval.compare import compare_runs, write_comparison
+
+    try:
+        if fail_on_regression is not None:
+            _check_plan_options(fail_on_regression=fail_on_regression)
+        comparison = compare_runs(runs, fail_on_regression)
+        md, html, js = write_comparison(output, comparison)
+    except UserError as exc:
+        _fail(exc)
+        return
+    print(f"{md}\n{html}\n{js}")
+    regressions = comparison.regressions()
+    if fail_on_regression is not None:
+        for line in regressions:
+            print(f"qeval: regression: {line}", file=sys.stderr)
+        if regressions:
+            raise typer.Exit(EXIT_GATE_FAILED)
+        print(f"no regression beyond {fail_on_regression:g}", file=sys.stderr)
 
 
 @app.command("tasks")

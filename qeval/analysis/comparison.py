@@ -72,7 +72,13 @@ class Paired:
 def paired(store: RunStore, base: str, other: str, task: str, metric: str) -> Paired | None:
     """The setup's and the baseline's values of `metric` on `task`, paired by sample id; None
     when no sample pairs."""
-    b, o = _by_id(store.read_samples(base, task)), _by_id(store.read_samples(other, task))
+    return paired_records(store.read_samples(base, task), store.read_samples(other, task), metric)
+
+
+def paired_records(base: list[dict[str, Any]], other: list[dict[str, Any]], metric: str) -> Paired | None:
+    """Two sides' sample records of one task (from one run, or two: `qeval compare`), their
+    values of `metric` paired by sample id; None when no sample pairs."""
+    b, o = _by_id(base), _by_id(other)
     # a document prompted differently on the two sides (a changed `!function` helper, say) is not
     # a pair: its difference would measure the prompt, not the quantization
     ids = [i for i in b if i in o and b[i].get("prompt_hash") == o[i].get("prompt_hash")]
@@ -84,6 +90,15 @@ def paired(store: RunStore, base: str, other: str, task: str, metric: str) -> Pa
                       np.array([b[i]["n_bytes"] for i in ids], dtype=float))
     return Paired(metric, np.array([_value(b[i], metric) for i in ids], dtype=float),
                   np.array([_value(o[i], metric) for i in ids], dtype=float))
+
+
+def document_values(records: list[dict[str, Any]], metric: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """One side's per-document values of `metric`, unpaired: for bits per byte the numerators
+    (bits) and the denominators (bytes), else the values and None."""
+    if metric == "bits_per_byte":
+        return (np.array([r["nll"] for r in records], dtype=float) / np.log(2),
+                np.array([r["n_bytes"] for r in records], dtype=float))
+    return np.array([_value(r, metric) for r in records], dtype=float), None
 
 
 def _value(record: dict[str, Any], metric: str) -> float:

@@ -173,6 +173,70 @@ def samples_to_decide(cmp: PairedComparison, higher_is_better: bool, max_drop: f
     return hi
 
 
+@dataclass
+class UnpairedDifference:
+    """b minus a on one metric, where the two sides scored different documents (no pairing):
+    `qeval compare` across runs whose task data changed."""
+
+    metric: str
+    delta: float
+    ci: Interval
+    p_value: float | None
+    n_a: int
+    n_b: int
+    #: newcombe: Newcombe's hybrid score interval for independent proportions; welch: Welch's
+    #: t-interval (for a ratio metric, on each side's linearised ratio estimator)
+    method: str
+
+
+def newcombe_unpaired_ci(k_a: float, n_a: float, k_b: float, n_b: float) -> Interval:
+    """95% interval of (k_b / n_b - k_a / n_a) for independent samples: Newcombe (1998),
+    "Interval estimation for the difference between independent proportions", method 10 (the
+    Wilson score limits of each side combined); the paired interval with no correlation."""
+    p_a, p_b = k_a / n_a, k_b / n_b
+    l_a, u_a = wilson(k_a, n_a)
+    l_b, u_b = wilson(k_b, n_b)
+    diff = p_b - p_a
+    return diff - math.sqrt((p_b - l_b) ** 2 + (u_a - p_a) ** 2), diff + math.sqrt((u_b - p_b) ** 2 + (p_a - l_a) ** 2)
+
+
+def unpaired_difference(a: np.ndarray, b: np.ndarray, metric: str, den_a: np.ndarray | None = None,
+                        den_b: np.ndarray | None = None) -> UnpairedDifference:
+    """b minus a from two independent sets of per-document values: right/wrong values with
+    Newcombe's independent interval and Fisher's exact test; a ratio metric (numerators with
+    their denominators: bits per byte) or any other score with Welch's t-interval and test."""
+    n_a, n_b = len(a), len(b)
+    if den_a is None and den_b is None and np.isin(a, (0, 1)).all() and np.isin(b, (0, 1)).all():
+        k_a, k_b = float(a.sum()), float(b.sum())
+        p = float(sps.fisher_exact([[k_b, n_b - k_b], [k_a, n_a - k_a]]).pvalue)
+        return UnpairedDifference(metric, k_b / n_b - k_a / n_a, newcombe_unpaired_ci(k_a, n_a, k_b, n_b), p,
+                                  n_a, n_b, "newcombe")
+    est_a, se_a = _estimate(a, den_a)
+    est_b, se_b = _estimate(b, den_b)
+    delta = est_b - est_a
+    se = math.sqrt(se_a ** 2 + se_b ** 2)
+    if n_a < 2 or n_b < 2 or se == 0:  # no spread to estimate: as wide as the values themselves
+        half = float(max(abs(est_a), abs(est_b), abs(delta)))
+        return UnpairedDifference(metric, delta, (delta - half, delta + half), None, n_a, n_b, "welch")
+    # Welch-Satterthwaite degrees of freedom
+    df = se ** 4 / (se_a ** 4 / (n_a - 1) + se_b ** 4 / (n_b - 1)) if se_a or se_b else float(n_a + n_b - 2)
+    half = float(sps.t.ppf(0.975, df)) * se
+    p = float(2 * sps.t.sf(abs(delta) / se, df))
+    return UnpairedDifference(metric, delta, (delta - half, delta + half), p, n_a, n_b, "welch")
+
+
+def _estimate(values: np.ndarray, den: np.ndarray | None) -> tuple[float, float]:
+    """A side's estimate and its standard error: the mean, or for a ratio sum(values) / sum(den)
+    with the ratio estimator's standard error (the delta method, as paired_ratio uses)."""
+    n = len(values)
+    if den is None:
+        return float(values.mean()), float(np.std(values, ddof=1) / math.sqrt(n)) if n > 1 else 0.0
+    ratio = float(values.sum() / den.sum())
+    if n < 2:
+        return ratio, 0.0
+    return ratio, float(np.std((values - ratio * den) / den.mean(), ddof=1) / math.sqrt(n))
+
+
 def average_difference_ci(diffs: list[float], cis: list[tuple[float, float]],
                           level: float = 0.95) -> tuple[float, float, float]:
     """The average of several tasks' differences and its interval, the tasks taken as

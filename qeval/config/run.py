@@ -2,7 +2,8 @@
 
 RunConfig composes the pieces each package owns: the budget (memory.capacity), the gates
 (analysis.gates), the vLLM engine settings (backends.vllm.config), the quantize settings
-(quantize.config), the executor (run.executors.config) and the setups (setups)."""
+(quantize.config), the executor (run.executors.config), the setups (setups) and the experiment
+trackers (tracking)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from qeval.config.long_context import LongContextSpec
 from qeval.config.performance import PerfSpec, RecommendBy
 from qeval.config.quantize import QuantizeSpec
 from qeval.config.setups import Setup
+from qeval.config.tracking import TrackingSpec
 from qeval.errors import UserError
 from qeval.files.names import NAME_PATTERN
 from qeval.files.yaml import load_yaml
@@ -82,6 +84,8 @@ class RunConfig(Strict):
     performance: PerfSpec = PerfSpec(enabled=False)
     #: what the recommendation optimises among setups passing every gate and fitting the budget
     recommend_by: RecommendBy = "concurrency"
+    #: experiment trackers the finished run is logged to (docs/tracking.md); changes no number
+    tracking: TrackingSpec = TrackingSpec()
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
@@ -121,8 +125,14 @@ class RunConfig(Strict):
 
     def as_json(self) -> dict[str, Any]:
         """The config as results.json and the config hash hold it: `kinds` left out while empty,
-        so a config that uses no plugin kind reads and hashes as before the key existed."""
-        return self.model_dump(mode="json", exclude={"kinds"} if not self.kinds else None)
+        so a config that uses no plugin kind reads and hashes as before the key existed, and
+        `tracking` always (it changes no number, and its URI may carry credentials)."""
+        return self.model_dump(mode="json", exclude={"tracking"} | ({"kinds"} if not self.kinds else set()))
+
+    def job_json(self) -> dict[str, Any]:
+        """The config as a worker's job file holds it: all of it but `tracking`, which only the
+        driver uses, after the run (its URI may carry credentials)."""
+        return self.model_dump(mode="json", exclude={"tracking"})
 
     def config_hash(self) -> str:
         return hashlib.sha256(json.dumps(self.as_json(), sort_keys=True).encode()).hexdigest()

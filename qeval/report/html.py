@@ -27,7 +27,7 @@ _ENV = jinja2.Environment(loader=jinja2.PackageLoader("qeval", "report/templates
 MAX_FLIPS = 5
 
 
-def _inline(svg: str) -> str:
+def inline_svg(svg: str) -> str:
     """Namespace URIs and the generator comment are not needed inline: drop every URL."""
     svg = re.sub(r'\s+xmlns(:xlink)?="[^"]*"', "", svg)
     svg = re.sub(r"<metadata>.*?</metadata>", "", svg, flags=re.S)  # RDF namespace URLs
@@ -64,7 +64,7 @@ def _plot(make: Callable[[Results], str], results: Results) -> str:
     """An inline SVG; a plot that cannot be drawn is a line of text in its place, never a
     report that is not written after hours of scoring."""
     try:
-        return _inline(make(results))
+        return inline_svg(make(results))
     except Exception as exc:  # noqa: BLE001 - the report must be written whatever the content
         print(f"qeval: warning: a plot could not be drawn ({type(exc).__name__}: {exc})", file=sys.stderr)
         return f"<p>(plot not drawn: {html.escape(type(exc).__name__)}: {html.escape(str(exc)[:200])})</p>"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import matplotlib as mpl
 import matplotlib.pyplot as plt  # no backend forced: Agg headless, inline in a notebook
@@ -12,15 +12,19 @@ import matplotlib.pyplot as plt  # no backend forced: Agg headless, inline in a 
 from qeval.results.metrics import metric as describe
 from qeval.results.schema import Results, SetupResult
 
+T = TypeVar("T")
+
 # Set per figure (rc_context), never globally: importing qeval must not restyle a notebook.
 # - svg.hashsalt: stable element ids, so `qeval report` is byte-for-byte
 # - text.parse_math off: names are data, and `$\foo$` in a task name is not mathtext to render
 _RC: Any = {"svg.hashsalt": "qeval", "font.size": 9, "text.parse_math": False}  # Any: the stub wants literal keys
 
 
-def svg_of(make: Callable[[Results], Any], results: Results) -> str:
+def svg_of(make: Callable[[T], Any], data: T) -> str:
+    """The figure `make(data)` draws, as an inline SVG string under qeval's style (data: a run's
+    Results, or another report's own model: `qeval compare`'s history)."""
     with mpl.rc_context(_RC):
-        fig = make(results)
+        fig = make(data)
         buf = io.StringIO()
         fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": "qeval"})
         plt.close(fig)

@@ -161,7 +161,7 @@ def _job(pre: Preflight, store: RunStore, spec: Setup, tasks: dict[str, str], ke
     setup = spec.name
     ref = {t.name: (baseline, t.name) for t in pre.tasks
            if t.output_type == "loglikelihood_rolling" and setup != baseline}
-    job = Job(config=pre.cfg.model_dump(mode="json"), setup=setup, device=pre.device, run_dir=str(store.root),
+    job = Job(config=pre.cfg.job_json(), setup=setup, device=pre.device, run_dir=str(store.root),
               tasks=tasks, task_key_parts={t: keys.tasks[t] for t in tasks},
               task_kinds={t.name: t.kind for t in pre.tasks if t.name in tasks}, reference=ref, baseline=baseline,
               key=keys.key, key_parts=keys.parts,

@@ -1,0 +1,51 @@
+"""`qeval compare RUN_A RUN_B ...`: the same setups across runs (docs/tracking.md, "Comparing
+runs"). Each later run against the first, setup by setup and task by task, paired by document
+where both scored the same data; what changed between them, from their provenance; each
+setup's key metric over all the runs; and whether any got worse beyond a margin (a CI gate)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from qeval.compare.history import History, history
+from qeval.compare.pairing import SetupPair, compare_setups
+from qeval.compare.provenance import Change, provenance_diff
+from qeval.compare.report import write_comparison
+from qeval.compare.runs import LoadedRun, load_runs
+
+__all__ = ["RunComparison", "compare_runs", "write_comparison"]
+
+
+@dataclass
+class OtherRun:
+    """A run compared with the reference: per setup its deltas, and what changed."""
+
+    run: LoadedRun
+    setups: list[SetupPair]
+    changes: list[Change]
+
+
+@dataclass
+class RunComparison:
+    """The runs (the first is the reference), each other run against it, and the history."""
+
+    runs: list[LoadedRun]
+    margin: float | None
+    others: list[OtherRun]
+    history: History
+
+    def regressions(self) -> list[str]:
+        """One line per setup and task that got worse beyond the margin with 95% confidence (and
+        per setup that stopped working), naming the run; empty without a margin."""
+        if self.margin is None:
+            return []
+        return [f"{o.run.path.name}: {line}" for o in self.others for p in o.setups for line in p.regressions()]
+
+
+def compare_runs(paths: list[Path], margin: float | None = None) -> RunComparison:
+    """Load and compare the runs in `paths` (one UserError for a folder that is not a run)."""
+    runs = load_runs(paths)
+    ref = runs[0]
+    others = [OtherRun(r, compare_setups(ref, r, margin), provenance_diff(ref.results, r.results)) for r in runs[1:]]
+    return RunComparison(runs, margin, others, history(runs))
