@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from qeval.backends.hf.support import KV_BACKENDS
 from qeval.config.setups import Setup
@@ -74,13 +75,7 @@ class _Codec:
         return self.encode(self.decode(stored, dtype)[:, :, -n:, :])
 
 
-def _windowed_base() -> type:
-    from transformers.cache_utils import DynamicSlidingWindowLayer
-
-    return DynamicSlidingWindowLayer
-
-
-class QuantizedSlidingLayer(_windowed_base()):  # type: ignore[misc]
+class QuantizedSlidingLayer(DynamicSlidingWindowLayer):
     """A sliding-window (or chunked) layer that keeps its last W - 1 tokens quantized.
 
     Attention sees what transformers' QuantizedLayer gives a full layer: the stored tokens
@@ -107,6 +102,7 @@ class QuantizedSlidingLayer(_windowed_base()):  # type: ignore[misc]
         if self._keys.fp8:
             return self._update_fp8(key_states, value_states)
         dtype = key_states.dtype
+        assert self.keys is not None and self.values is not None  # set by lazy_initialization
         past_k = [self._keys.decode(self._quantized_keys, dtype)] if self._quantized_len else []
         past_v = [self._values.decode(self._quantized_values, dtype)] if self._quantized_len else []
         full_k = torch.cat([*past_k, self.keys, key_states], dim=-2)
@@ -200,12 +196,12 @@ def round_trip_cache(config: Any, setup: Setup) -> Any:
     stricter, never more lenient. Sliding and chunked layers keep their window as
     transformers' DynamicSlidingWindowLayer does; their mask is that layer's.
     """
-    from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, DynamicLayer, DynamicSlidingWindowLayer
+    from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, DynamicLayer
 
     fp8 = KV_BACKENDS[setup.kv_cache][0] == "fp8"
 
     def round_tripping(base: type) -> type:
-        class _RoundTrip(base):  # type: ignore[misc, valid-type]
+        class _RoundTrip(base):
             def __init__(self, codec_k: _Codec, codec_v: _Codec, **kwargs: Any) -> None:
                 super().__init__(**kwargs)
                 self._codec_k, self._codec_v = codec_k, codec_v
