@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -131,6 +132,19 @@ TINY = {
 }
 
 
+def _tiny(model_type: str) -> tuple[Any, Any]:
+    """A 2-layer random-weight instance of `model_type` (TINY's layout) in float32: its config and model."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(model_type, **({"vocab_size": 128, "hidden_size": 64, "intermediate_size": 64,
+                                                  "num_hidden_layers": 2, "num_attention_heads": 4,
+                                                  "num_key_value_heads": 2, "max_position_embeddings": 256}
+                                                 | TINY[model_type]))
+    return config, AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+
+
 @pytest.mark.parametrize("model_type", list(TINY))
 @pytest.mark.parametrize("context", [12, 40])
 def test_transformers_caches_what_the_ledger_predicts(model_type: str, context: int) -> None:
@@ -138,17 +152,11 @@ def test_transformers_caches_what_the_ledger_predicts(model_type: str, context: 
     storage to its window) on a 2-layer random-weight instance in float32: the storage the
     cache pins equals the hf prediction, inside and past the 16-token windows and chunks."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.cache_utils import DynamicCache
 
     from qeval.memory.ledger import cache_storage_bytes
 
-    torch.manual_seed(0)
-    config = AutoConfig.for_model(model_type, **({"vocab_size": 128, "hidden_size": 64, "intermediate_size": 64,
-                                                  "num_hidden_layers": 2, "num_attention_heads": 4,
-                                                  "num_key_value_heads": 2, "max_position_embeddings": 256}
-                                                 | TINY[model_type]))
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    config, model = _tiny(model_type)
     cache = DynamicCache(config=config)
     with torch.no_grad():
         out = model(input_ids=torch.randint(0, 128, (1, context - 1)), past_key_values=cache, use_cache=True)
@@ -167,17 +175,11 @@ def test_a_quantized_cache_on_every_layout_holds_what_the_ledger_predicts(model_
     quantized layers, windowed ones in qeval's QuantizedSlidingLayer (W - 1 tokens), state layers
     as transformers keeps them; int4 scales in the model's float32."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     from qeval.backends.hf.kv_cache import new_cache
     from qeval.memory.ledger import cache_storage_bytes
 
-    torch.manual_seed(0)
-    config = AutoConfig.for_model(model_type, **({"vocab_size": 128, "hidden_size": 64, "intermediate_size": 64,
-                                                  "num_hidden_layers": 2, "num_attention_heads": 4,
-                                                  "num_key_value_heads": 2, "max_position_embeddings": 256}
-                                                 | TINY[model_type]))
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    config, model = _tiny(model_type)
     setup = Setup(name="k", weights="fp32", kv_cache=kv)
     cache = new_cache(config, setup)
     with torch.no_grad():
