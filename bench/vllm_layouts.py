@@ -103,6 +103,7 @@ def predicted(config: dict[str, object]) -> tuple[float, int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--only", default="", help="comma-separated model types to run (default: every layout)")
     ap.add_argument("--engine", type=Path, help=argparse.SUPPRESS)  # the child process's mode
     args = ap.parse_args()
     if args.engine:
@@ -111,7 +112,10 @@ def main() -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        only = set(filter(None, args.only.split(",")))
         for name, (model_type, extra) in LAYOUTS.items():
+            if only and model_type not in only:
+                continue
             folder = Path(tmp) / model_type
             config = write_model(folder, model_type, extra)
             ours, seq = predicted(config)

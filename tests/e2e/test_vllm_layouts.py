@@ -1,7 +1,12 @@
 """vLLM's CPU build's own KV accounting, measured: for each attention layout it runs (full,
 sliding everywhere, sliding + full, with sinks, chunked + full, MLA latent, linear attention +
 full), on small dummy-weight models with a fixed KV pool, the maximum concurrency its log states
-equals qeval's per-sequence prediction (bench/vllm_layouts.py)."""
+equals qeval's per-sequence prediction (bench/vllm_layouts.py).
+
+CI starts the engine on the four layouts whose accounting differs most (the hybrid allocator's
+grouping of sliding + full layers, chunks, the MLA latent, a linear-attention state page); the
+other three (full, sliding everywhere, sinks) were measured by the same script in one run
+(docs/memory.md) and share these code paths: each engine start is about 28 s on this CPU."""
 
 from __future__ import annotations
 
@@ -13,14 +18,16 @@ import pytest
 from conftest import ROOT
 
 pytestmark = pytest.mark.slow
+CI_LAYOUTS = ("gemma3_text", "llama4_text", "deepseek_v3", "qwen3_next")
 
 
 def test_vllm_states_the_concurrency_qeval_predicts(tmp_path: Path) -> None:
     out = tmp_path / "layouts.json"
     res = subprocess.run([str(ROOT / ".venv-vllm" / "bin" / "python"), str(ROOT / "bench" / "vllm_layouts.py"),
-                          "--json", str(out)], capture_output=True, text=True, timeout=1200, check=False)
+                          "--json", str(out), "--only", ",".join(CI_LAYOUTS)],
+                         capture_output=True, text=True, timeout=1200, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
-    assert len(rows) == 7 and not [r for r in rows if "error" in r], rows
+    assert len(rows) == len(CI_LAYOUTS) and not [r for r in rows if "error" in r], rows
     for r in rows:
         assert r["vllm_concurrency"] == pytest.approx(r["qeval_concurrency"], abs=0.005), r
