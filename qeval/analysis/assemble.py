@@ -143,7 +143,7 @@ def _compare(pre: Preflight, store: RunStore, entries: dict[str, SetupResult],
                 # a group's member is gated only by a gate that names it: `all` means the config's entries
                 gates = cfg.gates if tasks[t].entry in (None, t) else [g for g in cfg.gates if g.task == t]
                 c = compare(d, t, cfg.seed, gates, tasks[t].higher_is_better)
-                vs[t] = c.model_copy(update=kl_summary(store, name, t)) if d.metric == "bits_per_byte" else c
+                vs[t] = c.model_copy(update=kl_summary(store, name, t))
             for group in (g for g in tasks if tasks[g].is_group):
                 parts = [data[m] for m in pre.groups[group] if m in data]
                 if parts and len(parts) == len(pre.groups[group]):  # a group is judged on every member or not at all

@@ -151,18 +151,19 @@ def _gated(cmp: PairedComparison, higher_is_better: bool, margin: float) -> dict
 
 def compare_task(store: RunStore, base: str, other: str, task: str, metric: str, seed: int,
                  gates: list[Gate]) -> Comparison | None:
-    """`other` against `base` on one stored task; None when no sample pairs. Perplexity tasks
-    add the KL to the baseline's next-token distribution and top-1 agreement."""
+    """`other` against `base` on one stored task; None when no sample pairs. Tasks scored
+    against the baseline's top-k (perplexity texts; the scored tokens of log-likelihood and
+    multiple-choice tasks) add the KL to the baseline's next-token distribution and top-1 agreement."""
     data = paired(store, base, other, task, metric)
     if data is None:
         return None
-    out = compare(data, task, seed, gates)
-    return out.model_copy(update=kl_summary(store, other, task)) if metric == "bits_per_byte" else out
+    return compare(data, task, seed, gates).model_copy(update=kl_summary(store, other, task))
 
 
 def kl_summary(store: RunStore, other: str, task: str) -> dict[str, Any]:
-    """Token-weighted KL to the baseline and top-1 agreement over a perplexity task's documents,
-    and the token-level distribution the worker kept."""
+    """Token-weighted KL to the baseline and top-1 agreement over a task's documents (every one
+    scored against the baseline's top-k, or none of this), and the token-level distribution the
+    worker kept."""
     records = store.read_samples(other, task)
     if not records or not all("kl" in r for r in records):
         return {}

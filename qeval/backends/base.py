@@ -19,17 +19,29 @@ TOPK = 16
 
 @dataclass(frozen=True)
 class LoglikelihoodRequest:
-    """Score `continuation` given `context` (the delimiter already joined in)."""
+    """Score `continuation` given `context` (the delimiter already joined in); `ref_indices`
+    ([n_continuation_tokens, k]) asks for log-probs at the baseline's top-k ids at each scored
+    position, for the KL distribution on a multiple-choice task's scored tokens."""
 
     context: str
     continuation: str
+    ref_indices: np.ndarray | None = field(default=None, compare=False, hash=False)
 
 
 @dataclass
 class LoglikelihoodResult:
+    """A continuation's summed log-prob, whether greedy decoding gives it, and per scored token
+    what a KL reference needs: the actual token's log-prob and this model's top-k (as
+    RollingResult has them), and the log-probs at the request's `ref_indices` when it gave them
+    (None when it gave none, or when they do not cover exactly the continuation's tokens)."""
+
     logprob: float
     is_greedy: bool
     n_tokens: int
+    token_logprobs: np.ndarray | None = None  # [n_tokens]
+    topk_indices: np.ndarray | None = None  # [n_tokens, k]
+    topk_logprobs: np.ndarray | None = None  # [n_tokens, k]
+    ref_logprobs: np.ndarray | None = None  # [n_tokens, k] at the reference's ids
 
 
 @dataclass(frozen=True)

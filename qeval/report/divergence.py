@@ -1,7 +1,8 @@
 """The report's KL section: each setup's token-level divergence from the baseline on the
-perplexity tasks, in the form `llama-perplexity --kl-divergence` prints it (mean, median and
+perplexity tasks and on the scored tokens of log-likelihood and multiple-choice tasks, in the
+form `llama-perplexity --kl-divergence` prints it (mean, median and
 upper percentiles of KL; the same-top-1 share; Δp, the change in the actual next token's
-probability). Empty for results without it (written before it was kept, or no perplexity task)."""
+probability). Empty for results without it (written before it was kept, or no such task)."""
 
 from __future__ import annotations
 
@@ -29,11 +30,12 @@ def rows(results: Results, esc: Escape) -> list[list[str]]:
     return out
 
 
-LEGEND = ("Over every scored token of each perplexity task: KL(baseline || setup) in nats on the baseline's "
+LEGEND = ("Over every scored token of each task (every position of a perplexity text; every continuation token of "
+          "every choice of a multiple-choice or log-likelihood task): KL(baseline || setup) in nats on the baseline's "
           "top-16 next tokens plus one tail bucket (a lower bound of the full KL), the share of tokens whose "
           "top-1 prediction is the baseline's, and Δp, the setup's probability of the actual next token minus "
           "the baseline's, in points.")
 
 
 SECTION = table_section("KL divergence to the baseline", "kl",
-                        "Token-level KL(baseline || setup) and Δp, perplexity tasks", HEADER, rows, LEGEND)
+                        "Token-level KL(baseline || setup) and Δp, per task", HEADER, rows, LEGEND)

@@ -154,10 +154,13 @@ class Comparison(ResultModel):
     samples_to_decide: int | None = Field(
         None, description="for an inconclusive verdict: the documents at which this interval, the observed "
                           "proportions or spread unchanged, would decide the gate; null: decided, or no estimate")
-    kl: float | None = Field(None, description="mean KL(baseline || setup) per token, perplexity tasks")
+    kl: float | None = Field(None, description="mean KL(baseline || setup) per scored token: perplexity texts, and "
+                                               "the continuation tokens of every choice of log-likelihood and "
+                                               "multiple-choice tasks; null: not measured")
     top1_agreement: float | None = Field(None, description="share of tokens whose top-1 prediction agrees")
     kl_distribution: KLDistribution | None = Field(None, description="the token-level KL and Δp distribution "
-                                                                     "(perplexity tasks; null: not measured)")
+                                                                     "over the same tokens as `kl` (null: not "
+                                                                     "measured)")
     gate: Gate | None = Field(None, description="the gate applied")
     margin: float | None = Field(None, description="the gate's allowed drop, in the metric's units")
     recovery: float | None = Field(None, description="the setup's score as a share of the baseline's "

@@ -27,7 +27,7 @@ from qeval.errors import UserError
 from qeval.files.atomic import atomic_write_bytes, atomic_write_json
 from qeval.perf.ceilings import ensure_ceilings
 from qeval.perf.phase import perf_key
-from qeval.records.job import Job, PerformanceJob
+from qeval.records.job import KL_OUTPUT_TYPES, Job, PerformanceJob
 from qeval.records.keys import SetupKeys, setup_keys
 from qeval.records.preflight import Preflight
 from qeval.records.provenance import git_commit, now_iso
@@ -160,7 +160,7 @@ def _job(pre: Preflight, store: RunStore, spec: Setup, tasks: dict[str, str], ke
     """One setup's job: its job file (what qeval.run.worker reads) written into RUN_DIR/jobs/."""
     setup = spec.name
     ref = {t.name: (baseline, t.name) for t in pre.tasks
-           if t.output_type == "loglikelihood_rolling" and setup != baseline}
+           if t.output_type in KL_OUTPUT_TYPES and setup != baseline}
     job = Job(config=pre.cfg.job_json(), setup=setup, device=pre.device, run_dir=str(store.root),
               tasks=tasks, task_key_parts={t: keys.tasks[t] for t in tasks},
               task_kinds={t.name: t.kind for t in pre.tasks if t.name in tasks}, reference=ref, baseline=baseline,

@@ -58,7 +58,7 @@ class Scoring:
     key_parts: dict[str, dict[str, str]]
     #: a progress bar: (label, total or None) -> a context manager whose value has `.advance(n)`
     progress: Callable[[str, int | None], AbstractContextManager[Any]]
-    #: the baseline's stored top-k of a perplexity task (the KL reference), or None
+    #: the baseline's stored top-k of a perplexity or log-likelihood task (the KL reference), or None
     reference: Callable[[str], Any]
     #: store one task's result: (task, result, seconds, sha256 of its data)
     store: Callable[[str, TaskResult, float, str], None]

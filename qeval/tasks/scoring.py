@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from qeval.backends.base import Backend, GenerateRequest, LoglikelihoodRequest, Progress, RollingRequest, RollingResult
+from qeval.backends.base import (
+    Backend,
+    GenerateRequest,
+    LoglikelihoodRequest,
+    LoglikelihoodResult,
+    Progress,
+    RollingRequest,
+    RollingResult,
+)
 from qeval.tasks import Task
 from qeval.tasks.long_context.buckets import bucket_sums
 
@@ -35,10 +43,11 @@ def n_requests(task: Task) -> int:
 
 def score_task(backend: Backend, task: Task, progress: Progress,
                reference: dict[str, np.ndarray] | None = None) -> TaskResult:
-    """Score every document of `task`; `reference` is the baseline's top-k (perplexity KL)."""
+    """Score every document of `task`; `reference` is the baseline's top-k (the KL reference of
+    perplexity and multiple-choice tasks)."""
     output_type = task.spec.output_type
     if output_type == "multiple_choice":
-        result = _multiple_choice(backend, task, progress)
+        result = _multiple_choice(backend, task, progress, reference)
     elif output_type == "generate_until":
         result = _generate(backend, task, progress)
     else:
@@ -53,7 +62,8 @@ def _base_record(task: Task, i: int, doc: dict[str, Any]) -> dict[str, Any]:
     return {"sample_id": task.doc_id(i), "prompt": task.text(doc)}
 
 
-def _multiple_choice(backend: Backend, task: Task, progress: Progress) -> TaskResult:
+def _multiple_choice(backend: Backend, task: Task, progress: Progress,
+                     reference: dict[str, np.ndarray] | None = None) -> TaskResult:
     delim = task.spec.target_delimiter
     reqs: list[LoglikelihoodRequest] = []
     spans: list[tuple[int, int]] = []
@@ -61,6 +71,9 @@ def _multiple_choice(backend: Backend, task: Task, progress: Progress) -> TaskRe
         choices = task.choices(doc)
         spans.append((len(reqs), len(choices)))
         reqs += [LoglikelihoodRequest(task.text(doc), delim + c) for c in choices]
+    refs = request_references(reference, len(reqs))
+    if refs is not None:
+        reqs = [replace(r, ref_indices=ref[0]) for r, ref in zip(reqs, refs, strict=True)]
     results = backend.loglikelihood(reqs, progress)
     records, acc, acc_norm = [], [], []
     for i, (doc, (start, n)) in enumerate(zip(task.docs, spans, strict=True)):
@@ -75,7 +88,8 @@ def _multiple_choice(backend: Backend, task: Task, progress: Progress) -> TaskRe
             "correct_norm": pred_norm == gold, "loglikelihoods": lls,
             "nll": -lls[gold], "n_tokens": results[start + gold].n_tokens,
         })
-    return TaskResult(records, {"acc": _mean_se(acc), "acc_norm": _mean_se(acc_norm)})
+    topk, divergence = continuation_divergence([results[a : a + n] for a, n in spans], refs, records)
+    return TaskResult(records, {"acc": _mean_se(acc), "acc_norm": _mean_se(acc_norm)}, topk, divergence)
 
 
 def _extract(text: str, pattern: str | None) -> str:
@@ -207,6 +221,54 @@ class TokenDivergence:
 #: one document's reference: the baseline's top-k ids and log-probs per position, and (references
 #: stored since Δp) its log-prob of each actual token
 Reference = tuple[np.ndarray, ...]
+
+
+def as_rolling(res: LoglikelihoodResult) -> RollingResult | None:
+    """A continuation's scored positions in RollingResult's form, for the KL helpers above; None
+    where the backend gave no per-token arrays."""
+    if res.token_logprobs is None or res.topk_indices is None or res.topk_logprobs is None:
+        return None
+    return RollingResult(res.token_logprobs, res.topk_indices, res.topk_logprobs, res.ref_logprobs)
+
+
+def request_references(ref: dict[str, np.ndarray] | None, n_requests: int) -> list[Reference] | None:
+    """The baseline's reference per request of a log-likelihood task, in (document, choice)
+    order; None unless it holds exactly that many requests (other data: no KL, never a wrong one)."""
+    if ref is None or len(ref["offsets"]) != n_requests + 1:
+        return None
+    return split_reference(ref, n_requests)
+
+
+def continuation_divergence(results: list[list[LoglikelihoodResult]], refs: list[Reference] | None,
+                            records: list[dict[str, Any]]) -> tuple[dict[str, np.ndarray], dict[str, float] | None]:
+    """Per document (its continuations in choice order): the top-k to keep as a reference, and,
+    against the baseline's `refs`, KL and top-1 agreement over the scored tokens of every choice
+    added to its record, and the task's token-level distribution. Tokens of a choice whose
+    reference does not match are left out."""
+    flat = [as_rolling(r) for doc in results for r in doc]
+    if not flat or any(r is None for r in flat):
+        return {}, None
+    rolled: list[RollingResult] = flat  # type: ignore[assignment]
+    tokens = TokenDivergence()
+    if refs is not None:
+        k = 0
+        for rec, doc in zip(records, results, strict=True):
+            kls, tops = [], []
+            for _ in doc:
+                res, ref = rolled[k], refs[k]
+                k += 1
+                if res.ref_logprobs is None:
+                    continue
+                kl, top1 = kl_top1(ref, res)
+                kls.append(kl)
+                tops.append(top1)
+                tokens.add(kl, top1, delta_p(ref, res))
+            if kls:
+                kl_all, top_all = np.concatenate(kls), np.concatenate(tops)
+                if kl_all.size:
+                    rec |= {"kl": float(kl_all.mean()), "top1_agreement": float(top_all.mean()),
+                            "kl_tokens": int(kl_all.size)}
+    return pack_topk(rolled), tokens.summary()
 
 
 def pack_topk(results: list[RollingResult]) -> dict[str, np.ndarray]:

@@ -62,6 +62,37 @@ def test_shared_context_prefill_is_exact(fp32: HFBackend) -> None:
     assert int(np.argmax(together)) == 1
 
 
+@pytest.mark.parametrize("kv", [None, "int4"])
+def test_continuation_top_k_and_reference_log_probs(model_path: Path, fp32: HFBackend, kv: str | None) -> None:
+    """Each scored continuation token carries the model's top-k and, asked with a reference's
+    ids, the log-probs there: the baseline against its own top-k gives KL exactly 0, a quantized
+    KV cache a positive KL; a reference of the wrong length is not used."""
+    from qeval.tasks.scoring import as_rolling, kl_top1
+
+    base = fp32.loglikelihood(REQS, noop)
+    for res in base:
+        assert res.topk_indices is not None and res.topk_indices.shape == (res.n_tokens, 16)
+        assert res.token_logprobs is not None and res.token_logprobs.sum() == pytest.approx(res.logprob, abs=1e-5)
+        assert res.ref_logprobs is None
+    b = fp32 if kv is None else _backend(model_path, Setup(name="kv", kv_cache=kv))
+    asked = [LoglikelihoodRequest(r.context, r.continuation, res.topk_indices)
+             for r, res in zip(REQS, base, strict=True)]
+    wrong = LoglikelihoodRequest(REQS[0].context, REQS[0].continuation, base[1].topk_indices[:0])
+    got = b.loglikelihood([*asked, wrong], noop)
+    assert got[-1].ref_logprobs is None  # 0 rows for a 1-token continuation: no KL, never a wrong one
+    kls = []
+    for res, ref in zip(got, base, strict=False):
+        rolled = as_rolling(res)
+        assert rolled is not None and res.ref_logprobs is not None
+        kl, top1 = kl_top1((ref.topk_indices, ref.topk_logprobs), rolled)
+        kls.append(kl)
+    total = float(np.concatenate(kls).sum())
+    if kv is None:
+        assert total == pytest.approx(0.0, abs=1e-6)
+    else:
+        assert total > 1e-4
+
+
 def test_batch_composition_does_not_change_scores(model_path: Path) -> None:
     kv = _backend(model_path, Setup(name="kv4", kv_cache="int4"), batch_size=8)
     together = [r.logprob for r in kv.loglikelihood(REQS, noop)]

@@ -118,6 +118,9 @@ def test_demo_vllm_serves_the_quantized_checkpoints(quantized_demo: tuple[Path, 
             assert kernels[name] in s["quantization"]["engine_kernels"]
             for task, cmp in s["vs_baseline"].items():  # quantized, not broken: within a few points
                 assert abs(cmp["delta"]) < (0.02 if task == "ppl" else 0.05), (name, task, cmp)
+            # the token-level KL on the scored tokens of every choice, from the engine's prompt top-k
+            mc = s["vs_baseline"]["compare_mc"]
+            assert mc["kl"] > 0 and mc["kl_distribution"]["tokens"] > 400 and 0 < mc["top1_agreement"] <= 1
     if mixed:  # the FP8 cache really changed what the model computed, on top of W4A8
         assert setups["w4a8-kv-fp8"]["quantization"]["engine_args"]["kv_cache_dtype"] == "fp8"
         assert setups["w4a8-kv-fp8"]["vs_baseline"]["ppl"]["kl"] > 0

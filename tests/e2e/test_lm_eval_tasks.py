@@ -142,6 +142,13 @@ def test_a_group_reports_subtasks_group_and_paired_statistics(group_run: tuple[P
     assert arc["metric"] == "acc_norm"
     wiki = next(s for s in r["setups"] if s["name"] == "kv2")["vs_baseline"]["wikitext_local"]
     assert wiki["metric"] == "bits_per_byte" and wiki["kl"] > 0  # the int2 KV cache moved the distribution
+    # and on the scored tokens of every choice of the multiple-choice tasks: the token-level distribution
+    assert arc["kl"] > 0 and arc["kl_distribution"]["tokens"] >= 8 and arc["kl_distribution"]["kl_max"] >= arc["kl"]
+    kv2 = next(s for s in r["setups"] if s["name"] == "kv2")
+    for task in ("arc_easy_local", "mmlu_local_abstract_algebra"):  # over every token of every choice
+        records = [json.loads(x) for x in (out / "samples" / "kv2" / f"{task}.jsonl").read_text().splitlines()]
+        assert kv2["vs_baseline"][task]["kl_distribution"]["tokens"] == sum(sum(r["n_tokens"]) for r in records)
+        assert all(r["kl_tokens"] == sum(r["n_tokens"]) for r in records)
     md = (out / "report.md").read_text()
     assert "## lm-eval group members" in md and "mmlu_local acc" in md
 

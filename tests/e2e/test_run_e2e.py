@@ -290,6 +290,13 @@ def test_the_kl_distribution_is_in_results_report_and_notebook(demo_run: tuple[P
         assert 0 <= d["kl_median"] <= d["kl_p90"] <= d["kl_p99"] <= d["kl_p99_9"] <= d["kl_max"]
         assert -1 <= d["dp_min"] <= d["dp_p1"] <= d["dp_median"] <= d["dp_p99"] <= d["dp_max"] <= 1
         assert d["dp_rms"] >= abs(d["dp_mean"])
+    for name in ("int4", "kv-int2"):  # the scored tokens of every choice of a multiple-choice task
+        c = _setup(results, name)["vs_baseline"]["compare_mc"]
+        d = c["kl_distribution"]
+        records = [json.loads(x) for x in (out / "samples" / name / "compare_mc.jsonl").read_text().splitlines()]
+        assert d["tokens"] == sum(r["kl_tokens"] for r in records) > len(records)
+        assert d["kl_mean"] == pytest.approx(c["kl"], rel=1e-6) and d["kl_mean"] > 0
+        assert 0 <= d["kl_median"] <= d["kl_p99"] <= d["kl_max"] and 0 <= d["same_top1"] <= 1
     assert "## KL divergence to the baseline" in (out / "report.md").read_text()
     assert 'id="kl"' in (out / "report.html").read_text()
     table = qeval.load_run(out).kl()

@@ -13,8 +13,10 @@ prefilled cache; perplexity text is scored through a round-trip cache (see kv_ca
 
 from __future__ import annotations
 
+import copy
 import resource
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -135,12 +137,19 @@ class HFBackend:
         for i, (ctx, _) in enumerate(pairs):
             key = tuple(ctx) if not self.setup.quantizes_kv else (*ctx, -1 - i)  # -1-i: never shared
             groups.setdefault(key, []).append(i)
-        order = sorted(groups.values(), key=lambda ids: -len(pairs[ids[0]][0]) - max(len(pairs[i][1]) for i in ids))
+        # unquantized cache: contexts of like length share a prefill (the second pass re-groups the
+        # continuations by length); quantized: one pass covers context end and continuation, sort by both
+        fresh = not self.setup.quantizes_kv
+        order = sorted(groups.values(), key=lambda ids: (-len(pairs[ids[0]][0]), -max(len(pairs[i][1]) for i in ids))
+                       if fresh else -len(pairs[ids[0]][0]) - max(len(pairs[i][1]) for i in ids))
+        # a reference covers exactly the continuation's tokens, or it is not used (no KL for that request)
+        refs = [r.ref_indices if r.ref_indices is not None and len(r.ref_indices) == len(cont) else None
+                for r, (_, cont) in zip(requests, pairs, strict=True)]
         out: list[LoglikelihoodResult | None] = [None] * len(pairs)
         for chunk in self._chunks(order, pairs):
             ids = [i for g in chunk for i in g]
-            for i, (logps, greedy) in zip(ids, self._score_shared(chunk, pairs), strict=True):
-                out[i] = LoglikelihoodResult(float(logps.sum(dtype=np.float64)), bool(greedy), len(logps))
+            for i, span in zip(ids, self._score_shared(chunk, pairs, refs), strict=True):
+                out[i] = span.result()
             progress(len(ids))
         return out  # type: ignore[return-value]
 
@@ -160,37 +169,43 @@ class HFBackend:
         if chunk:
             yield chunk
 
-    def _score_shared(self, chunk: list[list[int]],
-                      pairs: list[tuple[list[int], list[int]]]) -> list[tuple[np.ndarray, bool]]:
-        """Per request of the chunk: the continuation's token log-probs and whether each is greedy."""
+    def _score_shared(self, chunk: list[list[int]], pairs: list[tuple[list[int], list[int]]],
+                      refs: list[np.ndarray | None]) -> list[_Span]:
+        """Per request of the chunk: the continuation's scored positions (`_Span`)."""
         fresh = not self.setup.quantizes_kv  # scored positions may attend to K/V computed in the same pass
         reqs = [(r, pairs[i]) for r, g in enumerate(chunk) for i in g]
+        ref_of = [refs[i] for g in chunk for i in g]
         cache, p_mask, last = self._prefill([pairs[g[0]][0] if fresh else pairs[g[0]][0][:-1] for g in chunk],
                                             keep_last=fresh)
-        first = [(F.log_softmax(last[r].float(), -1), cont[0]) for r, (_, cont) in reqs] if fresh else []
+        first = [_span(F.log_softmax(last[r].float(), -1)[None], cont[:1], None if ref is None else ref[:1])
+                 for (r, (_, cont)), ref in zip(reqs, ref_of, strict=True)] if fresh else []
         second = [k for k, (_, (_, cont)) in enumerate(reqs) if len(cont) > 1 or not fresh]
-        rests: dict[int, tuple[np.ndarray, bool]] = {}
-        if second:
-            rows = torch.tensor([reqs[k][0] for k in second])
+        inputs = {k: cont[:-1] if fresh else ctx[-1:] + cont[:-1] for k, (_, (ctx, cont)) in enumerate(reqs)
+                  if k in set(second)}
+        # the continuations' lengths vary (HellaSwag's endings: 5 to 40 tokens): one pass over all of
+        # them pads each to the longest, which doubled the tokens run; passes over rows of like
+        # length, each on a copy of its cache rows, run about what is real. Quantized caches cannot
+        # be row-selected: their rows are the chunk's own, one pass.
+        subs = _sub_batches([len(inputs[k]) for k in second], SUB_BATCH_OVERHEAD) if fresh else [range(len(second))]
+        rests: dict[int, _Span] = {}
+        for sub in subs:
+            ks = [second[j] for j in sub]
+            rows = torch.tensor([reqs[k][0] for k in ks])
+            part = cache if len(subs) == 1 else copy.deepcopy(cache)
             if len(rows) != len(chunk) or not torch.equal(rows, torch.arange(len(chunk))):
-                cache.batch_select_indices(rows.to(self.device))
-            inputs = [cont[:-1] if fresh else ctx[-1:] + cont[:-1] for _, (ctx, cont) in (reqs[k] for k in second)]
-            r_ids, r_mask = _pad(inputs, self.tok.pad_token_id, left=False)
+                part.batch_select_indices(rows.to(self.device))
+            r_ids, r_mask = _pad([inputs[k] for k in ks], self.tok.pad_token_id, left=False)
             mask = p_mask[rows]
             pos = mask.sum(1, keepdim=True) + torch.arange(r_ids.shape[1]).unsqueeze(0)
             logits = self.model(input_ids=r_ids.to(self.device),
                                 attention_mask=torch.cat([mask, r_mask], 1).to(self.device),
-                                position_ids=pos.to(self.device), past_key_values=cache, use_cache=True).logits
-            for row, k in enumerate(second):
-                cont = reqs[k][1][1]
-                rests[k] = _gather(logits[row, : len(cont) - fresh], cont[fresh:])
-        out = []
-        for k in range(len(reqs)):
-            head = [] if not fresh else [_gather_one(*first[k])]
-            tail = [rests[k]] if k in rests else []
-            parts = head + tail
-            out.append((np.concatenate([p[0] for p in parts]), all(p[1] for p in parts)))
-        return out
+                                position_ids=pos.to(self.device), past_key_values=part, use_cache=True).logits
+            for row, k in enumerate(ks):
+                cont, ref = reqs[k][1][1], ref_of[k]
+                rests[k] = _span(F.log_softmax(logits[row, : len(cont) - fresh].float(), -1), cont[fresh:],
+                                 None if ref is None else ref[fresh:])
+        return [_Span.join(([first[k]] if fresh else []) + ([rests[k]] if k in rests else []))
+                for k in range(len(reqs))]
 
     def _prefill(self, prefixes: list[list[int]], keep_last: bool = False) -> tuple[Any, torch.Tensor, Any]:
         """Left-padded prefill into a fresh cache: the cache, the prefix mask, and (keep_last)
@@ -425,6 +440,32 @@ LONG_CHUNK = 1024
 MIN_SHARED_PREFIX = 16
 
 
+#: a forward pass's fixed cost in tokens' worth of work (dispatch over every layer, a GEMM too
+#: thin to reach its rate): what splitting a second pass into passes of like-length rows must save
+SUB_BATCH_OVERHEAD = 64
+
+
+def _sub_batches(lengths: list[int], overhead: int) -> list[list[int]]:
+    """Indices of `lengths` in groups whose passes, each padded to its longest row, cost the
+    least: sum over groups of (overhead + rows x longest), exact by dynamic programming over the
+    lengths sorted longest first (a best grouping is always contiguous there)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    n = len(order)
+    best = [0.0] + [float("inf")] * n
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(j):
+            cost = best[i] + overhead + (j - i) * lengths[order[i]]
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups: list[list[int]] = []
+    j = n
+    while j > 0:
+        groups.append(order[cut[j] : j])
+        j = cut[j]
+    return groups[::-1]
+
+
 def _common_prefix(seqs: list[list[int]]) -> int:
     """Length of the token prefix all sequences share, leaving each at least one token."""
     n = min(len(s) for s in seqs) - 1
@@ -435,16 +476,38 @@ def _common_prefix(seqs: list[list[int]]) -> int:
     return max(n, 0)
 
 
-def _gather_one(logp: torch.Tensor, token: int) -> tuple[np.ndarray, bool]:
-    """The log-prob of one token under a log-softmaxed distribution, and whether it is the argmax."""
-    return np.array([float(logp[token])], dtype=np.float32), bool(int(logp.argmax()) == token)
+@dataclass
+class _Span:
+    """Scored positions of one continuation: each actual token's log-prob, whether all are the
+    argmax, this model's top-k, and the log-probs at the reference's ids (None: no reference)."""
+
+    tok: np.ndarray
+    greedy: bool
+    top_i: np.ndarray
+    top_l: np.ndarray
+    ref_l: np.ndarray | None
+
+    @staticmethod
+    def join(parts: list[_Span]) -> _Span:
+        refs = [p.ref_l for p in parts]
+        return _Span(np.concatenate([p.tok for p in parts]), all(p.greedy for p in parts),
+                     np.concatenate([p.top_i for p in parts]), np.concatenate([p.top_l for p in parts]),
+                     None if any(r is None for r in refs) else np.concatenate(refs))  # type: ignore[arg-type]
+
+    def result(self) -> LoglikelihoodResult:
+        return LoglikelihoodResult(float(self.tok.sum(dtype=np.float64)), self.greedy, len(self.tok), self.tok,
+                                   self.top_i, self.top_l, self.ref_l)
 
 
-def _gather(logits: torch.Tensor, cont: list[int]) -> tuple[np.ndarray, bool]:
-    logp = F.log_softmax(logits.float(), dim=-1)
+def _span(logp: torch.Tensor, cont: list[int], ref: np.ndarray | None) -> _Span:
+    """`_Span` of the positions `logp` ([n, vocab], log-softmaxed) scores, n = len(cont)."""
     target = torch.tensor(cont, device=logp.device)
     greedy = bool((logp.argmax(-1) == target).all())
-    return logp.gather(1, target[:, None])[:, 0].cpu().numpy(), greedy
+    top_l, top_i = logp.topk(min(TOPK, logp.shape[-1]), dim=-1)
+    ref_l = (logp.gather(1, torch.as_tensor(ref, dtype=torch.long, device=logp.device)).cpu().numpy()
+             if ref is not None else None)
+    return _Span(logp.gather(1, target[:, None])[:, 0].cpu().numpy(), greedy, top_i.cpu().numpy().astype(np.int32),
+                 top_l.cpu().numpy(), ref_l)
 
 
 def _pad(seqs: list[list[int]], pad_id: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -103,12 +103,16 @@ class VLLMBackend:
         encode = memoized(self.conv.encode)
         pairs = [truncate(*encode_pair(self.conv, r.context, r.continuation, encode), self.max_length)
                  for r in requests]
-        plps = self._prompt_logprobs([ctx + cont for ctx, cont in pairs], 1)
+        # the top-k at every scored position too: the baseline's is the KL reference of the others
+        outs = self._prompt_logprobs([ctx + cont for ctx, cont in pairs], TOPK, flat=True)
         results = []
-        for (ctx, cont), plp in zip(pairs, plps, strict=True):
-            entries = [plp[len(ctx) + j][tok] for j, tok in enumerate(cont)]
-            results.append(LoglikelihoodResult(float(sum(e.logprob for e in entries)),
-                                               all(e.rank == 1 for e in entries), len(cont)))
+        for req, (ctx, cont), flat in zip(requests, pairs, outs, strict=True):
+            tok, top_i, top_l = _window_arrays(flat, len(ctx), len(cont))
+            ref = req.ref_indices if req.ref_indices is not None and len(req.ref_indices) == len(cont) else None
+            # greedy: the actual token is the top-1 (a tie counts, as vLLM's rank 1 does)
+            greedy = bool(np.all(tok >= top_l[:, 0]))
+            results.append(LoglikelihoodResult(float(tok.sum()), greedy, len(cont), tok.astype(np.float32), top_i,
+                                               top_l.astype(np.float32), _at_ids(ref, top_i, top_l)))
         progress(len(requests))
         return results
 
@@ -233,12 +237,16 @@ def _rolling_result(parts: list[tuple[np.ndarray, ...]], ref: np.ndarray | None)
     logp = np.concatenate([p[0] for p in parts])
     top_i = np.concatenate([p[1] for p in parts])
     top_l = np.concatenate([p[2] for p in parts])
-    ref_l = None
-    if ref is not None:
-        ref = ref[: len(logp)]
-        match = ref[:, :, None] == top_i[:, None, :]  # [n, k_ref, k]
-        # ids outside the engine's top-k are not returned: give them the k-th log-prob,
-        # an upper bound of their probability, so the KL estimate errs small, never large
-        floor = top_l[:, -1:]
-        ref_l = np.where(match.any(-1), (match * top_l[:, None, :]).sum(-1), floor).astype(np.float32)
-    return RollingResult(logp, top_i, top_l.astype(np.float32), ref_l)
+    return RollingResult(logp, top_i, top_l.astype(np.float32), _at_ids(None if ref is None else ref[: len(logp)],
+                                                                         top_i, top_l))
+
+
+def _at_ids(ref: np.ndarray | None, top_i: np.ndarray, top_l: np.ndarray) -> np.ndarray | None:
+    """Log-probs at the reference's ids ([n, k_ref]) from the engine's own top-k ([n, k])."""
+    if ref is None:
+        return None
+    match = ref[:, :, None] == top_i[:, None, :]  # [n, k_ref, k]
+    # ids outside the engine's top-k are not returned: give them the k-th log-prob,
+    # an upper bound of their probability, so the KL estimate errs small, never large
+    floor = top_l[:, -1:]
+    return np.where(match.any(-1), (match * top_l[:, None, :]).sum(-1), floor).astype(np.float32)

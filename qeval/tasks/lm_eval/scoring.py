@@ -13,7 +13,16 @@ import numpy as np
 
 from qeval.backends.base import Backend, GenerateRequest, LoglikelihoodRequest, Progress, RollingRequest
 from qeval.tasks.lm_eval.session import LmEvalSession
-from qeval.tasks.scoring import TaskResult, TokenDivergence, delta_p, kl_top1, pack_topk, split_reference
+from qeval.tasks.scoring import (
+    TaskResult,
+    TokenDivergence,
+    continuation_divergence,
+    delta_p,
+    kl_top1,
+    pack_topk,
+    request_references,
+    split_reference,
+)
 
 
 def make_lm(backend: Backend, references: dict[str, dict[str, np.ndarray]], progress: Progress) -> Any:
@@ -34,13 +43,18 @@ def make_lm(backend: Backend, references: dict[str, dict[str, np.ndarray]], prog
                 self.raw[(r.task_name, r.doc_id, r.idx)] = res
 
         def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-            res = backend.loglikelihood([LoglikelihoodRequest(*r.args[:2]) for r in requests], progress)
+            ref_ids = _reference_ids(requests, references)
+            res = backend.loglikelihood([LoglikelihoodRequest(r.args[0], r.args[1],
+                                                              ref_ids.get((r.task_name, r.doc_id, r.idx)))
+                                         for r in requests], progress)
             self._keep(requests, res)
             return [(float(r.logprob), bool(r.is_greedy)) for r in res]
 
         def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
-            refs = {t: split_reference(ref, max(r.doc_id for r in requests if r.task_name == t) + 1)
-                    for t, ref in references.items()}
+            n_docs: dict[str, int] = {}
+            for r in requests:
+                n_docs[r.task_name] = max(n_docs.get(r.task_name, 0), r.doc_id + 1)
+            refs = {t: split_reference(references[t], n) for t, n in n_docs.items() if t in references}
             reqs = []
             for r in requests:
                 per_doc = refs.get(r.task_name)
@@ -64,6 +78,19 @@ def make_lm(backend: Backend, references: dict[str, dict[str, np.ndarray]], prog
             return list(out)
 
     return QevalLM()
+
+
+def _reference_ids(requests: list[Any], references: dict[str, dict[str, np.ndarray]]) -> dict[tuple[str, int, int],
+                                                                                                np.ndarray]:
+    """Per (task, doc id, choice) the baseline's top-k ids at its scored tokens, for the tasks
+    whose reference holds exactly their requests (stored in that order by `_task_result`)."""
+    out: dict[tuple[str, int, int], np.ndarray] = {}
+    for task, ref in references.items():
+        keys = sorted((r.doc_id, r.idx) for r in requests if r.task_name == task)
+        refs = request_references(ref, len(keys))
+        if refs is not None:
+            out |= {(task, d, i): r[0] for (d, i), r in zip(keys, refs, strict=True)}
+    return out
 
 
 def n_requests(session: LmEvalSession, leaves: list[str]) -> int:
@@ -123,6 +150,11 @@ def _task_result(leaf: str, session: LmEvalSession, out: dict[str, Any], raw: di
                     rec |= {"kl": float(kl.mean()), "top1_agreement": float(top1.mean()), "kl_tokens": int(kl.size)}
                     tokens.add(kl, top1, delta_p(doc_ref, res))
         return TaskResult(records, metrics, topk, tokens.summary())
+    if info.output_type in ("multiple_choice", "loglikelihood"):  # KL on the scored tokens of every choice
+        choices = [[raw[(leaf, r["doc_id"], i)] for i in range(len(r["loglikelihoods"] or [None]))] for r in records]
+        refs = request_references(references.get(leaf), sum(len(d) for d in choices))
+        topk, divergence = continuation_divergence(choices, refs, records)
+        return TaskResult(records, metrics, topk, divergence)
     return TaskResult(records, metrics, topk)
 
 
