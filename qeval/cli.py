@@ -1,4 +1,4 @@
-"""The `qeval` command line: run, validate, plan, report, compare, tasks, quantize, schema (the stable
+"""The `qeval` command line: run, validate, plan, report, compare, tasks, quantize, advise, schema (the stable
 surface: docs/architecture.md §7)."""
 
 from __future__ import annotations

@@ -159,7 +159,9 @@ def advise(cfg: RunConfig, config_path: Path, opts: Options, log: Any = print) -
     everything = set(names)
     uniform = _weighted(probe.kl(sl.calib, everything), sl.calib)
     rows = []
-    for u in cell_units + unions(cell_units):
+    for n, u in enumerate(cell_units + unions(cell_units)):
+        if n and n % 10 == 0:
+            log(f"advise: {n} units measured, {time.perf_counter() - t1:.0f} s")
         cost = _weighted(probe.kl(sl.calib, set(u.modules)), sl.calib)
         gain = uniform - _weighted(probe.kl(sl.calib, everything - set(u.modules)), sl.calib)
         rows.append(Row(u.name, u.layer, u.kind, u.extra_bytes, cost, gain))
@@ -175,7 +177,7 @@ def advise(cfg: RunConfig, config_path: Path, opts: Options, log: Any = print) -
     kept_modules = {m for u in kept_units for m in u.modules}
     mix_calib_kl = _weighted(probe.kl(sl.calib, everything - kept_modules), sl.calib)
 
-    mixes, versus = _verify(probe, sl.heldout, cell_units, kept_units, advised, target, shape, dtype, opts)
+    mixes, versus = _verify(probe, sl.heldout, cell_units, kept_units, advised, target, shape, dtype, opts, log)
     timing = {"load_s": load_s, "baseline_pass_s": baseline_s, "sensitivity_s": sens_s,
               "passes": float(passes), "seconds_per_pass": (sens_s - baseline_s) / max(passes, 1),
               "total_s": time.perf_counter() - t0}
@@ -195,7 +197,8 @@ def advise(cfg: RunConfig, config_path: Path, opts: Options, log: Any = print) -
 
 
 def _verify(probe: Probe, heldout: list[list[int]], cell_units: list[Unit], kept: list[Unit], advised: Setup,
-            target: Setup, shape: ModelShape, dtype: str, opts: Options) -> tuple[list[Mix], dict[str, Any]]:
+            target: Setup, shape: ModelShape, dtype: str, opts: Options,
+            log: Any = print) -> tuple[list[Mix], dict[str, Any]]:
     """The uniform setup, the advised mix and random mixes of the same byte cost (as many
     attention and MLP cells, drawn anew) on the held-out documents, paired by document."""
     if not heldout:
@@ -226,6 +229,7 @@ def _verify(probe: Probe, heldout: list[list[int]], cell_units: list[Unit], kept
                 break
     for i, units in enumerate(draws):
         mixes.append(mix(f"random-{i + 1}", units))
+        log(f"advise: held-out check, random mix {i + 1} of {len(draws)}")
     if not draws:
         return mixes, {"verdict": "nothing kept: no random mix to compare"}
     adv = np.array(mixes[1].per_doc)
