@@ -192,6 +192,8 @@ def advise(
     heldout_docs: Annotated[int, typer.Option(help="further documents the mix is checked on")] = 32,
     random_draws: Annotated[int, typer.Option(help="random mixes of the same bytes to compare with")] = 5,
     seed: Annotated[int, typer.Option(help="seed of the random mixes")] = 0,
+    unions: Annotated[bool, typer.Option(
+        help="also measure whole blocks and module types, not only the layer x type cells")] = True,
     output: Annotated[Path | None, typer.Option(
         help="advice.md to write (.html and .json beside it); default reports/<config name>/advice.md")] = None,
 ) -> None:
@@ -210,7 +212,7 @@ def advise(
             raise UserError("--calib-docs must be at least 1, --heldout-docs and --random-draws at least 0")
         if heldout_docs == 1:
             raise UserError("--heldout-docs 1: a paired interval needs at least 2 documents (or 0 for none)")
-        opts = Options(parse_budget(budget), target, text, calib_docs, heldout_docs, random_draws, seed)
+        opts = Options(parse_budget(budget), target, text, calib_docs, heldout_docs, random_draws, seed, unions)
         cfg = load_config(config)
         advice = run_advisor(cfg, config, opts, log=lambda m: print(m, file=sys.stderr))
     except UserError as exc:

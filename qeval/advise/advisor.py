@@ -38,6 +38,8 @@ class Options:
     heldout_docs: int = 32
     random_draws: int = 5
     seed: int = 0
+    #: also measure whole blocks and module types (2 x (layers + 2) passes more), not only the cells
+    unions: bool = True
 
 
 @dataclass
@@ -159,7 +161,7 @@ def advise(cfg: RunConfig, config_path: Path, opts: Options, log: Any = print) -
     everything = set(names)
     uniform = _weighted(probe.kl(sl.calib, everything), sl.calib)
     rows = []
-    for n, u in enumerate(cell_units + unions(cell_units)):
+    for n, u in enumerate(cell_units + (unions(cell_units) if opts.unions else [])):
         if n and n % 10 == 0:
             log(f"advise: {n} units measured, {time.perf_counter() - t1:.0f} s")
         cost = _weighted(probe.kl(sl.calib, set(u.modules)), sl.calib)
