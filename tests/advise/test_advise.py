@@ -63,8 +63,9 @@ def test_search_exact_and_greedy() -> None:
 
 
 def test_advise_on_the_tiny_model(tmp_path: Path) -> None:
-    opts = Options(parse_budget("5.5bpw"), calib_docs=4, heldout_docs=6, random_draws=2)
+    opts = Options(parse_budget("6bpw"), calib_docs=3, heldout_docs=4, random_draws=2)
     cfg = load_config(DEMO)
+    cfg.model.dtype = "float32"  # bfloat16 matmuls this small are slower on a CPU, even a native one
     advice = advise(cfg, DEMO, opts, log=lambda m: None)
     rows = {r.unit: r for r in advice.rows}
     assert len(rows) == 4 * 2 + 4 + 2  # cells, blocks, types
@@ -74,9 +75,8 @@ def test_advise_on_the_tiny_model(tmp_path: Path) -> None:
     setup = Setup.model_validate({**advice.setup, "keep": tuple(advice.setup["keep"])})
     shape = ModelShape.from_model_dir(Path(cfg.model.path))
     linear_params = sum(o * i for o, i in shape.linear_shapes())
-    linear_bytes = predict_weights_bytes(shape, setup, advice.dtype) - shape.other_params() * (
-        4 if advice.dtype == "float32" else 2)
-    assert advice.search["kept"] and linear_bytes * 8 / linear_params <= 5.5
+    linear_bytes = predict_weights_bytes(shape, setup, "float32") - shape.other_params() * 4
+    assert advice.search["kept"] and linear_bytes * 8 / linear_params <= 6
     for unit in advice.search["kept"]:
         layer, kind = unit[1:].split(".")
         assert all(setup.keeps(f"model.layers.{layer}.{n}") for n in KINDS[kind])
