@@ -1,4 +1,4 @@
-"""The `qeval` command line: run, validate, plan, report, compare, tasks, quantize, schema (the stable
+"""The `qeval` command line: run, validate, plan, report, compare, tasks, quantize, advise, schema (the stable
 surface: docs/architecture.md §7)."""
 
 from __future__ import annotations
@@ -176,6 +176,51 @@ def quantize(
         table.add_row(escape(m.setup), escape(m.scheme), escape(str(m.path)),
                       "cached" if m.cached else f"made in {m.seconds:.0f} s")
     Console().print(table)
+
+
+@app.command()
+def advise(
+    config: Annotated[Path, typer.Argument(help="run config YAML")],
+    budget: Annotated[str | None, typer.Option(
+        help="average bits per decoder-linear weight (4.5bpw) or memory at the budget's context (350MiB)")] = None,
+    target: Annotated[str | None, typer.Option(
+        help="the setup to lower (default: the config's first int4, else int8, quanto setup)")] = None,
+    text: Annotated[Path | None, typer.Option(
+        help="calibration text: plain text (paragraphs) or JSON Lines with `text` (default: the perplexity task)")
+    ] = None,
+    calib_docs: Annotated[int, typer.Option(help="documents the sensitivity is measured on")] = 16,
+    heldout_docs: Annotated[int, typer.Option(help="further documents the mix is checked on")] = 32,
+    random_draws: Annotated[int, typer.Option(help="random mixes of the same bytes to compare with")] = 5,
+    seed: Annotated[int, typer.Option(help="seed of the random mixes")] = 0,
+    unions: Annotated[bool, typer.Option(
+        help="also measure whole blocks and module types, not only the layer x type cells")] = True,
+    output: Annotated[Path | None, typer.Option(
+        help="advice.md to write (.html and .json beside it); default reports/<config name>/advice.md")] = None,
+) -> None:
+    """Which layers to keep at the model's dtype: per-unit sensitivity, a search under the budget,
+    and the advised setup with its `keep:` list (docs/advisor.md)."""
+    from qeval.advise.advisor import Options
+    from qeval.advise.advisor import advise as run_advisor
+    from qeval.advise.output import setup_snippet, write
+    from qeval.advise.search import parse_budget
+    from qeval.config import load_config
+
+    try:
+        if budget is None:
+            raise UserError("--budget is required: e.g. --budget 4.5bpw or --budget 350MiB")
+        if calib_docs < 1 or heldout_docs < 0 or random_draws < 0:
+            raise UserError("--calib-docs must be at least 1, --heldout-docs and --random-draws at least 0")
+        if heldout_docs == 1:
+            raise UserError("--heldout-docs 1: a paired interval needs at least 2 documents (or 0 for none)")
+        opts = Options(parse_budget(budget), target, text, calib_docs, heldout_docs, random_draws, seed, unions)
+        cfg = load_config(config)
+        advice = run_advisor(cfg, config, opts, log=lambda m: print(m, file=sys.stderr))
+    except UserError as exc:
+        _fail(exc)
+        return
+    paths = write(advice, output or Path("reports") / cfg.name / "advice.md")
+    print(setup_snippet(advice), end="")
+    print(f"wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
 
 
 @app.command()

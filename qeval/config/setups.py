@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+from fnmatch import fnmatch
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -18,6 +20,7 @@ Method = Literal["rtn", "bnb", "torchao", "w8a8", "w4a8", "gptq", "awq", "fp8"]
 WEIGHT_BITS: dict[str, int] = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4}
 #: bits per KV element for each KV-cache precision; `auto` follows the model dtype
 KV_BITS: dict[str, int] = {"fp8": 8, "fp8_e5m2": 8, "int8": 8, "int4": 4, "int2": 2}
+_KEEP_PATTERN = re.compile(r"[A-Za-z0-9_.*?\[\]-]{1,200}")
 
 
 class Setup(BaseModel):
@@ -42,6 +45,23 @@ class Setup(BaseModel):
     #: where the backend cannot run this setup on this device, skip it (reported) instead of
     #: refusing the config: one config then serves machines of different abilities
     optional: bool = False
+    #: module-name patterns (shell-style wildcards, as fnmatch) of linear layers kept at the
+    #: model's own dtype while the rest are quantized: a mixed-precision setup (docs/advisor.md)
+    keep: tuple[str, ...] = ()
+
+    @field_validator("keep", mode="before")
+    @classmethod
+    def _keep(cls, value: object) -> object:
+        # a YAML list arrives as a list; strict mode takes only a tuple
+        if isinstance(value, list):
+            value = tuple(value)
+        if isinstance(value, tuple):
+            for pattern in value:
+                if not isinstance(pattern, str) or not _KEEP_PATTERN.fullmatch(pattern):
+                    raise ValueError(f"keep pattern {pattern!r} is not a module-name pattern "
+                                     "(letters, digits, . _ - and the wildcards * ? [ ])")
+            value = tuple(sorted(set(value)))  # order and repeats do not change the setup
+        return value
 
     @field_validator("method", mode="before")
     @classmethod
@@ -59,6 +79,11 @@ class Setup(BaseModel):
             raise ValueError(f"setup {self.name}: group_size applies to int4 weights only")
         if not quantized and self.method != "rtn":
             raise ValueError(f"setup {self.name}: method {self.method!r} needs int8 or int4 weights")
+        if self.keep and not quantized:
+            raise ValueError(f"setup {self.name}: keep needs int8 or int4 weights (something to keep layers from)")
+        if self.keep and self.method in ("bnb", "torchao"):
+            raise ValueError(f"setup {self.name}: keep is served by quanto (method rtn) or by an llm-compressor "
+                             f"checkpoint (gptq, awq, w8a8, w4a8), not by {self.method}")
         return self
 
     @property
@@ -69,13 +94,19 @@ class Setup(BaseModel):
     def quantizes_kv(self) -> bool:
         return self.kv_cache != "auto"
 
-    def weights_key(self) -> tuple[str | None, str, int | None]:
+    def weights_key(self) -> tuple[str | None, str, int | None, tuple[str, ...]]:
         """What identifies this setup's weights: two setups with the same key serve the same
         weights (a KV-cache setup's weights-only twin has its key and KV auto)."""
-        return (self.weights, self.method, self.group_size)
+        return (self.weights, self.method, self.group_size, self.keep)
+
+    def keeps(self, module_name: str) -> bool:
+        """Whether the linear layer `module_name` stays at the model's dtype (matches a keep pattern)."""
+        return any(fnmatch(module_name, pattern) for pattern in self.keep)
 
     @property
     def id(self) -> str:
         """Stable cache key: a hash of everything that changes the setup's outputs."""
         fields = self.model_dump(exclude={"name", "baseline", "memory_limit_mib", "optional"})
+        if not self.keep:  # a setup without keep has the id it had before keep existed
+            del fields["keep"]
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]

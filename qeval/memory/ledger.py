@@ -29,24 +29,35 @@ def _int4_group(in_features: int, group_size: int) -> int:
 
 
 def predict_weights_bytes(shape: ModelShape, setup: Setup, model_dtype: str) -> int:
-    """Bytes of the served weights, scales and zero points included."""
+    """Bytes of the served weights, scales and zero points included; the linear layers a
+    setup's `keep` patterns match are counted at the model's dtype, without scales."""
     base_bits = _DTYPE_BITS[model_dtype] if setup.weights is None else WEIGHT_BITS[setup.weights]
     other_bits = base_bits if not setup.quantizes_weights else _DTYPE_BITS.get(model_dtype, 16)
     total = shape.other_params() * other_bits // 8
-    for out_f, in_f in shape.linear_shapes():
-        total += out_f * in_f * base_bits // 8
-        if setup.method == "bnb":  # bitsandbytes keeps float32 scales: per row (int8), per block of 64 (NF4)
-            total += out_f * 4 if setup.weights == "int8" else out_f * in_f // 64 * 4
-        elif setup.weights == "int8":
-            total += out_f * SCALE_BYTES  # per output channel, symmetric
-        elif setup.weights == "int4":
-            groups = in_f // _int4_group(in_f, setup.group_size or 128)
-            # quanto (rtn) and AWQ are asymmetric: a zero point beside each scale; GPTQ / W4A8 are symmetric
-            per_group = 1 if setup.method in ("gptq", "w4a8") else 2
-            total += out_f * groups * per_group * SCALE_BYTES
-        if setup.quantizes_weights and setup.method == "rtn":
-            # quanto keeps an input_scale and an output_scale scalar per module, in the model dtype
-            total += 2 * _DTYPE_BITS[model_dtype] // 8
+    for name, out_f, in_f in shape.linear_modules():
+        if setup.keep and setup.keeps(name):
+            total += out_f * in_f * other_bits // 8
+        else:
+            total += linear_weights_bytes(out_f, in_f, setup, model_dtype)
+    return total
+
+
+def linear_weights_bytes(out_f: int, in_f: int, setup: Setup, model_dtype: str) -> int:
+    """Bytes of one decoder linear layer served as `setup` quantizes it (keep aside)."""
+    base_bits = _DTYPE_BITS[model_dtype] if setup.weights is None else WEIGHT_BITS[setup.weights]
+    total = out_f * in_f * base_bits // 8
+    if setup.method == "bnb":  # bitsandbytes keeps float32 scales: per row (int8), per block of 64 (NF4)
+        total += out_f * 4 if setup.weights == "int8" else out_f * in_f // 64 * 4
+    elif setup.weights == "int8":
+        total += out_f * SCALE_BYTES  # per output channel, symmetric
+    elif setup.weights == "int4":
+        groups = in_f // _int4_group(in_f, setup.group_size or 128)
+        # quanto (rtn) and AWQ are asymmetric: a zero point beside each scale; GPTQ / W4A8 are symmetric
+        per_group = 1 if setup.method in ("gptq", "w4a8") else 2
+        total += out_f * groups * per_group * SCALE_BYTES
+    if setup.quantizes_weights and setup.method == "rtn":
+        # quanto keeps an input_scale and an output_scale scalar per module, in the model dtype
+        total += 2 * _DTYPE_BITS[model_dtype] // 8
     return total
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from fnmatch import translate
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,7 @@ def recipe_spec(cfg: RunConfig, setup: Setup) -> dict[str, Any]:
     scheme = SCHEMES[setup.method]
     q = cfg.quantize
     spec: dict[str, Any] = {"method": setup.method, "scheme": scheme.preset, "targets": "Linear",
-                            "ignore": ["lm_head"], "dtype": cfg.model.dtype,
+                            "ignore": ignore_list(setup), "dtype": cfg.model.dtype,
                             "num_samples": q.num_samples,
                             "max_seq_length": min(q.max_seq_length, cfg.model.max_context)}
     if scheme.weights == "int4":
@@ -66,6 +67,41 @@ def recipe_spec(cfg: RunConfig, setup: Setup) -> dict[str, Any]:
     if scheme.smoothquant:
         spec["smoothing_strength"] = q.smoothing_strength
     return spec
+
+
+#: linear layers vLLM serves as one fused layer (its Llama `packed_modules_mapping`): one
+#: quantization scheme per fused layer, so a keep list takes all of a group or none of it
+FUSED_GROUPS: tuple[tuple[str, ...], ...] = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                                             ("mlp.gate_proj", "mlp.up_proj"))
+
+
+def ignore_list(setup: Setup) -> list[str]:
+    """llm-compressor's `ignore` for a setup: lm_head (never quantized, as on the hf backend)
+    and each `keep` pattern. compressed-tensors matches an entry by exact name, or, prefixed
+    `re:`, by `re.match`; fnmatch.translate's regex ends in `\\Z`, so a shell pattern matches
+    the same names there as in quanto's and Setup.keeps' fnmatch."""
+    return ["lm_head", *(p if _is_literal(p) else "re:" + translate(p) for p in setup.keep)]
+
+
+def _is_literal(pattern: str) -> bool:
+    return not any(c in pattern for c in "*?[")
+
+
+def check_keep_fused(setup: Setup, module_names: list[str]) -> None:
+    """Refuse a keep list that keeps part of a layer vLLM fuses (q/k/v, gate/up): vLLM loads
+    one scheme per fused layer, so such a checkpoint would not load."""
+    kept = {n for n in module_names if setup.keeps(n)}
+    for name in module_names:
+        for group in FUSED_GROUPS:
+            if name.endswith("." + group[0]):
+                prefix = name[: -len(group[0])]
+                members = {prefix + g for g in group}
+                if kept & members and not members <= kept:
+                    raise UserError(f"setup {setup.name}: keep takes part of {prefix}{{{','.join(group)}}}, which "
+                                    "vLLM serves as one fused layer; keep all of them or none")
+    if setup.keep and not kept:
+        raise UserError(f"setup {setup.name}: no keep pattern matches a linear layer of this model "
+                        f"(names look like {module_names[0]})")
 
 
 # -- calibration text ---------------------------------------------------------------------

@@ -35,6 +35,7 @@ from qeval.quantize.checkpoints import (
     SCHEMES,
     calibration_checksum,
     calibration_source,
+    check_keep_fused,
     checkpoint_dir,
     checkpoint_key,
     needs_checkpoint,
@@ -43,6 +44,7 @@ from qeval.quantize.checkpoints import (
 )
 from qeval.records.model_source import resolve_model
 from qeval.records.provenance import git_commit, hardware, now_iso
+from qeval.records.shape import ModelShape
 from qeval.version import __version__
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
@@ -98,7 +100,9 @@ def quantize(cfg: RunConfig, *, only: list[str] | None = None, force: bool = Fal
     model_sha = source.checksum
     made: list[Made] = []
     python: str | None = None
+    names = [n for n, _, _ in ModelShape.from_config(source.config).linear_modules()]
     for setup in todo:
+        check_keep_fused(setup, names)
         dest = checkpoint_dir(cfg, setup, model_sha, cal_sha)
         scheme = SCHEMES[setup.method]
         if (dest / RECORD).is_file() and not force:

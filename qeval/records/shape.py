@@ -93,6 +93,15 @@ class ModelShape:
                      (self.intermediate_size, h), (h, self.intermediate_size)]
         return per_layer * self.num_layers
 
+    def linear_modules(self) -> list[tuple[str, int, int]]:
+        """(module name, out_features, in_features) of every decoder linear layer, named as
+        transformers' Llama-family models name them (what a setup's `keep` patterns match)."""
+        names = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+        shapes = self.linear_shapes()
+        return [(f"model.layers.{i // len(names)}.{names[i % len(names)]}", o, n)
+                for i, (o, n) in enumerate(shapes)]
+
     def other_params(self) -> int:
         """Parameters left in 16-bit by weight quantization: embeddings, lm_head, norms, biases."""
         embed = self.vocab_size * self.hidden_size

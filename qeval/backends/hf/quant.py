@@ -45,7 +45,8 @@ def load_kwargs(setup: Setup, dtype: torch.dtype, device: str) -> dict[str, Any]
 
 def quantize_weights(model: Any, setup: Setup) -> dict[str, Any]:
     """Quantize the decoder's linear layers in place (embeddings and lm_head stay 16-bit,
-    as in transformers' own quanto integration). Returns what was done, for the results."""
+    as in transformers' own quanto integration; so do the linear layers the setup's `keep`
+    patterns match). Returns what was done, for the results."""
     if setup.weights not in ("int8", "int4"):  # fp8 weights are vLLM's, refused by hf_support
         return {"library": None}
     if setup.method == "bnb":  # quantized while loading (load_kwargs)
@@ -55,7 +56,8 @@ def quantize_weights(model: Any, setup: Setup) -> dict[str, Any]:
         return _torchao_int8(model)
     from optimum.quanto import freeze, qint4, qint8, quantize
 
-    quantize(model, weights=qint8 if setup.weights == "int8" else qint4, exclude=["lm_head"])
+    # quanto matches `exclude` with fnmatch on every module name, as Setup.keeps does
+    quantize(model, weights=qint8 if setup.weights == "int8" else qint4, exclude=["lm_head", *setup.keep])
     groups: set[int | None] = set()
     if setup.weights == "int4" and setup.group_size:
         for module in model.modules():
@@ -69,7 +71,12 @@ def quantize_weights(model: Any, setup: Setup) -> dict[str, Any]:
             groups.add(module.weight_group_size)
     freeze(model)
     scheme = "per-channel symmetric" if setup.weights == "int8" else "group-wise asymmetric (min-max)"
-    return {
+    extra: dict[str, Any] = {}
+    if setup.keep:
+        extra["kept_modules"] = sorted(name for name, module in model.named_modules()
+                                       if isinstance(module, torch.nn.Linear) and name != "lm_head"
+                                       and getattr(module, "weight_qtype", None) is None)
+    return extra | {
         "library": f"optimum-quanto {_version('optimum-quanto')}",
         "scheme": f"round-to-nearest, {scheme}",
         "group_sizes": sorted({"per-channel" if g is None else str(g) for g in groups}),

@@ -1,0 +1,256 @@
+"""`qeval advise`: measure each unit's sensitivity, choose the units to keep under a budget,
+and check the mix on held-out documents against the uniform setup and random mixes of the
+same byte cost (docs/advisor.md)."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qeval.advise.calibration import make_slice, read_texts
+from qeval.advise.search import Budget, choose
+from qeval.advise.sensitivity import Probe
+from qeval.advise.units import Unit, cells, unions
+from qeval.analysis.stats import t_interval
+from qeval.backends.device import resolve_device, resolve_precision
+from qeval.backends.hf.backend import HFBackend
+from qeval.config import RunConfig
+from qeval.config.setups import Setup
+from qeval.errors import UserError
+from qeval.memory.ledger import predict_kv_bytes_per_token, predict_weights_bytes
+from qeval.records.model_source import resolve_model
+from qeval.records.shape import ModelShape
+
+
+@dataclass(frozen=True)
+class Options:
+    """What `qeval advise` was asked (its command-line options)."""
+
+    budget: Budget
+    target: str | None = None
+    text: Path | None = None
+    calib_docs: int = 16
+    heldout_docs: int = 32
+    random_draws: int = 5
+    seed: int = 0
+    #: also measure whole blocks and module types (2 x (layers + 2) passes more), not only the cells
+    unions: bool = True
+
+
+@dataclass
+class Row:
+    """One unit's sensitivity: KL with only it quantized (cost), KL recovered with only it kept (gain)."""
+
+    unit: str
+    layer: int | None
+    kind: str | None
+    extra_bytes: int
+    cost_kl: float
+    gain_kl: float
+
+
+@dataclass
+class Mix:
+    """A kept set checked on the held-out documents."""
+
+    name: str
+    kept: list[str]
+    weights_bytes: int
+    heldout_kl: float
+    per_doc: list[float] = field(repr=False)
+
+
+@dataclass
+class Advice:
+    """Everything `qeval advise` found, as advice.json holds it."""
+
+    config: str
+    model: str
+    dtype: str
+    device: str
+    target: dict[str, Any]
+    budget: str
+    budget_bytes: int
+    budget_basis: str
+    calibration: dict[str, Any]
+    rows: list[Row]
+    uniform_kl: float
+    search: dict[str, Any]
+    setup: dict[str, Any]
+    mixes: list[Mix]
+    versus_random: dict[str, Any]
+    timing: dict[str, float]
+
+
+def pick_target(cfg: RunConfig, name: str | None) -> Setup:
+    """The setup whose precision the advisor lowers: `--target`, else the config's first
+    int4 (then int8) quanto setup without KV-cache quantization or keep list."""
+    if name is not None:
+        found = next((s for s in cfg.setups if s.name == name), None)
+        if found is None:
+            raise UserError(f"--target: no setup {name!r} in the config")
+        if not (found.weights in ("int8", "int4") and found.method == "rtn"):
+            raise UserError(f"--target {name}: the advisor measures quanto's weights (weights int8/int4, "
+                            "method rtn); a GPTQ/AWQ checkpoint's weights differ")
+        return found
+    for bits in ("int4", "int8"):
+        for s in cfg.setups:
+            if s.weights == bits and s.method == "rtn" and not s.quantizes_kv and not s.keep:
+                return s
+    raise UserError("the config has no int4 or int8 setup (method rtn) to advise on; add one or name --target")
+
+
+def _budget_bytes(budget: Budget, shape: ModelShape, target: Setup, dtype: str, context: int) -> tuple[int, int, str]:
+    """(allowance in bytes over the uniform target, the budget in bytes, what it counts)."""
+    uniform = predict_weights_bytes(shape, target, dtype)
+    if budget.kind == "bits":
+        params = sum(o * i for o, i in shape.linear_shapes())
+        linear = uniform - shape.other_params() * _bytes(dtype)
+        allowed = int(budget.value * params / 8)
+        return allowed - linear, allowed, f"decoder linear layers, {params:,} weights, scales included"
+    kv = predict_kv_bytes_per_token(shape, target, dtype) * context
+    return int(budget.value) - uniform - kv, int(budget.value), f"weights + one sequence's KV cache at {context} tokens"
+
+
+def _bytes(dtype: str) -> int:
+    return 4 if dtype == "float32" else 2
+
+
+def _weighted(per_doc: np.ndarray, docs: list[list[int]]) -> float:
+    w = np.array([len(d) - 1 for d in docs], dtype=float)
+    return float((per_doc * w).sum() / w.sum())
+
+
+def advise(cfg: RunConfig, config_path: Path, opts: Options, log: Any = print) -> Advice:
+    """Run the advisor on `cfg` (checked input: UserError for what is wrong)."""
+    target = pick_target(cfg, opts.target)
+    source = resolve_model(cfg.model.path, cfg.model.revision)
+    device = resolve_device(cfg.device)
+    cfg.model.dtype = resolve_precision(cfg.model.dtype, source.config, device).dtype  # type: ignore[assignment]
+    dtype = cfg.model.dtype
+    shape = ModelShape.from_config(source.config)
+    cell_units = cells(shape, target, dtype)
+    allowance, budget_bytes, basis = _budget_bytes(opts.budget, shape, target, dtype, cfg.budget.context_len)
+    if allowance < 0:
+        raise UserError(f"--budget {opts.budget}: below the uniform {target.name} setup itself "
+                        f"({(budget_bytes - allowance) / 2**20:.2f} MiB on the same basis): nothing to keep")
+    label, texts = read_texts(cfg, opts.text)
+
+    t0 = time.perf_counter()
+    backend = HFBackend(cfg, Setup(name="advise-baseline", baseline=True), device)
+    backend.load()
+    names = [m for u in cell_units for m in u.modules]
+    missing = [m for m in names if m not in dict(backend.model.named_modules())]
+    if missing:
+        raise UserError(f"the model has no module {missing[0]}: the advisor knows Llama-family layer names only")
+    sl = make_slice(label, texts, backend.tok, n_calib=opts.calib_docs, n_heldout=opts.heldout_docs,
+                    max_len=cfg.model.max_context)
+    probe = Probe(backend.model, target, names, batch_size=cfg.batch_size)
+    load_s = time.perf_counter() - t0
+    log(f"advise: {len(cell_units)} cells, calibration {sl.calib_tokens} tokens in {len(sl.calib)} documents "
+        f"of {label}; target {target.name}")
+
+    t1 = time.perf_counter()
+    probe.baseline(sl.calib)
+    baseline_s = time.perf_counter() - t1
+    everything = set(names)
+    uniform = _weighted(probe.kl(sl.calib, everything), sl.calib)
+    rows = []
+    for n, u in enumerate(cell_units + (unions(cell_units) if opts.unions else [])):
+        if n and n % 10 == 0:
+            log(f"advise: {n} units measured, {time.perf_counter() - t1:.0f} s")
+        cost = _weighted(probe.kl(sl.calib, set(u.modules)), sl.calib)
+        gain = uniform - _weighted(probe.kl(sl.calib, everything - set(u.modules)), sl.calib)
+        rows.append(Row(u.name, u.layer, u.kind, u.extra_bytes, cost, gain))
+    passes, sens_s = probe.passes, time.perf_counter() - t1
+    log(f"advise: sensitivity in {sens_s:.1f} s ({passes} passes, baseline {baseline_s:.2f} s)")
+
+    cell_rows = rows[: len(cell_units)]
+    choice = choose([r.gain_kl for r in cell_rows], [r.extra_bytes for r in cell_rows], allowance)
+    kept_units = [cell_units[i] for i in choice.kept]
+    advised = Setup.model_validate(target.model_dump() | {
+        "name": f"{target.name}-advised", "baseline": False,
+        "keep": tuple(p for u in kept_units for p in u.keep_patterns())})
+    kept_modules = {m for u in kept_units for m in u.modules}
+    mix_calib_kl = _weighted(probe.kl(sl.calib, everything - kept_modules), sl.calib)
+
+    mixes, versus = _verify(probe, sl.heldout, cell_units, kept_units, advised, target, shape, dtype, opts, log)
+    timing = {"load_s": load_s, "baseline_pass_s": baseline_s, "sensitivity_s": sens_s,
+              "passes": float(passes), "seconds_per_pass": (sens_s - baseline_s) / max(passes, 1),
+              "total_s": time.perf_counter() - t0}
+    backend.close()
+    return Advice(
+        config=str(config_path), model=cfg.model.path, dtype=dtype, device=device,
+        target=target.model_dump(mode="json", exclude_defaults=True) | {"name": target.name},
+        budget=str(opts.budget), budget_bytes=budget_bytes, budget_basis=basis,
+        calibration={"source": label, "documents": len(sl.calib), "tokens": sl.calib_tokens,
+                     "heldout_documents": len(sl.heldout), "top_k": 32},
+        rows=rows, uniform_kl=uniform,
+        search={"method": choice.method, "allowance_bytes": allowance, "extra_bytes": choice.extra_bytes,
+                "kept": [u.name for u in kept_units], "predicted_gain_kl": choice.predicted_gain,
+                "predicted_kl": uniform - choice.predicted_gain, "measured_calib_kl": mix_calib_kl},
+        setup=advised.model_dump(mode="json", exclude_defaults=True) | {"name": advised.name},
+        mixes=mixes, versus_random=versus, timing=timing)
+
+
+def _verify(probe: Probe, heldout: list[list[int]], cell_units: list[Unit], kept: list[Unit], advised: Setup,
+            target: Setup, shape: ModelShape, dtype: str, opts: Options,
+            log: Any = print) -> tuple[list[Mix], dict[str, Any]]:
+    """The uniform setup, the advised mix and random mixes of the same byte cost (as many
+    attention and MLP cells, drawn anew) on the held-out documents, paired by document."""
+    if not heldout:
+        return [], {"verdict": "no held-out documents (--heldout-docs 0)"}
+    probe.baseline(heldout)
+    everything = {m for u in cell_units for m in u.modules}
+
+    def mix(name: str, units: list[Unit]) -> Mix:
+        modules = {m for u in units for m in u.modules}
+        setup = advised.model_copy(update={"keep": tuple(p for u in units for p in u.keep_patterns())})
+        per_doc = probe.kl(heldout, everything - modules)
+        return Mix(name, [u.name for u in units], predict_weights_bytes(shape, setup, dtype),
+                   _weighted(per_doc, heldout), [float(x) for x in per_doc])
+
+    mixes = [mix(target.name, []), mix(advised.name, kept)]
+    rng = random.Random(opts.seed)
+    by_kind = {k: [u for u in cell_units if u.kind == k] for k in ("attn", "mlp")}
+    counts = {k: sum(1 for u in kept if u.kind == k) for k in by_kind}
+    chosen = {u.name for u in kept}
+    draws: list[list[Unit]] = []
+    seen = {frozenset(chosen)}
+    for _ in range(opts.random_draws if kept else 0):
+        for _try in range(50):  # distinct draws, none equal to the advisor's own mix
+            units = [u for k, pool in by_kind.items() for u in rng.sample(pool, counts[k])]
+            if frozenset(u.name for u in units) not in seen:
+                seen.add(frozenset(u.name for u in units))
+                draws.append(units)
+                break
+    for i, units in enumerate(draws):
+        mixes.append(mix(f"random-{i + 1}", units))
+        log(f"advise: held-out check, random mix {i + 1} of {len(draws)}")
+    if not draws:
+        return mixes, {"verdict": "nothing kept: no random mix to compare"}
+    adv = np.array(mixes[1].per_doc)
+    rand = np.array([m.per_doc for m in mixes[2:]])
+    per_draw: list[dict[str, Any]] = []
+    for m, r in zip(mixes[2:], rand, strict=True):
+        d = r - adv  # > 0: the random mix drifts further from the baseline than the advisor's
+        lo, hi = t_interval(float(d.mean()), float(d.std(ddof=1)), len(d))
+        per_draw.append({"mix": m.name, "mean_diff": float(d.mean()), "ci95": [lo, hi]})
+    d = rand.mean(0) - adv
+    lo, hi = t_interval(float(d.mean()), float(d.std(ddof=1)), len(d))
+    verdict = ("the advisor's mix is closer to the baseline than random mixes of the same bytes, beyond noise"
+               if lo > 0 else "random mixes of the same bytes are closer to the baseline, beyond noise" if hi < 0
+               else "no difference beyond noise between the advisor's mix and random mixes of the same bytes")
+    return mixes, {"documents": len(d), "draws": len(draws), "mean_diff": float(d.mean()), "ci95": [lo, hi],
+                   "draws_beaten": sum(1 for p in per_draw if p["ci95"][0] > 0), "per_draw": per_draw,
+                   "verdict": verdict}
+
+
+def to_json(advice: Advice) -> dict[str, Any]:
+    """advice.json's content."""
+    return asdict(advice)

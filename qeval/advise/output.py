@@ -1,0 +1,112 @@
+"""What `qeval advise` writes: advice.md (the sensitivity table, the chosen mix, the advised
+setup as a YAML snippet, the held-out check), advice.html (the same with the layer x module
+type heatmap as inline SVG) and advice.json."""
+
+from __future__ import annotations
+
+import html
+import io
+from pathlib import Path
+from typing import Any
+
+import matplotlib as mpl
+import matplotlib.pyplot as plt
+import yaml
+
+from qeval.advise.advisor import Advice, Row, to_json
+from qeval.files.atomic import atomic_write_bytes, atomic_write_json
+from qeval.report.tables import md_table
+
+_RC: Any = {"svg.hashsalt": "qeval", "font.size": 9, "text.parse_math": False}  # as report/plots.py
+
+
+def setup_snippet(advice: Advice) -> str:
+    """The advised setup as the YAML to paste under a config's `setups:`."""
+    setup = dict(advice.setup)
+    setup["keep"] = list(setup.get("keep", []))
+    return yaml.safe_dump([setup], sort_keys=False, default_flow_style=None, width=100)
+
+
+def _kl(x: float) -> str:
+    return f"{x:.5f}"
+
+
+def markdown(advice: Advice) -> str:
+    """advice.md."""
+    s, t, c = advice.search, advice.timing, advice.calibration
+    lines = [f"# Mixed-precision advice: {advice.target['name']}", "",
+             f"Model `{advice.model}` in {advice.dtype} on {advice.device}; budget {advice.budget} "
+             f"({advice.budget_bytes:,} bytes: {advice.budget_basis}).", "",
+             f"Calibration: {c['tokens']} tokens in {c['documents']} documents of {c['source']}; KL(baseline || "
+             f"candidate) on the baseline's top-{c['top_k']} ids plus a tail bucket, mean per token.", "",
+             f"Uniform {advice.target['name']}: KL {_kl(advice.uniform_kl)}.", "",
+             "## Sensitivity", "",
+             "cost: KL with only this unit quantized; gain: KL recovered with only this unit kept at "
+             f"{advice.dtype} in an otherwise quantized model; bytes: what keeping it adds.", ""]
+    lines += md_table(["unit", "bytes kept", "cost (KL)", "gain (KL)", "gain per MiB"],
+                      [[r.unit, f"{r.extra_bytes:,}", _kl(r.cost_kl), _kl(r.gain_kl),
+                        f"{r.gain_kl / max(r.extra_bytes, 1) * 2**20:.5f}"] for r in advice.rows])
+    lines += ["", "## Chosen mix", "",
+              f"{s['method'].capitalize()} search over the layer x module-type cells: kept "
+              f"{', '.join(s['kept']) or 'nothing'} (+{s['extra_bytes']:,} bytes of {s['allowance_bytes']:,} "
+              f"allowed). Predicted KL {_kl(s['predicted_kl'])} (gains added), measured on the calibration "
+              f"slice {_kl(s['measured_calib_kl'])}.", "", "```yaml", setup_snippet(advice).rstrip(), "```", ""]
+    if advice.mixes:
+        lines += ["## Held-out check", "",
+                  f"{c['heldout_documents']} documents the search never saw; the random mixes keep as many "
+                  "attention and MLP cells (the same bytes), drawn at random.", ""]
+        lines += md_table(["mix", "kept", "weights bytes (predicted)", "KL"],
+                          [[m.name, ", ".join(m.kept) or "-", f"{m.weights_bytes:,}", _kl(m.heldout_kl)]
+                           for m in advice.mixes])
+        v = advice.versus_random
+        if "ci95" in v:
+            lines += ["", f"Random minus advisor, paired by document (mean over {v['draws']} draws): "
+                          f"{v['mean_diff']:+.5f} KL, 95% CI [{v['ci95'][0]:+.5f}, {v['ci95'][1]:+.5f}]; "
+                          f"{v['draws_beaten']} of {v['draws']} draws beaten beyond noise. "
+                          f"{v['verdict'].capitalize()}."]
+    lines += ["", "## Cost", "",
+              f"Sensitivity: {t['sensitivity_s']:.1f} s for {int(t['passes'])} forward passes over the slice "
+              f"({t['seconds_per_pass']:.2f} s each; the baseline's pass {t['baseline_pass_s']:.2f} s); "
+              f"loading {t['load_s']:.1f} s; everything {t['total_s']:.1f} s.", ""]
+    return "\n".join(lines)
+
+
+def heatmap_svg(rows: list[Row], value: str = "gain_kl") -> str:
+    """Layer x module type, coloured by `value` (gain or cost), as an inline SVG string."""
+    cells = [r for r in rows if r.layer is not None and r.kind is not None]
+    kinds = sorted({r.kind for r in cells if r.kind})
+    layers = sorted({r.layer for r in cells if r.layer is not None})
+    grid = [[next((getattr(r, value) for r in cells if r.layer == layer and r.kind == k), 0.0) for layer in layers]
+            for k in kinds]
+    with mpl.rc_context(_RC):
+        fig, ax = plt.subplots(figsize=(max(4.0, 0.25 * len(layers) + 1.5), 1.6))
+        im = ax.imshow(grid, aspect="auto", cmap="viridis")
+        ax.set_yticks(range(len(kinds)), kinds)
+        ax.set_xticks(range(len(layers)), [str(layer) for layer in layers])
+        ax.set_xlabel("decoder layer")
+        fig.colorbar(im, ax=ax, label=value.replace("_kl", " (KL)"))
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": "qeval"})
+        plt.close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg"):]
+
+
+def html_page(advice: Advice, md: str) -> str:
+    """advice.html: the heatmaps, then the markdown text as preformatted text."""
+    return ("<!doctype html><html><head><meta charset='utf-8'><title>qeval advice</title></head><body>"
+            f"<h1>Mixed-precision advice: {html.escape(str(advice.target['name']))}</h1>"
+            "<h2>Gain (KL recovered with only this cell kept)</h2>" + heatmap_svg(advice.rows, "gain_kl")
+            + "<h2>Cost (KL with only this cell quantized)</h2>" + heatmap_svg(advice.rows, "cost_kl")
+            + f"<pre>{html.escape(md)}</pre></body></html>")
+
+
+def write(advice: Advice, output: Path) -> list[Path]:
+    """Write advice.md at `output` and its .html and .json beside it; returns the paths."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    md = markdown(advice)
+    paths = [output, output.with_suffix(".html"), output.with_suffix(".json")]
+    atomic_write_bytes(paths[0], md.encode())
+    atomic_write_bytes(paths[1], html_page(advice, md).encode())
+    atomic_write_json(paths[2], to_json(advice))
+    return paths

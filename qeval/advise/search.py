@@ -1,0 +1,77 @@
+"""Choose the units to keep at the model's dtype under a budget: exact where the candidates
+are few (every subset, the KL gains taken as additive), else greedy on KL gained per byte."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+
+from qeval.errors import UserError
+
+#: candidates up to which every subset is tried (2^12 sums: instant)
+EXACT_UP_TO = 12
+
+_BUDGET = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*(bpw|bits|b|kib|mib|gib)?\s*", re.IGNORECASE)
+_UNITS = {"b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Average bits per decoder-linear weight (scales included), or memory bytes at the target
+    context (the weights plus one sequence's KV cache at `budget.context_len`)."""
+
+    kind: str  # "bits" or "bytes"
+    value: float
+
+    def __str__(self) -> str:
+        return f"{self.value:g} bits per weight" if self.kind == "bits" else f"{self.value / 2**20:.2f} MiB"
+
+
+def parse_budget(text: str) -> Budget:
+    """`4.5bpw` (or `4.5bits`), `350MiB`, `2GiB`, `123456B`; anything else is a UserError."""
+    m = _BUDGET.fullmatch(text)
+    if not m or m.group(2) is None:
+        raise UserError(f"--budget {text!r}: give average bits per weight (e.g. 4.5bpw) or memory "
+                        "at the target context (e.g. 350MiB, 2GiB, 123456B)")
+    unit = m.group(2).lower()
+    value = float(m.group(1))
+    if value <= 0:
+        raise UserError(f"--budget {text!r}: must be positive")
+    if unit in ("bpw", "bits"):
+        return Budget("bits", value)
+    return Budget("bytes", value * _UNITS[unit])
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The kept units and what they were chosen by."""
+
+    kept: tuple[int, ...]  # indices into the candidates
+    extra_bytes: int
+    predicted_gain: float  # the sum of the kept units' measured gains
+    method: str  # "exact" or "greedy"
+
+
+def choose(gains: list[float], costs: list[int], allowance: int) -> Choice:
+    """Keep units whose summed gain is largest with summed cost <= allowance bytes."""
+    if allowance < 0:
+        raise UserError("the budget is below the uniformly quantized setup itself: nothing to keep, "
+                        "and the target does not fit")
+    useful = [i for i, g in enumerate(gains) if g > 0]  # keeping a unit that gains nothing wastes bytes
+    if len(useful) <= EXACT_UP_TO:
+        best: tuple[float, int, tuple[int, ...]] = (0.0, 0, ())
+        for r in range(1, len(useful) + 1):
+            for subset in itertools.combinations(useful, r):
+                cost = sum(costs[i] for i in subset)
+                gain = sum(gains[i] for i in subset)
+                if cost <= allowance and (gain > best[0] or (gain == best[0] and cost < best[1])):
+                    best = (gain, cost, subset)
+        return Choice(tuple(sorted(best[2])), best[1], best[0], "exact")
+    kept: list[int] = []
+    spent = 0
+    for i in sorted(useful, key=lambda i: -gains[i] / max(costs[i], 1)):
+        if spent + costs[i] <= allowance:  # a unit that does not fit is skipped; a smaller one may
+            kept.append(i)
+            spent += costs[i]
+    return Choice(tuple(sorted(kept)), spent, sum(gains[i] for i in kept), "greedy")
