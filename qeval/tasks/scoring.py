@@ -49,18 +49,19 @@ def score_task(backend: Backend, task: Task, progress: Progress,
     return result
 
 
-def _base_record(task: Task, i: int, doc: dict[str, Any]) -> dict[str, Any]:
-    return {"sample_id": task.doc_id(i), "prompt": task.text(doc)}
+def _base_record(task: Task, i: int, doc: dict[str, Any], prompt: str | None = None) -> dict[str, Any]:
+    return {"sample_id": task.doc_id(i), "prompt": task.text(doc) if prompt is None else prompt}
 
 
 def _multiple_choice(backend: Backend, task: Task, progress: Progress) -> TaskResult:
-    delim = task.spec.target_delimiter
+    delim = task.choice_delimiter
     reqs: list[LoglikelihoodRequest] = []
     spans: list[tuple[int, int]] = []
-    for doc in task.docs:
+    prompts = [task.prompt(doc) for doc in task.docs]
+    for doc, prompt in zip(task.docs, prompts, strict=True):
         choices = task.choices(doc)
         spans.append((len(reqs), len(choices)))
-        reqs += [LoglikelihoodRequest(task.text(doc), delim + c) for c in choices]
+        reqs += [LoglikelihoodRequest(prompt, delim + c) for c in choices]
     results = backend.loglikelihood(reqs, progress)
     records, acc, acc_norm = [], [], []
     for i, (doc, (start, n)) in enumerate(zip(task.docs, spans, strict=True)):
@@ -70,7 +71,7 @@ def _multiple_choice(backend: Backend, task: Task, progress: Progress) -> TaskRe
         pred_norm = int(np.argmax([ll / len(c) for ll, c in zip(lls, choices, strict=True)]))  # lm-eval: chars
         acc.append(pred == gold)
         acc_norm.append(pred_norm == gold)
-        records.append(_base_record(task, i, doc) | {
+        records.append(_base_record(task, i, doc, prompts[i]) | {
             "target": choices[gold], "prediction": choices[pred], "correct": pred == gold,
             "correct_norm": pred_norm == gold, "loglikelihoods": lls,
             "nll": -lls[gold], "n_tokens": results[start + gold].n_tokens,
@@ -87,14 +88,15 @@ def _extract(text: str, pattern: str | None) -> str:
 
 def _generate(backend: Backend, task: Task, progress: Progress) -> TaskResult:
     g = task.spec.generation_kwargs
-    reqs = [GenerateRequest(task.text(d), tuple(g.until), g.max_gen_toks) for d in task.docs]
+    prompts = [task.prompt(d) for d in task.docs]
+    reqs = [GenerateRequest(p, tuple(g.until), g.max_gen_toks) for p in prompts]
     outputs = backend.generate(reqs, progress)
     records, em = [], []
     for i, (doc, out) in enumerate(zip(task.docs, outputs, strict=True)):
         target = str(task.target(doc)).strip()
         pred = _extract(out, task.spec.answer_regex)
         em.append(pred == target)
-        records.append(_base_record(task, i, doc) | {
+        records.append(_base_record(task, i, doc, prompts[i]) | {
             "target": target, "prediction": pred, "raw_output": out, "correct": pred == target,
             "loglikelihoods": None, "nll": None, "n_tokens": None,
         })

@@ -279,7 +279,7 @@ class HFBackend:
         Rows are decoded `generation_batch_size` at a time (default 4 x batch_size): a decode
         step reads every weight once whatever the rows, so more rows per step cost little and
         save whole passes over the weights."""
-        encoded = [self.conv.encode(r.context) for r in requests]
+        encoded = [self.conv.prompt(r.context) for r in requests]
         out: list[str] = [""] * len(requests)
         for i, r in enumerate(requests):  # long prompts: one at a time, chunked prefill (hf/chunked.py)
             ctx = generation_context(encoded[i], self.max_length, r.max_gen_toks)

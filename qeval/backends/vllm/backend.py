@@ -133,7 +133,7 @@ class VLLMBackend:
 
         prompts, params = [], []
         for r in requests:
-            ids = generation_context(self.conv.encode(r.context), self.max_length, r.max_gen_toks)
+            ids = generation_context(self.conv.prompt(r.context), self.max_length, r.max_gen_toks)
             prompts.append(TokensPrompt(prompt_token_ids=ids))
             params.append(SamplingParams(max_tokens=r.max_gen_toks, temperature=0.0, stop=list(r.until)))
         outs = self.llm.generate(prompts, params, use_tqdm=False)

@@ -1,7 +1,12 @@
 """lm-eval tasks scored by a qeval backend: an `lm_eval.api.model.LM` over the backend, one
 `lm_eval.evaluator.evaluate` call for all of a setup's pending tasks (so each request type is
 one batched backend call), and lm-eval's logged samples turned into qeval's per-document
-records (lm-eval's doc id, its metric values, log-likelihoods, generation)."""
+records (lm-eval's doc id, its metric values, log-likelihoods, generation).
+
+Chat templates go through lm-eval's own arguments (`apply_chat_template`, `system_instruction`,
+`fewshot_as_multiturn`) and `LM.apply_chat_template`, so lm-eval builds the prompts exactly as
+`simple_evaluate(..., apply_chat_template=True)` does with `HFLM`: one `evaluate()` call per set
+of chat settings among the leaves."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from qeval.backends.base import Backend, GenerateRequest, LoglikelihoodRequest, Progress, RollingRequest
+from qeval.tasks.chat import Chat
 from qeval.tasks.lm_eval.session import LmEvalSession
 from qeval.tasks.scoring import TaskResult, TokenDivergence, delta_p, kl_top1, pack_topk, split_reference
 
@@ -25,9 +31,21 @@ def make_lm(backend: Backend, references: dict[str, dict[str, np.ndarray]], prog
 
         def __init__(self) -> None:
             super().__init__()
+            #: the chat settings of the evaluate() call in progress (lm-eval asks the LM to render)
+            self.chat: Chat | None = None
             #: the backend's own result per request, keyed (task, doc_id, idx): token counts and
             #: the perplexity top-k that lm-eval's return types drop
             self.raw: dict[tuple[str, int, int], Any] = {}
+
+        @property
+        def tokenizer_name(self) -> str:
+            """Only lm-eval's request cache reads it (qeval runs without that cache)."""
+            return "qeval"
+
+        def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+            """HFLM.apply_chat_template over the model's tokenizer (qeval/tasks/chat.py)."""
+            assert self.chat is not None and self.chat.template is not None
+            return self.chat.apply(chat_history, add_generation_prompt)
 
         def _keep(self, requests: list[Any], results: list[Any]) -> None:
             for r, res in zip(requests, results, strict=True):
@@ -82,13 +100,25 @@ def score_lm_eval(backend: Backend, session: LmEvalSession, leaves: list[str], p
     from lm_eval.evaluator import evaluate
 
     lm = make_lm(backend, references or {}, progress)
-    tasks = {leaf: session.tasks[leaf] for leaf in leaves}
-    for task in tasks.values():
-        task.set_fewshot_seed(session.spec.fewshot_seed)  # re-seed: the sampler is consumed document by document
-    samples = {leaf: list(range(session.infos[leaf].n_docs)) for leaf in leaves}
-    out = evaluate(lm=lm, task_dict={"tasks": tasks, "groups": {}, "group_map": {}}, samples=samples,
-                   log_samples=True, bootstrap_iters=0, verbosity="ERROR")
-    return {leaf: _task_result(leaf, session, out, lm.raw, references or {}) for leaf in leaves}
+    by_chat: dict[str | None, list[str]] = defaultdict(list)  # one evaluate() per chat settings
+    for leaf in leaves:
+        chat = session.chats.get(leaf)
+        by_chat[chat.sha256 if chat is not None else None].append(leaf)
+    results: dict[str, TaskResult] = {}
+    for group in by_chat.values():
+        chat = session.chats.get(group[0])
+        lm.chat = chat
+        tasks = {leaf: session.tasks[leaf] for leaf in group}
+        for task in tasks.values():
+            task.set_fewshot_seed(session.spec.fewshot_seed)  # re-seed: the sampler is consumed document by document
+        samples = {leaf: list(range(session.infos[leaf].n_docs)) for leaf in group}
+        templated = chat is not None and chat.template is not None
+        out = evaluate(lm=lm, task_dict={"tasks": tasks, "groups": {}, "group_map": {}}, samples=samples,
+                       log_samples=True, bootstrap_iters=0, verbosity="ERROR", apply_chat_template=templated,
+                       fewshot_as_multiturn=chat is not None and templated and chat.fewshot_as_multiturn,
+                       system_instruction=chat.system_prompt if chat is not None else None)
+        results |= {leaf: _task_result(leaf, session, out, lm.raw, references or {}) for leaf in group}
+    return {leaf: results[leaf] for leaf in leaves}
 
 
 def _task_result(leaf: str, session: LmEvalSession, out: dict[str, Any], raw: dict[tuple[str, int, int], Any],
