@@ -60,8 +60,13 @@ def setup_keys(pre: Preflight, setup: Setup) -> SetupKeys:
 
 def _chat_part(task: object) -> dict[str, str]:
     """A task prompted under a chat template or system prompt carries the hash of its rendered
-    template (qeval/tasks/chat.py), so a change of template re-runs it. Only then: a plain task's
-    key is what it was before chat templates existed (no part, not an empty one), and a kind
-    that knows nothing of them needs no such attribute."""
-    sha = getattr(task, "chat_template_sha256", None)
-    return {"chat_template": sha} if isinstance(sha, str) else {}
+    template (qeval/tasks/chat.py), so a change of template re-runs it, and one whose reasoning
+    block is stripped carries the token that ends it. Only then: a plain task's key is what it
+    was before these keys existed (no part, not an empty one), and a kind that knows nothing of
+    them needs no such attribute."""
+    out = {}
+    for part, attr in (("chat_template", "chat_template_sha256"), ("think_end_token", "think_end_token")):
+        value = getattr(task, attr, None)
+        if isinstance(value, str):
+            out[part] = value
+    return out

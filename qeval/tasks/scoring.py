@@ -10,7 +10,16 @@ from typing import Any
 
 import numpy as np
 
-from qeval.backends.base import Backend, GenerateRequest, LoglikelihoodRequest, Progress, RollingRequest, RollingResult
+from qeval.backends.base import (
+    Backend,
+    GenerateRequest,
+    LoglikelihoodRequest,
+    Progress,
+    RollingRequest,
+    RollingResult,
+    generated_tokens,
+)
+from qeval.config.chat import strip_thinking
 from qeval.tasks import Task
 from qeval.tasks.long_context.buckets import bucket_sums
 
@@ -94,12 +103,13 @@ def _generate(backend: Backend, task: Task, progress: Progress) -> TaskResult:
     records, em = [], []
     for i, (doc, out) in enumerate(zip(task.docs, outputs, strict=True)):
         target = str(task.target(doc)).strip()
-        pred = _extract(out, task.spec.answer_regex)
+        response = strip_thinking(out, task.think_end_token)  # the reasoning block is not the answer
+        pred = _extract(response, task.spec.answer_regex)
         em.append(pred == target)
         records.append(_base_record(task, i, doc, prompts[i]) | {
-            "target": target, "prediction": pred, "raw_output": out, "correct": pred == target,
-            "loglikelihoods": None, "nll": None, "n_tokens": None,
-        })
+            "target": target, "prediction": pred, "raw_output": str(out), "correct": pred == target,
+            "loglikelihoods": None, "nll": None, "n_tokens": None, "generated_tokens": generated_tokens(out),
+        } | ({"response": response} if response != out else {}))
     return TaskResult(records, {"exact_match": _mean_se(em)})
 
 

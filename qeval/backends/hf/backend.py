@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from qeval.backends.base import (
     TOPK,
     GenerateRequest,
+    Generation,
     LoglikelihoodRequest,
     LoglikelihoodResult,
     MemoryFigure,
@@ -286,7 +287,7 @@ class HFBackend:
             if len(ctx) > self.chunk:
                 tokens = chunked.greedy_chunked(self.model, self.setup, ctx, r.max_gen_toks, self.chunk, self.device,
                                                 lambda g, t, r=r: self._stops(g, t, r))  # type: ignore[misc]
-                out[i] = _cut(self.tok.decode(tokens, skip_special_tokens=True), r.until)
+                out[i] = Generation(_cut(self.tok.decode(tokens, skip_special_tokens=True), r.until), len(tokens))
                 progress(1)
         short = [i for i, r in enumerate(requests)
                  if len(generation_context(encoded[i], self.max_length, r.max_gen_toks)) <= self.chunk]
@@ -334,7 +335,7 @@ class HFBackend:
                 cache.batch_select_indices(index.to(self.device))
                 mask, pos, nxt, rows = mask[index], pos[index], nxt[index], [rows[b] for b in keep]
             step = nxt[:, None]
-        return [_cut(self.tok.decode(g, skip_special_tokens=True), r.until)
+        return [Generation(_cut(self.tok.decode(g, skip_special_tokens=True), r.until), len(g))
                 for g, r in zip(generated, reqs, strict=True)]
 
     def _stops(self, generated: list[int], token: int, req: GenerateRequest) -> bool:

@@ -16,6 +16,7 @@ import numpy as np
 from qeval.backends.base import (
     TOPK,
     GenerateRequest,
+    Generation,
     LoglikelihoodRequest,
     LoglikelihoodResult,
     MemoryFigure,
@@ -138,7 +139,7 @@ class VLLMBackend:
             params.append(SamplingParams(max_tokens=r.max_gen_toks, temperature=0.0, stop=list(r.until)))
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         progress(len(requests))
-        return [o.outputs[0].text for o in outs]
+        return [Generation(o.outputs[0].text, len(o.outputs[0].token_ids)) for o in outs]
 
     @property
     def concurrency_limit(self) -> int | None:

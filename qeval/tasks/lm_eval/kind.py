@@ -7,10 +7,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qeval.config.chat import merge_think_end
 from qeval.tasks.chat import ChatResolver, task_chat
 from qeval.tasks.kinds import Scoring, TaskKind, check_generation_room
 from qeval.tasks.lm_eval.scoring import n_requests, score_lm_eval
-from qeval.tasks.lm_eval.session import ChatFor, open_session
+from qeval.tasks.lm_eval.session import ChatFor, LmEvalSession, open_session
 
 if TYPE_CHECKING:
     from qeval.config import RunConfig
@@ -24,12 +25,17 @@ def chat_for(cfg: RunConfig) -> ChatFor:
     return lambda entry: task_chat(resolver, cfg, entry, f"lm-eval task {entry.name}")
 
 
+def _session(cfg: RunConfig) -> LmEvalSession:
+    assert cfg.lm_eval is not None
+    return open_session(cfg.lm_eval, Path.cwd(), cfg.limit, chat_for(cfg), lambda e: merge_think_end(cfg, e))
+
+
 def expand(pre: Preflight, model_config: dict[str, Any]) -> None:
     """Load the lm-eval tasks once here (names, data, few-shot pools): a typo costs seconds."""
     spec = pre.cfg.lm_eval
     if spec is None:
         return
-    session = open_session(spec, Path.cwd(), pre.cfg.limit, chat_for(pre.cfg))
+    session = _session(pre.cfg)
     try:
         for name, info in session.infos.items():
             max_gen = (session.tasks[name].config.generation_kwargs or {}).get("max_gen_toks", 256)
@@ -45,7 +51,7 @@ def score(ctx: Scoring, names: list[str]) -> None:
     """The setup's pending lm-eval tasks in one lm-eval evaluate() call: one batched backend
     call per request type for all of them."""
     assert ctx.cfg.lm_eval is not None
-    session = open_session(ctx.cfg.lm_eval, Path.cwd(), ctx.cfg.limit, chat_for(ctx.cfg))
+    session = _session(ctx.cfg)
     try:
         refs = {n: ref for n in names if (ref := ctx.reference(n)) is not None}
         t0 = time.time()

@@ -16,14 +16,25 @@ from typing import Any
 
 import numpy as np
 
-from qeval.backends.base import Backend, GenerateRequest, LoglikelihoodRequest, Progress, RollingRequest
+from qeval.backends.base import (
+    Backend,
+    GenerateRequest,
+    LoglikelihoodRequest,
+    Progress,
+    RollingRequest,
+    generated_tokens,
+)
+from qeval.config.chat import strip_thinking
 from qeval.tasks.chat import Chat
 from qeval.tasks.lm_eval.session import LmEvalSession
 from qeval.tasks.scoring import TaskResult, TokenDivergence, delta_p, kl_top1, pack_topk, split_reference
 
 
-def make_lm(backend: Backend, references: dict[str, dict[str, np.ndarray]], progress: Progress) -> Any:
-    """The LM lm-eval calls; built lazily so that importing this module needs no lm-eval."""
+def make_lm(backend: Backend, references: dict[str, dict[str, np.ndarray]], progress: Progress,
+            think: dict[str, str | None] | None = None) -> Any:
+    """The LM lm-eval calls; built lazily so that importing this module needs no lm-eval.
+    `think`: task -> its think_end_token (the reasoning block is stripped before lm-eval's
+    filters and metrics see the text, as HFLM's `think_end_token` does)."""
     from lm_eval.api.model import LM
 
     class QevalLM(LM):
@@ -78,8 +89,8 @@ def make_lm(backend: Backend, references: dict[str, dict[str, np.ndarray]], prog
                 until = [until] if isinstance(until, str) else list(until)
                 reqs.append(GenerateRequest(context, tuple(until), int(kwargs.get("max_gen_toks", 256))))
             out = backend.generate(reqs, progress)
-            self._keep(requests, out)
-            return list(out)
+            self._keep(requests, out)  # the whole generation, the reasoning block included
+            return [strip_thinking(text, (think or {}).get(r.task_name)) for r, text in zip(requests, out, strict=True)]
 
     return QevalLM()
 
@@ -99,7 +110,7 @@ def score_lm_eval(backend: Backend, session: LmEvalSession, leaves: list[str], p
     """Score `leaves` in one lm-eval evaluate() call; per leaf, qeval's records and metrics."""
     from lm_eval.evaluator import evaluate
 
-    lm = make_lm(backend, references or {}, progress)
+    lm = make_lm(backend, references or {}, progress, {leaf: session.infos[leaf].think_end_token for leaf in leaves})
     by_chat: dict[str | None, list[str]] = defaultdict(list)  # one evaluate() per chat settings
     for leaf in leaves:
         chat = session.chats.get(leaf)
@@ -181,8 +192,12 @@ def _record(leaf: str, output_type: str, compared: str, doc_id: int, entries: li
     elif output_type == "generate_until":
         filt = compared.split(",", 1)[1] if "," in compared else "none"
         answer = filtered.get(filt, first["filtered_resps"])
+        whole = raw.get((leaf, doc_id, 0), first["resps"][0][0])
         rec |= {"prediction": _plain(answer[0] if isinstance(answer, list) and answer else answer),
-                "raw_output": first["resps"][0][0], "filtered": {k: _plain(v) for k, v in filtered.items()}}
+                "raw_output": str(whole), "generated_tokens": generated_tokens(whole),
+                "filtered": {k: _plain(v) for k, v in filtered.items()}}
+        if first["resps"][0][0] != whole:  # a reasoning block stripped: what lm-eval scored
+            rec["response"] = first["resps"][0][0]
     elif output_type == "loglikelihood_rolling":
         ll = float(first["resps"][0][0])
         bytes_ = scores.get("bits_per_byte") or scores.get("byte_perplexity")

@@ -54,6 +54,8 @@ class LmEvalTaskInfo:
     limit: int | None = None
     #: the chat settings' hash (qeval/tasks/chat.py), a part of the resume key; None: plain prompts
     chat_template_sha256: str | None = None
+    #: a generation task's reasoning block ends here: scored on the text after it (resume key part)
+    think_end_token: str | None = None
 
     @property
     def kind(self) -> str:
@@ -94,10 +96,12 @@ def sandbox_templates() -> None:
     lm_utils.env = env
 
 
-def open_session(spec: LmEvalSpec, base: Path, limit: int | None, chat_for: ChatFor | None = None) -> LmEvalSession:
+def open_session(spec: LmEvalSpec, base: Path, limit: int | None, chat_for: ChatFor | None = None,
+                 think_for: Callable[[LmEvalTask], str | None] | None = None) -> LmEvalSession:
     """Load every task of `spec` (paths relative to `base`); one-line UserErrors for unknown
     names, unreadable data or a task qeval cannot score. `chat_for` gives each entry's chat
-    settings (None: every task plain, lm-eval's default arguments)."""
+    settings (None: every task plain, lm-eval's default arguments), `think_for` its
+    `think_end_token`."""
     os.environ.setdefault("HF_DATASETS_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "0"))
     # lm-eval and datasets draw tqdm bars on stderr; qeval shows its own progress, and an error
     # must stay one line
@@ -138,6 +142,8 @@ def open_session(spec: LmEvalSpec, base: Path, limit: int | None, chat_for: Chat
             session.chats[leaf] = chat
             session.infos[leaf] = describe(leaf, entry, task, spec.fewshot_seed, entry.limit or limit)
             session.infos[leaf].chat_template_sha256 = chat.sha256 if chat is not None else None
+            if think_for is not None and task.OUTPUT_TYPE == "generate_until":
+                session.infos[leaf].think_end_token = think_for(entry)
     return session
 
 

@@ -25,6 +25,8 @@ def _load(cfg: RunConfig, names: list[str]) -> list[Task]:
         task = load_task(name, Path(cfg.tasks_dir), cfg.limit)
         if task.output_type in ("multiple_choice", "generate_until"):
             task.chat = task_chat(resolver, cfg, None, f"task {name}")
+        if task.output_type == "generate_until":
+            task.think_end_token = cfg.think_end_token
         tasks.append(task)
     return tasks
 

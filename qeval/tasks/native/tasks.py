@@ -71,6 +71,8 @@ class Task:
     sha256: str
     #: the chat settings its prompts are rendered under (the run's chat keys); None: plain
     chat: Chat | None = None
+    #: a generation task's reasoning block ends here: scored on the text after it (the run's key)
+    think_end_token: str | None = None
 
     @property
     def name(self) -> str:
