@@ -1,9 +1,11 @@
 """Under a chat template, qeval's lm-eval route builds lm-eval's prompts byte for byte and scores
-them as lm-eval does: SmolLM2-135M-Instruct (it ships a template), float32, against
-`simple_evaluate(..., apply_chat_template=True)` with lm-eval's own HFLM, on a multiple-choice
-task (log-likelihoods within 1e-4 nats) and on GSM8K (greedy: the same text), with a system
-prompt, few-shot as multi-turn and as one turn. Few documents: the point is per-document
-equality, which a handful shows."""
+them as lm-eval does: configs/smollm2-chat.yaml (SmolLM2-135M-Instruct, which ships a template;
+float32; a system prompt; few-shot as multi-turn by default, as one turn by GSM8K's own key),
+its tasks scored as the worker scores them (the lm_eval kind's session and scoring, in process:
+a `qeval run` adds minutes of subprocesses on this CI, not checks), each document against
+`simple_evaluate(..., apply_chat_template=True)` with lm-eval's own HFLM: the multiple-choice
+task's log-likelihoods within 1e-4 nats, GSM8K's greedy text identical. Few documents: the point
+is per-document equality, which a handful shows."""
 
 from __future__ import annotations
 
@@ -15,86 +17,73 @@ import pytest
 from conftest import ROOT
 
 pytestmark = pytest.mark.slow
-SMOLLM2 = ROOT / "models" / "smollm2-135m"
-SYSTEM = "You are a careful grader. Answer briefly."
-#: task, shots, documents, max_gen_toks, few-shot as multi-turn
-CASES = [("arc_easy_local", 2, 3, None, True), ("gsm8k_local", 1, 2, 32, False)]
+CONFIG = ROOT / "configs" / "smollm2-chat.yaml"
 
 
 @pytest.fixture(scope="module")
-def models() -> tuple[Any, Any]:
-    assert (SMOLLM2 / ".prepared").is_file(), "run `make smollm2` (make test does)"
+def scored() -> tuple[Any, dict[str, Any], Any]:
+    """The config, qeval's results per task (its baseline setup), and lm-eval's HFLM."""
     from lm_eval.models.huggingface import HFLM
 
     from qeval.backends.hf.backend import HFBackend
-    from qeval.config import ModelSpec, RunConfig
-    from qeval.config.setups import Setup
+    from qeval.config import load_config
+    from qeval.tasks.lm_eval.kind import _session
+    from qeval.tasks.lm_eval.scoring import score_lm_eval
 
-    setup = Setup(name="fp32")
-    cfg = RunConfig(name="a", model=ModelSpec(path=str(SMOLLM2), dtype="float32", max_context=1024),
-                    setups=[setup], tasks=["x"], batch_size=8)
-    ours = HFBackend(cfg, setup, "cpu")
-    ours.load()
-    return ours, HFLM(pretrained=str(SMOLLM2), device="cpu", dtype="float32", batch_size=8, max_length=1024)
+    cfg = load_config(CONFIG)
+    assert (Path(cfg.model.path) / ".prepared").is_file(), "run `make smollm2` (make test does)"
+    backend = HFBackend(cfg, cfg.baseline, "cpu")
+    backend.load()
+    session = _session(cfg)
+    try:
+        names = list(session.infos)
+        assert all(session.infos[n].chat_template_sha256 for n in names)  # the template is in each resume key
+        ours = score_lm_eval(backend, session, names, lambda k: None)
+    finally:
+        session.close()
+    theirs = HFLM(pretrained=cfg.model.path, device="cpu", dtype="float32", batch_size=cfg.batch_size,
+                  max_length=cfg.model.max_context)
+    return cfg, ours, theirs
 
 
-def _lm_eval(lm: Any, task: str, shots: int, n: int, max_gen: int | None, multiturn: bool) -> dict[str, Any]:
+def _lm_eval(lm: Any, cfg: Any, entry: Any) -> dict[str, Any]:
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
     from qeval.tasks.lm_eval.yamls import materialize
 
     with tempfile.TemporaryDirectory() as tmp:
-        folder = materialize([ROOT / "tasks" / "lm_eval"], {}, Path(tmp) / "tasks")
+        folder = materialize([Path(p) for p in cfg.lm_eval.include_path], {}, Path(tmp) / "tasks")
         manager = TaskManager(include_defaults=False, include_path=str(folder))
-        return simple_evaluate(model=lm, tasks=[task], task_manager=manager, num_fewshot=shots,
-                               fewshot_random_seed=1234, log_samples=True, bootstrap_iters=0,
-                               samples={task: list(range(n))},
-                               gen_kwargs={"max_gen_toks": max_gen} if max_gen else None,
-                               apply_chat_template=True, system_instruction=SYSTEM, fewshot_as_multiturn=multiturn,
-                               verbosity="ERROR")
+        return simple_evaluate(model=lm, tasks=[entry.name], task_manager=manager, num_fewshot=entry.num_fewshot,
+                               fewshot_random_seed=cfg.lm_eval.fewshot_seed, log_samples=True, bootstrap_iters=0,
+                               samples={entry.name: list(range(entry.limit))},
+                               gen_kwargs={"max_gen_toks": entry.max_gen_toks} if entry.max_gen_toks else None,
+                               apply_chat_template=True, system_instruction=cfg.system_prompt,
+                               fewshot_as_multiturn=entry.fewshot_as_multiturn is not False, verbosity="ERROR")
 
 
-def _qeval(backend: Any, task: str, shots: int, n: int, max_gen: int | None, multiturn: bool) -> Any:
-    from qeval.config import ModelSpec, RunConfig
-    from qeval.config.lm_eval import LmEvalSpec, LmEvalTask
-    from qeval.config.setups import Setup
-    from qeval.tasks.lm_eval.kind import chat_for
-    from qeval.tasks.lm_eval.scoring import score_lm_eval
-    from qeval.tasks.lm_eval.session import open_session
-
-    # the run's keys set the template; the task's own override the few-shot layout
-    entry = LmEvalTask(name=task, num_fewshot=shots, max_gen_toks=max_gen, fewshot_as_multiturn=multiturn)
-    spec = LmEvalSpec(include_path=[str(ROOT / "tasks" / "lm_eval")], fewshot_seed=1234, tasks=[entry])
-    cfg = RunConfig(name="a", model=ModelSpec(path=str(SMOLLM2), dtype="float32"), setups=[Setup(name="b")],
-                    lm_eval=spec, chat_template=True, system_prompt=SYSTEM)
-    session = open_session(spec, ROOT, n, chat_for(cfg))
-    try:
-        assert session.infos[task].chat_template_sha256  # the template enters the task's resume key
-        return score_lm_eval(backend, session, [task], lambda k: None)[task]
-    finally:
-        session.close()
-
-
-@pytest.mark.parametrize(("task", "shots", "n", "max_gen", "multiturn"), CASES)
-def test_prompts_and_scores_equal_lm_evals_under_the_chat_template(models: tuple[Any, Any], task: str, shots: int,
-                                                                  n: int, max_gen: int | None,
-                                                                  multiturn: bool) -> None:
-    ours_backend, lm = models
-    theirs = _lm_eval(lm, task, shots, n, max_gen, multiturn)
-    ours = _qeval(ours_backend, task, shots, n, max_gen, multiturn)
+@pytest.mark.parametrize("task", ["arc_easy_local", "gsm8k_local"])
+def test_prompts_and_scores_equal_lm_evals_under_the_chat_template(scored: tuple[Any, dict[str, Any], Any],
+                                                                  task: str) -> None:
+    cfg, ours, lm = scored
+    entry = next(t for t in cfg.lm_eval.tasks if t.name == task)
+    multiturn = entry.fewshot_as_multiturn is not False
+    theirs = _lm_eval(lm, cfg, entry)
+    records = ours[task].records
     samples = {int(s["doc_id"]): s for s in theirs["samples"][task]}
-    assert sorted(samples) == [r["doc_id"] for r in ours.records] == list(range(n))
-    for rec in ours.records:
+    assert sorted(samples) == [r["doc_id"] for r in records] == list(range(entry.limit))
+    for rec in records:
         s = samples[rec["doc_id"]]
         assert rec["prompt"] == s["arguments"][0][0]  # byte for byte
-        assert rec["prompt"].startswith(f"<|im_start|>system\n{SYSTEM}<|im_end|>")
-        assert rec["prompt"].count("<|im_start|>user") == (shots + 1 if multiturn else 1)
+        assert rec["prompt"].startswith(f"<|im_start|>system\n{cfg.system_prompt}<|im_end|>")
+        assert rec["prompt"].count("<|im_start|>user") == (entry.num_fewshot + 1 if multiturn else 1)
         if rec["loglikelihoods"] is not None:
             theirs_ll = [float(r[0][0]) for r in s["resps"]]
             assert max(abs(a - b) for a, b in zip(rec["loglikelihoods"], theirs_ll, strict=True)) <= 1e-4
         else:
             assert rec["raw_output"] == s["resps"][0][0] and rec["raw_output"].strip()
-    compared = "acc" if max_gen is None else "exact_match,strict-match"
-    theirs_value = theirs["results"][task][compared if "," in compared else f"{compared},none"]
-    assert ours.metrics[compared]["value"] == pytest.approx(theirs_value, abs=1e-12)
+            assert 1 <= rec["generated_tokens"] <= entry.max_gen_toks
+    compared = "acc" if entry.max_gen_toks is None else "exact_match,strict-match"
+    assert ours[task].metrics[compared]["value"] == pytest.approx(
+        theirs["results"][task][compared if "," in compared else f"{compared},none"], abs=1e-12)
