@@ -51,6 +51,9 @@ class Generation(str):
         out.n_tokens = int(n_tokens)
         return out
 
+    def __reduce__(self) -> tuple[type[Generation], tuple[str, int]]:
+        return Generation, (str(self), self.n_tokens)  # copies and pickles keep the count
+
 
 def generated_tokens(text: str) -> int | None:
     """The tokens a backend generated for `text`, where it counted them."""

@@ -139,3 +139,27 @@ def test_chat_keys_are_refused_on_a_gguf_model(tmp_path: Path) -> None:
     gguf.write_bytes(b"GGUF")
     with pytest.raises(UserError, match="is a GGUF file"):
         load_tokenizer(ModelSpec(path=str(gguf)))
+
+
+def test_a_native_generation_is_scored_after_its_reasoning_block_and_counted_whole() -> None:
+    """The shipped model on `addition`: with `think_end_token` set to a string its answers
+    contain, each is scored on what follows the token, while `raw_output` and the generated
+    token count stay those of the plain run."""
+    from qeval.backends.hf.backend import HFBackend
+    from qeval.tasks.native.kind import _load
+    from qeval.tasks.scoring import score_task
+
+    cfg = RunConfig(name="t", model=ModelSpec(path=str(MODEL), dtype="float32", max_context=256),
+                    setups=[Setup(name="b")], tasks=["addition"], tasks_dir=str(TASKS), limit=4)
+    backend = HFBackend(cfg, cfg.setups[0], "cpu")
+    backend.load()
+    plain = score_task(backend, _load(cfg, ["addition"])[0], lambda n: None).records
+    assert all(1 <= r["generated_tokens"] <= 6 for r in plain)  # max_gen_toks: 6
+    marker = next(ch for r in plain for ch in r["raw_output"] if not ch.isspace())
+    thinking = _load(cfg.model_copy(update={"think_end_token": marker}), ["addition"])[0]
+    records = score_task(backend, thinking, lambda n: None).records
+    for p, r in zip(plain, records, strict=True):
+        assert (r["raw_output"], r["generated_tokens"]) == (p["raw_output"], p["generated_tokens"])
+        scored = strip_thinking(r["raw_output"], marker)
+        assert r.get("response", r["raw_output"]) == scored and r["prediction"] == scored.strip()
+    assert any("response" in r for r in records)

@@ -90,7 +90,8 @@ def make_lm(backend: Backend, references: dict[str, dict[str, np.ndarray]], prog
                 reqs.append(GenerateRequest(context, tuple(until), int(kwargs.get("max_gen_toks", 256))))
             out = backend.generate(reqs, progress)
             self._keep(requests, out)  # the whole generation, the reasoning block included
-            return [strip_thinking(text, (think or {}).get(r.task_name)) for r, text in zip(requests, out, strict=True)]
+            cut = think or {}  # lm-eval is handed plain strings: what it scores, the block stripped
+            return [str(strip_thinking(text, cut.get(r.task_name))) for r, text in zip(requests, out, strict=True)]
 
     return QevalLM()
 
