@@ -4,6 +4,7 @@ agreement, measured in one run on one machine.
     .venv/bin/python bench/compare_lm_eval.py [--model models/smollm2-135m] [--tasks arc_easy_local,gsm8k_local]
                                               [--dtype float32] [--batch-size 16] [--limit N] [--json OUT]
     .venv-vllm/bin/python bench/compare_lm_eval.py --backend vllm     # both on the vLLM engine
+    .venv/bin/python bench/compare_lm_eval.py --chat-template [--system-prompt TEXT] [--no-fewshot-as-multiturn]
 
 Each task runs through both sides with the same few-shot settings and seed, from the offline
 fixtures in tasks/lm_eval: lm-eval's `simple_evaluate` with its own model (`HFLM`, or its `vllm`
@@ -12,7 +13,10 @@ backend scores them in one batched call per request type). Model loads are outsi
 region; task building is inside on both sides. Printed: each side's wall time and the ratio per
 task (by request type), the per-document agreement (max |Δ log-likelihood| per request,
 generations identical, metric values equal). lm-eval runs with its default arguments (the
-tokenizer's own BOS convention), as qeval does.
+tokenizer's own BOS convention), as qeval does; `--chat-template` runs both sides under the
+model's chat template (lm-eval's `apply_chat_template=True`, `system_instruction`,
+`fewshot_as_multiturn`; qeval's `chat_template`, `system_prompt`, `fewshot_as_multiturn`), and
+the prompts are compared too.
 """
 
 from __future__ import annotations
@@ -101,19 +105,26 @@ def run_lm_eval(lm: Any, task: str, args: argparse.Namespace, folder: Path) -> t
                           num_fewshot=SHOTS.get(task, 0), fewshot_random_seed=1234, log_samples=True,
                           bootstrap_iters=0, samples={task: list(range(args.limit))} if args.limit else None,
                           gen_kwargs={"max_gen_toks": args.max_gen_toks} if args.max_gen_toks else None,
-                          verbosity="ERROR")
+                          apply_chat_template=args.chat_template, system_instruction=args.system_prompt,
+                          fewshot_as_multiturn=args.chat_template and args.fewshot_as_multiturn, verbosity="ERROR")
     return time.perf_counter() - t0, out
 
 
 def run_qeval(backend: Any, task: str, args: argparse.Namespace) -> tuple[float, Any]:
+    from qeval.config import ModelSpec, RunConfig
     from qeval.config.lm_eval import LmEvalSpec, LmEvalTask
+    from qeval.config.setups import Setup
+    from qeval.tasks.lm_eval.kind import chat_for
     from qeval.tasks.lm_eval.scoring import score_lm_eval
     from qeval.tasks.lm_eval.session import open_session
 
     t0 = time.perf_counter()
     spec = LmEvalSpec(include_path=[str(args.include)], fewshot_seed=1234,
                        tasks=[LmEvalTask(name=task, num_fewshot=SHOTS.get(task, 0), max_gen_toks=args.max_gen_toks)])
-    session = open_session(spec, ROOT, args.limit)
+    cfg = RunConfig(name="bench", model=ModelSpec(path=str(args.model)), setups=[Setup(name="b")], lm_eval=spec,
+                    chat_template=args.chat_template or None, system_prompt=args.system_prompt,
+                    fewshot_as_multiturn=args.fewshot_as_multiturn if args.chat_template else None)
+    session = open_session(spec, ROOT, args.limit, chat_for(cfg))
     try:
         result = score_lm_eval(backend, session, [task], lambda n: None)[task]
     finally:
@@ -130,9 +141,11 @@ def compare(task: str, theirs: dict[str, Any], ours: Any) -> dict[str, Any]:
     magnitudes: list[float] = []  # |log-likelihood| of each compared request: float32's resolution there
     generations_equal = True
     metrics_equal = True
+    prompts_equal = True
     for rec in ours.records:
         entries = samples[rec["doc_id"]]
         first = entries[0]
+        prompts_equal &= rec["prompt"] == first["arguments"][0][0]
         if rec.get("loglikelihoods") is not None:
             diffs += [abs(a - float(r[0][0])) for a, r in zip(rec["loglikelihoods"], first["resps"], strict=True)]
             magnitudes += [abs(a) for a in rec["loglikelihoods"]]
@@ -156,7 +169,7 @@ def compare(task: str, theirs: dict[str, Any], ours: Any) -> dict[str, Any]:
     return {"task": task, "n": len(ours.records), "max_abs_diff": max(diffs, default=0.0),
             "median_abs_diff": float(np.median(diffs)) if diffs else 0.0,
             "max_abs_loglikelihood": max(magnitudes, default=0.0),
-            "generations_equal": generations_equal,
+            "generations_equal": generations_equal, "prompts_equal": prompts_equal,
             "per_document_metrics_equal": metrics_equal,
             "qeval": {k: v["value"] for k, v in ours.metrics.items()},
             "lm_eval": {(k.split(",")[0] if k.endswith(",none") else k): v for k, v in theirs_metrics.items()
@@ -208,6 +221,10 @@ def main() -> None:
                     help="torch threads for both sides (default: every core, as torch runs; on a machine shared "
                          "with other jobs use 1: two threads on two busy cores make a forward pass 2-7x slower from "
                          "one call to the next)")
+    ap.add_argument("--chat-template", action="store_true", help="both sides under the model's chat template")
+    ap.add_argument("--system-prompt", default=None, help="a system message (with or without --chat-template)")
+    ap.add_argument("--fewshot-as-multiturn", action=argparse.BooleanOptionalAction, default=True,
+                    help="under --chat-template: few-shot examples as chat turns (default, as simple_evaluate)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument("--flops", action="store_true",
                     help="also print the share of the float32 matmul peak each side reaches on unique tokens "
@@ -241,7 +258,8 @@ def main() -> None:
             rows.append(row)
             print(f"{task:<22} {row['output_type']:<22} n={row['n']:<4} lm-eval {lm_s:7.2f} s  qeval {q_s:7.2f} s  "
                   f"speed-up {row['speedup']:5.2f}x  |Δ ll| max {row['max_abs_diff']:.1e}  generations equal "
-                  f"{row['generations_equal']}  metrics equal {row['per_document_metrics_equal']}", file=report)
+                  f"{row['generations_equal']}  prompts equal {row['prompts_equal']}  metrics equal "
+                  f"{row['per_document_metrics_equal']}", file=report)
     print(f"model {args.model.name}, {args.dtype}, batch {args.batch_size}, max length {args.max_length}, "
           f"{args.threads} torch thread(s) on {os.cpu_count()} CPUs (load average {os.getloadavg()[0]:.2f}), "
           f"backend {args.backend}", file=report)

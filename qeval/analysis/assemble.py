@@ -223,7 +223,7 @@ def _setup_entry(pre: Preflight, store: RunStore, setup: Setup, outcome: Outcome
             dropped.append(Dropped(setup=setup.name, task=t.name,
                                    reason=key_difference(meta.get("key_parts"), keys.tasks[t.name])))
             continue
-        scores[t.name] = TaskScore(n=meta["n"], metrics=meta["metrics"])
+        scores[t.name] = TaskScore(n=meta["n"], metrics=meta["metrics"], generated_tokens=meta.get("generated_tokens"))
     status, error = outcome.status, outcome.error
     missing = [t for t in pre.run_tasks if t not in scores]
     if status == "ok" and setup in pre.setups and missing:

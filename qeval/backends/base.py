@@ -51,6 +51,27 @@ class GenerateRequest:
     max_gen_toks: int
 
 
+class Generation(str):
+    """A generated text (cut at the first stop string) that also says how many tokens the
+    engine generated for it, the stop token and any reasoning block included: what serving
+    the answer costs. A plain `str` where a backend does not count (`generated_tokens(...)`)."""
+
+    n_tokens: int
+
+    def __new__(cls, text: str, n_tokens: int) -> Generation:
+        out = super().__new__(cls, text)
+        out.n_tokens = int(n_tokens)
+        return out
+
+    def __reduce__(self) -> tuple[type[Generation], tuple[str, int]]:
+        return Generation, (str(self), self.n_tokens)  # copies and pickles keep the count
+
+
+def generated_tokens(text: str) -> int | None:
+    """The tokens a backend generated for `text`, where it counted them."""
+    return text.n_tokens if isinstance(text, Generation) else None
+
+
 @dataclass
 class RollingRequest:
     """Score a whole text; `ref_indices` ([n_tokens, k]) asks for log-probs at a reference's

@@ -6,6 +6,10 @@ its default arguments), so that qeval's log-likelihoods equal lm-eval's on the s
 - The *prefix token* conditions what has no context: BOS if the tokenizer has one, else EOS
   (`HFLM.prefix_token_id`). Rolling log-likelihood scores every token of the document, the
   first one predicted from the prefix token; an empty multiple-choice context is the prefix.
+- No double BOS: a text that already starts with the prefix token's text (a chat template
+  that writes `<|begin_of_text|>` itself) is encoded without special tokens (`HFLM.tok_encode`'s
+  `has_bos_prefix`); a generation prompt likewise when it starts with the BOS token's text
+  (`HFLM.tok_batch_encode`, which tests `bos_token`, not the prefix token).
 """
 
 from __future__ import annotations
@@ -20,11 +24,17 @@ Encode = Callable[[str], list[int]]
 @dataclass(frozen=True)
 class Conventions:
     """How one tokenizer is driven: `encode` as lm-eval's `tok_encode` (default special
-    tokens), `encode_plain` without special tokens, and the prefix token id."""
+    tokens, none where the text starts with the prefix token), `encode_plain` without special
+    tokens, the prefix token id, and `encode_prompt` as `tok_batch_encode` (generation)."""
 
     encode: Encode
     encode_plain: Encode
     prefix_token_id: int
+    encode_prompt: Encode | None = None
+
+    def prompt(self, text: str) -> list[int]:
+        """A generation prompt's tokens (`encode_prompt`, else `encode`)."""
+        return (self.encode_prompt or self.encode)(text)
 
 
 def conventions(tok: Any) -> Conventions:
@@ -32,9 +42,17 @@ def conventions(tok: Any) -> Conventions:
     prefix = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
     if prefix is None:
         raise ValueError("the tokenizer has neither a BOS nor an EOS token: no prefix token for scoring")
-    return Conventions(encode=lambda s: tok(s).input_ids,
-                       encode_plain=lambda s: tok(s, add_special_tokens=False).input_ids,
-                       prefix_token_id=int(prefix))
+    prefix_text = tok.decode(int(prefix))
+    bos_text = tok.bos_token if isinstance(tok.bos_token, str) else None
+
+    def encode(s: str) -> list[int]:
+        return list(tok(s, add_special_tokens=not (prefix_text and s.startswith(prefix_text))).input_ids)
+
+    def encode_prompt(s: str) -> list[int]:
+        return list(tok(s, add_special_tokens=not (bos_text and s.startswith(bos_text))).input_ids)
+
+    return Conventions(encode=encode, encode_plain=lambda s: tok(s, add_special_tokens=False).input_ids,
+                       prefix_token_id=int(prefix), encode_prompt=encode_prompt)
 
 
 def encode_pair(conv: Conventions, context: str, continuation: str,

@@ -7,11 +7,13 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from qeval.config.chat import ChatKeys
 from qeval.strict import Strict
 
 
-class LmEvalTask(Strict):
-    """One lm-eval task or group, with the settings it is scored under."""
+class LmEvalTask(ChatKeys):
+    """One lm-eval task or group, with the settings it is scored under (its chat keys, where
+    set, override the run's: qeval/config/chat.py)."""
 
     #: the lm-eval task or group name (mmlu, gsm8k, hellaswag, arc_challenge, a team's own...)
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from qeval.config.budget import Budget
+from qeval.config.chat import CHAT_KEYS, ChatKeys
 from qeval.config.engine import EngineSpec
 from qeval.config.executor import ExecutorSpec
 from qeval.config.gates import Gate
@@ -45,8 +46,10 @@ class ModelSpec(Strict):
     revision: str | None = None
 
 
-class RunConfig(Strict):
-    """One qeval run: a model, the setups to serve it under, and the tasks to score."""
+class RunConfig(ChatKeys):
+    """One qeval run: a model, the setups to serve it under, and the tasks to score. Its chat keys
+    (`chat_template`, `system_prompt`, `fewshot_as_multiturn`: qeval/config/chat.py) apply to
+    every task; an lm-eval task's own override them."""
 
     name: str = Field(pattern=NAME_PATTERN)
     model: ModelSpec
@@ -124,10 +127,17 @@ class RunConfig(Strict):
         return next((s for s in self.setups if s.baseline), self.setups[0])
 
     def as_json(self) -> dict[str, Any]:
-        """The config as results.json and the config hash hold it: `kinds` left out while empty,
-        so a config that uses no plugin kind reads and hashes as before the key existed, and
+        """The config as results.json and the config hash hold it: `kinds` left out while empty
+        and the chat keys while unset, so a config that uses neither reads and hashes as before
+        those keys existed, and
         `tracking` always (it changes no number, and its URI may carry credentials)."""
-        return self.model_dump(mode="json", exclude={"tracking"} | ({"kinds"} if not self.kinds else set()))
+        out = self.model_dump(mode="json", exclude={"tracking"} | ({"kinds"} if not self.kinds else set()))
+        # the chat keys likewise while unset, at the top and in each lm-eval task
+        for piece in [out, *((out.get("lm_eval") or {}).get("tasks") or [])]:
+            for key in CHAT_KEYS:
+                if piece.get(key, 0) is None:
+                    del piece[key]
+        return out
 
     def job_json(self) -> dict[str, Any]:
         """The config as a worker's job file holds it: all of it but `tracking`, which only the

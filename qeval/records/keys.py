@@ -55,4 +55,18 @@ def setup_keys(pre: Preflight, setup: Setup) -> SetupKeys:
              "batch_size": str(cfg.batch_size),
              "generation_batch_size": str(cfg.generation_batch_size or 4 * cfg.batch_size)}
     parts |= pre.backend_key_parts  # the backend's own (vLLM: its engine settings)
-    return SetupKeys(parts, {t.name: parts | {"task": t.fingerprint} for t in pre.tasks})
+    return SetupKeys(parts, {t.name: parts | {"task": t.fingerprint} | _chat_part(t) for t in pre.tasks})
+
+
+def _chat_part(task: object) -> dict[str, str]:
+    """A task prompted under a chat template or system prompt carries the hash of its rendered
+    template (qeval/tasks/chat.py), so a change of template re-runs it, and one whose reasoning
+    block is stripped carries the token that ends it. Only then: a plain task's key is what it
+    was before these keys existed (no part, not an empty one), and a kind that knows nothing of
+    them needs no such attribute."""
+    out = {}
+    for part, attr in (("chat_template", "chat_template_sha256"), ("think_end_token", "think_end_token")):
+        value = getattr(task, attr, None)
+        if isinstance(value, str):
+            out[part] = value
+    return out

@@ -16,9 +16,9 @@ import jinja2
 import yaml
 
 from qeval.records.store import RunStore
-from qeval.report import divergence, plots, sequence
 from qeval.report import performance as perf_views
-from qeval.report.markdown import GATE_HEADER, budget_text, gate_rows, partial_line, summary_rows
+from qeval.report import plots
+from qeval.report.markdown import GATE_HEADER, OWN_SECTIONS, budget_text, gate_rows, partial_line, summary_rows
 from qeval.report.sections import ReportSection
 from qeval.results.schema import Results
 
@@ -83,7 +83,7 @@ def render_html(run_dir: Path, results: Results, sections: Sequence[ReportSectio
     if perf:
         figures["Quality x memory x throughput (filled: Pareto-optimal over all three)"] = _plot(plots.tradeoff,
                                                                                                   results)
-    sections = (sequence.SECTION, divergence.SECTION, *sections)  # the report's own, then the task kinds'
+    sections = (*OWN_SECTIONS, *sections)  # the report's own, then the task kinds'
     for section in sections:
         for caption, make in section.figures(results).items():
             figures[caption] = _plot(functools.partial(plots.svg_of, make), results)

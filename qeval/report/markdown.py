@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from qeval.report import divergence, sequence
+from qeval.report import divergence, generated, sequence
 from qeval.report import performance as perf_views
 from qeval.report.sections import ReportSection
 from qeval.report.tables import Escape, code_text, md_table, md_text
@@ -75,6 +75,10 @@ def _value(s: SetupResult, task: str, metric: str) -> float | None:
     return value.value if value else None
 
 
+#: the report's own sections, before the task kinds'
+OWN_SECTIONS = (sequence.SECTION, divergence.SECTION, generated.SECTION)
+
+
 def render_markdown(results: Results, sections: Sequence[ReportSection] = ()) -> str:
     """report.md: the report's own tables, then each section's (the task kinds')."""
     header, rows = summary_rows(results)
@@ -89,7 +93,7 @@ def render_markdown(results: Results, sections: Sequence[ReportSection] = ()) ->
               "loaded model, or marked predicted where the backend reports no figure (sources in results.json).", ""]
     lines += _recommendation(results) + _suite_table(results) + _gate_table(results) + _members_table(results)
     lines += perf_views.markdown_lines(results, md_text)  # nothing for results without a performance phase
-    for section in (sequence.SECTION, divergence.SECTION, *sections):  # the report's own, then the task kinds'
+    for section in (*OWN_SECTIONS, *sections):  # the report's own, then the task kinds'
         lines += section.markdown(results, md_text)
     notes = _notes(results)
     if notes:

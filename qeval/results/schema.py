@@ -100,6 +100,10 @@ class TaskScore(ResultModel):
 
     n: int = Field(description="documents scored")
     metrics: dict[str, MetricValue] = Field(description="metric name -> value (the task's metric_list)")
+    generated_tokens: float | None = Field(None, description="generation tasks: the mean tokens generated per "
+                                                             "document, a reasoning block and the stop token "
+                                                             "included (what serving the answers costs); null "
+                                                             "for other tasks")
 
 
 class KLDistribution(ResultModel):
@@ -328,6 +332,8 @@ class SampleRecord(ResultModel):
     loglikelihoods: list[float] | None = Field(None, description="per choice, multiple choice only")
     nll: float | None = Field(None, description="negative log-likelihood of the gold continuation or the text")
     n_tokens: int | None = None
+    generated_tokens: int | None = Field(None, description="generation tasks: tokens generated for this document "
+                                                           "(`raw_output`, a reasoning block included)")
 
 
 def read_results(path: Path) -> Results:

@@ -18,7 +18,9 @@ from qeval.backends.base import (
     Progress,
     RollingRequest,
     RollingResult,
+    generated_tokens,
 )
+from qeval.config.chat import strip_thinking
 from qeval.tasks import Task
 from qeval.tasks.long_context.buckets import bucket_sums
 
@@ -58,19 +60,20 @@ def score_task(backend: Backend, task: Task, progress: Progress,
     return result
 
 
-def _base_record(task: Task, i: int, doc: dict[str, Any]) -> dict[str, Any]:
-    return {"sample_id": task.doc_id(i), "prompt": task.text(doc)}
+def _base_record(task: Task, i: int, doc: dict[str, Any], prompt: str | None = None) -> dict[str, Any]:
+    return {"sample_id": task.doc_id(i), "prompt": task.text(doc) if prompt is None else prompt}
 
 
 def _multiple_choice(backend: Backend, task: Task, progress: Progress,
                      reference: dict[str, np.ndarray] | None = None) -> TaskResult:
-    delim = task.spec.target_delimiter
+    delim = task.choice_delimiter
     reqs: list[LoglikelihoodRequest] = []
     spans: list[tuple[int, int]] = []
-    for doc in task.docs:
+    prompts = [task.prompt(doc) for doc in task.docs]
+    for doc, prompt in zip(task.docs, prompts, strict=True):
         choices = task.choices(doc)
         spans.append((len(reqs), len(choices)))
-        reqs += [LoglikelihoodRequest(task.text(doc), delim + c) for c in choices]
+        reqs += [LoglikelihoodRequest(prompt, delim + c) for c in choices]
     refs = request_references(reference, len(reqs))
     if refs is not None:
         reqs = [replace(r, ref_indices=ref[0]) for r, ref in zip(reqs, refs, strict=True)]
@@ -83,7 +86,7 @@ def _multiple_choice(backend: Backend, task: Task, progress: Progress,
         pred_norm = int(np.argmax([ll / len(c) for ll, c in zip(lls, choices, strict=True)]))  # lm-eval: chars
         acc.append(pred == gold)
         acc_norm.append(pred_norm == gold)
-        records.append(_base_record(task, i, doc) | {
+        records.append(_base_record(task, i, doc, prompts[i]) | {
             "target": choices[gold], "prediction": choices[pred], "correct": pred == gold,
             "correct_norm": pred_norm == gold, "loglikelihoods": lls,
             "nll": -lls[gold], "n_tokens": results[start + gold].n_tokens,
@@ -101,17 +104,19 @@ def _extract(text: str, pattern: str | None) -> str:
 
 def _generate(backend: Backend, task: Task, progress: Progress) -> TaskResult:
     g = task.spec.generation_kwargs
-    reqs = [GenerateRequest(task.text(d), tuple(g.until), g.max_gen_toks) for d in task.docs]
+    prompts = [task.prompt(d) for d in task.docs]
+    reqs = [GenerateRequest(p, tuple(g.until), g.max_gen_toks) for p in prompts]
     outputs = backend.generate(reqs, progress)
     records, em = [], []
     for i, (doc, out) in enumerate(zip(task.docs, outputs, strict=True)):
         target = str(task.target(doc)).strip()
-        pred = _extract(out, task.spec.answer_regex)
+        response = strip_thinking(out, task.think_end_token)  # the reasoning block is not the answer
+        pred = _extract(response, task.spec.answer_regex)
         em.append(pred == target)
-        records.append(_base_record(task, i, doc) | {
-            "target": target, "prediction": pred, "raw_output": out, "correct": pred == target,
-            "loglikelihoods": None, "nll": None, "n_tokens": None,
-        })
+        records.append(_base_record(task, i, doc, prompts[i]) | {
+            "target": target, "prediction": pred, "raw_output": str(out), "correct": pred == target,
+            "loglikelihoods": None, "nll": None, "n_tokens": None, "generated_tokens": generated_tokens(out),
+        } | ({"response": response} if response != out else {}))
     return TaskResult(records, {"exact_match": _mean_se(em)})
 
 

@@ -301,3 +301,23 @@ def test_the_kl_distribution_is_in_results_report_and_notebook(demo_run: tuple[P
     assert 'id="kl"' in (out / "report.html").read_text()
     table = qeval.load_run(out).kl()
     assert set(table["setup"]) >= {"int4", "kv-int4", "kv-int2"} and "kl_p99_9" in table.columns
+
+
+def test_generated_length_per_setup_and_its_ratio_to_the_baseline(demo_run: tuple[Path, dict]) -> None:
+    """Each generation task's mean generated tokens, from its records (each between 1 and the
+    task's max_gen_toks), and the report's table with each setup's ratio to the baseline."""
+    out, results = demo_run
+    base = _setup(results, "bf16")["tasks"]
+    md = (out / "report.md").read_text()
+    assert "## Generated length" in md
+    for s in results["setups"]:
+        for task, score in s["tasks"].items():
+            records = [json.loads(x) for x in (out / "samples" / s["name"] / f"{task}.jsonl").read_text().splitlines()]
+            if task not in ("addition", "facts"):  # not generation tasks: nothing measured
+                assert score["generated_tokens"] is None and all(r.get("generated_tokens") is None for r in records)
+                continue
+            lengths = [r["generated_tokens"] for r in records]
+            assert all(1 <= n <= 6 for n in lengths), lengths  # max_gen_toks: 6
+            assert score["generated_tokens"] == pytest.approx(sum(lengths) / len(lengths))
+            ratio = "—" if s["name"] == "bf16" else f"{score['generated_tokens'] / base[task]['generated_tokens']:.2f}x"
+            assert f"| {s['name']} | {task} | {score['generated_tokens']:.1f} | {ratio} |" in md

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from qeval.backends.base import (
     TOPK,
     GenerateRequest,
+    Generation,
     LoglikelihoodRequest,
     LoglikelihoodResult,
     MemoryFigure,
@@ -294,14 +295,14 @@ class HFBackend:
         Rows are decoded `generation_batch_size` at a time (default 4 x batch_size): a decode
         step reads every weight once whatever the rows, so more rows per step cost little and
         save whole passes over the weights."""
-        encoded = [self.conv.encode(r.context) for r in requests]
+        encoded = [self.conv.prompt(r.context) for r in requests]
         out: list[str] = [""] * len(requests)
         for i, r in enumerate(requests):  # long prompts: one at a time, chunked prefill (hf/chunked.py)
             ctx = generation_context(encoded[i], self.max_length, r.max_gen_toks)
             if len(ctx) > self.chunk:
                 tokens = chunked.greedy_chunked(self.model, self.setup, ctx, r.max_gen_toks, self.chunk, self.device,
                                                 lambda g, t, r=r: self._stops(g, t, r))  # type: ignore[misc]
-                out[i] = _cut(self.tok.decode(tokens, skip_special_tokens=True), r.until)
+                out[i] = Generation(_cut(self.tok.decode(tokens, skip_special_tokens=True), r.until), len(tokens))
                 progress(1)
         short = [i for i, r in enumerate(requests)
                  if len(generation_context(encoded[i], self.max_length, r.max_gen_toks)) <= self.chunk]
@@ -349,7 +350,7 @@ class HFBackend:
                 cache.batch_select_indices(index.to(self.device))
                 mask, pos, nxt, rows = mask[index], pos[index], nxt[index], [rows[b] for b in keep]
             step = nxt[:, None]
-        return [_cut(self.tok.decode(g, skip_special_tokens=True), r.until)
+        return [Generation(_cut(self.tok.decode(g, skip_special_tokens=True), r.until), len(g))
                 for g, r in zip(generated, reqs, strict=True)]
 
     def _stops(self, generated: list[int], token: int, req: GenerateRequest) -> bool:

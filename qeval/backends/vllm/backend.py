@@ -16,6 +16,7 @@ import numpy as np
 from qeval.backends.base import (
     TOPK,
     GenerateRequest,
+    Generation,
     LoglikelihoodRequest,
     LoglikelihoodResult,
     MemoryFigure,
@@ -137,12 +138,12 @@ class VLLMBackend:
 
         prompts, params = [], []
         for r in requests:
-            ids = generation_context(self.conv.encode(r.context), self.max_length, r.max_gen_toks)
+            ids = generation_context(self.conv.prompt(r.context), self.max_length, r.max_gen_toks)
             prompts.append(TokensPrompt(prompt_token_ids=ids))
             params.append(SamplingParams(max_tokens=r.max_gen_toks, temperature=0.0, stop=list(r.until)))
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         progress(len(requests))
-        return [o.outputs[0].text for o in outs]
+        return [Generation(o.outputs[0].text, len(o.outputs[0].token_ids)) for o in outs]
 
     @property
     def concurrency_limit(self) -> int | None:

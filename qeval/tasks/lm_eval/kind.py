@@ -7,12 +7,27 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qeval.config.chat import merge_think_end
+from qeval.tasks.chat import ChatResolver, task_chat
 from qeval.tasks.kinds import Scoring, TaskKind, check_generation_room
 from qeval.tasks.lm_eval.scoring import n_requests, score_lm_eval
-from qeval.tasks.lm_eval.session import open_session
+from qeval.tasks.lm_eval.session import ChatFor, LmEvalSession, open_session
 
 if TYPE_CHECKING:
+    from qeval.config import RunConfig
     from qeval.records.preflight import Preflight
+
+
+def chat_for(cfg: RunConfig) -> ChatFor:
+    """Each lm-eval entry's chat settings: its own keys over the run's, resolved against the
+    model's tokenizer (loaded once, and only if some entry asks for a template)."""
+    resolver = ChatResolver(cfg.model)
+    return lambda entry: task_chat(resolver, cfg, entry, f"lm-eval task {entry.name}")
+
+
+def _session(cfg: RunConfig) -> LmEvalSession:
+    assert cfg.lm_eval is not None
+    return open_session(cfg.lm_eval, Path.cwd(), cfg.limit, chat_for(cfg), lambda e: merge_think_end(cfg, e))
 
 
 def expand(pre: Preflight, model_config: dict[str, Any]) -> None:
@@ -20,7 +35,7 @@ def expand(pre: Preflight, model_config: dict[str, Any]) -> None:
     spec = pre.cfg.lm_eval
     if spec is None:
         return
-    session = open_session(spec, Path.cwd(), pre.cfg.limit)
+    session = _session(pre.cfg)
     try:
         for name, info in session.infos.items():
             max_gen = (session.tasks[name].config.generation_kwargs or {}).get("max_gen_toks", 256)
@@ -36,7 +51,7 @@ def score(ctx: Scoring, names: list[str]) -> None:
     """The setup's pending lm-eval tasks in one lm-eval evaluate() call: one batched backend
     call per request type for all of them."""
     assert ctx.cfg.lm_eval is not None
-    session = open_session(ctx.cfg.lm_eval, Path.cwd(), ctx.cfg.limit)
+    session = _session(ctx.cfg)
     try:
         refs = {n: ref for n in names if (ref := ctx.reference(n)) is not None}
         t0 = time.time()

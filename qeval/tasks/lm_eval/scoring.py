@@ -1,7 +1,12 @@
 """lm-eval tasks scored by a qeval backend: an `lm_eval.api.model.LM` over the backend, one
 `lm_eval.evaluator.evaluate` call for all of a setup's pending tasks (so each request type is
 one batched backend call), and lm-eval's logged samples turned into qeval's per-document
-records (lm-eval's doc id, its metric values, log-likelihoods, generation)."""
+records (lm-eval's doc id, its metric values, log-likelihoods, generation).
+
+Chat templates go through lm-eval's own arguments (`apply_chat_template`, `system_instruction`,
+`fewshot_as_multiturn`) and `LM.apply_chat_template`, so lm-eval builds the prompts exactly as
+`simple_evaluate(..., apply_chat_template=True)` does with `HFLM`: one `evaluate()` call per set
+of chat settings among the leaves."""
 
 from __future__ import annotations
 
@@ -11,7 +16,16 @@ from typing import Any
 
 import numpy as np
 
-from qeval.backends.base import Backend, GenerateRequest, LoglikelihoodRequest, Progress, RollingRequest
+from qeval.backends.base import (
+    Backend,
+    GenerateRequest,
+    LoglikelihoodRequest,
+    Progress,
+    RollingRequest,
+    generated_tokens,
+)
+from qeval.config.chat import strip_thinking
+from qeval.tasks.chat import Chat
 from qeval.tasks.lm_eval.session import LmEvalSession
 from qeval.tasks.scoring import (
     TaskResult,
@@ -25,8 +39,11 @@ from qeval.tasks.scoring import (
 )
 
 
-def make_lm(backend: Backend, references: dict[str, dict[str, np.ndarray]], progress: Progress) -> Any:
-    """The LM lm-eval calls; built lazily so that importing this module needs no lm-eval."""
+def make_lm(backend: Backend, references: dict[str, dict[str, np.ndarray]], progress: Progress,
+            think: dict[str, str | None] | None = None) -> Any:
+    """The LM lm-eval calls; built lazily so that importing this module needs no lm-eval.
+    `think`: task -> its think_end_token (the reasoning block is stripped before lm-eval's
+    filters and metrics see the text, as HFLM's `think_end_token` does)."""
     from lm_eval.api.model import LM
 
     class QevalLM(LM):
@@ -34,9 +51,21 @@ def make_lm(backend: Backend, references: dict[str, dict[str, np.ndarray]], prog
 
         def __init__(self) -> None:
             super().__init__()
+            #: the chat settings of the evaluate() call in progress (lm-eval asks the LM to render)
+            self.chat: Chat | None = None
             #: the backend's own result per request, keyed (task, doc_id, idx): token counts and
             #: the perplexity top-k that lm-eval's return types drop
             self.raw: dict[tuple[str, int, int], Any] = {}
+
+        @property
+        def tokenizer_name(self) -> str:
+            """Only lm-eval's request cache reads it (qeval runs without that cache)."""
+            return "qeval"
+
+        def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+            """HFLM.apply_chat_template over the model's tokenizer (qeval/tasks/chat.py)."""
+            assert self.chat is not None and self.chat.template is not None
+            return self.chat.apply(chat_history, add_generation_prompt)
 
         def _keep(self, requests: list[Any], results: list[Any]) -> None:
             for r, res in zip(requests, results, strict=True):
@@ -74,8 +103,9 @@ def make_lm(backend: Backend, references: dict[str, dict[str, np.ndarray]], prog
                 until = [until] if isinstance(until, str) else list(until)
                 reqs.append(GenerateRequest(context, tuple(until), int(kwargs.get("max_gen_toks", 256))))
             out = backend.generate(reqs, progress)
-            self._keep(requests, out)
-            return list(out)
+            self._keep(requests, out)  # the whole generation, the reasoning block included
+            cut = think or {}  # lm-eval is handed plain strings: what it scores, the block stripped
+            return [str(strip_thinking(text, cut.get(r.task_name))) for r, text in zip(requests, out, strict=True)]
 
     return QevalLM()
 
@@ -108,14 +138,26 @@ def score_lm_eval(backend: Backend, session: LmEvalSession, leaves: list[str], p
     """Score `leaves` in one lm-eval evaluate() call; per leaf, qeval's records and metrics."""
     from lm_eval.evaluator import evaluate
 
-    lm = make_lm(backend, references or {}, progress)
-    tasks = {leaf: session.tasks[leaf] for leaf in leaves}
-    for task in tasks.values():
-        task.set_fewshot_seed(session.spec.fewshot_seed)  # re-seed: the sampler is consumed document by document
-    samples = {leaf: list(range(session.infos[leaf].n_docs)) for leaf in leaves}
-    out = evaluate(lm=lm, task_dict={"tasks": tasks, "groups": {}, "group_map": {}}, samples=samples,
-                   log_samples=True, bootstrap_iters=0, verbosity="ERROR")
-    return {leaf: _task_result(leaf, session, out, lm.raw, references or {}) for leaf in leaves}
+    lm = make_lm(backend, references or {}, progress, {leaf: session.infos[leaf].think_end_token for leaf in leaves})
+    by_chat: dict[str | None, list[str]] = defaultdict(list)  # one evaluate() per chat settings
+    for leaf in leaves:
+        chat = session.chats.get(leaf)
+        by_chat[chat.sha256 if chat is not None else None].append(leaf)
+    results: dict[str, TaskResult] = {}
+    for group in by_chat.values():
+        chat = session.chats.get(group[0])
+        lm.chat = chat
+        tasks = {leaf: session.tasks[leaf] for leaf in group}
+        for task in tasks.values():
+            task.set_fewshot_seed(session.spec.fewshot_seed)  # re-seed: the sampler is consumed document by document
+        samples = {leaf: list(range(session.infos[leaf].n_docs)) for leaf in group}
+        templated = chat is not None and chat.template is not None
+        out = evaluate(lm=lm, task_dict={"tasks": tasks, "groups": {}, "group_map": {}}, samples=samples,
+                       log_samples=True, bootstrap_iters=0, verbosity="ERROR", apply_chat_template=templated,
+                       fewshot_as_multiturn=chat is not None and templated and chat.fewshot_as_multiturn,
+                       system_instruction=chat.system_prompt if chat is not None else None)
+        results |= {leaf: _task_result(leaf, session, out, lm.raw, references or {}) for leaf in group}
+    return {leaf: results[leaf] for leaf in leaves}
 
 
 def _task_result(leaf: str, session: LmEvalSession, out: dict[str, Any], raw: dict[tuple[str, int, int], Any],
@@ -183,8 +225,12 @@ def _record(leaf: str, output_type: str, compared: str, doc_id: int, entries: li
     elif output_type == "generate_until":
         filt = compared.split(",", 1)[1] if "," in compared else "none"
         answer = filtered.get(filt, first["filtered_resps"])
+        whole = raw.get((leaf, doc_id, 0), first["resps"][0][0])
         rec |= {"prediction": _plain(answer[0] if isinstance(answer, list) and answer else answer),
-                "raw_output": first["resps"][0][0], "filtered": {k: _plain(v) for k, v in filtered.items()}}
+                "raw_output": str(whole), "generated_tokens": generated_tokens(whole),
+                "filtered": {k: _plain(v) for k, v in filtered.items()}}
+        if first["resps"][0][0] != whole:  # a reasoning block stripped: what lm-eval scored
+            rec["response"] = first["resps"][0][0]
     elif output_type == "loglikelihood_rolling":
         ll = float(first["resps"][0][0])
         bytes_ = scores.get("bits_per_byte") or scores.get("byte_perplexity")

@@ -18,14 +18,21 @@ import logging
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qeval.config.lm_eval import LmEvalSpec, LmEvalTask
 from qeval.errors import UserError
 from qeval.files.names import NAME_PATTERN
 from qeval.tasks.lm_eval.yamls import materialize, read_task_yaml
+
+if TYPE_CHECKING:
+    from qeval.tasks.chat import Chat
+
+#: a task entry's chat settings resolved against the model (qeval/tasks/chat.py), or None
+ChatFor = Callable[[LmEvalTask], "Chat | None"]
 
 _ADDR = re.compile(r" at 0x[0-9a-f]+>")
 
@@ -45,6 +52,10 @@ class LmEvalTaskInfo:
     num_fewshot: int
     higher_is_better: dict[str, bool] = field(default_factory=dict)
     limit: int | None = None
+    #: the chat settings' hash (qeval/tasks/chat.py), a part of the resume key; None: plain prompts
+    chat_template_sha256: str | None = None
+    #: a generation task's reasoning block ends here: scored on the text after it (resume key part)
+    think_end_token: str | None = None
 
     @property
     def kind(self) -> str:
@@ -60,6 +71,8 @@ class LmEvalSession:
     infos: dict[str, LmEvalTaskInfo]
     groups: dict[str, list[str]]  # group -> its leaf tasks (nested groups flattened)
     workdir: tempfile.TemporaryDirectory[str]
+    #: leaf -> the chat settings it is prompted under (None: lm-eval's plain prompts)
+    chats: dict[str, Chat | None] = field(default_factory=dict)
 
     def close(self) -> None:
         self.workdir.cleanup()
@@ -83,9 +96,12 @@ def sandbox_templates() -> None:
     lm_utils.env = env
 
 
-def open_session(spec: LmEvalSpec, base: Path, limit: int | None) -> LmEvalSession:
+def open_session(spec: LmEvalSpec, base: Path, limit: int | None, chat_for: ChatFor | None = None,
+                 think_for: Callable[[LmEvalTask], str | None] | None = None) -> LmEvalSession:
     """Load every task of `spec` (paths relative to `base`); one-line UserErrors for unknown
-    names, unreadable data or a task qeval cannot score."""
+    names, unreadable data or a task qeval cannot score. `chat_for` gives each entry's chat
+    settings (None: every task plain, lm-eval's default arguments), `think_for` its
+    `think_end_token`."""
     os.environ.setdefault("HF_DATASETS_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "0"))
     # lm-eval and datasets draw tqdm bars on stderr; qeval shows its own progress, and an error
     # must stay one line
@@ -119,10 +135,15 @@ def open_session(spec: LmEvalSpec, base: Path, limit: int | None) -> LmEvalSessi
     groups = _leaves_of_groups(loaded["group_map"])
     session = LmEvalSession(spec, {}, {}, {g: groups[g] for g in names if g in groups}, workdir)
     for entry in entries:
+        chat = chat_for(entry) if chat_for is not None else None
         for leaf in groups.get(entry.name, [entry.name]):
             task = loaded["tasks"][leaf]
             session.tasks[leaf] = task
+            session.chats[leaf] = chat
             session.infos[leaf] = describe(leaf, entry, task, spec.fewshot_seed, entry.limit or limit)
+            session.infos[leaf].chat_template_sha256 = chat.sha256 if chat is not None else None
+            if think_for is not None and task.OUTPUT_TYPE == "generate_until":
+                session.infos[leaf].think_end_token = think_for(entry)
     return session
 
 

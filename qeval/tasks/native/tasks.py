@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from jinja2.sandbox import SecurityError
 from pydantic import Field, ValidationError
@@ -27,6 +27,9 @@ from qeval.files.yaml import load_yaml
 from qeval.results.metrics import select_metrics
 from qeval.strict import Strict
 from qeval.tasks.templates import render as _render
+
+if TYPE_CHECKING:
+    from qeval.tasks.chat import Chat
 
 OutputType = Literal["multiple_choice", "generate_until", "loglikelihood_rolling"]
 class GenerationKwargs(Strict):
@@ -66,6 +69,10 @@ class Task:
     yaml_path: Path
     docs: list[dict[str, Any]]
     sha256: str
+    #: the chat settings its prompts are rendered under (the run's chat keys); None: plain
+    chat: Chat | None = None
+    #: a generation task's reasoning block ends here: scored on the text after it (the run's key)
+    think_end_token: str | None = None
 
     @property
     def name(self) -> str:
@@ -110,6 +117,23 @@ class Task:
 
     def text(self, doc: dict[str, Any]) -> str:
         return _render(self.spec.doc_to_text, doc)
+
+    def prompt(self, doc: dict[str, Any]) -> str:
+        """What the model is given for a multiple-choice or generation document: the text,
+        rendered as the user turn of the chat template where the task has one."""
+        text = self.text(doc)
+        return self.chat.prompt(text) if self.chat is not None else text
+
+    @property
+    def choice_delimiter(self) -> str:
+        """Between prompt and choice: the YAML's `target_delimiter`, none after a chat
+        template's generation prompt (lm-eval's rule under `apply_chat_template`)."""
+        return "" if self.chat is not None and self.chat.template is not None else self.spec.target_delimiter
+
+    @property
+    def chat_template_sha256(self) -> str | None:
+        """Its chat settings by content, a part of its resume key (qeval/records/keys.py)."""
+        return self.chat.sha256 if self.chat is not None else None
 
     def choices(self, doc: dict[str, Any]) -> list[str]:
         """The choices of a multiple-choice document: a list of non-empty strings (numbers
