@@ -235,6 +235,10 @@ def _gate_table(results: Results) -> list[str]:
 def _notes(results: Results) -> list[str]:
     notes = []
     for s in results.setups:
+        described = s.quantization.get("description")
+        if described:  # a pre-quantized checkpoint, described from its own quantization_config
+            notes.append(f"**{md_text(s.name)}** serves checkpoint {md_text(str(s.quantization.get('checkpoint')))}: "
+                         f"{md_text(described)}")
         for flag in s.flags:
             notes.append(f"**{md_text(s.name)}**: {md_text(flag)}")
         for t, c in s.vs_baseline.items():

@@ -73,6 +73,8 @@ class HFBackend:
         dtype = _DTYPES[spec.dtype if self.setup.weights in (None, "int8", "int4") else _weights_dtype(self.setup)]
         kw: dict[str, Any] = {"trust_remote_code": spec.trust_remote_code, "revision": spec.revision}
         path = spec.path
+        if self.setup.checkpoint:  # pre-quantized: transformers' quantizer for its quant_method loads it
+            path, kw["revision"] = self.setup.checkpoint, None
         if is_gguf(path):  # dequantized on load into `dtype`: the GGUF's own precision is the baseline's
             path, kw["gguf_file"] = self._gguf_alone(Path(path)), Path(path).name
         self.tok = AutoTokenizer.from_pretrained(path, **kw)
@@ -81,7 +83,14 @@ class HFBackend:
         if not load:  # a bitsandbytes model is placed by device_map and refuses .to()
             self.model.to(self.device)
         self.model.eval().requires_grad_(False)  # scoring never needs gradients
-        self._quant_info = hf_quant.quantize_weights(self.model, self.setup)
+        if self.setup.checkpoint:
+            # one forward first: compressed-tensors decompresses on it, and the ledger must see
+            # the layers as they are resident while scoring, not as they were read from disk
+            with torch.no_grad():
+                self.model(input_ids=torch.tensor([[self.tok.bos_token_id or 0]], device=self.device))
+            self._quant_info = hf_quant.checkpoint_info(self.model, self.setup.checkpoint)
+        else:
+            self._quant_info = hf_quant.quantize_weights(self.model, self.setup)
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
         self.conv = conventions(self.tok)

@@ -29,6 +29,7 @@ from qeval.backends.vllm.logs import parse_engine_log, quantized_kernels
 from qeval.backends.vllm.support import engine_args
 from qeval.config import RunConfig
 from qeval.config.setups import Setup
+from qeval.records.checkpoint import checkpoint_config, describe, quantization_config
 
 if TYPE_CHECKING:
     from qeval.backends.workload import Measurement, Workload
@@ -74,6 +75,12 @@ class VLLMBackend:
         """The engine arguments, and the linear kernel the engine chose for each quantized
         scheme it loaded (from its log: evidence the checkpoint really ran quantized)."""
         info: dict[str, Any] = {"engine_args": self._engine_args}
+        if self.setup.checkpoint:  # described from the checkpoint's own quantization_config
+            qc = quantization_config(checkpoint_config(self.setup.checkpoint))
+            if qc is not None:
+                described = describe(qc)
+                info |= {"checkpoint": self.setup.checkpoint, "description": described.pop("text"),
+                         "checkpoint_config": described}
         kernels = quantized_kernels(self._log.text()) if self._log else {}
         if kernels:
             info["engine_kernels"] = kernels
