@@ -136,12 +136,15 @@ class Comparison(ResultModel):
     higher_is_better: bool
     delta: float = Field(description="setup minus baseline, in the metric's units")
     ci: tuple[float, float] = Field(description="95% confidence interval of delta")
-    ci_method: Literal["newcombe", "t", "bootstrap"] | None = Field(
+    ci_method: Literal["newcombe", "t", "t_clustered", "bootstrap"] | None = Field(
         None, description="newcombe: Newcombe's paired score interval (accuracies); t: Student's t-interval on the "
                           "paired per-document differences (bits per byte, linearised as a ratio; other scores); "
+                          "t_clustered: a sampled task's, paired by document and clustered over its repeats "
+                          "(the t-interval on the documents' mean differences over repeats); "
                           "bootstrap: paired percentile bootstrap over documents (results written before the "
                           "t-interval); null in results written before it was recorded (bootstrap)")
     p_value: float | None = Field(None, description="McNemar's exact test (accuracies) or Wilcoxon (perplexity)")
+    repeats: int | None = Field(None, description="sampled repeats per document (null: one, greedy)")
     p_adjusted: float | None = Field(None, description="Benjamini-Hochberg adjusted across the setup's tasks")
     flips_to_wrong: int | None = Field(None, description="documents right under the baseline, wrong here")
     flips_to_right: int | None = Field(None, description="documents wrong under the baseline, right here")

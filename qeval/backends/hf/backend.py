@@ -34,6 +34,7 @@ from qeval.backends.base import (
 )
 from qeval.backends.hf import chunked, kv_cache
 from qeval.backends.hf import quant as hf_quant
+from qeval.backends.hf import sampling as hf_sampling
 from qeval.backends.tokens import conventions, encode_pair, generation_context, memoized, rolling_windows, truncate
 from qeval.config import RunConfig
 from qeval.config.setups import Setup
@@ -283,7 +284,8 @@ class HFBackend:
     # -- generation --------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, requests: list[GenerateRequest], progress: Progress) -> list[str]:
-        """Greedy generation until a stop string or max_gen_toks, batched with left padding.
+        """Generation until a stop string or max_gen_toks, batched with left padding: greedy, or
+        sampled where a request carries `sampling` (its own seeded stream: hf/sampling.py).
 
         Rows are decoded `generation_batch_size` at a time (default 4 x batch_size): a decode
         step reads every weight once whatever the rows, so more rows per step cost little and
@@ -293,6 +295,9 @@ class HFBackend:
         for i, r in enumerate(requests):  # long prompts: one at a time, chunked prefill (hf/chunked.py)
             ctx = generation_context(encoded[i], self.max_length, r.max_gen_toks)
             if len(ctx) > self.chunk:
+                if r.sampling is not None:
+                    raise ValueError(f"sampled generation of a {len(ctx)}-token prompt: prompts past the chunked "
+                                     f"path's {self.chunk} tokens are decoded greedily only on transformers")
                 tokens = chunked.greedy_chunked(self.model, self.setup, ctx, r.max_gen_toks, self.chunk, self.device,
                                                 lambda g, t, r=r: self._stops(g, t, r))  # type: ignore[misc]
                 out[i] = _cut(self.tok.decode(tokens, skip_special_tokens=True), r.until)
@@ -323,13 +328,14 @@ class HFBackend:
         done = [False] * len(ctxs)
         rows = list(range(len(ctxs)))  # the original row of each batch row
         step = None if fresh else torch.tensor([[c[-1]] for c in ctxs])
+        streams = [hf_sampling.generator(r.sampling) for r in reqs]  # one per row, whatever the batch
         for _ in range(max_new):
             if step is not None:
                 mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=mask.dtype)], 1)
                 last = self.model(input_ids=step.to(self.device), attention_mask=mask.to(self.device),
                                   position_ids=pos.to(self.device), past_key_values=cache, use_cache=True).logits[:, -1]
                 pos = pos + 1
-            nxt = last.argmax(-1).cpu()
+            nxt = hf_sampling.next_tokens(last, [reqs[row].sampling for row in rows], [streams[row] for row in rows])
             for b, token in enumerate(nxt.tolist()):
                 row = rows[b]
                 if not done[row]:

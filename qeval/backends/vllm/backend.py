@@ -142,7 +142,12 @@ class VLLMBackend:
         for r in requests:
             ids = generation_context(self.conv.encode(r.context), self.max_length, r.max_gen_toks)
             prompts.append(TokensPrompt(prompt_token_ids=ids))
-            params.append(SamplingParams(max_tokens=r.max_gen_toks, temperature=0.0, stop=list(r.until)))
+            s = r.sampling
+            if s is None:
+                params.append(SamplingParams(max_tokens=r.max_gen_toks, temperature=0.0, stop=list(r.until)))
+            else:  # a per-request seed: its own generator in the engine, whatever else is scheduled with it
+                params.append(SamplingParams(max_tokens=r.max_gen_toks, temperature=s.temperature, top_p=s.top_p,
+                                             top_k=s.top_k, seed=s.seed, stop=list(r.until)))
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         progress(len(requests))
         return [o.outputs[0].text for o in outs]

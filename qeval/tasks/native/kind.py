@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qeval.tasks.kinds import Scoring, TaskKind, check_generation_room, score_each
-from qeval.tasks.native.tasks import load_task
+from qeval.tasks.native.tasks import Task, load_task
+from qeval.tasks.sampling import model_card, task_sampling
 
 if TYPE_CHECKING:
     from qeval.config import RunConfig
@@ -20,12 +21,21 @@ def expand(pre: Preflight, model_config: dict[str, Any]) -> None:
     for name in cfg.tasks:
         task = load_task(name, Path(cfg.tasks_dir), cfg.limit)
         check_generation_room(cfg, task.name, task.output_type, task.spec.generation_kwargs.max_gen_toks)
+        _with_card(cfg, task)  # from_model_card without sampling keys in the card: refused here
         pre.tasks.append(task)
+
+
+def _with_card(cfg: RunConfig, task: Task) -> Task:
+    """The task with the model card's sampling keys, where it samples `from_model_card`."""
+    if task.spec.generation_kwargs.from_model_card:
+        task.model_card = model_card(cfg)
+        task_sampling(task.spec, task.model_card)
+    return task
 
 
 def score(ctx: Scoring, names: list[str]) -> None:
     cfg = ctx.cfg
-    score_each(ctx, (load_task(n, Path(cfg.tasks_dir), cfg.limit) for n in names))
+    score_each(ctx, (_with_card(cfg, load_task(n, Path(cfg.tasks_dir), cfg.limit)) for n in names))
 
 
 def fingerprint(cfg: RunConfig, name: str) -> str:
