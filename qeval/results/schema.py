@@ -318,16 +318,30 @@ class Results(ResultModel):
         return next((s for s in self.setups if s.baseline), None)
 
 
+class SampledRepeat(ResultModel):
+    """One repeat of one document of a sampled generation task."""
+
+    seed: int = Field(description="the seed of this repeat's random stream")
+    raw_output: str
+    prediction: str
+    correct: bool
+
+
 class SampleRecord(ResultModel):
     """One line of RUN_DIR/samples/<setup>/<task>.jsonl: one document's outcome."""
 
     sample_id: str = Field(description="the document's id (unique within the task)")
     target: Any = Field(None, description="the gold answer")
     prediction: Any = Field(None, description="what the setup answered")
-    correct: bool | None = Field(None, description="null for perplexity tasks")
+    correct: bool | float | None = Field(None, description="null for perplexity tasks; a sampled task's share of "
+                                                           "its repeats that are right")
     loglikelihoods: list[float] | None = Field(None, description="per choice, multiple choice only")
     nll: float | None = Field(None, description="negative log-likelihood of the gold continuation or the text")
     n_tokens: int | None = None
+    repeats: list[SampledRepeat] | None = Field(None, description="a sampled task's repeats (null: greedy); "
+                                                                  "`prediction` is then their majority answer")
+    pass_at_k: bool | None = Field(None, description="a sampled task: any of its repeats right")
+    maj_at_k: bool | None = Field(None, description="a sampled task: its majority answer right")
 
 
 def read_results(path: Path) -> Results:
