@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from qeval.errors import UserError
 from qeval.records.model_source import read_model_config, resolve_model
 
 #: transformers quant_method -> (module transformers' quantizer imports, pip package that has it).
@@ -34,6 +35,8 @@ def checkpoint_config(ref: str, revision: str | None = None) -> dict[str, Any]:
     neither). Cheap: no checksum (the run's checksum covers the folder, records/model_source)."""
     if Path(ref).is_dir():
         return read_model_config(Path(ref))
+    if ref.startswith((".", "/", "~")) or ref.count("/") != 1:
+        raise UserError(f"checkpoint {ref}: no such folder (a hub id has the form org/name)")
     return resolve_model(ref, revision).config
 
 

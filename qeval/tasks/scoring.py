@@ -89,7 +89,7 @@ def _extract(text: str, pattern: str | None) -> str:
 
 
 def _generate(backend: Backend, task: Task, progress: Progress) -> TaskResult:
-    """Greedy, or sampled `repeats` times a document with one seed per repeat (tasks/sampling.py):
+    """Greedy, or sampled `repeats` times a document with one seed per repeat (qeval/tasks/sampling.py):
     one record per document, its `correct` the mean over its repeats, each repeat kept."""
     g = task.spec.generation_kwargs
     plans = repeat_sampling(task.spec, getattr(task, "model_card", {}))
