@@ -78,3 +78,29 @@ def test_a_checkpoint_this_device_cannot_run_is_one_line(tmp_path: Path, monkeyp
 
 def test_a_plain_folder_is_served_as_it_is(tmp_path: Path) -> None:
     support.validate(Setup(name="finetune", checkpoint=_checkpoint(tmp_path, None)), "cpu")  # no error
+
+
+def test_the_resume_key_carries_the_checkpoint_content(tmp_path: Path) -> None:
+    """A checkpoint remade at the same path (`qeval quantize --force`) recomputes its setup."""
+    import shutil
+
+    from conftest import MODEL, make_config
+
+    from qeval.config import load_config
+    from qeval.records.keys import setup_keys
+    from qeval.run.preflight import preflight
+
+    copy = tmp_path / "finetune"
+    shutil.copytree(MODEL, copy)
+    cfg = make_config(tmp_path, setups=[{"name": "bf16", "baseline": True}, {"name": "ft", "checkpoint": str(copy)}])
+
+    def keys() -> tuple[str, str]:
+        pre = preflight(load_config(cfg))
+        base, ft = (setup_keys(pre, s) for s in pre.setups)
+        assert "checkpoint_sha256" not in base.parts  # other setups' keys are as they were
+        return base.key, ft.key
+
+    before = keys()
+    (copy / "generation_config.json").write_text((copy / "generation_config.json").read_text() + "\n")
+    after = keys()
+    assert after[0] == before[0] and after[1] != before[1]
