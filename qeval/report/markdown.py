@@ -157,9 +157,10 @@ def _ci_legend(results: Results) -> str:
     """How the intervals in this results file were computed (runs before ci_method was recorded
     used a paired bootstrap throughout)."""
     methods = {c.ci_method for s in results.setups for c in s.vs_baseline.values()}
-    if "t" in methods:
+    sampled = (", clustered by document over the repeats of sampled tasks" if "t_clustered" in methods else "")
+    if "t" in methods or "t_clustered" in methods:
         return ("a 95% CI (Newcombe's paired score interval for accuracies, a t-interval on the paired differences "
-                "for bits per byte and other scores)")
+                f"for bits per byte and other scores{sampled})")
     if "newcombe" in methods:
         return "a 95% CI (Newcombe's paired score interval for accuracies, a paired bootstrap for bits per byte)"
     return "a paired-bootstrap 95% CI"

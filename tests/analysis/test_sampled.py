@@ -131,6 +131,7 @@ def test_a_sampled_task_with_three_seeds_reports_clustered_intervals(tmp_path: P
     assert int8["tasks"]["addition_sampled"]["metrics"]["exact_match"]["value"] == pytest.approx(k.mean())
     assert cmp["ci"] == pytest.approx(list(paired_clustered(kb, k, "exact_match", 0).ci))
     assert any(len({r["raw_output"] for r in row["repeats"]}) > 1 for row in base)  # really sampled
+    assert "clustered by document over the repeats" in (out / "report.md").read_text()
 
 
 @pytest.mark.parametrize(("yaml_extra", "needle"), [
