@@ -175,6 +175,26 @@ def test_gptq_w4a16_with_another_group_size_from_a_dataset(tmp_path: Path) -> No
     assert group["input_activations"] is None and qc["format"] == "pack-quantized"
     record = json.loads((folder / RECORD).read_text())
     assert record["calibration"]["dataset"] == str(data) and record["calibration"]["texts"] == 64
+    _served_on_hf(tmp_path, folder)
+
+
+def _served_on_hf(tmp_path: Path, folder: Path) -> None:
+    """The packed W4A16 checkpoint as a `checkpoint:` setup on the hf backend (transformers'
+    compressed-tensors quantizer): described from its quantization_config, decompressed on load
+    on CPU and flagged, scoring close to the 16-bit baseline."""
+    from conftest import make_config
+
+    cfg = make_config(tmp_path, filename="hf.yaml", tasks=["compare_mc", "ppl"], gates=None,
+                      setups=[{"name": "bf16", "baseline": True}, {"name": "w4a16", "checkpoint": str(folder)}])
+    out = tmp_path / "hf-run"
+    res = run_cli("run", str(cfg), "--output", str(out), "--limit", "50")
+    assert res.returncode == 0, res.stderr[-3000:]
+    s = {x["name"]: x for x in json.loads((out / "results.json").read_text())["setups"]}["w4a16"]
+    assert s["status"] == "ok", s["error"]
+    assert "weights int4 sym per group of 64 (static), activations 16-bit" in s["quantization"]["description"]
+    assert s["quantization"]["checkpoint_config"]["format"] == "pack-quantized"
+    assert any(f.startswith("checkpoint_decompressed") for f in s["flags"]), s["flags"]
+    assert abs(s["vs_baseline"]["ppl"]["delta"]) < 0.05 and s["vs_baseline"]["ppl"]["kl"] > 0  # quantized, not broken
 
 
 def test_quant_python_is_found_by_make_quant() -> None:
