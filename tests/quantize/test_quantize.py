@@ -179,22 +179,28 @@ def test_gptq_w4a16_with_another_group_size_from_a_dataset(tmp_path: Path) -> No
 
 
 def _served_on_hf(tmp_path: Path, folder: Path) -> None:
-    """The packed W4A16 checkpoint as a `checkpoint:` setup on the hf backend (transformers'
-    compressed-tensors quantizer): described from its quantization_config, decompressed on load
-    on CPU and flagged, scoring close to the 16-bit baseline."""
+    """The packed W4A16 checkpoint as a `checkpoint:` setup on the hf backend, in process
+    (transformers' compressed-tensors quantizer; the whole-run path is in test_vllm_backend.py):
+    described from its quantization_config, decompressed on load on CPU, scoring close to the
+    16-bit model and not equal to it."""
     from conftest import make_config
 
-    cfg = make_config(tmp_path, filename="hf.yaml", tasks=["compare_mc", "ppl"], gates=None,
-                      setups=[{"name": "bf16", "baseline": True}, {"name": "w4a16", "checkpoint": str(folder)}])
-    out = tmp_path / "hf-run"
-    res = run_cli("run", str(cfg), "--output", str(out), "--limit", "50")
-    assert res.returncode == 0, res.stderr[-3000:]
-    s = {x["name"]: x for x in json.loads((out / "results.json").read_text())["setups"]}["w4a16"]
-    assert s["status"] == "ok", s["error"]
-    assert "weights int4 sym per group of 64 (static), activations 16-bit" in s["quantization"]["description"]
-    assert s["quantization"]["checkpoint_config"]["format"] == "pack-quantized"
-    assert any(f.startswith("checkpoint_decompressed") for f in s["flags"]), s["flags"]
-    assert abs(s["vs_baseline"]["ppl"]["delta"]) < 0.05 and s["vs_baseline"]["ppl"]["kl"] > 0  # quantized, not broken
+    from qeval.backends.base import LoglikelihoodRequest
+    from qeval.backends.hf.backend import HFBackend
+    from qeval.config.setups import Setup
+
+    cfg = load_config(make_config(tmp_path, filename="hf.yaml", model={"dtype": "float32"}))
+    reqs = [LoglikelihoodRequest(f"{a} + {b} =", f" {a + b}") for a, b in [(12, 34), (40, 2), (7, 68), (55, 23)]]
+    scores = {}
+    for setup in (Setup(name="bf16", baseline=True), Setup(name="w4a16", checkpoint=str(folder))):
+        backend = HFBackend(cfg, setup, "cpu")
+        backend.load()
+        scores[setup.name] = [r.logprob for r in backend.loglikelihood(reqs, lambda n: None)]
+        info = backend.quant_info
+    assert "weights int4 sym per group of 64 (static), activations 16-bit" in info["description"]
+    assert info["checkpoint_config"]["format"] == "pack-quantized" and info["decompressed_to"] == "float32"
+    diffs = [abs(a - b) for a, b in zip(scores["bf16"], scores["w4a16"], strict=True)]
+    assert 0 < max(diffs) < 1.0, diffs  # quantized (not the 16-bit weights), not broken
 
 
 def test_quant_python_is_found_by_make_quant() -> None:
