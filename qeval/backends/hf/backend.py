@@ -78,7 +78,11 @@ class HFBackend:
             path, kw["revision"] = self.setup.checkpoint, None
         if is_gguf(path):  # dequantized on load into `dtype`: the GGUF's own precision is the baseline's
             path, kw["gguf_file"] = self._gguf_alone(Path(path)), Path(path).name
-        self.tok = AutoTokenizer.from_pretrained(path, **kw)
+        # a checkpoint's own tokenizer, as vLLM reads it; the model's where the checkpoint ships none
+        has_tok = not self.setup.checkpoint or not Path(path).is_dir() or any(
+            (Path(path) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+        self.tok = AutoTokenizer.from_pretrained(path if has_tok else spec.path,
+                                                 **(kw if has_tok else kw | {"revision": spec.revision}))
         load = hf_quant.load_kwargs(self.setup, dtype, self.device)  # bitsandbytes quantizes while loading
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw, **load)
         if not load:  # a bitsandbytes model is placed by device_map and refuses .to()
