@@ -158,7 +158,7 @@ def quantize(
         help="comma-separated setups to quantize (default: all that need it)")] = None,
     force: Annotated[bool, typer.Option(help="remake checkpoints that are already cached")] = False,
 ) -> None:
-    """Make the quantized checkpoints CONFIG's vllm setups serve (llm-compressor, in .venv-quant)."""
+    """Make the checkpoints CONFIG's w8a8 / w4a8 / gptq / awq setups serve, on vllm or hf (llm-compressor)."""
     from qeval.config import load_config
     from qeval.quantize.pipeline import QuantizeFailed
     from qeval.quantize.pipeline import quantize as quantize_all

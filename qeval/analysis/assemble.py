@@ -240,4 +240,14 @@ def _setup_entry(pre: Preflight, store: RunStore, setup: Setup, outcome: Outcome
                        spec=setup.model_dump(mode="json") | {"id": setup.id}, memory=memory, tasks=scores,
                        library_versions=outcome.library_versions,
                        quantization=outcome.quantization, timings=outcome.timings,
-                       performance=perf, flags=perf_flags)
+                       performance=perf, flags=perf_flags + checkpoint_flags(outcome.quantization))
+
+
+def checkpoint_flags(quantization: dict[str, Any]) -> list[str]:
+    """A pre-quantized checkpoint the engine decompressed to a floating dtype on load (transformers
+    does for compressed-tensors on CPU): scored as the checkpoint, but not resident as one."""
+    dtype = quantization.get("decompressed_to")
+    if not dtype:
+        return []
+    return [f"checkpoint_decompressed: the engine decompressed the checkpoint to {dtype} on load: its quality is "
+            "the checkpoint's, its memory is not (weights_bytes is what is resident)"]

@@ -14,6 +14,7 @@ from qeval.analysis.stats import (
     PairedComparison,
     average_difference_ci,
     paired_accuracy,
+    paired_clustered,
     paired_mean,
     paired_ratio,
     samples_to_decide,
@@ -28,7 +29,8 @@ from qeval.results.metrics import metric as describe
 from qeval.results.schema import Comparison, KLDistribution, SuiteScore
 
 #: the per-sample field each comparable metric of qeval's own tasks is paired on
-_PAIRED_FIELD = {"acc": "correct", "acc_norm": "correct_norm", "exact_match": "correct"}
+_PAIRED_FIELD = {"acc": "correct", "acc_norm": "correct_norm", "exact_match": "correct",
+                 "pass_at_k": "pass_at_k", "maj_at_k": "maj_at_k"}
 
 
 def pick_compared_metric(output_type: str, metrics: list[str]) -> str:
@@ -49,6 +51,9 @@ class Paired:
     base: np.ndarray
     other: np.ndarray
     den: np.ndarray | None = None
+    #: a sampled task's [documents, repeats] values a side (base, other: their means over repeats):
+    #: compared clustered by document (stats.paired_clustered)
+    repeats: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def binary(self) -> bool:
@@ -66,7 +71,12 @@ class Paired:
         dens = [p.den for p in parts if p.den is not None]
         base = np.concatenate([p.base for p in parts])
         other = np.concatenate([p.other for p in parts])
-        return Paired(parts[0].metric, base, other, np.concatenate(dens) if len(dens) == len(parts) else None)
+        # repeats pool only where every part has the same number (a cluster is a document either way)
+        reps = [p.repeats for p in parts if p.repeats is not None]
+        same = len(reps) == len(parts) and len({r[0].shape[1] for r in reps}) == 1
+        pooled = (np.concatenate([r[0] for r in reps]), np.concatenate([r[1] for r in reps])) if same else None
+        return Paired(parts[0].metric, base, other, np.concatenate(dens) if len(dens) == len(parts) else None,
+                      pooled)
 
 
 def paired(store: RunStore, base: str, other: str, task: str, metric: str) -> Paired | None:
@@ -88,8 +98,13 @@ def paired_records(base: list[dict[str, Any]], other: list[dict[str, Any]], metr
         bits = np.log(2)
         return Paired(metric, np.array([b[i]["nll"] for i in ids]) / bits, np.array([o[i]["nll"] for i in ids]) / bits,
                       np.array([b[i]["n_bytes"] for i in ids], dtype=float))
+    repeats = None
+    if metric == "exact_match" and all("repeats" in b[i] and "repeats" in o[i] for i in ids):
+        rb = np.array([[r["correct"] for r in b[i]["repeats"]] for i in ids], dtype=float)
+        ro = np.array([[r["correct"] for r in o[i]["repeats"]] for i in ids], dtype=float)
+        repeats = (rb, ro) if rb.ndim == 2 and rb.shape == ro.shape else None
     return Paired(metric, np.array([_value(b[i], metric) for i in ids], dtype=float),
-                  np.array([_value(o[i], metric) for i in ids], dtype=float))
+                  np.array([_value(o[i], metric) for i in ids], dtype=float), repeats=repeats)
 
 
 def document_values(records: list[dict[str, Any]], metric: str) -> tuple[np.ndarray, np.ndarray | None]:
@@ -113,7 +128,10 @@ def compare(data: Paired, task: str, seed: int, gates: list[Gate],
             higher_is_better: bool | None = None) -> Comparison:
     """The comparison of one task (or group) from its paired values, with its gate's verdict."""
     desc = describe(data.metric, higher_is_better)
-    if data.den is not None:
+    if data.repeats is not None:  # sampled: paired by document, clustered over its repeats
+        cmp = paired_clustered(*data.repeats, data.metric, seed)
+        method = "t_clustered"
+    elif data.den is not None:
         cmp = paired_ratio(data.base, data.other, data.den, data.metric, seed)
         method = "t"
     elif data.binary:
@@ -126,6 +144,7 @@ def compare(data: Paired, task: str, seed: int, gates: list[Gate],
     out = Comparison(metric=data.metric, higher_is_better=desc.higher_is_better, delta=cmp.delta, ci=cmp.ci,
                      ci_method=method, p_value=cmp.p_value, flips_to_wrong=cmp.flips_to_wrong,
                      flips_to_right=cmp.flips_to_right, n=cmp.n,
+                     repeats=None if data.repeats is None else int(data.repeats[0].shape[1]),
                      recovery=data.other_value() / base_value if desc.higher_is_better and base_value > 0 else None)
     gate = next((g for g in gates if g.task == task), None) or next((g for g in gates if g.task == "all"), None)
     if gate is not None:

@@ -138,6 +138,24 @@ def paired_mean(base: np.ndarray, other: np.ndarray, metric: str, seed: int) -> 
     return PairedComparison(metric, mean, t_interval(mean, sd, n), p, None, None, n, lambda m: t_interval(mean, sd, m))
 
 
+def paired_clustered(base: np.ndarray, other: np.ndarray, metric: str, seed: int) -> PairedComparison:
+    """Difference of a sampled task's score, [n documents, k repeats] a side, paired by document
+    and clustered over the repeats: the k draws of one document share its difficulty, so they are
+    not k independent samples. The cluster-robust (Liang-Zeger) standard error of the mean over
+    n equal clusters is that of the n documents' mean differences over their repeats: a t-interval
+    with n - 1 degrees of freedom on those means, and a Wilcoxon test on them (paired_mean).
+    With independent repeats it equals `naive_interval` (k x n independent differences); with
+    correlated ones (the usual case) it is wider, as it must be. `seed` is unused."""
+    return paired_mean(base.mean(1), other.mean(1), metric, seed)
+
+
+def naive_interval(base: np.ndarray, other: np.ndarray, level: float = 0.95) -> Interval:
+    """The interval that treats a sampled task's k x n (document, repeat) differences as
+    independent: what `paired_clustered` is not, kept to show (and test) the difference."""
+    d = (other.astype(float) - base.astype(float)).ravel()
+    return t_interval(float(d.mean()), float(np.std(d, ddof=1)), len(d), level)
+
+
 def t_interval(mean: float, sd: float, n: float, level: float = 0.95) -> Interval:
     """Student's t-interval of a mean from n >= 2 paired differences with standard deviation sd
     (n fractional allowed: `samples_to_decide` asks it at other sizes)."""

@@ -35,7 +35,8 @@ class BackendEntry:
     validate_model: Callable[[Setup, dict[str, Any]], None] = lambda setup, config: None
     #: resume-key parts of this backend beyond the common ones (settings that change its numbers)
     key_parts: Callable[[RunConfig], dict[str, str]] = lambda cfg: {}
-    #: whether quantized setups are served from `qeval quantize` checkpoints (else quantized on load)
+    #: whether setups of the `qeval quantize` methods (w8a8, w4a8, gptq, awq) are served from its
+    #: checkpoints (both backends: vLLM's kernels, transformers' compressed-tensors quantizer)
     serves_checkpoints: bool = False
     #: how the engine spreads one setup over several devices: None (one device, or qeval's own
     #: worker drives them: "mp"), or "ray" (the engine places its own workers on the cluster)
@@ -99,7 +100,7 @@ def _vllm_distributed(cfg: RunConfig) -> str | None:
 
 REGISTRY: dict[str, BackendEntry] = {
     "hf": BackendEntry("hf", _hf_validate, lambda cfg: None, lambda cfg: sys.executable, _hf_create,
-                       _hf_validate_model),
+                       _hf_validate_model, serves_checkpoints=True),
     "vllm": BackendEntry("vllm", _vllm_validate, _vllm_check_install, _vllm_python, _vllm_create,
                          key_parts=_vllm_key_parts, serves_checkpoints=True, distributed=_vllm_distributed),
 }

@@ -45,10 +45,25 @@ class LoglikelihoodResult:
 
 
 @dataclass(frozen=True)
+class Sampling:
+    """Sampled decoding of one request: temperature > 0, nucleus `top_p` (1: off), `top_k`
+    (0: off), and the seed of this request's own random stream (vLLM: SamplingParams(seed=);
+    transformers: a torch.Generator per row), so the same seed gives the same text on the
+    same engine whatever else shares the batch (docs/tasks.md, "Sampled generation")."""
+
+    temperature: float
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
 class GenerateRequest:
     context: str
     until: tuple[str, ...]
     max_gen_toks: int
+    #: None: greedy (lm-eval's default, do_sample false)
+    sampling: Sampling | None = None
 
 
 class Generation(str):

@@ -27,7 +27,7 @@ class Calibration(Strict):
 
 
 class QuantizeSpec(Strict):
-    """How `qeval quantize` makes the checkpoints the vllm backend serves (llm-compressor)."""
+    """How `qeval quantize` makes the checkpoints the vllm and hf backends serve (llm-compressor)."""
 
     calibration: Calibration = Calibration()
     num_samples: int = Field(default=256, gt=0)

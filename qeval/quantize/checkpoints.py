@@ -50,7 +50,7 @@ SCHEMES: dict[str, Scheme] = {
 
 
 def needs_checkpoint(setup: Setup) -> bool:
-    """Setups the vllm backend serves from a quantized checkpoint folder."""
+    """Setups served from a `qeval quantize` checkpoint folder (vllm and hf backends)."""
     return setup.weights in ("int8", "int4") and setup.method in SCHEMES
 
 
@@ -160,7 +160,7 @@ def checkpoint_dir(cfg: RunConfig, setup: Setup, model_sha256: str, calibration_
 
 
 def resolve_checkpoints(cfg: RunConfig, model_sha256: str, names: set[str]) -> RunConfig:
-    """`cfg` with each vllm setup in `names` that serves a quantized checkpoint, and names
+    """`cfg` with each setup in `names` that serves a quantized checkpoint, and names
     none, pointed at the folder `qeval quantize` made for it. One line if it is missing."""
     wanted = [s for s in cfg.setups if s.name in names and needs_checkpoint(s) and not s.checkpoint]
     if not backend_entry(cfg.backend).serves_checkpoints or not wanted:

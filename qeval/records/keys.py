@@ -55,6 +55,8 @@ def setup_keys(pre: Preflight, setup: Setup) -> SetupKeys:
              "batch_size": str(cfg.batch_size),
              "generation_batch_size": str(cfg.generation_batch_size or 4 * cfg.batch_size)}
     parts |= pre.backend_key_parts  # the backend's own (vLLM: its engine settings)
+    if setup.name in pre.checkpoint_sha256:  # only checkpoint setups: every other key stays as it was
+        parts["checkpoint_sha256"] = pre.checkpoint_sha256[setup.name]
     return SetupKeys(parts, {t.name: parts | {"task": t.fingerprint} | _chat_part(t) for t in pre.tasks})
 
 

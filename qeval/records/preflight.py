@@ -84,6 +84,9 @@ class Preflight:
     model_dir: Path | None = None
     #: resume-key parts the backend adds (backends/__init__.py `BackendEntry.key_parts`)
     backend_key_parts: dict[str, str] = field(default_factory=dict)
+    #: setup -> the content checksum of the checkpoint it serves (`checkpoint:`, or the folder
+    #: `qeval quantize` made): a checkpoint remade at the same path is not served from stale results
+    checkpoint_sha256: dict[str, str] = field(default_factory=dict)
 
     @property
     def entries(self) -> list[str]:

@@ -161,9 +161,10 @@ def _ci_legend(results: Results) -> str:
     """How the intervals in this results file were computed (runs before ci_method was recorded
     used a paired bootstrap throughout)."""
     methods = {c.ci_method for s in results.setups for c in s.vs_baseline.values()}
-    if "t" in methods:
+    sampled = (", clustered by document over the repeats of sampled tasks" if "t_clustered" in methods else "")
+    if "t" in methods or "t_clustered" in methods:
         return ("a 95% CI (Newcombe's paired score interval for accuracies, a t-interval on the paired differences "
-                "for bits per byte and other scores)")
+                f"for bits per byte and other scores{sampled})")
     if "newcombe" in methods:
         return "a 95% CI (Newcombe's paired score interval for accuracies, a paired bootstrap for bits per byte)"
     return "a paired-bootstrap 95% CI"
@@ -239,6 +240,10 @@ def _gate_table(results: Results) -> list[str]:
 def _notes(results: Results) -> list[str]:
     notes = []
     for s in results.setups:
+        described = s.quantization.get("description")
+        if described:  # a pre-quantized checkpoint, described from its own quantization_config
+            notes.append(f"**{md_text(s.name)}** serves checkpoint {md_text(str(s.quantization.get('checkpoint')))}: "
+                         f"{md_text(described)}")
         for flag in s.flags:
             notes.append(f"**{md_text(s.name)}**: {md_text(flag)}")
         for t, c in s.vs_baseline.items():

@@ -53,6 +53,8 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     Metric("acc", True, True, "%"),
     Metric("acc_norm", True, True, "%"),
     Metric("exact_match", True, True, "%"),
+    Metric("pass_at_k", True, True, "%"),
+    Metric("maj_at_k", True, True, "%"),
     Metric("bits_per_byte", False, False, "bits/byte"),
     Metric("token_perplexity", False, False, "perplexity", 3),
     Metric("byte_perplexity", False, False, "perplexity", 4),
@@ -67,6 +69,9 @@ KIND_METRICS: dict[str, tuple[str, ...]] = {
     "generate_until": ("exact_match",),
     "loglikelihood_rolling": ("bits_per_byte", "token_perplexity"),
 }
+#: what a sampled task (`repeats: k`) may list beside them: any of its k repeats right (pass@k),
+#: its majority answer right (maj@k); not in a default metric_list
+SAMPLED_METRICS: dict[str, tuple[str, ...]] = {"generate_until": ("pass_at_k", "maj_at_k")}
 
 
 def metric(name: str, higher_is_better: bool | None = None) -> Metric:
@@ -92,8 +97,9 @@ def select_metrics(task: str, output_type: str, metric_list: list[dict[str, obje
     names = []
     for entry in metric_list:
         name = entry.get("metric") if isinstance(entry, dict) else None
-        if not isinstance(name, str) or name not in KIND_METRICS[output_type]:
+        offered = KIND_METRICS[output_type] + SAMPLED_METRICS.get(output_type, ())
+        if not isinstance(name, str) or name not in offered:
             raise UserError(f"task {task}: metric {name!r} is not one qeval computes for {output_type} tasks "
-                            f"({', '.join(KIND_METRICS[output_type])})")
+                            f"({', '.join(offered)})")
         names.append(name)
     return names

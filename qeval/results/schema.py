@@ -140,12 +140,15 @@ class Comparison(ResultModel):
     higher_is_better: bool
     delta: float = Field(description="setup minus baseline, in the metric's units")
     ci: tuple[float, float] = Field(description="95% confidence interval of delta")
-    ci_method: Literal["newcombe", "t", "bootstrap"] | None = Field(
+    ci_method: Literal["newcombe", "t", "t_clustered", "bootstrap"] | None = Field(
         None, description="newcombe: Newcombe's paired score interval (accuracies); t: Student's t-interval on the "
                           "paired per-document differences (bits per byte, linearised as a ratio; other scores); "
+                          "t_clustered: a sampled task's, paired by document and clustered over its repeats "
+                          "(the t-interval on the documents' mean differences over repeats); "
                           "bootstrap: paired percentile bootstrap over documents (results written before the "
                           "t-interval); null in results written before it was recorded (bootstrap)")
     p_value: float | None = Field(None, description="McNemar's exact test (accuracies) or Wilcoxon (perplexity)")
+    repeats: int | None = Field(None, description="sampled repeats per document (null: one, greedy)")
     p_adjusted: float | None = Field(None, description="Benjamini-Hochberg adjusted across the setup's tasks")
     flips_to_wrong: int | None = Field(None, description="documents right under the baseline, wrong here")
     flips_to_right: int | None = Field(None, description="documents wrong under the baseline, right here")
@@ -322,18 +325,32 @@ class Results(ResultModel):
         return next((s for s in self.setups if s.baseline), None)
 
 
+class SampledRepeat(ResultModel):
+    """One repeat of one document of a sampled generation task."""
+
+    seed: int = Field(description="the seed of this repeat's random stream")
+    raw_output: str
+    prediction: str
+    correct: bool
+
+
 class SampleRecord(ResultModel):
     """One line of RUN_DIR/samples/<setup>/<task>.jsonl: one document's outcome."""
 
     sample_id: str = Field(description="the document's id (unique within the task)")
     target: Any = Field(None, description="the gold answer")
     prediction: Any = Field(None, description="what the setup answered")
-    correct: bool | None = Field(None, description="null for perplexity tasks")
+    correct: bool | float | None = Field(None, description="null for perplexity tasks; a sampled task's share of "
+                                                           "its repeats that are right")
     loglikelihoods: list[float] | None = Field(None, description="per choice, multiple choice only")
     nll: float | None = Field(None, description="negative log-likelihood of the gold continuation or the text")
     n_tokens: int | None = None
     generated_tokens: int | None = Field(None, description="generation tasks: tokens generated for this document "
                                                            "(`raw_output`, a reasoning block included)")
+    repeats: list[SampledRepeat] | None = Field(None, description="a sampled task's repeats (null: greedy); "
+                                                                  "`prediction` is then their majority answer")
+    pass_at_k: bool | None = Field(None, description="a sampled task: any of its repeats right")
+    maj_at_k: bool | None = Field(None, description="a sampled task: its majority answer right")
 
 
 def read_results(path: Path) -> Results:

@@ -23,6 +23,7 @@ from qeval.backends.base import (
 from qeval.config.chat import strip_thinking
 from qeval.tasks import Task
 from qeval.tasks.long_context.buckets import bucket_sums
+from qeval.tasks.sampling import repeat_sampling
 
 
 @dataclass
@@ -40,6 +41,8 @@ class TaskResult:
 def n_requests(task: Task) -> int:
     if task.spec.output_type == "multiple_choice":
         return sum(len(task.choices(d)) for d in task.docs)
+    if task.spec.output_type == "generate_until":
+        return len(task.docs) * getattr(task.spec, "repeats", 1)
     return len(task.docs)
 
 
@@ -103,21 +106,52 @@ def _extract(text: str, pattern: str | None) -> str:
 
 
 def _generate(backend: Backend, task: Task, progress: Progress) -> TaskResult:
+    """Greedy, or sampled `repeats` times a document with one seed per repeat (qeval/tasks/sampling.py):
+    one record per document, its `correct` the mean over its repeats, each repeat kept."""
     g = task.spec.generation_kwargs
     prompts = [task.prompt(d) for d in task.docs]
-    reqs = [GenerateRequest(p, tuple(g.until), g.max_gen_toks) for p in prompts]
+    plans = repeat_sampling(task.spec, getattr(task, "model_card", {}))
+    reqs = [GenerateRequest(p, tuple(g.until), g.max_gen_toks, s) for s in plans for p in prompts]
     outputs = backend.generate(reqs, progress)
-    records, em = [], []
-    for i, (doc, out) in enumerate(zip(task.docs, outputs, strict=True)):
+    n = len(task.docs)
+    records, em, passed, majority = [], [], [], []
+    for i, doc in enumerate(task.docs):
         target = str(task.target(doc)).strip()
-        response = strip_thinking(out, task.think_end_token)  # the reasoning block is not the answer
-        pred = _extract(response, task.spec.answer_regex)
-        em.append(pred == target)
-        records.append(_base_record(task, i, doc, prompts[i]) | {
-            "target": target, "prediction": pred, "raw_output": str(out), "correct": pred == target,
-            "loglikelihoods": None, "nll": None, "n_tokens": None, "generated_tokens": generated_tokens(out),
-        } | ({"response": response} if response != out else {}))
-    return TaskResult(records, {"exact_match": _mean_se(em)})
+        outs = [outputs[r * n + i] for r in range(len(plans))]
+        responses = [strip_thinking(out, task.think_end_token) for out in outs]  # the reasoning block is not the answer
+        preds = [_extract(r, task.spec.answer_regex) for r in responses]
+        hits = [p == target for p in preds]
+        voted = _majority(preds)
+        lengths = [generated_tokens(out) for out in outs]
+        record = _base_record(task, i, doc, prompts[i]) | {
+            "target": target, "prediction": preds[0] if len(plans) == 1 else voted, "raw_output": str(outs[0]),
+            "correct": hits[0] if len(plans) == 1 else float(np.mean(hits)),
+            "loglikelihoods": None, "nll": None, "n_tokens": None,
+            # sampled: the mean over repeats, rounded (the report averages it over documents)
+            "generated_tokens": None if None in lengths else round(float(np.mean(lengths))),  # type: ignore[arg-type]
+        } | ({"response": responses[0]} if responses[0] != outs[0] else {})
+        if plans[0] is not None:  # sampled: every repeat, its seed, and pass@k / maj@k over them
+            record |= {"repeats": [{"seed": s.seed, "raw_output": str(o), "prediction": p, "correct": h}
+                                   for s, o, p, h in zip(plans, outs, preds, hits, strict=True) if s is not None],
+                       "pass_at_k": any(hits), "maj_at_k": voted == target}
+        em.append(float(np.mean(hits)))
+        passed.append(any(hits))
+        majority.append(voted == target)
+        records.append(record)
+    metrics = {"exact_match": _mean_se(em)}
+    if plans[0] is not None:
+        # the mean over repeats' standard error is over documents (clustered): k draws of one
+        # document are not k independent samples (docs/statistics.md)
+        metrics |= {"pass_at_k": _mean_se(passed), "maj_at_k": _mean_se(majority)}
+    return TaskResult(records, metrics)
+
+
+def _majority(preds: list[str]) -> str:
+    """The most frequent answer; a tie goes to the one drawn first (stable across runs)."""
+    counts: dict[str, int] = {}
+    for p in preds:
+        counts[p] = counts.get(p, 0) + 1
+    return max(counts, key=lambda p: (counts[p], -preds.index(p)))
 
 
 def _rolling(backend: Backend, task: Task, progress: Progress, reference: dict[str, np.ndarray] | None) -> TaskResult:

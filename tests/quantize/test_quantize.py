@@ -175,6 +175,32 @@ def test_gptq_w4a16_with_another_group_size_from_a_dataset(tmp_path: Path) -> No
     assert group["input_activations"] is None and qc["format"] == "pack-quantized"
     record = json.loads((folder / RECORD).read_text())
     assert record["calibration"]["dataset"] == str(data) and record["calibration"]["texts"] == 64
+    _served_on_hf(tmp_path, folder)
+
+
+def _served_on_hf(tmp_path: Path, folder: Path) -> None:
+    """The packed W4A16 checkpoint as a `checkpoint:` setup on the hf backend, in process
+    (transformers' compressed-tensors quantizer; the whole-run path is in test_vllm_backend.py):
+    described from its quantization_config, decompressed on load on CPU, scoring close to the
+    16-bit model and not equal to it."""
+    from conftest import make_config
+
+    from qeval.backends.base import LoglikelihoodRequest
+    from qeval.backends.hf.backend import HFBackend
+    from qeval.config.setups import Setup
+
+    cfg = load_config(make_config(tmp_path, filename="hf.yaml", model={"dtype": "float32"}))
+    reqs = [LoglikelihoodRequest(f"{a} + {b} =", f" {a + b}") for a, b in [(12, 34), (40, 2), (7, 68), (55, 23)]]
+    scores = {}
+    for setup in (Setup(name="bf16", baseline=True), Setup(name="w4a16", checkpoint=str(folder))):
+        backend = HFBackend(cfg, setup, "cpu")
+        backend.load()
+        scores[setup.name] = [r.logprob for r in backend.loglikelihood(reqs, lambda n: None)]
+        info = backend.quant_info
+    assert "weights int4 sym per group of 64 (static), activations 16-bit" in info["description"]
+    assert info["checkpoint_config"]["format"] == "pack-quantized" and info["decompressed_to"] == "float32"
+    diffs = [abs(a - b) for a, b in zip(scores["bf16"], scores["w4a16"], strict=True)]
+    assert 0 < max(diffs) < 1.0, diffs  # quantized (not the 16-bit weights), not broken
 
 
 def test_quant_python_is_found_by_make_quant() -> None:

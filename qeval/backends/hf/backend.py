@@ -37,6 +37,7 @@ from qeval.backends.base import (
 )
 from qeval.backends.hf import chunked, kv_cache
 from qeval.backends.hf import quant as hf_quant
+from qeval.backends.hf import sampling as hf_sampling
 from qeval.backends.tokens import conventions, encode_pair, generation_context, memoized, rolling_windows, truncate
 from qeval.config import RunConfig
 from qeval.config.setups import Setup
@@ -76,15 +77,28 @@ class HFBackend:
         dtype = _DTYPES[spec.dtype if self.setup.weights in (None, "int8", "int4") else _weights_dtype(self.setup)]
         kw: dict[str, Any] = {"trust_remote_code": spec.trust_remote_code, "revision": spec.revision}
         path = spec.path
+        if self.setup.checkpoint:  # pre-quantized: transformers' quantizer for its quant_method loads it
+            path, kw["revision"] = self.setup.checkpoint, None
         if is_gguf(path):  # dequantized on load into `dtype`: the GGUF's own precision is the baseline's
             path, kw["gguf_file"] = self._gguf_alone(Path(path)), Path(path).name
-        self.tok = AutoTokenizer.from_pretrained(path, **kw)
+        # a checkpoint's own tokenizer, as vLLM reads it; the model's where the checkpoint ships none
+        has_tok = not self.setup.checkpoint or not Path(path).is_dir() or any(
+            (Path(path) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+        self.tok = AutoTokenizer.from_pretrained(path if has_tok else spec.path,
+                                                 **(kw if has_tok else kw | {"revision": spec.revision}))
         load = hf_quant.load_kwargs(self.setup, dtype, self.device)  # bitsandbytes quantizes while loading
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw, **load)
         if not load:  # a bitsandbytes model is placed by device_map and refuses .to()
             self.model.to(self.device)
         self.model.eval().requires_grad_(False)  # scoring never needs gradients
-        self._quant_info = hf_quant.quantize_weights(self.model, self.setup)
+        if self.setup.checkpoint:
+            # one forward first: compressed-tensors decompresses on it, and the ledger must see
+            # the layers as they are resident while scoring, not as they were read from disk
+            with torch.no_grad():
+                self.model(input_ids=torch.tensor([[self.tok.bos_token_id or 0]], device=self.device))
+            self._quant_info = hf_quant.checkpoint_info(self.model, self.setup.checkpoint)
+        else:
+            self._quant_info = hf_quant.quantize_weights(self.model, self.setup)
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
         self.conv = conventions(self.tok)
@@ -290,7 +304,8 @@ class HFBackend:
     # -- generation --------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, requests: list[GenerateRequest], progress: Progress) -> list[str]:
-        """Greedy generation until a stop string or max_gen_toks, batched with left padding.
+        """Generation until a stop string or max_gen_toks, batched with left padding: greedy, or
+        sampled where a request carries `sampling` (its own seeded stream: hf/sampling.py).
 
         Rows are decoded `generation_batch_size` at a time (default 4 x batch_size): a decode
         step reads every weight once whatever the rows, so more rows per step cost little and
@@ -300,6 +315,9 @@ class HFBackend:
         for i, r in enumerate(requests):  # long prompts: one at a time, chunked prefill (hf/chunked.py)
             ctx = generation_context(encoded[i], self.max_length, r.max_gen_toks)
             if len(ctx) > self.chunk:
+                if r.sampling is not None:
+                    raise ValueError(f"sampled generation of a {len(ctx)}-token prompt: prompts past the chunked "
+                                     f"path's {self.chunk} tokens are decoded greedily only on transformers")
                 tokens = chunked.greedy_chunked(self.model, self.setup, ctx, r.max_gen_toks, self.chunk, self.device,
                                                 lambda g, t, r=r: self._stops(g, t, r))  # type: ignore[misc]
                 out[i] = Generation(_cut(self.tok.decode(tokens, skip_special_tokens=True), r.until), len(tokens))
@@ -330,13 +348,14 @@ class HFBackend:
         done = [False] * len(ctxs)
         rows = list(range(len(ctxs)))  # the original row of each batch row
         step = None if fresh else torch.tensor([[c[-1]] for c in ctxs])
+        streams = [hf_sampling.generator(r.sampling) for r in reqs]  # one per row, whatever the batch
         for _ in range(max_new):
             if step is not None:
                 mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=mask.dtype)], 1)
                 last = self.model(input_ids=step.to(self.device), attention_mask=mask.to(self.device),
                                   position_ids=pos.to(self.device), past_key_values=cache, use_cache=True).logits[:, -1]
                 pos = pos + 1
-            nxt = last.argmax(-1).cpu()
+            nxt = hf_sampling.next_tokens(last, [reqs[row].sampling for row in rows], [streams[row] for row in rows])
             for b, token in enumerate(nxt.tolist()):
                 row = rows[b]
                 if not done[row]:

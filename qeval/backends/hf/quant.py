@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from qeval.config.setups import Setup
+from qeval.records.checkpoint import checkpoint_config, describe, quantization_config
 
 
 def _version(dist: str) -> str:
@@ -28,6 +29,8 @@ def library_versions(setup: Setup) -> dict[str, str]:
         libs["bitsandbytes"] = _version("bitsandbytes")
     if setup.kv_cache == "int8":
         libs["hqq"] = _version("hqq")
+    if setup.checkpoint or setup.method in ("w8a8", "w4a8", "gptq", "awq"):
+        libs["compressed-tensors"] = _version("compressed-tensors")
     return libs
 
 
@@ -88,3 +91,33 @@ def _torchao_int8(model: Any) -> dict[str, Any]:
 
     quantize_(model.model, Int8WeightOnlyConfig())
     return {"library": f"torchao {_version('torchao')}", "scheme": "int8 weight-only, per-channel"}
+
+
+def decompressed(model: Any) -> str | None:
+    """The floating dtype transformers holds a quantized checkpoint's layers in, or None while
+    they stay quantized. compressed-tensors on transformers 5.23 (dequantize=False) keeps int
+    weights until the first forward pass, then decompresses every layer to the load dtype: a
+    quantized layer carries `quantization_scheme`, and its `weight` turns from int8 (or packed
+    int32 `weight_packed`) into float."""
+    layers = [m for m in model.modules() if getattr(getattr(m, "quantization_scheme", None), "weights", None)]
+    weights = [getattr(m, "weight", None) for m in layers]
+    if layers and not any(hasattr(m, "weight_packed") for m in layers) and all(
+            isinstance(w, torch.Tensor) and w.is_floating_point() for w in weights):
+        return str(weights[0].dtype).removeprefix("torch.")  # type: ignore[union-attr]
+    return None
+
+
+def checkpoint_info(model: Any, checkpoint: str) -> dict[str, Any]:
+    """What the checkpoint is, from its own quantization_config (the report's description of the
+    setup), and the dtype transformers decompressed it to, if it did (assemble flags that)."""
+    qc = quantization_config(checkpoint_config(checkpoint))
+    if qc is None:
+        return {"library": None, "checkpoint": checkpoint, "description": "unquantized checkpoint"}
+    info: dict[str, Any] = describe(qc)
+    method = info["quant_method"]
+    info = {"library": f"transformers {_version('transformers')} ({method})", "checkpoint": checkpoint,
+            "description": info.pop("text"), "checkpoint_config": info}
+    dtype = decompressed(model)
+    if dtype is not None:
+        info["decompressed_to"] = dtype
+    return info

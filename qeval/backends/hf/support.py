@@ -4,6 +4,10 @@ Measured on the development machines (transformers 5.23, torch 2.13 CPU, optimum
 0.2.7): quanto int8/int4 weights and quanto 2/4-bit `QuantizedCache` run on CPU and CUDA;
 torchao int4 weight-only needs CUDA kernels (`mslk`) and fails even on the H200 image we
 tried; transformers' `HqqConfig` is broken in 5.2x, so HQQ is only offered for the KV cache.
+Pre-quantized checkpoints (`checkpoint:`, or the `qeval quantize` methods w8a8 / w4a8 / gptq /
+awq) load through transformers' own quantizer for their `quant_method`; compressed-tensors
+0.19 loads W8A8, W4A8 and W4A16 on CPU and decompresses them to the load dtype at the first
+forward pass (hf/quant.py `checkpoint_info` records and flags that).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Any
 
 from qeval.config.setups import Setup
 from qeval.errors import UserError
+from qeval.records.checkpoint import CUDA_ONLY, PACKAGES, checkpoint_config, quantization_config
 from qeval.records.shape import layer_kinds
 
 #: method -> (package that implements it on transformers, weight precisions it offers)
@@ -28,7 +33,10 @@ KV_BACKENDS: dict[str, tuple[str, str, int]] = {
     "int8": ("hqq", "hqq", 8),
     "fp8": ("fp8", "torch", 8),
 }
-_VLLM_ONLY = {"w8a8", "w4a8", "gptq", "awq", "fp8"}
+_VLLM_ONLY = {"fp8"}
+#: methods served from a `qeval quantize` checkpoint (compressed-tensors, loaded by transformers'
+#: own quantizer: quantize/checkpoints.py fills in `checkpoint` at preflight)
+CHECKPOINT_METHODS = {"w8a8": "int8", "w4a8": "int4", "gptq": "int4", "awq": "int4"}
 
 
 def _installed(module: str) -> bool:
@@ -41,9 +49,15 @@ def _installed(module: str) -> bool:
 def validate(setup: Setup, device: str) -> None:
     """Raise a one-line UserError for a setup the hf backend cannot run on `device`."""
     where = f"setup {setup.name!r} on hf/{device}"
-    if setup.weights == "fp8" or setup.kv_cache == "fp8_e5m2" or setup.checkpoint:
-        raise UserError(f"{where}: fp8 weights, fp8_e5m2 KV and quantized checkpoints are served by the vllm backend")
-    if setup.quantizes_weights:
+    if setup.weights == "fp8" or setup.kv_cache == "fp8_e5m2":
+        raise UserError(f"{where}: fp8 weights and fp8_e5m2 KV are served by the vllm backend")
+    if setup.checkpoint:
+        validate_checkpoint(setup, device)
+    elif setup.quantizes_weights and setup.method in CHECKPOINT_METHODS:
+        if CHECKPOINT_METHODS[setup.method] != setup.weights:
+            raise UserError(f"{where}: method {setup.method!r} does not make {setup.weights} weights")
+        _need_package("compressed-tensors", where)  # every `qeval quantize` checkpoint is in that format
+    elif setup.quantizes_weights:
         if setup.method in _VLLM_ONLY:
             raise UserError(
                 f"{where}: method {setup.method!r} is served by the vllm backend from a checkpoint "
@@ -67,6 +81,34 @@ def validate(setup: Setup, device: str) -> None:
                             "not installed")
     if setup.kv_group_size is not None and not setup.quantizes_kv:
         raise UserError(f"{where}: kv_group_size needs a quantized kv_cache")
+
+
+def _need_package(quant_method: str, where: str) -> None:
+    module, pip = PACKAGES.get(quant_method, (quant_method.replace("-", "_"), quant_method))
+    if not _installed(module):
+        raise UserError(f"{where}: a {quant_method} checkpoint needs the {pip} package on transformers, "
+                        "which is not installed")
+
+
+def validate_checkpoint(setup: Setup, device: str) -> None:
+    """A `checkpoint:` setup on transformers: the checkpoint's own quantization_config decides
+    which quantizer loads it; one line naming the missing package or kernel. A KV cache is
+    quantized by qeval on top as on any setup; `weights:` must not claim a second quantizer."""
+    where = f"setup {setup.name!r} on hf/{device}"
+    assert setup.checkpoint is not None
+    if setup.weights is not None and setup.method not in CHECKPOINT_METHODS:
+        raise UserError(f"{where}: a checkpoint brings its own quantization; drop weights/method "
+                        f"({setup.weights}/{setup.method}) or name a checkpoint method (w8a8, w4a8, gptq, awq)")
+    qc = quantization_config(checkpoint_config(setup.checkpoint))
+    if qc is None:  # a plain 16-bit folder: served as it is (another fine-tune, say)
+        return
+    method = str(qc.get("quant_method", ""))
+    if method not in PACKAGES:
+        raise UserError(f"{where}: checkpoint {setup.checkpoint} has quant_method {method!r}, which qeval does not "
+                        f"serve on transformers (offered: {', '.join(PACKAGES)})")
+    if method in CUDA_ONLY and device != "cuda":
+        raise UserError(f"{where}: a {method} checkpoint needs {CUDA_ONLY[method]} (CUDA); this device is {device}")
+    _need_package(method, where)
 
 
 def attention_layer_types(config: dict[str, Any]) -> list[str]:

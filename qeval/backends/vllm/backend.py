@@ -30,6 +30,7 @@ from qeval.backends.vllm.logs import parse_engine_log, quantized_kernels
 from qeval.backends.vllm.support import engine_args
 from qeval.config import RunConfig
 from qeval.config.setups import Setup
+from qeval.records.checkpoint import checkpoint_config, describe, quantization_config
 
 if TYPE_CHECKING:
     from qeval.backends.workload import Measurement, Workload
@@ -75,6 +76,12 @@ class VLLMBackend:
         """The engine arguments, and the linear kernel the engine chose for each quantized
         scheme it loaded (from its log: evidence the checkpoint really ran quantized)."""
         info: dict[str, Any] = {"engine_args": self._engine_args}
+        if self.setup.checkpoint:  # described from the checkpoint's own quantization_config
+            qc = quantization_config(checkpoint_config(self.setup.checkpoint))
+            if qc is not None:
+                described = describe(qc)
+                info |= {"checkpoint": self.setup.checkpoint, "description": described.pop("text"),
+                         "checkpoint_config": described}
         kernels = quantized_kernels(self._log.text()) if self._log else {}
         if kernels:
             info["engine_kernels"] = kernels
@@ -140,7 +147,12 @@ class VLLMBackend:
         for r in requests:
             ids = generation_context(self.conv.prompt(r.context), self.max_length, r.max_gen_toks)
             prompts.append(TokensPrompt(prompt_token_ids=ids))
-            params.append(SamplingParams(max_tokens=r.max_gen_toks, temperature=0.0, stop=list(r.until)))
+            s = r.sampling
+            if s is None:
+                params.append(SamplingParams(max_tokens=r.max_gen_toks, temperature=0.0, stop=list(r.until)))
+            else:  # a per-request seed: its own generator in the engine, whatever else is scheduled with it
+                params.append(SamplingParams(max_tokens=r.max_gen_toks, temperature=s.temperature, top_p=s.top_p,
+                                             top_k=s.top_k, seed=s.seed, stop=list(r.until)))
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         progress(len(requests))
         return [Generation(o.outputs[0].text, len(o.outputs[0].token_ids)) for o in outs]

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from qeval.tasks.chat import ChatResolver, task_chat
 from qeval.tasks.kinds import Scoring, TaskKind, check_generation_room, score_each
 from qeval.tasks.native.tasks import Task, load_task
+from qeval.tasks.sampling import model_card, task_sampling
 
 if TYPE_CHECKING:
     from qeval.config import RunConfig
@@ -36,11 +37,21 @@ def expand(pre: Preflight, model_config: dict[str, Any]) -> None:
     cfg = pre.cfg
     for task in _load(cfg, cfg.tasks):
         check_generation_room(cfg, task.name, task.output_type, task.spec.generation_kwargs.max_gen_toks)
+        _with_card(cfg, task)  # from_model_card without sampling keys in the card: refused here
         pre.tasks.append(task)
 
 
+def _with_card(cfg: RunConfig, task: Task) -> Task:
+    """The task with the model card's sampling keys, where it samples `from_model_card`."""
+    if task.spec.generation_kwargs.from_model_card:
+        task.model_card = model_card(cfg)
+        task_sampling(task.spec, task.model_card)
+    return task
+
+
 def score(ctx: Scoring, names: list[str]) -> None:
-    score_each(ctx, _load(ctx.cfg, names))
+    cfg = ctx.cfg
+    score_each(ctx, (_with_card(cfg, t) for t in _load(cfg, names)))
 
 
 def fingerprint(cfg: RunConfig, name: str) -> str:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from jinja2.sandbox import SecurityError
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from qeval.errors import UserError
 from qeval.files.jsonl import read_objects
@@ -33,9 +33,27 @@ if TYPE_CHECKING:
 
 OutputType = Literal["multiple_choice", "generate_until", "loglikelihood_rolling"]
 class GenerationKwargs(Strict):
+    """How a generate_until task decodes: greedy (lm-eval's default), or sampled with
+    `do_sample: true` and lm-eval's temperature / top_p / top_k, or the model card's
+    (`from_model_card: true`: those of the model's generation_config.json; a key set here wins)."""
+
     until: list[str] = ["\n"]
     max_gen_toks: int = Field(default=32, gt=0)
-    do_sample: Literal[False] = False
+    do_sample: bool = False
+    temperature: float | None = Field(default=None, gt=0, le=100)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+    from_model_card: bool = False
+
+    @model_validator(mode="after")
+    def _sampling(self) -> GenerationKwargs:
+        knobs = [k for k in ("temperature", "top_p", "top_k") if getattr(self, k) is not None]
+        if not self.do_sample and (knobs or self.from_model_card):
+            raise ValueError(f"generation_kwargs: {(knobs or ['from_model_card'])[0]} needs do_sample: true "
+                             "(greedy decoding ignores it)")
+        if self.do_sample and not self.from_model_card and self.temperature is None:
+            raise ValueError("generation_kwargs: do_sample needs a temperature (or from_model_card: true)")
+        return self
 
 
 class TaskSpec(Strict):
@@ -58,7 +76,32 @@ class TaskSpec(Strict):
     #: regex with one group applied to generations before exact match (lm-eval "filter")
     answer_regex: str | None = None
     metric_list: list[dict[str, Any]] = []
+    #: sampled generation: documents are generated `repeats` times, repeat r with seed seeds[r]
+    #: (default 0..repeats-1); scores are the mean over repeats (docs/tasks.md)
+    repeats: int = Field(default=1, ge=1, le=64)
+    seeds: list[int] | None = None
     metadata: dict[str, Any] = {}
+
+    @model_validator(mode="after")
+    def _repeats(self) -> TaskSpec:
+        sampled = self.generation_kwargs.do_sample
+        if sampled and self.output_type != "generate_until":
+            raise ValueError("generation_kwargs.do_sample applies to generate_until tasks only")
+        if self.repeats > 1 and not sampled:
+            raise ValueError(f"repeats {self.repeats} needs sampling (generation_kwargs.do_sample: true): greedy "
+                             "repeats are identical")
+        if self.seeds is not None and len(self.seeds) != self.repeats:
+            raise ValueError(f"seeds: {len(self.seeds)} given for repeats {self.repeats}")
+        over_repeats = [m.get("metric") for m in self.metric_list if m.get("metric") in ("pass_at_k", "maj_at_k")]
+        if over_repeats and self.repeats < 2:
+            raise ValueError(f"metric {over_repeats[0]} needs repeats of 2 or more (sampled)")
+        if self.seeds is not None and len(set(self.seeds)) != len(self.seeds):
+            raise ValueError("seeds: a seed given twice repeats the same draw")
+        return self
+
+    def repeat_seeds(self) -> list[int]:
+        """The seed of each repeat."""
+        return list(self.seeds) if self.seeds is not None else list(range(self.repeats))
 
 
 @dataclass
@@ -73,6 +116,8 @@ class Task:
     chat: Chat | None = None
     #: a generation task's reasoning block ends here: scored on the text after it (the run's key)
     think_end_token: str | None = None
+    #: the model's sampling keys (generation_config.json) for `from_model_card`; set by the kind
+    model_card: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
