@@ -172,8 +172,8 @@ def _hf_serves_the_same_checkpoints(cfg: Path, vllm_out: Path, vllm: dict[str, A
         assert any(f.startswith("checkpoint_decompressed") for f in hf[name]["flags"]), hf[name]["flags"]
         assert hf[name]["memory"]["weights_bytes"]["measured"] >= hf["bf16"]["memory"]["weights_bytes"]["measured"]
         for task in ("compare_mc", "ppl"):
-            h = {r["sample_id"]: r for r in _samples(out, name, task)}
-            v = {r["sample_id"]: r for r in _samples(vllm_out, name, task)}
+            h = {r["sample_id"]: r for r in _records(out, name, task)}
+            v = {r["sample_id"]: r for r in _records(vllm_out, name, task)}
             assert len(h) == 60 and set(h) <= set(v)
             if task == "compare_mc":  # measured: 100 of 100 choices equal (w4a8: int8 kernel vs fake-quant)
                 agree = np.mean([h[i]["prediction"] == v[i]["prediction"] for i in h])
@@ -183,7 +183,7 @@ def _hf_serves_the_same_checkpoints(cfg: Path, vllm_out: Path, vllm: dict[str, A
                 assert np.median(rel) < 0.01 and rel.max() < 0.05, (name, np.median(rel), rel.max())
 
 
-def _samples(run: Path, setup: str, task: str) -> list[dict[str, Any]]:
+def _records(run: Path, setup: str, task: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run / "samples" / setup / f"{task}.jsonl").read_text().splitlines()]
 
 
