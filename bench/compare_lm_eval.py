@@ -99,6 +99,10 @@ def run_lm_eval(lm: Any, task: str, args: argparse.Namespace, folder: Path) -> t
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
+    # qeval's lm-eval session sets TQDM_DISABLE in this process; lm-eval's vllm model (batch_size
+    # "auto") asks vLLM for a progress bar, and vLLM 0.32 divides by a disabled bar's elapsed time 0
+    # (ZeroDivisionError in LLM._run_engine). lm-eval runs as it does on its own: bars on.
+    os.environ.pop("TQDM_DISABLE", None)
     t0 = time.perf_counter()
     out = simple_evaluate(model=lm, tasks=[task], task_manager=TaskManager(include_defaults=False,
                                                                             include_path=str(folder)),
