@@ -195,8 +195,8 @@ class HFBackend:
         first = [_span(F.log_softmax(last[r].float(), -1)[None], cont[:1], None if ref is None else ref[:1])
                  for (r, (_, cont)), ref in zip(reqs, ref_of, strict=True)] if fresh else []
         second = [k for k, (_, (_, cont)) in enumerate(reqs) if len(cont) > 1 or not fresh]
-        inputs = {k: cont[:-1] if fresh else ctx[-1:] + cont[:-1] for k, (_, (ctx, cont)) in enumerate(reqs)
-                  if k in set(second)}
+        inputs = {k: cont[:-1] if fresh else ctx[-1:] + cont[:-1]
+                  for k, (_, (ctx, cont)) in ((k, reqs[k]) for k in second)}
         # the continuations' lengths vary (HellaSwag's endings: 5 to 40 tokens): one pass over all of
         # them pads each to the longest, which doubled the tokens run; passes over rows of like
         # length, each on a copy of its cache rows, run about what is real. Quantized caches cannot
