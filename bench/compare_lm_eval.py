@@ -65,9 +65,21 @@ def lm_eval_model(args: argparse.Namespace) -> Any:
     finally:
         md.version = real_version
     lm_vllm.version = version  # type: ignore[attr-defined]
-    return lm_vllm.VLLM(pretrained=str(args.model), dtype=args.dtype, max_model_len=args.max_length,
-                        batch_size="auto", seed=1234, gpu_memory_utilization=VLLM_HOST_SHARE, enforce_eager=True,
-                        enable_prefix_caching=False)
+    lm = lm_vllm.VLLM(pretrained=str(args.model), dtype=args.dtype, max_model_len=args.max_length,
+                      batch_size="auto", seed=1234, gpu_memory_utilization=VLLM_HOST_SHARE, enforce_eager=True,
+                      enable_prefix_caching=False)
+    # lm-eval asks vLLM for a progress bar when batch_size is "auto". tqdm reads TQDM_DISABLE once,
+    # at import (tqdm 4.70 `envwrap`), and qeval's lm-eval session sets it in this process; vLLM
+    # 0.32's LLM._run_engine then divides by the disabled bar's elapsed time 0 (ZeroDivisionError).
+    # The bar changes nothing lm-eval scores, so it is turned off at the call.
+    generate = lm.model.generate
+
+    def generate_without_bar(*a: Any, **kw: Any) -> Any:
+        kw["use_tqdm"] = False
+        return generate(*a, **kw)
+
+    lm.model.generate = generate_without_bar
+    return lm
 
 
 def _is_cpu_wheel() -> bool:
@@ -99,10 +111,6 @@ def run_lm_eval(lm: Any, task: str, args: argparse.Namespace, folder: Path) -> t
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    # qeval's lm-eval session sets TQDM_DISABLE in this process; lm-eval's vllm model (batch_size
-    # "auto") asks vLLM for a progress bar, and vLLM 0.32 divides by a disabled bar's elapsed time 0
-    # (ZeroDivisionError in LLM._run_engine). lm-eval runs as it does on its own: bars on.
-    os.environ.pop("TQDM_DISABLE", None)
     t0 = time.perf_counter()
     out = simple_evaluate(model=lm, tasks=[task], task_manager=TaskManager(include_defaults=False,
                                                                             include_path=str(folder)),
