@@ -70,13 +70,18 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check qeval tests bench scripts
 	$(VENV)/bin/mypy
 
+# two pytest workers (pytest-xdist): much of a run is single-threaded Python (imports, engine
+# starts, subprocess runs), so two at a time fill two cores; tests/conftest.py puts every vLLM
+# engine test in one xdist group, so never two engines at once
+TEST_WORKERS ?= 2
+
 ## every test, the slow end-to-end ones included (CI runs exactly this)
 test: lint $(VLLM_STAMP) $(QUANT_STAMP) browser models/smollm2-135m/.prepared tasks/lm_eval_full/.prepared
-	HF_HUB_OFFLINE=1 $(PY) -m pytest
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 ## skip engine starts and full demo runs while developing
 test-fast: lint $(VLLM_STAMP) $(QUANT_STAMP) models/smollm2-135m/.prepared tasks/lm_eval_full/.prepared
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not slow"
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow"
 
 ## qeval against lm-evaluation-harness: speed ratio and per-sample agreement (bench/)
 bench: $(STAMP) models/smollm2-135m/.prepared
