@@ -40,6 +40,9 @@ class Setup(BaseModel):
     kv_residual_length: int = Field(default=1, ge=1)
     #: a quantized checkpoint folder (vllm backend: W8A8 / W4A8 / GPTQ / AWQ from `qeval quantize`)
     checkpoint: str | None = None
+    #: the hub revision (branch, tag or commit) of a hub-id `checkpoint`: pins its contents, as
+    #: `model.revision` pins the model's (a local folder has none)
+    checkpoint_revision: str | None = Field(default=None, min_length=1, max_length=200)
     #: cap the worker's address space (MiB): reproduces an out-of-memory on a smaller device
     memory_limit_mib: int | None = Field(default=None, gt=0)
     #: where the backend cannot run this setup on this device, skip it (reported) instead of
@@ -79,6 +82,8 @@ class Setup(BaseModel):
             raise ValueError(f"setup {self.name}: group_size applies to int4 weights only")
         if not quantized and self.method != "rtn":
             raise ValueError(f"setup {self.name}: method {self.method!r} needs int8 or int4 weights")
+        if self.checkpoint_revision is not None and self.checkpoint is None:
+            raise ValueError(f"setup {self.name}: checkpoint_revision needs a checkpoint (a hub id) to pin")
         if self.keep and not quantized:
             raise ValueError(f"setup {self.name}: keep needs int8 or int4 weights (something to keep layers from)")
         if self.keep and self.method in ("bnb", "torchao"):
@@ -109,4 +114,6 @@ class Setup(BaseModel):
         fields = self.model_dump(exclude={"name", "baseline", "memory_limit_mib", "optional"})
         if not self.keep:  # a setup without keep has the id it had before keep existed
             del fields["keep"]
+        if self.checkpoint_revision is None:  # likewise for a setup that pins no checkpoint revision
+            del fields["checkpoint_revision"]
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]

@@ -68,7 +68,8 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
     pre = Preflight(cfg, device, [], setups, [], source.checksum, shape, skipped, precision=precision,
                     model_dir=source.local_dir if Path(source.path).is_dir() else None,
                     backend_key_parts=backend_entry(cfg.backend).key_parts(cfg),
-                    checkpoint_sha256={s.name: resolve_model(s.checkpoint).checksum for s in setups if s.checkpoint})
+                    checkpoint_sha256={s.name: resolve_model(s.checkpoint, s.checkpoint_revision).checksum
+                                       for s in setups if s.checkpoint})
     for kind in task_kinds():  # each kind's tasks (lm-eval groups expanded, gates at a length resolved)
         kind.expand(pre, source.config)
     pre.run_tasks = _selected(pre, only_tasks)

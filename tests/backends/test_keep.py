@@ -53,8 +53,9 @@ def test_keep_in_id_and_refusals() -> None:
     assert a.id != b.id and a.weights_key() != b.weights_key()
     assert (Setup(name="c", weights="int4", keep=("y", "x", "x")).id
             == Setup(name="d", weights="int4", keep=("x", "y")).id)
-    # a setup without keep keeps the id it had before the field existed (stored results stay valid)
-    old = a.model_dump(exclude={"name", "baseline", "memory_limit_mib", "optional", "keep"})
+    # a setup without keep (or checkpoint_revision) keeps the id it had before those fields
+    # existed (stored results stay valid)
+    old = a.model_dump(exclude={"name", "baseline", "memory_limit_mib", "optional", "keep", "checkpoint_revision"})
     assert a.id == hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()[:16]
     assert b.keeps("model.layers.0.mlp.up_proj") and not b.keeps("model.layers.10.mlp.up_proj")
     for bad in ({"weights": None, "keep": ("x",)}, {"weights": "int4", "method": "bnb", "keep": ("x",)},

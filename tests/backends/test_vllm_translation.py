@@ -143,3 +143,19 @@ def test_gpu_peak_sums_nvml_over_our_processes_only() -> None:
     assert gpu_process_bytes({10, 11, 12}, nvml) == 3 * 2**30 + 2**29
     assert gpu_process_bytes({42}, nvml) is None
     assert calls == ["init", "shutdown"] * 2
+
+
+def test_revisions_pin_the_model_and_a_hub_checkpoint() -> None:
+    """The model's revision reaches vLLM (weights and tokenizer); a hub checkpoint is pinned by
+    its own checkpoint_revision instead; a setup that pins none has the id it had before."""
+    plain = Setup(name="fp16")
+    assert "revision" not in _args(plain)
+    pinned = _args(plain, revision="abc123")
+    assert pinned["revision"] == pinned["tokenizer_revision"] == "abc123"
+    hub = Setup(name="w8a8", checkpoint="org/Model-w8a8", checkpoint_revision="v1.0")
+    args = _args(hub, revision="abc123")
+    assert args["model"] == "org/Model-w8a8" and args["revision"] == args["tokenizer_revision"] == "v1.0"
+    assert Setup(name="x", checkpoint="org/Model-w8a8").id != hub.id
+    assert "checkpoint_revision" not in plain.model_dump(exclude_none=True)
+    with pytest.raises(ValueError, match="checkpoint_revision needs a checkpoint"):
+        Setup(name="bad", checkpoint_revision="v1.0")

@@ -78,7 +78,7 @@ class HFBackend:
         kw: dict[str, Any] = {"trust_remote_code": spec.trust_remote_code, "revision": spec.revision}
         path = spec.path
         if self.setup.checkpoint:  # pre-quantized: transformers' quantizer for its quant_method loads it
-            path, kw["revision"] = self.setup.checkpoint, None
+            path, kw["revision"] = self.setup.checkpoint, self.setup.checkpoint_revision
         if is_gguf(path):  # dequantized on load into `dtype`: the GGUF's own precision is the baseline's
             path, kw["gguf_file"] = self._gguf_alone(Path(path)), Path(path).name
         # a checkpoint's own tokenizer, as vLLM reads it; the model's where the checkpoint ships none
@@ -96,7 +96,8 @@ class HFBackend:
             # the layers as they are resident while scoring, not as they were read from disk
             with torch.no_grad():
                 self.model(input_ids=torch.tensor([[self.tok.bos_token_id or 0]], device=self.device))
-            self._quant_info = hf_quant.checkpoint_info(self.model, self.setup.checkpoint)
+            self._quant_info = hf_quant.checkpoint_info(self.model, self.setup.checkpoint,
+                                                        self.setup.checkpoint_revision)
         else:
             self._quant_info = hf_quant.quantize_weights(self.model, self.setup)
         if self.tok.pad_token_id is None:

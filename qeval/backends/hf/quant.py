@@ -107,10 +107,10 @@ def decompressed(model: Any) -> str | None:
     return None
 
 
-def checkpoint_info(model: Any, checkpoint: str) -> dict[str, Any]:
+def checkpoint_info(model: Any, checkpoint: str, revision: str | None = None) -> dict[str, Any]:
     """What the checkpoint is, from its own quantization_config (the report's description of the
     setup), and the dtype transformers decompressed it to, if it did (assemble flags that)."""
-    qc = quantization_config(checkpoint_config(checkpoint))
+    qc = quantization_config(checkpoint_config(checkpoint, revision))
     if qc is None:
         return {"library": None, "checkpoint": checkpoint, "description": "unquantized checkpoint"}
     info: dict[str, Any] = describe(qc)

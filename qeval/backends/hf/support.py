@@ -99,7 +99,7 @@ def validate_checkpoint(setup: Setup, device: str) -> None:
     if setup.weights is not None and setup.method not in CHECKPOINT_METHODS:
         raise UserError(f"{where}: a checkpoint brings its own quantization; drop weights/method "
                         f"({setup.weights}/{setup.method}) or name a checkpoint method (w8a8, w4a8, gptq, awq)")
-    qc = quantization_config(checkpoint_config(setup.checkpoint))
+    qc = quantization_config(checkpoint_config(setup.checkpoint, setup.checkpoint_revision))
     if qc is None:  # a plain 16-bit folder: served as it is (another fine-tune, say)
         return
     method = str(qc.get("quant_method", ""))

@@ -59,7 +59,7 @@ class VLLMBackend:
                            max_model_len=self.max_length, utilization=utilization, max_num_seqs=e.max_num_seqs,
                            tensor_parallel_size=e.tensor_parallel_size, enforce_eager=e.enforce_eager,
                            seed=self.cfg.seed, trust_remote_code=self.cfg.model.trust_remote_code,
-                           pipeline_parallel_size=e.pipeline_parallel_size)
+                           pipeline_parallel_size=e.pipeline_parallel_size, revision=self.cfg.model.revision)
         self._engine_args = args
         with capture_fds() as log:
             # log stats on for the performance phase: per-request metrics (TTFT, TPOT) exist only then
@@ -77,7 +77,7 @@ class VLLMBackend:
         scheme it loaded (from its log: evidence the checkpoint really ran quantized)."""
         info: dict[str, Any] = {"engine_args": self._engine_args}
         if self.setup.checkpoint:  # described from the checkpoint's own quantization_config
-            qc = quantization_config(checkpoint_config(self.setup.checkpoint))
+            qc = quantization_config(checkpoint_config(self.setup.checkpoint, self.setup.checkpoint_revision))
             if qc is not None:
                 described = describe(qc)
                 info |= {"checkpoint": self.setup.checkpoint, "description": described.pop("text"),

@@ -110,8 +110,10 @@ def distributed_backend(tensor_parallel_size: int, pipeline_parallel_size: int) 
 
 def engine_args(model_path: str, setup: Setup, *, dtype: str, max_model_len: int, utilization: float,
                 max_num_seqs: int | None, tensor_parallel_size: int, enforce_eager: bool, seed: int,
-                trust_remote_code: bool = False, pipeline_parallel_size: int = 1) -> dict[str, Any]:
-    """The keyword arguments for `vllm.LLM` that serve `setup` (see the module table)."""
+                trust_remote_code: bool = False, pipeline_parallel_size: int = 1,
+                revision: str | None = None) -> dict[str, Any]:
+    """The keyword arguments for `vllm.LLM` that serve `setup` (see the module table). `revision`
+    is the model's hub revision; a checkpoint setup is pinned by its own `checkpoint_revision`."""
     args: dict[str, Any] = {
         "model": setup.checkpoint or model_path,
         "dtype": dtype,
@@ -124,6 +126,9 @@ def engine_args(model_path: str, setup: Setup, *, dtype: str, max_model_len: int
         # scoring must not reuse cached prefixes: prompt_logprobs of a cached prefix are not recomputed
         "enable_prefix_caching": False,
     }
+    pinned = setup.checkpoint_revision if setup.checkpoint else revision
+    if pinned is not None:  # the tokenizer is read from the same repository: the same revision
+        args["revision"] = args["tokenizer_revision"] = pinned
     if max_num_seqs is not None:
         args["max_num_seqs"] = max_num_seqs
     if pipeline_parallel_size > 1:
