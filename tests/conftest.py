@@ -254,15 +254,18 @@ def quantized_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path
     return cfg, tmp / "checkpoints", res.stdout + res.stderr
 
 
-#: tests that start a vLLM engine (or make the checkpoints they serve) share one xdist group:
+#: tests that start a vLLM engine or server (or make the checkpoints they serve) share one xdist group:
 #: `make test` runs two pytest workers (pytest-xdist, `--dist loadgroup`), and two engines at once
 #: would each claim their share of host memory for the KV pool and bind their threads to the
 #: same cores. Every other test is grouped by its file, so a module fixture runs once.
 ENGINE_GROUP = "vllm-engines"
+#: node ids naming one of these start an engine or a server (the openai backend launches `vllm serve`)
+ENGINE_WORDS = ("vllm", "openai")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test with its xdist group (see ENGINE_GROUP); harmless without xdist."""
     for item in items:
-        engine = "vllm" in item.nodeid.lower() or "quantized_demo" in getattr(item, "fixturenames", ())
+        node = item.nodeid.lower()
+        engine = any(w in node for w in ENGINE_WORDS) or "quantized_demo" in getattr(item, "fixturenames", ())
         item.add_marker(pytest.mark.xdist_group(ENGINE_GROUP if engine else item.nodeid.split("::")[0]))
