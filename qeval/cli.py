@@ -68,6 +68,7 @@ def run(
     Exit codes: 0 every setup scored; 1 a setup failed; 2 bad input (nothing ran);
     3 under --fail-on-gate, the candidate does not pass every gate; 130 interrupted."""
     from qeval.config import load_config
+    from qeval.run.advice import AdviceFailed
     from qeval.run.runner import RunOptions
     from qeval.run.runner import run as run_all
     from qeval.sweep.config import load_sweep
@@ -90,6 +91,9 @@ def run(
     except UserError as exc:
         _fail(exc)
         return
+    except AdviceFailed as exc:  # the advise: block's process failed: nothing ran after it
+        print(f"qeval: error: {exc}", file=sys.stderr)
+        raise typer.Exit(EXIT_SETUP_FAILED) from None
     except KeyboardInterrupt:
         print("qeval: interrupted; what was stored is kept: rerun the same command to resume", file=sys.stderr)
         raise typer.Exit(EXIT_INTERRUPTED) from None
