@@ -85,7 +85,8 @@ def verification(results: Results, esc: Escape) -> tuple[list[str], list[list[st
     rows = []
     for s in compared_setups(results):
         w = s.memory.weights_bytes
-        kept = "(baseline)" if s.baseline else esc(", ".join(a.search["kept"])) if s.name == a.setup else "-"
+        kept = ("(baseline)" if s.baseline else esc(", ".join(a.search["kept"]) or "nothing") if s.name == a.setup
+                else "-")
         row = [esc(s.name), kept, _bytes(w.predicted), _bytes(w.measured), _kl(advisor.get(s.name)),
                _kl(held.get(s.name))]
         for t in kl_tasks:
