@@ -43,7 +43,7 @@ class AdviceResult(ResultModel):
     budget_basis: str = Field(description="what the budget counts")
     calibration: dict[str, Any] = Field(description="source, documents, tokens, heldout_documents, top_k")
     uniform_kl: float = Field(description="the uniform target's KL on the calibration slice")
-    units: list[AdviceUnit]
+    units: list[AdviceUnit] = Field(description="each unit's sensitivity: the cells, then the unions when measured")
     search: dict[str, Any] = Field(description="method (exact or greedy), allowance_bytes, extra_bytes, kept, "
                                                "predicted_gain_kl, predicted_kl (gains added), measured_calib_kl "
                                                "(the mix measured as a whole on the calibration slice)")
