@@ -109,7 +109,8 @@ def check_advice(pre: Preflight) -> None:
 
 def advice_key(pre: Preflight) -> tuple[str, dict[str, str]]:
     """Everything that changes the advice: the model's content, dtype, device, the target
-    setup, every knob of the block, the calibration text's content, context and batching."""
+    setup, every knob of the block, the calibration text's content, the context and batching,
+    and for a memory budget the context it is counted at."""
     cfg, spec = pre.cfg, pre.cfg.advise
     assert spec is not None
     target = advise_target(cfg, spec)
@@ -121,10 +122,12 @@ def advice_key(pre: Preflight) -> tuple[str, dict[str, str]]:
         calibration = f"task {rolling[0].name} {rolling[0].sha256}" if rolling else "none"
     parts = {"model_sha256": pre.model_sha256, "dtype": cfg.model.dtype, "device": pre.device, "qeval": __version__,
              "target": target.id, "name": spec.setup_name(target.name), "budget": f"{budget.kind} {budget.value!r}",
-             "context_len": str(cfg.budget.context_len), "calibration": calibration,
+             "calibration": calibration,
              "calib_docs": str(spec.calib_docs), "heldout_docs": str(spec.heldout_docs),
              "random_draws": str(spec.random_draws), "seed": str(spec.seed), "unions": str(spec.unions),
              "max_context": str(cfg.model.max_context), "batch_size": str(cfg.batch_size)}
+    if budget.kind == "bytes":  # memory at the target context: the context sizes the KV cache counted
+        parts["context_len"] = str(cfg.budget.context_len)
     return key_of(parts), parts
 
 

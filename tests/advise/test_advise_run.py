@@ -58,16 +58,19 @@ def test_no_uniform_setup_to_advise_on(tmp_path: Path) -> None:
 
 def test_advice_key_follows_its_inputs(tmp_path: Path) -> None:
     """A changed budget, slice or seed is another key (the advice is recomputed); the same block
-    is the same key (reused); the deployment budget's context counts for a bytes budget only as a
-    part of the key, so it is in the parts."""
-    def key(**change: Any) -> str:
-        return advice_key(preflight(load_config(_config(tmp_path, ADVISE | change))))[0]
+    is the same key (reused); the deployment context counts for a memory budget only."""
+    def key(budget_block: dict[str, Any] | None = None, **change: Any) -> str:
+        path = _config(tmp_path, ADVISE | change, **({"budget": budget_block} if budget_block else {}))
+        return advice_key(preflight(load_config(path)))[0]
 
     same = key()
     assert key() == same
     assert {key(budget="5.5bpw"), key(calib_docs=4), key(seed=1), key(unions=True), key(name="mix")}.isdisjoint(
         {same})
     assert len({key(budget="5.5bpw"), key(budget="5.50bpw")}) == 1  # the budget as read, not as written
+    assert key({"context_len": 512}) == same  # bits per weight: no context in it
+    mib = key(budget="12MiB")
+    assert key({"context_len": 512}, budget="12MiB") != mib and key(budget="12288KiB") == mib
 
 
 @pytest.fixture(scope="module")
