@@ -122,3 +122,18 @@ def test_rerun_reuses_the_stored_advice(advised_run: tuple[Path, Path, dict[str,
     assert "advise: sensitivity in" not in res.stderr and "int4-advised: all 1 tasks stored, skipped" in res.stderr
     assert (out / "advice.json").stat().st_mtime_ns == stamp
     assert json.loads((out / "results.json").read_text())["advice"]["reused"] is True
+
+
+def test_qeval_advise_reads_the_block(tmp_path: Path) -> None:
+    """`qeval advise CONFIG` takes the block's values where no option is given (here refused
+    before any model loads, naming what it read); an option given overrides the block's."""
+    def advise(block: dict[str, Any], *options: str) -> str:
+        res = CliRunner().invoke(app, ["advise", str(_config(tmp_path, block)), *options,
+                                       "--output", str(tmp_path / "a.md")])
+        assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.output
+        return res.stderr
+
+    assert "--budget 3 bits per weight: below the uniform int4" in advise({"budget": "3bpw"})
+    assert "--target kv4" in advise({"budget": "6bpw", "target": "kv4"})
+    assert "below the uniform int4" in advise({"budget": "6bpw", "target": "kv4"}, "--target", "int4",
+                                              "--budget", "3bpw")
