@@ -17,7 +17,7 @@ from qeval.cli import app
 from qeval.config import load_config
 from qeval.run.advice import advice_key
 from qeval.run.preflight import preflight
-from tests.conftest import TASKS, make_config, run_cli
+from tests.conftest import TASKS, make_config, validate_results
 
 SETUPS = ({"name": "bf16", "baseline": True}, {"name": "int4", "weights": "int4", "group_size": 128},
           {"name": "kv4", "kv_cache": "int4"})
@@ -77,10 +77,18 @@ def test_advice_key_follows_its_inputs(tmp_path: Path) -> None:
 def advised_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("advise-run")
     cfg, out = _config(tmp, ADVISE, setups=SETUPS[:2], limit=8), tmp / "run"
-    res = run_cli("run", str(cfg), "--output", str(out))
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "advise: sensitivity in" in res.stderr  # the advisor ran (in its own process)
+    res = _run(cfg, out)
+    assert "in a fresh process" in res.stderr and (out / "jobs" / "_advise.json").is_file()  # the advisor's job
     return cfg, out, json.loads((out / "results.json").read_text())
+
+
+def _run(cfg: Path, out: Path) -> Any:
+    """`qeval run` in this process (the advisor and the setups still run in processes of their
+    own), saving an interpreter start per run; results.json checked against the JSON Schema."""
+    res = CliRunner().invoke(app, ["run", str(cfg), "--output", str(out)])
+    assert res.exit_code == 0, (res.stderr or res.output)[-3000:]
+    validate_results(out / "results.json")
+    return res
 
 
 @pytest.mark.slow
@@ -116,10 +124,9 @@ def test_advised_setup_is_scored_gated_and_reported(advised_run: tuple[Path, Pat
 def test_rerun_reuses_the_stored_advice(advised_run: tuple[Path, Path, dict[str, Any]]) -> None:
     cfg, out, _ = advised_run
     stamp = (out / "advice.json").stat().st_mtime_ns
-    res = run_cli("run", str(cfg), "--output", str(out))
-    assert res.returncode == 0, res.stderr[-3000:]
+    res = _run(cfg, out)
     assert "advice.json is stored under this run's key: reused" in res.stderr
-    assert "advise: sensitivity in" not in res.stderr and "int4-advised: all 1 tasks stored, skipped" in res.stderr
+    assert "in a fresh process" not in res.stderr and "int4-advised: all 1 tasks stored, skipped" in res.stderr
     assert (out / "advice.json").stat().st_mtime_ns == stamp
     assert json.loads((out / "results.json").read_text())["advice"]["reused"] is True
 
