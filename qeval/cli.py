@@ -68,6 +68,7 @@ def run(
     Exit codes: 0 every setup scored; 1 a setup failed; 2 bad input (nothing ran);
     3 under --fail-on-gate, the candidate does not pass every gate; 130 interrupted."""
     from qeval.config import load_config
+    from qeval.run.advice import AdviceFailed
     from qeval.run.runner import RunOptions
     from qeval.run.runner import run as run_all
     from qeval.sweep.config import load_sweep
@@ -90,6 +91,9 @@ def run(
     except UserError as exc:
         _fail(exc)
         return
+    except AdviceFailed as exc:  # the advise: block's process failed: nothing ran after it
+        print(f"qeval: error: {exc}", file=sys.stderr)
+        raise typer.Exit(EXIT_SETUP_FAILED) from None
     except KeyboardInterrupt:
         print("qeval: interrupted; what was stored is kept: rerun the same command to resume", file=sys.stderr)
         raise typer.Exit(EXIT_INTERRUPTED) from None
@@ -188,32 +192,46 @@ def advise(
     text: Annotated[Path | None, typer.Option(
         help="calibration text: plain text (paragraphs) or JSON Lines with `text` (default: the perplexity task)")
     ] = None,
-    calib_docs: Annotated[int, typer.Option(help="documents the sensitivity is measured on")] = 16,
-    heldout_docs: Annotated[int, typer.Option(help="further documents the mix is checked on")] = 32,
-    random_draws: Annotated[int, typer.Option(help="random mixes of the same bytes to compare with")] = 5,
-    seed: Annotated[int, typer.Option(help="seed of the random mixes")] = 0,
-    unions: Annotated[bool, typer.Option(
-        help="also measure whole blocks and module types, not only the layer x type cells")] = True,
+    calib_docs: Annotated[int | None, typer.Option(help="documents the sensitivity is measured on [default: 16]")
+    ] = None,
+    heldout_docs: Annotated[int | None, typer.Option(help="further documents the mix is checked on [default: 32]")
+    ] = None,
+    random_draws: Annotated[int | None, typer.Option(
+        help="random mixes of the same bytes to compare with [default: 5]")] = None,
+    seed: Annotated[int | None, typer.Option(help="seed of the random mixes [default: 0]")] = None,
+    unions: Annotated[bool | None, typer.Option(
+        "--unions/--no-unions",
+        help="also measure whole blocks and module types, not only the layer x type cells [default: unions]")] = None,
     output: Annotated[Path | None, typer.Option(
         help="advice.md to write (.html and .json beside it); default reports/<config name>/advice.md")] = None,
 ) -> None:
     """Which layers to keep at the model's dtype: per-unit sensitivity, a search under the budget,
-    and the advised setup with its `keep:` list (docs/advisor.md)."""
+    and the advised setup with its `keep:` list (docs/advisor.md). A config with an `advise:`
+    block gives the defaults of every option (--budget included); an option given overrides it."""
     from qeval.advise.advisor import Options
     from qeval.advise.advisor import advise as run_advisor
     from qeval.advise.output import setup_snippet, write
     from qeval.advise.search import parse_budget
     from qeval.config import load_config
+    from qeval.config.advise import AdviseSpec
 
     try:
-        if budget is None:
-            raise UserError("--budget is required: e.g. --budget 4.5bpw or --budget 350MiB")
-        if calib_docs < 1 or heldout_docs < 0 or random_draws < 0:
-            raise UserError("--calib-docs must be at least 1, --heldout-docs and --random-draws at least 0")
-        if heldout_docs == 1:
-            raise UserError("--heldout-docs 1: a paired interval needs at least 2 documents (or 0 for none)")
-        opts = Options(parse_budget(budget), target, text, calib_docs, heldout_docs, random_draws, seed, unions)
         cfg = load_config(config)
+        block = cfg.advise or AdviseSpec(budget="1bpw")  # a stand-in for the defaults; its budget is never used
+        if budget is None and cfg.advise is None:
+            raise UserError("--budget is required: e.g. --budget 4.5bpw or --budget 350MiB")
+        calib = block.calib_docs if calib_docs is None else calib_docs
+        heldout = block.heldout_docs if heldout_docs is None else heldout_docs
+        draws = block.random_draws if random_draws is None else random_draws
+        if calib < 1 or heldout < 0 or draws < 0:
+            raise UserError("--calib-docs must be at least 1, --heldout-docs and --random-draws at least 0")
+        if heldout == 1:
+            raise UserError("--heldout-docs 1: a paired interval needs at least 2 documents (or 0 for none)")
+        cal_text = text if text is not None else (Path(block.text) if block.text else None)
+        opts = Options(parse_budget(budget) if budget is not None else block.parsed_budget(),
+                       target if target is not None else block.target, cal_text, calib, heldout, draws,
+                       block.seed if seed is None else seed, block.unions if unions is None else unions,
+                       block.name if cfg.advise else None)
         advice = run_advisor(cfg, config, opts, log=lambda m: print(m, file=sys.stderr))
     except UserError as exc:
         _fail(exc)

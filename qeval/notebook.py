@@ -6,6 +6,7 @@
     run.flips("int4", "addition")      # what INT4 got wrong that the baseline got right
     run.samples("kv-int2", "facts")    # every sample, with prompt, prediction, log-likelihoods
     run.memory()                       # the ledger, predicted and measured, with sources
+    run.advice()                       # an advise: block's per-unit sensitivity and the kept units
     run.performance()                  # throughput and latency per level, median and range, with sources
     run.plot_quality_vs_memory()       # matplotlib figures
 
@@ -123,6 +124,16 @@ class Run:
                                      "median": fig.median, "min": fig.min, "max": fig.max, "repeats": fig.repeats,
                                      "unit": fig.unit, "source": fig.source})
         return pd.DataFrame(rows)
+
+    def advice(self) -> pd.DataFrame:
+        """The `advise:` block's sensitivity: one row per unit (a layer x module-type cell, or a
+        block or type union) with the bytes keeping it adds, its cost and gain in KL, and whether
+        the advised setup keeps it (docs/advisor.md); empty for a run without advice."""
+        a = self.results.advice
+        if a is None:
+            return pd.DataFrame(columns=["unit", "layer", "kind", "extra_bytes", "cost_kl", "gain_kl", "kept"])
+        kept = set(a.search.get("kept", []))
+        return pd.DataFrame([u.model_dump() | {"kept": u.unit in kept} for u in a.units])
 
     def memory(self) -> pd.DataFrame:
         """The memory ledger: one row per setup x figure, predicted and measured, with sources."""

@@ -40,6 +40,8 @@ class Options:
     seed: int = 0
     #: also measure whole blocks and module types (2 x (layers + 2) passes more), not only the cells
     unions: bool = True
+    #: the advised setup's name (default `<target>-advised`)
+    name: str | None = None
 
 
 @dataclass
@@ -85,6 +87,9 @@ class Advice:
     mixes: list[Mix]
     versus_random: dict[str, Any]
     timing: dict[str, float]
+    #: a run's resume key for this advice and its parts (qeval/run/advice.py); empty from `qeval advise`
+    key: str = ""
+    key_parts: dict[str, str] = field(default_factory=dict)
 
 
 def pick_target(cfg: RunConfig, name: str | None) -> Setup:
@@ -105,7 +110,7 @@ def pick_target(cfg: RunConfig, name: str | None) -> Setup:
     raise UserError("the config has no int4 or int8 setup (method rtn) to advise on; add one or name --target")
 
 
-def _budget_bytes(budget: Budget, shape: ModelShape, target: Setup, dtype: str, context: int) -> tuple[int, int, str]:
+def allowance_of(budget: Budget, shape: ModelShape, target: Setup, dtype: str, context: int) -> tuple[int, int, str]:
     """(allowance in bytes over the uniform target, the budget in bytes, what it counts)."""
     uniform = predict_weights_bytes(shape, target, dtype)
     if budget.kind == "bits":
@@ -135,7 +140,7 @@ def advise(cfg: RunConfig, config_path: Path, opts: Options, log: Any = print) -
     dtype = cfg.model.dtype
     shape = ModelShape.from_config(source.config)
     cell_units = cells(shape, target, dtype)
-    allowance, budget_bytes, basis = _budget_bytes(opts.budget, shape, target, dtype, cfg.budget.context_len)
+    allowance, budget_bytes, basis = allowance_of(opts.budget, shape, target, dtype, cfg.budget.context_len)
     if allowance < 0:
         raise UserError(f"--budget {opts.budget}: below the uniform {target.name} setup itself "
                         f"({(budget_bytes - allowance) / 2**20:.2f} MiB on the same basis): nothing to keep")
@@ -174,7 +179,7 @@ def advise(cfg: RunConfig, config_path: Path, opts: Options, log: Any = print) -
     choice = choose([r.gain_kl for r in cell_rows], [r.extra_bytes for r in cell_rows], allowance)
     kept_units = [cell_units[i] for i in choice.kept]
     advised = Setup.model_validate(target.model_dump() | {
-        "name": f"{target.name}-advised", "baseline": False,
+        "name": opts.name or f"{target.name}-advised", "baseline": False, "optional": False,
         "keep": tuple(p for u in kept_units for p in u.keep_patterns())})
     kept_modules = {m for u in kept_units for m in u.modules}
     mix_calib_kl = _weighted(probe.kl(sl.calib, everything - kept_modules), sl.calib)

@@ -5,19 +5,14 @@ type heatmap as inline SVG) and advice.json."""
 from __future__ import annotations
 
 import html
-import io
 from pathlib import Path
-from typing import Any
 
-import matplotlib as mpl
-import matplotlib.pyplot as plt
 import yaml
 
 from qeval.advise.advisor import Advice, Row, to_json
 from qeval.files.atomic import atomic_write_bytes, atomic_write_json
+from qeval.report.plots import sensitivity_heatmap, svg_of
 from qeval.report.tables import md_table
-
-_RC: Any = {"svg.hashsalt": "qeval", "font.size": 9, "text.parse_math": False}  # as report/plots.py
 
 
 def setup_snippet(advice: Advice) -> str:
@@ -72,24 +67,9 @@ def markdown(advice: Advice) -> str:
 
 
 def heatmap_svg(rows: list[Row], value: str = "gain_kl") -> str:
-    """Layer x module type, coloured by `value` (gain or cost), as an inline SVG string."""
-    cells = [r for r in rows if r.layer is not None and r.kind is not None]
-    kinds = sorted({r.kind for r in cells if r.kind})
-    layers = sorted({r.layer for r in cells if r.layer is not None})
-    grid = [[next((getattr(r, value) for r in cells if r.layer == layer and r.kind == k), 0.0) for layer in layers]
-            for k in kinds]
-    with mpl.rc_context(_RC):
-        fig, ax = plt.subplots(figsize=(max(4.0, 0.25 * len(layers) + 1.5), 1.6))
-        im = ax.imshow(grid, aspect="auto", cmap="viridis")
-        ax.set_yticks(range(len(kinds)), kinds)
-        ax.set_xticks(range(len(layers)), [str(layer) for layer in layers])
-        ax.set_xlabel("decoder layer")
-        fig.colorbar(im, ax=ax, label=value.replace("_kl", " (KL)"))
-        buf = io.StringIO()
-        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": "qeval"})
-        plt.close(fig)
-    text = buf.getvalue()
-    return text[text.index("<svg"):]
+    """Layer x module type, coloured by `value` (gain or cost), as an inline SVG string (the
+    figure is the run report's too: qeval/report/plots.py)."""
+    return svg_of(lambda r: sensitivity_heatmap(r, value), rows)
 
 
 def html_page(advice: Advice, md: str) -> str:

@@ -4,43 +4,21 @@ are few (every subset, the KL gains taken as additive), else greedy on KL gained
 from __future__ import annotations
 
 import itertools
-import re
 from dataclasses import dataclass
 
+from qeval.config.advise import AdviceBudget, parse_advice_budget
 from qeval.errors import UserError
 
 #: candidates up to which every subset is tried (2^12 sums: instant)
 EXACT_UP_TO = 12
 
-_BUDGET = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*(bpw|bits|b|kib|mib|gib)?\s*", re.IGNORECASE)
-_UNITS = {"b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
+#: the budget and its parser live with the config's `advise:` block, which reads it too
+Budget = AdviceBudget
 
 
-@dataclass(frozen=True)
-class Budget:
-    """Average bits per decoder-linear weight (scales included), or memory bytes at the target
-    context (the weights plus one sequence's KV cache at `budget.context_len`)."""
-
-    kind: str  # "bits" or "bytes"
-    value: float
-
-    def __str__(self) -> str:
-        return f"{self.value:g} bits per weight" if self.kind == "bits" else f"{self.value / 2**20:.2f} MiB"
-
-
-def parse_budget(text: str) -> Budget:
+def parse_budget(text: str) -> AdviceBudget:
     """`4.5bpw` (or `4.5bits`), `350MiB`, `2GiB`, `123456B`; anything else is a UserError."""
-    m = _BUDGET.fullmatch(text)
-    if not m or m.group(2) is None:
-        raise UserError(f"--budget {text!r}: give average bits per weight (e.g. 4.5bpw) or memory "
-                        "at the target context (e.g. 350MiB, 2GiB, 123456B)")
-    unit = m.group(2).lower()
-    value = float(m.group(1))
-    if value <= 0:
-        raise UserError(f"--budget {text!r}: must be positive")
-    if unit in ("bpw", "bits"):
-        return Budget("bits", value)
-    return Budget("bytes", value * _UNITS[unit])
+    return parse_advice_budget(text, "--budget")
 
 
 @dataclass(frozen=True)

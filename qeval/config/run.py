@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
+from qeval.config.advise import AdviseSpec
 from qeval.config.budget import Budget
 from qeval.config.chat import CHAT_KEYS, ChatKeys
 from qeval.config.engine import EngineSpec
@@ -89,6 +90,9 @@ class RunConfig(ChatKeys):
     recommend_by: RecommendBy = "concurrency"
     #: experiment trackers the finished run is logged to (docs/tracking.md); changes no number
     tracking: TrackingSpec = TrackingSpec()
+    #: the mixed-precision advisor run first, its advised setup added to the run (docs/advisor.md,
+    #: "In a run"); checked against the setups and the model at preflight (qeval/run/advice.py)
+    advise: AdviseSpec | None = None
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
@@ -127,11 +131,12 @@ class RunConfig(ChatKeys):
         return next((s for s in self.setups if s.baseline), self.setups[0])
 
     def as_json(self) -> dict[str, Any]:
-        """The config as results.json and the config hash hold it: `kinds` left out while empty
-        and the chat keys while unset, so a config that uses neither reads and hashes as before
-        those keys existed, and
+        """The config as results.json and the config hash hold it: `kinds` left out while empty,
+        and the chat keys and `advise` while unset, so a config that uses none of them reads and
+        hashes as before those keys existed, and
         `tracking` always (it changes no number, and its URI may carry credentials)."""
-        out = self.model_dump(mode="json", exclude={"tracking"} | ({"kinds"} if not self.kinds else set()))
+        unset = ({"kinds"} if not self.kinds else set()) | ({"advise"} if self.advise is None else set())
+        out = self.model_dump(mode="json", exclude={"tracking"} | unset)
         # the chat keys likewise while unset, at the top and in each lm-eval task
         for piece in [out, *((out.get("lm_eval") or {}).get("tasks") or [])]:
             for key in CHAT_KEYS:
@@ -214,6 +219,8 @@ def config_from_dict(raw: dict[str, object], path: Path, where: str = "",
         raise UserError(f"{path}: model path {cfg.model.path} not found (a folder {first}/ exists, but not this one)")
     # only qeval's own tasks are read from tasks_dir: a config of lm-eval or long-context tasks needs none
     cfg.tasks_dir = _resolve(cfg.tasks_dir, path.parent, must_exist=bool(cfg.tasks), key="tasks_dir")
+    if cfg.advise and cfg.advise.text:  # a file: its existence is checked at preflight, in one line
+        cfg.advise.text = _resolve(cfg.advise.text, path.parent, must_exist=False)
     cal = cfg.quantize.calibration
     if cal.path:
         cal.path = _resolve(cal.path, path.parent, must_exist=False)

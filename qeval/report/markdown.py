@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from qeval.report import divergence, generated, sequence
+from qeval.report import advice, divergence, generated, sequence
 from qeval.report import performance as perf_views
 from qeval.report.sections import ReportSection
 from qeval.report.tables import Escape, code_text, md_table, md_text
@@ -76,7 +76,7 @@ def _value(s: SetupResult, task: str, metric: str) -> float | None:
 
 
 #: the report's own sections, before the task kinds'
-OWN_SECTIONS = (sequence.SECTION, divergence.SECTION, generated.SECTION)
+OWN_SECTIONS = (advice.SECTION, sequence.SECTION, divergence.SECTION, generated.SECTION)
 
 
 def render_markdown(results: Results, sections: Sequence[ReportSection] = ()) -> str:

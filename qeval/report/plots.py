@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import matplotlib as mpl
@@ -133,4 +133,23 @@ def memory_ledger_figure(results: Results) -> Any:
     ax.invert_yaxis()
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), fontsize=7, frameon=False)
     ax.grid(alpha=0.3, axis="x")
+    return fig
+
+
+def sensitivity_heatmap(rows: Sequence[Any], value: str = "gain_kl") -> Any:
+    """The advisor's layer x module-type heatmap, coloured by `value` (`gain_kl` or `cost_kl`):
+    `rows` are units with `layer`, `kind` and that attribute (the advisor's rows, or results.json's
+    `advice.units`); the unions (a whole block, a type over all layers) are left out. Shared by
+    advice.html (qeval/advise/output.py) and the run's report (qeval/report/advice.py)."""
+    cells = [r for r in rows if r.layer is not None and r.kind is not None]
+    kinds = sorted({r.kind for r in cells if r.kind})
+    layers = sorted({r.layer for r in cells if r.layer is not None})
+    grid = [[next((getattr(r, value) for r in cells if r.layer == layer and r.kind == k), 0.0) for layer in layers]
+            for k in kinds]
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.25 * len(layers) + 1.5), 1.6))
+    im = ax.imshow(grid, aspect="auto", cmap="viridis")
+    ax.set_yticks(range(len(kinds)), kinds)
+    ax.set_xticks(range(len(layers)), [str(layer) for layer in layers])
+    ax.set_xlabel("decoder layer")
+    fig.colorbar(im, ax=ax, label=value.replace("_kl", " (KL)"))
     return fig

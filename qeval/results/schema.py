@@ -19,6 +19,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from qeval.config.gates import Gate
 from qeval.errors import UserError
+from qeval.results.advice import AdviceResult
 from qeval.results.base import ResultModel
 from qeval.results.long_context import LongContextInfo, SetupLongContext
 from qeval.results.performance import Ceilings, Performance
@@ -316,6 +317,8 @@ class Results(ResultModel):
     ceilings: Ceilings | None = Field(None, description="the device's copy bandwidth and matmul peak, measured once "
                                                         "per run (null: no performance phase)")
     long_context: LongContextInfo | None = Field(None, description="the generated long-context tasks (null: none)")
+    advice: AdviceResult | None = Field(None, description="the mixed-precision advice of the config's `advise:` "
+                                                          "block (null: none); its setup is one of `setups`")
 
     def setup(self, name: str) -> SetupResult:
         return next(s for s in self.setups if s.name == name)

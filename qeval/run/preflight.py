@@ -23,6 +23,7 @@ from qeval.memory.ledger import ModelShape
 from qeval.quantize.checkpoints import resolve_checkpoints
 from qeval.records.model_source import ModelSource, is_gguf, resolve_model
 from qeval.records.preflight import Preflight
+from qeval.run.advice import advise_target, check_advice
 from qeval.tasks.kinds import check_plugin_pieces, task_kinds
 
 
@@ -41,8 +42,8 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
     UserError with one line at the first problem."""
     device = resolve_device(cfg.device, on_cluster=cfg.executor.kind == "ray")
     setups = cfg.setups
-    if only_setups:
-        unknown = [s for s in only_setups if s not in {x.name for x in cfg.setups}]
+    if only_setups:  # the advised setup (advise:) joins the run once the advisor named its keep list
+        unknown = [s for s in only_setups if s not in {x.name for x in cfg.setups} | advised_names(cfg)]
         if unknown:
             raise UserError(f"--setups: unknown setup {unknown[0]!r}")
         setups = [s for s in cfg.setups if s.name in only_setups or s.name == cfg.baseline.name]
@@ -74,7 +75,18 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
         kind.expand(pre, source.config)
     pre.run_tasks = _selected(pre, only_tasks)
     _check_gates(pre)
+    check_advice(pre)
     return pre
+
+
+def advised_names(cfg: RunConfig) -> set[str]:
+    """The name the advised setup will have (advise:), where the block names a setup to lower."""
+    if cfg.advise is None:
+        return set()
+    try:
+        return {cfg.advise.setup_name(advise_target(cfg, cfg.advise).name)}
+    except UserError:  # no target: check_advice says so in its own words
+        return set()
 
 
 def _against_model(cfg: RunConfig, setups: list[Setup], config: dict[str, object],

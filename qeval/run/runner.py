@@ -3,6 +3,8 @@
     preflight validate config, tasks, setups, model and device (no model loaded)
     take      the output directory: refuse another run's folder, lock it against a second qeval
     ceilings  the device's copy bandwidth and matmul peak, once per run (performance phase on)
+    advise    the config's advise: block: advice.json reused when stored under this run's
+              advice key, else the advisor in a fresh process; its setup joins the run
     for each setup, baseline first:
         skip it if its outcome is ok and every (setup, task) pair is stored under this run's key
         else a job: a worker process (load, score the missing tasks, measure memory, time the
@@ -34,10 +36,11 @@ from qeval.records.provenance import git_commit, now_iso
 from qeval.records.store import RunStore
 from qeval.report import print_summary, write_report
 from qeval.results.schema import Results, read_results
+from qeval.run.advice import advised_setup, ensure_advice, result_block, with_advised
 from qeval.run.executors import open_executor
 from qeval.run.executors.job import WorkerJob
 from qeval.run.executors.resources import job_resources
-from qeval.run.preflight import preflight
+from qeval.run.preflight import advised_names, preflight
 from qeval.run.rundir import take_run_dir
 from qeval.tasks.kinds import report_sections, results_blocks
 from qeval.version import __version__
@@ -66,6 +69,8 @@ class PreparedRun:
     keys: dict[str, SetupKeys]
     jobs: list[WorkerJob]
     started: str
+    #: advice.json's content when the config has an `advise:` block (qeval/run/advice.py)
+    advice: dict[str, Any] | None = None
 
 
 def run(cfg: RunConfig, opts: RunOptions) -> Results:
@@ -115,6 +120,7 @@ def prepare(pre: Preflight, opts: RunOptions, prefix: str = "") -> PreparedRun:
     (call it holding the run directory's lock). `prefix` makes job ids unique in a sweep."""
     started = now_iso()
     store = RunStore(opts.output)
+    advice = _advise(pre, opts, store)
     keys = {s.name: setup_keys(pre, s) for s in pre.cfg.setups}
     baseline = pre.cfg.baseline.name
     # the device's ceilings, once per run, before any setup (docs/performance.md)
@@ -140,7 +146,21 @@ def prepare(pre: Preflight, opts: RunOptions, prefix: str = "") -> PreparedRun:
         first = jobs[0].id
         jobs = jobs[:1] + [replace(j, after=(first,)) if any(t in j.job.reference for t in j.job.tasks) else j
                            for j in jobs[1:]]
-    return PreparedRun(pre, opts, store, keys, jobs, started)
+    return PreparedRun(pre, opts, store, keys, jobs, started, advice)
+
+
+def _advise(pre: Preflight, opts: RunOptions, store: RunStore) -> dict[str, Any] | None:
+    """The config's advice (advise:), stored or computed now, with its setup added to the run
+    (in place); None without the block. Under --setups that leaves the advised setup out, only
+    stored advice is used (the advisor is not run for a setup this invocation does not run)."""
+    if pre.cfg.advise is None:
+        return None
+    name = next(iter(advised_names(pre.cfg)))
+    run_it = not opts.setups or name in opts.setups
+    advice = ensure_advice(pre, store, opts.force, compute=run_it)
+    if advice is not None:
+        with_advised(pre, advised_setup(advice), run_it)
+    return advice
 
 
 def finish(prepared: PreparedRun) -> Results:
@@ -148,6 +168,8 @@ def finish(prepared: PreparedRun) -> Results:
     pre, store = prepared.pre, prepared.store
     info = _run_info(pre, prepared.opts) | {"started": prepared.started}
     assembled = assemble_results(pre, store, prepared.keys, info, results_blocks())
+    if prepared.advice is not None:
+        assembled = assembled.model_copy(update={"advice": result_block(prepared.advice)})
     atomic_write_bytes(store.results_path, (assembled.model_dump_json(indent=2) + "\n").encode())
     # the report is rendered from the file just written, as `qeval report` renders it: same bytes
     results = read_results(store.results_path)

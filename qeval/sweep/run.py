@@ -19,6 +19,7 @@ from qeval.records.provenance import now_iso
 from qeval.report import print_summary
 from qeval.results.schema import Results
 from qeval.run.executors import open_executor
+from qeval.run.preflight import advised_names
 from qeval.run.rundir import RunDirLock, take_run_dir
 from qeval.run.runner import RunOptions, check, finish, prepare
 from qeval.sweep.config import Sweep
@@ -65,9 +66,11 @@ def _setups_of(sweep: Sweep, model: str, names: list[str] | None) -> list[str] |
     """--setups for one model of the sweep: the named setups it has (its baseline always runs)."""
     if not names:
         return None
-    known = {s.name for cfg in sweep.configs.values() for s in cfg.setups}
+    known = {s.name for cfg in sweep.configs.values() for s in cfg.setups} | {
+        n for cfg in sweep.configs.values() for n in advised_names(cfg)}  # an advise: block's setup too
     unknown = [n for n in names if n not in known]
     if unknown:
         raise UserError(f"--setups: no model of the sweep has a setup {unknown[0]!r}")
     cfg = sweep.configs[model]
-    return [s.name for s in cfg.setups if s.name in names] or [cfg.baseline.name]
+    own = [s.name for s in cfg.setups] + sorted(advised_names(cfg))
+    return [n for n in own if n in names] or [cfg.baseline.name]

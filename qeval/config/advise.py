@@ -1,0 +1,89 @@
+"""The run config's `advise:` block: the mixed-precision advisor run inside `qeval run`, its
+advised setup then scored as an ordinary setup of the same run (docs/advisor.md, "In a run").
+Also the advisor's budget and its parser, which `qeval advise --budget` shares."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pydantic import Field, field_validator
+
+from qeval.errors import UserError
+from qeval.files.names import NAME_PATTERN
+from qeval.strict import Strict
+
+_BUDGET = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*(bpw|bits|b|kib|mib|gib)?\s*", re.IGNORECASE)
+_UNITS = {"b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
+
+
+@dataclass(frozen=True)
+class AdviceBudget:
+    """Average bits per decoder-linear weight (scales included), or memory bytes at the target
+    context (the weights plus one sequence's KV cache at `budget.context_len`)."""
+
+    kind: str  # "bits" or "bytes"
+    value: float
+
+    def __str__(self) -> str:
+        return f"{self.value:g} bits per weight" if self.kind == "bits" else f"{self.value / 2**20:.2f} MiB"
+
+
+def parse_advice_budget(text: str, where: str = "--budget") -> AdviceBudget:
+    """`4.5bpw` (or `4.5bits`), `350MiB`, `2GiB`, `123456B`; anything else is a UserError
+    naming `where` (the option or the config key)."""
+    m = _BUDGET.fullmatch(text)
+    if not m or m.group(2) is None:
+        raise UserError(f"{where} {text!r}: give average bits per weight (e.g. 4.5bpw) or memory "
+                        "at the target context (e.g. 350MiB, 2GiB, 123456B)")
+    unit = m.group(2).lower()
+    value = float(m.group(1))
+    if value <= 0:
+        raise UserError(f"{where} {text!r}: must be positive")
+    if unit in ("bpw", "bits"):
+        return AdviceBudget("bits", value)
+    return AdviceBudget("bytes", value * _UNITS[unit])
+
+
+class AdviseSpec(Strict):
+    """`advise:` in a run config: before the setups run, the advisor measures each unit's
+    sensitivity for `target`, chooses the units to keep under `budget`, and the run adds the
+    advised setup (named `name`) to its setups. The same knobs as `qeval advise`'s options."""
+
+    budget: str = Field(description="average bits per decoder-linear weight (5bpw) or memory at "
+                                    "budget.context_len (350MiB)")
+    #: the setup whose precision is lowered; default the config's first int4 (then int8) quanto setup
+    target: str | None = Field(default=None, pattern=NAME_PATTERN)
+    #: calibration text (plain paragraphs, or JSON Lines with `text`); default the run's perplexity task
+    text: str | None = None
+    calib_docs: int = Field(default=16, ge=1)
+    heldout_docs: int = Field(default=32, ge=0)
+    random_draws: int = Field(default=5, ge=0)
+    seed: int = 0
+    #: also measure whole blocks and module types (the search needs only the cells)
+    unions: bool = True
+    #: the advised setup's name in the run; default `<target>-advised`
+    name: str | None = Field(default=None, pattern=NAME_PATTERN)
+
+    @field_validator("budget")
+    @classmethod
+    def _budget(cls, value: str) -> str:
+        try:
+            parse_advice_budget(value, "")
+        except UserError as exc:  # first_error names the key: advise.budget
+            raise ValueError(str(exc).strip()) from None
+        return value
+
+    @field_validator("heldout_docs")
+    @classmethod
+    def _heldout(cls, value: int) -> int:
+        if value == 1:
+            raise ValueError("1: a paired interval needs at least 2 documents (or 0 for no held-out check)")
+        return value
+
+    def parsed_budget(self) -> AdviceBudget:
+        return parse_advice_budget(self.budget, "advise.budget")
+
+    def setup_name(self, target: str) -> str:
+        """The advised setup's name for the target setup `target`."""
+        return self.name or f"{target}-advised"

@@ -1,0 +1,234 @@
+"""A run's `advise:` block (docs/advisor.md, "In a run"): checked at preflight, then, holding
+the run directory, the advisor run in a process of its own (it loads the model twice: the
+runner's process never holds a model) unless RUN_DIR/advice.json is stored under this run's
+advice key, and the advised setup added to the run as an ordinary setup.
+
+    python -m qeval.run.advice JOB.json      the advisor's process (what ensure_advice starts)
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from qeval.advise.advisor import Options, allowance_of
+from qeval.advise.calibration import read_texts
+from qeval.backends import backend_entry
+from qeval.config import RunConfig
+from qeval.config.advise import AdviseSpec
+from qeval.config.setups import Setup
+from qeval.errors import UserError
+from qeval.files.atomic import atomic_write_json, read_json
+from qeval.files.names import inside
+from qeval.files.processes import die_with_parent
+from qeval.records.keys import key_of
+from qeval.records.preflight import Preflight
+from qeval.records.store import RunStore
+from qeval.results.advice import AdviceResult
+from qeval.version import __version__
+
+
+class AdviceFailed(Exception):
+    """The advisor's process failed (not bad input): the run stops before any setup runs."""
+
+
+def advice_path(store: RunStore) -> Path:
+    return store.root / "advice.json"
+
+
+def _job_path(store: RunStore) -> Path:
+    # `_` cannot start a setup name (files/names.py): no setup's job file is this one
+    return inside(store.root, "jobs", "_advise.json")
+
+
+def advise_target(cfg: RunConfig, spec: AdviseSpec) -> Setup:
+    """The setup whose precision the advisor lowers (`advise.target`, else the config's first
+    int4, then int8, quanto setup without a quantized KV cache or a keep list)."""
+    if spec.target is not None:
+        found = next((s for s in cfg.setups if s.name == spec.target), None)
+        if found is None:
+            raise UserError(f"advise.target: no setup {spec.target!r} in setups")
+        if not (found.weights in ("int8", "int4") and found.method == "rtn") or found.keep or found.quantizes_kv:
+            raise UserError(f"advise.target {spec.target}: the advisor lowers quanto's weights (weights int8/int4, "
+                            "method rtn, no keep list, no quantized KV cache)")
+        return found
+    for bits in ("int4", "int8"):
+        for s in cfg.setups:
+            if s.weights == bits and s.method == "rtn" and not s.quantizes_kv and not s.keep:
+                return s
+    raise UserError("advise: the config has no int4 or int8 setup (method rtn) to advise on; add one or name "
+                    "advise.target")
+
+
+def options(cfg: RunConfig, spec: AdviseSpec, target: Setup) -> Options:
+    """The advisor's options from the block (the same as `qeval advise`'s command line)."""
+    return Options(spec.parsed_budget(), target.name, Path(spec.text) if spec.text else None, spec.calib_docs,
+                   spec.heldout_docs, spec.random_draws, spec.seed, spec.unions, spec.setup_name(target.name))
+
+
+def check_advice(pre: Preflight) -> None:
+    """The block against the setups, the model's shape and the calibration text, before any
+    model loads: one UserError line at the first problem (qeval validate and qeval run)."""
+    cfg, spec = pre.cfg, pre.cfg.advise
+    if spec is None:
+        return
+    target = advise_target(cfg, spec)
+    name = spec.setup_name(target.name)
+    if name in {s.name for s in cfg.setups}:
+        raise UserError(f"advise: the advised setup's name {name!r} is a setup of the config already; "
+                        "name it with advise.name")
+    if pre.shape is not None:
+        allowance, budget, _ = allowance_of(spec.parsed_budget(), pre.shape, target, cfg.model.dtype,
+                                            cfg.budget.context_len)
+        if allowance < 0:
+            raise UserError(f"advise.budget {spec.budget}: below the uniform {target.name} setup itself "
+                            f"({(budget - allowance) / 2**20:.2f} MiB on the same basis): nothing to keep")
+    if spec.text and not Path(spec.text).is_file():
+        raise UserError(f"advise.text: {spec.text} is not a file")
+    try:
+        source, texts = read_texts(cfg, Path(spec.text) if spec.text else None)
+    except UserError as exc:
+        raise UserError(str(exc).replace("--text", "advise.text")) from None
+    if len(texts) < spec.calib_docs + spec.heldout_docs:
+        raise UserError(f"advise: {source} has {len(texts)} documents, fewer than calib_docs {spec.calib_docs} + "
+                        f"heldout_docs {spec.heldout_docs}")
+    # the advised setup is the target with a keep list: this backend must serve that on this device
+    probe = target.model_copy(update={"name": name, "baseline": False, "keep": ("model.layers.0.mlp.*",)})
+    try:
+        backend_entry(cfg.backend).validate_setup(probe, pre.device)
+    except UserError as exc:
+        raise UserError(f"advise: the advised setup {name}: {exc}") from None
+
+
+def advice_key(pre: Preflight) -> tuple[str, dict[str, str]]:
+    """Everything that changes the advice: the model's content, dtype, device, the target
+    setup, every knob of the block, the calibration text's content, the context and batching,
+    and for a memory budget the context it is counted at."""
+    cfg, spec = pre.cfg, pre.cfg.advise
+    assert spec is not None
+    target = advise_target(cfg, spec)
+    budget = spec.parsed_budget()
+    if spec.text:
+        calibration = "file " + hashlib.sha256(Path(spec.text).read_bytes()).hexdigest()
+    else:  # the config's first perplexity task, as calibration.read_texts picks it
+        rolling = [t for n in cfg.tasks for t in pre.tasks if t.name == n and t.output_type == "loglikelihood_rolling"]
+        calibration = f"task {rolling[0].name} {rolling[0].sha256}" if rolling else "none"
+    parts = {"model_sha256": pre.model_sha256, "dtype": cfg.model.dtype, "device": pre.device, "qeval": __version__,
+             "target": target.id, "name": spec.setup_name(target.name), "budget": f"{budget.kind} {budget.value!r}",
+             "calibration": calibration,
+             "calib_docs": str(spec.calib_docs), "heldout_docs": str(spec.heldout_docs),
+             "random_draws": str(spec.random_draws), "seed": str(spec.seed), "unions": str(spec.unions),
+             "max_context": str(cfg.model.max_context), "batch_size": str(cfg.batch_size)}
+    if budget.kind == "bytes":  # memory at the target context: the context sizes the KV cache counted
+        parts["context_len"] = str(cfg.budget.context_len)
+    return key_of(parts), parts
+
+
+def stored_advice(store: RunStore, key: str) -> dict[str, Any] | None:
+    """RUN_DIR/advice.json when it is stored under `key`, else None."""
+    path = advice_path(store)
+    if not path.is_file():
+        return None
+    try:
+        stored = read_json(path)
+    except (OSError, UserError):  # a torn or foreign file: computed anew
+        return None
+    return stored if isinstance(stored, dict) and stored.get("key") == key else None
+
+
+def ensure_advice(pre: Preflight, store: RunStore, force: bool, compute: bool = True) -> dict[str, Any] | None:
+    """advice.json's content under this run's key: stored (reused, unless `force`), else
+    computed now in a fresh process (when `compute`; else None). AdviceFailed when it fails."""
+    key, parts = advice_key(pre)
+    stored = None if force else stored_advice(store, key)
+    if stored is not None:
+        print("advise: advice.json is stored under this run's key: reused (use --force to recompute)",
+              file=sys.stderr)
+        return stored | {"reused": True}
+    if not compute:
+        return None
+    job = _job_path(store)
+    job.parent.mkdir(parents=True, exist_ok=True)
+    outcome = job.with_name("_advise.outcome.json")
+    outcome.unlink(missing_ok=True)
+    atomic_write_json(job, {"config": pre.cfg.job_json(), "run_dir": str(store.root), "key": key,
+                            "key_parts": parts, "outcome": str(outcome)})
+    print(f"advise: measuring the sensitivity for {pre.cfg.advise.budget if pre.cfg.advise else ''} "
+          "in a fresh process (docs/advisor.md)", file=sys.stderr)
+    t0 = time.time()
+    # stderr is the terminal's: the advisor's progress lines show as they come
+    proc = subprocess.run([sys.executable, "-m", "qeval.run.advice", str(job)], check=False, stdout=subprocess.DEVNULL,
+                          preexec_fn=functools.partial(die_with_parent, os.getpid()))
+    said = read_json(outcome) if outcome.is_file() else {}
+    if proc.returncode == 2 and said.get("user_error"):
+        raise UserError(f"advise: {said['user_error']}")
+    stored = stored_advice(store, key)
+    if proc.returncode != 0 or stored is None:
+        why = said.get("error") or f"the advisor's process exited with code {proc.returncode}"
+        raise AdviceFailed(f"the advisor failed after {time.time() - t0:.0f} s: {why}")
+    return stored | {"reused": False}
+
+
+def advised_setup(advice: dict[str, Any]) -> Setup:
+    """The advised setup as advice.json holds it."""
+    return Setup.model_validate(advice["setup"])
+
+
+def with_advised(pre: Preflight, setup: Setup, run_it: bool) -> None:
+    """Add the advised setup to the run, in place: to the config (its job file, the results) and,
+    when this invocation runs it (`run_it`: no --setups, or --setups names it), to the setups run."""
+    backend_entry(pre.cfg.backend).validate_setup(setup, pre.device)
+    pre.cfg = pre.cfg.model_copy(update={"setups": [*pre.cfg.setups, setup]})
+    if run_it:
+        pre.setups.append(setup)
+
+
+def result_block(advice: dict[str, Any]) -> AdviceResult:
+    """results.json's `advice` block from advice.json (the held-out per-document KLs left out)."""
+    return AdviceResult(
+        setup=advice["setup"]["name"], target=advice["target"]["name"], keep=list(advice["setup"].get("keep", [])),
+        budget=advice["budget"], budget_bytes=advice["budget_bytes"], budget_basis=advice["budget_basis"],
+        calibration=advice["calibration"], uniform_kl=advice["uniform_kl"], units=advice["rows"],
+        search=advice["search"],
+        heldout=[{k: v for k, v in m.items() if k != "per_doc"} for m in advice["mixes"]],
+        versus_random=advice["versus_random"], timing=advice["timing"], key=advice["key"],
+        reused=bool(advice.get("reused")))
+
+
+def _work(job: dict[str, Any]) -> None:
+    """The advisor's process: advise, then advice.md, advice.html and advice.json (last, atomic:
+    its key marks the advice done) into the run directory."""
+    from qeval.advise.advisor import advise
+    from qeval.advise.output import write
+
+    cfg = RunConfig.model_validate(job["config"])
+    assert cfg.advise is not None
+    target = advise_target(cfg, cfg.advise)
+    advice = advise(cfg, Path(cfg.name), options(cfg, cfg.advise, target), log=lambda m: print(m, file=sys.stderr))
+    advice.key, advice.key_parts = job["key"], job["key_parts"]
+    write(advice, Path(job["run_dir"]) / "advice.md")
+
+
+def main() -> None:
+    job = json.loads(Path(sys.argv[1]).read_text())
+    outcome = Path(job["outcome"])
+    try:
+        _work(job)
+    except UserError as exc:  # what only the loaded model shows (a layer name the advisor does not know)
+        atomic_write_json(outcome, {"user_error": str(exc)})
+        sys.exit(2)
+    except Exception as exc:  # noqa: BLE001 - any failure is reported to the runner in one line
+        first = (str(exc).strip().splitlines() or [""])[0]
+        atomic_write_json(outcome, {"error": f"{type(exc).__name__}: {first}"})
+        raise
+
+
+if __name__ == "__main__":
+    main()
