@@ -92,22 +92,23 @@ class Advice:
     key_parts: dict[str, str] = field(default_factory=dict)
 
 
-def pick_target(cfg: RunConfig, name: str | None) -> Setup:
-    """The setup whose precision the advisor lowers: `--target`, else the config's first
-    int4 (then int8) quanto setup without KV-cache quantization or keep list."""
+def pick_target(cfg: RunConfig, name: str | None, where: str = "--target") -> Setup:
+    """The setup whose precision the advisor lowers: `name` (given as `where`: `--target` or a
+    run's `advise.target`), else the config's first int4 (then int8) quanto setup without
+    KV-cache quantization or keep list."""
     if name is not None:
         found = next((s for s in cfg.setups if s.name == name), None)
         if found is None:
-            raise UserError(f"--target: no setup {name!r} in the config")
-        if not (found.weights in ("int8", "int4") and found.method == "rtn"):
-            raise UserError(f"--target {name}: the advisor measures quanto's weights (weights int8/int4, "
-                            "method rtn); a GPTQ/AWQ checkpoint's weights differ")
+            raise UserError(f"{where}: no setup {name!r} in the config's setups")
+        if not (found.weights in ("int8", "int4") and found.method == "rtn") or found.keep or found.quantizes_kv:
+            raise UserError(f"{where} {name}: the advisor lowers quanto's weights (weights int8/int4, method rtn, "
+                            "no keep list, no quantized KV cache); a GPTQ/AWQ checkpoint's weights differ")
         return found
     for bits in ("int4", "int8"):
         for s in cfg.setups:
             if s.weights == bits and s.method == "rtn" and not s.quantizes_kv and not s.keep:
                 return s
-    raise UserError("the config has no int4 or int8 setup (method rtn) to advise on; add one or name --target")
+    raise UserError(f"advise: the config has no int4 or int8 setup (method rtn) to advise on; add one or name {where}")
 
 
 def allowance_of(budget: Budget, shape: ModelShape, target: Setup, dtype: str, context: int) -> tuple[int, int, str]:

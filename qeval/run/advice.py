@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from qeval.advise.advisor import Options, allowance_of
+from qeval.advise.advisor import Options, allowance_of, pick_target
 from qeval.advise.calibration import read_texts
 from qeval.backends import backend_entry
 from qeval.config import RunConfig
@@ -51,20 +51,7 @@ def _job_path(store: RunStore) -> Path:
 def advise_target(cfg: RunConfig, spec: AdviseSpec) -> Setup:
     """The setup whose precision the advisor lowers (`advise.target`, else the config's first
     int4, then int8, quanto setup without a quantized KV cache or a keep list)."""
-    if spec.target is not None:
-        found = next((s for s in cfg.setups if s.name == spec.target), None)
-        if found is None:
-            raise UserError(f"advise.target: no setup {spec.target!r} in setups")
-        if not (found.weights in ("int8", "int4") and found.method == "rtn") or found.keep or found.quantizes_kv:
-            raise UserError(f"advise.target {spec.target}: the advisor lowers quanto's weights (weights int8/int4, "
-                            "method rtn, no keep list, no quantized KV cache)")
-        return found
-    for bits in ("int4", "int8"):
-        for s in cfg.setups:
-            if s.weights == bits and s.method == "rtn" and not s.quantizes_kv and not s.keep:
-                return s
-    raise UserError("advise: the config has no int4 or int8 setup (method rtn) to advise on; add one or name "
-                    "advise.target")
+    return pick_target(cfg, spec.target, "advise.target")
 
 
 def options(cfg: RunConfig, spec: AdviseSpec, target: Setup) -> Options:
