@@ -73,6 +73,7 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
         kind.expand(pre, source.config)
     pre.run_tasks = _selected(pre, only_tasks)
     _check_gates(pre)
+    backend_entry(cfg.backend).validate_tasks(pre)
     return pre
 
 
