@@ -45,6 +45,9 @@ class BackendEntry:
     #: raise a one-line UserError for a task the backend cannot score (its tasks expanded, before any
     #: setup runs): an attached server that refuses prompt log-probabilities refuses likelihood tasks
     validate_tasks: Callable[[Preflight], None] = lambda pre: None
+    #: as validate_setup, where the answer depends on the config too (how the openai backend's
+    #: server is started: a launched vLLM refuses what the in-process engine refuses)
+    validate_served: Callable[[RunConfig, Setup, str], None] = lambda cfg, setup, device: None
 
 
 def _hf_validate(setup: Setup, device: str) -> None:
@@ -108,6 +111,12 @@ def _openai_validate(setup: Setup, device: str) -> None:
     validate(setup, device)
 
 
+def _openai_validate_served(cfg: RunConfig, setup: Setup, device: str) -> None:
+    from qeval.backends.openai.support import validate_served
+
+    validate_served(cfg, setup, device)
+
+
 def _openai_check_install(cfg: RunConfig) -> None:
     from qeval.backends.openai.support import check_install
 
@@ -146,7 +155,7 @@ REGISTRY: dict[str, BackendEntry] = {
     # an OpenAI-compatible server, attached to or launched per setup (vLLM's server serves the checkpoints)
     "openai": BackendEntry("openai", _openai_validate, _openai_check_install, _openai_python, _openai_create,
                            key_parts=_openai_key_parts, serves_checkpoints=True,
-                           validate_tasks=_openai_validate_tasks),
+                           validate_tasks=_openai_validate_tasks, validate_served=_openai_validate_served),
 }
 
 

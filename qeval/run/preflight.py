@@ -50,6 +50,7 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
     for setup in setups:
         try:
             backend_entry(cfg.backend).validate_setup(setup, device)
+            backend_entry(cfg.backend).validate_served(cfg, setup, device)
         except UserError as exc:
             if not setup.optional or setup.baseline:
                 raise

@@ -51,7 +51,7 @@ def server_figures(metrics_text: str | None, max_model_len: int) -> dict[str, Me
     if not blocks or not block:
         return {}
     tokens = blocks * block
-    line = f"/metrics vllm:cache_config_info num_gpu_blocks={blocks} block_size={block}"
+    line = f"vllm:cache_config_info num_gpu_blocks={blocks} block_size={block}"
     if usage:
         line += f"; vllm:kv_cache_usage_perc={max(usage):g} after scoring"
     source = "server /metrics: vllm:cache_config_info num_gpu_blocks x block_size"

@@ -57,32 +57,33 @@ def endpoint(cfg: RunConfig, setup: Setup) -> tuple[str, str]:
 
 
 def validate(setup: Setup, device: str) -> None:
-    """Setups are checked against the server block in check_install (the entry's validate_setup
-    sees no config); vLLM's own refusals apply there to launched vLLM servers."""
+    """Nothing without the config: validate_served decides (how the server is started matters)."""
 
 
-def check_install(cfg: RunConfig) -> None:
-    """Raise one line for a config this backend cannot serve: no server block, a launched vLLM
-    that is not installed (or refuses a setup on this device), a command template asked to
-    translate engine settings it cannot."""
+def validate_served(cfg: RunConfig, setup: Setup, device: str) -> None:
+    """Raise one line for a setup this server cannot serve: a launched vLLM refuses what the
+    in-process engine refuses on this device; a command template translates only the served
+    folder. An attached server is the operator's: qeval refuses nothing of its setups."""
     spec = server_spec(cfg)
     if spec.mode == "attach":
         return
-    if spec.command is not None:
-        for s in cfg.setups:
-            if s.kv_cache != "auto" or s.weights == "fp8" or (s.quantizes_weights and s.method == "bnb"):
-                raise UserError(f"setup {s.name!r} on openai/launch with a command template: qeval translates only "
-                                "the served folder ({model}) for another server; put its KV-cache or quantization "
-                                "flags in server.command and name the setup after them")
-        return
-    from qeval.backends.device import resolve_device
-    from qeval.backends.vllm.install import check_install as vllm_install
-    from qeval.backends.vllm.support import validate as vllm_validate
+    if spec.command is None:
+        from qeval.backends.vllm.support import validate as vllm_validate
 
-    device = resolve_device(cfg.device)
-    for s in cfg.setups:
-        vllm_validate(s, device)
-    vllm_install(cfg)
+        vllm_validate(setup, device)
+    elif setup.kv_cache != "auto" or setup.weights == "fp8" or (setup.quantizes_weights and setup.method == "bnb"):
+        raise UserError(f"setup {setup.name!r} on openai/launch with a command template: qeval translates only the "
+                        "served folder ({model}) for another server; put its KV-cache or quantization flags in "
+                        "server.command and name the setup after them")
+
+
+def check_install(cfg: RunConfig) -> None:
+    """Raise one line when a launched vLLM is not installed where the server would run."""
+    spec = server_spec(cfg)
+    if spec.mode == "launch" and spec.command is None:
+        from qeval.backends.vllm.install import check_install as vllm_install
+
+        vllm_install(cfg)
 
 
 def worker_python(cfg: RunConfig) -> str:
