@@ -88,6 +88,15 @@ def wave_of(timed: list[Timed], started: float, prompt_tokens: int) -> Wave:
                 ttft_s=[t.ttft for t in timed], tpot_s=tpot, e2e_s=[t.end - t.sent for t in timed])
 
 
+def run_wave(client: Any, model: str, prompts: list[list[int]], output_len: int) -> tuple[Wave, list[float]]:
+    """One wave: every prompt sent at once as a streaming request; its figures and inter-token gaps."""
+    bodies = [bench_body(model, p, output_len) for p in prompts]
+    started = time.perf_counter()
+    results = client.map(functools.partial(stream_one, functools.partial(client.stream, "/completions")),
+                         bodies, len(bodies))
+    return wave_of(results, started, sum(len(p) for p in prompts)), [x for r in results for x in r.itl]
+
+
 def measure(client: Any, model: str, tok: Any, workload: Workload) -> Measurement:
     """Every level of `workload`: warm-up passes (prompts of seed + 1), then timed repeats (seed),
     levels in alternating order."""
@@ -104,13 +113,10 @@ def measure(client: Any, model: str, tok: Any, workload: Workload) -> Measuremen
                                         workload.seed if timed else workload.seed + 1, head)
             done = []
             for i in range(0, n, level):
-                bodies = [bench_body(model, p, workload.output_len) for p in prompts[i : i + level]]
-                started = time.perf_counter()
-                results = client.map(functools.partial(stream_one, functools.partial(client.stream, "/completions")),
-                                     bodies, level)
-                done.append(wave_of(results, started, sum(len(p) for p in prompts[i : i + level])))
+                wave, gaps = run_wave(client, model, prompts[i : i + level], workload.output_len)
+                done.append(wave)
                 if timed:
-                    itl += [x for r in results for x in r.itl]
+                    itl += gaps
             if timed:
                 waves[level].append(done)
     notes = []
