@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import ROOT, one_line_exit_2, run_cli, validate_results
+from conftest import ROOT, assert_figures_carry_their_source, one_line_exit_2, run_cli, validate_results
 
 pytestmark = pytest.mark.slow
 LIMIT = "20"
@@ -176,15 +176,24 @@ def test_attach_generates_as_the_engine_and_keeps_the_key_secret(attached: Any, 
     tmp, url = attached
     server = {"mode": "attach", "base_url": url, "model": "tiny", "api_key_env": "QEVAL_TEST_API_KEY"}
     cfg = _config(quantized_demo[0], tmp, "attached", "openai", server)
+    text = yaml.safe_load(cfg.read_text())  # a small performance phase: streaming requests at two levels
+    text["performance"] = {"input_len": 16, "output_len": 8, "num_requests": 4, "concurrency": [1, 2],
+                           "repeats": 1, "warmup": 0}
+    cfg.write_text(yaml.safe_dump(text, sort_keys=False))
     out = tmp / "out"
     os.environ["QEVAL_TEST_API_KEY"] = KEY
     try:
         res = run_cli("run", str(cfg), "--output", str(out), "--setups", "bf16", "--tasks", "addition",
-                      "--limit", LIMIT, "--no-performance")
+                      "--limit", LIMIT)
         assert res.returncode == 0, res.stderr[-3000:]
         a, r = _samples(out, "bf16", "addition"), _samples(in_process, "bf16", "addition")
         assert set(a) == set(r) and all(a[k]["prediction"] == r[k]["prediction"] for k in a)
         setup = _results(out)["bf16"]
+        perf = setup["performance"]
+        assert_figures_carry_their_source(perf)
+        assert [lv["concurrency"] for lv in perf["levels"]] == [1, 2]
+        assert "streaming /v1/completions" in perf["levels"][0]["requests_per_s"]["source"]
+        assert any("inter-token latency" in n for n in perf["notes"]), perf["notes"]
         assert setup["quantization"]["server"] == {"mode": "attach", "model": "tiny", "base_url": url}
         assert setup["memory"]["peak_bytes"]["source"].startswith("not measured")
         # the key went out with every request (the server wants it) and into no file of the run

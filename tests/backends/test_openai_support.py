@@ -232,3 +232,15 @@ def test_server_memory_from_its_metrics() -> None:
     assert figures["kv_cache_usage"].measured == 0.25
     assert metrics.server_figures("# nothing here\n", 256) == {}
     assert metrics.server_figures(None, 256) == {}
+
+
+def test_the_key_comes_from_the_named_variable_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from qeval.backends.openai.support import api_key
+
+    cfg = _cfg(mode="attach", base_url="http://127.0.0.1:8000/v1", model="m", api_key_env="QEVAL_T_KEY")
+    monkeypatch.delenv("QEVAL_T_KEY", raising=False)
+    with pytest.raises(UserError, match="the environment variable QEVAL_T_KEY is not set"):
+        api_key(cfg)
+    monkeypatch.setenv("QEVAL_T_KEY", "s3cret")
+    assert api_key(cfg) == "s3cret"
+    assert "s3cret" not in json.dumps(cfg.as_json()) and cfg.as_json()["server"]["api_key_env"] == "QEVAL_T_KEY"
