@@ -244,3 +244,27 @@ def test_the_key_comes_from_the_named_variable_only(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("QEVAL_T_KEY", "s3cret")
     assert api_key(cfg) == "s3cret"
     assert "s3cret" not in json.dumps(cfg.as_json()) and cfg.as_json()["server"]["api_key_env"] == "QEVAL_T_KEY"
+
+
+def test_a_launched_server_dies_with_its_worker(tmp_path: Path) -> None:
+    """kill -9 of the process that launched the server (the worker): the server goes with it
+    (PR_SET_PDEATHSIG), not on under PID 1."""
+    import os
+    import signal
+    import subprocess
+
+    import psutil
+
+    code = ("import sys, time; from pathlib import Path; from qeval.backends.openai.launch import LaunchedServer; "
+            f"s = LaunchedServer(['sleep', '300'], {{}}, Path({str(tmp_path / 'log')!r})); print(s.pid, flush=True); "
+            "time.sleep(300)")
+    worker = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[2])
+    assert worker.stdout is not None
+    server = psutil.Process(int(worker.stdout.readline()))
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait()
+    deadline = time.time() + 5
+    while server.is_running() and server.status() != psutil.STATUS_ZOMBIE and time.time() < deadline:
+        time.sleep(0.05)
+    assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE
