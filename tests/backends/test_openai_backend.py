@@ -34,10 +34,16 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 
 def _config(quantized: Path, tmp: Path, name: str, backend: str, server: dict[str, Any] | None) -> Path:
-    """The quantize fixture's demo config (its W8A8 checkpoint), in float32, on `backend`."""
+    """The quantize fixture's demo config, in float32, on `backend`, its W8A8 setup pointed at the
+    fixture's W8A8 folder (`checkpoint:`: the folder's key holds the dtype it was planned for)."""
     cfg = yaml.safe_load(quantized.read_text())
     cfg["name"], cfg["backend"] = name, backend
     cfg["model"]["dtype"] = "float32"  # float32: the API's scores must equal the engine's to 1e-4 nats
+    folder = Path(cfg["quantize"]["output_dir"])
+    (w8a8,) = [p for p in folder.glob("*-w8a8-*") if (p / "config.json").is_file()]
+    for setup in cfg["setups"]:
+        if setup["name"] == "w8a8":
+            setup["checkpoint"] = str(w8a8.resolve())
     cfg.pop("performance", None)
     if server is not None:
         cfg["server"] = server
@@ -207,3 +213,20 @@ def test_attach_generates_as_the_engine_and_keeps_the_key_secret(attached: Any, 
     with pytest.raises(urllib.error.HTTPError) as denied:  # without the key the server answers nothing
         urllib.request.urlopen(url + "/models", timeout=30)  # noqa: S310
     assert denied.value.code == 401
+
+
+def test_echo_and_prompt_logprobs_agree_on_a_live_server(attached: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both ways of asking a real vLLM server for prompt log-probabilities (its limit here is one
+    top entry per position) give the same numbers for the same token ids."""
+    from qeval.backends.openai import scoring
+    from qeval.backends.openai.client import Client
+
+    monkeypatch.setattr(scoring, "TOPK", 1)
+    client = Client(attached[1], api_key=KEY)
+    prompt = [1, 22, 23, 24, 25, 26]
+    rows = {mode: scoring.positions(client.post("/completions", scoring.logprob_body("tiny", prompt, mode)), mode,
+                                    prompt) for mode in ("prompt_logprobs", "echo")}
+    a, b = (scoring.window_arrays(rows[m], 1, len(prompt) - 1) for m in ("prompt_logprobs", "echo"))
+    for x, y in zip(a, b, strict=True):
+        assert x.tolist() == y.tolist()
+    assert (a[0] <= a[2][:, 0]).all()  # the top-1 log-prob bounds the actual token's

@@ -83,9 +83,10 @@ class OpenAIBackend:
         self._version = _server_version(self.client)
 
     def close(self) -> None:
+        died = self.server is not None and self.server.died
         if self.server is not None:
             self.server.stop()
-        if self._scratch is not None:
+        if self._scratch is not None and not died:  # a server that died keeps its log (named in the error)
             shutil.rmtree(self._scratch, ignore_errors=True)
 
     def _post(self, body: dict[str, Any]) -> Any:

@@ -41,6 +41,7 @@ class LaunchedServer:
 
     def __init__(self, argv: list[str], env: dict[str, str], log_path: Path) -> None:
         self.argv, self.log_path = argv, log_path
+        self._stopped = False
         self._log: IO[bytes] = log_path.open("wb")
         self.proc = subprocess.Popen(argv, env=os.environ | env | {"QEVAL_WORKER": "1"}, stdin=subprocess.DEVNULL,
                                      stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -64,7 +65,13 @@ class LaunchedServer:
         tail = [line for line in self.log_text().strip().splitlines() if line.strip()][-3:]
         how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
         raise ServerDied(f"the launched server ({self.argv[0]} ... pid {self.pid}) died, {how}"
-                         + (f"; its log ends: {' | '.join(t.strip()[:200] for t in tail)}" if tail else ""))
+                         + (f"; its log ends: {' | '.join(t.strip()[:200] for t in tail)}" if tail else "")
+                         + f" (the whole log: {self.log_path})")
+
+    @property
+    def died(self) -> bool:
+        """Whether the server exited before qeval stopped it."""
+        return self.proc.poll() is not None and not self._stopped
 
     def wait_healthy(self, healthy: Callable[[], bool], timeout_s: float) -> float:
         """Poll `healthy()` until True; seconds it took. ServerDied if it exits, TimeoutError after timeout_s."""
@@ -81,6 +88,7 @@ class LaunchedServer:
     def stop(self, grace_s: float = 15.0) -> None:
         """SIGTERM the server's process group, SIGKILL what is left after grace_s."""
         if self.proc.poll() is None:
+            self._stopped = True
             _signal_group(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(grace_s)
