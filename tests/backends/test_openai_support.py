@@ -157,7 +157,7 @@ def test_client_gives_up_on_a_dead_port() -> None:
 def test_a_dead_server_is_named_with_its_log(tmp_path: Path) -> None:
     server = LaunchedServer([sys.executable, "-c", "print('engine failed: no kernel'); raise SystemExit(3)"], {},
                             tmp_path / "log")
-    with pytest.raises(ServerDied, match=r"exit status 3; its log ends: engine failed: no kernel"):
+    with pytest.raises(ServerDied, match=r"exit status 3; its log: engine failed: no kernel"):
         server.wait_healthy(lambda: False, 30)
     server.stop()
 

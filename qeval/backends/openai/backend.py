@@ -25,7 +25,7 @@ from qeval.backends.base import (
     RollingResult,
 )
 from qeval.backends.openai import metrics, scoring
-from qeval.backends.openai.client import Client
+from qeval.backends.openai.client import Client, ServerError, Unreachable
 from qeval.backends.openai.launch import HOST, LaunchedServer, free_port
 from qeval.backends.openai.support import DEFAULT_SERVED_NAME, api_key, endpoint, serve_argv, server_spec
 from qeval.backends.tokens import conventions, encode_pair, generation_context, memoized, rolling_windows, truncate
@@ -91,7 +91,16 @@ class OpenAIBackend:
 
     def _post(self, body: dict[str, Any]) -> Any:
         assert self.client is not None
-        return self.client.post("/completions", body)
+        try:
+            return self.client.post("/completions", body)
+        except (Unreachable, ServerError) as exc:
+            if self.server is None or (isinstance(exc, ServerError) and exc.status < 500):
+                raise
+            # a launched server that stops answering is usually dying (vLLM's API server shuts down
+            # after its engine core fails): name its death and the engine's error, not the symptom
+            self.server.wait_exit(15)
+            self.server.check_alive()
+            raise
 
     def _scored(self, prompts: list[tuple[list[int], int, int]], progress: Progress | None) -> list[tuple[Any, ...]]:
         """Window arrays of each (prompt, start, n), `server.concurrency` requests in flight."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -62,16 +63,26 @@ class LaunchedServer:
         code = self.proc.poll()
         if code is None:
             return
-        tail = [line for line in self.log_text().strip().splitlines() if line.strip()][-3:]
+        lines = [line for line in self.log_text().strip().splitlines() if line.strip()]
+        # the engine's own error where it logged one (an EngineDeadError ends in shutdown noise), else the end
+        errors = [line for line in lines if re.search(r"\b\w*(Error|Exception): ", line)]
+        tail = errors[-2:] if errors else lines[-3:]
         how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
         raise ServerDied(f"the launched server ({self.argv[0]} ... pid {self.pid}) died, {how}"
-                         + (f"; its log ends: {' | '.join(t.strip()[:200] for t in tail)}" if tail else "")
+                         + (f"; its log: {' | '.join(t.strip()[:200] for t in tail)}" if tail else "")
                          + f" (the whole log: {self.log_path})")
 
     @property
     def died(self) -> bool:
         """Whether the server exited before qeval stopped it."""
         return self.proc.poll() is not None and not self._stopped
+
+    def wait_exit(self, timeout_s: float) -> None:
+        """Give a server that stopped answering up to timeout_s to exit (it may be shutting down)."""
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
 
     def wait_healthy(self, healthy: Callable[[], bool], timeout_s: float) -> float:
         """Poll `healthy()` until True; seconds it took. ServerDied if it exits, TimeoutError after timeout_s."""
