@@ -144,12 +144,11 @@ def test_a_killed_server_fails_its_setup_and_the_rerun_completes(launched: dict[
 
 
 def test_launched_scores_equal_the_in_process_engine(launched: dict[str, Any], in_process: dict[str, Path]) -> None:
-    """Per document, the same engine in process and behind the API: float32 (the 16-bit setup)
-    log-likelihoods within 1e-4 nats and identical greedy generations; W8A8 (bfloat16, the CPU
-    int8 kernel's only activations) identical generations and the log-likelihoods within bfloat16's
-    batch-to-batch noise. The launched servers ran the in-process engine's arguments, and W8A8 on
-    vLLM's int8 kernel."""
-    tol = {"bf16": 1e-4, "w8a8": 0.05}
+    """Per document, the same engine in process and behind the API: log-likelihoods within 1e-4
+    nats and identical greedy generations, for the 16-bit setup in float32 and W8A8 in bfloat16
+    (the CPU int8 kernel's only activations; measured: both equal to the last bit, 20 documents a
+    task). The launched servers ran the in-process engine's arguments, and W8A8 on vLLM's int8 kernel."""
+    tol = {"bf16": 1e-4, "w8a8": 1e-4}
     for setup in DTYPES:
         api, ref = launched["outs"][setup], in_process[setup]
         a, r = _samples(api, setup, "compare_mc"), _samples(ref, setup, "compare_mc")
