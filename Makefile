@@ -10,7 +10,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 QUANT_VENV  := .venv-quant
 QUANT_STAMP := $(QUANT_VENV)/.installed
 
-.PHONY: run run-real run-vllm test test-fast lint bench bench-vllm bench-ray bench-perf bench-longctx install browser vllm quant tasks model
+.PHONY: run run-real run-vllm test test-fast lint bench bench-vllm bench-ray bench-perf bench-serve bench-longctx install browser vllm quant tasks model
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -72,7 +72,7 @@ lint: $(STAMP)
 
 # two pytest workers (pytest-xdist): much of a run is single-threaded Python (imports, engine
 # starts, subprocess runs), so two at a time fill two cores; tests/conftest.py puts every vLLM
-# engine test in one xdist group, so never two engines at once
+# engine test in one of two xdist groups, so at most two engines at once
 TEST_WORKERS ?= 2
 
 ## every test, the slow end-to-end ones included (CI runs exactly this)
@@ -99,6 +99,10 @@ bench-ray: $(STAMP)
 ## qeval's performance phase against `vllm bench throughput` / `latency` on one engine (agreement within 5%)
 bench-perf: $(STAMP) $(VLLM_STAMP)
 	HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python bench/perf_vs_vllm_bench.py
+
+## the openai backend's measurement against `vllm bench serve` on one launched server (docs/benchmarks.md)
+bench-serve: $(STAMP) $(VLLM_STAMP)
+	HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python bench/perf_vs_vllm_serve.py
 
 ## the long-context path's cost against plain prefill, SmolLM2 at 8k tokens (docs/benchmarks.md)
 bench-longctx: $(STAMP) models/smollm2-135m/.prepared

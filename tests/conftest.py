@@ -254,18 +254,28 @@ def quantized_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path
     return cfg, tmp / "checkpoints", res.stdout + res.stderr
 
 
-#: tests that start a vLLM engine or server (or make the checkpoints they serve) share one xdist group:
-#: `make test` runs two pytest workers (pytest-xdist, `--dist loadgroup`), and two engines at once
-#: would each claim their share of host memory for the KV pool and bind their threads to the
-#: same cores. Every other test is grouped by its file, so a module fixture runs once.
-ENGINE_GROUP = "vllm-engines"
+#: tests that start vLLM engines or servers run in two xdist groups, one per pytest worker:
+#: `make test` runs two workers (pytest-xdist, `--dist loadgroup`), and each engine claims its
+#: share of host memory for the KV pool, so at most two engine tests run at once. The users of
+#: the `quantized_demo` checkpoints (a session fixture: once per worker) and the files that start
+#: most engines form one group, the other engine tests the second. Every other test is grouped
+#: by its file, so a module fixture runs once.
+CHECKPOINT_GROUP, ENGINE_GROUP = "vllm-checkpoints", "vllm-engines"
 #: node ids naming one of these start an engine or a server (the openai backend launches `vllm serve`)
 ENGINE_WORDS = ("vllm", "openai")
+CHECKPOINT_FILES = ("tests/backends/test_vllm_backend.py", "tests/backends/test_openai_backend.py")
+
+
+def _xdist_group(item: pytest.Item) -> str:
+    node = item.nodeid.lower()
+    if "quantized_demo" in getattr(item, "fixturenames", ()) or node.startswith(CHECKPOINT_FILES):
+        return CHECKPOINT_GROUP
+    if any(w in node for w in ENGINE_WORDS):
+        return ENGINE_GROUP
+    return item.nodeid.split("::")[0]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with its xdist group (see ENGINE_GROUP); harmless without xdist."""
+    """Mark each test with its xdist group (see CHECKPOINT_GROUP); harmless without xdist."""
     for item in items:
-        node = item.nodeid.lower()
-        engine = any(w in node for w in ENGINE_WORDS) or "quantized_demo" in getattr(item, "fixturenames", ())
-        item.add_marker(pytest.mark.xdist_group(ENGINE_GROUP if engine else item.nodeid.split("::")[0]))
+        item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from qeval.backends.base import Backend
     from qeval.config import RunConfig
     from qeval.config.setups import Setup
+    from qeval.records.preflight import Preflight
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,12 @@ class BackendEntry:
     #: how the engine spreads one setup over several devices: None (one device, or qeval's own
     #: worker drives them: "mp"), or "ray" (the engine places its own workers on the cluster)
     distributed: Callable[[RunConfig], str | None] = lambda cfg: None
+    #: raise a one-line UserError for a task the backend cannot score (its tasks expanded, before any
+    #: setup runs): an attached server that refuses prompt log-probabilities refuses likelihood tasks
+    validate_tasks: Callable[[Preflight], None] = lambda pre: None
+    #: as validate_setup, where the answer depends on the config too (how the openai backend's
+    #: server is started: a launched vLLM refuses what the in-process engine refuses)
+    validate_served: Callable[[RunConfig, Setup, str], None] = lambda cfg, setup, device: None
 
 
 def _hf_validate(setup: Setup, device: str) -> None:
@@ -98,11 +105,57 @@ def _vllm_distributed(cfg: RunConfig) -> str | None:
     return distributed_backend(cfg.engine.tensor_parallel_size, cfg.engine.pipeline_parallel_size)
 
 
+def _openai_validate(setup: Setup, device: str) -> None:
+    from qeval.backends.openai.support import validate
+
+    validate(setup, device)
+
+
+def _openai_validate_served(cfg: RunConfig, setup: Setup, device: str) -> None:
+    from qeval.backends.openai.support import validate_served
+
+    validate_served(cfg, setup, device)
+
+
+def _openai_check_install(cfg: RunConfig) -> None:
+    from qeval.backends.openai.support import check_install
+
+    check_install(cfg)
+
+
+def _openai_python(cfg: RunConfig) -> str:
+    from qeval.backends.openai.support import worker_python
+
+    return worker_python(cfg)
+
+
+def _openai_create(cfg: RunConfig, setup: Setup, device: str) -> Backend:
+    from qeval.backends.openai.backend import OpenAIBackend
+
+    return OpenAIBackend(cfg, setup, device)
+
+
+def _openai_key_parts(cfg: RunConfig) -> dict[str, str]:
+    from qeval.backends.openai.support import key_parts
+
+    return key_parts(cfg)
+
+
+def _openai_validate_tasks(pre: Preflight) -> None:
+    from qeval.backends.openai.support import validate_tasks
+
+    validate_tasks(pre)
+
+
 REGISTRY: dict[str, BackendEntry] = {
     "hf": BackendEntry("hf", _hf_validate, lambda cfg: None, lambda cfg: sys.executable, _hf_create,
                        _hf_validate_model, serves_checkpoints=True),
     "vllm": BackendEntry("vllm", _vllm_validate, _vllm_check_install, _vllm_python, _vllm_create,
                          key_parts=_vllm_key_parts, serves_checkpoints=True, distributed=_vllm_distributed),
+    # an OpenAI-compatible server, attached to or launched per setup (vLLM's server serves the checkpoints)
+    "openai": BackendEntry("openai", _openai_validate, _openai_check_install, _openai_python, _openai_create,
+                           key_parts=_openai_key_parts, serves_checkpoints=True,
+                           validate_tasks=_openai_validate_tasks, validate_served=_openai_validate_served),
 }
 
 

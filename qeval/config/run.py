@@ -24,6 +24,7 @@ from qeval.config.lm_eval import LmEvalSpec
 from qeval.config.long_context import LongContextSpec
 from qeval.config.performance import PerfSpec, RecommendBy
 from qeval.config.quantize import QuantizeSpec
+from qeval.config.server import ServerSpec
 from qeval.config.setups import Setup
 from qeval.config.tracking import TrackingSpec
 from qeval.errors import UserError
@@ -77,6 +78,8 @@ class RunConfig(ChatKeys):
     seed: int = 1234
     budget: Budget = Budget()
     engine: EngineSpec = EngineSpec()
+    #: the OpenAI-compatible server of the `openai` backend (qeval/config/server.py)
+    server: ServerSpec | None = None
     quantize: QuantizeSpec = QuantizeSpec()
     executor: ExecutorSpec = ExecutorSpec()
     gates: list[Gate] = []
@@ -132,10 +135,11 @@ class RunConfig(ChatKeys):
 
     def as_json(self) -> dict[str, Any]:
         """The config as results.json and the config hash hold it: `kinds` left out while empty,
-        and the chat keys and `advise` while unset, so a config that uses none of them reads and
-        hashes as before those keys existed, and
+        and the chat keys, `advise` and `server` while unset, so a config that uses none of them
+        reads and hashes as before those keys existed, and
         `tracking` always (it changes no number, and its URI may carry credentials)."""
-        unset = ({"kinds"} if not self.kinds else set()) | ({"advise"} if self.advise is None else set())
+        unset = ({"kinds"} if not self.kinds else set()) | ({"advise"} if self.advise is None else set()) \
+            | ({"server"} if self.server is None else set())
         out = self.model_dump(mode="json", exclude={"tracking"} | unset)
         # the chat keys likewise while unset, at the top and in each lm-eval task
         for piece in [out, *((out.get("lm_eval") or {}).get("tasks") or [])]:

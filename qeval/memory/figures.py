@@ -79,9 +79,11 @@ def _engine_pool(measured: dict[str, Any], share: str) -> EnginePool | None:
         return None
     conc = measured.get("max_concurrency") or {}
     lines = [tokens.get("extra", {}).get("line"), conc.get("extra", {}).get("line")]
+    # the engine's log (in-process vLLM), or where a backend read the pool from (a server's /metrics)
+    where = tokens.get("extra", {}).get("pool_source") or "vLLM engine log"
     return EnginePool(kv_cache_tokens=tokens["measured"], max_concurrency=conc.get("measured"),
                       max_concurrency_context=conc.get("extra", {}).get("context"), pool=share,
-                      source="vLLM engine log: " + "; ".join(x for x in lines if x))
+                      source=f"{where}: " + "; ".join(x for x in lines if x))
 
 
 def gap_flags(mem: Memory) -> list[str]:

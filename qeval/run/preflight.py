@@ -51,6 +51,7 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
     for setup in setups:
         try:
             backend_entry(cfg.backend).validate_setup(setup, device)
+            backend_entry(cfg.backend).validate_served(cfg, setup, device)
         except UserError as exc:
             if not setup.optional or setup.baseline:
                 raise
@@ -76,6 +77,7 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
     pre.run_tasks = _selected(pre, only_tasks)
     _check_gates(pre)
     check_advice(pre)
+    backend_entry(cfg.backend).validate_tasks(pre)
     return pre
 
 

@@ -27,7 +27,7 @@ from qeval.backends.base import (
 from qeval.backends.tokens import conventions, encode_pair, generation_context, memoized, rolling_windows, truncate
 from qeval.backends.vllm.logcapture import capture_fds
 from qeval.backends.vllm.logs import parse_engine_log, quantized_kernels
-from qeval.backends.vllm.support import engine_args
+from qeval.backends.vllm.support import setup_engine_args
 from qeval.config import RunConfig
 from qeval.config.setups import Setup
 from qeval.records.checkpoint import checkpoint_config, describe, quantization_config
@@ -52,14 +52,7 @@ class VLLMBackend:
     def load(self) -> None:
         from vllm import LLM
 
-        e = self.cfg.engine
-        # on the CPU build `gpu_memory_utilization` is the share of *host* memory reserved
-        utilization = self.cfg.budget.utilization if self.device == "cuda" else e.cpu_memory_utilization
-        args = engine_args(self.cfg.model.path, self.setup, dtype=self.cfg.model.dtype,
-                           max_model_len=self.max_length, utilization=utilization, max_num_seqs=e.max_num_seqs,
-                           tensor_parallel_size=e.tensor_parallel_size, enforce_eager=e.enforce_eager,
-                           seed=self.cfg.seed, trust_remote_code=self.cfg.model.trust_remote_code,
-                           pipeline_parallel_size=e.pipeline_parallel_size, revision=self.cfg.model.revision)
+        args = setup_engine_args(self.cfg, self.setup, self.device)
         self._engine_args = args
         with capture_fds() as log:
             # log stats on for the performance phase: per-request metrics (TTFT, TPOT) exist only then
@@ -120,7 +113,7 @@ class VLLMBackend:
             # greedy: the actual token is the top-1 (a tie counts, as vLLM's rank 1 does)
             greedy = bool(np.all(tok >= top_l[:, 0]))
             results.append(LoglikelihoodResult(float(tok.sum()), greedy, len(cont), tok.astype(np.float32), top_i,
-                                               top_l.astype(np.float32), _at_ids(ref, top_i, top_l)))
+                                               top_l.astype(np.float32), at_ids(ref, top_i, top_l)))
         progress(len(requests))
         return results
 
@@ -137,7 +130,7 @@ class VLLMBackend:
         for (r, ctx, pred), flat in zip(windows, outs, strict=True):
             parts[r].append(_window_arrays(flat, len(ctx), len(pred)))
         progress(len(requests))
-        return [_rolling_result(p, req.ref_indices) for p, req in zip(parts, requests, strict=True)]
+        return [rolling_result(p, req.ref_indices) for p, req in zip(parts, requests, strict=True)]
 
     def generate(self, requests: list[GenerateRequest], progress: Progress) -> list[str]:
         from vllm import SamplingParams
@@ -246,15 +239,16 @@ def _window_arrays(flat: Any, start: int, n: int) -> tuple[np.ndarray, np.ndarra
     return lps[starts], ids[cols].astype(np.int32), lps[cols]
 
 
-def _rolling_result(parts: list[tuple[np.ndarray, ...]], ref: np.ndarray | None) -> RollingResult:
+def rolling_result(parts: list[tuple[np.ndarray, ...]], ref: np.ndarray | None) -> RollingResult:
+    """One document's RollingResult from its windows' (token log-probs, top-k ids, top-k log-probs)."""
     logp = np.concatenate([p[0] for p in parts])
     top_i = np.concatenate([p[1] for p in parts])
     top_l = np.concatenate([p[2] for p in parts])
-    return RollingResult(logp, top_i, top_l.astype(np.float32), _at_ids(None if ref is None else ref[: len(logp)],
+    return RollingResult(logp, top_i, top_l.astype(np.float32), at_ids(None if ref is None else ref[: len(logp)],
                                                                          top_i, top_l))
 
 
-def _at_ids(ref: np.ndarray | None, top_i: np.ndarray, top_l: np.ndarray) -> np.ndarray | None:
+def at_ids(ref: np.ndarray | None, top_i: np.ndarray, top_l: np.ndarray) -> np.ndarray | None:
     """Log-probs at the reference's ids ([n, k_ref]) from the engine's own top-k ([n, k])."""
     if ref is None:
         return None

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from qeval.backends.device import cpu_flags
+from qeval.config import RunConfig
 from qeval.config.setups import Setup
 from qeval.errors import UserError
 from qeval.memory.layouts import VLLM_QEVAL_CPU, VLLM_SERVE_GPU, VllmCache
@@ -143,6 +144,19 @@ def engine_args(model_path: str, setup: Setup, *, dtype: str, max_model_len: int
     if setup.kv_cache != "auto":
         args["kv_cache_dtype"] = KV_DTYPES[setup.kv_cache]
     return args
+
+
+def setup_engine_args(cfg: RunConfig, setup: Setup, device: str) -> dict[str, Any]:
+    """engine_args for `setup` from the run config: what the in-process backend passes to
+    `vllm.LLM` and the openai backend's launched `vllm serve` gets as flags (one table for both)."""
+    e = cfg.engine
+    # on the CPU build `gpu_memory_utilization` is the share of *host* memory reserved
+    utilization = cfg.budget.utilization if device == "cuda" else e.cpu_memory_utilization
+    return engine_args(cfg.model.path, setup, dtype=cfg.model.dtype, max_model_len=cfg.model.max_context,
+                       utilization=utilization, max_num_seqs=e.max_num_seqs,
+                       tensor_parallel_size=e.tensor_parallel_size, enforce_eager=e.enforce_eager, seed=cfg.seed,
+                       trust_remote_code=cfg.model.trust_remote_code, pipeline_parallel_size=e.pipeline_parallel_size,
+                       revision=cfg.model.revision)
 
 
 def cache_accounting(device: str) -> VllmCache:

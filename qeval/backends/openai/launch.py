@@ -1,0 +1,121 @@
+"""A server qeval starts itself for one setup: on 127.0.0.1 at a free port, its output in a log
+file, healthy once GET /health answers; stopped when the setup ends, and dead with the worker.
+
+Two guards keep no server computing after qeval: the server runs in its own process group,
+which `stop()` kills whole (vLLM's API server, its engine core and their workers), and every
+process of it gets PR_SET_PDEATHSIG: the server's own process from `preexec_fn`, vLLM's engine
+processes from qeval's vLLM plugin (QEVAL_WORKER=1 in its environment,
+qeval/backends/vllm/plugin.py), so a killed worker takes its server with it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+from qeval.files.processes import die_with_parent
+
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nothing listens on now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+class ServerDied(RuntimeError):
+    """The launched server exited: its exit status and the last lines of its log."""
+
+
+class LaunchedServer:
+    """One server process (group) started from `argv`, with `env` added to this environment."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.argv, self.log_path = argv, log_path
+        self._stopped = False
+        self._log: IO[bytes] = log_path.open("wb")
+        self.proc = subprocess.Popen(argv, env=os.environ | env | {"QEVAL_WORKER": "1"}, stdin=subprocess.DEVNULL,
+                                     stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=functools.partial(die_with_parent, os.getpid()))
+
+    @property
+    def pid(self) -> int:
+        return int(self.proc.pid)
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def check_alive(self) -> None:
+        """Raise ServerDied, naming the exit status and the log's last lines, if the server exited."""
+        code = self.proc.poll()
+        if code is None:
+            return
+        lines = [line for line in self.log_text().strip().splitlines() if line.strip()]
+        # the engine's own error where it logged one (an EngineDeadError ends in shutdown noise), else the end
+        errors = [line for line in lines if re.search(r"\b\w*(Error|Exception): ", line)]
+        tail = errors[-2:] if errors else lines[-3:]
+        how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        raise ServerDied(f"the launched server ({self.argv[0]} ... pid {self.pid}) died, {how}"
+                         + (f"; its log: {' | '.join(t.strip()[:200] for t in tail)}" if tail else "")
+                         + f" (the whole log: {self.log_path})")
+
+    @property
+    def died(self) -> bool:
+        """Whether the server exited before qeval stopped it."""
+        return self.proc.poll() is not None and not self._stopped
+
+    def wait_exit(self, timeout_s: float) -> None:
+        """Give a server that stopped answering up to timeout_s to exit (it may be shutting down)."""
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def wait_healthy(self, healthy: Callable[[], bool], timeout_s: float) -> float:
+        """Poll `healthy()` until True; seconds it took. ServerDied if it exits, TimeoutError after timeout_s."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout_s:
+            self.check_alive()
+            if healthy():
+                return time.monotonic() - t0
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"the launched server did not answer GET /health within {timeout_s:g} s "
+                           f"(its log: {self.log_path})")
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """SIGTERM the server's process group, SIGKILL what is left after grace_s."""
+        if self.proc.poll() is None:
+            self._stopped = True
+            _signal_group(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        _signal_group(self.proc.pid, signal.SIGKILL)  # the engine processes, even when the server exited
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+        if not self._log.closed:
+            self._log.close()
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
