@@ -103,6 +103,8 @@ class RunConfig(ChatKeys):
         problem = folder_names_problem(names, "setup")
         if problem:
             raise ValueError(problem)
+        if self.server is not None and self.backend != "openai":  # it would be ignored without a word
+            raise ValueError(f"server: applies to backend openai only (this config's backend is {self.backend})")
         baselines = [s.name for s in self.setups if s.baseline]
         if len(baselines) > 1:
             raise ValueError(f"more than one baseline setup: {', '.join(baselines)}")

@@ -8,7 +8,7 @@ in the config: the key itself is read from the environment in the worker and wri
 
 from __future__ import annotations
 
-import re
+import string
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -25,6 +25,10 @@ def base_url_problem(url: str) -> str | None:
     """Why `url` is not a base URL qeval sends requests to (None when it is): http or https, a
     host, no credentials (they would be written to results.json with the config), no query or
     fragment (qeval appends the endpoint paths itself)."""
+    if any(ch in url for ch in "?#") or any(ch.isspace() or not ch.isprintable() for ch in url):
+        # urlsplit drops an empty query or fragment and strips whitespace: http://h/v1? would pass
+        # and then send every request to /v1?/completions
+        return f"base_url {url!r} must not have a query or fragment, spaces or control characters"
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -84,7 +88,11 @@ class ServerSpec(Strict):
     @classmethod
     def _command(cls, value: list[str] | None) -> list[str] | None:
         for part in value or []:
-            for name in re.findall(r"\{([^{}]*)\}", part):
+            try:  # what str.format will read: a lone brace fails here, not in the worker
+                names = [name for _, name, _, _ in string.Formatter().parse(part) if name is not None]
+            except ValueError as exc:
+                raise ValueError(f"command: {part!r}: {exc} (a literal brace is written {{{{ or }}}})") from None
+            for name in names:
                 if name not in COMMAND_FIELDS:
                     raise ValueError(f"command: unknown placeholder {{{name}}} (known: "
                                      f"{', '.join('{' + f + '}' for f in COMMAND_FIELDS)})")

@@ -268,3 +268,95 @@ def test_a_launched_server_dies_with_its_worker(tmp_path: Path) -> None:
     while server.is_running() and server.status() != psutil.STATUS_ZOMBIE and time.time() < deadline:
         time.sleep(0.05)
     assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE
+
+
+# -- hostile inputs and surroundings (an adversarial review's findings) -------------------------------
+
+class _Redirect(http.server.BaseHTTPRequestHandler):
+    target = ""
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        self.send_response(307)
+        self.send_header("Location", type(self).target)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_no_proxy_and_no_redirect_carries_the_key_away(local_http: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """urllib honours http_proxy even for 127.0.0.1 and resends Authorization on a redirect to
+    any host: the client does neither."""
+    # a proxy where nothing listens: a request sent through it would fail to connect
+    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("no_proxy", "")
+    assert Client(local_http, api_key="k-1", retries=0).post("/completions", {"a": 1}) == {"ok": True}
+    assert len(_Handler.seen) == 1
+    redirect = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Redirect)
+    threading.Thread(target=redirect.serve_forever, daemon=True).start()
+    try:
+        _Redirect.target = local_http + "/steal"
+        client = Client(f"http://127.0.0.1:{redirect.server_address[1]}/v1", api_key="k-1", retries=0)
+        with pytest.raises(ServerError, match="redirected to"):
+            client.post("/completions", {"a": 1})
+        assert len(_Handler.seen) == 1  # nothing followed the redirect
+    finally:
+        redirect.shutdown()
+
+
+def test_an_error_in_a_200_answer_is_a_server_error(local_http: str) -> None:
+    _Handler.script = [(200, {"error": {"message": "model not loaded"}}), (200, {"object": "x"})]
+    client = Client(local_http, retries=0)
+    with pytest.raises(ServerError, match="model not loaded"):
+        client.post("/completions", {})
+    with pytest.raises(RuntimeError, match="no choices"):
+        scoring.generation(client.post("/completions", {}))
+
+
+def test_a_key_a_header_cannot_carry_is_refused_without_its_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    from qeval.backends.openai.support import api_key
+
+    cfg = _cfg(mode="attach", base_url="http://127.0.0.1:8000/v1", model="m", api_key_env="QEVAL_T_KEY")
+    monkeypatch.setenv("QEVAL_T_KEY", "sk-SECRET\r\n")  # a CRLF .env file: stripped
+    assert api_key(cfg) == "sk-SECRET"
+    monkeypatch.setenv("QEVAL_T_KEY", "sk-SEC\nRET")
+    with pytest.raises(UserError) as err:
+        api_key(cfg)
+    assert "SEC" not in str(err.value) and "QEVAL_T_KEY" in str(err.value)
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1/v1?", "http://127.0.0.1/v1#", " http://127.0.0.1/v1",
+                                 "http://127.0.0.1/v1\n"])
+def test_urls_urlsplit_would_quietly_change_are_refused(url: str) -> None:
+    assert base_url_problem(url) is not None
+
+
+def test_config_mistakes_are_refused_where_they_are_written() -> None:
+    with pytest.raises(ValidationError, match="a literal brace"):
+        ServerSpec(command=["sglang", "--json-args", "{"])
+    assert ServerSpec(command=["s", "--json", '{{"a": 1}}']).command is not None
+    with pytest.raises(ValidationError, match="applies to backend openai only"):
+        RunConfig.model_validate({"name": "t", "model": {"path": str(MODEL)}, "backend": "hf", "tasks": ["addition"],
+                                  "setups": [{"name": "b", "baseline": True}], "server": {}})
+
+
+def test_requests_pin_every_sampling_field_and_the_server_ignores_the_model_card() -> None:
+    """vLLM's server fills unset sampling fields from generation_config.json (a repetition
+    penalty changes greedy text); the in-process engine never reads it."""
+    from qeval.backends.base import GenerateRequest
+
+    body = scoring.generate_body("m", [1, 2], GenerateRequest(context="x", until=("\n",), max_gen_toks=4))
+    assert body["temperature"] == 0.0 and body["repetition_penalty"] == 1.0 and body["top_k"] == -1
+    assert {"min_p", "presence_penalty", "frequency_penalty", "top_p"} <= set(body)
+    argv, _ = serve_argv(_cfg(), _cfg().setups[0], "cpu", 1, "127.0.0.1")
+    assert argv[argv.index("--generation-config") + 1] == "vllm"
+
+
+def test_a_shell_vllm_api_key_is_not_inherited(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_API_KEY", "from-the-shell")
+    out = tmp_path / "env.txt"
+    server = LaunchedServer([sys.executable, "-c", f"import os; open({str(out)!r}, 'w').write("
+                             "os.environ.get('VLLM_API_KEY', 'unset'))"], {}, tmp_path / "log")
+    server.proc.wait(30)
+    assert out.read_text() == "unset"

@@ -77,13 +77,16 @@ class OpenAIBackend:
         from transformers import AutoTokenizer
 
         # the served folder's tokenizer, as the in-process engine uses the folder it loads
-        folder = self.setup.checkpoint if self.spec.mode == "launch" and self.setup.checkpoint else self.cfg.model.path
-        self.tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=self.cfg.model.trust_remote_code)
+        served = self.spec.mode == "launch" and self.setup.checkpoint
+        folder = self.setup.checkpoint if served else self.cfg.model.path
+        revision = self.setup.checkpoint_revision if served else self.cfg.model.revision  # as the server pins it
+        self.tok = AutoTokenizer.from_pretrained(folder, revision=revision,
+                                                 trust_remote_code=self.cfg.model.trust_remote_code)
         self.conv = conventions(self.tok)
         self._version = _server_version(self.client)
 
     def close(self) -> None:
-        died = self.server is not None and self.server.died
+        died = self.server is not None and (self.server.died or self.server.failed)
         if self.server is not None:
             self.server.stop()
         if self._scratch is not None and not died:  # a server that died keeps its log (named in the error)
@@ -203,7 +206,7 @@ class OpenAIBackend:
         if self._engine_args and "command" not in self._engine_args:
             info["engine_args"] = self._engine_args
         if self.setup.checkpoint and self.spec.mode == "launch":
-            qc = quantization_config(checkpoint_config(self.setup.checkpoint))
+            qc = quantization_config(checkpoint_config(self.setup.checkpoint, self.setup.checkpoint_revision))
             if qc is not None:
                 described = describe(qc)
                 info |= {"checkpoint": self.setup.checkpoint, "description": described.pop("text"),

@@ -10,6 +10,7 @@ sent as a Bearer header; no message this module raises contains it.
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
@@ -24,6 +25,20 @@ R = TypeVar("R")
 
 #: HTTP statuses worth another try: the server is busy or restarting, not refusing the request
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Redirects are not followed: urllib would resend the Authorization header to whatever host
+    a 30x names (https to http included) and turn the POST into a GET."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> None:
+        raise urllib.error.HTTPError(req.full_url, code, f"redirected to {newurl}; set base_url to the final URL",
+                                     headers, fp)
+
+
+#: the one opener every request goes through: no proxy (urlopen honours http_proxy even for
+#: 127.0.0.1, and the Bearer key would travel through it in clear) and no redirects
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
 
 
 class ServerError(RuntimeError):
@@ -77,7 +92,7 @@ class Client:
                     self.before_retry()
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
-                return urllib.request.urlopen(self._request(url, body, timeout), timeout=timeout)  # noqa: S310
+                return _OPENER.open(self._request(url, body, timeout), timeout=timeout)
             except urllib.error.HTTPError as exc:
                 err = ServerError(url, exc.code, _message(exc))
                 if exc.code not in RETRY_STATUSES:
@@ -89,9 +104,22 @@ class Client:
         raise last
 
     def post(self, path: str, body: dict[str, Any]) -> Any:
-        """POST `body` as JSON to base_url + path; the decoded JSON answer."""
-        with self._open(self.base_url + path, body) as resp:
-            return json.loads(resp.read())
+        """POST `body` as JSON to base_url + path; the decoded JSON answer (a ServerError for a
+        200 whose body is not JSON, or carries an `error`, or is cut off)."""
+        url = self.base_url + path
+        try:
+            with self._open(url, body) as resp:
+                raw = resp.read()
+        except (http.client.HTTPException, TimeoutError, ConnectionError) as exc:  # the body cut off mid-read
+            raise Unreachable(f"{url}: the answer was cut off ({type(exc).__name__})") from None
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            raise ServerError(url, 200, "not JSON: " + raw[:300].decode(errors="replace").strip()) from None
+        if isinstance(data, dict) and data.get("error"):
+            err = data["error"]
+            raise ServerError(url, 200, str(err.get("message", err) if isinstance(err, dict) else err)[:300])
+        return data
 
     def get_text(self, path: str, *, root: bool = True, timeout: float | None = None) -> str:
         """GET root (or base_url) + path as text (/health, /metrics)."""
@@ -101,10 +129,9 @@ class Client:
     def healthy(self, timeout: float = 5.0) -> bool:
         """GET /health answers 200, once, no retries."""
         try:
-            with urllib.request.urlopen(self._request(self.root + "/health", None, timeout),  # noqa: S310
-                                        timeout=timeout) as resp:
+            with _OPENER.open(self._request(self.root + "/health", None, timeout), timeout=timeout) as resp:
                 return bool(resp.status == 200)
-        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError):
+        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError, ValueError):
             return False
 
     def stream(self, path: str, body: dict[str, Any]) -> Iterator[tuple[float, dict[str, Any]]]:
@@ -145,6 +172,8 @@ def _message(exc: urllib.error.HTTPError) -> str:
         body = exc.read().decode(errors="replace")
     except OSError:
         return exc.reason or ""
+    if not body.strip():  # no body: the status's own reason (a refused redirect says where it went)
+        return str(exc.reason or "")
     try:
         data = json.loads(body)
     except ValueError:

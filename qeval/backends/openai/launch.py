@@ -43,8 +43,12 @@ class LaunchedServer:
     def __init__(self, argv: list[str], env: dict[str, str], log_path: Path) -> None:
         self.argv, self.log_path = argv, log_path
         self._stopped = False
+        #: set when it never answered /health: its log is kept, as for a server that died
+        self.failed = False
         self._log: IO[bytes] = log_path.open("wb")
-        self.proc = subprocess.Popen(argv, env=os.environ | env | {"QEVAL_WORKER": "1"}, stdin=subprocess.DEVNULL,
+        # a VLLM_API_KEY from the user's shell would make the server demand a key the client never sends
+        inherited = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
+        self.proc = subprocess.Popen(argv, env=inherited | env | {"QEVAL_WORKER": "1"}, stdin=subprocess.DEVNULL,
                                      stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
                                      preexec_fn=functools.partial(die_with_parent, os.getpid()))
 
@@ -92,6 +96,7 @@ class LaunchedServer:
             if healthy():
                 return time.monotonic() - t0
             time.sleep(0.5)
+        self.failed = True
         self.stop()
         raise TimeoutError(f"the launched server did not answer GET /health within {timeout_s:g} s "
                            f"(its log: {self.log_path})")

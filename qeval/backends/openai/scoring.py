@@ -39,7 +39,7 @@ def logprob_body(model: str, prompt: list[int], mode: str) -> dict[str, Any]:
 def positions(answer: dict[str, Any], mode: str, prompt: list[int]) -> list[tuple[float, Entries] | None]:
     """Per prompt position: (the actual token's log-prob, the top-k entries sorted best first);
     None at position 0 (nothing predicts it)."""
-    choice = answer["choices"][0]
+    choice = first_choice(answer)
     out: list[tuple[float, Entries] | None] = []
     if mode == "prompt_logprobs":
         rows = choice.get("prompt_logprobs")
@@ -49,6 +49,8 @@ def positions(answer: dict[str, Any], mode: str, prompt: list[int]) -> list[tupl
             if row is None:
                 out.append(None)
                 continue
+            if str(prompt[pos]) not in row:
+                raise RuntimeError(f"the server's prompt_logprobs at position {pos} leave out the prompt's own token")
             actual = row[str(prompt[pos])]["logprob"]
             ranked = sorted(row.items(), key=lambda kv: (kv[1].get("rank") or 0, -kv[1]["logprob"]))
             top = [(int(k), float(v["logprob"])) for k, v in ranked if (v.get("rank") or 0) <= TOPK][:TOPK]
@@ -108,6 +110,10 @@ def generate_body(model: str, prompt: list[int], req: GenerateRequest) -> dict[s
     body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": req.max_gen_toks,
                             "stop": list(req.until) or None}
     s: Sampling | None = req.sampling
+    # every sampling field set: vLLM's server fills the ones a request leaves out from the model's
+    # generation_config.json (a repetition_penalty of 1.05 changes greedy text), and the in-process
+    # engine, given explicit SamplingParams, never reads it
+    body |= NEUTRAL_SAMPLING
     if s is None:
         body["temperature"] = 0.0
     else:
@@ -116,9 +122,22 @@ def generate_body(model: str, prompt: list[int], req: GenerateRequest) -> dict[s
     return body
 
 
+#: the sampling fields at the values that leave the model's distribution as it is
+NEUTRAL_SAMPLING: dict[str, Any] = {"top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0,
+                                    "presence_penalty": 0.0, "frequency_penalty": 0.0}
+
+
+def first_choice(answer: Any) -> dict[str, Any]:
+    """The first choice of a completion answer; a RuntimeError for an answer without one."""
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    if not choices or not isinstance(choices[0], dict):
+        raise RuntimeError("the server's answer has no choices")
+    return choices[0]
+
+
 def generation(answer: dict[str, Any]) -> Generation:
     """The text of a completion and the tokens the server says it generated."""
-    text = answer["choices"][0].get("text") or ""
+    text = first_choice(answer).get("text") or ""
     usage = answer.get("usage") or {}
     return Generation(text, int(usage.get("completion_tokens") or 0))
 

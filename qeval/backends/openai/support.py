@@ -127,7 +127,10 @@ def serve_argv(cfg: RunConfig, setup: Setup, device: str, port: int, host: str) 
     argv = [server_python(cfg), "-m", VLLM_SERVER_MODULE, "--host", host, "--port", str(port),
             "--served-model-name", name,
             # the top-k of every prompt position plus the actual token, as the in-process backend asks
-            "--max-logprobs", str(TOPK + 1), "--disable-uvicorn-access-log"]
+            "--max-logprobs", str(TOPK + 1), "--disable-uvicorn-access-log",
+            # request defaults from vLLM, not from the model's generation_config.json: the in-process
+            # engine never reads that file (qeval's requests set every sampling field as well)
+            "--generation-config", "vllm"]
     argv += flags(args)
     return argv, args
 
@@ -150,9 +153,12 @@ def api_key(cfg: RunConfig) -> str | None:
     spec = server_spec(cfg)
     if spec.api_key_env is None:
         return None
-    key = os.environ.get(spec.api_key_env)
+    key = (os.environ.get(spec.api_key_env) or "").strip()  # a CRLF .env file leaves a \r behind
     if not key:
         raise UserError(f"server.api_key_env: the environment variable {spec.api_key_env} is not set")
+    if not all(" " < ch <= "~" for ch in key):  # never in a header, so never in an error text either
+        raise UserError(f"server.api_key_env: the value of {spec.api_key_env} has characters an HTTP header cannot "
+                        "carry (spaces, control or non-ASCII characters); the value is not shown")
     return key
 
 
