@@ -360,3 +360,19 @@ def test_a_shell_vllm_api_key_is_not_inherited(tmp_path: Path, monkeypatch: pyte
                              "os.environ.get('VLLM_API_KEY', 'unset'))"], {}, tmp_path / "log")
     server.proc.wait(30)
     assert out.read_text() == "unset"
+
+
+def test_the_port_must_be_held_by_the_launched_server(tmp_path: Path, local_http: str) -> None:
+    """A /health 200 on the port counts only from the launched process tree: another process
+    that took the port between free_port() and the bind is not the server."""
+    port = free_port()
+    server = LaunchedServer([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)], {},
+                            tmp_path / "log")
+    try:
+        deadline = time.monotonic() + 30
+        while not server.listens_on(port) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert server.listens_on(port)
+        assert not server.listens_on(int(local_http.split(":")[2].split("/")[0]))  # this test's own server
+    finally:
+        server.stop()

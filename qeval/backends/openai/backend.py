@@ -72,6 +72,10 @@ class OpenAIBackend:
                              before_retry=self.server.check_alive if self.server else None)
         if self.server is not None:
             self.server.wait_healthy(self.client.healthy, s.startup_timeout_s)
+            if not self.server.listens_on(port):
+                self.server.failed = True
+                raise RuntimeError(f"port {port} answered GET /health, but not from the launched server's processes "
+                                   "(another process took the port first); rerun to launch it on another port")
         elif not self.client.healthy(timeout=min(s.timeout_s, 30.0)):
             self.client.get_text("/models", root=False)  # no /health: the API itself must answer (or raise)
         from transformers import AutoTokenizer

@@ -101,6 +101,26 @@ class LaunchedServer:
         raise TimeoutError(f"the launched server did not answer GET /health within {timeout_s:g} s "
                            f"(its log: {self.log_path})")
 
+    def listens_on(self, port: int) -> bool:
+        """Whether the server's own process tree holds the listening socket on `port`: between
+        free_port() and the server's bind another process may take the port, and its /health 200
+        would otherwise be trusted (its answers scored, the key sent to it)."""
+        import psutil
+
+        try:
+            root = psutil.Process(self.pid)
+            family = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return False
+        for proc in family:
+            try:
+                if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+                       for c in proc.net_connections(kind="tcp")):
+                    return True
+            except psutil.Error:  # it ended, or is not ours to read
+                continue
+        return False
+
     def stop(self, grace_s: float = 15.0) -> None:
         """SIGTERM the server's process group, SIGKILL what is left after grace_s."""
         if self.proc.poll() is None:
