@@ -70,18 +70,19 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check qeval tests bench scripts
 	$(VENV)/bin/mypy
 
-# two pytest workers (pytest-xdist): much of a run is single-threaded Python (imports, engine
-# starts, subprocess runs), so two at a time fill two cores; tests/conftest.py puts every vLLM
-# engine test in one of two xdist groups, so at most two engines at once
-TEST_WORKERS ?= 2
+# one pytest process by default. `make test PYTEST_WORKERS="-n 2 --dist loadgroup"` runs two
+# (pytest-xdist; tests/conftest.py's groups keep at most two vLLM engines at once), for machines
+# with cores to spare: on 2 cores two workers oversubscribe torch's threads (each test's torch
+# uses every core) and the suite ran far slower than serially (CONTRIBUTING.md)
+PYTEST_WORKERS ?=
 
 ## every test, the slow end-to-end ones included (CI runs exactly this)
 test: lint $(VLLM_STAMP) $(QUANT_STAMP) browser models/smollm2-135m/.prepared tasks/lm_eval_full/.prepared
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
+	HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_WORKERS)
 
 ## skip engine starts and full demo runs while developing
 test-fast: lint $(VLLM_STAMP) $(QUANT_STAMP) models/smollm2-135m/.prepared tasks/lm_eval_full/.prepared
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow"
+	HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_WORKERS) -m "not slow"
 
 ## qeval against lm-evaluation-harness: speed ratio and per-sample agreement (bench/)
 bench: $(STAMP) models/smollm2-135m/.prepared
