@@ -37,6 +37,12 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_HOST_SHARE = 0.15  # of host memory, per engine (the vLLM CPU build's KV pool); two engines run
+# lm-eval's engine starts second, in the process that already holds qeval's: sized from the host
+# share, its pool is what is left of that share after this process's RSS, which varies by machine
+# (a local run on 2026-12-02 got "estimated maximum model length is 768"). A fixed pool does not (vLLM 0.32's
+# kv_cache_memory_bytes, which skips the memory profile); 512 MiB holds 11 float32 SmolLM2
+# sequences of 1,024 tokens.
+LM_EVAL_KV_POOL = 512 * 2**20
 SHOTS = {"arc_easy_local": 3, "arc_challenge_local": 3, "hellaswag_local": 3, "gsm8k_local": 2,
          "wikitext_local": 0, "winogrande_local": 3, "truthfulqa_mc2_local": 0}
 
@@ -67,7 +73,7 @@ def lm_eval_model(args: argparse.Namespace) -> Any:
     lm_vllm.version = version  # type: ignore[attr-defined]
     lm = lm_vllm.VLLM(pretrained=str(args.model), dtype=args.dtype, max_model_len=args.max_length,
                       batch_size="auto", seed=1234, gpu_memory_utilization=VLLM_HOST_SHARE, enforce_eager=True,
-                      enable_prefix_caching=False)
+                      enable_prefix_caching=False, kv_cache_memory_bytes=LM_EVAL_KV_POOL)
     # lm-eval asks vLLM for a progress bar when batch_size is "auto". tqdm reads TQDM_DISABLE once,
     # at import (tqdm 4.70 `envwrap`), and qeval's lm-eval session sets it in this process; vLLM
     # 0.32's LLM._run_engine then divides by the disabled bar's elapsed time 0 (ZeroDivisionError).

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from qeval.advise.advisor import Options, allowance_of, pick_target
 from qeval.advise.calibration import read_texts
+from qeval.advise.target import Options, allowance_of, pick_target
 from qeval.backends import backend_entry
 from qeval.config import RunConfig
 from qeval.config.advise import AdviseSpec

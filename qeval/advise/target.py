@@ -1,0 +1,68 @@
+"""What the advisor is asked and what it lowers, light enough for preflight: the options, the
+target setup and the budget's allowance need no torch (qeval/advise/advisor.py runs the advisor)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from qeval.advise.search import Budget
+from qeval.config import RunConfig
+from qeval.config.setups import Setup
+from qeval.errors import UserError
+from qeval.memory.ledger import predict_kv_bytes_per_token, predict_weights_bytes
+from qeval.records.shape import ModelShape
+
+__all__ = ["Options", "allowance_of", "pick_target"]
+
+
+@dataclass(frozen=True)
+class Options:
+    """What `qeval advise` was asked (its command-line options)."""
+
+    budget: Budget
+    target: str | None = None
+    text: Path | None = None
+    calib_docs: int = 16
+    heldout_docs: int = 32
+    random_draws: int = 5
+    seed: int = 0
+    #: also measure whole blocks and module types (2 x (layers + 2) passes more), not only the cells
+    unions: bool = True
+    #: the advised setup's name (default `<target>-advised`)
+    name: str | None = None
+
+
+def pick_target(cfg: RunConfig, name: str | None, where: str = "--target") -> Setup:
+    """The setup whose precision the advisor lowers: `name` (given as `where`: `--target` or a
+    run's `advise.target`), else the config's first int4 (then int8) quanto setup without
+    KV-cache quantization or keep list."""
+    if name is not None:
+        found = next((s for s in cfg.setups if s.name == name), None)
+        if found is None:
+            raise UserError(f"{where}: no setup {name!r} in the config's setups")
+        if not (found.weights in ("int8", "int4") and found.method == "rtn") or found.keep or found.quantizes_kv:
+            raise UserError(f"{where} {name}: the advisor lowers quanto's weights (weights int8/int4, method rtn, "
+                            "no keep list, no quantized KV cache); a GPTQ/AWQ checkpoint's weights differ")
+        return found
+    for bits in ("int4", "int8"):
+        for s in cfg.setups:
+            if s.weights == bits and s.method == "rtn" and not s.quantizes_kv and not s.keep:
+                return s
+    raise UserError(f"advise: the config has no int4 or int8 setup (method rtn) to advise on; add one or name {where}")
+
+
+def allowance_of(budget: Budget, shape: ModelShape, target: Setup, dtype: str, context: int) -> tuple[int, int, str]:
+    """(allowance in bytes over the uniform target, the budget in bytes, what it counts)."""
+    uniform = predict_weights_bytes(shape, target, dtype)
+    if budget.kind == "bits":
+        params = sum(o * i for o, i in shape.linear_shapes())
+        linear = uniform - shape.other_params() * _bytes(dtype)
+        allowed = int(budget.value * params / 8)
+        return allowed - linear, allowed, f"decoder linear layers, {params:,} weights, scales included"
+    kv = predict_kv_bytes_per_token(shape, target, dtype) * context
+    return int(budget.value) - uniform - kv, int(budget.value), f"weights + one sequence's KV cache at {context} tokens"
+
+
+def _bytes(dtype: str) -> int:
+    return 4 if dtype == "float32" else 2
