@@ -58,6 +58,12 @@ class VllmCache:
     #: the linear-attention recurrent state's dtype (None: the model's); the CPU build resets it to
     #: float32 on CPUs with avx512_bf16 (vllm/platforms/cpu.py: "Reset SSM cache type to float32")
     state_dtype: str | None = None
+    #: the block size of latent (MLA) models, None: `block_size`. vLLM 0.32.0's CPU build picks it
+    #: with the MLA backend (vllm/platforms/cpu.py, CpuPlatform.check_and_update_config and
+    #: get_attn_backend_cls): on an x86 CPU with AMX tiles the AMX_MLA backend and the default 128;
+    #: without AMX the reference CPU_MLA backend, whose decode kernel only compiles for 16, so
+    #: block_size=16 is forced, a user's choice overridden (`cache_accounting` sets it)
+    mla_block_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -132,9 +138,9 @@ def sequence_kv(shape: ModelShape, layer_token_bytes: int, context: int, engine:
                 for k, n in counts.items() if k != "linear"}
         return SequenceKV("hf", context, kept, counts.get("linear", 0) * state_one, naive)
     v = vllm or VllmCache()
-    bs = v.block_size
+    bs = v.mla_block_size if latent == "latent" and v.mla_block_size else v.block_size
     if "linear" in counts:  # the attention block grows until one attention page holds a state page
-        bs = max(v.kernel_block * _cdiv(state_one, v.kernel_block * layer_token_bytes), v.block_size)
+        bs = max(v.kernel_block * _cdiv(state_one, v.kernel_block * layer_token_bytes), bs)
     blocks = {"full": _cdiv(context, bs),
               "sliding": _cdiv(min((shape.sliding_window or context) - 1 + v.in_flight_tokens, context), bs) + 1,
               "chunked": _cdiv(min((shape.attention_chunk_size or context) + v.in_flight_tokens, context), bs),

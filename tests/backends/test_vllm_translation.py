@@ -96,6 +96,18 @@ def test_cpu_features_decide_w4a16_and_fp8(monkeypatch: pytest.MonkeyPatch) -> N
             vllm_support.validate(setup, "cpu")
 
 
+
+def test_mla_block_size_follows_amx(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM 0.32's CPU build (vllm/platforms/cpu.py): MLA runs on AMX_MLA at the default block 128
+    where the CPU has AMX tiles, otherwise on the reference CPU_MLA backend, forced to block 16
+    (measured on an AVX-512 CPU without AMX: 29,120 tokens of a 64 MiB pool, 1,820 blocks of 16)."""
+    monkeypatch.setattr(vllm_support, "cpu_flags", lambda: AVX2 | {"avx512f", "avx512_bf16"})
+    assert vllm_support.cache_accounting("cpu").mla_block_size == 16
+    monkeypatch.setattr(vllm_support, "cpu_flags", lambda: AVX2 | {"avx512f", "avx512_bf16", "amx_tile", "amx_bf16"})
+    acc = vllm_support.cache_accounting("cpu")
+    assert acc.mla_block_size == 128 and acc.block_size == 128
+    assert vllm_support.cache_accounting("cuda").mla_block_size is None
+
 def _kv_config(kv_cache: str = "fp8") -> dict:
     """A vLLM run on the CPU: the baseline and a `kv_cache` setup named kv-fp8 (conftest.config_dict)."""
     from conftest import BASELINE, config_dict

@@ -99,6 +99,21 @@ def test_an_fp8_latent_halves_deepseeks_cache() -> None:
     assert fp8.by_kind == {"latent": 287_834_112 // 2}
 
 
+
+def test_an_mla_block_size_applies_to_latent_models_only() -> None:
+    """vLLM's CPU build without AMX serves MLA with the CPU_MLA backend at block 16
+    (vllm/platforms/cpu.py); other layouts keep block 128. A latent sequence rounds up to blocks
+    of 16 tokens (4,097 tokens: 4,112, not 4,224)."""
+    mla16 = VllmCache(block_size=128, in_flight_tokens=4096, state_pages=1, kernel_block=128, mla_block_size=16)
+    ds = shape_of("deepseek-v3")
+    llama = ModelShape.from_config(json.loads((DATA / "llama3-8b-config.json").read_text()))
+    seq = predict_sequence(ds, BF16, "bfloat16", 4095, "vllm", mla16)
+    assert seq.block_bytes == 16 * 287_834_112 // 4096 and seq.total == 287_834_112
+    assert predict_sequence(ds, BF16, "bfloat16", 4097, "vllm", mla16).total == 287_834_112 // 4096 * 4112
+    assert predict_sequence(ds, BF16, "bfloat16", 4097, "vllm", VLLM_QEVAL_CPU).total == 287_834_112 // 4096 * 4224
+    assert predict_sequence(llama, BF16, "bfloat16", 4097, "vllm", mla16) == \
+        predict_sequence(llama, BF16, "bfloat16", 4097, "vllm", VLLM_QEVAL_CPU)
+
 def test_plan_splits_the_sequence_and_sizes_capacity_by_it() -> None:
     from qeval.memory.capacity import Budget
     from qeval.memory.planner import plan

@@ -162,7 +162,18 @@ def setup_engine_args(cfg: RunConfig, setup: Setup, device: str) -> dict[str, An
 def cache_accounting(device: str) -> VllmCache:
     """How vLLM sizes its KV cache where qeval's vllm backend runs it: `vllm serve`'s GPU defaults
     on CUDA; on this CPU build the LLM class's (block 128, 4,096 batched tokens, prefix caching
-    off), with a float32 linear-attention state on CPUs with avx512_bf16 (vllm/platforms/cpu.py)."""
+    off), with a float32 linear-attention state on CPUs with avx512_bf16 (vllm/platforms/cpu.py),
+    and block 16 for MLA models on CPUs without AMX tiles.
+
+    vLLM 0.32.0, vllm/platforms/cpu.py: get_attn_backend_cls serves MLA with AMX_MLA where
+    `torch.cpu._is_amx_tile_supported()` (x86 with AMX, i.e. the `amx_tile` CPU flag; a VM that
+    masks AMX, or any AMD or Arm CPU, has none), otherwise with the reference CPU_MLA backend;
+    check_and_update_config then forces block_size=16 for CPU_MLA ("The CPU MLA decode kernel only
+    compiles with block_size=16"; v1/attention/backends/mla/cpu_mla.py, supports_block_size) and
+    leaves AMX_MLA on the default 128 (amx_mla.py, AMXMLABackend: any multiple of 32). DeepSeek-V4
+    (forced to 256) is not modelled; nor is explicitly requesting CPU_MLA, which qeval never does."""
     if device == "cuda":
         return VLLM_SERVE_GPU
-    return replace(VLLM_QEVAL_CPU, state_dtype="float32" if "avx512_bf16" in cpu_flags() else None)
+    flags = cpu_flags()
+    return replace(VLLM_QEVAL_CPU, state_dtype="float32" if "avx512_bf16" in flags else None,
+                   mla_block_size=128 if "amx_tile" in flags else 16)
