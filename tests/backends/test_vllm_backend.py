@@ -15,6 +15,7 @@ from conftest import MODEL, ROOT, assert_performance_invariants, run_cli
 from qeval.backends.device import native_16bit
 
 pytestmark = pytest.mark.slow
+DEMO_LIMIT = 150
 LIMIT = "150"
 #: bfloat16 is compared on its own numerics (not float32's) on purpose. Where this CPU only emulates
 #: it (AVX2: ~116x slower, qeval/backends/device.py), the bfloat16 runs score 20 samples, not 150
@@ -89,11 +90,13 @@ def test_engine_reported_capacity_in_results(runs: dict[str, Path]) -> None:
 
 
 def test_demo_vllm_serves_the_quantized_checkpoints(quantized_demo: tuple[Path, Path, str], tmp_path: Path) -> None:
-    """configs/demo-vllm.yaml as shipped (400 samples a task): bf16, and W8A8-INT8 and W4A8
-    from `qeval quantize`, each scored on every task by the engine's quantized kernels."""
+    """configs/demo-vllm.yaml as shipped, on its first 150 samples a task (of 400: the W4A8
+    kernel scores about 6 requests/s on this CPU, and CI's time is bounded): bf16, and W8A8-INT8
+    and W4A8 from `qeval quantize`, each scored on every task by the engine's quantized kernels.
+    At 400 the largest drop measured was 1.75 points (2026-12-02), inside the 5-point check."""
     cfg, checkpoints, _ = quantized_demo
     out = tmp_path / "demo-vllm"
-    res = run_cli("run", str(cfg), "--output", str(out))
+    res = run_cli("run", str(cfg), "--output", str(out), "--limit", str(DEMO_LIMIT))
     assert res.returncode == 0, res.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     setups = {s["name"]: s for s in results["setups"]}
@@ -109,7 +112,7 @@ def test_demo_vllm_serves_the_quantized_checkpoints(quantized_demo: tuple[Path, 
     for name, s in setups.items():
         assert s["status"] == "ok", s["error"]
         tasks = ("compare_mc", "addition", "facts", "ppl")
-        assert {t: v["n"] for t, v in s["tasks"].items()} == {t: 400 for t in tasks}
+        assert {t: v["n"] for t, v in s["tasks"].items()} == {t: DEMO_LIMIT for t in tasks}
         _engine_pool_is_reported(s)
         served = s["quantization"]["engine_args"]["model"]
         if name == "bf16":
@@ -121,7 +124,7 @@ def test_demo_vllm_serves_the_quantized_checkpoints(quantized_demo: tuple[Path, 
                 assert abs(cmp["delta"]) < (0.02 if task == "ppl" else 0.05), (name, task, cmp)
             # the token-level KL on the scored tokens of every choice, from the engine's prompt top-k
             mc = s["vs_baseline"]["compare_mc"]
-            assert mc["kl"] > 0 and mc["kl_distribution"]["tokens"] > 400 and 0 < mc["top1_agreement"] <= 1
+            assert mc["kl"] > 0 and mc["kl_distribution"]["tokens"] > DEMO_LIMIT and 0 < mc["top1_agreement"] <= 1
     if mixed:  # the FP8 cache really changed what the model computed, on top of W4A8
         assert setups["w4a8-kv-fp8"]["quantization"]["engine_args"]["kv_cache_dtype"] == "fp8"
         assert setups["w4a8-kv-fp8"]["vs_baseline"]["ppl"]["kl"] > 0
