@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -14,16 +15,22 @@ import numpy as np
 from qeval.errors import UserError
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes | Iterable[bytes]) -> None:
     """Write via a temporary file in the same folder and rename: readers never see half a file.
-    The temporary file is created with mode 0666 so that the process umask decides its
-    permissions, as for any other file the user writes (mkstemp would make it 0600)."""
+    `data` may be an iterable of pieces (JSONL lines), written one by one so that the whole file
+    is never held in memory. The temporary file is created with mode 0666 so that the process
+    umask decides its permissions, as for any other file the user writes (mkstemp would make
+    it 0600)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            if isinstance(data, bytes):
+                f.write(data)
+            else:
+                for piece in data:
+                    f.write(piece)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -55,8 +55,8 @@ class RunStore:
                    metrics: dict[str, Any], extra: dict[str, Any], topk: dict[str, np.ndarray] | None) -> None:
         """Samples first, the meta (which marks the pair done) last: a crash between the
         two leaves the pair not done, never done with missing samples."""
-        lines = "".join(json.dumps(r, default=_jsonable) + "\n" for r in records)
-        atomic_write_bytes(self.samples_path(setup, task), lines.encode())
+        lines = ((json.dumps(r, default=_jsonable) + "\n").encode() for r in records)  # streamed, not joined
+        atomic_write_bytes(self.samples_path(setup, task), lines)
         if topk is not None:
             buf = io.BytesIO()
             np.savez_compressed(buf, **topk)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool

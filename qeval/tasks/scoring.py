@@ -279,16 +279,18 @@ def request_references(ref: dict[str, np.ndarray] | None, n_requests: int) -> li
 
 
 def continuation_divergence(results: list[list[LoglikelihoodResult]], refs: list[Reference] | None,
-                            records: list[dict[str, Any]]) -> tuple[dict[str, np.ndarray], dict[str, float] | None]:
+                            records: list[dict[str, Any]], tokens: TokenDivergence | None = None,
+                            ) -> tuple[dict[str, np.ndarray], dict[str, float] | None]:
     """Per document (its continuations in choice order): the top-k to keep as a reference, and,
     against the baseline's `refs`, KL and top-1 agreement over the scored tokens of every choice
     added to its record, and the task's token-level distribution. Tokens of a choice whose
-    reference does not match are left out."""
+    reference does not match are left out. `tokens`: where a task scored in chunks collects
+    its tokens (the summary returned is then of every chunk so far)."""
     flat = [as_rolling(r) for doc in results for r in doc]
     if not flat or any(r is None for r in flat):
         return {}, None
     rolled: list[RollingResult] = flat  # type: ignore[assignment]
-    tokens = TokenDivergence()
+    tokens = tokens if tokens is not None else TokenDivergence()
     if refs is not None:
         k = 0
         for rec, doc in zip(records, results, strict=True):
@@ -318,6 +320,18 @@ def pack_topk(results: list[RollingResult]) -> dict[str, np.ndarray]:
         "logprobs": np.concatenate([r.topk_logprobs for r in results]).astype(np.float32),
         "token_logprobs": np.concatenate([r.token_logprobs for r in results]).astype(np.float32),
     }
+
+
+def concat_topk(packs: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """`pack_topk`'s form of consecutive packs joined, as one pack of all their requests."""
+    if len(packs) == 1:
+        return packs[0]
+    offsets, base = [packs[0]["offsets"]], int(packs[0]["offsets"][-1])
+    for pack in packs[1:]:
+        offsets.append(pack["offsets"][1:] + base)
+        base += int(pack["offsets"][-1])
+    return {"offsets": np.concatenate(offsets)} | {key: np.concatenate([p[key] for p in packs])
+                                                   for key in packs[0] if key != "offsets"}
 
 
 def split_reference(ref: dict[str, np.ndarray] | None, n_docs: int) -> list[Reference] | None:

@@ -439,9 +439,13 @@ def test_the_vllm_engine_dies_with_a_killed_run(tmp_path: Path) -> None:
     for line in proc.stderr:
         if "base: loading model done" in line:
             break
-    engines = [pid for pid in _processes_with("VLLM::") if Path(f"/proc/{pid}").exists()]
+
     worker = _processes_with(str(out / "jobs" / "base.json"))
     assert worker, "the worker is not running"
+    # this run's engines only: another test's vLLM on the same machine is not this run's
+    engines = [pid for pid in _processes_with("VLLM::")
+               if Path(f"/proc/{pid}").exists() and _descends_from(pid, set(worker))]
+    assert engines, "the worker started no vLLM engine process"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     deadline = time.time() + 2
@@ -450,6 +454,15 @@ def test_the_vllm_engine_dies_with_a_killed_run(tmp_path: Path) -> None:
         time.sleep(0.05)
         alive = [p for p in alive if _running(p)]
     assert not alive, f"outlived the run: {alive}"
+
+
+def _descends_from(pid: int, ancestors: set[int]) -> bool:
+    import psutil
+
+    try:
+        return any(p.pid in ancestors for p in psutil.Process(pid).parents())
+    except psutil.Error:
+        return False
 
 
 def _running(pid: int) -> bool:

@@ -1,5 +1,6 @@
 """The lm_eval kind's entry: lm-evaluation-harness tasks, groups and suites (`lm_eval:` in the
-config), loaded through lm-eval's own TaskManager and scored in one `evaluate()` call."""
+config), loaded through lm-eval's own TaskManager and scored through lm-eval's `evaluate()`
+(all of a setup's pending tasks together, chunk by chunk of documents)."""
 
 from __future__ import annotations
 
@@ -48,8 +49,8 @@ def expand(pre: Preflight, model_config: dict[str, Any]) -> None:
 
 
 def score(ctx: Scoring, names: list[str]) -> None:
-    """The setup's pending lm-eval tasks in one lm-eval evaluate() call: one batched backend
-    call per request type for all of them."""
+    """The setup's pending lm-eval tasks through lm-eval's evaluate(), all of them in each call
+    (one batched backend call per request type and chunk of documents)."""
     assert ctx.cfg.lm_eval is not None
     session = _session(ctx.cfg)
     try:
@@ -58,7 +59,7 @@ def score(ctx: Scoring, names: list[str]) -> None:
         label = f"{ctx.setup.name}: {len(names)} lm-eval tasks"
         with ctx.progress(label, n_requests(session, names)) as bar:
             results = score_lm_eval(ctx.backend, session, names, bar.advance, refs)
-        seconds = round((time.time() - t0) / len(names), 2)  # one evaluate() call: its time shared out
+        seconds = round((time.time() - t0) / len(names), 2)  # the tasks were scored together: their time shared out
         for name, result in results.items():
             ctx.store(name, result, seconds, session.infos[name].sha256)
     finally:

@@ -1,17 +1,27 @@
-"""lm-eval tasks scored by a qeval backend: an `lm_eval.api.model.LM` over the backend, one
-`lm_eval.evaluator.evaluate` call for all of a setup's pending tasks (so each request type is
-one batched backend call), and lm-eval's logged samples turned into qeval's per-document
+"""lm-eval tasks scored by a qeval backend: an `lm_eval.api.model.LM` over the backend,
+`lm_eval.evaluator.evaluate` calls each over all of a setup's pending tasks (so each request
+type is one batched backend call a chunk), and lm-eval's logged samples turned into qeval's per-document
 records (lm-eval's doc id, its metric values, log-likelihoods, generation).
 
 Chat templates go through lm-eval's own arguments (`apply_chat_template`, `system_instruction`,
 `fewshot_as_multiturn`) and `LM.apply_chat_template`, so lm-eval builds the prompts exactly as
 `simple_evaluate(..., apply_chat_template=True)` does with `HFLM`: one `evaluate()` call per set
-of chat settings among the leaves."""
+of chat settings among the leaves and chunk of documents.
+
+Documents go through `evaluate()` in chunks of CHUNK_DOCS (lm-eval's `samples=` ids), so that
+lm-eval's `Instance`s, its logged samples and the backend's per-request results (the top-k at
+every scored token) are held for one chunk, not for the whole task: the worker's memory no
+longer grows with those. The few-shot sampler is seeded once per task, never between chunks, so
+each document gets the few-shot examples one call over every document would give it; metrics
+are aggregated at the end with lm-eval's own `_compute_task_aggregations` over every chunk's
+per-document values, which is what `evaluate()` does inside itself."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -28,8 +38,10 @@ from qeval.config.chat import strip_thinking
 from qeval.tasks.chat import Chat
 from qeval.tasks.lm_eval.session import LmEvalSession
 from qeval.tasks.scoring import (
+    Reference,
     TaskResult,
     TokenDivergence,
+    concat_topk,
     continuation_divergence,
     delta_p,
     kl_top1,
@@ -38,10 +50,14 @@ from qeval.tasks.scoring import (
     split_reference,
 )
 
+#: documents per lm-eval `evaluate()` call: what the worker holds at once (about 100 KB a
+#: HellaSwag document: lm-eval's Instances and samples, the backend's top-k per scored token)
+CHUNK_DOCS = 1000
 
-def make_lm(backend: Backend, references: dict[str, dict[str, np.ndarray]], progress: Progress,
+def make_lm(backend: Backend, references: _References, progress: Progress,
             think: dict[str, str | None] | None = None) -> Any:
     """The LM lm-eval calls; built lazily so that importing this module needs no lm-eval.
+    `references` hands out each request's baseline reference (the KL reference), chunk by chunk.
     `think`: task -> its think_end_token (the reasoning block is stripped before lm-eval's
     filters and metrics see the text, as HFLM's `think_end_token` does)."""
     from lm_eval.api.model import LM
@@ -53,9 +69,14 @@ def make_lm(backend: Backend, references: dict[str, dict[str, np.ndarray]], prog
             super().__init__()
             #: the chat settings of the evaluate() call in progress (lm-eval asks the LM to render)
             self.chat: Chat | None = None
-            #: the backend's own result per request, keyed (task, doc_id, idx): token counts and
-            #: the perplexity top-k that lm-eval's return types drop
+            #: the first document id of the chunk in progress: with `samples=`, lm-eval numbers a
+            #: chunk's requests from 0 (its logged samples carry the true ids)
+            self.first_doc = 0
+            #: the backend's own result per request, keyed (task, doc_id, idx) with the true doc
+            #: id: token counts and the top-k that lm-eval's return types drop (one chunk's worth)
             self.raw: dict[tuple[str, int, int], Any] = {}
+            #: the baseline's reference per request of the chunk in progress, same keys
+            self.refs: dict[tuple[str, int, int], Reference] = {}
 
         @property
         def tokenizer_name(self) -> str:
@@ -67,28 +88,37 @@ def make_lm(backend: Backend, references: dict[str, dict[str, np.ndarray]], prog
             assert self.chat is not None and self.chat.template is not None
             return self.chat.apply(chat_history, add_generation_prompt)
 
+        def _key(self, r: Any) -> tuple[str, int, int]:
+            return (r.task_name, self.first_doc + r.doc_id, r.idx)
+
         def _keep(self, requests: list[Any], results: list[Any]) -> None:
             for r, res in zip(requests, results, strict=True):
-                self.raw[(r.task_name, r.doc_id, r.idx)] = res
+                self.raw[self._key(r)] = res
+
+        def _ref_ids(self, requests: list[Any]) -> list[np.ndarray | None]:
+            """Per request, the baseline's top-k ids at its scored tokens (None: no reference).
+            Each task's requests of the chunk take the next references in (document, choice) order."""
+            by_task: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
+            for r in requests:
+                by_task[r.task_name].append(self._key(r))
+            for task, keys in by_task.items():
+                keys.sort()
+                taken = references.take(task, len(keys))
+                if taken is not None:
+                    self.refs.update(zip(keys, taken, strict=True))
+            return [ref[0] if (ref := self.refs.get(self._key(r))) is not None else None for r in requests]
 
         def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-            ref_ids = _reference_ids(requests, references)
-            res = backend.loglikelihood([LoglikelihoodRequest(r.args[0], r.args[1],
-                                                              ref_ids.get((r.task_name, r.doc_id, r.idx)))
-                                         for r in requests], progress)
+            ids = self._ref_ids(requests)
+            res = backend.loglikelihood([LoglikelihoodRequest(r.args[0], r.args[1], i)
+                                         for r, i in zip(requests, ids, strict=True)], progress)
             self._keep(requests, res)
             return [(float(r.logprob), bool(r.is_greedy)) for r in res]
 
         def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
-            n_docs: dict[str, int] = {}
-            for r in requests:
-                n_docs[r.task_name] = max(n_docs.get(r.task_name, 0), r.doc_id + 1)
-            refs = {t: split_reference(references[t], n) for t, n in n_docs.items() if t in references}
-            reqs = []
-            for r in requests:
-                per_doc = refs.get(r.task_name)
-                reqs.append(RollingRequest(r.args[0], None if per_doc is None else per_doc[r.doc_id][0]))
-            res = backend.loglikelihood_rolling(reqs, progress)
+            ids = self._ref_ids(requests)
+            res = backend.loglikelihood_rolling(
+                [RollingRequest(r.args[0], i) for r, i in zip(requests, ids, strict=True)], progress)
             self._keep(requests, res)
             return [float(r.logprob) for r in res]
 
@@ -110,35 +140,56 @@ def make_lm(backend: Backend, references: dict[str, dict[str, np.ndarray]], prog
     return QevalLM()
 
 
-def _reference_ids(requests: list[Any], references: dict[str, dict[str, np.ndarray]]) -> dict[tuple[str, int, int],
-                                                                                                np.ndarray]:
-    """Per (task, doc id, choice) the baseline's top-k ids at its scored tokens, for the tasks
-    whose reference holds exactly their requests (stored in that order by `_task_result`)."""
-    out: dict[tuple[str, int, int], np.ndarray] = {}
-    for task, ref in references.items():
-        keys = sorted((r.doc_id, r.idx) for r in requests if r.task_name == task)
-        refs = request_references(ref, len(keys))
-        if refs is not None:
-            out |= {(task, d, i): r[0] for (d, i), r in zip(keys, refs, strict=True)}
-    return out
+class _References:
+    """The baseline's reference per request of each task, in (document, choice) order, handed
+    out chunk by chunk: lm-eval sends a chunk's requests of one type in one call."""
+
+    def __init__(self, per_task: dict[str, list[Reference] | None]) -> None:
+        self.per_task = per_task
+        self.taken: dict[str, int] = defaultdict(int)
+
+    def take(self, task: str, n: int) -> list[Reference] | None:
+        """The next `n` requests' references of `task`, or None where it has none."""
+        refs = self.per_task.get(task)
+        start = self.taken[task]
+        self.taken[task] += n
+        return None if refs is None else refs[start : start + n]
+
+
+def _leaf_references(session: LmEvalSession, leaf: str, ref: dict[str, np.ndarray] | None) -> list[Reference] | None:
+    """The baseline's stored top-k of `leaf` split per request; None where it holds other data
+    (a different document count or choice count: no KL, never a wrong one)."""
+    if ref is None:
+        return None
+    info = session.infos[leaf]
+    if info.output_type == "loglikelihood_rolling":
+        return split_reference(ref, info.n_docs)
+    if info.output_type in ("multiple_choice", "loglikelihood"):
+        return request_references(ref, _leaf_requests(session, leaf))
+    return None
+
+
+def _leaf_requests(session: LmEvalSession, leaf: str) -> int:
+    task, info = session.tasks[leaf], session.infos[leaf]
+    docs = itertools.islice(task.eval_docs, info.n_docs)
+    return sum(len(task.doc_to_choice(d)) for d in docs) if info.output_type == "multiple_choice" else info.n_docs
 
 
 def n_requests(session: LmEvalSession, leaves: list[str]) -> int:
     """Requests the leaves send (multiple choice: one per choice), for the progress bar."""
-    total = 0
-    for leaf in leaves:
-        task, info = session.tasks[leaf], session.infos[leaf]
-        docs = list(task.eval_docs)[: info.n_docs]
-        total += sum(len(task.doc_to_choice(d)) for d in docs) if info.output_type == "multiple_choice" else len(docs)
-    return total
+    return sum(_leaf_requests(session, leaf) for leaf in leaves)
 
 
 def score_lm_eval(backend: Backend, session: LmEvalSession, leaves: list[str], progress: Progress,
-                  references: dict[str, dict[str, np.ndarray]] | None = None) -> dict[str, TaskResult]:
-    """Score `leaves` in one lm-eval evaluate() call; per leaf, qeval's records and metrics."""
+                  references: dict[str, dict[str, np.ndarray]] | None = None,
+                  chunk_docs: int = CHUNK_DOCS) -> dict[str, TaskResult]:
+    """Score `leaves` through lm-eval's evaluate(), `chunk_docs` documents a call (every leaf's
+    chunk in the same call: one batched backend call per request type); per leaf, qeval's
+    records and metrics."""
     from lm_eval.evaluator import evaluate
 
-    lm = make_lm(backend, references or {}, progress, {leaf: session.infos[leaf].think_end_token for leaf in leaves})
+    refs = _References({leaf: _leaf_references(session, leaf, (references or {}).get(leaf)) for leaf in leaves})
+    lm = make_lm(backend, refs, progress, {leaf: session.infos[leaf].think_end_token for leaf in leaves})
     by_chat: dict[str | None, list[str]] = defaultdict(list)  # one evaluate() per chat settings
     for leaf in leaves:
         chat = session.chats.get(leaf)
@@ -147,57 +198,96 @@ def score_lm_eval(backend: Backend, session: LmEvalSession, leaves: list[str], p
     for group in by_chat.values():
         chat = session.chats.get(group[0])
         lm.chat = chat
-        tasks = {leaf: session.tasks[leaf] for leaf in group}
-        for task in tasks.values():
-            task.set_fewshot_seed(session.spec.fewshot_seed)  # re-seed: the sampler is consumed document by document
-        samples = {leaf: list(range(session.infos[leaf].n_docs)) for leaf in group}
         templated = chat is not None and chat.template is not None
-        out = evaluate(lm=lm, task_dict={"tasks": tasks, "groups": {}, "group_map": {}}, samples=samples,
-                       log_samples=True, bootstrap_iters=0, verbosity="ERROR", apply_chat_template=templated,
-                       fewshot_as_multiturn=chat is not None and templated and chat.fewshot_as_multiturn,
-                       system_instruction=chat.system_prompt if chat is not None else None)
-        results |= {leaf: _task_result(leaf, session, out, lm.raw, references or {}) for leaf in group}
+        for leaf in group:  # once per task: its sampler then carries on from chunk to chunk
+            session.tasks[leaf].set_fewshot_seed(session.spec.fewshot_seed)
+        built = {leaf: _LeafResult(leaf) for leaf in group}
+        n_docs = {leaf: session.infos[leaf].n_docs for leaf in group}
+        for start in range(0, max(n_docs.values(), default=0), chunk_docs):
+            # never an empty list: lm-eval reads `samples=[]` as "every document"
+            samples = {leaf: list(range(start, min(start + chunk_docs, n))) for leaf, n in n_docs.items() if n > start}
+            lm.first_doc = start
+            out = evaluate(lm=lm, task_dict={"tasks": {leaf: session.tasks[leaf] for leaf in samples}, "groups": {},
+                                             "group_map": {}},
+                           samples=samples, log_samples=True, bootstrap_iters=0, verbosity="ERROR",
+                           apply_chat_template=templated,
+                           fewshot_as_multiturn=chat is not None and templated and chat.fewshot_as_multiturn,
+                           system_instruction=chat.system_prompt if chat is not None else None)
+            for leaf in samples:
+                built[leaf].add(session, out["samples"][leaf], lm.raw, lm.refs)
+            lm.raw.clear()  # the chunk's per-request results and lm-eval's own go here
+            lm.refs.clear()
+            del out
+        results |= {leaf: built[leaf].result(session) for leaf in group}
     return {leaf: results[leaf] for leaf in leaves}
 
 
-def _task_result(leaf: str, session: LmEvalSession, out: dict[str, Any], raw: dict[tuple[str, int, int], Any],
-                 references: dict[str, dict[str, np.ndarray]]) -> TaskResult:
-    info = session.infos[leaf]
-    by_doc: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for s in out["samples"][leaf]:
-        by_doc[int(s["doc_id"])].append(s)
-    records = [_record(leaf, info.output_type, info.compared_metric, doc_id, entries, raw)
-               for doc_id, entries in sorted(by_doc.items())]
-    metrics: dict[str, dict[str, float | None]] = {}
-    for key, value in out["results"][leaf].items():
-        if "," not in key or "_stderr," in key or not isinstance(value, (int, float)):
-            continue
-        name, filt = key.split(",", 1)
-        qname = name if filt == "none" else key
-        stderr = out["results"][leaf].get(f"{name}_stderr,{filt}")
-        if not isinstance(stderr, (int, float)):  # bootstrap_iters=0: lm-eval leaves it out; a mean's is closed form
-            stderr = _mean_stderr([r["metrics"].get(qname) for r in records])
-        metrics[qname] = {"value": float(value), "stderr": float(stderr) if stderr is not None else None}
-    topk: dict[str, np.ndarray] = {}
-    if info.output_type == "loglikelihood_rolling":
-        results = [raw[(leaf, r["doc_id"], 0)] for r in records]
-        topk = pack_topk(results)
-        ref = references.get(leaf)
-        per_doc = split_reference(ref, len(records)) if ref is not None else None
-        tokens = TokenDivergence()
-        if per_doc is not None:
-            for rec, res, doc_ref in zip(records, results, per_doc, strict=True):
-                if res.ref_logprobs is not None:
+@dataclass
+class _LeafResult:
+    """One leaf's result built chunk by chunk: its records, lm-eval's per-document metric values
+    (aggregated once at the end), its top-k and its token-level divergence from the baseline."""
+
+    leaf: str
+    records: list[dict[str, Any]] = field(default_factory=list)
+    #: (metric, filter) -> per-document values in document order: what evaluate() aggregates
+    raw_metrics: dict[tuple[str, str], list[Any]] = field(default_factory=lambda: defaultdict(list))
+    packs: list[dict[str, np.ndarray]] = field(default_factory=list)
+    #: False once a chunk's results carry no top-k (a backend without it): the task keeps none
+    topk_ok: bool = True
+    tokens: TokenDivergence = field(default_factory=TokenDivergence)
+
+    def add(self, session: LmEvalSession, samples: list[dict[str, Any]], raw: dict[tuple[str, int, int], Any],
+            refs: dict[tuple[str, int, int], Reference]) -> None:
+        """One chunk: lm-eval's logged samples of this leaf and the backend's per-request results."""
+        info, leaf = session.infos[self.leaf], self.leaf
+        by_doc: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for s in samples:  # lm-eval logs filter by filter, each in document order, as it aggregates
+            by_doc[int(s["doc_id"])].append(s)
+            for m in s["metrics"]:
+                self.raw_metrics[(m, s.get("filter", "none"))].append(s[m])
+        records = [_record(leaf, info.output_type, info.compared_metric, doc_id, entries, raw)
+                   for doc_id, entries in sorted(by_doc.items())]
+        if info.output_type == "loglikelihood_rolling":
+            results = [raw[(leaf, r["doc_id"], 0)] for r in records]
+            self.packs.append(pack_topk(results))
+            for rec, res in zip(records, results, strict=True):
+                doc_ref = refs.get((leaf, rec["doc_id"], 0))
+                if doc_ref is not None and res.ref_logprobs is not None:
                     kl, top1 = kl_top1(doc_ref, res)
                     rec |= {"kl": float(kl.mean()), "top1_agreement": float(top1.mean()), "kl_tokens": int(kl.size)}
-                    tokens.add(kl, top1, delta_p(doc_ref, res))
-        return TaskResult(records, metrics, topk, tokens.summary())
-    if info.output_type in ("multiple_choice", "loglikelihood"):  # KL on the scored tokens of every choice
-        choices = [[raw[(leaf, r["doc_id"], i)] for i in range(len(r["loglikelihoods"] or [None]))] for r in records]
-        refs = request_references(references.get(leaf), sum(len(d) for d in choices))
-        topk, divergence = continuation_divergence(choices, refs, records)
-        return TaskResult(records, metrics, topk, divergence)
-    return TaskResult(records, metrics, topk)
+                    self.tokens.add(kl, top1, delta_p(doc_ref, res))
+        elif info.output_type in ("multiple_choice", "loglikelihood"):  # KL on the scored tokens of every choice
+            keys = [[(leaf, r["doc_id"], i) for i in range(len(r["loglikelihoods"] or [None]))] for r in records]
+            choices = [[raw[k] for k in doc] for doc in keys]
+            chosen = [refs.get(k) for doc in keys for k in doc]
+            full = None if any(c is None for c in chosen) else [c for c in chosen if c is not None]
+            topk, _ = continuation_divergence(choices, full, records, self.tokens)
+            self.topk_ok = self.topk_ok and bool(topk)
+            if topk:
+                self.packs.append(topk)
+        self.records.extend(records)
+
+    def result(self, session: LmEvalSession) -> TaskResult:
+        """The leaf's TaskResult over every chunk: lm-eval's aggregation of every document's values."""
+        # lm-eval 0.4.13: what evaluate() aggregates a task's per-document values with
+        from lm_eval.evaluator_utils import _compute_task_aggregations
+
+        aggregated, _ = _compute_task_aggregations(session.tasks[self.leaf], self.raw_metrics, 0)
+        metrics: dict[str, dict[str, float | None]] = {}
+        for key, value in aggregated.items():
+            if "," not in key or "_stderr," in key or not isinstance(value, (int, float)):
+                continue
+            name, filt = key.split(",", 1)
+            qname = name if filt == "none" else key
+            stderr = aggregated.get(f"{name}_stderr,{filt}")
+            if not isinstance(stderr, (int, float)):  # bootstrap_iters=0 leaves it out; a mean's is closed form
+                stderr = _mean_stderr([r["metrics"].get(qname) for r in self.records])
+            metrics[qname] = {"value": float(value), "stderr": float(stderr) if stderr is not None else None}
+        output_type = session.infos[self.leaf].output_type
+        if output_type not in ("loglikelihood_rolling", "multiple_choice", "loglikelihood"):
+            return TaskResult(self.records, metrics, {})
+        topk = concat_topk(self.packs) if self.packs and self.topk_ok else {}
+        return TaskResult(self.records, metrics, topk, self.tokens.summary())
 
 
 def _record(leaf: str, output_type: str, compared: str, doc_id: int, entries: list[dict[str, Any]],

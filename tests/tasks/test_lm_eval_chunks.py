@@ -1,0 +1,107 @@
+"""lm-eval tasks scored in document chunks (qeval/tasks/lm_eval/scoring.py, CHUNK_DOCS) give what
+one `evaluate()` call over every document gives: the same prompts (the few-shot sampler carries
+on from chunk to chunk instead of being re-seeded), the same per-document scores and metrics
+(aggregated once, by lm-eval's own aggregation, over every chunk), the same top-k reference and
+the same KL distribution against the baseline. Real parts: SmolLM2 on the transformers backend,
+lm-eval's own task YAMLs on the offline fixtures; chunks of 7 documents, so that the last chunk
+is short and tasks of different sizes drop out of the calls at different chunks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import ROOT, TASKS, make_config
+
+pytestmark = pytest.mark.slow
+SMOLLM2 = ROOT / "models" / "smollm2-135m"
+#: multiple choice with random few-shot (the sampler's state matters), perplexity, generation
+ENTRIES = [{"name": "arc_easy_local", "num_fewshot": 3, "limit": 17},
+           {"name": "wikitext_local", "limit": 9},
+           {"name": "gsm8k_local", "num_fewshot": 1, "limit": 5, "max_gen_toks": 12}]
+
+
+@pytest.fixture(scope="module")
+def score(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """(chunk_docs, references) -> score_lm_eval's results for every entry, on one loaded backend."""
+    from qeval.backends.hf.backend import HFBackend
+    from qeval.config import load_config
+    from qeval.tasks.lm_eval.kind import _session
+    from qeval.tasks.lm_eval.scoring import score_lm_eval
+
+    assert (SMOLLM2 / ".prepared").is_file(), "run `make smollm2` (make test does)"
+    path = make_config(tmp_path_factory.mktemp("cfg"),
+                       model={"path": str(SMOLLM2), "dtype": "float32", "max_context": 2048},
+                       setups=[{"name": "base", "baseline": True}], tasks=None, gates=None, batch_size=8,
+                       lm_eval={"include_path": [str(TASKS / "lm_eval")], "tasks": ENTRIES})
+    cfg = load_config(path)
+    backend = HFBackend(cfg, cfg.baseline, "cpu")
+    backend.load()
+
+    def run(chunk_docs: int, references: dict[str, dict[str, np.ndarray]] | None = None,
+            names: list[str] | None = None) -> dict[str, Any]:
+        session = _session(cfg)
+        try:
+            return score_lm_eval(backend, session, names or list(session.infos), lambda n: None, references,
+                                 chunk_docs=chunk_docs)
+        finally:
+            session.close()
+
+    yield run
+    backend.close()
+
+
+def _same_records(one: list[dict[str, Any]], chunked: list[dict[str, Any]]) -> None:
+    assert [r["doc_id"] for r in chunked] == [r["doc_id"] for r in one] == list(range(len(one)))
+    for a, b in zip(one, chunked, strict=True):
+        assert b["prompt"] == a["prompt"] and b["prompt_hash"] == a["prompt_hash"], a["doc_id"]
+        assert b.get("prediction") == a.get("prediction") and b["correct"] == a["correct"], a["doc_id"]
+        assert b["n_tokens"] == a["n_tokens"]
+        for key in ("loglikelihoods", "nll", "kl"):
+            if a.get(key) is not None:  # batches differ between the two: float32 rounding only
+                assert np.allclose(b[key], a[key], atol=1e-4, rtol=0), (key, a["doc_id"])
+        assert b["metrics"].keys() == a["metrics"].keys()
+        assert np.allclose([b["metrics"][k] for k in a["metrics"]], list(a["metrics"].values()), atol=1e-4)
+
+
+def _same_metrics(one: dict[str, Any], chunked: dict[str, Any]) -> None:
+    assert chunked.keys() == one.keys() and one
+    for name, m in one.items():
+        assert chunked[name]["value"] == pytest.approx(m["value"], rel=1e-4, abs=1e-6), name
+        assert (chunked[name]["stderr"] is None) == (m["stderr"] is None), name
+
+
+def test_chunks_score_as_one_call(score: Any) -> None:
+    one, chunked = score(10_000), score(7)
+    assert one.keys() == chunked.keys() == {e["name"] for e in ENTRIES}
+    for name, entry in ((e["name"], e) for e in ENTRIES):
+        a, b = one[name], chunked[name]
+        assert len(a.records) == len(b.records) == entry["limit"], name
+        _same_records(a.records, b.records)
+        _same_metrics(a.metrics, b.metrics)
+        assert a.topk.keys() == b.topk.keys()
+        if a.topk:
+            assert np.array_equal(a.topk["offsets"], b.topk["offsets"]), name
+            assert np.allclose(a.topk["token_logprobs"], b.topk["token_logprobs"], atol=1e-4), name
+    # the few-shot examples vary by document: a sampler re-seeded per chunk would repeat chunk 1's
+    arc = [r["prompt"] for r in one["arc_easy_local"].records]
+    assert arc[7] != arc[0] and len(set(arc)) == len(arc)
+    assert one["gsm8k_local"].records[0].get("raw_output") is not None  # the generation task ran
+    assert "bits_per_byte" in one["wikitext_local"].metrics and "acc" in one["arc_easy_local"].metrics
+
+
+def test_chunks_keep_the_kl_reference_request_by_request(score: Any) -> None:
+    """The baseline's top-k handed out chunk by chunk: each request against its own reference,
+    so the KL of a model against itself is ~0 on every token (a shifted reference is not)."""
+    base = score(10_000, names=["arc_easy_local", "wikitext_local"])
+    refs = {n: r.topk for n, r in base.items() if r.topk}
+    assert set(refs) == {"arc_easy_local", "wikitext_local"}
+    one, chunked = score(10_000, refs, list(refs)), score(7, refs, list(refs))
+    for name in refs:
+        a, b = one[name].kl_distribution, chunked[name].kl_distribution
+        assert a is not None and b is not None and a["tokens"] == b["tokens"] > 0, name
+        assert b["kl_max"] < 1e-3 and b["same_top1"] == 1.0, (name, b)
+        assert b["kl_mean"] == pytest.approx(a["kl_mean"], abs=1e-5)
+        assert all("kl" in r for r in chunked[name].records)
+        _same_records(one[name].records, chunked[name].records)
