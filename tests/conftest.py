@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -254,11 +255,76 @@ def quantized_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path
     return cfg, tmp / "checkpoints", res.stdout + res.stderr
 
 
+#: the vLLM demo scores its first 150 samples a task (of 400: the W4A8 kernel scores about 6
+#: requests/s on this CPU, and CI's time is bounded)
+DEMO_LIMIT = 150
+#: the shipped bf16 setup's agreement runs on vllm score 150 samples a task; bfloat16 is compared
+#: on its own numerics (not float32's) on purpose, and where this CPU only emulates it (AVX2: ~116x
+#: slower, qeval/backends/device.py) its runs score 20
+AGREEMENT_LIMIT = DEMO_LIMIT
+AGREEMENT_LIMIT_EMULATED_BF16 = 20
+#: the tasks of the agreement runs (test_vllm_backend) and of the openai backend's comparisons
+AGREEMENT_TASKS = "compare_mc,ppl,addition"
+
+
+@pytest.fixture(scope="session")
+def vllm_demo(quantized_demo: tuple[Path, Path, str], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """`qeval run` on the vLLM demo as shipped (the quantize fixture's config and checkpoints), on
+    its first DEMO_LIMIT samples a task, performance phase included: its output folder and the
+    dtype `dtype: auto` resolved to. Once a session, because engine starts are the cost:
+    test_vllm_backend checks the run whole and takes its bf16 setup as the vllm agreement run in
+    that dtype (the same config, limit and tasks, and more); test_openai_backend takes its W8A8
+    setup as the in-process reference where that dtype is W8A8's (bfloat16)."""
+    cfg = quantized_demo[0]
+    out = tmp_path_factory.mktemp("demo-vllm") / "out"
+    res = run_cli("run", str(cfg), "--output", str(out), "--limit", str(DEMO_LIMIT))
+    assert res.returncode == 0, res.stderr[-3000:]
+    setups = {s["name"]: s for s in json.loads((out / "results.json").read_text())["setups"]}
+    return out, setups["bf16"]["quantization"]["engine_args"]["dtype"]
+
+
+def agreement_limit(dtype: str) -> int:
+    from qeval.backends.device import native_16bit
+
+    return AGREEMENT_LIMIT_EMULATED_BF16 if dtype == "bfloat16" and "bfloat16" not in native_16bit("cpu") else \
+        AGREEMENT_LIMIT
+
+
+@pytest.fixture(scope="session")
+def vllm_bf16_runs(vllm_demo: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """configs/demo-vllm.yaml's bf16 setup on the vllm backend in float32 and in bfloat16, without
+    the performance phase, on AGREEMENT_TASKS (agreement_limit samples): {dtype: output folder}.
+    The dtype `auto` resolves to is the demo's own run (vllm_demo: one engine start fewer), the
+    other a run of its own. Where the CPU runs an FP8 KV cache, that run also serves a `kv-fp8`
+    setup (test_vllm_backend's FP8 check: its baseline is that run's bf16, in the same pool),
+    under the key "kv-fp8". test_openai_backend takes the float32 run as its in-process bf16
+    reference."""
+    from qeval.backends.vllm.support import cpu_has_fp8
+
+    demo, auto = vllm_demo
+    (other,) = {"float32", "bfloat16"} - {auto}
+    tmp = tmp_path_factory.mktemp("vllm-bf16")
+    text = (ROOT / "configs" / "demo-vllm.yaml").read_text()
+    text = text.replace("path: models/qeval-tiny", f"path: {MODEL}")
+    text = re.sub(r"dtype: auto.*", f"dtype: {other}", text)
+    setups = "bf16"
+    if cpu_has_fp8():
+        text = text.replace("tasks: [", "  - {name: kv-fp8, kv_cache: fp8}\ntasks: [")
+        setups += ",kv-fp8"
+    cfg, out = tmp / f"vllm-{other}.yaml", tmp / f"vllm-{other}"
+    cfg.write_text(text)
+    res = run_cli("run", str(cfg), "--output", str(out), "--limit", str(agreement_limit(other)),
+                  "--setups", setups, "--tasks", AGREEMENT_TASKS, "--no-performance")  # agreement, not speed
+    assert res.returncode == 0, res.stderr[-3000:]
+    return {auto: demo, other: out} | ({"kv-fp8": out} if "kv-fp8" in setups else {})
+
+
 #: tests that start vLLM engines or servers run in two xdist groups, one per pytest worker:
 #: `make test` runs two workers (pytest-xdist, `--dist loadgroup`), and each engine claims its
 #: share of host memory for the KV pool, so at most two engine tests run at once. The users of
-#: the `quantized_demo` checkpoints (a session fixture: once per worker) and the files that start
-#: most engines form one group, the other engine tests the second. Every other test is grouped
+#: the `quantized_demo` checkpoints (a session fixture: once per worker), so the session's vLLM
+#: runs of them (`vllm_demo`, `vllm_bf16_runs`) as well, and the files that start most engines
+#: form one group, the other engine tests the second. Every other test is grouped
 #: by its file, so a module fixture runs once.
 CHECKPOINT_GROUP, ENGINE_GROUP = "vllm-checkpoints", "vllm-engines"
 #: node ids naming one of these start an engine or a server (the openai backend launches `vllm serve`)

