@@ -25,6 +25,26 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def _xdist_worker_cores() -> list[int] | None:
+    """Under pytest-xdist (`make test`: PYTEST_WORKERS), the cores this worker computes on: the
+    allowed cores split evenly between the workers (at least one each); None outside xdist."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not worker or not count:
+        return None
+    cores, n, i = sorted(os.sched_getaffinity(0)), int(count), int(worker.removeprefix("gw"))
+    per = max(1, len(cores) // n)
+    return cores[(i * per) % len(cores):][:per]
+
+
+# Two xdist workers each running torch on every core oversubscribe them (the quantized-KV-cache
+# paths worst: CONTRIBUTING.md), so each worker takes its share of the cores: torch's and
+# OpenMP's threads (every process a test starts inherits OMP_NUM_THREADS), and the cores vLLM's
+# CPU engine binds its OpenMP threads to (left to itself, every engine binds to the last core).
+if (_CORES := _xdist_worker_cores()) is not None:
+    os.environ.setdefault("OMP_NUM_THREADS", str(len(_CORES)))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, _CORES)))
+
+
 SCHEMA = ROOT / "docs" / "results.schema.json"
 
 

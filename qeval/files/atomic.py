@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -18,19 +18,28 @@ from qeval.errors import UserError
 def atomic_write_bytes(path: Path, data: bytes | Iterable[bytes]) -> None:
     """Write via a temporary file in the same folder and rename: readers never see half a file.
     `data` may be an iterable of pieces (JSONL lines), written one by one so that the whole file
-    is never held in memory. The temporary file is created with mode 0666 so that the process
-    umask decides its permissions, as for any other file the user writes (mkstemp would make
-    it 0600)."""
+    is never held in memory."""
+
+    def write(f: IO[bytes]) -> None:
+        if isinstance(data, bytes):
+            f.write(data)
+        else:
+            for piece in data:
+                f.write(piece)
+
+    atomic_write_stream(path, write)
+
+
+def atomic_write_stream(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+    """`write(f)` into a temporary file in the same folder, then rename it to `path`. The
+    temporary file is created with mode 0666 so that the process umask decides its permissions,
+    as for any other file the user writes (mkstemp would make it 0600)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
-            if isinstance(data, bytes):
-                f.write(data)
-            else:
-                for piece in data:
-                    f.write(piece)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -14,15 +14,17 @@ from __future__ import annotations
 import io
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from qeval.errors import UserError
-from qeval.files.atomic import _jsonable, atomic_write_bytes, atomic_write_json, read_json
+from qeval.files.atomic import _jsonable, atomic_write_bytes, atomic_write_json, atomic_write_stream, read_json
 from qeval.files.names import inside
 from qeval.records.job import Outcome, outcome_of
+from qeval.records.spool import RecordSpool, TopkSpool
 
 
 class RunStore:
@@ -40,6 +42,12 @@ class RunStore:
     def topk_path(self, setup: str, task: str) -> Path:
         return inside(self.root, "samples", setup, f"{task}.topk.npz")
 
+    def scratch_dir(self, setup: str) -> Path:
+        """Where a setup's tasks scored in chunks keep their records and top-k until they are
+        stored (qeval/records/spool.py): inside the run directory, so storing them never needs
+        them in memory; a worker clears it as it starts."""
+        return inside(self.root, "samples", setup, ".scratch")
+
     def setup_path(self, setup: str) -> Path:
         return inside(self.root, "setups", f"{setup}.json")
 
@@ -51,13 +59,21 @@ class RunStore:
         meta = self.read_meta(setup, task)
         return meta is not None and meta.get("key") == key and self.samples_path(setup, task).is_file()
 
-    def write_task(self, setup: str, task: str, key: str, records: list[dict[str, Any]],
-                   metrics: dict[str, Any], extra: dict[str, Any], topk: dict[str, np.ndarray] | None) -> None:
+    def write_task(self, setup: str, task: str, key: str, records: Sequence[dict[str, Any]] | RecordSpool,
+                   metrics: dict[str, Any], extra: dict[str, Any],
+                   topk: dict[str, np.ndarray] | TopkSpool | None) -> None:
         """Samples first, the meta (which marks the pair done) last: a crash between the
-        two leaves the pair not done, never done with missing samples."""
-        lines = ((json.dumps(r, default=_jsonable) + "\n").encode() for r in records)  # streamed, not joined
-        atomic_write_bytes(self.samples_path(setup, task), lines)
-        if topk is not None:
+        two leaves the pair not done, never done with missing samples. Records and top-k held
+        in a spool (qeval/records/spool.py) go from its files, never loaded whole."""
+        if isinstance(records, RecordSpool):  # already on disk, in the run directory: moved into place
+            records.move_to(self.samples_path(setup, task))
+        else:
+            lines = ((json.dumps(r, default=_jsonable) + "\n").encode() for r in records)  # streamed, not joined
+            atomic_write_bytes(self.samples_path(setup, task), lines)
+        if isinstance(topk, TopkSpool):
+            atomic_write_stream(self.topk_path(setup, task), topk.write_npz)
+            topk.discard()
+        elif topk is not None:
             buf = io.BytesIO()
             np.savez_compressed(buf, **topk)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
             atomic_write_bytes(self.topk_path(setup, task), buf.getvalue())

@@ -20,6 +20,7 @@ from qeval.config import RunConfig
 from qeval.config.setups import Setup
 from qeval.files.atomic import atomic_write_json
 from qeval.records.job import Job, Outcome, read_job
+from qeval.records.spool import clear_scratch
 from qeval.records.store import RunStore
 from qeval.run.progress import progress_bar
 
@@ -88,11 +89,17 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: Job, outcome: Out
         def store_result(name: str, result: Any, seconds: float, sha256: str) -> None:
             _store(store, setup, job, name, result, seconds, sha256, timings)
 
+        scratch = store.scratch_dir(setup.name)
+        clear_scratch(scratch)  # what a worker killed mid-task left there
         ctx = Scoring(backend=backend, cfg=cfg, setup=setup, key_parts=job.task_key_parts,
                       progress=lambda label, total: progress_bar(label, total=total),
-                      reference=lambda task: _reference(store, job, task), store=store_result)
-        for kind, names in names_by_kind(job.task_kinds, list(job.tasks)).items():
-            task_kind(kind).score(ctx, names)
+                      reference=lambda task: _reference(store, job, task), store=store_result,
+                      scratch=scratch, keeps_topk=setup.name == job.baseline)
+        try:
+            for kind, names in names_by_kind(job.task_kinds, list(job.tasks)).items():
+                task_kind(kind).score(ctx, names)
+        finally:
+            clear_scratch(scratch)  # a task that failed leaves its spools there; the stored ones were moved out
         outcome.memory = {k: vars(v) for k, v in backend.memory().items()}
         if job.performance:  # after scoring and memory: its larger batches must not show in either
             from qeval.perf.phase import run_phase

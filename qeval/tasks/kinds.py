@@ -22,6 +22,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qeval.errors import UserError
@@ -62,6 +63,11 @@ class Scoring:
     reference: Callable[[str], Any]
     #: store one task's result: (task, result, seconds, sha256 of its data)
     store: Callable[[str, TaskResult, float, str], None]
+    #: a folder in the run directory for a task's records and top-k on their way to the store
+    #: (qeval/records/spool.py: a kind that scores in chunks keeps them there, not in memory)
+    scratch: Path | None = None
+    #: whether this setup keeps its tasks' top-k (the baseline's: the others' KL reference)
+    keeps_topk: bool = True
 
 
 @dataclass(frozen=True)

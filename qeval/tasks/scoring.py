@@ -21,6 +21,7 @@ from qeval.backends.base import (
     generated_tokens,
 )
 from qeval.config.chat import strip_thinking
+from qeval.records.spool import RecordSpool, TopkSpool
 from qeval.tasks import Task
 from qeval.tasks.long_context.buckets import bucket_sums
 from qeval.tasks.sampling import repeat_sampling
@@ -28,11 +29,12 @@ from qeval.tasks.sampling import repeat_sampling
 
 @dataclass
 class TaskResult:
-    """One (setup, task): per-sample records, metrics, and (perplexity) top-k distributions."""
+    """One (setup, task): per-sample records, metrics, and (perplexity) top-k distributions.
+    A task scored in chunks holds its records and top-k in spools on disk (qeval/records/spool.py)."""
 
-    records: list[dict[str, Any]]
+    records: list[dict[str, Any]] | RecordSpool
     metrics: dict[str, dict[str, float | None]]
-    topk: dict[str, np.ndarray] = field(default_factory=dict)
+    topk: dict[str, np.ndarray] | TopkSpool = field(default_factory=dict)
     #: the task's token-level distribution of KL to the baseline and Δp (kl_distribution), where
     #: the setup was scored against the baseline's top-k; stored in the task's meta
     kl_distribution: dict[str, float] | None = None

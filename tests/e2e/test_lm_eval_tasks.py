@@ -34,7 +34,7 @@ def _bench(python: str, model: Path, tmp: Path, *extra: str, tasks: str = TASK_S
     out = tmp / "bench.json"
     res = subprocess.run([python, str(ROOT / "bench" / "compare_lm_eval.py"), "--model", str(model),
                           "--tasks", tasks, "--limit", "5", "--max-gen-toks", "24", "--json", str(out),
-                          "--threads", str(os.cpu_count() or 1), *extra],
+                          "--threads", os.environ.get("OMP_NUM_THREADS") or str(os.cpu_count() or 1), *extra],
                          capture_output=True, text=True, timeout=2400, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(out.read_text())["tasks"]

@@ -4,10 +4,13 @@ on from chunk to chunk instead of being re-seeded), the same per-document scores
 (aggregated once, by lm-eval's own aggregation, over every chunk), the same top-k reference and
 the same KL distribution against the baseline. Real parts: SmolLM2 on the transformers backend,
 lm-eval's own task YAMLs on the offline fixtures; chunks of 4 documents, so that the last chunk
-is short and tasks of different sizes drop out of the calls at different chunks."""
+is short and tasks of different sizes drop out of the calls at different chunks. The chunked runs
+keep their records and top-k in spools on disk, as the worker's do (qeval/records/spool.py)."""
 
 from __future__ import annotations
 
+import io
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,11 +44,11 @@ def score(tmp_path_factory: pytest.TempPathFactory) -> Any:
     backend.load()
 
     def run(chunk_docs: int, references: dict[str, dict[str, np.ndarray]] | None = None,
-            names: list[str] | None = None) -> dict[str, Any]:
+            names: list[str] | None = None, scratch: Path | None = None, keep_topk: bool = True) -> dict[str, Any]:
         session = _session(cfg)
         try:
             return score_lm_eval(backend, session, names or list(session.infos), lambda n: None, references,
-                                 chunk_docs=chunk_docs)
+                                 chunk_docs=chunk_docs, scratch=scratch, keep_topk=keep_topk)
         finally:
             session.close()
 
@@ -57,6 +60,21 @@ def score(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def whole(score: Any) -> dict[str, Any]:
     """Every entry in one evaluate() call: the reference the chunked runs are held to."""
     return score(WHOLE)
+
+
+def _unspooled(result: Any) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
+    """A result's records and top-k read back from its spools (the store's forms of them)."""
+    from qeval.records.spool import RecordSpool, TopkSpool
+
+    assert isinstance(result.records, RecordSpool), type(result.records)
+    topk = result.topk
+    if isinstance(topk, TopkSpool):
+        buf = io.BytesIO()
+        topk.write_npz(buf)
+        buf.seek(0)
+        with np.load(buf) as z:
+            topk = {k: z[k] for k in z.files}
+    return list(result.records), topk
 
 
 def _same_records(one: list[dict[str, Any]], chunked: list[dict[str, Any]]) -> None:
@@ -79,18 +97,20 @@ def _same_metrics(one: dict[str, Any], chunked: dict[str, Any]) -> None:
         assert (chunked[name]["stderr"] is None) == (m["stderr"] is None), name
 
 
-def test_chunks_score_as_one_call(score: Any, whole: dict[str, Any]) -> None:
-    one, chunked = whole, score(CHUNK)
+def test_chunks_score_as_one_call(score: Any, whole: dict[str, Any], tmp_path: Path) -> None:
+    one, chunked = whole, score(CHUNK, scratch=tmp_path / "scratch")
     assert one.keys() == chunked.keys() == {e["name"] for e in ENTRIES}
     for name, entry in ((e["name"], e) for e in ENTRIES):
-        a, b = one[name], chunked[name]
-        assert len(a.records) == len(b.records) == entry["limit"], name
-        _same_records(a.records, b.records)
-        _same_metrics(a.metrics, b.metrics)
-        assert a.topk.keys() == b.topk.keys()
+        a = one[name]
+        records, topk = _unspooled(chunked[name])
+        assert len(a.records) == len(records) == len(chunked[name].records) == entry["limit"], name
+        _same_records(a.records, records)
+        _same_metrics(a.metrics, chunked[name].metrics)
+        assert a.topk.keys() == topk.keys()
         if a.topk:
-            assert np.array_equal(a.topk["offsets"], b.topk["offsets"]), name
-            assert np.allclose(a.topk["token_logprobs"], b.topk["token_logprobs"], atol=1e-4), name
+            assert np.array_equal(a.topk["offsets"], topk["offsets"]), name
+            assert np.array_equal(a.topk["indices"][:, 0], topk["indices"][:, 0]), name
+            assert np.allclose(a.topk["token_logprobs"], topk["token_logprobs"], atol=1e-4), name
     # the few-shot examples vary by document: a sampler re-seeded per chunk would repeat chunk 1's
     arc = [r["prompt"] for r in one["arc_easy_local"].records]
     assert arc[CHUNK] != arc[0] and len(set(arc)) == len(arc)
@@ -98,16 +118,19 @@ def test_chunks_score_as_one_call(score: Any, whole: dict[str, Any]) -> None:
     assert "bits_per_byte" in one["wikitext_local"].metrics and "acc" in one["arc_easy_local"].metrics
 
 
-def test_chunks_keep_the_kl_reference_request_by_request(score: Any, whole: dict[str, Any]) -> None:
+def test_chunks_keep_the_kl_reference_request_by_request(score: Any, whole: dict[str, Any], tmp_path: Path) -> None:
     """The baseline's top-k handed out chunk by chunk: each request against its own reference,
     so the KL of a model against itself is ~0 on every token (a shifted reference is not)."""
     refs = {n: r.topk for n, r in whole.items() if r.topk}
     assert set(refs) == {"arc_easy_local", "wikitext_local"}
-    one, chunked = score(WHOLE, refs, list(refs)), score(CHUNK, refs, list(refs))
+    one = score(WHOLE, refs, list(refs))
+    chunked = score(CHUNK, refs, list(refs), scratch=tmp_path / "scratch", keep_topk=False)  # as a setup does
     for name in refs:
         a, b = one[name].kl_distribution, chunked[name].kl_distribution
         assert a is not None and b is not None and a["tokens"] == b["tokens"] > 0, name
         assert b["kl_max"] < 1e-3 and b["same_top1"] == 1.0, (name, b)
         assert b["kl_mean"] == pytest.approx(a["kl_mean"], abs=1e-5)
-        assert all("kl" in r for r in chunked[name].records)
-        _same_records(one[name].records, chunked[name].records)
+        records, topk = _unspooled(chunked[name])
+        assert topk == {}, name  # not the baseline: nothing kept
+        assert all("kl" in r for r in records)
+        _same_records(one[name].records, records)

@@ -58,7 +58,8 @@ def score(ctx: Scoring, names: list[str]) -> None:
         t0 = time.time()
         label = f"{ctx.setup.name}: {len(names)} lm-eval tasks"
         with ctx.progress(label, n_requests(session, names)) as bar:
-            results = score_lm_eval(ctx.backend, session, names, bar.advance, refs)
+            results = score_lm_eval(ctx.backend, session, names, bar.advance, refs, scratch=ctx.scratch,
+                                    keep_topk=ctx.keeps_topk)
         seconds = round((time.time() - t0) / len(names), 2)  # the tasks were scored together: their time shared out
         for name, result in results.items():
             ctx.store(name, result, seconds, session.infos[name].sha256)

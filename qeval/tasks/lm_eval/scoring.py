@@ -22,6 +22,7 @@ import itertools
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,7 @@ from qeval.backends.base import (
     generated_tokens,
 )
 from qeval.config.chat import strip_thinking
+from qeval.records.spool import RecordSpool, TopkSpool
 from qeval.tasks.chat import Chat
 from qeval.tasks.lm_eval.session import LmEvalSession
 from qeval.tasks.scoring import (
@@ -182,10 +184,16 @@ def n_requests(session: LmEvalSession, leaves: list[str]) -> int:
 
 def score_lm_eval(backend: Backend, session: LmEvalSession, leaves: list[str], progress: Progress,
                   references: dict[str, dict[str, np.ndarray]] | None = None,
-                  chunk_docs: int = CHUNK_DOCS) -> dict[str, TaskResult]:
+                  chunk_docs: int = CHUNK_DOCS, scratch: Path | None = None,
+                  keep_topk: bool = True) -> dict[str, TaskResult]:
     """Score `leaves` through lm-eval's evaluate(), `chunk_docs` documents a call (every leaf's
     chunk in the same call: one batched backend call per request type); per leaf, qeval's
-    records and metrics."""
+    records and metrics.
+
+    `scratch`: a folder in the run directory where each chunk's records and top-k go as it is
+    scored (qeval/records/spool.py), so the worker holds neither for the whole task; without
+    it they are held in memory (lists and arrays). `keep_topk`: keep the top-k (the baseline's,
+    the other setups' KL reference); a setup that is not the baseline keeps none."""
     from lm_eval.evaluator import evaluate
 
     refs = _References({leaf: _leaf_references(session, leaf, (references or {}).get(leaf)) for leaf in leaves})
@@ -201,7 +209,7 @@ def score_lm_eval(backend: Backend, session: LmEvalSession, leaves: list[str], p
         templated = chat is not None and chat.template is not None
         for leaf in group:  # once per task: its sampler then carries on from chunk to chunk
             session.tasks[leaf].set_fewshot_seed(session.spec.fewshot_seed)
-        built = {leaf: _LeafResult(leaf) for leaf in group}
+        built = {leaf: _LeafResult.start(leaf, scratch, keep_topk) for leaf in group}
         n_docs = {leaf: session.infos[leaf].n_docs for leaf in group}
         for start in range(0, max(n_docs.values(), default=0), chunk_docs):
             # never an empty list: lm-eval reads `samples=[]` as "every document"
@@ -225,16 +233,25 @@ def score_lm_eval(backend: Backend, session: LmEvalSession, leaves: list[str], p
 @dataclass
 class _LeafResult:
     """One leaf's result built chunk by chunk: its records, lm-eval's per-document metric values
-    (aggregated once at the end), its top-k and its token-level divergence from the baseline."""
+    (aggregated once at the end), its top-k and its token-level divergence from the baseline.
+    Records and top-k go to spools in the run directory where the worker gives a scratch folder,
+    so that neither grows in memory with the documents."""
 
     leaf: str
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[dict[str, Any]] | RecordSpool
+    #: the top-k packs, chunk by chunk (None: not kept, a setup that is not the baseline)
+    packs: list[dict[str, np.ndarray]] | TopkSpool | None
     #: (metric, filter) -> per-document values in document order: what evaluate() aggregates
     raw_metrics: dict[tuple[str, str], list[Any]] = field(default_factory=lambda: defaultdict(list))
-    packs: list[dict[str, np.ndarray]] = field(default_factory=list)
     #: False once a chunk's results carry no top-k (a backend without it): the task keeps none
     topk_ok: bool = True
     tokens: TokenDivergence = field(default_factory=TokenDivergence)
+
+    @classmethod
+    def start(cls, leaf: str, scratch: Path | None, keep_topk: bool) -> _LeafResult:
+        if scratch is None:
+            return cls(leaf, [], [] if keep_topk else None)
+        return cls(leaf, RecordSpool(scratch, leaf), TopkSpool(scratch, leaf) if keep_topk else None)
 
     def add(self, session: LmEvalSession, samples: list[dict[str, Any]], raw: dict[tuple[str, int, int], Any],
             refs: dict[tuple[str, int, int], Reference]) -> None:
@@ -247,9 +264,10 @@ class _LeafResult:
                 self.raw_metrics[(m, s.get("filter", "none"))].append(s[m])
         records = [_record(leaf, info.output_type, info.compared_metric, doc_id, entries, raw)
                    for doc_id, entries in sorted(by_doc.items())]
+        topk: dict[str, np.ndarray] = {}
         if info.output_type == "loglikelihood_rolling":
             results = [raw[(leaf, r["doc_id"], 0)] for r in records]
-            self.packs.append(pack_topk(results))
+            topk = pack_topk(results)
             for rec, res in zip(records, results, strict=True):
                 doc_ref = refs.get((leaf, rec["doc_id"], 0))
                 if doc_ref is not None and res.ref_logprobs is not None:
@@ -263,8 +281,8 @@ class _LeafResult:
             full = None if any(c is None for c in chosen) else [c for c in chosen if c is not None]
             topk, _ = continuation_divergence(choices, full, records, self.tokens)
             self.topk_ok = self.topk_ok and bool(topk)
-            if topk:
-                self.packs.append(topk)
+        if topk and self.topk_ok and self.packs is not None:
+            self.packs.append(topk)
         self.records.extend(records)
 
     def result(self, session: LmEvalSession) -> TaskResult:
@@ -281,13 +299,26 @@ class _LeafResult:
             qname = name if filt == "none" else key
             stderr = aggregated.get(f"{name}_stderr,{filt}")
             if not isinstance(stderr, (int, float)):  # bootstrap_iters=0 leaves it out; a mean's is closed form
-                stderr = _mean_stderr([r["metrics"].get(qname) for r in self.records])
+                stderr = _mean_stderr([_scalar(v) for v in self.raw_metrics.get((name, filt), [])])
             metrics[qname] = {"value": float(value), "stderr": float(stderr) if stderr is not None else None}
+        if isinstance(self.records, RecordSpool):
+            self.records.finish()
         output_type = session.infos[self.leaf].output_type
-        if output_type not in ("loglikelihood_rolling", "multiple_choice", "loglikelihood"):
+        packs = self.packs if self.topk_ok and output_type in _WITH_TOPK else None
+        if isinstance(self.packs, TopkSpool) and packs is None:
+            self.packs.discard()
+        topk: dict[str, np.ndarray] | TopkSpool = {}
+        if isinstance(packs, TopkSpool):
+            topk = packs if packs else {}
+        elif packs:
+            topk = concat_topk(packs)
+        if output_type not in _WITH_TOPK:
             return TaskResult(self.records, metrics, {})
-        topk = concat_topk(self.packs) if self.packs and self.topk_ok else {}
         return TaskResult(self.records, metrics, topk, self.tokens.summary())
+
+
+#: the output types whose tasks keep top-k (the KL reference) and a token-level divergence
+_WITH_TOPK = ("loglikelihood_rolling", "multiple_choice", "loglikelihood")
 
 
 def _record(leaf: str, output_type: str, compared: str, doc_id: int, entries: list[dict[str, Any]],
@@ -349,13 +380,16 @@ def _mean_stderr(values: list[float | None]) -> float | None:
 
 def _scalars(scores: dict[str, Any]) -> dict[str, float]:
     """Per-document metric values that are numbers (perplexity ones are (ll, count) pairs)."""
-    out = {}
-    for k, v in scores.items():
-        if isinstance(v, bool):
-            out[k] = float(v)
-        elif isinstance(v, (int, float)) and math.isfinite(float(v)):
-            out[k] = float(v)
-    return out
+    return {k: x for k, v in scores.items() if (x := _scalar(v)) is not None}
+
+
+def _scalar(value: Any) -> float | None:
+    """A per-document metric value as a float, or None where it is no finite number."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)) and math.isfinite(float(value)):
+        return float(value)
+    return None
 
 
 def _plain(value: Any) -> Any:

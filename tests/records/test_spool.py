@@ -1,0 +1,98 @@
+"""Spools (qeval/records/spool.py): a chunked task's records and top-k held on disk in the run
+directory's scratch folder, then stored by RunStore.write_task exactly as the in-memory forms
+would be: the same samples lines, and a `.topk.npz` numpy reads back to the joined packs."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+
+from qeval.records.spool import RecordSpool, TopkSpool, clear_scratch
+from qeval.records.store import RunStore
+from qeval.tasks.scoring import concat_topk
+
+
+def _packs(seed: int = 0, sizes: tuple[int, ...] = (3, 1, 4), k: int = 5) -> list[dict[str, np.ndarray]]:
+    """pack_topk's form for chunks of `sizes` requests, of 1-6 tokens each."""
+    rng = np.random.default_rng(seed)
+    packs = []
+    for n in sizes:
+        lengths = rng.integers(1, 7, n)
+        t = int(lengths.sum())
+        packs.append({"offsets": np.concatenate([[0], np.cumsum(lengths)]),
+                      "indices": rng.integers(0, 50_000, (t, k)).astype(np.int32),
+                      "logprobs": -rng.random((t, k)).astype(np.float32),
+                      "token_logprobs": -rng.random(t).astype(np.float32)})
+    return packs
+
+
+def test_a_topk_spool_writes_the_joined_packs_as_numpy_does(tmp_path: Path) -> None:
+    packs = _packs()
+    spool = TopkSpool(tmp_path / "scratch", "t")
+    assert not spool
+    for p in packs:
+        spool.append(p)
+    assert spool
+    buf = io.BytesIO()
+    spool.write_npz(buf)
+    buf.seek(0)
+    want = concat_topk(packs)
+    with np.load(buf) as z:
+        assert sorted(z.files) == sorted(want)
+        for key, arr in want.items():
+            assert z[key].dtype == arr.dtype and np.array_equal(z[key], arr), key
+    assert int(want["offsets"][-1]) == sum(int(p["offsets"][-1]) for p in packs) > 0
+    spool.discard()
+    assert not list((tmp_path / "scratch").iterdir())
+
+
+def test_a_topk_spool_refuses_a_pack_of_another_shape(tmp_path: Path) -> None:
+    spool = TopkSpool(tmp_path, "t")
+    spool.append(_packs(k=5)[0])
+    try:
+        spool.append(_packs(k=4)[0])
+    except ValueError as exc:
+        assert "indices" in str(exc)
+    else:
+        raise AssertionError("a pack of k=4 after k=5 was accepted")
+
+
+def test_the_store_moves_a_record_spool_into_place(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "run")
+    scratch = store.scratch_dir("base")
+    records = [{"doc_id": i, "prompt": f"q{i} é", "metrics": {"acc": float(i % 2)}} for i in range(7)]
+    spool, topk = RecordSpool(scratch, "t"), TopkSpool(scratch, "t")
+    packs = _packs(sizes=(4, 3))
+    spool.extend(records[:4])
+    topk.append(packs[0])
+    spool.extend(records[4:])
+    topk.append(packs[1])
+    assert len(spool) == 7 and list(spool) == records  # read back from its file
+    store.write_task("base", "t", "k1", spool, {"acc": {"value": 3 / 7}}, {}, topk)
+    assert store.read_samples("base", "t") == records
+    ref = store.read_topk("base", "t")
+    assert ref is not None and all(np.array_equal(ref[k], v) for k, v in concat_topk(packs).items())
+    assert store.is_done("base", "t", "k1") and store.read_meta("base", "t")["n"] == 7  # type: ignore[index]
+    # the records' file was renamed into place; the top-k's raw files are gone
+    assert not list(scratch.glob("*.spool"))
+    lines = store.samples_path("base", "t").read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line) for line in lines] == records
+    # the in-memory form stores the same lines
+    store.write_task("base", "u", "k1", records, {}, {}, None)
+    assert store.samples_path("base", "u").read_bytes() == store.samples_path("base", "t").read_bytes()
+
+
+def test_clear_scratch_removes_what_a_dead_worker_left(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    scratch = store.scratch_dir("s")
+    spool = RecordSpool(scratch, "t")
+    spool.extend([{"a": 1}])
+    spool.finish()
+    TopkSpool(scratch, "t").append(_packs()[0])
+    assert len(list(scratch.glob("*.spool"))) == 4  # records, indices, logprobs, token_logprobs
+    clear_scratch(scratch)
+    assert not scratch.exists()
+    clear_scratch(scratch)  # nothing there: nothing to do
