@@ -142,3 +142,69 @@ def clear_scratch(folder: Path) -> None:
             os.rmdir(folder)
         except OSError:
             pass
+
+
+class TopkReader:
+    """A stored `.topk.npz` read request by request, in order: its offsets whole (8 bytes a
+    request), each per-token array streamed from its zip member as `take` asks for the next
+    requests. A setup scored against the baseline holds one chunk of the baseline's top-k at a
+    time, never all of it. Use it as a context manager, or `close()` it."""
+
+    def __init__(self, path: Path) -> None:
+        self._zip = zipfile.ZipFile(path)
+        try:
+            with self._zip.open("offsets.npy") as f:
+                self.offsets: np.ndarray = np.lib.format.read_array(f, allow_pickle=False)
+            #: array name -> (its open member, dtype, shape of one row)
+            self._members: dict[str, tuple[IO[bytes], np.dtype[Any], tuple[int, ...]]] = {}
+            for name in self._zip.namelist():
+                key = name.removesuffix(".npy")
+                if key == "offsets":
+                    continue
+                member = self._zip.open(name)
+                version = np.lib.format.read_magic(member)
+                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                    np.lib.format.read_array_header_2_0
+                shape, fortran, dtype = read_header(member)
+                if fortran:
+                    raise ValueError(f"{path}: {key} is stored in Fortran order")
+                self._members[key] = (member, dtype, tuple(shape[1:]))
+        except BaseException:
+            self.close()
+            raise
+        self.n_requests = len(self.offsets) - 1
+        self._next = 0
+
+    def keys(self) -> set[str]:
+        return {"offsets", *self._members}
+
+    def take(self, n: int) -> list[tuple[np.ndarray, ...]]:
+        """The next `n` requests' references (fewer where the file ends): per request, the arrays
+        in the order pack_topk stores them (indices, logprobs, then token_logprobs if present)."""
+        start, end = self._next, min(self._next + n, self.n_requests)
+        first, rows = int(self.offsets[start]), int(self.offsets[end] - self.offsets[start])
+        arrays = []
+        for key in ("indices", "logprobs", "token_logprobs"):
+            if key not in self._members:
+                continue
+            member, dtype, row = self._members[key]
+            size = rows * dtype.itemsize * int(np.prod(row, dtype=np.int64))
+            data = member.read(size)
+            if len(data) != size:
+                raise ValueError(f"top-k reference: {key} ends early")
+            # a writable buffer: torch refuses (warns on) read-only arrays
+            arrays.append(np.frombuffer(bytearray(data), dtype=dtype).reshape(rows, *row))
+        self._next = end
+        o = self.offsets[start : end + 1] - first
+        return [tuple(a[o[i] : o[i + 1]] for a in arrays) for i in range(end - start)]
+
+    def close(self) -> None:
+        for member, *_ in getattr(self, "_members", {}).values():
+            member.close()
+        self._zip.close()
+
+    def __enter__(self) -> TopkReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

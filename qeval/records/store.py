@@ -24,7 +24,7 @@ from qeval.errors import UserError
 from qeval.files.atomic import _jsonable, atomic_write_bytes, atomic_write_json, atomic_write_stream, read_json
 from qeval.files.names import inside
 from qeval.records.job import Outcome, outcome_of
-from qeval.records.spool import RecordSpool, TopkSpool
+from qeval.records.spool import RecordSpool, TopkReader, TopkSpool
 
 
 class RunStore:
@@ -100,6 +100,11 @@ class RunStore:
             return [obj for _, obj in read_objects(path)]
         except UserError as exc:
             raise UserError(str(exc).replace("corrupt dataset line", "corrupt samples line")) from None
+
+    def open_topk(self, setup: str, task: str) -> TopkReader | None:
+        """The stored top-k, to read request by request (TopkReader), or None where there is none."""
+        path = self.topk_path(setup, task)
+        return TopkReader(path) if path.is_file() else None
 
     def read_topk(self, setup: str, task: str) -> dict[str, np.ndarray] | None:
         path = self.topk_path(setup, task)

@@ -94,7 +94,8 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: Job, outcome: Out
         ctx = Scoring(backend=backend, cfg=cfg, setup=setup, key_parts=job.task_key_parts,
                       progress=lambda label, total: progress_bar(label, total=total),
                       reference=lambda task: _reference(store, job, task), store=store_result,
-                      scratch=scratch, keeps_topk=setup.name == job.baseline)
+                      scratch=scratch, keeps_topk=setup.name == job.baseline,
+                      open_reference=lambda task: store.open_topk(*ref) if (ref := job.reference.get(task)) else None)
         try:
             for kind, names in names_by_kind(job.task_kinds, list(job.tasks)).items():
                 task_kind(kind).score(ctx, names)

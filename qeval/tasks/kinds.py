@@ -19,7 +19,7 @@ import importlib
 import os
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from qeval.config import RunConfig
     from qeval.config.setups import Setup
     from qeval.records.preflight import Preflight
+    from qeval.records.spool import TopkReader
     from qeval.records.store import RunStore
     from qeval.report.sections import ReportSection
     from qeval.results.schema import Results
@@ -68,6 +69,9 @@ class Scoring:
     scratch: Path | None = None
     #: whether this setup keeps its tasks' top-k (the baseline's: the others' KL reference)
     keeps_topk: bool = True
+    #: the baseline's stored top-k of a task opened to read request by request (TopkReader), or
+    #: None: what a kind that scores in chunks reads instead of `reference`'s whole arrays
+    open_reference: Callable[[str], TopkReader | None] = field(default=lambda _task: None)
 
 
 @dataclass(frozen=True)

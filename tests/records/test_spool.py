@@ -96,3 +96,28 @@ def test_clear_scratch_removes_what_a_dead_worker_left(tmp_path: Path) -> None:
     clear_scratch(scratch)
     assert not scratch.exists()
     clear_scratch(scratch)  # nothing there: nothing to do
+
+
+def test_a_topk_reader_hands_out_the_stored_references_in_order(tmp_path: Path) -> None:
+    """What a setup reads of the baseline's stored top-k, chunk by chunk, is what the whole
+    arrays split per request give (split_reference), request for request."""
+    from qeval.records.spool import TopkReader
+    from qeval.tasks.scoring import split_reference
+
+    packs = _packs(sizes=(5, 2, 6))
+    whole = concat_topk(packs)
+    store = RunStore(tmp_path)
+    spool = TopkSpool(store.scratch_dir("base"), "t")
+    for p in packs:
+        spool.append(p)
+    store.write_task("base", "t", "k", [], {}, {}, spool)
+    want = split_reference(whole, 13)
+    assert want is not None
+    with store.open_topk("base", "t") as reader:  # type: ignore[union-attr]
+        assert isinstance(reader, TopkReader) and reader.n_requests == 13
+        assert reader.keys() == set(whole)
+        got = reader.take(4) + reader.take(0) + reader.take(6) + reader.take(100)  # the last: the 3 left
+    assert len(got) == 13
+    for a, b in zip(want, got, strict=True):
+        assert len(a) == len(b) == 3 and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert store.open_topk("base", "missing") is None

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from qeval.config.chat import merge_think_end
 from qeval.tasks.chat import ChatResolver, task_chat
 from qeval.tasks.kinds import Scoring, TaskKind, check_generation_room
-from qeval.tasks.lm_eval.scoring import n_requests, score_lm_eval
+from qeval.tasks.lm_eval.scoring import leaf_requests, score_lm_eval
 from qeval.tasks.lm_eval.session import ChatFor, LmEvalSession, open_session
 
 if TYPE_CHECKING:
@@ -53,17 +53,21 @@ def score(ctx: Scoring, names: list[str]) -> None:
     (one batched backend call per request type and chunk of documents)."""
     assert ctx.cfg.lm_eval is not None
     session = _session(ctx.cfg)
+    # the baseline's top-k, read from its file chunk by chunk: never held whole
+    refs = {n: ref for n in names if (ref := ctx.open_reference(n)) is not None}
     try:
-        refs = {n: ref for n in names if (ref := ctx.reference(n)) is not None}
         t0 = time.time()
         label = f"{ctx.setup.name}: {len(names)} lm-eval tasks"
-        with ctx.progress(label, n_requests(session, names)) as bar:
+        counts = leaf_requests(session, names)
+        with ctx.progress(label, sum(counts.values())) as bar:
             results = score_lm_eval(ctx.backend, session, names, bar.advance, refs, scratch=ctx.scratch,
-                                    keep_topk=ctx.keeps_topk)
+                                    keep_topk=ctx.keeps_topk, requests=counts)
         seconds = round((time.time() - t0) / len(names), 2)  # the tasks were scored together: their time shared out
         for name, result in results.items():
             ctx.store(name, result, seconds, session.infos[name].sha256)
     finally:
+        for ref in refs.values():
+            ref.close()
         session.close()
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from qeval.backends.base import (
     generated_tokens,
 )
 from qeval.config.chat import strip_thinking
-from qeval.records.spool import RecordSpool, TopkSpool
+from qeval.records.spool import RecordSpool, TopkReader, TopkSpool
 from qeval.tasks.chat import Chat
 from qeval.tasks.lm_eval.session import LmEvalSession
 from qeval.tasks.scoring import (
@@ -144,9 +145,10 @@ def make_lm(backend: Backend, references: _References, progress: Progress,
 
 class _References:
     """The baseline's reference per request of each task, in (document, choice) order, handed
-    out chunk by chunk: lm-eval sends a chunk's requests of one type in one call."""
+    out chunk by chunk: lm-eval sends a chunk's requests of one type in one call. A task's
+    references are a list (held whole) or a TopkReader (read from the stored file as asked)."""
 
-    def __init__(self, per_task: dict[str, list[Reference] | None]) -> None:
+    def __init__(self, per_task: dict[str, list[Reference] | TopkReader | None]) -> None:
         self.per_task = per_task
         self.taken: dict[str, int] = defaultdict(int)
 
@@ -155,37 +157,45 @@ class _References:
         refs = self.per_task.get(task)
         start = self.taken[task]
         self.taken[task] += n
-        return None if refs is None else refs[start : start + n]
+        if refs is None:
+            return None
+        return refs.take(n) if isinstance(refs, TopkReader) else refs[start : start + n]
 
 
-def _leaf_references(session: LmEvalSession, leaf: str, ref: dict[str, np.ndarray] | None) -> list[Reference] | None:
-    """The baseline's stored top-k of `leaf` split per request; None where it holds other data
-    (a different document count or choice count: no KL, never a wrong one)."""
+def _leaf_references(session: LmEvalSession, leaf: str, ref: dict[str, np.ndarray] | TopkReader | None,
+                     n_requests: int) -> list[Reference] | TopkReader | None:
+    """The baseline's stored top-k of `leaf` (its `n_requests` requests) per request; None where
+    it holds other data (a different document count or choice count: no KL, never a wrong one)."""
     if ref is None:
         return None
     info = session.infos[leaf]
     if info.output_type == "loglikelihood_rolling":
+        if isinstance(ref, TopkReader):
+            return ref if ref.n_requests >= info.n_docs else None
         return split_reference(ref, info.n_docs)
     if info.output_type in ("multiple_choice", "loglikelihood"):
-        return request_references(ref, _leaf_requests(session, leaf))
+        if isinstance(ref, TopkReader):
+            return ref if ref.n_requests == n_requests else None
+        return request_references(ref, n_requests)
     return None
 
 
-def _leaf_requests(session: LmEvalSession, leaf: str) -> int:
-    task, info = session.tasks[leaf], session.infos[leaf]
-    docs = itertools.islice(task.eval_docs, info.n_docs)
-    return sum(len(task.doc_to_choice(d)) for d in docs) if info.output_type == "multiple_choice" else info.n_docs
-
-
-def n_requests(session: LmEvalSession, leaves: list[str]) -> int:
-    """Requests the leaves send (multiple choice: one per choice), for the progress bar."""
-    return sum(_leaf_requests(session, leaf) for leaf in leaves)
+def leaf_requests(session: LmEvalSession, leaves: list[str]) -> dict[str, int]:
+    """Per leaf, the requests it sends (multiple choice: one per choice): the progress bar's
+    total, and what the baseline's reference must hold."""
+    counts = {}
+    for leaf in leaves:
+        task, info = session.tasks[leaf], session.infos[leaf]
+        docs = itertools.islice(task.eval_docs, info.n_docs)
+        counts[leaf] = sum(len(task.doc_to_choice(d)) for d in docs) if info.output_type == "multiple_choice" \
+            else info.n_docs
+    return counts
 
 
 def score_lm_eval(backend: Backend, session: LmEvalSession, leaves: list[str], progress: Progress,
-                  references: dict[str, dict[str, np.ndarray]] | None = None,
+                  references: Mapping[str, dict[str, np.ndarray] | TopkReader] | None = None,
                   chunk_docs: int = CHUNK_DOCS, scratch: Path | None = None,
-                  keep_topk: bool = True) -> dict[str, TaskResult]:
+                  keep_topk: bool = True, requests: dict[str, int] | None = None) -> dict[str, TaskResult]:
     """Score `leaves` through lm-eval's evaluate(), `chunk_docs` documents a call (every leaf's
     chunk in the same call: one batched backend call per request type); per leaf, qeval's
     records and metrics.
@@ -193,10 +203,14 @@ def score_lm_eval(backend: Backend, session: LmEvalSession, leaves: list[str], p
     `scratch`: a folder in the run directory where each chunk's records and top-k go as it is
     scored (qeval/records/spool.py), so the worker holds neither for the whole task; without
     it they are held in memory (lists and arrays). `keep_topk`: keep the top-k (the baseline's,
-    the other setups' KL reference); a setup that is not the baseline keeps none."""
+    the other setups' KL reference); a setup that is not the baseline keeps none.
+    `references`: per leaf, the baseline's top-k, whole or opened to be read chunk by chunk
+    (TopkReader). `requests`: leaf_requests(session, leaves), where the caller has it already."""
     from lm_eval.evaluator import evaluate
 
-    refs = _References({leaf: _leaf_references(session, leaf, (references or {}).get(leaf)) for leaf in leaves})
+    counts = requests if requests is not None else leaf_requests(session, leaves)
+    refs = _References({leaf: _leaf_references(session, leaf, (references or {}).get(leaf), counts[leaf])
+                        for leaf in leaves})
     lm = make_lm(backend, refs, progress, {leaf: session.infos[leaf].think_end_token for leaf in leaves})
     by_chat: dict[str | None, list[str]] = defaultdict(list)  # one evaluate() per chat settings
     for leaf in leaves:
