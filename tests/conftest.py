@@ -340,28 +340,41 @@ def vllm_bf16_runs(vllm_demo: tuple[Path, str], tmp_path_factory: pytest.TempPat
 
 
 #: tests that start vLLM engines or servers run in two xdist groups, one per pytest worker:
-#: `make test` runs two workers (pytest-xdist, `--dist loadgroup`), and each engine claims its
-#: share of host memory for the KV pool, so at most two engine tests run at once. The users of
-#: the `quantized_demo` checkpoints (a session fixture: once per worker), so the session's vLLM
-#: runs of them (`vllm_demo`, `vllm_bf16_runs`) as well, and the files that start most engines
-#: form one group, the other engine tests the second. Every other test is grouped
-#: by its file, so a module fixture runs once.
+#: `make test` runs two workers (pytest-xdist, PYTEST_WORKERS), and each engine claims its share
+#: of host memory for the KV pool, so at most two engine tests run at once. The files whose tests
+#: use the `quantized_demo` checkpoints (a session fixture: once per worker), so the session's
+#: vLLM runs of them (`vllm_demo`, `vllm_bf16_runs`) as well, form one group, so that they are
+#: made once; the other engine tests form the second. Every other test is grouped by its file,
+#: so a module fixture runs once.
 CHECKPOINT_GROUP, ENGINE_GROUP = "vllm-checkpoints", "vllm-engines"
 #: node ids naming one of these start an engine or a server (the openai backend launches `vllm serve`)
 ENGINE_WORDS = ("vllm", "openai")
-CHECKPOINT_FILES = ("tests/backends/test_vllm_backend.py", "tests/backends/test_openai_backend.py")
+CHECKPOINT_FILES = ("tests/backends/test_vllm_backend.py", "tests/backends/test_openai_backend.py",
+                    "tests/quantize/test_quantize.py")
 
 
-def _xdist_group(item: pytest.Item) -> str:
-    node = item.nodeid.lower()
-    if "quantized_demo" in getattr(item, "fixturenames", ()) or node.startswith(CHECKPOINT_FILES):
+def xdist_group(nodeid: str) -> str:
+    """The xdist group of a test, from its node id alone (the controller schedules by node id)."""
+    node = nodeid.lower()
+    if node.startswith(CHECKPOINT_FILES):
         return CHECKPOINT_GROUP
     if any(w in node for w in ENGINE_WORDS):
         return ENGINE_GROUP
-    return item.nodeid.split("::")[0]
+    return nodeid.split("::")[0]
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with its xdist group (see CHECKPOINT_GROUP); harmless without xdist."""
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under `--dist loadgroup`, schedule by xdist_group. xdist 3.8's own loadgroup reads
+    `xdist_group` marks by rewriting each item's node id, which pytest 9.2's node ids no longer
+    allow (they are derived, not stored): every test became its own group, and each worker made
+    the vLLM checkpoints and runs again. Scheduling by scope, with xdist's own LoadScopeScheduling
+    and our grouping as its scope, needs neither."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+    return GroupScheduling(config, log)
