@@ -70,11 +70,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check qeval tests bench scripts
 	$(VENV)/bin/mypy
 
-# one pytest process by default. `make test PYTEST_WORKERS="-n 2 --dist loadgroup"` runs two
-# (pytest-xdist; tests/conftest.py's groups keep at most two vLLM engines at once), for machines
-# with cores to spare: on 2 cores two workers oversubscribe torch's threads (each test's torch
-# uses every core) and the suite ran far slower than serially (CONTRIBUTING.md)
-PYTEST_WORKERS ?=
+# two pytest workers (pytest-xdist): each takes half the cores for its torch, OpenMP and vLLM
+# threads (tests/conftest.py), and tests/conftest.py's groups keep at most two vLLM engines at once
+# and hand out the longest groups first. On the 2-core machines the suite took 29 min 11 s so,
+# against about 47 min in one process (CONTRIBUTING.md). `make test PYTEST_WORKERS=` runs one.
+PYTEST_WORKERS ?= -n 2 --dist loadgroup
 
 ## every test, the slow end-to-end ones included (CI runs exactly this)
 test: lint $(VLLM_STAMP) $(QUANT_STAMP) browser models/smollm2-135m/.prepared tasks/lm_eval_full/.prepared
