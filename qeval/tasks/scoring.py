@@ -287,11 +287,12 @@ def continuation_divergence(results: list[list[LoglikelihoodResult]], refs: list
     against the baseline's `refs`, KL and top-1 agreement over the scored tokens of every choice
     added to its record, and the task's token-level distribution. Tokens of a choice whose
     reference does not match are left out. `tokens`: where a task scored in chunks collects
-    its tokens (the summary returned is then of every chunk so far)."""
+    its tokens (no summary is returned then: its owner sums them up once)."""
     flat = [as_rolling(r) for doc in results for r in doc]
     if not flat or any(r is None for r in flat):
         return {}, None
     rolled: list[RollingResult] = flat  # type: ignore[assignment]
+    shared = tokens is not None
     tokens = tokens if tokens is not None else TokenDivergence()
     if refs is not None:
         k = 0
@@ -311,7 +312,8 @@ def continuation_divergence(results: list[list[LoglikelihoodResult]], refs: list
                 if kl_all.size:
                     rec |= {"kl": float(kl_all.mean()), "top1_agreement": float(top_all.mean()),
                             "kl_tokens": int(kl_all.size)}
-    return pack_topk(rolled), tokens.summary()
+    # a shared accumulator is summed up once by its owner, not again after every chunk
+    return pack_topk(rolled), None if shared else tokens.summary()
 
 
 def pack_topk(results: list[RollingResult]) -> dict[str, np.ndarray]:
