@@ -19,6 +19,7 @@ from typing import Any
 from qeval.config import RunConfig
 from qeval.config.setups import Setup
 from qeval.files.atomic import atomic_write_json
+from qeval.memory.heap import release_free_memory
 from qeval.records.job import Job, Outcome, read_job
 from qeval.records.spool import clear_scratch
 from qeval.records.store import RunStore
@@ -83,6 +84,7 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: Job, outcome: Out
     try:
         with progress_bar(f"{setup.name}: loading model", total=None) as bar:
             backend.load()
+            release_free_memory()  # what loading and quantizing freed: scoring starts from what the model holds
             bar.advance(1)
         timings["load_s"] = round(time.time() - t0, 2)
 

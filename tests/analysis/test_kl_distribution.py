@@ -46,3 +46,28 @@ def test_delta_p_is_the_change_in_the_actual_tokens_probability() -> None:
     q = np.array([0.5, 0.2, 0.3])
     assert kl[0] == pytest.approx(float((p * np.log(p / q)).sum()))
     assert list(top1) == [True, False]
+
+
+def test_joining_the_held_arrays_changes_no_figure() -> None:
+    """TokenDivergence joins its per-request arrays every COMPACT_EVERY; the summary over more
+    than that must be the one over every token, untouched by where the joins fell."""
+    from qeval.tasks import scoring
+
+    rng = np.random.default_rng(3)
+    n = scoring.COMPACT_EVERY * 2 + 37
+    kls = [rng.exponential(0.05, size=rng.integers(1, 6)) for _ in range(n)]
+    top1s = [rng.random(k.size) < 0.9 for k in kls]
+    dps = [rng.normal(0, 0.02, size=k.size) for k in kls]
+    acc = TokenDivergence()
+    for kl, t, dp in zip(kls, top1s, dps, strict=True):
+        acc.add(kl, t, dp)
+    assert len(acc.kl) < scoring.COMPACT_EVERY  # it did join: what is held is bounded
+    got = acc.summary()
+    assert got is not None
+    kl_all, dp_all = np.concatenate(kls), np.concatenate(dps)
+    assert got["tokens"] == kl_all.size
+    assert got["kl_p99_9"] == pytest.approx(float(np.quantile(kl_all, 0.999)))
+    assert got["kl_max"] == pytest.approx(float(kl_all.max()))
+    assert got["same_top1"] == pytest.approx(float(np.concatenate(top1s).mean()))
+    assert got["dp_p1"] == pytest.approx(float(np.quantile(dp_all, 0.01)))
+    assert got["dp_rms"] == pytest.approx(float(np.sqrt((dp_all**2).mean())))

@@ -37,6 +37,7 @@ from qeval.backends.base import (
     generated_tokens,
 )
 from qeval.config.chat import strip_thinking
+from qeval.memory.heap import release_free_memory
 from qeval.records.spool import RecordSpool, TopkReader, TopkSpool
 from qeval.tasks.chat import Chat
 from qeval.tasks.lm_eval.session import LmEvalSession
@@ -240,6 +241,7 @@ def score_lm_eval(backend: Backend, session: LmEvalSession, leaves: list[str], p
             lm.raw.clear()  # the chunk's per-request results and lm-eval's own go here
             lm.refs.clear()
             del out
+            release_free_memory()  # else glibc keeps what the chunk freed, and the RSS climbs chunk by chunk
         results |= {leaf: built[leaf].result(session) for leaf in group}
     return {leaf: results[leaf] for leaf in leaves}
 
