@@ -196,3 +196,38 @@ def test_a_shared_prompt_prefix_is_run_once_and_scores_the_same(fp32: HFBackend,
     alone = [r.logprob for r in fp32.loglikelihood(reqs, noop)]
     np.testing.assert_allclose(shared, alone, atol=1e-4)
     assert fp32.generate(gens, noop) == shared_gen
+
+
+def test_sub_batches_stay_within_the_logits_budget() -> None:
+    """Second passes are grouped by like length at the least padded cost; with a budget no group
+    pads past it (a row alone over it is its own pass), and every row is in exactly one group."""
+    from qeval.backends.hf.backend import _sub_batches
+
+    rng = np.random.default_rng(0)
+    lengths = [int(x) for x in rng.integers(1, 41, size=64)]
+    free = _sub_batches(lengths, 64)
+    capped = _sub_batches(lengths, 64, max_tokens=200)
+    for groups in (free, capped):
+        assert sorted(i for g in groups for i in g) == list(range(64))
+    assert max(len(g) * max(lengths[i] for i in g) for g in free) > 200  # the cap is what bounds it
+    assert all(len(g) * max(lengths[i] for i in g) <= 200 for g in capped)
+    assert _sub_batches([500, 3, 2], 64, max_tokens=100)[0] == [0]  # too long for the budget alone
+
+
+def test_a_small_logits_budget_scores_the_same(fp32: HFBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Capping the logits a pass returns splits the second pass into more passes; the scores are
+    those of the uncapped passes, to float32 rounding."""
+    from qeval.backends.hf import backend as hf
+
+    ctx = "Largest of 37 82 15 64:"
+    reqs = [LoglikelihoodRequest(ctx, c) for c in (" 82", " 37 is the largest", " 15, then 64", " 64 of them all")]
+    passes: list[list[list[int]]] = []
+    sub_batches = hf._sub_batches
+    monkeypatch.setattr(hf, "_sub_batches", lambda *a: passes.append(sub_batches(*a)) or passes[-1])
+    whole = fp32.loglikelihood(reqs, noop)
+    assert len(passes[-1]) < 4
+    monkeypatch.setattr(hf, "LOGITS_BUDGET_BYTES", 4 * fp32.model.config.vocab_size * 3)  # three positions a pass
+    capped = fp32.loglikelihood(reqs, noop)
+    assert len(passes[-1]) == 4  # each row over the budget alone: a pass each
+    np.testing.assert_allclose([r.logprob for r in capped], [r.logprob for r in whole], atol=1e-5)
+    assert [r.is_greedy for r in capped] == [r.is_greedy for r in whole]

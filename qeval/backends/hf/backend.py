@@ -201,8 +201,12 @@ class HFBackend:
         # the continuations' lengths vary (HellaSwag's endings: 5 to 40 tokens): one pass over all of
         # them pads each to the longest, which doubled the tokens run; passes over rows of like
         # length, each on a copy of its cache rows, run about what is real. Quantized caches cannot
-        # be row-selected: their rows are the chunk's own, one pass.
-        subs = _sub_batches([len(inputs[k]) for k in second], SUB_BATCH_OVERHEAD) if fresh else [range(len(second))]
+        # be row-selected: their rows are the chunk's own, one pass. No pass returns more logits
+        # than LOGITS_BUDGET_BYTES (float32 over the vocabulary at every padded position).
+        vocab = getattr(self.model.config, "vocab_size", None) or len(self.tok)
+        max_tokens = max(1, LOGITS_BUDGET_BYTES // (4 * vocab))
+        subs = (_sub_batches([len(inputs[k]) for k in second], SUB_BATCH_OVERHEAD, max_tokens) if fresh
+                else [range(len(second))])
         rests: dict[int, _Span] = {}
         for sub in subs:
             ks = [second[j] for j in sub]
@@ -464,19 +468,28 @@ MIN_SHARED_PREFIX = 16
 #: a forward pass's fixed cost in tokens' worth of work (dispatch over every layer, a GEMM too
 #: thin to reach its rate): what splitting a second pass into passes of like-length rows must save
 SUB_BATCH_OVERHEAD = 64
+#: the most full-vocabulary logits one second pass may produce, in bytes: a pass returns float32
+#: logits at every position of every row (64 HellaSwag endings x 40 tokens x 49,152 ids is 500 MB),
+#: and that one tensor set the worker's peak RSS, higher the longer the batch the data happened to
+#: hold; passes capped at this keep the peak bounded whatever the documents (docs/benchmarks.md)
+LOGITS_BUDGET_BYTES = 128 * 2**20
 
 
-def _sub_batches(lengths: list[int], overhead: int) -> list[list[int]]:
+def _sub_batches(lengths: list[int], overhead: int, max_tokens: int | None = None) -> list[list[int]]:
     """Indices of `lengths` in groups whose passes, each padded to its longest row, cost the
     least: sum over groups of (overhead + rows x longest), exact by dynamic programming over the
-    lengths sorted longest first (a best grouping is always contiguous there)."""
+    lengths sorted longest first (a best grouping is always contiguous there). With `max_tokens`,
+    no group pads to more than that many positions (rows x longest), unless one row alone does."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     n = len(order)
     best = [0.0] + [float("inf")] * n
     cut = [0] * (n + 1)
     for j in range(1, n + 1):
         for i in range(j):
-            cost = best[i] + overhead + (j - i) * lengths[order[i]]
+            padded = (j - i) * lengths[order[i]]
+            if max_tokens is not None and padded > max_tokens and j - i > 1:
+                continue  # over the logits budget: never a choice while a smaller group is one
+            cost = best[i] + overhead + padded
             if cost < best[j]:
                 best[j], cut[j] = cost, i
     groups: list[list[int]] = []
