@@ -19,7 +19,7 @@ from typing import Any
 from qeval.config import RunConfig
 from qeval.config.setups import Setup
 from qeval.files.atomic import atomic_write_json
-from qeval.memory.heap import release_free_memory
+from qeval.memory.heap import release_free_memory, set_mmap_threshold
 from qeval.records.job import Job, Outcome, read_job
 from qeval.records.spool import clear_scratch
 from qeval.records.store import RunStore
@@ -78,6 +78,9 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: Job, outcome: Out
 
     timings = outcome.timings
     t0 = time.time()
+    # before anything large is allocated: each pass's logits then come and go as their own
+    # mappings instead of raising the arena's high-water (qeval/memory/heap.py)
+    set_mmap_threshold()
     backend = backend_entry(cfg.backend).create(cfg, setup, job.device)
     if setup.memory_limit_mib:
         _limit_memory(setup.memory_limit_mib)

@@ -229,5 +229,7 @@ def test_a_small_logits_budget_scores_the_same(fp32: HFBackend, monkeypatch: pyt
     monkeypatch.setattr(hf, "LOGITS_BUDGET_BYTES", 4 * fp32.model.config.vocab_size * 3)  # three positions a pass
     capped = fp32.loglikelihood(reqs, noop)
     assert len(passes[-1]) == 4  # each row over the budget alone: a pass each
-    np.testing.assert_allclose([r.logprob for r in capped], [r.logprob for r in whole], atol=1e-5)
+    # float32 sums over padded and unpadded rows round differently: 3e-5 nats at -170 is 1.8e-7
+    # relative, the float32 epsilon's order. The bound is the issue's own per-document 1e-4 nats.
+    np.testing.assert_allclose([r.logprob for r in capped], [r.logprob for r in whole], atol=1e-4, rtol=0)
     assert [r.is_greedy for r in capped] == [r.is_greedy for r in whole]
