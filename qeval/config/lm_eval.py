@@ -43,6 +43,9 @@ class LmEvalSpec(Strict):
     data_dirs: list[str] = []
     #: the seed of lm-eval's few-shot sampler (one per task, drawn document by document)
     fewshot_seed: int = 1234
+    #: documents per lm-eval `evaluate()` call: what a worker holds at once, and what an
+    #: interrupted run scores again (it carries on from its last finished chunk)
+    chunk_docs: int = Field(default=1000, ge=1)
     tasks: list[LmEvalTask] = []
     #: named lists of tasks (SUITES), e.g. openllm-v1
     suites: list[str] = []

@@ -10,17 +10,18 @@ renamed into place (`RecordSpool.move_to`), and `TopkSpool.write_npz` writes the
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import secrets
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
-from qeval.files.atomic import _jsonable
+from qeval.files.atomic import _jsonable, atomic_write_bytes
 
 #: bytes copied at a time when a spool is written into the store
 BLOCK = 1 << 20
@@ -36,10 +37,28 @@ class RecordSpool:
     TaskResult holds in place of a list when it was scored in chunks. Iterating it reads the
     records back one at a time, in the order they were added."""
 
-    def __init__(self, folder: Path, stem: str) -> None:
-        self.path = _scratch_file(folder, stem)
-        self._out: IO[bytes] | None = open(self.path, "wb")  # noqa: SIM115  # closed by finish()/discard()
-        self.n = 0
+    def __init__(self, folder: Path, stem: str, resume: dict[str, Any] | None = None) -> None:
+        """A new spool in `folder`, or with `resume` (a `state()` of one saved after a chunk) that
+        spool again, cut back to what the state says it held: a chunk written after the state was
+        saved, wholly or in part, is dropped, and its records come again."""
+        if resume is None:
+            self.path = _scratch_file(folder, stem)
+            self._out: IO[bytes] | None = open(self.path, "wb")  # noqa: SIM115  # closed by finish()/discard()
+            self.n = 0
+        else:
+            self.path = _named_in(folder, resume["file"])
+            _check_holds(self.path, int(resume["bytes"]))
+            self._out = open(self.path, "r+b")  # noqa: SIM115  # closed by finish()/discard()
+            self._out.truncate(int(resume["bytes"]))
+            self._out.seek(0, os.SEEK_END)
+            self.n = int(resume["n"])
+
+    def state(self) -> dict[str, Any]:
+        """What `RecordSpool(folder, stem, resume=...)` needs to carry on from here: the file, its
+        records and bytes so far (flushed to the OS, so a killed worker's records survive)."""
+        assert self._out is not None, "the spool is finished"
+        self._out.flush()
+        return {"file": self.path.name, "n": self.n, "bytes": self._out.tell()}
 
     def extend(self, records: list[dict[str, Any]]) -> None:
         """Append records (JSON, one a line, as the store writes them)."""
@@ -86,11 +105,36 @@ class TopkSpool:
     raw file per array. The offsets (8 bytes a request) stay in memory; the per-token arrays,
     the bulk, go to disk."""
 
-    def __init__(self, folder: Path, stem: str) -> None:
+    def __init__(self, folder: Path, stem: str, resume: dict[str, Any] | None = None,
+                 lengths: np.ndarray | None = None) -> None:
+        """A new spool in `folder`, or with `resume` and `lengths` (a `state()` of one saved after
+        a chunk) that spool again, each raw file cut back to the rows the state says it held."""
         self.folder, self.stem = folder, stem
         self.lengths: list[np.ndarray] = []
         #: array name -> (its raw file, dtype, shape of one row, rows written)
         self.arrays: dict[str, tuple[Path, np.dtype[Any], tuple[int, ...], int]] = {}
+        if resume is None:
+            return
+        self.lengths = [np.asarray(lengths, dtype=np.int64)] if lengths is not None and len(lengths) else []
+        for key, (name, descr, row, rows) in resume["arrays"].items():
+            dtype, shape = np.dtype(descr), tuple(int(x) for x in row)
+            path = _named_in(folder, name)
+            size = int(rows) * dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+            _check_holds(path, size)
+            with open(path, "r+b") as f:
+                f.truncate(size)
+            self.arrays[key] = (path, dtype, shape, int(rows))
+
+    def state(self) -> tuple[dict[str, Any], np.ndarray]:
+        """What `TopkSpool(folder, stem, resume=..., lengths=...)` needs to carry on from here:
+        each array's file and rows (JSON), and the requests' token counts (an array)."""
+        arrays = {key: [path.name, np.lib.format.dtype_to_descr(dtype), list(row), rows]
+                  for key, (path, dtype, row, rows) in self.arrays.items()}
+        lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, dtype=np.int64)
+        return {"arrays": arrays}, lengths
+
+    def files(self) -> list[str]:
+        return [path.name for path, *_ in self.arrays.values()]
 
     def append(self, pack: dict[str, np.ndarray]) -> None:
         """One pack: its requests follow the ones already held."""
@@ -133,15 +177,77 @@ class TopkSpool:
         self.arrays.clear()
 
 
-def clear_scratch(folder: Path) -> None:
-    """Remove a scratch folder's spools left by a worker that died mid-task."""
-    if folder.is_dir():
-        for p in folder.glob("*.spool"):
+def _named_in(folder: Path, name: str) -> Path:
+    """`folder/name` for a spool's file name read back from a saved state: a bare file name of a
+    spool, never a path elsewhere (the state is a file in the run directory, not trusted)."""
+    if Path(name).name != name or not name.endswith(".spool"):
+        raise ValueError(f"scratch state names {name!r}, not a spool of its folder")
+    return folder / name
+
+
+#: a saved state in a scratch folder (a chunked scoring's, to be resumed): JSON and arrays, one npz
+STATE_SUFFIX = ".state.npz"
+
+
+def save_state(folder: Path, name: str, meta: dict[str, Any], arrays: dict[str, np.ndarray],
+               files: Collection[str]) -> None:
+    """Write a state (`meta`: JSON, `arrays`: numpy) into `folder`, atomically: a worker killed
+    while writing it leaves the previous one whole. `files`: the spools it needs, which
+    `clear_scratch(folder, keep_states=True)` then keeps."""
+    payload = {f"a.{k}": v for k, v in arrays.items()}
+    blob = json.dumps({"meta": meta, "files": sorted(files)}, default=_jsonable).encode()
+    payload["state"] = np.frombuffer(blob, dtype=np.uint8)
+    buf = io.BytesIO()
+    np.savez(buf, **payload)  # type: ignore[arg-type]  # numpy's stubs want positional arrays
+    atomic_write_bytes(folder / f"{name}{STATE_SUFFIX}", buf.getvalue())
+
+
+def load_state(folder: Path, name: str) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
+    """A state `save_state` wrote, or None where there is none or it cannot be read (read as
+    data: JSON and plain arrays, never a pickle)."""
+    read = _read_state(folder / f"{name}{STATE_SUFFIX}", with_arrays=True)
+    return None if read is None else (read[0]["meta"], read[1])
+
+
+def _read_state(path: Path, with_arrays: bool) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            state = json.loads(bytes(z["state"]).decode())
+            arrays = {k[2:]: z[k] for k in z.files if k.startswith("a.")} if with_arrays else {}
+        if not isinstance(state, dict) or not isinstance(state.get("meta"), dict):
+            return None
+        return state, arrays
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile):
+        return None
+
+
+def _check_holds(path: Path, size: int) -> None:
+    """A spool taken up again must hold at least what its state says (it is cut back to that,
+    never padded: a shorter file was damaged, and its task is scored again)."""
+    if size < 0 or path.stat().st_size < size:
+        raise ValueError(f"{path.name}: holds less than its saved state says")
+
+
+def clear_scratch(folder: Path, keep_states: bool = False) -> None:
+    """Remove what a worker left in its scratch folder (spools, half-written temporary files);
+    with `keep_states`, not the saved states and the spools they name: a chunked scoring
+    interrupted there carries on from them (qeval/tasks/lm_eval/resume.py)."""
+    if not folder.is_dir():
+        return
+    keep: set[str] = set()
+    if keep_states:
+        for path in folder.glob(f"*{STATE_SUFFIX}"):
+            read = _read_state(path, with_arrays=False)
+            if read is not None:
+                keep.add(path.name)
+                keep.update(str(f) for f in read[0].get("files", []))
+    for p in folder.iterdir():
+        if p.name not in keep and p.is_file():
             p.unlink(missing_ok=True)
-        try:
-            os.rmdir(folder)
-        except OSError:
-            pass
+    try:
+        os.rmdir(folder)
+    except OSError:
+        pass
 
 
 class TopkReader:

@@ -33,6 +33,7 @@ from qeval.records.job import KL_OUTPUT_TYPES, Job, PerformanceJob
 from qeval.records.keys import SetupKeys, setup_keys
 from qeval.records.preflight import Preflight
 from qeval.records.provenance import git_commit, now_iso
+from qeval.records.spool import clear_scratch
 from qeval.records.store import RunStore
 from qeval.report import print_summary, write_report
 from qeval.results.schema import Results, read_results
@@ -140,6 +141,8 @@ def prepare(pre: Preflight, opts: RunOptions, prefix: str = "") -> PreparedRun:
             print(f"{prefix}{setup.name}: all {len(pre.run_tasks)} tasks stored, skipped (use --force to recompute)",
                   file=sys.stderr)
             continue
+        if opts.force:  # recompute everything: not even an interrupted task's saved chunks are taken up
+            clear_scratch(store.scratch_dir(setup.name))
         jobs.append(_job(pre, store, setup, pending, k, baseline, prefix, perf if perf_pending else None))
     # a setup whose KL reference is the baseline's top-k waits for the baseline's job
     if jobs and jobs[0].name == baseline:

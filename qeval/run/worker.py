@@ -95,7 +95,9 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: Job, outcome: Out
             _store(store, setup, job, name, result, seconds, sha256, timings)
 
         scratch = store.scratch_dir(setup.name)
-        clear_scratch(scratch)  # what a worker killed mid-task left there
+        # what a worker killed mid-task left there, but for a chunked scoring's saved state and its
+        # spools: the task carries on from its last finished chunk (qeval/tasks/lm_eval/resume.py)
+        clear_scratch(scratch, keep_states=True)
         ctx = Scoring(backend=backend, cfg=cfg, setup=setup, key_parts=job.task_key_parts,
                       progress=lambda label, total: progress_bar(label, total=total),
                       reference=lambda task: _reference(store, job, task), store=store_result,
@@ -104,8 +106,10 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: Job, outcome: Out
         try:
             for kind, names in names_by_kind(job.task_kinds, list(job.tasks)).items():
                 task_kind(kind).score(ctx, names)
-        finally:
-            clear_scratch(scratch)  # a task that failed leaves its spools there; the stored ones were moved out
+        except BaseException:  # a task that failed or was interrupted: its saved chunks stay, to resume
+            clear_scratch(scratch, keep_states=True)
+            raise
+        clear_scratch(scratch)  # every task stored: their spools were moved out, nothing is left to resume
         outcome.memory = {k: vars(v) for k, v in backend.memory().items()}
         if job.performance:  # after scoring and memory: its larger batches must not show in either
             from qeval.perf.phase import run_phase

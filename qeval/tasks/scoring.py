@@ -257,6 +257,23 @@ class TokenDivergence:
         if self.dp:
             self.dp = [np.concatenate(self.dp)]
 
+    def arrays(self) -> dict[str, np.ndarray]:
+        """What is held so far, joined: `kl`, `top1` and `dp` (where every token had one), for a
+        saved state (qeval/tasks/lm_eval/resume.py); `restore` takes them back."""
+        if not self.kl:
+            return {}
+        self._compact()
+        out = {"kl": self.kl[0], "top1": self.top1[0]}
+        return out | ({"dp": self.dp[0]} if self.dp else {})
+
+    def restore(self, arrays: dict[str, np.ndarray | None], dp_missing: bool) -> None:
+        """Hold `arrays()`'s output again (before anything else is added)."""
+        kl, top1, dp = arrays.get("kl"), arrays.get("top1"), arrays.get("dp")
+        if kl is not None and top1 is not None and kl.size:
+            self.kl, self.top1 = [kl], [top1]
+            self.dp = [dp] if dp is not None and dp.size else []
+        self.dp_missing = dp_missing
+
     def summary(self) -> dict[str, float] | None:
         if not self.kl:
             return None

@@ -121,3 +121,74 @@ def test_a_topk_reader_hands_out_the_stored_references_in_order(tmp_path: Path) 
     for a, b in zip(want, got, strict=True):
         assert len(a) == len(b) == 3 and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
     assert store.open_topk("base", "missing") is None
+
+
+def test_spools_resumed_from_a_state_are_cut_back_to_it(tmp_path: Path) -> None:
+    """A chunk written after the state was saved (a worker killed before its next state) is
+    dropped: the reopened spools hold what the state says, and carry on from there."""
+    scratch = tmp_path / "scratch"
+    records, topk = RecordSpool(scratch, "t"), TopkSpool(scratch, "t")
+    packs = _packs(sizes=(3, 2, 4))
+    records.extend([{"doc": 0}, {"doc": 1}])
+    topk.append(packs[0])
+    rec_state, (topk_state, lengths) = records.state(), topk.state()
+    records.extend([{"doc": 2}])  # the chunk the worker died in
+    topk.append(packs[1])
+    records.finish()
+
+    records2 = RecordSpool(scratch, "t", resume=json.loads(json.dumps(rec_state)))
+    topk2 = TopkSpool(scratch, "t", resume=json.loads(json.dumps(topk_state)), lengths=lengths)
+    assert len(records2) == 2 and records2.path == records.path
+    records2.extend([{"doc": 2, "again": True}])
+    topk2.append(packs[2])
+    assert list(records2) == [{"doc": 0}, {"doc": 1}, {"doc": 2, "again": True}]
+    buf = io.BytesIO()
+    topk2.write_npz(buf)
+    buf.seek(0)
+    expected = concat_topk([packs[0], packs[2]])
+    with np.load(buf) as z:
+        assert sorted(z.files) == sorted(expected)
+        for key, arr in expected.items():
+            assert np.array_equal(z[key], arr), key
+
+
+def test_a_state_keeps_its_spools_through_clear_scratch_and_names_no_other_file(tmp_path: Path) -> None:
+    from qeval.records.spool import load_state, save_state
+
+    scratch = tmp_path / "scratch"
+    kept, other = RecordSpool(scratch, "t"), RecordSpool(scratch, "u")
+    for s in (kept, other):
+        s.extend([{"a": 1}])
+        s.finish()
+    save_state(scratch, "g", {"x": [1, 2]}, {"arr": np.arange(3)}, [kept.path.name])
+    (scratch / "broken.state.npz").write_bytes(b"not a zip")  # a damaged state keeps nothing
+    (scratch / ".half.tmp").write_bytes(b"")  # an atomic write the worker died in
+    meta, arrays = load_state(scratch, "g") or ({}, {})
+    assert meta == {"x": [1, 2]} and np.array_equal(arrays["arr"], np.arange(3))
+    assert load_state(scratch, "broken") is None and load_state(scratch, "none") is None
+    clear_scratch(scratch, keep_states=True)
+    assert sorted(p.name for p in scratch.iterdir()) == sorted([kept.path.name, "g.state.npz"])
+    clear_scratch(scratch)
+    assert not scratch.exists()
+    # a state's spool names are bare names in the folder: never a path elsewhere
+    for name in ("../x.spool", "/etc/passwd", "t.json"):
+        try:
+            RecordSpool(scratch, "t", resume={"file": name, "n": 0, "bytes": 0})
+        except ValueError as exc:
+            assert "not a spool of its folder" in str(exc)
+        else:
+            raise AssertionError(name)
+
+
+def test_a_spool_shorter_than_its_state_is_not_taken_up(tmp_path: Path) -> None:
+    spool = RecordSpool(tmp_path, "t")
+    spool.extend([{"a": 1}, {"a": 2}])
+    state = spool.state()
+    spool.finish()
+    spool.path.write_bytes(spool.path.read_bytes()[:5])  # damaged after the state was saved
+    try:
+        RecordSpool(tmp_path, "t", resume=state)
+    except ValueError as exc:
+        assert "holds less than its saved state says" in str(exc)
+    else:
+        raise AssertionError("a damaged spool was taken up")

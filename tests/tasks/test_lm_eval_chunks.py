@@ -43,12 +43,14 @@ def score(tmp_path_factory: pytest.TempPathFactory) -> Any:
     backend = HFBackend(cfg, cfg.baseline, "cpu")
     backend.load()
 
-    def run(chunk_docs: int, references: dict[str, dict[str, np.ndarray]] | None = None,
-            names: list[str] | None = None, scratch: Path | None = None, keep_topk: bool = True) -> dict[str, Any]:
+    def run(chunk_docs: int, references: dict[str, Any] | None = None,
+            names: list[str] | None = None, scratch: Path | None = None, keep_topk: bool = True,
+            resume_keys: dict[str, str] | None = None, wrap: Any = None, progress: Any = None) -> dict[str, Any]:
         session = _session(cfg)
         try:
-            return score_lm_eval(backend, session, names or list(session.infos), lambda n: None, references,
-                                 chunk_docs=chunk_docs, scratch=scratch, keep_topk=keep_topk)
+            return score_lm_eval(wrap(backend) if wrap else backend, session, names or list(session.infos),
+                                 progress or (lambda n: None), references, chunk_docs=chunk_docs, scratch=scratch,
+                                 keep_topk=keep_topk, resume_keys=resume_keys)
         finally:
             session.close()
 
@@ -141,3 +143,88 @@ def test_chunks_keep_the_kl_reference_request_by_request(score: Any, whole: dict
         assert topk == {}, name  # not the baseline: nothing kept
         assert all("kl" in r for r in records)
         _same_records(one[name].records, records)
+
+
+class _Interrupted(Exception):
+    pass
+
+
+class _Watched:
+    """The backend, its calls counted (request type, number of requests); the call numbered
+    `fail_at` raises instead, as a worker killed there would stop."""
+
+    def __init__(self, backend: Any, fail_at: int | None = None) -> None:
+        self.backend, self.fail_at, self.calls = backend, fail_at, []
+
+    def _call(self, kind: str, requests: list[Any], progress: Any) -> Any:
+        if self.fail_at is not None and len(self.calls) + 1 == self.fail_at:
+            raise _Interrupted(kind)
+        self.calls.append((kind, len(requests)))
+        return getattr(self.backend, kind)(requests, progress)
+
+    def loglikelihood(self, requests: list[Any], progress: Any) -> Any:
+        return self._call("loglikelihood", requests, progress)
+
+    def loglikelihood_rolling(self, requests: list[Any], progress: Any) -> Any:
+        return self._call("loglikelihood_rolling", requests, progress)
+
+    def generate(self, requests: list[Any], progress: Any) -> Any:
+        return self._call("generate", requests, progress)
+
+
+def test_an_interrupted_scoring_carries_on_from_its_last_chunk(score: Any, whole: dict[str, Any],
+                                                               tmp_path: Path) -> None:
+    """Stopped in its third chunk, a scoring under the same resume keys scores only that chunk
+    again, and ends where one uninterrupted call ends: records, metrics, top-k, the KL against
+    the baseline's reference (read through to where the stop left it) and the progress bar."""
+    from qeval.records.spool import TopkReader
+
+    refs = {n: r.topk for n, r in whole.items() if r.topk}
+    for name, ref in refs.items():
+        np.savez_compressed(tmp_path / f"{name}.npz", **ref)
+    scratch, keys = tmp_path / "scratch", {e["name"]: f"key-{e['name']}" for e in ENTRIES}
+
+    def readers() -> dict[str, TopkReader]:
+        return {name: TopkReader(tmp_path / f"{name}.npz") for name in refs}
+
+    # chunk 0 (documents 0-3): all three request types; chunk 1 (4-7): arc and wikitext; chunk 2: arc
+    first = _Watched(None)  # type: ignore[arg-type]
+    opened = readers()
+    with pytest.raises(_Interrupted):
+        score(CHUNK, opened, scratch=scratch, resume_keys=keys,
+              wrap=lambda b: setattr(first, "backend", b) or setattr(first, "fail_at", 6) or first)
+    for r in opened.values():
+        r.close()
+    assert [k for k, _ in first.calls] == ["loglikelihood", "loglikelihood_rolling", "generate",
+                                           "loglikelihood", "loglikelihood_rolling"]
+    assert list(scratch.glob("*.state.npz")), "no state saved after the finished chunks"
+
+    again = _Watched(None)  # type: ignore[arg-type]
+    advanced: list[int] = []
+    opened = readers()
+    resumed = score(CHUNK, opened, scratch=scratch, resume_keys=keys, progress=advanced.append,
+                    wrap=lambda b: setattr(again, "backend", b) or again)
+    for r in opened.values():
+        r.close()
+    # only the third chunk's arc documents were scored again
+    arc = whole["arc_easy_local"].records
+    assert again.calls == [("loglikelihood", sum(len(r["loglikelihoods"]) for r in arc[2 * CHUNK:]))]
+    # the bar ends full: the saved chunks' requests counted once on resume, the rest as scored
+    assert sum(advanced) == sum(len(r["loglikelihoods"]) for r in arc) + sum(
+        e["limit"] for e in ENTRIES if e["name"] != "arc_easy_local")
+    for entry in ENTRIES:
+        name = entry["name"]
+        a = whole[name]
+        records, topk = _unspooled(resumed[name])
+        assert len(records) == entry["limit"], name
+        _same_records(a.records, records)
+        _same_metrics(a.metrics, resumed[name].metrics)
+        assert a.topk.keys() == topk.keys(), name
+        if a.topk:
+            assert np.array_equal(a.topk["offsets"], topk["offsets"]), name
+            assert np.allclose(a.topk["token_logprobs"], topk["token_logprobs"], atol=1e-4), name
+            kl = resumed[name].kl_distribution
+            assert kl is not None and kl["tokens"] == len(a.topk["indices"]), (name, kl)
+            assert kl["kl_max"] < 1e-3 and kl["same_top1"] == 1.0, (name, kl)  # each token against its own reference
+    prompts = [r["prompt"] for r in _unspooled(resumed["arc_easy_local"])[0]]
+    assert prompts == [r["prompt"] for r in arc]  # the few-shot sampler carried on where it stopped

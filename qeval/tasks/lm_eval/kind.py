@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qeval.config.chat import merge_think_end
+from qeval.records.keys import key_of
 from qeval.tasks.chat import ChatResolver, task_chat
 from qeval.tasks.kinds import Scoring, TaskKind, check_generation_room
 from qeval.tasks.lm_eval.scoring import leaf_requests, score_lm_eval
@@ -60,8 +61,11 @@ def score(ctx: Scoring, names: list[str]) -> None:
         label = f"{ctx.setup.name}: {len(names)} lm-eval tasks"
         counts = leaf_requests(session, names)
         with ctx.progress(label, sum(counts.values())) as bar:
-            results = score_lm_eval(ctx.backend, session, names, bar.advance, refs, scratch=ctx.scratch,
-                                    keep_topk=ctx.keeps_topk, requests=counts)
+            # under the tasks' resume keys: a worker killed mid-task carries on from its last chunk
+            keys = {n: key_of(ctx.key_parts[n]) for n in names if n in ctx.key_parts}
+            results = score_lm_eval(ctx.backend, session, names, bar.advance, refs,
+                                    chunk_docs=ctx.cfg.lm_eval.chunk_docs, scratch=ctx.scratch,
+                                    keep_topk=ctx.keeps_topk, requests=counts, resume_keys=keys)
         seconds = round((time.time() - t0) / len(names), 2)  # the tasks were scored together: their time shared out
         for name, result in results.items():
             ctx.store(name, result, seconds, session.infos[name].sha256)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ from qeval.config.chat import strip_thinking
 from qeval.memory.heap import release_free_memory
 from qeval.records.spool import RecordSpool, TopkReader, TopkSpool
 from qeval.tasks.chat import Chat
+from qeval.tasks.lm_eval import resume
 from qeval.tasks.lm_eval.session import LmEvalSession
 from qeval.tasks.scoring import (
     Reference,
@@ -162,6 +164,15 @@ class _References:
             return None
         return refs.take(n) if isinstance(refs, TopkReader) else refs[start : start + n]
 
+    def skip(self, task: str, n: int) -> None:
+        """Pass over `task`'s first `n` references (the requests of chunks scored before a
+        resume); a stored file is read through, a block at a time, and nothing of it kept."""
+        refs = self.per_task.get(task)
+        if isinstance(refs, TopkReader):
+            for start in range(0, n, 4096):
+                refs.take(min(4096, n - start))
+        self.taken[task] = n
+
 
 def _leaf_references(session: LmEvalSession, leaf: str, ref: dict[str, np.ndarray] | TopkReader | None,
                      n_requests: int) -> list[Reference] | TopkReader | None:
@@ -196,7 +207,8 @@ def leaf_requests(session: LmEvalSession, leaves: list[str]) -> dict[str, int]:
 def score_lm_eval(backend: Backend, session: LmEvalSession, leaves: list[str], progress: Progress,
                   references: Mapping[str, dict[str, np.ndarray] | TopkReader] | None = None,
                   chunk_docs: int = CHUNK_DOCS, scratch: Path | None = None,
-                  keep_topk: bool = True, requests: dict[str, int] | None = None) -> dict[str, TaskResult]:
+                  keep_topk: bool = True, requests: dict[str, int] | None = None,
+                  resume_keys: Mapping[str, str] | None = None) -> dict[str, TaskResult]:
     """Score `leaves` through lm-eval's evaluate(), `chunk_docs` documents a call (every leaf's
     chunk in the same call: one batched backend call per request type); per leaf, qeval's
     records and metrics.
@@ -206,7 +218,10 @@ def score_lm_eval(backend: Backend, session: LmEvalSession, leaves: list[str], p
     it they are held in memory (lists and arrays). `keep_topk`: keep the top-k (the baseline's,
     the other setups' KL reference); a setup that is not the baseline keeps none.
     `references`: per leaf, the baseline's top-k, whole or opened to be read chunk by chunk
-    (TopkReader). `requests`: leaf_requests(session, leaves), where the caller has it already."""
+    (TopkReader). `requests`: leaf_requests(session, leaves), where the caller has it already.
+    `resume_keys`: per leaf, its resume key (qeval/records/keys.py); with a scratch folder, the
+    state is saved after every chunk and an interrupted scoring under the same keys carries on
+    from its last finished chunk (qeval/tasks/lm_eval/resume.py)."""
     from lm_eval.evaluator import evaluate
 
     counts = requests if requests is not None else leaf_requests(session, leaves)
@@ -224,9 +239,15 @@ def score_lm_eval(backend: Backend, session: LmEvalSession, leaves: list[str], p
         templated = chat is not None and chat.template is not None
         for leaf in group:  # once per task: its sampler then carries on from chunk to chunk
             session.tasks[leaf].set_fewshot_seed(session.spec.fewshot_seed)
-        built = {leaf: _LeafResult.start(leaf, scratch, keep_topk) for leaf in group}
         n_docs = {leaf: session.infos[leaf].n_docs for leaf in group}
-        for start in range(0, max(n_docs.values(), default=0), chunk_docs):
+        key = None
+        if scratch is not None and resume_keys is not None and all(leaf in resume_keys for leaf in group):
+            key = resume.group_key({"leaves": {leaf: [resume_keys[leaf], n_docs[leaf], counts[leaf],
+                                                      refs.per_task.get(leaf) is not None] for leaf in group},
+                                    "chunk_docs": chunk_docs, "fewshot_seed": session.spec.fewshot_seed,
+                                    "keep_topk": keep_topk, "chat": chat.sha256 if chat is not None else None})
+        built, first = _resumed(session, group, scratch, key, keep_topk, refs, progress)
+        for start in range(first, max(n_docs.values(), default=0), chunk_docs):
             # never an empty list: lm-eval reads `samples=[]` as "every document"
             samples = {leaf: list(range(start, min(start + chunk_docs, n))) for leaf, n in n_docs.items() if n > start}
             lm.first_doc = start
@@ -241,9 +262,43 @@ def score_lm_eval(backend: Backend, session: LmEvalSession, leaves: list[str], p
             lm.raw.clear()  # the chunk's per-request results and lm-eval's own go here
             lm.refs.clear()
             del out
+            if key is not None and scratch is not None:  # the chunk is on disk: a rerun carries on after it
+                _save(scratch, key, start + chunk_docs, session, built, refs)
             release_free_memory()  # else glibc keeps what the chunk freed, and the RSS climbs chunk by chunk
         results |= {leaf: built[leaf].result(session) for leaf in group}
     return {leaf: results[leaf] for leaf in leaves}
+
+
+def _resumed(session: LmEvalSession, group: list[str], scratch: Path | None, key: str | None, keep_topk: bool,
+             refs: _References, progress: Progress) -> tuple[dict[str, _LeafResult], int]:
+    """The group's results so far and the first document still to score: a saved state's (its
+    spools reopened, the samplers and references where it left them, the progress bar advanced),
+    or fresh ones from document 0 where there is none or it cannot be taken up."""
+    saved = resume.load(scratch, key) if scratch is not None and key is not None else None
+    if saved is not None and scratch is not None and set(saved.leaves) == set(group):
+        try:
+            built = {leaf: _LeafResult.restore(leaf, scratch, keep_topk, saved.leaves[leaf]) for leaf in group}
+        except (OSError, ValueError, KeyError):  # a spool gone or damaged: score again from document 0
+            pass
+        else:
+            for leaf in group:
+                resume.set_rng_state(session.tasks[leaf], saved.leaves[leaf].rng)
+                refs.skip(leaf, saved.leaves[leaf].references_taken)
+                progress(saved.leaves[leaf].requests_done)
+            print(f"lm-eval {', '.join(group)}: carrying on from document {saved.next_start} (the chunks before it "
+                  "were scored by an interrupted run)", file=sys.stderr, flush=True)
+            return built, saved.next_start
+    return {leaf: _LeafResult.start(leaf, scratch, keep_topk) for leaf in group}, 0
+
+
+def _save(scratch: Path, key: str, next_start: int, session: LmEvalSession, built: dict[str, _LeafResult],
+          refs: _References) -> None:
+    """The group's state after a chunk (qeval/tasks/lm_eval/resume.py)."""
+    states, arrays = {}, {}
+    for leaf, b in built.items():
+        states[leaf], arrays[leaf] = b.state()
+        states[leaf] |= {"rng": resume.rng_state(session.tasks[leaf]), "references_taken": refs.taken[leaf]}
+    resume.save(scratch, key, next_start, states, arrays)
 
 
 @dataclass
@@ -262,6 +317,8 @@ class _LeafResult:
     #: False once a chunk's results carry no top-k (a backend without it): the task keeps none
     topk_ok: bool = True
     tokens: TokenDivergence = field(default_factory=TokenDivergence)
+    #: the requests scored so far (the progress bar's share of this task, on resume)
+    requests_done: int = 0
 
     @classmethod
     def start(cls, leaf: str, scratch: Path | None, keep_topk: bool) -> _LeafResult:
@@ -269,10 +326,38 @@ class _LeafResult:
             return cls(leaf, [], [] if keep_topk else None)
         return cls(leaf, RecordSpool(scratch, leaf), TopkSpool(scratch, leaf) if keep_topk else None)
 
+    @classmethod
+    def restore(cls, leaf: str, scratch: Path, keep_topk: bool, saved: resume.SavedLeaf) -> _LeafResult:
+        """The result as `state()` saved it after a chunk, its spools reopened and cut back."""
+        if keep_topk != (saved.topk is not None):
+            raise ValueError("the saved state kept top-k where this scoring does not, or the reverse")
+        packs = TopkSpool(scratch, leaf, resume=saved.topk, lengths=saved.topk_lengths) \
+            if saved.topk is not None else None
+        out = cls(leaf, RecordSpool(scratch, leaf, resume=saved.records), packs, topk_ok=saved.topk_ok,
+                  requests_done=saved.requests_done)
+        for metric, filt, values in saved.raw_metrics:
+            out.raw_metrics[(metric, filt)] = values
+        out.tokens.restore({"kl": saved.kl, "top1": saved.top1, "dp": saved.dp}, saved.dp_missing)
+        return out
+
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """What `restore` needs, after a chunk: JSON (spools' sizes, lm-eval's metric values so
+        far) and arrays (the top-k's request lengths, the divergence per scored token)."""
+        assert isinstance(self.records, RecordSpool), "a state is saved only for spooled results"
+        arrays = self.tokens.arrays()
+        topk = None
+        if isinstance(self.packs, TopkSpool):
+            topk, arrays["topk_lengths"] = self.packs.state()
+        state = {"records": self.records.state(), "topk": topk, "topk_ok": self.topk_ok,
+                 "requests_done": self.requests_done, "dp_missing": self.tokens.dp_missing,
+                 "raw_metrics": [[m, f, v] for (m, f), v in self.raw_metrics.items()]}
+        return state, arrays
+
     def add(self, session: LmEvalSession, samples: list[dict[str, Any]], raw: dict[tuple[str, int, int], Any],
             refs: dict[tuple[str, int, int], Reference]) -> None:
         """One chunk: lm-eval's logged samples of this leaf and the backend's per-request results."""
         info, leaf = session.infos[self.leaf], self.leaf
+        self.requests_done += sum(1 for k in raw if k[0] == leaf)
         by_doc: dict[int, list[dict[str, Any]]] = defaultdict(list)
         for s in samples:  # lm-eval logs filter by filter, each in document order, as it aggregates
             by_doc[int(s["doc_id"])].append(s)
