@@ -47,6 +47,11 @@ SHOTS = {"arc_easy_local": 3, "arc_challenge_local": 3, "hellaswag_local": 3, "g
          "wikitext_local": 0, "winogrande_local": 3, "truthfulqa_mc2_local": 0}
 
 
+def shots(task: str, args: argparse.Namespace) -> int:
+    """The few-shot count both sides use: --num-fewshot, else the fixture's own (SHOTS), else 0."""
+    return args.num_fewshot if args.num_fewshot is not None else SHOTS.get(task, 0)
+
+
 def lm_eval_model(args: argparse.Namespace) -> Any:
     if args.backend == "hf":
         from lm_eval.models.huggingface import HFLM
@@ -120,7 +125,7 @@ def run_lm_eval(lm: Any, task: str, args: argparse.Namespace, folder: Path) -> t
     t0 = time.perf_counter()
     out = simple_evaluate(model=lm, tasks=[task], task_manager=TaskManager(include_defaults=False,
                                                                             include_path=str(folder)),
-                          num_fewshot=SHOTS.get(task, 0), fewshot_random_seed=1234, log_samples=True,
+                          num_fewshot=shots(task, args), fewshot_random_seed=1234, log_samples=True,
                           bootstrap_iters=0, samples={task: list(range(args.limit))} if args.limit else None,
                           gen_kwargs={"max_gen_toks": args.max_gen_toks} if args.max_gen_toks else None,
                           apply_chat_template=args.chat_template, system_instruction=args.system_prompt,
@@ -138,7 +143,7 @@ def run_qeval(backend: Any, task: str, args: argparse.Namespace) -> tuple[float,
 
     t0 = time.perf_counter()
     spec = LmEvalSpec(include_path=[str(args.include)], fewshot_seed=1234,
-                       tasks=[LmEvalTask(name=task, num_fewshot=SHOTS.get(task, 0), max_gen_toks=args.max_gen_toks)])
+                       tasks=[LmEvalTask(name=task, num_fewshot=shots(task, args), max_gen_toks=args.max_gen_toks)])
     cfg = RunConfig(name="bench", model=ModelSpec(path=str(args.model)), setups=[Setup(name="b")], lm_eval=spec,
                     chat_template=args.chat_template or None, system_prompt=args.system_prompt,
                     fewshot_as_multiturn=args.fewshot_as_multiturn if args.chat_template else None)
@@ -235,6 +240,9 @@ def main() -> None:
     ap.add_argument("--max-gen-toks", type=int, default=None,
                     help="default: the task's own (gsm8k: 256, stopping at 'Question:'), as lm-eval runs it")
     ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--num-fewshot", type=int, default=None,
+                    help="few-shot examples for every task, on both sides (default: the fixtures' own counts, SHOTS; "
+                         "0 for the full sets)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                     help="torch threads for both sides (default: every core, as torch runs; on a machine shared "
                          "with other jobs use 1: two threads on two busy cores make a forward pass 2-7x slower from "
