@@ -53,6 +53,8 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 
 def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, np.bool_):
+        return bool(obj)
     if isinstance(obj, (np.integer,)):
         return int(obj)
     if isinstance(obj, (np.floating,)):

@@ -14,6 +14,7 @@ import io
 import json
 import os
 import secrets
+import stat
 import zipfile
 from collections.abc import Collection, Iterator
 from pathlib import Path
@@ -48,7 +49,7 @@ class RecordSpool:
         else:
             self.path = _named_in(folder, resume["file"])
             _check_holds(self.path, int(resume["bytes"]))
-            self._out = open(self.path, "r+b")  # noqa: SIM115  # closed by finish()/discard()
+            self._out = _open_existing(self.path)  # closed by finish()/discard()
             self._out.truncate(int(resume["bytes"]))
             self._out.seek(0, os.SEEK_END)
             self.n = int(resume["n"])
@@ -58,6 +59,7 @@ class RecordSpool:
         records and bytes so far (flushed to the OS, so a killed worker's records survive)."""
         assert self._out is not None, "the spool is finished"
         self._out.flush()
+        os.fsync(self._out.fileno())  # on disk before the state that names it: a crash of the machine too
         return {"file": self.path.name, "n": self.n, "bytes": self._out.tell()}
 
     def extend(self, records: list[dict[str, Any]]) -> None:
@@ -121,13 +123,15 @@ class TopkSpool:
             path = _named_in(folder, name)
             size = int(rows) * dtype.itemsize * int(np.prod(shape, dtype=np.int64))
             _check_holds(path, size)
-            with open(path, "r+b") as f:
+            with _open_existing(path) as f:
                 f.truncate(size)
             self.arrays[key] = (path, dtype, shape, int(rows))
 
     def state(self) -> tuple[dict[str, Any], np.ndarray]:
         """What `TopkSpool(folder, stem, resume=..., lengths=...)` needs to carry on from here:
         each array's file and rows (JSON), and the requests' token counts (an array)."""
+        for path, *_ in self.arrays.values():
+            _fsync(path)  # on disk before the state that names them
         arrays = {key: [path.name, np.lib.format.dtype_to_descr(dtype), list(row), rows]
                   for key, (path, dtype, row, rows) in self.arrays.items()}
         lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, dtype=np.int64)
@@ -179,10 +183,27 @@ class TopkSpool:
 
 def _named_in(folder: Path, name: str) -> Path:
     """`folder/name` for a spool's file name read back from a saved state: a bare file name of a
-    spool, never a path elsewhere (the state is a file in the run directory, not trusted)."""
-    if Path(name).name != name or not name.endswith(".spool"):
+    spool that is a regular file there, never a path elsewhere nor a symlink to one (the state and
+    the folder are in the run directory, not trusted)."""
+    if not isinstance(name, str) or Path(name).name != name or not name.endswith(".spool"):
         raise ValueError(f"scratch state names {name!r}, not a spool of its folder")
-    return folder / name
+    path = folder / name
+    if not stat.S_ISREG(os.lstat(path).st_mode):
+        raise ValueError(f"{name}: not a regular file")
+    return path
+
+
+def _open_existing(path: Path) -> IO[bytes]:
+    """A spool taken up again, opened for reading and writing without following a symlink."""
+    return os.fdopen(os.open(path, os.O_RDWR | os.O_NOFOLLOW), "r+b")
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 #: a saved state in a scratch folder (a chunked scoring's, to be resumed): JSON and arrays, one npz
@@ -217,7 +238,7 @@ def _read_state(path: Path, with_arrays: bool) -> tuple[dict[str, Any], dict[str
         if not isinstance(state, dict) or not isinstance(state.get("meta"), dict):
             return None
         return state, arrays
-    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile):
+    except Exception:  # noqa: BLE001 - damaged in any way (RecursionError from deep JSON too): no state
         return None
 
 
@@ -238,9 +259,10 @@ def clear_scratch(folder: Path, keep_states: bool = False) -> None:
     if keep_states:
         for path in folder.glob(f"*{STATE_SUFFIX}"):
             read = _read_state(path, with_arrays=False)
-            if read is not None:
+            files = read[0].get("files") if read is not None else None
+            if isinstance(files, list):
                 keep.add(path.name)
-                keep.update(str(f) for f in read[0].get("files", []))
+                keep.update(f for f in files if isinstance(f, str))
     for p in folder.iterdir():
         if p.name not in keep and p.is_file():
             p.unlink(missing_ok=True)

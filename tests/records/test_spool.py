@@ -192,3 +192,40 @@ def test_a_spool_shorter_than_its_state_is_not_taken_up(tmp_path: Path) -> None:
         assert "holds less than its saved state says" in str(exc)
     else:
         raise AssertionError("a damaged spool was taken up")
+
+
+def test_a_spool_that_is_a_symlink_is_never_taken_up(tmp_path: Path) -> None:
+    """A planted link in the scratch folder must not make a resume cut or append to its target."""
+    scratch, victim = tmp_path / "scratch", tmp_path / "victim.txt"
+    scratch.mkdir()
+    victim.write_text("keep me\n")
+    (scratch / "t.abc.spool").symlink_to(victim)
+    for make in (lambda: RecordSpool(scratch, "t", resume={"file": "t.abc.spool", "n": 0, "bytes": 0}),
+                 lambda: TopkSpool(scratch, "t", resume={"arrays": {"indices": ["t.abc.spool", "<i4", [5], 0]}},
+                                   lengths=np.zeros(0, dtype=np.int64))):
+        try:
+            make()
+        except ValueError as exc:
+            assert "not a regular file" in str(exc)
+        else:
+            raise AssertionError("a symlinked spool was taken up")
+    assert victim.read_text() == "keep me\n"
+
+
+def test_a_state_holds_numpy_metric_values_and_a_damaged_one_is_no_state(tmp_path: Path) -> None:
+    from qeval.records.spool import load_state, save_state
+    from qeval.tasks.lm_eval import resume
+    from qeval.tasks.lm_eval.scoring import _scalar
+
+    # lm-eval's own tasks return numpy bools and integers (mutual's r@1 is np.argmax(...) == gold)
+    save_state(tmp_path, "g", {"v": [np.bool_(True), np.int64(3), np.float32(0.5)]}, {}, [])
+    meta, _ = load_state(tmp_path, "g") or ({}, {})
+    assert meta["v"] == [True, 3, 0.5]
+    assert [_scalar(v) for v in (np.bool_(True), np.int64(3), True, 3)] == [1.0, 3.0, 1.0, 3.0]
+    # states that parse but hold the wrong shapes: no state, so the task is scored from document 0
+    key = "k" * 24
+    for leaves in ([{"name": "x", "records": [1, 2]}], "leaves", [{"name": "x"}], [[]]):
+        save_state(tmp_path, resume.state_name(key), {"key": key, "next_start": 4, "leaves": leaves}, {}, [])
+        assert resume.load(tmp_path, key) is None, leaves
+    (tmp_path / f"{resume.state_name(key)}.state.npz").write_bytes(b"[" * 100_000)  # not even a zip
+    assert resume.load(tmp_path, key) is None

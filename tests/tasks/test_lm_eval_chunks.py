@@ -228,3 +228,28 @@ def test_an_interrupted_scoring_carries_on_from_its_last_chunk(score: Any, whole
             assert kl["kl_max"] < 1e-3 and kl["same_top1"] == 1.0, (name, kl)  # each token against its own reference
     prompts = [r["prompt"] for r in _unspooled(resumed["arc_easy_local"])[0]]
     assert prompts == [r["prompt"] for r in arc]  # the few-shot sampler carried on where it stopped
+
+
+def test_a_damaged_state_is_scored_again_from_the_first_document(score: Any, whole: dict[str, Any],
+                                                                 tmp_path: Path) -> None:
+    """A state that reads but cannot be taken up (here: its top-k spool's files listed wrongly)
+    is no state: every chunk is scored again, with the samplers seeded as new."""
+    from qeval.records.spool import load_state, save_state
+
+    scratch, keys = tmp_path / "scratch", {e["name"]: f"key-{e['name']}" for e in ENTRIES}
+    first = _Watched(None)  # type: ignore[arg-type]
+    with pytest.raises(_Interrupted):
+        score(CHUNK, scratch=scratch, resume_keys=keys,
+              wrap=lambda b: setattr(first, "backend", b) or setattr(first, "fail_at", 4) or first)
+    (state,) = scratch.glob("*.state.npz")
+    name = state.name.removesuffix(".state.npz")
+    meta, arrays = load_state(scratch, name) or ({}, {})
+    for leaf in meta["leaves"]:
+        if leaf.get("topk"):
+            leaf["topk"]["arrays"] = ["not", "a", "mapping"]
+    save_state(scratch, name, meta, arrays, [])
+    again = _Watched(None)  # type: ignore[arg-type]
+    out = score(CHUNK, scratch=scratch, resume_keys=keys, wrap=lambda b: setattr(again, "backend", b) or again)
+    assert [k for k, _ in again.calls][:3] == ["loglikelihood", "loglikelihood_rolling", "generate"]
+    records, _ = _unspooled(out["arc_easy_local"])
+    _same_records(whole["arc_easy_local"].records, records)

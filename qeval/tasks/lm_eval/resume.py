@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from qeval.records.spool import load_state, save_state
+from qeval.records.spool import STATE_SUFFIX, load_state, save_state
 
 
 def state_name(key: str) -> str:
@@ -80,6 +80,11 @@ def save(scratch: Path, key: str, next_start: int, leaves: dict[str, dict[str, A
     save_state(scratch, state_name(key), meta, flat, files)
 
 
+def discard(scratch: Path, key: str) -> None:
+    """Remove the group's saved state (its spools go when the worker clears the folder)."""
+    (scratch / f"{state_name(key)}{STATE_SUFFIX}").unlink(missing_ok=True)
+
+
 def load(scratch: Path, key: str) -> SavedGroup | None:
     """The group's saved state under `key`, or None where there is none or it cannot be read:
     then the scoring starts from document 0, as it would have before."""
@@ -102,7 +107,7 @@ def load(scratch: Path, key: str) -> SavedGroup | None:
                 references_taken=int(leaf["references_taken"]), rng=dict(leaf["rng"]), kl=arr("kl"),
                 top1=arr("top1"), dp=arr("dp"), dp_missing=bool(leaf["dp_missing"]))
         return SavedGroup(int(meta["next_start"]), leaves)
-    except (ValueError, KeyError, TypeError):  # a damaged state: start again, never a wrong result
+    except Exception:  # noqa: BLE001 - a damaged state in any way: start again, never a wrong result
         return None
 
 

@@ -263,7 +263,7 @@ def score_lm_eval(backend: Backend, session: LmEvalSession, leaves: list[str], p
             lm.refs.clear()
             del out
             if key is not None and scratch is not None:  # the chunk is on disk: a rerun carries on after it
-                _save(scratch, key, start + chunk_docs, session, built, refs)
+                key = key if _save(scratch, key, start + chunk_docs, session, built, refs) else None
             release_free_memory()  # else glibc keeps what the chunk freed, and the RSS climbs chunk by chunk
         results |= {leaf: built[leaf].result(session) for leaf in group}
     return {leaf: results[leaf] for leaf in leaves}
@@ -278,11 +278,13 @@ def _resumed(session: LmEvalSession, group: list[str], scratch: Path | None, key
     if saved is not None and scratch is not None and set(saved.leaves) == set(group):
         try:
             built = {leaf: _LeafResult.restore(leaf, scratch, keep_topk, saved.leaves[leaf]) for leaf in group}
-        except (OSError, ValueError, KeyError):  # a spool gone or damaged: score again from document 0
-            pass
-        else:
             for leaf in group:
                 resume.set_rng_state(session.tasks[leaf], saved.leaves[leaf].rng)
+        except Exception:  # noqa: BLE001 - a spool gone or a state damaged in any way: score again from document 0
+            for leaf in group:
+                session.tasks[leaf].set_fewshot_seed(session.spec.fewshot_seed)
+        else:
+            for leaf in group:
                 refs.skip(leaf, saved.leaves[leaf].references_taken)
                 progress(saved.leaves[leaf].requests_done)
             print(f"lm-eval {', '.join(group)}: carrying on from document {saved.next_start} (the chunks before it "
@@ -292,13 +294,20 @@ def _resumed(session: LmEvalSession, group: list[str], scratch: Path | None, key
 
 
 def _save(scratch: Path, key: str, next_start: int, session: LmEvalSession, built: dict[str, _LeafResult],
-          refs: _References) -> None:
-    """The group's state after a chunk (qeval/tasks/lm_eval/resume.py)."""
+          refs: _References) -> bool:
+    """The group's state after a chunk (qeval/tasks/lm_eval/resume.py); False where it cannot be
+    written (a metric value JSON cannot hold): the scoring goes on, and is not resumable."""
     states, arrays = {}, {}
     for leaf, b in built.items():
         states[leaf], arrays[leaf] = b.state()
         states[leaf] |= {"rng": resume.rng_state(session.tasks[leaf]), "references_taken": refs.taken[leaf]}
-    resume.save(scratch, key, next_start, states, arrays)
+    try:
+        resume.save(scratch, key, next_start, states, arrays)
+    except (TypeError, ValueError) as exc:
+        resume.discard(scratch, key)
+        print(f"lm-eval {', '.join(built)}: not saving chunks to resume from ({exc})", file=sys.stderr, flush=True)
+        return False
+    return True
 
 
 @dataclass
@@ -486,9 +495,9 @@ def _scalars(scores: dict[str, Any]) -> dict[str, float]:
 
 def _scalar(value: Any) -> float | None:
     """A per-document metric value as a float, or None where it is no finite number."""
-    if isinstance(value, bool):
+    if isinstance(value, (bool, np.bool_)):  # lm-eval metrics return numpy's as often as Python's
         return float(value)
-    if isinstance(value, (int, float)) and math.isfinite(float(value)):
+    if isinstance(value, (int, float, np.integer, np.floating)) and math.isfinite(float(value)):
         return float(value)
     return None
 
