@@ -137,9 +137,6 @@ class TopkSpool:
         lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, dtype=np.int64)
         return {"arrays": arrays}, lengths
 
-    def files(self) -> list[str]:
-        return [path.name for path, *_ in self.arrays.values()]
-
     def append(self, pack: dict[str, np.ndarray]) -> None:
         """One pack: its requests follow the ones already held."""
         self.lengths.append(np.diff(pack["offsets"]).astype(np.int64))
@@ -221,6 +218,11 @@ def save_state(folder: Path, name: str, meta: dict[str, Any], arrays: dict[str, 
     buf = io.BytesIO()
     np.savez(buf, **payload)  # type: ignore[arg-type]  # numpy's stubs want positional arrays
     atomic_write_bytes(folder / f"{name}{STATE_SUFFIX}", buf.getvalue())
+
+
+def discard_state(folder: Path, name: str) -> None:
+    """Remove a saved state (the spools it names go when the folder is next cleared)."""
+    (folder / f"{name}{STATE_SUFFIX}").unlink(missing_ok=True)
 
 
 def load_state(folder: Path, name: str) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:

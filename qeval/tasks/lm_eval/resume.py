@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from qeval.records.spool import STATE_SUFFIX, load_state, save_state
+from qeval.records.spool import discard_state, load_state, save_state
 
 
 def state_name(key: str) -> str:
@@ -82,7 +82,7 @@ def save(scratch: Path, key: str, next_start: int, leaves: dict[str, dict[str, A
 
 def discard(scratch: Path, key: str) -> None:
     """Remove the group's saved state (its spools go when the worker clears the folder)."""
-    (scratch / f"{state_name(key)}{STATE_SUFFIX}").unlink(missing_ok=True)
+    discard_state(scratch, state_name(key))
 
 
 def load(scratch: Path, key: str) -> SavedGroup | None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import math
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -257,8 +257,10 @@ def score_lm_eval(backend: Backend, session: LmEvalSession, leaves: list[str], p
                            apply_chat_template=templated,
                            fewshot_as_multiturn=chat is not None and templated and chat.fewshot_as_multiturn,
                            system_instruction=chat.system_prompt if chat is not None else None)
+            requests = Counter(k[0] for k in lm.raw)  # the chunk's requests per task, counted once
             for leaf in samples:
                 built[leaf].add(session, out["samples"][leaf], lm.raw, lm.refs)
+                built[leaf].requests_done += requests[leaf]
             lm.raw.clear()  # the chunk's per-request results and lm-eval's own go here
             lm.refs.clear()
             del out
@@ -366,7 +368,6 @@ class _LeafResult:
             refs: dict[tuple[str, int, int], Reference]) -> None:
         """One chunk: lm-eval's logged samples of this leaf and the backend's per-request results."""
         info, leaf = session.infos[self.leaf], self.leaf
-        self.requests_done += sum(1 for k in raw if k[0] == leaf)
         by_doc: dict[int, list[dict[str, Any]]] = defaultdict(list)
         for s in samples:  # lm-eval logs filter by filter, each in document order, as it aggregates
             by_doc[int(s["doc_id"])].append(s)
