@@ -62,9 +62,13 @@ class RunStore:
     def write_task(self, setup: str, task: str, key: str, records: Sequence[dict[str, Any]] | RecordSpool,
                    metrics: dict[str, Any], extra: dict[str, Any],
                    topk: dict[str, np.ndarray] | TopkSpool | None) -> None:
-        """Samples first, the meta (which marks the pair done) last: a crash between the
-        two leaves the pair not done, never done with missing samples. Records and top-k held
-        in a spool (qeval/records/spool.py) go from its files, never loaded whole."""
+        """The meta file marks the pair stored (docs/guarantees.md, "Which file marks a task
+        stored"): an earlier meta is removed first, then the samples, the top-k and the meta are
+        written, each atomically. A kill anywhere between leaves the pair not done, never done
+        with missing samples, nor done under an earlier key with these samples (a config changed
+        back would take them for its own). Records and top-k held in a spool
+        (qeval/records/spool.py) go from its files, never loaded whole."""
+        self.meta_path(setup, task).unlink(missing_ok=True)
         if isinstance(records, RecordSpool):  # already on disk, in the run directory: moved into place
             records.move_to(self.samples_path(setup, task))
         else:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from qeval.config.tracking import TrackingSpec
 from qeval.results.schema import Results
-from qeval.tracking.uri import redact, scrub
+from qeval.tracking.uri import redact, scrub, shorten
 
 __all__ = ["track_run"]
 
@@ -29,7 +29,7 @@ def track_run(run_dir: Path, results: Results, tracking: TrackingSpec, where: st
         run_id = log_run(spec, run_dir.resolve(), results)
     except Exception as exc:  # noqa: BLE001 - whatever the tracker raises, the run's files are complete
         first = (str(exc).strip().splitlines() or [""])[0]
-        reason = scrub(f"{type(exc).__name__}: {first}", spec.tracking_uri)[:300]
+        reason = shorten(scrub(f"{type(exc).__name__}: {first}", spec.tracking_uri))
         print(f"qeval: warning: {where}tracking: not logged to MLflow at {shown} ({reason}); the run's files "
               "are complete", file=sys.stderr)
         return None

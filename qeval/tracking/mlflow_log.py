@@ -72,27 +72,35 @@ def log_run(spec: MlflowSpec, run_dir: Path, results: Results) -> str:
         experiment_id = experiment.experiment_id if experiment else client.create_experiment(spec.experiment)
         parent = parent_run(results, str(run_dir))
         parent_id = _create(client, experiment_id, parent, {})
+        open_ids = [parent_id]  # runs not yet terminated: failed, if logging breaks off
         try:
             for setup in results.setups:
                 child = child_run(results, setup)
-                child_id = _create(client, experiment_id, child, {"mlflow.parentRunId": parent_id})
+                child_id = _create(client, experiment_id, child, {"mlflow.parentRunId": parent_id}, open_ids)
                 client.set_terminated(child_id, "FINISHED" if setup.status == "ok" else "FAILED")
+                open_ids.remove(child_id)
             for name in ARTIFACTS:
                 if (run_dir / name).is_file():
                     client.log_artifact(parent_id, str(run_dir / name))
         except BaseException:
-            _give_up(client, parent_id)
+            for run_id in reversed(open_ids):  # the child that broke off first, then the parent
+                _give_up(client, run_id)
             raise
         client.set_terminated(parent_id, "FINISHED")
         return str(parent_id)
 
 
-def _create(client: Any, experiment_id: str, logged: Logged, tags: dict[str, str]) -> str:
-    """A run with `logged`'s params, metrics and tags, in as few requests as MLflow allows."""
+def _create(client: Any, experiment_id: str, logged: Logged, tags: dict[str, str],
+            open_ids: list[str] | None = None) -> str:
+    """A run with `logged`'s params, metrics and tags, in as few requests as MLflow allows; its id
+    is added to `open_ids` as soon as it exists, so a run whose logging breaks off is not left
+    RUNNING."""
     from mlflow.entities import Metric, Param
 
     run = client.create_run(experiment_id, run_name=logged.name, tags=logged.tags | tags)
     run_id: str = run.info.run_id
+    if open_ids is not None:
+        open_ids.append(run_id)
     stamp = int(time.time() * 1000)
     metrics = [Metric(k, v, stamp, 0) for k, v in logged.metrics.items()]
     params = [Param(k, v) for k, v in logged.params.items()]
@@ -104,7 +112,7 @@ def _create(client: Any, experiment_id: str, logged: Logged, tags: dict[str, str
 
 
 def _give_up(client: Any, run_id: str) -> None:
-    """Mark a parent run whose logging broke off as failed, if the tracker still answers."""
+    """Mark a run whose logging broke off as failed, if the tracker still answers."""
     try:
         client.set_terminated(run_id, "FAILED")
     except Exception:  # noqa: BLE001 - the first error is the one reported

@@ -61,7 +61,7 @@ def test_mlflow_missing_is_one_line_at_validation(tmp_path: Path, monkeypatch: p
 
 def test_redact_keeps_credentials_out() -> None:
     uri = "https://alice:s3cret@mlflow.example:443/x?token=abc&experiment=1"
-    assert redact(uri) == "https://***@mlflow.example:443/x?token=***&experiment=1"
+    assert redact(uri) == "https://***@mlflow.example:443/x?token=***&experiment=***"
     assert redact("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
     assert redact("file:///tmp/mlruns") == "file:///tmp/mlruns"
     message = f"Connection to {uri} refused; user alice, password s3cret"
@@ -140,6 +140,71 @@ def test_a_tracker_that_is_down_is_one_warning(tmp_path: Path, capsys: pytest.Ca
     assert len(lines) == 1 and lines[0].startswith("qeval: warning: tracking: not logged to MLflow"), captured.err
     assert "the run's files are complete" in lines[0]
     assert "s3cret" not in captured.err + captured.out and "alice" not in captured.err + captured.out
+
+
+HOSTILE_URI = "http://alice:hunter2@127.0.0.1:{port}/?token=tok123&credential=cred456#sig=frag789"
+HOSTILE_SECRETS = ("alice", "hunter2", "tok123", "credential=cred456", "cred456", "frag789")
+
+
+def test_every_query_value_and_the_fragment_are_redacted() -> None:
+    """Issue 40 point 3: `credential=` and the fragment were shown as they are."""
+    uri = HOSTILE_URI.format(port=9)
+    assert redact(uri) == "http://***@127.0.0.1:9/?token=***&credential=***#***"
+    # as a client may quote it back: in a request path, URL-encoded, or in pieces
+    message = ("Max retries exceeded with url: /?token=tok123&credential=cred456/api/2.0/mlflow/x "
+               "(fragment sig%3Dfrag789, user alice, password hunter2)")
+    assert not [s for s in HOSTILE_SECRETS if s in scrub(message, uri)], scrub(message, uri)
+
+
+def test_a_tracker_that_is_down_shows_no_part_of_a_hostile_uri(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """MLflow's own message repeats the URI's query: the warning line shows none of its secrets."""
+    results = read_results(V1 / "results.json")
+    spec = TrackingSpec.model_validate({"mlflow": {"tracking_uri": HOSTILE_URI.format(port=closed_port()),
+                                                   "experiment": "x", "max_retries": 1}})
+    assert track_run(V1, results, spec) is None
+    captured = capsys.readouterr()
+    assert "not logged to MLflow" in captured.err
+    assert not [s for s in HOSTILE_SECRETS if s in captured.err + captured.out], captured.err
+
+
+def test_a_long_tracker_error_is_cut_at_a_word(monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    import qeval.tracking.mlflow_log as mlflow_log
+
+    def refuse(*_: Any) -> str:
+        raise RuntimeError(" ".join(["unavailable"] * 100))
+
+    monkeypatch.setattr(mlflow_log, "log_run", refuse)
+    spec = TrackingSpec.model_validate(TRACKING)
+    assert track_run(V1, read_results(V1 / "results.json"), spec) is None
+    line = capsys.readouterr().err.strip()
+    assert "unavailable…);" in line and "unavailable unavailabl…" not in line
+    assert line.endswith("the run's files are complete")
+
+
+def test_a_logging_that_breaks_off_leaves_no_run_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 40, minor: a child run whose logging broke off was left RUNNING."""
+    from mlflow import MlflowClient
+
+    seen: list[str] = []
+    original = MlflowClient.log_batch
+
+    def break_on_the_first_child(self: Any, run_id: str, *args: Any, **kwargs: Any) -> Any:
+        seen.append(run_id)
+        if run_id != seen[0]:  # the parent logs first; the first child's batch breaks off
+            raise ConnectionError("tracker went away")
+        return original(self, run_id, *args, **kwargs)
+
+    monkeypatch.setattr(MlflowClient, "log_batch", break_on_the_first_child)
+    uri = (tmp_path / "mlruns").as_uri()
+    spec = TrackingSpec.model_validate({"mlflow": {"tracking_uri": uri, "experiment": "broken"}})
+    assert track_run(V1, read_results(V1 / "results.json"), spec) is None
+    assert "tracker went away" in capsys.readouterr().err
+    client = _mlflow_client(uri)
+    runs = client.search_runs([client.get_experiment_by_name("broken").experiment_id])
+    assert len(runs) == 2 and {r.info.status for r in runs} == {"FAILED"}, [r.info.status for r in runs]
 
 
 def test_config_dict_takes_tracking() -> None:
