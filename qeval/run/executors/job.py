@@ -91,6 +91,9 @@ class WorkerJob:
         """Write a remote worker's files into the run directory, atomically, each checked
         first (nothing is written when one is refused), the files that mark work done last."""
         placed = sorted((self.allowed(rel), data) for rel, data in files.items())
+        for (order, path), _ in placed:  # as RunStore.write_task: an earlier meta never vouches for new records
+            if order == 0:
+                path.with_name(path.name.removesuffix(TASK_FILES[0]) + TASK_FILES[-1]).unlink(missing_ok=True)
         for (_, path), data in placed:
             atomic_write_bytes(path, data)
 
