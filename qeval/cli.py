@@ -41,8 +41,16 @@ def _fail(exc: UserError) -> None:
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
-def _split(value: str | None) -> list[str] | None:
-    return [v.strip() for v in value.split(",") if v.strip()] if value else None
+def _split(value: str | None, option: str = "") -> list[str] | None:
+    """A comma-separated option's names; None where it was not given. Given but naming nothing
+    (`--setups ""`, `--setups ,`) is a UserError: an empty selection must not run everything."""
+    if value is None:
+        return None
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    if not names:
+        raise UserError(f"{option} {value!r}: names nothing; give one or more names, comma-separated, "
+                        "or leave the option out")
+    return names
 
 
 @app.command()
@@ -77,15 +85,16 @@ def run(
     try:
         if executor not in (None, "local", "ray"):
             raise UserError(f"--executor {executor}: expected local or ray")
+        only_setups, only_tasks = _split(setups, "--setups"), _split(tasks, "--tasks")
         sweep = load_sweep(config)  # None: a config of one model
         if sweep is not None:
             out = output or Path("reports") / sweep.name
-            runs = run_sweep(sweep, RunOptions(out, _split(setups), _split(tasks), limit, force, executor, performance))
+            runs = run_sweep(sweep, RunOptions(out, only_setups, only_tasks, limit, force, executor, performance))
             tracked = {m: (model_dir(out, m), c.tracking) for m, c in sweep.configs.items() if m in runs}
         else:
             cfg = load_config(config)
             out = output or Path("reports") / cfg.name
-            opts = RunOptions(out, _split(setups), _split(tasks), limit, force, executor, performance)
+            opts = RunOptions(out, only_setups, only_tasks, limit, force, executor, performance)
             runs = {"": run_all(cfg, opts)}
             tracked = {"": (out, cfg.tracking)}
     except UserError as exc:
@@ -168,7 +177,7 @@ def quantize(
     from qeval.quantize.pipeline import quantize as quantize_all
 
     try:
-        made = quantize_all(load_config(config), only=_split(setups), force=force)
+        made = quantize_all(load_config(config), only=_split(setups, "--setups"), force=force)
     except UserError as exc:
         _fail(exc)
         return
@@ -210,10 +219,12 @@ def advise(
     block gives the defaults of every option (--budget included); an option given overrides it."""
     from qeval.advise.advisor import Options
     from qeval.advise.advisor import advise as run_advisor
-    from qeval.advise.output import setup_snippet, write
+    from qeval.advise.output import check_advice_output, setup_snippet, write
     from qeval.advise.search import parse_budget
     from qeval.config import load_config
     from qeval.config.advise import AdviseSpec
+    from qeval.run.runner import check_output
+    from qeval.strict import SEED_MAX
 
     try:
         cfg = load_config(config)
@@ -227,6 +238,11 @@ def advise(
             raise UserError("--calib-docs must be at least 1, --heldout-docs and --random-draws at least 0")
         if heldout == 1:
             raise UserError("--heldout-docs 1: a paired interval needs at least 2 documents (or 0 for none)")
+        if seed is not None and not 0 <= seed <= SEED_MAX:
+            raise UserError(f"--seed {seed}: expected 0 to {SEED_MAX} (what numpy, torch and Python all take)")
+        advice_path = output or Path("reports") / cfg.name / "advice.md"
+        check_advice_output(advice_path)  # before the work: a path it cannot write would lose all of it
+        check_output(advice_path, Path(cfg.model.path) if Path(cfg.model.path).is_dir() else None)
         cal_text = text if text is not None else (Path(block.text) if block.text else None)
         opts = Options(parse_budget(budget) if budget is not None else block.parsed_budget(),
                        target if target is not None else block.target, cal_text, calib, heldout, draws,
@@ -236,7 +252,12 @@ def advise(
     except UserError as exc:
         _fail(exc)
         return
-    paths = write(advice, output or Path("reports") / cfg.name / "advice.md")
+    try:
+        paths = write(advice, advice_path)
+    except OSError as exc:  # a full disk, or the folder changed under the work: one line, exit 1
+        print(f"qeval: error: cannot write the advice ({exc.filename or advice_path}): {exc.strerror or exc}",
+              file=sys.stderr)
+        raise typer.Exit(EXIT_SETUP_FAILED) from None
     print(setup_snippet(advice), end="")
     print(f"wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
 

@@ -15,7 +15,7 @@ import numpy as np
 from qeval.advise.calibration import make_slice, read_texts
 from qeval.advise.search import choose
 from qeval.advise.sensitivity import Probe
-from qeval.advise.target import Options, allowance_of, pick_target
+from qeval.advise.target import Options, allowance_of, budget_problem, pick_target
 from qeval.advise.units import Unit, cells, unions
 from qeval.analysis.stats import t_interval
 from qeval.backends.device import resolve_device, resolve_precision
@@ -91,9 +91,10 @@ def advise(cfg: RunConfig, config_path: Path, opts: Options, log: Any = print) -
     shape = ModelShape.from_config(source.config)
     cell_units = cells(shape, target, dtype)
     allowance, budget_bytes, basis = allowance_of(opts.budget, shape, target, dtype, cfg.budget.context_len)
-    if allowance < 0:
-        raise UserError(f"--budget {opts.budget}: below the uniform {target.name} setup itself "
-                        f"({(budget_bytes - allowance) / 2**20:.2f} MiB on the same basis): nothing to keep")
+    problem = budget_problem(opts.budget, allowance, budget_bytes, target.name, f"--budget {opts.budget}",
+                             sum(u.extra_bytes for u in cell_units))
+    if problem:
+        raise UserError(problem)
     label, texts = read_texts(cfg, opts.text)
 
     t0 = time.perf_counter()

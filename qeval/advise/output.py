@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from qeval.advise.advisor import Advice, Row, to_json
+from qeval.errors import UserError
 from qeval.files.atomic import atomic_write_bytes, atomic_write_json
 from qeval.report.plots import sensitivity_heatmap, svg_of
 from qeval.report.tables import md_table
@@ -81,11 +82,34 @@ def html_page(advice: Advice, md: str) -> str:
             + f"<pre>{html.escape(md)}</pre></body></html>")
 
 
+def advice_paths(output: Path) -> list[Path]:
+    """advice.md at `output`, its .html and .json beside it."""
+    return [output, output.with_suffix(".html"), output.with_suffix(".json")]
+
+
+def check_advice_output(output: Path) -> None:
+    """Refuse, before any work, an `--output` the advice could not be written to: a folder (or
+    anything but a regular file) at one of its three paths, or a parent that is not a folder and
+    cannot be made one (a file on the way)."""
+    if output.suffix.lower() in (".html", ".json"):  # advice.html / .json would overwrite it
+        raise UserError(f"--output {output}: name the advice.md file to write (its .html and .json go "
+                        "beside it), e.g. --output reports/advice.md")
+    for path in advice_paths(output):
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            raise UserError(f"--output {output}: {path} exists and is not a regular file (a folder?); "
+                            "name the advice.md file to write")
+    parent = output.parent
+    while not parent.exists() and parent != parent.parent:  # the first folder on the way that exists
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserError(f"--output {output}: {parent} is not a folder")
+
+
 def write(advice: Advice, output: Path) -> list[Path]:
     """Write advice.md at `output` and its .html and .json beside it; returns the paths."""
     output.parent.mkdir(parents=True, exist_ok=True)
     md = markdown(advice)
-    paths = [output, output.with_suffix(".html"), output.with_suffix(".json")]
+    paths = advice_paths(output)
     atomic_write_bytes(paths[0], md.encode())
     atomic_write_bytes(paths[1], html_page(advice, md).encode())
     atomic_write_json(paths[2], to_json(advice))

@@ -13,7 +13,10 @@ from qeval.errors import UserError
 from qeval.memory.ledger import predict_kv_bytes_per_token, predict_weights_bytes
 from qeval.records.shape import ModelShape
 
-__all__ = ["Options", "allowance_of", "pick_target"]
+__all__ = ["Options", "allowance_of", "budget_problem", "pick_target"]
+
+#: a budget within this share of the uniform setup is that setup (a rounded 4.25bpw for INT4 g128)
+_EQUAL = 1e-3
 
 
 @dataclass(frozen=True)
@@ -66,3 +69,22 @@ def allowance_of(budget: Budget, shape: ModelShape, target: Setup, dtype: str, c
 
 def _bytes(dtype: str) -> int:
     return 4 if dtype == "float32" else 2
+
+
+def budget_problem(budget: Budget, allowance: int, budget_bytes: int, target: str, where: str,
+                   keep_all: int | None = None) -> str:
+    """Why a budget leaves nothing to advise over the uniform `target` setup (`where` names it:
+    `--budget 3 bits per weight`, `advise.budget 3bpw`), or '' where it leaves room: nothing to
+    keep, or (`keep_all`: the bytes keeping every cell adds) room to keep every layer, which is
+    the baseline itself. A budget that rounds to the uniform setup's own size (within 0.1%) is
+    called equal to it, not below."""
+    if keep_all is not None and allowance >= keep_all:
+        return (f"{where}: room to keep every layer at the model's dtype, which is the baseline itself, not a "
+                f"quantized setup: nothing to advise; give a budget below the model's own weights")
+    if allowance > 0:
+        return ""
+    uniform = budget_bytes - allowance
+    relation = "equal to" if -allowance <= _EQUAL * uniform else "below"
+    size = (f"{budget.value * uniform / budget_bytes:.4g} bits per weight" if budget.kind == "bits" and budget_bytes
+            else f"{uniform / 2**20:.2f} MiB")
+    return f"{where}: {relation} the uniform {target} setup itself ({size} on the same basis): nothing to keep"

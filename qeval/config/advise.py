@@ -4,6 +4,7 @@ Also the advisor's budget and its parser, which `qeval advise --budget` shares."
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -11,10 +12,14 @@ from pydantic import Field, field_validator
 
 from qeval.errors import UserError
 from qeval.files.names import NAME_PATTERN
-from qeval.strict import Strict
+from qeval.strict import Seed, Strict
 
 _BUDGET = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*(bpw|bits|b|kib|mib|gib)?\s*", re.IGNORECASE)
 _UNITS = {"b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
+#: above the model's own 16-bit weights there is nothing to advise (every layer kept)
+MAX_BITS = 16.0
+#: a memory budget past 1 PiB is a typo, not a device (and past 2**63 bytes an overflow later)
+MAX_BYTES = 2**50
 
 
 @dataclass(frozen=True)
@@ -37,12 +42,19 @@ def parse_advice_budget(text: str, where: str = "--budget") -> AdviceBudget:
         raise UserError(f"{where} {text!r}: give average bits per weight (e.g. 4.5bpw) or memory "
                         "at the target context (e.g. 350MiB, 2GiB, 123456B)")
     unit = m.group(2).lower()
-    value = float(m.group(1))
+    value = float(m.group(1))  # a 400-digit number is inf here: refused below, not overflowed later
+    shown = text if len(text) <= 40 else text[:20] + "…" + text[-10:]
     if value <= 0:
-        raise UserError(f"{where} {text!r}: must be positive")
+        raise UserError(f"{where} {shown!r}: must be positive")
     if unit in ("bpw", "bits"):
+        if not math.isfinite(value) or value > MAX_BITS:
+            raise UserError(f"{where} {shown!r}: at most {MAX_BITS:g} bits per weight (the model's own 16-bit "
+                            "weights: every layer kept)")
         return AdviceBudget("bits", value)
-    return AdviceBudget("bytes", value * _UNITS[unit])
+    size = value * _UNITS[unit]
+    if not math.isfinite(size) or size > MAX_BYTES:
+        raise UserError(f"{where} {shown!r}: at most {MAX_BYTES // 2**30:,} GiB")
+    return AdviceBudget("bytes", size)
 
 
 class AdviseSpec(Strict):
@@ -59,7 +71,7 @@ class AdviseSpec(Strict):
     calib_docs: int = Field(default=16, ge=1)
     heldout_docs: int = Field(default=32, ge=0)
     random_draws: int = Field(default=5, ge=0)
-    seed: int = 0
+    seed: Seed = 0
     #: also measure whole blocks and module types (the search needs only the cells)
     unions: bool = True
     #: the advised setup's name in the run; default `<target>-advised`

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from qeval.config.chat import ChatKeys
-from qeval.strict import Strict
+from qeval.strict import Seed, Strict
 
 
 class LmEvalTask(ChatKeys):
@@ -42,7 +42,7 @@ class LmEvalSpec(Strict):
     #: default a YAML reads data only from inside its own include folder)
     data_dirs: list[str] = []
     #: the seed of lm-eval's few-shot sampler (one per task, drawn document by document)
-    fewshot_seed: int = 1234
+    fewshot_seed: Seed = 1234
     #: documents per lm-eval `evaluate()` call: what a worker holds at once, and what an
     #: interrupted run scores again (it carries on from its last finished chunk)
     chunk_docs: int = Field(default=1000, ge=1)

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from qeval.strict import Strict
+from qeval.strict import Seed, Strict
 
 Family = Literal["passkey", "multikey", "position_ppl"]
 FAMILIES: tuple[str, ...] = ("passkey", "multikey", "position_ppl")
@@ -21,7 +21,7 @@ class LongContextSpec(Strict):
     `max_position_embeddings` and `model.max_context`)."""
 
     lengths: list[int] | None = Field(default=None, min_length=1)
-    seed: int = 1234
+    seed: Seed = 1234
     tasks: list[Family] = Field(default=["passkey", "multikey", "position_ppl"], min_length=1)
     #: documents per task and length (passkey and multikey cycle through `depths`)
     samples: int = Field(default=6, gt=0, le=1000)

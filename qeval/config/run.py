@@ -30,7 +30,7 @@ from qeval.config.tracking import TrackingSpec
 from qeval.errors import UserError
 from qeval.files.names import NAME_PATTERN
 from qeval.files.yaml import load_yaml
-from qeval.strict import Strict
+from qeval.strict import Seed, Strict
 
 
 class ModelSpec(Strict):
@@ -75,7 +75,7 @@ class RunConfig(ChatKeys):
     #: sequences decoded together by the hf backend (default 4 x batch_size): a decode step
     #: reads every weight once whatever the rows, so wider steps are nearly free
     generation_batch_size: int | None = Field(default=None, gt=0)
-    seed: int = 1234
+    seed: Seed = 1234
     budget: Budget = Budget()
     engine: EngineSpec = EngineSpec()
     #: the OpenAI-compatible server of the `openai` backend (qeval/config/server.py)

@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from qeval.files.names import NAME_PATTERN
+from qeval.strict import check_int_bound
 
 Weights = Literal["bf16", "fp16", "fp32", "fp8", "int8", "int4"]
 KVCache = Literal["auto", "fp8", "fp8_e5m2", "int8", "int4", "int2"]
@@ -51,6 +52,11 @@ class Setup(BaseModel):
     #: module-name patterns (shell-style wildcards, as fnmatch) of linear layers kept at the
     #: model's own dtype while the rest are quantized: a mixed-precision setup (docs/advisor.md)
     keep: tuple[str, ...] = ()
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _int_bound(cls, value: object) -> object:
+        return check_int_bound(value)  # as every config model (qeval/strict.py)
 
     @field_validator("keep", mode="before")
     @classmethod
@@ -107,6 +113,22 @@ class Setup(BaseModel):
     def keeps(self, module_name: str) -> bool:
         """Whether the linear layer `module_name` stays at the model's dtype (matches a keep pattern)."""
         return any(fnmatch(module_name, pattern) for pattern in self.keep)
+
+    def keep_problem(self, module_names: list[str]) -> str:
+        """Why this setup's `keep` list cannot be served over a model whose decoder linear layers
+        are `module_names`, else '': no pattern matches a layer (the setup would be plain uniform
+        quantization under a mixed label; vLLM's checkpoints are refused the same way), or every
+        layer is kept (nothing quantized: the model's own weights under a quantized label)."""
+        if not self.keep or not module_names:
+            return ""
+        kept = [n for n in module_names if self.keeps(n)]
+        if not kept:
+            return (f"setup {self.name}: no keep pattern matches a linear layer of this model "
+                    f"(names look like {module_names[0]})")
+        if len(kept) == len(module_names):
+            return (f"setup {self.name}: keep matches every linear layer of this model ({len(kept)}): nothing "
+                    f"would be quantized: the baseline labelled {self.weights}; keep fewer layers")
+        return ""
 
     @property
     def id(self) -> str:

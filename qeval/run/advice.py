@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from qeval.advise.calibration import read_texts
-from qeval.advise.target import Options, allowance_of, pick_target
+from qeval.advise.target import Options, allowance_of, budget_problem, pick_target
+from qeval.advise.units import cells
 from qeval.backends import backend_entry
 from qeval.config import RunConfig
 from qeval.config.advise import AdviseSpec
@@ -74,9 +75,10 @@ def check_advice(pre: Preflight) -> None:
     if pre.shape is not None:
         allowance, budget, _ = allowance_of(spec.parsed_budget(), pre.shape, target, cfg.model.dtype,
                                             cfg.budget.context_len)
-        if allowance < 0:
-            raise UserError(f"advise.budget {spec.budget}: below the uniform {target.name} setup itself "
-                            f"({(budget - allowance) / 2**20:.2f} MiB on the same basis): nothing to keep")
+        problem = budget_problem(spec.parsed_budget(), allowance, budget, target.name, f"advise.budget {spec.budget}",
+                                 sum(u.extra_bytes for u in cells(pre.shape, target, cfg.model.dtype)))
+        if problem:
+            raise UserError(problem)
     if spec.text and not Path(spec.text).is_file():
         raise UserError(f"advise.text: {spec.text} is not a file")
     try:

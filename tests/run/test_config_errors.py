@@ -38,6 +38,18 @@ BAD = {
                           "give calibration `path` or `dataset`, not both"),
     "group_size_on_int8": (GOOD.replace("weights: int4, group_size", "weights: int8, group_size"),
                            "group_size applies to int4"),
+    # issue 40: numbers too large for what consumes them are refused at validation (point 14, minor)
+    "seed_past_numpy": (GOOD + "seed: 99999999999999999999\n", "seed: Input should be less than or equal to"),
+    "seed_negative": (GOOD + "seed: -1\n", "seed: Input should be greater than or equal to 0"),
+    "fewshot_seed_huge": (GOOD + "lm_eval: {fewshot_seed: 4294967296}\n", "lm_eval.fewshot_seed"),
+    "huge_integer": (GOOD + "batch_size: " + "9" * 400 + "\n", "batch_size: an integer of 400 digits is too large"),
+    "huge_integer_in_a_setup": (GOOD.replace("kv_cache: int2", "kv_cache: int2, memory_limit_mib: 1" + "0" * 30),
+                                "memory_limit_mib: an integer of 31 digits is too large"),
+    # keep patterns that keep nothing or everything (point 12): vLLM refuses the first already
+    "keep_matches_nothing": (GOOD.replace("group_size: 128}", "group_size: 128, keep: [nomatch.*]}"),
+                             "no keep pattern matches a linear layer of this model"),
+    "keep_everything": (GOOD.replace("group_size: 128}", "group_size: 128, keep: ['*']}"),
+                        "keep matches every linear layer of this model (28): nothing would be quantized"),
 }
 
 
@@ -56,6 +68,16 @@ def test_bad_input_is_one_line_exit_2(tmp_path: Path, case: str) -> None:
     assert len(lines) == 1, res.stderr
     assert expected in lines[0]
     assert "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("option", ["--setups", "--tasks"])
+@pytest.mark.parametrize("value", ["", " , "])
+def test_an_empty_selection_is_refused(tmp_path: Path, option: str, value: str) -> None:
+    """`--setups ""` ran every setup (an empty string read as no option): it names nothing."""
+    res = run_cli("run", str(write_config(tmp_path / "c.yaml", GOOD)), option, value, "--output",
+                  str(tmp_path / "out"))
+    assert res.returncode == 2 and f"{option} {value!r}: names nothing" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
 
 
 def test_run_refuses_bad_config_before_loading(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from qeval.config.setups import Setup
+from qeval.errors import UserError
 from qeval.records.checkpoint import checkpoint_config, describe, quantization_config
 
 
@@ -59,6 +60,12 @@ def quantize_weights(model: Any, setup: Setup) -> dict[str, Any]:
         return _torchao_int8(model)
     from optimum.quanto import freeze, qint4, qint8, quantize
 
+    if setup.keep:  # on the real names: preflight checked Llama-family names only (hf/support.py)
+        linear = [name for name, module in model.named_modules()
+                  if isinstance(module, torch.nn.Linear) and name != "lm_head"]
+        problem = setup.keep_problem(linear)
+        if problem:
+            raise UserError(problem)
     # quanto matches `exclude` with fnmatch on every module name, as Setup.keeps does
     quantize(model, weights=qint8 if setup.weights == "int8" else qint4, exclude=["lm_head", *setup.keep])
     groups: set[int | None] = set()

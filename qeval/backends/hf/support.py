@@ -18,7 +18,7 @@ from typing import Any
 from qeval.config.setups import Setup
 from qeval.errors import UserError
 from qeval.records.checkpoint import CUDA_ONLY, PACKAGES, checkpoint_config, quantization_config
-from qeval.records.shape import layer_kinds
+from qeval.records.shape import ModelShape, layer_kinds
 
 #: method -> (package that implements it on transformers, weight precisions it offers)
 WEIGHT_METHODS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -130,6 +130,8 @@ def validate_model(setup: Setup, config: dict[str, Any]) -> None:
     sliding-window and chunked layers (kv_cache.py builds it per layer type; state layers hold no
     K/V and stay as transformers keeps them). Refused: a latent (MLA) cache, which transformers
     keeps as two tensors of other widths than a head, untested under qeval's quantizers."""
+    if setup.keep:
+        _check_keep(setup, config)
     if not setup.quantizes_kv:
         return
     nested = config.get("text_config")
@@ -138,3 +140,23 @@ def validate_model(setup: Setup, config: dict[str, Any]) -> None:
         raise UserError(f"setup {setup.name!r} on hf: a {setup.kv_cache} KV cache on a latent-attention (MLA) model "
                         "is not offered on transformers (its cache holds the latent, not K/V heads); "
                         "drop the setup or serve its KV cache on the vllm backend")
+
+
+#: model types whose decoder linear layers carry the Llama-family names ModelShape.linear_modules gives
+_LLAMA_NAMED = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+
+def _check_keep(setup: Setup, config: dict[str, Any]) -> None:
+    """A `keep` list against the model's decoder linear layers (Llama-family names, as the
+    advisor and `qeval quantize` name them): one that keeps nothing or everything is refused."""
+    nested = config.get("text_config")
+    text: dict[str, Any] = nested if isinstance(nested, dict) else config
+    if text.get("model_type") not in _LLAMA_NAMED:  # other names: checked on the loaded model (quant.py)
+        return
+    try:
+        names = [n for n, _, _ in ModelShape.from_config(config).linear_modules()]
+    except ValueError:  # a config qeval cannot read: preflight says so in its own words
+        return
+    problem = setup.keep_problem(names)
+    if problem:
+        raise UserError(f"{problem} (on hf)")

@@ -25,7 +25,7 @@ from qeval.files.jsonl import read_objects
 from qeval.files.names import NAME_PATTERN
 from qeval.files.yaml import load_yaml
 from qeval.results.metrics import select_metrics
-from qeval.strict import Strict
+from qeval.strict import Seed, Strict
 from qeval.tasks.templates import render as _render
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ class TaskSpec(Strict):
     #: sampled generation: documents are generated `repeats` times, repeat r with seed seeds[r]
     #: (default 0..repeats-1); scores are the mean over repeats (docs/tasks.md)
     repeats: int = Field(default=1, ge=1, le=64)
-    seeds: list[int] | None = None
+    seeds: list[Seed] | None = None
     metadata: dict[str, Any] = {}
 
     @model_validator(mode="after")
