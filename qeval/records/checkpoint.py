@@ -12,6 +12,12 @@ from typing import Any
 
 from qeval.errors import UserError
 from qeval.records.model_source import read_model_config, resolve_model
+from qeval.records.shape import ModelShape
+
+#: names shown in a report's description before the rest are counted ("and 19,990 more")
+SHOWN = 10
+#: characters of any one name or value read from a checkpoint's config into a description
+_CHARS = 120
 
 #: transformers quant_method -> (module transformers' quantizer imports, pip package that has it).
 #: Measured with transformers 5.23: compressed-tensors loads W8A8 / W4A8 / W4A16 on CPU (and
@@ -48,6 +54,54 @@ def quantization_config(config: dict[str, Any]) -> dict[str, Any] | None:
     return qc if isinstance(qc, dict) else None
 
 
+def _text_part(config: dict[str, Any]) -> dict[str, Any]:
+    nested = config.get("text_config")
+    return nested if isinstance(nested, dict) else config
+
+
+def identity_problem(checkpoint: dict[str, Any], baseline: dict[str, Any]) -> str:
+    """Why a checkpoint's config.json is not a checkpoint of the baseline model, else '': it must
+    be a decoder config qeval reads (records/shape.py), with the baseline's model_type, vocabulary,
+    hidden size, layers and attention heads. A checkpoint of another model would be compared as if
+    it were a quantization of this one (a vocabulary of 49,152 against 128)."""
+    ck, base = _text_part(checkpoint), _text_part(baseline)
+    try:
+        mine = ModelShape.from_config(checkpoint)
+    except ValueError as exc:
+        return f"is not a model config qeval understands (it {exc})"
+    if not isinstance(ck.get("model_type"), str) or not ck["model_type"]:
+        return "has no model_type: not a model config"
+    if isinstance(base.get("model_type"), str) and ck["model_type"] != base["model_type"]:
+        return f"has model_type {_short(ck['model_type'])!r}, the model {base['model_type']!r}"
+    theirs = ModelShape.from_config(baseline)
+    for field, name in (("vocab_size", "vocab_size"), ("hidden_size", "hidden_size"),
+                        ("num_layers", "num_hidden_layers"), ("num_heads", "num_attention_heads"),
+                        ("num_kv_heads", "num_key_value_heads"), ("head_dim", "head_dim")):
+        if getattr(mine, field) != getattr(theirs, field):
+            return f"has {name} {getattr(mine, field):,}, the model {getattr(theirs, field):,}"
+    return ""
+
+
+def check_identity(name: str, ref: str, checkpoint: dict[str, Any], baseline: dict[str, Any]) -> None:
+    """One UserError line where setup `name`'s checkpoint `ref` is not a checkpoint of the model."""
+    problem = identity_problem(checkpoint, baseline)
+    if problem:
+        raise UserError(f"setup {name}: checkpoint {ref}: config.json {problem}: not a checkpoint of this model "
+                        "(a setup's checkpoint must be the baseline model, quantized)")
+
+
+def _short(value: object) -> str:
+    text = str(value)
+    return text if len(text) <= _CHARS else text[:_CHARS] + "…"
+
+
+def _names(values: list[Any]) -> str:
+    """At most SHOWN names, each shortened, then how many more: a config with 20,000 entries
+    stays one short line."""
+    shown = ", ".join(_short(v) for v in values[:SHOWN])
+    return shown + (f" and {len(values) - SHOWN:,} more" if len(values) > SHOWN else "")
+
+
 def _tensor(args: dict[str, Any] | None) -> str | None:
     """One compressed-tensors QuantizationArgs, e.g. `int4 sym per group of 128 (static)`."""
     if not args:
@@ -64,21 +118,26 @@ def _tensor(args: dict[str, Any] | None) -> str | None:
 def describe(qc: dict[str, Any]) -> dict[str, Any]:
     """The setup's description from its `quantization_config`: `text` for the report, and the
     fields it was read from (scheme, bits, group size, ignored layers)."""
-    method = str(qc.get("quant_method", "unknown"))
+    method = _short(qc.get("quant_method", "unknown"))
     out: dict[str, Any] = {"quant_method": method}
     if method == "compressed-tensors":
         groups = qc.get("config_groups") or {}
+        groups = groups if isinstance(groups, dict) else {}
         parts = []
         for name, g in sorted(groups.items()):
+            if not isinstance(g, dict):
+                continue
+            targets: list[Any] = g["targets"] if isinstance(g.get("targets"), list) else [name]
             w, a = _tensor(g.get("weights")), _tensor(g.get("input_activations"))
-            parts.append(f"{'+'.join(g.get('targets') or [name])}: weights {w or 'unquantized'}, "
-                         f"activations {a or '16-bit'}")
+            parts.append(f"{_short('+'.join(map(str, targets)))}: weights {_short(w or 'unquantized')}, "
+                         f"activations {_short(a or '16-bit')}")
             weights = g.get("weights") or {}
             out.setdefault("bits", weights.get("num_bits"))
             out.setdefault("group_size", weights.get("group_size"))
             out.setdefault("activation_bits", (g.get("input_activations") or {}).get("num_bits"))
         out["format"] = qc.get("format")
-        scheme = "; ".join(parts) or "no config groups"
+        scheme = "; ".join(parts[:SHOWN]) + (f"; and {len(parts) - SHOWN:,} more groups" if len(parts) > SHOWN
+                                             else "") or "no config groups"
     else:  # gptq, awq, bitsandbytes, fp8, torchao...: their flat fields
         out["bits"] = qc.get("bits") or qc.get("w_bit") or (4 if qc.get("load_in_4bit") else 8
                                                              if qc.get("load_in_8bit") else None)
@@ -90,8 +149,11 @@ def describe(qc: dict[str, Any]) -> dict[str, Any]:
             f"blocks {block}" if block else None,
             "asym" if qc.get("sym") is False or qc.get("zero_point") else None) if x) or "as configured"
     ignore = qc.get("ignore") or qc.get("modules_to_not_convert") or qc.get("llm_int8_skip_modules") or []
-    out["ignore"] = list(ignore)
-    kept = f"; unquantized: {', '.join(ignore)}" if ignore else ""
+    ignore = list(ignore) if isinstance(ignore, (list, tuple)) else [ignore]
+    # results.json and the reports carry a bounded part: the first names and how many there are
+    out["ignore"] = [_short(n) for n in ignore[:SHOWN]]
+    out["ignore_count"] = len(ignore)
+    kept = f"; unquantized: {_names(ignore)}" if ignore else ""
     out["text"] = f"{method}: {scheme}{kept}"
     return out
 

@@ -21,6 +21,7 @@ from qeval.config.setups import Setup
 from qeval.errors import UserError
 from qeval.memory.ledger import ModelShape
 from qeval.quantize.checkpoints import resolve_checkpoints
+from qeval.records.checkpoint import check_identity, checkpoint_config
 from qeval.records.model_source import ModelSource, is_gguf, resolve_model
 from qeval.records.preflight import Preflight
 from qeval.run.advice import advise_target, check_advice
@@ -65,6 +66,7 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
     # vllm setups served from `qeval quantize` checkpoints: point them at their folders
     cfg = resolve_checkpoints(cfg, source.checksum, {s.name for s in setups})
     setups = [s for s in cfg.setups if s.name in {x.name for x in setups}]
+    _check_checkpoints(setups, source.config)
     backend_entry(cfg.backend).check_install(cfg)
     check_plugin_pieces(cfg)
     pre = Preflight(cfg, device, [], setups, [], source.checksum, shape, skipped, precision=precision,
@@ -79,6 +81,15 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
     check_advice(pre)
     backend_entry(cfg.backend).validate_tasks(pre)
     return pre
+
+
+def _check_checkpoints(setups: list[Setup], config: dict[str, object]) -> None:
+    """Each setup's checkpoint must be a checkpoint of the model (records/checkpoint.py): the
+    same architecture, vocabulary and sizes; one line naming the first that differs."""
+    for setup in setups:
+        if setup.checkpoint:
+            ref = setup.checkpoint
+            check_identity(setup.name, ref, checkpoint_config(ref, setup.checkpoint_revision), dict(config))
 
 
 def advised_names(cfg: RunConfig) -> set[str]:

@@ -4,10 +4,11 @@ refused at `qeval validate` in one line with exit 2, before any model loads."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
-from conftest import GEN_ROWS, GEN_YAML, config_for, one_line_exit_2, run_cli, task_dir
+from conftest import GEN_ROWS, GEN_YAML, MODEL, config_for, make_config, one_line_exit_2, run_cli, task_dir
 
 SAMPLED = GEN_YAML.replace("max_gen_toks: 6}", "max_gen_toks: 6, do_sample: true, temperature: 0.7}")
 
@@ -18,3 +19,48 @@ def test_task_seeds_are_bounded(tmp_path: Path, seeds: str, says: str) -> None:
     """`seeds: [99999999999999999999]` passed validate, then every setup failed in torch."""
     folder = task_dir(tmp_path, SAMPLED + f"seeds: {seeds}\n", GEN_ROWS)
     one_line_exit_2(run_cli("validate", str(config_for(tmp_path, folder))), says)
+
+
+# -- a checkpoint must be a checkpoint of the model (point 11) -------------------------------------
+
+def _checkpoint_config(tmp: Path, config: dict[str, object]) -> Path:
+    folder = tmp / "ck"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return make_config(tmp, setups=[{"name": "bf16", "baseline": True}, {"name": "ck", "checkpoint": str(folder)}])
+
+
+def _tiny(**changes: object) -> dict[str, object]:
+    return json.loads((MODEL / "config.json").read_text()) | changes
+
+
+@pytest.mark.parametrize(("config", "says"), [
+    ({"hello": 1}, "config.json is not a model config qeval understands (it lacks 'num_attention_heads')"),
+    (_tiny(vocab_size=49152), "config.json has vocab_size 49,152, the model 128: not a checkpoint of this model"),
+    (_tiny(num_hidden_layers=30), "has num_hidden_layers 30, the model 4"),
+    (_tiny(model_type="qwen2"), "has model_type 'qwen2', the model 'llama'"),
+    ({k: v for k, v in _tiny().items() if k != "model_type"}, "has no model_type"),
+])
+def test_a_checkpoint_of_another_model_is_refused(tmp_path: Path, config: dict[str, object], says: str) -> None:
+    """`{"hello": 1}` passed validate; a checkpoint of another model (SmolLM2's vocabulary beside
+    the tiny model's) was compared as if it were a quantization of the baseline."""
+    one_line_exit_2(run_cli("validate", str(_checkpoint_config(tmp_path, config))), says)
+
+
+def test_a_checkpoint_of_the_model_validates(tmp_path: Path) -> None:
+    res = run_cli("validate", str(_checkpoint_config(tmp_path, _tiny())))
+    assert res.returncode == 0 and "ok (2 setups" in res.stdout, res.stderr
+
+
+def test_a_checkpoint_description_is_bounded() -> None:
+    """A quantization_config with 20,000 modules_to_not_convert was copied whole into report.md."""
+    from qeval.records.checkpoint import describe
+
+    names = [f"model.layers.{i}.mlp.down_proj" for i in range(20_000)]
+    out = describe({"quant_method": "gptq", "bits": 4, "group_size": 128, "modules_to_not_convert": names})
+    assert out["text"].startswith("gptq: 4-bit, group 128; unquantized: model.layers.0.mlp.down_proj, ")
+    assert out["text"].endswith(" and 19,990 more") and len(out["text"]) < 1000
+    assert out["ignore_count"] == 20_000 and out["ignore"] == names[:10]
+    groups = {f"g{i}": {"targets": ["Linear"] * 5000, "weights": {"num_bits": 4}} for i in range(50)}
+    text = describe({"quant_method": "compressed-tensors", "config_groups": groups, "ignore": "x" * 10**6})["text"]
+    assert "and 40 more groups" in text and len(text) < 3000
