@@ -20,6 +20,7 @@ from qeval.analysis.comparison import (
     paired,
     weights_twin,
 )
+from qeval.analysis.finite import failure_reason, finite_results, task_problem
 from qeval.analysis.recommend import recommend
 from qeval.backends.vllm.support import cache_accounting
 from qeval.config.setups import Setup
@@ -85,6 +86,7 @@ def assemble_results(pre: Preflight, store: RunStore, keys: dict[str, SetupKeys]
                       ceilings=ceilings)
     for block in blocks:  # e.g. long context: KV bytes and loss by token position at each length
         results = block(results, pre, store)
+    results = finite_results(results)
     return results.model_copy(update={"recommendation": recommend(results)})
 
 
@@ -215,6 +217,7 @@ def _setup_entry(pre: Preflight, store: RunStore, setup: Setup, outcome: Outcome
                  keys: SetupKeys, dropped: list[Dropped], ceilings: Ceilings | None = None) -> SetupResult:
     outcome = outcome or Outcome(name=setup.name, status="failed", error="not run")
     scores: dict[str, TaskScore] = {}
+    non_finite: list[str] = []
     for t in pre.tasks:
         meta = store.read_meta(setup.name, t.name)
         if meta is None:
@@ -223,10 +226,18 @@ def _setup_entry(pre: Preflight, store: RunStore, setup: Setup, outcome: Outcome
             dropped.append(Dropped(setup=setup.name, task=t.name,
                                    reason=key_difference(meta.get("key_parts"), keys.tasks[t.name])))
             continue
+        # stored before the worker checked (or by another path): not numbers, not a score
+        problem = task_problem(t.name, store.read_samples(setup.name, t.name), meta.get("metrics"),
+                               meta.get("kl_distribution"))
+        if problem is not None:
+            non_finite.append(problem)
+            continue
         scores[t.name] = TaskScore(n=meta["n"], metrics=meta["metrics"], generated_tokens=meta.get("generated_tokens"))
     status, error = outcome.status, outcome.error
     missing = [t for t in pre.run_tasks if t not in scores]
-    if status == "ok" and setup in pre.setups and missing:
+    if status == "ok" and non_finite:
+        status, error = "failed", failure_reason(non_finite)
+    elif status == "ok" and setup in pre.setups and missing:
         status, error = "failed", f"no stored results for {', '.join(missing)}"
     cfg = pre.cfg
     share = (f"GPU memory x {cfg.budget.utilization} (budget.utilization)" if pre.device == "cuda"

@@ -13,6 +13,8 @@ from qeval.analysis.stats import (
     MIN_PAIRED_N,
     PairedComparison,
     average_difference_ci,
+    finite,
+    p_value,
     paired_accuracy,
     paired_clustered,
     paired_mean,
@@ -27,6 +29,9 @@ from qeval.config.setups import Setup
 from qeval.records.store import RunStore
 from qeval.results.metrics import metric as describe
 from qeval.results.schema import Comparison, KLDistribution, SuiteScore
+
+#: the verdict's reason where the difference or its interval is not a number
+NON_FINITE_REASON = "non-finite scores: no evidence"
 
 #: the per-sample field each comparable metric of qeval's own tasks is paired on
 _PAIRED_FIELD = {"acc": "correct", "acc_norm": "correct_norm", "exact_match": "correct",
@@ -141,11 +146,12 @@ def compare(data: Paired, task: str, seed: int, gates: list[Gate],
         cmp = paired_mean(data.base, data.other, data.metric, seed)
         method = "t"
     base_value = data.base_value()
+    recovery = data.other_value() / base_value if desc.higher_is_better and base_value > 0 else None
     out = Comparison(metric=data.metric, higher_is_better=desc.higher_is_better, delta=cmp.delta, ci=cmp.ci,
-                     ci_method=method, p_value=cmp.p_value, flips_to_wrong=cmp.flips_to_wrong,
+                     ci_method=method, p_value=p_value(cmp.p_value), flips_to_wrong=cmp.flips_to_wrong,
                      flips_to_right=cmp.flips_to_right, n=cmp.n,
                      repeats=None if data.repeats is None else int(data.repeats[0].shape[1]),
-                     recovery=data.other_value() / base_value if desc.higher_is_better and base_value > 0 else None)
+                     recovery=finite(recovery))
     gate = next((g for g in gates if g.task == task), None) or next((g for g in gates if g.task == "all"), None)
     if gate is not None:
         margin = gate.margin(base_value)
@@ -156,6 +162,8 @@ def compare(data: Paired, task: str, seed: int, gates: list[Gate],
 def _gated(cmp: PairedComparison, higher_is_better: bool, margin: float) -> dict[str, object]:
     """The verdict, with the floor on n (stats.MIN_PAIRED_N: fewer documents are inconclusive
     whatever the interval says) and, when inconclusive, the documents that would decide it."""
+    if not all(np.isfinite((cmp.delta, *cmp.ci, margin))):  # scores that were not numbers: no evidence
+        return {"verdict": "inconclusive", "verdict_reason": NON_FINITE_REASON}
     result = verdict(cmp.ci, higher_is_better, margin)
     reason = small_sample_reason(cmp.n)
     if reason is not None:
@@ -218,6 +226,10 @@ def adjust_p_values(block: dict[str, Comparison]) -> dict[str, Comparison]:
     manufacture a false alarm; sets `p_adjusted` beside each raw `p_value`."""
     from scipy.stats import false_discovery_control
 
+    # a p-value that is not a probability (NaN, from scores that were not numbers) is no evidence:
+    # left out of the adjustment, with none of its own, rather than failing the whole run
+    block = {t: c if c.p_value is None or p_value(c.p_value) is not None else
+             c.model_copy(update={"p_value": None, "p_adjusted": None}) for t, c in block.items()}
     items = [(t, c) for t, c in block.items() if c.p_value is not None]
     if not items:
         return block

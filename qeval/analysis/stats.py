@@ -106,7 +106,7 @@ def paired_ratio(base_num: np.ndarray, other_num: np.ndarray, den: np.ndarray, m
     d = other_num.astype(float) - base_num.astype(float)
     n, mean_den = len(den), float(den.mean())
     delta = float(d.sum() / den.sum())
-    p = float(sps.wilcoxon(other_num / den, base_num / den).pvalue) if np.any(d != 0) else 1.0
+    p = p_value(float(sps.wilcoxon(other_num / den, base_num / den).pvalue)) if np.any(d != 0) else 1.0
     if n < 2:  # no spread to estimate: the change could be as large as the document's own value
         half = float(max(np.abs(base_num / den).max(), np.abs(other_num / den).max(), abs(delta)))
         return PairedComparison(metric, delta, (delta - half, delta + half), p, None, None, n)
@@ -131,7 +131,7 @@ def paired_mean(base: np.ndarray, other: np.ndarray, metric: str, seed: int) -> 
 
         return PairedComparison(metric, 0.0, rule_of_three(n), 1.0, None, None, n, rule_of_three)
     mean = float(diff.mean())
-    p = float(sps.wilcoxon(other, base).pvalue)
+    p = p_value(float(sps.wilcoxon(other, base).pvalue))
     if n < 2:  # no spread to estimate: the change could span the scores' range
         return PairedComparison(metric, mean, (mean - scale, mean + scale), p, None, None, n)
     sd = float(np.std(diff, ddof=1))
@@ -226,7 +226,7 @@ def unpaired_difference(a: np.ndarray, b: np.ndarray, metric: str, den_a: np.nda
     n_a, n_b = len(a), len(b)
     if den_a is None and den_b is None and np.isin(a, (0, 1)).all() and np.isin(b, (0, 1)).all():
         k_a, k_b = float(a.sum()), float(b.sum())
-        p = float(sps.fisher_exact([[k_b, n_b - k_b], [k_a, n_a - k_a]]).pvalue)
+        p = p_value(float(sps.fisher_exact([[k_b, n_b - k_b], [k_a, n_a - k_a]]).pvalue))
         return UnpairedDifference(metric, k_b / n_b - k_a / n_a, newcombe_unpaired_ci(k_a, n_a, k_b, n_b), p,
                                   n_a, n_b, "newcombe")
     est_a, se_a = _estimate(a, den_a)
@@ -239,7 +239,7 @@ def unpaired_difference(a: np.ndarray, b: np.ndarray, metric: str, den_a: np.nda
     # Welch-Satterthwaite degrees of freedom
     df = se ** 4 / (se_a ** 4 / (n_a - 1) + se_b ** 4 / (n_b - 1)) if se_a or se_b else float(n_a + n_b - 2)
     half = float(sps.t.ppf(0.975, df)) * se
-    p = float(2 * sps.t.sf(abs(delta) / se, df))
+    p = p_value(float(2 * sps.t.sf(abs(delta) / se, df)))
     return UnpairedDifference(metric, delta, (delta - half, delta + half), p, n_a, n_b, "welch")
 
 
@@ -270,6 +270,8 @@ def average_difference_ci(diffs: list[float], cis: list[tuple[float, float]],
 def verdict(drop_ci: Interval, higher_is_better: bool, max_drop: float) -> str:
     """Non-inferiority: pass when the CI's worst end is within the margin, fail when the
     whole CI is beyond it, inconclusive otherwise."""
+    if not all(math.isfinite(x) for x in (*drop_ci, max_drop)):
+        return "inconclusive"  # an interval of NaN is no evidence: never a pass (nor a fail)
     worst, best = (drop_ci[0], drop_ci[1]) if higher_is_better else (-drop_ci[1], -drop_ci[0])
     if worst >= -max_drop:
         return "pass"
@@ -279,7 +281,15 @@ def verdict(drop_ci: Interval, higher_is_better: bool, max_drop: float) -> str:
 
 
 def finite(x: float | None) -> float | None:
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
+    """`x`, or None where it is not a finite number (a p-value of NaN is no evidence either way)."""
+    return None if x is None or not math.isfinite(x) else x
+
+
+def p_value(x: float | None) -> float | None:
+    """A test's p-value as evidence: None (no evidence) where it is missing, not finite or not
+    a probability, as a test on NaN scores returns."""
+    x = finite(x)
+    return x if x is not None and 0.0 <= x <= 1.0 else None
 
 
 def small_sample_reason(n: int) -> str | None:
