@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -22,8 +22,13 @@ except ImportError:  # pragma: no cover - depends on the installed typer
     from click import exceptions as _click_errors  # type: ignore[no-redef]
 
 if TYPE_CHECKING:
+    from qeval.config.workload import WorkloadSpec
     from qeval.memory.cluster import Cluster, ClusterRow
+    from qeval.memory.planner import PlanRow
+    from qeval.memory.workload_plan import WorkloadSource
     from qeval.results.schema import Results
+    from qeval.workload.stats import WorkloadStats
+    from qeval.workload.trace import Trace
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Quantization quality-vs-memory evaluation.")
 _err = Console(stderr=True)
@@ -361,14 +366,19 @@ def list_tasks(
 
 @app.command("plan")
 def plan_cmd(
-    model: Annotated[str, typer.Option(help="model folder, config.json path, GGUF file, or hub id")],
-    gpu_gib: Annotated[float, typer.Option(min=0.001, help="GPU memory in GiB")] = 24.0,
-    utilization: Annotated[float, typer.Option(min=0.01, max=1.0, help="share of GPU memory the engine may use")] = 0.9,
-    context_len: Annotated[int, typer.Option(min=1, help="tokens per sequence")] = 4096,
-    margin: Annotated[float, typer.Option(min=0.0, max=0.9, help="share of the KV pool lost to fragmentation "
-                                          "(budget.margin)")] = 0.05,
-    overhead_gib: Annotated[float, typer.Option(min=0.0, help="runtime overhead inside the budget: activations, "
-                                                "workspaces, CUDA context (budget.overhead_gib)")] = 1.0,
+    model: Annotated[str | None, typer.Option(help="model folder, config.json path, GGUF file, or hub id (default "
+                                              "with --workload CONFIG: the config's model)")] = None,
+    gpu_gib: Annotated[float | None, typer.Option(min=0.001, help="GPU memory in GiB [default: 24, or a "
+                                                  "--workload config's budget]")] = None,
+    utilization: Annotated[float | None, typer.Option(min=0.01, max=1.0, help="share of GPU memory the engine may "
+                                                      "use [default: 0.9]")] = None,
+    context_len: Annotated[int | None, typer.Option(min=1, help="tokens per sequence [default: 4096; with "
+                                                    "--workload: max-model-len]")] = None,
+    margin: Annotated[float | None, typer.Option(min=0.0, max=0.9, help="share of the KV pool lost to fragmentation "
+                                                 "(budget.margin) [default: 0.05]")] = None,
+    overhead_gib: Annotated[float | None, typer.Option(min=0.0, help="runtime overhead inside the budget: "
+                                                       "activations, workspaces, CUDA context (budget.overhead_gib) "
+                                                       "[default: 1]")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
     gpus_per_node: Annotated[int | None, typer.Option(min=1, help="cluster view: GPUs per node (of --gpu-gib "
                                                       "each; docs/cluster.md)")] = None,
@@ -380,9 +390,22 @@ def plan_cmd(
     block_size: Annotated[int, typer.Option(min=1, help="vLLM's KV block size in tokens (16 on a GPU)")] = 16,
     max_num_batched_tokens: Annotated[int, typer.Option(min=1, help="vLLM's tokens in flight: sliding-window "
                                                         "and chunked layers keep room for them")] = 2048,
+    workload: Annotated[Path | None, typer.Option(help="a trace (JSON Lines, ShareGPT JSON) or a YAML with a "
+                                                  "workload: block: max-model-len from its lengths, the share it "
+                                                  "refuses, KV blocks per request, prefix sharing "
+                                                  "(docs/performance.md)")] = None,
+    percentile: Annotated[float | None, typer.Option(min=0.001, max=100.0, help="with --workload: max-model-len's "
+                                                     "percentile of prompt + output [default: 99, or the block's "
+                                                     "max_model_len_percentile]")] = None,
+    workload_format: Annotated[str | None, typer.Option(help="a trace file's format: auto, qeval, sharegpt or "
+                                                        "vllm-custom [default: auto]")] = None,
+    custom_output_len: Annotated[int | None, typer.Option(min=1, help="output tokens of each request of a "
+                                                          "vllm-custom trace (vLLM's --custom-output-len) "
+                                                          "[default: 256]")] = None,
 ) -> None:
     """Predict weights, KV cache per token, KV tokens that fit and concurrent sequences per setup;
-    with --gpus-per-node, also the GPUs each setup needs on a cluster and how many run at once."""
+    with --gpus-per-node, also the GPUs each setup needs on a cluster and how many run at once;
+    with --workload, max-model-len from the workload's lengths and the concurrency they allow."""
     import json
 
     from qeval.memory.capacity import Budget
@@ -391,18 +414,35 @@ def plan_cmd(
     from qeval.memory.planner import load_model_config, plan, plan_json
 
     try:
-        _check_plan_options(gpu_gib=gpu_gib, utilization=utilization, margin=margin, overhead_gib=overhead_gib)
+        _check_plan_options(**{k: v for k, v in (("gpu_gib", gpu_gib), ("utilization", utilization),
+                                                 ("margin", margin), ("overhead_gib", overhead_gib),
+                                                 ("percentile", percentile)) if v is not None})
         if gpus_per_node is None and (nodes is not None or concurrency is not None):
             raise UserError(f"{'--nodes' if nodes is not None else '--concurrency'} applies to the cluster view: "
                             "give --gpus-per-node too")
+        if workload is None and (percentile, workload_format, custom_output_len) != (None, None, None):
+            raise UserError("--percentile, --workload-format and --custom-output-len apply to --workload: give it too")
+        if workload is not None and context_len is not None:
+            raise UserError("--context-len and --workload: the workload's max-model-len is the context")
         nodes, concurrency = nodes or 1, concurrency or 1
-        budget = Budget(gpu_memory_gib=gpu_gib, utilization=utilization, context_len=context_len,
-                        overhead_gib=overhead_gib, margin=margin)
+        source = _workload_source(workload, workload_format, custom_output_len) if workload else None
+        run_cfg = source.run if source else None
+        model = model or (run_cfg.model.path if run_cfg else None)
+        if model is None:
+            raise UserError("--model is required (or --workload with a run config, whose model is planned)")
+        given = {"gpu_memory_gib": gpu_gib, "utilization": utilization, "context_len": context_len,
+                 "overhead_gib": overhead_gib, "margin": margin}
+        budget = Budget(**((run_cfg.budget if run_cfg else Budget()).model_dump()
+                           | {k: v for k, v in given.items() if v is not None}))
         if engine not in ("vllm", "hf"):
             raise UserError(f"--engine {engine}: expected vllm or hf")
         vllm = VllmCache(block_size=block_size, in_flight_tokens=max_num_batched_tokens, state_pages=2,
                          kernel_block=block_size)
         config = load_model_config(model)
+        planned = _plan_workload(source, model, config, percentile, block_size) if source else None
+        if planned:
+            budget = Budget(**(budget.model_dump() | {"context_len": planned[0].max_model_len}))
+        context_len = budget.context_len
         rows = plan(config, budget, engine=engine, vllm=vllm)  # type: ignore[arg-type]  # checked above
         cluster = Cluster(nodes, gpus_per_node) if gpus_per_node else None
         grouped = cluster_plan(config, budget, cluster, concurrency, engine=engine,  # type: ignore[arg-type]
@@ -410,13 +450,16 @@ def plan_cmd(
     except UserError as exc:
         _fail(exc)
         return
+    gpu_gib = budget.gpu_memory_gib
     if as_json:
         out = plan_json(rows)
         if cluster and grouped:
             out["cluster"] = cluster_json(*grouped, cluster, gpu_gib, concurrency)
+        if planned and source:
+            out["workload"] = _workload_json(planned, rows, source.spec)
         print(json.dumps(out, indent=2))
         return
-    title = escape(f"{model} on {gpu_gib:g} GiB x {utilization:g} ({engine})")
+    title = escape(f"{model} on {gpu_gib:g} GiB x {budget.utilization:g} ({engine})")
     table = Table("setup", "weights", "KV / token", f"KV / sequence @ {context_len}", "KV tokens",
                   f"sequences @ {context_len}", title=title)
     for r in rows:
@@ -434,6 +477,83 @@ def plan_cmd(
                                "shortest window or chunk"))
     if cluster and grouped:
         _print_cluster(model, cluster, gpu_gib, context_len, concurrency, *grouped)
+    if planned and source:
+        _print_workload(planned, rows, source.spec)
+
+
+def _workload_source(path: Path, fmt: str | None, custom_output_len: int | None) -> WorkloadSource:
+    from qeval.memory.workload_plan import workload_source
+
+    return workload_source(path, fmt, custom_output_len)
+
+
+def _plan_workload(source: WorkloadSource, model: str, config: dict[str, Any], percentile: float | None,
+                   block_size: int) -> tuple[WorkloadStats, Trace]:
+    """The workload's requests, checked against the model's context (a run config's
+    model.max_context, else config.json's), and their plan at the percentile and block size."""
+    from qeval.memory.workload_plan import model_context, tokenizer_source
+    from qeval.workload.draw import requests_of
+    from qeval.workload.stats import summarize
+    from qeval.workload.tokens import TokenCounter
+
+    run = source.run
+    own = run is not None and run.model.path == model  # --model names another model: its own context
+    context = run.model.max_context if run is not None and own else model_context(config)
+    tok, why = tokenizer_source(model)
+    counter = TokenCounter(tok, run.model.trust_remote_code if run and own else False,
+                           run.model.revision if run and own else None, why)
+    trace = requests_of(source.spec, counter, context)
+    return summarize(trace, percentile or source.spec.max_model_len_percentile, block_size, context), trace
+
+
+def _workload_json(planned: tuple[WorkloadStats, Trace], rows: list[PlanRow], spec: WorkloadSpec) -> dict[str, Any]:
+    from qeval.memory.workload_plan import serving_rows, workload_json
+
+    stats, trace = planned
+    slo = spec.slo.model_dump() if spec.slo else None
+    return workload_json(stats, serving_rows(rows, stats), trace.source, trace.format, trace.skipped, trace.arrivals,
+                         slo)
+
+
+def _print_workload(planned: tuple[WorkloadStats, Trace], rows: list[PlanRow], spec: WorkloadSpec) -> None:
+    """The workload's lengths, max-model-len and what it refuses, blocks, sharing, and each setup's
+    concurrency on the distribution beside the worst case."""
+    from qeval.memory.workload_plan import serving_rows
+
+    stats, trace = planned
+    out = Console()
+    skipped = f", {trace.skipped} entries skipped (no prompt-answer pair)" if trace.skipped else ""
+    out.print(escape(f"workload: {trace.source} ({trace.format}), {stats.requests:,} requests{skipped}; "
+                     f"arrivals: {trace.arrivals}"))
+    lengths = Table("tokens", "p50", "p90", "p95", "p99", "max", "mean", title="request lengths")
+    for name, ls in (("prompt", stats.prompt), ("output", stats.output), ("prompt + output", stats.total)):
+        lengths.add_row(name, *(f"{v:,}" for v in (ls.p50, ls.p90, ls.p95, ls.p99, ls.max)), f"{ls.mean:,.1f}")
+    out.print(lengths)
+    p = f"p{stats.percentile:g}"
+    out.print(escape(f"max-model-len {stats.max_model_len:,}: {p} of prompt + output ({stats.percentile_tokens:,} "
+                     f"tokens) rounded up to whole {stats.block_size}-token KV blocks; it refuses {stats.refused:,} "
+                     f"of {stats.requests:,} requests ({stats.refused_share:.1%})"))
+    b = stats.blocks
+    out.print(escape(f"KV blocks per admitted request (paged attention, ceil(tokens / {stats.block_size})): mean "
+                     f"{b.mean:g}, {p} {b.at_percentile:,}, max {b.max:,}, against "
+                     f"{-(-stats.max_model_len // stats.block_size):,} at max-model-len"))
+    if stats.prefix:
+        x = stats.prefix
+        out.print(escape(f"prefix caching: {x.groups:,} shared-prefix group(s), {x.requests_sharing:,} request(s) "
+                         f"reuse a prefix: {x.blocks_saved:,} blocks saved ({x.share_saved:.1%} of the blocks), mean "
+                         f"{x.mean_blocks_with_cache:g} blocks per request"))
+    serving = serving_rows(rows, stats)
+    table = Table("setup", "KV pool (blocks)", f"worst case @ {stats.max_model_len:,}", "distribution (mean)",
+                  f"at {p}", "with prefix cache", title="concurrent requests the KV pool holds")
+    for r in serving:
+        cached = f"{r.concurrency_with_prefix_cache:,.1f}" if r.concurrency_with_prefix_cache is not None else "-"
+        table.add_row(escape(r.setup), f"{r.pool_blocks:,}", f"{r.worst_case_concurrency:,.1f}",
+                      f"{r.concurrency_mean:,.1f}", f"{r.concurrency_at_percentile:,.1f}", cached)
+    out.print(table)
+    if spec.slo:
+        targets = ", ".join(f"{k.removesuffix('_ms')} {v:g} ms" for k, v in spec.slo.targets().items())
+        out.print(escape(f"SLO at p{spec.slo.percentile:g}: {targets} (recorded; the load measurement against it "
+                         "is not built yet)"))
 
 
 def _mib(n: int) -> str:

@@ -11,7 +11,7 @@ from tests.conftest import ROOT
 
 QEVAL = ROOT / "qeval"
 #: §2a's order, lowest first; packages on one row are peers and may not import each other
-LAYERS = [["errors", "strict", "version"], ["files"], ["config"], ["results"], ["records"], ["memory"],
+LAYERS = [["errors", "strict", "version"], ["files"], ["config"], ["workload"], ["results"], ["records"], ["memory"],
           ["backends"], ["perf", "quantize"], ["analysis"], ["report"], ["tasks"], ["advise"], ["run"],
           ["sweep", "notebook"], ["tracking", "compare"], ["cli"], ["__init__"]]
 #: (importing file, imported module) pairs that run up the order on purpose: each named in §2a

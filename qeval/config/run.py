@@ -27,6 +27,7 @@ from qeval.config.quantize import QuantizeSpec
 from qeval.config.server import ServerSpec
 from qeval.config.setups import Setup
 from qeval.config.tracking import TrackingSpec
+from qeval.config.workload import WorkloadSpec
 from qeval.errors import UserError
 from qeval.files.names import NAME_PATTERN
 from qeval.files.yaml import load_yaml
@@ -96,6 +97,9 @@ class RunConfig(ChatKeys):
     #: the mixed-precision advisor run first, its advised setup added to the run (docs/advisor.md,
     #: "In a run"); checked against the setups and the model at preflight (qeval/run/advice.py)
     advise: AdviseSpec | None = None
+    #: the traffic the deployment will serve and its SLOs (docs/performance.md, "The workload and the
+    #: plan"): read by `qeval plan --workload`; it changes no number a run computes today
+    workload: WorkloadSpec | None = None
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
@@ -137,11 +141,11 @@ class RunConfig(ChatKeys):
 
     def as_json(self) -> dict[str, Any]:
         """The config as results.json and the config hash hold it: `kinds` left out while empty,
-        and the chat keys, `advise` and `server` while unset, so a config that uses none of them
+        and the chat keys, `advise`, `server` and `workload` while unset, so a config that uses none of them
         reads and hashes as before those keys existed, and
         `tracking` always (it changes no number, and its URI may carry credentials)."""
         unset = ({"kinds"} if not self.kinds else set()) | ({"advise"} if self.advise is None else set()) \
-            | ({"server"} if self.server is None else set())
+            | ({"server"} if self.server is None else set()) | ({"workload"} if self.workload is None else set())
         out = self.model_dump(mode="json", exclude={"tracking"} | unset)
         # the chat keys likewise while unset, at the top and in each lm-eval task
         for piece in [out, *((out.get("lm_eval") or {}).get("tasks") or [])]:
@@ -227,6 +231,10 @@ def config_from_dict(raw: dict[str, object], path: Path, where: str = "",
     cfg.tasks_dir = _resolve(cfg.tasks_dir, path.parent, must_exist=bool(cfg.tasks), key="tasks_dir")
     if cfg.advise and cfg.advise.text:  # a file: its existence is checked at preflight, in one line
         cfg.advise.text = _resolve(cfg.advise.text, path.parent, must_exist=False)
+    if cfg.workload and cfg.workload.trace:  # a file, read by `qeval plan --workload`: here only found
+        cfg.workload.trace = _resolve(cfg.workload.trace, path.parent, must_exist=False)
+        if not Path(cfg.workload.trace).is_file():
+            raise UserError(f"{path}: workload.trace {cfg.workload.trace}: file not found")
     cal = cfg.quantize.calibration
     if cal.path:
         cal.path = _resolve(cal.path, path.parent, must_exist=False)
