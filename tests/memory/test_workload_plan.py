@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import MODEL, TASKS, run_cli
+from conftest import MODEL, ROOT, TASKS, run_cli
 
 from qeval.config.run import load_config
 from qeval.config.workload import WorkloadSpec
@@ -20,6 +20,8 @@ from qeval.workload.draw import draw
 from qeval.workload.stats import nearest_rank, summarize
 from qeval.workload.tokens import TokenCounter
 from qeval.workload.trace import MAX_TRACE_BYTES, read_trace
+
+SHIPPED = ROOT / "configs" / "workloads" / "gsm8k.jsonl"
 
 #: totals 15, 32, 33, 19; line 3 shares line 2's 16-token prefix (one 16-token block)
 TINY = [{"input_tokens": 10, "output_tokens": 5},
@@ -237,3 +239,14 @@ def test_a_workload_yaml_alone_is_read_against_its_folder(tmp_path: Path) -> Non
     src = workload_source(tmp_path / "w.yaml", None, None)
     assert src.run is None and Path(src.spec.trace or "").is_file() and src.spec.max_model_len_percentile == 50
 
+
+
+def test_the_shipped_trace_loads() -> None:
+    trace = read_trace(SHIPPED, context=2048)
+    stats = summarize(trace, 99, 16, context=2048)
+    assert trace.format == "qeval" and 200 <= stats.requests <= 1000
+    assert SHIPPED.stat().st_size < 200_000
+    assert stats.prefix is not None and stats.prefix.blocks_saved > 0  # its 8-shot requests share their exemplars
+    assert stats.refused <= stats.requests // 100 + 1
+    block = workload_source(SHIPPED.with_suffix(".yaml"), None, None).spec  # the block that names it
+    assert Path(block.trace or "").resolve() == SHIPPED.resolve() and block.slo and block.slo.ttft_ms
