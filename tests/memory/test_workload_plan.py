@@ -197,6 +197,10 @@ def test_the_workload_block_validates_and_leaves_other_configs_hashed_as_before(
     assert cfg.workload is not None and cfg.workload.trace == str((tmp_path / "t.jsonl").resolve())
     assert cfg.workload.slo is not None and cfg.workload.slo.percentile == 99
     assert cfg.as_json()["workload"]["slo"]["ttft_ms"] == 500 and cfg.config_hash() != plain.config_hash()
+    src = workload_source(_config(tmp_path, {"trace": "t.jsonl"}), None, None)  # `plan --workload CONFIG`
+    assert src.run is not None and src.run.model.path == str(MODEL.resolve()) and src.spec.trace
+    with pytest.raises(UserError, match="set format and custom_output_len in its workload block"):
+        workload_source(tmp_path / "c.yaml", "qeval", None)
     for bad, why in [({"trace": "nope.jsonl"}, "workload.trace"), ({"trace": "t.jsonl", "requests": 5}, "requests"),
                      ({"input": {"family": "fixed", "value": 5}}, "needs `output`"),
                      ({"trace": "t.jsonl", "slo": {"percentile": 90}}, "slo names no target"),
