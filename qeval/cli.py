@@ -38,6 +38,7 @@ EXIT_OK = 0  # every setup scored (and, under --fail-on-gate, the candidate pass
 EXIT_SETUP_FAILED = 1  # a setup (the baseline included) failed: the comparison is incomplete
 EXIT_BAD_INPUT = 2  # bad input, refused before any model loaded; nothing written
 EXIT_GATE_FAILED = 3  # --fail-on-gate: every setup scored, but the candidate does not pass every gate
+EXIT_NOT_CHECKED = 4  # compare --fail-on-regression: no regression found, but not everything could be checked
 EXIT_INTERRUPTED = 130  # Ctrl-C: rerun the same command to resume
 
 
@@ -298,31 +299,41 @@ def compare_cmd(
     output: Annotated[Path, typer.Option(help="folder for compare.md, compare.html and compare.json")] = Path(
         "reports/compare"),
     fail_on_regression: Annotated[float | None, typer.Option(
-        min=0.0, help="exit 3 when a setup got worse than in the first run by more than MARGIN (in the metric's "
-                      "units: 0.02 is 2 points of accuracy) with 95% confidence")] = None,
+        help="exit 3 when a setup got worse than in the first run by more than MARGIN (in the metric's units: 0.02 "
+             "is 2 points of accuracy) with 95% confidence; exit 4 when a setup or task of the first run could "
+             "not be checked")] = None,
 ) -> None:
     """Compare the same setups across runs: paired by document where the runs scored the same
     data, unpaired (and said so) where not; what changed between them; each setup's key metric
     over the runs.
 
-    Exit codes: 0 compared; 2 bad input; 3 under --fail-on-regression, a setup got worse."""
+    Exit codes: 0 compared; 2 bad input; under --fail-on-regression, 3 a setup got worse, 4 none
+    found but a setup or task of the first run could not be checked."""
     from qeval.compare import compare_runs, write_comparison
 
     try:
-        if fail_on_regression is not None:
-            _check_plan_options(fail_on_regression=fail_on_regression)
+        if fail_on_regression is not None and not (math.isfinite(fail_on_regression) and fail_on_regression >= 0):
+            raise UserError(f"--fail-on-regression {fail_on_regression}: expected a finite number >= 0, in the "
+                            "compared metric's units (0.02: 2 points of accuracy)")
         comparison = compare_runs(runs, fail_on_regression)
         md, html, js = write_comparison(output, comparison)
     except UserError as exc:
         _fail(exc)
         return
     print(f"{md}\n{html}\n{js}")
-    regressions = comparison.regressions()
-    if fail_on_regression is not None:
-        for line in regressions:
+    gated = fail_on_regression is not None
+    for line in comparison.unchecked():
+        print(f"qeval: {'not checked' if gated else 'warning: not checked'}: {line}", file=sys.stderr)
+    if gated:
+        for line in comparison.regressions():
             print(f"qeval: regression: {line}", file=sys.stderr)
-        if regressions:
+        gate = comparison.gate()
+        if gate == "regression":
             raise typer.Exit(EXIT_GATE_FAILED)
+        if gate == "unchecked":
+            print(f"no regression beyond {fail_on_regression:g} found, but {len(comparison.unchecked())} setup(s) or "
+                  "task(s) of the reference run could not be checked: the gate fails", file=sys.stderr)
+            raise typer.Exit(EXIT_NOT_CHECKED)
         print(f"no regression beyond {fail_on_regression:g}", file=sys.stderr)
 
 

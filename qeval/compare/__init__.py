@@ -1,7 +1,9 @@
 """`qeval compare RUN_A RUN_B ...`: the same setups across runs (docs/tracking.md, "Comparing
 runs"). Each later run against the first, setup by setup and task by task, paired by document
-where both scored the same data; what changed between them, from their provenance; each
-setup's key metric over all the runs; and whether any got worse beyond a margin (a CI gate)."""
+where both scored the same data (and chat settings) and their records are what results.json
+reports; what changed between them, from their provenance; each setup's key metric over all
+the runs; and whether any got worse beyond a margin (a CI gate that fails, too, on what it
+could not check)."""
 
 from __future__ import annotations
 
@@ -41,6 +43,19 @@ class RunComparison:
         if self.margin is None:
             return []
         return [f"{o.run.path.name}: {line}" for o in self.others for p in o.setups for line in p.regressions()]
+
+    def unchecked(self) -> list[str]:
+        """One line per setup and task the reference run holds that a later run could not be
+        checked on (absent, not scored, records that are not what results.json reports, too few
+        documents, no interval): a gate that could not check them has not passed."""
+        return [f"{o.run.path.name}: {line}" for o in self.others for p in o.setups for line in p.unchecked()]
+
+    def gate(self) -> str | None:
+        """`--fail-on-regression`'s outcome: "regression", "unchecked" (none found, but not all
+        checked) or "pass"; None without a margin."""
+        if self.margin is None:
+            return None
+        return "regression" if self.regressions() else "unchecked" if self.unchecked() else "pass"
 
 
 def compare_runs(paths: list[Path], margin: float | None = None) -> RunComparison:

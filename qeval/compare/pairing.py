@@ -4,12 +4,14 @@ said so where they did not, and whether the later run got worse beyond a margin.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from qeval.analysis.comparison import compare, document_values, paired_records
 from qeval.analysis.stats import small_sample_reason, unpaired_difference, verdict
+from qeval.compare.evidence import chat_difference, chat_settings, stored_problems
 from qeval.compare.runs import LoadedRun
 from qeval.results.metrics import metric as describe
 from qeval.results.schema import Results, SetupResult
@@ -39,8 +41,12 @@ class TaskDelta:
     flips_to_wrong: int | None = None
     flips_to_right: int | None = None
     #: `--fail-on-regression`: "worse" (the whole 95% interval beyond the margin), "not worse"
-    #: (within it), "inconclusive"; None without a margin
+    #: (within it), "inconclusive", "unchecked" (no evidence to decide: `problem`); None without
+    #: a margin
     verdict: str | None = None
+    #: why this setup and task could not be checked (not scored in this run, records that are
+    #: not what results.json reports, too few documents...): a gate counts it as not checked
+    problem: str | None = None
 
 
 @dataclass
@@ -59,6 +65,13 @@ class SetupPair:
             if self.status_a == "ok" and self.status_b == "failed" else []
         return out + [f"{self.setup} · {t.task}: {t.metric} {_fmt_delta(t)} ({t.method})"
                       for t in self.tasks if t.verdict == "worse"]
+
+    def unchecked(self) -> list[str]:
+        """What the reference run holds that could not be checked here, one line each: a setup
+        ok in the reference and absent here, and each task without the evidence to decide."""
+        if self.status_a == "ok" and self.status_b is None:
+            return [f"{self.setup}: ok in the reference run, not scored in this one"]
+        return [f"{self.setup} · {t.task}: {t.problem}" for t in self.tasks if t.problem and t.verdict != "worse"]
 
 
 def _fmt_delta(t: TaskDelta) -> str:
@@ -80,8 +93,10 @@ def compare_setups(a: LoadedRun, b: LoadedRun, margin: float | None) -> list[Set
             continue
         note = None
         if sa.spec.get("id") != sb.spec.get("id"):
-            note = f"the setup's spec changed (id {sa.spec.get('id')} -> {sb.spec.get('id')})"
+            note = f"the setup's spec changed (id {sa.spec.get('id')} → {sb.spec.get('id')})"
         tasks = [_task(a, b, sa, sb, t, margin) for t in _common_tasks(a.results, b.results, sa, sb)]
+        if sa.status == "ok" and sb.status == "ok":
+            tasks += [_missing(a, b, sa, t, margin) for t in _reference_only(a.results, b.results, sa, sb)]
         pairs.append(SetupPair(name, sa.status, sb.status, tasks, note))
     return pairs
 
@@ -97,6 +112,28 @@ def _common_tasks(a: Results, b: Results, sa: SetupResult, sb: SetupResult) -> l
             if t in b.tasks and t in sa.tasks and t in sb.tasks and info.entry in (None, t)]
 
 
+def _reference_only(a: Results, b: Results, sa: SetupResult, sb: SetupResult) -> list[str]:
+    """Config entries the reference scored for this setup that this run did not."""
+    common = set(_common_tasks(a, b, sa, sb))
+    return [t for t, info in a.tasks.items() if t in sa.tasks and info.entry in (None, t) and t not in common]
+
+
+def _missing(a: LoadedRun, b: LoadedRun, sa: SetupResult, task: str, margin: float | None) -> TaskDelta:
+    """A row for a task the reference scored and this run did not: nothing checked it."""
+    info = a.results.tasks[task]
+    metric = info.compared_metric
+    value = sa.tasks[task].metrics.get(metric)
+    why = "not scored for this setup in this run" if task in b.results.tasks else "not among this run's tasks"
+    return _unchecked(TaskDelta(sa.name, task, metric, describe(metric, info.higher_is_better).higher_is_better,
+                                value.value if value else None, None, None, None, "", False, None,
+                                sa.tasks[task].n, 0, None), why, margin)
+
+
+def _unchecked(t: TaskDelta, problem: str, margin: float | None) -> TaskDelta:
+    t.problem, t.verdict = problem, None if margin is None else "unchecked"
+    return t
+
+
 def _task(a: LoadedRun, b: LoadedRun, sa: SetupResult, sb: SetupResult, task: str,
           margin: float | None) -> TaskDelta:
     info_a, info_b = a.results.tasks[task], b.results.tasks[task]
@@ -104,31 +141,46 @@ def _task(a: LoadedRun, b: LoadedRun, sa: SetupResult, sb: SetupResult, task: st
     desc = describe(metric, info_a.higher_is_better)
     hib = desc.higher_is_better
     if info_b.compared_metric != metric:
-        return TaskDelta(sa.name, task, metric, hib, None, None, None, None, "", False,
-                         f"compared on {metric} in the reference run, on {info_b.compared_metric} here",
-                         sa.tasks[task].n, sb.tasks[task].n, None)
-    ra, rb = a.records(sa.name, task), b.records(sb.name, task)
-    same_data = info_a.fingerprint == info_b.fingerprint
-    reason = None if same_data else (f"different documents or prompting (data fingerprint {info_a.fingerprint[:12]} "
-                                     f"-> {info_b.fingerprint[:12]})")
+        return _unchecked(TaskDelta(sa.name, task, metric, hib, None, None, None, None, "", False, None,
+                                    sa.tasks[task].n, sb.tasks[task].n, None),
+                          f"compared on {metric} in the reference run, on {info_b.compared_metric} here", margin)
+    problems = [f"reference run: {p}" for p in stored_problems(a, sa, task)] \
+        + [f"this run: {p}" for p in stored_problems(b, sb, task)]
+    if problems:  # the records are not what results.json reports: no number is taken from them
+        return _unchecked(_reported(sa, sb, task, metric, hib), "; ".join(problems), margin)
+    ra, rb = a.records(sa.name, task, metric), b.records(sb.name, task, metric)
+    reason = None
+    if info_a.fingerprint != info_b.fingerprint:
+        reason = (f"different documents or prompting (data fingerprint {info_a.fingerprint[:12]} → "
+                  f"{info_b.fingerprint[:12]})")
+    else:  # the fingerprint leaves the chat template and system prompt out: compared here
+        reason = chat_difference(chat_settings(a, sa.name, task), chat_settings(b, sb.name, task))
     if not ra or not rb:
         return _from_scores(sa, sb, task, metric, hib, "no per-document records", margin)
-    if same_data:
+    if reason is None:
         data = paired_records(ra, rb, metric)
         if data is not None:
-            seed = int(a.results.config.get("seed", 0))
-            c = compare(data, task, seed, gates=[], higher_is_better=info_a.higher_is_better)
-            return TaskDelta(sa.name, task, metric, hib, data.base_value(), data.other_value(), c.delta, c.ci,
-                             f"paired, {c.ci_method}", True, None, len(ra), len(rb), c.n, c.p_value,
-                             c.flips_to_wrong, c.flips_to_right, _verdict(c.ci, hib, margin, c.n))
+            seed = a.results.config.get("seed")
+            c = compare(data, task, seed if isinstance(seed, int) else 0, gates=[],
+                        higher_is_better=info_a.higher_is_better)
+            return _decided(TaskDelta(sa.name, task, metric, hib, data.base_value(), data.other_value(), c.delta,
+                                      c.ci, f"paired, {c.ci_method}", True, None, len(ra), len(rb), c.n,
+                                      c.p_value, c.flips_to_wrong, c.flips_to_right), margin, c.n)
         reason = "no document pairs (ids or prompts differ)"
     va, da = document_values(ra, metric)
     vb, db = document_values(rb, metric)
     d = unpaired_difference(va, vb, metric, da, db)
     value_a = float(va.sum() / da.sum()) if da is not None else float(va.mean())
     value_b = float(vb.sum() / db.sum()) if db is not None else float(vb.mean())
-    return TaskDelta(sa.name, task, metric, hib, value_a, value_b, d.delta, d.ci, f"unpaired, {d.method}", False,
-                     reason, d.n_a, d.n_b, None, d.p_value, verdict=_verdict(d.ci, hib, margin, min(d.n_a, d.n_b)))
+    return _decided(TaskDelta(sa.name, task, metric, hib, value_a, value_b, d.delta, d.ci, f"unpaired, {d.method}",
+                              False, reason, d.n_a, d.n_b, None, d.p_value), margin, min(d.n_a, d.n_b))
+
+
+def _reported(sa: SetupResult, sb: SetupResult, task: str, metric: str, hib: bool) -> TaskDelta:
+    """A row with the two reported scores and nothing computed from the records."""
+    ma, mb = sa.tasks[task].metrics.get(metric), sb.tasks[task].metrics.get(metric)
+    return TaskDelta(sa.name, task, metric, hib, ma.value if ma else None, mb.value if mb else None, None, None, "",
+                     False, None, sa.tasks[task].n, sb.tasks[task].n, None)
 
 
 def _from_scores(sa: SetupResult, sb: SetupResult, task: str, metric: str, hib: bool, reason: str,
@@ -138,22 +190,26 @@ def _from_scores(sa: SetupResult, sb: SetupResult, task: str, metric: str, hib: 
     ma, mb = sa.tasks[task].metrics.get(metric), sb.tasks[task].metrics.get(metric)
     na, nb = sa.tasks[task].n, sb.tasks[task].n
     if ma is None or mb is None:
-        return TaskDelta(sa.name, task, metric, hib, None, None, None, None, "", False, reason, na, nb, None)
+        return _unchecked(TaskDelta(sa.name, task, metric, hib, None, None, None, None, "", False, reason, na, nb,
+                                    None), f"{metric} not reported on both sides", margin)
     delta = mb.value - ma.value
-    ci = None
-    if ma.stderr is not None and mb.stderr is not None:
-        half = 1.959963984540054 * float(np.hypot(ma.stderr, mb.stderr))
-        ci = (delta - half, delta + half)
-    return TaskDelta(sa.name, task, metric, hib, ma.value, mb.value, delta, ci,
-                     "unpaired, normal (reported standard errors)" if ci else "", False, reason, na, nb, None,
-                     verdict=_verdict(ci, hib, margin, min(na, nb)) if ci else None)
+    if ma.stderr is None or mb.stderr is None or not all(map(math.isfinite, (delta, ma.stderr, mb.stderr))):
+        return _unchecked(TaskDelta(sa.name, task, metric, hib, ma.value, mb.value, delta, None, "", False, reason,
+                                    na, nb, None), "no per-document records and no standard errors to compare",
+                          margin)
+    half = 1.959963984540054 * float(np.hypot(ma.stderr, mb.stderr))
+    return _decided(TaskDelta(sa.name, task, metric, hib, ma.value, mb.value, delta, (delta - half, delta + half),
+                              "unpaired, normal (reported standard errors)", False, reason, na, nb, None),
+                    margin, min(na, nb))
 
 
-def _verdict(ci: tuple[float, float], higher_is_better: bool, margin: float | None, n: int) -> str | None:
-    """The non-inferiority verdict of the later run against the reference, in words; on fewer
-    than MIN_PAIRED_N documents inconclusive whatever the interval says, as a gate is."""
-    if margin is None:
-        return None
-    if small_sample_reason(n) is not None:
-        return "inconclusive"
-    return {"pass": "not worse", "fail": "worse", "inconclusive": "inconclusive"}[verdict(ci, higher_is_better, margin)]
+def _decided(t: TaskDelta, margin: float | None, n: int) -> TaskDelta:
+    """The row with the non-inferiority verdict of the later run against the reference, in words;
+    on fewer than MIN_PAIRED_N documents nothing is decided: not checked, as a gate is not."""
+    few = small_sample_reason(n)
+    if few is not None:
+        return _unchecked(t, few, margin)
+    if margin is not None and t.ci is not None:
+        t.verdict = {"pass": "not worse", "fail": "worse", "inconclusive": "inconclusive"}[
+            verdict(t.ci, t.higher_is_better, margin)]
+    return t

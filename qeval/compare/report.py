@@ -7,6 +7,9 @@ from __future__ import annotations
 import dataclasses
 import html
 import json
+import math
+import os
+import secrets
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +19,7 @@ import jinja2
 
 from qeval.compare.history import history_figure
 from qeval.compare.pairing import SetupPair, TaskDelta
-from qeval.files.atomic import atomic_write_bytes
+from qeval.errors import UserError
 from qeval.report.html import inline_svg
 from qeval.report.plots import svg_of
 from qeval.report.tables import Escape, md_table, md_text
@@ -40,6 +43,8 @@ def delta_rows(pairs: list[SetupPair], esc: Escape) -> list[list[str]]:
         for t in p.tasks:
             m = describe(t.metric, t.higher_is_better)
             verdict = t.verdict or ""
+            if t.problem:
+                verdict = f"{verdict or 'not checked'}: {t.problem}"
             if t.unpaired_reason:
                 verdict = f"{verdict}; unpaired: {t.unpaired_reason}".lstrip("; ")
             if p.note:
@@ -73,7 +78,9 @@ def _n(t: TaskDelta) -> str:
 def _legend(margin: float | None) -> str:
     gate = ("" if margin is None else
             f" Verdict with --fail-on-regression {margin:g} (in each metric's units: 0.02 is 2 points of accuracy): "
-            "worse when the whole interval lies beyond the margin on the bad side, not worse when within it.")
+            "worse when the whole interval lies beyond the margin on the bad side, not worse when within it, "
+            "inconclusive otherwise; unchecked when there is no evidence to decide (not scored here, records that "
+            "are not what results.json reports, fewer than 6 documents), which fails the gate.")
     return ("Δ is this run minus the reference run. Paired: the documents both runs scored on the same data "
             "(fingerprint), with the statistics a setup gets against its baseline (Newcombe's paired interval "
             "for accuracies, a t-interval for bits per byte; docs/statistics.md). Unpaired: the runs scored "
@@ -88,10 +95,13 @@ def render_markdown(c: RunComparison) -> str:
                       [[str(i + 1), md_text(r.path), md_text(r.results.run.name), r.results.run.config_hash[:12],
                         md_text(r.results.run.qeval_version), md_text(r.results.run.finished or "—")]
                        for i, r in enumerate(c.runs)])
-    regressions = c.regressions()
+    regressions, unchecked = c.regressions(), c.unchecked()
     if c.margin is not None:
         lines += ["", f"**Regressions beyond {c.margin:g}:** "
-                  + ("; ".join(md_text(x) for x in regressions) if regressions else "none") + "."]
+                  + ("; ".join(md_text(x) for x in regressions) if regressions else "none found") + "."]
+    if unchecked:
+        lines += ["", f"**Not checked ({len(unchecked)}{'; the gate fails' if c.margin is not None else ''}):** "
+                  + "; ".join(md_text(x) for x in unchecked) + "."]
     for other in c.others:
         lines += ["", f"## {md_text(other.run.path)} against {md_text(c.runs[0].path)}", "",
                   *md_table(DELTA_HEADER, delta_rows(other.setups, md_text)), "", _legend(c.margin), "",
@@ -131,7 +141,10 @@ th { background: #f2f2f2; }
 {% for r in runs %}<tr>{% for cell in r %}<td>{{ cell }}</td>{% endfor %}</tr>{% endfor %}</table>
 {% if margin is not none %}{% if regressions %}
 <p class="regression" id="regressions">Regressions beyond {{ margin }}: {{ regressions | join("; ") }}</p>
+{% elif unchecked %}<p class="regression" id="regressions">No regression beyond {{ margin }} found, but not everything
+the reference run holds could be checked: the gate fails.</p>
 {% else %}<p class="ok" id="regressions">No regression beyond {{ margin }}.</p>{% endif %}{% endif %}
+{% if unchecked %}<p class="regression" id="unchecked">Not checked: {{ unchecked | join("; ") }}</p>{% endif %}
 {% for o in others %}
 <h2>{{ o.title }}</h2>
 <table class="deltas"><tr>{% for h in delta_header %}<th>{{ h }}</th>{% endfor %}</tr>
@@ -173,7 +186,8 @@ def render_html(c: RunComparison) -> str:
     others = [{"title": f"{o.run.path} against {c.runs[0].path}", "rows": delta_rows(o.setups, str),
                "changes": [[ch.what, ch.a or "—", ch.b or "—"] for ch in o.changes]} for o in c.others]
     return _ENV.from_string(_TEMPLATE).render(
-        runs=runs, margin=None if c.margin is None else f"{c.margin:g}", regressions=c.regressions(), others=others,
+        runs=runs, margin=None if c.margin is None else f"{c.margin:g}", regressions=c.regressions(),
+        unchecked=c.unchecked(), others=others,
         delta_header=DELTA_HEADER, change_header=CHANGE_HEADER, legend=_legend(c.margin),
         plot=_plot(lambda: svg_of(history_figure, c.history)), history_runs=c.history.runs,
         history=[(t, *c.history.rows(t)) for t in c.history.metrics])
@@ -182,7 +196,8 @@ def render_html(c: RunComparison) -> str:
 def comparison_json(c: RunComparison) -> dict[str, Any]:
     """compare.json: the runs, each later run's per-setup deltas and provenance changes, the
     history and the regressions."""
-    return {"compare_version": 1, "margin": c.margin, "regressions": c.regressions(),
+    return {"compare_version": 1, "margin": c.margin, "gate": c.gate(), "regressions": c.regressions(),
+            "unchecked": c.unchecked(),
             "runs": [{"path": str(r.path), "name": r.results.run.name, "config_hash": r.results.run.config_hash,
                       "finished": r.results.run.finished} for r in c.runs],
             "comparisons": [{"reference": str(c.runs[0].path), "run": str(o.run.path),
@@ -193,10 +208,62 @@ def comparison_json(c: RunComparison) -> dict[str, Any]:
 
 def write_comparison(out: Path, c: RunComparison) -> tuple[Path, Path, Path]:
     """compare.md, compare.html and compare.json in `out` (fixed names: nothing from the runs
-    becomes a path)."""
-    out.mkdir(parents=True, exist_ok=True)
+    becomes a path), as a set: all three rendered before anything is written, each written to
+    a temporary file, and only then all three renamed into place, so the folder never holds
+    files of two comparisons. A folder that cannot hold them is one UserError."""
+    contents = [render_markdown(c).encode(), render_html(c).encode(),
+                (json.dumps(_finite(comparison_json(c)), indent=2, allow_nan=False) + "\n").encode()]
     paths = out / "compare.md", out / "compare.html", out / "compare.json"
-    atomic_write_bytes(paths[0], render_markdown(c).encode())
-    atomic_write_bytes(paths[1], render_html(c).encode())
-    atomic_write_bytes(paths[2], (json.dumps(comparison_json(c), indent=2, allow_nan=False) + "\n").encode())
+    _check_output(out, paths)
+    temps: list[Path] = []
+    try:
+        for path, data in zip(paths, contents, strict=True):
+            temps.append(_write_temp(path, data))
+        for tmp, path in zip(temps, paths, strict=True):
+            os.replace(tmp, path)
+    except OSError as exc:
+        for tmp in temps:
+            tmp.unlink(missing_ok=True)
+        raise UserError(f"--output {out}: cannot write the comparison there ({exc.strerror or exc})") from None
     return paths
+
+
+def _check_output(out: Path, paths: tuple[Path, ...]) -> None:
+    """`out` is a folder qeval can create or write into, and none of the three names in it is
+    a folder: one UserError otherwise, before anything is written."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--output {out}: exists and is not a folder (give a folder for compare.md, compare.html "
+                        "and compare.json)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--output {out}: cannot create it ({exc.strerror or exc})") from None
+    taken = [p.name for p in paths if p.is_dir() and not p.is_symlink()]
+    if taken:
+        raise UserError(f"--output {out}: {', '.join(taken)} is a folder; refusing to replace it")
+
+
+def _write_temp(path: Path, data: bytes) -> Path:
+    """`data` in a new temporary file beside `path`, flushed to disk."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def _finite(value: Any) -> Any:
+    """compare.json's content with every non-finite number as null (JSON has none)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value

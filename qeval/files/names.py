@@ -26,9 +26,10 @@ def check_name(kind: str, name: str) -> str:
 
 
 def inside(root: Path, *parts: str) -> Path:
-    """root/parts..., refused unless it resolves inside root (symlinks followed)."""
+    """root/parts..., refused unless it resolves inside root (symlinks followed); used to read
+    as well as to write, so the refusal names neither."""
     path = root.joinpath(*parts)
     base = root.resolve()
     if not path.resolve().is_relative_to(base):
-        raise UserError(f"refusing to write {path}: it resolves outside the run directory {base}")
+        raise UserError(f"refusing {path}: it resolves outside the run directory {base} (a link out of it?)")
     return path

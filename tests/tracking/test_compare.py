@@ -33,7 +33,9 @@ def edit_results(run: Path, change: Any) -> None:
 
 
 def flip_to_wrong(run: Path, setup: str, task: str, keep: int = 0) -> int:
-    """Every right answer of `setup` on `task` made wrong, but the first `keep`; how many flipped."""
+    """Every right answer of `setup` on `task` made wrong, but the first `keep`; how many flipped.
+    The meta file and results.json are made to report the new accuracy, as a run that scored
+    these answers would (compare refuses records that are not what results.json reports)."""
     path = run / "samples" / setup / f"{task}.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     flipped = 0
@@ -43,7 +45,19 @@ def flip_to_wrong(run: Path, setup: str, task: str, keep: int = 0) -> int:
         elif r["correct"]:
             keep -= 1
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report_accuracy(run, setup, task, sum(r["correct"] for r in rows) / len(rows))
     return flipped
+
+
+def report_accuracy(run: Path, setup: str, task: str, acc: float) -> None:
+    """`setup`'s accuracy on `task` as its meta file and results.json report it."""
+    meta_path = run / "samples" / setup / f"{task}.meta.json"
+    meta = json.loads(meta_path.read_text())
+    metric = "acc" if "acc" in meta["metrics"] else "exact_match"
+    meta["metrics"][metric]["value"] = acc
+    meta_path.write_text(json.dumps(meta))
+    edit_results(run, lambda d: next(s for s in d["setups"] if s["name"] == setup)["tasks"][task]["metrics"][metric]
+                 .update(value=acc))
 
 
 def compare(tmp: Path, *runs: Path, margin: str | None = None) -> tuple[Any, dict[str, Any], str, str]:
@@ -84,7 +98,14 @@ def test_paired_delta_is_the_same_statistic_a_setup_gets_against_its_baseline(tm
     the 2x2 table of the documents' outcomes (results.json's was a bootstrap when it was written)."""
     other = copy_run(tmp_path, "b")
     for task in ("compare_mc", "addition"):
-        shutil.copy(V1 / "samples" / "kv-int2" / f"{task}.jsonl", other / "samples" / "bf16" / f"{task}.jsonl")
+        for part in ("jsonl", "meta.json"):  # the records and the meta that marks them stored
+            shutil.copy(V1 / "samples" / "kv-int2" / f"{task}.{part}", other / "samples" / "bf16" / f"{task}.{part}")
+
+    def scores_of_kv_int2(d: dict[str, Any]) -> None:
+        setups = {s["name"]: s for s in d["setups"]}
+        setups["bf16"]["tasks"] |= {t: setups["kv-int2"]["tasks"][t] for t in ("compare_mc", "addition")}
+
+    edit_results(other, scores_of_kv_int2)
     _, report, _, _ = compare(tmp_path, V1, other)
     results = json.loads((V1 / "results.json").read_text())
     kv = next(s for s in results["setups"] if s["name"] == "kv-int2")
