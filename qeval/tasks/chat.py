@@ -9,6 +9,7 @@ enters each task's resume key (qeval/records/keys.py)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from qeval.config.chat import ChatChoice, ChatKeys, merge_chat
 from qeval.errors import UserError
+from qeval.tasks.templates import bounded_render
 
 if TYPE_CHECKING:
     from qeval.config import ModelSpec
@@ -55,11 +57,25 @@ class Chat:
         assert self.template is not None, "apply() needs a template"
         kw = {"tokenize": False, "add_generation_prompt": add_generation_prompt,
               "continue_final_message": not add_generation_prompt, "chat_template": self.template}
+        _bound(self.template)
         try:
-            return str(self.tokenizer.apply_chat_template(messages, **kw))
-        except jinja2.exceptions.TemplateError:
-            kept = [m for m in messages if m["role"] != "system"]
-            return str(self.tokenizer.apply_chat_template(kept, **kw))
+            try:
+                return str(self.tokenizer.apply_chat_template(messages, **kw))
+            except jinja2.exceptions.SecurityError:
+                raise
+            except jinja2.exceptions.TemplateError:
+                kept = [m for m in messages if m["role"] != "system"]
+                return str(self.tokenizer.apply_chat_template(kept, **kw))
+        except jinja2.exceptions.SecurityError as exc:  # the sandbox held, or a bound was reached
+            raise UserError(f"the model's chat template{self._named}: refused by the sandbox: "
+                            f"{_first_line(exc)}") from None
+        except Exception as exc:  # noqa: BLE001 - a template is a program from the model folder: one line
+            raise UserError(f"the model's chat template{self._named}: cannot render: {type(exc).__name__}: "
+                            f"{_first_line(exc)}") from None
+
+    @property
+    def _named(self) -> str:
+        return f" {self.name!r}" if self.name else ""
 
     def prompt(self, text: str) -> str:
         """A native task's prompt: the system message and the document as one user turn,
@@ -79,6 +95,27 @@ class Chat:
         if self.template is not None:
             body["probe"] = self.apply(_PROBE)
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return text if len(text) <= 300 else text[:300] + "…"
+
+
+def _bound(source: str) -> None:
+    """Make transformers' compiled template for `source` (cached by source: the one its
+    `apply_chat_template` renders) render by streaming under qeval's bounds: at most
+    1,000,000 characters and 5 s (qeval/tasks/templates.py). Its sandbox is transformers' own;
+    the bounds are what it lacks: a template that renders 90 million characters hung the run."""
+    from transformers.utils import chat_template_utils
+
+    compile_template = getattr(chat_template_utils, "_compile_jinja_template", None)
+    if compile_template is None:  # pragma: no cover - another transformers: the rendered size is checked after
+        return
+    compiled = compile_template(source)
+    if not getattr(compiled, "_qeval_bounded", False):
+        compiled.render = functools.partial(bounded_render, compiled)
+        compiled._qeval_bounded = True
 
 
 def _delimit(prefix: str | None, suffix: str, delimiter: str) -> str:
@@ -111,7 +148,12 @@ class ChatResolver:
             return Chat(choice, None)
         tok = self.tokenizer()
         source, name = select_template(tok, choice.template, where)
-        return Chat(choice, source, name, tok)
+        chat = Chat(choice, source, name, tok)
+        try:  # compiled and rendered once on the probe conversation, here at preflight (its hash)
+            _ = chat.sha256
+        except UserError as exc:
+            raise UserError(f"{where}: chat_template: {exc}") from None
+        return chat
 
 
 def load_tokenizer(model: ModelSpec) -> Any:

@@ -10,7 +10,8 @@ mutate. qeval bounds what a template may build on top, at three depths:
 - while rendering: the output is streamed and refused past `_MAX_RENDERED` characters
   (nested `range` loops), past `_MAX_ITERATIONS` range() items (loops that print nothing),
   and past `_MAX_SECONDS` (a SIGALRM timer in the main thread; elsewhere at each output piece);
-- every Template this environment makes renders that way, lm-eval's included.
+- every Template this environment makes renders that way, lm-eval's included, and so does a
+  model's own chat template, compiled by transformers' sandbox (`bounded_render`, tasks/chat.py).
 
 (lm-evaluation-harness renders its own task templates with a plain Environment; qeval's are not.)
 """
@@ -164,6 +165,12 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         if getattr(method, "__name__", None) in ("format", "format_map"):
             _check_widths(getattr(method, "__self__", None), _FORMAT_WIDTH)
         return _bounded(super().call(__context, __obj, *args, **kwargs))
+
+
+def bounded_render(template: jinja2.Template, *args: Any, **kwargs: Any) -> str:
+    """Any compiled `template` (another library's, e.g. transformers' chat templates) rendered by
+    streaming under the same output and time bounds as qeval's own: SecurityError past them."""
+    return _BoundedTemplate.render(template, *args, **kwargs)  # type: ignore[arg-type]
 
 
 def sandbox_environment() -> jinja2.Environment:

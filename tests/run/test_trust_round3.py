@@ -5,6 +5,7 @@ refused at `qeval validate` in one line with exit 2, before any model loads."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,48 @@ def test_a_checkpoint_description_is_bounded() -> None:
     groups = {f"g{i}": {"targets": ["Linear"] * 5000, "weights": {"num_bits": 4}} for i in range(50)}
     text = describe({"quant_method": "compressed-tensors", "config_groups": groups, "ignore": "x" * 10**6})["text"]
     assert "and 40 more groups" in text and len(text) < 3000
+
+
+# -- the model's own chat template: checked at validate, bounded at every render (point 9) ----------
+
+def _model_with_template(tmp: Path, template: str) -> Path:
+    model = tmp / "model"
+    shutil.copytree(MODEL, model)
+    tok = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps(tok | {"chat_template": template}))
+    return model
+
+
+@pytest.mark.parametrize(("template", "says"), [
+    ("{{ cycler.__init__.__globals__.os.system('id') }}", "refused by the sandbox"),
+    ("{% for m in messages %}{{ 'x' * 90000000 }}{% endfor %}", "exceeds 1,000,000 characters"),
+    ("{% for m in messages %}{{ m.nope.nope }}{% endfor %}", "cannot render: UndefinedError"),
+])
+def test_a_hostile_chat_template_is_refused_at_validate(tmp_path: Path, template: str, says: str) -> None:
+    """A template reaching `__globals__` passed validate and ended the run in a traceback; one
+    rendering 90 million characters hung the driver. Both are one line at validate now."""
+    cfg = make_config(tmp_path, model={"path": _model_with_template(tmp_path, template)}, chat_template=True)
+    one_line_exit_2(run_cli("validate", str(cfg), timeout=120), says)
+
+
+def test_the_chat_template_is_bounded_at_every_render(tmp_path: Path) -> None:
+    """A template that renders the probe conversation at validate but explodes on a real document
+    (its output grows with the content) is stopped at the document, in one UserError line; an
+    ordinary template renders as transformers renders it."""
+    from qeval.config import ModelSpec
+    from qeval.config.chat import ChatChoice
+    from qeval.errors import UserError
+    from qeval.tasks.chat import ChatResolver
+
+    growing = "{% for m in messages %}{% for c in m.content %}{{ m.content }}{% endfor %}{% endfor %}"
+    chat = ChatResolver(ModelSpec(path=str(_model_with_template(tmp_path, growing))))(
+        ChatChoice(True, None, True), "task t")
+    assert chat is not None and chat.prompt("ab") == "abab"
+    with pytest.raises(UserError, match="exceeds 1,000,000 characters"):
+        chat.prompt("y" * 2000)  # 2,000 x 2,000 characters
+    plain = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+             "{% if add_generation_prompt %}<a>{% endif %}")
+    shutil.rmtree(tmp_path / "model")
+    chat = ChatResolver(ModelSpec(path=str(_model_with_template(tmp_path, plain))))(
+        ChatChoice(True, "S", True), "task t")
+    assert chat is not None and chat.prompt("hi") == "<system>S<user>hi<a>"
