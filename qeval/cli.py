@@ -476,7 +476,7 @@ def plan_cmd(
     for r in rows:
         table.add_row(escape(r.setup), f"{r.weights_bytes / 2**30:.2f} GiB", f"{r.kv_bytes_per_token / 1024:.1f} KiB",
                       _mib(r.kv_bytes_per_sequence), f"{r.kv_cache_tokens:,}",
-                      f"{r.max_concurrency:g}" + ("" if r.fits else " (does not fit)"))
+                      f"{math.floor(r.max_concurrency):,}" + ("" if r.fits else " (does not fit)"))
     Console().print(table)
     first = rows[0]
     if set(first.kv_by_layer_type) != {"full"} or first.state_bytes_per_sequence:
@@ -588,7 +588,7 @@ def _print_cluster(model: str, cluster: Cluster, gpu_gib: float, context_len: in
             table.add_row(escape(r.setup), "does not fit", "", "", "0")
             continue
         table.add_row(escape(r.setup), f"{r.gpus} ({r.tensor_parallel_size} x {r.pipeline_parallel_size})",
-                      f"{r.kv_cache_tokens:,}", f"{r.max_concurrency:g}", str(r.copies_at_once))
+                      f"{r.kv_cache_tokens:,}", f"{math.floor(r.max_concurrency):,}", str(r.copies_at_once))
     Console().print(table)
     Console().print(f"all {len(rows)} setups side by side: {at_once} run at once on this cluster")
 

@@ -77,3 +77,25 @@ def test_advise_seed_is_bounded(tmp_path: Path) -> None:
     _one_line_exit_2(["validate", str(_config(tmp_path, {"budget": "6bpw", "seed": 2**32}))], "advise.seed")
     _one_line_exit_2(["advise", str(_config(tmp_path)), "--budget", "6bpw", "--seed", str(2**64),
                       "--output", str(tmp_path / "a.md")], "--seed")
+
+
+def test_plan_prints_whole_sequences() -> None:
+    """`qeval plan` printed "5009.55 sequences": the table counts whole sequences (floor); --json
+    keeps the exact figure."""
+    import json
+    import math
+    import re
+
+    from tests.conftest import run_cli
+
+    args = ("plan", "--model", str(MODEL), "--gpu-gib", "1", "--context-len", "100", "--overhead-gib", "0")
+    rows = json.loads(run_cli(*args, "--json").stdout)["setups"]
+    assert any(r["max_concurrency"] != int(r["max_concurrency"]) for r in rows)  # a fraction to floor
+    table = run_cli(*args).stdout
+    checked = 0
+    for r in rows:  # a narrow terminal cuts the longest names: the rows whose name shows whole
+        line = next((x for x in table.splitlines() if re.search(rf"[│|] {re.escape(r['setup'])} ", x)), None)
+        if line is not None:
+            assert f" {math.floor(r['max_concurrency']):,} " in line and f"{r['max_concurrency']:g}" not in line, line
+            checked += 1
+    assert checked >= 3, table
