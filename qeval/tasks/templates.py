@@ -11,7 +11,7 @@ mutate. qeval bounds what a template may build on top, at three depths:
   (nested `range` loops), past `_MAX_ITERATIONS` range() items (loops that print nothing),
   and past `_MAX_SECONDS` (a SIGALRM timer in the main thread; elsewhere at each output piece);
 - every Template this environment makes renders that way, lm-eval's included, and so does a
-  model's own chat template, compiled by transformers' sandbox (`bounded_render`, tasks/chat.py).
+  model's own chat template, compiled by transformers' sandbox (`bounded_render`, qeval/tasks/chat.py).
 
 (lm-evaluation-harness renders its own task templates with a plain Environment; qeval's are not.)
 """
