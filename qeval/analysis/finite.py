@@ -100,8 +100,8 @@ def task_problem(task: str, records: Iterable[Mapping[str, Any]], metrics: Any,
     parts = [f"metric {names[0]} is {what}" if len(names) == 1 else f"metrics {', '.join(names)} are {what}"
              for what, names in by_kind.items()]
     parts += [f"{f} is {what} on {count} of {n} document{'' if n == 1 else 's'}" for f, (count, what) in bad.items()]
-    if (what := _worst(kl_distribution)) is not None:
-        parts.append(f"its KL distribution is {what}")
+    if (kl := _worst(kl_distribution)) is not None:
+        parts.append(f"its KL distribution is {kl}")
     if not parts:
         return None
     more = f" (and {len(parts) - _MAX_NAMED} more)" if len(parts) > _MAX_NAMED else ""

@@ -16,6 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from qeval.analysis.finite import NonFiniteScores, failure_reason, task_problem
 from qeval.config import RunConfig
 from qeval.config.setups import Setup
 from qeval.files.atomic import atomic_write_json
@@ -57,6 +58,8 @@ def run_job(job: Job) -> int:
             outcome.memory = current.memory
         if outcome.performance is None and current is not None and current.performance:
             outcome.performance = current.performance  # current (the runner asked for none): kept
+    except NonFiniteScores as exc:  # scored, but not numbers: its own reason, no traceback to read
+        outcome.error = str(exc)
     except Exception as exc:  # noqa: BLE001 - any failure (MemoryError included) is this setup's result
         outcome.error = _failure(exc, setup)
         outcome.traceback = traceback.format_exc(limit=8)
@@ -91,7 +94,14 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: Job, outcome: Out
             bar.advance(1)
         timings["load_s"] = round(time.time() - t0, 2)
 
+        #: tasks whose scores are not finite: not stored (a rerun scores them again), the setup's failure
+        non_finite: list[str] = []
+
         def store_result(name: str, result: Any, seconds: float, sha256: str) -> None:
+            problem = task_problem(name, result.records, result.metrics, getattr(result, "kl_distribution", None))
+            if problem is not None:
+                non_finite.append(problem)
+                return
             _store(store, setup, job, name, result, seconds, sha256, timings)
 
         scratch = store.scratch_dir(setup.name)
@@ -111,6 +121,10 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: Job, outcome: Out
             raise
         clear_scratch(scratch)  # every task stored: their spools were moved out, nothing is left to resume
         outcome.memory = {k: vars(v) for k, v in backend.memory().items()}
+        if non_finite:  # after every task (the finite ones are stored), before timing a setup that scored nothing
+            outcome.quantization = backend.quant_info
+            outcome.library_versions = backend.library_versions()
+            raise NonFiniteScores(failure_reason(non_finite))
         if job.performance:  # after scoring and memory: its larger batches must not show in either
             from qeval.perf.phase import run_phase
 
