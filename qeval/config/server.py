@@ -8,6 +8,7 @@ in the config: the key itself is read from the environment in the worker and wri
 
 from __future__ import annotations
 
+import ipaddress
 import string
 from typing import Literal
 from urllib.parse import urlsplit
@@ -47,6 +48,31 @@ def base_url_problem(url: str) -> str | None:
     return None
 
 
+def is_loopback(host: str) -> bool:
+    """`host` names this machine by itself: localhost or a loopback address literal. Decided
+    from the text alone: no name is resolved (that would reach out before the refusal, and a
+    resolver can answer anything)."""
+    host = host.strip("[]").lower().rstrip(".")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def insecure_key_problem(base_url: str | None, api_key_env: str | None, allowed: bool) -> str | None:
+    """Why a Bearer key would travel in clear to another machine (None when it would not):
+    plain http to a host that is not loopback, unless the config says so."""
+    if base_url is None or api_key_env is None or allowed:
+        return None
+    parts = urlsplit(base_url)
+    if parts.scheme != "http" or is_loopback(parts.hostname or ""):
+        return None
+    return (f"server: the API key ({api_key_env}) would be sent in clear over plain http to {parts.hostname}; "
+            "use https, or set server.allow_insecure_key: true if that is intended")
+
+
 class ServerSpec(Strict):
     """How the `openai` backend reaches its server (docs/backends.md, "OpenAI-compatible servers")."""
 
@@ -58,6 +84,9 @@ class ServerSpec(Strict):
     #: the environment variable holding the API key (sent as a Bearer token; launch: handed to
     #: vLLM as VLLM_API_KEY through the environment, never on its command line)
     api_key_env: str | None = Field(default=None, pattern=_ENV_NAME)
+    #: send the key over plain http to a host that is not loopback (refused unless true: anyone
+    #: on the path reads it)
+    allow_insecure_key: bool = False
     #: launch another server than vLLM: an argv template with {model} {host} {port}
     #: {served_model_name} {dtype} {max_model_len}; None: vLLM's OpenAI server from the engine table
     command: list[str] | None = Field(default=None, min_length=1)
@@ -107,4 +136,7 @@ class ServerSpec(Strict):
                 raise ValueError("server: command applies to mode launch only")
         elif self.base_url is not None:
             raise ValueError("server: base_url applies to mode attach only (launch picks a free port on 127.0.0.1)")
+        problem = insecure_key_problem(self.base_url, self.api_key_env, self.allow_insecure_key)
+        if problem:  # at config load: before validate or run opens any connection
+            raise ValueError(problem)
         return self

@@ -31,6 +31,14 @@ def weights_text(fig: Figure, mark: str = " (predicted)") -> str:
     return _mib(fig.measured)
 
 
+def kv_text(fig: Figure, mark: str = " (p)") -> str:
+    """Measured KV bytes per token, else the prediction, marked as one; "n/a" where neither
+    exists (an attached server reports none, and no config.json predicted it)."""
+    if fig.measured is not None:
+        return str(fig.measured)
+    return f"{fig.predicted}{mark}" if fig.predicted is not None else "n/a"
+
+
 def task_metric(results: Results, task: str) -> Metric:
     """The descriptor of the metric `task` is compared on."""
     info = results.tasks[task]
@@ -291,7 +299,7 @@ def print_summary(results: Results, console: Console | None = None) -> None:
             cells.append(escape(("—" if value is None else m.fmt(value)) + delta))
         table.add_row(escape(s.name + (" *" if s.baseline else "")),
                       escape(weights_text(s.memory.weights_bytes, " (p)")),
-                      str(s.memory.kv_bytes_per_token.measured), *cells)
+                      escape(kv_text(s.memory.kv_bytes_per_token)), *cells)
     console.print(table)
     perf = perf_views.terminal_speed_rows(results)
     if perf:
@@ -301,5 +309,6 @@ def print_summary(results: Results, console: Console | None = None) -> None:
         for row in perf:
             speed.add_row(*(escape(cell) for cell in row))
         console.print(speed)
-    if any(s.memory.weights_bytes.measured is None for s in results.setups if s.status == "ok"):
-        console.print("(p): predicted; this backend reports no weight size (see report.md)")
+    if any(f.measured is None and f.predicted is not None for s in results.setups if s.status == "ok"
+           for f in (s.memory.weights_bytes, s.memory.kv_bytes_per_token)):
+        console.print("(p): predicted from config.json; this backend measures no such figure (see report.md)")

@@ -54,6 +54,8 @@ class OpenAIBackend:
         self._engine_args: dict[str, Any] = {}
         self._argv: list[str] = []
         self._version: str | None = None
+        #: the most characters one generated token can decode to (token_chars): bounds a generation's text
+        self._token_chars = 0
 
     def load(self) -> None:
         key = api_key(self.cfg)
@@ -87,6 +89,7 @@ class OpenAIBackend:
         self.tok = AutoTokenizer.from_pretrained(folder, revision=revision,
                                                  trust_remote_code=self.cfg.model.trust_remote_code)
         self.conv = conventions(self.tok)
+        self._token_chars = token_chars(self.tok)
         self._version = _server_version(self.client)
 
     def close(self) -> None:
@@ -98,8 +101,8 @@ class OpenAIBackend:
 
     def _post(self, body: dict[str, Any]) -> Any:
         assert self.client is not None
-        try:
-            return self.client.post("/completions", body)
+        try:  # the answer bounded by what the request can need (a 60 MB answer is refused, not read whole)
+            return self.client.post("/completions", body, scoring.answer_bytes(body))
         except (Unreachable, ServerError) as exc:
             if self.server is None or (isinstance(exc, ServerError) and exc.status < 500):
                 raise
@@ -146,7 +149,8 @@ class OpenAIBackend:
 
         def one(r: GenerateRequest) -> str:
             ids = generation_context(self.conv.prompt(r.context), self.max_length, r.max_gen_toks)
-            return scoring.generation(self._post(scoring.generate_body(self.model, ids, r)))
+            return scoring.generation(self._post(scoring.generate_body(self.model, ids, r)), r.max_gen_toks,
+                                      r.max_gen_toks * self._token_chars)
 
         return self.client.map(one, requests, self.spec.concurrency, progress)
 
@@ -229,12 +233,33 @@ class OpenAIBackend:
         return libs
 
 
+#: the longest server version stored (vLLM's are like 0.32.0 or 0.11.1rc2.dev45+g1234567.cpu)
+MAX_VERSION_CHARS = 64
+
+
 def _server_version(client: Client) -> str | None:
-    """The server's version where it says it (vLLM and SGLang: GET /version)."""
+    """The server's version where it says it (vLLM and SGLang: GET /version), as printable
+    characters cut to MAX_VERSION_CHARS: it goes into results.json and the report."""
     import json
 
     try:
-        data = json.loads(client.get_text("/version", timeout=10))
+        data = json.loads(client.get_text("/version", timeout=10, max_bytes=64 * 2**10))
     except (RuntimeError, ValueError):
         return None
-    return str(data.get("version")) if isinstance(data, dict) and data.get("version") else None
+    if not isinstance(data, dict) or not isinstance(data.get("version"), (str, int, float)):
+        return None
+    text = "".join(ch for ch in str(data["version"]) if ch.isprintable()).strip()
+    if len(text) > MAX_VERSION_CHARS:
+        text = text[: MAX_VERSION_CHARS - 1] + "…"
+    return text or None
+
+
+def token_chars(tok: Any) -> int:
+    """The most characters one token can decode to, from the tokenizer's vocabulary, doubled
+    with room for a space a decoder puts between tokens: no generated text of n tokens is
+    longer than n times it (a byte-level token's string has one character per byte)."""
+    try:
+        longest = max(map(len, tok.get_vocab()), default=0)
+    except (AttributeError, TypeError, NotImplementedError):  # a tokenizer without a vocabulary map
+        longest = 64
+    return 2 * (max(longest, 16) + 1)

@@ -30,11 +30,17 @@ def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
     return out
 
 
+#: a block count or size above this is not a server's (2**40 tokens of KV is a petabyte and more)
+_MAX_COUNT = 2**40
+
+
 def _int(value: str | None) -> int | None:
+    """A positive count from a label; None for anything else (a server's /metrics is untrusted)."""
     try:
-        return int(value) if value not in (None, "None") else None
+        n = int(value) if value not in (None, "None") and len(value or "") <= 20 else None
     except ValueError:
         return None
+    return n if n is not None and 0 < n <= _MAX_COUNT else None
 
 
 def server_figures(metrics_text: str | None, max_model_len: int) -> dict[str, MemoryFigure]:
@@ -44,13 +50,16 @@ def server_figures(metrics_text: str | None, max_model_len: int) -> dict[str, Me
         return {}
     samples = parse_prometheus(metrics_text)
     info = next((labels for name, labels, _ in samples if name == "vllm:cache_config_info"), None)
-    usage = [v for name, _, v in samples if name == "vllm:kv_cache_usage_perc"]
+    # a share of the pool: NaN, below 0 or above 1 is no server's reading, and is left out
+    usage = [v for name, _, v in samples if name == "vllm:kv_cache_usage_perc" and 0.0 <= v <= 1.0]
     if info is None:
         return {}
     blocks, block = _int(info.get("num_gpu_blocks")), _int(info.get("block_size"))
     if not blocks or not block:
         return {}
     tokens = blocks * block
+    if tokens > _MAX_COUNT:
+        return {}
     line = f"vllm:cache_config_info num_gpu_blocks={blocks} block_size={block}"
     if usage:
         line += f"; vllm:kv_cache_usage_perc={max(usage):g} after scoring"

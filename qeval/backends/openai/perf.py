@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from qeval.backends.openai.scoring import answer_bytes, completion_tokens
 from qeval.backends.workload import Measurement, Wave, Workload, random_prompt_ids
 
 SOURCES = {
@@ -57,15 +58,16 @@ class Timed:
 
 
 def stream_one(stream: Callable[[dict[str, Any]], Any], body: dict[str, Any]) -> Timed:
-    """Send one streaming request; its timings."""
+    """Send one streaming request; its timings. A token count that cannot be true (below 0,
+    above max_tokens) is a BadAnswer."""
     t = Timed(sent=time.perf_counter())
     for at, event in stream(body):
         choices = event.get("choices") or []
-        if choices and choices[0].get("text"):
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict) and choices[0].get("text"):
             t.events.append(at)
         usage = event.get("usage")
         if usage:
-            t.output_tokens = int(usage.get("completion_tokens") or 0)
+            t.output_tokens = completion_tokens(usage, body.get("max_tokens"))
         t.end = at
     if not t.events:
         raise RuntimeError("a streamed completion returned no token")
@@ -92,8 +94,10 @@ def run_wave(client: Any, model: str, prompts: list[list[int]], output_len: int)
     """One wave: every prompt sent at once as a streaming request; its figures and inter-token gaps."""
     bodies = [bench_body(model, p, output_len) for p in prompts]
     started = time.perf_counter()
-    results = client.map(functools.partial(stream_one, functools.partial(client.stream, "/completions")),
-                         bodies, len(bodies))
+    def send(body: dict[str, Any]) -> Timed:  # each stream bounded by what its request can need
+        return stream_one(functools.partial(client.stream, "/completions", max_bytes=answer_bytes(body)), body)
+
+    results = client.map(send, bodies, len(bodies))
     return wave_of(results, started, sum(len(p) for p in prompts)), [x for r in results for x in r.itl]
 
 

@@ -13,16 +13,32 @@ Log-likelihoods, either way the server offers them:
 - `echo` + `logprobs` (the OpenAI legacy form; vLLM's `return_tokens_as_token_ids` names the
   tokens `token_id:N`): per position the actual token's log-prob and a map of the top-k plus
   the actual token.
+
+Answers that cannot be true are refused (BadAnswer, failing the setup): a log-prob that is not a
+finite number at most 0, a position whose probabilities sum past 1, a token count below 0 or
+above what was asked for, a text longer than its tokens can spell. Each request bounds the
+bytes its answer may take (`answer_bytes`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from qeval.backends.base import TOPK, GenerateRequest, Generation, Sampling
+from qeval.backends.openai.client import BadAnswer
+
+#: a log-prob above 0 by more than float32 rounding of log_softmax is a probability above 1
+LOGPROB_SLACK = 1e-3
+#: the bytes an answer may take: this much, plus per prompt position of a log-prob request
+#: (TOPK + 1 entries of an id, log-prob, rank and decoded token: vLLM's take about 70 bytes each),
+#: plus per generated token (its text, JSON-escaped, and its share of the answer's fields)
+BASE_ANSWER_BYTES = 2**20
+BYTES_PER_ENTRY = 512
+BYTES_PER_GENERATED_TOKEN = 4096
 
 #: a position's entries: (token id, log-prob), any order
 Entries = list[tuple[int, float]]
@@ -38,42 +54,93 @@ def logprob_body(model: str, prompt: list[int], mode: str) -> dict[str, Any]:
 
 def positions(answer: dict[str, Any], mode: str, prompt: list[int]) -> list[tuple[float, Entries] | None]:
     """Per prompt position: (the actual token's log-prob, the top-k entries sorted best first);
-    None at position 0 (nothing predicts it)."""
+    None at position 0 (nothing predicts it). A BadAnswer for one that cannot be true."""
     choice = first_choice(answer)
     out: list[tuple[float, Entries] | None] = []
     if mode == "prompt_logprobs":
         rows = choice.get("prompt_logprobs")
-        if rows is None or len(rows) != len(prompt):
+        if not isinstance(rows, list) or len(rows) != len(prompt):
             raise RuntimeError("the server returned no prompt_logprobs for every prompt token")
         for pos, row in enumerate(rows):
-            if row is None:
-                out.append(None)
-                continue
-            if str(prompt[pos]) not in row:
-                raise RuntimeError(f"the server's prompt_logprobs at position {pos} leave out the prompt's own token")
-            actual = row[str(prompt[pos])]["logprob"]
-            ranked = sorted(row.items(), key=lambda kv: (kv[1].get("rank") or 0, -kv[1]["logprob"]))
-            top = [(int(k), float(v["logprob"])) for k, v in ranked if (v.get("rank") or 0) <= TOPK][:TOPK]
-            out.append((float(actual), top))
+            out.append(None if row is None else _prompt_row(row, pos, prompt[pos]))
         return out
     lp = choice.get("logprobs") or {}
-    token_lps, tops = lp.get("token_logprobs"), lp.get("top_logprobs")
-    if token_lps is None or tops is None or len(token_lps) < len(prompt):
+    token_lps, tops = (lp.get("token_logprobs"), lp.get("top_logprobs")) if isinstance(lp, dict) else (None, None)
+    if not isinstance(token_lps, list) or not isinstance(tops, list) or len(token_lps) < len(prompt) \
+            or len(tops) < len(prompt):
         raise RuntimeError("the server returned no echoed logprobs for every prompt token")
     for pos in range(len(prompt)):
         if token_lps[pos] is None or tops[pos] is None:
             out.append(None)
             continue
-        entries = sorted(((_token_id(k), float(v)) for k, v in tops[pos].items()), key=lambda e: -e[1])
+        if not isinstance(tops[pos], dict):
+            raise BadAnswer(f"the server's top_logprobs at position {pos} are not a map of token to log-prob")
+        entries = sorted(((_token_id(k), _logprob(v, pos)) for k, v in tops[pos].items()), key=lambda e: -e[1])
+        actual = _logprob(token_lps[pos], pos)
+        _at_most_one(entries, prompt[pos], actual, pos)
         if len(entries) > TOPK:  # the actual token was added outside the top-k: not one of them
             entries = [e for e in entries if e[0] != prompt[pos]][:TOPK]
-        out.append((float(token_lps[pos]), entries))
+        out.append((actual, entries))
     return out
 
 
+def _prompt_row(row: Any, pos: int, token: int) -> tuple[float, Entries]:
+    """One position of vLLM's prompt_logprobs: {id: {logprob, rank}}, checked."""
+    if not isinstance(row, dict) or not all(isinstance(v, dict) for v in row.values()):
+        raise BadAnswer(f"the server's prompt_logprobs at position {pos} are not a map of token to "
+                        "{logprob, rank}")
+    if str(token) not in row:
+        raise RuntimeError(f"the server's prompt_logprobs at position {pos} leave out the prompt's own token")
+    entries = [(_int_id(k, pos), _logprob(v.get("logprob"), pos), _rank(v.get("rank"), pos)) for k, v in row.items()]
+    actual = next(lp for i, lp, _ in entries if i == token)
+    _at_most_one([(i, lp) for i, lp, _ in entries], token, actual, pos)
+    ranked = sorted(entries, key=lambda e: (e[2], -e[1]))
+    return actual, [(i, lp) for i, lp, rank in ranked if rank <= TOPK][:TOPK]
+
+
+def _logprob(value: Any, pos: int) -> float:
+    """A log-prob the server sent: a finite number at most 0 (LOGPROB_SLACK for rounding)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadAnswer(f"the server sent a log-prob that is not a number at prompt position {pos}")
+    try:
+        lp = float(value)
+    except OverflowError:  # an integer of hundreds of digits
+        lp = math.inf
+    if not math.isfinite(lp) or lp > LOGPROB_SLACK:
+        raise BadAnswer(f"the server sent a log-prob of {lp!r} at prompt position {pos}: a log-prob is a "
+                        "finite number at most 0 (a probability is at most 1)")
+    return lp
+
+
+def _rank(value: Any, pos: int) -> int:
+    """A rank the server sent (vLLM: 1 for the best; absent: 0, sorted by log-prob)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BadAnswer(f"the server sent a rank that is not a whole number >= 0 at prompt position {pos}")
+    return value
+
+
+def _int_id(key: Any, pos: int) -> int:
+    """A token id the server named as a map key: digits only."""
+    if not isinstance(key, str) or not key.isascii() or not key.isdigit() or len(key) > 12:
+        raise BadAnswer(f"the server named a token that is not an id at prompt position {pos}")
+    return int(key)
+
+
+def _at_most_one(entries: Entries, token: int, actual: float, pos: int) -> None:
+    """The probabilities of distinct tokens at one position add up to at most 1 (with slack)."""
+    seen = dict(entries) | {token: actual}
+    if math.fsum(math.exp(lp) for lp in seen.values()) > 1 + LOGPROB_SLACK:  # each lp <= slack: no overflow
+        raise BadAnswer(f"the server's probabilities at prompt position {pos} add up to more than 1")
+
+
 def _token_id(key: str) -> int:
-    if key.startswith("token_id:"):
-        return int(key[len("token_id:"):])
+    digits = key[len("token_id:"):] if key.startswith("token_id:") else ""
+    if digits.isascii() and digits.isdigit() and len(digits) <= 12:
+        return int(digits)
+    if digits:
+        raise BadAnswer(f"the server named a top token {key[:40]!r}: not `token_id:N`")
     raise RuntimeError(f"the server named a top token {key[:40]!r}, not `token_id:N`: it ignores "
                        "return_tokens_as_token_ids (use logprobs: prompt_logprobs, or a vLLM server)")
 
@@ -96,6 +163,16 @@ def window_arrays(rows: list[tuple[float, Entries] | None], start: int, n: int) 
         ids[i] = [t for t, _ in top]
         lps[i] = [lp for _, lp in top]
     return tok, ids, lps
+
+
+def answer_bytes(body: dict[str, Any]) -> int:
+    """The most bytes the answer to `body` (a /v1/completions request) can need: a bound, not an
+    estimate (the server's own answers are a tenth of it or less)."""
+    prompt = body.get("prompt")
+    positions = len(prompt) if isinstance(prompt, list) else 0
+    entries = TOPK + 1 if body.get("prompt_logprobs") or body.get("echo") else 0
+    return BASE_ANSWER_BYTES + positions * entries * BYTES_PER_ENTRY \
+        + int(body.get("max_tokens") or 0) * BYTES_PER_GENERATED_TOKEN
 
 
 def score_prompt(post: Callable[[dict[str, Any]], Any], model: str, prompt: list[int], mode: str,
@@ -135,11 +212,31 @@ def first_choice(answer: Any) -> dict[str, Any]:
     return choices[0]
 
 
-def generation(answer: dict[str, Any]) -> Generation:
-    """The text of a completion and the tokens the server says it generated."""
-    text = first_choice(answer).get("text") or ""
+def generation(answer: dict[str, Any], max_tokens: int | None = None, max_chars: int | None = None) -> Generation:
+    """The text of a completion and the tokens the server says it generated: a BadAnswer for a
+    text that is not a string or is longer than `max_chars`, or a token count that is not a
+    whole number from 0 to `max_tokens` (what was asked for)."""
+    text = first_choice(answer).get("text")
+    if text is None:
+        text = ""
+    if not isinstance(text, str):
+        raise BadAnswer("the server's completion text is not a string")
+    if max_chars is not None and len(text) > max_chars:
+        raise BadAnswer(f"the server sent {len(text):,} characters for at most {max_tokens} tokens (at most "
+                        f"{max_chars:,} characters with this tokenizer)")
     usage = answer.get("usage") or {}
-    return Generation(text, int(usage.get("completion_tokens") or 0))
+    return Generation(text, completion_tokens(usage, max_tokens))
+
+
+def completion_tokens(usage: Any, max_tokens: int | None) -> int:
+    """usage.completion_tokens (0 where the server does not say): a whole number from 0 to
+    `max_tokens`, or a BadAnswer."""
+    n = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if n is None:
+        return 0
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0 or (max_tokens is not None and n > max_tokens):
+        raise BadAnswer(f"the server says it generated {str(n)[:40]} tokens where at most {max_tokens} were asked for")
+    return n
 
 
 def probe_logprobs(client: Any, model: str, mode: str) -> str | None:
@@ -147,10 +244,11 @@ def probe_logprobs(client: Any, model: str, mode: str) -> str | None:
     from qeval.backends.openai.client import ServerError, Unreachable
 
     prompt = [1, 2, 3]
+    body = logprob_body(model, prompt, mode)
     try:
-        window_arrays(positions(client.post("/completions", logprob_body(model, prompt, mode)), mode, prompt), 1, 2)
+        window_arrays(positions(client.post("/completions", body, answer_bytes(body)), mode, prompt), 1, 2)
     except (ServerError, Unreachable):
         raise
-    except (RuntimeError, KeyError, TypeError, ValueError, IndexError) as exc:
+    except (RuntimeError, KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         return str(exc) or type(exc).__name__
     return None
