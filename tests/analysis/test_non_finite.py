@@ -63,6 +63,10 @@ def test_a_tasks_non_finite_scores_are_named_in_one_line() -> None:
     assert why == "task ppl: metrics bits_per_byte, token_perplexity are NaN, nll is NaN on 2 of 3 documents"
     lls = [good[0] | {"loglikelihoods": [-1.0, -math.inf]}]
     assert task_problem("mc", lls, {}) == "task mc: loglikelihoods is infinite on 1 of 1 document"
+    # NaN log-probs turned into a first-choice pick: `correct` and acc look fine, the scores are not
+    picked = [good[0] | {"correct": True, "loglikelihoods": [NAN, NAN, NAN], "nll": NAN}]
+    assert task_problem("mc", picked, {"acc": {"value": 1.0}}) == \
+        "task mc: nll is NaN on 1 of 1 document, loglikelihoods is NaN on 1 of 1 document"
     lm_eval = [good[0] | {"metrics": {"acc": 1.0, "word_perplexity": [NAN, 4]}}]
     assert task_problem("arc", lm_eval, {}) == "task arc: metrics is NaN on 1 of 1 document"
     assert "KL distribution is NaN" in (task_problem("ppl", good, metrics, {"kl_mean": NAN}) or "")
