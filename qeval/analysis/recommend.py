@@ -9,6 +9,7 @@ evidence, a paired comparison with a baseline that ran, on every task of the run
 
 from __future__ import annotations
 
+from qeval.memory.capacity import whole_sequences
 from qeval.results.metrics import metric as describe
 from qeval.results.schema import Comparison, Recommendation, Results, SetupResult
 
@@ -51,12 +52,14 @@ def recommend(results: Results) -> Recommendation:
         best = eligible[0] if eligible else None
         for s in eligible[1:]:
             assert best is not None
-            reasons[s.name] = (f"{s.name}: passes every gate, but allows {s.memory.max_concurrency:g} sequences at "
-                               f"{context} tokens against {best.memory.max_concurrency:g} for {best.name}")
+            mine = whole_sequences(s.memory.max_concurrency or 0)
+            theirs = whole_sequences(best.memory.max_concurrency or 0)
+            reasons[s.name] = (f"{s.name}: passes every gate, but allows {mine} sequences at {context} tokens against "
+                               f"{theirs} for {best.name}")
         if best is not None:
             reasons[best.name] = (f"{best.name}: recommended: passes every gate and allows "
-                                  f"{best.memory.max_concurrency:g} sequences at {context} tokens, the most of any "
-                                  "passing setup")
+                                  f"{whole_sequences(best.memory.max_concurrency or 0)} sequences at {context} tokens, "
+                                  "the most of any passing setup")
     if best is not None and results.run.partial_tasks:
         reasons[best.name] += f"; {partial_text(results.run.partial_tasks)}"
     order = [s.name for s in results.setups]
@@ -123,7 +126,7 @@ def _exclusion(s: SetupResult, context: int, tasks: list[str], partial: dict[str
     if conc is None:
         return f"{name}: no memory figures to size it against the budget"
     if conc < 1:
-        return f"{name}: fits only {conc:g} sequences of {context} tokens in the budget"
+        return f"{name}: fits only {whole_sequences(conc)} sequences of {context} tokens in the budget"
     return None
 
 

@@ -11,6 +11,7 @@ layers; on a uniform model that is KV bytes per token x context_len).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from qeval.config.budget import Budget
@@ -36,3 +37,9 @@ def kv_capacity(weights_bytes: int, sequence_bytes: int, budget: Budget) -> Capa
         tokens = int(pool * (1 - budget.margin) * budget.context_len // sequence_bytes)
     tokens = max(tokens, 0)
     return Capacity(tokens, round(tokens / budget.context_len, 2))
+
+
+def whole_sequences(count: float) -> str:
+    """A concurrency as text: the whole sequences that fit (rounded down, with thousands separators),
+    since a fraction of a sequence is not served; the exact figure stays in results.json and --json."""
+    return f"{math.floor(count):,}"

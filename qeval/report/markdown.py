@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from qeval.memory.capacity import whole_sequences
 from qeval.report import advice, divergence, generated, sequence
 from qeval.report import performance as perf_views
 from qeval.report.sections import ReportSection
@@ -264,7 +265,8 @@ def _notes(results: Results) -> list[str]:
         if engine:
             parts = [f"{s.name}: the vLLM engine reported a KV pool of {engine.kv_cache_tokens:,} tokens"]
             if engine.max_concurrency is not None:
-                parts[0] += f", {engine.max_concurrency:g} sequences of {engine.max_concurrency_context} tokens"
+                fit = whole_sequences(engine.max_concurrency)
+                parts[0] += f", {fit} sequences of {engine.max_concurrency_context} tokens"
             parts.append(f"pool sized as {engine.pool}")
             kernels = s.quantization.get("engine_kernels")
             if kernels:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from qeval.memory.capacity import whole_sequences
 from qeval.perf.phase import WORKLOAD_MARK
 from qeval.report.tables import Escape, md_table
 
@@ -113,7 +114,7 @@ def tradeoff_rows(results: Results, esc: Escape) -> list[list[str]]:
         s = by_name[name]
         perf = s.performance
         assert perf is not None and perf.top is not None
-        conc = "—" if s.memory.max_concurrency is None else f"{s.memory.max_concurrency:g}"
+        conc = "—" if s.memory.max_concurrency is None else whole_sequences(s.memory.max_concurrency)
         rows.append([esc(name), f"{delta:+.1f}", f"{nbytes / 2**20:.2f} MiB", conc,
                      f"{fmt(perf.top.output_tokens_per_s)} at {perf.top.concurrency}", "yes" if name in front else ""])
     return rows

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from qeval.files.atomic import atomic_write_bytes
+from qeval.memory.capacity import whole_sequences
 from qeval.report.markdown import render_markdown
 from qeval.report.sections import ReportSection
 from qeval.report.tables import code_text, md_table, md_text
@@ -107,7 +108,7 @@ def _verdict(results: Results, name: str) -> str:
             "passes" if name in rec.candidates else "fails a gate" if "fail" in verdicts else
             "inconclusive" if "inconclusive" in verdicts else "not recommendable")
     conc = s.memory.max_concurrency
-    return word + ("" if conc is None else f", {conc:g} sequences")
+    return word + ("" if conc is None else f", {whole_sequences(conc)} sequences")
 
 
 def _ratio_ci(sweep: SweepResults) -> str:

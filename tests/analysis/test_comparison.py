@@ -61,3 +61,22 @@ def test_compare_task_applies_the_gate(tmp_path: Path) -> None:
     out = compare_task(store, "b", "q", "t", "exact_match", 0, [Gate(max_drop=0.01)])
     assert out is not None
     assert out.delta == -0.2 and out.verdict == "fail" and out.flips_to_wrong == 60
+
+
+def test_reasons_and_reports_count_whole_sequences() -> None:
+    """Issue 40, minor: "5009.55 sequences" was printed; a fraction of a sequence is not served."""
+    import re
+
+    from conftest import ROOT
+
+    from qeval.analysis.recommend import recommend
+    from qeval.memory.capacity import whole_sequences
+    from qeval.report.markdown import render_markdown
+    from qeval.results.schema import read_results
+
+    assert whole_sequences(5009.55) == "5,009" and whole_sequences(0.99) == "0"
+    results = read_results(ROOT / "tests" / "data" / "run-v1" / "results.json")
+    rec = recommend(results)
+    reasons = " ".join(rec.reasons.values())
+    report = render_markdown(results.model_copy(update={"recommendation": rec}))  # not the stored old text
+    assert "sequences" in reasons and not re.findall(r"\d\.\d+ sequences", reasons + report)
