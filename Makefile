@@ -10,7 +10,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 QUANT_VENV  := .venv-quant
 QUANT_STAMP := $(QUANT_VENV)/.installed
 
-.PHONY: run run-real run-vllm test test-fast lint bench bench-vllm bench-ray bench-perf bench-serve bench-longctx install browser vllm quant tasks model
+.PHONY: run run-real run-vllm test test-fast lint bench bench-vllm bench-ray bench-perf bench-serve bench-longctx install browser vllm quant tasks model gpu-bundle
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -108,6 +108,11 @@ bench-serve: $(STAMP) $(VLLM_STAMP)
 ## the long-context path's cost against plain prefill, SmolLM2 at 8k tokens (docs/benchmarks.md)
 bench-longctx: $(STAMP) models/smollm2-135m/.prepared
 	HF_HUB_OFFLINE=1 $(PY) bench/longctx_prefill.py
+
+## the wheels the GPU machine's image lacks (pydantic, optimum-quanto, transformers 5.23), for CPython 3.12
+## x86-64, into build/gpu-bundle/ (from PyPI; prints the sizes): scripts/gpu_run.py's --bundle (README, "What ran on a GPU")
+gpu-bundle: $(STAMP)
+	$(PY) scripts/gpu_bundle.py --out build/gpu-bundle
 
 ## regenerate the task suite / retrain the tiny model (deterministic; ~30 min on 2 cores)
 tasks: $(STAMP)
