@@ -436,3 +436,24 @@ def test_the_summary_says_what_it_does_not_know() -> None:
     print_summary(results.model_copy(update={"setups": setups}), Console(file=out, width=250))
     text = out.getvalue()
     assert "None" not in text and "n/a" in text and "4096 (p)" in text, text
+
+
+def test_a_key_in_a_dead_launched_servers_log_is_scrubbed(tmp_path: Path) -> None:
+    """A launched server that logs the key it was handed (its environment, a refused request's
+    header) and dies: the error quoting its log's last lines, which lands in results.json and
+    the reports, holds no form of the key (issue 40 review, point 2)."""
+    import sys
+
+    from qeval.backends.openai.launch import LaunchedServer, ServerDied
+
+    script = ("import os, urllib.parse; k = os.environ['VLLM_API_KEY']; "
+              "print('ValueError: refused Authorization: Bearer ' + k + ' / ' + urllib.parse.quote(k, safe=''))")
+    server = LaunchedServer([sys.executable, "-c", script + "; raise SystemExit(3)"], {"VLLM_API_KEY": KEY},
+                            tmp_path / "server.log")
+    server.proc.wait(60)
+    with pytest.raises(ServerDied) as caught:
+        server.check_alive()
+    message = str(caught.value)
+    assert "exit status 3" in message and REDACTED in message
+    assert KEY not in message and urllib.parse.quote(KEY, safe="") not in message
+    server.stop()

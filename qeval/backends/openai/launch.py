@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from qeval.backends.openai.client import REDACTED, _key_forms
 from qeval.files.processes import die_with_parent
 
 HOST = "127.0.0.1"
@@ -42,6 +43,9 @@ class LaunchedServer:
 
     def __init__(self, argv: list[str], env: dict[str, str], log_path: Path) -> None:
         self.argv, self.log_path = argv, log_path
+        #: what the server was handed in `env` (the API key): scrubbed from the log lines an error quotes
+        #: (a server may log its environment or a refused request's header; the error lands in results.json)
+        self._secrets = [v for v in env.values() if v]
         self._stopped = False
         #: set when it never answered /health: its log is kept, as for a server that died
         self.failed = False
@@ -70,11 +74,18 @@ class LaunchedServer:
         lines = [line for line in self.log_text().strip().splitlines() if line.strip()]
         # the engine's own error where it logged one (an EngineDeadError ends in shutdown noise), else the end
         errors = [line for line in lines if re.search(r"\b\w*(Error|Exception): ", line)]
-        tail = errors[-2:] if errors else lines[-3:]
+        tail = [self._scrub(t) for t in (errors[-2:] if errors else lines[-3:])]  # scrubbed before cut to 200
         how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
         raise ServerDied(f"the launched server ({self.argv[0]} ... pid {self.pid}) died, {how}"
                          + (f"; its log: {' | '.join(t.strip()[:200] for t in tail)}" if tail else "")
                          + f" (the whole log: {self.log_path})")
+
+    def _scrub(self, line: str) -> str:
+        """`line` of the server's log with every form of the secrets it was handed replaced (as the client does)."""
+        for secret in self._secrets:
+            for form in _key_forms(secret):
+                line = line.replace(form, REDACTED)
+        return line
 
     @property
     def died(self) -> bool:
