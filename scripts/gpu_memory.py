@@ -91,14 +91,16 @@ def is_oom(exc: BaseException) -> bool:
 class Meter:
     """Device memory as this script reads it (the module docstring says what stands for what on CPU)."""
 
-    def __init__(self, device: str, capacity_bytes: int | None = None) -> None:
+    def __init__(self, device: str, capacity_bytes: int | None = None, nvml_baseline: int | None = None) -> None:
+        """`nvml_baseline`: NVML's used memory before this process made its CUDA context (read
+        now where not given, which is right only before the first CUDA call)."""
         self.device = device
         self.capacity: int
         self._nvml: Any = None
         self.nvml_baseline: int | None = None
         if device == "cuda":
             self._nvml = _nvml_handle()
-            self.nvml_baseline = self.nvml_used()  # before this process creates its CUDA context
+            self.nvml_baseline = nvml_baseline if nvml_baseline is not None else self.nvml_used()
             torch.cuda.init()
             self.capacity = int(torch.cuda.mem_get_info()[1])
         else:
@@ -175,6 +177,20 @@ def _status_kib(field: str) -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1])
     return 0
+
+
+def nvml_used_now() -> int | None:
+    """NVML's used memory of device 0 now (None without NVML): read before any CUDA call, the
+    baseline the runtime overhead is counted from."""
+    handle = _nvml_handle()
+    if handle is None:
+        return None
+    import pynvml
+
+    try:
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+    except pynvml.NVMLError:
+        return None
 
 
 def _nvml_handle() -> Any:

@@ -59,7 +59,7 @@ TINY_SETUPS: dict[str, dict[str, Any]] = {
 #: the shapes of the run: full on the GPU, small for the CPU test of the same path
 SHAPES: dict[str, dict[str, Any]] = {
     "full": {"contexts": [2048, 4096], "max_batch": 4096, "cpu_capacity_mib": None, "cell_s": 45.0,
-             "perf": {"input_len": 512, "output_len": 64, "max_concurrency": 64, "repeats": 2, "warmup": 1},
+             "perf": {"input_len": 256, "output_len": 64, "max_concurrency": 32, "repeats": 2, "warmup": 1},
              "ceilings_s": 10.0, "tiny_limit": 100, "tiny_setups": list(TINY_SETUPS)},
     "small": {"contexts": [128, 256], "max_batch": 96, "cpu_capacity_mib": 26, "cell_s": 3.0,
               "perf": {"input_len": 32, "output_len": 4, "max_concurrency": 4, "repeats": 1, "warmup": 1},
@@ -334,7 +334,7 @@ def weight_setups(spec: str, kvs: list[str]) -> list[tuple[Any, list[Any]]]:
 class Target:
     """The 7B-class model of phases 3 and 4: its config, shape and dtype, and the device's meter."""
 
-    def __init__(self, args: argparse.Namespace, shp: dict[str, Any]) -> None:
+    def __init__(self, args: argparse.Namespace, shp: dict[str, Any], baseline: int | None) -> None:
         import torch
         from gpu_memory import Meter, model_config
 
@@ -347,7 +347,7 @@ class Target:
         self.dtype_name = "float32" if on_cpu else str(self.config.get("torch_dtype") or self.config.get("dtype")
                                                         or "bfloat16")
         self.dtype = getattr(torch, self.dtype_name)
-        self.meter = Meter(args.device, shp["cpu_capacity_mib"] * 2**20 if on_cpu else None)
+        self.meter = Meter(args.device, shp["cpu_capacity_mib"] * 2**20 if on_cpu else None, baseline)
 
     def describe(self, args: argparse.Namespace) -> dict[str, Any]:
         cfg = args.model_config
@@ -408,7 +408,7 @@ def memory_and_perf(run: Run, probe: dict[str, Any] | None) -> None:
     """Phases 3 and 4, one weight precision at a time (one model on the device at once)."""
     from gpu_memory import SOURCES
 
-    t = Target(run.args, run.shape)
+    t = Target(run.args, run.shape, run.data.get("nvml_baseline_bytes"))
     run.data["model"] = t.describe(run.args)
     run.data["memory_sources"] = SOURCES
     run.data.setdefault("memory", [])
@@ -421,7 +421,42 @@ def memory_and_perf(run: Run, probe: dict[str, Any] | None) -> None:
             share = max(run.left(), 0) / (len(precisions) - i)
             cell_s = max(10.0, 0.7 * share / (len(setups) * len(t.contexts)))
         run.phase(f"memory+perf {base.name}", functools.partial(one_precision, run, t, base, setups, probe, cell_s),
-                  needs_s=20 if run.args.shape == "full" else 0)
+                  needs_s=20 if run.args.shape == "full" else 1)
+
+
+class Tiny:
+    """Phase 1: `qeval run` of the tiny model on the device and on the CPU, started together. The
+    device's run is awaited before the 7B-class model takes the device; the CPU's runs on beside
+    the later phases (on a quarter of the cores) and is collected last."""
+
+    def __init__(self, run: Run, work: Path) -> None:
+        args = run.args
+        self.run, self.work = run, work
+        self.dtype = args.tiny_dtype or ("bfloat16" if args.device == "cuda" else "float32")
+        self.setups = args.tiny_setups.split(",") if args.tiny_setups else run.shape["tiny_setups"]
+        self.limit = args.tiny_limit or run.shape["tiny_limit"]
+        self.procs: dict[str, tuple[subprocess.Popen[str], Path]] = {}
+        self.got: dict[str, dict[str, Any]] = {}
+
+    def start(self) -> None:
+        for role, device in (("device", self.run.args.device), ("cpu", "cpu")):
+            self.procs[role] = start_tiny(role, device, self.dtype, self.setups, self.limit, self.work)
+        self._wait("device", self.run.left() - 60)
+
+    def finish(self) -> None:
+        self._wait("cpu", self.run.left() - 5)
+        got = self.got
+        self.run.data["tiny"] = {"dtype": self.dtype, "limit": self.limit, "setups": self.setups, "tasks": TINY_TASKS,
+                                 "device_run": got.get("device", {}), "cpu_run": got.get("cpu", {}),
+                                 "comparison": compare_scores(got.get("device", {}), got.get("cpu", {}))}
+        bad = [f"{role}: exit {r['exit_code']}" for role, r in got.items() if r["exit_code"] != 0]
+        if bad:
+            raise RuntimeError("tiny-model run failed: " + "; ".join(bad))
+
+    def _wait(self, role: str, timeout: float) -> None:
+        if role in self.procs and role not in self.got:
+            proc, out = self.procs[role]
+            self.got[role] = finish_tiny(proc, out, timeout)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -430,6 +465,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.bundle is not None and not os.environ.get(SITE_ENV):
         install_bundle(args.bundle, argv)  # does not return
     if args.device == "cuda":
+        from gpu_memory import nvml_used_now
+
+        baseline = nvml_used_now()  # before this process (or its tiny runs) makes a CUDA context
         import torch
 
         if not torch.cuda.is_available():
@@ -437,33 +475,24 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    shape = SHAPES[args.shape]
-    run = Run(args, shape)
+    run = Run(args, SHAPES[args.shape])
+    if args.device == "cuda":
+        run.data["nvml_baseline_bytes"] = baseline
     run.data["environment"] = environment(args.device)
     run.save()
-    tiny_dtype = args.tiny_dtype or ("bfloat16" if args.device == "cuda" else "float32")
-    tiny_setups = args.tiny_setups.split(",") if args.tiny_setups else shape["tiny_setups"]
-    limit = args.tiny_limit or shape["tiny_limit"]
     with tempfile.TemporaryDirectory(prefix="qeval-gpu-run-") as tmp:
-        def tiny() -> None:
-            # the CPU run beside the device's: the device is free again before the 7B model arrives
-            runs = {role: start_tiny(role, d, tiny_dtype, tiny_setups, limit, Path(tmp))
-                    for role, d in (("device", args.device), ("cpu", "cpu"))}
-            got = {role: finish_tiny(p, out, run.left() - 60) for role, (p, out) in runs.items()}
-            run.data["tiny"] = {"dtype": tiny_dtype, "limit": limit, "setups": tiny_setups, "tasks": TINY_TASKS,
-                                "device_run": got["device"], "cpu_run": got["cpu"],
-                                "comparison": compare_scores(got["device"], got["cpu"])}
-            bad = [f"{d}: exit {r['exit_code']}" for d, r in got.items() if r["exit_code"] != 0]
-            if bad:
-                raise RuntimeError("tiny-model run failed: " + "; ".join(bad))
-
-        run.phase("tiny", tiny, needs_s=30)
-        probe = run.phase("ceilings", lambda: ceilings(args.device, "float32" if args.device == "cpu" else "bfloat16",
-                                                       shape["ceilings_s"]), needs_s=20)
-        run.data["ceilings"] = probe
-        run.save()
-        if "memory" not in args.skip.split(","):
-            memory_and_perf(run, probe)
+        tiny = Tiny(run, Path(tmp))
+        run.phase("tiny", tiny.start, needs_s=30)
+        try:
+            probe = run.phase("ceilings", lambda: ceilings(args.device, "float32" if args.device == "cpu"
+                                                           else "bfloat16", run.shape["ceilings_s"]), needs_s=20)
+            run.data["ceilings"] = probe
+            run.save()
+            if "memory" not in args.skip.split(","):
+                memory_and_perf(run, probe)
+        finally:  # the CPU's tiny run is collected (or stopped) whatever happened above
+            if tiny.procs:
+                run.phase("tiny-cpu", tiny.finish)
     run.data["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
     run.data["environment"]["forbidden_imports_loaded"] = sorted(  # the GPU image has neither
         m for m in ("lm_eval", "vllm") if sys.modules.get(m) is not None)

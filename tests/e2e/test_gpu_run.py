@@ -134,7 +134,7 @@ def test_gpu_run_on_cpu_runs_every_phase(cpu_run: tuple[subprocess.CompletedProc
     res, data, md = cpu_run
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert data["errors"] == [] and data["skipped"] == []
-    assert set(data["phases"]) == {"tiny", "ceilings", "memory+perf w16", "memory+perf int4"}
+    assert set(data["phases"]) == {"tiny", "ceilings", "memory+perf w16", "memory+perf int4", "tiny-cpu"}
     env = data["environment"]
     assert env["bundle_site"] and "installed 1 wheels" in res.stdout  # the bundle went in, then the rerun
     assert env["forbidden_imports_loaded"] == []
@@ -186,6 +186,18 @@ def test_gpu_run_performance_and_tiny_scores(cpu_run: tuple[subprocess.Completed
     assert {(r["task"], r["metric"]) for r in rows} >= {("compare_mc", "acc"), ("ppl", "bits_per_byte")}
     # both runs are on this CPU here, same dtype and samples: the scores agree exactly
     assert all(r["diff"] == 0 for r in rows), rows
+
+
+def test_gpu_run_starts_nothing_past_its_time_budget(tmp_path: Path) -> None:
+    """With no time left every phase is skipped, and said so, and the files are still written."""
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_run.py"), "--device", "cpu", "--shape", "small",
+                          "--out", str(tmp_path), "--time-budget", "0"], capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert res.returncode == 0, res.stderr[-2000:]
+    data = json.loads((tmp_path / "gpu-run.json").read_text())
+    assert [s.split(":")[0] for s in data["skipped"]] == ["tiny", "ceilings", "memory+perf w16", "memory+perf int8",
+                                                          "memory+perf int4"]
+    assert data["phases"] == {} and "- skipped: tiny" in (tmp_path / "gpu-run.md").read_text()
 
 
 def test_gpu_run_refuses_bad_input(tmp_path: Path) -> None:
