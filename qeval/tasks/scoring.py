@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -182,7 +183,10 @@ def _perplexity_metrics(records: list[dict[str, Any]]) -> dict[str, dict[str, fl
     nll = np.array([r["nll"] for r in records])
     tok = np.array([r["n_tokens"] for r in records], dtype=float)
     byt = np.array([r["n_bytes"] for r in records], dtype=float)
-    ppl = math.exp(nll.sum() / tok.sum())
+    mean = float(nll.sum() / tok.sum())
+    # past ~709 nats a token (finite log-probs of a broken model or server) math.exp raises: the
+    # perplexity is infinite, a non-finite score the worker names (qeval/analysis/finite.py)
+    ppl = math.inf if mean > math.log(sys.float_info.max) else math.exp(mean)  # NaN stays NaN
     log_se = _ratio_se(nll, tok)["stderr"]
     metrics = {
         "bits_per_byte": _ratio_se(nll / math.log(2), byt),

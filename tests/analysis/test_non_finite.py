@@ -110,3 +110,17 @@ def test_a_baseline_holding_a_nan_leaves_no_verdict() -> None:
     assert rec.setup is None and rec.candidates == [] and rec.blocked is not None
     assert all("not compared, so not recommended" in why for why in rec.reasons.values())
     assert candidate_problem(fixed.model_copy(update={"recommendation": rec})) is not None
+
+
+def test_a_perplexity_past_a_float_is_infinite_and_named_not_an_overflow() -> None:
+    """Finite log-probs of -10,000 a token (a broken model, or a server: each passes the answer's
+    checks) give a perplexity past the largest float: a non-finite score named in one line, not
+    an OverflowError with a traceback as the setup's reason (issue 40 review, point 1)."""
+    from qeval.tasks.scoring import _perplexity_metrics
+
+    records = [{"nll": 5e4, "n_tokens": 5, "n_bytes": 20}, {"nll": 4e4, "n_tokens": 4, "n_bytes": 16}]
+    metrics = _perplexity_metrics(records)
+    assert metrics["token_perplexity"]["value"] == math.inf
+    assert task_problem("ppl", records, metrics) == "task ppl: metric token_perplexity is infinite"
+    nan = _perplexity_metrics([{"nll": NAN, "n_tokens": 5, "n_bytes": 20}])  # NaN stays NaN, not inf
+    assert math.isnan(nan["token_perplexity"]["value"])
