@@ -20,6 +20,7 @@ from qeval.config.chat import CHAT_KEYS, ChatKeys
 from qeval.config.engine import EngineSpec
 from qeval.config.executor import ExecutorSpec
 from qeval.config.gates import Gate
+from qeval.config.generation import GenerationDivergenceSpec
 from qeval.config.lm_eval import LmEvalSpec
 from qeval.config.long_context import LongContextSpec
 from qeval.config.performance import PerfSpec, RecommendBy
@@ -67,6 +68,9 @@ class RunConfig(ChatKeys):
     lm_eval: LmEvalSpec | None = None
     #: long-context tasks generated at a list of lengths (docs/tasks.md, "Long-context tasks")
     long_context: LongContextSpec | None = None
+    #: teacher-force the baseline's generations through each setup: divergence by generated position
+    #: and accuracy by answer length (docs/tasks.md, "Divergence along the generation"); off unless set
+    generation_divergence: GenerationDivergenceSpec | None = None
     #: the config pieces of task kinds registered from outside qeval (qeval/tasks/kinds.py):
     #: kind name -> its piece, validated at preflight against the kind's own spec
     kinds: dict[str, dict[str, Any]] = {}
@@ -141,11 +145,12 @@ class RunConfig(ChatKeys):
 
     def as_json(self) -> dict[str, Any]:
         """The config as results.json and the config hash hold it: `kinds` left out while empty,
-        and the chat keys, `advise`, `server` and `workload` while unset, so a config that uses none of them
-        reads and hashes as before those keys existed, and
+        and the chat keys, `advise`, `server`, `workload` and `generation_divergence` while unset, so a
+        config that uses none of them reads and hashes as before those keys existed, and
         `tracking` always (it changes no number, and its URI may carry credentials)."""
         unset = ({"kinds"} if not self.kinds else set()) | ({"advise"} if self.advise is None else set()) \
-            | ({"server"} if self.server is None else set()) | ({"workload"} if self.workload is None else set())
+            | ({"server"} if self.server is None else set()) | ({"workload"} if self.workload is None else set()) \
+            | ({"generation_divergence"} if self.generation_divergence is None else set())
         out = self.model_dump(mode="json", exclude={"tracking"} | unset)
         # the chat keys likewise while unset, at the top and in each lm-eval task
         for piece in [out, *((out.get("lm_eval") or {}).get("tasks") or [])]:

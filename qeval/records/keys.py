@@ -57,7 +57,18 @@ def setup_keys(pre: Preflight, setup: Setup) -> SetupKeys:
     parts |= pre.backend_key_parts  # the backend's own (vLLM: its engine settings)
     if setup.name in pre.checkpoint_sha256:  # only checkpoint setups: every other key stays as it was
         parts["checkpoint_sha256"] = pre.checkpoint_sha256[setup.name]
-    return SetupKeys(parts, {t.name: parts | {"task": t.fingerprint} | _chat_part(t) for t in pre.tasks})
+    return SetupKeys(parts, {t.name: parts | {"task": t.fingerprint} | _chat_part(t) | _teacher_part(cfg, t)
+                             for t in pre.tasks})
+
+
+def _teacher_part(cfg: Any, task: Any) -> dict[str, str]:
+    """A generation task scored while `generation_divergence:` is set carries its buckets (its
+    records hold the teacher-forced divergence, qeval/tasks/generation/teacher.py); only then, so
+    every other key is what it was before the block existed."""
+    spec = getattr(cfg, "generation_divergence", None)
+    if spec is None or getattr(task, "output_type", None) != "generate_until":
+        return {}
+    return {"generation_divergence": spec.key_part()}
 
 
 def _chat_part(task: object) -> dict[str, str]:

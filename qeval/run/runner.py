@@ -184,8 +184,11 @@ def _job(pre: Preflight, store: RunStore, spec: Setup, tasks: dict[str, str], ke
          baseline: str, prefix: str, perf: str | None) -> WorkerJob:
     """One setup's job: its job file (what qeval.run.worker reads) written into RUN_DIR/jobs/."""
     setup = spec.name
+    # generation tasks under generation_divergence: the baseline's top-k over its own generations
+    teacher = pre.cfg.generation_divergence is not None
     ref = {t.name: (baseline, t.name) for t in pre.tasks
-           if t.output_type in KL_OUTPUT_TYPES and setup != baseline}
+           if (t.output_type in KL_OUTPUT_TYPES or (teacher and t.output_type == "generate_until"))
+           and setup != baseline}
     job = Job(config=pre.cfg.job_json(), setup=setup, device=pre.device, run_dir=str(store.root),
               tasks=tasks, task_key_parts={t: keys.tasks[t] for t in tasks},
               task_kinds={t.name: t.kind for t in pre.tasks if t.name in tasks}, reference=ref, baseline=baseline,

@@ -104,13 +104,21 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: Job, outcome: Out
                 return
             _store(store, setup, job, name, result, seconds, sha256, timings)
 
+        store_fn: Any = store_result
+        if cfg.generation_divergence is not None:  # the baseline's generations teacher-forced, before storing
+            from qeval.tasks.generation.teacher import teacher_forcing
+
+            store_fn = teacher_forcing(store_result, backend, cfg, setup.name == job.baseline,
+                                       lambda task: _reference(store, job, task),
+                                       lambda label, total: progress_bar(label, total=total))
+
         scratch = store.scratch_dir(setup.name)
         # what a worker killed mid-task left there, but for a chunked scoring's saved state and its
         # spools: the task carries on from its last finished chunk (qeval/tasks/lm_eval/resume.py)
         clear_scratch(scratch, keep_states=True)
         ctx = Scoring(backend=backend, cfg=cfg, setup=setup, key_parts=job.task_key_parts,
                       progress=lambda label, total: progress_bar(label, total=total),
-                      reference=lambda task: _reference(store, job, task), store=store_result,
+                      reference=lambda task: _reference(store, job, task), store=store_fn,
                       scratch=scratch, keeps_topk=setup.name == job.baseline,
                       open_reference=lambda task: store.open_topk(*ref) if (ref := job.reference.get(task)) else None)
         try:

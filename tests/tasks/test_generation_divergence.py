@@ -1,0 +1,109 @@
+"""Divergence along the generation (qeval/tasks/generation/teacher.py) on the tiny model: the
+baseline's own generations teacher-forced through a setup identical to it give KL 0 and top-1
+agreement 1 at every generated position; through a 2-bit KV cache they diverge."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from qeval.backends.base import GenerateRequest
+from qeval.backends.hf.backend import HFBackend
+from qeval.config import ModelSpec, RunConfig
+from qeval.config.generation import GenerationDivergenceSpec
+from qeval.config.setups import Setup
+from qeval.tasks.generation.teacher import RECORD_KEY, TEXTS_KEY, position_sums, teacher_forcing
+
+EDGES = [0, 4, 8, 16]
+PROMPTS = ["12 + 30 = ", "Largest of 37 82 15 64: ", "ISO code of France: ", "7 + 8 = 1", "abc abd abe ab"]
+
+
+def _cfg(model_path: Path, setups: list[Setup]) -> RunConfig:
+    return RunConfig(name="t", model=ModelSpec(path=str(model_path), dtype="float32", max_context=256),
+                     setups=setups, tasks=["x"], batch_size=8,
+                     generation_divergence=GenerationDivergenceSpec(position_buckets=EDGES))
+
+
+def _backend(cfg: RunConfig, setup: Setup) -> HFBackend:
+    b = HFBackend(cfg, setup, "cpu")
+    b.load()
+    return b
+
+
+def _bar(label: str, total: int | None) -> Any:
+    return nullcontext(SimpleNamespace(advance=lambda n: None))
+
+
+def _forced(cfg: RunConfig, backend: HFBackend, records: list[dict[str, Any]], baseline: bool,
+            ref: dict[str, np.ndarray] | None) -> tuple[list[dict[str, Any]], Any]:
+    stored: dict[str, Any] = {}
+    result = SimpleNamespace(records=[dict(r) for r in records], topk={}, metrics={})
+    wrapped = teacher_forcing(lambda name, res, s, sha: stored.update(res=res), backend, cfg, baseline,
+                              lambda task: ref, _bar)
+    wrapped("gen", result, 0.0, "sha")
+    return stored["res"].records, stored["res"].topk
+
+
+@pytest.fixture(scope="module")
+def baseline_run(model_path: Path) -> tuple[RunConfig, list[dict[str, Any]], dict[str, np.ndarray]]:
+    base = Setup(name="base", baseline=True)
+    cfg = _cfg(model_path, [base, Setup(name="same"), Setup(name="kv2", kv_cache="int2")])
+    b = _backend(cfg, base)
+    outs = b.generate([GenerateRequest(p, ("\n",), 24) for p in PROMPTS], lambda n: None)
+    records = [{"sample_id": str(i), "prompt": p, "raw_output": str(o), "correct": True}
+               for i, (p, o) in enumerate(zip(PROMPTS, outs, strict=True))]
+    records, topk = _forced(cfg, b, records, True, None)
+    b.close()
+    return cfg, records, topk
+
+
+def test_baseline_keeps_its_top_k_and_texts(baseline_run: Any) -> None:
+    cfg, records, topk = baseline_run
+    scored = [r for r in records if RECORD_KEY in r]
+    assert len(scored) >= 4  # the tiny model writes something after most prompts
+    assert topk["offsets"][-1] == sum(r[RECORD_KEY]["tokens"] for r in scored)
+    assert topk["indices"].shape == (topk["offsets"][-1], 16)
+    assert bytes(topk[TEXTS_KEY]).decode().count('"') > 0
+    for r in scored:  # one char, one token on this model: the generation's tokens are its characters
+        assert r[RECORD_KEY]["tokens"] == len(r["raw_output"])
+        assert "kl" not in r[RECORD_KEY]["buckets"][0]
+
+
+def test_identical_setup_has_no_divergence_anywhere(baseline_run: Any, model_path: Path) -> None:
+    cfg, records, topk = baseline_run
+    b = _backend(cfg, Setup(name="same"))
+    mine, _ = _forced(cfg, b, records, False, topk)
+    b.close()
+    buckets = [bk for r in mine if RECORD_KEY in r for bk in r[RECORD_KEY]["buckets"]]
+    assert len(buckets) >= 4 and {bk["start"] for bk in buckets} >= {0, 4}
+    for bk in buckets:
+        assert bk["kl"] == pytest.approx(0, abs=1e-5)
+        assert bk["top1"] == bk["tokens"]
+    base_lp = {r["sample_id"]: r[RECORD_KEY]["buckets"] for r in records if RECORD_KEY in r}
+    for r in mine:
+        if RECORD_KEY in r:
+            assert [bk["logprob"] for bk in r[RECORD_KEY]["buckets"]] == pytest.approx(
+                [bk["logprob"] for bk in base_lp[r["sample_id"]]], abs=1e-4)
+
+
+def test_two_bit_kv_cache_diverges(baseline_run: Any) -> None:
+    cfg, records, topk = baseline_run
+    b = _backend(cfg, Setup(name="kv2", kv_cache="int2"))
+    mine, _ = _forced(cfg, b, records, False, topk)
+    b.close()
+    kl = sum(bk["kl"] for r in mine if RECORD_KEY in r for bk in r[RECORD_KEY]["buckets"])
+    tokens = sum(r[RECORD_KEY]["tokens"] for r in mine if RECORD_KEY in r)
+    assert tokens > 0 and kl / tokens > 1e-3
+
+
+def test_position_sums_buckets() -> None:
+    lp = -np.arange(10, dtype=float)
+    out = position_sums([0, 4, 8, 16], lp, np.ones(10), np.ones(10, dtype=bool))
+    assert [(b["start"], b["end"], b["tokens"]) for b in out] == [(0, 4, 4), (4, 8, 4), (8, 16, 2)]
+    assert out[2]["logprob"] == -17 and out[2]["kl"] == 2
+    assert position_sums([0, 4], lp[:3], None, None) == [{"start": 0, "end": 4, "tokens": 3, "logprob": -3.0}]
