@@ -70,3 +70,5 @@ def read_json(path: Path) -> Any:
         return json.loads(path.read_bytes().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"{path}: corrupt JSON ({getattr(exc, 'msg', exc)})") from None
+    except RecursionError:  # nested thousands deep: json's decoder recurses (a hostile file)
+        raise UserError(f"{path}: corrupt JSON (nested too deeply)") from None

@@ -25,6 +25,8 @@ def read_objects(path: Path, raw: bytes | None = None) -> Iterator[tuple[int, di
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise UserError(f"{path}:{lineno}: corrupt dataset line ({exc.msg})") from None
+        except RecursionError:  # `[[[[...` thousands deep: json's decoder recurses (a hostile file)
+            raise UserError(f"{path}:{lineno}: corrupt dataset line (nested too deeply)") from None
         if not isinstance(obj, dict):
             raise UserError(f"{path}:{lineno}: corrupt dataset line (expected a JSON object)")
         yield lineno, obj

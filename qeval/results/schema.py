@@ -364,6 +364,8 @@ def read_results(path: Path) -> Results:
         raw = json.loads(path.read_bytes().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"{path}: corrupt JSON ({getattr(exc, 'msg', exc)})") from None
+    except RecursionError:  # nested thousands deep: json's decoder recurses (a run compare is given)
+        raise UserError(f"{path}: corrupt JSON (nested too deeply)") from None
     version = raw.get("schema_version") if isinstance(raw, dict) else None
     if version != SCHEMA_VERSION:
         raise UserError(f"{path}: results schema_version {version}; this qeval reads schema_version {SCHEMA_VERSION}")

@@ -237,3 +237,23 @@ def test_minor_margin_nan_arrow_and_link_messages(tmp_path: Path) -> None:
     res, _, _ = compare(tmp_path, V1, changed, margin=None)
     one_line_exit_2(res, "resolves outside the run directory")
     assert "write" not in res.stderr
+
+
+def test_a_file_nested_thousands_deep_is_one_line(tmp_path: Path) -> None:
+    """A record, meta file or results.json nested 100,000 deep (json's decoder recurses) is one
+    UserError naming the file, not a RecursionError traceback (issue 40 review, point 6)."""
+    from qeval.errors import UserError
+    from qeval.files.atomic import read_json
+    from qeval.files.jsonl import read_objects
+    from qeval.results.schema import read_results
+
+    deep = "[" * 100_000 + "]" * 100_000
+    (tmp_path / "s.jsonl").write_text('{"sample_id": "a", "correct": 1}\n{"sample_id": "b", "x": ' + deep + "}\n")
+    (tmp_path / "m.json").write_text(deep)
+    (tmp_path / "results.json").write_text('{"schema_version": ' + deep + "}")
+    with pytest.raises(UserError, match=r"s\.jsonl:2: .*nested too deeply"):
+        list(read_objects(tmp_path / "s.jsonl"))
+    with pytest.raises(UserError, match=r"m\.json: .*nested too deeply"):
+        read_json(tmp_path / "m.json")
+    with pytest.raises(UserError, match=r"results\.json: .*nested too deeply"):
+        read_results(tmp_path / "results.json")
