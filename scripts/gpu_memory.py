@@ -71,8 +71,8 @@ SOURCES = {
                    "(qeval.memory.ledger.cache_storage_bytes)",
     "prefill_activations": "peak over the loaded model during that prefill and step, less the sequence's KV storage "
                            "(CUDA: torch.cuda.max_memory_allocated; CPU: VmHWM after clear_refs)",
-    "kv_pool": "storage the caches of the largest batch that fit pin (cache_storage_bytes), filled at L - 1 tokens "
-               "through each cache's own update",
+    "kv_pool": "storage the caches of the largest batch that fit pin (cache_storage_bytes) after the decode step, "
+               "filled at L - 1 tokens through each cache's own update (kv_pool_after_fill_bytes: before the step)",
     "step_activations": "peak of the batched decode step over what was allocated before it (the pool and weights)",
     "allocator_slack": "torch.cuda.max_memory_reserved - max_memory_allocated over the step (fragmentation and "
                        "rounding in the caching allocator)",
@@ -167,7 +167,8 @@ class Meter:
         if self.device == "cuda":
             return
         growth = max(trial["fill_peak_bytes"], trial["step_peak_bytes"]) - trial["start_allocated"]
-        used = resident + max(growth, trial["kv_pool_bytes"])  # RSS misses heap reuse; the pool is exact
+        # RSS misses heap reuse; the pool is exact
+        used = resident + max(growth, trial["kv_pool_bytes"], trial["kv_pool_after_fill_bytes"])
         if used > self.capacity:
             raise MemoryError(f"simulated device: {used:,} bytes past its capacity of {self.capacity:,}")
 
@@ -313,8 +314,10 @@ def fill_and_step(model: Any, setup: Setup, batch: int, context: int, meter: Met
           logits_to_keep=1)
     meter.sync()
     peak, reserved_peak = meter.peak(), meter.reserved_peak()
-    out = {"batch": batch, "start_allocated": start, "kv_pool_bytes": pool, "fill_peak_bytes": fill_peak,
-           "allocated_before_step": before,
+    # after the step, as the prediction counts it: a sliding layer trims its prefill's slice to its
+    # window on the first decode step (until then it pins all L tokens: kv_pool_after_fill_bytes)
+    out = {"batch": batch, "start_allocated": start, "kv_pool_bytes": cache_storage_bytes(cache),
+           "kv_pool_after_fill_bytes": pool, "fill_peak_bytes": fill_peak, "allocated_before_step": before,
            "step_peak_bytes": peak, "step_activations_bytes": max(peak - before, 0),
            "reserved_peak_bytes": reserved_peak,
            "allocator_slack_bytes": None if reserved_peak is None else reserved_peak - peak,

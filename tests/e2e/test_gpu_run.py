@@ -188,6 +188,55 @@ def test_gpu_run_performance_and_tiny_scores(cpu_run: tuple[subprocess.Completed
     assert all(r["diff"] == 0 for r in rows), rows
 
 
+@pytest.mark.parametrize(("limit", "start", "fit", "failed_at", "capped"), [
+    (37, 20, 37, 38, False),  # up by 25% from the formula's figure, then bisected to the sequence
+    (37, 90, 37, 38, False),  # down from a figure that does not fit
+    (500, 20, 100, 101, True),  # everything fits: capped, not bracketed
+    (0, 5, 0, 1, False),  # nothing fits, not even one sequence
+])
+def test_search_finds_the_largest_batch(limit: int, start: int, fit: int, failed_at: int | None,
+                                        capped: bool) -> None:
+    import time
+
+    from gpu_memory import search
+
+    res = search(lambda b: {"batch": b} if b <= limit else None, start, 100, time.monotonic() + 60)
+    got_failed = res["failed_at"] if not capped else None
+    assert (res["fit"], res["capped"]) == (fit, capped)
+    assert got_failed == (None if capped else failed_at)
+    assert res["at_fit"] == ({"batch": fit} if fit else None)
+    assert len(res["trials"]) <= 12
+
+
+def test_search_stops_at_its_deadline() -> None:
+    import time
+
+    from gpu_memory import search
+
+    res = search(lambda b: {"batch": b}, 1, 10**6, time.monotonic() - 1)
+    assert res["trials"] == [] and res["fit"] == 0 and not res["converged"]
+
+
+def test_a_sliding_window_pool_is_counted_after_the_decode_step() -> None:
+    """Mistral-7B's architecture, shrunk (window 128, context 256): the synthetic fill pins every
+    token until the first decode step trims each sliding layer to its window, as a prefill does;
+    the pool after the step is what qeval predicts for the batch."""
+    import torch
+    from gpu_memory import Meter, build_model, fill_and_step, model_config, predictions
+
+    from qeval.config.setups import Setup
+    from qeval.records.shape import ModelShape
+
+    cfg = model_config(ROOT / "tests" / "data" / "mistral-7b-v0.1-config.json", shrink=True, max_context=256)
+    assert cfg["sliding_window"] == 128 and cfg["model_type"] == "mistral"
+    setup = Setup(name="w16")
+    model, _ = build_model(cfg, setup, torch.float32, "cpu")
+    trial = fill_and_step(model, setup, 3, 256, Meter("cpu", 2**30), "cpu")
+    per_sequence = predictions(ModelShape.from_config(cfg), setup, "float32", 256)["kv_bytes_per_sequence"]
+    assert trial["kv_pool_bytes"] == 3 * per_sequence
+    assert trial["kv_pool_after_fill_bytes"] > 1.9 * trial["kv_pool_bytes"]  # 255 tokens pinned, not 128
+
+
 def test_gpu_run_starts_nothing_past_its_time_budget(tmp_path: Path) -> None:
     """With no time left every phase is skipped, and said so, and the files are still written."""
     res = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_run.py"), "--device", "cpu", "--shape", "small",
