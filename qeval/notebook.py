@@ -8,6 +8,8 @@
     run.memory()                       # the ledger, predicted and measured, with sources
     run.advice()                       # an advise: block's per-unit sensitivity and the kept units
     run.performance()                  # throughput and latency per level, median and range, with sources
+    run.generation_positions()         # KL / top-1 / Δ NLL by generated position (generation_divergence:)
+    run.generation_lengths()           # accuracy by the baseline's answer length
     run.plot_quality_vs_memory()       # matplotlib figures
 
 Reads only the stored results; no model is loaded.
@@ -134,6 +136,25 @@ class Run:
             return pd.DataFrame(columns=["unit", "layer", "kind", "extra_bytes", "cost_kl", "gain_kl", "kept"])
         kept = set(a.search.get("kept", []))
         return pd.DataFrame([u.model_dump() | {"kept": u.unit in kept} for u in a.units])
+
+    def generation_positions(self) -> pd.DataFrame:
+        """Divergence along the generation: one row per setup x generation task x bucket of
+        generated positions (KL, top-1 agreement, NLL and Δ NLL with its CI; docs/tasks.md,
+        "Divergence along the generation"); empty for a run without `generation_divergence:`."""
+        block = self.results.generation_divergence
+        setups = block.setups if block else {}
+        rows = [{"setup": setup, "task": task} | b.model_dump() for setup, tasks in setups.items()
+                for task, t in tasks.items() for b in t.positions]
+        return pd.DataFrame(rows)
+
+    def generation_lengths(self) -> pd.DataFrame:
+        """Accuracy by the baseline's answer length: one row per setup x generation task x
+        length bucket (accuracy, Δ against the baseline with its CI and p-value)."""
+        block = self.results.generation_divergence
+        setups = block.setups if block else {}
+        rows = [{"setup": setup, "task": task} | b.model_dump() for setup, tasks in setups.items()
+                for task, t in tasks.items() for b in t.answer_lengths]
+        return pd.DataFrame(rows)
 
     def memory(self) -> pd.DataFrame:
         """The memory ledger: one row per setup x figure, predicted and measured, with sources."""

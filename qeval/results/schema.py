@@ -21,6 +21,7 @@ from qeval.config.gates import Gate
 from qeval.errors import UserError
 from qeval.results.advice import AdviceResult
 from qeval.results.base import ResultModel
+from qeval.results.generation import GenerationDivergence
 from qeval.results.long_context import LongContextInfo, SetupLongContext
 from qeval.results.performance import Ceilings, Performance
 
@@ -317,6 +318,9 @@ class Results(ResultModel):
     ceilings: Ceilings | None = Field(None, description="the device's copy bandwidth and matmul peak, measured once "
                                                         "per run (null: no performance phase)")
     long_context: LongContextInfo | None = Field(None, description="the generated long-context tasks (null: none)")
+    generation_divergence: GenerationDivergence | None = Field(
+        None, description="divergence by generated position and accuracy by answer length per setup (null: the "
+                          "config has no generation_divergence)")
     advice: AdviceResult | None = Field(None, description="the mixed-precision advice of the config's `advise:` "
                                                           "block (null: none); its setup is one of `setups`")
 

@@ -107,3 +107,42 @@ def test_position_sums_buckets() -> None:
     assert [(b["start"], b["end"], b["tokens"]) for b in out] == [(0, 4, 4), (4, 8, 4), (8, 16, 2)]
     assert out[2]["logprob"] == -17 and out[2]["kl"] == 2
     assert position_sums([0, 4], lp[:3], None, None) == [{"start": 0, "end": 4, "tokens": 3, "logprob": -3.0}]
+
+
+def _rec(sid: str, correct: bool, buckets: list[dict[str, Any]] | None) -> dict[str, Any]:
+    tokens = sum(b["tokens"] for b in buckets or [])
+    return {"sample_id": sid, "correct": correct} | ({RECORD_KEY: {"tokens": tokens, "buckets": buckets}}
+                                                      if buckets else {})
+
+
+def test_tables_pair_documents_by_bucket() -> None:
+    from qeval.tasks.generation.results import length_table, position_table
+
+    base = [_rec(str(i), True, [{"start": 0, "end": 4, "tokens": 4, "logprob": -0.4},
+                                {"start": 4, "end": None, "tokens": i + 1, "logprob": -0.1 * (i + 1)}])
+            for i in range(8)] + [_rec("short", False, [{"start": 0, "end": 4, "tokens": 2, "logprob": -0.2}])]
+    mine = [_rec(r["sample_id"], r["sample_id"] not in {"6", "7"},
+                 [b | {"logprob": 2 * b["logprob"], "kl": 0.5 * b["tokens"], "top1": b["tokens"] - 1}
+                  for b in r[RECORD_KEY]["buckets"]]) for r in base]
+    pos = position_table(mine, base, 1)
+    assert [(b.start, b.end, b.documents) for b in pos] == [(0, 4, 9), (4, None, 8)]
+    assert pos[0].kl == pytest.approx(0.5) and pos[0].tokens == 34
+    assert pos[0].delta == pytest.approx(0.1) and pos[0].ci is not None and pos[0].ci[0] <= 0.1 <= pos[0].ci[1]
+    assert position_table(base, None, 1)[0].kl is None
+    lengths = length_table(mine, base, [0, 8], True, 1)
+    # the baseline's answer lengths: 5..12 tokens and "short" 2
+    assert [(b.start, b.end, b.documents) for b in lengths] == [(0, 8, 4), (8, None, 5)]
+    assert lengths[1].accuracy == pytest.approx(0.6) and lengths[1].baseline_accuracy == 1
+    assert lengths[1].delta == pytest.approx(-0.4) and lengths[0].delta == pytest.approx(0.25)
+    assert lengths[1].p_value is not None and lengths[1].ci is not None
+
+
+def test_unset_block_leaves_keys_and_config_hash_alone(model_path: Path) -> None:
+    from qeval.records.keys import _teacher_part
+
+    plain = RunConfig(name="t", model=ModelSpec(path=str(model_path)), setups=[Setup(name="a")], tasks=["x"])
+    task = SimpleNamespace(output_type="generate_until")
+    assert _teacher_part(plain, task) == {} and "generation_divergence" not in plain.as_json()
+    on = plain.model_copy(update={"generation_divergence": GenerationDivergenceSpec()})
+    assert _teacher_part(on, task) and _teacher_part(on, SimpleNamespace(output_type="multiple_choice")) == {}
+    assert on.config_hash() != plain.config_hash()

@@ -1,0 +1,62 @@
+"""The divergence-along-the-generation block of results.json (docs/results.md): for each
+generation task, each setup's divergence from the baseline by generated-token position (the
+baseline's own generation teacher-forced through the setup) and its accuracy by answer length
+(documents bucketed by the baseline's generated length), paired with the baseline by document."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from qeval.results.base import ResultModel
+
+
+class GeneratedPositionBucket(ResultModel):
+    """Generated-token positions [start, end) of one task's documents (0: the first generated token)."""
+
+    start: int = Field(description="first generated position of the bucket")
+    end: int | None = Field(description="one past its last position; null: open-ended (the last bucket)")
+    documents: int = Field(description="documents whose generation reaches the bucket (paired with the baseline's)")
+    tokens: int = Field(description="generated tokens in the bucket, over those documents")
+    nll: float = Field(description="this setup's mean negative log-prob of the baseline's generated tokens (nats)")
+    baseline_nll: float | None = Field(None, description="the baseline's, on the same tokens; null for the baseline")
+    delta: float | None = Field(None, description="nll - baseline_nll (nats per token; positive: worse)")
+    ci: tuple[float, float] | None = Field(None, description="95% paired t-interval of delta over documents")
+    ci_method: Literal["t"] | None = Field(None, description="t: Student's t-interval on the documents' linearised "
+                                                             "differences (stats.paired_ratio)")
+    p_value: float | None = Field(None, description="Wilcoxon signed-rank test over documents")
+    kl: float | None = Field(None, description="mean KL(baseline || setup) per generated token (top-16 + tail, a "
+                                               "lower bound of the full KL); null for the baseline")
+    top1_agreement: float | None = Field(None, description="share of the bucket's tokens where the setup's top-1 "
+                                                           "prediction is the baseline's")
+
+
+class AnswerLengthBucket(ResultModel):
+    """Documents whose baseline answer is [start, end) generated tokens long."""
+
+    start: int = Field(description="shortest baseline answer in the bucket (tokens)")
+    end: int | None = Field(description="one past the longest; null: open-ended")
+    documents: int = Field(description="documents in the bucket, paired with the baseline's")
+    accuracy: float = Field(description="this setup's accuracy (mean `correct`) on them")
+    baseline_accuracy: float | None = Field(None, description="the baseline's on the same documents")
+    delta: float | None = Field(None, description="accuracy - baseline_accuracy (positive: better)")
+    ci: tuple[float, float] | None = Field(None, description="95% paired interval of delta (Newcombe's for "
+                                                             "right/wrong, a t-interval for sampled shares)")
+    p_value: float | None = Field(None, description="McNemar's exact test (right/wrong) or Wilcoxon's")
+
+
+class TaskGeneration(ResultModel):
+    """One setup on one generation task."""
+
+    positions: list[GeneratedPositionBucket] = Field([], description="divergence by generated-position bucket")
+    answer_lengths: list[AnswerLengthBucket] = Field([], description="accuracy by the baseline's answer length")
+
+
+class GenerationDivergence(ResultModel):
+    """results.json `generation_divergence`: present when the config set `generation_divergence:`."""
+
+    position_buckets: list[int] = Field(description="lower edges of the generated-position buckets")
+    length_buckets: list[int] = Field(description="lower edges of the answer-length buckets (baseline's tokens)")
+    tasks: list[str] = Field(description="the generation tasks measured")
+    setups: dict[str, dict[str, TaskGeneration]] = Field(description="setup -> task -> its tables")
