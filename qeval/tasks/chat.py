@@ -57,8 +57,8 @@ class Chat:
         assert self.template is not None, "apply() needs a template"
         kw = {"tokenize": False, "add_generation_prompt": add_generation_prompt,
               "continue_final_message": not add_generation_prompt, "chat_template": self.template}
-        _bound(self.template)
-        try:
+        try:  # compiling is inside: a syntax error, or one in folding its constants, is one line too
+            _bound(self.template)
             try:
                 return str(self.tokenizer.apply_chat_template(messages, **kw))
             except jinja2.exceptions.SecurityError:

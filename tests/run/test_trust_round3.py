@@ -81,6 +81,9 @@ def _model_with_template(tmp: Path, template: str) -> Path:
     ("{{ cycler.__init__.__globals__.os.system('id') }}", "refused by the sandbox"),
     ("{% for m in messages %}{{ 'x' * 90000000 }}{% endfor %}", "exceeds 1,000,000 characters"),
     ("{% for m in messages %}{{ m.nope.nope }}{% endfor %}", "cannot render: UndefinedError"),
+    # failing when compiled (a syntax error; a constant folded at compile time): one line, not a traceback
+    ("{% for m in messages %}{{ m.content }}", "cannot render: TemplateSyntaxError"),
+    ("{{ (10**5000)|string }}{% for m in messages %}{{ m.content }}{% endfor %}", "cannot render: ValueError"),
 ])
 def test_a_hostile_chat_template_is_refused_at_validate(tmp_path: Path, template: str, says: str) -> None:
     """A template reaching `__globals__` passed validate and ended the run in a traceback; one
