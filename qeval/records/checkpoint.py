@@ -62,8 +62,9 @@ def _text_part(config: dict[str, Any]) -> dict[str, Any]:
 def identity_problem(checkpoint: dict[str, Any], baseline: dict[str, Any]) -> str:
     """Why a checkpoint's config.json is not a checkpoint of the baseline model, else '': it must
     be a decoder config qeval reads (records/shape.py), with the baseline's model_type, vocabulary,
-    hidden size, layers and attention heads. A checkpoint of another model would be compared as if
-    it were a quantization of this one (a vocabulary of 49,152 against 128)."""
+    hidden and MLP sizes, layers and attention heads (no quantizer changes any of them). A
+    checkpoint of another model would be compared as if it were a quantization of this one (a
+    vocabulary of 49,152 against 128)."""
     ck, base = _text_part(checkpoint), _text_part(baseline)
     try:
         mine = ModelShape.from_config(checkpoint)
@@ -75,8 +76,9 @@ def identity_problem(checkpoint: dict[str, Any], baseline: dict[str, Any]) -> st
         return f"has model_type {_short(ck['model_type'])!r}, the model {base['model_type']!r}"
     theirs = ModelShape.from_config(baseline)
     for field, name in (("vocab_size", "vocab_size"), ("hidden_size", "hidden_size"),
-                        ("num_layers", "num_hidden_layers"), ("num_heads", "num_attention_heads"),
-                        ("num_kv_heads", "num_key_value_heads"), ("head_dim", "head_dim")):
+                        ("intermediate_size", "intermediate_size"), ("num_layers", "num_hidden_layers"),
+                        ("num_heads", "num_attention_heads"), ("num_kv_heads", "num_key_value_heads"),
+                        ("head_dim", "head_dim")):
         if getattr(mine, field) != getattr(theirs, field):
             return f"has {name} {getattr(mine, field):,}, the model {getattr(theirs, field):,}"
     return ""

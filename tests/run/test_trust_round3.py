@@ -113,3 +113,13 @@ def test_the_chat_template_is_bounded_at_every_render(tmp_path: Path) -> None:
     chat = ChatResolver(ModelSpec(path=str(_model_with_template(tmp_path, plain))))(
         ChatChoice(True, "S", True), "task t")
     assert chat is not None and chat.prompt("hi") == "<system>S<user>hi<a>"
+
+
+def test_a_checkpoint_with_another_mlp_width_is_not_the_model() -> None:
+    """A checkpoint with the model's vocabulary, hidden size, layers and heads but another MLP
+    width is another model (no quantizer changes it): refused, not compared as a quantization
+    of the baseline (issue 40 review, point 11)."""
+    from qeval.records.checkpoint import identity_problem
+
+    assert identity_problem(_tiny(intermediate_size=512), _tiny()) == "has intermediate_size 512, the model 384"
+    assert identity_problem(_tiny(), _tiny()) == ""
