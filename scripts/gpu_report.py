@@ -29,7 +29,8 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
 def memory_rows(cells: list[dict[str, Any]]) -> tuple[list[str], list[list[str]], list[list[str]]]:
     """Residents (predicted beside measured) and concurrency (formula beside what fit), per cell."""
     res, conc = [], []
-    for c in cells:
+    order = {name: i for i, name in reversed(list(enumerate(c["setup"] for c in cells)))}
+    for c in sorted(cells, key=lambda c: (order[c["setup"]], c["context"])):  # run longest context first
         p = c["predicted"]
         name = [c["setup"], str(c["context"])]
         if "skipped" in c:

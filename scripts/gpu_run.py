@@ -206,6 +206,11 @@ def tiny_config(device: str, dtype: str, setups: list[str], limit: int) -> dict[
     return cfg
 
 
+def cpu_threads() -> int:
+    """Threads of the tiny model's CPU run: a quarter of the cores, the rest left to the device's work."""
+    return max(1, (os.cpu_count() or 2) // 4)
+
+
 def start_tiny(role: str, device: str, dtype: str, setups: list[str], limit: int,
                work: Path) -> tuple[subprocess.Popen[str], Path]:
     """`qeval run` of tiny_config in its own process (its workers inherit PYTHONPATH); `role`
@@ -218,7 +223,7 @@ def start_tiny(role: str, device: str, dtype: str, setups: list[str], limit: int
     env = os.environ | {"HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(
         [p for p in [os.environ.get(SITE_ENV), str(ROOT), os.environ.get("PYTHONPATH")] if p])}
     if role == "cpu":  # beside the device's run: leave it cores
-        env |= {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // 4))}
+        env |= {"OMP_NUM_THREADS": str(cpu_threads())}
     proc = subprocess.Popen([sys.executable, "-m", "qeval.cli", "run", str(cfg_path), "--output", str(out), "--force",
                              "--no-performance"], cwd=work, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -436,6 +441,7 @@ class Tiny:
         self.setups = args.tiny_setups.split(",") if args.tiny_setups else run.shape["tiny_setups"]
         self.limit = args.tiny_limit or run.shape["tiny_limit"]
         self.procs: dict[str, tuple[subprocess.Popen[str], Path]] = {}
+        self.cpu_threads = cpu_threads()
         self.got: dict[str, dict[str, Any]] = {}
 
     def start(self) -> None:
@@ -447,6 +453,7 @@ class Tiny:
         self._wait("cpu", self.run.left() - 5)
         got = self.got
         self.run.data["tiny"] = {"dtype": self.dtype, "limit": self.limit, "setups": self.setups, "tasks": TINY_TASKS,
+                                 "note": f"the CPU run ran beside phases 2 to 4 on {self.cpu_threads} threads",
                                  "device_run": got.get("device", {}), "cpu_run": got.get("cpu", {}),
                                  "comparison": compare_scores(got.get("device", {}), got.get("cpu", {}))}
         bad = [f"{role}: exit {r['exit_code']}" for role, r in got.items() if r["exit_code"] != 0]

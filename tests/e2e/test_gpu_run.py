@@ -164,9 +164,10 @@ def test_gpu_run_memory_figures_are_sane(cpu_run: tuple[subprocess.CompletedProc
         assert s["fit"] <= raw + 1  # nothing fits past the theoretical concurrency
         pool = s["at_fit"]["kv_pool_bytes"]
         assert pool == pytest.approx(s["fit"] * p["kv_bytes_per_sequence"], rel=0.05)
-    # a 16-bit KV cache at this device's size is bounded by its pool: the search lands near the formula
+    # a 16-bit KV cache is bounded by its pool and the fill's transient: on 2 layers, one layer's random
+    # K/V is half the pool, so at least 1 / 1.5 of the formula's raw figure fits (less a bisection step)
     w16 = cells[("w16", 256)]
-    assert w16["search"]["fit"] >= 0.8 * w16["formula"]["raw"]["max_concurrency"]
+    assert w16["search"]["fit"] >= 0.5 * w16["formula"]["raw"]["max_concurrency"]
 
 
 @pytest.mark.slow
