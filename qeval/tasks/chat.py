@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from qeval.config.chat import ChatChoice, ChatKeys, merge_chat
 from qeval.errors import UserError
-from qeval.tasks.templates import bounded_render
+from qeval.tasks.templates import bounded_overlay
 
 if TYPE_CHECKING:
     from qeval.config import ModelSpec
@@ -103,19 +103,29 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _bound(source: str) -> None:
-    """Make transformers' compiled template for `source` (cached by source: the one its
-    `apply_chat_template` renders) render by streaming under qeval's bounds: at most
-    1,000,000 characters and 5 s (qeval/tasks/templates.py). Its sandbox is transformers' own;
-    the bounds are what it lacks: a template that renders 90 million characters hung the run."""
+    """Make transformers compile `source` (the template its `apply_chat_template` renders) in an
+    overlay of its own environment with qeval's bounds (qeval/tasks/templates.py): operators,
+    calls and filters checked before they allocate (`{% set s = 'x' * 10**10 %}` builds 10 GB
+    without printing a character; `7**10**9` hangs in jinja's constant folding at compile time),
+    and the output streamed under 1,000,000 characters and 5 s. Its sandbox is transformers'
+    own; the bounds are what it lacks: a template that renders 90 million characters hung the run.
+    Installed once, in place of transformers' compile function (transformers 5.23:
+    `chat_template_utils._compile_jinja_template`, looked up at each render)."""
     from transformers.utils import chat_template_utils
 
-    compile_template = getattr(chat_template_utils, "_compile_jinja_template", None)
-    if compile_template is None:  # pragma: no cover - another transformers: the rendered size is checked after
+    original = getattr(chat_template_utils, "_compile_jinja_template", None)
+    if original is None:  # pragma: no cover - another transformers: the rendered size is checked after
         return
-    compiled = compile_template(source)
-    if not getattr(compiled, "_qeval_bounded", False):
-        compiled.render = functools.partial(bounded_render, compiled)
-        compiled._qeval_bounded = True
+    if not getattr(original, "_qeval_bounded", False):
+        base = original("").environment  # transformers' environment (its filters and extensions)
+
+        @functools.lru_cache(maxsize=64)
+        def compile_bounded(chat_template: str) -> Any:
+            return bounded_overlay(base).from_string(chat_template)
+
+        compile_bounded._qeval_bounded = True  # type: ignore[attr-defined]
+        chat_template_utils._compile_jinja_template = compile_bounded
+    chat_template_utils._compile_jinja_template(source)  # compiled here: its errors are the caller's one line
 
 
 def _delimit(prefix: str | None, suffix: str, delimiter: str) -> str:

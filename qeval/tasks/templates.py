@@ -11,7 +11,8 @@ mutate. qeval bounds what a template may build on top, at three depths:
   (nested `range` loops), past `_MAX_ITERATIONS` range() items (loops that print nothing),
   and past `_MAX_SECONDS` (a SIGALRM timer in the main thread; elsewhere at each output piece);
 - every Template this environment makes renders that way, lm-eval's included, and so does a
-  model's own chat template, compiled by transformers' sandbox (`bounded_render`, qeval/tasks/chat.py).
+  model's own chat template, compiled in an overlay of transformers' sandbox (`bounded_overlay`,
+  qeval/tasks/chat.py).
 
 (lm-evaluation-harness renders its own task templates with a plain Environment; qeval's are not.)
 """
@@ -28,7 +29,7 @@ from functools import lru_cache
 from typing import Any
 
 import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment, SecurityError
 
 _MAX_RENDERED = 1_000_000  # characters: a template that builds more is refused, not rendered
 _MAX_SECONDS = 5.0  # per render: a prompt template takes microseconds
@@ -135,17 +136,14 @@ class _BoundedTemplate(jinja2.Template):
         return "".join(out)
 
 
-class _Sandbox(ImmutableSandboxedEnvironment):
-    """The sandbox, plus bounds on what a template may build (the module docstring): `{{ 'a' *
-    10**10 }}` would otherwise try to allocate 10 GB while validating a task file."""
+class _Bounds(SandboxedEnvironment):
+    """The bounds on what a template may build (the module docstring), on top of a sandbox:
+    `{{ 'a' * 10**10 }}` would otherwise try to allocate 10 GB while validating a task file.
+    Intercepting the operators also keeps jinja from folding them at compile time (`7**10**9`
+    would hang there)."""
 
     intercepted_binops = frozenset(["*", "**", "%"])
     template_class = _BoundedTemplate
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.filters = {name: _bounded_filter(f) for name, f in self.filters.items()}
-        self.globals["range"] = _counted_range
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         if operator == "**" and isinstance(right, int) and abs(right) > 64:
@@ -167,10 +165,25 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         return _bounded(super().call(__context, __obj, *args, **kwargs))
 
 
-def bounded_render(template: jinja2.Template, *args: Any, **kwargs: Any) -> str:
-    """Any compiled `template` (another library's, e.g. transformers' chat templates) rendered by
-    streaming under the same output and time bounds as qeval's own: SecurityError past them."""
-    return _BoundedTemplate.render(template, *args, **kwargs)  # type: ignore[arg-type]
+class _Sandbox(_Bounds, ImmutableSandboxedEnvironment):
+    """qeval's own sandbox for task templates: jinja's immutable sandbox with the bounds."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.filters = {name: _bounded_filter(f) for name, f in self.filters.items()}
+        self.globals["range"] = _counted_range
+
+
+def bounded_overlay(env: SandboxedEnvironment) -> SandboxedEnvironment:
+    """An overlay of another library's sandboxed `env` (transformers' chat templates: its
+    filters, globals and extensions kept) with qeval's bounds: its operators and calls checked
+    before they allocate, its filters bounded, `range` counted, its templates rendered by
+    streaming. `env` itself is left as it was."""
+    out = env.overlay()
+    out.__class__ = type(f"Bounded{type(env).__name__}", (_Bounds, type(env)), {})
+    out.filters = {name: _bounded_filter(f) for name, f in env.filters.items()}
+    out.globals = dict(env.globals) | {"range": _counted_range}
+    return out
 
 
 def sandbox_environment() -> jinja2.Environment:

@@ -79,15 +79,19 @@ def _model_with_template(tmp: Path, template: str) -> Path:
 
 @pytest.mark.parametrize(("template", "says"), [
     ("{{ cycler.__init__.__globals__.os.system('id') }}", "refused by the sandbox"),
-    ("{% for m in messages %}{{ 'x' * 90000000 }}{% endfor %}", "exceeds 1,000,000 characters"),
+    ("{% for m in messages %}{{ 'x' * 90000000 }}{% endfor %}", "repetition too large"),
+    # building without printing (10 GB here), or folding a constant at compile time, never starts
+    ("{% set s = 'x' * 10**10 %}{{ s|length }}{% for m in messages %}{{ m.content }}{% endfor %}",
+     "repetition too large"),
+    ("{% set x = 7**(10**9) %}{% for m in messages %}{{ m.content }}{% endfor %}", "exponent too large"),
     ("{% for m in messages %}{{ m.nope.nope }}{% endfor %}", "cannot render: UndefinedError"),
-    # failing when compiled (a syntax error; a constant folded at compile time): one line, not a traceback
+    # failing when compiled: one line, not a traceback
     ("{% for m in messages %}{{ m.content }}", "cannot render: TemplateSyntaxError"),
-    ("{{ (10**5000)|string }}{% for m in messages %}{{ m.content }}{% endfor %}", "cannot render: ValueError"),
 ])
 def test_a_hostile_chat_template_is_refused_at_validate(tmp_path: Path, template: str, says: str) -> None:
     """A template reaching `__globals__` passed validate and ended the run in a traceback; one
-    rendering 90 million characters hung the driver. Both are one line at validate now."""
+    rendering 90 million characters hung the driver. Both are one line at validate now, and so
+    are templates that build without printing or fold a huge constant when compiled."""
     cfg = make_config(tmp_path, model={"path": _model_with_template(tmp_path, template)}, chat_template=True)
     one_line_exit_2(run_cli("validate", str(cfg), timeout=120), says)
 
