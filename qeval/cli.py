@@ -198,6 +198,52 @@ def quantize(
 
 
 @app.command()
+def goodput(
+    config: Annotated[Path, typer.Argument(help="run config YAML with workload: (and its slo:) and serving: blocks")],
+    output: Annotated[Path | None, typer.Option(help="run directory (default reports/<config name>)")] = None,
+) -> None:
+    """Serve CONFIG's workload on each setup with `vllm serve`, tune max-num-seqs, recommend by goodput
+    (RUN_DIR/serving.json, serving.md; docs/performance.md, "Serving the workload")."""
+    from qeval.config import load_config
+    from qeval.perf.serving import goodput_run
+    from qeval.quantize.checkpoints import resolve_checkpoints
+    from qeval.records.model_source import resolve_model
+    from qeval.report.serving import write_report
+
+    try:
+        cfg = load_config(config)
+        out = output or Path("reports") / cfg.name
+        if cfg.workload is None or cfg.workload.slo is None or cfg.serving is None:
+            raise UserError(f"{config}: qeval goodput needs a workload: block with an slo: and a serving: block")
+        source = resolve_model(cfg.model.path, cfg.model.revision)
+        cfg = resolve_checkpoints(cfg, source.checksum, {s.name for s in cfg.setups})
+        results = goodput_run(cfg, out, _gated(out))
+    except UserError as exc:
+        _fail(exc)
+        return
+    report = write_report(results, out)
+    print(f"recommended (by goodput): {results.recommendation.get('setup') or 'none'}")
+    for reason in (results.recommendation.get("reasons") or {}).values():
+        print(f"  {reason}")
+    for r in results.setups:
+        print(f"{r.setup}: {r.serve_command}")
+    print(f"report: {report}")
+
+
+def _gated(out: Path) -> tuple[list[str], dict[str, str]] | None:
+    """The setups a scored run in `out` lets through (every gate passed, the budget fitted: its
+    recommendation's candidates) and why each other one is out; None without results.json."""
+    file = out / "results.json"
+    if not file.is_file():
+        return None
+    from qeval.analysis.recommend import recommend
+    from qeval.results.schema import read_results
+
+    rec = recommend(read_results(file))
+    return rec.candidates, {k: v for k, v in rec.reasons.items() if k not in rec.candidates}
+
+
+@app.command()
 def advise(
     config: Annotated[Path, typer.Argument(help="run config YAML")],
     budget: Annotated[str | None, typer.Option(

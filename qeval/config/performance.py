@@ -47,4 +47,46 @@ class PerfSpec(Strict):
 
 
 #: what the recommendation optimises among the setups that pass every gate and fit the budget
-RecommendBy = Literal["concurrency", "throughput", "latency"]
+RecommendBy = Literal["concurrency", "throughput", "latency", "goodput"]
+
+
+def _vllm_default() -> list[int | None]:
+    return [None]
+
+
+class ServingSpec(Strict):
+    """How `qeval goodput` loads and tunes each setup on the workload (docs/performance.md,
+    "Serving the workload"): every `max_num_seqs` value is one engine start; at each, the
+    `rates` are swept upwards (open loop, seeded Poisson arrivals) until a level breaks the SLO.
+    The cost is bounded by len(max_num_seqs) restarts and len(rates) levels per restart."""
+
+    #: request rates (requests/s) to replay the workload at, swept in ascending order
+    rates: list[float] = Field(min_length=1, max_length=12)
+    #: the max-num-seqs values to try (one engine start each)
+    max_num_seqs: list[int] = Field(default_factory=lambda: [256], min_length=1, max_length=8)
+    #: max-num-batched-tokens values to try with each max_num_seqs (null: vLLM's default)
+    max_num_batched_tokens: list[int | None] = Field(default_factory=_vllm_default, min_length=1, max_length=4)
+    #: requests per level, taken in order from the workload (a trace shorter than this is cycled)
+    requests: int = Field(default=100, gt=0, le=100_000)
+    #: seed of the Poisson arrivals (vLLM bench serve's --seed)
+    seed: int = 0
+    #: a level's peak KV-cache usage must stay below this share of the pool (the auto-tune's 90%)
+    kv_usage_limit: float = Field(default=0.9, gt=0, le=1)
+    #: keep sweeping rates after a level breaks the SLO (an exhaustive sweep, for comparison)
+    exhaustive: bool = False
+
+    @field_validator("rates")
+    @classmethod
+    def _rates(cls, rates: list[float]) -> list[float]:
+        if any(not r > 0 or r != r or r == float("inf") for r in rates):
+            raise ValueError("rates are finite request rates above 0 (requests/s)")
+        if len(set(rates)) != len(rates):
+            raise ValueError("a rate is listed twice")
+        return sorted(rates)
+
+    @field_validator("max_num_seqs")
+    @classmethod
+    def _seqs(cls, values: list[int]) -> list[int]:
+        if any(v < 1 for v in values) or len(set(values)) != len(values):
+            raise ValueError("max_num_seqs values are distinct whole numbers, at least 1")
+        return sorted(values)

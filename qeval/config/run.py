@@ -23,7 +23,7 @@ from qeval.config.gates import Gate
 from qeval.config.generation import GenerationDivergenceSpec
 from qeval.config.lm_eval import LmEvalSpec
 from qeval.config.long_context import LongContextSpec
-from qeval.config.performance import PerfSpec, RecommendBy
+from qeval.config.performance import PerfSpec, RecommendBy, ServingSpec
 from qeval.config.quantize import QuantizeSpec
 from qeval.config.server import ServerSpec
 from qeval.config.setups import Setup
@@ -104,6 +104,8 @@ class RunConfig(ChatKeys):
     #: the traffic the deployment will serve and its SLOs (docs/performance.md, "The workload and the
     #: plan"): read by `qeval plan --workload`; it changes no number a run computes today
     workload: WorkloadSpec | None = None
+    #: how `qeval goodput` loads and tunes each setup on the workload (qeval/perf/serving.py)
+    serving: ServingSpec | None = None
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
@@ -134,7 +136,12 @@ class RunConfig(ChatKeys):
         if perf.enabled and perf.input_len + perf.output_len > self.model.max_context:
             raise ValueError(f"performance: input_len {perf.input_len} + output_len {perf.output_len} exceeds "
                              f"model.max_context {self.model.max_context}")
-        if self.recommend_by != "concurrency" and not perf.enabled:
+        if self.serving is not None and (self.workload is None or self.workload.slo is None):
+            raise ValueError("serving: needs a workload: block with an slo: (the traffic and the targets)")
+        if self.recommend_by == "goodput":
+            if self.workload is None or self.workload.slo is None:
+                raise ValueError("recommend_by goodput needs a workload: block with an slo:")
+        elif self.recommend_by != "concurrency" and not perf.enabled:
             raise ValueError(f"recommend_by {self.recommend_by} needs the performance phase (performance.enabled)")
         return self
 
@@ -150,6 +157,7 @@ class RunConfig(ChatKeys):
         `tracking` always (it changes no number, and its URI may carry credentials)."""
         unset = ({"kinds"} if not self.kinds else set()) | ({"advise"} if self.advise is None else set()) \
             | ({"server"} if self.server is None else set()) | ({"workload"} if self.workload is None else set()) \
+            | ({"serving"} if self.serving is None else set()) \
             | ({"generation_divergence"} if self.generation_divergence is None else set())
         out = self.model_dump(mode="json", exclude={"tracking"} | unset)
         # the chat keys likewise while unset, at the top and in each lm-eval task

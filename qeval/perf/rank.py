@@ -1,21 +1,30 @@
 """What the recommendation optimises when the config says `recommend_by: throughput` or
 `latency` (qeval/analysis/recommend.py keeps `concurrency`, its original rule): the figure
-each setup is ranked on, and how a reason states it, with its spread."""
+each setup is ranked on, and how a reason states it, with its spread.
+
+`recommend_by: goodput` is decided by `qeval goodput` (qeval/perf/serving.py), which serves
+the workload: `recommend_goodput` below, among the setups the run's own rule lets through (every
+gate passed, the budget fitted). Inside `qeval run` there is no goodput to rank on, and every
+setup's reason says where it is measured."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from qeval.config.workload import SloSpec
     from qeval.results.performance import Measured
     from qeval.results.schema import SetupResult
+    from qeval.results.serving import ServingSetup
+
+GOODPUT_ELSEWHERE = "goodput is measured by `qeval goodput` on the workload (RUN_DIR/serving.json), not by the run"
 
 
 def figure(s: SetupResult, by: str) -> tuple[Measured, int] | None:
     """The ranked figure and the concurrency it was measured at: output tokens/s at the top
     level (the budget's concurrency by default), or request latency p50 at concurrency 1."""
     perf = s.performance
-    if perf is None or perf.status != "ok":
+    if by == "goodput" or perf is None or perf.status != "ok":
         return None
     level = perf.top if by == "throughput" else perf.level(1)
     if level is None:
@@ -32,6 +41,8 @@ def sort_value(s: SetupResult, by: str) -> float:
 
 def missing(s: SetupResult, by: str) -> str | None:
     """Why `s` cannot be ranked by `by`, or None."""
+    if by == "goodput":
+        return f"{s.name}: passes every gate; {GOODPUT_ELSEWHERE}"
     if figure(s, by) is not None:
         return None
     perf = s.performance
@@ -57,3 +68,46 @@ def overlaps(best: SetupResult, other: SetupResult, by: str) -> bool:
     a, b = figure(best, by), figure(other, by)
     assert a is not None and b is not None
     return a[0].min <= b[0].max and b[0].min <= a[0].max
+
+
+def recommend_goodput(rows: list[ServingSetup], gated: tuple[list[str], dict[str, str]] | None,
+                      slo: SloSpec) -> dict[str, Any]:
+    """`recommend_by: goodput`: among the setups `gated` lets through (the run's candidates and
+    why each other one is out; None: no scored run, so no gate was checked, said in each reason),
+    the one with the highest goodput within the SLO at its tuned flags; ties: fewer max-num-seqs.
+    A setup that met the SLO at no level says so with its best percentile figures."""
+    p = f"p{slo.percentile:g}"
+    reasons: dict[str, str] = {}
+    ranked = []
+    for r in rows:
+        if gated is not None and r.setup not in gated[0]:
+            reasons[r.setup] = gated[1].get(r.setup, f"{r.setup}: does not pass every gate or fit the budget")
+        elif r.status != "ok":
+            reasons[r.setup] = f"{r.setup}: not served: {r.error}"
+        elif r.pick is None:
+            lows = ", ".join(f"{k.removesuffix('_ms').upper()} {v:,.1f} ms" for k, v in r.best_p99_ms.items())
+            reasons[r.setup] = (f"{r.setup}: cannot meet the SLO at any level measured (best {p}: {lows}; "
+                                f"targets {_targets(slo)})")
+        else:
+            ranked.append(r)
+    ranked.sort(key=lambda r: (-(r.pick.goodput_rps if r.pick else 0), r.pick.max_num_seqs if r.pick else 0))
+    unchecked = "" if gated is not None else "; quality gates not checked: no scored run (results.json) in RUN_DIR"
+    top = ranked[0] if ranked else None
+    for r in ranked:
+        assert r.pick is not None  # noqa: S101 - ranked only with a pick
+        at = (f"{r.pick.goodput_rps:.3f} requests/s within the SLO ({_targets(slo)}) at {r.pick.rate:g} requests/s "
+              f"offered, max-num-seqs {r.pick.max_num_seqs}")
+        if r is top:
+            reasons[r.setup] = f"{r.setup}: recommended (by goodput): serves {at}, the most of any setup{unchecked}"
+        else:
+            assert top is not None and top.pick is not None  # noqa: S101
+            ratio = r.pick.goodput_rps / top.pick.goodput_rps if top.pick.goodput_rps else float("nan")
+            reasons[r.setup] = f"{r.setup}: serves {at}, {ratio:.2f}x {top.setup}'s goodput{unchecked}"
+    return {"setup": top.setup if top else None, "by": "goodput",
+            "reasons": {r.setup: reasons[r.setup] for r in rows if r.setup in reasons},
+            "gates_checked": gated is not None}
+
+
+def _targets(slo: SloSpec) -> str:
+    return ", ".join(f"{slo.percentile:g}th-percentile {k.removesuffix('_ms').upper()} <= {v:g} ms"
+                     for k, v in slo.targets().items())

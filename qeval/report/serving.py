@@ -1,0 +1,156 @@
+"""The serving report of `qeval goodput` (RUN_DIR/serving.md, with its figures as SVG files
+beside it): per setup its levels (goodput, throughput, latency percentiles, KV usage,
+preemptions, queueing), the tuner's pick and cost, its `vllm serve` command, the
+recommendation; figures: throughput against p99 latency (the Pareto front), goodput per setup,
+KV usage across load levels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+
+from qeval.files.atomic import atomic_write_bytes
+from qeval.report.plots import svg_of
+from qeval.results.serving import ServingLevel, ServingResults
+
+FIGURES = ("serving-pareto.svg", "serving-goodput.svg", "serving-kv.svg")
+
+
+def _p(results: ServingResults) -> str:
+    slo = results.workload.get("slo") or {}
+    return f"p{float(slo.get('percentile', 99)) if isinstance(slo, dict) else 99:g}"
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(throughput, latency) points no other point beats on both (more throughput, less latency)."""
+    return sorted(p for p in points if not any(q != p and q[0] >= p[0] and q[1] <= p[1] for q in points))
+
+
+def pareto_figure(results: ServingResults) -> Any:
+    """Throughput (x) against the SLO's percentile of E2E latency (y), every level, per setup;
+    each setup's Pareto front joined."""
+    p = _p(results)
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for row in results.setups:
+        pts = [(lv.throughput_rps, lv.percentiles_ms["e2e"][p]) for lv in row.levels]
+        if not pts:
+            continue
+        line = ax.scatter(*zip(*pts, strict=True), label=row.setup, zorder=3)
+        front = pareto_front(pts)
+        ax.plot(*zip(*front, strict=True), color=line.get_facecolor()[0], alpha=0.6)
+    ax.set_xlabel("throughput (completed requests/s)")
+    ax.set_ylabel(f"{p} end-to-end latency (ms)")
+    ax.set_title("every load level; lines: each setup's Pareto front", fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def goodput_figure(results: ServingResults) -> Any:
+    """Each setup's goodput at its pick (0 where no level met the SLO)."""
+    fig, ax = plt.subplots(figsize=(6, 2.6))
+    names = [r.setup for r in results.setups]
+    values = [r.pick.goodput_rps if r.pick else 0.0 for r in results.setups]
+    ax.barh(names, values, color=["#4477aa" if r.pick else "#bbbbbb" for r in results.setups])
+    for i, r in enumerate(results.setups):
+        ax.annotate(f"{values[i]:.3f}/s" if r.pick else "SLO not met", (values[i], i), xytext=(4, -3),
+                    textcoords="offset points", fontsize=8)
+    ax.set_xlabel("goodput at the tuned flags (requests/s within the SLO)")
+    ax.grid(alpha=0.3, axis="x")
+    return fig
+
+
+def kv_figure(results: ServingResults) -> Any:
+    """Peak KV-cache usage (y) against the offered rate (x), one line per setup and max-num-seqs."""
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    for row in results.setups:
+        by: dict[int, list[ServingLevel]] = {}
+        for lv in row.levels:
+            by.setdefault(lv.max_num_seqs, []).append(lv)
+        for mns, levels in by.items():
+            pts = [(lv.rate, lv.kv_usage_peak * 100) for lv in levels if lv.kv_usage_peak is not None]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), marker="o", label=f"{row.setup}, max-num-seqs {mns}")
+    ax.axhline(results.kv_usage_limit * 100, color="#cc6677", linestyle="--", linewidth=1)
+    ax.set_xlabel("offered rate (requests/s)")
+    ax.set_ylabel("peak KV-cache usage (%)")
+    ax.set_title(f"dashed: the tuner's limit, {results.kv_usage_limit:.0%}", fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def level_rows(results: ServingResults) -> list[dict[str, Any]]:
+    """One row per setup and level: the table the report and `load_run(...).serving()` show."""
+    p = _p(results)
+    rows = []
+    for r in results.setups:
+        for lv in r.levels:
+            rows.append({"setup": r.setup, "max_num_seqs": lv.max_num_seqs, "rate": lv.rate,
+                         "goodput_rps": lv.goodput_rps, "vllm_goodput_rps": lv.vllm_goodput_rps,
+                         "throughput_rps": lv.throughput_rps, "output_tokens_per_s": lv.output_tokens_per_s,
+                         **{f"{name}_{q}_ms": lv.percentiles_ms[name][q] for name in ("ttft", "tpot", "itl", "e2e")
+                            for q in sorted({"p50", "p90", "p99", p})},
+                         "kv_usage_peak": lv.kv_usage_peak, "kv_usage_mean": lv.kv_usage_mean,
+                         "preemptions": lv.preemptions, "queue_time_mean_ms": lv.queue_time_mean_ms,
+                         "meets_slo": lv.meets_slo, "failed": lv.failed})
+    return rows
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+def markdown(results: ServingResults) -> str:
+    """serving.md."""
+    w, p = results.workload, _p(results)
+    rec = results.recommendation
+    lines = [f"# Serving the workload: {results.config}", "",
+             f"Workload: {w.get('source')}, {w.get('requests_per_level')} requests per level, {w.get('arrivals')}; "
+             f"max-model-len {w.get('max_model_len')} (p{w.get('percentile')} of prompt + output, rounded up to "
+             f"KV blocks), refusing {w.get('refused')} of {w.get('trace_requests')} requests of the trace; "
+             f"prefix caching {'on' if w.get('prefix_caching') else 'off'}. SLO: {w.get('slo')}.",
+             f"Load generator: {results.load_generator}. Machine: {results.machine}.", ""]
+    lines += [f"**Recommendation (by goodput):** {rec.get('setup') or 'none'}", ""]
+    for reason in (rec.get("reasons") or {}).values():
+        lines.append(f"- {reason}")
+    lines += ["", "## Each setup's `vllm serve` command", ""]
+    for r in results.setups:
+        tuned = "tuned" if r.pick else "no level met the SLO: the first setting's flags"
+        lines += [f"{r.setup} ({tuned}; search: {r.restarts} of at most {r.bound_restarts} engine starts, "
+                  f"{len(r.levels)} of at most {r.bound_levels} levels, {r.seconds or 0:.0f} s):", "",
+                  f"    {r.serve_command}", ""]
+        if r.status != "ok":
+            lines += [f"failed: {r.error}", ""]
+    lines += ["## Levels", "", "Latencies in ms (np.percentile over the level's requests); goodput: requests "
+              "within every per-request target per second; KV: vllm:kv_cache_usage_perc sampled while requests "
+              "ran (peak / mean).", "",
+              f"| setup | max-num-seqs | rate/s | goodput/s | req/s | TTFT p50 / {p} | TPOT p50 / {p} | "
+              f"ITL {p} | E2E p50 / {p} | KV peak / mean | preempt | queue ms | SLO |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r in results.setups:
+        for lv in r.levels:
+            pc = lv.percentiles_ms
+            queue = f"{lv.queue_time_mean_ms:,.0f}" if lv.queue_time_mean_ms is not None else "n/a"
+            lines.append(
+                f"| {r.setup} | {lv.max_num_seqs} | {lv.rate:g} | {lv.goodput_rps:.3f} | {lv.throughput_rps:.3f} | "
+                f"{pc['ttft']['p50']:,.0f} / {pc['ttft'][p]:,.0f} | {pc['tpot']['p50']:,.1f} / {pc['tpot'][p]:,.1f} | "
+                f"{pc['itl'][p]:,.1f} | {pc['e2e']['p50']:,.0f} / {pc['e2e'][p]:,.0f} | "
+                f"{_pct(lv.kv_usage_peak)} / {_pct(lv.kv_usage_mean)} | "
+                f"{lv.preemptions if lv.preemptions is not None else 'n/a'} | {queue} | "
+                f"{'met' if lv.meets_slo else 'broken: ' + '; '.join(lv.violations)} |")
+    lines += ["", "## Figures", ""] + [f"![{name}]({name})" for name in FIGURES]
+    if results.notes:
+        lines += ["", "Notes: " + "; ".join(results.notes) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(results: ServingResults, out: Path) -> Path:
+    """serving.md and its three SVG figures in `out`, each written atomically."""
+    for name, make in zip(FIGURES, (pareto_figure, goodput_figure, kv_figure), strict=True):
+        atomic_write_bytes(out / name, svg_of(make, results).encode())
+    path = out / "serving.md"
+    atomic_write_bytes(path, markdown(results).encode())
+    return path

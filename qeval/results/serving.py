@@ -1,0 +1,100 @@
+"""The typed results of `qeval goodput`: RUN_DIR/serving.json (docs/performance.md, "Serving
+the workload"). A file of its own beside results.json: a run that never served its workload
+has none, and results.json's schema is unchanged by it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+
+from qeval.errors import UserError
+from qeval.results.base import ResultModel
+
+SERVING_VERSION = "1"
+FILE = "serving.json"
+
+
+class ServingLevel(ResultModel):
+    """One load level: a request rate against one engine setting."""
+
+    max_num_seqs: int = Field(description="the server's --max-num-seqs")
+    max_num_batched_tokens: int | None = Field(None, description="the server's --max-num-batched-tokens (null: "
+                                                                 "vLLM's default)")
+    rate: float = Field(description="offered request rate, requests/s (seeded Poisson arrivals)")
+    requests: int = Field(description="requests sent")
+    completed: int
+    failed: int
+    duration_s: float = Field(description="the bench's duration: first send to last answer")
+    goodput_rps: float = Field(description="requests within every per-request target per second (vLLM's goodput)")
+    vllm_goodput_rps: float | None = Field(None, description="`vllm bench serve`'s own request_goodput for the same "
+                                                             "requests (a check on qeval's maths)")
+    throughput_rps: float = Field(description="completed requests per second")
+    output_tokens_per_s: float
+    percentiles_ms: dict[str, dict[str, float]] = Field(description="ttft, tpot, itl, e2e -> p50, p90, p99 (and the "
+                                                                    "SLO's percentile), ms, np.percentile")
+    meets_slo: bool = Field(description="no failure and every target within at the SLO's percentile")
+    violations: list[str] = Field([], description="which targets the level broke")
+    kv_usage_peak: float | None = Field(None, description="highest vllm:kv_cache_usage_perc sampled (0..1)")
+    kv_usage_mean: float | None = Field(None, description="mean of the samples while requests ran (steady state)")
+    preemptions: int | None = Field(None, description="vllm:num_preemptions_total over the level")
+    queue_time_mean_ms: float | None = Field(None, description="the server's mean time waiting to be scheduled "
+                                                               "(vllm:request_queue_time_seconds sum / count)")
+    kv_samples: int = Field(0, description="/metrics samples taken during the level")
+
+
+class ServingPick(ResultModel):
+    """The tuner's answer for a setup."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int | None = None
+    rate: float
+    goodput_rps: float
+
+
+class ServingSetup(ResultModel):
+    """One setup served on the workload, tuned."""
+
+    setup: str
+    key: str = Field(description="what its figures depend on; a rerun with the same key reuses them")
+    status: Literal["ok", "failed"]
+    error: str | None = None
+    max_model_len: int = Field(description="from the workload's plan (its percentile, rounded up to blocks)")
+    prefix_caching: bool
+    levels: list[ServingLevel] = []
+    pick: ServingPick | None = Field(None, description="highest goodput within the SLO with KV under the limit; "
+                                                       "null: no level met the SLO")
+    best_p99_ms: dict[str, float] = Field({}, description="where no level met it: each targeted figure's lowest "
+                                                          "value at the SLO's percentile over the levels")
+    serve_command: str = Field(description="`vllm serve` with the tuned flags (the pick's, else the first setting's)")
+    restarts: int = 0
+    bound_restarts: int = 0
+    bound_levels: int = 0
+    seconds: float | None = None
+
+
+class ServingResults(ResultModel):
+    """RUN_DIR/serving.json."""
+
+    version: str = SERVING_VERSION
+    config: str = Field(description="the run config's name")
+    workload: dict[str, Any] = Field(description="source, requests per level, refused, arrivals, the SLO")
+    load_generator: str
+    machine: str
+    kv_usage_limit: float
+    setups: list[ServingSetup] = []
+    recommendation: dict[str, Any] = Field({}, description="`setup` (or null) and a reason per setup")
+    notes: list[str] = []
+
+
+def read_serving(path: Path) -> ServingResults:
+    """RUN_DIR/serving.json (or the file itself); one UserError if it is missing or unreadable."""
+    file = path / FILE if path.is_dir() else path
+    try:
+        return ServingResults.model_validate(json.loads(file.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        raise UserError(f"{file}: not found (run `qeval goodput` on the config first)") from None
+    except (json.JSONDecodeError, ValidationError, UnicodeDecodeError) as exc:
+        raise UserError(f"{file}: not a serving.json ({type(exc).__name__})") from None

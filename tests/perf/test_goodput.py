@@ -1,0 +1,206 @@
+"""`qeval goodput` (issue 41): the SLO and goodput maths, the tuner's search on synthetic
+measurements, the `vllm serve` command line, the recommendation by goodput, the serving
+config's checks, the report; and one slow test through the real vLLM CPU engine."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from conftest import ROOT, run_cli
+
+from qeval.config import RunConfig
+from qeval.config.workload import SloSpec
+from qeval.perf import slo as S
+from qeval.perf.rank import recommend_goodput
+from qeval.perf.serve_cmd import serve_command
+from qeval.perf.tune import EngineSetting, best, replay, search, settings_of
+from qeval.results.serving import ServingLevel, ServingPick, ServingResults, ServingSetup
+
+
+def _detailed(ttfts: list[float], latencies: list[float], outs: list[int], errors: list[str] | None = None
+              ) -> dict[str, Any]:
+    n = len(ttfts)
+    return {"ttfts": ttfts, "latencies": latencies, "output_lens": outs, "input_lens": [10] * n,
+            "itls": [[(lat - t) / max(o - 1, 1)] * max(o - 1, 0) for t, lat, o in zip(ttfts, latencies, outs,
+                                                                                     strict=True)],
+            "errors": errors or [""] * n}
+
+
+def test_tpot_and_goodput_follow_vllm_rules() -> None:
+    # request 0: ttft 0.1, tpot (1.1 - 0.1) / 10 = 0.1 -> good at ttft<=200, tpot<=100 (<= counts)
+    # request 1: ttft 0.3 -> not good; request 2: tpot (2.1 - 0.1) / 10 = 0.2 -> not good; request 3 failed
+    res = _detailed([0.1, 0.3, 0.1, 0.0], [1.1, 1.3, 2.1, 0.0], [11, 11, 11, 0], ["", "", "", "boom"])
+    reqs = S.requests_of_detailed(res)
+    assert [r.ok for r in reqs] == [True, True, True, False]
+    assert reqs[2].tpot == pytest.approx(0.2)
+    fig = S.level_figures(reqs, 4.0, {"ttft_ms": 200.0, "tpot_ms": 100.0}, 99)
+    assert fig.good == 1 and fig.goodput_rps == pytest.approx(0.25)
+    assert fig.completed == 3 and fig.failed == 1 and fig.throughput_rps == pytest.approx(0.75)
+    assert not fig.meets_slo and any("failed" in v for v in fig.violations)
+
+
+def test_percentiles_are_numpy_linear_and_the_verdict_uses_the_slo_percentile() -> None:
+    ttfts = [i / 100 for i in range(1, 101)]  # 10 ms .. 1000 ms
+    reqs = S.requests_of_detailed(_detailed(ttfts, [t + 0.5 for t in ttfts], [6] * 100))
+    fig = S.level_figures(reqs, 10.0, {"ttft_ms": 950.0}, 90)
+    assert fig.percentiles_ms["ttft"]["p90"] == pytest.approx(np.percentile(ttfts, 90) * 1e3)
+    assert fig.percentiles_ms["ttft"]["p99"] == pytest.approx(np.percentile(ttfts, 99) * 1e3)
+    assert fig.meets_slo  # p90 is 901 ms
+    assert fig.good == 95  # per request: 10..950 ms
+    fig99 = S.level_figures(reqs, 10.0, {"ttft_ms": 950.0}, 99)
+    assert not fig99.meets_slo and fig99.violations[0].startswith("p99 TTFT")
+
+
+def test_one_token_outputs_have_no_tpot_in_the_verdict_but_pass_goodput() -> None:
+    reqs = S.requests_of_detailed(_detailed([0.1, 0.1], [0.1, 0.1], [1, 1]))
+    fig = S.level_figures(reqs, 1.0, {"tpot_ms": 1.0}, 99)
+    assert fig.good == 2  # vLLM: tpot 0 for one-token outputs
+    assert not fig.meets_slo and "no TPOT measured" in fig.violations
+
+
+@dataclass
+class Fake:
+    goodput_rps: float
+    meets_slo: bool
+    kv_usage_peak: float | None
+
+
+def _table() -> dict[tuple[int, float], Fake]:
+    # max-num-seqs 4 saturates early; 16 holds rate 2 but its KV at rate 4 is over 90%; 64 breaks at 2
+    return {(4, 1.0): Fake(0.9, True, 0.3), (4, 2.0): Fake(1.1, False, 0.4), (4, 4.0): Fake(1.2, True, 0.4),
+            (16, 1.0): Fake(1.0, True, 0.4), (16, 2.0): Fake(1.9, True, 0.7), (16, 4.0): Fake(3.0, True, 0.95),
+            (64, 1.0): Fake(1.0, True, 0.5), (64, 2.0): Fake(1.5, False, 0.99), (64, 4.0): Fake(0.5, False, 1.0)}
+
+
+def test_tuner_stops_at_the_first_broken_level_and_picks_the_best_admissible() -> None:
+    settings = settings_of([64, 4, 16], [None])
+    found = search(settings, [4.0, 1.0, 2.0], replay(_table()), 0.9)
+    measured = [(s.max_num_seqs, r) for s, r, _ in found.levels]
+    # 4: breaks at 2 (the later 4.0 "met" is never run); 16: 4.0 breaks the KV limit; 64: breaks at 2
+    assert measured == [(4, 1.0), (4, 2.0), (16, 1.0), (16, 2.0), (16, 4.0), (64, 1.0), (64, 2.0)]
+    assert found.restarts == 3 and found.bound_restarts == 3 and found.bound_levels == 9
+    assert found.pick is not None
+    s, r, lv = found.levels[found.pick]
+    assert (s.max_num_seqs, r, lv.goodput_rps) == (16, 2.0, 1.9)
+
+
+def test_tuner_pick_matches_the_exhaustive_sweeps_best_here_and_none_when_nothing_meets() -> None:
+    table = _table()
+    full = search(settings_of([4, 16, 64], [None]), [1.0, 2.0, 4.0], replay(table), 0.9, exhaustive=True)
+    assert len(full.levels) == 9 and full.pick is not None
+    # exhaustive finds (4, 4.0) admissible (1.2/s) but 16 @ 2.0 is still the best
+    assert full.levels[full.pick][0].max_num_seqs == 16 and full.levels[full.pick][1] == 2.0
+    bad = {k: Fake(v.goodput_rps, False, v.kv_usage_peak) for k, v in table.items()}
+    assert search(settings_of([4], [None]), [1.0, 2.0], replay(bad), 0.9).pick is None
+    # unknown KV usage is never admissible; ties go to fewer max-num-seqs
+    assert best([(EngineSetting(4), 1.0, Fake(1.0, True, None))], 0.9) is None
+    tie = [(EngineSetting(16), 1.0, Fake(1.0, True, 0.1)), (EngineSetting(4), 1.0, Fake(1.0, True, 0.1))]
+    assert best(tie, 0.9) == 1
+
+
+def test_serve_command_line() -> None:
+    args = {"model": "/ckpt/my model-w8a8", "dtype": "bfloat16", "max_model_len": 1024, "max_num_seqs": 16,
+            "gpu_memory_utilization": 0.9, "kv_cache_dtype": "fp8", "quantization": "fp8",
+            "enable_prefix_caching": True, "seed": 0, "enforce_eager": True, "tensor_parallel_size": 1,
+            "max_num_batched_tokens": None}
+    cmd = serve_command(args)
+    assert cmd == ("vllm serve '/ckpt/my model-w8a8' --dtype bfloat16 --max-model-len 1024 --max-num-seqs 16 "
+                   "--gpu-memory-utilization 0.9 --kv-cache-dtype fp8 --quantization fp8 --enable-prefix-caching")
+    assert "--enable-prefix-caching" not in serve_command(args | {"enable_prefix_caching": False})
+    assert "--dtype" not in serve_command(args | {"dtype": "auto"})
+
+
+def _level(goodput: float, meets: bool, p99: float) -> ServingLevel:
+    pc = {k: {"p50": p99 / 2, "p90": p99 * 0.9, "p99": p99} for k in ("ttft", "tpot", "itl", "e2e")}
+    return ServingLevel(max_num_seqs=8, rate=1.0, requests=10, completed=10, failed=0, duration_s=10.0,
+                        goodput_rps=goodput, throughput_rps=1.0, output_tokens_per_s=50.0, percentiles_ms=pc,
+                        meets_slo=meets, kv_usage_peak=0.5)
+
+
+def _row(name: str, goodput: float | None, p99: float = 100.0) -> ServingSetup:
+    pick = ServingPick(max_num_seqs=8, rate=1.0, goodput_rps=goodput) if goodput is not None else None
+    return ServingSetup(setup=name, key="k", status="ok", max_model_len=1024, prefix_caching=False,
+                        levels=[_level(goodput or 0.0, goodput is not None, p99)], pick=pick,
+                        best_p99_ms={} if pick else {"ttft_ms": p99}, serve_command=f"vllm serve {name}")
+
+
+def test_recommend_by_goodput() -> None:
+    slo = SloSpec(ttft_ms=500)
+    rows = [_row("bf16", 1.0), _row("int8", 1.9), _row("int4", None, 812.5), _row("kv", 5.0)]
+    rec = recommend_goodput(rows, (["bf16", "int8", "int4"], {"kv": "kv: fails the gate on facts"}), slo)
+    assert rec["setup"] == "int8" and rec["gates_checked"]
+    assert "recommended (by goodput)" in rec["reasons"]["int8"] and "1.900 requests/s" in rec["reasons"]["int8"]
+    assert "0.53x int8's goodput" in rec["reasons"]["bf16"]
+    assert "cannot meet the SLO" in rec["reasons"]["int4"] and "TTFT 812.5 ms" in rec["reasons"]["int4"]
+    assert rec["reasons"]["kv"] == "kv: fails the gate on facts"  # the highest goodput, but out by the gates
+    ungated = recommend_goodput(rows, None, slo)
+    assert ungated["setup"] == "kv" and "quality gates not checked" in ungated["reasons"]["kv"]
+    assert recommend_goodput([_row("int4", None)], None, slo)["setup"] is None
+
+
+def test_serving_config_checks(tmp_path: Path) -> None:
+    base = yaml.safe_load((ROOT / "configs" / "smollm2-goodput.yaml").read_text())
+    base["model"]["path"] = str(ROOT / "models" / "smollm2-135m")
+    base["workload"]["trace"] = str(ROOT / "configs" / "workloads" / "gsm8k.jsonl")
+    cfg = RunConfig.model_validate(base)
+    assert cfg.serving is not None and cfg.serving.rates == [0.5, 1.0, 2.0]
+    no_slo = base | {"workload": {k: v for k, v in base["workload"].items() if k != "slo"}}
+    with pytest.raises(ValueError, match="serving: needs a workload"):
+        RunConfig.model_validate(no_slo)
+    with pytest.raises(ValueError, match="rate is listed twice"):
+        RunConfig.model_validate(base | {"serving": {"rates": [1, 1]}})
+    # unset, the serving block stays out of the config hash (stored runs keep their keys)
+    plain = {k: v for k, v in base.items() if k not in ("serving", "recommend_by")}
+    assert "serving" not in RunConfig.model_validate(plain).as_json()
+
+
+def test_bad_serving_block_is_one_line_exit_2(tmp_path: Path) -> None:
+    base = yaml.safe_load((ROOT / "configs" / "smollm2-goodput.yaml").read_text())
+    base["model"]["path"] = str(ROOT / "models" / "smollm2-135m")
+    base["workload"]["trace"] = str(ROOT / "configs" / "workloads" / "gsm8k.jsonl")
+    base["serving"]["rates"] = [0]
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(base))
+    res = run_cli("goodput", str(path), "--output", str(tmp_path / "out"))
+    assert res.returncode == 2 and "rates" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_goodput_on_the_vllm_cpu_engine(tmp_path: Path) -> None:
+    """One tiny `vllm serve` (qeval-tiny), two load levels of 6 requests from a drawn workload
+    through `vllm bench serve`: goodput, percentiles and KV usage recorded, qeval's goodput equal
+    to the bench's own, the serve command carrying the tuned flags; a rerun reuses the setup."""
+    cfg = {"name": "gp", "model": {"path": str(ROOT / "models" / "qeval-tiny"), "dtype": "auto",
+                                   "max_context": 256},
+           "backend": "openai", "server": {"mode": "launch"}, "device": "cpu",
+           "engine": {"enforce_eager": True, "cpu_memory_utilization": 0.05},
+           "setups": [{"name": "base", "baseline": True}], "tasks": ["addition"],
+           "workload": {"input": {"family": "uniform", "min": 20, "max": 60},
+                        "output": {"family": "fixed", "value": 12},
+                        "requests": 40, "slo": {"percentile": 99, "ttft_ms": 20000, "tpot_ms": 2000}},
+           "serving": {"rates": [2, 8], "max_num_seqs": [4], "requests": 6}}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "out"
+    res = run_cli("goodput", str(path), "--output", str(out), timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    data = ServingResults.model_validate(json.loads((out / "serving.json").read_text()))
+    [row] = data.setups
+    assert row.status == "ok" and row.restarts == 1 and [lv.rate for lv in row.levels] == [2.0, 8.0]
+    assert row.max_model_len == 128  # p99 of 21..72 tokens, rounded up to the CPU build's 128-token blocks
+    for lv in row.levels:
+        assert lv.completed == 6 and lv.failed == 0 and lv.meets_slo
+        assert lv.vllm_goodput_rps == pytest.approx(lv.goodput_rps, abs=1e-3)
+        assert 0 < lv.percentiles_ms["ttft"]["p50"] <= lv.percentiles_ms["ttft"]["p99"]
+        assert lv.kv_usage_peak is not None and 0 < lv.kv_usage_peak < 1 and lv.preemptions == 0
+    assert row.pick is not None and data.recommendation["setup"] == "base"
+    assert "--max-num-seqs 4" in row.serve_command and "--max-model-len 128" in row.serve_command
+    assert "vllm serve" in res.stdout and (out / "serving.md").is_file() and (out / "serving-kv.svg").is_file()
+    again = run_cli("goodput", str(path), "--output", str(out), timeout=300)
+    assert again.returncode == 0 and "reused" in again.stdout
