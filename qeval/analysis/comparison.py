@@ -152,6 +152,8 @@ def compare(data: Paired, task: str, seed: int, gates: list[Gate],
                      flips_to_right=cmp.flips_to_right, n=cmp.n,
                      repeats=None if data.repeats is None else int(data.repeats[0].shape[1]),
                      recovery=finite(recovery))
+    # a gate at a generated position is judged on its bucket (qeval/tasks/generation/results.py), not the task's score
+    gates = [g for g in gates if g.position is None]
     gate = next((g for g in gates if g.task == task), None) or next((g for g in gates if g.task == "all"), None)
     if gate is not None:
         margin = gate.margin(base_value)

@@ -26,10 +26,23 @@ class Gate(Strict):
         default=None, description="a long-context gate's length in tokens, or `budget` (budget.context_len); its "
                                   "task is then a long-context family, `all` meaning each of them")
 
+    #: qeval/tasks/multi_turn/tasks.py resolves it to the task of that turn
+    turn: int | None = Field(default=None, ge=2, description="a multi-turn gate's question turn (its task is then "
+                                                             "multi_turn): the gate applies to that turn's task")
+    #: qeval/tasks/generation/results.py judges it on the bucket's Δ NLL per token
+    position: int | None = Field(default=None, ge=0, description="a generation task's bucket of generated positions "
+                                                                 "(its lower edge, one of generation_divergence's "
+                                                                 "position_buckets): max_drop is then the largest "
+                                                                 "rise of the baseline's tokens' NLL, in nats a token")
+
     @model_validator(mode="after")
     def _one(self) -> Gate:
         if (self.max_drop is None) == (self.min_recovery is None):
             raise ValueError("a gate takes max_drop or min_recovery (one of them)")
+        if sum(x is not None for x in (self.length, self.turn, self.position)) > 1:
+            raise ValueError("a gate names at most one of length, turn and position")
+        if self.position is not None and (self.max_drop is None or self.relative):
+            raise ValueError("a gate at a position takes max_drop (nats per token), not min_recovery or relative")
         return self
 
     def margin(self, base_value: float) -> float:

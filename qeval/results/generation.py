@@ -30,6 +30,12 @@ class GeneratedPositionBucket(ResultModel):
                                                "lower bound of the full KL); null for the baseline")
     top1_agreement: float | None = Field(None, description="share of the bucket's tokens where the setup's top-1 "
                                                            "prediction is the baseline's")
+    max_drop: float | None = Field(None, description="a gate at this position: the largest delta allowed (nats per "
+                                                     "token); null: no gate")
+    verdict: Literal["pass", "fail", "inconclusive"] | None = Field(
+        None, description="the gate's verdict on the interval of delta (non-inferiority, as every gate); null: no gate")
+    verdict_reason: str | None = Field(None, description="why the verdict is inconclusive whatever the interval says "
+                                                         "(too few documents reach the bucket)")
 
 
 class AnswerLengthBucket(ResultModel):

@@ -23,6 +23,7 @@ from qeval.results.advice import AdviceResult
 from qeval.results.base import ResultModel
 from qeval.results.generation import GenerationDivergence
 from qeval.results.long_context import LongContextInfo, SetupLongContext
+from qeval.results.multi_turn import MultiTurnInfo
 from qeval.results.performance import Ceilings, Performance
 
 SCHEMA_VERSION = 1
@@ -321,6 +322,8 @@ class Results(ResultModel):
     generation_divergence: GenerationDivergence | None = Field(
         None, description="divergence by generated position and accuracy by answer length per setup (null: the "
                           "config has no generation_divergence)")
+    multi_turn: MultiTurnInfo | None = Field(None, description="the multi-turn probes: accuracy and answer divergence "
+                                                               "by question turn per setup (null: none)")
     advice: AdviceResult | None = Field(None, description="the mixed-precision advice of the config's `advise:` "
                                                           "block (null: none); its setup is one of `setups`")
 

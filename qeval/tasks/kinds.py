@@ -6,6 +6,11 @@ branches anywhere else). The kinds qeval ships:
     lm_eval       lm-evaluation-harness tasks, groups, suites  qeval/tasks/lm_eval/kind.py
     long_context  generated long-context tasks at a list of    qeval/tasks/long_context/kind.py
                   lengths, with their results block and report section
+    multi_turn    generated conversations under the model's     qeval/tasks/multi_turn/kind.py
+                  chat template, a question at each turn depth (`kinds: {multi_turn: ...}`)
+    generation    no tasks of its own: the divergence along     qeval/tasks/generation/kind.py
+                  the generation of every generation task (`generation_divergence:`), its gates
+                  at a position, results block and report section
 
 A kind outside qeval registers without changing qeval: through the entry-point group
 `qeval.task_kinds` (an installed package), or the `QEVAL_TASK_KINDS` environment variable
@@ -42,7 +47,8 @@ if TYPE_CHECKING:
     from qeval.tasks.native import Task
 
 #: the kinds qeval ships, in the order their tasks appear in results.json: `module:attribute`
-BUILT_IN = ("qeval.tasks.native.kind:KIND", "qeval.tasks.lm_eval.kind:KIND", "qeval.tasks.long_context.kind:KIND")
+BUILT_IN = ("qeval.tasks.native.kind:KIND", "qeval.tasks.lm_eval.kind:KIND", "qeval.tasks.long_context.kind:KIND",
+            "qeval.tasks.multi_turn.kind:KIND", "qeval.tasks.generation.kind:KIND")
 ENTRY_POINT_GROUP = "qeval.task_kinds"
 ENV_VAR = "QEVAL_TASK_KINDS"
 

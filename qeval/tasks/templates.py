@@ -65,15 +65,102 @@ def _bounded(result: Any) -> Any:
     return result
 
 
+#: the largest integer a template may build, in bits (about 30,000 digits): arithmetic on larger
+#: ones runs in C for as long as it takes, where no timer interrupts it
+_MAX_INT_BITS = 100_000
+
+
+def _size(value: Any) -> int:
+    """About how many characters `value` prints as, counted without building it: a list counts
+    each item as often as it holds it (`[a, a, a, a]` nested ten deep is 4**10 copies of `a`),
+    each distinct object walked once; saturates just past `_MAX_RENDERED`."""
+    cap = _MAX_RENDERED + 1
+    memo: dict[int, int] = {}
+    alive: list[Any] = []  # keeps every walked object, so no id() is reused while walking
+    stack: list[tuple[Any, list[Any] | None]] = [(value, None)]
+    while stack:
+        v, kids = stack.pop()
+        if kids is not None:  # its items are counted: the container itself
+            memo[id(v)] = min(cap, 2 * len(kids) + 2 + sum(memo.get(id(k), 1) for k in kids))
+        elif id(v) in memo:
+            continue
+        elif isinstance(v, (str, bytes)):
+            memo[id(v)] = len(v)
+        elif isinstance(v, int) and not isinstance(v, bool):
+            memo[id(v)] = v.bit_length() * 3 // 10 + 1
+        elif isinstance(v, (list, tuple, set, frozenset, dict)):
+            kids = [*v.keys(), *v.values()] if isinstance(v, dict) else list(v)
+            alive.append((v, kids))
+            stack.append((v, kids))
+            stack.extend((k, None) for k in kids if id(k) not in memo)
+        else:
+            memo[id(v)] = 1
+    return memo.get(id(value), 1)
+
+
+def _check_sizes(name: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Refuse a call (a str method on `target`, a filter, a macro) whose arguments, or what it
+    would build from them, are past the output bound: what multiplies (`s.replace('', s)`,
+    `items|join(s)`, `s|indent(n)` over many lines) is estimated before it is built, and a
+    macro called on an oversized value (doubling its argument at each recursion) never runs."""
+    values = [target, *args, *kwargs.values()]
+    if any(_size(v) > _MAX_RENDERED for v in values if isinstance(v, (str, bytes, list, tuple, dict, set, int))):
+        raise SecurityError("an argument too large")
+    name = name.removeprefix("do_")
+    strings = [v for v in values if isinstance(v, str)]
+    grown = 0
+    if name == "replace" and len(strings) >= 3:  # (s, old, new): the method's target, or the filter's value
+        text, old, new = strings[:3]
+        grown = len(text) + (text.count(old) if old else len(text) + 1) * max(0, len(new) - len(old))
+    elif name == "join":  # sep.join(items), or items|join(sep)
+        items = args[0] if isinstance(target, str) and args else next(
+            (v for v in values if isinstance(v, (list, tuple))), None)
+        sep = target if isinstance(target, str) else next(iter(strings), kwargs.get("d", ""))
+        if isinstance(items, (list, tuple)) and isinstance(sep, str):
+            grown = _size(items) + len(sep) * len(items)
+    elif name == "indent" and strings:
+        width = next((v for v in (*args, *kwargs.values()) if isinstance(v, (int, str)) and v is not strings[0]), 4)
+        grown = len(strings[0]) + (strings[0].count("\n") + 1) * (len(width) if isinstance(width, str) else
+                                                                  abs(int(width)))
+    if grown > _MAX_RENDERED:
+        raise SecurityError(f"{name} would build more than {_MAX_RENDERED:,} characters")
+
+
 def _bounded_filter(f: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(f)  # keeps jinja's pass_context / pass_environment marks
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         _check_args(f.__name__, args[1:], kwargs)  # args[0]: the filtered value (or the context)
+        _check_sizes(f.__name__, None, args, kwargs)
         if f.__name__ == "do_format" and args:
             _check_widths(next((a for a in args if isinstance(a, str)), None), _PRINTF_WIDTH)
         return _bounded(f(*args, **kwargs))
 
     return wrapper
+
+
+def _finalize(value: Any) -> Any:
+    """Every value a template prints passes here, also inside a macro or a `{% set %}` block,
+    whose output is built before anything streams: counted against the render's output bound
+    before it is turned into text."""
+    if getattr(_iterations, "rendering", False):
+        _iterations.printed = getattr(_iterations, "printed", 0) + _size(value)
+        if _iterations.printed > _MAX_RENDERED:
+            raise SecurityError(f"the template prints more than {_MAX_RENDERED:,} characters (macros and blocks "
+                                "included)")
+    return value
+
+
+def _bounded_namespace(cls: Any) -> type:
+    """`namespace()` whose attributes a template sets (`{% set ns.s = ns.s ~ ns.s %}` in a loop
+    doubles a string each time, with no call or operator to check) hold no oversized value."""
+    setitem = cls.__setitem__
+
+    def __setitem__(self: Any, name: str, value: Any) -> None:  # noqa: N807 - the method it bounds
+        if _size(value) > _MAX_RENDERED:
+            raise SecurityError(f"namespace value {name!r} too large")
+        setitem(self, name, value)
+
+    return type(f"Bounded{cls.__name__}", (cls,), {"__setitem__": __setitem__})
 
 
 _MAX_ITERATIONS = 1_000_000  # range() items per render, nested loops together
@@ -122,9 +209,10 @@ class _BoundedTemplate(jinja2.Template):
 
     def render(self, *args: Any, **kwargs: Any) -> str:
         deadline = time.monotonic() + _MAX_SECONDS
-        _iterations.n = 0
+        _iterations.n = _iterations.printed = 0
         out: list[str] = []
         size = 0
+        rendering, _iterations.rendering = getattr(_iterations, "rendering", False), True
         with _Alarm(_MAX_SECONDS):
             for piece in self.generate(*args, **kwargs):
                 size += len(piece)
@@ -133,6 +221,7 @@ class _BoundedTemplate(jinja2.Template):
                 if time.monotonic() > deadline:
                     raise SecurityError(f"rendering took over {_MAX_SECONDS:g} s")
                 out.append(piece)
+        _iterations.rendering = rendering
         return "".join(out)
 
 
@@ -142,16 +231,22 @@ class _Bounds(SandboxedEnvironment):
     Intercepting the operators also keeps jinja from folding them at compile time (`7**10**9`
     would hang there)."""
 
-    intercepted_binops = frozenset(["*", "**", "%"])
+    intercepted_binops = frozenset(["*", "**", "%", "+"])
     template_class = _BoundedTemplate
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         if operator == "**" and isinstance(right, int) and abs(right) > 64:
             raise SecurityError("exponent too large")
+        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (left, right))
+        if ints and operator in ("*", "**") and left.bit_length() * (right if operator == "**" else 1) \
+                + (right.bit_length() if operator == "*" else 0) > _MAX_INT_BITS:
+            raise SecurityError("integer too large")  # squaring a huge one again and again (a namespace)
         if operator == "*":
             seq, n = (left, right) if isinstance(right, int) else (right, left)
-            if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > _MAX_RENDERED:
-                raise SecurityError("repetition too large")
+            if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and _size(seq) * n > _MAX_RENDERED:
+                raise SecurityError("repetition too large")  # [s] * n counts s n times
+        if operator == "+" and not ints and _size(left) + _size(right) > _MAX_RENDERED:
+            raise SecurityError("concatenation too large")  # s + s in a recursing macro doubles it
         if operator == "%":
             _check_widths(left, _PRINTF_WIDTH)
         return _bounded(super().call_binop(context, operator, left, right))
@@ -160,6 +255,7 @@ class _Bounds(SandboxedEnvironment):
         # jinja wraps str.format in its own safe formatter; the string is the wrapped method's
         method = getattr(__obj, "__wrapped__", __obj)
         _check_args(getattr(method, "__name__", ""), args, kwargs)
+        _check_sizes(getattr(method, "__name__", ""), getattr(method, "__self__", None), args, kwargs)
         if getattr(method, "__name__", None) in ("format", "format_map"):
             _check_widths(getattr(method, "__self__", None), _FORMAT_WIDTH)
         return _bounded(super().call(__context, __obj, *args, **kwargs))
@@ -172,6 +268,8 @@ class _Sandbox(_Bounds, ImmutableSandboxedEnvironment):
         super().__init__(**kwargs)
         self.filters = {name: _bounded_filter(f) for name, f in self.filters.items()}
         self.globals["range"] = _counted_range
+        self.globals["namespace"] = _bounded_namespace(self.globals["namespace"])
+        self.finalize = _finalize
 
 
 def bounded_overlay(env: SandboxedEnvironment) -> SandboxedEnvironment:
@@ -183,6 +281,9 @@ def bounded_overlay(env: SandboxedEnvironment) -> SandboxedEnvironment:
     out.__class__ = type(f"Bounded{type(env).__name__}", (_Bounds, type(env)), {})
     out.filters = {name: _bounded_filter(f) for name, f in env.filters.items()}
     out.globals = dict(env.globals) | {"range": _counted_range}
+    if isinstance(out.globals.get("namespace"), type):
+        out.globals["namespace"] = _bounded_namespace(out.globals["namespace"])
+    out.finalize = _finalize
     return out
 
 

@@ -457,3 +457,23 @@ def test_a_key_in_a_dead_launched_servers_log_is_scrubbed(tmp_path: Path) -> Non
     assert "exit status 3" in message and REDACTED in message
     assert KEY not in message and urllib.parse.quote(KEY, safe="") not in message
     server.stop()
+
+
+@pytest.mark.parametrize("short", ["x", "1", "EMPTY", "abc1234"])
+def test_a_key_short_enough_to_occur_in_answers_is_refused(monkeypatch: pytest.MonkeyPatch, short: str) -> None:
+    """The key is scrubbed from every string of an answer: a key "x" renamed each answer's "text"
+    field ("te[redacted]t": every generation scored as empty) and a key "1" rewrote token ids
+    ("[redacted]7"), silently. Such a key is refused in one line, its value not shown (issue 40
+    review, point 2)."""
+    from types import SimpleNamespace
+
+    from qeval.backends.openai.support import api_key
+
+    cfg: Any = SimpleNamespace(server=ServerSpec(mode="attach", base_url="http://127.0.0.1:1/v1", model="m",
+                                                 api_key_env=KEY_ENV))
+    monkeypatch.setenv(KEY_ENV, short)
+    with pytest.raises(UserError, match="shorter than 8 characters") as caught:
+        api_key(cfg)
+    assert len(short) < 5 or short not in str(caught.value).replace(KEY_ENV, "")  # "x" is in any sentence
+    monkeypatch.setenv(KEY_ENV, KEY)
+    assert api_key(cfg) == KEY

@@ -127,3 +127,58 @@ def test_a_checkpoint_with_another_mlp_width_is_not_the_model() -> None:
 
     assert identity_problem(_tiny(intermediate_size=512), _tiny()) == "has intermediate_size 512, the model 384"
     assert identity_problem(_tiny(), _tiny()) == ""
+
+
+@pytest.mark.parametrize(("template", "says"), [
+    ("{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ 1 }}",
+     "namespace value 's' too large"),
+    ("{% macro d(s, n) %}{% if n %}{{ d(s + s, n - 1) }}{% endif %}{% endmacro %}{{ d('x', 40) }}",
+     "concatenation too large"),
+    ("{% macro d(s, n) %}{% if n %}{{ d(s ~ s, n - 1) }}{% endif %}{% endmacro %}{{ d('x', 40) }}",
+     "an argument too large"),
+    ("{{ (('x' * 999999)|replace('', 'y' * 999999))|length }}", "replace would build"),
+    ("{{ ('x' * 999999).replace('x', 'y' * 999999)|length }}", "replace would build"),
+    ("{{ (['x' * 99] * 999)|join('y' * 999999)|length }}", "join would build"),
+    ("{{ ('y' * 999999).join(['x'] * 999)|length }}", "join would build"),
+    ("{{ ('a\\n' * 400000)|indent(999999)|length }}", "indent would build"),
+    ("{{ (['x' * 9999] * 999)|string|length }}", "repetition too large"),
+    ("{% set a = ['x' * 99999] * 9 %}{% set b = [a, a, a, a, a, a, a, a, a] %}{% set c = [b, b, b, b, b, b, b, b, b] %}"
+     "{{ c|string|length }}", "an argument too large"),
+    ("{% macro f() %}{% for i in range(999) %}{{ 'x' * 99999 }}{% endfor %}{% endmacro %}{{ f()|length }}",
+     "prints more than 1,000,000 characters"),
+])
+def test_a_template_that_grows_without_printing_is_refused_before_it_builds(template: str, says: str) -> None:
+    """Growth no output piece shows, stopped only by the 5 s clock between steps (2 GB or more
+    built by then; none of it where the render runs outside the main thread): a namespace or a
+    recursing macro doubling a string, replace / join / indent multiplying their arguments, a
+    list printed as text holding a string thousands of times, a macro's output built whole.
+    Each is refused before it allocates (issue 40 review, point 9)."""
+    import time
+
+    from jinja2.sandbox import SecurityError
+
+    from qeval.tasks.templates import render
+
+    t0 = time.monotonic()
+    with pytest.raises(SecurityError, match=says):
+        render(template, {})
+    assert time.monotonic() - t0 < 2
+
+
+def test_the_bounds_leave_ordinary_templates_alone(tmp_path: Path) -> None:
+    from qeval.config import ModelSpec
+    from qeval.config.chat import ChatChoice
+    from qeval.errors import UserError
+    from qeval.tasks.chat import ChatResolver
+    from qeval.tasks.templates import render
+
+    ordinary = ("{{ 'Hello' + ' ' + name|upper }} {{ [1, 2] + [3] }} {{ 3 + 4 }} {{ 'a b'.replace(' ', '_') }} "
+                "{{ ['a', 'b']|join(', ') }} {{ 'x\\ny'|indent(2) }}{% set ns = namespace(n=0) %}"
+                "{% for i in range(3) %}{% set ns.n = ns.n + i %}{% endfor %} {{ ns.n }}")
+    assert render(ordinary, {"name": "bob"}) == "Hello BOB [1, 2, 3] 7 a_b a, b x\n  y 3"
+    # the chat template's own namespace (transformers') is bounded too
+    doubling = ("{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}"
+                "{% for m in messages %}{{ m.content }}{% endfor %}")
+    chat = ChatResolver(ModelSpec(path=str(_model_with_template(tmp_path, doubling))))
+    with pytest.raises(UserError, match="namespace value 's' too large"):
+        chat(ChatChoice(True, None, True), "task t")

@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 #: the model name a launched vLLM serves under when the config names none
 DEFAULT_SERVED_NAME = "qeval"
+#: the shortest API key qeval sends: a shorter one ("x", "1", "EMPTY") occurs by chance in answers,
+#: from which the key is scrubbed (qeval/backends/openai/client.py), and would change them
+MIN_KEY_CHARS = 8
 #: output types scored from generated text alone; every other one needs prompt log-probabilities
 GENERATION_TYPES = frozenset({"generate_until"})
 
@@ -159,6 +162,11 @@ def api_key(cfg: RunConfig) -> str | None:
     if not all(" " < ch <= "~" for ch in key):  # never in a header, so never in an error text either
         raise UserError(f"server.api_key_env: the value of {spec.api_key_env} has characters an HTTP header cannot "
                         "carry (spaces, control or non-ASCII characters); the value is not shown")
+    if len(key) < MIN_KEY_CHARS:  # scrubbed wherever it appears: a key "x" renames every answer's "text" field
+        raise UserError(f"server.api_key_env: the value of {spec.api_key_env} is shorter than {MIN_KEY_CHARS} "
+                        "characters: the key is scrubbed from everything the server sends back, and one this "
+                        "short would be found in ordinary answers (generated text, token ids) and change them; "
+                        "use a longer key (or none, with api_key_env unset)")
     return key
 
 

@@ -24,7 +24,8 @@ def _position_cell(b: GeneratedPositionBucket) -> str:
     if b.kl is None or b.top1_agreement is None:
         return f"NLL {b.nll:.3f} ({b.documents} docs)"
     delta = "" if b.delta is None or b.ci is None else f"; Δ NLL {b.delta:+.3f} [{b.ci[0]:+.3f}, {b.ci[1]:+.3f}]"
-    return f"KL {b.kl:.4f}; top-1 {100 * b.top1_agreement:.1f}%{delta} ({b.documents})"
+    gate = f" {b.verdict} (≤ {b.max_drop:g})" if b.verdict and b.max_drop is not None else ""
+    return f"KL {b.kl:.4f}; top-1 {100 * b.top1_agreement:.1f}%{delta}{gate} ({b.documents})"
 
 
 def _length_cell(b: AnswerLengthBucket) -> str:
@@ -71,7 +72,8 @@ LEGEND_POSITIONS = ("The baseline's own generation of each document teacher-forc
                     "pass over prompt + generation; under a quantized KV cache every token reads quantized K/V). "
                     "Per bucket of generated positions: KL(baseline || setup) per token (top-16 + tail, a lower "
                     "bound), the share of tokens whose top-1 is the baseline's, Δ NLL of the baseline's tokens "
-                    "[95% paired t-interval over documents], and (documents). Baseline: its own NLL.")
+                    "[95% paired t-interval over documents] with a position gate's verdict where one applies, and "
+                    "(documents). Baseline: its own NLL.")
 LEGEND_LENGTHS = ("Documents bucketed by the length of the baseline's answer in tokens: accuracy, Δ against the "
                   "baseline in points [95% paired interval: Newcombe's], and (documents).")
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qeval.analysis.stats import paired_accuracy, paired_mean, paired_ratio
+from qeval.analysis.stats import paired_accuracy, paired_mean, paired_ratio, small_sample_reason, verdict
 from qeval.results.generation import (
     AnswerLengthBucket,
     GeneratedPositionBucket,
@@ -44,7 +44,8 @@ def attach_generation(results: Results, pre: Preflight, store: RunStore) -> Resu
                 continue
             mine = theirs[t] if s.baseline else store.read_samples(s.name, t)
             paired = None if s.baseline else theirs[t]
-            here[t] = TaskGeneration(positions=position_table(mine, paired, seed),
+            gates = {g.position: g.max_drop for g in pre.cfg.gates if g.task == t and g.position is not None}
+            here[t] = TaskGeneration(positions=judged(position_table(mine, paired, seed), gates),
                                      answer_lengths=length_table(mine, theirs[t], spec.length_buckets,
                                                                  not s.baseline, seed))
         setups[s.name] = here
@@ -84,6 +85,21 @@ def position_table(records: list[dict[str, Any]], baseline: list[dict[str, Any]]
         if all("kl" in mine[i][k] for i in docs):
             b = b.model_copy(update={"kl": float(sum(mine[i][k]["kl"] for i in docs) / tok.sum()),
                                      "top1_agreement": float(sum(mine[i][k]["top1"] for i in docs) / tok.sum())})
+        out.append(b)
+    return out
+
+
+def judged(buckets: list[GeneratedPositionBucket], gates: dict[int, float | None]) -> list[GeneratedPositionBucket]:
+    """Each bucket a gate names (its lower edge -> max_drop, nats per token) with the gate's
+    verdict: non-inferiority on the paired interval of Δ NLL (stats.verdict, lower is better),
+    inconclusive on fewer documents than a verdict needs (stats.MIN_PAIRED_N)."""
+    out = []
+    for b in buckets:
+        margin = gates.get(b.start)
+        if margin is not None and b.ci is not None:
+            reason = small_sample_reason(b.documents)
+            b = b.model_copy(update={"max_drop": margin, "verdict": "inconclusive" if reason else
+                                     verdict(b.ci, False, margin), "verdict_reason": reason})
         out.append(b)
     return out
 
