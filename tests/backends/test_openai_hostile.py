@@ -477,3 +477,22 @@ def test_a_key_short_enough_to_occur_in_answers_is_refused(monkeypatch: pytest.M
     assert len(short) < 5 or short not in str(caught.value).replace(KEY_ENV, "")  # "x" is in any sentence
     monkeypatch.setenv(KEY_ENV, KEY)
     assert api_key(cfg) == KEY
+
+
+def test_an_answer_trickled_a_byte_at_a_time_is_bounded_in_time(server: str) -> None:
+    """`timeout_s` bounds each socket read: a server sending its answer a byte every 0.3 s never
+    trips it, and held a request for as long as it liked (a 1 MiB bound is 3 days at that rate).
+    The whole answer must arrive within `timeout_s` (issue 40 review, point 10)."""
+    import time
+
+    def trickle() -> Iterator[bytes]:
+        for ch in b'{"choices": [{"text": "' + b"x" * 60 + b'"}]}':
+            time.sleep(0.3)
+            yield bytes([ch])
+
+    Handler.stream = staticmethod(trickle)
+    _route(lambda m, p, h, b: (200, None, {}))
+    t0 = time.monotonic()
+    with pytest.raises(Unreachable, match="more than 1 s to arrive"):
+        Client(server, timeout_s=1.0, retries=0).post("/completions", {"model": "m", "prompt": [1]})
+    assert time.monotonic() - t0 < 5

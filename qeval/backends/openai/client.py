@@ -162,10 +162,18 @@ class Client:
                            "can need; refused unread")
         pieces: list[bytes] = []
         total = 0
+        # timeout_s bounds each socket read; a server trickling its answer a byte at a time would
+        # never trip it: the whole answer must arrive within timeout_s too
+        deadline = time.monotonic() + self.timeout_s
+        # read1: what has arrived (one read of the socket), where read(n) waits until n bytes are in
+        read = getattr(resp, "read1", None) or resp.read
         while True:
-            piece = resp.read(min(_PIECE, limit + 1 - total))
+            piece = read(min(_PIECE, limit + 1 - total))
             if not piece:
                 return b"".join(pieces)
+            if time.monotonic() > deadline:
+                raise Unreachable(f"{url}: the answer took more than {self.timeout_s:g} s to arrive "
+                                  "(server.timeout_s); refused (the rest was not read)")
             pieces.append(piece)
             total += len(piece)
             if total > limit:
