@@ -5,6 +5,7 @@ type heatmap as inline SVG) and advice.json."""
 from __future__ import annotations
 
 import html
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -103,6 +104,11 @@ def check_advice_output(output: Path) -> None:
         parent = parent.parent
     if not parent.is_dir():
         raise UserError(f"--output {output}: {parent} is not a folder")
+    try:  # a folder nothing can be written in (/proc, a read-only mount): found now, not after every pass
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as exc:
+        raise UserError(f"--output {output}: cannot write in {parent} ({exc.strerror or exc})") from None
 
 
 def write(advice: Advice, output: Path) -> list[Path]:

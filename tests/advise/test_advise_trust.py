@@ -33,13 +33,14 @@ def _one_line_exit_2(args: list[str], says: str) -> None:
     assert "advise: " not in res.stderr  # the advisor's first progress line: no work was done
 
 
-@pytest.mark.parametrize("where", ["folder", "html_folder", "under_a_file"])
+@pytest.mark.parametrize("where", ["folder", "html_folder", "under_a_file", "unwritable"])
 def test_advise_output_it_cannot_write_is_refused_before_the_work(tmp_path: Path, where: str) -> None:
     """A folder as --output (or where advice.html would go), or a file on the way: before this,
     every pass ran and the advice was lost to an IsADirectoryError at the end (exit 1)."""
     cfg = _config(tmp_path)
     out = {"folder": tmp_path / "outdir", "html_folder": tmp_path / "advice.md",
-           "under_a_file": cfg / "advice.md"}[where]
+           "under_a_file": cfg / "advice.md",
+           "unwritable": Path("/proc/qeval-advice/advice.md")}[where]  # a folder nothing is written in
     (tmp_path / "outdir").mkdir()
     (tmp_path / "advice.html").mkdir()
     _one_line_exit_2(["advise", str(cfg), "--budget", "6bpw", "--output", str(out)], f"--output {out}")
