@@ -496,3 +496,22 @@ def test_an_answer_trickled_a_byte_at_a_time_is_bounded_in_time(server: str) -> 
     with pytest.raises(Unreachable, match="more than 1 s to arrive"):
         Client(server, timeout_s=1.0, retries=0).post("/completions", {"model": "m", "prompt": [1]})
     assert time.monotonic() - t0 < 5
+
+
+def test_an_error_body_trickled_a_byte_at_a_time_is_cut_in_time(server: str) -> None:
+    """A 400 whose body comes a byte every 0.3 s held the request until all of it had come (the
+    error body was read with read(64 KiB)); it is read for at most timeout_s, and the request
+    fails with the part that came (issue 40 review, point 10)."""
+    import time
+
+    def trickle() -> Iterator[bytes]:
+        for ch in b"bad request " + b"x" * 60:
+            time.sleep(0.3)
+            yield bytes([ch])
+
+    Handler.stream = staticmethod(trickle)
+    _route(lambda m, p, h, b: (400, None, {"Content-Type": "text/plain"}))
+    t0 = time.monotonic()
+    with pytest.raises(ServerError, match="HTTP 400: bad"):
+        Client(server, timeout_s=1.0, retries=0).post("/completions", {"model": "m", "prompt": [1]})
+    assert time.monotonic() - t0 < 5

@@ -125,7 +125,7 @@ class Client:
                 return _OPENER.open(self._request(url, body, timeout), timeout=timeout)
             except urllib.error.HTTPError as exc:
                 # the message scrubbed before it is cut to 300 characters: a cut key would pass the scrub
-                err = ServerError(url, exc.code, self.scrub(_message(exc))[:300])
+                err = ServerError(url, exc.code, self.scrub(_message(exc, self.timeout_s))[:300])
                 if exc.code not in RETRY_STATUSES:
                     raise err from None
                 last = err
@@ -289,12 +289,29 @@ def _walk(data: Any, scrub: Callable[[str], str]) -> Any:
     return data
 
 
-def _message(exc: urllib.error.HTTPError) -> str:
+def _error_body(exc: urllib.error.HTTPError, timeout_s: float) -> bytes:
+    """An error answer's first MAX_ERROR_BYTES, read as they arrive for at most `timeout_s`: a
+    body trickled a byte at a time is cut there (read(n) would wait for all n bytes)."""
+    fp = getattr(exc, "fp", None)
+    read = getattr(fp, "read1", None) or exc.read
+    deadline = time.monotonic() + timeout_s
+    pieces: list[bytes] = []
+    total = 0
+    while total < MAX_ERROR_BYTES and time.monotonic() <= deadline:
+        piece = read(MAX_ERROR_BYTES - total)
+        if not piece:
+            break
+        pieces.append(piece)
+        total += len(piece)
+    return b"".join(pieces)
+
+
+def _message(exc: urllib.error.HTTPError, timeout_s: float = 30.0) -> str:
     """The server's error message: its JSON `error.message` / `message` / `detail`, else the body
-    (its first MAX_ERROR_BYTES: an error answer is read no further). Not cut to length here: the
-    caller scrubs it first."""
+    (its first MAX_ERROR_BYTES, within `timeout_s`: an error answer is read no further). Not cut
+    to length here: the caller scrubs it first."""
     try:
-        body = exc.read(MAX_ERROR_BYTES).decode(errors="replace")
+        body = _error_body(exc, timeout_s).decode(errors="replace")
     except (OSError, http.client.HTTPException):
         return str(exc.reason or "")
     if not body.strip():  # no body: the status's own reason (a refused redirect says where it went)
