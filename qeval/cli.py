@@ -380,7 +380,14 @@ def compare_cmd(
             print(f"no regression beyond {fail_on_regression:g} found, but {len(comparison.unchecked())} setup(s) or "
                   "task(s) of the reference run could not be checked: the gate fails", file=sys.stderr)
             raise typer.Exit(EXIT_NOT_CHECKED)
-        print(f"no regression beyond {fail_on_regression:g}", file=sys.stderr)
+        open_ = comparison.inconclusive()
+        if open_:  # the gate passes (it fails on "worse"), but these intervals do not rule a regression out
+            more = f" and {len(open_) - 5} more" if len(open_) > 5 else ""
+            print(f"no regression beyond {fail_on_regression:g} found, but none ruled out on {len(open_)} "
+                  f"comparison(s) whose 95% interval reaches past the margin (inconclusive): "
+                  f"{'; '.join(open_[:5])}{more}", file=sys.stderr)
+        else:
+            print(f"no regression beyond {fail_on_regression:g}", file=sys.stderr)
 
 
 @app.command("tasks")

@@ -22,6 +22,7 @@ from qeval.analysis.comparison import (
 )
 from qeval.analysis.finite import failure_reason, finite_results, task_problem
 from qeval.analysis.recommend import recommend
+from qeval.analysis.sequential_run import results_block as sequential_block
 from qeval.backends.vllm.support import cache_accounting
 from qeval.config.setups import Setup
 from qeval.memory.figures import gap_flags, memory_block
@@ -84,6 +85,7 @@ def assemble_results(pre: Preflight, store: RunStore, keys: dict[str, SetupKeys]
                       groups={g: m for g, m in pre.groups.items() if g in tasks}, suites=pre.suites,
                       dropped=dropped, recommendation={"setup": None, "reasons": {}},
                       ceilings=ceilings)
+    results = sequential_block(results, pre, store)  # a sequential run's verdicts and block; else unchanged
     for block in blocks:  # e.g. long context: KV bytes and loss by token position at each length
         results = block(results, pre, store)
     results = finite_results(results)

@@ -186,38 +186,44 @@ class Trajectory:
 
 def trajectory(score: GateScore, looks: list[int], alpha: float, min_docs: int) -> Trajectory:
     """The cell's sequence at each look (document counts, increasing, at most len(z)), stopping
-    at the first look at or past `min_docs` where the gate is decided."""
+    at the first look at or past `min_docs` where the gate is decided: where the sequence at that
+    look or an earlier one lay wholly on one side of the threshold (`decided_looks`)."""
     y, m0 = to_unit(score)
     looks = [n for n in looks if 0 < n <= len(y)]
     if not looks:
         return Trajectory([], None)
-    ups, downs = decisions(y, m0, alpha)
+    passed, failed = decided_looks(y, m0, alpha, np.array(looks))
     lo, hi = bounds(y, alpha, np.array(looks) - 1)
     span = score.high - score.low
     out: list[Look] = []
     for k, n in enumerate(looks):
         v = "inconclusive"
         if n >= min_docs:
-            # the running intersection's ends decide (they are what is reported); the exact test at
-            # the threshold too, where bisection's last step leaves an end a hair from it
-            if lo[k] >= m0 or ups[n - 1]:
-                v = "pass"
-            elif hi[k] < m0 or downs[n - 1]:
-                v = "fail"
+            v = "pass" if passed[k] else "fail" if failed[k] else "inconclusive"
         out.append(Look(n, float(score.low + span * lo[k]), float(score.low + span * hi[k]), v))
         if v != "inconclusive":
             return Trajectory(out, k)
     return Trajectory(out, None)
 
 
+def decided_looks(y: np.ndarray, m0: float, alpha: float, looks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per look (document counts), whether the sequence at it or at an earlier look lay wholly
+    above m0 (pass) or wholly below (fail): the exact tests K+(m0), K-(m0) >= 2 / alpha at the looks,
+    carried forward (the running intersection's ends say the same, to bisection's precision).
+    Vectorised over the leading axes of `y`."""
+    ups, downs = decisions(y, m0, alpha)
+    cols = np.asarray(looks) - 1
+    up = np.logical_or.accumulate(ups[..., cols], axis=-1)
+    down = np.logical_or.accumulate(downs[..., cols], axis=-1)
+    return up, down & ~up
+
+
 def first_decision(y: np.ndarray, m0: float, alpha: float, looks: np.ndarray,
                    min_docs: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Vectorised over runs (rows of `y`, values in [0, 1]): each run's first look (index into
-    `looks`, document counts) at or past `min_docs` where the sequence decides, or -1, and the
-    verdict there (+1 pass, -1 fail, 0 none). For simulations: many runs at once."""
-    ups, downs = decisions(y, m0, alpha)
-    cols = np.asarray(looks) - 1
-    up, down = ups[:, cols], downs[:, cols]
+    `looks`, document counts) at or past `min_docs` where the gate is decided, or -1, and the
+    verdict there (+1 pass, -1 fail, 0 none), as `trajectory` decides. For simulations."""
+    up, down = decided_looks(y, m0, alpha, looks)
     ok = (np.asarray(looks) >= min_docs)[None, :]
     decided = (up | down) & ok
     first = np.where(decided.any(axis=1), decided.argmax(axis=1), -1)

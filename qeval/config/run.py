@@ -25,6 +25,7 @@ from qeval.config.lm_eval import LmEvalSpec
 from qeval.config.long_context import LongContextSpec
 from qeval.config.performance import PerfSpec, RecommendBy, ServingSpec
 from qeval.config.quantize import QuantizeSpec
+from qeval.config.sequential import SequentialSpec
 from qeval.config.server import ServerSpec
 from qeval.config.setups import Setup
 from qeval.config.tracking import TrackingSpec
@@ -104,6 +105,8 @@ class RunConfig(ChatKeys):
     #: the traffic the deployment will serve and its SLOs (docs/performance.md, "The workload and the
     #: plan"): read by `qeval plan --workload`; it changes no number a run computes today
     workload: WorkloadSpec | None = None
+    #: gates decided sequentially, scoring stopped when the verdict is known (qeval/config/sequential.py)
+    sequential: SequentialSpec | None = None
     #: how `qeval goodput` loads and tunes each setup on the workload (qeval/perf/serving.py)
     serving: ServingSpec | None = None
 
@@ -146,19 +149,26 @@ class RunConfig(ChatKeys):
         return self
 
     @property
+    def sequential_on(self) -> bool:
+        """Whether gates are decided sequentially (a `sequential:` block with enabled: true)."""
+        return self.sequential is not None and self.sequential.enabled
+
+    @property
     def baseline(self) -> Setup:
         """The setup the others are compared with: the one marked, else the first."""
         return next((s for s in self.setups if s.baseline), self.setups[0])
 
     def as_json(self) -> dict[str, Any]:
         """The config as results.json and the config hash hold it: `kinds` left out while empty,
-        and the chat keys, `advise`, `server`, `workload` and `generation_divergence` while unset, so a
-        config that uses none of them reads and hashes as before those keys existed, and
+        and the chat keys, `advise`, `server`, `workload` and `generation_divergence` while unset
+        (`sequential` while off), so a config that uses none of them reads and hashes as before
+        those keys existed, and
         `tracking` always (it changes no number, and its URI may carry credentials)."""
         unset = ({"kinds"} if not self.kinds else set()) | ({"advise"} if self.advise is None else set()) \
             | ({"server"} if self.server is None else set()) | ({"workload"} if self.workload is None else set()) \
             | ({"serving"} if self.serving is None else set()) \
-            | ({"generation_divergence"} if self.generation_divergence is None else set())
+            | ({"generation_divergence"} if self.generation_divergence is None else set()) \
+            | ({"sequential"} if not self.sequential_on else set())
         out = self.model_dump(mode="json", exclude={"tracking"} | unset)
         # the chat keys likewise while unset, at the top and in each lm-eval task
         for piece in [out, *((out.get("lm_eval") or {}).get("tasks") or [])]:

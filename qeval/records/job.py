@@ -53,6 +53,8 @@ class Job(BaseModel):
     key: str
     key_parts: dict[str, str]
     performance: PerformanceJob | None = None
+    #: a sequential run's plan (qeval/analysis/sequential_run.py), None while the switch is off
+    sequential: dict[str, Any] | None = None
 
 
 class Outcome(BaseModel):

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from qeval.memory.capacity import whole_sequences
-from qeval.report import advice, divergence, generated, sequence
+from qeval.report import advice, divergence, generated, sequence, sequential_gates
 from qeval.report import performance as perf_views
 from qeval.report.sections import ReportSection
 from qeval.report.tables import Escape, code_text, md_table, md_text
@@ -85,7 +85,7 @@ def _value(s: SetupResult, task: str, metric: str) -> float | None:
 
 
 #: the report's own sections, before the task kinds'
-OWN_SECTIONS = (advice.SECTION, sequence.SECTION, divergence.SECTION, generated.SECTION)
+OWN_SECTIONS = (advice.SECTION, sequence.SECTION, divergence.SECTION, generated.SECTION, sequential_gates.SECTION)
 
 
 def render_markdown(results: Results, sections: Sequence[ReportSection] = ()) -> str:

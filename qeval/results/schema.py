@@ -25,6 +25,7 @@ from qeval.results.generation import GenerationDivergence
 from qeval.results.long_context import LongContextInfo, SetupLongContext
 from qeval.results.multi_turn import MultiTurnInfo
 from qeval.results.performance import Ceilings, Performance
+from qeval.results.sequential import SequentialRun
 
 SCHEMA_VERSION = 1
 
@@ -326,6 +327,8 @@ class Results(ResultModel):
                                                                "by question turn per setup (null: none)")
     advice: AdviceResult | None = Field(None, description="the mixed-precision advice of the config's `advise:` "
                                                           "block (null: none); its setup is one of `setups`")
+    sequential: SequentialRun | None = Field(None, description="a sequential run's cells, trajectories and documents "
+                                                               "scored (null: the switch is off)")
 
     def setup(self, name: str) -> SetupResult:
         return next(s for s in self.setups if s.name == name)

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from qeval.analysis.assemble import assemble_results
+from qeval.analysis.sequential_run import plan as sequential_plan
+from qeval.analysis.sequential_run import with_keys as sequential_keys
 from qeval.backends import backend_entry
 from qeval.config import RunConfig
 from qeval.config.setups import Setup
@@ -123,6 +125,9 @@ def prepare(pre: Preflight, opts: RunOptions, prefix: str = "") -> PreparedRun:
     store = RunStore(opts.output)
     advice = _advise(pre, opts, store)
     keys = {s.name: setup_keys(pre, s) for s in pre.cfg.setups}
+    seq = sequential_plan(pre)  # None while the switch is off: keys and jobs as before it existed
+    if seq is not None:
+        keys = sequential_keys(pre, keys, seq)
     baseline = pre.cfg.baseline.name
     # the device's ceilings, once per run, before any setup (docs/performance.md)
     ensure_ceilings(pre, store, backend_entry(pre.cfg.backend).worker_python(pre.cfg))
@@ -143,11 +148,13 @@ def prepare(pre: Preflight, opts: RunOptions, prefix: str = "") -> PreparedRun:
             continue
         if opts.force:  # recompute everything: not even an interrupted task's saved chunks are taken up
             clear_scratch(store.scratch_dir(setup.name))
-        jobs.append(_job(pre, store, setup, pending, k, baseline, prefix, perf if perf_pending else None))
+        jobs.append(_job(pre, store, setup, pending, k, baseline, prefix, perf if perf_pending else None, seq))
     # a setup whose KL reference is the baseline's top-k waits for the baseline's job
     if jobs and jobs[0].name == baseline:
         first = jobs[0].id
-        jobs = jobs[:1] + [replace(j, after=(first,)) if any(t in j.job.reference for t in j.job.tasks) else j
+        # (every setup of a sequential run: it tests its gates against the baseline's records as it goes)
+        jobs = jobs[:1] + [replace(j, after=(first,)) if seq is not None or any(t in j.job.reference
+                                                                                for t in j.job.tasks) else j
                            for j in jobs[1:]]
     return PreparedRun(pre, opts, store, keys, jobs, started, advice)
 
@@ -181,7 +188,7 @@ def finish(prepared: PreparedRun) -> Results:
 
 
 def _job(pre: Preflight, store: RunStore, spec: Setup, tasks: dict[str, str], keys: SetupKeys,
-         baseline: str, prefix: str, perf: str | None) -> WorkerJob:
+         baseline: str, prefix: str, perf: str | None, sequential: dict[str, Any] | None = None) -> WorkerJob:
     """One setup's job: its job file (what qeval.run.worker reads) written into RUN_DIR/jobs/."""
     setup = spec.name
     # generation tasks under generation_divergence: the baseline's top-k over its own generations
@@ -194,7 +201,8 @@ def _job(pre: Preflight, store: RunStore, spec: Setup, tasks: dict[str, str], ke
               task_kinds={t.name: t.kind for t in pre.tasks if t.name in tasks}, reference=ref, baseline=baseline,
               key=keys.key, key_parts=keys.parts,
               # the performance phase, when its figures are not stored under this key yet
-              performance=PerformanceJob(key=perf, shape=asdict(pre.shape) if pre.shape else None) if perf else None)
+              performance=PerformanceJob(key=perf, shape=asdict(pre.shape) if pre.shape else None) if perf else None,
+              sequential=sequential)
     worker = WorkerJob(f"{prefix}{setup}", pre.cfg, spec, store, job, keys, job_resources(pre.cfg, pre.device))
     atomic_write_json(worker.job_path, job.model_dump(mode="json"))
     return worker

@@ -120,7 +120,11 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: Job, outcome: Out
                       progress=lambda label, total: progress_bar(label, total=total),
                       reference=lambda task: _reference(store, job, task), store=store_fn,
                       scratch=scratch, keeps_topk=setup.name == job.baseline,
-                      open_reference=lambda task: store.open_topk(*ref) if (ref := job.reference.get(task)) else None)
+                      open_reference=lambda task: store.open_topk(*ref) if (ref := job.reference.get(task)) else None,
+                      sequential=job.sequential,
+                      # a sequential setup tests its gates against the baseline's records, stored before it runs
+                      baseline_records=None if setup.name == job.baseline else
+                      lambda task: store.read_samples(job.baseline, task))
         try:
             for kind, names in names_by_kind(job.task_kinds, list(job.tasks)).items():
                 task_kind(kind).score(ctx, names)

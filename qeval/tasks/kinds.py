@@ -78,6 +78,11 @@ class Scoring:
     #: the baseline's stored top-k of a task opened to read request by request (TopkReader), or
     #: None: what a kind that scores in chunks reads instead of `reference`'s whole arrays
     open_reference: Callable[[str], TopkReader | None] = field(default=lambda _task: None)
+    #: a sequential run's plan (qeval/analysis/sequential_run.py `plan`), or None: the switch is off
+    sequential: dict[str, Any] | None = None
+    #: the baseline's stored records of a task (a sequential setup's gates are tested against
+    #: them after each chunk); None for the baseline itself
+    baseline_records: Callable[[str], list[dict[str, Any]]] | None = None
 
 
 @dataclass(frozen=True)

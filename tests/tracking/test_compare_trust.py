@@ -257,3 +257,26 @@ def test_a_file_nested_thousands_deep_is_one_line(tmp_path: Path) -> None:
         read_json(tmp_path / "m.json")
     with pytest.raises(UserError, match=r"results\.json: .*nested too deeply"):
         read_results(tmp_path / "results.json")
+
+
+def test_a_pass_says_what_it_did_not_rule_out(tmp_path: Path, fresh: Path) -> None:
+    """Three of int8's right answers made wrong (acc -37.5 points on 8 documents, records, meta and
+    results.json agreeing): the interval [-69, +3] reaches past the margin without lying beyond
+    it, so the gate passes (it fails on "worse"); it said "no regression beyond 0.02", as if one
+    had been ruled out. It names what it could not rule out (issue 40 review, point 4)."""
+    run = copy_of(fresh, tmp_path)
+    path = run / "samples" / "int8" / "compare_mc.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    right = [r for r in records if r["correct"]]
+    assert len(right) >= 3
+    for r in right[:3]:
+        r["correct"] = 0
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    acc = sum(float(r["correct"]) for r in records) / len(records)
+    edit_json(path.with_name("compare_mc.meta.json"), lambda m: m["metrics"]["acc"].update(value=acc))
+    edit_json(run / "results.json", lambda d: next(s for s in d["setups"] if s["name"] == "int8")["tasks"][
+        "compare_mc"]["metrics"]["acc"].update(value=acc))
+    res, report, _ = compare(tmp_path, fresh, run)
+    assert res.returncode == 0 and report["gate"] == "pass", res.stderr
+    assert row(report, "int8", "compare_mc")["verdict"] == "inconclusive"
+    assert "none ruled out on" in res.stderr and "copy: int8 · compare_mc" in res.stderr

@@ -19,10 +19,11 @@ per-document values, which is what `evaluate()` does inside itself."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,9 +76,9 @@ def make_lm(backend: Backend, references: _References, progress: Progress,
             super().__init__()
             #: the chat settings of the evaluate() call in progress (lm-eval asks the LM to render)
             self.chat: Chat | None = None
-            #: the first document id of the chunk in progress: with `samples=`, lm-eval numbers a
-            #: chunk's requests from 0 (its logged samples carry the true ids)
-            self.first_doc = 0
+            #: the chunk in progress: task -> its document ids, ascending. With `samples=`, lm-eval
+            #: numbers a chunk's requests from 0 in the set's order (its logged samples carry the true ids)
+            self.chunk_ids: dict[str, list[int]] = {}
             #: the backend's own result per request, keyed (task, doc_id, idx) with the true doc
             #: id: token counts and the top-k that lm-eval's return types drop (one chunk's worth)
             self.raw: dict[tuple[str, int, int], Any] = {}
@@ -95,7 +96,7 @@ def make_lm(backend: Backend, references: _References, progress: Progress,
             return self.chat.apply(chat_history, add_generation_prompt)
 
         def _key(self, r: Any) -> tuple[str, int, int]:
-            return (r.task_name, self.first_doc + r.doc_id, r.idx)
+            return (r.task_name, self.chunk_ids[r.task_name][r.doc_id], r.idx)
 
         def _keep(self, requests: list[Any], results: list[Any]) -> None:
             for r, res in zip(requests, results, strict=True):
@@ -192,13 +193,18 @@ def _leaf_references(session: LmEvalSession, leaf: str, ref: dict[str, np.ndarra
     return None
 
 
-def leaf_requests(session: LmEvalSession, leaves: list[str]) -> dict[str, int]:
+def leaf_requests(session: LmEvalSession, leaves: list[str],
+                  order: Mapping[str, list[int]] | None = None) -> dict[str, int]:
     """Per leaf, the requests it sends (multiple choice: one per choice): the progress bar's
-    total, and what the baseline's reference must hold."""
+    total, and what the baseline's reference must hold. `order`: a sequential run's documents
+    per leaf (qeval/analysis/sequential_run.py), else the first n_docs."""
     counts = {}
     for leaf in leaves:
         task, info = session.tasks[leaf], session.infos[leaf]
-        docs = itertools.islice(task.eval_docs, info.n_docs)
+        docs: Any = itertools.islice(task.eval_docs, info.n_docs)
+        if order is not None and leaf in order:
+            chosen = set(order[leaf])
+            docs = (d for i, d in enumerate(task.eval_docs) if i in chosen)
         counts[leaf] = sum(len(task.doc_to_choice(d)) for d in docs) if info.output_type == "multiple_choice" \
             else info.n_docs
     return counts
@@ -208,7 +214,8 @@ def score_lm_eval(backend: Backend, session: LmEvalSession, leaves: list[str], p
                   references: Mapping[str, dict[str, np.ndarray] | TopkReader] | None = None,
                   chunk_docs: int = CHUNK_DOCS, scratch: Path | None = None,
                   keep_topk: bool = True, requests: dict[str, int] | None = None,
-                  resume_keys: Mapping[str, str] | None = None) -> dict[str, TaskResult]:
+                  resume_keys: Mapping[str, str] | None = None, order: Mapping[str, list[int]] | None = None,
+                  stop: Callable[[str, list[dict[str, Any]]], bool] | None = None) -> dict[str, TaskResult]:
     """Score `leaves` through lm-eval's evaluate(), `chunk_docs` documents a call (every leaf's
     chunk in the same call: one batched backend call per request type); per leaf, qeval's
     records and metrics.
@@ -221,7 +228,12 @@ def score_lm_eval(backend: Backend, session: LmEvalSession, leaves: list[str], p
     (TopkReader). `requests`: leaf_requests(session, leaves), where the caller has it already.
     `resume_keys`: per leaf, its resume key (qeval/records/keys.py); with a scratch folder, the
     state is saved after every chunk and an interrupted scoring under the same keys carries on
-    from its last finished chunk (qeval/tasks/lm_eval/resume.py)."""
+    from its last finished chunk (qeval/tasks/lm_eval/resume.py).
+
+    A sequential run (qeval/analysis/sequential_run.py) gives `order`, per leaf the documents in
+    its seeded order (cut at the cap): each chunk takes the next `chunk_docs` of them, and `stop`,
+    asked after each chunk with the leaf's new records (on resume, with all it has), says when the
+    leaf's gate is decided: it scores no further."""
     from lm_eval.evaluator import evaluate
 
     counts = requests if requests is not None else leaf_requests(session, leaves)
@@ -239,7 +251,8 @@ def score_lm_eval(backend: Backend, session: LmEvalSession, leaves: list[str], p
         templated = chat is not None and chat.template is not None
         for leaf in group:  # once per task: its sampler then carries on from chunk to chunk
             session.tasks[leaf].set_fewshot_seed(session.spec.fewshot_seed)
-        n_docs = {leaf: session.infos[leaf].n_docs for leaf in group}
+        n_docs = {leaf: len(order[leaf]) if order is not None and leaf in order else session.infos[leaf].n_docs
+                  for leaf in group}
         key = None
         if scratch is not None and resume_keys is not None and all(leaf in resume_keys for leaf in group):
             key = resume.group_key({"leaves": {leaf: [resume_keys[leaf], n_docs[leaf], counts[leaf],
@@ -247,10 +260,16 @@ def score_lm_eval(backend: Backend, session: LmEvalSession, leaves: list[str], p
                                     "chunk_docs": chunk_docs, "fewshot_seed": session.spec.fewshot_seed,
                                     "keep_topk": keep_topk, "chat": chat.sha256 if chat is not None else None})
         built, first = _resumed(session, group, scratch, key, keep_topk, refs, progress)
+        stopped = {leaf for leaf in group if first and stop is not None and stop(leaf, _records_so_far(built[leaf]))}
         for start in range(first, max(n_docs.values(), default=0), chunk_docs):
-            # never an empty list: lm-eval reads `samples=[]` as "every document"
-            samples = {leaf: list(range(start, min(start + chunk_docs, n))) for leaf, n in n_docs.items() if n > start}
-            lm.first_doc = start
+            # never an empty list: lm-eval reads `samples=[]` as "every document"; ascending, as
+            # lm-eval maps its own numbering back to `samples` in the set's order
+            samples = {leaf: sorted(order[leaf][start:start + chunk_docs]) if order is not None and leaf in order
+                       else list(range(start, min(start + chunk_docs, n)))
+                       for leaf, n in n_docs.items() if n > start and leaf not in stopped}
+            if not samples:  # every leaf decided
+                break
+            lm.chunk_ids = samples
             out = evaluate(lm=lm, task_dict={"tasks": {leaf: session.tasks[leaf] for leaf in samples}, "groups": {},
                                              "group_map": {}},
                            samples=samples, log_samples=True, bootstrap_iters=0, verbosity="ERROR",
@@ -259,8 +278,10 @@ def score_lm_eval(backend: Backend, session: LmEvalSession, leaves: list[str], p
                            system_instruction=chat.system_prompt if chat is not None else None)
             requests = Counter(k[0] for k in lm.raw)  # the chunk's requests per task, counted once
             for leaf in samples:
-                built[leaf].add(session, out["samples"][leaf], lm.raw, lm.refs)
+                added = built[leaf].add(session, out["samples"][leaf], lm.raw, lm.refs)
                 built[leaf].requests_done += requests[leaf]
+                if stop is not None and stop(leaf, added):
+                    stopped.add(leaf)
             lm.raw.clear()  # the chunk's per-request results and lm-eval's own go here
             lm.refs.clear()
             del out
@@ -269,6 +290,15 @@ def score_lm_eval(backend: Backend, session: LmEvalSession, leaves: list[str], p
             release_free_memory()  # else glibc keeps what the chunk freed, and the RSS climbs chunk by chunk
         results |= {leaf: built[leaf].result(session) for leaf in group}
     return {leaf: results[leaf] for leaf in leaves}
+
+
+def _records_so_far(built: _LeafResult) -> list[dict[str, Any]]:
+    """A leaf's records so far, its spool read through a handle of its own (the spool stays open
+    for the chunks to come)."""
+    if not isinstance(built.records, RecordSpool):
+        return list(built.records)
+    with open(built.records.path, "rb") as f:
+        return [json.loads(line) for line in f]
 
 
 def _resumed(session: LmEvalSession, group: list[str], scratch: Path | None, key: str | None, keep_topk: bool,
@@ -365,8 +395,9 @@ class _LeafResult:
         return state, arrays
 
     def add(self, session: LmEvalSession, samples: list[dict[str, Any]], raw: dict[tuple[str, int, int], Any],
-            refs: dict[tuple[str, int, int], Reference]) -> None:
-        """One chunk: lm-eval's logged samples of this leaf and the backend's per-request results."""
+            refs: dict[tuple[str, int, int], Reference]) -> list[dict[str, Any]]:
+        """One chunk: lm-eval's logged samples of this leaf and the backend's per-request results;
+        returns the chunk's records."""
         info, leaf = session.infos[self.leaf], self.leaf
         by_doc: dict[int, list[dict[str, Any]]] = defaultdict(list)
         for s in samples:  # lm-eval logs filter by filter, each in document order, as it aggregates
@@ -395,6 +426,7 @@ class _LeafResult:
         if topk and self.topk_ok and self.packs is not None:
             self.packs.append(topk)
         self.records.extend(records)
+        return records
 
     def result(self, session: LmEvalSession) -> TaskResult:
         """The leaf's TaskResult over every chunk: lm-eval's aggregation of every document's values."""

@@ -1,0 +1,210 @@
+"""A sequential run's plan and its cells (docs/statistics.md, "Sequential gates"; docs/architecture.md,
+"Sequential runs"): which (setup, task, gate) cells are decided sequentially, the documents' seeded
+order, the monitor a worker asks after each chunk whether a task is decided, and the trajectory
+assembly reads back from the stored records.
+
+The design: the baseline scores every task up to the cap (`max_docs`, else the whole set) in the
+seeded order, before any other setup (their jobs wait for it); each other setup scores in the same
+order and chunks, and after each chunk tests each of its undecided cells against the baseline's
+stored records; a task whose cell is decided stops, and the setup stops when all have. Assembly
+recomputes each cell's trajectory from the stored records (the same numbers, no state to keep).
+
+Which cells: tasks of the lm_eval kind that are not part of an lm-eval group, whose
+compared metric is bounded in [0, 1] (qeval/analysis/sequential.py `sequential_metric`) and that a
+gate covers. Groups (MMLU's 57 subjects), bits per byte and long-context tasks are scored up to the
+cap and judged by the fixed-n interval at the end, as without the switch (lm-eval's in the seeded
+order too); native and long-context tasks are scored whole, as without the switch."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from qeval.analysis.comparison import paired_records
+from qeval.analysis.sequential import Trajectory, cell_level, decided_looks, gate_score, sequential_metric, to_unit
+from qeval.analysis.sequential import trajectory as cell_trajectory
+from qeval.config.gates import Gate
+from qeval.records.keys import SetupKeys
+from qeval.results.metrics import metric as describe
+from qeval.results.sequential import SequentialCell, SequentialLook, SequentialRun
+
+if TYPE_CHECKING:
+    from qeval.config import RunConfig
+    from qeval.records.preflight import Preflight
+    from qeval.records.store import RunStore
+    from qeval.results.schema import Results
+
+#: the task kinds whose scoring loops take the order and stop (native and long context: not yet)
+SEQUENTIAL_KINDS = ("lm_eval",)
+
+
+def task_gate(gates: list[Gate], task: str) -> Gate | None:
+    """The gate that covers `task`, as the comparison picks it (qeval/analysis/comparison.py)."""
+    return next((g for g in gates if g.task == task and g.length is None), None) or \
+        next((g for g in gates if g.task == "all" and g.length is None), None)
+
+
+def plan(pre: Preflight) -> dict[str, Any] | None:
+    """The run's sequential plan as JSON (the worker's job carries it), or None when the switch is
+    off: the level each cell runs at (`cell_level` over every (setup, task, gate) cell) and each
+    sequential task's gate, metric and direction."""
+    cfg = pre.cfg
+    if not cfg.sequential_on or cfg.sequential is None:
+        return None
+    tasks: dict[str, Any] = {}
+    for t in pre.tasks:
+        gate = task_gate(cfg.gates, t.name)
+        metric = t.compared_metric
+        if t.kind not in SEQUENTIAL_KINDS or t.entry != t.name or gate is None \
+                or not sequential_metric(metric.split(",", 1)[0]):
+            continue
+        tasks[t.name] = {"gate": gate.model_dump(mode="json"), "metric": metric, "n_docs": t.n_docs,
+                         "higher_is_better": describe(metric).higher_is_better}
+    others = [s for s in cfg.setups if s.name != cfg.baseline.name]
+    cells = len(others) * len(tasks)
+    spec = cfg.sequential
+    return {"alpha": cell_level(spec.level, cells), "level": spec.level, "cells": cells, "min_docs": spec.min_docs,
+            "chunk_docs": spec.chunk_docs, "max_docs": spec.max_docs, "seed": spec.seed, "tasks": tasks}
+
+
+def with_keys(pre: Preflight, keys: dict[str, SetupKeys], plan_json: dict[str, Any]) -> dict[str, SetupKeys]:
+    """The run's resume keys with the sequential parts (only while the switch is on): every task's
+    the order, chunks and cap; a setup other than the baseline's also the level over the run's
+    cells and the floor, which change where it stops."""
+    spec, base = pre.cfg.sequential, pre.cfg.baseline.name
+    assert spec is not None
+    out = {}
+    for name, k in keys.items():
+        part = spec.order_part() + ("" if name == base else "," + spec.stop_part(plan_json["cells"]))
+        out[name] = SetupKeys(k.parts, {t: p | {"sequential": part} for t, p in k.tasks.items()})
+    return out
+
+
+def document_order(cfg: RunConfig, task: str, n_docs: int) -> list[int]:
+    """The task's documents (their indices) in the run's seeded random order, cut at the cap: what
+    every setup scores, in this order. Seeded by the seed and the task's name, so a task's order
+    does not depend on which other tasks the run has."""
+    assert cfg.sequential is not None
+    digest = hashlib.sha256(task.encode()).digest()
+    rng = np.random.default_rng([cfg.sequential.seed, int.from_bytes(digest[:8], "little")])
+    order = rng.permutation(n_docs)
+    cap = cfg.sequential.max_docs
+    return [int(i) for i in (order[:cap] if cap else order)]
+
+
+def looks(n_scored: int, chunk_docs: int) -> list[int]:
+    """The document counts a cell was looked at: after each chunk, and at the last document."""
+    out = list(range(chunk_docs, n_scored + 1, chunk_docs))
+    return out + [n_scored] if n_scored and (not out or out[-1] != n_scored) else out
+
+
+def _cell_score(spec: dict[str, Any], base: np.ndarray, other: np.ndarray) -> Any:
+    gate = Gate.model_validate(spec["gate"])
+    return gate_score(base, other, spec["higher_is_better"], gate.max_drop, gate.relative, gate.min_recovery)
+
+
+def _ordered(base_records: list[dict[str, Any]], other_records: list[dict[str, Any]], metric: str,
+             order: list[int]) -> tuple[np.ndarray, np.ndarray] | None:
+    """The two sides' values on the documents the setup scored, in the run's order (the order the
+    sequence is computed in), or None where some document does not pair."""
+    rank = {str(d): i for i, d in enumerate(order)}
+    other_sorted = sorted(other_records, key=lambda r: rank.get(str(r["sample_id"]), len(rank)))
+    data = paired_records(base_records, other_sorted, metric)
+    if data is None or len(data.base) != len(other_records):
+        return None
+    return data.base, data.other
+
+
+def cell(plan_json: dict[str, Any], task: str, order: list[int], base_records: list[dict[str, Any]],
+         other_records: list[dict[str, Any]]) -> Trajectory | None:
+    """The cell's trajectory from the stored records: its sequence at every look and where it
+    stopped; None where the documents do not pair."""
+    spec = plan_json["tasks"][task]
+    values = _ordered(base_records, other_records, spec["metric"], order)
+    if values is None:
+        return None
+    score = _cell_score(spec, *values)
+    return cell_trajectory(score, looks(len(values[0]), plan_json["chunk_docs"]), plan_json["alpha"],
+                           plan_json["min_docs"])
+
+
+class Monitor:
+    """What a worker asks after each chunk: is this task's cell decided? It holds the baseline's
+    records, each task's order, and the setup's records so far."""
+
+    def __init__(self, plan_json: dict[str, Any], orders: dict[str, list[int]],
+                 baseline_records: dict[str, list[dict[str, Any]]]) -> None:
+        self.plan = plan_json
+        self.orders = orders
+        self.base = baseline_records
+        self.seen: dict[str, list[dict[str, Any]]] = {}
+
+    def sequential(self, task: str) -> bool:
+        """Whether the task's cell is decided sequentially (else it scores to the cap)."""
+        return task in self.plan["tasks"] and task in self.base and task in self.orders
+
+    def add(self, task: str, records: list[dict[str, Any]]) -> bool:
+        """The chunk's records of `task` (or, on resume, every record scored before); True once its
+        cell is decided: the task stops."""
+        if not self.sequential(task):
+            return False
+        seen = self.seen.setdefault(task, [])
+        seen.extend(records)
+        spec = self.plan["tasks"][task]
+        # the sequence runs in the order's own sequence (records within a chunk come sorted by id)
+        values = _ordered(self.base[task], seen, spec["metric"], self.orders[task])
+        if values is None:
+            return False
+        y, m0 = to_unit(_cell_score(spec, *values))
+        at = np.array(looks(len(y), self.plan["chunk_docs"]))
+        up, down = decided_looks(y, m0, self.plan["alpha"], at)
+        return bool(((up | down) & (at >= self.plan["min_docs"])).any())
+
+
+def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
+    """results.json's `sequential` block, and each sequential cell's verdict in `vs_baseline` made the
+    confidence sequence's (the comparison's `ci` stays the fixed-n interval on the documents scored,
+    for reading; its verdict is not that interval's: after stopping on the data that interval is
+    no longer a 95% one). Nothing changes while the switch is off."""
+    plan_json = plan(pre)
+    spec = pre.cfg.sequential
+    if plan_json is None or spec is None:
+        return results
+    base = pre.cfg.baseline.name
+    infos = {t.name: t for t in pre.tasks}
+    cells: list[SequentialCell] = []
+    setups = []
+    for entry in results.setups:
+        vs = dict(entry.vs_baseline)
+        for task, cmp in entry.vs_baseline.items():
+            if entry.name == base or task not in plan_json["tasks"] or cmp.verdict is None:
+                continue
+            order = document_order(pre.cfg, task, infos[task].n_docs)
+            other = store.read_samples(entry.name, task)
+            traj = cell(plan_json, task, order, store.read_samples(base, task), other)
+            if traj is None:
+                continue
+            n, total = len(other), len(order)
+            decided = traj.stopped_at is not None
+            last = traj.looks[-1] if traj.looks else None
+            reason = (f"sequential: decided after {n:,} of {total:,} documents" if decided else
+                      f"sequential: not decided after {n:,} of {total:,} documents")
+            vs[task] = cmp.model_copy(update={"verdict": traj.verdict, "verdict_reason": reason,
+                                              "samples_to_decide": None})
+            score_spec = plan_json["tasks"][task]
+            gate = Gate.model_validate(score_spec["gate"])
+            threshold = -gate.max_drop if gate.max_drop is not None and not gate.relative else 0.0
+            cells.append(SequentialCell(
+                setup=entry.name, task=task, metric=score_spec["metric"], threshold=threshold, documents=n, total=total,
+                stopped_at=traj.stopped_at, ci=(last.lower, last.upper) if last else None, verdict=traj.verdict,
+                looks=[SequentialLook(n=k.n, ci=(k.lower, k.upper), verdict=k.verdict) for k in traj.looks]))
+        setups.append(entry.model_copy(update={"vs_baseline": vs}))
+    scored = sum(entry.tasks[t].n for entry in results.setups for t in entry.tasks if t in infos)
+    full = sum(min(infos[t].n_docs, spec.max_docs or infos[t].n_docs) for entry in results.setups
+               for t in entry.tasks if t in infos)
+    block = SequentialRun(method="betting confidence sequence (Waudby-Smith & Ramdas 2023)", level=spec.level,
+                          cell_level=plan_json["alpha"], min_docs=spec.min_docs, chunk_docs=spec.chunk_docs,
+                          max_docs=spec.max_docs, seed=spec.seed, cells=cells, documents=scored, total=full)
+    return results.model_copy(update={"setups": setups, "sequential": block})

@@ -1,0 +1,36 @@
+"""The `sequential:` block: gates decided sequentially, scoring stopped when the verdict is known
+(docs/statistics.md, "Sequential gates"; qeval/analysis/sequential.py). Off unless the config has
+the block with `enabled: true`; while off it is out of the config hash and every resume key, so a
+run that does not use it computes, stores and resumes as before the block existed."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from qeval.strict import Seed, Strict
+
+
+class SequentialSpec(Strict):
+    """Each task's documents scored in a seeded random order shared by every setup, in chunks; after
+    each chunk every undecided (setup, task, gate) cell is tested with an anytime-valid confidence
+    sequence at `level` split over the run's cells; a setup whose cells are all decided stops."""
+
+    enabled: bool = False
+    level: float = Field(default=0.05, gt=0, lt=1, description="the chance of any wrong verdict in the run")
+    #: no verdict before this many paired documents (at least 6: qeval/analysis/stats.py MIN_PAIRED_N)
+    min_docs: int = Field(default=50, ge=6)
+    #: the cap on each task's documents (its first max_docs in the seeded order); None: the whole set
+    max_docs: int | None = Field(default=None, gt=0)
+    #: documents a chunk (a look after each): lm-eval tasks use it instead of lm_eval.chunk_docs
+    chunk_docs: int = Field(default=100, gt=0)
+    seed: Seed = 0
+
+    def order_part(self) -> str:
+        """What changes the documents a setup scores and their prompts (the order, the chunks, the
+        cap): a part of every task's resume key while on."""
+        return f"seed={self.seed},chunk_docs={self.chunk_docs},max_docs={self.max_docs}"
+
+    def stop_part(self, cells: int) -> str:
+        """What changes where a setup that is not the baseline stops: the level over `cells` cells
+        and the floor (a part of those setups' resume keys while on)."""
+        return f"level={self.level!r},cells={cells},min_docs={self.min_docs}"

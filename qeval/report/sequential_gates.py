@@ -1,0 +1,102 @@
+"""The report's sequential-gates section (results.json `sequential`, qeval/analysis/sequential_run.py):
+per (setup, task) cell the verdict, the documents it took ("decided after 412 of 2,376 documents"),
+the look it stopped at and the confidence sequence there; per run the documents scored against
+what a fixed run scores; in report.html a trajectory plot per gated task (each setup's sequence at
+every look, the gate's threshold drawn). Empty for a run without the switch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import matplotlib.pyplot as plt
+
+from qeval.report.sections import HtmlTables, ReportSection
+from qeval.report.tables import Escape, md_table
+from qeval.results.schema import Results
+from qeval.results.sequential import SequentialCell
+
+TITLE = "Sequential gates"
+HEADER = ["setup", "task", "verdict", "documents", "stopped at look", "sequence there", "threshold"]
+
+
+def _ci(ci: tuple[float, float] | None) -> str:
+    return "—" if ci is None else f"[{ci[0]:+.4f}, {ci[1]:+.4f}]"
+
+
+def _documents(c: SequentialCell) -> str:
+    what = "decided after" if c.stopped_at is not None else "not decided after"
+    return f"{what} {c.documents:,} of {c.total:,}"
+
+
+def rows(results: Results, esc: Escape) -> list[list[str]]:
+    block = results.sequential
+    if block is None:
+        return []
+    return [[esc(c.setup), esc(c.task), c.verdict, _documents(c),
+             "—" if c.stopped_at is None else f"{c.stopped_at + 1} of {len(c.looks)}", _ci(c.ci), f"{c.threshold:+.4f}"]
+            for c in block.cells]
+
+
+def summary(results: Results) -> str:
+    """The run's line: documents scored against a fixed run's."""
+    b = results.sequential
+    if b is None:
+        return ""
+    share = f" ({b.documents / b.total:.0%})" if b.total else ""
+    return (f"Scored {b.documents:,} of the {b.total:,} documents a fixed run scores{share}, over every setup and "
+            "task; "
+            f"each of {len(b.cells)} cells at level {b.cell_level:.4g} ({b.level:g} over the run, Bonferroni), "
+            f"looked at every {b.chunk_docs:,} documents, no verdict before {b.min_docs:,}.")
+
+
+LEGEND = ("The verdicts of these cells are the confidence sequence's (a betting confidence sequence, valid at every "
+          "look at once: docs/statistics.md, \"Sequential gates\"), not the fixed-n interval in the gate table, "
+          "which is shown for reading: after stopping on the data it is no 95% interval. The sequence is in the "
+          "gate score's units: setup minus baseline for a max_drop gate (pass: wholly above the threshold, -max_drop).")
+
+
+def markdown(results: Results, esc: Escape) -> list[str]:
+    body = rows(results, esc)
+    if results.sequential is None:
+        return []
+    return [f"## {TITLE}", "", summary(results), "", *(md_table(HEADER, body) if body else ["No sequential cell."]),
+            "", LEGEND, ""]
+
+
+def tables(results: Results) -> HtmlTables:
+    body = rows(results, str)
+    return {summary(results): (HEADER, body)} if body else {}
+
+
+def trajectory_figure(task: str) -> Callable[[Results], Any]:
+    """One task's trajectory: each setup's sequence (shaded) at every look, and the threshold."""
+    def draw(results: Results) -> Any:
+        assert results.sequential is not None
+        cells = [c for c in results.sequential.cells if c.task == task]
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        for i, c in enumerate(cells):
+            n = [k.n for k in c.looks]
+            color = f"C{i % 10}"
+            ax.fill_between(n, [k.ci[0] for k in c.looks], [k.ci[1] for k in c.looks], alpha=0.25, color=color,
+                            step="post", label=f"{c.setup}: {c.verdict} at {c.documents:,}")
+            if c.stopped_at is not None:
+                ax.axvline(c.looks[c.stopped_at].n, color=color, lw=0.8, ls=":")
+        if cells:
+            ax.axhline(cells[0].threshold, color="k", lw=1, ls="--", label="gate threshold")
+        ax.set_xlabel("documents paired")
+        ax.set_ylabel("gate score (setup - baseline)")
+        ax.legend(fontsize=7, loc="lower right")
+        ax.grid(alpha=0.3)
+        return fig
+    return draw
+
+
+def figures(results: Results) -> dict[str, Callable[[Results], Any]]:
+    if results.sequential is None:
+        return {}
+    tasks = list(dict.fromkeys(c.task for c in results.sequential.cells))
+    return {f"Sequential gate trajectory: {t}": trajectory_figure(t) for t in tasks}
+
+
+SECTION = ReportSection(title=TITLE, anchor="sequential", markdown=markdown, tables=tables, figures=figures)

@@ -1,0 +1,115 @@
+"""A sequential run's pieces without a model (qeval/config/sequential.py, qeval/analysis/sequential_run.py):
+the switch stays out of the config hash while off, the order is seeded and independent of the other
+tasks, the monitor stops a task where its gate is decided and not before the floor, and assembly
+recomputes the same stopping point from the records. The scoring itself (real model, real lm-eval)
+is tests/e2e/test_sequential_e2e.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import config_dict
+
+from qeval.analysis.sequential_run import Monitor, cell, document_order, looks, plan, task_gate
+from qeval.config import RunConfig
+from qeval.config.gates import Gate
+
+
+def _cfg(**extra: Any) -> RunConfig:
+    return RunConfig.model_validate(config_dict(**extra))
+
+
+def test_off_is_out_of_the_hash() -> None:
+    """No block, or a block with enabled: false, hashes as before the block existed."""
+    plain = _cfg()
+    off = _cfg(sequential={"enabled": False, "seed": 7})
+    on = _cfg(sequential={"enabled": True})
+    assert "sequential" not in plain.as_json() and "sequential" not in off.as_json()
+    assert plain.config_hash() == off.config_hash() != on.config_hash()
+    assert not off.sequential_on and on.sequential_on
+
+
+def test_bad_values_refused() -> None:
+    from pydantic import ValidationError
+
+    for bad in ({"level": 1.5}, {"min_docs": 3}, {"chunk_docs": 0}, {"max_docs": 0}, {"typo": 1}):
+        with pytest.raises(ValidationError):
+            _cfg(sequential={"enabled": True} | bad)
+
+
+def test_order_is_seeded_capped_and_per_task() -> None:
+    cfg = _cfg(sequential={"enabled": True, "seed": 3, "max_docs": 50})
+    a = document_order(cfg, "arc_easy", 200)
+    assert a == document_order(cfg, "arc_easy", 200)  # the same in every worker and at assembly
+    assert len(a) == 50 and len(set(a)) == 50 and a != sorted(a)
+    assert a != document_order(cfg, "piqa", 200)
+    other = _cfg(sequential={"enabled": True, "seed": 4, "max_docs": 50})
+    assert a != document_order(other, "arc_easy", 200)
+    full = document_order(_cfg(sequential={"enabled": True, "seed": 3}), "arc_easy", 200)
+    assert sorted(full) == list(range(200)) and full[:50] == a  # the cap is a prefix of the same order
+
+
+def test_looks() -> None:
+    assert looks(250, 100) == [100, 200, 250]
+    assert looks(200, 100) == [100, 200]
+    assert looks(0, 100) == []
+
+
+def _pre(cfg: RunConfig, tasks: list[tuple[str, str, str, str]]) -> Any:
+    """A stand-in Preflight with tasks (name, kind, entry, metric) of 400 documents."""
+    infos = [SimpleNamespace(name=n, kind=k, entry=e, compared_metric=m, n_docs=400) for n, k, e, m in tasks]
+    return SimpleNamespace(cfg=cfg, tasks=infos)
+
+
+def test_plan_cells_and_level() -> None:
+    """Cells: lm-eval tasks outside groups, on bounded metrics, with a gate; the level split over
+    (setups other than the baseline) x cells."""
+    cfg = _cfg(sequential={"enabled": True, "level": 0.06}, gates=[{"task": "all", "max_drop": 0.02}],
+               setups=[{"name": "b", "baseline": True}, {"name": "x", "weights": "int8"},
+                       {"name": "y", "weights": "int4"}])
+    pre = _pre(cfg, [("arc", "lm_eval", "arc", "acc"), ("wiki", "lm_eval", "wiki", "bits_per_byte"),
+                     ("mmlu_a", "lm_eval", "mmlu", "acc"), ("piqa", "lm_eval", "piqa", "acc_norm"),
+                     ("addition", "native", "addition", "exact_match")])
+    p = plan(pre)
+    assert p is not None and set(p["tasks"]) == {"arc", "piqa"}
+    assert p["cells"] == 4 and p["alpha"] == pytest.approx(0.015)
+    assert plan(_pre(_cfg(), [("arc", "lm_eval", "arc", "acc")])) is None
+
+
+def test_task_gate_prefers_the_named_gate() -> None:
+    gates = [Gate(task="all", max_drop=0.02), Gate(task="arc", max_drop=0.05)]
+    assert task_gate(gates, "arc") == gates[1] and task_gate(gates, "piqa") == gates[0]
+
+
+def _records(values: np.ndarray, ids: list[int]) -> list[dict[str, Any]]:
+    return [{"sample_id": str(i), "metrics": {"acc": float(values[i])}, "prompt_hash": "p"} for i in ids]
+
+
+@pytest.mark.parametrize("broken", [True, False])
+def test_monitor_stops_where_assembly_says(broken: bool) -> None:
+    """Chunk by chunk, the monitor stops a broken setup early (fail) and an unchanged one (pass),
+    never before the floor; assembly's trajectory from the same records stops at the same look."""
+    rng = np.random.default_rng(0)
+    n = 400
+    base = (rng.random(n) < 0.7).astype(float)
+    other = np.where(rng.random(n) < 0.5, 0.0, base) if broken else base.copy()
+    cfg = _cfg(sequential={"enabled": True, "chunk_docs": 20, "min_docs": 60})
+    p = plan(_pre(cfg, [("arc", "lm_eval", "arc", "acc")]))
+    assert p is not None
+    order = document_order(cfg, "arc", n)
+    base_records = _records(base, list(range(n)))
+    monitor = Monitor(p, {"arc": order}, {"arc": base_records})
+    scored: list[dict[str, Any]] = []
+    for start in range(0, n, 20):
+        chunk = _records(other, sorted(order[start:start + 20]))  # a chunk's ids come ascending, as lm-eval's
+        scored += chunk
+        if monitor.add("arc", chunk):
+            break
+    assert len(scored) >= 60
+    assert len(scored) < n
+    traj = cell(p, "arc", order, base_records, scored)
+    assert traj is not None and traj.stopped_at == len(traj.looks) - 1 and traj.looks[-1].n == len(scored)
+    assert traj.verdict == ("fail" if broken else "pass")
