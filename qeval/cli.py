@@ -201,6 +201,9 @@ def quantize(
 def goodput(
     config: Annotated[Path, typer.Argument(help="run config YAML with workload: (and its slo:) and serving: blocks")],
     output: Annotated[Path | None, typer.Option(help="run directory (default reports/<config name>)")] = None,
+    setups: Annotated[str | None, typer.Option(help="comma-separated setups to serve (default: all)")] = None,
+    exhaustive: Annotated[bool, typer.Option(
+        help="measure every level of the grid (no early stop): the tuner's pick is then compared offline")] = False,
 ) -> None:
     """Serve CONFIG's workload on each setup with `vllm serve`, tune max-num-seqs, recommend by goodput
     (RUN_DIR/serving.json, serving.md; docs/performance.md, "Serving the workload")."""
@@ -215,6 +218,15 @@ def goodput(
         out = output or Path("reports") / cfg.name
         if cfg.workload is None or cfg.workload.slo is None or cfg.serving is None:
             raise UserError(f"{config}: qeval goodput needs a workload: block with an slo: and a serving: block")
+        serving = cfg.serving
+        only = _split(setups, "--setups")
+        if only is not None:
+            unknown = sorted(set(only) - {s.name for s in cfg.setups})
+            if unknown:
+                raise UserError(f"--setups: {unknown[0]!r} is not a setup of {config}")
+            cfg = cfg.model_copy(update={"setups": [s for s in cfg.setups if s.name in only]})
+        if exhaustive:
+            cfg = cfg.model_copy(update={"serving": serving.model_copy(update={"exhaustive": True})})
         source = resolve_model(cfg.model.path, cfg.model.revision)
         cfg = resolve_checkpoints(cfg, source.checksum, {s.name for s in cfg.setups})
         results = goodput_run(cfg, out, _gated(out))

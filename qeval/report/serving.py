@@ -154,3 +154,14 @@ def write_report(results: ServingResults, out: Path) -> Path:
     path = out / "serving.md"
     atomic_write_bytes(path, markdown(results).encode())
     return path
+
+
+def setup_rows(results: ServingResults) -> list[dict[str, Any]]:
+    """One row per setup: the tuner's pick, its cost, the command line, the recommendation's reason."""
+    reasons = results.recommendation.get("reasons") or {}
+    return [{"setup": r.setup, "status": r.status, "recommended": r.setup == results.recommendation.get("setup"),
+             "goodput_rps": r.pick.goodput_rps if r.pick else None,
+             "max_num_seqs": r.pick.max_num_seqs if r.pick else None,
+             "rate": r.pick.rate if r.pick else None, "best_p99_ms": r.best_p99_ms or None,
+             "max_model_len": r.max_model_len, "engine_starts": r.restarts, "levels": len(r.levels),
+             "serve_command": r.serve_command, "reason": reasons.get(r.setup)} for r in results.setups]

@@ -149,7 +149,7 @@ def test_serving_config_checks(tmp_path: Path) -> None:
     base["model"]["path"] = str(ROOT / "models" / "smollm2-135m")
     base["workload"]["trace"] = str(ROOT / "configs" / "workloads" / "gsm8k.jsonl")
     cfg = RunConfig.model_validate(base)
-    assert cfg.serving is not None and cfg.serving.rates == [0.5, 1.0, 2.0]
+    assert cfg.serving is not None and cfg.serving.rates == [0.25, 0.5, 1.0]
     no_slo = base | {"workload": {k: v for k, v in base["workload"].items() if k != "slo"}}
     with pytest.raises(ValueError, match="serving: needs a workload"):
         RunConfig.model_validate(no_slo)
@@ -204,3 +204,26 @@ def test_goodput_on_the_vllm_cpu_engine(tmp_path: Path) -> None:
     assert "vllm serve" in res.stdout and (out / "serving.md").is_file() and (out / "serving-kv.svg").is_file()
     again = run_cli("goodput", str(path), "--output", str(out), timeout=300)
     assert again.returncode == 0 and "reused" in again.stdout
+
+
+def test_report_and_notebook_tables(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from qeval.files.atomic import atomic_write_json
+    from qeval.notebook import Run
+    from qeval.report.serving import FIGURES, write_report
+
+    slo = SloSpec(ttft_ms=500)
+    rows = [_row("bf16", 1.0), _row("int4", None, 812.5)]
+    res = ServingResults(config="c", workload={"source": "t.jsonl", "slo": {"percentile": 99, "ttft_ms": 500}},
+                         load_generator="vllm bench serve", machine="cpu", kv_usage_limit=0.9, setups=rows,
+                         recommendation=recommend_goodput(rows, None, slo))
+    atomic_write_json(tmp_path / "serving.json", res.model_dump(mode="json"))
+    md = write_report(res, tmp_path).read_text()
+    assert "**Recommendation (by goodput):** bf16" in md and "    vllm serve int4" in md
+    assert "cannot meet the SLO" in md and "TTFT 812.5 ms" in md
+    assert all((tmp_path / f).read_text().startswith("<svg") for f in FIGURES)
+    levels = Run.serving(SimpleNamespace(path=tmp_path))  # type: ignore[arg-type]
+    assert list(levels["setup"]) == ["bf16", "int4"] and levels["ttft_p99_ms"].tolist() == [100.0, 812.5]
+    setups = Run.serving(SimpleNamespace(path=tmp_path), "setups")  # type: ignore[arg-type]
+    assert setups["recommended"].tolist() == [True, False] and setups["goodput_rps"].tolist()[0] == 1.0
