@@ -8,9 +8,9 @@
     run.memory()                       # the ledger, predicted and measured, with sources
     run.advice()                       # an advise: block's per-unit sensitivity and the kept units
     run.performance()                  # throughput and latency per level, median and range, with sources
-    run.serving()                      # qeval goodput: goodput, latency percentiles, KV usage per level
     run.generation_positions()         # KL / top-1 / Δ NLL by generated position (generation_divergence:)
     run.generation_lengths()           # accuracy by the baseline's answer length
+    run.multi_turn()                   # accuracy and answer KL by question turn (kinds: multi_turn)
     run.plot_quality_vs_memory()       # matplotlib figures
 
 Reads only the stored results; no model is loaded.
@@ -128,19 +128,6 @@ class Run:
                                      "unit": fig.unit, "source": fig.source})
         return pd.DataFrame(rows)
 
-    def serving(self, table: str = "levels") -> pd.DataFrame:
-        """`qeval goodput`'s figures (RUN_DIR/serving.json, docs/performance.md, "Serving the
-        workload"): `levels`, one row per setup x engine setting x rate (goodput, throughput,
-        latency percentiles in ms, KV usage, preemptions, queueing); `setups`, one row per setup
-        (the tuned pick, its goodput, the `vllm serve` command, the recommendation's reason)."""
-        from qeval.report.serving import level_rows, setup_rows
-        from qeval.results.serving import read_serving
-
-        if table not in ("levels", "setups"):
-            raise ValueError(f"table {table!r}: levels or setups")
-        results = read_serving(self.path)
-        return pd.DataFrame(level_rows(results) if table == "levels" else setup_rows(results))
-
     def advice(self) -> pd.DataFrame:
         """The `advise:` block's sensitivity: one row per unit (a layer x module-type cell, or a
         block or type union) with the bytes keeping it adds, its cost and gain in KL, and whether
@@ -172,6 +159,14 @@ class Run:
         rows = [{"setup": setup, "task": task} | b.model_dump() for setup, tasks in setups.items()
                 for task, t in tasks.items() for b in t.positions]
         return pd.DataFrame(rows)
+
+    def multi_turn(self) -> pd.DataFrame:
+        """The multi-turn probes: one row per setup x question turn (accuracy, Δ against the
+        baseline with its CI, p-value and verdict, filler tokens, answer KL; docs/tasks.md,
+        "Multi-turn probes"); empty for a run without them."""
+        block = self.results.multi_turn
+        setups = block.setups if block else {}
+        return pd.DataFrame([{"setup": setup} | p.model_dump() for setup, points in setups.items() for p in points])
 
     def generation_lengths(self) -> pd.DataFrame:
         """Accuracy by the baseline's answer length: one row per setup x generation task x
