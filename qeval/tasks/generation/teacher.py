@@ -122,8 +122,9 @@ def baseline_pass(backend: Backend, conv: Conventions, records: list[dict[str, A
         if not text:
             continue
         total, n_gen = _split(conv, str(r["prompt"]), text)
-        # one window: a text past the context would be scored in windows that lose the prompt
-        if 0 < n_gen <= total and total < max_context:
+        # one window: a text past the context would be scored in windows that lose the prompt (the
+        # vllm and openai backends' windows are two tokens shorter than the context)
+        if 0 < n_gen <= total and total <= max_context - 2:
             kept.append((r, total, n_gen))
     results = backend.loglikelihood_rolling([RollingRequest(str(r["prompt"]) + str(r["raw_output"]))
                                              for r, _, _ in kept], advance) if kept else []
