@@ -278,6 +278,11 @@ def _notes(results: Results) -> list[str]:
                      "rerun it to include it")
     for name, why in results.run.skipped_setups.items():
         notes.append(f"optional setup {md_text(name)} skipped: {md_text(why)}")
+    from qeval.report.serving import workload_note
+
+    served = workload_note(results.config)
+    if served:
+        notes.append(md_text(served))
     return notes
 
 

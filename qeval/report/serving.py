@@ -165,3 +165,15 @@ def setup_rows(results: ServingResults) -> list[dict[str, Any]]:
              "rate": r.pick.rate if r.pick else None, "best_p99_ms": r.best_p99_ms or None,
              "max_model_len": r.max_model_len, "engine_starts": r.restarts, "levels": len(r.levels),
              "serve_command": r.serve_command, "reason": reasons.get(r.setup)} for r in results.setups]
+
+
+def workload_note(config: dict[str, Any]) -> str | None:
+    """report.md's note on a run with a `workload:` block: where its goodput is (or is not) measured."""
+    workload = config.get("workload")
+    if not workload:
+        return None
+    if config.get("backend") == "hf":
+        return ("workload: goodput was not measured: the hf backend has no continuous batching and no server to "
+                "load (`qeval goodput` serves vLLM); the workload's lengths drive only `qeval plan --workload`")
+    return ("workload: goodput and latency percentiles are measured by `qeval goodput` on this config "
+            "(RUN_DIR/serving.md), not by the run")

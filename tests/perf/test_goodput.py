@@ -227,3 +227,13 @@ def test_report_and_notebook_tables(tmp_path: Path) -> None:
     assert list(levels["setup"]) == ["bf16", "int4"] and levels["ttft_p99_ms"].tolist() == [100.0, 812.5]
     setups = Run.serving(SimpleNamespace(path=tmp_path), "setups")  # type: ignore[arg-type]
     assert setups["recommended"].tolist() == [True, False] and setups["goodput_rps"].tolist()[0] == 1.0
+
+
+def test_report_md_says_where_goodput_is_measured() -> None:
+    from qeval.report.serving import workload_note
+
+    assert workload_note({"backend": "vllm"}) is None
+    hf = workload_note({"backend": "hf", "workload": {"trace": "t.jsonl"}})
+    assert hf is not None and hf.startswith("workload: goodput was not measured")
+    served = workload_note({"backend": "openai", "workload": {"trace": "t.jsonl"}})
+    assert served is not None and "qeval goodput" in served
