@@ -49,7 +49,7 @@ SERVING_VERSION = "1"
 #: a level's bench may run this long at most (a CPU engine at a high rate queues for minutes)
 BENCH_TIMEOUT_S = 900
 #: seconds between /metrics samples while a level runs
-SAMPLE_EVERY_S = 0.25
+SAMPLE_EVERY_S = 0.1
 LOAD_GENERATOR = ("vllm bench serve (vllm.benchmarks.serve.main, vLLM {version}): --dataset-name custom "
                   "--custom-output-len -1 --skip-chat-template --disable-shuffle --ignore-eos --request-rate R "
                   "(Poisson, --seed) --save-detailed")
