@@ -170,6 +170,10 @@ class RunConfig(ChatKeys):
             | ({"generation_divergence"} if self.generation_divergence is None else set()) \
             | ({"sequential"} if not self.sequential_on else set())
         out = self.model_dump(mode="json", exclude={"tracking"} | unset)
+        for gate in out.get("gates") or []:  # a gate's turn and position likewise (multi_turn, generation_divergence)
+            for key in ("turn", "position"):
+                if gate.get(key, 0) is None:
+                    del gate[key]
         # the chat keys likewise while unset, at the top and in each lm-eval task
         for piece in [out, *((out.get("lm_eval") or {}).get("tasks") or [])]:
             for key in CHAT_KEYS:
