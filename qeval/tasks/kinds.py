@@ -172,19 +172,13 @@ def check_plugin_pieces(cfg: RunConfig) -> None:
 
 
 def report_sections() -> list[ReportSection]:
-    """The report sections the registered kinds provide, in registry order, then those of
-    measurements across kinds (the divergence along the generation: qeval/tasks/generation)."""
-    from qeval.tasks.generation.report import SECTION as GENERATION
-
-    return [k.report for k in task_kinds() if k.report is not None] + [GENERATION]
+    """The report sections the registered kinds provide, in registry order."""
+    return [k.report for k in task_kinds() if k.report is not None]
 
 
 def results_blocks() -> list[Callable[[Results, Preflight, RunStore], Results]]:
-    """The results blocks the registered kinds add at assembly, in registry order, then those of
-    measurements across kinds (the divergence along the generation: qeval/tasks/generation)."""
-    from qeval.tasks.generation.results import attach_generation
-
-    return [k.results for k in task_kinds() if k.results is not None] + [attach_generation]
+    """The results blocks the registered kinds add at assembly, in registry order."""
+    return [k.results for k in task_kinds() if k.results is not None]
 
 
 def check_generation_room(cfg: RunConfig, name: str, output_type: str, max_gen_toks: int) -> None:
