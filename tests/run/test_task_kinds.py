@@ -53,7 +53,7 @@ def test_a_bad_kind_piece_is_one_line(tmp_path: Path, toy_env: None) -> None:
     one_line_exit_2(run_cli("validate", str(cfg)), "kinds.toy.count: Input should be greater than 0")
     cfg = make_config(tmp_path, tasks=None, kinds={"nope": {}})
     one_line_exit_2(run_cli("validate", str(cfg)),
-                    "no task kind 'nope' (registered: native, lm_eval, long_context, toy)")
+                    "no task kind 'nope' (registered: native, lm_eval, long_context, multi_turn, generation, toy)")
 
 
 def test_a_kind_that_cannot_be_loaded_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -162,6 +162,15 @@ def test_the_regression_gate(runs: tuple[Path, Path, list[str]], tmp_path: Path)
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert sum(r["correct"] for r in rows) >= 7, "the regression below needs int8 right on most documents"
     path.write_text("".join(json.dumps(r | {"correct": False}) + "\n" for r in rows))
+    # the meta and results.json report what the records hold, as a run that scored them would
+    # (compare refuses records that disagree with them: tests/tracking/test_compare_trust.py)
+    meta_path = path.with_name("compare_mc.meta.json")
+    meta = json.loads(meta_path.read_text())
+    meta["metrics"]["acc"]["value"] = 0.0
+    meta_path.write_text(json.dumps(meta))
+    results = json.loads((worse / "results.json").read_text())
+    next(s for s in results["setups"] if s["name"] == "int8")["tasks"]["compare_mc"]["metrics"]["acc"]["value"] = 0.0
+    (worse / "results.json").write_text(json.dumps(results))
     res = run_cli("compare", str(a), str(worse), "--output", str(tmp_path / "gate"), "--fail-on-regression", "0.02")
     assert res.returncode == 3, res.stderr[-3000:]
     assert "regression: worse: int8 · compare_mc" in res.stderr
