@@ -170,16 +170,22 @@ def test_exhausted_retries_record_the_cause(cluster: LocalCluster, tmp_path: Pat
 
 
 def test_ctrl_c_cancels_the_jobs_and_the_run_resumes(cluster: LocalCluster, local_run: Path, tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    args = [sys.executable, "-m", "qeval.cli", "run", str(DEMO), "--output", str(out), *QUICK,
-            "--setups", SETUPS, "--executor", "ray"]
-    with Watch(cluster.scratch) as watch:
-        driver = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 600
-        while not ({"int8", "kv-int4"} & set(watch.pids)) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        driver.send_signal(signal.SIGINT)
-        _, err = driver.communicate(timeout=120)
+    for attempt in range(2):
+        out = tmp_path / f"run{attempt}"
+        args = [sys.executable, "-m", "qeval.cli", "run", str(DEMO), "--output", str(out), *QUICK,
+                "--setups", SETUPS, "--executor", "ray"]
+        with Watch(cluster.scratch) as watch:
+            driver = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            deadline = time.monotonic() + 600
+            while (not ({"int8", "kv-int4"} & set(watch.pids)) and driver.poll() is None
+                   and time.monotonic() < deadline):
+                time.sleep(0.1)
+            driver.send_signal(signal.SIGINT)
+            _, err = driver.communicate(timeout=120)
+        # on a loaded CI machine the watcher once missed both jobs and the run ended before the
+        # Ctrl-C: a race of this test's own, not a run ignoring Ctrl-C; that case is tried again once
+        if not (driver.returncode == 0 and not ({"int8", "kv-int4"} & set(watch.pids))):
+            break
     assert driver.returncode == 130, err[-3000:]
     assert "rerun the same command to resume" in err
     running = [p for setup in ("int8", "kv-int4") for p in watch.pids.get(setup, [])]
