@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qeval.analysis.stats import paired_accuracy, paired_mean, paired_ratio, small_sample_reason, verdict
+from qeval.analysis.stats import paired_accuracy, paired_mean, small_sample_reason, verdict
 from qeval.results.generation import (
     AnswerLengthBucket,
     GeneratedPositionBucket,
@@ -17,6 +17,7 @@ from qeval.results.generation import (
 )
 from qeval.results.schema import Results
 from qeval.tasks.generation.teacher import RECORD_KEY
+from qeval.tasks.long_context.buckets import bucket_comparison
 
 if TYPE_CHECKING:
     from qeval.records.preflight import Preflight
@@ -77,15 +78,8 @@ def position_table(records: list[dict[str, Any]], baseline: list[dict[str, Any]]
         nll = -np.array([mine[i][k]["logprob"] for i in docs])
         b = GeneratedPositionBucket(start=first["start"], end=first["end"], documents=len(docs),
                                     tokens=int(tok.sum()), nll=float(nll.sum() / tok.sum()))
-        if baseline is not None:
-            base_nll = -np.array([theirs[i][k]["logprob"] for i in docs])
-            cmp = paired_ratio(base_nll, nll, tok, "nll", seed)
-            b = b.model_copy(update={"baseline_nll": float(base_nll.sum() / tok.sum()), "delta": cmp.delta,
-                                     "ci": cmp.ci, "ci_method": "t", "p_value": cmp.p_value})
-        if all("kl" in mine[i][k] for i in docs):
-            b = b.model_copy(update={"kl": float(sum(mine[i][k]["kl"] for i in docs) / tok.sum()),
-                                     "top1_agreement": float(sum(mine[i][k]["top1"] for i in docs) / tok.sum())})
-        out.append(b)
+        base_nll = -np.array([theirs[i][k]["logprob"] for i in docs]) if baseline is not None else None
+        out.append(b.model_copy(update=bucket_comparison(tok, nll, base_nll, [mine[i][k] for i in docs], seed)))
     return out
 
 

@@ -1,12 +1,15 @@
 """Perplexity by token position: one document's loss (and KL to the baseline) summed over
 buckets of token position, stored with its sample record so that the comparison can pair
-documents bucket by bucket (qeval/tasks/long_context/results.py)."""
+documents bucket by bucket (qeval/tasks/long_context/results.py), and the comparison of one bucket
+that both long context's prompt positions and the generation's positions use."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
+
+from qeval.analysis.stats import paired_ratio
 
 
 def bucket_sums(edges: list[int], token_logprobs: np.ndarray, kl: np.ndarray | None,
@@ -25,3 +28,20 @@ def bucket_sums(edges: list[int], token_logprobs: np.ndarray, kl: np.ndarray | N
             rec |= {"kl": float(kl[sl].sum(dtype=np.float64)), "top1": int(top1[sl].sum())}
         out.append(rec)
     return out
+
+
+def bucket_comparison(tok: np.ndarray, nll: np.ndarray, base_nll: np.ndarray | None,
+                      sums: list[dict[str, Any]], seed: int) -> dict[str, Any]:
+    """The fields a position bucket adds against the baseline (an update for its model): the
+    baseline's token-weighted mean NLL and the paired difference with a t-interval over documents
+    (stats.paired_ratio), when `base_nll` is given; and the KL and top-1 agreement per token, when
+    every document's bucket sums (`sums`) carry them."""
+    update: dict[str, Any] = {}
+    if base_nll is not None:
+        cmp = paired_ratio(base_nll, nll, tok, "nll", seed)
+        update |= {"baseline_nll": float(base_nll.sum() / tok.sum()), "delta": cmp.delta, "ci": cmp.ci,
+                   "ci_method": "t", "p_value": cmp.p_value}
+    if all("kl" in s for s in sums):
+        update |= {"kl": float(sum(s["kl"] for s in sums) / tok.sum()),
+                   "top1_agreement": float(sum(s["top1"] for s in sums) / tok.sum())}
+    return update

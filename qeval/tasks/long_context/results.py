@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qeval.analysis.stats import paired_ratio
 from qeval.results.long_context import LengthPoint, LongContextInfo, PositionBucket, SetupLongContext
 from qeval.results.schema import Results, SetupResult
+from qeval.tasks.long_context.buckets import bucket_comparison
 from qeval.tasks.long_context.tasks import LongContextTask
 
 if TYPE_CHECKING:
@@ -79,13 +79,6 @@ def position_buckets(records: list[dict[str, Any]], baseline: list[dict[str, Any
         nll = np.array([mine[i][k]["nll"] for i in docs])
         b = PositionBucket(start=first["start"], end=first["end"], documents=len(docs), tokens=int(tok.sum()),
                            nll=float(nll.sum() / tok.sum()))
-        if baseline is not None:
-            base_nll = np.array([theirs[i][k]["nll"] for i in docs])
-            cmp = paired_ratio(base_nll, nll, tok, "nll", seed)
-            b = b.model_copy(update={"baseline_nll": float(base_nll.sum() / tok.sum()), "delta": cmp.delta,
-                                     "ci": cmp.ci, "ci_method": "t", "p_value": cmp.p_value})
-        if all("kl" in mine[i][k] for i in docs):
-            b = b.model_copy(update={"kl": float(sum(mine[i][k]["kl"] for i in docs) / tok.sum()),
-                                     "top1_agreement": float(sum(mine[i][k]["top1"] for i in docs) / tok.sum())})
-        out.append(b)
+        base_nll = np.array([theirs[i][k]["nll"] for i in docs]) if baseline is not None else None
+        out.append(b.model_copy(update=bucket_comparison(tok, nll, base_nll, [mine[i][k] for i in docs], seed)))
     return out
