@@ -45,7 +45,9 @@ def recommend(results: Results) -> Recommendation:
         else:
             eligible.append(s)
     by = results.config.get("recommend_by", "concurrency")
-    if by != "concurrency":  # throughput or latency, from the performance phase (qeval/perf/rank.py)
+    if by == "goodput":  # from the serving phase's figures (qeval/run/serving.py, qeval/perf/rank.py)
+        best = _rank_by_goodput(results, eligible, reasons)
+    elif by != "concurrency":  # throughput or latency, from the performance phase (qeval/perf/rank.py)
         best = _rank_by_performance(eligible, by, reasons)
     else:
         eligible.sort(key=lambda s: (-(s.memory.max_concurrency or 0), worst_drop(s)))
@@ -65,6 +67,24 @@ def recommend(results: Results) -> Recommendation:
     order = [s.name for s in results.setups]
     return Recommendation(setup=best.name if best else None, reasons={n: reasons[n] for n in order if n in reasons},
                           candidates=[s.name for s in eligible], blocked=None)
+
+
+def _rank_by_goodput(results: Results, eligible: list[SetupResult], reasons: dict[str, str]) -> SetupResult | None:
+    """The passing setup with the highest goodput within the SLO at its tuned flags (results.serving);
+    before the serving phase has run, or for a passing setup it did not serve, a reason instead."""
+    from qeval.perf import rank
+
+    if results.serving is None:
+        for s in eligible:
+            reasons[s.name] = rank.missing(s, "goodput") or ""
+        return None
+    names = {s.name for s in eligible}
+    slo = results.serving.slo()
+    decided = rank.recommend_goodput(results.serving.setups, ([s.name for s in eligible], {}), slo)
+    for s in eligible:
+        reasons[s.name] = decided["reasons"].get(s.name) or f"{s.name}: passes every gate, but was not served"
+    best = decided["setup"]
+    return next((s for s in eligible if s.name == best), None) if best in names else None
 
 
 def _rank_by_performance(eligible: list[SetupResult], by: str, reasons: dict[str, str]) -> SetupResult | None:

@@ -2,10 +2,10 @@
 `latency` (qeval/analysis/recommend.py keeps `concurrency`, its original rule): the figure
 each setup is ranked on, and how a reason states it, with its spread.
 
-`recommend_by: goodput` is decided by `qeval goodput` (qeval/perf/serving.py), which serves
-the workload: `recommend_goodput` below, among the setups the run's own rule lets through (every
-gate passed, the budget fitted). Inside `qeval run` there is no goodput to rank on, and every
-setup's reason says where it is measured."""
+`recommend_by: goodput` is decided on the serving phase's figures (qeval/perf/serving.py, which
+serves the workload; `qeval run` runs it after scoring, qeval/run/serving.py, and `qeval goodput`
+alone): `recommend_goodput` below, among the setups the run's own rule lets through (every gate
+passed, the budget fitted)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from qeval.results.schema import SetupResult
     from qeval.results.serving import ServingSetup
 
-GOODPUT_ELSEWHERE = "goodput is measured by `qeval goodput` on the workload (RUN_DIR/serving.json), not by the run"
+GOODPUT_ELSEWHERE = ("its goodput is measured by the serving phase (RUN_DIR/serving.json), which has not run: "
+                     "`qeval run` serves the workload after scoring, or `qeval goodput` alone")
 
 
 def figure(s: SetupResult, by: str) -> tuple[Measured, int] | None:

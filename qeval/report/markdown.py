@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from qeval.memory.capacity import whole_sequences
-from qeval.report import advice, divergence, generated, sequence, sequential_gates
+from qeval.report import advice, divergence, generated, sequence, sequential_gates, serving
 from qeval.report import performance as perf_views
 from qeval.report.sections import ReportSection
 from qeval.report.tables import Escape, code_text, md_table, md_text
@@ -85,7 +85,8 @@ def _value(s: SetupResult, task: str, metric: str) -> float | None:
 
 
 #: the report's own sections, before the task kinds'
-OWN_SECTIONS = (advice.SECTION, sequence.SECTION, divergence.SECTION, generated.SECTION, sequential_gates.SECTION)
+OWN_SECTIONS = (advice.SECTION, sequence.SECTION, divergence.SECTION, generated.SECTION, sequential_gates.SECTION,
+                serving.SECTION)
 
 
 def render_markdown(results: Results, sections: Sequence[ReportSection] = ()) -> str:
@@ -278,9 +279,7 @@ def _notes(results: Results) -> list[str]:
                      "rerun it to include it")
     for name, why in results.run.skipped_setups.items():
         notes.append(f"optional setup {md_text(name)} skipped: {md_text(why)}")
-    from qeval.report.serving import workload_note
-
-    served = workload_note(results.config)
+    served = serving.workload_note(results.config)
     if served:
         notes.append(md_text(served))
     return notes

@@ -1,8 +1,8 @@
-"""The serving report of `qeval goodput` (RUN_DIR/serving.md, with its figures as SVG files
-beside it): per setup its levels (goodput, throughput, latency percentiles, KV usage,
-preemptions, queueing), the tuner's pick and cost, its `vllm serve` command, the
-recommendation; figures: throughput against p99 latency (the Pareto front), goodput per setup,
-KV usage across load levels."""
+"""The serving report (RUN_DIR/serving.md, with its figures as SVG files beside it): per setup its
+levels (goodput, throughput, latency percentiles, KV usage, preemptions, queueing), the tuner's
+pick and cost, its `vllm serve` command, the recommendation; figures: throughput against p99
+latency (the Pareto front), goodput per setup, KV usage across load levels. And SECTION, the run
+report's section on results.json's `serving` block (report.md and report.html)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,10 @@ import matplotlib.pyplot as plt
 
 from qeval.files.atomic import atomic_write_bytes
 from qeval.report.plots import svg_of
-from qeval.results.serving import ServingLevel, ServingResults
+from qeval.report.sections import HtmlTables, ReportSection
+from qeval.report.tables import Escape, md_table
+from qeval.results.schema import Results
+from qeval.results.serving import ServingLevel, ServingResults, ServingSetup
 
 FIGURES = ("serving-pareto.svg", "serving-goodput.svg", "serving-kv.svg")
 
@@ -170,10 +173,94 @@ def setup_rows(results: ServingResults) -> list[dict[str, Any]]:
 def workload_note(config: dict[str, Any]) -> str | None:
     """report.md's note on a run with a `workload:` block: where its goodput is (or is not) measured."""
     workload = config.get("workload")
-    if not workload:
+    if not workload or config.get("recommend_by") == "goodput":  # served by the run: its own section says so
         return None
     if config.get("backend") == "hf":
         return ("workload: goodput was not measured: the hf backend has no continuous batching and no server to "
-                "load (`qeval goodput` serves vLLM); the workload's lengths drive only `qeval plan --workload`")
+                "load (`qeval goodput` serves vLLM); the workload's lengths drive `qeval plan --workload` and, with "
+                "the performance phase on, its timed waves")
     return ("workload: goodput and latency percentiles are measured by `qeval goodput` on this config "
-            "(RUN_DIR/serving.md), not by the run")
+            "(RUN_DIR/serving.md), or by `qeval run` itself under `recommend_by: goodput`")
+
+
+# -- the run report's section (results.json `serving`, `qeval run` under recommend_by: goodput) --
+
+SECTION_TITLE = "Serving the workload"
+SECTION_HEADER = ["setup", "goodput/s", "at rate/s", "max-num-seqs", "TTFT pct", "TPOT pct", "KV peak", "levels",
+                  "`vllm serve` command"]
+
+
+def _pick_level(row: ServingSetup) -> ServingLevel | None:
+    if row.pick is None:
+        return None
+    return next((lv for lv in row.levels if lv.max_num_seqs == row.pick.max_num_seqs and lv.rate == row.pick.rate
+                 and lv.max_num_batched_tokens == row.pick.max_num_batched_tokens), None)
+
+
+def section_rows(results: Results, esc: Escape) -> list[list[str]]:
+    """One row per served setup: its tuned pick (or the failure / the best it reached) and command."""
+    served = results.serving
+    if served is None:
+        return []
+    p = _p(served)
+    out = []
+    for r in served.setups:
+        lv = _pick_level(r)
+        if r.status != "ok":
+            cells = ["failed", "", "", "", "", "", f"{len(r.levels)}"]
+        elif lv is None or r.pick is None:
+            best = ", ".join(f"{k.removesuffix('_ms').upper()} {v:,.0f} ms" for k, v in r.best_p99_ms.items())
+            cells = ["SLO not met", "", "", f"best {best}", "", "", f"{len(r.levels)}"]
+        else:
+            cells = [f"{r.pick.goodput_rps:.3f}", f"{r.pick.rate:g}", str(r.pick.max_num_seqs),
+                     f"{lv.percentiles_ms['ttft'][p]:,.0f} ms", f"{lv.percentiles_ms['tpot'][p]:,.1f} ms",
+                     _pct(lv.kv_usage_peak), f"{len(r.levels)}"]
+        out.append([esc(r.setup), *cells, esc(r.serve_command)])
+    return out
+
+
+def section_markdown(results: Results, esc: Escape) -> list[str]:
+    """report.md's section: the workload, the SLO, each setup's tuned row and the figures' files."""
+    served = results.serving
+    if served is None:
+        return []
+    w = served.workload
+    lines = [f"## {SECTION_TITLE}", "",
+             esc(f"Workload {w.get('source')}: {w.get('requests_per_level')} requests per level, {w.get('arrivals')}; "
+                 f"max-model-len {w.get('max_model_len')} (p{w.get('percentile')} of prompt + output, rounded up to "
+                 f"KV blocks; refuses {w.get('refused')} of {w.get('trace_requests')} requests); SLO "
+                 f"{w.get('slo')}; load generator {served.load_generator}; machine {served.machine}."), "",
+             *md_table([h.replace("pct", _p(served)) for h in SECTION_HEADER], section_rows(results, esc)), "",
+             esc(f"Goodput: requests within every target per second at the tuned flags (the highest goodput within "
+                 f"the SLO, KV usage under {served.kv_usage_limit:.0%}); every level, and the figures "
+                 f"({', '.join(FIGURES)}), in serving.md."), ""]
+    return lines
+
+
+def section_tables(results: Results) -> HtmlTables:
+    body = section_rows(results, str)
+    if not body or results.serving is None:
+        return {}
+    header = [h.replace("pct", _p(results.serving)) for h in SECTION_HEADER]
+    levels = level_rows(results.serving)
+    keys = list(levels[0]) if levels else []
+    return {"each setup at its tuned flags": (header, body),
+            "every load level": (keys, [[_cell(row[k]) for k in keys] for row in levels])}
+
+
+def _cell(x: Any) -> str:
+    return "" if x is None else f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def section_figures(results: Results) -> dict[str, Any]:
+    served = results.serving
+    if served is None or not any(r.levels for r in served.setups):
+        return {}
+    return {"Serving: throughput against p99 end-to-end latency, every level (lines: each setup's Pareto front)":
+            lambda _r: pareto_figure(served),
+            "Serving: goodput per setup at its tuned flags": lambda _r: goodput_figure(served),
+            "Serving: peak KV-cache usage across load levels": lambda _r: kv_figure(served)}
+
+
+SECTION = ReportSection(title=SECTION_TITLE, anchor="serving", markdown=section_markdown, tables=section_tables,
+                        figures=section_figures)

@@ -26,6 +26,7 @@ from qeval.results.long_context import LongContextInfo, SetupLongContext
 from qeval.results.multi_turn import MultiTurnInfo
 from qeval.results.performance import Ceilings, Performance
 from qeval.results.sequential import SequentialRun
+from qeval.results.serving import ServingResults
 
 SCHEMA_VERSION = 1
 
@@ -329,6 +330,9 @@ class Results(ResultModel):
                                                           "block (null: none); its setup is one of `setups`")
     sequential: SequentialRun | None = Field(None, description="a sequential run's cells, trajectories and documents "
                                                                "scored (null: the switch is off)")
+    serving: ServingResults | None = Field(None, description="`recommend_by: goodput`: every setup served on the "
+                                                             "config's workload and tuned, as RUN_DIR/serving.json "
+                                                             "holds it (null: not served)")
 
     def setup(self, name: str) -> SetupResult:
         return next(s for s in self.setups if s.name == name)

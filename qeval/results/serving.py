@@ -1,17 +1,21 @@
-"""The typed results of `qeval goodput`: RUN_DIR/serving.json (docs/performance.md, "Serving
-the workload"). A file of its own beside results.json: a run that never served its workload
-has none, and results.json's schema is unchanged by it."""
+"""The typed results of the serving phase (`qeval goodput`, and `qeval run` under
+`recommend_by: goodput`): RUN_DIR/serving.json (docs/performance.md, "Serving the workload"). A
+file of its own, rewritten after every setup so that an interrupted phase resumes; `qeval run`
+also copies it into results.json's `serving` block (null for a run that did not serve)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, ValidationError
 
 from qeval.errors import UserError
 from qeval.results.base import ResultModel
+
+if TYPE_CHECKING:
+    from qeval.config.workload import SloSpec
 
 SERVING_VERSION = "1"
 FILE = "serving.json"
@@ -87,6 +91,12 @@ class ServingResults(ResultModel):
     setups: list[ServingSetup] = []
     recommendation: dict[str, Any] = Field({}, description="`setup` (or null) and a reason per setup")
     notes: list[str] = []
+
+    def slo(self) -> SloSpec:
+        """The SLO the setups were served against (the workload's, as recorded)."""
+        from qeval.config.workload import SloSpec
+
+        return SloSpec.model_validate(self.workload.get("slo") or {})
 
 
 def read_serving(path: Path) -> ServingResults:

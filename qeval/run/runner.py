@@ -12,6 +12,9 @@
         config's executor: here one after another (local), or on a Ray cluster (ray)
     assemble  results.json from the stored results whose keys match this run (others dropped, listed)
     report    report.md, report.html and the summary table
+    serve     `recommend_by: goodput` only: every setup that scored served on the workload with
+              `vllm serve` and tuned (qeval/run/serving.py), on this machine; results.json gets
+              its `serving` block and the goodput recommendation, the report its section
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from qeval.run.executors.job import WorkerJob
 from qeval.run.executors.resources import job_resources
 from qeval.run.preflight import advised_names, preflight
 from qeval.run.rundir import take_run_dir
+from qeval.run.serving import serve_workload
 from qeval.tasks.kinds import report_sections, results_blocks
 from qeval.version import __version__
 
@@ -98,7 +102,7 @@ def check(cfg: RunConfig, opts: RunOptions) -> Preflight:
     if opts.executor:
         cfg = cfg.model_copy(update={"executor": cfg.executor.model_copy(update={"kind": opts.executor})})
     if opts.performance is not None:
-        if not opts.performance and cfg.recommend_by != "concurrency":
+        if not opts.performance and cfg.recommend_by in ("throughput", "latency"):
             raise UserError(f"--no-performance: recommend_by {cfg.recommend_by} needs the performance phase")
         cfg = cfg.model_copy(update={"performance": cfg.performance.model_copy(update={"enabled": opts.performance})})
     pre = preflight(cfg, opts.setups, opts.tasks)
@@ -184,6 +188,11 @@ def finish(prepared: PreparedRun) -> Results:
     # the report is rendered from the file just written, as `qeval report` renders it: same bytes
     results = read_results(store.results_path)
     write_report(store.root, results, report_sections())
+    if pre.cfg.recommend_by == "goodput":  # the scores are written first: the serving phase takes minutes
+        results = serve_workload(pre, results, store.root)
+        atomic_write_bytes(store.results_path, (results.model_dump_json(indent=2) + "\n").encode())
+        results = read_results(store.results_path)
+        write_report(store.root, results, report_sections())
     return results
 
 

@@ -1,0 +1,45 @@
+"""The serving phase of `qeval run` under `recommend_by: goodput` (docs/performance.md, "Serving
+the workload"): after scoring, every setup that scored is served on the config's workload with
+`vllm serve` and tuned (qeval/perf/serving.py, the same code as `qeval goodput`); the figures join
+results.json as its `serving` block and the recommendation is decided on them, among the setups
+that pass every gate and fit the budget.
+
+It runs in the driver, on this machine, whatever the executor: the serving figures are the
+driver machine's (results.json's `serving.machine` says which). RUN_DIR/serving.json is
+rewritten after every setup, so an interrupted phase resumes with the setups already served."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from qeval.analysis.recommend import recommend
+from qeval.perf.serving import goodput_run
+from qeval.report.serving import write_report
+
+if TYPE_CHECKING:
+    from qeval.records.preflight import Preflight
+    from qeval.results.schema import Results
+
+
+def _say(line: str) -> None:
+    print(f"serving: {line.strip()}", file=sys.stderr)
+
+
+def serve_workload(pre: Preflight, results: Results, out: Path) -> Results:
+    """`results` with its `serving` block (every setup that scored, served and tuned) and the
+    recommendation decided by goodput; RUN_DIR/serving.json and serving.md written beside."""
+    scored = {s.name for s in results.setups if s.status == "ok"}
+    setups = [s for s in pre.cfg.setups if s.name in scored]
+    if not setups:
+        _say("no setup scored: nothing to serve")
+        return results
+    rec = results.recommendation
+    # the run's own rule (every gate passed, the budget fitted) lets these through; the others keep their reason
+    gated = (list(rec.candidates), {k: v for k, v in rec.reasons.items() if k not in rec.candidates})
+    cfg = pre.cfg.model_copy(update={"setups": setups})
+    served = goodput_run(cfg, out, gated, say=_say)
+    write_report(served, out)
+    with_serving = results.model_copy(update={"serving": served})
+    return with_serving.model_copy(update={"recommendation": recommend(with_serving)})
