@@ -29,14 +29,14 @@ class ServingLevel(ResultModel):
                                                                  "vLLM's default)")
     rate: float = Field(description="offered request rate, requests/s (seeded Poisson arrivals)")
     requests: int = Field(description="requests sent")
-    completed: int
-    failed: int
+    completed: int = Field(description="requests answered in full")
+    failed: int = Field(description="requests that ended in an error")
     duration_s: float = Field(description="the bench's duration: first send to last answer")
     goodput_rps: float = Field(description="requests within every per-request target per second (vLLM's goodput)")
     vllm_goodput_rps: float | None = Field(None, description="`vllm bench serve`'s own request_goodput for the same "
                                                              "requests (a check on qeval's maths)")
     throughput_rps: float = Field(description="completed requests per second")
-    output_tokens_per_s: float
+    output_tokens_per_s: float = Field(description="generated tokens per second over the level's duration")
     percentiles_ms: dict[str, dict[str, float]] = Field(description="ttft, tpot, itl, e2e -> p50, p90, p99 (and the "
                                                                     "SLO's percentile), ms, np.percentile")
     meets_slo: bool = Field(description="no failure and every target within at the SLO's percentile")
@@ -52,45 +52,46 @@ class ServingLevel(ResultModel):
 class ServingPick(ResultModel):
     """The tuner's answer for a setup."""
 
-    max_num_seqs: int
-    max_num_batched_tokens: int | None = None
-    rate: float
-    goodput_rps: float
+    max_num_seqs: int = Field(description="the tuned --max-num-seqs")
+    max_num_batched_tokens: int | None = Field(None, description="the tuned --max-num-batched-tokens (null: vLLM's "
+                                                                 "default)")
+    rate: float = Field(description="the offered rate (requests/s) of the level the pick is measured at")
+    goodput_rps: float = Field(description="its goodput, requests/s within the SLO")
 
 
 class ServingSetup(ResultModel):
     """One setup served on the workload, tuned."""
 
-    setup: str
+    setup: str = Field(description="the setup's name in the run config")
     key: str = Field(description="what its figures depend on; a rerun with the same key reuses them")
-    status: Literal["ok", "failed"]
-    error: str | None = None
+    status: Literal["ok", "failed"] = Field(description="failed: the server or the load generator failed (error)")
+    error: str | None = Field(None, description="the failure, one line")
     max_model_len: int = Field(description="from the workload's plan (its percentile, rounded up to blocks)")
-    prefix_caching: bool
-    levels: list[ServingLevel] = []
+    prefix_caching: bool = Field(description="served with --enable-prefix-caching (the workload shares prefixes)")
+    levels: list[ServingLevel] = Field([], description="every level measured, in the order measured")
     pick: ServingPick | None = Field(None, description="highest goodput within the SLO with KV under the limit; "
                                                        "null: no level met the SLO")
     best_p99_ms: dict[str, float] = Field({}, description="where no level met it: each targeted figure's lowest "
                                                           "value at the SLO's percentile over the levels")
     serve_command: str = Field(description="`vllm serve` with the tuned flags (the pick's, else the first setting's)")
-    restarts: int = 0
-    bound_restarts: int = 0
-    bound_levels: int = 0
-    seconds: float | None = None
+    restarts: int = Field(0, description="engine starts the search made")
+    bound_restarts: int = Field(0, description="the most engine starts the grid allows")
+    bound_levels: int = Field(0, description="the most levels the grid allows")
+    seconds: float | None = Field(None, description="wall time of the setup's search")
 
 
 class ServingResults(ResultModel):
     """RUN_DIR/serving.json."""
 
-    version: str = SERVING_VERSION
+    version: str = Field(SERVING_VERSION, description="the serving file's format version")
     config: str = Field(description="the run config's name")
     workload: dict[str, Any] = Field(description="source, requests per level, refused, arrivals, the SLO")
-    load_generator: str
-    machine: str
-    kv_usage_limit: float
-    setups: list[ServingSetup] = []
+    load_generator: str = Field(description="the tool that sent the load, with its version and options")
+    machine: str = Field(description="where the servers ran (the driver's machine)")
+    kv_usage_limit: float = Field(description="the tuner's ceiling on a level's peak KV-cache usage (0..1)")
+    setups: list[ServingSetup] = Field([], description="every setup served, in config order")
     recommendation: dict[str, Any] = Field({}, description="`setup` (or null) and a reason per setup")
-    notes: list[str] = []
+    notes: list[str] = Field([], description="what a reader must know (dtype, memory reserved)")
 
     def slo(self) -> SloSpec:
         """The SLO the setups were served against (the workload's, as recorded)."""
