@@ -27,6 +27,17 @@ class Workload:
     seed: int
     #: how each level was chosen (e.g. "max: the budget allows 24.3 sequences")
     levels_source: str = ""
+    #: per request (prompt tokens, output tokens), cycled, from the config's workload
+    #: (`performance.from_workload`); empty: every request is input_len / output_len
+    lengths: tuple[tuple[int, int], ...] = ()
+    #: where `lengths` came from (the workload's source)
+    lengths_source: str = ""
+
+    def request_lengths(self, first: int, n: int) -> list[tuple[int, int]]:
+        """Requests first .. first + n - 1: their (prompt, output) lengths."""
+        if not self.lengths:
+            return [(self.input_len, self.output_len)] * n
+        return [self.lengths[(first + i) % len(self.lengths)] for i in range(n)]
 
     def requests_at(self, level: int) -> int:
         """Requests served at `level`: num_requests, at least one wave, rounded up to whole waves."""
@@ -38,7 +49,7 @@ class Workload:
         return list(self.levels) if repeat % 2 == 0 else list(reversed(self.levels))
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"levels": list(self.levels)}
+        return asdict(self) | {"levels": list(self.levels), "lengths": [list(x) for x in self.lengths]}
 
 
 @dataclass
@@ -88,9 +99,10 @@ def resolve_levels(spec: PerfSpec, budget_concurrency: float | None, engine_limi
     return levels, "; ".join(why) if "max" in spec.concurrency else "as configured"
 
 
-def workload_for(spec: PerfSpec, levels: list[int], levels_source: str, seed: int) -> Workload:
+def workload_for(spec: PerfSpec, levels: list[int], levels_source: str, seed: int,
+                 lengths: tuple[tuple[int, int], ...] = (), lengths_source: str = "") -> Workload:
     return Workload(spec.input_len, spec.output_len, spec.num_requests, tuple(levels), spec.repeats, spec.warmup,
-                    seed, levels_source)
+                    seed, levels_source, lengths, lengths_source)
 
 
 def random_prompt_ids(vocab_size: int, special_ids: set[int], n: int, length: int, seed: int,

@@ -35,6 +35,10 @@ class PerfSpec(Strict):
     max_concurrency: int = Field(default=64, gt=0)
     repeats: int = Field(default=3, ge=1)
     warmup: int = Field(default=1, ge=0)
+    #: take each request's prompt and output lengths from the config's `workload:` (in order,
+    #: cycled) instead of input_len / output_len: the hf backend's waves then follow the traffic
+    #: (a wave is one padded batch; docs/performance.md, "The hf backend and the workload")
+    from_workload: bool = False
 
     @field_validator("concurrency")
     @classmethod
@@ -74,6 +78,11 @@ class ServingSpec(Strict):
     kv_usage_limit: float = Field(default=0.9, gt=0, le=1)
     #: keep sweeping rates after a level breaks the SLO (an exhaustive sweep, for comparison)
     exhaustive: bool = False
+    #: how requests arrive at each rate: `poisson` (seeded, vLLM bench serve's --request-rate), or
+    #: `trace`: the workload's own arrival times (a trace's `arrival_s`, or a drawn workload's
+    #: `arrival_rate`), replayed by `vllm bench serve --dataset-name timed_trace` with the times
+    #: scaled so the level offers `rate` requests/s on average (bursts kept)
+    arrivals: Literal["poisson", "trace"] = "poisson"
 
     @field_validator("rates")
     @classmethod

@@ -139,6 +139,9 @@ class RunConfig(ChatKeys):
         if perf.enabled and perf.input_len + perf.output_len > self.model.max_context:
             raise ValueError(f"performance: input_len {perf.input_len} + output_len {perf.output_len} exceeds "
                              f"model.max_context {self.model.max_context}")
+        if perf.enabled and perf.from_workload and (self.workload is None or self.backend != "hf"):
+            raise ValueError("performance.from_workload needs a workload: block and backend hf (on vllm the "
+                             "workload is served by the serving phase: recommend_by goodput, or qeval goodput)")
         if self.serving is not None and (self.workload is None or self.workload.slo is None):
             raise ValueError("serving: needs a workload: block with an slo: (the traffic and the targets)")
         if self.recommend_by == "goodput":
@@ -184,6 +187,11 @@ class RunConfig(ChatKeys):
             for key in CHAT_KEYS:
                 if piece.get(key, 0) is None:
                     del piece[key]
+        # options added later, at their defaults: a config that uses neither reads and hashes as before
+        if out["performance"].get("from_workload") is False:
+            del out["performance"]["from_workload"]
+        if (out.get("serving") or {}).get("arrivals") == "poisson":
+            del out["serving"]["arrivals"]
         return out
 
     def job_json(self) -> dict[str, Any]:

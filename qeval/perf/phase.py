@@ -43,9 +43,14 @@ def perf_key(setup_parts: dict[str, str], cfg: RunConfig) -> str:
     setup, backend, device, engine...), the workload, the budget (it sizes `max`) and the seed."""
     from qeval.records.keys import key_of
 
-    return key_of(setup_parts | {"performance": json.dumps(cfg.performance.model_dump(mode="json"), sort_keys=True),
+    perf = cfg.performance.model_dump(mode="json")
+    lengths = {}
+    if perf.pop("from_workload"):  # off: the key of a run from before the option existed
+        perf["from_workload"] = True
+        lengths = {"workload": cfg.workload.model_dump_json() if cfg.workload else ""}
+    return key_of(setup_parts | {"performance": json.dumps(perf, sort_keys=True),
                                  "budget": json.dumps(cfg.budget.model_dump(mode="json"), sort_keys=True),
-                                 "seed": str(cfg.seed), "perf_version": PERF_VERSION})
+                                 "seed": str(cfg.seed), "perf_version": PERF_VERSION} | lengths)
 
 
 def budget_concurrency(cfg: RunConfig, setup: Setup, device: str, memory: dict[str, Any],
@@ -70,7 +75,8 @@ def run_phase(backend: Backend, cfg: RunConfig, setup: Setup, device: str, memor
     try:
         conc = budget_concurrency(cfg, setup, device, memory, job.shape)
         levels, why = resolve_levels(cfg.performance, conc, backend.concurrency_limit)
-        workload = workload_for(cfg.performance, levels, why, cfg.seed)
+        lengths, lengths_source = workload_lengths(cfg)
+        workload = workload_for(cfg.performance, levels, why, cfg.seed, lengths, lengths_source)
         m = backend.performance(workload)
         out |= {"status": "ok", "workload": workload.as_dict(), "levels": summarize(m, workload),
                 "notes": m.notes, "budget_concurrency": conc}
@@ -80,6 +86,20 @@ def run_phase(backend: Backend, cfg: RunConfig, setup: Setup, device: str, memor
         out["traceback"] = traceback.format_exc(limit=8)
     out["seconds"] = round(time.time() - t0, 2)
     return out
+
+
+def workload_lengths(cfg: RunConfig) -> tuple[tuple[tuple[int, int], ...], str]:
+    """(prompt, output) tokens per request of the config's workload, in order, under
+    `performance.from_workload` (outputs of one token timed as two: time per output token needs
+    a second); else none. Read in the worker: a trace's prompt text is counted by the model's
+    tokenizer."""
+    if not cfg.performance.from_workload or cfg.workload is None:
+        return (), ""
+    from qeval.workload.draw import requests_of
+    from qeval.workload.tokens import TokenCounter
+
+    trace = requests_of(cfg.workload, TokenCounter(cfg.model.path), cfg.model.max_context)
+    return tuple((r.input_tokens, max(r.output_tokens, 2)) for r in trace.requests), trace.source
 
 
 def summarize(m: Measurement, workload: Workload) -> list[dict[str, Any]]:
@@ -110,8 +130,10 @@ def summarize(m: Measurement, workload: Workload) -> list[dict[str, Any]]:
 
 
 def _source(m: Measurement, key: str, workload: Workload) -> str:
-    return (f"{m.sources[key]} {WORKLOAD_MARK}{workload.input_len}-token prompts, {workload.output_len} output "
-            f"tokens; median of {workload.repeats} timed repeat(s) after {workload.warmup} warm-up pass(es)]")
+    lengths = (f"the lengths of the workload's requests in order ({workload.lengths_source})" if workload.lengths
+               else f"{workload.input_len}-token prompts, {workload.output_len} output tokens")
+    return (f"{m.sources[key]} {WORKLOAD_MARK}{lengths}; median of {workload.repeats} timed repeat(s) after "
+            f"{workload.warmup} warm-up pass(es)]")
 
 
 def _shape(fields: dict[str, Any]) -> Any:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import platform
 import select
@@ -117,6 +118,50 @@ def dataset(trace: Trace, tok: Any, n: int, max_model_len: int, seed: int) -> tu
     return lines, refused
 
 
+#: tokens per hash id of vLLM's timed_trace dataset (its --timed-trace-chunk-hash-size default)
+TIMED_CHUNK = 16
+
+
+def timed_dataset(trace: Trace, n: int, max_model_len: int) -> tuple[list[dict[str, Any]], float]:
+    """`n` requests of the trace in order (cycled, each pass after the last), those max-model-len
+    admits, as lines of vLLM's timed_trace dataset (vllm/benchmarks/datasets/datasets.py
+    TimedTrace, vLLM 0.32.0): `timestamp` (seconds from the first request), `input_length`,
+    `output_length`, and `hash_ids`, one per 16 prompt tokens: a group's shared prefix gets the
+    same ids in every request of the group (so prefix caching sees the same tokens), the rest ids
+    of their own. And the requests' own mean rate (requests/s), which each level's rate scales."""
+    admitted = [r for r in trace.requests if r.total <= max_model_len]
+    if not admitted:
+        raise UserError(f"no request of the workload fits max-model-len {max_model_len}")
+    times = [r.arrival_s for r in admitted]
+    if any(t is None for t in times):
+        raise UserError("serving.arrivals trace: the workload has no arrival times (a trace's arrival_s on every "
+                        "line, or a drawn workload's arrival_rate); use arrivals: poisson")
+    t0 = float(times[0] or 0.0)
+    span = float(times[-1] or 0.0) - t0
+    gap = span / (len(admitted) - 1) if len(admitted) > 1 and span > 0 else 1.0
+    groups: dict[str, list[int]] = {}
+    next_id = 1 << 40  # distinct from every group's ids
+    lines = []
+    for i in range(n):
+        r = admitted[i % len(admitted)]
+        at = float(r.arrival_s or 0.0) - t0 + (i // len(admitted)) * (span + gap)
+        chunks = math.ceil(r.input_tokens / TIMED_CHUNK)
+        shared = min(r.prefix_tokens // TIMED_CHUNK, chunks) if r.group is not None else 0
+        if shared:
+            ids = groups.setdefault(r.group or "", [])
+            while len(ids) < shared:
+                ids.append(next_id)
+                next_id += 1
+        head = groups.get(r.group or "", [])[:shared]
+        own = list(range(next_id, next_id + chunks - shared))
+        next_id += chunks - shared
+        lines.append({"timestamp": round(at, 6), "input_length": r.input_tokens, "output_length": r.output_tokens,
+                      "hash_ids": head + own})
+    last = float(at) if lines else 0.0  # the last request's time
+    rate = (len(lines) - 1) / last if len(lines) > 1 and last > 0 else float(len(lines))
+    return lines, rate
+
+
 # -- the server's /metrics while a level runs ---------------------------------------------------
 
 class MetricsSampler:
@@ -186,14 +231,19 @@ class MetricsSampler:
 # -- one setup --------------------------------------------------------------------------------
 
 def bench_argv(port: int, tokenizer: str, data: Path, n: int, rate: float, seed: int, targets: dict[str, float],
-               out: Path) -> list[str]:
-    """`vllm bench serve`'s arguments for one level (vLLM 0.32.0's option names)."""
+               out: Path, time_scale: float | None = None) -> list[str]:
+    """`vllm bench serve`'s arguments for one level (vLLM 0.32.0's option names): the custom
+    dataset at a Poisson `rate`, or with `time_scale` the timed_trace dataset, its timestamps
+    multiplied by `time_scale` (--timed-trace-sec-multiplier; the bench's own replay, self-timed)."""
     goodput = [f"{k}:{targets[q]:g}" for q, k in (("ttft_ms", "ttft"), ("tpot_ms", "tpot"), ("e2e_ms", "e2el"))
                if q in targets]
+    load = (["--dataset-name", "custom", "--dataset-path", str(data), "--custom-output-len", "-1",
+             "--skip-chat-template", "--disable-shuffle", "--request-rate", f"{rate:g}"] if time_scale is None else
+            ["--dataset-name", "timed_trace", "--dataset-path", str(data), "--timed-trace-sec-multiplier",
+             f"{time_scale:.9g}"])
     argv = ["--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}", "--endpoint", "/v1/completions",
-            "--model", tokenizer, "--served-model-name", "qeval", "--dataset-name", "custom",
-            "--dataset-path", str(data), "--custom-output-len", "-1", "--skip-chat-template", "--disable-shuffle",
-            "--num-prompts", str(n), "--request-rate", f"{rate:g}", "--seed", str(seed), "--ignore-eos",
+            "--model", tokenizer, "--served-model-name", "qeval", *load,
+            "--num-prompts", str(n), "--seed", str(seed), "--ignore-eos",
             "--temperature", "0", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
             "--save-result", "--save-detailed", "--result-dir", str(out.parent), "--result-filename", out.name,
             "--disable-tqdm"]
@@ -245,7 +295,9 @@ class BenchRunner:
         self._log = log.open("ab")
         self.proc = subprocess.Popen([python, "-m", "qeval.perf.bench_serve", "--serve-stdin", str(write)],
                                      stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
-                                     pass_fds=(write,), env=os.environ | {"HF_HUB_OFFLINE": "1"},
+                                     pass_fds=(write,),
+                                     # PYTHONHASHSEED: timed_trace draws each prompt chunk seeded by hash(str)
+                                     env=os.environ | {"HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0"},
                                      preexec_fn=functools.partial(die_with_parent, os.getpid()))
         os.close(write)
         self._status = os.fdopen(read)
@@ -287,12 +339,14 @@ class BenchRunner:
 
 def run_level(bench: BenchRunner, port: int, client: Any, tokenizer: str, data: Path, n: int, rate: float,
               seed: int, targets: dict[str, float], percentile: float, setting: EngineSetting,
-              work: Path) -> ServingLevel:
-    """One rate: the bench under the /metrics sampler; qeval's figures from its per-request lists."""
+              work: Path, native_rate: float | None = None) -> ServingLevel:
+    """One rate: the bench under the /metrics sampler; qeval's figures from its per-request lists.
+    With `native_rate` (the trace's own mean rate) the trace's times are replayed, scaled to `rate`."""
     out = work / f"bench-mns{setting.max_num_seqs}-rate{rate:g}.json"
     out.unlink(missing_ok=True)
+    scale = native_rate / rate if native_rate is not None else None
     with MetricsSampler(lambda: client.get_text("/metrics", timeout=5)) as sampler:
-        bench.run(bench_argv(port, tokenizer, data, n, rate, seed, targets, out))
+        bench.run(bench_argv(port, tokenizer, data, n, rate, seed, targets, out, scale))
     if not out.is_file():
         raise RuntimeError(f"vllm bench serve wrote no result ({out}; log: {bench.log})")
     result = json.loads(out.read_text())
@@ -314,8 +368,11 @@ def serving_key(cfg: RunConfig, setup: Setup, args: dict[str, Any]) -> str:
     from qeval.records.keys import key_of
 
     assert cfg.workload is not None and cfg.serving is not None  # noqa: S101 - checked by the caller
+    serving = cfg.serving.model_dump(mode="json")
+    if serving["arrivals"] == "poisson":  # the default: keys from before the option existed still match
+        del serving["arrivals"]
     return key_of({"setup": setup.model_dump_json(), "engine": json.dumps(args, sort_keys=True, default=str),
-                   "workload": cfg.workload.model_dump_json(), "serving": cfg.serving.model_dump_json(),
+                   "workload": cfg.workload.model_dump_json(), "serving": json.dumps(serving, separators=(",", ":")),
                    "version": SERVING_VERSION})
 
 
@@ -328,7 +385,11 @@ def serve_setup(cfg: RunConfig, setup: Setup, device: str, dtype: str, trace: Tr
     t0 = time.time()
     settings = settings_of(sv.max_num_seqs, sv.max_num_batched_tokens)
     first = engine_args_for(cfg, setup, device, dtype, mml, settings[0], prefix)
-    lines, _ = dataset(trace, tok, sv.requests, mml, sv.seed)
+    native: float | None = None
+    if sv.arrivals == "trace":
+        lines, native = timed_dataset(trace, sv.requests, mml)
+    else:
+        lines, _ = dataset(trace, tok, sv.requests, mml, sv.seed)
     data = work / "dataset.jsonl"
     data.write_text("".join(json.dumps(x) + "\n" for x in lines))
     tokenizer = setup.checkpoint or cfg.model.path
@@ -341,7 +402,7 @@ def serve_setup(cfg: RunConfig, setup: Setup, device: str, dtype: str, trace: Tr
         say(f"  {setup.name}: starting vllm serve ({setting.label()})")
         with launched(cfg, args, work / f"server-mns{setting.max_num_seqs}.log") as (port, client):
             yield lambda rate: run_level(bench, port, client, tokenizer, data, sv.requests, rate, sv.seed, targets,
-                                         slo.percentile, setting, work)
+                                         slo.percentile, setting, work, native)
 
     def shown(setting: EngineSetting, rate: float, lv: ServingLevel) -> None:
         kv = f"{lv.kv_usage_peak:.1%}" if lv.kv_usage_peak is not None else "n/a"
@@ -414,6 +475,8 @@ def goodput_run(cfg: RunConfig, out: Path, gated: tuple[list[str], dict[str, str
     trace = requests_of(workload, TokenCounter(cfg.model.path), cfg.model.max_context)
     block = cache_accounting(device).block_size
     stats = summarize(trace, workload.max_model_len_percentile, block, cfg.model.max_context)
+    if sv.arrivals == "trace":  # checked before any engine starts
+        timed_dataset(trace, 1, stats.max_model_len)
     prefix = stats.prefix is not None and stats.prefix.blocks_saved > 0
     out.mkdir(parents=True, exist_ok=True)
     file = out / FILE
@@ -429,7 +492,10 @@ def goodput_run(cfg: RunConfig, out: Path, gated: tuple[list[str], dict[str, str
         workload={"source": trace.source, "requests_per_level": sv.requests, "trace_requests": stats.requests,
                   "max_model_len": stats.max_model_len, "percentile": stats.percentile,
                   "refused": stats.refused, "refused_share": stats.refused_share,
-                  "arrivals": f"Poisson (seed {sv.seed}) at each rate; the trace's own times are not replayed",
+                  "arrivals": (f"Poisson (seed {sv.seed}) at each rate; the trace's own times are not replayed"
+                               if sv.arrivals == "poisson" else
+                               f"the workload's own arrival times ({trace.arrivals or 'the trace'}), scaled to each "
+                               "rate (vllm bench serve --dataset-name timed_trace)"),
                   "rates": sv.rates, "prefix_caching": prefix,
                   "slo": slo.model_dump(mode="json", exclude_none=True)},
         notes=[f"dtype {dtype} on {device}"] + ([f"the measured servers reserved {cfg.engine.cpu_memory_utilization:g} "

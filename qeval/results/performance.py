@@ -33,6 +33,10 @@ class PerfWorkload(ResultModel):
     warmup: int = Field(description="untimed passes per level before the repeats")
     seed: int = Field(description="seed of the prompts (warm-up prompts: seed + 1)")
     levels_source: str = Field("", description="how the levels were chosen (`max`: the budget's concurrency, caps)")
+    lengths: list[list[int]] = Field([], description="per request [prompt tokens, output tokens], cycled, from the "
+                                                     "config's workload (performance.from_workload); empty: every "
+                                                     "request is input_len / output_len")
+    lengths_source: str = Field("", description="the workload the lengths came from")
 
 
 class PerfLevel(ResultModel):

@@ -174,7 +174,8 @@ def test_bad_serving_block_is_one_line_exit_2(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_goodput_on_the_vllm_cpu_engine(tmp_path: Path) -> None:
     """One tiny `vllm serve` (qeval-tiny), two load levels of 6 requests from a drawn workload
-    through `vllm bench serve`: goodput, percentiles and KV usage recorded, qeval's goodput equal
+    through `vllm bench serve`, replayed at the workload's own (drawn Poisson) arrival times scaled
+    to each rate: goodput, percentiles and KV usage recorded, qeval's goodput equal
     to the bench's own, the serve command carrying the tuned flags; a rerun reuses the setup."""
     cfg = {"name": "gp", "model": {"path": str(ROOT / "models" / "qeval-tiny"), "dtype": "auto",
                                    "max_context": 256},
@@ -182,9 +183,10 @@ def test_goodput_on_the_vllm_cpu_engine(tmp_path: Path) -> None:
            "engine": {"enforce_eager": True, "cpu_memory_utilization": 0.05},
            "setups": [{"name": "base", "baseline": True}], "tasks": ["addition"],
            "workload": {"input": {"family": "uniform", "min": 20, "max": 60},
-                        "output": {"family": "fixed", "value": 32},
+                        "output": {"family": "fixed", "value": 32}, "arrival_rate": 2,
                         "requests": 40, "slo": {"percentile": 99, "ttft_ms": 20000, "tpot_ms": 2000}},
-           "serving": {"rates": [1, 4], "max_num_seqs": [4], "requests": 6}}
+           # the workload's own arrival times replayed (timed_trace); the Poisson path's argv: test_bench_argv
+           "serving": {"rates": [1, 4], "max_num_seqs": [4], "requests": 6, "arrivals": "trace"}}
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
     out = tmp_path / "out"
@@ -199,6 +201,7 @@ def test_goodput_on_the_vllm_cpu_engine(tmp_path: Path) -> None:
         assert lv.vllm_goodput_rps == pytest.approx(lv.goodput_rps, abs=1e-3)
         assert 0 < lv.percentiles_ms["ttft"]["p50"] <= lv.percentiles_ms["ttft"]["p99"]
         assert lv.kv_usage_peak is not None and 0 < lv.kv_usage_peak < 1 and lv.preemptions == 0
+    assert "timed_trace" in data.workload["arrivals"] and "Poisson at 2 requests/s" in data.workload["arrivals"]
     assert row.pick is not None and data.recommendation["setup"] == "base"
     assert "--max-num-seqs 4" in row.serve_command and "--max-model-len 128" in row.serve_command
     assert "vllm serve" in res.stdout and (out / "serving.md").is_file() and (out / "serving-kv.svg").is_file()
@@ -237,3 +240,34 @@ def test_report_md_says_where_goodput_is_measured() -> None:
     assert hf is not None and hf.startswith("workload: goodput was not measured")
     served = workload_note({"backend": "openai", "workload": {"trace": "t.jsonl"}})
     assert served is not None and "qeval goodput" in served
+
+
+def test_bench_argv_poisson_and_timed_trace(tmp_path: Path) -> None:
+    from qeval.perf.serving import bench_argv
+
+    targets = {"ttft_ms": 500.0, "tpot_ms": 50.0}
+    poisson = bench_argv(8000, "m", tmp_path / "d.jsonl", 12, 2.0, 0, targets, tmp_path / "o.json")
+    assert poisson[poisson.index("--dataset-name") + 1] == "custom"
+    assert poisson[poisson.index("--request-rate") + 1] == "2"
+    assert "--timed-trace-sec-multiplier" not in poisson and poisson[-3:] == ["--goodput", "ttft:500", "tpot:50"]
+    timed = bench_argv(8000, "m", tmp_path / "d.jsonl", 12, 2.0, 0, targets, tmp_path / "o.json", 0.25)
+    assert timed[timed.index("--dataset-name") + 1] == "timed_trace" and "--request-rate" not in timed
+    assert timed[timed.index("--timed-trace-sec-multiplier") + 1] == "0.25" and "--ignore-eos" in timed
+
+
+def test_timed_dataset_keeps_times_prefixes_and_exact_lengths() -> None:
+    from qeval.errors import UserError
+    from qeval.perf.serving import TIMED_CHUNK, timed_dataset
+    from qeval.workload.trace import Request, Trace
+
+    reqs = [Request(40, 10, 10.5, "prefix:a", 32), Request(20, 5, 11.0), Request(50, 5, 12.5, "prefix:a", 32),
+            Request(900, 5, 13.0)]  # the last is longer than max-model-len: refused, its time not replayed
+    lines, rate = timed_dataset(Trace(reqs, "t", "qeval"), 5, 128)
+    assert [x["timestamp"] for x in lines] == [0.0, 0.5, 2.0, 3.0, 3.5]  # from the first; the 2nd pass after a gap
+    assert [x["input_length"] for x in lines] == [40, 20, 50, 40, 20]
+    assert all(len(x["hash_ids"]) == -(-x["input_length"] // TIMED_CHUNK) for x in lines)
+    assert lines[0]["hash_ids"][:2] == lines[2]["hash_ids"][:2] == lines[3]["hash_ids"][:2]  # the shared prefix
+    assert not set(lines[0]["hash_ids"][2:]) & set(lines[2]["hash_ids"][2:] + lines[1]["hash_ids"])
+    assert rate == pytest.approx(4 / 3.5)
+    with pytest.raises(UserError, match="no arrival times"):
+        timed_dataset(Trace([Request(40, 10)], "t", "qeval"), 2, 128)

@@ -168,6 +168,46 @@ def test_hf_performance_on_the_tiny_model() -> None:
     assert eight["decode_tokens_per_s"]["median"] > one["decode_tokens_per_s"]["median"]
 
 
+def test_hf_waves_follow_the_workloads_lengths(tmp_path: Path) -> None:
+    """performance.from_workload: each request's prompt and output lengths from the config's
+    workload (a trace, in order, cycled); a wave is one padded batch, each request done at its own
+    last token; the figures say where the lengths came from; the key changes only when asked."""
+    from qeval.backends.hf.backend import HFBackend
+    from qeval.perf.phase import perf_key, workload_lengths
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"input_tokens": i, "output_tokens": o}) + "\n"
+                             for i, o in ((12, 2), (30, 9), (20, 1), (8, 5))))
+    setup = Setup(name="bf16")
+    cfg = RunConfig(name="t", model=ModelSpec(path=str(MODEL), dtype=cpu_dtype(), max_context=256), setups=[setup],
+                    tasks=["x"], workload={"trace": str(trace)},
+                    performance=PerfSpec(num_requests=4, repeats=1, warmup=0, from_workload=True))
+    lengths, source = workload_lengths(cfg)
+    assert lengths == ((12, 2), (30, 9), (20, 2), (8, 5)) and "t.jsonl" in source  # one output token: timed as 2
+    b = HFBackend(cfg, setup, "cpu")
+    b.load()
+    wl = workload_for(cfg.performance, [1, 2], "", 0, lengths, source)
+    m = b.performance(wl)
+    assert "request lengths from the workload" in m.notes[0]
+    solo = m.waves[1][0]
+    assert [w.prompt_tokens for w in solo] == [12, 30, 20, 8] and [w.output_tokens for w in solo] == [2, 9, 2, 5]
+    pair = m.waves[2][0]
+    assert [w.prompt_tokens for w in pair] == [42, 28] and [w.output_tokens for w in pair] == [11, 7]
+    # in a batch, the shorter answer is done first: its latency ends at its own last token
+    assert pair[0].e2e_s[0] < pair[0].e2e_s[1] <= pair[0].elapsed_s
+    levels = summarize(m, wl)
+    assert WORKLOAD_MARK_TEXT in levels[0]["figures"]["e2e_p50_s"]["source"]
+    plain = cfg.model_copy(update={"performance": cfg.performance.model_copy(update={"from_workload": False})})
+    assert perf_key({"m": "x"}, plain) != perf_key({"m": "x"}, cfg)
+    assert "from_workload" not in plain.as_json()["performance"]
+    with pytest.raises(ValueError, match="from_workload needs a workload"):
+        RunConfig(name="t", model=ModelSpec(path=str(MODEL)), setups=[setup], tasks=["x"],
+                  performance=PerfSpec(from_workload=True))
+
+
+WORKLOAD_MARK_TEXT = "the lengths of the workload's requests in order"
+
+
 # -- config and old results -----------------------------------------------------------------------
 
 def test_bad_performance_config_is_one_line(tmp_path: Path) -> None:

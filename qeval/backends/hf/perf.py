@@ -38,6 +38,13 @@ def _sync(device: str) -> Callable[[], None]:
     return lambda: None
 
 
+#: a measurement whose requests follow the config's workload (performance.from_workload)
+WORKLOAD_NOTE = ("request lengths from the workload ({source}): each wave is one batch padded to its longest prompt "
+                 "(every prompt is computed at that length, as padding computes it) and decoded to its longest "
+                 "output; a request's latency ends at its own last token. Static batches, no continuous batching "
+                 "and no arrivals: goodput under an SLO is not measured on hf (the serving phase serves vLLM)")
+
+
 @torch.no_grad()  # not inference_mode: quanto's packed int4 weights fail on inference tensors
 def measure(model: Any, tok: Any, new_cache: Callable[[], Any], device: str, workload: Workload) -> Measurement:
     """Every level of `workload`: warm-up passes (prompts of seed + 1), then timed repeats (prompts
@@ -50,18 +57,24 @@ def measure(model: Any, tok: Any, new_cache: Callable[[], Any], device: str, wor
         timed = rep >= workload.warmup
         for level in workload.order(rep):
             n = workload.requests_at(level)
-            prompts = random_prompt_ids(model.config.vocab_size, special, n, workload.input_len,
+            sizes = workload.request_lengths(0, n)
+            longest = max(i for i, _ in sizes)
+            prompts = random_prompt_ids(model.config.vocab_size, special, n, longest,
                                         workload.seed if timed else workload.seed + 1, head)
-            done = [_wave(model, new_cache, prompts[i : i + level], workload.output_len, device, sync)
+            done = [_wave(model, new_cache, prompts[i : i + level], sizes[i : i + level], device, sync)
                     for i in range(0, n, level)]
             if timed:
                 waves[level].append(done)
-    return Measurement(waves, dict(SOURCES))
+    notes = [WORKLOAD_NOTE.format(source=workload.lengths_source)] if workload.lengths else []
+    return Measurement(waves, dict(SOURCES), notes)
 
 
-def _wave(model: Any, new_cache: Callable[[], Any], prompts: list[list[int]], output_len: int, device: str,
-          sync: Callable[[], None]) -> Wave:
-    ids = torch.tensor(prompts, device=device)
+def _wave(model: Any, new_cache: Callable[[], Any], prompts: list[list[int]], sizes: list[tuple[int, int]],
+          device: str, sync: Callable[[], None]) -> Wave:
+    """One batch: every prompt at the wave's longest prompt length (the compute of a padded batch),
+    decode steps to the wave's longest output; each request done at its own last token."""
+    width = max(i for i, _ in sizes)
+    ids = torch.tensor([p[:width] for p in prompts], device=device)
     cache = new_cache()
     sync()
     t0 = time.perf_counter()
@@ -69,11 +82,17 @@ def _wave(model: Any, new_cache: Callable[[], Any], prompts: list[list[int]], ou
     nxt = logits.argmax(-1)
     sync()
     t1 = time.perf_counter()
-    for _ in range(output_len - 1):
+    outs = [o for _, o in sizes]
+    done_at = {1: t1}  # tokens generated -> when (the first comes with the prefill)
+    for step in range(2, max(outs) + 1):
         nxt = model(input_ids=nxt[:, None], past_key_values=cache, use_cache=True).logits[:, -1].argmax(-1)
+        if step in outs:
+            sync()
+            done_at[step] = time.perf_counter()
     sync()
     t2 = time.perf_counter()
-    c, steps = len(prompts), output_len - 1
-    return Wave(elapsed_s=t2 - t0, prompt_tokens=c * len(prompts[0]), output_tokens=c * output_len,
-                prefill_s=t1 - t0, decode_tokens_per_s=c * steps / (t2 - t1),
-                ttft_s=[t1 - t0] * c, tpot_s=[(t2 - t1) / steps] * c, e2e_s=[t2 - t0] * c)
+    c, steps = len(prompts), max(outs) - 1
+    return Wave(elapsed_s=t2 - t0, prompt_tokens=sum(i for i, _ in sizes), output_tokens=sum(outs),
+                prefill_s=t1 - t0, decode_tokens_per_s=sum(o - 1 for o in outs) / (t2 - t1) if steps else 0.0,
+                ttft_s=[t1 - t0] * c, tpot_s=[(done_at[o] - t1) / (o - 1) for o in outs],
+                e2e_s=[done_at[o] - t0 for o in outs])
