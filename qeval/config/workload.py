@@ -135,6 +135,7 @@ class WorkloadSpec(Strict):
         if drawn and (self.input is None or self.output is None):
             raise ValueError(f"a described workload needs `{'output' if self.output is None else 'input'}` too")
         for key in _TRACE_ONLY if drawn else _DRAWN_ONLY:
-            if key in self.model_fields_set:
+            # at its default it changes nothing: a config dumped whole (a worker's job file) validates again
+            if key in self.model_fields_set and getattr(self, key) != type(self).model_fields[key].default:
                 raise ValueError(f"{key} applies to a {'trace' if drawn else 'described distribution'} only")
         return self

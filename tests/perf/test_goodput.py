@@ -271,3 +271,15 @@ def test_timed_dataset_keeps_times_prefixes_and_exact_lengths() -> None:
     assert rate == pytest.approx(4 / 3.5)
     with pytest.raises(UserError, match="no arrival times"):
         timed_dataset(Trace([Request(40, 10)], "t", "qeval"), 2, 128)
+
+
+def test_a_trace_workload_config_round_trips_through_the_job_file() -> None:
+    """The worker validates the config from its job file (a whole dump): a trace workload's
+    drawn-only keys, present there at their defaults, are not refused (a run failed on it)."""
+    base = yaml.safe_load((ROOT / "configs" / "smollm2-goodput.yaml").read_text())
+    base["model"]["path"] = str(ROOT / "models" / "smollm2-135m")
+    base["workload"]["trace"] = str(ROOT / "configs" / "workloads" / "gsm8k.jsonl")
+    cfg = RunConfig.model_validate(base)
+    assert RunConfig.model_validate(cfg.job_json()).workload == cfg.workload
+    with pytest.raises(ValueError, match="requests applies to a described distribution only"):
+        RunConfig.model_validate(base | {"workload": base["workload"] | {"requests": 5}})
