@@ -210,7 +210,7 @@ def section_rows(results: Results, esc: Escape) -> list[list[str]]:
             cells = ["failed", "", "", "", "", "", f"{len(r.levels)}"]
         elif lv is None or r.pick is None:
             best = ", ".join(f"{k.removesuffix('_ms').upper()} {v:,.0f} ms" for k, v in r.best_p99_ms.items())
-            cells = ["SLO not met", "", "", f"best {best}", "", "", f"{len(r.levels)}"]
+            cells = [f"SLO not met (best {p}: {best})", "", "", "", "", "", f"{len(r.levels)}"]
         else:
             cells = [f"{r.pick.goodput_rps:.3f}", f"{r.pick.rate:g}", str(r.pick.max_num_seqs),
                      f"{lv.percentiles_ms['ttft'][p]:,.0f} ms", f"{lv.percentiles_ms['tpot'][p]:,.1f} ms",
