@@ -92,6 +92,9 @@ def run(cfg: RunConfig, opts: RunOptions) -> Results:
         finally:
             lock.release()
     print_summary(results)
+    if results.serving is not None:  # recommend_by goodput: each setup's tuned command, ready to paste
+        for row in results.serving.setups:
+            print(f"{row.setup}: {row.serve_command}")
     return results
 
 
