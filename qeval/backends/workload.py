@@ -5,6 +5,7 @@ formula, qeval/memory/capacity.py, as the setup's `memory.max_concurrency` repor
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -74,6 +75,35 @@ class Measurement:
     waves: dict[int, list[list[Wave]]]
     sources: dict[str, str]
     notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One level served once: `n` requests in waves of `level`, on prompts drawn with `seed`."""
+
+    level: int
+    n: int
+    timed: bool
+    seed: int
+
+
+def schedule(workload: Workload) -> Iterator[Pass]:
+    """The measurement schedule every backend follows: `warmup` untimed passes (prompts of seed +
+    1), then `repeats` timed ones (prompts of seed), the levels of each pass in alternating order."""
+    for rep in range(workload.warmup + workload.repeats):
+        timed = rep >= workload.warmup
+        for level in workload.order(rep):
+            yield Pass(level, workload.requests_at(level), timed, workload.seed if timed else workload.seed + 1)
+
+
+def timed_waves(workload: Workload, serve: Callable[[Pass], list[Wave]]) -> dict[int, list[list[Wave]]]:
+    """Run `serve` on every pass of the schedule; the timed passes' waves, by level."""
+    waves: dict[int, list[list[Wave]]] = {level: [] for level in workload.levels}
+    for p in schedule(workload):
+        done = serve(p)
+        if p.timed:
+            waves[p.level].append(done)
+    return waves
 
 
 def resolve_levels(spec: PerfSpec, budget_concurrency: float | None, engine_limit: int | None) -> tuple[list[int], str]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from qeval.backends.workload import Measurement, Wave, Workload, random_prompt_ids
+from qeval.backends.workload import Measurement, Pass, Wave, Workload, random_prompt_ids, timed_waves
 
 SOURCES = {
     "requests_per_s": "requests / wall time of the level's waves (each wave one batch: a prefill forward, then "
@@ -52,19 +52,14 @@ def measure(model: Any, tok: Any, new_cache: Callable[[], Any], device: str, wor
     special = set(getattr(tok, "all_special_ids", []) or [])
     sync = _sync(device)
     head = list(tok("").input_ids)  # the special tokens the tokenizer adds itself (BOS, or none)
-    waves: dict[int, list[list[Wave]]] = {level: [] for level in workload.levels}
-    for rep in range(workload.warmup + workload.repeats):
-        timed = rep >= workload.warmup
-        for level in workload.order(rep):
-            n = workload.requests_at(level)
-            sizes = workload.request_lengths(0, n)
-            longest = max(i for i, _ in sizes)
-            prompts = random_prompt_ids(model.config.vocab_size, special, n, longest,
-                                        workload.seed if timed else workload.seed + 1, head)
-            done = [_wave(model, new_cache, prompts[i : i + level], sizes[i : i + level], device, sync)
-                    for i in range(0, n, level)]
-            if timed:
-                waves[level].append(done)
+
+    def serve(p: Pass) -> list[Wave]:
+        sizes = workload.request_lengths(0, p.n)
+        prompts = random_prompt_ids(model.config.vocab_size, special, p.n, max(i for i, _ in sizes), p.seed, head)
+        return [_wave(model, new_cache, prompts[i : i + p.level], sizes[i : i + p.level], device, sync)
+                for i in range(0, p.n, p.level)]
+
+    waves = timed_waves(workload, serve)
     notes = [WORKLOAD_NOTE.format(source=workload.lengths_source)] if workload.lengths else []
     return Measurement(waves, dict(SOURCES), notes)
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from qeval.backends.openai.scoring import answer_bytes, completion_tokens
-from qeval.backends.workload import Measurement, Wave, Workload, random_prompt_ids
+from qeval.backends.workload import Measurement, Pass, Wave, Workload, random_prompt_ids, timed_waves
 
 SOURCES = {
     "requests_per_s": "requests / wall time of the level's waves (each wave `level` streaming /v1/completions "
@@ -107,22 +107,19 @@ def measure(client: Any, model: str, tok: Any, workload: Workload) -> Measuremen
     special = set(getattr(tok, "all_special_ids", []) or [])
     head = list(tok("").input_ids)
     vocab = len(tok)
-    waves: dict[int, list[list[Wave]]] = {level: [] for level in workload.levels}
     itl: list[float] = []
-    for rep in range(workload.warmup + workload.repeats):
-        timed = rep >= workload.warmup
-        for level in workload.order(rep):
-            n = workload.requests_at(level)
-            prompts = random_prompt_ids(vocab, special, n, workload.input_len,
-                                        workload.seed if timed else workload.seed + 1, head)
-            done = []
-            for i in range(0, n, level):
-                wave, gaps = run_wave(client, model, prompts[i : i + level], workload.output_len)
-                done.append(wave)
-                if timed:
-                    itl += gaps
-            if timed:
-                waves[level].append(done)
+
+    def serve(p: Pass) -> list[Wave]:
+        prompts = random_prompt_ids(vocab, special, p.n, workload.input_len, p.seed, head)
+        done = []
+        for i in range(0, p.n, p.level):
+            wave, gaps = run_wave(client, model, prompts[i : i + p.level], workload.output_len)
+            done.append(wave)
+            if p.timed:
+                itl.extend(gaps)
+        return done
+
+    waves = timed_waves(workload, serve)
     notes = []
     if itl:
         notes.append(f"inter-token latency (client clock, between streamed events, all levels): median "

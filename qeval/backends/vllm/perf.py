@@ -16,7 +16,7 @@ import re
 import time
 from typing import Any
 
-from qeval.backends.workload import Measurement, Wave, Workload
+from qeval.backends.workload import Measurement, Pass, Wave, Workload, timed_waves
 
 SOURCES = {
     "requests_per_s": "requests / wall time of the level's waves (each wave one LLM.generate call with all its "
@@ -57,23 +57,20 @@ def measure(llm: Any, workload: Workload) -> Measurement:
     """Every level of `workload`: warm-up passes (the bench's warm-up seed, seed + 1), then
     timed repeats on the bench's prompts (seed), levels in alternating order."""
     params = bench_sampling_params(workload.output_len)
-    waves: dict[int, list[list[Wave]]] = {level: [] for level in workload.levels}
-    preempted = 0
-    for rep in range(workload.warmup + workload.repeats):
-        timed = rep >= workload.warmup
-        for level in workload.order(rep):
-            n = workload.requests_at(level)
-            prompts = bench_prompts(llm, n, workload.input_len, workload.output_len,
-                                    workload.seed if timed else workload.seed + 1)
-            done = []
-            for i in range(0, n, level):
-                wave, p = run_wave(llm, prompts[i : i + level], params)
-                done.append(wave)
-                preempted += p
-            if timed:
-                waves[level].append(done)
-    notes = [f"the engine preempted {preempted} requests during the timed waves (its KV pool was full)"] \
-        if preempted else []
+    preempted = [0]
+
+    def serve(p: Pass) -> list[Wave]:
+        prompts = bench_prompts(llm, p.n, workload.input_len, workload.output_len, p.seed)
+        done = []
+        for i in range(0, p.n, p.level):
+            wave, n = run_wave(llm, prompts[i : i + p.level], params)
+            done.append(wave)
+            preempted[0] += n if p.timed else 0  # the note speaks of the timed waves
+        return done
+
+    waves = timed_waves(workload, serve)
+    notes = [f"the engine preempted {preempted[0]} requests during the timed waves (its KV pool was full)"] \
+        if preempted[0] else []
     return Measurement(waves, dict(SOURCES), notes)
 
 
