@@ -424,7 +424,7 @@ def test_the_summary_says_what_it_does_not_know() -> None:
 
     from rich.console import Console
 
-    from qeval.report import print_summary
+    from qeval.report.markdown import print_summary
     from qeval.results.schema import Figure, read_results
 
     results = read_results(Path(__file__).resolve().parents[1] / "data" / "run-v1" / "results.json")

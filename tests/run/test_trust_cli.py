@@ -116,7 +116,7 @@ def test_the_summary_table_prints_an_error_with_markup_as_written() -> None:
     """A setup's error containing `[/x]` ended `qeval run` in a MarkupError; `[red]` vanished (point 10)."""
     from rich.console import Console
 
-    from qeval.report import print_summary
+    from qeval.report.markdown import print_summary
     from qeval.results.schema import read_results
 
     results = read_results(ROOT / "tests" / "data" / "run-v1" / "results.json")
