@@ -109,7 +109,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     script: list[tuple[int, dict[str, Any]]] = []
     seen: list[dict[str, Any]] = []
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:  # http.server's name
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).seen.append({"auth": self.headers.get("Authorization"), "body": body})
         status, answer = type(self).script.pop(0) if type(self).script else (200, {"ok": True})
@@ -275,7 +275,7 @@ def test_a_launched_server_dies_with_its_worker(tmp_path: Path) -> None:
 class _Redirect(http.server.BaseHTTPRequestHandler):
     target = ""
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:  # http.server's name
         self.send_response(307)
         self.send_header("Location", type(self).target)
         self.send_header("Content-Length", "0")

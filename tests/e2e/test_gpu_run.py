@@ -21,7 +21,7 @@ from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
 
-import gpu_bundle  # noqa: E402
+import gpu_bundle
 
 #: what the GPU machine's image lacks and the bundle does not carry: the path must not import them
 ABSENT_THERE = ("lm_eval", "vllm", "compressed_tensors", "ray", "mlflow", "datasets", "gguf", "llmcompressor",

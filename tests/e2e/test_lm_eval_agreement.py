@@ -6,10 +6,16 @@ per document."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
 from conftest import MODEL, ROOT
+
+if TYPE_CHECKING:
+    from lm_eval.models.huggingface import HFLM
+
+    from qeval.backends.hf.backend import HFBackend
 
 pytestmark = pytest.mark.slow
 SMOLLM2 = ROOT / "models" / "smollm2-135m"
@@ -23,7 +29,7 @@ ENGLISH = [
 noop = lambda n: None  # noqa: E731
 
 
-def _pair(model: Path, max_length: int):  # type: ignore[no-untyped-def]
+def _pair(model: Path, max_length: int) -> tuple[HFBackend, HFLM]:
     from lm_eval.models.huggingface import HFLM
 
     from qeval.backends.hf.backend import HFBackend

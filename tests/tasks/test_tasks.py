@@ -15,7 +15,7 @@ from qeval.errors import UserError
 from qeval.tasks import available_tasks, load_task
 
 sys.path.insert(0, str(ROOT / "scripts"))
-import tiny_corpus as tc  # noqa: E402
+import tiny_corpus as tc
 
 EXPECTED = {"compare_mc": "multiple_choice", "addition": "generate_until", "facts": "generate_until",
             "ppl": "loglikelihood_rolling"}

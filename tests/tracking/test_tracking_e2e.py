@@ -50,7 +50,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         deadline = time.monotonic() + 120
         while True:
             try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:  # noqa: S310 - our http://127.0.0.1 server
                     if r.status == 200:
                         break
             except OSError:
