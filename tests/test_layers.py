@@ -7,7 +7,7 @@ import ast
 import re
 from pathlib import Path
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 QEVAL = ROOT / "qeval"
 #: §2a's order, lowest first; packages on one row are peers and may not import each other

@@ -17,7 +17,7 @@ from qeval.cli import app
 from qeval.config import load_config
 from qeval.run.advice import advice_key
 from qeval.run.preflight import preflight
-from tests.conftest import TASKS, make_config, validate_results
+from tests.helpers import TASKS, make_config, validate_results
 
 SETUPS = ({"name": "bf16", "baseline": True}, {"name": "int4", "weights": "int4", "group_size": 128},
           {"name": "kv4", "kv_cache": "int4"})

@@ -67,12 +67,11 @@ def test_reasons_and_reports_count_whole_sequences() -> None:
     """Issue 40, minor: "5009.55 sequences" was printed; a fraction of a sequence is not served."""
     import re
 
-    from conftest import ROOT
-
     from qeval.analysis.recommend import recommend
     from qeval.memory.capacity import whole_sequences
     from qeval.report.markdown import render_markdown
     from qeval.results.schema import read_results
+    from tests.helpers import ROOT
 
     assert whole_sequences(5009.55) == "5,009" and whole_sequences(0.99) == "0"
     results = read_results(ROOT / "tests" / "data" / "run-v1" / "results.json")

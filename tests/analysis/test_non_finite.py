@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT
 
 from qeval.analysis.comparison import NON_FINITE_REASON, Paired, adjust_p_values, compare
 from qeval.analysis.finite import finite_results, task_problem
@@ -20,6 +19,7 @@ from qeval.config.gates import Gate
 from qeval.errors import UserError
 from qeval.files.atomic import atomic_write_bytes
 from qeval.results.schema import Comparison, MetricValue, Results, TaskScore, read_results
+from tests.helpers import ROOT
 
 V1 = ROOT / "tests" / "data" / "run-v1"
 NAN = float("nan")

@@ -9,7 +9,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-from conftest import ROOT
 
 from qeval.analysis.assemble import _compare, _group_scores, _task_infos, partial_tasks
 from qeval.analysis.comparison import Paired, compare, compare_suite
@@ -30,6 +29,7 @@ from qeval.report.html import render_html
 from qeval.report.markdown import render_markdown
 from qeval.results.schema import Figure, Memory, MetricValue, Results, SetupResult, TaskInfo, TaskScore, read_results
 from qeval.run.preflight import preflight
+from tests.helpers import ROOT
 
 V1 = ROOT / "tests" / "data" / "run-v1"
 GATE = [Gate(max_drop=0.02)]

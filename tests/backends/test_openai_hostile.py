@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MODEL, make_config, run_cli
 from pydantic import ValidationError
 
 from qeval.backends.base import TOPK
@@ -28,6 +27,7 @@ from qeval.backends.openai.backend import MAX_VERSION_CHARS, _server_version, to
 from qeval.backends.openai.client import REDACTED, BadAnswer, Client, ServerError, TooLarge, Unreachable
 from qeval.config.server import ServerSpec
 from qeval.errors import UserError
+from tests.helpers import MODEL, make_config, run_cli
 
 KEY = "sk-qeval-hostile-7f3a9c1e5b"
 KEY_ENV = "QEVAL_HOSTILE_KEY"

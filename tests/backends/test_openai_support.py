@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MODEL, make_config, one_line_exit_2, run_cli
 from pydantic import ValidationError
 
 from qeval.backends.openai import metrics, scoring
@@ -26,6 +25,7 @@ from qeval.backends.vllm.support import setup_engine_args
 from qeval.config import RunConfig
 from qeval.config.server import ServerSpec, base_url_problem
 from qeval.errors import UserError
+from tests.helpers import MODEL, make_config, one_line_exit_2, run_cli
 
 
 @pytest.mark.parametrize(("url", "problem"), [

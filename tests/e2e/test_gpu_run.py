@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT
+
+from tests.helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
 

@@ -12,7 +12,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import MODEL, make_config, run_cli
+
+from tests.helpers import MODEL, make_config, run_cli
 
 pytestmark = pytest.mark.slow
 LAYOUTS = {

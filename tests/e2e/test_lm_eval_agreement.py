@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
-from conftest import MODEL, ROOT
+
+from tests.helpers import MODEL, ROOT
 
 if TYPE_CHECKING:
     from lm_eval.models.huggingface import HFLM

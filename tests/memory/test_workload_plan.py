@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import MODEL, ROOT, TASKS, run_cli
 
 from qeval.config.run import load_config
 from qeval.config.workload import WorkloadSpec
@@ -20,6 +19,7 @@ from qeval.workload.draw import draw
 from qeval.workload.stats import nearest_rank, summarize
 from qeval.workload.tokens import TokenCounter
 from qeval.workload.trace import MAX_TRACE_BYTES, read_trace
+from tests.helpers import MODEL, ROOT, TASKS, run_cli
 
 SHIPPED = ROOT / "configs" / "workloads" / "gsm8k.jsonl"
 

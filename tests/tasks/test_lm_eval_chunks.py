@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import ROOT, TASKS, make_config
+
+from tests.helpers import ROOT, TASKS, make_config
 
 pytestmark = pytest.mark.slow
 SMOLLM2 = ROOT / "models" / "smollm2-135m"

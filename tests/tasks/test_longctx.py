@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import MODEL, ROOT
 
 from qeval.config import ModelSpec, RunConfig
 from qeval.config.gates import Gate
@@ -23,6 +22,7 @@ from qeval.tasks.long_context.buckets import bucket_sums
 from qeval.tasks.long_context.kind import model_config_of
 from qeval.tasks.long_context.results import position_buckets
 from qeval.tasks.long_context.tasks import MAX_GEN, LongContextTask, build_tasks, load_tokenizer, plan, resolve_gates
+from tests.helpers import MODEL, ROOT
 
 SMOLLM2 = ROOT / "models" / "smollm2-135m"
 # (model, lengths to generate at: the generators are checked past the tiny model's 256 tokens)

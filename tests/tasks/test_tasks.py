@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TASKS
 
 from qeval.errors import UserError
 from qeval.tasks import available_tasks, load_task
+from tests.helpers import ROOT, TASKS
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import tiny_corpus as tc

@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import MODEL, ROOT, TASKS, run_cli
+
+from tests.helpers import MODEL, ROOT, TASKS, run_cli
 
 pytestmark = pytest.mark.slow
 LIMIT = "8"  # cheap: the statistics need documents, not many; the regression below flips all of them
