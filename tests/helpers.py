@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -22,13 +22,15 @@ TASKS = ROOT / "tasks"
 SCHEMA = ROOT / "docs" / "results.schema.json"
 
 
-def cpu_dtype() -> str:
+def cpu_dtype() -> Literal["bfloat16", "float32"]:
     """What `dtype: auto` gives a bfloat16 model on this CPU: bfloat16 where it is native, float32
     where torch would emulate it ~116x slower (qeval/backends/device.py). Tests that build a
     backend by hand use it, so no test computes in an emulated 16-bit dtype by accident."""
     from qeval.backends.device import resolve_precision
 
-    return resolve_precision("auto", {"dtype": "bfloat16"}, "cpu").dtype
+    dtype = resolve_precision("auto", {"dtype": "bfloat16"}, "cpu").dtype
+    assert dtype in ("bfloat16", "float32"), dtype
+    return "bfloat16" if dtype == "bfloat16" else "float32"
 
 
 def run_cli(*args: str, cwd: Path = ROOT, timeout: int = 1800) -> subprocess.CompletedProcess[str]:

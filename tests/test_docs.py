@@ -192,9 +192,9 @@ def repo_files(root: Path) -> dict[str, list[str]]:
             dirs[:] = [d for d in dirs if d not in _SKIP_DIRS and not _ignored(f"{rel}/{d}/", ignore)]
             for f in files:
                 names.setdefault(f, []).append(f"{rel}/{f}")
-    for f in (root / name for name in TOP_FILES):
-        if f.is_file():
-            names.setdefault(f.name, []).append(f.name)
+    for top_file in (root / name for name in TOP_FILES):
+        if top_file.is_file():
+            names.setdefault(top_file.name, []).append(top_file.name)
     return names
 
 

@@ -22,7 +22,7 @@ HUGE = "9" * 400
 
 def _config(tmp: Path, advise: dict[str, Any] | None = None, model: Path = MODEL) -> Path:
     return make_config(tmp, model={"path": model, "dtype": "float32"}, setups=SETUPS, tasks=["ppl"],
-                       tasks_dir=TASKS, **({"advise": advise} if advise else {}))
+                       tasks_dir=TASKS, advise=advise or None)
 
 
 def _one_line_exit_2(args: list[str], says: str) -> None:

@@ -123,4 +123,5 @@ def test_a_perplexity_past_a_float_is_infinite_and_named_not_an_overflow() -> No
     assert metrics["token_perplexity"]["value"] == math.inf
     assert task_problem("ppl", records, metrics) == "task ppl: metric token_perplexity is infinite"
     nan = _perplexity_metrics([{"nll": NAN, "n_tokens": 5, "n_bytes": 20}])  # NaN stays NaN, not inf
-    assert math.isnan(nan["token_perplexity"]["value"])
+    value = nan["token_perplexity"]["value"]
+    assert value is not None and math.isnan(value)

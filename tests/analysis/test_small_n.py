@@ -72,6 +72,7 @@ def test_at_and_above_the_floor_the_interval_decides() -> None:
 
 def test_the_ratio_interval_at_three_documents_is_not_min_to_max() -> None:
     data = _bpb(3)
+    assert data.den is not None
     per_doc = (data.other - data.base) / data.den
     lo, hi = paired_ratio(data.base, data.other, data.den, "bits_per_byte", 0).ci
     # the percentile bootstrap returned about [min, max] of the three documents' differences
@@ -109,6 +110,7 @@ def test_samples_to_decide_with_no_flip_comes_from_newcombes_interval() -> None:
 def test_samples_to_decide_is_searched_for_every_kind_and_in_the_reason() -> None:
     data = _bpb(8, shift=0.0005)
     c = compare(data, "ppl", 0, [Gate(max_drop=0.001)])
+    assert data.den is not None
     cmp = paired_ratio(data.base, data.other, data.den, "bits_per_byte", 0)
     assert c.verdict == "inconclusive" and c.samples_to_decide is not None and cmp.interval_at is not None
     assert verdict(cmp.interval_at(c.samples_to_decide), False, 0.001) == "pass"

@@ -44,7 +44,8 @@ def test_base_url_is_checked(url: str, problem: str | None) -> None:
 
 
 def test_server_block_modes() -> None:
-    assert ServerSpec(mode="attach", base_url="http://127.0.0.1:8000/v1/", model="m").base_url.endswith("/v1")
+    url = ServerSpec(mode="attach", base_url="http://127.0.0.1:8000/v1/", model="m").base_url
+    assert url is not None and url.endswith("/v1")
     with pytest.raises(ValidationError, match="attach needs base_url and model"):
         ServerSpec(mode="attach", base_url="http://127.0.0.1:8000/v1")
     with pytest.raises(ValidationError, match="applies to mode attach only"):

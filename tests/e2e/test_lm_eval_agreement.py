@@ -5,6 +5,7 @@ per document."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,7 @@ import pytest
 from tests.helpers import MODEL, ROOT
 
 if TYPE_CHECKING:
+    from lm_eval.api.instance import Instance
     from lm_eval.models.huggingface import HFLM
 
     from qeval.backends.hf.backend import HFBackend
@@ -46,7 +48,7 @@ def _pair(model: Path, max_length: int) -> tuple[HFBackend, HFLM]:
     return ours, theirs
 
 
-def _instances(kind: str, args: list[tuple[str, ...]]) -> list:  # type: ignore[type-arg]
+def _instances(kind: str, args: Sequence[tuple[str, ...]]) -> list[Instance]:
     from lm_eval.api.instance import Instance
 
     return [Instance(request_type=kind, doc={}, arguments=a, idx=i) for i, a in enumerate(args)]

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -88,9 +89,7 @@ def test_bad_quantize_input_is_one_line_exit_2(tmp_path: Path) -> None:
     _one_line_exit_2(res, "llm-compressor is not installed", "make quant")
 
 
-def subprocess_cli(args: list[str], env: dict[str, str]):  # noqa: ANN201 - CompletedProcess
-    import subprocess
-
+def subprocess_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "qeval.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           env=env, timeout=600, check=False)
 

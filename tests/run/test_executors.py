@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,16 +24,16 @@ from qeval.run.preflight import preflight
 from qeval.run.runner import PreparedRun, RunOptions, prepare
 from tests.helpers import MODEL, TASKS, run_cli, write_config
 
-SETUPS = [{"name": "bf16", "baseline": True}, {"name": "int8", "weights": "int8"},
+SETUPS: list[dict[str, Any]] = [{"name": "bf16", "baseline": True}, {"name": "int8", "weights": "int8"},
           {"name": "kv-int4", "kv_cache": "int4"}]
 
 
-def _config(tmp: Path, filename: str = "c.yaml", **keys: object) -> Path:
+def _config(tmp: Path, filename: str = "c.yaml", **keys: Any) -> Path:
     """The small run config (helpers.config_dict) with a KV-cache setup and a perplexity task, no gates."""
     from tests.helpers import config_dict
 
     return write_config(tmp / filename, config_dict(setups=SETUPS, tasks=["addition", "ppl"], gates=None,
-                                                    performance=None, **keys))  # type: ignore[arg-type]
+                                                    performance=None, **keys))
 
 
 def _one_line_exit_2(res: subprocess.CompletedProcess[str], expected: str) -> None:

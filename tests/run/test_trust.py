@@ -230,23 +230,21 @@ def test_max_gen_toks_must_leave_room_for_a_prompt(tmp_path: Path) -> None:
 def test_a_same_size_same_mtime_model_is_a_different_model(tmp_path: Path) -> None:
     """Files over 256 MiB used to be keyed by size and mtime: `cp -p` of another model of the
     same size reused the old results. (A sparse file keeps this test cheap.)"""
-    try:
-        from qeval.records.model_source import folder_checksum as checksum
-    except ImportError:  # the code this test was written against
-        from qeval.run.preflight import model_checksum as checksum  # type: ignore[attr-defined,no-redef]
+    from qeval.records.model_source import folder_checksum as checksum
+
     model = tmp_path / "m"
     model.mkdir()
     big = model / "model.safetensors"
     with big.open("wb") as f:
         f.truncate(300 * 2**20)
     stat = big.stat()
-    before = checksum(model if checksum.__name__ == "folder_checksum" else str(model))
+    before = checksum(model)
     with big.open("r+b") as f:
         f.seek(150 * 2**20)
         f.write(b"\x01")
     os.utime(big, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert big.stat().st_size == stat.st_size and big.stat().st_mtime_ns == stat.st_mtime_ns
-    after = checksum(model if checksum.__name__ == "folder_checksum" else str(model))
+    after = checksum(model)
     assert before != after
 
 

@@ -91,11 +91,11 @@ def _helper_folder(tmp: Path, prefix: str = "Q: ", yaml_text: str = HELPER_YAML)
 
 
 def _infos(folder: Path, num_fewshot: int = 0, seed: int = 1234, name: str = "helper_task") -> dict:
-    from qeval.config.lm_eval import LmEvalSpec
+    from qeval.config.lm_eval import LmEvalSpec, LmEvalTask
     from qeval.tasks.lm_eval.session import open_session
 
     spec = LmEvalSpec(include_path=[str(folder)], fewshot_seed=seed,
-                       tasks=[{"name": name, "num_fewshot": num_fewshot}])
+                       tasks=[LmEvalTask(name=name, num_fewshot=num_fewshot)])
     session = open_session(spec, folder, None)
     try:
         return dict(session.infos)

@@ -26,6 +26,7 @@ def test_task_loads_with_matching_checksum(name: str) -> None:
     task = load_task(name, TASKS)
     assert task.spec.output_type == EXPECTED[name]
     assert len(task.docs) >= 300
+    assert task.spec.data_files is not None
     data = (task.yaml_path.parent / task.spec.data_files).read_bytes()
     assert hashlib.sha256(data).hexdigest() == task.spec.dataset_sha256 == task.sha256
 
