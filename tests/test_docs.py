@@ -438,6 +438,17 @@ def test_command_line_options_exist(texts: list[Text]) -> None:
     assert not bad, _report("options the docs show that the command does not take", bad)
 
 
+def test_readme_is_short_and_opens_with_the_two_commands() -> None:
+    """README.md stays within 12,000 bytes (the detail lives in docs/) and its first code block is
+    `make run` and `make test`."""
+    readme = (ROOT / "README.md").read_bytes()
+    assert len(readme) <= 12_000, f"README.md is {len(readme):,} bytes: move detail into docs/"
+    first = _FENCE.search(readme.decode())
+    assert first is not None
+    commands = [line.split("#")[0].strip() for line in first.group(0).splitlines()[1:-1]]
+    assert commands == ["make run", "make test"], commands
+
+
 def test_stable_surface_lists_every_option() -> None:
     """docs/architecture.md §7 (the stable surface) names every option of every command."""
     page = (ROOT / "docs/architecture.md").read_text(encoding="utf-8")
