@@ -117,7 +117,7 @@ def run(
         print(f"qeval: error: cannot write the run's files{where}: {exc.strerror or exc}; what was stored is kept: "
               "fix that and rerun the same command (stored results are not recomputed)", file=sys.stderr)
         raise typer.Exit(EXIT_SETUP_FAILED) from None
-    from qeval.report import verdict_line
+    from qeval.report.markdown import verdict_line
     from qeval.tracking import track_run
 
     for model, (run_dir, tracking) in tracked.items():  # after the run's own files, which never wait on it
@@ -334,7 +334,7 @@ def advise(
 def report(run_dir: Annotated[Path, typer.Argument(help="a finished run directory")]) -> None:
     """Regenerate report.md and report.html from RUN_DIR/results.json (byte-for-byte); for a
     sweep, every model's and the sweep's report.md from sweep.json."""
-    from qeval.report import write_report
+    from qeval.report.write import write_report
     from qeval.results.schema import read_results
     from qeval.tasks.kinds import report_sections
 

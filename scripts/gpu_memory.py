@@ -335,7 +335,7 @@ def try_batch(model: Any, setup: Setup, batch: int, context: int, meter: Meter, 
         trial = fill_and_step(model, setup, batch, context, meter, device)
         meter.admit(resident, trial)
         return trial
-    except Exception as exc:  # noqa: BLE001 - an allocation failure is the answer; anything else is raised
+    except Exception as exc:  # an allocation failure is the answer; anything else is raised
         if not is_oom(exc):
             raise
         failed = True

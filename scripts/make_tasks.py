@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import tiny_corpus as tc  # noqa: E402
+import tiny_corpus as tc
 
 ROOT = Path(__file__).resolve().parent.parent / "tasks"
 N_TRAIN = 512  # calibration documents: llm-compressor's usual 512

@@ -14,18 +14,23 @@ import json
 import math
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import tiny_corpus as tc  # noqa: E402
+import tiny_corpus as tc
+
+if TYPE_CHECKING:
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 VOCAB_SIZE = 128
 
 
-def build_tokenizer():  # -> PreTrainedTokenizerFast
+def build_tokenizer() -> PreTrainedTokenizerFast:
     """Character-level tokenizer: printable ASCII plus four special tokens, 128 ids."""
     from tokenizers import Tokenizer, decoders, models, processors
     from transformers import PreTrainedTokenizerFast
@@ -50,7 +55,7 @@ def build_tokenizer():  # -> PreTrainedTokenizerFast
     )
 
 
-def build_model(args: argparse.Namespace):  # -> LlamaForCausalLM
+def build_model(args: argparse.Namespace) -> LlamaForCausalLM:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(
@@ -71,7 +76,8 @@ def build_model(args: argparse.Namespace):  # -> LlamaForCausalLM
     return LlamaForCausalLM(cfg)
 
 
-def batches(tokenizer, splits: tc.Splits, batch_size: int):
+def batches(tokenizer: PreTrainedTokenizerFast, splits: tc.Splits,
+            batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Padded (input_ids, labels) batches from the endless document stream."""
     docs = tc.training_documents(splits)
     while True:

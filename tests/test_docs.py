@@ -1,6 +1,8 @@
 """The docs check: what README.md, CONTRIBUTING.md, docs/*.md and the docstrings and comments of
-qeval/, bench/ and scripts/ cite must exist: every repository path, every `§N` section, and
-every option of a `qeval` command line shown in the Markdown pages.
+qeval/, bench/ and scripts/ cite must exist: every repository path, every bare file name
+(`runner.py`) and dotted module name (`qeval.run.runner`), every `§N` section, and every option
+of a `qeval` command line shown in the Markdown pages; and docs/architecture.md §2 names every
+module of qeval/ and none that does not exist.
 
 Each check lists every stale reference it finds as `file:line: what`, so a change that moves a
 module sees all the references it leaves behind at once. The unit tests at the end feed each
@@ -12,6 +14,7 @@ from __future__ import annotations
 import ast
 import fnmatch
 import io
+import os
 import posixpath
 import re
 import tokenize
@@ -155,6 +158,140 @@ def missing_paths(texts: Iterable[Text], root: Path, allowed: Iterable[str] = ()
             if path not in allowed and not _ignored(path, ignore) and not path_exists(root, path)]
 
 
+# --- a2. bare file names and dotted module names ----------------------------------------------
+
+#: `runner.py`, not the tail of a path (`run/runner.py`) or of a longer name
+_BARE = re.compile(r"(?<![\w./\\$~<>*-])(\w+\.py)(?![\w/])")
+#: `qeval.run.runner`, `qeval.load_run`: a module, or a name a module defines
+_DOTTED = re.compile(r"(?<![\w./-])(qeval(?:\.[A-Za-z_]\w*)+)(?![\w-])")
+#: bare names of files that live in another project (engines, libraries) that comments cite
+UPSTREAM = frozenset({
+    "cache_utils.py",  # transformers
+    "latency.py", "amx_mla.py", "cpu.py", "arg_utils.py",  # vLLM
+    "prepare_niah.py", "essays.py",  # lm-eval's RULER tasks
+})
+#: dotted names that are not modules: entry-point groups
+NOT_MODULES = frozenset({
+    "qeval.task_kinds",  # the task kinds' entry-point group (CONTRIBUTING.md)
+    # MLflow tags (docs/tracking.md)
+    "qeval.kind", "qeval.recommendation", "qeval.run_dir", "qeval.status", "qeval.baseline", "qeval.verdict",
+    "qeval.flag", "qeval.error",
+})
+#: folders whose files a bare name may name
+_SKIP_DIRS = {".git", "__pycache__", ".venv", ".venv-vllm", ".venv-quant", "build", ".mypy_cache", ".ruff_cache",
+              ".pytest_cache", "reports", "checkpoints"}
+
+
+def repo_files(root: Path) -> dict[str, list[str]]:
+    """Each file name in the repository's own folders (not git-ignored) -> its repo-relative paths."""
+    ignore = _gitignore(root)
+    names: dict[str, list[str]] = {}
+    for top in TOP_DIRS:
+        for here, dirs, files in os.walk(root / top):
+            rel = Path(here).relative_to(root).as_posix()
+            dirs[:] = [d for d in dirs if d not in _SKIP_DIRS and not _ignored(f"{rel}/{d}/", ignore)]
+            for f in files:
+                names.setdefault(f, []).append(f"{rel}/{f}")
+    for top_file in (root / name for name in TOP_FILES):
+        if top_file.is_file():
+            names.setdefault(top_file.name, []).append(top_file.name)
+    return names
+
+
+def _defines(path: Path) -> set[str]:
+    """The top-level names a Python module defines or imports."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def module_exists(root: Path, dotted: str) -> bool:
+    """`qeval.a.b` is a module or package, or `qeval.a.name` a name module `qeval.a` defines (one
+    attribute deep, then any attribute of it: `qeval.load_run().drop`)."""
+    parts = dotted.split(".")
+    for i in range(1, len(parts) + 1):
+        folder = root.joinpath(*parts[:i])
+        if folder.is_dir() or folder.with_suffix(".py").is_file():  # a package (a namespace one too), a module
+            continue
+        if i == 1:
+            return False
+        parent = root.joinpath(*parts[:i - 1])
+        module = parent / "__init__.py" if parent.is_dir() else parent.with_suffix(".py")
+        return module.is_file() and parts[i - 1] in _defines(module)
+    return True
+
+
+def stale_names(texts: Iterable[Text], root: Path) -> list[str]:
+    """Each bare file name (`runner.py`) that names no file in the repository (a Python file's
+    comment may name one beside it or anywhere), and each dotted name (`qeval.run.runner`) that
+    is neither a qeval module nor a name one defines."""
+    files = repo_files(root)
+    bad = []
+    for t in texts:
+        for m in _BARE.finditer(t.text):
+            if m.group(1) not in files and m.group(1) not in UPSTREAM:
+                bad.append(f"{t.file}:{t.line_of(m.start())}: {m.group(1)}")
+        for m in _DOTTED.finditer(t.text):
+            name = m.group(1).rstrip(".")
+            if name not in NOT_MODULES and not module_exists(root, name):
+                bad.append(f"{t.file}:{t.line_of(m.start())}: {name}")
+    return bad
+
+
+# --- a3. docs/architecture.md §2 lists every module ------------------------------------------
+
+_CELL_TOKEN = re.compile(r"`([^`\n]+)`|\(|\)")
+
+
+def listed_modules(md: str) -> set[str]:
+    """The repo-relative paths of the files and folders §2's table names. A row's first cell
+    names its package (`qeval/files/`, or files of `qeval/`); a name in the second cell is in
+    that package, and a name inside the parentheses that follow a folder (`hf/` (`perf.py`))
+    is in that folder."""
+    m = re.search(r"^## §2 .*?(?=^## )", md, re.M | re.S)
+    assert m, "docs/architecture.md has no §2"
+    named: set[str] = set()
+    for row in m.group(0).splitlines():
+        cells = row.split(" | ")
+        if not row.startswith("| `qeval") or len(cells) < 2:
+            continue
+        first = re.findall(r"`([^`]+)`", cells[0])
+        base = first[0] if first[0].endswith("/") else "qeval/"
+        named |= {base + f.removeprefix(base) for f in first}
+        stack = [base]
+        previous: re.Match[str] | None = None
+        text = " | ".join(cells[1:])
+        for tok in _CELL_TOKEN.finditer(text):
+            if tok.group(0) == "(":
+                follows_folder = (previous is not None and previous.group(1) is not None
+                                  and previous.group(1).endswith("/") and not text[previous.end():tok.start()].strip())
+                stack.append(stack[-1] + previous.group(1) if follows_folder and previous else stack[-1])
+            elif tok.group(0) == ")":
+                if len(stack) > 1:
+                    stack.pop()
+            elif re.fullmatch(r"[\w/]+(\.py|/)", tok.group(1)):
+                named.add(stack[-1] + tok.group(1))
+            previous = tok
+    return named
+
+
+def module_listing(root: Path) -> tuple[list[str], list[str]]:
+    """(modules of qeval/ that §2 does not name, names in §2 that are no module or folder).
+    Packages' `__init__.py` files need not be named."""
+    named = listed_modules((root / "docs" / "architecture.md").read_text(encoding="utf-8"))
+    files = {p.relative_to(root).as_posix() for p in (root / "qeval").rglob("*.py")}
+    unnamed = sorted(f for f in files if f not in named and not f.endswith("/__init__.py"))
+    absent = sorted(n for n in named if n not in files and not (n.endswith("/") and (root / n).is_dir()))
+    return unnamed, absent
+
+
 # --- b. `§N` sections -------------------------------------------------------------------------
 
 #: a numbered heading: `## §2 The packages` or `## 2. The packages`
@@ -280,6 +417,17 @@ def test_cited_paths_exist(texts: list[Text]) -> None:
     assert not missing, _report("cited paths that do not exist (file:line: path)", missing)
 
 
+def test_cited_names_exist(texts: list[Text]) -> None:
+    stale = stale_names(texts, ROOT)
+    assert not stale, _report("bare file names or dotted module names that name nothing (file:line: name)", stale)
+
+
+def test_architecture_lists_every_module() -> None:
+    unnamed, absent = module_listing(ROOT)
+    assert not unnamed, _report("modules docs/architecture.md §2 does not name", unnamed)
+    assert not absent, _report("names in docs/architecture.md §2 that are no module", absent)
+
+
 def test_section_references_exist(texts: list[Text]) -> None:
     bad = bad_sections(texts, ROOT)
     assert not bad, _report("§ references to sections that do not exist", bad)
@@ -288,6 +436,17 @@ def test_section_references_exist(texts: list[Text]) -> None:
 def test_command_line_options_exist(texts: list[Text]) -> None:
     bad = bad_options(texts, _cli())
     assert not bad, _report("options the docs show that the command does not take", bad)
+
+
+def test_readme_is_short_and_opens_with_the_two_commands() -> None:
+    """README.md stays within 12,000 bytes (the detail lives in docs/) and its first code block is
+    `make run` and `make test`."""
+    readme = (ROOT / "README.md").read_bytes()
+    assert len(readme) <= 12_000, f"README.md is {len(readme):,} bytes: move detail into docs/"
+    first = _FENCE.search(readme.decode())
+    assert first is not None
+    commands = [line.split("#")[0].strip() for line in first.group(0).splitlines()[1:-1]]
+    assert commands == ["make run", "make test"], commands
 
 
 def test_stable_surface_lists_every_option() -> None:
@@ -331,7 +490,8 @@ def _fake_repo(tmp_path: Path) -> Path:
         "qeval plan --model M\n      [--gpu-gib 24 --bogus]\n```\n\n"
         "Or `qeval run\n--no-performance --limt 5`, `qeval report RUN_DIR` and `qeval frob`.\n"
         "`ruff check qeval tests`, `make x && HF_HUB_OFFLINE=1 .venv/bin/qeval tasks --nope`.\n"
-        "`python -m qeval.run.keys` and `python -m qeval.run.absent`.\n")
+        "`python -m qeval.run.keys` and `python -m qeval.run.absent`.\n"
+        "`keys.py`, `runner.py`, qeval.run.keys.f(), qeval.run.keys.g and `qeval.run.runner`.\n")
     return tmp_path
 
 
@@ -349,6 +509,31 @@ def test_missing_paths_are_each_reported(tmp_path: Path) -> None:
     ]
     assert missing_paths(all_texts(root), root, allowed={"qeval/run/gone.py"}) == [
         x for x in found if "gone.py" not in x]
+
+
+def test_stale_names_are_each_reported(tmp_path: Path) -> None:
+    root = _fake_repo(tmp_path)
+    assert stale_names(all_texts(root), root) == [
+        "README.md:18: runner.py",
+        "README.md:17: qeval.run.absent",
+        "README.md:18: qeval.run.keys.g",
+        "README.md:18: qeval.run.runner",
+    ]
+
+
+def test_module_listing_is_checked(tmp_path: Path) -> None:
+    """A module §2 does not name and a name that is no module are each reported; a name inside
+    the parentheses after a folder is in that folder."""
+    for f in ("qeval/errors.py", "qeval/run/__init__.py", "qeval/run/runner.py", "qeval/run/hf/perf.py",
+              "qeval/run/hf/backend.py", "qeval/run/worker.py"):
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "architecture.md").write_text(
+        "## §2 The packages\n\n| package | one job |\n| --- | --- |\n| `qeval/errors.py` | the error |\n"
+        "| `qeval/run/` | the run (`runner.py`), `hf/` (the engine: `perf.py` (its measurement), `gone.py`),"
+        " `worker.py` |\n\n## §3 Next\n")
+    assert module_listing(tmp_path) == (["qeval/run/hf/backend.py"], ["qeval/run/hf/gone.py"])
 
 
 def test_bad_sections_are_each_reported(tmp_path: Path) -> None:

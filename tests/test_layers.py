@@ -7,7 +7,7 @@ import ast
 import re
 from pathlib import Path
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 QEVAL = ROOT / "qeval"
 #: §2a's order, lowest first; packages on one row are peers and may not import each other
@@ -24,9 +24,10 @@ def package_of(module: str) -> str:
     return parts[1] if len(parts) > 1 else "__init__"
 
 
-def imports(text: str, placed: Path) -> list[tuple[int, str]]:
+def imports(text: str, placed: Path, modules: set[str] | None = None) -> list[tuple[int, str]]:
     """(line, module) of every qeval import in `text`, the source of the file at `placed`
-    (relative imports resolved against it)."""
+    (relative imports resolved against it). With `modules` (every module's dotted name),
+    `from qeval.report import plots` is an import of qeval.report.plots where that is a module."""
     rel = placed.relative_to(ROOT).with_suffix("")
     here = list(rel.parts[:-1])
     out = []
@@ -41,7 +42,10 @@ def imports(text: str, placed: Path) -> list[tuple[int, str]]:
                 module = node.module or ""
             if module.split(".")[0] == "qeval":
                 # `from qeval import notebook`: the names may be modules themselves
-                out += [(node.lineno, f"{module}.{a.name}" if module == "qeval" else module) for a in node.names]
+                for a in node.names:
+                    sub = f"{module}.{a.name}"
+                    named = sub if module == "qeval" or (modules is not None and sub in modules) else module
+                    out.append((node.lineno, named))
     return out
 
 
@@ -64,9 +68,81 @@ def upward(files: list[tuple[str, Path]]) -> list[str]:
     return bad
 
 
+def module_name(placed: Path) -> str:
+    """qeval/report/html.py -> qeval.report.html; qeval/report/__init__.py -> qeval.report."""
+    parts = placed.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def circles(files: list[tuple[str, Path]]) -> list[list[str]]:
+    """Every circle of modules importing each other (function-level and TYPE_CHECKING imports
+    included), as its modules sorted: the strongly connected components of the import graph with
+    more than one module. `from pkg import mod` imports pkg.mod; a package's own `__init__` is
+    an edge only where it is imported by name (`from qeval.report import write_report`)."""
+    names = {module_name(placed): (text, placed) for text, placed in files}
+    graph: dict[str, set[str]] = {}
+    for name, (text, placed) in names.items():
+        targets = set()
+        for _, module in imports(text, placed, set(names)):
+            while module and module not in names:  # `qeval.config.RunConfig`: the module qeval.config
+                module = module.rpartition(".")[0]
+            if module and module != name:
+                targets.add(module)
+        graph[name] = targets
+    # Tarjan's strongly connected components, iteratively
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return sorted(found)
+
+
 def test_no_import_runs_up_the_layers() -> None:
     bad = upward([(p.read_text(), p) for p in sorted(QEVAL.rglob("*.py"))])
     assert not bad, "imports against docs/architecture.md §2a:\n" + "\n".join(bad)
+
+
+def test_no_modules_import_each_other_in_a_circle() -> None:
+    found = circles([(p.read_text(), p) for p in sorted(QEVAL.rglob("*.py"))])
+    assert not found, "modules that import each other in a circle:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_a_circle_is_found() -> None:
+    """A function-level import back, through a `from package import module`, is a circle."""
+    a = ("def f():\n    from qeval.report import c\n", QEVAL / "report" / "a.py")
+    b = ("from qeval.report.a import f\n", QEVAL / "report" / "b.py")
+    c = ("from qeval.report import b\nfrom qeval.results.schema import Results\n", QEVAL / "report" / "c.py")
+    assert circles([a, b, c]) == [["qeval.report.a", "qeval.report.b", "qeval.report.c"]]
+    assert circles([a, b]) == []
 
 
 def test_the_check_can_fail() -> None:

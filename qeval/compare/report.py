@@ -26,7 +26,7 @@ from qeval.report.tables import Escape, md_table, md_text
 from qeval.results.metrics import metric as describe
 
 if TYPE_CHECKING:
-    from qeval.compare import RunComparison
+    from qeval.compare.comparison import RunComparison
 
 DELTA_HEADER = ["setup", "task", "metric", "reference", "this run", "Δ [95% CI]", "n", "method", "verdict"]
 CHANGE_HEADER = ["what", "reference run", "this run"]

@@ -35,6 +35,9 @@ from qeval.files.names import NAME_PATTERN
 from qeval.files.yaml import load_yaml
 from qeval.strict import Seed, Strict
 
+#: what `model.dtype` may ask for (ModelSpec.dtype)
+ModelDtype = Literal["auto", "bfloat16-if-native", "bfloat16", "float16", "float32"]
+
 
 class ModelSpec(Strict):
     """Where the model comes from: a local directory or a hub id (resolved by transformers)."""
@@ -45,7 +48,7 @@ class ModelSpec(Strict):
     #: `bfloat16-if-native`: bfloat16 where the device runs it natively, float32 elsewhere, whatever the
     #: model's own dtype (a float32 folder such as the dequantized SmolLM2 served as its bf16 original).
     #: Resolved at preflight; results.json records both (`run.dtype_requested`, `run.dtype`)
-    dtype: Literal["auto", "bfloat16-if-native", "bfloat16", "float16", "float32"] = "auto"
+    dtype: ModelDtype = "auto"
     max_context: int = Field(default=2048, gt=0)
     trust_remote_code: bool = False
     revision: str | None = None

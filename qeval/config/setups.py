@@ -17,7 +17,7 @@ Weights = Literal["bf16", "fp16", "fp32", "fp8", "int8", "int4"]
 KVCache = Literal["auto", "fp8", "fp8_e5m2", "int8", "int4", "int2"]
 Method = Literal["rtn", "bnb", "torchao", "w8a8", "w4a8", "gptq", "awq", "fp8"]
 
-#: bits per weight element for each weight precision (scales are added by memory.py)
+#: bits per weight element for each weight precision (scales are added by memory/ledger.py)
 WEIGHT_BITS: dict[str, int] = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4}
 #: bits per KV element for each KV-cache precision; `auto` follows the model dtype
 KV_BITS: dict[str, int] = {"fp8": 8, "fp8_e5m2": 8, "int8": 8, "int4": 4, "int2": 2}
@@ -37,7 +37,7 @@ class Setup(BaseModel):
     group_size: int | None = Field(default=None, gt=0)
     kv_cache: KVCache = "auto"
     kv_group_size: int | None = Field(default=None, gt=0)
-    #: tokens QuantizedCache keeps unquantized; 1 quantizes everything (see hf.py)
+    #: tokens QuantizedCache keeps unquantized; 1 quantizes everything (see backends/hf/kv_cache.py)
     kv_residual_length: int = Field(default=1, ge=1)
     #: a quantized checkpoint folder (vllm backend: W8A8 / W4A8 / GPTQ / AWQ from `qeval quantize`)
     checkpoint: str | None = None

@@ -213,7 +213,7 @@ def main() -> None:
     except UserError as exc:  # what only the loaded model shows (a layer name the advisor does not know)
         atomic_write_json(outcome, {"user_error": str(exc)})
         sys.exit(2)
-    except Exception as exc:  # noqa: BLE001 - any failure is reported to the runner in one line
+    except Exception as exc:  # any failure is reported to the runner in one line, then raised
         first = (str(exc).strip().splitlines() or [""])[0]
         atomic_write_json(outcome, {"error": f"{type(exc).__name__}: {first}"})
         raise

@@ -40,7 +40,8 @@ from qeval.records.preflight import Preflight
 from qeval.records.provenance import git_commit, now_iso
 from qeval.records.spool import clear_scratch
 from qeval.records.store import RunStore
-from qeval.report import print_summary, write_report
+from qeval.report.markdown import print_summary
+from qeval.report.write import write_report
 from qeval.results.schema import Results, read_results
 from qeval.run.advice import advised_setup, ensure_advice, result_block, with_advised
 from qeval.run.executors import open_executor

@@ -16,7 +16,7 @@ from qeval.errors import UserError
 from qeval.files.atomic import atomic_write_bytes
 from qeval.records.preflight import Preflight
 from qeval.records.provenance import now_iso
-from qeval.report import print_summary
+from qeval.report.markdown import print_summary
 from qeval.results.schema import Results
 from qeval.run.executors import open_executor
 from qeval.run.preflight import advised_names

@@ -30,7 +30,7 @@ def requests_of(spec: WorkloadSpec, counter: TokenCounter | None = None, context
 
 def draw(spec: WorkloadSpec, context: int | None = None) -> Trace:
     """The requests `spec` describes (it has `input` and `output`), none longer than `context`."""
-    assert spec.input is not None and spec.output is not None  # noqa: S101 - the spec's own validator
+    assert spec.input is not None and spec.output is not None  # the spec's own validator
     rng = np.random.default_rng(spec.seed)
     inputs = lengths(spec.input, rng, spec.requests)
     outputs = lengths(spec.output, rng, spec.requests)
@@ -68,5 +68,5 @@ def describe(spec: LengthSpec) -> str:
         return f"uniform {spec.min}-{spec.max}"
     if isinstance(spec, LogNormalLength):
         return f"lognormal median {spec.median:g} sigma {spec.sigma:g} in {spec.min}-{spec.max}"
-    assert isinstance(spec, PercentileLength)  # noqa: S101 - the union's last member
+    assert isinstance(spec, PercentileLength)  # the union's last member
     return "percentiles " + ", ".join(f"p{p:g} {spec.points[p]}" for p in sorted(spec.points))

@@ -17,7 +17,7 @@ from qeval.cli import app
 from qeval.config import load_config
 from qeval.run.advice import advice_key
 from qeval.run.preflight import preflight
-from tests.conftest import TASKS, make_config, validate_results
+from tests.helpers import TASKS, make_config, validate_results
 
 SETUPS = ({"name": "bf16", "baseline": True}, {"name": "int4", "weights": "int4", "group_size": 128},
           {"name": "kv4", "kv_cache": "int4"})
@@ -60,7 +60,7 @@ def test_advice_key_follows_its_inputs(tmp_path: Path) -> None:
     """A changed budget, slice or seed is another key (the advice is recomputed); the same block
     is the same key (reused); the deployment context counts for a memory budget only."""
     def key(budget_block: dict[str, Any] | None = None, **change: Any) -> str:
-        path = _config(tmp_path, ADVISE | change, **({"budget": budget_block} if budget_block else {}))
+        path = _config(tmp_path, ADVISE | change, budget=budget_block or None)
         return advice_key(preflight(load_config(path)))[0]
 
     same = key()

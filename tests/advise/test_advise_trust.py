@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from qeval.cli import app
-from tests.conftest import MODEL, TASKS, make_config
+from tests.helpers import MODEL, TASKS, make_config
 
 SETUPS = ({"name": "bf16", "baseline": True}, {"name": "int4", "weights": "int4", "group_size": 128})
 HUGE = "9" * 400
@@ -22,7 +22,7 @@ HUGE = "9" * 400
 
 def _config(tmp: Path, advise: dict[str, Any] | None = None, model: Path = MODEL) -> Path:
     return make_config(tmp, model={"path": model, "dtype": "float32"}, setups=SETUPS, tasks=["ppl"],
-                       tasks_dir=TASKS, **({"advise": advise} if advise else {}))
+                       tasks_dir=TASKS, advise=advise or None)
 
 
 def _one_line_exit_2(args: list[str], says: str) -> None:
@@ -87,7 +87,7 @@ def test_plan_prints_whole_sequences() -> None:
     import math
     import re
 
-    from tests.conftest import run_cli
+    from tests.helpers import run_cli
 
     args = ("plan", "--model", str(MODEL), "--gpu-gib", "1", "--context-len", "100", "--overhead-gib", "0")
     rows = json.loads(run_cli(*args, "--json").stdout)["setups"]

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT
 
 from qeval.analysis.comparison import NON_FINITE_REASON, Paired, adjust_p_values, compare
 from qeval.analysis.finite import finite_results, task_problem
@@ -20,6 +19,7 @@ from qeval.config.gates import Gate
 from qeval.errors import UserError
 from qeval.files.atomic import atomic_write_bytes
 from qeval.results.schema import Comparison, MetricValue, Results, TaskScore, read_results
+from tests.helpers import ROOT
 
 V1 = ROOT / "tests" / "data" / "run-v1"
 NAN = float("nan")
@@ -123,4 +123,5 @@ def test_a_perplexity_past_a_float_is_infinite_and_named_not_an_overflow() -> No
     assert metrics["token_perplexity"]["value"] == math.inf
     assert task_problem("ppl", records, metrics) == "task ppl: metric token_perplexity is infinite"
     nan = _perplexity_metrics([{"nll": NAN, "n_tokens": 5, "n_bytes": 20}])  # NaN stays NaN, not inf
-    assert math.isnan(nan["token_perplexity"]["value"])
+    value = nan["token_perplexity"]["value"]
+    assert value is not None and math.isnan(value)

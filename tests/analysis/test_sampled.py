@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TASKS, make_config, run_cli
 
 from qeval.analysis.comparison import compare, paired_records
 from qeval.analysis.stats import naive_interval, paired_clustered
+from tests.helpers import TASKS, make_config, run_cli
 
 
 def _width(ci: tuple[float, float]) -> float:

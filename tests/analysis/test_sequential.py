@@ -135,7 +135,7 @@ def test_relative_and_recovery_gates_keep_their_meaning() -> None:
     base = rng.beta(2, 2, (RUNS, N))
     other = base * rng.uniform(0.90, 1.0, (RUNS, N))  # 95% of the baseline on average
     for kwargs in ({"max_drop": 0.05, "relative": True}, {"max_drop": None, "min_recovery": 0.95}):
-        score = gate_score(base, other, True, **kwargs)  # type: ignore[arg-type]
+        score = gate_score(base, other, True, **kwargs)
         assert score.threshold == 0.0 and score.low == pytest.approx(-0.95)
         y, m0 = to_unit(score)
         first, sign = first_decision(y, m0, LEVEL, LOOKS, 6)

@@ -9,7 +9,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-from conftest import ROOT
 
 from qeval.analysis.assemble import _compare, _group_scores, _task_infos, partial_tasks
 from qeval.analysis.comparison import Paired, compare, compare_suite
@@ -30,6 +29,7 @@ from qeval.report.html import render_html
 from qeval.report.markdown import render_markdown
 from qeval.results.schema import Figure, Memory, MetricValue, Results, SetupResult, TaskInfo, TaskScore, read_results
 from qeval.run.preflight import preflight
+from tests.helpers import ROOT
 
 V1 = ROOT / "tests" / "data" / "run-v1"
 GATE = [Gate(max_drop=0.02)]
@@ -72,6 +72,7 @@ def test_at_and_above_the_floor_the_interval_decides() -> None:
 
 def test_the_ratio_interval_at_three_documents_is_not_min_to_max() -> None:
     data = _bpb(3)
+    assert data.den is not None
     per_doc = (data.other - data.base) / data.den
     lo, hi = paired_ratio(data.base, data.other, data.den, "bits_per_byte", 0).ci
     # the percentile bootstrap returned about [min, max] of the three documents' differences
@@ -109,6 +110,7 @@ def test_samples_to_decide_with_no_flip_comes_from_newcombes_interval() -> None:
 def test_samples_to_decide_is_searched_for_every_kind_and_in_the_reason() -> None:
     data = _bpb(8, shift=0.0005)
     c = compare(data, "ppl", 0, [Gate(max_drop=0.001)])
+    assert data.den is not None
     cmp = paired_ratio(data.base, data.other, data.den, "bits_per_byte", 0)
     assert c.verdict == "inconclusive" and c.samples_to_decide is not None and cmp.interval_at is not None
     assert verdict(cmp.interval_at(c.samples_to_decide), False, 0.001) == "pass"

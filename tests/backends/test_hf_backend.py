@@ -5,6 +5,7 @@ must agree to rounding)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,7 +15,8 @@ from qeval.backends.base import GenerateRequest, LoglikelihoodRequest, RollingRe
 from qeval.backends.hf.backend import HFBackend
 from qeval.backends.tokens import rolling_windows as _rolling_windows
 from qeval.config import ModelSpec, RunConfig
-from qeval.config.setups import Setup
+from qeval.config.run import ModelDtype
+from qeval.config.setups import KVCache, Setup
 
 REQS = [LoglikelihoodRequest("Largest of 37 82 15 64:", " 82"), LoglikelihoodRequest("12 + 30 =", " 42"),
         LoglikelihoodRequest("ISO code of France:", " FR"), LoglikelihoodRequest("ISO code of Zulu language: ", "zul"),
@@ -22,7 +24,7 @@ REQS = [LoglikelihoodRequest("Largest of 37 82 15 64:", " 82"), LoglikelihoodReq
 noop = lambda n: None  # noqa: E731
 
 
-def _backend(model_path: Path, setup: Setup, dtype: str = "float32", batch_size: int = 8) -> HFBackend:
+def _backend(model_path: Path, setup: Setup, dtype: ModelDtype = "float32", batch_size: int = 8) -> HFBackend:
     cfg = RunConfig(name="t", model=ModelSpec(path=str(model_path), dtype=dtype, max_context=256),
                     setups=[setup], tasks=["x"], batch_size=batch_size)
     b = HFBackend(cfg, setup, "cpu")
@@ -63,7 +65,7 @@ def test_shared_context_prefill_is_exact(fp32: HFBackend) -> None:
 
 
 @pytest.mark.parametrize("kv", [None, "int4"])
-def test_continuation_top_k_and_reference_log_probs(model_path: Path, fp32: HFBackend, kv: str | None) -> None:
+def test_continuation_top_k_and_reference_log_probs(model_path: Path, fp32: HFBackend, kv: KVCache | None) -> None:
     """Each scored continuation token carries the model's top-k and, asked with a reference's
     ids, the log-probs there: the baseline against its own top-k gives KL exactly 0, a quantized
     KV cache a positive KL; a reference of the wrong length is not used."""
@@ -77,6 +79,7 @@ def test_continuation_top_k_and_reference_log_probs(model_path: Path, fp32: HFBa
     b = fp32 if kv is None else _backend(model_path, Setup(name="kv", kv_cache=kv))
     asked = [LoglikelihoodRequest(r.context, r.continuation, res.topk_indices)
              for r, res in zip(REQS, base, strict=True)]
+    assert base[1].topk_indices is not None
     wrong = LoglikelihoodRequest(REQS[0].context, REQS[0].continuation, base[1].topk_indices[:0])
     got = b.loglikelihood([*asked, wrong], noop)
     assert got[-1].ref_logprobs is None  # 0 rows for a 1-token continuation: no KL, never a wrong one
@@ -84,6 +87,7 @@ def test_continuation_top_k_and_reference_log_probs(model_path: Path, fp32: HFBa
     for res, ref in zip(got, base, strict=False):
         rolled = as_rolling(res)
         assert rolled is not None and res.ref_logprobs is not None
+        assert ref.topk_indices is not None and ref.topk_logprobs is not None
         kl, top1 = kl_top1((ref.topk_indices, ref.topk_logprobs), rolled)
         kls.append(kl)
     total = float(np.concatenate(kls).sum())
@@ -183,8 +187,8 @@ def test_a_shared_prompt_prefix_is_run_once_and_scores_the_same(fp32: HFBackend,
     calls: list[int] = []
     real = fp32.model.forward
 
-    def spy(*args: object, **kwargs: object) -> object:
-        calls.append(kwargs["input_ids"].shape[1])  # type: ignore[union-attr]
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs["input_ids"].shape[1])
         return real(*args, **kwargs)
 
     monkeypatch.setattr(fp32.model, "forward", spy)
@@ -223,7 +227,12 @@ def test_a_small_logits_budget_scores_the_same(fp32: HFBackend, monkeypatch: pyt
     reqs = [LoglikelihoodRequest(ctx, c) for c in (" 82", " 37 is the largest", " 15, then 64", " 64 of them all")]
     passes: list[list[list[int]]] = []
     sub_batches = hf._sub_batches
-    monkeypatch.setattr(hf, "_sub_batches", lambda *a: passes.append(sub_batches(*a)) or passes[-1])
+
+    def recorded(*a: Any) -> list[list[int]]:
+        passes.append(sub_batches(*a))
+        return passes[-1]
+
+    monkeypatch.setattr(hf, "_sub_batches", recorded)
     whole = fp32.loglikelihood(reqs, noop)
     assert len(passes[-1]) < 4
     monkeypatch.setattr(hf, "LOGITS_BUDGET_BYTES", 4 * fp32.model.config.vocab_size * 3)  # three positions a pass

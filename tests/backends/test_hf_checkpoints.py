@@ -84,11 +84,10 @@ def test_the_resume_key_carries_the_checkpoint_content(tmp_path: Path) -> None:
     """A checkpoint remade at the same path (`qeval quantize --force`) recomputes its setup."""
     import shutil
 
-    from conftest import MODEL, make_config
-
     from qeval.config import load_config
     from qeval.records.keys import setup_keys
     from qeval.run.preflight import preflight
+    from tests.helpers import MODEL, make_config
 
     copy = tmp_path / "finetune"
     shutil.copytree(MODEL, copy)

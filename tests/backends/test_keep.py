@@ -39,6 +39,7 @@ def test_keep_skips_matched_layers_and_memory_follows(model_path: Path) -> None:
         assert type(modules[name]) is torch.nn.Linear and modules[name].weight.dtype == torch.bfloat16
     assert getattr(modules["model.layers.1.self_attn.q_proj"], "weight_qtype", None) is not None
     m_uni, m_mix = (b.memory()["weights_bytes"].measured for b in (b_uni, b_mix))
+    assert m_uni is not None and m_mix is not None
     p_uni, p_mix = (predict_weights_bytes(shape, s, "bfloat16") for s in (uniform, mixed))
     assert m_mix > m_uni
     assert m_mix == pytest.approx(p_mix, rel=0.02)

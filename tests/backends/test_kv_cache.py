@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from qeval.config.setups import Setup
+from qeval.config.setups import KVCache, Setup
 
 WINDOW = 8
 
@@ -50,7 +50,7 @@ def _transformers_quantized(model: Any, setup: Setup) -> Any:
 
 
 @pytest.mark.parametrize(("kv", "residual"), [("int4", 1), ("int2", 1), ("fp8", 1), ("int4", 3), ("int2", 3)])
-def test_windowed_layers_decode_as_transformers_quantized_layers_do(kv: str, residual: int) -> None:
+def test_windowed_layers_decode_as_transformers_quantized_layers_do(kv: KVCache, residual: int) -> None:
     """Past the window, a sliding layer that keeps only W - 1 quantized tokens gives the logits
     of transformers' quantized layer keeping all of them under the sliding mask, step by step;
     its storage is the window's, not the sequence's."""
@@ -70,7 +70,9 @@ def test_windowed_layers_decode_as_transformers_quantized_layers_do(kv: str, res
     unquantized = _decode(model, new_cache(model.config, Setup(name="f", weights="fp32")), prompt, 6)
     assert not torch.allclose(a, unquantized, atol=1e-4)  # the cache did quantize
     assert ours.layers[0].get_seq_length() == 3 * WINDOW + 6
-    kept = ours.layers[0]._quantized_len + (ours.layers[0].keys.shape[-2] if ours.layers[0].keys.dim() == 4 else 0)
+    keys = ours.layers[0].keys
+    assert keys is not None
+    kept = ours.layers[0]._quantized_len + (keys.shape[-2] if keys.dim() == 4 else 0)
     assert kept == WINDOW - 1
     assert cache_storage_bytes(ours) < cache_storage_bytes(theirs)
 

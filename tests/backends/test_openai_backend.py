@@ -25,7 +25,8 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import (
+
+from tests.helpers import (
     AGREEMENT_TASKS,
     ROOT,
     assert_figures_carry_their_source,

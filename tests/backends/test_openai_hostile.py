@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MODEL, make_config, run_cli
 from pydantic import ValidationError
 
 from qeval.backends.base import TOPK
@@ -28,6 +27,7 @@ from qeval.backends.openai.backend import MAX_VERSION_CHARS, _server_version, to
 from qeval.backends.openai.client import REDACTED, BadAnswer, Client, ServerError, TooLarge, Unreachable
 from qeval.config.server import ServerSpec
 from qeval.errors import UserError
+from tests.helpers import MODEL, make_config, run_cli
 
 KEY = "sk-qeval-hostile-7f3a9c1e5b"
 KEY_ENV = "QEVAL_HOSTILE_KEY"
@@ -61,10 +61,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):  # the client stopped reading: what it should do
             pass
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:  # http.server's name
         self._answer("GET")
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:  # http.server's name
         self._answer("POST")
 
     def log_message(self, *args: Any) -> None:
@@ -424,7 +424,7 @@ def test_the_summary_says_what_it_does_not_know() -> None:
 
     from rich.console import Console
 
-    from qeval.report import print_summary
+    from qeval.report.markdown import print_summary
     from qeval.results.schema import Figure, read_results
 
     results = read_results(Path(__file__).resolve().parents[1] / "data" / "run-v1" / "results.json")

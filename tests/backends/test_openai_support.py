@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MODEL, make_config, one_line_exit_2, run_cli
 from pydantic import ValidationError
 
 from qeval.backends.openai import metrics, scoring
@@ -26,6 +25,7 @@ from qeval.backends.vllm.support import setup_engine_args
 from qeval.config import RunConfig
 from qeval.config.server import ServerSpec, base_url_problem
 from qeval.errors import UserError
+from tests.helpers import MODEL, make_config, one_line_exit_2, run_cli
 
 
 @pytest.mark.parametrize(("url", "problem"), [
@@ -44,7 +44,8 @@ def test_base_url_is_checked(url: str, problem: str | None) -> None:
 
 
 def test_server_block_modes() -> None:
-    assert ServerSpec(mode="attach", base_url="http://127.0.0.1:8000/v1/", model="m").base_url.endswith("/v1")
+    url = ServerSpec(mode="attach", base_url="http://127.0.0.1:8000/v1/", model="m").base_url
+    assert url is not None and url.endswith("/v1")
     with pytest.raises(ValidationError, match="attach needs base_url and model"):
         ServerSpec(mode="attach", base_url="http://127.0.0.1:8000/v1")
     with pytest.raises(ValidationError, match="applies to mode attach only"):
@@ -109,7 +110,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     script: list[tuple[int, dict[str, Any]]] = []
     seen: list[dict[str, Any]] = []
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:  # http.server's name
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).seen.append({"auth": self.headers.get("Authorization"), "body": body})
         status, answer = type(self).script.pop(0) if type(self).script else (200, {"ok": True})
@@ -275,7 +276,7 @@ def test_a_launched_server_dies_with_its_worker(tmp_path: Path) -> None:
 class _Redirect(http.server.BaseHTTPRequestHandler):
     target = ""
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:  # http.server's name
         self.send_response(307)
         self.send_header("Location", type(self).target)
         self.send_header("Content-Length", "0")

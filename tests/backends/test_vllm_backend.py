@@ -14,7 +14,16 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import AGREEMENT_TASKS, DEMO_LIMIT, MODEL, ROOT, agreement_limit, assert_performance_invariants, run_cli
+
+from tests.helpers import (
+    AGREEMENT_TASKS,
+    DEMO_LIMIT,
+    MODEL,
+    ROOT,
+    agreement_limit,
+    assert_performance_invariants,
+    run_cli,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -199,9 +208,8 @@ def test_fp8_kv_cache_on_this_cpu(request: pytest.FixtureRequest, tmp_path: Path
     move (vLLM's CPU attention reads the FP8 cache), so no `kv_cache_no_effect` flag. The served
     case is the `kv-fp8` setup of conftest.vllm_bf16_runs, against that run's bf16 baseline (the
     same pool, budget and dtype: one engine start fewer than a run of its own)."""
-    from conftest import BASELINE, make_config
-
     from qeval.backends.vllm.support import cpu_has_fp8
+    from tests.helpers import BASELINE, make_config
 
     if not cpu_has_fp8():
         cfg = make_config(tmp_path, filename="kv.yaml", name="kv", model={"dtype": "auto"}, backend="vllm",

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, write_config
 
 from qeval.backends.vllm import support as vllm_support
 from qeval.config import load_config
 from qeval.config.setups import Setup
+from tests.helpers import ROOT, write_config
 
 BASE = dict(dtype="bfloat16", max_model_len=4096, utilization=0.9, max_num_seqs=64, enforce_eager=True, seed=1234)
 
@@ -66,7 +66,7 @@ def test_the_backend_passes_the_config_to_the_engine(tmp_path: Path, monkeypatch
         raise _Called
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=llm))
-    from conftest import BASELINE, config_dict
+    from tests.helpers import BASELINE, config_dict
 
     body = config_dict(backend="vllm", device="cuda", engine={"tensor_parallel_size": 4, "pipeline_parallel_size": 2},
                        setups=[BASELINE], batch_size=None, gates=None, performance=None)

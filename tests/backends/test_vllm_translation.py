@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_cli, write_config
 
 from qeval.backends.vllm import support as vllm_support
 from qeval.config import load_config
 from qeval.config.setups import Setup
 from qeval.errors import UserError
 from qeval.quantize.checkpoints import needs_checkpoint
+from tests.helpers import ROOT, run_cli, write_config
 
 AVX2 = frozenset({"sse4_2", "avx", "avx2", "fma"})
 
@@ -109,8 +109,8 @@ def test_mla_block_size_follows_amx(monkeypatch: pytest.MonkeyPatch) -> None:
     assert vllm_support.cache_accounting("cuda").mla_block_size is None
 
 def _kv_config(kv_cache: str = "fp8") -> dict:
-    """A vLLM run on the CPU: the baseline and a `kv_cache` setup named kv-fp8 (conftest.config_dict)."""
-    from conftest import BASELINE, config_dict
+    """A vLLM run on the CPU: the baseline and a `kv_cache` setup named kv-fp8 (helpers.config_dict)."""
+    from tests.helpers import BASELINE, config_dict
 
     return config_dict(name="v", max_context=None, backend="vllm", batch_size=None, gates=None, performance=None,
                        setups=[BASELINE, {"name": "kv-fp8", "kv_cache": kv_cache}])

@@ -9,7 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT
+
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.slow
 CONFIG = ROOT / "configs" / "smollm2-chat.yaml"

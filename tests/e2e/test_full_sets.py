@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, make_config, run_cli
+
+from tests.helpers import ROOT, make_config, run_cli
 
 pytestmark = pytest.mark.slow
 FULL = ROOT / "tasks" / "lm_eval_full"

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import MODEL, ROOT, assert_figures_carry_their_source, validate_results
+
+from tests.helpers import MODEL, ROOT, assert_figures_carry_their_source, validate_results
 
 pytestmark = pytest.mark.slow
 

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT
+
+from tests.helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
 
-import gpu_bundle  # noqa: E402
+import gpu_bundle
 
 #: what the GPU machine's image lacks and the bundle does not carry: the path must not import them
 ABSENT_THERE = ("lm_eval", "vllm", "compressed_tensors", "ray", "mlflow", "datasets", "gguf", "llmcompressor",

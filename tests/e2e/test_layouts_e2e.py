@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import MODEL, make_config, run_cli
+
+from tests.helpers import MODEL, make_config, run_cli
 
 pytestmark = pytest.mark.slow
-LAYOUTS = {
+LAYOUTS: dict[str, dict[str, Any]] = {
     "mistral": {"sliding_window": 16},  # every layer sliding, as Mistral-7B-v0.1
     "gemma3_text": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16, "head_dim": 16,
                     "query_pre_attn_scalar": 16},  # Gemma 3's mix

@@ -5,11 +5,20 @@ per document."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
-from conftest import MODEL, ROOT
+
+from tests.helpers import MODEL, ROOT
+
+if TYPE_CHECKING:
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from qeval.backends.hf.backend import HFBackend
 
 pytestmark = pytest.mark.slow
 SMOLLM2 = ROOT / "models" / "smollm2-135m"
@@ -23,7 +32,7 @@ ENGLISH = [
 noop = lambda n: None  # noqa: E731
 
 
-def _pair(model: Path, max_length: int):  # type: ignore[no-untyped-def]
+def _pair(model: Path, max_length: int) -> tuple[HFBackend, HFLM]:
     from lm_eval.models.huggingface import HFLM
 
     from qeval.backends.hf.backend import HFBackend
@@ -39,7 +48,7 @@ def _pair(model: Path, max_length: int):  # type: ignore[no-untyped-def]
     return ours, theirs
 
 
-def _instances(kind: str, args: list[tuple[str, ...]]) -> list:  # type: ignore[type-arg]
+def _instances(kind: str, args: Sequence[tuple[str, ...]]) -> list[Instance]:
     from lm_eval.api.instance import Instance
 
     return [Instance(request_type=kind, doc={}, arguments=a, idx=i) for i, a in enumerate(args)]

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TASKS, make_config, run_cli
+
+from tests.helpers import ROOT, TASKS, make_config, run_cli
 
 pytestmark = pytest.mark.slow
 SMOLLM2 = ROOT / "models" / "smollm2-135m"

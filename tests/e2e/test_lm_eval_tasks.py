@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import MODEL, ROOT, TASKS, run_cli
+
+from tests.helpers import MODEL, ROOT, TASKS, run_cli
 
 pytestmark = pytest.mark.slow
 SMOLLM2 = ROOT / "models" / "smollm2-135m"
@@ -89,9 +90,9 @@ def test_vllm_backend_agrees_with_simple_evaluate(tmp_path: Path) -> None:
 
 
 def _keys() -> dict:
-    """The group run's config, as conftest.make_config takes it: three setups, lm-eval tasks of
+    """The group run's config, as helpers.make_config takes it: three setups, lm-eval tasks of
     each kind (a group, acc_norm, rolling perplexity), a drop gate and a recovery gate."""
-    from conftest import INT8
+    from tests.helpers import INT8
 
     lm_eval = {"include_path": [TASKS / "lm_eval"],
                "tasks": [{"name": "mmlu_local", "num_fewshot": 1},
@@ -107,7 +108,7 @@ def _keys() -> dict:
 
 @pytest.fixture(scope="module")
 def group_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, Path]:
-    from conftest import make_config
+    from tests.helpers import make_config
 
     tmp = tmp_path_factory.mktemp("lm")
     cfg = make_config(tmp, **_keys())
@@ -162,7 +163,7 @@ def test_records_carry_lm_evals_doc_ids_and_metric_values(group_run: tuple[Path,
 
 
 def test_rerun_resumes_and_few_shot_changes_recompute(group_run: tuple[Path, dict, Path]) -> None:
-    from conftest import make_config
+    from tests.helpers import make_config
 
     out, _, cfg = group_run
     res = run_cli("run", str(cfg), "--output", str(out))
@@ -178,7 +179,7 @@ def test_rerun_resumes_and_few_shot_changes_recompute(group_run: tuple[Path, dic
 
 
 def test_a_suite_reports_recovery(tmp_path: Path) -> None:
-    from conftest import make_config
+    from tests.helpers import make_config
 
     keys = _keys() | {"limit": 4}
     keys["lm_eval"] |= {"suites": ["openllm-v1-local"]}
@@ -203,7 +204,7 @@ def test_the_hub_code_path_on_a_local_dataset_folder(tmp_path: Path) -> None:
     folder.mkdir()
     for split in ("train", "validation"):
         shutil.copy(TASKS / "lm_eval" / "data" / "hellaswag" / f"{split}.jsonl", folder / f"{split}.jsonl")
-    from conftest import make_config
+    from tests.helpers import make_config
 
     cfg = make_config(tmp_path, name="hub", model={"path": MODEL, "dtype": "float32"}, tasks_dir=None,
                       batch_size=None, setups=[{"name": "fp32", "baseline": True}], tasks=None, gates=None,

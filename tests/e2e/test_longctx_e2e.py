@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MODEL, ROOT, TASKS, run_cli
+
+from tests.helpers import MODEL, ROOT, TASKS, run_cli
 
 pytestmark = pytest.mark.slow
 SMOLLM2 = ROOT / "models" / "smollm2-135m"
@@ -20,9 +21,9 @@ needs_smollm2 = pytest.mark.skipif(not (SMOLLM2 / "config.json").is_file(), reas
 
 
 def _run(tmp: Path, name: str, **keys: Any) -> tuple[Path, dict[str, Any]]:
-    """A long-context run of conftest.make_config(**keys), written to tmp/NAME.yaml: no native
+    """A long-context run of helpers.make_config(**keys), written to tmp/NAME.yaml: no native
     tasks, no batch size or performance block, gates only where `keys` give them."""
-    from conftest import make_config
+    from tests.helpers import make_config
 
     keys = {"tasks": None, "batch_size": None, "gates": None, "performance": None} | keys
     cfg = make_config(tmp, filename=f"{name}.yaml", name=name, tasks_dir=TASKS, **keys)
@@ -52,7 +53,7 @@ def _kl_above_zero_in_every_bucket(out: Path, results: dict[str, Any], setups: l
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    from conftest import BASELINE
+    from tests.helpers import BASELINE
 
     setups = [BASELINE, *({"name": f"kv-{kv}", "kv_cache": kv} for kv in ("int4", "int2", "fp8"))]
     return _run(tmp_path_factory.mktemp("lc"), "tiny-longctx", model={"path": MODEL, "dtype": "float32"},
@@ -86,7 +87,7 @@ def test_tiny_model_lengths_buckets_and_gates(tiny: tuple[Path, dict[str, Any]])
 def test_smollm2_kv_caches_at_short_lengths(tmp_path: Path) -> None:
     """SmolLM2 at 256 and 512 tokens: passkey, multi-key and position perplexity under INT4 and
     INT2 KV caches; the INT2 cache's KL exceeds the INT4 one's."""
-    from conftest import BASELINE
+    from tests.helpers import BASELINE
 
     out, r = _run(tmp_path, "smollm2-lc", model={"path": SMOLLM2, "dtype": "auto", "max_context": 512}, backend="hf",
                   setups=[BASELINE, {"name": "kv-int4", "kv_cache": "int4"}, {"name": "kv-int2", "kv_cache": "int2"}],
@@ -106,7 +107,7 @@ def test_vllm_fp8_kv_cache_at_a_long_prompt(tmp_path: Path) -> None:
 
     if not cpu_has_fp8():
         pytest.skip("this CPU has neither AVX-512 nor AMX: vLLM's FP8 KV cache is refused (tested in test_vllm)")
-    from conftest import BASELINE
+    from tests.helpers import BASELINE
 
     out, r = _run(tmp_path, "vllm-lc", model={"path": SMOLLM2, "dtype": "auto", "max_context": 1024}, backend="vllm",
                   setups=[BASELINE, {"name": "kv-fp8", "kv_cache": "fp8"}],

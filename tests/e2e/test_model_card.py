@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import MODEL, ROOT, run_cli
+
+from tests.helpers import MODEL, ROOT, run_cli
 
 CARD = json.loads((MODEL / "scores.json").read_text())
 PRIMARY = {"compare_mc": "acc", "addition": "exact_match", "facts": "exact_match", "ppl": "bits_per_byte"}

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, assert_performance_invariants, run_cli
+
+from tests.helpers import ROOT, assert_performance_invariants, run_cli
 
 pytestmark = pytest.mark.slow
 LIMIT = "60"

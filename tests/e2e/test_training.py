@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.slow
 

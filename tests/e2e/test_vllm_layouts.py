@@ -15,7 +15,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.slow
 CI_LAYOUTS = ("gemma3_text", "llama4_text", "deepseek_v3", "qwen3_next")

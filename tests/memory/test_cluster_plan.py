@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import ROOT, run_cli
-
 from qeval.memory.capacity import Budget, kv_capacity
 from qeval.memory.cluster import Cluster, cluster_plan, group_kv_bytes_per_token, layouts
 from qeval.memory.ledger import ModelShape, predict_kv_bytes_per_token, predict_weights_bytes
 from qeval.memory.planner import PLAN_SETUPS
+from tests.helpers import ROOT, run_cli
 
 DATA = ROOT / "tests" / "data"
 #: Llama-3-70B's shape (config.json fields): 131 GiB of 16-bit weights

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from qeval.config.setups import Setup
+from qeval.config.setups import KVCache, Setup
 from qeval.memory.layouts import VLLM_QEVAL_CPU, VllmCache, predict_sequence
 from qeval.records.shape import ModelShape
 
@@ -89,7 +89,7 @@ def test_per_sequence_kv_equals_the_hand_worked_value(name: str, context: int) -
 def test_a_uniform_model_is_tokens_times_context_on_both_engines() -> None:
     shape = ModelShape.from_config(json.loads((DATA / "llama3-8b-config.json").read_text()))
     for engine in ("vllm", "hf"):
-        seq = predict_sequence(shape, BF16, "bfloat16", 4096, engine, VLLM_QEVAL_CPU)  # type: ignore[arg-type]
+        seq = predict_sequence(shape, BF16, "bfloat16", 4096, engine, VLLM_QEVAL_CPU)
         assert seq.by_kind == {"full": 131072 * 4096} and seq.state == 0 and seq.naive == seq.total
 
 
@@ -129,7 +129,7 @@ def test_plan_splits_the_sequence_and_sizes_capacity_by_it() -> None:
 
 # -- transformers' own caches, on small random-weight instances --------------------------------------
 
-TINY = {
+TINY: dict[str, dict[str, Any]] = {
     "mistral": {"sliding_window": 16},
     "gemma3_text": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16, "head_dim": 16,
                     "query_pre_attn_scalar": 16},
@@ -184,7 +184,7 @@ def test_transformers_caches_what_the_ledger_predicts(model_type: str, context: 
 @pytest.mark.parametrize("model_type", [m for m in TINY if m != "deepseek_v3"])  # MLA: refused on hf
 @pytest.mark.parametrize("kv", ["int4", "fp8"])
 @pytest.mark.parametrize("context", [12, 40])
-def test_a_quantized_cache_on_every_layout_holds_what_the_ledger_predicts(model_type: str, kv: str,
+def test_a_quantized_cache_on_every_layout_holds_what_the_ledger_predicts(model_type: str, kv: KVCache,
                                                                          context: int) -> None:
     """The same, under a quantized KV cache (backends/hf/kv_cache.py): full layers in transformers'
     quantized layers, windowed ones in qeval's QuantizedSlidingLayer (W - 1 tokens), state layers

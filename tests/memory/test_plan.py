@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import MODEL, ROOT, run_cli
+from tests.helpers import MODEL, ROOT, run_cli
 
 DATA = ROOT / "tests" / "data"
 

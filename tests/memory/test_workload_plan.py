@@ -5,11 +5,12 @@ max-model-len, refused share, KV blocks and prefix savings against hand-computed
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import yaml
-from conftest import MODEL, ROOT, TASKS, run_cli
 
 from qeval.config.run import load_config
 from qeval.config.workload import WorkloadSpec
@@ -20,6 +21,10 @@ from qeval.workload.draw import draw
 from qeval.workload.stats import nearest_rank, summarize
 from qeval.workload.tokens import TokenCounter
 from qeval.workload.trace import MAX_TRACE_BYTES, read_trace
+from tests.helpers import MODEL, ROOT, TASKS, run_cli
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 SHIPPED = ROOT / "configs" / "workloads" / "gsm8k.jsonl"
 
@@ -30,12 +35,12 @@ TINY = [{"input_tokens": 10, "output_tokens": 5},
         {"input_tokens": 14, "output_tokens": 5}]
 
 
-def _write(path: Path, rows: list[object]) -> Path:
+def _write(path: Path, rows: Sequence[object]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
-def _tok():  # noqa: ANN202 - transformers' tokenizer
+def _tok() -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(MODEL))
@@ -180,8 +185,8 @@ def test_plan_workload_text_and_json(tmp_path: Path) -> None:
 
 
 def _config(tmp_path: Path, workload: object) -> Path:
-    raw = {"name": "wl", "model": {"path": str(MODEL)}, "tasks": ["addition"], "tasks_dir": str(TASKS),
-           "setups": [{"name": "fp16"}]}
+    raw: dict[str, object] = {"name": "wl", "model": {"path": str(MODEL)}, "tasks": ["addition"],
+                              "tasks_dir": str(TASKS), "setups": [{"name": "fp16"}]}
     if workload is not None:
         raw["workload"] = workload
     path = tmp_path / "c.yaml"

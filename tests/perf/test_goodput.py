@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from conftest import ROOT, run_cli
 
 from qeval.config import RunConfig
 from qeval.config.workload import SloSpec
@@ -21,6 +20,7 @@ from qeval.perf.rank import recommend_goodput
 from qeval.perf.serve_cmd import serve_command
 from qeval.perf.tune import EngineSetting, best, replay, search, settings_of
 from qeval.results.serving import ServingLevel, ServingPick, ServingResults, ServingSetup
+from tests.helpers import ROOT, run_cli
 
 
 def _detailed(ttfts: list[float], latencies: list[float], outs: list[int], errors: list[str] | None = None

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MODEL, PERF_FIGURES, ROOT, assert_figures_carry_their_source, cpu_dtype, run_cli
 
 from qeval.analysis.recommend import recommend
 from qeval.backends.workload import Measurement, Wave, resolve_levels, workload_for
@@ -24,6 +23,7 @@ from qeval.perf.stats import measured
 from qeval.report.performance import pareto3
 from qeval.results.performance import Ceilings, Performance
 from qeval.results.schema import Results, read_results
+from tests.helpers import MODEL, PERF_FIGURES, ROOT, assert_figures_carry_their_source, cpu_dtype, run_cli
 
 V1 = ROOT / "tests" / "data" / "run-v1"
 # -- the workload ---------------------------------------------------------------------------------
@@ -211,7 +211,7 @@ WORKLOAD_MARK_TEXT = "the lengths of the workload's requests in order"
 # -- config and old results -----------------------------------------------------------------------
 
 def test_bad_performance_config_is_one_line(tmp_path: Path) -> None:
-    from conftest import make_config
+    from tests.helpers import make_config
 
     for keys, message in (({"performance": {"input_len": 250, "output_len": 16}}, "exceeds model.max_context 256"),
                           ({"performance": False, "recommend_by": "latency"}, "needs the performance phase"),

@@ -8,18 +8,19 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import MODEL, ROOT, TASKS, demo_vllm_config, run_cli
 
 from qeval.backends.device import dtype_for
 from qeval.config import load_config
 from qeval.quantize.checkpoints import RECORD, checkpoint_dir, needs_checkpoint
 from qeval.quantize.pipeline import quant_python
 from qeval.records.model_source import folder_checksum
+from tests.helpers import MODEL, ROOT, TASKS, demo_vllm_config, run_cli
 
 
 def _one_line_exit_2(res: object, *needles: str) -> None:
@@ -58,7 +59,7 @@ def test_a_run_without_its_checkpoints_says_to_quantize(tmp_path: Path) -> None:
 
 
 def test_bad_quantize_input_is_one_line_exit_2(tmp_path: Path) -> None:
-    from conftest import BASELINE, make_config
+    from tests.helpers import BASELINE, make_config
 
     plain = make_config(tmp_path, filename="plain.yaml", name="p", max_context=None, backend="vllm", setups=[BASELINE],
                         device=None, batch_size=None, gates=None, performance=None)
@@ -88,9 +89,7 @@ def test_bad_quantize_input_is_one_line_exit_2(tmp_path: Path) -> None:
     _one_line_exit_2(res, "llm-compressor is not installed", "make quant")
 
 
-def subprocess_cli(args: list[str], env: dict[str, str]):  # noqa: ANN201 - CompletedProcess
-    import subprocess
-
+def subprocess_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "qeval.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           env=env, timeout=600, check=False)
 
@@ -187,11 +186,10 @@ def _served_on_hf(tmp_path: Path, folder: Path) -> None:
     (transformers' compressed-tensors quantizer; the whole-run path is in test_vllm_backend.py):
     described from its quantization_config, decompressed on load on CPU, scoring close to the
     16-bit model and not equal to it."""
-    from conftest import make_config
-
     from qeval.backends.base import LoglikelihoodRequest
     from qeval.backends.hf.backend import HFBackend
     from qeval.config.setups import Setup
+    from tests.helpers import make_config
 
     cfg = load_config(make_config(tmp_path, filename="hf.yaml", model={"dtype": "float32"}))
     reqs = [LoglikelihoodRequest(f"{a} + {b} =", f" {a + b}") for a, b in [(12, 34), (40, 2), (7, 68), (55, 23)]]

@@ -224,6 +224,7 @@ def test_a_state_holds_numpy_metric_values_and_a_damaged_one_is_no_state(tmp_pat
     assert [_scalar(v) for v in (np.bool_(True), np.int64(3), True, 3)] == [1.0, 3.0, 1.0, 3.0]
     # states that parse but hold the wrong shapes: no state, so the task is scored from document 0
     key = "k" * 24
+    leaves: object
     for leaves in ([{"name": "x", "records": [1, 2]}], "leaves", [{"name": "x"}], [[]]):
         save_state(tmp_path, resume.state_name(key), {"key": key, "next_start": 4, "leaves": leaves}, {}, [])
         assert resume.load(tmp_path, key) is None, leaves

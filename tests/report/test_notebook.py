@@ -10,11 +10,11 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import ROOT, run_cli
 from nbclient import NotebookClient
 
 import qeval
 from qeval.notebook import SchemaVersionError
+from tests.helpers import ROOT, run_cli
 
 pytestmark = pytest.mark.slow
 

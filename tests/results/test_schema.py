@@ -1,5 +1,5 @@
 """The results schema (qeval.results.schema): exported to docs/, read by one reader, and
-valid for every results.json qeval writes (conftest.run_cli checks each one the tests produce)."""
+valid for every results.json qeval writes (helpers.run_cli checks each one the tests produce)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SCHEMA, run_cli, validate_results
 
 from qeval.errors import UserError
 from qeval.results.schema import SCHEMA_VERSION, Results, json_schema, read_results
+from tests.helpers import ROOT, SCHEMA, run_cli, validate_results
 
 V1 = ROOT / "tests" / "data" / "run-v1"  # written by qeval at 99128b6, before the typed schema
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, write_config
+
+from tests.helpers import run_cli, write_config
 
 GOOD = """\
 name: t
@@ -90,7 +91,7 @@ def test_run_refuses_bad_config_before_loading(tmp_path: Path) -> None:
 def test_corrupt_dataset_line_via_cli(tmp_path: Path) -> None:
     import shutil
 
-    from conftest import TASKS
+    from tests.helpers import TASKS
 
     tasks = tmp_path / "tasks"
     (tasks / "data").mkdir(parents=True)

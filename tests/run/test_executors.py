@@ -9,9 +9,9 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import MODEL, TASKS, run_cli, write_config
 
 from qeval.config import load_config
 from qeval.config.executor import ExecutorSpec
@@ -22,17 +22,18 @@ from qeval.run.executors.node import clear_stale_scratch, forwarded_env, verify_
 from qeval.run.executors.resources import JobResources, job_resources, unplaceable
 from qeval.run.preflight import preflight
 from qeval.run.runner import PreparedRun, RunOptions, prepare
+from tests.helpers import MODEL, TASKS, run_cli, write_config
 
-SETUPS = [{"name": "bf16", "baseline": True}, {"name": "int8", "weights": "int8"},
+SETUPS: list[dict[str, Any]] = [{"name": "bf16", "baseline": True}, {"name": "int8", "weights": "int8"},
           {"name": "kv-int4", "kv_cache": "int4"}]
 
 
-def _config(tmp: Path, filename: str = "c.yaml", **keys: object) -> Path:
-    """The small run config (conftest.config_dict) with a KV-cache setup and a perplexity task, no gates."""
-    from conftest import config_dict
+def _config(tmp: Path, filename: str = "c.yaml", **keys: Any) -> Path:
+    """The small run config (helpers.config_dict) with a KV-cache setup and a perplexity task, no gates."""
+    from tests.helpers import config_dict
 
     return write_config(tmp / filename, config_dict(setups=SETUPS, tasks=["addition", "ppl"], gates=None,
-                                                    performance=None, **keys))  # type: ignore[arg-type]
+                                                    performance=None, **keys))
 
 
 def _one_line_exit_2(res: subprocess.CompletedProcess[str], expected: str) -> None:
@@ -89,7 +90,7 @@ def test_unusable_addresses_are_refused(address: str, expected: str) -> None:
 
 def test_a_dead_address_is_one_line_fast_and_writes_nothing(tmp_path: Path) -> None:
     """`ray.init` on an address where nothing listens retries for minutes: checked first."""
-    from ray_cluster import free_port
+    from tests.ray_cluster import free_port
 
     cfg = _config(tmp_path, executor={"kind": "ray", "address": f"127.0.0.1:{free_port()}"})
     started = time.monotonic()

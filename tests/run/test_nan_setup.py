@@ -10,9 +10,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import BASELINE, INT8, MODEL, make_config, run_cli
 
 from qeval.results.schema import Results, read_results
+from tests.helpers import BASELINE, INT8, MODEL, make_config, run_cli
 
 TASKS = ("ppl", "compare_mc")
 

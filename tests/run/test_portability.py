@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MODEL, ROOT, TASKS
 
 from qeval.backends import device as precision
+from tests.helpers import MODEL, ROOT, TASKS
 
 AVX2 = frozenset({"fpu", "sse2", "avx", "avx2", "fma"})
 AVX512_BF16 = AVX2 | {"avx512f", "avx512bw", "avx512_bf16", "avx512_vnni"}
@@ -79,7 +79,7 @@ def test_arm_flags(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _config(tmp: Path, dtype: str) -> Path:
     """The small run config on `dtype` and device auto (the default both resolve here)."""
-    from conftest import INT8, make_config
+    from tests.helpers import INT8, make_config
 
     return make_config(tmp, name="c", model={"path": MODEL, "dtype": dtype}, tasks_dir=TASKS, tasks=["facts"],
                        setups=[{"name": "base", "baseline": True}, INT8], device=None, batch_size=None, gates=None,

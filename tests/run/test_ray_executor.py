@@ -22,8 +22,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import MODEL, ROOT, TASKS, run_cli, validate_results
-from ray_cluster import ENV, LocalCluster, start_cluster
+
+from tests.helpers import MODEL, ROOT, TASKS, run_cli, validate_results
+from tests.ray_cluster import ENV, LocalCluster, start_cluster
 
 pytestmark = pytest.mark.slow
 DEMO = ROOT / "configs" / "demo.yaml"

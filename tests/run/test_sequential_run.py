@@ -11,11 +11,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import config_dict
 
 from qeval.analysis.sequential_run import Monitor, cell, document_order, looks, plan, task_gate
 from qeval.config import RunConfig
 from qeval.config.gates import Gate
+from tests.helpers import config_dict
 
 
 def _cfg(**extra: Any) -> RunConfig:

@@ -9,7 +9,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import MODEL, ROOT, TASKS, cpu_dtype, run_cli
 
 from qeval.config import RunConfig
 from qeval.errors import UserError
@@ -19,6 +18,7 @@ from qeval.sweep.config import Sweep, load_sweep
 from qeval.sweep.report import render_sweep, write_sweep_report
 from qeval.sweep.schema import read_sweep
 from qeval.sweep.summary import summarize
+from tests.helpers import MODEL, ROOT, TASKS, cpu_dtype, run_cli
 
 SWEEP = f"""\
 name: s

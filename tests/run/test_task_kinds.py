@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, make_config, one_line_exit_2, run_cli
+from tests.helpers import ROOT, make_config, one_line_exit_2, run_cli
 
 KINDS_DIR = ROOT / "tests" / "kinds"
 

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (
+
+from tests.helpers import (
     GEN_ROWS,
     GEN_YAML,
     INT8,
@@ -68,7 +69,7 @@ def test_task_names_are_safe(tmp_path: Path, name: str) -> None:
 
 @pytest.mark.parametrize("name", ["../escape", "x" * 300, "a|b"])
 def test_setup_names_are_safe(tmp_path: Path, name: str) -> None:
-    from conftest import BASELINE, make_config
+    from tests.helpers import BASELINE, make_config
 
     cfg = make_config(tmp_path, setups=[BASELINE, INT8 | {"name": name}])
     _one_line_exit_2(run_cli("validate", str(cfg)), "is not allowed as a name")
@@ -133,7 +134,7 @@ def test_an_empty_task_is_refused(tmp_path: Path) -> None:
 # -- 13, 14. bad input is one line ---------------------------------------------------------
 
 def test_a_mistyped_model_path_is_not_a_hub_id(tmp_path: Path) -> None:
-    from conftest import make_config
+    from tests.helpers import make_config
 
     cfg = make_config(tmp_path, model="models/qeval-tinyy")
     started = time.monotonic()
@@ -143,14 +144,14 @@ def test_a_mistyped_model_path_is_not_a_hub_id(tmp_path: Path) -> None:
 
 
 def test_an_unreachable_hub_id_is_one_line(tmp_path: Path) -> None:
-    from conftest import make_config
+    from tests.helpers import make_config
 
     cfg = make_config(tmp_path, model="no-such-org/no-such-model")
     _one_line_exit_2(run_cli("validate", str(cfg)), "model no-such-org/no-such-model: not a local folder")
 
 
 def test_invalid_utf8_is_one_line(tmp_path: Path) -> None:
-    from conftest import make_config
+    from tests.helpers import make_config
 
     cfg = make_config(tmp_path)
     cfg.write_bytes(cfg.read_bytes() + b"# \xff\xfe\n")
@@ -165,7 +166,7 @@ def test_invalid_utf8_is_one_line(tmp_path: Path) -> None:
 
 
 def test_an_output_path_that_cannot_hold_a_run_is_one_line(tmp_path: Path) -> None:
-    from conftest import make_config
+    from tests.helpers import make_config
 
     cfg = make_config(tmp_path)
     (tmp_path / "file").write_text("x")
@@ -174,7 +175,7 @@ def test_an_output_path_that_cannot_hold_a_run_is_one_line(tmp_path: Path) -> No
 
 
 def test_a_long_setup_name_fails_at_validate_not_after_the_baseline(tmp_path: Path) -> None:
-    from conftest import BASELINE, make_config
+    from tests.helpers import BASELINE, make_config
 
     cfg = make_config(tmp_path, setups=[BASELINE, INT8 | {"name": "s" * 300}])
     res = run_cli("run", str(cfg), "--output", str(tmp_path / "out"))
@@ -229,23 +230,21 @@ def test_max_gen_toks_must_leave_room_for_a_prompt(tmp_path: Path) -> None:
 def test_a_same_size_same_mtime_model_is_a_different_model(tmp_path: Path) -> None:
     """Files over 256 MiB used to be keyed by size and mtime: `cp -p` of another model of the
     same size reused the old results. (A sparse file keeps this test cheap.)"""
-    try:
-        from qeval.records.model_source import folder_checksum as checksum
-    except ImportError:  # the code this test was written against
-        from qeval.run.preflight import model_checksum as checksum  # type: ignore[attr-defined,no-redef]
+    from qeval.records.model_source import folder_checksum as checksum
+
     model = tmp_path / "m"
     model.mkdir()
     big = model / "model.safetensors"
     with big.open("wb") as f:
         f.truncate(300 * 2**20)
     stat = big.stat()
-    before = checksum(model if checksum.__name__ == "folder_checksum" else str(model))
+    before = checksum(model)
     with big.open("r+b") as f:
         f.seek(150 * 2**20)
         f.write(b"\x01")
     os.utime(big, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert big.stat().st_size == stat.st_size and big.stat().st_mtime_ns == stat.st_mtime_ns
-    after = checksum(model if checksum.__name__ == "folder_checksum" else str(model))
+    after = checksum(model)
     assert before != after
 
 
@@ -285,7 +284,7 @@ def test_report_on_a_truncated_results_or_samples_file_is_one_line(tmp_path: Pat
 # -- 11, 12. the run directory: ownership and the lock --------------------------------------------
 
 def test_a_folder_holding_foreign_files_is_not_overwritten(tmp_path: Path) -> None:
-    from conftest import make_config
+    from tests.helpers import make_config
 
     cfg = make_config(tmp_path)
     out = tmp_path / "out"
@@ -322,7 +321,8 @@ def _wait_for_worker(parent: subprocess.Popen[str], timeout: float = 120) -> lis
 @pytest.mark.slow
 def test_a_second_run_is_refused_and_a_killed_runner_takes_its_worker_along(tmp_path: Path) -> None:
     import psutil
-    from conftest import make_config
+
+    from tests.helpers import make_config
 
     cfg = make_config(tmp_path, tasks=["addition", "ppl"])
     out = tmp_path / "out"
@@ -355,7 +355,7 @@ def _setup(results: dict, name: str) -> dict:
 
 @pytest.mark.slow
 def test_a_failed_baseline_recommends_nothing_and_exits_1(tmp_path: Path) -> None:
-    from conftest import BASELINE, make_config
+    from tests.helpers import BASELINE, make_config
 
     cfg = make_config(tmp_path, setups=[BASELINE | {"memory_limit_mib": 1}, INT8], candidate="int8")
     out = tmp_path / "out"
@@ -373,7 +373,7 @@ def test_a_failed_baseline_recommends_nothing_and_exits_1(tmp_path: Path) -> Non
 
 @pytest.mark.slow
 def test_exit_codes_and_what_reruns_recompute(tmp_path: Path) -> None:
-    from conftest import BASELINE, make_config
+    from tests.helpers import BASELINE, make_config
 
     out = tmp_path / "out"
     setups = [BASELINE, INT8, {"name": "kv2", "kv_cache": "int2"}]
@@ -413,7 +413,7 @@ def test_exit_codes_and_what_reruns_recompute(tmp_path: Path) -> None:
 def test_results_of_another_run_are_dropped_visibly(tmp_path: Path) -> None:
     """7: a copied run directory rerun with --limit 20 --setups int8: the other setups' 30-sample
     scores must not sit next to a 20-sample baseline."""
-    from conftest import BASELINE, make_config
+    from tests.helpers import BASELINE, make_config
 
     setups = [BASELINE, INT8, {"name": "kv4", "kv_cache": "int4"}]
     cfg = make_config(tmp_path, setups=setups)

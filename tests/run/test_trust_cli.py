@@ -11,11 +11,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import MODEL, ROOT, TASKS, run_cli, write_config
 
 from qeval.config import load_config
 from qeval.errors import UserError
 from qeval.sweep.config import load_sweep
+from tests.helpers import MODEL, ROOT, TASKS, run_cli, write_config
 
 LLAMA2 = ROOT / "tests" / "data" / "llama2-7b-config.json"
 
@@ -95,7 +95,7 @@ def test_validate_refuses_zero_attention_heads(tmp_path: Path) -> None:
     shutil.copytree(MODEL, model)
     cfg = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps(cfg | {"num_attention_heads": 0, "head_dim": None}))
-    from conftest import make_config
+    from tests.helpers import make_config
 
     _one_line_exit_2(run_cli("validate", str(make_config(tmp_path, model=model))), "num_attention_heads 0")
 
@@ -116,7 +116,7 @@ def test_the_summary_table_prints_an_error_with_markup_as_written() -> None:
     """A setup's error containing `[/x]` ended `qeval run` in a MarkupError; `[red]` vanished (point 10)."""
     from rich.console import Console
 
-    from qeval.report import print_summary
+    from qeval.report.markdown import print_summary
     from qeval.results.schema import read_results
 
     results = read_results(ROOT / "tests" / "data" / "run-v1" / "results.json")
@@ -159,7 +159,7 @@ def test_tasks_prints_a_folder_with_brackets_as_written(tmp_path: Path) -> None:
 ])
 def test_config_values_of_another_type_are_refused(tmp_path: Path, keys: dict, expected: str) -> None:
     """`batch_size: true` was read as 1, `limit: "5"` as 5, `enabled: "yes"` as true (point 12)."""
-    from conftest import make_config
+    from tests.helpers import make_config
 
     with pytest.raises(UserError, match=expected) as exc:
         load_config(make_config(tmp_path, **keys))
@@ -168,7 +168,7 @@ def test_config_values_of_another_type_are_refused(tmp_path: Path, keys: dict, e
 
 def test_a_setup_value_of_another_type_is_refused(tmp_path: Path) -> None:
     """Setups are as strict as the rest of the config (point 12)."""
-    from conftest import BASELINE, INT8, make_config
+    from tests.helpers import BASELINE, INT8, make_config
 
     cfg = make_config(tmp_path, setups=[BASELINE, INT8 | {"optional": "yes"}])
     with pytest.raises(UserError, match="setups.1.optional: Input should be a valid boolean"):
@@ -177,7 +177,7 @@ def test_a_setup_value_of_another_type_is_refused(tmp_path: Path) -> None:
 
 def test_a_budget_of_inf_in_a_config_is_refused(tmp_path: Path) -> None:
     """`.inf` or `.nan` in YAML is no budget (point 12, as for plan's options)."""
-    from conftest import make_config
+    from tests.helpers import make_config
 
     cfg = make_config(tmp_path)
     write_config(cfg, cfg.read_text() + "budget: {gpu_memory_gib: .inf}\n")  # YAML's own spelling
@@ -187,7 +187,7 @@ def test_a_budget_of_inf_in_a_config_is_refused(tmp_path: Path) -> None:
 
 def test_an_integer_is_still_a_number(tmp_path: Path) -> None:
     """Strict types keep `utilization: 1` a number (point 12)."""
-    from conftest import make_config
+    from tests.helpers import make_config
 
     cfg = load_config(make_config(tmp_path, budget={"utilization": 1, "gpu_memory_gib": 16}))
     assert cfg.budget.utilization == 1.0 and cfg.budget.gpu_memory_gib == 16.0
@@ -207,7 +207,7 @@ def test_two_include_folders_defining_one_task_are_refused(tmp_path: Path) -> No
 
 def test_setup_names_differing_only_in_case_are_refused(tmp_path: Path) -> None:
     """`A` and `a` share a folder on a case-insensitive file system (point 12)."""
-    from conftest import BASELINE, INT8, make_config
+    from tests.helpers import BASELINE, INT8, make_config
 
     cfg = make_config(tmp_path, setups=[BASELINE, INT8 | {"name": "BF16"}])
     with pytest.raises(UserError, match="setup names bf16 and BF16 differ only in case"):
@@ -243,7 +243,7 @@ def test_sweep_model_names_differing_only_in_case_are_refused(tmp_path: Path) ->
 def test_a_config_without_native_tasks_needs_no_tasks_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                           extra: dict) -> None:
     """Only `lm_eval:` or `long_context:`: no `tasks` folder is read, so none is required (point 13)."""
-    from conftest import make_config
+    from tests.helpers import make_config
 
     monkeypatch.chdir(tmp_path)  # no tasks/ folder here, nor beside the config
     cfg = load_config(make_config(tmp_path, tasks_dir=None, tasks=None, **extra))
@@ -253,7 +253,7 @@ def test_a_config_without_native_tasks_needs_no_tasks_dir(tmp_path: Path, monkey
 def test_a_missing_tasks_dir_names_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The error says which key names the missing folder (point 13)."""
     monkeypatch.chdir(tmp_path)
-    from conftest import make_config
+    from tests.helpers import make_config
 
     with pytest.raises(UserError, match="tasks_dir no-such: directory not found"):
         load_config(make_config(tmp_path, tasks_dir="no-such"))
@@ -311,7 +311,7 @@ def test_an_output_inside_the_model_folder_is_refused_before_anything_is_written
     model = tmp_path / "model"
     shutil.copytree(MODEL, model)
     before = sorted(p.name for p in model.rglob("*"))
-    from conftest import make_config
+    from tests.helpers import make_config
 
     cfg = make_config(tmp_path, model=model)
     _one_line_exit_2(run_cli("run", str(cfg), "--output", str(model / "runs" / "t")), "inside the model folder")

@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import GEN_ROWS, GEN_YAML, MODEL, ROOT, config_for, one_line_exit_2, run_cli, task_dir
+
+from tests.helpers import GEN_ROWS, GEN_YAML, MODEL, ROOT, config_for, one_line_exit_2, run_cli, task_dir
 
 # -- template output is bounded, however it is built ------------------------------------------------
 
@@ -90,11 +91,11 @@ def _helper_folder(tmp: Path, prefix: str = "Q: ", yaml_text: str = HELPER_YAML)
 
 
 def _infos(folder: Path, num_fewshot: int = 0, seed: int = 1234, name: str = "helper_task") -> dict:
-    from qeval.config.lm_eval import LmEvalSpec
+    from qeval.config.lm_eval import LmEvalSpec, LmEvalTask
     from qeval.tasks.lm_eval.session import open_session
 
     spec = LmEvalSpec(include_path=[str(folder)], fewshot_seed=seed,
-                       tasks=[{"name": name, "num_fewshot": num_fewshot}])
+                       tasks=[LmEvalTask(name=name, num_fewshot=num_fewshot)])
     session = open_session(spec, folder, None)
     try:
         return dict(session.infos)
@@ -137,7 +138,7 @@ def test_fewshot_seed_is_keyed_only_where_few_shot_sampling_uses_it(tmp_path: Pa
 
 @pytest.mark.parametrize("path", ["../../../../etc/hostname", "/etc/passwd"])
 def test_data_files_outside_the_include_folder_are_refused(tmp_path: Path, path: str) -> None:
-    from conftest import make_config
+    from tests.helpers import make_config
 
     folder = _helper_folder(tmp_path, yaml_text=HELPER_YAML.replace("test: data/rows.jsonl", f"test: {path}"))
     lm_eval = {"include_path": [folder], "tasks": [{"name": "helper_task"}]}
@@ -164,7 +165,7 @@ def _outside_folder(tmp: Path) -> Path:
 
 @pytest.mark.parametrize("bypass", ["file_url", "include_out", "dataset_path", "data_dir", "glob_out"])
 def test_every_way_to_data_outside_the_folder_is_refused(tmp_path: Path, bypass: str) -> None:
-    from conftest import make_config
+    from tests.helpers import make_config
 
     secret = _outside_folder(tmp_path)
     yaml_text = {
@@ -217,7 +218,7 @@ def test_lm_eval_dropping_a_task_says_why(tmp_path: Path) -> None:
 
 def test_num_fewshot_larger_than_the_pool_is_refused_at_validate(tmp_path: Path) -> None:
     """50 shots from a pool of 6 validated, then failed in every setup after loading."""
-    from conftest import make_config
+    from tests.helpers import make_config
 
     folder = _helper_folder(tmp_path)
 
@@ -248,7 +249,7 @@ def _sliding_model(tmp: Path, **fields: object) -> Path:
 ])
 def test_quantized_kv_cache_on_a_sliding_window_model_validates(tmp_path: Path, fields: dict) -> None:
     """qeval's own windowed quantized layer serves it (backends/hf/kv_cache.py)."""
-    from conftest import make_config
+    from tests.helpers import make_config
 
     model = _sliding_model(tmp_path, **fields)
     base, kv4 = {"name": "base", "baseline": True}, {"name": "kv4", "kv_cache": "int4"}
@@ -258,7 +259,7 @@ def test_quantized_kv_cache_on_a_sliding_window_model_validates(tmp_path: Path, 
 
 
 def test_quantized_kv_cache_on_a_latent_attention_model_is_refused_before_loading(tmp_path: Path) -> None:
-    from conftest import make_config
+    from tests.helpers import make_config
 
     model = _sliding_model(tmp_path, kv_lora_rank=32, qk_rope_head_dim=8)
     base, kv4 = {"name": "base", "baseline": True}, {"name": "kv4", "kv_cache": "int4"}
@@ -362,7 +363,7 @@ def test_a_ray_cluster_that_is_not_there_writes_nothing(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from conftest import make_config
+    from tests.helpers import make_config
 
     empty = tmp_path / "no-ray"  # where Ray looks for a running cluster's address: nothing there
     empty.mkdir()
@@ -430,7 +431,7 @@ def test_the_vllm_engine_dies_with_a_killed_run(tmp_path: Path) -> None:
     import sys
     import time
 
-    from conftest import make_config
+    from tests.helpers import make_config
 
     out = tmp_path / "out"
     make_config(tmp_path, name="vk", backend="vllm", setups=[{"name": "base", "baseline": True}],
@@ -501,7 +502,8 @@ def test_a_killed_driver_leaves_no_local_ray_behind(tmp_path: Path) -> None:
     import time
 
     import psutil
-    from conftest import INT8, make_config
+
+    from tests.helpers import INT8, make_config
 
     ray_tmp = tempfile.mkdtemp(prefix="qr", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     make_config(tmp_path, name="rk", tasks=["compare_mc", "ppl"], setups=[{"name": "base", "baseline": True}, INT8],

@@ -9,7 +9,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import GEN_ROWS, GEN_YAML, MODEL, config_for, make_config, one_line_exit_2, run_cli, task_dir
+
+from tests.helpers import GEN_ROWS, GEN_YAML, MODEL, config_for, make_config, one_line_exit_2, run_cli, task_dir
 
 SAMPLED = GEN_YAML.replace("max_gen_toks: 6}", "max_gen_toks: 6, do_sample: true, temperature: 0.7}")
 

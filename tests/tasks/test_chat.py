@@ -10,7 +10,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from conftest import MODEL, ROOT, TASKS
 
 from qeval.config import ModelSpec, RunConfig
 from qeval.config.chat import ChatKeys, merge_chat, merge_think_end, strip_thinking
@@ -18,6 +17,7 @@ from qeval.config.lm_eval import LmEvalSpec, LmEvalTask
 from qeval.config.setups import Setup
 from qeval.errors import UserError
 from qeval.tasks.chat import ChatResolver, select_template, task_chat
+from tests.helpers import MODEL, ROOT, TASKS
 
 SMOLLM2 = ROOT / "models" / "smollm2-135m"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import qeval
-from tests.conftest import TASKS, config_dict, cpu_dtype, run_cli, write_config
+from tests.helpers import TASKS, config_dict, cpu_dtype, run_cli, write_config
 from tests.tasks.test_multi_turn import TEMPLATE
 
 

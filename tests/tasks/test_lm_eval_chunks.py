@@ -10,17 +10,19 @@ keep their records and top-k in spools on disk, as the worker's do (qeval/record
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import ROOT, TASKS, make_config
+
+from tests.helpers import ROOT, TASKS, make_config
 
 pytestmark = pytest.mark.slow
 SMOLLM2 = ROOT / "models" / "smollm2-135m"
 #: multiple choice with random few-shot (the sampler's state matters), perplexity, generation
-ENTRIES = [{"name": "arc_easy_local", "num_fewshot": 3, "limit": 10},
+ENTRIES: list[dict[str, Any]] = [{"name": "arc_easy_local", "num_fewshot": 3, "limit": 10},
            {"name": "wikitext_local", "limit": 6},
            {"name": "gsm8k_local", "num_fewshot": 1, "limit": 3, "max_gen_toks": 12}]
 CHUNK, WHOLE = 4, 10_000
@@ -154,7 +156,8 @@ class _Watched:
     `fail_at` raises instead, as a worker killed there would stop."""
 
     def __init__(self, backend: Any, fail_at: int | None = None) -> None:
-        self.backend, self.fail_at, self.calls = backend, fail_at, []
+        self.backend, self.fail_at = backend, fail_at
+        self.calls: list[tuple[str, int]] = []
 
     def _call(self, kind: str, requests: list[Any], progress: Any) -> Any:
         if self.fail_at is not None and len(self.calls) + 1 == self.fail_at:
@@ -170,6 +173,16 @@ class _Watched:
 
     def generate(self, requests: list[Any], progress: Any) -> Any:
         return self._call("generate", requests, progress)
+
+
+def _wrap(watched: _Watched, fail_at: int | None = None) -> Callable[[Any], _Watched]:
+    """score()'s `wrap=`: `watched` takes the backend it is given, failing at call `fail_at`."""
+
+    def wrap(backend: Any) -> _Watched:
+        watched.backend, watched.fail_at = backend, fail_at
+        return watched
+
+    return wrap
 
 
 def test_an_interrupted_scoring_carries_on_from_its_last_chunk(score: Any, whole: dict[str, Any],
@@ -188,22 +201,22 @@ def test_an_interrupted_scoring_carries_on_from_its_last_chunk(score: Any, whole
         return {name: TopkReader(tmp_path / f"{name}.npz") for name in refs}
 
     # chunk 0 (documents 0-3): all three request types; chunk 1 (4-7): arc and wikitext; chunk 2: arc
-    first = _Watched(None)  # type: ignore[arg-type]
+    first = _Watched(None)
     opened = readers()
     with pytest.raises(_Interrupted):
         score(CHUNK, opened, scratch=scratch, resume_keys=keys,
-              wrap=lambda b: setattr(first, "backend", b) or setattr(first, "fail_at", 6) or first)
+              wrap=_wrap(first, fail_at=6))
     for r in opened.values():
         r.close()
     assert [k for k, _ in first.calls] == ["loglikelihood", "loglikelihood_rolling", "generate",
                                            "loglikelihood", "loglikelihood_rolling"]
     assert list(scratch.glob("*.state.npz")), "no state saved after the finished chunks"
 
-    again = _Watched(None)  # type: ignore[arg-type]
+    again = _Watched(None)
     advanced: list[int] = []
     opened = readers()
     resumed = score(CHUNK, opened, scratch=scratch, resume_keys=keys, progress=advanced.append,
-                    wrap=lambda b: setattr(again, "backend", b) or again)
+                    wrap=_wrap(again))
     for r in opened.values():
         r.close()
     # only the third chunk's arc documents were scored again
@@ -237,10 +250,10 @@ def test_a_damaged_state_is_scored_again_from_the_first_document(score: Any, who
     from qeval.records.spool import load_state, save_state
 
     scratch, keys = tmp_path / "scratch", {e["name"]: f"key-{e['name']}" for e in ENTRIES}
-    first = _Watched(None)  # type: ignore[arg-type]
+    first = _Watched(None)
     with pytest.raises(_Interrupted):
         score(CHUNK, scratch=scratch, resume_keys=keys,
-              wrap=lambda b: setattr(first, "backend", b) or setattr(first, "fail_at", 4) or first)
+              wrap=_wrap(first, fail_at=4))
     (state,) = scratch.glob("*.state.npz")
     name = state.name.removesuffix(".state.npz")
     meta, arrays = load_state(scratch, name) or ({}, {})
@@ -248,8 +261,8 @@ def test_a_damaged_state_is_scored_again_from_the_first_document(score: Any, who
         if leaf.get("topk"):
             leaf["topk"]["arrays"] = ["not", "a", "mapping"]
     save_state(scratch, name, meta, arrays, [])
-    again = _Watched(None)  # type: ignore[arg-type]
-    out = score(CHUNK, scratch=scratch, resume_keys=keys, wrap=lambda b: setattr(again, "backend", b) or again)
+    again = _Watched(None)
+    out = score(CHUNK, scratch=scratch, resume_keys=keys, wrap=_wrap(again))
     assert [k for k, _ in again.calls][:3] == ["loglikelihood", "loglikelihood_rolling", "generate"]
     records, _ = _unspooled(out["arc_easy_local"])
     _same_records(whole["arc_easy_local"].records, records)

@@ -12,10 +12,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import MODEL, ROOT
 
 from qeval.config import ModelSpec, RunConfig
+from qeval.config.budget import Budget
 from qeval.config.gates import Gate
+from qeval.config.long_context import LongContextSpec
 from qeval.config.setups import Setup
 from qeval.errors import UserError
 from qeval.tasks.long_context import words
@@ -23,6 +24,7 @@ from qeval.tasks.long_context.buckets import bucket_sums
 from qeval.tasks.long_context.kind import model_config_of
 from qeval.tasks.long_context.results import position_buckets
 from qeval.tasks.long_context.tasks import MAX_GEN, LongContextTask, build_tasks, load_tokenizer, plan, resolve_gates
+from tests.helpers import MODEL, ROOT
 
 SMOLLM2 = ROOT / "models" / "smollm2-135m"
 # (model, lengths to generate at: the generators are checked past the tiny model's 256 tokens)
@@ -39,7 +41,7 @@ def _tok(path: Path) -> Any:
 
 def _cfg(path: Path, max_context: int = 8192, budget: int = 4096, **lc: Any) -> RunConfig:
     return RunConfig(name="t", model=ModelSpec(path=str(path), max_context=max_context), setups=[Setup(name="b")],
-                     budget={"context_len": budget}, long_context=lc)
+                     budget=Budget(context_len=budget), long_context=LongContextSpec(**lc))
 
 
 def _tasks(path: Path, lengths: list[int], seed: int = 7) -> dict[str, LongContextTask]:
@@ -174,6 +176,7 @@ def test_position_buckets_pair_only_shared_documents() -> None:
     got = position_buckets(other, base, seed=1)
     assert len(got) == 1 and got[0].documents == 2 and got[0].tokens == 20  # "c" unpaired, bucket 10-20 empty
     assert got[0].delta == pytest.approx(3 / 20) and got[0].kl == pytest.approx(4 / 20)
-    assert got[0].ci is not None and got[0].ci[0] <= got[0].delta <= got[0].ci[1]
+    delta, ci = got[0].delta, got[0].ci
+    assert ci is not None and delta is not None and ci[0] <= delta <= ci[1]
     own = position_buckets(base, None, seed=1)
     assert own[0].nll == pytest.approx(1.5) and own[0].delta is None and own[0].kl is None

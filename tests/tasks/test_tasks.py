@@ -9,13 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TASKS
 
 from qeval.errors import UserError
 from qeval.tasks import available_tasks, load_task
+from tests.helpers import ROOT, TASKS
 
 sys.path.insert(0, str(ROOT / "scripts"))
-import tiny_corpus as tc  # noqa: E402
+import tiny_corpus as tc
 
 EXPECTED = {"compare_mc": "multiple_choice", "addition": "generate_until", "facts": "generate_until",
             "ppl": "loglikelihood_rolling"}
@@ -26,6 +26,7 @@ def test_task_loads_with_matching_checksum(name: str) -> None:
     task = load_task(name, TASKS)
     assert task.spec.output_type == EXPECTED[name]
     assert len(task.docs) >= 300
+    assert task.spec.data_files is not None
     data = (task.yaml_path.parent / task.spec.data_files).read_bytes()
     assert hashlib.sha256(data).hexdigest() == task.spec.dataset_sha256 == task.sha256
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import ROOT, one_line_exit_2, run_cli
 from scipy import stats as sps
 
 from qeval.analysis.stats import newcombe_paired_ci, newcombe_unpaired_ci, unpaired_difference
+from tests.helpers import ROOT, one_line_exit_2, run_cli
 
 V1 = ROOT / "tests" / "data" / "run-v1"
 

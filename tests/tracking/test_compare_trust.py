@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MODEL, ROOT, TASKS, one_line_exit_2, run_cli
 
 from qeval.records.keys import key_of
 from qeval.run.rundir import take_run_dir
+from tests.helpers import MODEL, ROOT, TASKS, one_line_exit_2, run_cli
 
 V1 = ROOT / "tests" / "data" / "run-v1"
 CONFIG = f"""name: trust

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, config_dict, make_config
 
 from qeval.config import load_config
 from qeval.config.tracking import TrackingSpec
@@ -22,6 +21,7 @@ from qeval.results.schema import read_results
 from qeval.tracking import track_run
 from qeval.tracking.figures import child_run, safe_key
 from qeval.tracking.uri import redact, scrub
+from tests.helpers import ROOT, config_dict, make_config
 
 V1 = ROOT / "tests" / "data" / "run-v1"
 TRACKING = {"mlflow": {"tracking_uri": "http://127.0.0.1:5000", "experiment": "e"}}

@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import MODEL, ROOT, TASKS, run_cli
+
+from tests.helpers import MODEL, ROOT, TASKS, run_cli
 
 pytestmark = pytest.mark.slow
 LIMIT = "8"  # cheap: the statistics need documents, not many; the regression below flips all of them
@@ -50,7 +51,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         deadline = time.monotonic() + 120
         while True:
             try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:  # noqa: S310 - our http://127.0.0.1 server
                     if r.status == 200:
                         break
             except OSError:
