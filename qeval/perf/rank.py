@@ -95,13 +95,13 @@ def recommend_goodput(rows: list[ServingSetup], gated: tuple[list[str], dict[str
     unchecked = "" if gated is not None else "; quality gates not checked: no scored run (results.json) in RUN_DIR"
     top = ranked[0] if ranked else None
     for r in ranked:
-        assert r.pick is not None  # noqa: S101 - ranked only with a pick
+        assert r.pick is not None  # ranked only with a pick
         at = (f"{r.pick.goodput_rps:.3f} requests/s within the SLO ({_targets(slo)}) at {r.pick.rate:g} requests/s "
               f"offered, max-num-seqs {r.pick.max_num_seqs}")
         if r is top:
             reasons[r.setup] = f"{r.setup}: recommended (by goodput): serves {at}, the most of any setup{unchecked}"
         else:
-            assert top is not None and top.pick is not None  # noqa: S101
+            assert top is not None and top.pick is not None
             ratio = r.pick.goodput_rps / top.pick.goodput_rps if top.pick.goodput_rps else float("nan")
             reasons[r.setup] = f"{r.setup}: serves {at}, {ratio:.2f}x {top.setup}'s goodput{unchecked}"
     return {"setup": top.setup if top else None, "by": "goodput",

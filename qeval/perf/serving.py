@@ -318,7 +318,7 @@ class BenchRunner:
         if not self._ready:
             self._line(600)  # "ready": vLLM imported
             self._ready = True
-        assert self.proc.stdin is not None  # noqa: S101 - opened with PIPE
+        assert self.proc.stdin is not None  # opened with PIPE
         self.proc.stdin.write((json.dumps(argv) + "\n").encode())
         self.proc.stdin.flush()
         answer = self._line(timeout_s)
@@ -367,7 +367,7 @@ def serving_key(cfg: RunConfig, setup: Setup, args: dict[str, Any]) -> str:
     """What a setup's serving figures depend on."""
     from qeval.records.keys import key_of
 
-    assert cfg.workload is not None and cfg.serving is not None  # noqa: S101 - checked by the caller
+    assert cfg.workload is not None and cfg.serving is not None  # checked by the caller
     serving = cfg.serving.model_dump(mode="json")
     if serving["arrivals"] == "poisson":  # the default: keys from before the option existed still match
         del serving["arrivals"]
@@ -379,7 +379,7 @@ def serving_key(cfg: RunConfig, setup: Setup, args: dict[str, Any]) -> str:
 def serve_setup(cfg: RunConfig, setup: Setup, device: str, dtype: str, trace: Trace, mml: int, prefix: bool,
                 tok: Any, work: Path, key: str, bench: BenchRunner, say: Callable[[str], None]) -> ServingSetup:
     """Tune one setup (qeval/perf/tune.py) and record every level; a failure is the setup's result."""
-    assert cfg.serving is not None and cfg.workload is not None and cfg.workload.slo is not None  # noqa: S101
+    assert cfg.serving is not None and cfg.workload is not None and cfg.workload.slo is not None
     sv, slo = cfg.serving, cfg.workload.slo
     targets = slo.targets()
     t0 = time.time()

@@ -173,6 +173,7 @@ def test_hf_waves_follow_the_workloads_lengths(tmp_path: Path) -> None:
     workload (a trace, in order, cycled); a wave is one padded batch, each request done at its own
     last token; the figures say where the lengths came from; the key changes only when asked."""
     from qeval.backends.hf.backend import HFBackend
+    from qeval.config.workload import WorkloadSpec
     from qeval.perf.phase import perf_key, workload_lengths
 
     trace = tmp_path / "t.jsonl"
@@ -180,7 +181,7 @@ def test_hf_waves_follow_the_workloads_lengths(tmp_path: Path) -> None:
                              for i, o in ((12, 2), (30, 9), (20, 1), (8, 5))))
     setup = Setup(name="bf16")
     cfg = RunConfig(name="t", model=ModelSpec(path=str(MODEL), dtype=cpu_dtype(), max_context=256), setups=[setup],
-                    tasks=["x"], workload={"trace": str(trace)},
+                    tasks=["x"], workload=WorkloadSpec(trace=str(trace)),
                     performance=PerfSpec(num_requests=4, repeats=1, warmup=0, from_workload=True))
     lengths, source = workload_lengths(cfg)
     assert lengths == ((12, 2), (30, 9), (20, 2), (8, 5)) and "t.jsonl" in source  # one output token: timed as 2

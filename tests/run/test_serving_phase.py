@@ -12,14 +12,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from conftest import ROOT
 
 from qeval.analysis.recommend import recommend
 from qeval.config.workload import SloSpec
 from qeval.perf.rank import recommend_goodput
-from qeval.report import write_report
+from qeval.report.write import write_report
 from qeval.results.schema import Results, read_results
 from qeval.results.serving import ServingLevel, ServingPick, ServingResults, ServingSetup
+from tests.helpers import ROOT
 
 SLO = {"percentile": 99, "ttft_ms": 500}
 
