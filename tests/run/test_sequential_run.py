@@ -2,7 +2,7 @@
 the switch stays out of the config hash while off, the order is seeded and independent of the other
 tasks, the monitor stops a task where its gate is decided and not before the floor, and assembly
 recomputes the same stopping point from the records. The scoring itself (real model, real lm-eval)
-is tests/e2e/test_sequential_e2e.py."""
+is tests/e2e/test_lm_eval_tasks.py::test_a_sequential_run_stops_decided_cells_and_reports_where."""
 
 from __future__ import annotations
 
