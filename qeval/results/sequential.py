@@ -52,3 +52,5 @@ class SequentialRun(ResultModel):
     cells: list[SequentialCell] = Field(description="every sequential (setup, task, gate) cell")
     documents: int = Field(description="documents scored over every setup and task")
     total: int = Field(description="documents a fixed run scores over the same setups and tasks (to the cap)")
+    not_sequential: dict[str, str] = Field(default_factory=dict, description="the gated tasks and groups judged by "
+                                           "the fixed-n interval at the end, not sequentially, each with why")

@@ -233,3 +233,65 @@ def test_the_smollm2_sweep_config_runs_and_reports_recovery(tmp_path: Path) -> N
     assert mixed["vs_baseline"]["wikitext_local"]["kl"] > 0
     md = (out / "report.md").read_text()
     assert "## Suites" in md and "openllm-v1-local" in md and "recovery" in md
+
+
+def test_a_sequential_run_stops_decided_cells_and_reports_where(tmp_path: Path) -> None:
+    """Issue 42 end to end on the shipped model (float32): the group run's config with the
+    `sequential:` switch on and ARC-Easy's 24 documents. The cell on ARC (not in a group, acc_norm,
+    the 0.5-point `all` gate) is decided sequentially: a setup stops scoring it at the look its
+    sequence decides, its stored records are that prefix of the seeded order, and results.json, the
+    report ("decided after N of 24 documents"), the trajectory plot and load_run() say so; the
+    group (min_recovery gate, judged pooled) and WikiText (bits per byte) are judged by the fixed-n
+    interval and named as such. A rerun takes up every stored task, the stopped ones included."""
+    from conftest import make_config
+
+    from qeval.notebook import load_run
+
+    keys = _keys()
+    keys["lm_eval"]["tasks"][1]["limit"] = 24  # arc_easy_local: the whole fixture, room for a look to decide
+    keys["sequential"] = {"enabled": True, "min_docs": 8, "chunk_docs": 4, "seed": 1}
+    cfg = make_config(tmp_path, **keys)
+    out = tmp_path / "out"
+    res = run_cli("run", str(cfg), "--output", str(out), "--setups", "int8,kv2")
+    assert res.returncode == 0, res.stderr[-3000:]
+    r = json.loads((out / "results.json").read_text())
+    seq = r["sequential"]
+    assert {c["task"] for c in seq["cells"]} == {"arc_easy_local"} and len(seq["cells"]) == 2
+    assert seq["cell_level"] == pytest.approx(0.05 / 2)
+    assert set(seq["not_sequential"]) == {"mmlu_local", "wikitext_local"}
+    md = (out / "report.md").read_text()
+    decided = 0
+    for c in seq["cells"]:
+        setup = next(s for s in r["setups"] if s["name"] == c["setup"])
+        stored = (out / "samples" / c["setup"] / "arc_easy_local.jsonl").read_text()
+        records = [json.loads(x) for x in stored.splitlines()]
+        assert c["documents"] == len(records) == setup["tasks"]["arc_easy_local"]["n"] and c["total"] == 24
+        assert [k["n"] for k in c["looks"]] == list(range(4, len(records) + 1, 4)) + (
+            [len(records)] if len(records) % 4 else [])
+        vs = setup["vs_baseline"]["arc_easy_local"]
+        assert vs["verdict"] == c["verdict"] and vs["n"] == len(records)
+        if c["stopped_at"] is not None:  # stopped at its deciding look, not before the floor
+            decided += 1
+            assert c["stopped_at"] == len(c["looks"]) - 1 and c["looks"][-1]["n"] >= 8
+            assert c["verdict"] != "inconclusive" and all(k["verdict"] == "inconclusive" for k in c["looks"][:-1])
+            where = f"decided after {len(records)} of 24"
+            assert where in md and where in vs["verdict_reason"]
+        else:  # not decided: scored to the cap
+            assert len(records) == 24 and c["verdict"] == "inconclusive"
+            assert "not decided after 24 of 24" in md
+        # the group's members: in the seeded order, to the cap (8), whatever ARC did
+        assert setup["tasks"]["mmlu_local"]["n"] == 24 and setup["vs_baseline"]["mmlu_local"]["verdict"] is not None
+    base = next(s for s in r["setups"] if s["baseline"])
+    assert base["tasks"]["arc_easy_local"]["n"] == 24  # the baseline scores to the cap
+    # int8 on this model changes next to no answer: far inside a 0.5-point gate, it stops early
+    assert decided >= 1 and seq["documents"] < seq["total"]
+    assert "## Sequential gates" in md and "Judged by the fixed-n interval at the end" in md
+    html = (out / "report.html").read_text()
+    assert "Sequential gate trajectory: arc_easy_local" in html and "<svg" in html
+    frame = load_run(out).sequential()
+    assert len(frame) == sum(len(c["looks"]) for c in seq["cells"])
+
+    again = run_cli("run", str(cfg), "--output", str(out), "--setups", "int8,kv2")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.stderr.count("skipped") == 3 and "lm-eval tasks" not in again.stderr  # nothing scored again
+    assert json.loads((out / "results.json").read_text())["sequential"] == seq

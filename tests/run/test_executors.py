@@ -178,6 +178,27 @@ def test_a_remote_worker_gets_what_it_reads_and_may_send_back_only_its_own_files
     assert not store.meta_path("int8", "ppl").exists()
 
 
+def test_a_sequential_remote_worker_gets_the_baseline_records_it_stops_on(tmp_path: Path) -> None:
+    """Under Ray a sequential setup's worker tests its gates against the baseline's records after
+    each chunk (qeval/analysis/sequential_run.py Monitor): they travel with its job, for its
+    sequential tasks only; without them the monitor sees no pairs and never stops, so its
+    verdicts would differ from the local executor's. The baseline's own job gets none."""
+    from dataclasses import replace
+
+    jobs = {j.id: j for j in _prepared(tmp_path).jobs}
+    plan: dict[str, Any] = {"tasks": {"addition": {}}}
+    int8 = replace(jobs["int8"], job=jobs["int8"].job.model_copy(update={"sequential": plan}))
+    base = replace(jobs["bf16"], job=jobs["bf16"].job.model_copy(update={"sequential": plan}))
+    store = int8.store
+    store.samples_path("bf16", "addition").parent.mkdir(parents=True)
+    store.samples_path("bf16", "addition").write_bytes(b'{"sample_id": "0"}\n')
+    store.samples_path("bf16", "ppl").write_bytes(b'{"sample_id": "0"}\n')  # not a sequential task: stays
+    assert int8.inputs() == {"samples/bf16/addition.jsonl": b'{"sample_id": "0"}\n'}
+    assert base.inputs() == {} and jobs["int8"].inputs() == {}  # the switch off: as before
+    with pytest.raises(RefusedFile):  # and it may not send them back
+        int8.allowed("samples/bf16/addition.jsonl")
+
+
 def test_a_lost_job_is_recorded_like_a_crashed_worker(tmp_path: Path) -> None:
     job = _prepared(tmp_path).jobs[1]
     job.record_failure("WorkerCrashedError: The worker died unexpectedly while executing this task.")

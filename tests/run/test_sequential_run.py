@@ -2,7 +2,7 @@
 the switch stays out of the config hash while off, the order is seeded and independent of the other
 tasks, the monitor stops a task where its gate is decided and not before the floor, and assembly
 recomputes the same stopping point from the records. The scoring itself (real model, real lm-eval)
-is tests/e2e/test_sequential_e2e.py."""
+is tests/e2e/test_lm_eval_tasks.py::test_a_sequential_run_stops_decided_cells_and_reports_where."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from qeval.analysis.sequential_run import Monitor, cell, document_order, looks, plan, task_gate
+from qeval.analysis.sequential_run import Monitor, cell, document_order, looks, not_sequential, plan, task_gate
 from qeval.config import RunConfig
 from qeval.config.gates import Gate
 from tests.helpers import config_dict
@@ -77,6 +77,23 @@ def test_plan_cells_and_level() -> None:
     assert p is not None and set(p["tasks"]) == {"arc", "piqa"}
     assert p["cells"] == 4 and p["alpha"] == pytest.approx(0.015)
     assert plan(_pre(_cfg(), [("arc", "lm_eval", "arc", "acc")])) is None
+
+
+def test_which_kinds_are_sequential_and_why_not() -> None:
+    """Only lm-eval tasks outside groups on bounded metrics are cells; native and long-context tasks
+    (their scoring loops take no order), group members (their group is judged pooled) and bits per
+    byte (unbounded) are judged by the fixed-n interval, each with its reason for the report."""
+    cfg = _cfg(sequential={"enabled": True}, gates=[{"task": "all", "max_drop": 0.02}])
+    pre = _pre(cfg, [("arc", "lm_eval", "arc", "acc"), ("needle_1k", "long_context", "needle_1k", "acc"),
+                     ("addition", "native", "addition", "exact_match"), ("mmlu_a", "lm_eval", "mmlu", "acc"),
+                     ("wiki", "lm_eval", "wiki", "bits_per_byte")])
+    p = plan(pre)
+    assert p is not None and set(p["tasks"]) == {"arc"} and p["cells"] == 1
+    assert not_sequential("lm_eval", False, "acc") is None
+    assert "long_context task" in str(not_sequential("long_context", False, "acc"))
+    assert "native task" in str(not_sequential("native", False, "exact_match"))
+    assert "group" in str(not_sequential("lm_eval", True, "acc"))
+    assert "not bounded" in str(not_sequential("lm_eval", False, "bits_per_byte"))
 
 
 def test_task_gate_prefers_the_named_gate() -> None:

@@ -47,12 +47,13 @@ def score(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
     def run(chunk_docs: int, references: dict[str, Any] | None = None,
             names: list[str] | None = None, scratch: Path | None = None, keep_topk: bool = True,
-            resume_keys: dict[str, str] | None = None, wrap: Any = None, progress: Any = None) -> dict[str, Any]:
+            resume_keys: dict[str, str] | None = None, wrap: Any = None, progress: Any = None,
+            order: dict[str, list[int]] | None = None, stop: Any = None) -> dict[str, Any]:
         session = _session(cfg)
         try:
             return score_lm_eval(wrap(backend) if wrap else backend, session, names or list(session.infos),
                                  progress or (lambda n: None), references, chunk_docs=chunk_docs, scratch=scratch,
-                                 keep_topk=keep_topk, resume_keys=resume_keys)
+                                 keep_topk=keep_topk, resume_keys=resume_keys, order=order, stop=stop)
         finally:
             session.close()
 
@@ -266,3 +267,64 @@ def test_a_damaged_state_is_scored_again_from_the_first_document(score: Any, who
     assert [k for k, _ in again.calls][:3] == ["loglikelihood", "loglikelihood_rolling", "generate"]
     records, _ = _unspooled(out["arc_easy_local"])
     _same_records(whole["arc_easy_local"].records, records)
+
+
+def test_a_killed_sequential_scoring_resumes_at_its_last_look(score: Any, whole: dict[str, Any],
+                                                              tmp_path: Path) -> None:
+    """A sequential run's scoring (issue 42: the seeded order, a look after each chunk) killed in
+    its third chunk carries on from its last look: the same order, the monitor replayed over the
+    records saved so far, and it stops at the same look with the same records and verdict as an
+    uninterrupted one. The baseline is the same model scored in the same order and the gate a
+    0.9-point drop, so that the floor (6 documents) is where it passes, whatever the model answers:
+    control flow, not a level (tests/analysis/test_sequential.py has the level)."""
+    from conftest import config_dict
+
+    from qeval.analysis.sequential_run import Monitor, cell, document_order
+    from qeval.config import RunConfig
+
+    task, chunk = "arc_easy_local", 2
+    seq_cfg = RunConfig.model_validate(config_dict(sequential={"enabled": True, "seed": 5}))
+    order = {task: document_order(seq_cfg, task, 10)}
+    # the baseline scores in the same order (its few-shot draws, so its prompts, follow the order)
+    base = list(score(chunk, names=[task], order=order)[task].records)
+    assert sorted(r["doc_id"] for r in base) == list(range(10))
+    plan = {"alpha": 0.05, "min_docs": 6, "chunk_docs": chunk,
+            "tasks": {task: {"gate": {"task": "all", "max_drop": 0.9}, "metric": "acc", "n_docs": 10,
+                             "higher_is_better": True}}}
+
+    def monitor() -> Monitor:
+        return Monitor(plan, order, {task: base})
+
+    straight = score(chunk, names=[task], order=order, stop=monitor().add)[task]
+    expected = list(straight.records)
+    assert 6 <= len(expected) < 10, "the cell was not decided before the cap: no stop to resume to"
+    # a prefix of the order, chunk by chunk (each chunk's ids ascending, as lm-eval's)
+    assert [r["doc_id"] for r in expected] == [i for s in range(0, len(expected), chunk)
+                                               for i in sorted(order[task][s:s + chunk])]
+    verdict = cell(plan, task, order[task], base, expected)
+    assert verdict is not None and verdict.verdict == "pass" and verdict.stopped_at == len(verdict.looks) - 1
+
+    scratch, keys = tmp_path / "scratch", {task: "key-seq"}
+    killed = _Watched(None)
+
+    def kill_at_3(b: Any) -> _Watched:
+        killed.backend, killed.fail_at = b, 3
+        return killed
+
+    with pytest.raises(_Interrupted):
+        score(chunk, names=[task], order=order, stop=monitor().add, scratch=scratch, resume_keys=keys, wrap=kill_at_3)
+    again = _Watched(None)
+
+    def watch(b: Any) -> _Watched:
+        again.backend = b
+        return again
+
+    resumed = score(chunk, names=[task], order=order, stop=monitor().add, scratch=scratch, resume_keys=keys,
+                    wrap=watch)[task]
+    records, _ = _unspooled(resumed)
+    # only the chunks from the third on were scored again, and no further than the uninterrupted run
+    assert len(again.calls) == len(expected) // chunk - 2
+    assert [r["doc_id"] for r in records] == [r["doc_id"] for r in expected]
+    assert [r["metrics"]["acc"] for r in records] == [r["metrics"]["acc"] for r in expected]
+    again_verdict = cell(plan, task, order[task], base, records)
+    assert again_verdict == verdict

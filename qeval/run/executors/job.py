@@ -65,12 +65,17 @@ class WorkerJob:
     def inputs(self) -> dict[str, bytes]:
         """What a worker on another machine reads from the run directory, by relative path:
         the setup's previous outcome (a partial rerun keeps its other tasks' timings) and the
-        baseline's top-k of each pending perplexity task (the KL reference)."""
+        baseline's top-k of each pending perplexity task (the KL reference), and in a sequential
+        run the baseline's records of each pending sequential task (what the worker's monitor tests
+        the setup's gates against after each chunk: without them it would never stop early)."""
         wanted = [self.store.setup_path(self.name)]
         for task in self.job.tasks:
             ref = self.job.reference.get(task)
             if ref:
                 wanted.append(self.store.topk_path(*ref))
+            if self.job.sequential is not None and self.name != self.job.baseline \
+                    and task in self.job.sequential["tasks"]:
+                wanted.append(self.store.samples_path(self.job.baseline, task))
         return {p.relative_to(self.store.root).as_posix(): p.read_bytes() for p in wanted if p.is_file()}
 
     def allowed(self, rel: str) -> tuple[int, Path]:
