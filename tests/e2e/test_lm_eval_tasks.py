@@ -243,9 +243,8 @@ def test_a_sequential_run_stops_decided_cells_and_reports_where(tmp_path: Path) 
     report ("decided after N of 24 documents"), the trajectory plot and load_run() say so; the
     group (min_recovery gate, judged pooled) and WikiText (bits per byte) are judged by the fixed-n
     interval and named as such. A rerun takes up every stored task, the stopped ones included."""
-    from conftest import make_config
-
     from qeval.notebook import load_run
+    from tests.helpers import make_config
 
     keys = _keys()
     keys["lm_eval"]["tasks"][1]["limit"] = 24  # arc_easy_local: the whole fixture, room for a look to decide

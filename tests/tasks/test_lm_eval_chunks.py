@@ -277,10 +277,9 @@ def test_a_killed_sequential_scoring_resumes_at_its_last_look(score: Any, whole:
     uninterrupted one. The baseline is the same model scored in the same order and the gate a
     0.9-point drop, so that the floor (6 documents) is where it passes, whatever the model answers:
     control flow, not a level (tests/analysis/test_sequential.py has the level)."""
-    from conftest import config_dict
-
     from qeval.analysis.sequential_run import Monitor, cell, document_order
     from qeval.config import RunConfig
+    from tests.helpers import config_dict
 
     task, chunk = "arc_easy_local", 2
     seq_cfg = RunConfig.model_validate(config_dict(sequential={"enabled": True, "seed": 5}))
