@@ -38,6 +38,7 @@ from qeval.records.provenance import git_commit, now_iso
 from qeval.records.spool import clear_scratch
 from qeval.records.store import RunStore
 from qeval.report import print_summary, write_report
+from qeval.results.advice import Advice
 from qeval.results.schema import Results, read_results
 from qeval.run.advice import advised_setup, ensure_advice, result_block, with_advised
 from qeval.run.executors import open_executor
@@ -73,7 +74,7 @@ class PreparedRun:
     jobs: list[WorkerJob]
     started: str
     #: advice.json's content when the config has an `advise:` block (qeval/run/advice.py)
-    advice: dict[str, Any] | None = None
+    advice: Advice | None = None
 
 
 def run(cfg: RunConfig, opts: RunOptions) -> Results:
@@ -138,9 +139,9 @@ def prepare(pre: Preflight, opts: RunOptions, prefix: str = "") -> PreparedRun:
                    if opts.force or not store.is_done(setup.name, t, k.task_key(t))}
         outcome = store.read_outcome(setup.name)
         perf = perf_key(k.parts, pre.cfg) if pre.cfg.performance.enabled else None
-        perf_stored = (outcome.performance if outcome else None) or {}
-        perf_pending = perf is not None and (opts.force or perf_stored.get("key") != perf
-                                             or perf_stored.get("status") != "ok")
+        perf_stored = outcome.performance if outcome else None
+        perf_pending = perf is not None and (opts.force or perf_stored is None or perf_stored.key != perf
+                                             or perf_stored.status != "ok")
         if (not pending and not perf_pending and outcome and outcome.status == "ok"
                 and outcome.key == k.key):
             print(f"{prefix}{setup.name}: all {len(pre.run_tasks)} tasks stored, skipped (use --force to recompute)",
@@ -159,7 +160,7 @@ def prepare(pre: Preflight, opts: RunOptions, prefix: str = "") -> PreparedRun:
     return PreparedRun(pre, opts, store, keys, jobs, started, advice)
 
 
-def _advise(pre: Preflight, opts: RunOptions, store: RunStore) -> dict[str, Any] | None:
+def _advise(pre: Preflight, opts: RunOptions, store: RunStore) -> Advice | None:
     """The config's advice (advise:), stored or computed now, with its setup added to the run
     (in place); None without the block. Under --setups that leaves the advised setup out, only
     stored advice is used (the advisor is not run for a setup this invocation does not run)."""
