@@ -26,11 +26,6 @@ class PerformanceJob(BaseModel):
     shape: dict[str, Any] | None = None
 
 
-#: output types whose setups are scored against the baseline's stored top-k (token-level KL and Δp):
-#: perplexity texts, and the scored tokens of log-likelihood and multiple-choice tasks
-KL_OUTPUT_TYPES = ("loglikelihood_rolling", "multiple_choice", "loglikelihood")
-
-
 class Job(BaseModel):
     """One setup's job: what `python -m qeval.run.worker JOB.json` serves and scores."""
 
@@ -48,7 +43,7 @@ class Job(BaseModel):
     task_key_parts: dict[str, dict[str, str]]
     #: task -> its kind (qeval/tasks/kinds.py): which kind's scoring serves it
     task_kinds: dict[str, str] = {}
-    #: task (one of KL_OUTPUT_TYPES) -> (setup, task) of the baseline's stored top-k: the KL reference
+    #: task (one of results.metrics.KL_OUTPUT_TYPES) -> (setup, task) of the baseline's stored top-k: the KL reference
     reference: dict[str, tuple[str, str]] = {}
     baseline: str
     #: the setup's resume key and its parts

@@ -14,7 +14,7 @@ from qeval.report import plots
 from qeval.report.sections import HtmlTables, ReportSection
 from qeval.report.tables import Escape, md_table
 from qeval.results.advice import AdviceResult
-from qeval.results.metrics import metric as describe
+from qeval.results.metrics import describe
 from qeval.results.schema import Results, SetupResult
 
 TITLE = "Mixed-precision advice"

@@ -31,7 +31,7 @@ from qeval.errors import UserError
 from qeval.files.atomic import atomic_write_bytes, atomic_write_json
 from qeval.perf.ceilings import ensure_ceilings
 from qeval.perf.phase import perf_key
-from qeval.records.job import KL_OUTPUT_TYPES, Job, PerformanceJob
+from qeval.records.job import Job, PerformanceJob
 from qeval.records.keys import SetupKeys, setup_keys
 from qeval.records.preflight import Preflight
 from qeval.records.provenance import git_commit, now_iso
@@ -39,6 +39,7 @@ from qeval.records.spool import clear_scratch
 from qeval.records.store import RunStore
 from qeval.report import print_summary, write_report
 from qeval.results.advice import Advice
+from qeval.results.metrics import KL_OUTPUT_TYPES
 from qeval.results.schema import Results, read_results
 from qeval.run.advice import advised_setup, ensure_advice, result_block, with_advised
 from qeval.run.executors import open_executor

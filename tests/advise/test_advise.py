@@ -11,11 +11,12 @@ import torch
 
 from qeval.advise.advisor import Options, advise
 from qeval.advise.output import write
-from qeval.advise.search import Budget, choose, parse_budget
+from qeval.advise.search import choose, parse_budget
 from qeval.advise.sensitivity import Probe
 from qeval.advise.units import KINDS, cells
 from qeval.backends.hf import quant as hf_quant
 from qeval.config import load_config
+from qeval.config.advise import AdviceBudget
 from qeval.config.setups import Setup
 from qeval.errors import UserError
 from qeval.memory.ledger import predict_weights_bytes
@@ -56,7 +57,8 @@ def test_search_exact_and_greedy() -> None:
     assert greedy.method == "greedy" and greedy.extra_bytes <= 25
     with pytest.raises(UserError):
         choose([0.1], [1], -1)
-    assert parse_budget("4.5bpw") == Budget("bits", 4.5) and parse_budget("2MiB") == Budget("bytes", 2 * 2**20)
+    assert parse_budget("4.5bpw") == AdviceBudget("bits", 4.5)
+    assert parse_budget("2MiB") == AdviceBudget("bytes", 2 * 2**20)
     for bad in ("4.5", "lots", "-3MiB", "0bpw"):
         with pytest.raises(UserError):
             parse_budget(bad)

@@ -41,6 +41,7 @@ from qeval.backends.base import (
 from qeval.config.chat import strip_thinking
 from qeval.memory.heap import release_free_memory
 from qeval.records.spool import RecordSpool, TopkReader, TopkSpool
+from qeval.results.metrics import KL_OUTPUT_TYPES
 from qeval.tasks.chat import Chat
 from qeval.tasks.lm_eval import resume
 from qeval.tasks.lm_eval.session import LmEvalSession
@@ -444,7 +445,7 @@ class _LeafResult:
         if isinstance(self.records, RecordSpool):
             self.records.finish()
         output_type = session.infos[self.leaf].output_type
-        packs = self.packs if self.topk_ok and output_type in _WITH_TOPK else None
+        packs = self.packs if self.topk_ok and output_type in KL_OUTPUT_TYPES else None
         if isinstance(self.packs, TopkSpool) and packs is None:
             self.packs.discard()
         topk: dict[str, np.ndarray] | TopkSpool = {}
@@ -452,13 +453,9 @@ class _LeafResult:
             topk = packs if packs else {}
         elif packs:
             topk = concat_topk(packs)
-        if output_type not in _WITH_TOPK:
+        if output_type not in KL_OUTPUT_TYPES:
             return TaskResult(self.records, metrics, {})
         return TaskResult(self.records, metrics, topk, self.tokens.summary())
-
-
-#: the output types whose tasks keep top-k (the KL reference) and a token-level divergence
-_WITH_TOPK = ("loglikelihood_rolling", "multiple_choice", "loglikelihood")
 
 
 def _record(leaf: str, output_type: str, compared: str, doc_id: int, entries: list[dict[str, Any]],
