@@ -43,8 +43,8 @@ from qeval.results.metrics import KL_OUTPUT_TYPES
 from qeval.results.schema import Results, read_results
 from qeval.run.advice import advised_setup, ensure_advice, result_block, with_advised
 from qeval.run.executors import open_executor
-from qeval.run.executors.job import WorkerJob
 from qeval.run.executors.resources import job_resources
+from qeval.run.executors.worker_job import WorkerJob
 from qeval.run.preflight import advised_names, preflight
 from qeval.run.rundir import take_run_dir
 from qeval.tasks.kinds import report_sections, results_blocks
