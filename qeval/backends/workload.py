@@ -5,8 +5,9 @@ formula, qeval/memory/capacity.py, as the setup's `memory.max_concurrency` repor
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -63,6 +64,29 @@ class Measurement:
     waves: dict[int, list[list[Wave]]]
     sources: dict[str, str]
     notes: list[str] = field(default_factory=list)
+
+
+#: a backend's prompt (token ids, or text)
+Prompt = TypeVar("Prompt")
+
+
+def schedule(workload: Workload, prompts: Callable[[int, int], Sequence[Prompt]],
+             wave: Callable[[Sequence[Prompt], bool], Wave]) -> dict[int, list[list[Wave]]]:
+    """The measurement schedule every backend follows: `warmup` untimed passes on the prompts of
+    seed + 1, then `repeats` timed passes on the prompts of `seed`, the levels in alternating
+    order (`Workload.order`), each level's requests served in waves of `level` requests.
+    `prompts(n, seed)` draws a level's prompts; `wave(prompts, timed)` serves one wave. Returns
+    the timed waves per level, as `Measurement.waves` holds them."""
+    waves: dict[int, list[list[Wave]]] = {level: [] for level in workload.levels}
+    for rep in range(workload.warmup + workload.repeats):
+        timed = rep >= workload.warmup
+        for level in workload.order(rep):
+            n = workload.requests_at(level)
+            batch = prompts(n, workload.seed if timed else workload.seed + 1)
+            done = [wave(batch[i : i + level], timed) for i in range(0, n, level)]
+            if timed:
+                waves[level].append(done)
+    return waves
 
 
 def resolve_levels(spec: PerfSpec, budget_concurrency: float | None, engine_limit: int | None) -> tuple[list[int], str]:

@@ -10,12 +10,12 @@ tokens. Times are wall clock (`time.perf_counter`), the device synchronized befo
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from qeval.backends.workload import Measurement, Wave, Workload, random_prompt_ids
+from qeval.backends.workload import Measurement, Wave, Workload, random_prompt_ids, schedule
 
 SOURCES = {
     "requests_per_s": "requests / wall time of the level's waves (each wave one batch: a prefill forward, then "
@@ -45,21 +45,14 @@ def measure(model: Any, tok: Any, new_cache: Callable[[], Any], device: str, wor
     special = set(getattr(tok, "all_special_ids", []) or [])
     sync = _sync(device)
     head = list(tok("").input_ids)  # the special tokens the tokenizer adds itself (BOS, or none)
-    waves: dict[int, list[list[Wave]]] = {level: [] for level in workload.levels}
-    for rep in range(workload.warmup + workload.repeats):
-        timed = rep >= workload.warmup
-        for level in workload.order(rep):
-            n = workload.requests_at(level)
-            prompts = random_prompt_ids(model.config.vocab_size, special, n, workload.input_len,
-                                        workload.seed if timed else workload.seed + 1, head)
-            done = [_wave(model, new_cache, prompts[i : i + level], workload.output_len, device, sync)
-                    for i in range(0, n, level)]
-            if timed:
-                waves[level].append(done)
+    waves = schedule(workload,
+                     lambda n, seed: random_prompt_ids(model.config.vocab_size, special, n, workload.input_len, seed,
+                                                       head),
+                     lambda prompts, timed: _wave(model, new_cache, prompts, workload.output_len, device, sync))
     return Measurement(waves, dict(SOURCES))
 
 
-def _wave(model: Any, new_cache: Callable[[], Any], prompts: list[list[int]], output_len: int, device: str,
+def _wave(model: Any, new_cache: Callable[[], Any], prompts: Sequence[list[int]], output_len: int, device: str,
           sync: Callable[[], None]) -> Wave:
     ids = torch.tensor(prompts, device=device)
     cache = new_cache()

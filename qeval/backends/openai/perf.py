@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from qeval.backends.openai.scoring import answer_bytes, completion_tokens
-from qeval.backends.workload import Measurement, Wave, Workload, random_prompt_ids
+from qeval.backends.workload import Measurement, Wave, Workload, random_prompt_ids, schedule
 
 SOURCES = {
     "requests_per_s": "requests / wall time of the level's waves (each wave `level` streaming /v1/completions "
@@ -90,7 +90,7 @@ def wave_of(timed: list[Timed], started: float, prompt_tokens: int) -> Wave:
                 ttft_s=[t.ttft for t in timed], tpot_s=tpot, e2e_s=[t.end - t.sent for t in timed])
 
 
-def run_wave(client: Any, model: str, prompts: list[list[int]], output_len: int) -> tuple[Wave, list[float]]:
+def run_wave(client: Any, model: str, prompts: Sequence[list[int]], output_len: int) -> tuple[Wave, list[float]]:
     """One wave: every prompt sent at once as a streaming request; its figures and inter-token gaps."""
     bodies = [bench_body(model, p, output_len) for p in prompts]
     started = time.perf_counter()
@@ -107,22 +107,16 @@ def measure(client: Any, model: str, tok: Any, workload: Workload) -> Measuremen
     special = set(getattr(tok, "all_special_ids", []) or [])
     head = list(tok("").input_ids)
     vocab = len(tok)
-    waves: dict[int, list[list[Wave]]] = {level: [] for level in workload.levels}
     itl: list[float] = []
-    for rep in range(workload.warmup + workload.repeats):
-        timed = rep >= workload.warmup
-        for level in workload.order(rep):
-            n = workload.requests_at(level)
-            prompts = random_prompt_ids(vocab, special, n, workload.input_len,
-                                        workload.seed if timed else workload.seed + 1, head)
-            done = []
-            for i in range(0, n, level):
-                wave, gaps = run_wave(client, model, prompts[i : i + level], workload.output_len)
-                done.append(wave)
-                if timed:
-                    itl += gaps
-            if timed:
-                waves[level].append(done)
+
+    def wave(prompts: Sequence[list[int]], timed: bool) -> Wave:
+        done, gaps = run_wave(client, model, prompts, workload.output_len)
+        if timed:
+            itl.extend(gaps)
+        return done
+
+    waves = schedule(workload, lambda n, seed: random_prompt_ids(vocab, special, n, workload.input_len, seed, head),
+                     wave)
     notes = []
     if itl:
         notes.append(f"inter-token latency (client clock, between streamed events, all levels): median "

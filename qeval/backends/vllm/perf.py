@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from typing import Any
 
-from qeval.backends.workload import Measurement, Wave, Workload
+from qeval.backends.workload import Measurement, Wave, Workload, schedule
 
 SOURCES = {
     "requests_per_s": "requests / wall time of the level's waves (each wave one LLM.generate call with all its "
@@ -57,27 +58,22 @@ def measure(llm: Any, workload: Workload) -> Measurement:
     """Every level of `workload`: warm-up passes (the bench's warm-up seed, seed + 1), then
     timed repeats on the bench's prompts (seed), levels in alternating order."""
     params = bench_sampling_params(workload.output_len)
-    waves: dict[int, list[list[Wave]]] = {level: [] for level in workload.levels}
     preempted = 0
-    for rep in range(workload.warmup + workload.repeats):
-        timed = rep >= workload.warmup
-        for level in workload.order(rep):
-            n = workload.requests_at(level)
-            prompts = bench_prompts(llm, n, workload.input_len, workload.output_len,
-                                    workload.seed if timed else workload.seed + 1)
-            done = []
-            for i in range(0, n, level):
-                wave, p = run_wave(llm, prompts[i : i + level], params)
-                done.append(wave)
-                preempted += p
-            if timed:
-                waves[level].append(done)
+
+    def wave(prompts: Sequence[Any], timed: bool) -> Wave:
+        nonlocal preempted
+        done, p = run_wave(llm, prompts, params)
+        preempted += p if timed else 0  # the note below counts the timed waves'
+        return done
+
+    waves = schedule(workload, lambda n, seed: bench_prompts(llm, n, workload.input_len, workload.output_len, seed),
+                     wave)
     notes = [f"the engine preempted {preempted} requests during the timed waves (its KV pool was full)"] \
         if preempted else []
     return Measurement(waves, dict(SOURCES), notes)
 
 
-def run_wave(llm: Any, prompts: list[Any], params: Any) -> tuple[Wave, int]:
+def run_wave(llm: Any, prompts: Sequence[Any], params: Any) -> tuple[Wave, int]:
     """One LLM.generate call with every prompt of the wave; its wave figures and preemptions."""
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
