@@ -149,7 +149,7 @@ class Run:
         a = self.results.advice
         if a is None:
             return pd.DataFrame(columns=["unit", "layer", "kind", "extra_bytes", "cost_kl", "gain_kl", "kept"])
-        kept = set(a.search.get("kept", []))
+        kept = set(a.search.kept)
         return pd.DataFrame([u.model_dump() | {"kept": u.unit in kept} for u in a.units])
 
     def sequential(self) -> pd.DataFrame:

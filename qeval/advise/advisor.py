@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,54 +25,16 @@ from qeval.errors import UserError
 from qeval.memory.ledger import predict_weights_bytes
 from qeval.records.model_source import resolve_model
 from qeval.records.shape import ModelShape
-
-
-@dataclass
-class Row:
-    """One unit's sensitivity: KL with only it quantized (cost), KL recovered with only it kept (gain)."""
-
-    unit: str
-    layer: int | None
-    kind: str | None
-    extra_bytes: int
-    cost_kl: float
-    gain_kl: float
-
-
-@dataclass
-class Mix:
-    """A kept set checked on the held-out documents."""
-
-    name: str
-    kept: list[str]
-    weights_bytes: int
-    heldout_kl: float
-    per_doc: list[float] = field(repr=False)
-
-
-@dataclass
-class Advice:
-    """Everything `qeval advise` found, as advice.json holds it."""
-
-    config: str
-    model: str
-    dtype: str
-    device: str
-    target: dict[str, Any]
-    budget: str
-    budget_bytes: int
-    budget_basis: str
-    calibration: dict[str, Any]
-    rows: list[Row]
-    uniform_kl: float
-    search: dict[str, Any]
-    setup: dict[str, Any]
-    mixes: list[Mix]
-    versus_random: dict[str, Any]
-    timing: dict[str, float]
-    #: a run's resume key for this advice and its parts (qeval/run/advice.py); empty from `qeval advise`
-    key: str = ""
-    key_parts: dict[str, str] = field(default_factory=dict)
+from qeval.results.advice import (
+    Advice,
+    AdviceCalibration,
+    AdviceSearch,
+    AdviceTiming,
+    AdviceUnit,
+    HeldoutMix,
+    RandomDraw,
+    VersusRandom,
+)
 
 
 def _weighted(per_doc: np.ndarray, docs: list[list[int]]) -> float:
@@ -122,7 +83,8 @@ def advise(cfg: RunConfig, config_path: Path, opts: Options, log: Any = print) -
             log(f"advise: {n} units measured, {time.perf_counter() - t1:.0f} s")
         cost = _weighted(probe.kl(sl.calib, set(u.modules)), sl.calib)
         gain = uniform - _weighted(probe.kl(sl.calib, everything - set(u.modules)), sl.calib)
-        rows.append(Row(u.name, u.layer, u.kind, u.extra_bytes, cost, gain))
+        rows.append(AdviceUnit(unit=u.name, layer=u.layer, kind=u.kind, extra_bytes=u.extra_bytes, cost_kl=cost,
+                               gain_kl=gain))
     passes, sens_s = probe.passes, time.perf_counter() - t1
     log(f"advise: sensitivity in {sens_s:.1f} s ({passes} passes, baseline {baseline_s:.2f} s)")
 
@@ -136,40 +98,38 @@ def advise(cfg: RunConfig, config_path: Path, opts: Options, log: Any = print) -
     mix_calib_kl = _weighted(probe.kl(sl.calib, everything - kept_modules), sl.calib)
 
     mixes, versus = _verify(probe, sl.heldout, cell_units, kept_units, advised, target, shape, dtype, opts, log)
-    timing = {"load_s": load_s, "baseline_pass_s": baseline_s, "sensitivity_s": sens_s,
-              "passes": float(passes), "seconds_per_pass": (sens_s - baseline_s) / max(passes, 1),
-              "total_s": time.perf_counter() - t0}
+    timing = AdviceTiming(load_s=load_s, baseline_pass_s=baseline_s, sensitivity_s=sens_s, passes=float(passes),
+                          seconds_per_pass=(sens_s - baseline_s) / max(passes, 1), total_s=time.perf_counter() - t0)
     backend.close()
     return Advice(
         config=str(config_path), model=cfg.model.path, dtype=dtype, device=device,
-        target=target.model_dump(mode="json", exclude_defaults=True) | {"name": target.name},
-        budget=str(opts.budget), budget_bytes=budget_bytes, budget_basis=basis,
-        calibration={"source": label, "documents": len(sl.calib), "tokens": sl.calib_tokens,
-                     "heldout_documents": len(sl.heldout), "top_k": 32},
+        target=target, budget=str(opts.budget), budget_bytes=budget_bytes, budget_basis=basis,
+        calibration=AdviceCalibration(source=label, documents=len(sl.calib), tokens=sl.calib_tokens,
+                                      heldout_documents=len(sl.heldout), top_k=32),
         rows=rows, uniform_kl=uniform,
-        search={"method": choice.method, "allowance_bytes": allowance, "extra_bytes": choice.extra_bytes,
-                "kept": [u.name for u in kept_units], "predicted_gain_kl": choice.predicted_gain,
-                "predicted_kl": uniform - choice.predicted_gain, "measured_calib_kl": mix_calib_kl},
-        setup=advised.model_dump(mode="json", exclude_defaults=True) | {"name": advised.name},
-        mixes=mixes, versus_random=versus, timing=timing)
+        search=AdviceSearch(method=choice.method, allowance_bytes=allowance, extra_bytes=choice.extra_bytes,
+                            kept=[u.name for u in kept_units], predicted_gain_kl=choice.predicted_gain,
+                            predicted_kl=uniform - choice.predicted_gain, measured_calib_kl=mix_calib_kl),
+        setup=advised, mixes=mixes, versus_random=versus, timing=timing)
 
 
 def _verify(probe: Probe, heldout: list[list[int]], cell_units: list[Unit], kept: list[Unit], advised: Setup,
             target: Setup, shape: ModelShape, dtype: str, opts: Options,
-            log: Any = print) -> tuple[list[Mix], dict[str, Any]]:
+            log: Any = print) -> tuple[list[HeldoutMix], VersusRandom]:
     """The uniform setup, the advised mix and random mixes of the same byte cost (as many
     attention and MLP cells, drawn anew) on the held-out documents, paired by document."""
     if not heldout:
-        return [], {"verdict": "no held-out documents (--heldout-docs 0)"}
+        return [], VersusRandom(verdict="no held-out documents (--heldout-docs 0)")
     probe.baseline(heldout)
     everything = {m for u in cell_units for m in u.modules}
 
-    def mix(name: str, units: list[Unit]) -> Mix:
+    def mix(name: str, units: list[Unit]) -> HeldoutMix:
         modules = {m for u in units for m in u.modules}
         setup = advised.model_copy(update={"keep": tuple(p for u in units for p in u.keep_patterns())})
         per_doc = probe.kl(heldout, everything - modules)
-        return Mix(name, [u.name for u in units], predict_weights_bytes(shape, setup, dtype),
-                   _weighted(per_doc, heldout), [float(x) for x in per_doc])
+        return HeldoutMix(name=name, kept=[u.name for u in units],
+                          weights_bytes=predict_weights_bytes(shape, setup, dtype),
+                          heldout_kl=_weighted(per_doc, heldout), per_doc=[float(x) for x in per_doc])
 
     mixes = [mix(target.name, []), mix(advised.name, kept)]
     rng = random.Random(opts.seed)
@@ -189,24 +149,19 @@ def _verify(probe: Probe, heldout: list[list[int]], cell_units: list[Unit], kept
         mixes.append(mix(f"random-{i + 1}", units))
         log(f"advise: held-out check, random mix {i + 1} of {len(draws)}")
     if not draws:
-        return mixes, {"verdict": "nothing kept: no random mix to compare"}
+        return mixes, VersusRandom(verdict="nothing kept: no random mix to compare")
     adv = np.array(mixes[1].per_doc)
     rand = np.array([m.per_doc for m in mixes[2:]])
-    per_draw: list[dict[str, Any]] = []
+    per_draw: list[RandomDraw] = []
     for m, r in zip(mixes[2:], rand, strict=True):
         d = r - adv  # > 0: the random mix drifts further from the baseline than the advisor's
         lo, hi = t_interval(float(d.mean()), float(d.std(ddof=1)), len(d))
-        per_draw.append({"mix": m.name, "mean_diff": float(d.mean()), "ci95": [lo, hi]})
+        per_draw.append(RandomDraw(mix=m.name, mean_diff=float(d.mean()), ci95=[lo, hi]))
     d = rand.mean(0) - adv
     lo, hi = t_interval(float(d.mean()), float(d.std(ddof=1)), len(d))
     verdict = ("the advisor's mix is closer to the baseline than random mixes of the same bytes, beyond noise"
                if lo > 0 else "random mixes of the same bytes are closer to the baseline, beyond noise" if hi < 0
                else "no difference beyond noise between the advisor's mix and random mixes of the same bytes")
-    return mixes, {"documents": len(d), "draws": len(draws), "mean_diff": float(d.mean()), "ci95": [lo, hi],
-                   "draws_beaten": sum(1 for p in per_draw if p["ci95"][0] > 0), "per_draw": per_draw,
-                   "verdict": verdict}
-
-
-def to_json(advice: Advice) -> dict[str, Any]:
-    """advice.json's content."""
-    return asdict(advice)
+    return mixes, VersusRandom(documents=len(d), draws=len(draws), mean_diff=float(d.mean()), ci95=[lo, hi],
+                               draws_beaten=sum(1 for p in per_draw if p.ci95[0] > 0), per_draw=per_draw,
+                               verdict=verdict)

@@ -10,16 +10,16 @@ from pathlib import Path
 
 import yaml
 
-from qeval.advise.advisor import Advice, Row, to_json
 from qeval.errors import UserError
 from qeval.files.atomic import atomic_write_bytes, atomic_write_json
 from qeval.report.plots import sensitivity_heatmap, svg_of
 from qeval.report.tables import md_table
+from qeval.results.advice import Advice, AdviceUnit
 
 
 def setup_snippet(advice: Advice) -> str:
     """The advised setup as the YAML to paste under a config's `setups:`."""
-    setup = dict(advice.setup)
+    setup = advice.model_dump(mode="json", include={"setup"})["setup"]
     setup["keep"] = list(setup.get("keep", []))
     return yaml.safe_dump([setup], sort_keys=False, default_flow_style=None, width=100)
 
@@ -31,12 +31,12 @@ def _kl(x: float) -> str:
 def markdown(advice: Advice) -> str:
     """advice.md."""
     s, t, c = advice.search, advice.timing, advice.calibration
-    lines = [f"# Mixed-precision advice: {advice.target['name']}", "",
+    lines = [f"# Mixed-precision advice: {advice.target.name}", "",
              f"Model `{advice.model}` in {advice.dtype} on {advice.device}; budget {advice.budget} "
              f"({advice.budget_bytes:,} bytes: {advice.budget_basis}).", "",
-             f"Calibration: {c['tokens']} tokens in {c['documents']} documents of {c['source']}; KL(baseline || "
-             f"candidate) on the baseline's top-{c['top_k']} ids plus a tail bucket, mean per token.", "",
-             f"Uniform {advice.target['name']}: KL {_kl(advice.uniform_kl)}.", "",
+             f"Calibration: {c.tokens} tokens in {c.documents} documents of {c.source}; KL(baseline || "
+             f"candidate) on the baseline's top-{c.top_k} ids plus a tail bucket, mean per token.", "",
+             f"Uniform {advice.target.name}: KL {_kl(advice.uniform_kl)}.", "",
              "## Sensitivity", "",
              "cost: KL with only this unit quantized; gain: KL recovered with only this unit kept at "
              f"{advice.dtype} in an otherwise quantized model; bytes: what keeping it adds.", ""]
@@ -44,31 +44,31 @@ def markdown(advice: Advice) -> str:
                       [[r.unit, f"{r.extra_bytes:,}", _kl(r.cost_kl), _kl(r.gain_kl),
                         f"{r.gain_kl / max(r.extra_bytes, 1) * 2**20:.5f}"] for r in advice.rows])
     lines += ["", "## Chosen mix", "",
-              f"{s['method'].capitalize()} search over the layer x module-type cells: kept "
-              f"{', '.join(s['kept']) or 'nothing'} (+{s['extra_bytes']:,} bytes of {s['allowance_bytes']:,} "
-              f"allowed). Predicted KL {_kl(s['predicted_kl'])} (gains added), measured on the calibration "
-              f"slice {_kl(s['measured_calib_kl'])}.", "", "```yaml", setup_snippet(advice).rstrip(), "```", ""]
+              f"{s.method.capitalize()} search over the layer x module-type cells: kept "
+              f"{', '.join(s.kept) or 'nothing'} (+{s.extra_bytes:,} bytes of {s.allowance_bytes:,} "
+              f"allowed). Predicted KL {_kl(s.predicted_kl)} (gains added), measured on the calibration "
+              f"slice {_kl(s.measured_calib_kl)}.", "", "```yaml", setup_snippet(advice).rstrip(), "```", ""]
     if advice.mixes:
         lines += ["## Held-out check", "",
-                  f"{c['heldout_documents']} documents the search never saw; the random mixes keep as many "
+                  f"{c.heldout_documents} documents the search never saw; the random mixes keep as many "
                   "attention and MLP cells (the same bytes), drawn at random.", ""]
         lines += md_table(["mix", "kept", "weights bytes (predicted)", "KL"],
                           [[m.name, ", ".join(m.kept) or "-", f"{m.weights_bytes:,}", _kl(m.heldout_kl)]
                            for m in advice.mixes])
         v = advice.versus_random
-        if "ci95" in v:
-            lines += ["", f"Random minus advisor, paired by document (mean over {v['draws']} draws): "
-                          f"{v['mean_diff']:+.5f} KL, 95% CI [{v['ci95'][0]:+.5f}, {v['ci95'][1]:+.5f}]; "
-                          f"{v['draws_beaten']} of {v['draws']} draws beaten beyond noise. "
-                          f"{v['verdict'].capitalize()}."]
+        if v.ci95 is not None and v.mean_diff is not None:
+            lines += ["", f"Random minus advisor, paired by document (mean over {v.draws} draws): "
+                          f"{v.mean_diff:+.5f} KL, 95% CI [{v.ci95[0]:+.5f}, {v.ci95[1]:+.5f}]; "
+                          f"{v.draws_beaten} of {v.draws} draws beaten beyond noise. "
+                          f"{v.verdict.capitalize()}."]
     lines += ["", "## Cost", "",
-              f"Sensitivity: {t['sensitivity_s']:.1f} s for {int(t['passes'])} forward passes over the slice "
-              f"({t['seconds_per_pass']:.2f} s each; the baseline's pass {t['baseline_pass_s']:.2f} s); "
-              f"loading {t['load_s']:.1f} s; everything {t['total_s']:.1f} s.", ""]
+              f"Sensitivity: {t.sensitivity_s:.1f} s for {int(t.passes)} forward passes over the slice "
+              f"({t.seconds_per_pass:.2f} s each; the baseline's pass {t.baseline_pass_s:.2f} s); "
+              f"loading {t.load_s:.1f} s; everything {t.total_s:.1f} s.", ""]
     return "\n".join(lines)
 
 
-def heatmap_svg(rows: list[Row], value: str = "gain_kl") -> str:
+def heatmap_svg(rows: list[AdviceUnit], value: str = "gain_kl") -> str:
     """Layer x module type, coloured by `value` (gain or cost), as an inline SVG string (the
     figure is the run report's too: qeval/report/plots.py)."""
     return svg_of(lambda r: sensitivity_heatmap(r, value), rows)
@@ -77,7 +77,7 @@ def heatmap_svg(rows: list[Row], value: str = "gain_kl") -> str:
 def html_page(advice: Advice, md: str) -> str:
     """advice.html: the heatmaps, then the markdown text as preformatted text."""
     return ("<!doctype html><html><head><meta charset='utf-8'><title>qeval advice</title></head><body>"
-            f"<h1>Mixed-precision advice: {html.escape(str(advice.target['name']))}</h1>"
+            f"<h1>Mixed-precision advice: {html.escape(advice.target.name)}</h1>"
             "<h2>Gain (KL recovered with only this cell kept)</h2>" + heatmap_svg(advice.rows, "gain_kl")
             + "<h2>Cost (KL with only this cell quantized)</h2>" + heatmap_svg(advice.rows, "cost_kl")
             + f"<pre>{html.escape(md)}</pre></body></html>")
@@ -118,5 +118,5 @@ def write(advice: Advice, output: Path) -> list[Path]:
     paths = advice_paths(output)
     atomic_write_bytes(paths[0], md.encode())
     atomic_write_bytes(paths[1], html_page(advice, md).encode())
-    atomic_write_json(paths[2], to_json(advice))
+    atomic_write_json(paths[2], advice.model_dump(mode="json"))
     return paths

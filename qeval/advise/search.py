@@ -12,9 +12,6 @@ from qeval.errors import UserError
 #: candidates up to which every subset is tried (2^12 sums: instant)
 EXACT_UP_TO = 12
 
-#: the budget and its parser live with the config's `advise:` block, which reads it too
-Budget = AdviceBudget
-
 
 def parse_budget(text: str) -> AdviceBudget:
     """`4.5bpw` (or `4.5bits`), `350MiB`, `2GiB`, `123456B`; anything else is a UserError."""

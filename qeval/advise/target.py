@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from qeval.advise.search import Budget
 from qeval.config import RunConfig
+from qeval.config.advise import AdviceBudget
 from qeval.config.setups import Setup
 from qeval.errors import UserError
 from qeval.memory.ledger import predict_kv_bytes_per_token, predict_weights_bytes
@@ -23,7 +23,7 @@ _EQUAL = 1e-3
 class Options:
     """What `qeval advise` was asked (its command-line options)."""
 
-    budget: Budget
+    budget: AdviceBudget
     target: str | None = None
     text: Path | None = None
     calib_docs: int = 16
@@ -55,7 +55,8 @@ def pick_target(cfg: RunConfig, name: str | None, where: str = "--target") -> Se
     raise UserError(f"advise: the config has no int4 or int8 setup (method rtn) to advise on; add one or name {where}")
 
 
-def allowance_of(budget: Budget, shape: ModelShape, target: Setup, dtype: str, context: int) -> tuple[int, int, str]:
+def allowance_of(budget: AdviceBudget, shape: ModelShape, target: Setup, dtype: str,
+                 context: int) -> tuple[int, int, str]:
     """(allowance in bytes over the uniform target, the budget in bytes, what it counts)."""
     uniform = predict_weights_bytes(shape, target, dtype)
     if budget.kind == "bits":
@@ -71,7 +72,7 @@ def _bytes(dtype: str) -> int:
     return 4 if dtype == "float32" else 2
 
 
-def budget_problem(budget: Budget, allowance: int, budget_bytes: int, target: str, where: str,
+def budget_problem(budget: AdviceBudget, allowance: int, budget_bytes: int, target: str, where: str,
                    keep_all: int | None = None) -> str:
     """Why a budget leaves nothing to advise over the uniform `target` setup (`where` names it:
     `--budget 3 bits per weight`, `advise.budget 3bpw`), or '' where it leaves room: nothing to

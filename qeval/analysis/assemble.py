@@ -23,7 +23,7 @@ from qeval.analysis.comparison import (
 from qeval.analysis.finite import failure_reason, finite_results, task_problem
 from qeval.analysis.recommend import recommend
 from qeval.analysis.sequential_run import results_block as sequential_block
-from qeval.backends.vllm.support import cache_accounting
+from qeval.backends import backend_entry
 from qeval.config.setups import Setup
 from qeval.memory.figures import gap_flags, memory_block
 from qeval.perf.block import performance_block
@@ -244,9 +244,8 @@ def _setup_entry(pre: Preflight, store: RunStore, setup: Setup, outcome: Outcome
     cfg = pre.cfg
     share = (f"GPU memory x {cfg.budget.utilization} (budget.utilization)" if pre.device == "cuda"
              else f"host memory x {cfg.engine.cpu_memory_utilization} (engine.cpu_memory_utilization)")
-    vllm = cache_accounting(pre.device) if cfg.backend == "vllm" else None
     memory = memory_block(setup, outcome.memory, pre.shape, cfg.model.dtype, pre.device, cfg.budget, share,
-                          cfg.backend, vllm)
+                          backend_entry(cfg.backend).kv_accounting(cfg, pre.device))
     perf, perf_flags = performance_block(setup, outcome.performance if cfg.performance.enabled else None,
                                          perf_key(keys.parts, cfg), memory, pre.shape, cfg.model.dtype, ceilings)
     return SetupResult(name=setup.name, baseline=setup.name == cfg.baseline.name, status=status, error=error,

@@ -27,7 +27,7 @@ from qeval.config import RunConfig
 from qeval.config.gates import Gate
 from qeval.config.setups import Setup
 from qeval.records.store import RunStore
-from qeval.results.metrics import metric as describe
+from qeval.results.metrics import describe
 from qeval.results.schema import Comparison, KLDistribution, SuiteScore
 
 #: the verdict's reason where the difference or its interval is not a number

@@ -10,7 +10,7 @@ evidence, a paired comparison with a baseline that ran, on every task of the run
 from __future__ import annotations
 
 from qeval.memory.capacity import whole_sequences
-from qeval.results.metrics import metric as describe
+from qeval.results.metrics import describe
 from qeval.results.schema import Comparison, Recommendation, Results, SetupResult
 
 

@@ -27,7 +27,7 @@ from qeval.analysis.sequential import Trajectory, cell_level, decided_looks, gat
 from qeval.analysis.sequential import trajectory as cell_trajectory
 from qeval.config.gates import Gate
 from qeval.records.keys import SetupKeys
-from qeval.results.metrics import metric as describe
+from qeval.results.metrics import describe
 from qeval.results.sequential import SequentialCell, SequentialLook, SequentialRun
 
 if TYPE_CHECKING:

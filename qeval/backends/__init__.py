@@ -1,22 +1,44 @@
-"""The backend registry: for each engine, how a setup is checked before any model loads, how
-its install is checked, which interpreter its worker runs in, and how it is created in the
-worker. Everything else dispatches through `backend_entry(name)`, never on the name itself.
+"""The backend registry: each backend is one folder that provides one `BackendEntry` (its
+`entry.py`), and preflight, the runner, the worker, assembly and the performance phase reach
+it through `backend_entry(name)`, never by testing the name. The backends qeval ships:
 
-Importing this is cheap: each entry imports its engine only when called.
+    hf      transformers, in the worker's process             qeval/backends/hf/entry.py
+    vllm    vLLM's engine, in the worker's process             qeval/backends/vllm/entry.py
+    openai  an OpenAI-compatible server, attached or launched  qeval/backends/openai/entry.py
+
+A backend outside qeval registers without changing qeval, as a task kind does
+(qeval/tasks/kinds.py): through the entry-point group `qeval.backends` (an installed package), or
+the `QEVAL_BACKENDS` environment variable (`module:attribute`, comma-separated; the worker
+processes inherit it). `backend: <name>` in the run config then selects it.
+
+Importing this is cheap, and so is every entry module: an entry imports its engine only inside
+`create` (and whatever else needs it), when called.
 """
 
 from __future__ import annotations
 
-import sys
+import importlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
+from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
+
+from qeval.errors import UserError
 
 if TYPE_CHECKING:
     from qeval.backends.base import Backend
     from qeval.config import RunConfig
     from qeval.config.setups import Setup
+    from qeval.memory.layouts import KvAccounting
     from qeval.records.preflight import Preflight
+
+#: the backends qeval ships: `module:attribute`
+BUILT_IN = ("qeval.backends.hf.entry:BACKEND", "qeval.backends.vllm.entry:BACKEND",
+            "qeval.backends.openai.entry:BACKEND")
+ENTRY_POINT_GROUP = "qeval.backends"
+ENV_VAR = "QEVAL_BACKENDS"
 
 
 @dataclass(frozen=True)
@@ -48,121 +70,47 @@ class BackendEntry:
     #: as validate_setup, where the answer depends on the config too (how the openai backend's
     #: server is started: a launched vLLM refuses what the in-process engine refuses)
     validate_served: Callable[[RunConfig, Setup, str], None] = lambda cfg, setup, device: None
+    #: whose rules size one sequence's KV cache on this device (qeval/memory/layouts.py), for the
+    #: memory block's `kv_per_sequence` and the capacity of models whose layers keep different
+    #: spans; None where qeval cannot know the engine (no sequence is then predicted)
+    kv_accounting: Callable[[RunConfig, str], KvAccounting | None] = lambda cfg, device: None
+    #: whether `qeval goodput` can serve this config's setups with `vllm serve` (qeval/perf/serving.py)
+    serves_goodput: Callable[[RunConfig], bool] = lambda cfg: False
 
 
-def _hf_validate(setup: Setup, device: str) -> None:
-    from qeval.backends.hf.support import validate
-
-    validate(setup, device)
-
-
-def _hf_validate_model(setup: Setup, config: dict[str, Any]) -> None:
-    from qeval.backends.hf.support import validate_model
-
-    validate_model(setup, config)
-
-
-def _hf_create(cfg: RunConfig, setup: Setup, device: str) -> Backend:
-    from qeval.backends.hf.backend import HFBackend
-
-    return HFBackend(cfg, setup, device)
+def _load(ref: str) -> BackendEntry:
+    module, _, attr = ref.partition(":")
+    try:
+        entry = getattr(importlib.import_module(module), attr or "BACKEND")
+    except (ImportError, AttributeError) as exc:
+        raise UserError(f"backend {ref}: cannot be loaded ({type(exc).__name__}: {exc})") from None
+    if not isinstance(entry, BackendEntry):
+        raise UserError(f"backend {ref}: is a {type(entry).__name__}, not a qeval.backends.BackendEntry")
+    return entry
 
 
-def _vllm_validate(setup: Setup, device: str) -> None:
-    from qeval.backends.vllm.support import validate
-
-    validate(setup, device)
-
-
-def _vllm_check_install(cfg: RunConfig) -> None:
-    from qeval.backends.vllm.install import check_install
-
-    check_install(cfg)
-
-
-def _vllm_python(cfg: RunConfig) -> str:
-    from qeval.backends.vllm.install import worker_python
-
-    return worker_python(cfg)
+@cache
+def _registered(env: str) -> dict[str, BackendEntry]:
+    refs = list(BUILT_IN)
+    refs += [f"{ep.module}:{ep.attr}" for ep in entry_points(group=ENTRY_POINT_GROUP)]
+    refs += [r.strip() for r in env.split(",") if r.strip()]
+    backends: dict[str, BackendEntry] = {}
+    for ref in dict.fromkeys(refs):
+        entry = _load(ref)
+        if entry.name in backends and backends[entry.name] is not entry:
+            raise UserError(f"backend {entry.name!r} is registered twice ({ref})")
+        backends[entry.name] = entry
+    return backends
 
 
-def _vllm_create(cfg: RunConfig, setup: Setup, device: str) -> Backend:
-    from qeval.backends.vllm.backend import VLLMBackend
-
-    return VLLMBackend(cfg, setup, device)
-
-
-def _vllm_key_parts(cfg: RunConfig) -> dict[str, str]:
-    import json
-
-    # the engine's scheduler decides the batching there: its settings change the numbers
-    return {"engine": json.dumps(cfg.engine.model_dump(mode="json"), sort_keys=True)}
-
-
-def _vllm_distributed(cfg: RunConfig) -> str | None:
-    from qeval.backends.vllm.support import distributed_backend
-
-    return distributed_backend(cfg.engine.tensor_parallel_size, cfg.engine.pipeline_parallel_size)
-
-
-def _openai_validate(setup: Setup, device: str) -> None:
-    from qeval.backends.openai.support import validate
-
-    validate(setup, device)
-
-
-def _openai_validate_served(cfg: RunConfig, setup: Setup, device: str) -> None:
-    from qeval.backends.openai.support import validate_served
-
-    validate_served(cfg, setup, device)
-
-
-def _openai_check_install(cfg: RunConfig) -> None:
-    from qeval.backends.openai.support import check_install
-
-    check_install(cfg)
-
-
-def _openai_python(cfg: RunConfig) -> str:
-    from qeval.backends.openai.support import worker_python
-
-    return worker_python(cfg)
-
-
-def _openai_create(cfg: RunConfig, setup: Setup, device: str) -> Backend:
-    from qeval.backends.openai.backend import OpenAIBackend
-
-    return OpenAIBackend(cfg, setup, device)
-
-
-def _openai_key_parts(cfg: RunConfig) -> dict[str, str]:
-    from qeval.backends.openai.support import key_parts
-
-    return key_parts(cfg)
-
-
-def _openai_validate_tasks(pre: Preflight) -> None:
-    from qeval.backends.openai.support import validate_tasks
-
-    validate_tasks(pre)
-
-
-REGISTRY: dict[str, BackendEntry] = {
-    "hf": BackendEntry("hf", _hf_validate, lambda cfg: None, lambda cfg: sys.executable, _hf_create,
-                       _hf_validate_model, serves_checkpoints=True),
-    "vllm": BackendEntry("vllm", _vllm_validate, _vllm_check_install, _vllm_python, _vllm_create,
-                         key_parts=_vllm_key_parts, serves_checkpoints=True, distributed=_vllm_distributed),
-    # an OpenAI-compatible server, attached to or launched per setup (vLLM's server serves the checkpoints)
-    "openai": BackendEntry("openai", _openai_validate, _openai_check_install, _openai_python, _openai_create,
-                           key_parts=_openai_key_parts, serves_checkpoints=True,
-                           validate_tasks=_openai_validate_tasks, validate_served=_openai_validate_served),
-}
+def backends() -> dict[str, BackendEntry]:
+    """Every registered backend by name: qeval's own, then the installed and the environment's."""
+    return _registered(os.environ.get(ENV_VAR, ""))
 
 
 def backend_entry(name: str) -> BackendEntry:
     """The registry entry of a backend; one line naming the registered ones if there is none."""
-    if name not in REGISTRY:
-        from qeval.errors import UserError
-
-        raise UserError(f"backend: {name!r} is not a backend qeval has (registered: {', '.join(REGISTRY)})")
-    return REGISTRY[name]
+    registered = backends()
+    if name not in registered:
+        raise UserError(f"backend: {name!r} is not a backend qeval has (registered: {', '.join(registered)})")
+    return registered[name]

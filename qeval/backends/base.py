@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from qeval.records.job import MemoryFigure  # the backends build it from here; the outcome stores it
+
 if TYPE_CHECKING:
     from qeval.backends.workload import Measurement, Workload
 
@@ -112,13 +114,26 @@ class RollingResult:
         return int(self.token_logprobs.shape[0])
 
 
-@dataclass
-class MemoryFigure:
-    """A measured number and where it came from."""
+# Engine-agnostic: the vllm and openai backends get top-k log-probs from their engine and turn
+# them into results the same way.
+def rolling_result(parts: list[tuple[np.ndarray, ...]], ref: np.ndarray | None) -> RollingResult:
+    """One document's RollingResult from its windows' (token log-probs, top-k ids, top-k log-probs)."""
+    logp = np.concatenate([p[0] for p in parts])
+    top_i = np.concatenate([p[1] for p in parts])
+    top_l = np.concatenate([p[2] for p in parts])
+    return RollingResult(logp, top_i, top_l.astype(np.float32), at_ids(None if ref is None else ref[: len(logp)],
+                                                                         top_i, top_l))
 
-    measured: int | float | None
-    source: str
-    extra: dict[str, Any] = field(default_factory=dict)
+
+def at_ids(ref: np.ndarray | None, top_i: np.ndarray, top_l: np.ndarray) -> np.ndarray | None:
+    """Log-probs at the reference's ids ([n, k_ref]) from the engine's own top-k ([n, k])."""
+    if ref is None:
+        return None
+    match = ref[:, :, None] == top_i[:, None, :]  # [n, k_ref, k]
+    # ids outside the engine's top-k are not returned: give them the k-th log-prob,
+    # an upper bound of their probability, so the KL estimate errs small, never large
+    floor = top_l[:, -1:]
+    return np.where(match.any(-1), (match * top_l[:, None, :]).sum(-1), floor).astype(np.float32)
 
 
 class Backend(Protocol):

@@ -16,7 +16,7 @@ from qeval.config.chat import CHAT_KEYS
 from qeval.errors import UserError
 from qeval.files.atomic import read_json
 from qeval.records.keys import key_of
-from qeval.results.metrics import metric as describe
+from qeval.results.metrics import describe
 from qeval.results.schema import Results, SetupResult
 
 #: metrics whose reported value is the mean of the documents' values (bits per byte: the ratio

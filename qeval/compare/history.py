@@ -9,7 +9,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 
 from qeval.compare.runs import LoadedRun
-from qeval.results.metrics import metric as describe
+from qeval.results.metrics import describe
 
 #: tasks drawn in the history plot, at most (a table row holds every one)
 MAX_PLOTTED_TASKS = 12

@@ -13,7 +13,7 @@ from qeval.analysis.comparison import compare, document_values, paired_records
 from qeval.analysis.stats import small_sample_reason, unpaired_difference, verdict
 from qeval.compare.evidence import chat_difference, chat_settings, stored_problems
 from qeval.compare.runs import LoadedRun
-from qeval.results.metrics import metric as describe
+from qeval.results.metrics import describe
 from qeval.results.schema import Results, SetupResult
 
 

@@ -23,7 +23,7 @@ from qeval.errors import UserError
 from qeval.report.html import inline_svg
 from qeval.report.plots import svg_of
 from qeval.report.tables import Escape, md_table, md_text
-from qeval.results.metrics import metric as describe
+from qeval.results.metrics import describe
 
 if TYPE_CHECKING:
     from qeval.compare.comparison import RunComparison

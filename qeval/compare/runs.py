@@ -18,7 +18,7 @@ from qeval.errors import UserError
 from qeval.files.jsonl import read_objects
 from qeval.files.names import check_name
 from qeval.records.store import RunStore
-from qeval.results.metrics import metric as describe
+from qeval.results.metrics import describe
 from qeval.results.schema import Results, read_results
 from qeval.run.rundir import LOCK
 

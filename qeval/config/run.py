@@ -151,10 +151,7 @@ class RunConfig(ChatKeys):
             if self.workload is None or self.workload.slo is None or self.serving is None:
                 raise ValueError("recommend_by goodput needs a workload: block with an slo: and a serving: block "
                                  "(the load levels and the engine settings to tune)")
-            if self.backend == "hf" or (self.server is not None and (self.server.mode != "launch"
-                                                                     or self.server.command is not None)):
-                raise ValueError("recommend_by goodput serves each setup with `vllm serve`: backend vllm, or openai "
-                                 "with server.mode launch and no command (the hf backend has no server to load)")
+            # whether the backend serves it is its registry entry's to say (run/preflight.py)
         elif self.recommend_by != "concurrency" and not perf.enabled:
             raise ValueError(f"recommend_by {self.recommend_by} needs the performance phase (performance.enabled)")
         return self

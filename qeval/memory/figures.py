@@ -4,26 +4,31 @@ the budget (docs/memory.md)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from qeval.config.setups import Setup
 from qeval.memory.capacity import Budget, kv_capacity
-from qeval.memory.layouts import VLLM_QEVAL_CPU, VLLM_SERVE_GPU, Engine, VllmCache, predict_sequence
+from qeval.memory.layouts import VLLM_QEVAL_CPU, VLLM_SERVE_GPU, KvAccounting, predict_sequence
 from qeval.memory.ledger import ModelShape, predict_kv_bytes_per_token, predict_weights_bytes
+from qeval.records.job import MemoryFigure
 from qeval.results.schema import EnginePool, Figure, Memory, SequenceKV
 
 #: predicted and measured weights or KV bytes further apart than this are flagged
 GAP_FLAG = 0.10
 
 
-def memory_block(setup: Setup, measured: dict[str, Any], shape: ModelShape | None, dtype: str, device: str,
-                 budget: Budget, engine_share: str, backend: str = "hf", vllm: VllmCache | None = None) -> Memory:
+#: a figure the worker did not store
+_NOT_MEASURED = MemoryFigure(None, "not measured")
+
+
+def memory_block(setup: Setup, measured: dict[str, MemoryFigure], shape: ModelShape | None, dtype: str, device: str,
+                 budget: Budget, engine_share: str, accounting: KvAccounting | None) -> Memory:
     """The memory block from the worker's measured figures (`measured`, as stored) and the
-    model's shape. `engine_share` says what a vLLM engine's pool was sized from."""
+    model's shape. `engine_share` says what a vLLM engine's pool was sized from; `accounting` is the
+    backend's KV accounting (its registry entry's), None where the engine is not known: then no
+    sequence is predicted."""
     def fig(name: str, predicted: int | None = None) -> Figure:
-        m = measured.get(name) or {}
-        return Figure(measured=m.get("measured"), predicted=predicted, source=m.get("source", "not measured"),
-                      **(m.get("extra") or {}) if name == "peak_bytes" else {})
+        m = measured.get(name, _NOT_MEASURED)
+        return Figure(measured=m.measured, predicted=predicted, source=m.source,
+                      **m.extra if name == "peak_bytes" else {})
 
     mem = Memory(
         weights_bytes=fig("weights_bytes", predict_weights_bytes(shape, setup, dtype) if shape else None),
@@ -32,7 +37,8 @@ def memory_block(setup: Setup, measured: dict[str, Any], shape: ModelShape | Non
         peak_bytes=fig("peak_bytes"), activations_bytes=fig("activations_bytes"),
         overhead_bytes=fig("overhead_bytes") if "overhead_bytes" in measured else None,
         engine=_engine_pool(measured, engine_share),
-        kv_per_sequence=_sequence(setup, measured, shape, dtype, device, budget, backend, vllm) if shape else None,
+        kv_per_sequence=_sequence(setup, measured, shape, dtype, device, budget, accounting)
+        if shape and accounting else None,
     )
     if mem.engine and device == "cuda":  # vLLM sized its KV pool on the GPU itself: that, not a prediction
         ctx = budget.context_len
@@ -55,34 +61,33 @@ def memory_block(setup: Setup, measured: dict[str, Any], shape: ModelShape | Non
                            "(measured where measured, else predicted); the same formula as `qeval plan`"})
 
 
-def _sequence(setup: Setup, measured: dict[str, Any], shape: ModelShape, dtype: str, device: str, budget: Budget,
-              backend: str, vllm: VllmCache | None) -> SequenceKV:
+def _sequence(setup: Setup, measured: dict[str, MemoryFigure], shape: ModelShape, dtype: str, device: str,
+              budget: Budget, accounting: KvAccounting) -> SequenceKV:
     """One sequence of the budget's context on this backend, predicted by its engine's rules, and
     measured where the worker measured it at that context."""
-    engine: Engine = "vllm" if backend == "vllm" else "hf"
-    vllm = vllm or (VLLM_SERVE_GPU if device == "cuda" else VLLM_QEVAL_CPU)
+    engine = accounting.engine
+    vllm = accounting.vllm or (VLLM_SERVE_GPU if device == "cuda" else VLLM_QEVAL_CPU)
     p = predict_sequence(shape, setup, dtype, budget.context_len, engine, vllm)
-    m = measured.get("kv_bytes_per_sequence") or {}
-    at = (m.get("extra") or {}).get("context")
-    ok = m.get("measured") is not None and at == budget.context_len
+    m = measured.get("kv_bytes_per_sequence", _NOT_MEASURED)
+    ok = m.measured is not None and m.extra.get("context") == budget.context_len
     return SequenceKV(context=budget.context_len, engine=engine, predicted=p.total, by_layer_type=p.by_kind,
-                      state_bytes=p.state, naive=p.naive, measured=m["measured"] if ok else None,
-                      source=m.get("source", "not measured") if ok else "not measured")
+                      state_bytes=p.state, naive=p.naive, measured=m.measured if ok else None,
+                      source=m.source if ok else "not measured")
 
 
-def _engine_pool(measured: dict[str, Any], share: str) -> EnginePool | None:
+def _engine_pool(measured: dict[str, MemoryFigure], share: str) -> EnginePool | None:
     """The KV pool the vLLM engine reported: tokens, and sequences at its max_model_len as it
     logged them. On the CPU build the pool is a share of host memory, so it says nothing about
     the budget: the capacity then comes from the formula, and this stays a record."""
-    tokens = measured.get("kv_cache_tokens") or {}
-    if tokens.get("measured") is None:
+    tokens = measured.get("kv_cache_tokens", _NOT_MEASURED)
+    if tokens.measured is None:
         return None
-    conc = measured.get("max_concurrency") or {}
-    lines = [tokens.get("extra", {}).get("line"), conc.get("extra", {}).get("line")]
+    conc = measured.get("max_concurrency", _NOT_MEASURED)
+    lines = [tokens.extra.get("line"), conc.extra.get("line")]
     # the engine's log (in-process vLLM), or where a backend read the pool from (a server's /metrics)
-    where = tokens.get("extra", {}).get("pool_source") or "vLLM engine log"
-    return EnginePool(kv_cache_tokens=tokens["measured"], max_concurrency=conc.get("measured"),
-                      max_concurrency_context=conc.get("extra", {}).get("context"), pool=share,
+    where = tokens.extra.get("pool_source") or "vLLM engine log"
+    return EnginePool(kv_cache_tokens=tokens.measured, max_concurrency=conc.measured,
+                      max_concurrency_context=conc.extra.get("context"), pool=share,
                       source=f"{where}: " + "; ".join(x for x in lines if x))
 
 

@@ -67,6 +67,16 @@ class VllmCache:
 
 
 @dataclass(frozen=True)
+class KvAccounting:
+    """Whose rules size one sequence's KV cache where a backend serves: an engine's (the module's
+    docstring) and, for vLLM, the cache settings it runs with. A backend's registry entry gives it
+    (qeval/backends/__init__.py `BackendEntry.kv_accounting`), None where qeval cannot know the engine."""
+
+    engine: Engine
+    vllm: VllmCache | None = None
+
+
+@dataclass(frozen=True)
 class SequenceKV:
     """What one sequence of `context` tokens holds, in bytes: KV per layer kind, and the constant
     state of state layers. `naive` is 2 x layers x KV heads x head_dim x bytes x L, as if every

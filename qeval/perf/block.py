@@ -4,10 +4,9 @@ must see (a share over 1 means the ceiling measurement is wrong: flagged, not cl
 
 from __future__ import annotations
 
-from typing import Any
-
 from qeval.config.setups import Setup
 from qeval.memory.ledger import ModelShape
+from qeval.records.job import PhaseRecord
 from qeval.results.performance import Ceilings, CeilingShare, PerfLevel, Performance
 from qeval.results.schema import Memory
 
@@ -16,20 +15,20 @@ _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _INT8_ACTIVATIONS = ("w8a8", "w4a8")
 
 
-def performance_block(setup: Setup, stored: dict[str, Any] | None, key: str, memory: Memory,
+def performance_block(setup: Setup, stored: PhaseRecord | None, key: str, memory: Memory,
                       shape: ModelShape | None, dtype: str, ceilings: Ceilings | None) -> tuple[Performance | None,
                                                                                                 list[str]]:
     """The typed block and its flags; None when nothing was stored under this run's key."""
     if not stored:
         return None, []
-    if stored.get("key") != key:
+    if stored.key != key:
         return None, ["performance_not_current: the stored performance figures were measured under another "
                       "workload, budget or setup; rerun this setup to measure them again"]
-    if stored.get("status") != "ok":
-        return Performance(status="failed", error=stored.get("error") or "unknown error"), []
-    levels = [PerfLevel(concurrency=x["concurrency"], requests=x["requests"], **x["figures"]) for x in stored["levels"]]
-    perf = Performance(status="ok", workload=stored["workload"], levels=levels, notes=list(stored.get("notes", [])),
-                       budget_concurrency=stored.get("budget_concurrency"), seconds=stored.get("seconds"))
+    if stored.status != "ok":
+        return Performance(status="failed", error=stored.error or "unknown error"), []
+    levels = [PerfLevel(concurrency=x.concurrency, requests=x.requests, **x.figures) for x in stored.levels]
+    perf = Performance(status="ok", workload=stored.workload, levels=levels, notes=list(stored.notes),
+                       budget_concurrency=stored.budget_concurrency, seconds=stored.seconds)
     if ceilings is None or shape is None:
         return perf, []
     decode = _decode_share(perf, memory, shape, dtype, ceilings)

@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from qeval.backends.workload import Measurement, Workload, resolve_levels, workload_for
 from qeval.perf.stats import measured, percentile
+from qeval.records.job import PhaseRecord, StoredLevel
 
 if TYPE_CHECKING:
     from qeval.backends.base import Backend
     from qeval.config import RunConfig
     from qeval.config.setups import Setup
-    from qeval.records.job import PerformanceJob
+    from qeval.records.job import MemoryFigure, PerformanceJob
 
 #: bump when the measurement changes what a stored figure means
 PERF_VERSION = "1"
@@ -53,38 +54,37 @@ def perf_key(setup_parts: dict[str, str], cfg: RunConfig) -> str:
                                  "seed": str(cfg.seed), "perf_version": PERF_VERSION} | lengths)
 
 
-def budget_concurrency(cfg: RunConfig, setup: Setup, device: str, memory: dict[str, Any],
+def budget_concurrency(cfg: RunConfig, setup: Setup, device: str, memory: dict[str, MemoryFigure],
                        shape: dict[str, Any] | None) -> float | None:
     """The setup's memory.max_concurrency, computed here exactly as the results will report it
     (qeval.memory.figures.memory_block on the same measured figures, as stored, and model shape)."""
-    from qeval.backends.vllm.support import cache_accounting
+    from qeval.backends import backend_entry
     from qeval.memory.figures import memory_block
 
-    vllm = cache_accounting(device) if cfg.backend == "vllm" else None
     block = memory_block(setup, memory, _shape(shape) if shape else None, cfg.model.dtype, device, cfg.budget, "",
-                         cfg.backend, vllm)
+                         backend_entry(cfg.backend).kv_accounting(cfg, device))
     return block.max_concurrency
 
 
-def run_phase(backend: Backend, cfg: RunConfig, setup: Setup, device: str, memory: dict[str, Any],
-              job: PerformanceJob) -> dict[str, Any]:
+def run_phase(backend: Backend, cfg: RunConfig, setup: Setup, device: str, memory: dict[str, MemoryFigure],
+              job: PerformanceJob) -> PhaseRecord:
     """Time the workload on the loaded backend; a failure here is recorded, never raised
     (the setup's scores stand without its performance)."""
     t0 = time.time()
-    out: dict[str, Any] = {"key": job.key, "status": "failed", "error": None}
+    out = PhaseRecord(key=job.key)
     try:
         conc = budget_concurrency(cfg, setup, device, memory, job.shape)
         levels, why = resolve_levels(cfg.performance, conc, backend.concurrency_limit)
         lengths, lengths_source = workload_lengths(cfg)
         workload = workload_for(cfg.performance, levels, why, cfg.seed, lengths, lengths_source)
         m = backend.performance(workload)
-        out |= {"status": "ok", "workload": workload.as_dict(), "levels": summarize(m, workload),
-                "notes": m.notes, "budget_concurrency": conc}
+        out = PhaseRecord(key=job.key, status="ok", workload=workload.as_dict(), levels=summarize(m, workload),
+                          notes=m.notes, budget_concurrency=conc)
     except Exception as exc:  # noqa: BLE001 - any failure (out of memory included) is this phase's result
         msg = str(exc).strip().splitlines()
-        out["error"] = f"{type(exc).__name__}: {msg[0] if msg else ''}"
-        out["traceback"] = traceback.format_exc(limit=8)
-    out["seconds"] = round(time.time() - t0, 2)
+        out.error = f"{type(exc).__name__}: {msg[0] if msg else ''}"
+        out.traceback = traceback.format_exc(limit=8)
+    out.seconds = round(time.time() - t0, 2)
     return out
 
 
@@ -102,7 +102,7 @@ def workload_lengths(cfg: RunConfig) -> tuple[tuple[tuple[int, int], ...], str]:
     return tuple((r.input_tokens, max(r.output_tokens, 2)) for r in trace.requests), trace.source
 
 
-def summarize(m: Measurement, workload: Workload) -> list[dict[str, Any]]:
+def summarize(m: Measurement, workload: Workload) -> list[StoredLevel]:
     """Per level: each figure's value per timed repeat, then median, spread and repeat count."""
     levels = []
     for level, repeats in m.waves.items():
@@ -125,8 +125,8 @@ def summarize(m: Measurement, workload: Workload) -> list[dict[str, Any]]:
                 per_repeat[name].append(v)
         figures = {name: measured(per_repeat[name], unit, _source(m, key, workload))
                    for name, (unit, key) in FIGURES.items()}
-        levels.append({"concurrency": level, "requests": workload.requests_at(level), "figures": figures})
-    return sorted(levels, key=lambda x: x["concurrency"])
+        levels.append(StoredLevel(concurrency=level, requests=workload.requests_at(level), figures=figures))
+    return sorted(levels, key=lambda x: x.concurrency)
 
 
 def _source(m: Measurement, key: str, workload: Workload) -> str:

@@ -458,8 +458,9 @@ def goodput_run(cfg: RunConfig, out: Path, gated: tuple[list[str], dict[str, str
 
     if cfg.workload is None or cfg.workload.slo is None or cfg.serving is None:
         raise UserError(f"{cfg.name}: qeval goodput needs a workload: block with an slo: and a serving: block")
-    if cfg.backend not in ("openai", "vllm") or (cfg.server is not None and cfg.server.mode != "launch") \
-            or (cfg.server is not None and cfg.server.command is not None):
+    from qeval.backends import backend_entry
+
+    if not backend_entry(cfg.backend).serves_goodput(cfg):
         raise UserError(f"{cfg.name}: qeval goodput serves each setup with `vllm serve`: backend vllm, or openai "
                         "with server.mode launch and no command (the hf backend has no server to load)")
     workload, sv, slo = cfg.workload, cfg.serving, cfg.workload.slo

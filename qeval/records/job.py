@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.dataclasses import dataclass
 
 from qeval.errors import UserError
+from qeval.results.performance import Measured, PerfWorkload
 
 
 class PerformanceJob(BaseModel):
@@ -22,11 +24,6 @@ class PerformanceJob(BaseModel):
     key: str
     #: the model's shape (records.shape.ModelShape as a mapping): the budget's concurrency
     shape: dict[str, Any] | None = None
-
-
-#: output types whose setups are scored against the baseline's stored top-k (token-level KL and Δp):
-#: perplexity texts, and the scored tokens of log-likelihood and multiple-choice tasks
-KL_OUTPUT_TYPES = ("loglikelihood_rolling", "multiple_choice", "loglikelihood")
 
 
 class Job(BaseModel):
@@ -46,7 +43,7 @@ class Job(BaseModel):
     task_key_parts: dict[str, dict[str, str]]
     #: task -> its kind (qeval/tasks/kinds.py): which kind's scoring serves it
     task_kinds: dict[str, str] = {}
-    #: task (one of KL_OUTPUT_TYPES) -> (setup, task) of the baseline's stored top-k: the KL reference
+    #: task (one of results.metrics.KL_OUTPUT_TYPES) -> (setup, task) of the baseline's stored top-k: the KL reference
     reference: dict[str, tuple[str, str]] = {}
     baseline: str
     #: the setup's resume key and its parts
@@ -55,6 +52,47 @@ class Job(BaseModel):
     performance: PerformanceJob | None = None
     #: a sequential run's plan (qeval/analysis/sequential_run.py), None while the switch is off
     sequential: dict[str, Any] | None = None
+
+
+@dataclass
+class MemoryFigure:
+    """A measured number and where it came from: what a backend's memory() returns, stored as is
+    in the outcome and read back by qeval/memory/figures.py (a pydantic dataclass: built
+    positionally by the backends, validated when an outcome is read)."""
+
+    measured: int | float | None
+    source: str
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class StoredLevel(BaseModel):
+    """One concurrency level of the performance phase, as the worker stores it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    concurrency: int
+    requests: int
+    #: figure name (qeval/perf/phase.py FIGURES) -> its repeats summarised
+    figures: dict[str, Measured]
+
+
+class PhaseRecord(BaseModel):
+    """The performance phase's figures as the worker stores them (qeval/perf/phase.py), keyed to
+    their own key; turned into results.json's `performance` block at assembly (qeval/perf/block.py)."""
+
+    # extra="allow": as Outcome's
+    model_config = ConfigDict(extra="allow")
+
+    key: str
+    status: Literal["ok", "failed"] = "failed"
+    error: str | None = None
+    traceback: str | None = None
+    workload: PerfWorkload | None = None
+    levels: list[StoredLevel] = []
+    notes: list[str] = []
+    #: the setup's memory.max_concurrency the `max` level came from
+    budget_concurrency: float | None = None
+    seconds: float | None = None
 
 
 class Outcome(BaseModel):
@@ -72,12 +110,34 @@ class Outcome(BaseModel):
     timings: dict[str, float] = {}
     key: str | None = None
     key_parts: dict[str, Any] | None = None
-    #: the backend's memory figures: name -> {measured, source, ...}
-    memory: dict[str, dict[str, Any]] = {}
+    #: the backend's memory figures by name (weights_bytes, kv_bytes_per_token, peak_bytes, ...)
+    memory: dict[str, MemoryFigure] = {}
     #: the performance phase's figures (qeval/perf/phase.py), keyed to their own key
-    performance: dict[str, Any] | None = None
+    performance: PhaseRecord | None = None
     quantization: dict[str, Any] = Field(default_factory=dict)
     library_versions: dict[str, str] = Field(default_factory=dict)
+
+
+class AdviseJob(BaseModel):
+    """The advisor's job (RUN_DIR/jobs/_advise.json): what `python -m qeval.run.advice JOB.json` runs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: the resolved run config (RunConfig as JSON)
+    config: dict[str, Any]
+    run_dir: str
+    #: the advice's resume key and its parts (qeval/run/advice.py)
+    key: str
+    key_parts: dict[str, str]
+    #: where the process writes an AdviseOutcome when it fails
+    outcome: str
+
+
+class AdviseOutcome(BaseModel):
+    """Why the advisor's process failed: bad input only the loaded model shows, or another error."""
+
+    user_error: str | None = None
+    error: str | None = None
 
 
 def read_job(path: Path) -> Job:

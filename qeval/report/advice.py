@@ -14,7 +14,7 @@ from qeval.report import plots
 from qeval.report.sections import HtmlTables, ReportSection
 from qeval.report.tables import Escape, md_table
 from qeval.results.advice import AdviceResult
-from qeval.results.metrics import metric as describe
+from qeval.results.metrics import describe
 from qeval.results.schema import Results, SetupResult
 
 TITLE = "Mixed-precision advice"
@@ -31,12 +31,12 @@ def _bytes(n: int | float | None) -> str:
 def mix_row(a: AdviceResult, esc: Escape) -> tuple[list[str], list[str]]:
     """The chosen mix in one row: what is kept, its bytes, and the advisor's predictions."""
     s = a.search
-    below = s["measured_calib_kl"] < a.uniform_kl
+    below = s.measured_calib_kl < a.uniform_kl
     header = ["setup", "target", "kept", "bytes kept", "allowance", "budget", f"KL uniform {esc(a.target)}",
               "KL predicted (gains added)", "KL measured (calibration)", "below the uniform's"]
-    row = [esc(a.setup), esc(a.target), esc(", ".join(s["kept"]) or "nothing"), _bytes(s["extra_bytes"]),
-           _bytes(s["allowance_bytes"]), esc(a.budget), _kl(a.uniform_kl), _kl(s["predicted_kl"]),
-           _kl(s["measured_calib_kl"]), "yes" if below else "no"]
+    row = [esc(a.setup), esc(a.target), esc(", ".join(s.kept) or "nothing"), _bytes(s.extra_bytes),
+           _bytes(s.allowance_bytes), esc(a.budget), _kl(a.uniform_kl), _kl(s.predicted_kl),
+           _kl(s.measured_calib_kl), "yes" if below else "no"]
     return header, row
 
 
@@ -81,11 +81,11 @@ def verification(results: Results, esc: Escape) -> tuple[list[str], list[list[st
               "advisor KL (held out)"]
     header += [f"{esc(t)} KL to baseline (top-1)" for t in kl_tasks]
     header += [f"{esc(t)} Δ vs baseline [95% CI]" for t in tasks] + ["gates"]
-    advisor = {a.target: a.uniform_kl, a.setup: a.search["measured_calib_kl"]}
+    advisor = {a.target: a.uniform_kl, a.setup: a.search.measured_calib_kl}
     rows = []
     for s in compared_setups(results):
         w = s.memory.weights_bytes
-        kept = ("(baseline)" if s.baseline else esc(", ".join(a.search["kept"]) or "nothing") if s.name == a.setup
+        kept = ("(baseline)" if s.baseline else esc(", ".join(a.search.kept) or "nothing") if s.name == a.setup
                 else "-")
         row = [esc(s.name), kept, _bytes(w.predicted), _bytes(w.measured), _kl(advisor.get(s.name)),
                _kl(held.get(s.name))]
@@ -115,11 +115,11 @@ HELDOUT_HEADER = ["mix", "kept", "weights bytes (predicted)", "KL (held out)"]
 
 def versus_line(a: AdviceResult) -> str:
     v = a.versus_random
-    if "ci95" not in v:
-        return str(v.get("verdict", "no held-out check"))
-    return (f"Random minus advisor, paired by document (mean over {v['draws']} draws): {v['mean_diff']:+.5f} KL, "
-            f"95% CI [{v['ci95'][0]:+.5f}, {v['ci95'][1]:+.5f}]; {v['draws_beaten']} of {v['draws']} draws beaten "
-            f"beyond noise: {v['verdict']}.")
+    if v.ci95 is None or v.mean_diff is None:
+        return v.verdict
+    return (f"Random minus advisor, paired by document (mean over {v.draws} draws): {v.mean_diff:+.5f} KL, "
+            f"95% CI [{v.ci95[0]:+.5f}, {v.ci95[1]:+.5f}]; {v.draws_beaten} of {v.draws} draws beaten "
+            f"beyond noise: {v.verdict}.")
 
 
 def sensitivity_rows(a: AdviceResult) -> tuple[list[str], list[list[str]]]:
@@ -127,7 +127,7 @@ def sensitivity_rows(a: AdviceResult) -> tuple[list[str], list[list[str]]]:
     kinds = sorted({u.kind for u in a.units if u.layer is not None and u.kind})
     layers = sorted({u.layer for u in a.units if u.layer is not None and u.kind})
     cell = {(u.layer, u.kind): u for u in a.units if u.layer is not None and u.kind}
-    kept = set(a.search["kept"])
+    kept = set(a.search.kept)
     header = ["layer"] + [f"{k} {what}" for k in kinds for what in ("cost", "gain")] + ["kept"]
     rows = []
     for layer in layers:
@@ -143,9 +143,9 @@ def sensitivity_rows(a: AdviceResult) -> tuple[list[str], list[list[str]]]:
 def _how(a: AdviceResult) -> str:
     c, t = a.calibration, a.timing
     done = ("reused from advice.json (stored under this run's advice key)" if a.reused else
-            f"computed in {t.get('total_s', 0):.1f} s ({int(t.get('passes', 0))} forward passes)")
-    return (f"Budget {a.budget} ({a.budget_bytes:,} bytes: {a.budget_basis}). Calibration: {c['tokens']} tokens in "
-            f"{c['documents']} documents of {c['source']}; KL(baseline || mix) on the baseline's top-{c['top_k']} "
+            f"computed in {t.total_s if t else 0:.1f} s ({int(t.passes if t else 0)} forward passes)")
+    return (f"Budget {a.budget} ({a.budget_bytes:,} bytes: {a.budget_basis}). Calibration: {c.tokens} tokens in "
+            f"{c.documents} documents of {c.source}; KL(baseline || mix) on the baseline's top-{c.top_k} "
             f"ids plus a tail bucket, mean per token. Advice {done}. The search honours the budget only: the "
             "run's gates judge the advised setup, in the verification table.")
 

@@ -16,8 +16,7 @@ from qeval.report import advice, divergence, generated, sequence, sequential_gat
 from qeval.report import performance as perf_views
 from qeval.report.sections import ReportSection
 from qeval.report.tables import Escape, code_text, md_table, md_text
-from qeval.results.metrics import Metric
-from qeval.results.metrics import metric as describe
+from qeval.results.metrics import Metric, describe
 from qeval.results.schema import Comparison, Figure, Results, SetupResult
 
 

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import matplotlib as mpl
 import matplotlib.pyplot as plt  # no backend forced: Agg headless, inline in a notebook
 
-from qeval.results.metrics import metric as describe
+from qeval.results.metrics import describe
 from qeval.results.schema import Results, SetupResult
 
 T = TypeVar("T")

@@ -175,12 +175,10 @@ def workload_note(config: dict[str, Any]) -> str | None:
     workload = config.get("workload")
     if not workload or config.get("recommend_by") == "goodput":  # served by the run: its own section says so
         return None
-    if config.get("backend") == "hf":
-        return ("workload: goodput was not measured: the hf backend has no continuous batching and no server to "
-                "load (`qeval goodput` serves vLLM); the workload's lengths drive `qeval plan --workload` and, with "
-                "the performance phase on, its timed waves")
-    return ("workload: goodput and latency percentiles are measured by `qeval goodput` on this config "
-            "(RUN_DIR/serving.md), or by `qeval run` itself under `recommend_by: goodput`")
+    return ("workload: this run measured no goodput: it is measured on `vllm serve` only, by `qeval run` under "
+            "`recommend_by: goodput` or by `qeval goodput` on this config (RUN_DIR/serving.md); the hf backend has "
+            "no server to load, and there the workload's lengths drive `qeval plan --workload` and, with "
+            "`performance.from_workload`, the timed waves")
 
 
 # -- the run report's section (results.json `serving`, `qeval run` under recommend_by: goodput) --

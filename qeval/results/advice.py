@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_serializer
 
+from qeval.config.setups import Setup
 from qeval.results.base import ResultModel
 
 
@@ -32,6 +33,100 @@ class AdviceMix(ResultModel):
     heldout_kl: float = Field(description="mean KL to the baseline per token on the held-out documents")
 
 
+class HeldoutMix(AdviceMix):
+    """A held-out mix as advice.json keeps it: with its per-document KLs (left out of results.json)."""
+
+    per_doc: list[float] = Field([], repr=False, description="mean KL per held-out document, in their order")
+
+
+class AdviceCalibration(ResultModel):
+    """The calibration slice the sensitivity was measured on."""
+
+    source: str = Field(description="the named text, or the config's perplexity task")
+    documents: int = Field(description="calibration documents")
+    tokens: int = Field(description="calibration tokens")
+    heldout_documents: int = Field(description="held-out documents (the search never saw them)")
+    top_k: int = Field(description="the baseline's top-k ids the KL is taken on (plus a tail bucket)")
+
+
+class AdviceSearch(ResultModel):
+    """The search under the budget (qeval/advise/search.py) and the chosen mix."""
+
+    method: str = Field(description="exact or greedy")
+    allowance_bytes: int = Field(description="the bytes the budget allows keeping above the uniform target")
+    extra_bytes: int = Field(description="the bytes the kept units add")
+    kept: list[str] = Field(description="the kept units")
+    predicted_gain_kl: float = Field(description="the kept units' gains added")
+    predicted_kl: float = Field(description="the uniform target's KL minus the predicted gain")
+    measured_calib_kl: float = Field(description="the mix measured as a whole on the calibration slice")
+
+
+class RandomDraw(ResultModel):
+    """One random mix against the advisor's, paired by held-out document."""
+
+    mix: str = Field(description="the random mix's name")
+    mean_diff: float = Field(description="random minus advisor, mean KL per document")
+    ci95: list[float] = Field(description="its 95% t-interval [lower, upper]")
+
+
+class VersusRandom(ResultModel):
+    """The held-out check against random mixes of the same bytes; only `verdict` where there was
+    none (no held-out documents, or nothing kept)."""
+
+    verdict: str = Field("no held-out check", description="in words")
+    documents: int | None = Field(None, description="held-out documents paired")
+    draws: int | None = Field(None, description="random mixes drawn")
+    mean_diff: float | None = Field(None, description="random (mean over the draws) minus advisor, mean KL")
+    ci95: list[float] | None = Field(None, description="its 95% t-interval [lower, upper]")
+    draws_beaten: int | None = Field(None, description="draws the advisor's mix beat beyond noise")
+    per_draw: list[RandomDraw] = Field([], description="each draw against the advisor's mix")
+
+
+class AdviceTiming(ResultModel):
+    """What the advice cost, in seconds (passes: forward passes over the calibration slice)."""
+
+    load_s: float = Field(description="loading the model and the slice")
+    baseline_pass_s: float = Field(description="the baseline's pass (its top-k kept)")
+    sensitivity_s: float = Field(description="every pass of the sensitivity, the baseline's included")
+    passes: float = Field(description="forward passes over the calibration slice")
+    seconds_per_pass: float = Field(description="a candidate's pass, on average")
+    total_s: float = Field(description="the whole advice, the held-out check included")
+
+
+class Advice(ResultModel):
+    """RUN_DIR/advice.json (and `qeval advise`'s advice.json): everything the advisor found,
+    written by qeval/advise/advisor.py, read back by qeval/run/advice.py and qeval/advise/output.py."""
+
+    config: str
+    model: str
+    dtype: str
+    device: str
+    #: the uniform setup whose precision the advice lowers
+    target: Setup
+    budget: str
+    budget_bytes: int
+    budget_basis: str
+    calibration: AdviceCalibration
+    rows: list[AdviceUnit]
+    uniform_kl: float
+    search: AdviceSearch
+    #: the advised setup
+    setup: Setup
+    mixes: list[HeldoutMix]
+    versus_random: VersusRandom
+    timing: AdviceTiming
+    #: a run's resume key for this advice and its parts (qeval/run/advice.py); empty from `qeval advise`
+    key: str = ""
+    key_parts: dict[str, str] = {}
+    #: this run reused the stored file (set on read, never written)
+    reused: bool = Field(False, exclude=True)
+
+    @field_serializer("target", "setup")
+    def _spec(self, setup: Setup) -> dict[str, Any]:
+        # the setup as a config names it: its non-default keys (the YAML snippet pastes these)
+        return setup.model_dump(mode="json", exclude_defaults=True) | {"name": setup.name}
+
+
 class AdviceResult(ResultModel):
     """The advice a run computed (or reused from RUN_DIR/advice.json) before its setups ran."""
 
@@ -41,16 +136,12 @@ class AdviceResult(ResultModel):
     budget: str = Field(description="the budget as the advisor read it")
     budget_bytes: int = Field(description="the budget in bytes on its basis")
     budget_basis: str = Field(description="what the budget counts")
-    calibration: dict[str, Any] = Field(description="source, documents, tokens, heldout_documents, top_k")
+    calibration: AdviceCalibration = Field(description="the calibration slice")
     uniform_kl: float = Field(description="the uniform target's KL on the calibration slice")
     units: list[AdviceUnit] = Field(description="each unit's sensitivity: the cells, then the unions when measured")
-    search: dict[str, Any] = Field(description="method (exact or greedy), allowance_bytes, extra_bytes, kept, "
-                                               "predicted_gain_kl, predicted_kl (gains added), measured_calib_kl "
-                                               "(the mix measured as a whole on the calibration slice)")
+    search: AdviceSearch = Field(description="the search and the chosen mix")
     heldout: list[AdviceMix] = Field([], description="the held-out check (empty: heldout_docs 0)")
-    versus_random: dict[str, Any] = Field({}, description="random minus advisor, paired by document: mean_diff, "
-                                                          "ci95, draws, draws_beaten, verdict")
-    timing: dict[str, float] = Field({}, description="seconds: load_s, baseline_pass_s, sensitivity_s, passes, "
-                                                     "seconds_per_pass, total_s")
+    versus_random: VersusRandom = Field(VersusRandom(), description="random minus advisor, paired by document")
+    timing: AdviceTiming | None = Field(None, description="what computing the advice cost")
     key: str = Field(description="the advice's resume key (qeval/run/advice.py)")
     reused: bool = Field(False, description="this run reused the stored advice.json (its key unchanged)")

@@ -14,7 +14,11 @@ from typing import Literal
 
 from qeval.errors import UserError
 
+#: a native task's output type (lm-eval's tasks add `loglikelihood`)
 OutputType = Literal["multiple_choice", "generate_until", "loglikelihood_rolling"]
+#: output types whose setups are scored against the baseline's stored top-k (token-level KL and Δp):
+#: perplexity texts, and the scored tokens of log-likelihood and multiple-choice tasks
+KL_OUTPUT_TYPES = ("loglikelihood_rolling", "multiple_choice", "loglikelihood")
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,7 @@ KIND_METRICS: dict[str, tuple[str, ...]] = {
 SAMPLED_METRICS: dict[str, tuple[str, ...]] = {"generate_until": ("pass_at_k", "maj_at_k")}
 
 
-def metric(name: str, higher_is_better: bool | None = None) -> Metric:
+def describe(name: str, higher_is_better: bool | None = None) -> Metric:
     """The descriptor of `name` (an lm-eval filter suffix after a comma is ignored). A metric
     qeval has no descriptor for (an lm-eval task's f1, bleu, ...) reads as a plain number, its
     direction as lm-eval declares it (`higher_is_better`, default True)."""

@@ -226,9 +226,9 @@ class SetupResult(ResultModel):
 
     def worst_accuracy_delta(self) -> float:
         """The largest accuracy drop against the baseline, in points (0: none, or the baseline)."""
-        from qeval.results.metrics import metric
+        from qeval.results.metrics import describe
 
-        return 100 * min((c.delta for c in self.vs_baseline.values() if metric(c.metric).proportion), default=0.0)
+        return 100 * min((c.delta for c in self.vs_baseline.values() if describe(c.metric).proportion), default=0.0)
 
 
 class RunInfo(ResultModel):

@@ -16,7 +16,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+
+from pydantic import ValidationError
 
 from qeval.advise.calibration import read_texts
 from qeval.advise.target import Options, allowance_of, budget_problem, pick_target
@@ -29,10 +30,11 @@ from qeval.errors import UserError
 from qeval.files.atomic import atomic_write_json, read_json
 from qeval.files.names import inside
 from qeval.files.processes import die_with_parent
+from qeval.records.job import AdviseJob, AdviseOutcome
 from qeval.records.keys import key_of
 from qeval.records.preflight import Preflight
 from qeval.records.store import RunStore
-from qeval.results.advice import AdviceResult
+from qeval.results.advice import Advice, AdviceMix, AdviceResult
 from qeval.version import __version__
 
 
@@ -120,19 +122,19 @@ def advice_key(pre: Preflight) -> tuple[str, dict[str, str]]:
     return key_of(parts), parts
 
 
-def stored_advice(store: RunStore, key: str) -> dict[str, Any] | None:
+def stored_advice(store: RunStore, key: str) -> Advice | None:
     """RUN_DIR/advice.json when it is stored under `key`, else None."""
     path = advice_path(store)
     if not path.is_file():
         return None
     try:
-        stored = read_json(path)
-    except (OSError, UserError):  # a torn or foreign file: computed anew
+        stored = Advice.model_validate(read_json(path))
+    except (OSError, UserError, ValidationError):  # a torn or foreign file: computed anew
         return None
-    return stored if isinstance(stored, dict) and stored.get("key") == key else None
+    return stored if stored.key == key else None
 
 
-def ensure_advice(pre: Preflight, store: RunStore, force: bool, compute: bool = True) -> dict[str, Any] | None:
+def ensure_advice(pre: Preflight, store: RunStore, force: bool, compute: bool = True) -> Advice | None:
     """advice.json's content under this run's key: stored (reused, unless `force`), else
     computed now in a fresh process (when `compute`; else None). AdviceFailed when it fails."""
     key, parts = advice_key(pre)
@@ -140,34 +142,42 @@ def ensure_advice(pre: Preflight, store: RunStore, force: bool, compute: bool = 
     if stored is not None:
         print("advise: advice.json is stored under this run's key: reused (use --force to recompute)",
               file=sys.stderr)
-        return stored | {"reused": True}
+        return stored.model_copy(update={"reused": True})
     if not compute:
         return None
     job = _job_path(store)
     job.parent.mkdir(parents=True, exist_ok=True)
     outcome = job.with_name("_advise.outcome.json")
     outcome.unlink(missing_ok=True)
-    atomic_write_json(job, {"config": pre.cfg.job_json(), "run_dir": str(store.root), "key": key,
-                            "key_parts": parts, "outcome": str(outcome)})
+    atomic_write_json(job, AdviseJob(config=pre.cfg.job_json(), run_dir=str(store.root), key=key, key_parts=parts,
+                                     outcome=str(outcome)).model_dump(mode="json"))
     print(f"advise: measuring the sensitivity for {pre.cfg.advise.budget if pre.cfg.advise else ''} "
           "in a fresh process (docs/advisor.md)", file=sys.stderr)
     t0 = time.time()
     # stderr is the terminal's: the advisor's progress lines show as they come
     proc = subprocess.run([sys.executable, "-m", "qeval.run.advice", str(job)], check=False, stdout=subprocess.DEVNULL,
                           preexec_fn=functools.partial(die_with_parent, os.getpid()))
-    said = read_json(outcome) if outcome.is_file() else {}
-    if proc.returncode == 2 and said.get("user_error"):
-        raise UserError(f"advise: {said['user_error']}")
+    said = _said(outcome)
+    if proc.returncode == 2 and said.user_error:
+        raise UserError(f"advise: {said.user_error}")
     stored = stored_advice(store, key)
     if proc.returncode != 0 or stored is None:
-        why = said.get("error") or f"the advisor's process exited with code {proc.returncode}"
+        why = said.error or f"the advisor's process exited with code {proc.returncode}"
         raise AdviceFailed(f"the advisor failed after {time.time() - t0:.0f} s: {why}")
-    return stored | {"reused": False}
+    return stored
 
 
-def advised_setup(advice: dict[str, Any]) -> Setup:
+def _said(outcome: Path) -> AdviseOutcome:
+    """What the advisor's process said of its failure (nothing when it wrote no valid outcome)."""
+    try:
+        return AdviseOutcome.model_validate(read_json(outcome)) if outcome.is_file() else AdviseOutcome()
+    except (OSError, UserError, ValidationError):
+        return AdviseOutcome()
+
+
+def advised_setup(advice: Advice) -> Setup:
     """The advised setup as advice.json holds it."""
-    return Setup.model_validate(advice["setup"])
+    return advice.setup
 
 
 def with_advised(pre: Preflight, setup: Setup, run_it: bool) -> None:
@@ -179,43 +189,42 @@ def with_advised(pre: Preflight, setup: Setup, run_it: bool) -> None:
         pre.setups.append(setup)
 
 
-def result_block(advice: dict[str, Any]) -> AdviceResult:
+def result_block(advice: Advice) -> AdviceResult:
     """results.json's `advice` block from advice.json (the held-out per-document KLs left out)."""
     return AdviceResult(
-        setup=advice["setup"]["name"], target=advice["target"]["name"], keep=list(advice["setup"].get("keep", [])),
-        budget=advice["budget"], budget_bytes=advice["budget_bytes"], budget_basis=advice["budget_basis"],
-        calibration=advice["calibration"], uniform_kl=advice["uniform_kl"], units=advice["rows"],
-        search=advice["search"],
-        heldout=[{k: v for k, v in m.items() if k != "per_doc"} for m in advice["mixes"]],
-        versus_random=advice["versus_random"], timing=advice["timing"], key=advice["key"],
-        reused=bool(advice.get("reused")))
+        setup=advice.setup.name, target=advice.target.name, keep=list(advice.setup.keep),
+        budget=advice.budget, budget_bytes=advice.budget_bytes, budget_basis=advice.budget_basis,
+        calibration=advice.calibration, uniform_kl=advice.uniform_kl, units=advice.rows, search=advice.search,
+        heldout=[AdviceMix.model_validate(m.model_dump(exclude={"per_doc"})) for m in advice.mixes],
+        versus_random=advice.versus_random, timing=advice.timing, key=advice.key, reused=advice.reused)
 
 
-def _work(job: dict[str, Any]) -> None:
+def _work(job: AdviseJob) -> None:
     """The advisor's process: advise, then advice.md, advice.html and advice.json (last, atomic:
     its key marks the advice done) into the run directory."""
     from qeval.advise.advisor import advise
     from qeval.advise.output import write
 
-    cfg = RunConfig.model_validate(job["config"])
+    cfg = RunConfig.model_validate(job.config)
     assert cfg.advise is not None
     target = advise_target(cfg, cfg.advise)
     advice = advise(cfg, Path(cfg.name), options(cfg, cfg.advise, target), log=lambda m: print(m, file=sys.stderr))
-    advice.key, advice.key_parts = job["key"], job["key_parts"]
-    write(advice, Path(job["run_dir"]) / "advice.md")
+    advice.key, advice.key_parts = job.key, job.key_parts
+    write(advice, Path(job.run_dir) / "advice.md")
 
 
 def main() -> None:
-    job = json.loads(Path(sys.argv[1]).read_text())
-    outcome = Path(job["outcome"])
+    job = AdviseJob.model_validate(json.loads(Path(sys.argv[1]).read_text()))
+    outcome = Path(job.outcome)
     try:
         _work(job)
     except UserError as exc:  # what only the loaded model shows (a layer name the advisor does not know)
-        atomic_write_json(outcome, {"user_error": str(exc)})
+        atomic_write_json(outcome, AdviseOutcome(user_error=str(exc)).model_dump(mode="json", exclude_none=True))
         sys.exit(2)
     except Exception as exc:  # any failure is reported to the runner in one line, then raised
         first = (str(exc).strip().splitlines() or [""])[0]
-        atomic_write_json(outcome, {"error": f"{type(exc).__name__}: {first}"})
+        atomic_write_json(outcome, AdviseOutcome(error=f"{type(exc).__name__}: {first}").model_dump(
+            mode="json", exclude_none=True))
         raise
 
 

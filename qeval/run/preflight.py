@@ -38,10 +38,17 @@ def model_shape(source: ModelSource) -> ModelShape:
                         f"(it {exc})") from None
 
 
+#: why a config that ranks by goodput cannot be served (the backend's registry entry decides)
+GOODPUT_BACKEND = ("recommend_by goodput serves each setup with `vllm serve`: backend vllm, or openai with server.mode "
+                   "launch and no command (the hf backend has no server to load)")
+
+
 def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: list[str] | None = None) -> Preflight:
     """Validate the whole run (`qeval validate`, and the first step of `qeval run`); raise
     UserError with one line at the first problem."""
     device = resolve_device(cfg.device, on_cluster=cfg.executor.kind == "ray")
+    if cfg.recommend_by == "goodput" and not backend_entry(cfg.backend).serves_goodput(cfg):
+        raise UserError(GOODPUT_BACKEND)
     setups = cfg.setups
     if only_setups:  # the advised setup (advise:) joins the run once the advisor named its keep list
         unknown = [s for s in only_setups if s not in {x.name for x in cfg.setups} | advised_names(cfg)]

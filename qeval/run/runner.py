@@ -34,7 +34,7 @@ from qeval.errors import UserError
 from qeval.files.atomic import atomic_write_bytes, atomic_write_json
 from qeval.perf.ceilings import ensure_ceilings
 from qeval.perf.phase import perf_key
-from qeval.records.job import KL_OUTPUT_TYPES, Job, PerformanceJob
+from qeval.records.job import Job, PerformanceJob
 from qeval.records.keys import SetupKeys, setup_keys
 from qeval.records.preflight import Preflight
 from qeval.records.provenance import git_commit, now_iso
@@ -42,11 +42,13 @@ from qeval.records.spool import clear_scratch
 from qeval.records.store import RunStore
 from qeval.report.markdown import print_summary
 from qeval.report.write import write_report
+from qeval.results.advice import Advice
+from qeval.results.metrics import KL_OUTPUT_TYPES
 from qeval.results.schema import Results, read_results
 from qeval.run.advice import advised_setup, ensure_advice, result_block, with_advised
 from qeval.run.executors import open_executor
-from qeval.run.executors.job import WorkerJob
 from qeval.run.executors.resources import job_resources
+from qeval.run.executors.worker_job import WorkerJob
 from qeval.run.preflight import advised_names, preflight
 from qeval.run.rundir import take_run_dir
 from qeval.run.serving import serve_workload
@@ -78,7 +80,7 @@ class PreparedRun:
     jobs: list[WorkerJob]
     started: str
     #: advice.json's content when the config has an `advise:` block (qeval/run/advice.py)
-    advice: dict[str, Any] | None = None
+    advice: Advice | None = None
 
 
 def run(cfg: RunConfig, opts: RunOptions) -> Results:
@@ -146,9 +148,9 @@ def prepare(pre: Preflight, opts: RunOptions, prefix: str = "") -> PreparedRun:
                    if opts.force or not store.is_done(setup.name, t, k.task_key(t))}
         outcome = store.read_outcome(setup.name)
         perf = perf_key(k.parts, pre.cfg) if pre.cfg.performance.enabled else None
-        perf_stored = (outcome.performance if outcome else None) or {}
-        perf_pending = perf is not None and (opts.force or perf_stored.get("key") != perf
-                                             or perf_stored.get("status") != "ok")
+        perf_stored = outcome.performance if outcome else None
+        perf_pending = perf is not None and (opts.force or perf_stored is None or perf_stored.key != perf
+                                             or perf_stored.status != "ok")
         if (not pending and not perf_pending and outcome and outcome.status == "ok"
                 and outcome.key == k.key):
             print(f"{prefix}{setup.name}: all {len(pre.run_tasks)} tasks stored, skipped (use --force to recompute)",
@@ -167,7 +169,7 @@ def prepare(pre: Preflight, opts: RunOptions, prefix: str = "") -> PreparedRun:
     return PreparedRun(pre, opts, store, keys, jobs, started, advice)
 
 
-def _advise(pre: Preflight, opts: RunOptions, store: RunStore) -> dict[str, Any] | None:
+def _advise(pre: Preflight, opts: RunOptions, store: RunStore) -> Advice | None:
     """The config's advice (advise:), stored or computed now, with its setup added to the run
     (in place); None without the block. Under --setups that leaves the advised setup out, only
     stored advice is used (the advisor is not run for a setup this invocation does not run)."""

@@ -132,7 +132,7 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: Job, outcome: Out
             clear_scratch(scratch, keep_states=True)
             raise
         clear_scratch(scratch)  # every task stored: their spools were moved out, nothing is left to resume
-        outcome.memory = {k: vars(v) for k, v in backend.memory().items()}
+        outcome.memory = backend.memory()
         if non_finite:  # after every task (the finite ones are stored), before timing a setup that scored nothing
             outcome.quantization = backend.quant_info
             outcome.library_versions = backend.library_versions()
@@ -143,7 +143,7 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: Job, outcome: Out
             with progress_bar(f"{setup.name}: performance", total=None) as bar:
                 outcome.performance = run_phase(backend, cfg, setup, job.device, outcome.memory, job.performance)
                 bar.advance(1)
-            timings["performance_s"] = outcome.performance["seconds"]
+            timings["performance_s"] = outcome.performance.seconds or 0.0
         outcome.quantization = backend.quant_info  # read last: engines log some of it late
         outcome.library_versions = backend.library_versions()
     finally:

@@ -14,7 +14,7 @@ from qeval.memory.capacity import whole_sequences
 from qeval.report.markdown import render_markdown
 from qeval.report.sections import ReportSection
 from qeval.report.tables import code_text, md_table, md_text
-from qeval.results.metrics import metric as describe
+from qeval.results.metrics import describe
 from qeval.results.schema import Results, read_results
 from qeval.sweep.schema import SweepResults, model_run_dir, read_sweep
 

@@ -11,11 +11,12 @@ import torch
 
 from qeval.advise.advisor import Options, advise
 from qeval.advise.output import write
-from qeval.advise.search import Budget, choose, parse_budget
+from qeval.advise.search import choose, parse_budget
 from qeval.advise.sensitivity import Probe
 from qeval.advise.units import KINDS, cells
 from qeval.backends.hf import quant as hf_quant
 from qeval.config import load_config
+from qeval.config.advise import AdviceBudget
 from qeval.config.setups import Setup
 from qeval.errors import UserError
 from qeval.memory.ledger import predict_weights_bytes
@@ -56,7 +57,8 @@ def test_search_exact_and_greedy() -> None:
     assert greedy.method == "greedy" and greedy.extra_bytes <= 25
     with pytest.raises(UserError):
         choose([0.1], [1], -1)
-    assert parse_budget("4.5bpw") == Budget("bits", 4.5) and parse_budget("2MiB") == Budget("bytes", 2 * 2**20)
+    assert parse_budget("4.5bpw") == AdviceBudget("bits", 4.5)
+    assert parse_budget("2MiB") == AdviceBudget("bytes", 2 * 2**20)
     for bad in ("4.5", "lots", "-3MiB", "0bpw"):
         with pytest.raises(UserError):
             parse_budget(bad)
@@ -72,16 +74,16 @@ def test_advise_on_the_tiny_model(tmp_path: Path) -> None:
     # keeping every MLP is quantizing only the attention: the two directions meet exactly
     assert rows["mlp"].gain_kl == pytest.approx(advice.uniform_kl - rows["attn"].cost_kl, abs=1e-9)
     assert advice.uniform_kl > 0 and all(r.cost_kl >= 0 for r in advice.rows)
-    setup = Setup.model_validate({**advice.setup, "keep": tuple(advice.setup["keep"])})
+    setup = advice.setup
     shape = ModelShape.from_model_dir(Path(cfg.model.path))
     linear_params = sum(o * i for o, i in shape.linear_shapes())
     linear_bytes = predict_weights_bytes(shape, setup, "float32") - shape.other_params() * 4
-    assert advice.search["kept"] and linear_bytes * 8 / linear_params <= 6
-    for unit in advice.search["kept"]:
+    assert advice.search.kept and linear_bytes * 8 / linear_params <= 6
+    for unit in advice.search.kept:
         layer, kind = unit[1:].split(".")
         assert all(setup.keeps(f"model.layers.{layer}.{n}") for n in KINDS[kind])
     assert advice.mixes[0].weights_bytes < advice.mixes[1].weights_bytes == advice.mixes[2].weights_bytes
-    assert "ci95" in advice.versus_random and advice.timing["passes"] == 1 + 2 * len(rows)
+    assert advice.versus_random.ci95 is not None and advice.timing.passes == 1 + 2 * len(rows)
     paths = write(advice, tmp_path / "advice.md")
     assert "<svg" in paths[1].read_text() and "keep:" in paths[0].read_text()
 

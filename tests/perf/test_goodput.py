@@ -20,7 +20,7 @@ from qeval.perf.rank import recommend_goodput
 from qeval.perf.serve_cmd import serve_command
 from qeval.perf.tune import EngineSetting, best, replay, search, settings_of
 from qeval.results.serving import ServingLevel, ServingPick, ServingResults, ServingSetup
-from tests.helpers import ROOT, run_cli
+from tests.helpers import ROOT, one_line_exit_2, run_cli
 
 
 def _detailed(ttfts: list[float], latencies: list[float], outs: list[int], errors: list[str] | None = None
@@ -236,10 +236,27 @@ def test_report_md_says_where_goodput_is_measured() -> None:
     from qeval.report.serving import workload_note
 
     assert workload_note({"backend": "vllm"}) is None
-    hf = workload_note({"backend": "hf", "workload": {"trace": "t.jsonl"}})
-    assert hf is not None and hf.startswith("workload: goodput was not measured")
-    served = workload_note({"backend": "openai", "workload": {"trace": "t.jsonl"}})
-    assert served is not None and "qeval goodput" in served
+    note = workload_note({"backend": "hf", "workload": {"trace": "t.jsonl"}})
+    assert note is not None and note.startswith("workload: this run measured no goodput") and "qeval goodput" in note
+    assert workload_note({"backend": "vllm", "workload": {"trace": "t"}, "recommend_by": "goodput"}) is None
+
+
+def test_goodput_needs_a_backend_that_serves_vllm(tmp_path: Path) -> None:
+    """recommend_by goodput on the hf backend, or on an attached server: one line, exit 2, before
+    anything loads (the backend's registry entry says whether it serves `vllm serve`)."""
+    base = yaml.safe_load((ROOT / "configs" / "smollm2-goodput.yaml").read_text())
+    base["model"]["path"] = str(ROOT / "models" / "qeval-tiny")
+    base["workload"]["trace"] = str(ROOT / "configs" / "workloads" / "gsm8k.jsonl")
+    base["model"]["max_context"] = 256
+    hf = {k: v for k, v in base.items() if k != "server"} | {"backend": "hf"}
+    attached = base | {"server": {"mode": "attach", "base_url": "http://127.0.0.1:9/v1", "model": "qeval"}}
+    no_serving = {k: v for k, v in base.items() if k != "serving"}
+    for cfg, message in ((hf, "recommend_by goodput serves each setup with `vllm serve`"),
+                         (attached, "recommend_by goodput serves each setup with `vllm serve`"),
+                         (no_serving, "needs a workload: block with an slo: and a serving: block")):
+        path = tmp_path / "c.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        one_line_exit_2(run_cli("validate", str(path)), message)
 
 
 def test_bench_argv_poisson_and_timed_trace(tmp_path: Path) -> None:

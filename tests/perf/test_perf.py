@@ -20,6 +20,7 @@ from qeval.memory.ledger import ModelShape
 from qeval.perf.block import performance_block
 from qeval.perf.phase import summarize
 from qeval.perf.stats import measured
+from qeval.records.job import PhaseRecord
 from qeval.report.performance import pareto3
 from qeval.results.performance import Ceilings, Performance
 from qeval.results.schema import Results, read_results
@@ -60,16 +61,16 @@ def test_summary_is_median_and_range_over_repeats() -> None:
                     {k: "how" for k in ("requests_per_s", "output_tokens_per_s", "prefill_tokens_per_s",
                                         "decode_tokens_per_s", "ttft", "tpot", "e2e")})
     levels = summarize(m, wl)
-    assert_figures_carry_their_source({"levels": levels})
-    one = levels[0]["figures"]
-    assert one["requests_per_s"]["values"] == [1.0, 0.5, 0.25] and one["requests_per_s"]["median"] == 0.5
-    assert one["output_tokens_per_s"]["median"] == 2.5 and levels[1]["figures"]["requests_per_s"]["median"] == 1.0
+    assert_figures_carry_their_source({"levels": [x.model_dump() for x in levels]})
+    one = levels[0].figures
+    assert one["requests_per_s"].values == [1.0, 0.5, 0.25] and one["requests_per_s"].median == 0.5
+    assert one["output_tokens_per_s"].median == 2.5 and levels[1].figures["requests_per_s"].median == 1.0
     assert measured([3.0, 1.0, 2.0], "s", "x")["median"] == 2.0
 
 
 # -- ceilings and shares --------------------------------------------------------------------------
 
-def _stored(decode: float, prefill: float) -> dict[str, Any]:
+def _stored(decode: float, prefill: float) -> PhaseRecord:
     def fig(v: float, unit: str) -> dict[str, Any]:
         return measured([v, v], unit, "how [workload: x]")
     levels = []
@@ -78,8 +79,8 @@ def _stored(decode: float, prefill: float) -> dict[str, Any]:
         figures |= {"requests_per_s": fig(c * 2.0, "requests/s"), "output_tokens_per_s": fig(c * 30.0, "tokens/s"),
                     "prefill_tokens_per_s": fig(prefill, "tokens/s"), "decode_tokens_per_s": fig(decode, "tokens/s")}
         levels.append({"concurrency": c, "requests": c, "figures": figures})
-    return {"key": "k", "status": "ok", "levels": levels, "notes": [],
-            "workload": workload_for(PerfSpec(), [1, 8], "", 0).as_dict()}
+    return PhaseRecord.model_validate({"key": "k", "status": "ok", "levels": levels, "notes": [],
+                                       "workload": workload_for(PerfSpec(), [1, 8], "", 0).as_dict()})
 
 
 def _ceilings() -> Ceilings:
@@ -123,7 +124,7 @@ def test_pareto_front_over_three_sides() -> None:
 def _with_perf(results: Results, tps: dict[str, float], latency: dict[str, float], by: str) -> Results:
     setups = []
     for s in results.setups:
-        stored = _stored(50, 1000)
+        stored = _stored(50, 1000).model_dump()
         for level in stored["levels"]:
             level["figures"]["output_tokens_per_s"] = measured([tps[s.name]] * 3, "tokens/s", "how")
             level["figures"]["e2e_p50_s"] = measured([latency[s.name]] * 3, "s", "how")
@@ -162,10 +163,10 @@ def test_hf_performance_on_the_tiny_model() -> None:
     b.load()
     wl = workload_for(cfg.performance, [1, 8], "", 0)
     levels = summarize(b.performance(wl), wl)
-    assert_figures_carry_their_source({"levels": levels})
-    one, eight = (x["figures"] for x in levels)
-    assert eight["output_tokens_per_s"]["median"] > one["output_tokens_per_s"]["median"]
-    assert eight["decode_tokens_per_s"]["median"] > one["decode_tokens_per_s"]["median"]
+    assert_figures_carry_their_source({"levels": [x.model_dump() for x in levels]})
+    one, eight = (x.figures for x in levels)
+    assert eight["output_tokens_per_s"].median > one["output_tokens_per_s"].median
+    assert eight["decode_tokens_per_s"].median > one["decode_tokens_per_s"].median
 
 
 def test_hf_waves_follow_the_workloads_lengths(tmp_path: Path) -> None:
@@ -197,7 +198,7 @@ def test_hf_waves_follow_the_workloads_lengths(tmp_path: Path) -> None:
     # in a batch, the shorter answer is done first: its latency ends at its own last token
     assert pair[0].e2e_s[0] < pair[0].e2e_s[1] <= pair[0].elapsed_s
     levels = summarize(m, wl)
-    assert WORKLOAD_MARK_TEXT in levels[0]["figures"]["e2e_p50_s"]["source"]
+    assert WORKLOAD_MARK_TEXT in levels[0].figures["e2e_p50_s"].source
     plain = cfg.model_copy(update={"performance": cfg.performance.model_copy(update={"from_workload": False})})
     assert perf_key({"m": "x"}, plain) != perf_key({"m": "x"}, cfg)
     assert "from_workload" not in plain.as_json()["performance"]

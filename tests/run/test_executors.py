@@ -17,9 +17,9 @@ from qeval.config import load_config
 from qeval.config.executor import ExecutorSpec
 from qeval.errors import UserError
 from qeval.records.address import check_address, cluster_address
-from qeval.run.executors.job import RefusedFile
 from qeval.run.executors.node import clear_stale_scratch, forwarded_env, verify_inputs
 from qeval.run.executors.resources import JobResources, job_resources, unplaceable
+from qeval.run.executors.worker_job import RefusedFile
 from qeval.run.preflight import preflight
 from qeval.run.runner import PreparedRun, RunOptions, prepare
 from tests.helpers import MODEL, TASKS, run_cli, write_config

@@ -23,13 +23,14 @@ from qeval.backends.base import (
     Progress,
     RollingRequest,
     RollingResult,
+    at_ids,
+    rolling_result,
 )
 from qeval.backends.openai import metrics, scoring
 from qeval.backends.openai.client import Client, ServerError, Unreachable
 from qeval.backends.openai.launch import HOST, LaunchedServer, free_port
 from qeval.backends.openai.support import DEFAULT_SERVED_NAME, api_key, endpoint, serve_argv, server_spec
 from qeval.backends.tokens import conventions, encode_pair, generation_context, memoized, rolling_windows, truncate
-from qeval.backends.vllm.backend import at_ids, rolling_result
 from qeval.config import RunConfig
 from qeval.config.setups import Setup
 from qeval.records.checkpoint import checkpoint_config, describe, quantization_config

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from qeval.backends.base import TOPK
 from qeval.config.setups import Setup
 from qeval.errors import UserError
+from qeval.memory.layouts import KvAccounting
 
 if TYPE_CHECKING:
     from qeval.config import RunConfig
@@ -114,6 +115,30 @@ def key_parts(cfg: RunConfig) -> dict[str, str]:
     else:
         parts["engine"] = json.dumps(cfg.engine.model_dump(mode="json"), sort_keys=True)
     return parts
+
+
+#: `vllm serve`'s batched tokens on the CPU build (its LLM class takes 4,096): vLLM 0.32.0,
+#: vllm/engine/arg_utils.py `get_batch_defaults`, CPU: {LLM_CLASS: 4096, OPENAI_API_SERVER: 2048} x world size
+SERVE_CPU_BATCHED_TOKENS = 2048
+
+
+def kv_accounting(cfg: RunConfig, device: str) -> KvAccounting | None:
+    """Whose rules size a sequence's KV cache on the server: vLLM's, where qeval launches vLLM's
+    server (the in-process engine's settings, as the same translation passes them, but serve's
+    batched tokens on a CPU); None for an attached server or a `command` template: qeval cannot
+    see which engine serves, so it predicts no sequence rather than apply one engine's rules to
+    another's cache (transformers' rules, which earlier versions applied here, fit no server)."""
+    spec = server_spec(cfg)
+    if spec.mode != "launch" or spec.command is not None:
+        return None
+    from dataclasses import replace
+
+    from qeval.backends.vllm.support import cache_accounting
+
+    vllm = cache_accounting(device)
+    if device != "cuda":  # on a GPU cache_accounting is `vllm serve`'s defaults already
+        vllm = replace(vllm, in_flight_tokens=SERVE_CPU_BATCHED_TOKENS)
+    return KvAccounting("vllm", vllm)
 
 
 def serve_argv(cfg: RunConfig, setup: Setup, device: str, port: int, host: str) -> tuple[list[str], dict[str, object]]:

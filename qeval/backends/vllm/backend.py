@@ -23,6 +23,8 @@ from qeval.backends.base import (
     Progress,
     RollingRequest,
     RollingResult,
+    at_ids,
+    rolling_result,
 )
 from qeval.backends.tokens import conventions, encode_pair, generation_context, memoized, rolling_windows, truncate
 from qeval.backends.vllm.logcapture import capture_fds
@@ -237,23 +239,3 @@ def _window_arrays(flat: Any, start: int, n: int) -> tuple[np.ndarray, np.ndarra
     ids, lps = np.asarray(flat.token_ids), np.asarray(flat.logprobs, dtype=np.float64)
     cols = starts[:, None] + 1 + np.arange(TOPK)[None, :]
     return lps[starts], ids[cols].astype(np.int32), lps[cols]
-
-
-def rolling_result(parts: list[tuple[np.ndarray, ...]], ref: np.ndarray | None) -> RollingResult:
-    """One document's RollingResult from its windows' (token log-probs, top-k ids, top-k log-probs)."""
-    logp = np.concatenate([p[0] for p in parts])
-    top_i = np.concatenate([p[1] for p in parts])
-    top_l = np.concatenate([p[2] for p in parts])
-    return RollingResult(logp, top_i, top_l.astype(np.float32), at_ids(None if ref is None else ref[: len(logp)],
-                                                                         top_i, top_l))
-
-
-def at_ids(ref: np.ndarray | None, top_i: np.ndarray, top_l: np.ndarray) -> np.ndarray | None:
-    """Log-probs at the reference's ids ([n, k_ref]) from the engine's own top-k ([n, k])."""
-    if ref is None:
-        return None
-    match = ref[:, :, None] == top_i[:, None, :]  # [n, k_ref, k]
-    # ids outside the engine's top-k are not returned: give them the k-th log-prob,
-    # an upper bound of their probability, so the KL estimate errs small, never large
-    floor = top_l[:, -1:]
-    return np.where(match.any(-1), (match * top_l[:, None, :]).sum(-1), floor).astype(np.float32)

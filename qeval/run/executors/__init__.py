@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from qeval.config.executor import ExecutorSpec
-    from qeval.run.executors.job import WorkerJob
+    from qeval.run.executors.worker_job import WorkerJob
 
 
 class Executor(Protocol):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import signal
 
-from qeval.run.executors.job import WorkerJob, run_worker_process, worker_python
+from qeval.run.executors.worker_job import WorkerJob, run_worker_process, worker_python
 
 
 class LocalExecutor:

@@ -23,7 +23,7 @@ from qeval.files.atomic import atomic_write_bytes, atomic_write_json
 from qeval.files.names import inside
 from qeval.files.processes import pid_alive
 from qeval.records.job import Job
-from qeval.run.executors.job import run_worker_process, worker_python
+from qeval.run.executors.worker_job import run_worker_process, worker_python
 
 #: scratch folders are named qeval-ray-<Ray worker PID>-<random> under the node's temp dir
 SCRATCH_PREFIX = "qeval-ray-"

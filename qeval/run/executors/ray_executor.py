@@ -36,9 +36,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from qeval.config.executor import ExecutorSpec
 from qeval.errors import UserError
 from qeval.records.address import check_address, cluster_address
-from qeval.run.executors.job import RefusedFile, WorkerJob
 from qeval.run.executors.node import forwarded_env, run_on_node
 from qeval.run.executors.resources import unplaceable
+from qeval.run.executors.worker_job import RefusedFile, WorkerJob
 from qeval.version import __version__
 
 #: seconds between checks of running jobs (Ctrl-C is handled within one of them)

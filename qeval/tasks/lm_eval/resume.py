@@ -42,22 +42,51 @@ def group_key(parts: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
+#: a leaf's arrays in the state file (beside its JSON): the top-k's request lengths, and the
+#: token-level divergence so far
+_ARRAYS = ("topk_lengths", "kl", "top1", "dp")
+
+
 @dataclass
 class SavedLeaf:
-    """One task's part of a saved state, as read back."""
+    """One task's part of a saved state: what the scoring writes after a chunk
+    (qeval/tasks/lm_eval/scoring.py `_LeafResult.state`) and reads back to carry on (`restore`)."""
 
+    #: its records spool (qeval/records/spool.py RecordSpool.state: file, records, bytes)
     records: dict[str, Any]
+    #: its top-k spool (TopkSpool.state: each array's file and rows), None: no top-k kept
     topk: dict[str, Any] | None
     topk_lengths: np.ndarray | None
+    #: (metric, filter, per-document values so far): what evaluate() aggregates at the end
     raw_metrics: list[tuple[str, str, list[Any]]]
     topk_ok: bool
     requests_done: int
     references_taken: int
+    #: the few-shot samplers' random states (rng_state)
     rng: dict[str, Any]
     kl: np.ndarray | None
     top1: np.ndarray | None
     dp: np.ndarray | None
     dp_missing: bool
+
+    def as_json(self) -> dict[str, Any]:
+        """The JSON part (the arrays go beside it)."""
+        return {"records": self.records, "topk": self.topk, "topk_ok": self.topk_ok,
+                "requests_done": self.requests_done, "dp_missing": self.dp_missing,
+                "raw_metrics": [[m, f, v] for m, f, v in self.raw_metrics], "rng": self.rng,
+                "references_taken": self.references_taken}
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {name: a for name in _ARRAYS if (a := getattr(self, name)) is not None}
+
+    @classmethod
+    def read(cls, leaf: dict[str, Any], arrays: dict[str, np.ndarray]) -> SavedLeaf:
+        """`as_json()` and `arrays()` as the state file gave them back (checked: JSON is data)."""
+        return cls(records=dict(leaf["records"]), topk=leaf.get("topk"), topk_lengths=arrays.get("topk_lengths"),
+                   raw_metrics=[(str(m), str(f), list(v)) for m, f, v in leaf["raw_metrics"]],
+                   topk_ok=bool(leaf["topk_ok"]), requests_done=int(leaf["requests_done"]),
+                   references_taken=int(leaf["references_taken"]), rng=dict(leaf["rng"]), kl=arrays.get("kl"),
+                   top1=arrays.get("top1"), dp=arrays.get("dp"), dp_missing=bool(leaf["dp_missing"]))
 
 
 @dataclass
@@ -68,15 +97,14 @@ class SavedGroup:
     leaves: dict[str, SavedLeaf]
 
 
-def save(scratch: Path, key: str, next_start: int, leaves: dict[str, dict[str, Any]],
-         arrays: dict[str, dict[str, np.ndarray]]) -> None:
-    """Write the group's state after a chunk: `leaves` (JSON per task) and `arrays` (per task,
-    its numpy arrays), one file, atomically, naming the spools it needs."""
+def save(scratch: Path, key: str, next_start: int, leaves: dict[str, SavedLeaf]) -> None:
+    """Write the group's state after a chunk: each task's JSON and arrays, one file, atomically,
+    naming the spools it needs."""
     names = list(leaves)
-    meta = {"key": key, "next_start": next_start, "leaves": [leaves[n] | {"name": n} for n in names]}
-    files = [f for n in names for f in (leaves[n]["records"]["file"],
-                                       *(v[0] for v in (leaves[n].get("topk") or {}).get("arrays", {}).values()))]
-    flat = {f"{i}.{k}": v for i, n in enumerate(names) for k, v in arrays.get(n, {}).items()}
+    meta = {"key": key, "next_start": next_start, "leaves": [leaves[n].as_json() | {"name": n} for n in names]}
+    files = [f for n in names for f in (leaves[n].records["file"],
+                                       *(v[0] for v in (leaves[n].topk or {}).get("arrays", {}).values()))]
+    flat = {f"{i}.{k}": v for i, n in enumerate(names) for k, v in leaves[n].arrays().items()}
     save_state(scratch, state_name(key), meta, flat, files)
 
 
@@ -95,17 +123,9 @@ def load(scratch: Path, key: str) -> SavedGroup | None:
     try:
         if meta.get("key") != key:
             return None
-        leaves = {}
-        for i, leaf in enumerate(meta["leaves"]):
-            def arr(name: str, i: int = i) -> np.ndarray | None:
-                return arrays.get(f"{i}.{name}")
-
-            leaves[str(leaf["name"])] = SavedLeaf(
-                records=dict(leaf["records"]), topk=leaf.get("topk"), topk_lengths=arr("topk_lengths"),
-                raw_metrics=[(str(m), str(f), list(v)) for m, f, v in leaf["raw_metrics"]],
-                topk_ok=bool(leaf["topk_ok"]), requests_done=int(leaf["requests_done"]),
-                references_taken=int(leaf["references_taken"]), rng=dict(leaf["rng"]), kl=arr("kl"),
-                top1=arr("top1"), dp=arr("dp"), dp_missing=bool(leaf["dp_missing"]))
+        leaves = {str(leaf["name"]): SavedLeaf.read(leaf, {k: arrays[f"{i}.{k}"] for k in _ARRAYS
+                                                            if f"{i}.{k}" in arrays})
+                  for i, leaf in enumerate(meta["leaves"])}
         return SavedGroup(int(meta["next_start"]), leaves)
     except Exception:  # noqa: BLE001 - a damaged state in any way: start again, never a wrong result
         return None

@@ -41,6 +41,7 @@ from qeval.backends.base import (
 from qeval.config.chat import strip_thinking
 from qeval.memory.heap import release_free_memory
 from qeval.records.spool import RecordSpool, TopkReader, TopkSpool
+from qeval.results.metrics import KL_OUTPUT_TYPES
 from qeval.tasks.chat import Chat
 from qeval.tasks.lm_eval import resume
 from qeval.tasks.lm_eval.session import LmEvalSession
@@ -329,12 +330,9 @@ def _save(scratch: Path, key: str, next_start: int, session: LmEvalSession, buil
           refs: _References) -> bool:
     """The group's state after a chunk (qeval/tasks/lm_eval/resume.py); False where it cannot be
     written (a metric value JSON cannot hold): the scoring goes on, and is not resumable."""
-    states, arrays = {}, {}
-    for leaf, b in built.items():
-        states[leaf], arrays[leaf] = b.state()
-        states[leaf] |= {"rng": resume.rng_state(session.tasks[leaf]), "references_taken": refs.taken[leaf]}
+    states = {leaf: b.state(resume.rng_state(session.tasks[leaf]), refs.taken[leaf]) for leaf, b in built.items()}
     try:
-        resume.save(scratch, key, next_start, states, arrays)
+        resume.save(scratch, key, next_start, states)
     except (TypeError, ValueError) as exc:
         resume.discard(scratch, key)
         print(f"lm-eval {', '.join(built)}: not saving chunks to resume from ({exc})", file=sys.stderr, flush=True)
@@ -381,18 +379,18 @@ class _LeafResult:
         out.tokens.restore({"kl": saved.kl, "top1": saved.top1, "dp": saved.dp}, saved.dp_missing)
         return out
 
-    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        """What `restore` needs, after a chunk: JSON (spools' sizes, lm-eval's metric values so
-        far) and arrays (the top-k's request lengths, the divergence per scored token)."""
+    def state(self, rng: dict[str, Any], references_taken: int) -> resume.SavedLeaf:
+        """What `restore` needs, after a chunk (with the samplers' random state and the baseline
+        references taken so far): spools' sizes, lm-eval's metric values so far, the top-k's
+        request lengths and the divergence per scored token."""
         assert isinstance(self.records, RecordSpool), "a state is saved only for spooled results"
-        arrays = self.tokens.arrays()
-        topk = None
-        if isinstance(self.packs, TopkSpool):
-            topk, arrays["topk_lengths"] = self.packs.state()
-        state = {"records": self.records.state(), "topk": topk, "topk_ok": self.topk_ok,
-                 "requests_done": self.requests_done, "dp_missing": self.tokens.dp_missing,
-                 "raw_metrics": [[m, f, v] for (m, f), v in self.raw_metrics.items()]}
-        return state, arrays
+        tokens = self.tokens.arrays()
+        topk, lengths = self.packs.state() if isinstance(self.packs, TopkSpool) else (None, None)
+        return resume.SavedLeaf(
+            records=self.records.state(), topk=topk, topk_lengths=lengths,
+            raw_metrics=[(m, f, v) for (m, f), v in self.raw_metrics.items()], topk_ok=self.topk_ok,
+            requests_done=self.requests_done, references_taken=references_taken, rng=rng, kl=tokens.get("kl"),
+            top1=tokens.get("top1"), dp=tokens.get("dp"), dp_missing=self.tokens.dp_missing)
 
     def add(self, session: LmEvalSession, samples: list[dict[str, Any]], raw: dict[tuple[str, int, int], Any],
             refs: dict[tuple[str, int, int], Reference]) -> list[dict[str, Any]]:
@@ -447,7 +445,7 @@ class _LeafResult:
         if isinstance(self.records, RecordSpool):
             self.records.finish()
         output_type = session.infos[self.leaf].output_type
-        packs = self.packs if self.topk_ok and output_type in _WITH_TOPK else None
+        packs = self.packs if self.topk_ok and output_type in KL_OUTPUT_TYPES else None
         if isinstance(self.packs, TopkSpool) and packs is None:
             self.packs.discard()
         topk: dict[str, np.ndarray] | TopkSpool = {}
@@ -455,13 +453,9 @@ class _LeafResult:
             topk = packs if packs else {}
         elif packs:
             topk = concat_topk(packs)
-        if output_type not in _WITH_TOPK:
+        if output_type not in KL_OUTPUT_TYPES:
             return TaskResult(self.records, metrics, {})
         return TaskResult(self.records, metrics, topk, self.tokens.summary())
-
-
-#: the output types whose tasks keep top-k (the KL reference) and a token-level divergence
-_WITH_TOPK = ("loglikelihood_rolling", "multiple_choice", "loglikelihood")
 
 
 def _record(leaf: str, output_type: str, compared: str, doc_id: int, entries: list[dict[str, Any]],

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 from qeval.report.sections import ReportSection
 from qeval.report.tables import Escape, md_table
 from qeval.results.long_context import PositionBucket
-from qeval.results.metrics import metric as describe
+from qeval.results.metrics import describe
 from qeval.results.schema import Results, SetupResult
 
 

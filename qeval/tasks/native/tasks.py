@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from jinja2.sandbox import SecurityError
 from pydantic import Field, ValidationError, model_validator
@@ -24,14 +24,14 @@ from qeval.errors import UserError
 from qeval.files.jsonl import read_objects
 from qeval.files.names import NAME_PATTERN
 from qeval.files.yaml import load_yaml
-from qeval.results.metrics import select_metrics
+from qeval.results.metrics import OutputType, select_metrics
 from qeval.strict import Seed, Strict
 from qeval.tasks.templates import render as _render
 
 if TYPE_CHECKING:
     from qeval.tasks.chat import Chat
 
-OutputType = Literal["multiple_choice", "generate_until", "loglikelihood_rolling"]
+
 class GenerationKwargs(Strict):
     """How a generate_until task decodes: greedy (lm-eval's default), or sampled with
     `do_sample: true` and lm-eval's temperature / top_p / top_k, or the model card's

@@ -1,0 +1,29 @@
+"""The hf backend's registry entry (qeval/backends/__init__.py): transformers in the worker's own
+process. Imports no engine: `create` imports transformers' backend when a worker calls it."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+from qeval.backends import BackendEntry
+from qeval.backends.hf.support import validate, validate_model
+from qeval.memory.layouts import KvAccounting
+
+if TYPE_CHECKING:
+    from qeval.backends.base import Backend
+    from qeval.config import RunConfig
+    from qeval.config.setups import Setup
+
+
+def _create(cfg: RunConfig, setup: Setup, device: str) -> Backend:
+    from qeval.backends.hf.backend import HFBackend
+
+    return HFBackend(cfg, setup, device)
+
+
+BACKEND = BackendEntry(
+    "hf", validate, check_install=lambda cfg: None, worker_python=lambda cfg: sys.executable, create=_create,
+    validate_model=validate_model, serves_checkpoints=True,
+    # transformers' cache layers (cache_utils.py): what qeval's own worker holds per sequence
+    kv_accounting=lambda cfg, device: KvAccounting("hf"))
