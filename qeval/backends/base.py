@@ -126,14 +126,15 @@ def rolling_result(parts: list[tuple[np.ndarray, ...]], ref: np.ndarray | None) 
 
 
 def at_ids(ref: np.ndarray | None, top_i: np.ndarray, top_l: np.ndarray) -> np.ndarray | None:
-    """Log-probs at the reference's ids ([n, k_ref]) from the engine's own top-k ([n, k])."""
+    """Log-probs at the reference's ids ([n, k_ref]) from the engine's own top-k ([n, k]); NaN
+    where a reference id is not among them: the engine did not return its log-prob, and
+    qeval/tasks/scoring.py `kl_top1` then merges it into the tail bucket on both sides (the KL
+    of a coarser partition: still exact for that partition, still a lower bound of the full KL)
+    instead of guessing a probability for it."""
     if ref is None:
         return None
     match = ref[:, :, None] == top_i[:, None, :]  # [n, k_ref, k]
-    # ids outside the engine's top-k are not returned: give them the k-th log-prob,
-    # an upper bound of their probability, so the KL estimate errs small, never large
-    floor = top_l[:, -1:]
-    return np.where(match.any(-1), (match * top_l[:, None, :]).sum(-1), floor).astype(np.float32)
+    return np.where(match.any(-1), (match * top_l[:, None, :]).sum(-1), np.nan).astype(np.float32)
 
 
 class Backend(Protocol):

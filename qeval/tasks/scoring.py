@@ -201,15 +201,25 @@ def _perplexity_metrics(records: list[dict[str, Any]]) -> dict[str, dict[str, fl
 
 def kl_top1(ref: Reference, res: RollingResult) -> tuple[np.ndarray, np.ndarray]:
     """KL(baseline || setup) per position on the baseline's top-k ids plus one tail bucket:
-    the exact KL of that coarsened distribution, a lower bound of the full KL."""
+    the exact KL of that coarsened distribution, a lower bound of the full KL (the log-sum
+    inequality: merging outcomes never raises a KL).
+
+    An engine that returns only its own top-k (vLLM's prompt_logprobs, an OpenAI-compatible
+    server's logprobs) leaves the setup's log-prob of a baseline id outside that top-k unknown:
+    `ref_logprobs` holds NaN there (qeval/backends/vllm/backend.py `at_ids`), and such ids join
+    the tail bucket on both sides, so the figure is still the exact KL of a coarsening, a lower
+    bound, only a looser one (never a guessed probability). Top-1 agreement compares the two
+    top-1 ids, exact on every backend."""
     ref_idx, ref_logp = ref[0], ref[1]
     n = min(len(ref_idx), len(res.ref_logprobs))  # type: ignore[arg-type]
     p = np.exp(ref_logp[:n].astype(np.float64))
     q = np.exp(res.ref_logprobs[:n].astype(np.float64))  # type: ignore[index]
+    known = np.isfinite(q)  # NaN: outside the setup engine's returned top-k
+    p, q = np.where(known, p, 0.0), np.where(known, q, 0.0)
     p_tail = np.clip(1 - p.sum(1), 1e-12, 1)
     q_tail = np.clip(1 - q.sum(1), 1e-12, 1)
     p, q = np.clip(p, 1e-12, 1), np.clip(q, 1e-12, 1)
-    kl = (p * (np.log(p) - np.log(q))).sum(1) + p_tail * (np.log(p_tail) - np.log(q_tail))
+    kl = np.where(known, p * (np.log(p) - np.log(q)), 0.0).sum(1) + p_tail * (np.log(p_tail) - np.log(q_tail))
     top1 = res.topk_indices[:n, 0] == ref_idx[:n, 0]
     return np.maximum(kl, 0.0), top1
 

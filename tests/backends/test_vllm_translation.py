@@ -171,3 +171,39 @@ def test_revisions_pin_the_model_and_a_hub_checkpoint() -> None:
     assert "checkpoint_revision" not in plain.model_dump(exclude_none=True)
     with pytest.raises(ValueError, match="checkpoint_revision needs a checkpoint"):
         Setup(name="bad", checkpoint_revision="v1.0")
+
+
+def test_top_k_only_engines_give_an_exact_top1_and_a_kl_lower_bound() -> None:
+    """vLLM's prompt_logprobs (and an OpenAI server's logprobs) return only the setup's own top-k:
+    a baseline id outside it has no log-prob, joins the tail on both sides (at_ids: NaN), and the
+    KL is then that coarsening's exact KL. Over random pairs of full distributions it never
+    exceeds the full KL nor the KL with every baseline id known (the hf backend's); it equals the
+    latter where the setup's top-k holds all the baseline's ids; top-1 agreement is exact."""
+    import numpy as np
+
+    from qeval.backends.base import TOPK, RollingResult
+    from qeval.backends.vllm.backend import at_ids
+    from qeval.tasks.scoring import kl_top1
+
+    rng = np.random.default_rng(0)
+    n, vocab = 400, 60
+    logits = rng.normal(0, 2.0, size=(n, vocab))
+    noisy = logits + rng.normal(0, rng.choice([0.05, 1.0, 3.0], size=(n, 1)), size=(n, vocab))
+    p = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    q = np.exp(noisy) / np.exp(noisy).sum(1, keepdims=True)
+    full = (p * np.log(p / q)).sum(1)
+    p_idx, q_idx = np.argsort(-p, 1)[:, :TOPK], np.argsort(-q, 1)[:, :TOPK]
+    rows = np.arange(n)[:, None]
+    ref = (p_idx, np.log(p[rows, p_idx]))
+    own = (q_idx, np.log(q[rows, q_idx]))
+    hf = RollingResult(np.zeros(n), *own, np.log(q[rows, p_idx]))  # every baseline id's log-prob known
+    engine = RollingResult(np.zeros(n), *own, at_ids(p_idx, *own))
+    assert engine.ref_logprobs is not None
+    missing = np.isnan(engine.ref_logprobs)
+    assert missing.any() and not missing.all()
+    kl_hf, top1_hf = kl_top1(ref, hf)
+    kl_engine, top1_engine = kl_top1(ref, engine)
+    assert (kl_hf <= full + 1e-9).all() and (kl_engine <= kl_hf + 1e-5).all()  # at_ids returns float32
+    same = ~missing.any(1)
+    assert same.any() and np.allclose(kl_engine[same], kl_hf[same], rtol=1e-4, atol=1e-6)
+    assert (top1_engine == (p_idx[:, 0] == q_idx[:, 0])).all() and (top1_engine == top1_hf).all()

@@ -146,3 +146,49 @@ def test_unset_block_leaves_keys_and_config_hash_alone(model_path: Path) -> None
     on = plain.model_copy(update={"generation_divergence": GenerationDivergenceSpec()})
     assert _teacher_part(on, task) and _teacher_part(on, SimpleNamespace(output_type="multiple_choice")) == {}
     assert on.config_hash() != plain.config_hash()
+
+
+def test_position_and_turn_gates_feed_the_recommendation() -> None:
+    """A setup failing (or inconclusive at) a gate at a generated position or at a turn is not
+    recommended, with one line saying which gate; the candidate check says so too."""
+    from qeval.analysis.comparison import Paired, compare
+    from qeval.analysis.recommend import candidate_problem, recommend
+    from qeval.config.gates import Gate
+    from qeval.results.generation import GeneratedPositionBucket, GenerationDivergence, TaskGeneration
+    from qeval.results.schema import read_results
+    from tests.helpers import ROOT
+
+    results = read_results(ROOT / "tests" / "data" / "run-v1" / "results.json")
+    assert recommend(results).setup == "int4"  # the stored run, no such gates
+
+    def bucket(verdict: str | None, ci: tuple[float, float]) -> GeneratedPositionBucket:
+        return GeneratedPositionBucket(start=64, end=128, documents=40, tokens=2000, nll=1.3, baseline_nll=1.1,
+                                       delta=0.2, ci=ci, ci_method="t", max_drop=0.05, verdict=verdict)
+
+    def with_bucket(b: GeneratedPositionBucket) -> Any:
+        block = GenerationDivergence(position_buckets=[0, 64, 128], length_buckets=[0], tasks=["gsm8k"],
+                                     setups={"int4": {"gsm8k": TaskGeneration(positions=[b])}})
+        return results.model_copy(update={"generation_divergence": block})
+
+    failing = with_bucket(bucket("fail", (0.12, 0.28)))
+    rec = recommend(failing)
+    assert rec.setup == "int8" and "int4" not in rec.candidates
+    assert rec.reasons["int4"] == ("int4: gsm8k generated positions 64-128 Δ NLL +0.200 nats/token [+0.120, +0.280], "
+                                   "fails the 0.05 nats/token gate at position 64")
+    problem = candidate_problem(failing.model_copy(update={"recommendation": rec, "config": failing.config | {
+        "candidate": "int4"}}))
+    assert problem is not None and "gsm8k at position 64: fail" in problem
+    unsure = recommend(with_bucket(bucket("inconclusive", (-0.01, 0.3))))
+    assert unsure.setup == "int8" and "inconclusive against the 0.05 nats/token gate at position 64" in \
+        unsure.reasons["int4"]
+    assert recommend(with_bucket(bucket("pass", (0.0, 0.03)))).setup == "int4"
+    # a turn gate is a gate on that turn's task: its failure excludes the setup and the reason names the turn
+    gate = Gate(task="multi_turn_t6", turn=6, max_drop=0.02)
+    c = compare(Paired("acc", np.ones(60), np.r_[np.ones(30), np.zeros(30)]), "multi_turn_t6", 0, [gate])
+    assert c.verdict == "fail"
+    int4 = results.setup("int4")
+    turned = results.model_copy(update={"setups": [s if s.name != "int4" else int4.model_copy(update={
+        "vs_baseline": int4.vs_baseline | {"multi_turn_t6": c}}) for s in results.setups]})
+    rec = recommend(turned)
+    assert rec.setup == "int8" and rec.reasons["int4"].startswith("int4: multi_turn_t6 -50.0 pts") and \
+        rec.reasons["int4"].endswith("fails the 2 pt gate at turn 6")
