@@ -68,6 +68,7 @@ browser:
 ## lint (ruff) and type-check (mypy): a lint or type error fails `make test` before any test runs
 lint: $(STAMP)
 	$(VENV)/bin/ruff check qeval tests bench scripts
+	$(VENV)/bin/ruff format --check qeval tests bench scripts
 	$(VENV)/bin/mypy
 
 # two pytest workers (pytest-xdist): each takes half the cores for its torch, OpenMP and vLLM

@@ -28,9 +28,10 @@ from qeval.perf.tune import best, replay, search, settings_of  # noqa: E402
 from qeval.results.serving import ServingResults, read_serving  # noqa: E402
 
 FIGURES = [("goodput_rps", "request_goodput", None), ("throughput_rps", "request_throughput", None)] + [
-    (f"{name}.{p}", f"{p}_{bench}_ms", (name, p)) for name, bench in (("ttft", "ttft"), ("tpot", "tpot"),
-                                                                       ("itl", "itl"), ("e2e", "e2el"))
-    for p in ("p50", "p90", "p99")]
+    (f"{name}.{p}", f"{p}_{bench}_ms", (name, p))
+    for name, bench in (("ttft", "ttft"), ("tpot", "tpot"), ("itl", "itl"), ("e2e", "e2el"))
+    for p in ("p50", "p90", "p99")
+]
 
 
 def agreement(results: ServingResults, run_dir: Path) -> list[dict[str, Any]]:
@@ -38,16 +39,26 @@ def agreement(results: ServingResults, run_dir: Path) -> list[dict[str, Any]]:
     rows = []
     for s in results.setups:
         for lv in s.levels:
-            saved = json.loads((run_dir / "serving" / s.setup / f"bench-mns{lv.max_num_seqs}-rate{lv.rate:g}.json")
-                               .read_text())
+            saved = json.loads(
+                (run_dir / "serving" / s.setup / f"bench-mns{lv.max_num_seqs}-rate{lv.rate:g}.json").read_text()
+            )
             for name, key, pct in FIGURES:
                 ours = lv.percentiles_ms[pct[0]][pct[1]] if pct else getattr(lv, name)
                 theirs = float(saved[key] or 0.0)
                 ratio = ours / theirs if theirs else (1.0 if ours == 0 else float("inf"))
                 close = abs(ratio - 1) <= 0.05 or (pct is not None and abs(ours - theirs) < 1.0)
-                rows.append({"setup": s.setup, "max_num_seqs": lv.max_num_seqs, "rate": lv.rate, "figure": name,
-                             "qeval": ours, "vllm_bench_serve": theirs, "ratio": ratio,
-                             "verdict": "agree" if close else "disagree"})
+                rows.append(
+                    {
+                        "setup": s.setup,
+                        "max_num_seqs": lv.max_num_seqs,
+                        "rate": lv.rate,
+                        "figure": name,
+                        "qeval": ours,
+                        "vllm_bench_serve": theirs,
+                        "ratio": ratio,
+                        "verdict": "agree" if close else "disagree",
+                    }
+                )
     return rows
 
 
@@ -68,13 +79,23 @@ def tuner_vs_exhaustive(results: ServingResults) -> list[dict[str, Any]]:
         tuned = search(settings_of(seqs, [None]), rates, replay(table), results.kv_usage_limit)
 
         def named(levels: list[Any], i: int | None) -> str:
-            return "none" if i is None else f"max-num-seqs {levels[i][0].max_num_seqs} @ {levels[i][1]:g}/s " \
-                                            f"({levels[i][2].goodput_rps:.3f}/s)"
-        out.append({"setup": s.setup, "exhaustive_pick": named(full, whole), "tuner_pick": named(tuned.levels,
-                                                                                                  tuned.pick),
-                    "same": named(full, whole) == named(tuned.levels, tuned.pick),
-                    "exhaustive_levels": len(full), "tuner_levels": len(tuned.levels),
-                    "engine_starts": tuned.restarts})
+            return (
+                "none"
+                if i is None
+                else f"max-num-seqs {levels[i][0].max_num_seqs} @ {levels[i][1]:g}/s ({levels[i][2].goodput_rps:.3f}/s)"
+            )
+
+        out.append(
+            {
+                "setup": s.setup,
+                "exhaustive_pick": named(full, whole),
+                "tuner_pick": named(tuned.levels, tuned.pick),
+                "same": named(full, whole) == named(tuned.levels, tuned.pick),
+                "exhaustive_levels": len(full),
+                "tuner_levels": len(tuned.levels),
+                "engine_starts": tuned.restarts,
+            }
+        )
     return out
 
 
@@ -89,8 +110,10 @@ def main() -> None:
     print(f"{results.config}: {results.load_generator}; {results.machine}")
     print(f"{'setup':<8} {'mns':>4} {'rate':>5} {'figure':<15} {'vllm bench serve':>17} {'qeval':>12} {'ratio':>7}")
     for r in rows:
-        print(f"{r['setup']:<8} {r['max_num_seqs']:>4} {r['rate']:>5g} {r['figure']:<15} "
-              f"{r['vllm_bench_serve']:>17.4g} {r['qeval']:>12.4g} {r['ratio']:>7.3f}  {r['verdict']}")
+        print(
+            f"{r['setup']:<8} {r['max_num_seqs']:>4} {r['rate']:>5g} {r['figure']:<15} "
+            f"{r['vllm_bench_serve']:>17.4g} {r['qeval']:>12.4g} {r['ratio']:>7.3f}  {r['verdict']}"
+        )
     bad = sum(r["verdict"] != "agree" for r in rows)
     print(f"{len(rows) - bad} of {len(rows)} figures agree within 5%")
     for t in tuner:

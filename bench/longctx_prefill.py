@@ -68,8 +68,12 @@ def main() -> int:
     from qeval.tasks.long_context.generate import passkey_doc, prose_doc
 
     setup = Setup(name=f"kv-{args.kv}", kv_cache=args.kv)
-    cfg = RunConfig(name="bench", model=ModelSpec(path=str(args.model), dtype=args.dtype, max_context=args.tokens),
-                    setups=[setup], long_context=LongContextSpec(chunk_tokens=args.chunk))
+    cfg = RunConfig(
+        name="bench",
+        model=ModelSpec(path=str(args.model), dtype=args.dtype, max_context=args.tokens),
+        setups=[setup],
+        long_context=LongContextSpec(chunk_tokens=args.chunk),
+    )
     b = HFBackend(cfg, setup, "cpu")
     b.load()
     encode = b.conv.encode
@@ -91,17 +95,35 @@ def main() -> int:
     b.generate([GenerateRequest(short, ("\n",), 2)], noop)
     with torch.no_grad():
         b.model(input_ids=torch.tensor([inputs[: args.chunk]]), logits_to_keep=1)
-        plain = timed(lambda: b.model(input_ids=torch.tensor([inputs]), past_key_values=new_cache(
-            b.model.config, Setup(name="plain")), use_cache=True, logits_to_keep=1))
+        plain = timed(
+            lambda: b.model(
+                input_ids=torch.tensor([inputs]),
+                past_key_values=new_cache(b.model.config, Setup(name="plain")),
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        )
     scoring = timed(lambda: b.loglikelihood_rolling([RollingRequest(doc, ref)], noop))
     generation = timed(lambda: b.generate([GenerateRequest(prompt, ("\n",), 10)], noop))
-    figures = {"model": args.model.name, "dtype": args.dtype, "kv_cache": args.kv, "tokens": len(inputs),
-               "prompt_tokens": len(encode(prompt)), "chunk": args.chunk, "threads": torch.get_num_threads(),
-               "plain_prefill_s": round(plain, 2), "scoring_s": round(scoring, 2),
-               "generation_s": round(generation, 2), "scoring_ratio": round(scoring / plain, 3),
-               "generation_ratio": round(generation / plain, 3), "max_ratio": args.max_ratio}
-    print(f"{args.model.name}, {args.dtype}, {len(inputs)} tokens, KV {args.kv}, chunks of {args.chunk}, "
-          f"{torch.get_num_threads()} threads")
+    figures = {
+        "model": args.model.name,
+        "dtype": args.dtype,
+        "kv_cache": args.kv,
+        "tokens": len(inputs),
+        "prompt_tokens": len(encode(prompt)),
+        "chunk": args.chunk,
+        "threads": torch.get_num_threads(),
+        "plain_prefill_s": round(plain, 2),
+        "scoring_s": round(scoring, 2),
+        "generation_s": round(generation, 2),
+        "scoring_ratio": round(scoring / plain, 3),
+        "generation_ratio": round(generation / plain, 3),
+        "max_ratio": args.max_ratio,
+    }
+    print(
+        f"{args.model.name}, {args.dtype}, {len(inputs)} tokens, KV {args.kv}, chunks of {args.chunk}, "
+        f"{torch.get_num_threads()} threads"
+    )
     print(f"plain prefill (DynamicCache, last logits):       {plain:8.2f} s")
     print(f"scoring (round-trip cache, chunked, all logits): {scoring:8.2f} s  x{scoring / plain:.2f}")
     print(f"generation (QuantizedCache chunked prefill + 10): {generation:7.2f} s  x{generation / plain:.2f}")

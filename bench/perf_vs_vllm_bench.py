@@ -88,8 +88,13 @@ def bench_main(module: Any, argv: list[str]) -> dict[str, Any]:
 
 
 def summary(values: list[float]) -> dict[str, Any]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "values": values,
-            "spread": max(values) / min(values) - 1}
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "values": values,
+        "spread": max(values) / min(values) - 1,
+    }
 
 
 def verdict(ours: dict[str, Any], ref: dict[str, Any]) -> tuple[float, str]:
@@ -132,10 +137,15 @@ def main() -> None:
     from qeval.perf.phase import summarize
 
     setup = Setup(name="bench")
-    cfg = RunConfig(name="bench", model=ModelSpec(path=str(args.model), dtype=args.dtype,
-                                                  max_context=args.max_context),
-                    backend="vllm", setups=[setup], tasks=["x"], seed=args.seed,
-                    performance=PerfSpec(input_len=args.input_len, output_len=args.output_len))
+    cfg = RunConfig(
+        name="bench",
+        model=ModelSpec(path=str(args.model), dtype=args.dtype, max_context=args.max_context),
+        backend="vllm",
+        setups=[setup],
+        tasks=["x"],
+        seed=args.seed,
+        performance=PerfSpec(input_len=args.input_len, output_len=args.output_len),
+    )
     backend = VLLMBackend(cfg, setup, "cpu")
     # the figures go to the stdout this script started with: the backend captures fds 1 and 2 for the engine log
     report = os.fdopen(os.dup(1), "w", buffering=1)
@@ -147,8 +157,20 @@ def main() -> None:
     n, b, k = args.num_prompts, args.latency_batch, args.latency_iters
     lens = ["--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len)]
     tp_argv = ["--model", model, "--dataset-name", "random", *lens, "--num-prompts", str(n), "--seed", str(args.seed)]
-    lat_argv = ["--model", model, "--input-len", str(args.input_len), "--output-len", str(args.output_len),
-                "--batch-size", str(b), "--num-iters-warmup", "2", "--num-iters", str(k)]
+    lat_argv = [
+        "--model",
+        model,
+        "--input-len",
+        str(args.input_len),
+        "--output-len",
+        str(args.output_len),
+        "--batch-size",
+        str(b),
+        "--num-iters-warmup",
+        "2",
+        "--num-iters",
+        str(k),
+    ]
 
     # the same prompts: the bench's own sampler against qeval's phase, token for token
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -181,7 +203,9 @@ def main() -> None:
             return float(bench_main(L, lat_argv)["avg_latency"])
 
     sides: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
-        "throughput": (ours_throughput, bench_throughput), "latency": (ours_latency, bench_latency)}
+        "throughput": (ours_throughput, bench_throughput),
+        "latency": (ours_latency, bench_latency),
+    }
     raw: dict[str, dict[str, list[Any]]] = {name: {"qeval": [], "vllm bench": []} for name in sides}
     for name, (ours, ref) in sides.items():
         ours(), ref()  # warm-up of each side
@@ -191,30 +215,55 @@ def main() -> None:
                 raw[name][side].append(fn())
 
     rows = []
-    for label, name, pick in (("requests/s (all at once)", "throughput", 0),
-                              ("output tokens/s (all at once)", "throughput", 1),
-                              (f"latency of a batch of {b} (s)", "latency", None)):
+    for label, name, pick in (
+        ("requests/s (all at once)", "throughput", 0),
+        ("output tokens/s (all at once)", "throughput", 1),
+        (f"latency of a batch of {b} (s)", "latency", None),
+    ):
+
         def values(side: str, name: str = name, pick: int | None = pick) -> list[float]:
             return [v if pick is None else v[pick] for v in raw[name][side]]
+
         ours_s, ref_s = summary(values("qeval")), summary(values("vllm bench"))
         ratio, word = verdict(ours_s, ref_s)
         rows.append({"figure": label, "qeval": ours_s, "vllm_bench": ref_s, "ratio": ratio, "verdict": word})
 
-    print(f"model {args.model.name}, {args.dtype}, vLLM CPU build, {os.cpu_count()} CPUs; engine start "
-          f"{start_s:.0f} s, whole run {time.perf_counter() - t0:.0f} s; {n} prompts of {args.input_len} + "
-          f"{args.output_len} tokens, seed {args.seed}; same prompts as the bench's sampler: {same_prompts}; "
-          f"median of {args.repeats} repeats (ABBA)", file=report)
+    print(
+        f"model {args.model.name}, {args.dtype}, vLLM CPU build, {os.cpu_count()} CPUs; engine start "
+        f"{start_s:.0f} s, whole run {time.perf_counter() - t0:.0f} s; {n} prompts of {args.input_len} + "
+        f"{args.output_len} tokens, seed {args.seed}; same prompts as the bench's sampler: {same_prompts}; "
+        f"median of {args.repeats} repeats (ABBA)",
+        file=report,
+    )
     print(f"{'figure':<32} {'vllm bench':>28} {'qeval':>28} {'qeval / bench':>14}  verdict", file=report)
     for r in rows:
+
         def fmt(s: dict[str, Any]) -> str:
             return f"{s['median']:.4g} [{s['min']:.4g}-{s['max']:.4g}]"
-        print(f"{r['figure']:<32} {fmt(r['vllm_bench']):>28} {fmt(r['qeval']):>28} {r['ratio']:>14.3f}  "
-              f"{r['verdict']} (spreads {r['vllm_bench']['spread']:.1%} / {r['qeval']['spread']:.1%})", file=report)
+
+        print(
+            f"{r['figure']:<32} {fmt(r['vllm_bench']):>28} {fmt(r['qeval']):>28} {r['ratio']:>14.3f}  "
+            f"{r['verdict']} (spreads {r['vllm_bench']['spread']:.1%} / {r['qeval']['spread']:.1%})",
+            file=report,
+        )
     if args.json:
-        args.json.write_text(json.dumps({"model": str(args.model), "dtype": args.dtype, "num_prompts": n,
-                                         "input_len": args.input_len, "output_len": args.output_len,
-                                         "latency_batch": b, "latency_iters": k, "repeats": args.repeats,
-                                         "same_prompts": same_prompts, "rows": rows}, indent=1))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "model": str(args.model),
+                    "dtype": args.dtype,
+                    "num_prompts": n,
+                    "input_len": args.input_len,
+                    "output_len": args.output_len,
+                    "latency_batch": b,
+                    "latency_iters": k,
+                    "repeats": args.repeats,
+                    "same_prompts": same_prompts,
+                    "rows": rows,
+                },
+                indent=1,
+            )
+        )
     backend.close()
     if args.fail_on_disagree and any(r["verdict"] == "disagree" for r in rows):
         sys.exit(1)

@@ -73,9 +73,15 @@ def main() -> None:
 
     dtype = dtype_for(args.dtype, Path(args.model))
     setup = Setup(name="bench")
-    cfg = RunConfig(name="bench", model=ModelSpec(path=str(args.model), dtype=dtype, max_context=args.max_context),
-                    backend="openai", server=ServerSpec(mode="launch", model="qeval"), setups=[setup], tasks=["x"],
-                    seed=args.seed)
+    cfg = RunConfig(
+        name="bench",
+        model=ModelSpec(path=str(args.model), dtype=dtype, max_context=args.max_context),
+        backend="openai",
+        server=ServerSpec(mode="launch", model="qeval"),
+        setups=[setup],
+        tasks=["x"],
+        seed=args.seed,
+    )
     port = free_port()
     argv, _ = serve_argv(cfg, setup, "cpu", port, HOST)
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"qeval-bench-serve-{port}.log"
@@ -86,12 +92,40 @@ def main() -> None:
         server.wait_healthy(client.healthy, 900)
         start_s = time.perf_counter() - t0
         n, c = args.num_prompts, args.concurrency
-        bench_argv = ["--backend", "vllm", "--base-url", f"http://{HOST}:{port}", "--endpoint", "/v1/completions",
-                      "--model", str(args.model), "--served-model-name", "qeval", "--dataset-name", "random",
-                      "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
-                      "--num-prompts", str(n), "--max-concurrency", str(c), "--request-rate", "inf",
-                      "--ignore-eos", "--temperature", "0", "--seed", str(args.seed), "--disable-tqdm",
-                      "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50"]
+        bench_argv = [
+            "--backend",
+            "vllm",
+            "--base-url",
+            f"http://{HOST}:{port}",
+            "--endpoint",
+            "/v1/completions",
+            "--model",
+            str(args.model),
+            "--served-model-name",
+            "qeval",
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            str(args.input_len),
+            "--random-output-len",
+            str(args.output_len),
+            "--num-prompts",
+            str(n),
+            "--max-concurrency",
+            str(c),
+            "--request-rate",
+            "inf",
+            "--ignore-eos",
+            "--temperature",
+            "0",
+            "--seed",
+            str(args.seed),
+            "--disable-tqdm",
+            "--percentile-metrics",
+            "ttft,tpot,itl,e2el",
+            "--metric-percentiles",
+            "50",
+        ]
         parser = FlexibleArgumentParser()
         S.add_cli_args(parser)
         tok = AutoTokenizer.from_pretrained(str(args.model))
@@ -101,17 +135,24 @@ def main() -> None:
 
         def bench() -> dict[str, float]:
             out = S.main(parser.parse_args(bench_argv))
-            return {"requests_per_s": out["request_throughput"], "output_tokens_per_s": out["output_throughput"],
-                    "ttft_p50_s": out["median_ttft_ms"] / 1e3, "tpot_p50_s": out["median_tpot_ms"] / 1e3,
-                    "e2e_p50_s": out["median_e2el_ms"] / 1e3}
+            return {
+                "requests_per_s": out["request_throughput"],
+                "output_tokens_per_s": out["output_throughput"],
+                "ttft_p50_s": out["median_ttft_ms"] / 1e3,
+                "tpot_p50_s": out["median_tpot_ms"] / 1e3,
+                "e2e_p50_s": out["median_e2el_ms"] / 1e3,
+            }
 
         def ours() -> dict[str, float]:
             waves = [perf.run_wave(client, "qeval", prompts[i : i + c], args.output_len)[0] for i in range(0, n, c)]
             elapsed = sum(w.elapsed_s for w in waves)
-            return {"requests_per_s": n / elapsed, "output_tokens_per_s": sum(w.output_tokens for w in waves) / elapsed,
-                    "ttft_p50_s": statistics.median(x for w in waves for x in w.ttft_s),
-                    "tpot_p50_s": statistics.median(x for w in waves for x in w.tpot_s),
-                    "e2e_p50_s": statistics.median(x for w in waves for x in w.e2e_s)}
+            return {
+                "requests_per_s": n / elapsed,
+                "output_tokens_per_s": sum(w.output_tokens for w in waves) / elapsed,
+                "ttft_p50_s": statistics.median(x for w in waves for x in w.ttft_s),
+                "tpot_p50_s": statistics.median(x for w in waves for x in w.tpot_s),
+                "e2e_p50_s": statistics.median(x for w in waves for x in w.e2e_s),
+            }
 
         ours(), bench()  # warm-up of each side
         raw: dict[str, list[dict[str, float]]] = {"qeval": [], "vllm bench serve": []}
@@ -127,20 +168,37 @@ def main() -> None:
         b = summary([r[figure] for r in raw["vllm bench serve"]])
         ratio, word = verdict(q, b)
         rows.append({"figure": figure, "qeval": q, "vllm_bench_serve": b, "ratio": ratio, "verdict": word})
-    print(f"model {args.model.name}, {dtype}, vllm serve (CPU build), {os.cpu_count()} CPUs; server start "
-          f"{start_s:.0f} s, whole run {time.perf_counter() - t0:.0f} s; {n} prompts of {args.input_len} + "
-          f"{args.output_len} tokens at concurrency {c}, seed {args.seed}; median of {args.repeats} repeats (ABBA)")
+    print(
+        f"model {args.model.name}, {dtype}, vllm serve (CPU build), {os.cpu_count()} CPUs; server start "
+        f"{start_s:.0f} s, whole run {time.perf_counter() - t0:.0f} s; {n} prompts of {args.input_len} + "
+        f"{args.output_len} tokens at concurrency {c}, seed {args.seed}; median of {args.repeats} repeats (ABBA)"
+    )
     print(f"{'figure':<22} {'vllm bench serve':>28} {'qeval':>28} {'qeval / bench':>14}  verdict")
     for r in rows:
+
         def fmt(s: dict[str, Any]) -> str:
             return f"{s['median']:.4g} [{s['min']:.4g}-{s['max']:.4g}]"
-        print(f"{r['figure']:<22} {fmt(r['vllm_bench_serve']):>28} {fmt(r['qeval']):>28} {r['ratio']:>14.3f}  "
-              f"{r['verdict']} (spreads {r['vllm_bench_serve']['spread']:.1%} / {r['qeval']['spread']:.1%})")
+
+        print(
+            f"{r['figure']:<22} {fmt(r['vllm_bench_serve']):>28} {fmt(r['qeval']):>28} {r['ratio']:>14.3f}  "
+            f"{r['verdict']} (spreads {r['vllm_bench_serve']['spread']:.1%} / {r['qeval']['spread']:.1%})"
+        )
     if args.json:
-        args.json.write_text(json.dumps({"model": str(args.model), "dtype": dtype, "num_prompts": n,
-                                         "concurrency": c, "input_len": args.input_len,
-                                         "output_len": args.output_len, "repeats": args.repeats, "rows": rows},
-                                        indent=1))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "model": str(args.model),
+                    "dtype": dtype,
+                    "num_prompts": n,
+                    "concurrency": c,
+                    "input_len": args.input_len,
+                    "output_len": args.output_len,
+                    "repeats": args.repeats,
+                    "rows": rows,
+                },
+                indent=1,
+            )
+        )
     if args.fail_on_disagree and any(r["verdict"] == "disagree" for r in rows):
         sys.exit(1)
 

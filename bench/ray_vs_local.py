@@ -32,9 +32,27 @@ def timed_run(config: Path, out: Path, limit: int, executor: str) -> float:
     # other work that alone slows them down. Both legs compete at niceness 0 here.
     env |= {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "RAY_worker_niceness": "0"}
     started = time.perf_counter()
-    res = subprocess.run([sys.executable, "-m", "qeval.cli", "run", str(config), "--output", str(out),
-                          "--limit", str(limit), "--executor", executor, "--no-performance"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, check=False)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qeval.cli",
+            "run",
+            str(config),
+            "--output",
+            str(out),
+            "--limit",
+            str(limit),
+            "--executor",
+            executor,
+            "--no-performance",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     seconds = time.perf_counter() - started
     if res.returncode != 0:
         raise SystemExit(f"{executor} run failed ({res.returncode}):\n{res.stderr[-3000:]}")
@@ -63,13 +81,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="qeval-bench-ray-") as tmp:
         config = Path(tmp) / args.config.name
         text = args.config.read_text().replace("path: models/", f"path: {ROOT}/models/")
-        config.write_text(text + f"\ntasks_dir: {ROOT / 'tasks'}\nexecutor: {{kind: ray, max_parallel: {args.workers}, "
-                                 f"num_cpus_per_job: {per_job}}}\n")
+        config.write_text(
+            text + f"\ntasks_dir: {ROOT / 'tasks'}\nexecutor: {{kind: ray, max_parallel: {args.workers}, "
+            f"num_cpus_per_job: {per_job}}}\n"
+        )
         # untimed: one-time costs (kernel builds such as quanto's C++ extension, the disk cache) paid once
         timed_run(config, Path(tmp) / "warm-up", 1, "local")
-        print(f"config {args.config.name}, --limit {args.limit}; machine: {cores} cores (os.cpu_count); "
-              f"local: one setup at a time, {cores} threads; ray: {args.workers} workers x {per_job} CPU, "
-              "a local Ray started inside the timed run", flush=True)
+        print(
+            f"config {args.config.name}, --limit {args.limit}; machine: {cores} cores (os.cpu_count); "
+            f"local: one setup at a time, {cores} threads; ray: {args.workers} workers x {per_job} CPU, "
+            "a local Ray started inside the timed run",
+            flush=True,
+        )
         for i in range(args.repeat):
             load = os.getloadavg()[0]
             local = timed_run(config, Path(tmp) / f"local{i}", args.limit, "local")
@@ -77,9 +100,12 @@ def main() -> None:
             load = max(load, os.getloadavg()[0])
             same = samples(Path(tmp) / f"local{i}") == samples(Path(tmp) / f"ray{i}")
             own = {leg: worker_seconds(Path(tmp) / f"{leg}{i}") for leg in ("local", "ray")}
-            print(f"local {local:6.1f} s, ray {ray:6.1f} s: ratio local / ray {local / ray:.2f}x "
-                  f"(setups' own times: {own['local']:.0f} s / {own['ray']:.0f} s; highest 1-minute load "
-                  f"average seen {load:.1f}; per-sample records identical: {same})", flush=True)
+            print(
+                f"local {local:6.1f} s, ray {ray:6.1f} s: ratio local / ray {local / ray:.2f}x "
+                f"(setups' own times: {own['local']:.0f} s / {own['ray']:.0f} s; highest 1-minute load "
+                f"average seen {load:.1f}; per-sample records identical: {same})",
+                flush=True,
+            )
             if not same:
                 raise SystemExit("the two executors' per-sample records differ")
 

@@ -33,12 +33,17 @@ def write_config(folder: Path, args: argparse.Namespace) -> Path:
     """A one-setup run config scoring `args.task` from the full sets (tasks/lm_eval_full)."""
     import yaml
 
-    cfg = {"name": "scale", "model": {"path": str(args.model.resolve()), "dtype": args.dtype, "max_context": 1024},
-           "backend": "hf", "device": "cpu", "batch_size": args.batch_size,
-           "setups": [{"name": "baseline", "baseline": True}]
-           + ([{"name": "int8", "weights": "int8"}] if args.int8 else []),
-           "lm_eval": {"include_path": [str(args.include.resolve())], "tasks": [{"name": args.task}], "suites": []},
-           "budget": {"gpu_memory_gib": 4, "utilization": 0.9, "context_len": 1024, "overhead_gib": 0.5}}
+    cfg = {
+        "name": "scale",
+        "model": {"path": str(args.model.resolve()), "dtype": args.dtype, "max_context": 1024},
+        "backend": "hf",
+        "device": "cpu",
+        "batch_size": args.batch_size,
+        "setups": [{"name": "baseline", "baseline": True}]
+        + ([{"name": "int8", "weights": "int8"}] if args.int8 else []),
+        "lm_eval": {"include_path": [str(args.include.resolve())], "tasks": [{"name": args.task}], "suites": []},
+        "budget": {"gpu_memory_gib": 4, "utilization": 0.9, "context_len": 1024, "overhead_gib": 0.5},
+    }
     path = folder / "scale.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
@@ -48,8 +53,13 @@ def sample_tree(cmd: list[str], every: float = 0.2) -> tuple[int, float, int, in
     """Run `cmd`; its exit code, wall seconds, the peak RSS of the process itself and of its
     largest descendant (bytes)."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env=os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
+    )
     root = psutil.Process(proc.pid)
     runner_peak, child_peaks = 0, {}
     while proc.poll() is None:
@@ -79,16 +89,30 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "scale")
     ap.add_argument("--json", type=Path, help="also write the figures here")
-    ap.add_argument("--int8", action="store_true",
-                    help="add an INT8-weights setup (a worker that reads the baseline's KL reference)")
+    ap.add_argument(
+        "--int8",
+        action="store_true",
+        help="add an INT8-weights setup (a worker that reads the baseline's KL reference)",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     config = write_config(args.out, args)
     rows: list[dict[str, Any]] = []
     for limit in (int(x) for x in args.limits.split(",")):
         run_dir = args.out / f"n{limit}"
-        cmd = [sys.executable, "-m", "qeval.cli", "run", str(config), "--output", str(run_dir), "--limit", str(limit),
-               "--no-performance", "--force"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "qeval.cli",
+            "run",
+            str(config),
+            "--output",
+            str(run_dir),
+            "--limit",
+            str(limit),
+            "--no-performance",
+            "--force",
+        ]
         rc, wall, runner, worker = sample_tree(cmd)
         setups = json.loads((run_dir / "results.json").read_text())["setups"] if rc == 0 else [{}]
         for setup in setups:
@@ -96,19 +120,42 @@ def main() -> None:
             peak = setup.get("memory", {}).get("peak_bytes", {}).get("measured")
             timings = setup.get("timings", {})
             kl = (setup.get("vs_baseline") or {}).get(args.task, {}).get("kl_distribution") or {}
-            row = {"limit": limit, "setup": setup.get("name"), "rc": rc, "n": task.get("n"), "wall_s": wall,
-                   "scoring_s": timings.get(f"{args.task}_s"), "worker_total_s": timings.get("total_s"),
-                   "runner_peak_rss": runner, "worker_peak_rss": worker, "worker_peak_bytes_ledger": peak,
-                   "metrics": {k: v.get("value") for k, v in task.get("metrics", {}).items()},
-                   "kl_tokens": kl.get("tokens"), "load_average": os.getloadavg()[0]}
+            row = {
+                "limit": limit,
+                "setup": setup.get("name"),
+                "rc": rc,
+                "n": task.get("n"),
+                "wall_s": wall,
+                "scoring_s": timings.get(f"{args.task}_s"),
+                "worker_total_s": timings.get("total_s"),
+                "runner_peak_rss": runner,
+                "worker_peak_rss": worker,
+                "worker_peak_bytes_ledger": peak,
+                "metrics": {k: v.get("value") for k, v in task.get("metrics", {}).items()},
+                "kl_tokens": kl.get("tokens"),
+                "load_average": os.getloadavg()[0],
+            }
             rows.append(row)
-            print(f"{args.task} {row['setup']} n={row['n']} rc={rc}: wall {wall:.1f} s, scoring {row['scoring_s']} s, "
-                  f"runner peak RSS {runner / 2**20:.0f} MiB, largest worker peak RSS {worker / 2**20:.0f} MiB "
-                  f"(this setup's ledger: {(peak or 0) / 2**20:.0f} MiB), KL tokens {row['kl_tokens']}, "
-                  f"load average {row['load_average']:.2f}", flush=True)
+            print(
+                f"{args.task} {row['setup']} n={row['n']} rc={rc}: wall {wall:.1f} s, scoring {row['scoring_s']} s, "
+                f"runner peak RSS {runner / 2**20:.0f} MiB, largest worker peak RSS {worker / 2**20:.0f} MiB "
+                f"(this setup's ledger: {(peak or 0) / 2**20:.0f} MiB), KL tokens {row['kl_tokens']}, "
+                f"load average {row['load_average']:.2f}",
+                flush=True,
+            )
     if args.json:
-        args.json.write_text(json.dumps({"task": args.task, "model": args.model.name, "dtype": args.dtype,
-                                         "batch_size": args.batch_size, "rows": rows}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "task": args.task,
+                    "model": args.model.name,
+                    "dtype": args.dtype,
+                    "batch_size": args.batch_size,
+                    "rows": rows,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -52,8 +52,10 @@ class ForwardMeter:
         self.real_tokens = 0
         self.first_call: float | None = None
         self._t0 = 0.0
-        self._handles = [model.register_forward_pre_hook(self._pre, with_kwargs=True),
-                         model.register_forward_hook(self._post, with_kwargs=True)]
+        self._handles = [
+            model.register_forward_pre_hook(self._pre, with_kwargs=True),
+            model.register_forward_hook(self._post, with_kwargs=True),
+        ]
 
     def _pre(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
@@ -83,8 +85,11 @@ def measure(backend: Any, task: str, args: argparse.Namespace, peak: float, para
 
     meter = ForwardMeter(backend.model)
     t0 = time.perf_counter()
-    spec = LmEvalSpec(include_path=[str(args.include)], fewshot_seed=1234,
-                      tasks=[LmEvalTask(name=task, num_fewshot=SHOTS.get(task, 0))])
+    spec = LmEvalSpec(
+        include_path=[str(args.include)],
+        fewshot_seed=1234,
+        tasks=[LmEvalTask(name=task, num_fewshot=SHOTS.get(task, 0))],
+    )
     session = open_session(spec, ROOT, args.limit)
     try:
         result = score_lm_eval(backend, session, [task], lambda n: None)[task]
@@ -95,13 +100,24 @@ def measure(backend: Any, task: str, args: argparse.Namespace, peak: float, para
     session_s = (meter.first_call or t0) - t0
     unique = sum(len(backend.conv.encode(r["prompt"])) + sum(r["n_tokens"]) for r in result.records)
     floor = unique * 2 * params / peak
-    return {"task": task, "batch_size": backend.batch_size, "n": len(result.records), "wall_s": wall,
-            "session_s": session_s, "forward_s": meter.seconds, "other_s": wall - session_s - meter.seconds,
-            "forward_calls": meter.calls, "unique_tokens": unique, "real_tokens": meter.real_tokens,
-            "run_tokens": meter.run_tokens, "padding": meter.run_tokens / max(meter.real_tokens, 1) - 1,
-            "floor_s": floor, "floor_share": floor / wall,
-            # the passes' own rate on the tokens they really ran, padded ones included
-            "forward_peak_share": meter.run_tokens * 2 * params / peak / meter.seconds}
+    return {
+        "task": task,
+        "batch_size": backend.batch_size,
+        "n": len(result.records),
+        "wall_s": wall,
+        "session_s": session_s,
+        "forward_s": meter.seconds,
+        "other_s": wall - session_s - meter.seconds,
+        "forward_calls": meter.calls,
+        "unique_tokens": unique,
+        "real_tokens": meter.real_tokens,
+        "run_tokens": meter.run_tokens,
+        "padding": meter.run_tokens / max(meter.real_tokens, 1) - 1,
+        "floor_s": floor,
+        "floor_share": floor / wall,
+        # the passes' own rate on the tokens they really ran, padded ones included
+        "forward_peak_share": meter.run_tokens * 2 * params / peak / meter.seconds,
+    }
 
 
 def main() -> None:
@@ -129,14 +145,19 @@ def main() -> None:
             row = measure(backend, task, args, peak, params)
             rows.append(row)
             w = row["wall_s"]
-            print(f"{task:<16} batch {bs:<3} n={row['n']:<5} wall {w:6.1f} s: session {row['session_s'] / w:4.0%}, "
-                  f"forward {row['forward_s'] / w:4.0%}, other {row['other_s'] / w:4.0%} | padding "
-                  f"+{row['padding']:.0%} | tokens run / unique {row['run_tokens'] / row['unique_tokens']:.2f} | "
-                  f"floor share {row['floor_share']:.0%}, forward passes at {row['forward_peak_share']:.0%} "
-                  f"of the peak", flush=True)
+            print(
+                f"{task:<16} batch {bs:<3} n={row['n']:<5} wall {w:6.1f} s: session {row['session_s'] / w:4.0%}, "
+                f"forward {row['forward_s'] / w:4.0%}, other {row['other_s'] / w:4.0%} | padding "
+                f"+{row['padding']:.0%} | tokens run / unique {row['run_tokens'] / row['unique_tokens']:.2f} | "
+                f"floor share {row['floor_share']:.0%}, forward passes at {row['forward_peak_share']:.0%} "
+                f"of the peak",
+                flush=True,
+            )
         backend.close()
-    print(f"float32 matmul peak {peak / 1e9:.1f} GFLOP/s (1024^3, {args.threads} thread(s)), "
-          f"load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"float32 matmul peak {peak / 1e9:.1f} GFLOP/s (1024^3, {args.threads} thread(s)), "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
     if args.json:
         args.json.write_text(json.dumps({"peak_flops": peak, "rows": rows}, indent=2))
 

@@ -35,8 +35,15 @@ def _records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def replay(base: list[dict[str, Any]], other: list[dict[str, Any]], metric: str, gate: float, chunk: int,
-           min_docs: int, alpha: float) -> dict[str, Any]:
+def replay(
+    base: list[dict[str, Any]],
+    other: list[dict[str, Any]],
+    metric: str,
+    gate: float,
+    chunk: int,
+    min_docs: int,
+    alpha: float,
+) -> dict[str, Any]:
     """One cell at one gate: the sequential verdict and stopping point against the fixed one."""
     by_id = {r["sample_id"]: r for r in base}
     pairs = [(by_id[r["sample_id"]]["metrics"][metric], r["metrics"][metric]) for r in other if r["sample_id"] in by_id]
@@ -46,10 +53,16 @@ def replay(base: list[dict[str, Any]], other: list[dict[str, Any]], metric: str,
     traj = trajectory(gate_score(b, o, True, gate, False, None), looks, alpha, min_docs)
     fixed = paired_accuracy(b, o, metric, 0)
     last = traj.looks[-1] if traj.looks else None
-    return {"n": len(b), "gate": gate, "delta": float(o.mean() - b.mean()) if len(b) else None,
-            "sequential": traj.verdict, "stopped_at_n": last.n if traj.stopped_at is not None and last else None,
-            "sequence": (last.lower, last.upper) if last else None,
-            "fixed": verdict(fixed.ci, True, gate), "fixed_ci": fixed.ci}
+    return {
+        "n": len(b),
+        "gate": gate,
+        "delta": float(o.mean() - b.mean()) if len(b) else None,
+        "sequential": traj.verdict,
+        "stopped_at_n": last.n if traj.stopped_at is not None and last else None,
+        "sequence": (last.lower, last.upper) if last else None,
+        "fixed": verdict(fixed.ci, True, gate),
+        "fixed_ci": fixed.ci,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,8 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         seq = "—" if r["sequence"] is None else f"[{r['sequence'][0]:+.3f}, {r['sequence'][1]:+.3f}]"
         fixed = f"[{r['fixed_ci'][0]:+.3f}, {r['fixed_ci'][1]:+.3f}]"
-        print(f"| {r['setup']} | {r['task']} | {r['gate']:.2f} | {r['n']} | {r['delta']:+.3f} | {r['sequential']} | "
-              f"{r['stopped_at_n'] or '—'} | {seq} | {r['fixed']} | {fixed} |")
+        print(
+            f"| {r['setup']} | {r['task']} | {r['gate']:.2f} | {r['n']} | {r['delta']:+.3f} | {r['sequential']} | "
+            f"{r['stopped_at_n'] or '—'} | {seq} | {r['fixed']} | {fixed} |"
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

@@ -27,30 +27,75 @@ CONTEXT = 2048
 LAYOUTS = {
     "llama (full)": ("llama", {}),
     "mistral (sliding everywhere)": ("mistral", {"sliding_window": 256}),
-    "gemma3 (sliding + full)": ("gemma3_text", {"layer_types": ["sliding_attention", "full_attention"],
-                                                "sliding_window": 256, "query_pre_attn_scalar": 64}),
-    "gpt-oss style (sliding + full, sinks)": ("gpt_oss", {"layer_types": ["sliding_attention", "full_attention"],
-                                                          "sliding_window": 128, "num_local_experts": 4,
-                                                          "num_experts_per_tok": 2}),
-    "llama4 style (chunked + full)": ("llama4_text", {"attention_chunk_size": 256, "no_rope_layers": [1, 0],
-                                                      "num_local_experts": 2, "intermediate_size_mlp": 512,
-                                                      "interleave_moe_layer_step": 1}),
-    "deepseek-v3 style (latent, MLA)": ("deepseek_v3", {"num_key_value_heads": 4, "kv_lora_rank": 512,
-                                                        "q_lora_rank": 64, "qk_rope_head_dim": 64,
-                                                        "qk_nope_head_dim": 64, "v_head_dim": 64,
-                                                        "n_routed_experts": 2, "num_experts_per_tok": 1,
-                                                        "first_k_dense_replace": 2, "moe_intermediate_size": 64,
-                                                        "n_group": 1, "topk_group": 1}),
-    "qwen3-next style (linear attention + full)": ("qwen3_next", {
-        "layer_types": ["linear_attention", "full_attention"], "linear_num_key_heads": 2,
-        "linear_num_value_heads": 4, "linear_key_head_dim": 64, "linear_value_head_dim": 64,
-        "linear_conv_kernel_dim": 4, "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 64,
-        "shared_expert_intermediate_size": 64}),
+    "gemma3 (sliding + full)": (
+        "gemma3_text",
+        {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 256, "query_pre_attn_scalar": 64},
+    ),
+    "gpt-oss style (sliding + full, sinks)": (
+        "gpt_oss",
+        {
+            "layer_types": ["sliding_attention", "full_attention"],
+            "sliding_window": 128,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+        },
+    ),
+    "llama4 style (chunked + full)": (
+        "llama4_text",
+        {
+            "attention_chunk_size": 256,
+            "no_rope_layers": [1, 0],
+            "num_local_experts": 2,
+            "intermediate_size_mlp": 512,
+            "interleave_moe_layer_step": 1,
+        },
+    ),
+    "deepseek-v3 style (latent, MLA)": (
+        "deepseek_v3",
+        {
+            "num_key_value_heads": 4,
+            "kv_lora_rank": 512,
+            "q_lora_rank": 64,
+            "qk_rope_head_dim": 64,
+            "qk_nope_head_dim": 64,
+            "v_head_dim": 64,
+            "n_routed_experts": 2,
+            "num_experts_per_tok": 1,
+            "first_k_dense_replace": 2,
+            "moe_intermediate_size": 64,
+            "n_group": 1,
+            "topk_group": 1,
+        },
+    ),
+    "qwen3-next style (linear attention + full)": (
+        "qwen3_next",
+        {
+            "layer_types": ["linear_attention", "full_attention"],
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "linear_key_head_dim": 64,
+            "linear_value_head_dim": 64,
+            "linear_conv_kernel_dim": 4,
+            "num_experts": 2,
+            "num_experts_per_tok": 1,
+            "moe_intermediate_size": 64,
+            "shared_expert_intermediate_size": 64,
+        },
+    ),
 }
 TOKENIZER = ROOT / "models" / "smollm2-135m"  # `make smollm2`
-BASE = {"vocab_size": 49152, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "max_position_embeddings": 4096,
-        "bos_token_id": 1, "eos_token_id": 2}
+BASE = {
+    "vocab_size": 49152,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "max_position_embeddings": 4096,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
 
 
 def write_model(folder: Path, model_type: str, extra: dict[str, object]) -> dict[str, object]:
@@ -68,15 +113,23 @@ def start_engine(folder: Path) -> None:
     KV cache line at start-up), then exit."""
     from vllm import LLM
 
-    LLM(model=str(folder), load_format="dummy", max_model_len=CONTEXT, kv_cache_memory_bytes=POOL,
-        enforce_eager=True, enable_prefix_caching=False, dtype="bfloat16")
+    LLM(
+        model=str(folder),
+        load_format="dummy",
+        max_model_len=CONTEXT,
+        kv_cache_memory_bytes=POOL,
+        enforce_eager=True,
+        enable_prefix_caching=False,
+        dtype="bfloat16",
+    )
 
 
 def engine_figures(folder: Path) -> tuple[int, float, str]:
     """The tokens and concurrency vLLM logged for the folder, from a child process's output
     (vLLM logs to stdout, from its engine-core process)."""
-    res = subprocess.run([sys.executable, __file__, "--engine", str(folder)], capture_output=True, text=True,
-                         timeout=600, check=False)
+    res = subprocess.run(
+        [sys.executable, __file__, "--engine", str(folder)], capture_output=True, text=True, timeout=600, check=False
+    )
     text = res.stdout + res.stderr
     tokens = re.search(r"KV cache size: ([\d,]+) tokens", text)
     conc = re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text)
@@ -94,8 +147,9 @@ def predicted(config: dict[str, object]) -> tuple[float, int]:
     from qeval.records.shape import ModelShape
 
     shape = ModelShape.from_config(config)
-    seq = predict_sequence(shape, Setup(name="bf16", weights="bf16"), "bfloat16", CONTEXT, "vllm",
-                           cache_accounting("cpu"))
+    seq = predict_sequence(
+        shape, Setup(name="bf16", weights="bf16"), "bfloat16", CONTEXT, "vllm", cache_accounting("cpu")
+    )
     blocks = seq.total // seq.block_bytes
     return (POOL // seq.block_bytes) / blocks, seq.total
 
@@ -125,8 +179,16 @@ def main() -> None:
                 rows.append({"layout": name, "error": str(exc)})
                 print(f"{name:<40} vLLM could not start it: {rows[-1]['error']}")
                 continue
-            rows.append({"layout": name, "vllm_concurrency": theirs, "vllm_tokens": tokens, "qeval_concurrency": ours,
-                         "qeval_sequence_bytes": seq, "line": line})
+            rows.append(
+                {
+                    "layout": name,
+                    "vllm_concurrency": theirs,
+                    "vllm_tokens": tokens,
+                    "qeval_concurrency": ours,
+                    "qeval_sequence_bytes": seq,
+                    "line": line,
+                }
+            )
             print(f"{name:<40} vLLM {theirs:8.2f}x ({tokens:,} tokens)  qeval {ours:8.2f}x  ({seq:,} B per sequence)")
     if args.json:
         args.json.write_text(json.dumps({"pool_bytes": POOL, "context": CONTEXT, "rows": rows}, indent=2))

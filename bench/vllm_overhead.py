@@ -44,8 +44,13 @@ def main() -> None:
     from qeval.tasks.scoring import score_task
 
     setup = Setup(name="bf16")
-    cfg = RunConfig(name="bench", model=ModelSpec(path=str(args.model), dtype=args.dtype, max_context=256),
-                    backend="vllm", setups=[setup], tasks=args.tasks.split(","))
+    cfg = RunConfig(
+        name="bench",
+        model=ModelSpec(path=str(args.model), dtype=args.dtype, max_context=256),
+        backend="vllm",
+        setups=[setup],
+        tasks=args.tasks.split(","),
+    )
     backend = qv.VLLMBackend(cfg, setup, "cpu")
     backend.load()
     inside: list[float] = []
@@ -68,8 +73,11 @@ def main() -> None:
             k, flat = 1, False
         else:
             conv = backend.conv
-            prompts = [c + p for d in task.docs
-                       for c, p in rolling_windows(conv.encode(task.text(d)), conv.prefix_token_id, 256)]
+            prompts = [
+                c + p
+                for d in task.docs
+                for c, p in rolling_windows(conv.encode(task.text(d)), conv.prefix_token_id, 256)
+            ]
             k, flat = qv.TOPK, True
         # exactly the parameters qeval's backend sends for this kind of task
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k, detokenize=False, flat_logprobs=flat)
@@ -89,8 +97,10 @@ def main() -> None:
             total = _timed(ours)
             runs.append((total, sum(inside)))
         total, engine = min(runs)
-        print(f"  {name:<11} {len(prompts)} requests: qeval {total:6.2f} s, of which engine {engine:6.2f} s "
-              f"-> overhead {100 * (total - engine) / engine:+.1f}%   (engine alone: {best_raw:6.2f} s)")
+        print(
+            f"  {name:<11} {len(prompts)} requests: qeval {total:6.2f} s, of which engine {engine:6.2f} s "
+            f"-> overhead {100 * (total - engine) / engine:+.1f}%   (engine alone: {best_raw:6.2f} s)"
+        )
 
 
 def _timed(fn) -> float:  # type: ignore[no-untyped-def]

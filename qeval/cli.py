@@ -54,8 +54,9 @@ def _split(value: str | None, option: str = "") -> list[str] | None:
         return None
     names = [v.strip() for v in value.split(",") if v.strip()]
     if not names:
-        raise UserError(f"{option} {value!r}: names nothing; give one or more names, comma-separated, "
-                        "or leave the option out")
+        raise UserError(
+            f"{option} {value!r}: names nothing; give one or more names, comma-separated, or leave the option out"
+        )
     return names
 
 
@@ -66,16 +67,24 @@ def run(
     setups: Annotated[str | None, typer.Option(help="comma-separated setups to run (the baseline always runs)")] = None,
     tasks: Annotated[str | None, typer.Option(help="comma-separated tasks to score")] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="score only the first N samples of each task")] = None,
-    force: Annotated[bool, typer.Option(
-        help="recompute stored results; write into a folder holding another run")] = False,
-    fail_on_gate: Annotated[bool, typer.Option(
-        help="exit 3 when the candidate does not pass every quality gate")] = False,
-    executor: Annotated[str | None, typer.Option(
-        help="local or ray: where the setups run (overrides the config's executor.kind; docs/cluster.md)")] = None,
-    performance: Annotated[bool | None, typer.Option(
-        "--performance/--no-performance",
-        help="time every setup after scoring, or skip that phase for this run (overrides the config's "
-             "performance.enabled; docs/performance.md)")] = None,
+    force: Annotated[
+        bool, typer.Option(help="recompute stored results; write into a folder holding another run")
+    ] = False,
+    fail_on_gate: Annotated[
+        bool, typer.Option(help="exit 3 when the candidate does not pass every quality gate")
+    ] = False,
+    executor: Annotated[
+        str | None,
+        typer.Option(help="local or ray: where the setups run (overrides the config's executor.kind; docs/cluster.md)"),
+    ] = None,
+    performance: Annotated[
+        bool | None,
+        typer.Option(
+            "--performance/--no-performance",
+            help="time every setup after scoring, or skip that phase for this run (overrides the config's "
+            "performance.enabled; docs/performance.md)",
+        ),
+    ] = None,
 ) -> None:
     """Serve the model under every setup of CONFIG, score the tasks, write RUN_DIR.
 
@@ -114,27 +123,38 @@ def run(
         raise typer.Exit(EXIT_INTERRUPTED) from None
     except OSError as exc:  # a full disk, a read-only or immutable file, at the end of the work
         where = f" ({exc.filename})" if exc.filename else ""
-        print(f"qeval: error: cannot write the run's files{where}: {exc.strerror or exc}; what was stored is kept: "
-              "fix that and rerun the same command (stored results are not recomputed)", file=sys.stderr)
+        print(
+            f"qeval: error: cannot write the run's files{where}: {exc.strerror or exc}; what was stored is kept: "
+            "fix that and rerun the same command (stored results are not recomputed)",
+            file=sys.stderr,
+        )
         raise typer.Exit(EXIT_SETUP_FAILED) from None
     from qeval.report.markdown import verdict_line
     from qeval.tracking import track_run
 
     for model, (run_dir, tracking) in tracked.items():  # after the run's own files, which never wait on it
         track_run(run_dir, runs[model], tracking, where=f"{model}: " if model else "")
-    _err.print(escape(f"{'sweep:   ' + str(out / 'sweep.json') if sweep else 'results: ' + str(out / 'results.json')}\n"
-                      f"report:  {out / 'report.md'}"))
+    _err.print(
+        escape(
+            f"{'sweep:   ' + str(out / 'sweep.json') if sweep else 'results: ' + str(out / 'results.json')}\n"
+            f"report:  {out / 'report.md'}"
+        )
+    )
     codes = []
     for model, results in runs.items():  # a sweep: per model; exit 1 over 3 over 0, as for one model
         where = f"{model}: " if model else ""
         codes.append(exit_code(results, fail_on_gate))
         failed_setups = [s.name for s in results.setups if s.status != "ok"]
         if failed_setups:
-            _err.print(f"[yellow]{escape(where)}setups that failed: {escape(', '.join(failed_setups))} "
-                       "(see results.json)[/yellow]")
+            _err.print(
+                f"[yellow]{escape(where)}setups that failed: {escape(', '.join(failed_setups))} "
+                "(see results.json)[/yellow]"
+            )
         if results.dropped:
-            _err.print(f"[yellow]{escape(where)}{len(results.dropped)} stored result(s) of another run were not "
-                       "compared (listed under `dropped` in results.json and in the report)[/yellow]")
+            _err.print(
+                f"[yellow]{escape(where)}{len(results.dropped)} stored result(s) of another run were not "
+                "compared (listed under `dropped` in results.json and in the report)[/yellow]"
+            )
         if codes[-1] == EXIT_GATE_FAILED:
             _err.print(f"[red]{escape(where + '--fail-on-gate: ' + str(candidate_problem(results)))}[/red]")
     for model, results in runs.items():  # the answer last, as report.md has it: one line, never wrapped
@@ -173,8 +193,9 @@ def validate(config: Annotated[Path, typer.Argument(help="run config YAML")]) ->
 @app.command()
 def quantize(
     config: Annotated[Path, typer.Argument(help="run config YAML")],
-    setups: Annotated[str | None, typer.Option(
-        help="comma-separated setups to quantize (default: all that need it)")] = None,
+    setups: Annotated[
+        str | None, typer.Option(help="comma-separated setups to quantize (default: all that need it)")
+    ] = None,
     force: Annotated[bool, typer.Option(help="remake checkpoints that are already cached")] = False,
 ) -> None:
     """Make the checkpoints CONFIG's w8a8 / w4a8 / gptq / awq setups serve, on vllm or hf (llm-compressor)."""
@@ -192,8 +213,12 @@ def quantize(
         raise typer.Exit(1) from None
     table = Table("setup", "scheme", "checkpoint", "status")
     for m in made:
-        table.add_row(escape(m.setup), escape(m.scheme), escape(str(m.path)),
-                      "cached" if m.cached else f"made in {m.seconds:.0f} s")
+        table.add_row(
+            escape(m.setup),
+            escape(m.scheme),
+            escape(str(m.path)),
+            "cached" if m.cached else f"made in {m.seconds:.0f} s",
+        )
     Console().print(table)
 
 
@@ -202,8 +227,10 @@ def goodput(
     config: Annotated[Path, typer.Argument(help="run config YAML with workload: (and its slo:) and serving: blocks")],
     output: Annotated[Path | None, typer.Option(help="run directory (default reports/<config name>)")] = None,
     setups: Annotated[str | None, typer.Option(help="comma-separated setups to serve (default: all)")] = None,
-    exhaustive: Annotated[bool, typer.Option(
-        help="measure every level of the grid (no early stop): the tuner's pick is then compared offline")] = False,
+    exhaustive: Annotated[
+        bool,
+        typer.Option(help="measure every level of the grid (no early stop): the tuner's pick is then compared offline"),
+    ] = False,
 ) -> None:
     """Serve CONFIG's workload on each setup with `vllm serve`, tune max-num-seqs, recommend by goodput
     (RUN_DIR/serving.json, serving.md; docs/performance.md, "Serving the workload")."""
@@ -262,25 +289,40 @@ def _gated(out: Path) -> tuple[list[str], dict[str, str]] | None:
 @app.command()
 def advise(
     config: Annotated[Path, typer.Argument(help="run config YAML")],
-    budget: Annotated[str | None, typer.Option(
-        help="average bits per decoder-linear weight (4.5bpw) or memory at the budget's context (350MiB)")] = None,
-    target: Annotated[str | None, typer.Option(
-        help="the setup to lower (default: the config's first int4, else int8, quanto setup)")] = None,
-    text: Annotated[Path | None, typer.Option(
-        help="calibration text: plain text (paragraphs) or JSON Lines with `text` (default: the perplexity task)")
+    budget: Annotated[
+        str | None,
+        typer.Option(help="average bits per decoder-linear weight (4.5bpw) or memory at the budget's context (350MiB)"),
     ] = None,
-    calib_docs: Annotated[int | None, typer.Option(help="documents the sensitivity is measured on [default: 16]")
+    target: Annotated[
+        str | None, typer.Option(help="the setup to lower (default: the config's first int4, else int8, quanto setup)")
     ] = None,
-    heldout_docs: Annotated[int | None, typer.Option(help="further documents the mix is checked on [default: 32]")
+    text: Annotated[
+        Path | None,
+        typer.Option(
+            help="calibration text: plain text (paragraphs) or JSON Lines with `text` (default: the perplexity task)"
+        ),
     ] = None,
-    random_draws: Annotated[int | None, typer.Option(
-        help="random mixes of the same bytes to compare with [default: 5]")] = None,
+    calib_docs: Annotated[
+        int | None, typer.Option(help="documents the sensitivity is measured on [default: 16]")
+    ] = None,
+    heldout_docs: Annotated[
+        int | None, typer.Option(help="further documents the mix is checked on [default: 32]")
+    ] = None,
+    random_draws: Annotated[
+        int | None, typer.Option(help="random mixes of the same bytes to compare with [default: 5]")
+    ] = None,
     seed: Annotated[int | None, typer.Option(help="seed of the random mixes [default: 0]")] = None,
-    unions: Annotated[bool | None, typer.Option(
-        "--unions/--no-unions",
-        help="also measure whole blocks and module types, not only the layer x type cells [default: unions]")] = None,
-    output: Annotated[Path | None, typer.Option(
-        help="advice.md to write (.html and .json beside it); default reports/<config name>/advice.md")] = None,
+    unions: Annotated[
+        bool | None,
+        typer.Option(
+            "--unions/--no-unions",
+            help="also measure whole blocks and module types, not only the layer x type cells [default: unions]",
+        ),
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(help="advice.md to write (.html and .json beside it); default reports/<config name>/advice.md"),
+    ] = None,
 ) -> None:
     """Which layers to keep at the model's dtype: per-unit sensitivity, a search under the budget,
     and the advised setup with its `keep:` list (docs/advisor.md). A config with an `advise:`
@@ -312,10 +354,17 @@ def advise(
         check_advice_output(advice_path)  # before the work: a path it cannot write would lose all of it
         check_output(advice_path, Path(cfg.model.path) if Path(cfg.model.path).is_dir() else None)
         cal_text = text if text is not None else (Path(block.text) if block.text else None)
-        opts = Options(parse_budget(budget) if budget is not None else block.parsed_budget(),
-                       target if target is not None else block.target, cal_text, calib, heldout, draws,
-                       block.seed if seed is None else seed, block.unions if unions is None else unions,
-                       block.name if cfg.advise else None)
+        opts = Options(
+            parse_budget(budget) if budget is not None else block.parsed_budget(),
+            target if target is not None else block.target,
+            cal_text,
+            calib,
+            heldout,
+            draws,
+            block.seed if seed is None else seed,
+            block.unions if unions is None else unions,
+            block.name if cfg.advise else None,
+        )
         advice = run_advisor(cfg, config, opts, log=lambda m: print(m, file=sys.stderr))
     except UserError as exc:
         _fail(exc)
@@ -323,8 +372,10 @@ def advise(
     try:
         paths = write(advice, advice_path)
     except OSError as exc:  # a full disk, or the folder changed under the work: one line, exit 1
-        print(f"qeval: error: cannot write the advice ({exc.filename or advice_path}): {exc.strerror or exc}",
-              file=sys.stderr)
+        print(
+            f"qeval: error: cannot write the advice ({exc.filename or advice_path}): {exc.strerror or exc}",
+            file=sys.stderr,
+        )
         raise typer.Exit(EXIT_SETUP_FAILED) from None
     print(setup_snippet(advice), end="")
     print(f"wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
@@ -344,8 +395,11 @@ def report(run_dir: Annotated[Path, typer.Argument(help="a finished run director
             from qeval.sweep.schema import model_run_dir, read_sweep
 
             for m in read_sweep(run_dir / "sweep.json").models:
-                write_report(model_run_dir(run_dir, m), read_results(model_run_dir(run_dir, m) / "results.json"),
-                             report_sections())
+                write_report(
+                    model_run_dir(run_dir, m),
+                    read_results(model_run_dir(run_dir, m) / "results.json"),
+                    report_sections(),
+                )
             print(write_sweep_report(run_dir, report_sections()))
             return
         md, html = write_report(run_dir, read_results(run_dir / "results.json"), report_sections())
@@ -359,11 +413,16 @@ def report(run_dir: Annotated[Path, typer.Argument(help="a finished run director
 def compare_cmd(
     runs: Annotated[list[Path], typer.Argument(help="finished run directories; the first is the reference")],
     output: Annotated[Path, typer.Option(help="folder for compare.md, compare.html and compare.json")] = Path(
-        "reports/compare"),
-    fail_on_regression: Annotated[float | None, typer.Option(
-        help="exit 3 when a setup got worse than in the first run by more than MARGIN (in the metric's units: 0.02 "
-             "is 2 points of accuracy) with 95% confidence; exit 4 when a setup or task of the first run could "
-             "not be checked")] = None,
+        "reports/compare"
+    ),
+    fail_on_regression: Annotated[
+        float | None,
+        typer.Option(
+            help="exit 3 when a setup got worse than in the first run by more than MARGIN (in the metric's units: 0.02 "
+            "is 2 points of accuracy) with 95% confidence; exit 4 when a setup or task of the first run could "
+            "not be checked"
+        ),
+    ] = None,
 ) -> None:
     """Compare the same setups across runs: paired by document where the runs scored the same
     data, unpaired (and said so) where not; what changed between them; each setup's key metric
@@ -375,8 +434,10 @@ def compare_cmd(
 
     try:
         if fail_on_regression is not None and not (math.isfinite(fail_on_regression) and fail_on_regression >= 0):
-            raise UserError(f"--fail-on-regression {fail_on_regression}: expected a finite number >= 0, in the "
-                            "compared metric's units (0.02: 2 points of accuracy)")
+            raise UserError(
+                f"--fail-on-regression {fail_on_regression}: expected a finite number >= 0, in the "
+                "compared metric's units (0.02: 2 points of accuracy)"
+            )
         comparison = compare_runs(runs, fail_on_regression)
         md, html, js = write_comparison(output, comparison)
     except UserError as exc:
@@ -393,15 +454,21 @@ def compare_cmd(
         if gate == "regression":
             raise typer.Exit(EXIT_GATE_FAILED)
         if gate == "unchecked":
-            print(f"no regression beyond {fail_on_regression:g} found, but {len(comparison.unchecked())} setup(s) or "
-                  "task(s) of the reference run could not be checked: the gate fails", file=sys.stderr)
+            print(
+                f"no regression beyond {fail_on_regression:g} found, but {len(comparison.unchecked())} setup(s) or "
+                "task(s) of the reference run could not be checked: the gate fails",
+                file=sys.stderr,
+            )
             raise typer.Exit(EXIT_NOT_CHECKED)
         open_ = comparison.inconclusive()
         if open_:  # the gate passes (it fails on "worse"), but these intervals do not rule a regression out
             more = f" and {len(open_) - 5} more" if len(open_) > 5 else ""
-            print(f"no regression beyond {fail_on_regression:g} found, but none ruled out on {len(open_)} "
-                  f"comparison(s) whose 95% interval reaches past the margin (inconclusive): "
-                  f"{'; '.join(open_[:5])}{more}", file=sys.stderr)
+            print(
+                f"no regression beyond {fail_on_regression:g} found, but none ruled out on {len(open_)} "
+                f"comparison(s) whose 95% interval reaches past the margin (inconclusive): "
+                f"{'; '.join(open_[:5])}{more}",
+                file=sys.stderr,
+            )
         else:
             print(f"no regression beyond {fail_on_regression:g}", file=sys.stderr)
 
@@ -409,8 +476,12 @@ def compare_cmd(
 @app.command("tasks")
 def list_tasks(
     tasks_dir: Annotated[Path, typer.Option(help="folder of qeval task YAMLs")] = Path("tasks"),
-    lm_eval: Annotated[list[Path] | None, typer.Option(help="folders of lm-eval task YAMLs (lm_eval.include_path); "
-                                                            "default: tasks/lm_eval and tasks/lm_eval_full")] = None,
+    lm_eval: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="folders of lm-eval task YAMLs (lm_eval.include_path); default: tasks/lm_eval and tasks/lm_eval_full"
+        ),
+    ] = None,
     library: Annotated[bool, typer.Option(help="also list lm-eval's own task library (its index takes ~10 s)")] = False,
 ) -> None:
     """List qeval's tasks (kind, samples, data checksum), the lm-eval tasks and groups of the
@@ -425,8 +496,11 @@ def list_tasks(
             t = load_task(name, tasks_dir)
             table.add_row(escape(name), escape(t.spec.output_type), str(len(t.docs)), t.sha256[:16] + "…")
         # the fixtures, and the full sets where `make lm-eval-full` wrote them
-        folders = lm_eval if lm_eval is not None else [p for p in [tasks_dir / "lm_eval", tasks_dir / "lm_eval_full"]
-                                                      if p.is_dir()]
+        folders = (
+            lm_eval
+            if lm_eval is not None
+            else [p for p in [tasks_dir / "lm_eval", tasks_dir / "lm_eval_full"] if p.is_dir()]
+        )
         for folder in folders:
             for name, (kind, path) in local_names(folder).items():
                 table.add_row(escape(name), f"lm-eval {kind}", "", escape(str(path)))
@@ -440,48 +514,95 @@ def list_tasks(
         from lm_eval.tasks import TaskManager
 
         manager = TaskManager()
-        print(f"lm-eval's library: {len(manager.all_subtasks)} tasks, {len(manager.all_groups)} groups, e.g. "
-              + ", ".join(sorted(manager.all_groups)[:20]) + " …")
+        print(
+            f"lm-eval's library: {len(manager.all_subtasks)} tasks, {len(manager.all_groups)} groups, e.g. "
+            + ", ".join(sorted(manager.all_groups)[:20])
+            + " …"
+        )
 
 
 @app.command("plan")
 def plan_cmd(
-    model: Annotated[str | None, typer.Option(help="model folder, config.json path, GGUF file, or hub id (default "
-                                              "with --workload CONFIG: the config's model)")] = None,
-    gpu_gib: Annotated[float | None, typer.Option(min=0.001, help="GPU memory in GiB [default: 24, or a "
-                                                  "--workload config's budget]")] = None,
-    utilization: Annotated[float | None, typer.Option(min=0.01, max=1.0, help="share of GPU memory the engine may "
-                                                      "use [default: 0.9]")] = None,
-    context_len: Annotated[int | None, typer.Option(min=1, help="tokens per sequence [default: 4096; with "
-                                                    "--workload: max-model-len]")] = None,
-    margin: Annotated[float | None, typer.Option(min=0.0, max=0.9, help="share of the KV pool lost to fragmentation "
-                                                 "(budget.margin) [default: 0.05]")] = None,
-    overhead_gib: Annotated[float | None, typer.Option(min=0.0, help="runtime overhead inside the budget: "
-                                                       "activations, workspaces, CUDA context (budget.overhead_gib) "
-                                                       "[default: 1]")] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="model folder, config.json path, GGUF file, or hub id (default "
+            "with --workload CONFIG: the config's model)"
+        ),
+    ] = None,
+    gpu_gib: Annotated[
+        float | None, typer.Option(min=0.001, help="GPU memory in GiB [default: 24, or a --workload config's budget]")
+    ] = None,
+    utilization: Annotated[
+        float | None, typer.Option(min=0.01, max=1.0, help="share of GPU memory the engine may use [default: 0.9]")
+    ] = None,
+    context_len: Annotated[
+        int | None, typer.Option(min=1, help="tokens per sequence [default: 4096; with --workload: max-model-len]")
+    ] = None,
+    margin: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0, max=0.9, help="share of the KV pool lost to fragmentation (budget.margin) [default: 0.05]"
+        ),
+    ] = None,
+    overhead_gib: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            help="runtime overhead inside the budget: "
+            "activations, workspaces, CUDA context (budget.overhead_gib) "
+            "[default: 1]",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
-    gpus_per_node: Annotated[int | None, typer.Option(min=1, help="cluster view: GPUs per node (of --gpu-gib "
-                                                      "each; docs/cluster.md)")] = None,
+    gpus_per_node: Annotated[
+        int | None, typer.Option(min=1, help="cluster view: GPUs per node (of --gpu-gib each; docs/cluster.md)")
+    ] = None,
     nodes: Annotated[int | None, typer.Option(min=1, help="cluster view: nodes (default 1)")] = None,
-    concurrency: Annotated[int | None, typer.Option(min=1, help="cluster view: sequences of --context-len each "
-                                                    "setup must hold (default 1)")] = None,
-    engine: Annotated[str, typer.Option(help="whose accounting of the KV cache: vllm (block rounding, the "
-                                        "hybrid allocator's groups) or hf (transformers' cache layers)")] = "vllm",
+    concurrency: Annotated[
+        int | None,
+        typer.Option(min=1, help="cluster view: sequences of --context-len each setup must hold (default 1)"),
+    ] = None,
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="whose accounting of the KV cache: vllm (block rounding, the "
+            "hybrid allocator's groups) or hf (transformers' cache layers)"
+        ),
+    ] = "vllm",
     block_size: Annotated[int, typer.Option(min=1, help="vLLM's KV block size in tokens (16 on a GPU)")] = 16,
-    max_num_batched_tokens: Annotated[int, typer.Option(min=1, help="vLLM's tokens in flight: sliding-window "
-                                                        "and chunked layers keep room for them")] = 2048,
-    workload: Annotated[Path | None, typer.Option(help="a trace (JSON Lines, ShareGPT JSON) or a YAML with a "
-                                                  "workload: block: max-model-len from its lengths, the share it "
-                                                  "refuses, KV blocks per request, prefix sharing "
-                                                  "(docs/performance.md)")] = None,
-    percentile: Annotated[float | None, typer.Option(min=0.001, max=100.0, help="with --workload: max-model-len's "
-                                                     "percentile of prompt + output [default: 99, or the block's "
-                                                     "max_model_len_percentile]")] = None,
-    workload_format: Annotated[str | None, typer.Option(help="a trace file's format: auto, qeval, sharegpt or "
-                                                        "vllm-custom [default: auto]")] = None,
-    custom_output_len: Annotated[int | None, typer.Option(min=1, help="output tokens of each request of a "
-                                                          "vllm-custom trace (vLLM's --custom-output-len) "
-                                                          "[default: 256]")] = None,
+    max_num_batched_tokens: Annotated[
+        int, typer.Option(min=1, help="vLLM's tokens in flight: sliding-window and chunked layers keep room for them")
+    ] = 2048,
+    workload: Annotated[
+        Path | None,
+        typer.Option(
+            help="a trace (JSON Lines, ShareGPT JSON) or a YAML with a "
+            "workload: block: max-model-len from its lengths, the share it "
+            "refuses, KV blocks per request, prefix sharing "
+            "(docs/performance.md)"
+        ),
+    ] = None,
+    percentile: Annotated[
+        float | None,
+        typer.Option(
+            min=0.001,
+            max=100.0,
+            help="with --workload: max-model-len's "
+            "percentile of prompt + output [default: 99, or the block's "
+            "max_model_len_percentile]",
+        ),
+    ] = None,
+    workload_format: Annotated[
+        str | None, typer.Option(help="a trace file's format: auto, qeval, sharegpt or vllm-custom [default: auto]")
+    ] = None,
+    custom_output_len: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="output tokens of each request of a vllm-custom trace (vLLM's --custom-output-len) [default: 256]",
+        ),
+    ] = None,
 ) -> None:
     """Predict weights, KV cache per token, KV tokens that fit and concurrent sequences per setup;
     with --gpus-per-node, also the GPUs each setup needs on a cluster and how many run at once;
@@ -494,12 +615,24 @@ def plan_cmd(
     from qeval.memory.planner import load_model_config, plan, plan_json
 
     try:
-        _check_plan_options(**{k: v for k, v in (("gpu_gib", gpu_gib), ("utilization", utilization),
-                                                 ("margin", margin), ("overhead_gib", overhead_gib),
-                                                 ("percentile", percentile)) if v is not None})
+        _check_plan_options(
+            **{
+                k: v
+                for k, v in (
+                    ("gpu_gib", gpu_gib),
+                    ("utilization", utilization),
+                    ("margin", margin),
+                    ("overhead_gib", overhead_gib),
+                    ("percentile", percentile),
+                )
+                if v is not None
+            }
+        )
         if gpus_per_node is None and (nodes is not None or concurrency is not None):
-            raise UserError(f"{'--nodes' if nodes is not None else '--concurrency'} applies to the cluster view: "
-                            "give --gpus-per-node too")
+            raise UserError(
+                f"{'--nodes' if nodes is not None else '--concurrency'} applies to the cluster view: "
+                "give --gpus-per-node too"
+            )
         if workload is None and (percentile, workload_format, custom_output_len) != (None, None, None):
             raise UserError("--percentile, --workload-format and --custom-output-len apply to --workload: give it too")
         if workload is not None and context_len is not None:
@@ -510,14 +643,24 @@ def plan_cmd(
         model = model or (run_cfg.model.path if run_cfg else None)
         if model is None:
             raise UserError("--model is required (or --workload with a run config, whose model is planned)")
-        given = {"gpu_memory_gib": gpu_gib, "utilization": utilization, "context_len": context_len,
-                 "overhead_gib": overhead_gib, "margin": margin}
-        budget = Budget(**((run_cfg.budget if run_cfg else Budget()).model_dump()
-                           | {k: v for k, v in given.items() if v is not None}))
+        given = {
+            "gpu_memory_gib": gpu_gib,
+            "utilization": utilization,
+            "context_len": context_len,
+            "overhead_gib": overhead_gib,
+            "margin": margin,
+        }
+        budget = Budget(
+            **(
+                (run_cfg.budget if run_cfg else Budget()).model_dump()
+                | {k: v for k, v in given.items() if v is not None}
+            )
+        )
         if engine not in ("vllm", "hf"):
             raise UserError(f"--engine {engine}: expected vllm or hf")
-        vllm = VllmCache(block_size=block_size, in_flight_tokens=max_num_batched_tokens, state_pages=2,
-                         kernel_block=block_size)
+        vllm = VllmCache(
+            block_size=block_size, in_flight_tokens=max_num_batched_tokens, state_pages=2, kernel_block=block_size
+        )
         config = load_model_config(model)
         planned = _plan_workload(source, model, config, percentile, block_size) if source else None
         if planned:
@@ -525,8 +668,18 @@ def plan_cmd(
         context_len = budget.context_len
         rows = plan(config, budget, engine=engine, vllm=vllm)  # type: ignore[arg-type]  # checked above
         cluster = Cluster(nodes, gpus_per_node) if gpus_per_node else None
-        grouped = cluster_plan(config, budget, cluster, concurrency, engine=engine,  # type: ignore[arg-type]
-                               vllm=vllm) if cluster else None
+        grouped = (
+            cluster_plan(
+                config,
+                budget,
+                cluster,
+                concurrency,
+                engine=engine,  # type: ignore[arg-type]
+                vllm=vllm,
+            )
+            if cluster
+            else None
+        )
     except UserError as exc:
         _fail(exc)
         return
@@ -540,21 +693,37 @@ def plan_cmd(
         print(json.dumps(out, indent=2))
         return
     title = escape(f"{model} on {gpu_gib:g} GiB x {budget.utilization:g} ({engine})")
-    table = Table("setup", "weights", "KV / token", f"KV / sequence @ {context_len}", "KV tokens",
-                  f"sequences @ {context_len}", title=title)
+    table = Table(
+        "setup",
+        "weights",
+        "KV / token",
+        f"KV / sequence @ {context_len}",
+        "KV tokens",
+        f"sequences @ {context_len}",
+        title=title,
+    )
     for r in rows:
-        table.add_row(escape(r.setup), f"{r.weights_bytes / 2**30:.2f} GiB", f"{r.kv_bytes_per_token / 1024:.1f} KiB",
-                      _mib(r.kv_bytes_per_sequence), f"{r.kv_cache_tokens:,}",
-                      f"{math.floor(r.max_concurrency):,}" + ("" if r.fits else " (does not fit)"))
+        table.add_row(
+            escape(r.setup),
+            f"{r.weights_bytes / 2**30:.2f} GiB",
+            f"{r.kv_bytes_per_token / 1024:.1f} KiB",
+            _mib(r.kv_bytes_per_sequence),
+            f"{r.kv_cache_tokens:,}",
+            f"{math.floor(r.max_concurrency):,}" + ("" if r.fits else " (does not fit)"),
+        )
     Console().print(table)
     first = rows[0]
     if set(first.kv_by_layer_type) != {"full"} or first.state_bytes_per_sequence:
         parts = [f"{kind} {_mib(b)}" for kind, b in first.kv_by_layer_type.items()]
         parts += [f"state {_mib(first.state_bytes_per_sequence)}"] if first.state_bytes_per_sequence else []
-        Console().print(escape(f"{first.setup}: one {context_len}-token sequence holds {', '.join(parts)} "
-                               f"({engine}), against {_mib(first.naive_kv_bytes_per_sequence)} if every layer "
-                               "cached every token; KV / token counts the attention layers only, below the "
-                               "shortest window or chunk"))
+        Console().print(
+            escape(
+                f"{first.setup}: one {context_len}-token sequence holds {', '.join(parts)} "
+                f"({engine}), against {_mib(first.naive_kv_bytes_per_sequence)} if every layer "
+                "cached every token; KV / token counts the attention layers only, below the "
+                "shortest window or chunk"
+            )
+        )
     if cluster and grouped:
         _print_cluster(model, cluster, gpu_gib, context_len, concurrency, *grouped)
     if planned and source:
@@ -567,8 +736,9 @@ def _workload_source(path: Path, fmt: str | None, custom_output_len: int | None)
     return workload_source(path, fmt, custom_output_len)
 
 
-def _plan_workload(source: WorkloadSource, model: str, config: dict[str, Any], percentile: float | None,
-                   block_size: int) -> tuple[WorkloadStats, Trace]:
+def _plan_workload(
+    source: WorkloadSource, model: str, config: dict[str, Any], percentile: float | None, block_size: int
+) -> tuple[WorkloadStats, Trace]:
     """The workload's requests, checked against the model's context (a run config's
     model.max_context, else config.json's), and their plan at the percentile and block size."""
     from qeval.memory.workload_plan import model_context, tokenizer_source
@@ -580,8 +750,9 @@ def _plan_workload(source: WorkloadSource, model: str, config: dict[str, Any], p
     own = run is not None and run.model.path == model  # --model names another model: its own context
     context = run.model.max_context if run is not None and own else model_context(config)
     tok, why = tokenizer_source(model)
-    counter = TokenCounter(tok, run.model.trust_remote_code if run and own else False,
-                           run.model.revision if run and own else None, why)
+    counter = TokenCounter(
+        tok, run.model.trust_remote_code if run and own else False, run.model.revision if run and own else None, why
+    )
     trace = requests_of(source.spec, counter, context)
     return summarize(trace, percentile or source.spec.max_model_len_percentile, block_size, context), trace
 
@@ -591,8 +762,9 @@ def _workload_json(planned: tuple[WorkloadStats, Trace], rows: list[PlanRow], sp
 
     stats, trace = planned
     slo = spec.slo.model_dump() if spec.slo else None
-    return workload_json(stats, serving_rows(rows, stats), trace.source, trace.format, trace.skipped, trace.arrivals,
-                         slo)
+    return workload_json(
+        stats, serving_rows(rows, stats), trace.source, trace.format, trace.skipped, trace.arrivals, slo
+    )
 
 
 def _print_workload(planned: tuple[WorkloadStats, Trace], rows: list[PlanRow], spec: WorkloadSpec) -> None:
@@ -603,37 +775,70 @@ def _print_workload(planned: tuple[WorkloadStats, Trace], rows: list[PlanRow], s
     stats, trace = planned
     out = Console()
     skipped = f", {trace.skipped} entries skipped (no prompt-answer pair)" if trace.skipped else ""
-    out.print(escape(f"workload: {trace.source} ({trace.format}), {stats.requests:,} requests{skipped}; "
-                     f"arrivals: {trace.arrivals}"))
+    out.print(
+        escape(
+            f"workload: {trace.source} ({trace.format}), {stats.requests:,} requests{skipped}; "
+            f"arrivals: {trace.arrivals}"
+        )
+    )
     lengths = Table("tokens", "p50", "p90", "p95", "p99", "max", "mean", title="request lengths")
     for name, ls in (("prompt", stats.prompt), ("output", stats.output), ("prompt + output", stats.total)):
         lengths.add_row(name, *(f"{v:,}" for v in (ls.p50, ls.p90, ls.p95, ls.p99, ls.max)), f"{ls.mean:,.1f}")
     out.print(lengths)
     p = f"p{stats.percentile:g}"
-    out.print(escape(f"max-model-len {stats.max_model_len:,}: {p} of prompt + output ({stats.percentile_tokens:,} "
-                     f"tokens) rounded up to whole {stats.block_size}-token KV blocks; it refuses {stats.refused:,} "
-                     f"of {stats.requests:,} requests ({stats.refused_share:.1%})"))
+    out.print(
+        escape(
+            f"max-model-len {stats.max_model_len:,}: {p} of prompt + output ({stats.percentile_tokens:,} "
+            f"tokens) rounded up to whole {stats.block_size}-token KV blocks; it refuses {stats.refused:,} "
+            f"of {stats.requests:,} requests ({stats.refused_share:.1%})"
+        )
+    )
     b = stats.blocks
-    out.print(escape(f"KV blocks per admitted request (paged attention, ceil(tokens / {stats.block_size})): mean "
-                     f"{b.mean:g}, {p} {b.at_percentile:,}, max {b.max:,}, against "
-                     f"{-(-stats.max_model_len // stats.block_size):,} at max-model-len"))
+    out.print(
+        escape(
+            f"KV blocks per admitted request (paged attention, ceil(tokens / {stats.block_size})): mean "
+            f"{b.mean:g}, {p} {b.at_percentile:,}, max {b.max:,}, against "
+            f"{-(-stats.max_model_len // stats.block_size):,} at max-model-len"
+        )
+    )
     if stats.prefix:
         x = stats.prefix
-        out.print(escape(f"prefix caching: {x.groups:,} shared-prefix group(s), {x.requests_sharing:,} request(s) "
-                         f"reuse a prefix: {x.blocks_saved:,} blocks saved ({x.share_saved:.1%} of the blocks), mean "
-                         f"{x.mean_blocks_with_cache:g} blocks per request"))
+        out.print(
+            escape(
+                f"prefix caching: {x.groups:,} shared-prefix group(s), {x.requests_sharing:,} request(s) "
+                f"reuse a prefix: {x.blocks_saved:,} blocks saved ({x.share_saved:.1%} of the blocks), mean "
+                f"{x.mean_blocks_with_cache:g} blocks per request"
+            )
+        )
     serving = serving_rows(rows, stats)
-    table = Table("setup", "KV pool (blocks)", f"worst case @ {stats.max_model_len:,}", "distribution (mean)",
-                  f"at {p}", "with prefix cache", title="concurrent requests the KV pool holds")
+    table = Table(
+        "setup",
+        "KV pool (blocks)",
+        f"worst case @ {stats.max_model_len:,}",
+        "distribution (mean)",
+        f"at {p}",
+        "with prefix cache",
+        title="concurrent requests the KV pool holds",
+    )
     for r in serving:
         cached = f"{r.concurrency_with_prefix_cache:,.1f}" if r.concurrency_with_prefix_cache is not None else "-"
-        table.add_row(escape(r.setup), f"{r.pool_blocks:,}", f"{r.worst_case_concurrency:,.1f}",
-                      f"{r.concurrency_mean:,.1f}", f"{r.concurrency_at_percentile:,.1f}", cached)
+        table.add_row(
+            escape(r.setup),
+            f"{r.pool_blocks:,}",
+            f"{r.worst_case_concurrency:,.1f}",
+            f"{r.concurrency_mean:,.1f}",
+            f"{r.concurrency_at_percentile:,.1f}",
+            cached,
+        )
     out.print(table)
     if spec.slo:
         targets = ", ".join(f"{k.removesuffix('_ms')} {v:g} ms" for k, v in spec.slo.targets().items())
-        out.print(escape(f"SLO at p{spec.slo.percentile:g}: {targets} (recorded; the load measurement against it "
-                         "is not built yet)"))
+        out.print(
+            escape(
+                f"SLO at p{spec.slo.percentile:g}: {targets} (recorded; the load measurement against it "
+                "is not built yet)"
+            )
+        )
 
 
 def _mib(n: int) -> str:
@@ -647,17 +852,37 @@ def _check_plan_options(**values: float) -> None:
             raise UserError(f"--{name.replace('_', '-')} {value}: expected a finite number")
 
 
-def _print_cluster(model: str, cluster: Cluster, gpu_gib: float, context_len: int, concurrency: int,
-                   rows: list[ClusterRow], at_once: int) -> None:
-    table = Table("setup", "GPUs (TP x PP)", "KV tokens", f"sequences @ {context_len}", "copies at once",
-                  title=escape(f"{model} on {cluster.nodes} node(s) x {cluster.gpus_per_node} GPUs of {gpu_gib:g} "
-                               f"GiB, {concurrency} sequence(s) each"))
+def _print_cluster(
+    model: str,
+    cluster: Cluster,
+    gpu_gib: float,
+    context_len: int,
+    concurrency: int,
+    rows: list[ClusterRow],
+    at_once: int,
+) -> None:
+    table = Table(
+        "setup",
+        "GPUs (TP x PP)",
+        "KV tokens",
+        f"sequences @ {context_len}",
+        "copies at once",
+        title=escape(
+            f"{model} on {cluster.nodes} node(s) x {cluster.gpus_per_node} GPUs of {gpu_gib:g} "
+            f"GiB, {concurrency} sequence(s) each"
+        ),
+    )
     for r in rows:
         if r.gpus is None:
             table.add_row(escape(r.setup), "does not fit", "", "", "0")
             continue
-        table.add_row(escape(r.setup), f"{r.gpus} ({r.tensor_parallel_size} x {r.pipeline_parallel_size})",
-                      f"{r.kv_cache_tokens:,}", f"{math.floor(r.max_concurrency):,}", str(r.copies_at_once))
+        table.add_row(
+            escape(r.setup),
+            f"{r.gpus} ({r.tensor_parallel_size} x {r.pipeline_parallel_size})",
+            f"{r.kv_cache_tokens:,}",
+            f"{math.floor(r.max_concurrency):,}",
+            str(r.copies_at_once),
+        )
     Console().print(table)
     Console().print(f"all {len(rows)} setups side by side: {at_once} run at once on this cluster")
 

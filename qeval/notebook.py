@@ -75,12 +75,26 @@ class Run:
                 value = s.tasks[task].metrics.get(metric) if task in s.tasks else None
                 c: dict[str, Any] = cmp.model_dump() if cmp else {}
                 ci = c.get("ci") or (None, None)
-                rows.append({"setup": s.name, "task": task, "status": s.status, "metric": metric,
-                             "score": value.value if value else None, "stderr": value.stderr if value else None,
-                             "delta": c.get("delta"), "ci_low": ci[0], "ci_high": ci[1], "p_value": c.get("p_value"),
-                             "p_adjusted": c.get("p_adjusted"), "flips_to_wrong": c.get("flips_to_wrong"),
-                             "flips_to_right": c.get("flips_to_right"), "kl": c.get("kl"),
-                             "top1_agreement": c.get("top1_agreement"), "verdict": c.get("verdict")})
+                rows.append(
+                    {
+                        "setup": s.name,
+                        "task": task,
+                        "status": s.status,
+                        "metric": metric,
+                        "score": value.value if value else None,
+                        "stderr": value.stderr if value else None,
+                        "delta": c.get("delta"),
+                        "ci_low": ci[0],
+                        "ci_high": ci[1],
+                        "p_value": c.get("p_value"),
+                        "p_adjusted": c.get("p_adjusted"),
+                        "flips_to_wrong": c.get("flips_to_wrong"),
+                        "flips_to_right": c.get("flips_to_right"),
+                        "kl": c.get("kl"),
+                        "top1_agreement": c.get("top1_agreement"),
+                        "verdict": c.get("verdict"),
+                    }
+                )
         return pd.DataFrame(rows)
 
     def kl(self) -> pd.DataFrame:
@@ -96,8 +110,9 @@ class Run:
     def samples(self, setup: str | None = None, task: str | None = None) -> pd.DataFrame:
         """Per-sample records (prompt, target, prediction, correct, per-choice log-likelihoods,
         NLL, ...) for one or all setups and tasks, with `setup` and `task` columns."""
-        frames = [self._samples(s, t) for s in ([setup] if setup else self.setups)
-                  for t in ([task] if task else self.tasks)]
+        frames = [
+            self._samples(s, t) for s in ([setup] if setup else self.setups) for t in ([task] if task else self.tasks)
+        ]
         frames = [f for f in frames if len(f)]
         if not frames:
             return pd.DataFrame(columns=["setup", "task", "sample_id", "target", "prediction", "correct"])
@@ -111,8 +126,16 @@ class Run:
         both = other.merge(base, on="sample_id", suffixes=("", "_baseline"))
         both = both[both["correct"].notna() & (both["correct"] != both["correct_baseline"])].copy()
         both["direction"] = both["correct_baseline"].map({True: "right → wrong", False: "wrong → right"})
-        cols = ["sample_id", "prompt", "target", "prediction_baseline", "prediction", "correct_baseline", "correct",
-                "direction"]
+        cols = [
+            "sample_id",
+            "prompt",
+            "target",
+            "prediction_baseline",
+            "prediction",
+            "correct_baseline",
+            "correct",
+            "direction",
+        ]
         return both[[c for c in cols if c in both.columns]].reset_index(drop=True)
 
     def performance(self) -> pd.DataFrame:
@@ -124,9 +147,19 @@ class Run:
             for level in perf.levels if perf is not None else []:
                 for name, fig in level:
                     if hasattr(fig, "median"):
-                        rows.append({"setup": s.name, "concurrency": level.concurrency, "figure": name,
-                                     "median": fig.median, "min": fig.min, "max": fig.max, "repeats": fig.repeats,
-                                     "unit": fig.unit, "source": fig.source})
+                        rows.append(
+                            {
+                                "setup": s.name,
+                                "concurrency": level.concurrency,
+                                "figure": name,
+                                "median": fig.median,
+                                "min": fig.min,
+                                "max": fig.max,
+                                "repeats": fig.repeats,
+                                "unit": fig.unit,
+                                "source": fig.source,
+                            }
+                        )
         return pd.DataFrame(rows)
 
     def serving(self, table: str = "levels") -> pd.DataFrame:
@@ -157,11 +190,36 @@ class Run:
         sequence there (lower, upper), the verdict then, and the cell's stopping point and documents
         (docs/statistics.md, "Sequential gates"); empty for a run without the switch."""
         block = self.results.sequential
-        cols = ["setup", "task", "look", "n", "lower", "upper", "verdict", "threshold", "stopped_at", "documents",
-                "total"]
-        rows = [{"setup": c.setup, "task": c.task, "look": i, "n": k.n, "lower": k.ci[0], "upper": k.ci[1],
-                 "verdict": k.verdict, "threshold": c.threshold, "stopped_at": c.stopped_at, "documents": c.documents,
-                 "total": c.total} for c in (block.cells if block else []) for i, k in enumerate(c.looks)]
+        cols = [
+            "setup",
+            "task",
+            "look",
+            "n",
+            "lower",
+            "upper",
+            "verdict",
+            "threshold",
+            "stopped_at",
+            "documents",
+            "total",
+        ]
+        rows = [
+            {
+                "setup": c.setup,
+                "task": c.task,
+                "look": i,
+                "n": k.n,
+                "lower": k.ci[0],
+                "upper": k.ci[1],
+                "verdict": k.verdict,
+                "threshold": c.threshold,
+                "stopped_at": c.stopped_at,
+                "documents": c.documents,
+                "total": c.total,
+            }
+            for c in (block.cells if block else [])
+            for i, k in enumerate(c.looks)
+        ]
         return pd.DataFrame(rows, columns=cols)
 
     def generation_positions(self) -> pd.DataFrame:
@@ -170,8 +228,12 @@ class Run:
         "Divergence along the generation"); empty for a run without `generation_divergence:`."""
         block = self.results.generation_divergence
         setups = block.setups if block else {}
-        rows = [{"setup": setup, "task": task} | b.model_dump() for setup, tasks in setups.items()
-                for task, t in tasks.items() for b in t.positions]
+        rows = [
+            {"setup": setup, "task": task} | b.model_dump()
+            for setup, tasks in setups.items()
+            for task, t in tasks.items()
+            for b in t.positions
+        ]
         return pd.DataFrame(rows)
 
     def multi_turn(self) -> pd.DataFrame:
@@ -187,8 +249,12 @@ class Run:
         length bucket (accuracy, Δ against the baseline with its CI and p-value)."""
         block = self.results.generation_divergence
         setups = block.setups if block else {}
-        rows = [{"setup": setup, "task": task} | b.model_dump() for setup, tasks in setups.items()
-                for task, t in tasks.items() for b in t.answer_lengths]
+        rows = [
+            {"setup": setup, "task": task} | b.model_dump()
+            for setup, tasks in setups.items()
+            for task, t in tasks.items()
+            for b in t.answer_lengths
+        ]
         return pd.DataFrame(rows)
 
     def memory(self) -> pd.DataFrame:
@@ -199,17 +265,37 @@ class Run:
             for figure in ("weights_bytes", "kv_bytes_per_token", "peak_bytes", "activations_bytes", "overhead_bytes"):
                 value = getattr(mem, figure)
                 if value is not None:
-                    rows.append({"setup": s.name, "figure": figure, "predicted": value.predicted,
-                                 "measured": value.measured, "source": value.source})
+                    rows.append(
+                        {
+                            "setup": s.name,
+                            "figure": figure,
+                            "predicted": value.predicted,
+                            "measured": value.measured,
+                            "source": value.source,
+                        }
+                    )
             predicted = str(mem.capacity_source or "").startswith("predicted")
             conc = mem.max_concurrency
-            rows.append({"setup": s.name, "figure": "max_concurrency", "predicted": conc if predicted else None,
-                         "measured": None if predicted else conc, "source": mem.capacity_source})
+            rows.append(
+                {
+                    "setup": s.name,
+                    "figure": "max_concurrency",
+                    "predicted": conc if predicted else None,
+                    "measured": None if predicted else conc,
+                    "source": mem.capacity_source,
+                }
+            )
             if mem.engine:  # what the vLLM engine itself reported (on the CPU build: a host-memory pool)
                 for key in ("kv_cache_tokens", "max_concurrency"):
-                    rows.append({"setup": s.name, "figure": f"engine_{key}", "predicted": None,
-                                 "measured": getattr(mem.engine, key),
-                                 "source": f"{mem.engine.source} (pool: {mem.engine.pool})"})
+                    rows.append(
+                        {
+                            "setup": s.name,
+                            "figure": f"engine_{key}",
+                            "predicted": None,
+                            "measured": getattr(mem.engine, key),
+                            "source": f"{mem.engine.source} (pool: {mem.engine.pool})",
+                        }
+                    )
         return pd.DataFrame(rows)
 
     def plot_quality_vs_memory(self) -> Any:
@@ -250,6 +336,7 @@ def load_run(path: str | Path) -> Run:
         return Run(root, read_results(file))
     except UserError as exc:
         if "schema_version" in str(exc):
-            raise SchemaVersionError(f"{exc} (rerun it with this qeval, or open it with the qeval that wrote it)"
-                                     ) from None
+            raise SchemaVersionError(
+                f"{exc} (rerun it with this qeval, or open it with the qeval that wrote it)"
+            ) from None
         raise ValueError(str(exc)) from None

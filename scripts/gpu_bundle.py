@@ -53,13 +53,20 @@ BUNDLE = {
     "typing-extensions": "pydantic needs >= 4.16; the image's version is not known to be as new",
     "optimum-quanto": "INT8 and INT4 weights and the INT4 KV cache (qeval/backends/hf/quant.py, kv_cache.py)",
     "transformers": "the version qeval's tests ran on (constraints.txt: the Cache layer API qeval builds on); "
-                    "the image's is 5.17",
+    "the image's is 5.17",
 }
 #: the wheel tags the GPU machine's CPython 3.12 on x86-64 installs
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
-             "manylinux1_x86_64")
-_WHEEL = re.compile(r"^(?P<name>[A-Za-z0-9_.]+)-(?P<version>[^-]+)(-\d[^-]*)?-(?P<py>[^-]+)-(?P<abi>[^-]+)"
-                    r"-(?P<plat>[^-]+)\.whl$")
+PLATFORMS = (
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+)
+_WHEEL = re.compile(
+    r"^(?P<name>[A-Za-z0-9_.]+)-(?P<version>[^-]+)(-\d[^-]*)?-(?P<py>[^-]+)-(?P<abi>[^-]+)"
+    r"-(?P<plat>[^-]+)\.whl$"
+)
 
 
 def normalize(name: str) -> str:
@@ -74,8 +81,10 @@ def pins(names: list[str] | None = None) -> dict[str, str]:
         try:
             out[name] = version(name)
         except PackageNotFoundError:
-            raise SystemExit(f"gpu_bundle: {name} is not installed in {sys.executable}: run `make install` first, "
-                             "the bundle pins .venv's versions") from None
+            raise SystemExit(
+                f"gpu_bundle: {name} is not installed in {sys.executable}: run `make install` first, "
+                "the bundle pins .venv's versions"
+            ) from None
     return out
 
 
@@ -139,8 +148,11 @@ def check_bundle(folder: Path, wanted: dict[str, str], limit_mib: float = BUNDLE
     for name, found in by_name.items():
         if name not in want:
             problems.append(f"{name}: not in the bundle's list (scripts/gpu_bundle.py BUNDLE)")
-        problems += [f"{w.path.name}: not installable on CPython 3.12 manylinux x86-64"
-                     for w in found if not installable_there(w)]
+        problems += [
+            f"{w.path.name}: not installable on CPython 3.12 manylinux x86-64"
+            for w in found
+            if not installable_there(w)
+        ]
     total = sum(p.stat().st_size for p in files)
     if total > limit_mib * MIB:
         problems.append(f"bundle is {total / MIB:.1f} MiB, over its limit of {limit_mib:g} MiB")
@@ -150,8 +162,9 @@ def check_bundle(folder: Path, wanted: dict[str, str], limit_mib: float = BUNDLE
 def tree_sizes(root: Path = ROOT) -> dict[str, int]:
     """Bytes per top-level entry of what the device tool sends besides carried folders: tracked
     files and untracked ones git does not ignore (a file deleted but still tracked counts 0)."""
-    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=root, capture_output=True,
-                         check=True).stdout
+    out = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=root, capture_output=True, check=True
+    ).stdout
     sizes: dict[str, int] = {}
     for rel in out.decode().split("\0"):
         p = root / rel
@@ -175,8 +188,27 @@ def largest(sizes: dict[str, int], n: int = 3) -> str:
 def download(wanted: dict[str, str], dest: Path) -> None:
     """pip download each pinned wheel for CPython 3.12 manylinux x86-64, without dependencies
     (BUNDLE names every one the image lacks)."""
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
-           "3.12", "--implementation", "cp", "--abi", "cp312", "--abi", "abi3", "--abi", "none", "-d", str(dest)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "-q",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        "3.12",
+        "--implementation",
+        "cp",
+        "--abi",
+        "cp312",
+        "--abi",
+        "abi3",
+        "--abi",
+        "none",
+        "-d",
+        str(dest),
+    ]
     for plat in PLATFORMS:
         cmd += ["--platform", plat]
     cmd += [f"{name}=={ver}" for name, ver in wanted.items()]
@@ -188,9 +220,11 @@ def summary(folder: Path, tree: int) -> list[str]:
     wheels = sorted(folder.glob("*.whl"))
     lines = [f"  {w.name:<80} {w.stat().st_size / MIB:6.2f} MiB" for w in wheels]
     total = sum(w.stat().st_size for w in wheels)
-    lines.append(f"gpu_bundle: {folder}: {len(wheels)} wheels, {total / MIB:.1f} MiB (limit {BUNDLE_LIMIT_MIB} MiB); "
-                 f"with the working tree ({tree / MIB:.1f} MiB): {(total + tree) / MIB:.1f} MiB of the "
-                 f"{CARRY_LIMIT_MIB} MiB a device call carries")
+    lines.append(
+        f"gpu_bundle: {folder}: {len(wheels)} wheels, {total / MIB:.1f} MiB (limit {BUNDLE_LIMIT_MIB} MiB); "
+        f"with the working tree ({tree / MIB:.1f} MiB): {(total + tree) / MIB:.1f} MiB of the "
+        f"{CARRY_LIMIT_MIB} MiB a device call carries"
+    )
     return lines
 
 
@@ -207,10 +241,12 @@ def build(out: Path) -> int:
         tree = sum(sizes.values())
         bundle = sum(p.stat().st_size for p in tmp.iterdir())
         if bundle + tree > (CARRY_LIMIT_MIB - CARRY_SLACK_MIB) * MIB:
-            problems.append(f"bundle and working tree are {(bundle + tree) / MIB:.1f} MiB, past the carry limit "
-                            f"less {CARRY_SLACK_MIB} MiB of slack ({CARRY_LIMIT_MIB - CARRY_SLACK_MIB} MiB); the "
-                            f"tree's largest untracked-or-tracked entries: {largest(sizes)} (ignore or delete what "
-                            "need not travel)")
+            problems.append(
+                f"bundle and working tree are {(bundle + tree) / MIB:.1f} MiB, past the carry limit "
+                f"less {CARRY_SLACK_MIB} MiB of slack ({CARRY_LIMIT_MIB - CARRY_SLACK_MIB} MiB); the "
+                f"tree's largest untracked-or-tracked entries: {largest(sizes)} (ignore or delete what "
+                "need not travel)"
+            )
         if problems:
             print("gpu_bundle: " + "; ".join(problems), file=sys.stderr)
             return 1

@@ -62,9 +62,13 @@ def main() -> None:
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         t0 = time.time()
         try:
-            proc = subprocess.run([python, "-m", "qeval.cli", "run", str(path), "--output", str(args.output),
-                                   "--force"], cwd=ROOT, env=os.environ | {"HF_HUB_OFFLINE": "1"},
-                                  timeout=args.time_limit, check=False)
+            proc = subprocess.run(
+                [python, "-m", "qeval.cli", "run", str(path), "--output", str(args.output), "--force"],
+                cwd=ROOT,
+                env=os.environ | {"HF_HUB_OFFLINE": "1"},
+                timeout=args.time_limit,
+                check=False,
+            )
             code = proc.returncode
         except subprocess.TimeoutExpired:
             code = None
@@ -76,8 +80,10 @@ def main() -> None:
         if start >= 0:
             end = text.find("\n## ", start + 1)
             print(text[start : end if end >= 0 else None])
-    print(f"gpu_check: {args.device}, {wall:.0f} s (limit {args.time_limit:.0f} s), qeval exit code {code}; "
-          f"report: {report}")
+    print(
+        f"gpu_check: {args.device}, {wall:.0f} s (limit {args.time_limit:.0f} s), qeval exit code {code}; "
+        f"report: {report}"
+    )
     if code is None or wall > args.time_limit:
         sys.exit(1)
     sys.exit(code)

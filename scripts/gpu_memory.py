@@ -58,26 +58,30 @@ DEFAULT_BUDGET = {"utilization": 0.9, "overhead_gib": 1.0, "margin": 0.05}
 #: the formula with nothing held back: every byte past the weights is KV (the theoretical concurrency)
 RAW_BUDGET = {"utilization": 1.0, "overhead_gib": 0.0, "margin": 0.0}
 #: the public architectures' model types, where a trimmed config.json (tests/data) leaves it out
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
-                 "Qwen3ForCausalLM": "qwen3"}
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
 _OOM_SIGNS = ("out of memory", "can't allocate memory", "cannot allocate memory")
 
 SOURCES = {
     "weights_measured": "sum of the loaded tensors' bytes (qeval.memory.ledger.model_weights_bytes: quantized data, "
-                        "scales, zero points; tied weights once)",
+    "scales, zero points; tied weights once)",
     "weights_allocator": "allocator growth over building and quantizing the model (CUDA: torch.cuda.memory_allocated;"
-                         " CPU: RSS)",
+    " CPU: RSS)",
     "sequence_kv": "storage the setup's own cache pins after a prefill of L - 1 random tokens and one decode step "
-                   "(qeval.memory.ledger.cache_storage_bytes)",
+    "(qeval.memory.ledger.cache_storage_bytes)",
     "prefill_activations": "peak over the loaded model during that prefill and step, less the sequence's KV storage "
-                           "(CUDA: torch.cuda.max_memory_allocated; CPU: VmHWM after clear_refs)",
+    "(CUDA: torch.cuda.max_memory_allocated; CPU: VmHWM after clear_refs)",
     "kv_pool": "storage the caches of the largest batch that fit pin (cache_storage_bytes) after the decode step, "
-               "filled at L - 1 tokens through each cache's own update (kv_pool_after_fill_bytes: before the step)",
+    "filled at L - 1 tokens through each cache's own update (kv_pool_after_fill_bytes: before the step)",
     "step_activations": "peak of the batched decode step over what was allocated before it (the pool and weights)",
     "allocator_slack": "torch.cuda.max_memory_reserved - max_memory_allocated over the step (fragmentation and "
-                       "rounding in the caching allocator)",
+    "rounding in the caching allocator)",
     "runtime_overhead": "NVML's used memory at the step's end, less that before this process used the GPU, less "
-                        "torch's reserved pool: the CUDA context, cuBLAS workspaces and what else the runtime holds",
+    "torch's reserved pool: the CUDA context, cuBLAS workspaces and what else the runtime holds",
 }
 
 
@@ -218,8 +222,15 @@ def model_config(path: Path, shrink: bool = False, max_context: int = 4096) -> d
             raise ValueError(f"{path}: no model_type, and architecture {arch!r} is not one of {sorted(ARCHITECTURES)}")
         cfg["model_type"] = ARCHITECTURES[arch]
     if shrink:
-        cfg |= {"num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
-                "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 512}
+        cfg |= {
+            "num_hidden_layers": 2,
+            "hidden_size": 256,
+            "intermediate_size": 512,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "vocab_size": 512,
+        }
         if cfg.get("sliding_window"):
             cfg["sliding_window"] = max_context // 2
     cfg["max_position_embeddings"] = max(int(cfg.get("max_position_embeddings") or 0), max_context)
@@ -245,9 +256,11 @@ def predictions(shape: ModelShape, setup: Setup, dtype: str, context: int) -> di
     """qeval's own predictions for the setup: weights, KV per token, one sequence of `context` on
     the transformers backend's accounting."""
     seq = predict_sequence(shape, setup, dtype, context, "hf")
-    return {"weights_bytes": predict_weights_bytes(shape, setup, dtype),
-            "kv_bytes_per_token": predict_kv_bytes_per_token(shape, setup, dtype),
-            "kv_bytes_per_sequence": seq.total}
+    return {
+        "weights_bytes": predict_weights_bytes(shape, setup, dtype),
+        "kv_bytes_per_token": predict_kv_bytes_per_token(shape, setup, dtype),
+        "kv_bytes_per_sequence": seq.total,
+    }
 
 
 def formula(weights: int, sequence: int, capacity: int, context: int) -> dict[str, Any]:
@@ -258,8 +271,11 @@ def formula(weights: int, sequence: int, capacity: int, context: int) -> dict[st
     for name, knobs in (("default_budget", DEFAULT_BUDGET), ("raw", RAW_BUDGET)):
         budget = Budget(gpu_memory_gib=gib, context_len=context, **knobs)
         cap = kv_capacity(weights, sequence, budget)
-        out[name] = {"max_concurrency": cap.max_concurrency, "kv_cache_tokens": cap.kv_cache_tokens,
-                     "budget": budget.describe()}
+        out[name] = {
+            "max_concurrency": cap.max_concurrency,
+            "kv_cache_tokens": cap.kv_cache_tokens,
+            "budget": budget.describe(),
+        }
     return out
 
 
@@ -284,8 +300,11 @@ def one_sequence(model: Any, setup: Setup, context: int, meter: Meter, device: s
     held = cache_bytes(cache)
     peak = meter.peak()
     del cache, out
-    return {"kv_bytes_per_sequence": storage, "kv_bytes_per_token": held // context,
-            "prefill_activations_bytes": max(peak - base - storage, 0)}
+    return {
+        "kv_bytes_per_sequence": storage,
+        "kv_bytes_per_token": held // context,
+        "prefill_activations_bytes": max(peak - base - storage, 0),
+    }
 
 
 @torch.no_grad()
@@ -310,24 +329,32 @@ def fill_and_step(model: Any, setup: Setup, batch: int, context: int, meter: Met
     ids = torch.randint(0, model.config.vocab_size, (batch, 1), device=device)
     mask = torch.ones(batch, context, dtype=torch.long, device=device)
     pos = torch.full((batch, 1), context - 1, dtype=torch.long, device=device)
-    model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
-          logits_to_keep=1)
+    model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1)
     meter.sync()
     peak, reserved_peak = meter.peak(), meter.reserved_peak()
     # after the step, as the prediction counts it: a sliding layer trims its prefill's slice to its
     # window on the first decode step (until then it pins all L tokens: kv_pool_after_fill_bytes)
-    out = {"batch": batch, "start_allocated": start, "kv_pool_bytes": cache_storage_bytes(cache),
-           "kv_pool_after_fill_bytes": pool, "fill_peak_bytes": fill_peak, "allocated_before_step": before,
-           "step_peak_bytes": peak, "step_activations_bytes": max(peak - before, 0),
-           "reserved_peak_bytes": reserved_peak,
-           "allocator_slack_bytes": None if reserved_peak is None else reserved_peak - peak,
-           "nvml_used_bytes": meter.nvml_used(), "runtime_overhead_bytes": meter.runtime_overhead()}
+    out = {
+        "batch": batch,
+        "start_allocated": start,
+        "kv_pool_bytes": cache_storage_bytes(cache),
+        "kv_pool_after_fill_bytes": pool,
+        "fill_peak_bytes": fill_peak,
+        "allocated_before_step": before,
+        "step_peak_bytes": peak,
+        "step_activations_bytes": max(peak - before, 0),
+        "reserved_peak_bytes": reserved_peak,
+        "allocator_slack_bytes": None if reserved_peak is None else reserved_peak - peak,
+        "nvml_used_bytes": meter.nvml_used(),
+        "runtime_overhead_bytes": meter.runtime_overhead(),
+    }
     del cache
     return out
 
 
-def try_batch(model: Any, setup: Setup, batch: int, context: int, meter: Meter, device: str,
-              resident: int) -> dict[str, Any] | None:
+def try_batch(
+    model: Any, setup: Setup, batch: int, context: int, meter: Meter, device: str, resident: int
+) -> dict[str, Any] | None:
     """fill_and_step's figures, or None when it ran out of memory (everything it held is freed)."""
     meter.clean()
     failed = False
@@ -344,13 +371,21 @@ def try_batch(model: Any, setup: Setup, batch: int, context: int, meter: Meter, 
     return None
 
 
-def _fits(model: Any, setup: Setup, context: int, meter: Meter, device: str, resident: int,
-          batch: int) -> dict[str, Any] | None:
+def _fits(
+    model: Any, setup: Setup, context: int, meter: Meter, device: str, resident: int, batch: int
+) -> dict[str, Any] | None:
     return try_batch(model, setup, batch, context, meter, device, resident)
 
 
-def search(fits: Callable[[int], dict[str, Any] | None], start: int, cap: int, deadline: float,
-           soft_deadline: float | None = None, min_trials: int = 3, max_trials: int = 12) -> dict[str, Any]:
+def search(
+    fits: Callable[[int], dict[str, Any] | None],
+    start: int,
+    cap: int,
+    deadline: float,
+    soft_deadline: float | None = None,
+    min_trials: int = 3,
+    max_trials: int = 12,
+) -> dict[str, Any]:
     """The largest batch `fits` accepts, up to `cap`: from `start`, up by 25% while it fits, then
     bisected between the largest that fit and the smallest that failed, to 1% (or 1 sequence), as
     many trials as `max_trials` allows before `deadline` (time.monotonic; no trial starts that would
@@ -385,20 +420,41 @@ def search(fits: Callable[[int], dict[str, Any] | None], start: int, cap: int, d
             break
         b = (lo + hi) // 2
     done = hi is not None and (hi - lo <= max(1, math.ceil(lo * 0.01)) or hi == 1)
-    return {"fit": lo, "failed_at": hi, "capped": hi is None and lo >= cap, "converged": done or lo >= cap,
-            "trials": trials, "at_fit": best}
+    return {
+        "fit": lo,
+        "failed_at": hi,
+        "capped": hi is None and lo >= cap,
+        "converged": done or lo >= cap,
+        "trials": trials,
+        "at_fit": best,
+    }
 
 
-def measure_setup(model: Any, setup: Setup, shape: ModelShape, dtype: str, contexts: list[int], meter: Meter,
-                  device: str, weights: dict[str, Any], max_batch: int, deadline: float,
-                  cell_seconds: float) -> list[dict[str, Any]]:
+def measure_setup(
+    model: Any,
+    setup: Setup,
+    shape: ModelShape,
+    dtype: str,
+    contexts: list[int],
+    meter: Meter,
+    device: str,
+    weights: dict[str, Any],
+    max_batch: int,
+    deadline: float,
+    cell_seconds: float,
+) -> list[dict[str, Any]]:
     """Every context of one loaded setup: predictions, one real sequence, the concurrency search.
     A cell whose time would pass `deadline` is recorded as skipped."""
     cells = []
     for context in sorted(contexts, reverse=True):  # the longest first: the seed's example, if time runs short
-        cell: dict[str, Any] = {"setup": setup.name, "weights": setup.weights or dtype, "kv_cache": setup.kv_cache,
-                                "context": context, "predicted": predictions(shape, setup, dtype, context),
-                                "weights_measured": weights}
+        cell: dict[str, Any] = {
+            "setup": setup.name,
+            "weights": setup.weights or dtype,
+            "kv_cache": setup.kv_cache,
+            "context": context,
+            "predicted": predictions(shape, setup, dtype, context),
+            "weights_measured": weights,
+        }
         left = deadline - time.monotonic()
         if left < 0.25 * cell_seconds:
             cell["skipped"] = f"the time budget left {max(left, 0):.0f} s for this cell"

@@ -39,20 +39,31 @@ def memory_rows(cells: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]
         one, w = c["one_sequence"], c["weights_measured"]
         s = c["search"]
         fit = s.get("at_fit") or {}
-        res.append(name + [
-            f"{size(p['weights_bytes'])} / {size(w['measured'])}{ratio(w['measured'], p['weights_bytes'])}",
-            f"{size(p['kv_bytes_per_sequence'])} / {size(one['kv_bytes_per_sequence'])}"
-            f"{ratio(one['kv_bytes_per_sequence'], p['kv_bytes_per_sequence'])}",
-            size(one["prefill_activations_bytes"]), size(fit.get("step_activations_bytes")),
-            f"{size(fit.get('allocator_slack_bytes'))} / {size(fit.get('runtime_overhead_bytes'))}"])
+        res.append(
+            name
+            + [
+                f"{size(p['weights_bytes'])} / {size(w['measured'])}{ratio(w['measured'], p['weights_bytes'])}",
+                f"{size(p['kv_bytes_per_sequence'])} / {size(one['kv_bytes_per_sequence'])}"
+                f"{ratio(one['kv_bytes_per_sequence'], p['kv_bytes_per_sequence'])}",
+                size(one["prefill_activations_bytes"]),
+                size(fit.get("step_activations_bytes")),
+                f"{size(fit.get('allocator_slack_bytes'))} / {size(fit.get('runtime_overhead_bytes'))}",
+            ]
+        )
         raw, default = c["formula"]["raw"]["max_concurrency"], c["formula"]["default_budget"]["max_concurrency"]
         got = s["fit"]
         upper = "capped" if s["capped"] else (f"fails at {s['failed_at']}" if s["failed_at"] else "not bracketed")
         pool_pred = got * p["kv_bytes_per_sequence"] if got else None
-        conc.append(name + [f"{default:g}", f"{raw:g}", f"{got} ({upper}; {len(s['trials'])} trials)",
-                            f"{got / raw:.0%}" if raw else "—",
-                            f"{size(pool_pred)} / {size(fit.get('kv_pool_bytes'))}"
-                            f"{ratio(fit.get('kv_pool_bytes'), pool_pred)}"])
+        conc.append(
+            name
+            + [
+                f"{default:g}",
+                f"{raw:g}",
+                f"{got} ({upper}; {len(s['trials'])} trials)",
+                f"{got / raw:.0%}" if raw else "—",
+                f"{size(pool_pred)} / {size(fit.get('kv_pool_bytes'))}{ratio(fit.get('kv_pool_bytes'), pool_pred)}",
+            ]
+        )
     return ["setup", "context"], res, conc
 
 
@@ -63,12 +74,19 @@ def perf_rows(perfs: list[dict[str, Any]]) -> list[list[str]]:
         dec, pre = p.get("decode") or {}, p.get("prefill") or {}
         levels = p.get("levels") or []
         top = levels[-1] if levels else {}
-        rows.append([entry["setup"], ", ".join(str(x["concurrency"]) for x in levels),
-                     f"{dec.get('achieved', 0):,.1f} / {dec.get('ceiling', 0):,.0f} ({dec.get('share', 0):.0%})"
-                     if dec else "—",
-                     f"{pre.get('achieved', 0):,.0f} / {pre.get('ceiling', 0):,.0f} ({pre.get('share', 0):.0%})"
-                     if pre else "—",
-                     f"{top.get('output_tokens_per_s', {}).get('median', 0):,.1f}" if top else "—"])
+        rows.append(
+            [
+                entry["setup"],
+                ", ".join(str(x["concurrency"]) for x in levels),
+                f"{dec.get('achieved', 0):,.1f} / {dec.get('ceiling', 0):,.0f} ({dec.get('share', 0):.0%})"
+                if dec
+                else "—",
+                f"{pre.get('achieved', 0):,.0f} / {pre.get('ceiling', 0):,.0f} ({pre.get('share', 0):.0%})"
+                if pre
+                else "—",
+                f"{top.get('output_tokens_per_s', {}).get('median', 0):,.1f}" if top else "—",
+            ]
+        )
     return rows
 
 
@@ -76,41 +94,76 @@ def markdown(data: dict[str, Any]) -> str:
     """The whole page."""
     env = data.get("environment") or {}
     model = data.get("model") or {}
-    lines = [f"# qeval on {env.get('device_name', data['device'])}: memory, performance, the tiny model's scores",
-             "", f"{data['started']}; `{data['command']}`; {data.get('seconds', 0):.0f} s of a "
-             f"{data['time_budget_s']:.0f} s budget. torch {env.get('torch')} (CUDA {env.get('cuda')}), "
-             + ", ".join(f"{k} {v}" for k, v in (env.get("libraries") or {}).items()) + ".", "", data["note"], ""]
+    lines = [
+        f"# qeval on {env.get('device_name', data['device'])}: memory, performance, the tiny model's scores",
+        "",
+        f"{data['started']}; `{data['command']}`; {data.get('seconds', 0):.0f} s of a "
+        f"{data['time_budget_s']:.0f} s budget. torch {env.get('torch')} (CUDA {env.get('cuda')}), "
+        + ", ".join(f"{k} {v}" for k, v in (env.get("libraries") or {}).items())
+        + ".",
+        "",
+        data["note"],
+        "",
+    ]
     if model:
-        lines += [f"Model: `{model['config']}`{' (shrunk for the CPU test)' if model['shrunk'] else ''}, "
-                  f"{model['model_type']}, {model['parameters']:,} parameters, {model['dtype']}, random weights; "
-                  f"device memory {size(model['capacity_bytes'])} ({model['capacity_source']}).", ""]
+        lines += [
+            f"Model: `{model['config']}`{' (shrunk for the CPU test)' if model['shrunk'] else ''}, "
+            f"{model['model_type']}, {model['parameters']:,} parameters, {model['dtype']}, random weights; "
+            f"device memory {size(model['capacity_bytes'])} ({model['capacity_source']}).",
+            "",
+        ]
     cells = data.get("memory") or []
     if cells:
         key, res, conc = memory_rows(cells)
         lines += ["## Memory: predicted / measured", ""]
-        lines += table(key + ["weights", "KV, one sequence", "activations: prefill of one", "activations: decode step"
-                              " at the fit", "allocator slack / runtime overhead"], res)
-        lines += ["", "## Concurrency: the formula against what fit", "",
-                  "`default` is qeval's budget (90% of the device, 1 GiB overhead, 5% margin); `raw` holds nothing "
-                  "back: the theoretical concurrency. `fit` is the most sequences whose caches at the context and one "
-                  "batched decode step ran before an out-of-memory error.", ""]
+        lines += table(
+            key
+            + [
+                "weights",
+                "KV, one sequence",
+                "activations: prefill of one",
+                "activations: decode step at the fit",
+                "allocator slack / runtime overhead",
+            ],
+            res,
+        )
+        lines += [
+            "",
+            "## Concurrency: the formula against what fit",
+            "",
+            "`default` is qeval's budget (90% of the device, 1 GiB overhead, 5% margin); `raw` holds nothing "
+            "back: the theoretical concurrency. `fit` is the most sequences whose caches at the context and one "
+            "batched decode step ran before an out-of-memory error.",
+            "",
+        ]
         lines += table(key + ["default", "raw", "fit", "fit / raw", "KV pool at the fit: predicted / measured"], conc)
         lines.append("")
     perfs = data.get("performance") or []
     if perfs:
-        lines += ["## Performance against the ceilings", "",
-                  "decode: tokens/s at concurrency 1 / its bandwidth ceiling; prefill: tokens/s at the top level / its "
-                  "matmul ceiling (qeval/perf/block.py).", ""]
-        lines += table(["setup", "levels", "decode (share)", "prefill (share)", "output tokens/s at the top"],
-                       perf_rows(perfs))
+        lines += [
+            "## Performance against the ceilings",
+            "",
+            "decode: tokens/s at concurrency 1 / its bandwidth ceiling; prefill: tokens/s at the top level / its "
+            "matmul ceiling (qeval/perf/block.py).",
+            "",
+        ]
+        lines += table(
+            ["setup", "levels", "decode (share)", "prefill (share)", "output tokens/s at the top"], perf_rows(perfs)
+        )
         lines.append("")
     tiny = data.get("tiny")
     if tiny:
-        lines += [f"## The tiny model: {data['device']} against CPU ({tiny['dtype']}, {tiny['limit']} samples a task)",
-                  ""]
-        lines += table(["setup", "task", "metric", data["device"], "cpu", "difference"],
-                       [[r["setup"], r["task"], r["metric"], _num(r["device"]), _num(r["cpu"]), _num(r["diff"])]
-                        for r in tiny["comparison"]])
+        lines += [
+            f"## The tiny model: {data['device']} against CPU ({tiny['dtype']}, {tiny['limit']} samples a task)",
+            "",
+        ]
+        lines += table(
+            ["setup", "task", "metric", data["device"], "cpu", "difference"],
+            [
+                [r["setup"], r["task"], r["metric"], _num(r["device"]), _num(r["cpu"]), _num(r["diff"])]
+                for r in tiny["comparison"]
+            ],
+        )
         lines.append("")
     if data.get("skipped") or data.get("errors"):
         lines += ["## Skipped and failed", ""]

@@ -58,12 +58,26 @@ TINY_SETUPS: dict[str, dict[str, Any]] = {
 }
 #: the shapes of the run: full on the GPU, small for the CPU test of the same path
 SHAPES: dict[str, dict[str, Any]] = {
-    "full": {"contexts": [2048, 4096], "max_batch": 4096, "cpu_capacity_mib": None, "cell_s": 45.0,
-             "perf": {"input_len": 256, "output_len": 64, "max_concurrency": 32, "repeats": 2, "warmup": 1},
-             "ceilings_s": 10.0, "tiny_limit": 100, "tiny_setups": list(TINY_SETUPS)},
-    "small": {"contexts": [128, 256], "max_batch": 96, "cpu_capacity_mib": 26, "cell_s": 3.0,
-              "perf": {"input_len": 32, "output_len": 4, "max_concurrency": 4, "repeats": 1, "warmup": 1},
-              "ceilings_s": 1.0, "tiny_limit": 4, "tiny_setups": ["bf16"]},
+    "full": {
+        "contexts": [2048, 4096],
+        "max_batch": 4096,
+        "cpu_capacity_mib": None,
+        "cell_s": 45.0,
+        "perf": {"input_len": 256, "output_len": 64, "max_concurrency": 32, "repeats": 2, "warmup": 1},
+        "ceilings_s": 10.0,
+        "tiny_limit": 100,
+        "tiny_setups": list(TINY_SETUPS),
+    },
+    "small": {
+        "contexts": [128, 256],
+        "max_batch": 96,
+        "cpu_capacity_mib": 26,
+        "cell_s": 3.0,
+        "perf": {"input_len": 32, "output_len": 4, "max_concurrency": 4, "repeats": 1, "warmup": 1},
+        "ceilings_s": 1.0,
+        "tiny_limit": 4,
+        "tiny_setups": ["bf16"],
+    },
 }
 
 
@@ -72,18 +86,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, required=True, help="folder for gpu-run.json and gpu-run.md ($OUT)")
     ap.add_argument("--bundle", type=Path, help="folder of wheels to install first (make gpu-bundle)")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    ap.add_argument("--shape", choices=list(SHAPES), default="full",
-                    help="full: the architecture as published; small: cut to a CPU test's size (same path)")
+    ap.add_argument(
+        "--shape",
+        choices=list(SHAPES),
+        default="full",
+        help="full: the architecture as published; small: cut to a CPU test's size (same path)",
+    )
     ap.add_argument("--model-config", type=Path, default=ROOT / "tests" / "data" / "llama3-8b-config.json")
-    ap.add_argument("--weights", default="16,int8,int4",
-                    help="weight precisions, of 16 (the model's dtype), int8, int4")
+    ap.add_argument(
+        "--weights", default="16,int8,int4", help="weight precisions, of 16 (the model's dtype), int8, int4"
+    )
     ap.add_argument("--kv", default="auto,int4", help="KV caches, of auto (16-bit), int4, int2, fp8")
     ap.add_argument("--contexts", help="comma-separated context lengths (default: the shape's)")
     ap.add_argument("--time-budget", type=float, default=480.0, help="seconds; no phase starts past it")
     ap.add_argument("--tiny-limit", type=int, help="samples per task for the tiny model (default: the shape's)")
     ap.add_argument("--tiny-setups", help="comma-separated, of " + ",".join(TINY_SETUPS))
-    ap.add_argument("--tiny-dtype", choices=["bfloat16", "float16", "float32"],
-                    help="the tiny model's dtype on both devices (default: bfloat16 on cuda, float32 on cpu)")
+    ap.add_argument(
+        "--tiny-dtype",
+        choices=["bfloat16", "float16", "float32"],
+        help="the tiny model's dtype on both devices (default: bfloat16 on cuda, float32 on cpu)",
+    )
     ap.add_argument("--skip", default="", help="comma-separated phases to skip: tiny, ceilings, memory, perf")
     args = ap.parse_args(argv)
     bad = [w for w in args.weights.split(",") if w not in ("16", "int8", "int4")]
@@ -107,10 +129,25 @@ def install_bundle(bundle: Path, argv: list[str]) -> None:
     site = Path(tempfile.mkdtemp(prefix="qeval-gpu-site-"))
     wheels = sorted(str(w) for w in bundle.glob("*.whl"))
     t0 = time.time()
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                    "--no-cache-dir", "--disable-pip-version-check", "--target", str(site), *wheels], check=True)
-    print(f"gpu_run: installed {len(wheels)} wheels from {bundle} into {site} in {time.time() - t0:.0f} s",
-          flush=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--no-compile",
+            "--no-cache-dir",
+            "--disable-pip-version-check",
+            "--target",
+            str(site),
+            *wheels,
+        ],
+        check=True,
+    )
+    print(f"gpu_run: installed {len(wheels)} wheels from {bundle} into {site} in {time.time() - t0:.0f} s", flush=True)
     path = os.pathsep.join([str(site), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     env = os.environ | {"PYTHONPATH": path, SITE_ENV: str(site)}
     os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *argv], env)
@@ -124,11 +161,17 @@ class Run:
         self.t0 = time.monotonic()
         self.deadline = self.t0 + args.time_budget
         self.data: dict[str, Any] = {
-            "schema": SCHEMA, "started": datetime.now(UTC).isoformat(timespec="seconds"),
-            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "device": args.device,
-            "shape": args.shape, "time_budget_s": args.time_budget, "phases": {}, "skipped": [], "errors": [],
+            "schema": SCHEMA,
+            "started": datetime.now(UTC).isoformat(timespec="seconds"),
+            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            "device": args.device,
+            "shape": args.shape,
+            "time_budget_s": args.time_budget,
+            "phases": {},
+            "skipped": [],
+            "errors": [],
             "note": "The 7B-class model has random weights: its memory and speed are real, what it would score is "
-                    "not (none is scored). Quality is measured on the shipped tiny model alone.",
+            "not (none is scored). Quality is measured on the shipped tiny model alone.",
         }
 
     def left(self) -> float:
@@ -148,8 +191,13 @@ class Run:
         try:
             result = fn()
         except Exception as exc:  # noqa: BLE001 - one phase's failure is recorded; the others still run
-            self.data["errors"].append({"phase": name, "error": f"{type(exc).__name__}: {str(exc)[:500]}",
-                                        "traceback": traceback.format_exc(limit=10)})
+            self.data["errors"].append(
+                {
+                    "phase": name,
+                    "error": f"{type(exc).__name__}: {str(exc)[:500]}",
+                    "traceback": traceback.format_exc(limit=10),
+                }
+            )
             result = None
         self.data["phases"][name] = round(time.monotonic() - t0, 1)
         self.save()
@@ -181,15 +229,22 @@ def environment(device: str) -> dict[str, Any]:
             return "not installed"
 
     env: dict[str, Any] = {
-        "python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
         "libraries": {d: v(d) for d in ("transformers", "optimum-quanto", "pydantic", "numpy", "accelerate")},
-        "bundle_site": os.environ.get(SITE_ENV), "threads": torch.get_num_threads(),
+        "bundle_site": os.environ.get(SITE_ENV),
+        "threads": torch.get_num_threads(),
         "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "(unset: torch's default)"),
     }
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
-        env |= {"device_name": props.name, "total_memory": int(props.total_memory),
-                "multiprocessors": props.multi_processor_count, "capability": list(torch.cuda.get_device_capability())}
+        env |= {
+            "device_name": props.name,
+            "total_memory": int(props.total_memory),
+            "multiprocessors": props.multi_processor_count,
+            "capability": list(torch.cuda.get_device_capability()),
+        }
     return env
 
 
@@ -198,9 +253,14 @@ def tiny_config(device: str, dtype: str, setups: list[str], limit: int) -> dict[
     import yaml
 
     cfg = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
-    cfg |= {"name": f"gpu-run-tiny-{device}", "device": device, "limit": limit, "tasks": TINY_TASKS,
-            "tasks_dir": str(ROOT / "tasks"),
-            "setups": [{"name": s, **TINY_SETUPS[s]} for s in setups]}
+    cfg |= {
+        "name": f"gpu-run-tiny-{device}",
+        "device": device,
+        "limit": limit,
+        "tasks": TINY_TASKS,
+        "tasks_dir": str(ROOT / "tasks"),
+        "setups": [{"name": s, **TINY_SETUPS[s]} for s in setups],
+    }
     cfg["model"] |= {"path": str(ROOT / "models" / "qeval-tiny"), "dtype": dtype}
     cfg.pop("performance", None)
     return cfg
@@ -211,8 +271,9 @@ def cpu_threads() -> int:
     return max(1, (os.cpu_count() or 2) // 4)
 
 
-def start_tiny(role: str, device: str, dtype: str, setups: list[str], limit: int,
-               work: Path) -> tuple[subprocess.Popen[str], Path]:
+def start_tiny(
+    role: str, device: str, dtype: str, setups: list[str], limit: int, work: Path
+) -> tuple[subprocess.Popen[str], Path]:
     """`qeval run` of tiny_config in its own process (its workers inherit PYTHONPATH); `role`
     (device, cpu) names its files: on the CPU test both runs are on the CPU."""
     import yaml
@@ -220,13 +281,22 @@ def start_tiny(role: str, device: str, dtype: str, setups: list[str], limit: int
     cfg_path = work / f"tiny-{role}.yaml"
     cfg_path.write_text(yaml.safe_dump(tiny_config(device, dtype, setups, limit), sort_keys=False))
     out = work / f"tiny-{role}"
-    env = os.environ | {"HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(
-        [p for p in [os.environ.get(SITE_ENV), str(ROOT), os.environ.get("PYTHONPATH")] if p])}
+    env = os.environ | {
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join(
+            [p for p in [os.environ.get(SITE_ENV), str(ROOT), os.environ.get("PYTHONPATH")] if p]
+        ),
+    }
     if role == "cpu":  # beside the device's run: leave it cores
         env |= {"OMP_NUM_THREADS": str(cpu_threads())}
-    proc = subprocess.Popen([sys.executable, "-m", "qeval.cli", "run", str(cfg_path), "--output", str(out), "--force",
-                             "--no-performance"], cwd=work, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qeval.cli", "run", str(cfg_path), "--output", str(out), "--force", "--no-performance"],
+        cwd=work,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     return proc, out
 
 
@@ -243,12 +313,20 @@ def finish_tiny(proc: subprocess.Popen[str], out: Path, timeout: float) -> dict[
     path = out / "results.json"
     if path.is_file():
         r = json.loads(path.read_text())
-        res["setups"] = {s["name"]: {"status": s["status"], "error": s.get("error"),
-                                     "scores": {t: {m: v["value"] for m, v in block["metrics"].items()}
-                                                for t, block in (s.get("tasks") or {}).items()}}
-                         for s in r["setups"]}
-        res["samples_per_task"] = {t: info.get("n") for t, info in (r.get("tasks") or {}).items()
-                                   if isinstance(info, dict)}
+        res["setups"] = {
+            s["name"]: {
+                "status": s["status"],
+                "error": s.get("error"),
+                "scores": {
+                    t: {m: v["value"] for m, v in block["metrics"].items()}
+                    for t, block in (s.get("tasks") or {}).items()
+                },
+            }
+            for s in r["setups"]
+        }
+        res["samples_per_task"] = {
+            t: info.get("n") for t, info in (r.get("tasks") or {}).items() if isinstance(info, dict)
+        }
     return res
 
 
@@ -260,8 +338,16 @@ def compare_scores(device: dict[str, Any], cpu: dict[str, Any]) -> list[dict[str
         for task, metrics in d["scores"].items():
             for metric, value in metrics.items():
                 other = (c.get("scores") or {}).get(task, {}).get(metric)
-                rows.append({"setup": name, "task": task, "metric": metric, "device": value, "cpu": other,
-                             "diff": None if other is None or value is None else value - other})
+                rows.append(
+                    {
+                        "setup": name,
+                        "task": task,
+                        "metric": metric,
+                        "device": value,
+                        "cpu": other,
+                        "diff": None if other is None or value is None else value - other,
+                    }
+                )
     return rows
 
 
@@ -283,9 +369,20 @@ class NoTokenizer:
         return SimpleNamespace(input_ids=[])
 
 
-def performance(model: Any, setup: Any, shape: Any, dtype: str, device: str, capacity: int,
-                weights_bytes: int, kv_per_token: int, ceilings_probe: dict[str, Any] | None,
-                spec_fields: dict[str, Any], budget_context: int, fit: int | None) -> dict[str, Any]:
+def performance(
+    model: Any,
+    setup: Any,
+    shape: Any,
+    dtype: str,
+    device: str,
+    capacity: int,
+    weights_bytes: int,
+    kv_per_token: int,
+    ceilings_probe: dict[str, Any] | None,
+    spec_fields: dict[str, Any],
+    budget_context: int,
+    fit: int | None,
+) -> dict[str, Any]:
     """qeval's performance phase on the loaded model: levels 1 and `max`, timed by the hf backend's
     measurement and summarised, with its shares of the ceilings, as a run stores them. `max` is the
     batch the memory search found to fit at `budget_context` where there is one (else the formula's
@@ -300,8 +397,10 @@ def performance(model: Any, setup: Any, shape: Any, dtype: str, device: str, cap
     from qeval.perf.phase import summarize
     from qeval.results.performance import Ceilings
 
-    measured = {"weights_bytes": {"measured": weights_bytes, "source": "gpu_memory: loaded tensors"},
-                "kv_bytes_per_token": {"measured": kv_per_token, "source": "gpu_memory: one real sequence"}}
+    measured = {
+        "weights_bytes": {"measured": weights_bytes, "source": "gpu_memory: loaded tensors"},
+        "kv_bytes_per_token": {"measured": kv_per_token, "source": "gpu_memory: one real sequence"},
+    }
     budget = Budget(gpu_memory_gib=capacity / GIB, context_len=budget_context)
     memory = memory_block(setup, measured, shape, dtype, device, budget, "")
     spec = PerfSpec(num_requests=1, concurrency=[1, "max"], **spec_fields)
@@ -311,13 +410,24 @@ def performance(model: Any, setup: Any, shape: Any, dtype: str, device: str, cap
     workload = workload_for(spec, levels, why, seed=1234)
     t0 = time.time()
     m = perf_hf.measure(model, NoTokenizer(), lambda: kv_cache.new_cache(model.config, setup), device, workload)
-    stored = {"key": "gpu-run", "status": "ok", "workload": workload.as_dict(), "levels": summarize(m, workload),
-              "notes": m.notes, "budget_concurrency": conc, "seconds": round(time.time() - t0, 2)}
+    stored = {
+        "key": "gpu-run",
+        "status": "ok",
+        "workload": workload.as_dict(),
+        "levels": summarize(m, workload),
+        "notes": m.notes,
+        "budget_concurrency": conc,
+        "seconds": round(time.time() - t0, 2),
+    }
     ceil = Ceilings.model_validate(ceilings_probe) if ceilings_probe and not ceilings_probe.get("error") else None
     perf, flags = performance_block(setup, stored, "gpu-run", memory, shape, dtype, ceil)
     assert perf is not None
-    return {"setup": setup.name, "budget": budget.describe(), "performance": perf.model_dump(mode="json"),
-            "flags": flags}
+    return {
+        "setup": setup.name,
+        "budget": budget.describe(),
+        "performance": perf.model_dump(mode="json"),
+        "flags": flags,
+    }
 
 
 def weight_setups(spec: str, kvs: list[str]) -> list[tuple[Any, list[Any]]]:
@@ -329,8 +439,17 @@ def weight_setups(spec: str, kvs: list[str]) -> list[tuple[Any, list[Any]]]:
         weights = None if w == "16" else w
         group = 128 if w == "int4" else None
         base = "w16" if w == "16" else w
-        with_kv = [Setup.model_validate({"name": base if kv == "auto" else f"{base}-kv-{kv}", "weights": weights,
-                                         "group_size": group, "kv_cache": kv}) for kv in kvs]
+        with_kv = [
+            Setup.model_validate(
+                {
+                    "name": base if kv == "auto" else f"{base}-kv-{kv}",
+                    "weights": weights,
+                    "group_size": group,
+                    "kv_cache": kv,
+                }
+            )
+            for kv in kvs
+        ]
         plain = Setup.model_validate({"name": base, "weights": weights, "group_size": group})
         out.append((with_kv[0] if kvs[0] == "auto" else plain, with_kv))
     return out
@@ -349,24 +468,34 @@ class Target:
         self.config = model_config(args.model_config, shrink=args.shape == "small", max_context=max(self.contexts))
         self.shape = ModelShape.from_config(self.config)
         on_cpu = args.device == "cpu"  # float32 there: this CPU emulates bfloat16 matmuls 100x slower
-        self.dtype_name = "float32" if on_cpu else str(self.config.get("torch_dtype") or self.config.get("dtype")
-                                                        or "bfloat16")
+        self.dtype_name = (
+            "float32" if on_cpu else str(self.config.get("torch_dtype") or self.config.get("dtype") or "bfloat16")
+        )
         self.dtype = getattr(torch, self.dtype_name)
         self.meter = Meter(args.device, shp["cpu_capacity_mib"] * 2**20 if on_cpu else None, baseline)
 
     def describe(self, args: argparse.Namespace) -> dict[str, Any]:
         cfg = args.model_config
-        return {"config": str(cfg.relative_to(ROOT) if cfg.is_relative_to(ROOT) else cfg),
-                "shrunk": args.shape == "small", "model_type": self.config["model_type"], "dtype": self.dtype_name,
-                "parameters": self.shape.n_params(), "layer_kinds": sorted(set(self.shape.kinds())),
-                "sliding_window": self.shape.sliding_window, "contexts": self.contexts,
-                "capacity_bytes": self.meter.capacity, "nvml_baseline_bytes": self.meter.nvml_baseline,
-                "capacity_source": "simulated device (scripts/gpu_memory.py, Meter.admit)" if args.device == "cpu"
-                else "torch.cuda.mem_get_info"}
+        return {
+            "config": str(cfg.relative_to(ROOT) if cfg.is_relative_to(ROOT) else cfg),
+            "shrunk": args.shape == "small",
+            "model_type": self.config["model_type"],
+            "dtype": self.dtype_name,
+            "parameters": self.shape.n_params(),
+            "layer_kinds": sorted(set(self.shape.kinds())),
+            "sliding_window": self.shape.sliding_window,
+            "contexts": self.contexts,
+            "capacity_bytes": self.meter.capacity,
+            "nvml_baseline_bytes": self.meter.nvml_baseline,
+            "capacity_source": "simulated device (scripts/gpu_memory.py, Meter.admit)"
+            if args.device == "cpu"
+            else "torch.cuda.mem_get_info",
+        }
 
 
-def one_precision(run: Run, t: Target, base: Any, setups: list[Any], probe: dict[str, Any] | None,
-                  cell_s: float) -> None:
+def one_precision(
+    run: Run, t: Target, base: Any, setups: list[Any], probe: dict[str, Any] | None, cell_s: float
+) -> None:
     """Build the model at one weight precision; every KV cache and context's memory cells; then the
     performance phase on its weights-only setup. The model is freed before the next precision."""
     from gpu_memory import build_model, measure_setup
@@ -379,12 +508,27 @@ def one_precision(run: Run, t: Target, base: Any, setups: list[Any], probe: dict
     t0 = time.monotonic()
     model, info = build_model(t.config, base, t.dtype, args.device)
     meter.sync()
-    weights: dict[str, Any] = {"measured": model_weights_bytes(model), "allocator": meter.allocated() - before,
-                               "build_s": round(time.monotonic() - t0, 1), "quantization": info}
+    weights: dict[str, Any] = {
+        "measured": model_weights_bytes(model),
+        "allocator": meter.allocated() - before,
+        "build_s": round(time.monotonic() - t0, 1),
+        "quantization": info,
+    }
     try:
         for setup in setups:  # the last 30 s stay for the performance phase and the files
-            run.data["memory"] += measure_setup(model, setup, t.shape, t.dtype_name, t.contexts, meter, args.device,
-                                                weights, shp["max_batch"], run.deadline - 30, cell_s)
+            run.data["memory"] += measure_setup(
+                model,
+                setup,
+                t.shape,
+                t.dtype_name,
+                t.contexts,
+                meter,
+                args.device,
+                weights,
+                shp["max_batch"],
+                run.deadline - 30,
+                cell_s,
+            )
             run.save()
         if "perf" in args.skip.split(","):
             return
@@ -395,9 +539,22 @@ def one_precision(run: Run, t: Target, base: Any, setups: list[Any], probe: dict
         kv = mine[0]["one_sequence"]["kv_bytes_per_token"] if mine else predictions_kv(t, base)
         fit = next((c["search"]["fit"] for c in mine if c["context"] == max(t.contexts)), None)
         meter.clean()
-        run.data["performance"].append(performance(model, base, t.shape, t.dtype_name, args.device, meter.capacity,
-                                                   weights["measured"], kv, probe, shp["perf"], max(t.contexts),
-                                                   fit))
+        run.data["performance"].append(
+            performance(
+                model,
+                base,
+                t.shape,
+                t.dtype_name,
+                args.device,
+                meter.capacity,
+                weights["measured"],
+                kv,
+                probe,
+                shp["perf"],
+                max(t.contexts),
+                fit,
+            )
+        )
     finally:
         del model
         meter.clean()
@@ -425,8 +582,11 @@ def memory_and_perf(run: Run, probe: dict[str, Any] | None) -> None:
         else:  # this precision's share of what is left, 70% of it to the searches, split over its cells
             share = max(run.left(), 0) / (len(precisions) - i)
             cell_s = max(10.0, 0.7 * share / (len(setups) * len(t.contexts)))
-        run.phase(f"memory+perf {base.name}", functools.partial(one_precision, run, t, base, setups, probe, cell_s),
-                  needs_s=20 if run.args.shape == "full" else 1)
+        run.phase(
+            f"memory+perf {base.name}",
+            functools.partial(one_precision, run, t, base, setups, probe, cell_s),
+            needs_s=20 if run.args.shape == "full" else 1,
+        )
 
 
 class Tiny:
@@ -452,10 +612,16 @@ class Tiny:
     def finish(self) -> None:
         self._wait("cpu", self.run.left() - 5)
         got = self.got
-        self.run.data["tiny"] = {"dtype": self.dtype, "limit": self.limit, "setups": self.setups, "tasks": TINY_TASKS,
-                                 "note": f"the CPU run ran beside phases 2 to 4 on {self.cpu_threads} threads",
-                                 "device_run": got.get("device", {}), "cpu_run": got.get("cpu", {}),
-                                 "comparison": compare_scores(got.get("device", {}), got.get("cpu", {}))}
+        self.run.data["tiny"] = {
+            "dtype": self.dtype,
+            "limit": self.limit,
+            "setups": self.setups,
+            "tasks": TINY_TASKS,
+            "note": f"the CPU run ran beside phases 2 to 4 on {self.cpu_threads} threads",
+            "device_run": got.get("device", {}),
+            "cpu_run": got.get("cpu", {}),
+            "comparison": compare_scores(got.get("device", {}), got.get("cpu", {})),
+        }
         bad = [f"{role}: exit {r['exit_code']}" for role, r in got.items() if r["exit_code"] != 0]
         if bad:
             raise RuntimeError("tiny-model run failed: " + "; ".join(bad))
@@ -478,8 +644,9 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         if not torch.cuda.is_available():
-            print("gpu_run: --device cuda but torch sees no CUDA device (use --device cpu --shape small)",
-                  file=sys.stderr)
+            print(
+                "gpu_run: --device cuda but torch sees no CUDA device (use --device cpu --shape small)", file=sys.stderr
+            )
             return 2
     args.out.mkdir(parents=True, exist_ok=True)
     run = Run(args, SHAPES[args.shape])
@@ -491,8 +658,13 @@ def main(argv: list[str] | None = None) -> int:
         tiny = Tiny(run, Path(tmp))
         run.phase("tiny", tiny.start, needs_s=30)
         try:
-            probe = run.phase("ceilings", lambda: ceilings(args.device, "float32" if args.device == "cpu"
-                                                           else "bfloat16", run.shape["ceilings_s"]), needs_s=20)
+            probe = run.phase(
+                "ceilings",
+                lambda: ceilings(
+                    args.device, "float32" if args.device == "cpu" else "bfloat16", run.shape["ceilings_s"]
+                ),
+                needs_s=20,
+            )
             run.data["ceilings"] = probe
             run.save()
             if "memory" not in args.skip.split(","):
@@ -502,10 +674,14 @@ def main(argv: list[str] | None = None) -> int:
                 run.phase("tiny-cpu", tiny.finish)
     run.data["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
     run.data["environment"]["forbidden_imports_loaded"] = sorted(  # the GPU image has neither
-        m for m in ("lm_eval", "vllm") if sys.modules.get(m) is not None)
+        m for m in ("lm_eval", "vllm") if sys.modules.get(m) is not None
+    )
     run.save()
-    print(f"gpu_run: {run.data['seconds']:.0f} s (budget {args.time_budget:.0f} s); {len(run.data['errors'])} "
-          f"error(s), {len(run.data['skipped'])} skipped; wrote {args.out / 'gpu-run.json'} and gpu-run.md", flush=True)
+    print(
+        f"gpu_run: {run.data['seconds']:.0f} s (budget {args.time_budget:.0f} s); {len(run.data['errors'])} "
+        f"error(s), {len(run.data['skipped'])} skipped; wrote {args.out / 'gpu-run.json'} and gpu-run.md",
+        flush=True,
+    )
     print((args.out / "gpu-run.md").read_text(), flush=True)
     return 1 if run.data["errors"] else 0
 

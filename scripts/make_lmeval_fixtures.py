@@ -32,20 +32,39 @@ Row = dict[str, Any]
 def hellaswag_rows(items: list[Row], split: str) -> list[Row]:
     """The validation rows are numbered from 0 (split "val"), the train rows from 1000."""
     start, short = (0, "val") if split == "validation" else (1000, "train")
-    return [{"ind": start + i, "activity_label": it["activity_label"], "ctx_a": it["ctx_a"], "ctx_b": it["ctx_b"],
-             "ctx": f"{it['ctx_a']} {it['ctx_b']}", "endings": it["endings"],
-             "source_id": f"{it['source']}~local_{start + i:04d}", "split": short,
-             "split_type": "indomain" if i % 2 == 0 else "zeroshot", "label": str(it["label"])}
-            for i, it in enumerate(items)]
+    return [
+        {
+            "ind": start + i,
+            "activity_label": it["activity_label"],
+            "ctx_a": it["ctx_a"],
+            "ctx_b": it["ctx_b"],
+            "ctx": f"{it['ctx_a']} {it['ctx_b']}",
+            "endings": it["endings"],
+            "source_id": f"{it['source']}~local_{start + i:04d}",
+            "split": short,
+            "split_type": "indomain" if i % 2 == 0 else "zeroshot",
+            "label": str(it["label"]),
+        }
+        for i, it in enumerate(items)
+    ]
 
 
 def arc_rows(prefix: str) -> Callable[[list[Row], str], list[Row]]:
     def rows(items: list[Row], split: str) -> list[Row]:
         name = prefix + ("Train" if split == "train" else "")
-        return [{"id": f"{name}_{i + 1:03d}", "question": it["question"],
-                 "choices": {"text": it["choices"],
-                             "label": ["1", "2", "3", "4"] if it["answer"].isdigit() else ["A", "B", "C", "D"]},
-                 "answerKey": it["answer"]} for i, it in enumerate(items)]
+        return [
+            {
+                "id": f"{name}_{i + 1:03d}",
+                "question": it["question"],
+                "choices": {
+                    "text": it["choices"],
+                    "label": ["1", "2", "3", "4"] if it["answer"].isdigit() else ["A", "B", "C", "D"],
+                },
+                "answerKey": it["answer"],
+            }
+            for i, it in enumerate(items)
+        ]
+
     return rows
 
 
@@ -74,17 +93,31 @@ def wikitext_rows(items: list[Row], split: str) -> list[Row]:
 def truthfulqa_rows(items: list[Row], split: str) -> list[Row]:
     """mc1: the best correct answer and the incorrect ones; mc2: all correct (label 1) then all
     incorrect (label 0), the real data's order."""
-    return [{"question": it["question"],
-             "mc1_targets": {"choices": [it["correct"][0], *it["incorrect"]],
-                             "labels": [1] + [0] * len(it["incorrect"])},
-             "mc2_targets": {"choices": it["correct"] + it["incorrect"],
-                             "labels": [1] * len(it["correct"]) + [0] * len(it["incorrect"])}} for it in items]
+    return [
+        {
+            "question": it["question"],
+            "mc1_targets": {
+                "choices": [it["correct"][0], *it["incorrect"]],
+                "labels": [1] + [0] * len(it["incorrect"]),
+            },
+            "mc2_targets": {
+                "choices": it["correct"] + it["incorrect"],
+                "labels": [1] * len(it["correct"]) + [0] * len(it["incorrect"]),
+            },
+        }
+        for it in items
+    ]
 
 
 #: each items file's rows, by task folder
 TASKS: dict[str, Callable[[list[Row], str], list[Row]]] = {
-    "hellaswag": hellaswag_rows, "arc_easy": arc_rows("LocalArcEasy"), "arc_challenge": arc_rows("LocalArcChallenge"),
-    "gsm8k": gsm8k_rows, "winogrande": winogrande_rows, "wikitext": wikitext_rows, "truthfulqa": truthfulqa_rows,
+    "hellaswag": hellaswag_rows,
+    "arc_easy": arc_rows("LocalArcEasy"),
+    "arc_challenge": arc_rows("LocalArcChallenge"),
+    "gsm8k": gsm8k_rows,
+    "winogrande": winogrande_rows,
+    "wikitext": wikitext_rows,
+    "truthfulqa": truthfulqa_rows,
 }
 
 
@@ -98,7 +131,8 @@ def files() -> dict[str, list[Row]]:
         for split, items in splits.items():
             out[f"mmlu/{subject}/{split}.jsonl"] = [
                 {"question": it["question"], "subject": subject, "choices": it["choices"], "answer": it["answer"]}
-                for it in items]
+                for it in items
+            ]
     return out
 
 

@@ -60,14 +60,21 @@ def documents() -> dict[str, list[dict]]:
     s = tc.make_splits()
     docs: dict[str, list[dict]] = {}
     docs["compare_mc"] = [
-        {"id": f"cmp-{i:04d}", "question": tc.compare_text(w, n), "choices": [str(x) for x in n],
-         "label": n.index(tc.compare_answer(w, n))}
+        {
+            "id": f"cmp-{i:04d}",
+            "question": tc.compare_text(w, n),
+            "choices": [str(x) for x in n],
+            "label": n.index(tc.compare_answer(w, n)),
+        }
         for i, (w, n) in enumerate(s.compare_eval)
     ]
-    docs["addition"] = [{"id": f"add-{i:04d}", "a": a, "b": b, "answer": str(a + b)}
-                        for i, (a, b) in enumerate(s.add_eval)]
-    docs["facts"] = [{"id": f"fact-{i:04d}", "kind": f.kind, "question": f.prompt, "answer": f.code}
-                     for i, f in enumerate(s.fact_eval)]
+    docs["addition"] = [
+        {"id": f"add-{i:04d}", "a": a, "b": b, "answer": str(a + b)} for i, (a, b) in enumerate(s.add_eval)
+    ]
+    docs["facts"] = [
+        {"id": f"fact-{i:04d}", "kind": f.kind, "question": f.prompt, "answer": f.code}
+        for i, f in enumerate(s.fact_eval)
+    ]
     docs["ppl"] = [{"id": f"ppl-{i:04d}", "text": t} for i, t in enumerate(tc.perplexity_documents(s))]
     return docs
 
@@ -79,9 +86,15 @@ def main() -> None:
     for name, rows in documents().items():
         data = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode()
         (ROOT / "data" / f"{name}.jsonl").write_bytes(data)
-        spec = {"task": name, **TASKS[name], "dataset_path": "json", "data_files": f"data/{name}.jsonl",
-                "test_split": "test", "dataset_sha256": hashlib.sha256(data).hexdigest(),
-                "metadata": {"generator": "scripts/make_tasks.py", "seed": tc.SEED, "n": len(rows)}}
+        spec = {
+            "task": name,
+            **TASKS[name],
+            "dataset_path": "json",
+            "data_files": f"data/{name}.jsonl",
+            "test_split": "test",
+            "dataset_sha256": hashlib.sha256(data).hexdigest(),
+            "metadata": {"generator": "scripts/make_tasks.py", "seed": tc.SEED, "n": len(rows)},
+        }
         (ROOT / f"{name}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False, allow_unicode=True))
         print(f"{name}: {len(rows)} samples")
     train = itertools.islice(tc.training_documents(tc.make_splits()), N_TRAIN)

@@ -69,12 +69,19 @@ def build(docs: list[dict[str, Any]], tokenizer: Any, few_shot: int, seed: int) 
         if i in chosen:
             ids = tokenizer(f"{exemplars}Q: {doc['question']}\nA:").input_ids
             shot_ids.append(ids)
-            lines.append({"id": f"gsm8k-test-{i}", "input_tokens": len(ids), "output_tokens": out,
-                          "prefix_id": PREFIX_ID})
+            lines.append(
+                {"id": f"gsm8k-test-{i}", "input_tokens": len(ids), "output_tokens": out, "prefix_id": PREFIX_ID}
+            )
         else:
             prompt = f"Question: {doc['question']}\nAnswer:"
-            lines.append({"id": f"gsm8k-test-{i}", "prompt": prompt,
-                          "input_tokens": len(tokenizer(prompt).input_ids), "output_tokens": out})
+            lines.append(
+                {
+                    "id": f"gsm8k-test-{i}",
+                    "prompt": prompt,
+                    "input_tokens": len(tokenizer(prompt).input_ids),
+                    "output_tokens": out,
+                }
+            )
     shared = common_prefix(shot_ids) if shot_ids else 0
     for line in lines:
         if "prefix_id" in line:

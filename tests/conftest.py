@@ -27,7 +27,7 @@ def _xdist_worker_cores() -> list[int] | None:
         return None
     cores, n, i = sorted(os.sched_getaffinity(0)), int(count), int(worker.removeprefix("gw"))
     per = max(1, len(cores) // n)
-    return cores[(i * per) % len(cores):][:per]
+    return cores[(i * per) % len(cores) :][:per]
 
 
 # Two xdist workers each running torch on every core oversubscribe them (the quantized-KV-cache
@@ -95,8 +95,19 @@ def vllm_bf16_runs(vllm_demo: tuple[Path, str], tmp_path_factory: pytest.TempPat
         setups += ",kv-fp8"
     cfg, out = tmp / f"vllm-{other}.yaml", tmp / f"vllm-{other}"
     cfg.write_text(text)
-    res = run_cli("run", str(cfg), "--output", str(out), "--limit", str(agreement_limit(other)),
-                  "--setups", setups, "--tasks", AGREEMENT_TASKS, "--no-performance")  # agreement, not speed
+    res = run_cli(
+        "run",
+        str(cfg),
+        "--output",
+        str(out),
+        "--limit",
+        str(agreement_limit(other)),
+        "--setups",
+        setups,
+        "--tasks",
+        AGREEMENT_TASKS,
+        "--no-performance",
+    )  # agreement, not speed
     assert res.returncode == 0, res.stderr[-3000:]
     return {auto: demo, other: out} | ({"kv-fp8": out} if "kv-fp8" in setups else {})
 
@@ -111,8 +122,11 @@ def vllm_bf16_runs(vllm_demo: tuple[Path, str], tmp_path_factory: pytest.TempPat
 CHECKPOINT_GROUP, ENGINE_GROUP = "vllm-checkpoints", "vllm-engines"
 #: node ids naming one of these start an engine or a server (the openai backend launches `vllm serve`)
 ENGINE_WORDS = ("vllm", "openai")
-CHECKPOINT_FILES = ("tests/backends/test_vllm_backend.py", "tests/backends/test_openai_backend.py",
-                    "tests/quantize/test_quantize.py")
+CHECKPOINT_FILES = (
+    "tests/backends/test_vllm_backend.py",
+    "tests/backends/test_openai_backend.py",
+    "tests/quantize/test_quantize.py",
+)
 #: files whose names hold an engine word but which start no engine (their own 127.0.0.1 stand-in
 #: servers): grouped by file, so they do not lengthen the engine group
 NO_ENGINE_FILES = ("tests/backends/test_openai_hostile.py",)
@@ -131,9 +145,18 @@ def xdist_group(nodeid: str) -> str:
 #: the longest groups, longest first (measured, 2026-12-02: the two engine groups about 15 and
 #: 12 minutes, the full ARC-Challenge run 4): under xdist they are scheduled first, so that no
 #: worker is left alone with a long one at the end (the rest follow in collection order)
-LONG_FIRST = (CHECKPOINT_GROUP, ENGINE_GROUP, "tests/e2e/test_published.py", "tests/e2e/test_lm_eval_tasks.py",
-              "tests/e2e/test_longctx_e2e.py", "tests/run/test_trust.py", "tests/e2e/test_run_e2e.py",
-              "tests/run/test_ray_executor.py", "tests/e2e/test_full_sets.py", "tests/run/test_trust_inputs.py")
+LONG_FIRST = (
+    CHECKPOINT_GROUP,
+    ENGINE_GROUP,
+    "tests/e2e/test_published.py",
+    "tests/e2e/test_lm_eval_tasks.py",
+    "tests/e2e/test_longctx_e2e.py",
+    "tests/run/test_trust.py",
+    "tests/e2e/test_run_e2e.py",
+    "tests/run/test_ray_executor.py",
+    "tests/e2e/test_full_sets.py",
+    "tests/run/test_trust_inputs.py",
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -37,8 +37,14 @@ def run_cli(*args: str, cwd: Path = ROOT, timeout: int = 1800) -> subprocess.Com
     """Run `qeval ARGS` in a fresh interpreter, as a user would. Every results.json a `run` or
     `report` writes is checked against the exported JSON Schema (docs/results.schema.json)."""
     started = time.time()
-    res = subprocess.run([sys.executable, "-m", "qeval.cli", *args], cwd=cwd, capture_output=True,
-                         text=True, timeout=timeout, check=False)
+    res = subprocess.run(
+        [sys.executable, "-m", "qeval.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     out = _output_dir(args, cwd)
     if out is not None and (out / "results.json").is_file() and (out / "results.json").stat().st_mtime >= started:
         validate_results(out / "results.json")
@@ -60,8 +66,18 @@ def validate_results(path: Path) -> None:
     jsonschema.validate(json.loads(path.read_text()), json.loads(SCHEMA.read_text()))
 
 
-PERF_FIGURES = ("requests_per_s", "output_tokens_per_s", "prefill_tokens_per_s", "decode_tokens_per_s",
-                "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "e2e_p50_s", "e2e_p90_s")
+PERF_FIGURES = (
+    "requests_per_s",
+    "output_tokens_per_s",
+    "prefill_tokens_per_s",
+    "decode_tokens_per_s",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "tpot_p50_s",
+    "tpot_p90_s",
+    "e2e_p50_s",
+    "e2e_p90_s",
+)
 
 
 def assert_figures_carry_their_source(perf: dict[str, Any]) -> None:
@@ -133,11 +149,20 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def config_dict(*, name: str | None = "t", model: Path | str | Mapping[str, Any] | None = MODEL,
-                max_context: int | None = 256, tasks_dir: Path | str | None = TASKS, device: str | None = "cpu",
-                batch_size: int | None = 16, setups: Sequence[Mapping[str, Any]] | None = (BASELINE, INT8),
-                tasks: Sequence[str] | None = ("addition",), gates: Sequence[Mapping[str, Any]] | None = GATES,
-                performance: bool | Mapping[str, Any] | None = False, **extra: Any) -> dict[str, Any]:
+def config_dict(
+    *,
+    name: str | None = "t",
+    model: Path | str | Mapping[str, Any] | None = MODEL,
+    max_context: int | None = 256,
+    tasks_dir: Path | str | None = TASKS,
+    device: str | None = "cpu",
+    batch_size: int | None = 16,
+    setups: Sequence[Mapping[str, Any]] | None = (BASELINE, INT8),
+    tasks: Sequence[str] | None = ("addition",),
+    gates: Sequence[Mapping[str, Any]] | None = GATES,
+    performance: bool | Mapping[str, Any] | None = False,
+    **extra: Any,
+) -> dict[str, Any]:
     """A run config as a mapping, by default the small one (SMALL_CONFIG): the tiny model, a
     16-bit baseline and INT8, one task, no performance phase.
 
@@ -156,8 +181,15 @@ def config_dict(*, name: str | None = "t", model: Path | str | Mapping[str, Any]
         cfg["model"] = {k: v for k, v in spec.items() if v is not None}
     if isinstance(performance, bool):
         performance = {"enabled": performance}
-    cfg |= {"tasks_dir": tasks_dir, "device": device, "batch_size": batch_size, "setups": setups, "tasks": tasks,
-            "gates": gates, "performance": performance} | extra
+    cfg |= {
+        "tasks_dir": tasks_dir,
+        "device": device,
+        "batch_size": batch_size,
+        "setups": setups,
+        "tasks": tasks,
+        "gates": gates,
+        "performance": performance,
+    } | extra
     return {k: _plain(v) for k, v in cfg.items() if v is not None}
 
 
@@ -234,7 +266,6 @@ def demo_vllm_config(tmp: Path, checkpoints: Path, extra_setups: str = "") -> Pa
     return path
 
 
-
 #: the vLLM demo scores its first 150 samples a task (of 400: the W4A8 kernel scores about 6
 #: requests/s on this CPU, and CI's time is bounded)
 DEMO_LIMIT = 150
@@ -250,5 +281,8 @@ AGREEMENT_TASKS = "compare_mc,ppl,addition"
 def agreement_limit(dtype: str) -> int:
     from qeval.backends.device import native_16bit
 
-    return AGREEMENT_LIMIT_EMULATED_BF16 if dtype == "bfloat16" and "bfloat16" not in native_16bit("cpu") else \
-        AGREEMENT_LIMIT
+    return (
+        AGREEMENT_LIMIT_EMULATED_BF16
+        if dtype == "bfloat16" and "bfloat16" not in native_16bit("cpu")
+        else AGREEMENT_LIMIT
+    )

@@ -79,8 +79,15 @@ def session_pids(sessions: set[int]) -> list[int]:
 def _ray_start(args: list[str], env: dict[str, str], cwd: Path) -> int:
     # a new session: every daemon of this `ray start` and every task worker its raylet forks
     # keeps session id == this pid, so stop() finds exactly our cluster
-    proc = subprocess.Popen([RAY, "start", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env=env, cwd=cwd)
+    proc = subprocess.Popen(
+        [RAY, "start", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env=env,
+        cwd=cwd,
+    )
     out, _ = proc.communicate(timeout=120)
     if proc.returncode:
         raise RuntimeError(f"ray start failed:\n{out}")
@@ -95,15 +102,24 @@ def start_cluster(cwd: Path, worker_nodes: int = 1, cpus_per_node: int = 1) -> L
     scratch.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | ENV | {"TMPDIR": str(scratch)}
     port = free_port()
-    common = ["--node-ip-address=127.0.0.1", "--disable-usage-stats", f"--num-cpus={cpus_per_node}",
-              "--num-gpus=0", f"--object-store-memory={80 * 2**20}"]
+    common = [
+        "--node-ip-address=127.0.0.1",
+        "--disable-usage-stats",
+        f"--num-cpus={cpus_per_node}",
+        "--num-gpus=0",
+        f"--object-store-memory={80 * 2**20}",
+    ]
     cluster = LocalCluster(f"127.0.0.1:{port}", root, scratch)
     try:
-        cluster.sessions.append(_ray_start(["--head", f"--port={port}", "--include-dashboard=false",
-                                            f"--temp-dir={root}/h", *common], env, cwd))
+        cluster.sessions.append(
+            _ray_start(
+                ["--head", f"--port={port}", "--include-dashboard=false", f"--temp-dir={root}/h", *common], env, cwd
+            )
+        )
         for i in range(worker_nodes):
-            cluster.sessions.append(_ray_start([f"--address={cluster.address}", f"--temp-dir={root}/w{i}",
-                                                *common], env, cwd))
+            cluster.sessions.append(
+                _ray_start([f"--address={cluster.address}", f"--temp-dir={root}/w{i}", *common], env, cwd)
+            )
     except BaseException:
         cluster.stop()
         raise

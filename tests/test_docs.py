@@ -33,10 +33,12 @@ TOP_FILES = ("Makefile", "pyproject.toml", "README.md", "CONTRIBUTING.md")
 
 
 #: made-up paths that comments use as examples, not citations
-EXAMPLES = frozenset({
-    "models/x",  # qeval/records/model_source.py: a local path that is not a hub id
-    "models/qeval-tinyy",  # qeval/config/run.py: a typo of a local path
-})
+EXAMPLES = frozenset(
+    {
+        "models/x",  # qeval/records/model_source.py: a local path that is not a hub id
+        "models/qeval-tinyy",  # qeval/config/run.py: a typo of a local path
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,9 @@ class Text:
 
 def markdown_texts(root: Path) -> list[Text]:
     pages = [root / name for name in ("README.md", "CONTRIBUTING.md")] + sorted((root / "docs").glob("*.md"))
-    return [Text(str(p.relative_to(root)), 1, p.read_text(encoding="utf-8"), markdown=True)
-            for p in pages if p.is_file()]
+    return [
+        Text(str(p.relative_to(root)), 1, p.read_text(encoding="utf-8"), markdown=True) for p in pages if p.is_file()
+    ]
 
 
 def python_texts(path: Path, name: str) -> Iterator[Text]:
@@ -67,8 +70,11 @@ def python_texts(path: Path, name: str) -> Iterator[Text]:
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
             first = node.body[0]
-            if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
-                    and isinstance(first.value.value, str)):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 yield Text(name, first.lineno, first.value.value)
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type == tokenize.COMMENT:
@@ -76,8 +82,11 @@ def python_texts(path: Path, name: str) -> Iterator[Text]:
 
 
 def source_texts(root: Path) -> list[Text]:
-    files = sorted((root / "qeval").rglob("*.py")) + sorted((root / "bench").glob("*.py")) \
+    files = (
+        sorted((root / "qeval").rglob("*.py"))
+        + sorted((root / "bench").glob("*.py"))
         + sorted((root / "scripts").glob("*.py"))
+    )
     return [t for f in files for t in python_texts(f, str(f.relative_to(root)))]
 
 
@@ -90,7 +99,9 @@ def all_texts(root: Path) -> list[Text]:
 _PATH = re.compile(
     r"(?<![\w./\\$~<>-])"  # not the tail of a longer path, an URL, ~/x or RUN_DIR/x
     r"((?:{})/[\w.*/<>+-]*|(?:{})(?![\w.-]))".format(
-        "|".join(re.escape(d) for d in TOP_DIRS), "|".join(re.escape(f) for f in TOP_FILES)))
+        "|".join(re.escape(d) for d in TOP_DIRS), "|".join(re.escape(f) for f in TOP_FILES)
+    )
+)
 #: `python -m qeval.x.y`: a module path
 _MODULE = re.compile(r"-m\s+(qeval(?:\.\w+)+)")
 #: a Markdown link's target, relative to its page: `[cluster.md](cluster.md)`, `(../README.md#x)`
@@ -124,9 +135,10 @@ def _ignored(path: str, patterns: list[str]) -> bool:
         pat_parts = pat.strip("/").split("/")
         starts = [0] if anchored else range(len(parts))
         for i in starts:
-            window = parts[i:i + len(pat_parts)]
+            window = parts[i : i + len(pat_parts)]
             if len(window) == len(pat_parts) and all(
-                    fnmatch.fnmatchcase(a, b) for a, b in zip(window, pat_parts, strict=True)):
+                fnmatch.fnmatchcase(a, b) for a, b in zip(window, pat_parts, strict=True)
+            ):
                 return True
     return False
 
@@ -153,9 +165,12 @@ def path_exists(root: Path, path: str) -> bool:
 def missing_paths(texts: Iterable[Text], root: Path, allowed: Iterable[str] = ()) -> list[str]:
     ignore = _gitignore(root)
     allowed = set(allowed)
-    return [f"{t.file}:{line}: {path}"
-            for t in texts for line, path in cited_paths(t)
-            if path not in allowed and not _ignored(path, ignore) and not path_exists(root, path)]
+    return [
+        f"{t.file}:{line}: {path}"
+        for t in texts
+        for line, path in cited_paths(t)
+        if path not in allowed and not _ignored(path, ignore) and not path_exists(root, path)
+    ]
 
 
 # --- a2. bare file names and dotted module names ----------------------------------------------
@@ -165,21 +180,46 @@ _BARE = re.compile(r"(?<![\w./\\$~<>*-])(\w+\.py)(?![\w/])")
 #: `qeval.run.runner`, `qeval.load_run`: a module, or a name a module defines
 _DOTTED = re.compile(r"(?<![\w./-])(qeval(?:\.[A-Za-z_]\w*)+)(?![\w-])")
 #: bare names of files that live in another project (engines, libraries) that comments cite
-UPSTREAM = frozenset({
-    "cache_utils.py",  # transformers
-    "latency.py", "amx_mla.py", "cpu.py", "arg_utils.py",  # vLLM
-    "prepare_niah.py", "essays.py",  # lm-eval's RULER tasks
-})
+UPSTREAM = frozenset(
+    {
+        "cache_utils.py",  # transformers
+        "latency.py",
+        "amx_mla.py",
+        "cpu.py",
+        "arg_utils.py",  # vLLM
+        "prepare_niah.py",
+        "essays.py",  # lm-eval's RULER tasks
+    }
+)
 #: dotted names that are not modules: entry-point groups
-NOT_MODULES = frozenset({
-    "qeval.task_kinds",  # the task kinds' entry-point group (CONTRIBUTING.md)
-    # MLflow tags (docs/tracking.md)
-    "qeval.kind", "qeval.recommendation", "qeval.run_dir", "qeval.status", "qeval.baseline", "qeval.verdict",
-    "qeval.flag", "qeval.error",
-})
+NOT_MODULES = frozenset(
+    {
+        "qeval.task_kinds",  # the task kinds' entry-point group (CONTRIBUTING.md)
+        # MLflow tags (docs/tracking.md)
+        "qeval.kind",
+        "qeval.recommendation",
+        "qeval.run_dir",
+        "qeval.status",
+        "qeval.baseline",
+        "qeval.verdict",
+        "qeval.flag",
+        "qeval.error",
+    }
+)
 #: folders whose files a bare name may name
-_SKIP_DIRS = {".git", "__pycache__", ".venv", ".venv-vllm", ".venv-quant", "build", ".mypy_cache", ".ruff_cache",
-              ".pytest_cache", "reports", "checkpoints"}
+_SKIP_DIRS = {
+    ".git",
+    "__pycache__",
+    ".venv",
+    ".venv-vllm",
+    ".venv-quant",
+    "build",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".pytest_cache",
+    "reports",
+    "checkpoints",
+}
 
 
 def repo_files(root: Path) -> dict[str, list[str]]:
@@ -222,7 +262,7 @@ def module_exists(root: Path, dotted: str) -> bool:
             continue
         if i == 1:
             return False
-        parent = root.joinpath(*parts[:i - 1])
+        parent = root.joinpath(*parts[: i - 1])
         module = parent / "__init__.py" if parent.is_dir() else parent.with_suffix(".py")
         return module.is_file() and parts[i - 1] in _defines(module)
     return True
@@ -270,8 +310,12 @@ def listed_modules(md: str) -> set[str]:
         text = " | ".join(cells[1:])
         for tok in _CELL_TOKEN.finditer(text):
             if tok.group(0) == "(":
-                follows_folder = (previous is not None and previous.group(1) is not None
-                                  and previous.group(1).endswith("/") and not text[previous.end():tok.start()].strip())
+                follows_folder = (
+                    previous is not None
+                    and previous.group(1) is not None
+                    and previous.group(1).endswith("/")
+                    and not text[previous.end() : tok.start()].strip()
+                )
                 stack.append(stack[-1] + previous.group(1) if follows_folder and previous else stack[-1])
             elif tok.group(0) == ")":
                 if len(stack) > 1:
@@ -331,8 +375,10 @@ def bad_sections(texts: Iterable[Text], root: Path) -> list[str]:
             if found is None:
                 bad.append(f"{t.file}:{t.line_of(m.start())}: §{m.group('n')} of {doc}: no such page")
             elif m.group("n") not in found:
-                bad.append(f"{t.file}:{t.line_of(m.start())}: §{m.group('n')}: {where} has no such section"
-                           f" (it has {', '.join('§' + s for s in sorted(found, key=int))})")
+                bad.append(
+                    f"{t.file}:{t.line_of(m.start())}: §{m.group('n')}: {where} has no such section"
+                    f" (it has {', '.join('§' + s for s in sorted(found, key=int))})"
+                )
     return bad
 
 
@@ -377,7 +423,7 @@ def bad_options(texts: Iterable[Text], cli: Any) -> list[str]:
             for k, m in enumerate(commands):
                 name = m.group(1)
                 end = commands[k + 1].start() if k + 1 < len(commands) else len(code)
-                rest = re.split(r"&&|\|\||;|\|(?![\w-])", code[m.end():end])[0]
+                rest = re.split(r"&&|\|\||;|\|(?![\w-])", code[m.end() : end])[0]
                 cmd = cli.commands.get(name)
                 if cmd is None:
                     where = t.line + line - 1 + code.count("\n", 0, m.start())
@@ -459,9 +505,13 @@ def test_stable_surface_lists_every_option() -> None:
         commands = list(_COMMAND.finditer(code))
         for k, c in enumerate(commands):
             end = commands[k + 1].start() if k + 1 < len(commands) else len(code)
-            listed.setdefault(c.group(1), set()).update(_OPTION.findall(code[c.end():end]))
-    unlisted = [f"qeval {name} {p.opts[0]}" for name, cmd in _cli().commands.items() for p in cmd.params
-                if p.opts[0].startswith("--") and p.opts[0] not in listed.get(name, ())]
+            listed.setdefault(c.group(1), set()).update(_OPTION.findall(code[c.end() : end]))
+    unlisted = [
+        f"qeval {name} {p.opts[0]}"
+        for name, cmd in _cli().commands.items()
+        for p in cmd.params
+        if p.opts[0].startswith("--") and p.opts[0] not in listed.get(name, ())
+    ]
     assert not unlisted, _report("options missing from docs/architecture.md §7", unlisted)
 
 
@@ -473,12 +523,14 @@ def _fake_repo(tmp_path: Path) -> Path:
     (tmp_path / "qeval" / "run" / "store.py").write_text('"""The store (docs/architecture.md §1)."""\n')
     (tmp_path / "qeval" / "run" / "keys.py").write_text(
         '"""Keys: qeval/run/gone.py and docs/architecture.md §9."""\n\n\ndef f():  # see tests/nowhere.py\n'
-        '    """From qeval/run/store.py::f, qeval/run/store.py:12."""\n')
+        '    """From qeval/run/store.py::f, qeval/run/store.py:12."""\n'
+    )
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "architecture.md").write_text(
         "# Architecture\n\n## §1 The data flow\n\nAs §1 says; §3 does not exist. [x](gone.md), [r](../README.md),"
         " [w](https://example.com/x.md), [s](#1-the-data-flow).\n\n"
-        "## 2. The packages\n\n```\n## 4. in a code block is no heading\n```\n")
+        "## 2. The packages\n\n```\n## 4. in a code block is no heading\n```\n"
+    )
     (tmp_path / ".gitignore").write_text("models/big/\n")
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "x.yaml").write_text("name: x\n")
@@ -491,7 +543,8 @@ def _fake_repo(tmp_path: Path) -> Path:
         "Or `qeval run\n--no-performance --limt 5`, `qeval report RUN_DIR` and `qeval frob`.\n"
         "`ruff check qeval tests`, `make x && HF_HUB_OFFLINE=1 .venv/bin/qeval tasks --nope`.\n"
         "`python -m qeval.run.keys` and `python -m qeval.run.absent`.\n"
-        "`keys.py`, `runner.py`, qeval.run.keys.f(), qeval.run.keys.g and `qeval.run.runner`.\n")
+        "`keys.py`, `runner.py`, qeval.run.keys.f(), qeval.run.keys.g and `qeval.run.runner`.\n"
+    )
     return tmp_path
 
 
@@ -508,7 +561,8 @@ def test_missing_paths_are_each_reported(tmp_path: Path) -> None:
         "qeval/run/keys.py:4: tests/nowhere.py",
     ]
     assert missing_paths(all_texts(root), root, allowed={"qeval/run/gone.py"}) == [
-        x for x in found if "gone.py" not in x]
+        x for x in found if "gone.py" not in x
+    ]
 
 
 def test_stale_names_are_each_reported(tmp_path: Path) -> None:
@@ -524,15 +578,22 @@ def test_stale_names_are_each_reported(tmp_path: Path) -> None:
 def test_module_listing_is_checked(tmp_path: Path) -> None:
     """A module §2 does not name and a name that is no module are each reported; a name inside
     the parentheses after a folder is in that folder."""
-    for f in ("qeval/errors.py", "qeval/run/__init__.py", "qeval/run/runner.py", "qeval/run/hf/perf.py",
-              "qeval/run/hf/backend.py", "qeval/run/worker.py"):
+    for f in (
+        "qeval/errors.py",
+        "qeval/run/__init__.py",
+        "qeval/run/runner.py",
+        "qeval/run/hf/perf.py",
+        "qeval/run/hf/backend.py",
+        "qeval/run/worker.py",
+    ):
         (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / f).write_text("")
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "architecture.md").write_text(
         "## §2 The packages\n\n| package | one job |\n| --- | --- |\n| `qeval/errors.py` | the error |\n"
         "| `qeval/run/` | the run (`runner.py`), `hf/` (the engine: `perf.py` (its measurement), `gone.py`),"
-        " `worker.py` |\n\n## §3 Next\n")
+        " `worker.py` |\n\n## §3 Next\n"
+    )
     assert module_listing(tmp_path) == (["qeval/run/hf/backend.py"], ["qeval/run/hf/gone.py"])
 
 

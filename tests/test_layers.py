@@ -11,9 +11,26 @@ from tests.helpers import ROOT
 
 QEVAL = ROOT / "qeval"
 #: §2a's order, lowest first; packages on one row are peers and may not import each other
-LAYERS = [["errors", "strict", "version"], ["files"], ["config"], ["workload"], ["results"], ["records"], ["memory"],
-          ["backends"], ["perf", "quantize"], ["analysis"], ["report"], ["tasks"], ["advise"], ["run"],
-          ["sweep", "notebook"], ["tracking", "compare"], ["cli"], ["__init__"]]
+LAYERS = [
+    ["errors", "strict", "version"],
+    ["files"],
+    ["config"],
+    ["workload"],
+    ["results"],
+    ["records"],
+    ["memory"],
+    ["backends"],
+    ["perf", "quantize"],
+    ["analysis"],
+    ["report"],
+    ["tasks"],
+    ["advise"],
+    ["run"],
+    ["sweep", "notebook"],
+    ["tracking", "compare"],
+    ["cli"],
+    ["__init__"],
+]
 #: (importing file, imported module) pairs that run up the order on purpose: each named in §2a
 INTENDED: set[tuple[str, str]] = set()
 
@@ -149,16 +166,18 @@ def test_the_check_can_fail() -> None:
     """A records module importing the runner, or a peer importing a peer, is reported."""
     probe = "from qeval.run.runner import finish\nfrom qeval.config import RunConfig\nfrom . import keys\n"
     assert upward([(probe, QEVAL / "records" / "probe.py")]) == [
-        "qeval/records/probe.py:1: records imports qeval.run.runner, not below it"]
+        "qeval/records/probe.py:1: records imports qeval.run.runner, not below it"
+    ]
     assert upward([("import qeval.quantize.pipeline\n", QEVAL / "perf" / "probe.py")]) == [
-        "qeval/perf/probe.py:1: perf imports qeval.quantize.pipeline, not below it"]
+        "qeval/perf/probe.py:1: perf imports qeval.quantize.pipeline, not below it"
+    ]
 
 
 def test_the_documented_order_is_this_one() -> None:
     """§2a's order line and LAYERS say the same."""
     text = (ROOT / "docs" / "architecture.md").read_text()
-    block = text[text.index("## §2a Layers"):]
-    block = block[block.index("```") + 3:]
+    block = text[text.index("## §2a Layers") :]
+    block = block[block.index("```") + 3 :]
     block = block[: block.index("```")]
     rows = [re.findall(r"[\w/.]+", row) for row in block.replace("\n", " ").split("<")]
     names = [[w.removeprefix("qeval/").removesuffix(".py") for w in row] for row in rows]

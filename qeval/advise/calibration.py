@@ -56,15 +56,18 @@ def read_texts(cfg: RunConfig, text: Path | None) -> tuple[str, list[str]]:
         task = load_task(name, Path(cfg.tasks_dir))
         if task.output_type == "loglikelihood_rolling":
             return f"task {name}", [task.text(doc) for doc in task.docs]
-    raise UserError("the config has no perplexity task (output_type loglikelihood_rolling) to calibrate on; "
-                    "name a text file with --text")
+    raise UserError(
+        "the config has no perplexity task (output_type loglikelihood_rolling) to calibrate on; "
+        "name a text file with --text"
+    )
 
 
 def make_slice(source: str, texts: list[str], tok: Any, *, n_calib: int, n_heldout: int, max_len: int) -> Slice:
     """Encode the first n_calib + n_heldout documents (too few documents: UserError)."""
     if len(texts) < n_calib + max(n_heldout, 0):
-        raise UserError(f"{source}: {len(texts)} documents, fewer than --calib-docs {n_calib} + "
-                        f"--heldout-docs {n_heldout}")
+        raise UserError(
+            f"{source}: {len(texts)} documents, fewer than --calib-docs {n_calib} + --heldout-docs {n_heldout}"
+        )
     prefix = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
     docs = []
     for t in texts[: n_calib + n_heldout]:

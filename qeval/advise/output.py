@@ -31,40 +31,80 @@ def _kl(x: float) -> str:
 def markdown(advice: Advice) -> str:
     """advice.md."""
     s, t, c = advice.search, advice.timing, advice.calibration
-    lines = [f"# Mixed-precision advice: {advice.target.name}", "",
-             f"Model `{advice.model}` in {advice.dtype} on {advice.device}; budget {advice.budget} "
-             f"({advice.budget_bytes:,} bytes: {advice.budget_basis}).", "",
-             f"Calibration: {c.tokens} tokens in {c.documents} documents of {c.source}; KL(baseline || "
-             f"candidate) on the baseline's top-{c.top_k} ids plus a tail bucket, mean per token.", "",
-             f"Uniform {advice.target.name}: KL {_kl(advice.uniform_kl)}.", "",
-             "## Sensitivity", "",
-             "cost: KL with only this unit quantized; gain: KL recovered with only this unit kept at "
-             f"{advice.dtype} in an otherwise quantized model; bytes: what keeping it adds.", ""]
-    lines += md_table(["unit", "bytes kept", "cost (KL)", "gain (KL)", "gain per MiB"],
-                      [[r.unit, f"{r.extra_bytes:,}", _kl(r.cost_kl), _kl(r.gain_kl),
-                        f"{r.gain_kl / max(r.extra_bytes, 1) * 2**20:.5f}"] for r in advice.rows])
-    lines += ["", "## Chosen mix", "",
-              f"{s.method.capitalize()} search over the layer x module-type cells: kept "
-              f"{', '.join(s.kept) or 'nothing'} (+{s.extra_bytes:,} bytes of {s.allowance_bytes:,} "
-              f"allowed). Predicted KL {_kl(s.predicted_kl)} (gains added), measured on the calibration "
-              f"slice {_kl(s.measured_calib_kl)}.", "", "```yaml", setup_snippet(advice).rstrip(), "```", ""]
+    lines = [
+        f"# Mixed-precision advice: {advice.target.name}",
+        "",
+        f"Model `{advice.model}` in {advice.dtype} on {advice.device}; budget {advice.budget} "
+        f"({advice.budget_bytes:,} bytes: {advice.budget_basis}).",
+        "",
+        f"Calibration: {c.tokens} tokens in {c.documents} documents of {c.source}; KL(baseline || "
+        f"candidate) on the baseline's top-{c.top_k} ids plus a tail bucket, mean per token.",
+        "",
+        f"Uniform {advice.target.name}: KL {_kl(advice.uniform_kl)}.",
+        "",
+        "## Sensitivity",
+        "",
+        "cost: KL with only this unit quantized; gain: KL recovered with only this unit kept at "
+        f"{advice.dtype} in an otherwise quantized model; bytes: what keeping it adds.",
+        "",
+    ]
+    lines += md_table(
+        ["unit", "bytes kept", "cost (KL)", "gain (KL)", "gain per MiB"],
+        [
+            [
+                r.unit,
+                f"{r.extra_bytes:,}",
+                _kl(r.cost_kl),
+                _kl(r.gain_kl),
+                f"{r.gain_kl / max(r.extra_bytes, 1) * 2**20:.5f}",
+            ]
+            for r in advice.rows
+        ],
+    )
+    lines += [
+        "",
+        "## Chosen mix",
+        "",
+        f"{s.method.capitalize()} search over the layer x module-type cells: kept "
+        f"{', '.join(s.kept) or 'nothing'} (+{s.extra_bytes:,} bytes of {s.allowance_bytes:,} "
+        f"allowed). Predicted KL {_kl(s.predicted_kl)} (gains added), measured on the calibration "
+        f"slice {_kl(s.measured_calib_kl)}.",
+        "",
+        "```yaml",
+        setup_snippet(advice).rstrip(),
+        "```",
+        "",
+    ]
     if advice.mixes:
-        lines += ["## Held-out check", "",
-                  f"{c.heldout_documents} documents the search never saw; the random mixes keep as many "
-                  "attention and MLP cells (the same bytes), drawn at random.", ""]
-        lines += md_table(["mix", "kept", "weights bytes (predicted)", "KL"],
-                          [[m.name, ", ".join(m.kept) or "-", f"{m.weights_bytes:,}", _kl(m.heldout_kl)]
-                           for m in advice.mixes])
+        lines += [
+            "## Held-out check",
+            "",
+            f"{c.heldout_documents} documents the search never saw; the random mixes keep as many "
+            "attention and MLP cells (the same bytes), drawn at random.",
+            "",
+        ]
+        lines += md_table(
+            ["mix", "kept", "weights bytes (predicted)", "KL"],
+            [[m.name, ", ".join(m.kept) or "-", f"{m.weights_bytes:,}", _kl(m.heldout_kl)] for m in advice.mixes],
+        )
         v = advice.versus_random
         if v.ci95 is not None and v.mean_diff is not None:
-            lines += ["", f"Random minus advisor, paired by document (mean over {v.draws} draws): "
-                          f"{v.mean_diff:+.5f} KL, 95% CI [{v.ci95[0]:+.5f}, {v.ci95[1]:+.5f}]; "
-                          f"{v.draws_beaten} of {v.draws} draws beaten beyond noise. "
-                          f"{v.verdict.capitalize()}."]
-    lines += ["", "## Cost", "",
-              f"Sensitivity: {t.sensitivity_s:.1f} s for {int(t.passes)} forward passes over the slice "
-              f"({t.seconds_per_pass:.2f} s each; the baseline's pass {t.baseline_pass_s:.2f} s); "
-              f"loading {t.load_s:.1f} s; everything {t.total_s:.1f} s.", ""]
+            lines += [
+                "",
+                f"Random minus advisor, paired by document (mean over {v.draws} draws): "
+                f"{v.mean_diff:+.5f} KL, 95% CI [{v.ci95[0]:+.5f}, {v.ci95[1]:+.5f}]; "
+                f"{v.draws_beaten} of {v.draws} draws beaten beyond noise. "
+                f"{v.verdict.capitalize()}.",
+            ]
+    lines += [
+        "",
+        "## Cost",
+        "",
+        f"Sensitivity: {t.sensitivity_s:.1f} s for {int(t.passes)} forward passes over the slice "
+        f"({t.seconds_per_pass:.2f} s each; the baseline's pass {t.baseline_pass_s:.2f} s); "
+        f"loading {t.load_s:.1f} s; everything {t.total_s:.1f} s.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -76,11 +116,15 @@ def heatmap_svg(rows: list[AdviceUnit], value: str = "gain_kl") -> str:
 
 def html_page(advice: Advice, md: str) -> str:
     """advice.html: the heatmaps, then the markdown text as preformatted text."""
-    return ("<!doctype html><html><head><meta charset='utf-8'><title>qeval advice</title></head><body>"
-            f"<h1>Mixed-precision advice: {html.escape(advice.target.name)}</h1>"
-            "<h2>Gain (KL recovered with only this cell kept)</h2>" + heatmap_svg(advice.rows, "gain_kl")
-            + "<h2>Cost (KL with only this cell quantized)</h2>" + heatmap_svg(advice.rows, "cost_kl")
-            + f"<pre>{html.escape(md)}</pre></body></html>")
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>qeval advice</title></head><body>"
+        f"<h1>Mixed-precision advice: {html.escape(advice.target.name)}</h1>"
+        "<h2>Gain (KL recovered with only this cell kept)</h2>"
+        + heatmap_svg(advice.rows, "gain_kl")
+        + "<h2>Cost (KL with only this cell quantized)</h2>"
+        + heatmap_svg(advice.rows, "cost_kl")
+        + f"<pre>{html.escape(md)}</pre></body></html>"
+    )
 
 
 def advice_paths(output: Path) -> list[Path]:
@@ -93,12 +137,16 @@ def check_advice_output(output: Path) -> None:
     anything but a regular file) at one of its three paths, or a parent that is not a folder and
     cannot be made one (a file on the way)."""
     if output.suffix.lower() in (".html", ".json"):  # advice.html / .json would overwrite it
-        raise UserError(f"--output {output}: name the advice.md file to write (its .html and .json go "
-                        "beside it), e.g. --output reports/advice.md")
+        raise UserError(
+            f"--output {output}: name the advice.md file to write (its .html and .json go "
+            "beside it), e.g. --output reports/advice.md"
+        )
     for path in advice_paths(output):
         if path.is_symlink() or (path.exists() and not path.is_file()):
-            raise UserError(f"--output {output}: {path} exists and is not a regular file (a folder?); "
-                            "name the advice.md file to write")
+            raise UserError(
+                f"--output {output}: {path} exists and is not a regular file (a folder?); "
+                "name the advice.md file to write"
+            )
     parent = output.parent
     while not parent.exists() and parent != parent.parent:  # the first folder on the way that exists
         parent = parent.parent

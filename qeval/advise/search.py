@@ -31,8 +31,9 @@ class Choice:
 def choose(gains: list[float], costs: list[int], allowance: int) -> Choice:
     """Keep units whose summed gain is largest with summed cost <= allowance bytes."""
     if allowance < 0:
-        raise UserError("the budget is below the uniformly quantized setup itself: nothing to keep, "
-                        "and the target does not fit")
+        raise UserError(
+            "the budget is below the uniformly quantized setup itself: nothing to keep, and the target does not fit"
+        )
     useful = [i for i, g in enumerate(gains) if g > 0]  # keeping a unit that gains nothing wastes bytes
     if len(useful) <= EXACT_UP_TO:
         best: tuple[float, int, tuple[int, ...]] = (0.0, 0, ())

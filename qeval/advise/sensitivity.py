@@ -61,7 +61,7 @@ class Probe:
         out: dict[int, torch.Tensor] = {}
         with torch.no_grad():
             for s in range(0, len(order), self.batch_size):
-                batch = [docs[i] for i in order[s:s + self.batch_size]]
+                batch = [docs[i] for i in order[s : s + self.batch_size]]
                 width = max(len(d) for d in batch)
                 ids = torch.zeros(len(batch), width, dtype=torch.long)
                 mask = torch.zeros(len(batch), width, dtype=torch.long)
@@ -69,7 +69,7 @@ class Probe:
                     ids[r, : len(d)] = torch.tensor(d)
                     mask[r, : len(d)] = 1
                 logits = self.model(input_ids=ids, attention_mask=mask).logits.float()
-                for r, i in enumerate(order[s:s + self.batch_size]):
+                for r, i in enumerate(order[s : s + self.batch_size]):
                     out[i] = torch.log_softmax(logits[r, : len(docs[i]) - 1], dim=-1)
         return [out[i] for i in range(len(docs))]
 

@@ -45,8 +45,10 @@ def pick_target(cfg: RunConfig, name: str | None, where: str = "--target") -> Se
         if found is None:
             raise UserError(f"{where}: no setup {name!r} in the config's setups")
         if not (found.weights in ("int8", "int4") and found.method == "rtn") or found.keep or found.quantizes_kv:
-            raise UserError(f"{where} {name}: the advisor lowers quanto's weights (weights int8/int4, method rtn, "
-                            "no keep list, no quantized KV cache); a GPTQ/AWQ checkpoint's weights differ")
+            raise UserError(
+                f"{where} {name}: the advisor lowers quanto's weights (weights int8/int4, method rtn, "
+                "no keep list, no quantized KV cache); a GPTQ/AWQ checkpoint's weights differ"
+            )
         return found
     for bits in ("int4", "int8"):
         for s in cfg.setups:
@@ -55,8 +57,9 @@ def pick_target(cfg: RunConfig, name: str | None, where: str = "--target") -> Se
     raise UserError(f"advise: the config has no int4 or int8 setup (method rtn) to advise on; add one or name {where}")
 
 
-def allowance_of(budget: AdviceBudget, shape: ModelShape, target: Setup, dtype: str,
-                 context: int) -> tuple[int, int, str]:
+def allowance_of(
+    budget: AdviceBudget, shape: ModelShape, target: Setup, dtype: str, context: int
+) -> tuple[int, int, str]:
     """(allowance in bytes over the uniform target, the budget in bytes, what it counts)."""
     uniform = predict_weights_bytes(shape, target, dtype)
     if budget.kind == "bits":
@@ -72,20 +75,26 @@ def _bytes(dtype: str) -> int:
     return 4 if dtype == "float32" else 2
 
 
-def budget_problem(budget: AdviceBudget, allowance: int, budget_bytes: int, target: str, where: str,
-                   keep_all: int | None = None) -> str:
+def budget_problem(
+    budget: AdviceBudget, allowance: int, budget_bytes: int, target: str, where: str, keep_all: int | None = None
+) -> str:
     """Why a budget leaves nothing to advise over the uniform `target` setup (`where` names it:
     `--budget 3 bits per weight`, `advise.budget 3bpw`), or '' where it leaves room: nothing to
     keep, or (`keep_all`: the bytes keeping every cell adds) room to keep every layer, which is
     the baseline itself. A budget that rounds to the uniform setup's own size (within 0.1%) is
     called equal to it, not below."""
     if keep_all is not None and allowance >= keep_all:
-        return (f"{where}: room to keep every layer at the model's dtype, which is the baseline itself, not a "
-                f"quantized setup: nothing to advise; give a budget below the model's own weights")
+        return (
+            f"{where}: room to keep every layer at the model's dtype, which is the baseline itself, not a "
+            f"quantized setup: nothing to advise; give a budget below the model's own weights"
+        )
     if allowance > 0:
         return ""
     uniform = budget_bytes - allowance
     relation = "equal to" if -allowance <= _EQUAL * uniform else "below"
-    size = (f"{budget.value * uniform / budget_bytes:.4g} bits per weight" if budget.kind == "bits" and budget_bytes
-            else f"{uniform / 2**20:.2f} MiB")
+    size = (
+        f"{budget.value * uniform / budget_bytes:.4g} bits per weight"
+        if budget.kind == "bits" and budget_bytes
+        else f"{uniform / 2**20:.2f} MiB"
+    )
     return f"{where}: {relation} the uniform {target} setup itself ({size} on the same basis): nothing to keep"

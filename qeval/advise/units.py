@@ -47,8 +47,9 @@ def cells(shape: ModelShape, target: Setup, dtype: str) -> list[Unit]:
     for layer in range(shape.num_layers):
         for kind, names in KINDS.items():
             modules = tuple(f"model.layers.{layer}.{n}" for n in names)
-            extra = sum(sizes[m][0] * sizes[m][1] * bits // 8 - linear_weights_bytes(*sizes[m], target, dtype)
-                        for m in modules)
+            extra = sum(
+                sizes[m][0] * sizes[m][1] * bits // 8 - linear_weights_bytes(*sizes[m], target, dtype) for m in modules
+            )
             out.append(Unit(f"L{layer}.{kind}", layer, kind, modules, extra))
     return out
 

@@ -54,12 +54,19 @@ if TYPE_CHECKING:
 #: a task kind's results block: the results with its own block added
 ResultsBlock = Callable[[Results, Preflight, RunStore], Results]
 
-KV_NO_EFFECT = ("kv_cache_no_effect: outputs identical to weights-only twin {twin!r}; the quantized KV cache "
-                "was not exercised, do not read this as lossless")
+KV_NO_EFFECT = (
+    "kv_cache_no_effect: outputs identical to weights-only twin {twin!r}; the quantized KV cache "
+    "was not exercised, do not read this as lossless"
+)
 
 
-def assemble_results(pre: Preflight, store: RunStore, keys: dict[str, SetupKeys], run_info: dict[str, Any],
-                     blocks: Sequence[ResultsBlock] = ()) -> Results:
+def assemble_results(
+    pre: Preflight,
+    store: RunStore,
+    keys: dict[str, SetupKeys],
+    run_info: dict[str, Any],
+    blocks: Sequence[ResultsBlock] = (),
+) -> Results:
     """The run's results from its directory (see the module docstring). `blocks` add the task
     kinds' own blocks (qeval/tasks/kinds.py `results_blocks()`), before the recommendation."""
     cfg = pre.cfg
@@ -80,11 +87,18 @@ def assemble_results(pre: Preflight, store: RunStore, keys: dict[str, SetupKeys]
     tasks = _task_infos(pre, entries)
     entries = _compare(pre, store, entries, tasks)
     run = RunInfo(**run_info, hardware=hardware(), partial_tasks=partial_tasks(pre, tasks))
-    results = Results(schema_version=SCHEMA_VERSION, run=run,
-                      config=cfg.as_json(), tasks=tasks, setups=list(entries.values()),
-                      groups={g: m for g, m in pre.groups.items() if g in tasks}, suites=pre.suites,
-                      dropped=dropped, recommendation={"setup": None, "reasons": {}},
-                      ceilings=ceilings)
+    results = Results(
+        schema_version=SCHEMA_VERSION,
+        run=run,
+        config=cfg.as_json(),
+        tasks=tasks,
+        setups=list(entries.values()),
+        groups={g: m for g, m in pre.groups.items() if g in tasks},
+        suites=pre.suites,
+        dropped=dropped,
+        recommendation={"setup": None, "reasons": {}},
+        ceilings=ceilings,
+    )
     results = sequential_block(results, pre, store)  # a sequential run's verdicts and block; else unchanged
     for block in blocks:  # e.g. long context: KV bytes and loss by token position at each length
         results = block(results, pre, store)
@@ -97,17 +111,32 @@ def _task_infos(pre: Preflight, entries: dict[str, SetupResult]) -> dict[str, Ta
     tasks: dict[str, TaskInfo] = {}
     for t in pre.tasks:
         if t.name in pre.run_tasks or any(t.name in e.tasks for e in entries.values()):
-            tasks[t.name] = TaskInfo(output_type=t.output_type, n=t.n_docs, sha256=t.sha256, fingerprint=t.fingerprint,
-                                     metric=t.compared_metric, kind=t.kind, entry=t.entry,
-                                     num_fewshot=t.num_fewshot,
-                                     higher_is_better=_direction(t))
+            tasks[t.name] = TaskInfo(
+                output_type=t.output_type,
+                n=t.n_docs,
+                sha256=t.sha256,
+                fingerprint=t.fingerprint,
+                metric=t.compared_metric,
+                kind=t.kind,
+                entry=t.entry,
+                num_fewshot=t.num_fewshot,
+                higher_is_better=_direction(t),
+            )
     for group, members in pre.groups.items():
         present = [m for m in members if m in tasks]
         if present:
             first = tasks[present[0]]
-            tasks[group] = TaskInfo(output_type="group", n=sum(tasks[m].n for m in present), sha256="",
-                                    fingerprint="", metric=first.metric, kind="group", entry=group,
-                                    num_fewshot=first.num_fewshot, higher_is_better=first.higher_is_better)
+            tasks[group] = TaskInfo(
+                output_type="group",
+                n=sum(tasks[m].n for m in present),
+                sha256="",
+                fingerprint="",
+                metric=first.metric,
+                kind="group",
+                entry=group,
+                num_fewshot=first.num_fewshot,
+                higher_is_better=first.higher_is_better,
+            )
     return tasks
 
 
@@ -130,8 +159,9 @@ def partial_tasks(pre: Preflight, tasks: dict[str, TaskInfo]) -> dict[str, str]:
     return out
 
 
-def _compare(pre: Preflight, store: RunStore, entries: dict[str, SetupResult],
-             tasks: dict[str, TaskInfo]) -> dict[str, SetupResult]:
+def _compare(
+    pre: Preflight, store: RunStore, entries: dict[str, SetupResult], tasks: dict[str, TaskInfo]
+) -> dict[str, SetupResult]:
     """Each ok setup against an ok baseline: tasks, groups, suites; and the KV no-effect flag."""
     cfg, base = pre.cfg, pre.cfg.baseline.name
     ok = {n for n, e in entries.items() if e.status == "ok"}
@@ -155,8 +185,9 @@ def _compare(pre: Preflight, store: RunStore, entries: dict[str, SetupResult],
             suites = _suites(pre, data, vs)
         scores |= _group_scores(entry, tasks, pre.groups)
         flags = gap_flags(entry.memory) + _kv_flag(store, cfg, setup, entries, ok)
-        out[name] = entry.model_copy(update={"vs_baseline": adjust_p_values(vs), "tasks": scores, "suites": suites,
-                                             "flags": entry.flags + flags})
+        out[name] = entry.model_copy(
+            update={"vs_baseline": adjust_p_values(vs), "tasks": scores, "suites": suites, "flags": entry.flags + flags}
+        )
     return out
 
 
@@ -167,8 +198,9 @@ def _direction(t: Any) -> bool | None:
     return hib.get(t.compared_metric.split(",")[0]) if isinstance(hib, dict) else None
 
 
-def _paired_tasks(store: RunStore, base: str, other: str, tasks: dict[str, TaskInfo],
-                  entries: dict[str, SetupResult]) -> dict[str, Paired]:
+def _paired_tasks(
+    store: RunStore, base: str, other: str, tasks: dict[str, TaskInfo], entries: dict[str, SetupResult]
+) -> dict[str, Paired]:
     out = {}
     for t, info in tasks.items():
         if not info.is_group and t in entries[other].tasks and t in entries[base].tasks:
@@ -184,8 +216,11 @@ def _group_scores(entry: SetupResult, tasks: dict[str, TaskInfo], groups: dict[s
     out = {}
     for group in (g for g in tasks if tasks[g].is_group):
         metric = tasks[group].compared_metric
-        members = [(entry.tasks[m].n, entry.tasks[m].metrics[metric].value) for m in groups[group]
-                   if m in entry.tasks and metric in entry.tasks[m].metrics]
+        members = [
+            (entry.tasks[m].n, entry.tasks[m].metrics[metric].value)
+            for m in groups[group]
+            if m in entry.tasks and metric in entry.tasks[m].metrics
+        ]
         if members and len(members) == len(groups[group]):  # part of a group is not the group's score
             n = sum(k for k, _ in members)
             out[group] = TaskScore(n=n, metrics={metric: MetricValue(value=sum(k * v for k, v in members) / n)})
@@ -211,12 +246,22 @@ def _kv_flag(store: RunStore, cfg: Any, setup: Setup, entries: dict[str, SetupRe
     if twin is None or setup.name not in ok or twin.name not in ok:
         return []
     shared = [t for t in entries[setup.name].tasks if t in entries[twin.name].tasks]
-    return [KV_NO_EFFECT.format(twin=twin.name)] if shared and outputs_identical(store, setup.name, twin.name, shared) \
+    return (
+        [KV_NO_EFFECT.format(twin=twin.name)]
+        if shared and outputs_identical(store, setup.name, twin.name, shared)
         else []
+    )
 
 
-def _setup_entry(pre: Preflight, store: RunStore, setup: Setup, outcome: Outcome | None,
-                 keys: SetupKeys, dropped: list[Dropped], ceilings: Ceilings | None = None) -> SetupResult:
+def _setup_entry(
+    pre: Preflight,
+    store: RunStore,
+    setup: Setup,
+    outcome: Outcome | None,
+    keys: SetupKeys,
+    dropped: list[Dropped],
+    ceilings: Ceilings | None = None,
+) -> SetupResult:
     outcome = outcome or Outcome(name=setup.name, status="failed", error="not run")
     scores: dict[str, TaskScore] = {}
     non_finite: list[str] = []
@@ -225,12 +270,14 @@ def _setup_entry(pre: Preflight, store: RunStore, setup: Setup, outcome: Outcome
         if meta is None:
             continue
         if meta.get("key") != keys.task_key(t.name):
-            dropped.append(Dropped(setup=setup.name, task=t.name,
-                                   reason=key_difference(meta.get("key_parts"), keys.tasks[t.name])))
+            dropped.append(
+                Dropped(setup=setup.name, task=t.name, reason=key_difference(meta.get("key_parts"), keys.tasks[t.name]))
+            )
             continue
         # stored before the worker checked (or by another path): not numbers, not a score
-        problem = task_problem(t.name, store.read_samples(setup.name, t.name), meta.get("metrics"),
-                               meta.get("kl_distribution"))
+        problem = task_problem(
+            t.name, store.read_samples(setup.name, t.name), meta.get("metrics"), meta.get("kl_distribution")
+        )
         if problem is not None:
             non_finite.append(problem)
             continue
@@ -242,17 +289,44 @@ def _setup_entry(pre: Preflight, store: RunStore, setup: Setup, outcome: Outcome
     elif status == "ok" and setup in pre.setups and missing:
         status, error = "failed", f"no stored results for {', '.join(missing)}"
     cfg = pre.cfg
-    share = (f"GPU memory x {cfg.budget.utilization} (budget.utilization)" if pre.device == "cuda"
-             else f"host memory x {cfg.engine.cpu_memory_utilization} (engine.cpu_memory_utilization)")
-    memory = memory_block(setup, outcome.memory, pre.shape, cfg.model.dtype, pre.device, cfg.budget, share,
-                          backend_entry(cfg.backend).kv_accounting(cfg, pre.device))
-    perf, perf_flags = performance_block(setup, outcome.performance if cfg.performance.enabled else None,
-                                         perf_key(keys.parts, cfg), memory, pre.shape, cfg.model.dtype, ceilings)
-    return SetupResult(name=setup.name, baseline=setup.name == cfg.baseline.name, status=status, error=error,
-                       spec=setup.model_dump(mode="json") | {"id": setup.id}, memory=memory, tasks=scores,
-                       library_versions=outcome.library_versions,
-                       quantization=outcome.quantization, timings=outcome.timings,
-                       performance=perf, flags=perf_flags + checkpoint_flags(outcome.quantization))
+    share = (
+        f"GPU memory x {cfg.budget.utilization} (budget.utilization)"
+        if pre.device == "cuda"
+        else f"host memory x {cfg.engine.cpu_memory_utilization} (engine.cpu_memory_utilization)"
+    )
+    memory = memory_block(
+        setup,
+        outcome.memory,
+        pre.shape,
+        cfg.model.dtype,
+        pre.device,
+        cfg.budget,
+        share,
+        backend_entry(cfg.backend).kv_accounting(cfg, pre.device),
+    )
+    perf, perf_flags = performance_block(
+        setup,
+        outcome.performance if cfg.performance.enabled else None,
+        perf_key(keys.parts, cfg),
+        memory,
+        pre.shape,
+        cfg.model.dtype,
+        ceilings,
+    )
+    return SetupResult(
+        name=setup.name,
+        baseline=setup.name == cfg.baseline.name,
+        status=status,
+        error=error,
+        spec=setup.model_dump(mode="json") | {"id": setup.id},
+        memory=memory,
+        tasks=scores,
+        library_versions=outcome.library_versions,
+        quantization=outcome.quantization,
+        timings=outcome.timings,
+        performance=perf,
+        flags=perf_flags + checkpoint_flags(outcome.quantization),
+    )
 
 
 def checkpoint_flags(quantization: dict[str, Any]) -> list[str]:
@@ -261,5 +335,7 @@ def checkpoint_flags(quantization: dict[str, Any]) -> list[str]:
     dtype = quantization.get("decompressed_to")
     if not dtype:
         return []
-    return [f"checkpoint_decompressed: the engine decompressed the checkpoint to {dtype} on load: its quality is "
-            "the checkpoint's, its memory is not (weights_bytes is what is resident)"]
+    return [
+        f"checkpoint_decompressed: the engine decompressed the checkpoint to {dtype} on load: its quality is "
+        "the checkpoint's, its memory is not (weights_bytes is what is resident)"
+    ]

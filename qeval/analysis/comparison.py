@@ -34,8 +34,13 @@ from qeval.results.schema import Comparison, KLDistribution, SuiteScore
 NON_FINITE_REASON = "non-finite scores: no evidence"
 
 #: the per-sample field each comparable metric of qeval's own tasks is paired on
-_PAIRED_FIELD = {"acc": "correct", "acc_norm": "correct_norm", "exact_match": "correct",
-                 "pass_at_k": "pass_at_k", "maj_at_k": "maj_at_k"}
+_PAIRED_FIELD = {
+    "acc": "correct",
+    "acc_norm": "correct_norm",
+    "exact_match": "correct",
+    "pass_at_k": "pass_at_k",
+    "maj_at_k": "maj_at_k",
+}
 
 
 def pick_compared_metric(output_type: str, metrics: list[str]) -> str:
@@ -80,8 +85,7 @@ class Paired:
         reps = [p.repeats for p in parts if p.repeats is not None]
         same = len(reps) == len(parts) and len({r[0].shape[1] for r in reps}) == 1
         pooled = (np.concatenate([r[0] for r in reps]), np.concatenate([r[1] for r in reps])) if same else None
-        return Paired(parts[0].metric, base, other, np.concatenate(dens) if len(dens) == len(parts) else None,
-                      pooled)
+        return Paired(parts[0].metric, base, other, np.concatenate(dens) if len(dens) == len(parts) else None, pooled)
 
 
 def paired(store: RunStore, base: str, other: str, task: str, metric: str) -> Paired | None:
@@ -101,23 +105,33 @@ def paired_records(base: list[dict[str, Any]], other: list[dict[str, Any]], metr
         return None
     if metric == "bits_per_byte":
         bits = np.log(2)
-        return Paired(metric, np.array([b[i]["nll"] for i in ids]) / bits, np.array([o[i]["nll"] for i in ids]) / bits,
-                      np.array([b[i]["n_bytes"] for i in ids], dtype=float))
+        return Paired(
+            metric,
+            np.array([b[i]["nll"] for i in ids]) / bits,
+            np.array([o[i]["nll"] for i in ids]) / bits,
+            np.array([b[i]["n_bytes"] for i in ids], dtype=float),
+        )
     repeats = None
     if metric == "exact_match" and all("repeats" in b[i] and "repeats" in o[i] for i in ids):
         rb = np.array([[r["correct"] for r in b[i]["repeats"]] for i in ids], dtype=float)
         ro = np.array([[r["correct"] for r in o[i]["repeats"]] for i in ids], dtype=float)
         repeats = (rb, ro) if rb.ndim == 2 and rb.shape == ro.shape else None
-    return Paired(metric, np.array([_value(b[i], metric) for i in ids], dtype=float),
-                  np.array([_value(o[i], metric) for i in ids], dtype=float), repeats=repeats)
+    return Paired(
+        metric,
+        np.array([_value(b[i], metric) for i in ids], dtype=float),
+        np.array([_value(o[i], metric) for i in ids], dtype=float),
+        repeats=repeats,
+    )
 
 
 def document_values(records: list[dict[str, Any]], metric: str) -> tuple[np.ndarray, np.ndarray | None]:
     """One side's per-document values of `metric`, unpaired: for bits per byte the numerators
     (bits) and the denominators (bytes), else the values and None."""
     if metric == "bits_per_byte":
-        return (np.array([r["nll"] for r in records], dtype=float) / np.log(2),
-                np.array([r["n_bytes"] for r in records], dtype=float))
+        return (
+            np.array([r["nll"] for r in records], dtype=float) / np.log(2),
+            np.array([r["n_bytes"] for r in records], dtype=float),
+        )
     return np.array([_value(r, metric) for r in records], dtype=float), None
 
 
@@ -129,8 +143,7 @@ def _value(record: dict[str, Any], metric: str) -> float:
     return float(record[_PAIRED_FIELD[metric]])
 
 
-def compare(data: Paired, task: str, seed: int, gates: list[Gate],
-            higher_is_better: bool | None = None) -> Comparison:
+def compare(data: Paired, task: str, seed: int, gates: list[Gate], higher_is_better: bool | None = None) -> Comparison:
     """The comparison of one task (or group) from its paired values, with its gate's verdict."""
     desc = describe(data.metric, higher_is_better)
     if data.repeats is not None:  # sampled: paired by document, clustered over its repeats
@@ -147,11 +160,19 @@ def compare(data: Paired, task: str, seed: int, gates: list[Gate],
         method = "t"
     base_value = data.base_value()
     recovery = data.other_value() / base_value if desc.higher_is_better and base_value > 0 else None
-    out = Comparison(metric=data.metric, higher_is_better=desc.higher_is_better, delta=cmp.delta, ci=cmp.ci,
-                     ci_method=method, p_value=p_value(cmp.p_value), flips_to_wrong=cmp.flips_to_wrong,
-                     flips_to_right=cmp.flips_to_right, n=cmp.n,
-                     repeats=None if data.repeats is None else int(data.repeats[0].shape[1]),
-                     recovery=finite(recovery))
+    out = Comparison(
+        metric=data.metric,
+        higher_is_better=desc.higher_is_better,
+        delta=cmp.delta,
+        ci=cmp.ci,
+        ci_method=method,
+        p_value=p_value(cmp.p_value),
+        flips_to_wrong=cmp.flips_to_wrong,
+        flips_to_right=cmp.flips_to_right,
+        n=cmp.n,
+        repeats=None if data.repeats is None else int(data.repeats[0].shape[1]),
+        recovery=finite(recovery),
+    )
     # a gate at a generated position is judged on its bucket (qeval/tasks/generation/results.py), not the task's score
     gates = [g for g in gates if g.position is None]
     gate = next((g for g in gates if g.task == task), None) or next((g for g in gates if g.task == "all"), None)
@@ -178,8 +199,9 @@ def _gated(cmp: PairedComparison, higher_is_better: bool, margin: float) -> dict
     return out
 
 
-def compare_task(store: RunStore, base: str, other: str, task: str, metric: str, seed: int,
-                 gates: list[Gate]) -> Comparison | None:
+def compare_task(
+    store: RunStore, base: str, other: str, task: str, metric: str, seed: int, gates: list[Gate]
+) -> Comparison | None:
     """`other` against `base` on one stored task; None when no sample pairs. Tasks scored
     against the baseline's top-k (perplexity texts; the scored tokens of log-likelihood and
     multiple-choice tasks) add the KL to the baseline's next-token distribution and top-1 agreement."""
@@ -197,8 +219,10 @@ def kl_summary(store: RunStore, other: str, task: str) -> dict[str, Any]:
     if not records or not all("kl" in r for r in records):
         return {}
     w = np.array([r["kl_tokens"] for r in records], dtype=float)
-    out: dict[str, Any] = {"kl": float(np.average([r["kl"] for r in records], weights=w)),
-                           "top1_agreement": float(np.average([r["top1_agreement"] for r in records], weights=w))}
+    out: dict[str, Any] = {
+        "kl": float(np.average([r["kl"] for r in records], weights=w)),
+        "top1_agreement": float(np.average([r["top1_agreement"] for r in records], weights=w)),
+    }
     dist = (store.read_meta(other, task) or {}).get("kl_distribution")
     if dist:  # absent from results stored before the distribution was kept
         out["kl_distribution"] = KLDistribution.model_validate(dist)
@@ -211,8 +235,13 @@ def compare_suite(parts: dict[str, tuple[Paired, Comparison]], gates: list[Gate]
     base = float(np.mean([p.base_value() for p, _ in parts.values()]))
     score = float(np.mean([p.other_value() for p, _ in parts.values()]))
     _, lo, hi = average_difference_ci([c.delta for _, c in parts.values()], [c.ci for _, c in parts.values()])
-    out = SuiteScore(tasks=list(parts), score=score, baseline=base, recovery=score / base if base > 0 else None,
-                     ci=((base + lo) / base, (base + hi) / base) if base > 0 else None)
+    out = SuiteScore(
+        tasks=list(parts),
+        score=score,
+        baseline=base,
+        recovery=score / base if base > 0 else None,
+        ci=((base + lo) / base, (base + hi) / base) if base > 0 else None,
+    )
     gate = next((g for g in gates if g.task == suite and g.min_recovery is not None), None)
     if gate is not None and out.ci is not None:
         assert gate.min_recovery is not None
@@ -230,8 +259,12 @@ def adjust_p_values(block: dict[str, Comparison]) -> dict[str, Comparison]:
 
     # a p-value that is not a probability (NaN, from scores that were not numbers) is no evidence:
     # left out of the adjustment, with none of its own, rather than failing the whole run
-    block = {t: c if c.p_value is None or p_value(c.p_value) is not None else
-             c.model_copy(update={"p_value": None, "p_adjusted": None}) for t, c in block.items()}
+    block = {
+        t: c
+        if c.p_value is None or p_value(c.p_value) is not None
+        else c.model_copy(update={"p_value": None, "p_adjusted": None})
+        for t, c in block.items()
+    }
     items = [(t, c) for t, c in block.items() if c.p_value is not None]
     if not items:
         return block

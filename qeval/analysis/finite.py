@@ -19,8 +19,21 @@ from qeval.results.schema import Figure, Memory, Results, SetupResult
 #: a sample record's fields that hold scores: what the comparison, KL and the reports read
 #: (lm-eval's per-document `metrics`; a long-context document's position `buckets`). Other
 #: fields (the prompt, the target, the dataset's own values) are data, not scores.
-SCORE_FIELDS = ("correct", "correct_norm", "nll", "loglikelihoods", "kl", "top1_agreement", "kl_tokens",
-                "pass_at_k", "maj_at_k", "n_tokens", "n_bytes", "metrics", "buckets")
+SCORE_FIELDS = (
+    "correct",
+    "correct_norm",
+    "nll",
+    "loglikelihoods",
+    "kl",
+    "top1_agreement",
+    "kl_tokens",
+    "pass_at_k",
+    "maj_at_k",
+    "n_tokens",
+    "n_bytes",
+    "metrics",
+    "buckets",
+)
 
 #: the most problems one failure reason names (a task with many bad fields stays one line)
 _MAX_NAMED = 4
@@ -36,7 +49,7 @@ def is_bad(value: Any) -> bool:
 
 
 def _worst(value: Any) -> str | None:
-    """"NaN" or "infinite" for the first non-finite number anywhere in `value` (nested lists and
+    """ "NaN" or "infinite" for the first non-finite number anywhere in `value` (nested lists and
     mappings walked without recursion), else None."""
     stack = [value]
     while stack:
@@ -89,16 +102,19 @@ def finite_metrics(metrics: Any) -> Any:
     return {k: v for k, v in metrics.items() if str(k) not in bad}
 
 
-def task_problem(task: str, records: Iterable[Mapping[str, Any]], metrics: Any,
-                 kl_distribution: Any = None) -> str | None:
+def task_problem(
+    task: str, records: Iterable[Mapping[str, Any]], metrics: Any, kl_distribution: Any = None
+) -> str | None:
     """One task's non-finite scores in words ("task ppl: nll is NaN on 3 of 3 documents, metric
     bits_per_byte is NaN"), or None when every score is finite."""
     n, bad = record_problems(records)
     by_kind: dict[str, list[str]] = {}
     for m, what in metric_problems(metrics).items():
         by_kind.setdefault(what, []).append(m)
-    parts = [f"metric {names[0]} is {what}" if len(names) == 1 else f"metrics {', '.join(names)} are {what}"
-             for what, names in by_kind.items()]
+    parts = [
+        f"metric {names[0]} is {what}" if len(names) == 1 else f"metrics {', '.join(names)} are {what}"
+        for what, names in by_kind.items()
+    ]
     parts += [f"{f} is {what} on {count} of {n} document{'' if n == 1 else 's'}" for f, (count, what) in bad.items()]
     if (kl := _worst(kl_distribution)) is not None:
         parts.append(f"its KL distribution is {kl}")
@@ -155,16 +171,25 @@ def _failed(setup: SetupResult, paths: list[str]) -> SetupResult:
     if setup.status == "ok":
         more = f" (and {len(paths) - _MAX_NAMED} more)" if len(paths) > _MAX_NAMED else ""
         dump |= {"status": "failed", "error": f"non-finite values in results: {', '.join(paths[:_MAX_NAMED])}{more}"}
-    dump |= {"vs_baseline": {}, "suites": {},
-             "tasks": {t: v for t, v in dump["tasks"].items() if not non_finite_paths(v)}}
+    dump |= {
+        "vs_baseline": {},
+        "suites": {},
+        "tasks": {t: v for t, v in dump["tasks"].items() if not non_finite_paths(v)},
+    }
     for block in ("performance", "long_context"):
         if non_finite_paths(dump.get(block)):
             dump[block] = None
     try:
         return SetupResult.model_validate(_nulled(dump))
     except ValidationError:  # a required number was the non-finite one: the failure, without its figures
-        return SetupResult(name=setup.name, baseline=setup.baseline, status="failed", error=dump["error"],
-                           spec=setup.spec, memory=Memory(weights_bytes=Figure(), kv_bytes_per_token=Figure()))
+        return SetupResult(
+            name=setup.name,
+            baseline=setup.baseline,
+            status="failed",
+            error=dump["error"],
+            spec=setup.spec,
+            memory=Memory(weights_bytes=Figure(), kv_bytes_per_token=Figure()),
+        )
 
 
 def _nulled(value: Any) -> Any:

@@ -16,7 +16,7 @@ from qeval.results.schema import Comparison, Recommendation, Results, SetupResul
 
 
 def describe_delta(task: str, c: Comparison) -> str:
-    """"facts -6.2 pts [-9.1 pts, -3.3 pts]": a task's difference with its interval."""
+    """ "facts -6.2 pts [-9.1 pts, -3.3 pts]": a task's difference with its interval."""
     m = describe(c.metric, c.higher_is_better)
     return f"{task} {m.fmt_delta(c.delta)} [{m.fmt_delta(c.ci[0])}, {m.fmt_delta(c.ci[1])}]"
 
@@ -32,10 +32,17 @@ def recommend(results: Results) -> Recommendation:
     context = results.config["budget"]["context_len"]
     base = results.baseline
     if base is None or base.status != "ok":
-        why = ("the baseline has no result in this run" if base is None
-               else f"the baseline {base.name} failed: {base.error}")
-        return Recommendation(setup=None, candidates=[], blocked=why, reasons={
-            s.name: f"{s.name}: not compared, so not recommended: {why}" for s in results.setups})
+        why = (
+            "the baseline has no result in this run"
+            if base is None
+            else f"the baseline {base.name} failed: {base.error}"
+        )
+        return Recommendation(
+            setup=None,
+            candidates=[],
+            blocked=why,
+            reasons={s.name: f"{s.name}: not compared, so not recommended: {why}" for s in results.setups},
+        )
     reasons: dict[str, str] = {}
     eligible: list[SetupResult] = []
     top_level = [t for t, info in results.tasks.items() if info.entry in (None, t)]
@@ -57,17 +64,25 @@ def recommend(results: Results) -> Recommendation:
             assert best is not None
             mine = whole_sequences(s.memory.max_concurrency or 0)
             theirs = whole_sequences(best.memory.max_concurrency or 0)
-            reasons[s.name] = (f"{s.name}: passes every gate, but allows {mine} sequences at {context} tokens against "
-                               f"{theirs} for {best.name}")
+            reasons[s.name] = (
+                f"{s.name}: passes every gate, but allows {mine} sequences at {context} tokens against "
+                f"{theirs} for {best.name}"
+            )
         if best is not None:
-            reasons[best.name] = (f"{best.name}: recommended: passes every gate and allows "
-                                  f"{whole_sequences(best.memory.max_concurrency or 0)} sequences at {context} tokens, "
-                                  "the most of any passing setup")
+            reasons[best.name] = (
+                f"{best.name}: recommended: passes every gate and allows "
+                f"{whole_sequences(best.memory.max_concurrency or 0)} sequences at {context} tokens, "
+                "the most of any passing setup"
+            )
     if best is not None and results.run.partial_tasks:
         reasons[best.name] += f"; {partial_text(results.run.partial_tasks)}"
     order = [s.name for s in results.setups]
-    return Recommendation(setup=best.name if best else None, reasons={n: reasons[n] for n in order if n in reasons},
-                          candidates=[s.name for s in eligible], blocked=None)
+    return Recommendation(
+        setup=best.name if best else None,
+        reasons={n: reasons[n] for n in order if n in reasons},
+        candidates=[s.name for s in eligible],
+        blocked=None,
+    )
 
 
 def _rank_by_goodput(results: Results, eligible: list[SetupResult], reasons: dict[str, str]) -> SetupResult | None:
@@ -97,23 +112,28 @@ def _rank_by_performance(eligible: list[SetupResult], by: str, reasons: dict[str
         why = rank.missing(s, by)
         if why:
             reasons[s.name] = why
-    ranked = sorted((s for s in eligible if s.name not in reasons), key=lambda s: (rank.sort_value(s, by),
-                                                                                   worst_drop(s)))
+    ranked = sorted(
+        (s for s in eligible if s.name not in reasons), key=lambda s: (rank.sort_value(s, by), worst_drop(s))
+    )
     if not ranked:
         return None
     best, most = ranked[0], "the most" if by == "throughput" else "the lowest"
     for s in ranked[1:]:
-        reasons[s.name] = (f"{s.name}: passes every gate, but serves {rank.describe(s, by)} against "
-                           f"{rank.describe(best, by)} for {best.name}")
+        reasons[s.name] = (
+            f"{s.name}: passes every gate, but serves {rank.describe(s, by)} against "
+            f"{rank.describe(best, by)} for {best.name}"
+        )
     close = [s.name for s in ranked[1:] if rank.overlaps(best, s, by)]
     noise = f"; within the measured spread of {', '.join(close)}: not a clear win" if close else ""
-    reasons[best.name] = (f"{best.name}: recommended (by {by}): passes every gate and serves "
-                          f"{rank.describe(best, by)}, {most} of any passing setup{noise}")
+    reasons[best.name] = (
+        f"{best.name}: recommended (by {by}): passes every gate and serves "
+        f"{rank.describe(best, by)}, {most} of any passing setup{noise}"
+    )
     return best
 
 
 def partial_text(partial: dict[str, str]) -> str:
-    """"judged on part of the config only (not scored: arc_easy: not selected by --tasks)"."""
+    """ "judged on part of the config only (not scored: arc_easy: not selected by --tasks)"."""
     return "judged on part of the config only (not scored: " + "; ".join(f"{t}: {w}" for t, w in partial.items()) + ")"
 
 
@@ -126,14 +146,19 @@ def position_gates(block: GenerationDivergence | None, setup: str) -> list[tuple
 
 
 def describe_position(task: str, b: GeneratedPositionBucket) -> str:
-    """"gsm8k generated positions 64-128 Δ NLL +0.210 nats/token [+0.12, +0.30]"."""
+    """ "gsm8k generated positions 64-128 Δ NLL +0.210 nats/token [+0.12, +0.30]"."""
     span = f"{b.start}-{b.end}" if b.end is not None else f"{b.start}+"
     ci = f" [{b.ci[0]:+.3f}, {b.ci[1]:+.3f}]" if b.ci is not None else ""
     return f"{task} generated positions {span} Δ NLL {b.delta or 0.0:+.3f} nats/token{ci}"
 
 
-def _exclusion(s: SetupResult, context: int, tasks: list[str], partial: dict[str, str],
-               generation: GenerationDivergence | None = None) -> str | None:
+def _exclusion(
+    s: SetupResult,
+    context: int,
+    tasks: list[str],
+    partial: dict[str, str],
+    generation: GenerationDivergence | None = None,
+) -> str | None:
     """Why `s` cannot be recommended, or None. A gate at a turn is a gate on that turn's task
     (in vs_baseline, said with its turn); a gate at a generated position is judged on its bucket
     of the generation block and excludes the setup as any other gate (fail first, then
@@ -152,8 +177,9 @@ def _exclusion(s: SetupResult, context: int, tasks: list[str], partial: dict[str
     positions = [] if s.baseline else position_gates(generation, name)
     for task, b in positions:
         if b.verdict == "fail":
-            return (f"{name}: {describe_position(task, b)}, fails the {b.max_drop:g} nats/token gate at position "
-                    f"{b.start}")
+            return (
+                f"{name}: {describe_position(task, b)}, fails the {b.max_drop:g} nats/token gate at position {b.start}"
+            )
     for suite, sc in s.suites.items():
         if sc.verdict in ("fail", "inconclusive") and sc.gate is not None:
             rec = f"{100 * sc.recovery:.1f}%" if sc.recovery is not None else "unknown"
@@ -170,8 +196,10 @@ def _exclusion(s: SetupResult, context: int, tasks: list[str], partial: dict[str
     for task, b in positions:
         if b.verdict == "inconclusive":
             why = f" ({b.verdict_reason})" if b.verdict_reason else ""
-            return (f"{name}: {describe_position(task, b)}, inconclusive against the {b.max_drop:g} nats/token gate "
-                    f"at position {b.start}{why}")
+            return (
+                f"{name}: {describe_position(task, b)}, inconclusive against the {b.max_drop:g} nats/token gate "
+                f"at position {b.start}{why}"
+            )
     conc = s.memory.max_concurrency
     if conc is None:
         return f"{name}: no memory figures to size it against the budget"
@@ -189,7 +217,7 @@ def _margin(c: Comparison) -> str:
 
 
 def _at(c: Comparison) -> str:
-    """" at turn 6" for a gate written at a turn (it became a gate on that turn's task)."""
+    """ " at turn 6" for a gate written at a turn (it became a gate on that turn's task)."""
     return f" at turn {c.gate.turn}" if c.gate is not None and c.gate.turn is not None else ""
 
 
@@ -210,8 +238,11 @@ def candidate_problem(results: Results) -> str | None:
     if setup.status != "ok":
         return f"candidate {target} failed: {setup.error}"
     bad = [f"{t}: {c.verdict}" for t, c in setup.vs_baseline.items() if c.verdict not in ("pass", None)]
-    bad += [f"{t} at position {b.start}: {b.verdict}" for t, b in position_gates(results.generation_divergence, target)
-            if b.verdict != "pass"]
+    bad += [
+        f"{t} at position {b.start}: {b.verdict}"
+        for t, b in position_gates(results.generation_divergence, target)
+        if b.verdict != "pass"
+    ]
     if bad:
         return f"candidate {target} does not pass every gate ({', '.join(bad)})"
     if target not in rec.candidates:  # e.g. no comparison on some task, or no room in the budget

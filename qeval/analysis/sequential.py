@@ -77,8 +77,9 @@ def predictable_bets(y: np.ndarray, alpha: float) -> np.ndarray:
     return bets
 
 
-def log_capital(y: np.ndarray, m: np.ndarray | float, alpha: float,
-                bets: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def log_capital(
+    y: np.ndarray, m: np.ndarray | float, alpha: float, bets: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """log K+_t(m) and log K-_t(m) at every t (cumulative along the last axis of `y`, values in
     [0, 1]); `m` in (0, 1), broadcast against `y`'s leading axes (shape [..., 1])."""
     lam = predictable_bets(y, alpha) if bets is None else bets
@@ -138,8 +139,14 @@ class GateScore:
     high: float
 
 
-def gate_score(base: np.ndarray, other: np.ndarray, higher_is_better: bool, max_drop: float | None,
-               relative: bool = False, min_recovery: float | None = None) -> GateScore:
+def gate_score(
+    base: np.ndarray,
+    other: np.ndarray,
+    higher_is_better: bool,
+    max_drop: float | None,
+    relative: bool = False,
+    min_recovery: float | None = None,
+) -> GateScore:
     """The gate (qeval/config/gates.py: max_drop, relative, min_recovery) over per-document values
     in [0, 1] as one score z in [-1, 1] and its threshold, with the same meaning as the fixed-n
     verdict (the drop is at most the margin)."""
@@ -218,8 +225,9 @@ def decided_looks(y: np.ndarray, m0: float, alpha: float, looks: np.ndarray) -> 
     return up, down & ~up
 
 
-def first_decision(y: np.ndarray, m0: float, alpha: float, looks: np.ndarray,
-                   min_docs: int = 1) -> tuple[np.ndarray, np.ndarray]:
+def first_decision(
+    y: np.ndarray, m0: float, alpha: float, looks: np.ndarray, min_docs: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
     """Vectorised over runs (rows of `y`, values in [0, 1]): each run's first look (index into
     `looks`, document counts) at or past `min_docs` where the gate is decided, or -1, and the
     verdict there (+1 pass, -1 fail, 0 none), as `trajectory` decides. For simulations."""

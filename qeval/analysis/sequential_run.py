@@ -44,11 +44,15 @@ def not_sequential(kind: str, in_group: bool, metric: str) -> str | None:
     """Why a gated task is judged by the fixed-n interval at the end even in a sequential run
     (docs/statistics.md, "Sequential gates", "What is not sequential"), or None: it is a cell."""
     if kind not in SEQUENTIAL_KINDS:
-        return (f"a {kind} task: its scoring loop takes no seeded order and no looks; scored whole "
-                "(or to `limit`), judged by the fixed-n interval")
+        return (
+            f"a {kind} task: its scoring loop takes no seeded order and no looks; scored whole "
+            "(or to `limit`), judged by the fixed-n interval"
+        )
     if in_group:
-        return ("an lm-eval group member: scored in the seeded order to the cap; its group is judged on its pooled "
-                "documents by the fixed-n interval at the end")
+        return (
+            "an lm-eval group member: scored in the seeded order to the cap; its group is judged on its pooled "
+            "documents by the fixed-n interval at the end"
+        )
     if not sequential_metric(metric.split(",", 1)[0]):
         return f"{metric}: not bounded in [0, 1], no confidence sequence; judged by the fixed-n interval at the cap"
     return None
@@ -56,8 +60,9 @@ def not_sequential(kind: str, in_group: bool, metric: str) -> str | None:
 
 def task_gate(gates: list[Gate], task: str) -> Gate | None:
     """The gate that covers `task`, as the comparison picks it (qeval/analysis/comparison.py)."""
-    return next((g for g in gates if g.task == task and g.length is None), None) or \
-        next((g for g in gates if g.task == "all" and g.length is None), None)
+    return next((g for g in gates if g.task == task and g.length is None), None) or next(
+        (g for g in gates if g.task == "all" and g.length is None), None
+    )
 
 
 def plan(pre: Preflight) -> dict[str, Any] | None:
@@ -73,13 +78,25 @@ def plan(pre: Preflight) -> dict[str, Any] | None:
         metric = t.compared_metric
         if gate is None or not_sequential(t.kind, t.entry != t.name, metric) is not None:
             continue
-        tasks[t.name] = {"gate": gate.model_dump(mode="json"), "metric": metric, "n_docs": t.n_docs,
-                         "higher_is_better": describe(metric).higher_is_better}
+        tasks[t.name] = {
+            "gate": gate.model_dump(mode="json"),
+            "metric": metric,
+            "n_docs": t.n_docs,
+            "higher_is_better": describe(metric).higher_is_better,
+        }
     others = [s for s in cfg.setups if s.name != cfg.baseline.name]
     cells = len(others) * len(tasks)
     spec = cfg.sequential
-    return {"alpha": cell_level(spec.level, cells), "level": spec.level, "cells": cells, "min_docs": spec.min_docs,
-            "chunk_docs": spec.chunk_docs, "max_docs": spec.max_docs, "seed": spec.seed, "tasks": tasks}
+    return {
+        "alpha": cell_level(spec.level, cells),
+        "level": spec.level,
+        "cells": cells,
+        "min_docs": spec.min_docs,
+        "chunk_docs": spec.chunk_docs,
+        "max_docs": spec.max_docs,
+        "seed": spec.seed,
+        "tasks": tasks,
+    }
 
 
 def with_keys(pre: Preflight, keys: dict[str, SetupKeys], plan_json: dict[str, Any]) -> dict[str, SetupKeys]:
@@ -118,8 +135,9 @@ def _cell_score(spec: dict[str, Any], base: np.ndarray, other: np.ndarray) -> An
     return gate_score(base, other, spec["higher_is_better"], gate.max_drop, gate.relative, gate.min_recovery)
 
 
-def _ordered(base_records: list[dict[str, Any]], other_records: list[dict[str, Any]], metric: str,
-             order: list[int]) -> tuple[np.ndarray, np.ndarray] | None:
+def _ordered(
+    base_records: list[dict[str, Any]], other_records: list[dict[str, Any]], metric: str, order: list[int]
+) -> tuple[np.ndarray, np.ndarray] | None:
     """The two sides' values on the documents the setup scored, in the run's order (the order the
     sequence is computed in), or None where some document does not pair."""
     rank = {str(d): i for i, d in enumerate(order)}
@@ -130,8 +148,13 @@ def _ordered(base_records: list[dict[str, Any]], other_records: list[dict[str, A
     return data.base, data.other
 
 
-def cell(plan_json: dict[str, Any], task: str, order: list[int], base_records: list[dict[str, Any]],
-         other_records: list[dict[str, Any]]) -> Trajectory | None:
+def cell(
+    plan_json: dict[str, Any],
+    task: str,
+    order: list[int],
+    base_records: list[dict[str, Any]],
+    other_records: list[dict[str, Any]],
+) -> Trajectory | None:
     """The cell's trajectory from the stored records: its sequence at every look and where it
     stopped; None where the documents do not pair."""
     spec = plan_json["tasks"][task]
@@ -139,16 +162,18 @@ def cell(plan_json: dict[str, Any], task: str, order: list[int], base_records: l
     if values is None:
         return None
     score = _cell_score(spec, *values)
-    return cell_trajectory(score, looks(len(values[0]), plan_json["chunk_docs"]), plan_json["alpha"],
-                           plan_json["min_docs"])
+    return cell_trajectory(
+        score, looks(len(values[0]), plan_json["chunk_docs"]), plan_json["alpha"], plan_json["min_docs"]
+    )
 
 
 class Monitor:
     """What a worker asks after each chunk: is this task's cell decided? It holds the baseline's
     records, each task's order, and the setup's records so far."""
 
-    def __init__(self, plan_json: dict[str, Any], orders: dict[str, list[int]],
-                 baseline_records: dict[str, list[dict[str, Any]]]) -> None:
+    def __init__(
+        self, plan_json: dict[str, Any], orders: dict[str, list[int]], baseline_records: dict[str, list[dict[str, Any]]]
+    ) -> None:
         self.plan = plan_json
         self.orders = orders
         self.base = baseline_records
@@ -202,22 +227,38 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
             n, total = len(other), len(order)
             decided = traj.stopped_at is not None
             last = traj.looks[-1] if traj.looks else None
-            reason = (f"sequential: decided after {n:,} of {total:,} documents" if decided else
-                      f"sequential: not decided after {n:,} of {total:,} documents")
-            vs[task] = cmp.model_copy(update={"verdict": traj.verdict, "verdict_reason": reason,
-                                              "samples_to_decide": None})
+            reason = (
+                f"sequential: decided after {n:,} of {total:,} documents"
+                if decided
+                else f"sequential: not decided after {n:,} of {total:,} documents"
+            )
+            vs[task] = cmp.model_copy(
+                update={"verdict": traj.verdict, "verdict_reason": reason, "samples_to_decide": None}
+            )
             score_spec = plan_json["tasks"][task]
             gate = Gate.model_validate(score_spec["gate"])
             threshold = -gate.max_drop if gate.max_drop is not None and not gate.relative else 0.0
-            cells.append(SequentialCell(
-                setup=entry.name, task=task, metric=score_spec["metric"], threshold=threshold, documents=n, total=total,
-                stopped_at=traj.stopped_at, ci=(last.lower, last.upper) if last else None, verdict=traj.verdict,
-                looks=[SequentialLook(n=k.n, ci=(k.lower, k.upper), verdict=k.verdict) for k in traj.looks]))
+            cells.append(
+                SequentialCell(
+                    setup=entry.name,
+                    task=task,
+                    metric=score_spec["metric"],
+                    threshold=threshold,
+                    documents=n,
+                    total=total,
+                    stopped_at=traj.stopped_at,
+                    ci=(last.lower, last.upper) if last else None,
+                    verdict=traj.verdict,
+                    looks=[SequentialLook(n=k.n, ci=(k.lower, k.upper), verdict=k.verdict) for k in traj.looks],
+                )
+            )
         setups.append(entry.model_copy(update={"vs_baseline": vs}))
+
     # the gated tasks judged by the fixed-n interval: named in the block and the report, not silently mixed in
     def judged(name: str) -> bool:
         return task_gate(pre.cfg.gates, name) is not None and any(
-            (c := e.vs_baseline.get(name)) is not None and c.verdict is not None for e in results.setups)
+            (c := e.vs_baseline.get(name)) is not None and c.verdict is not None for e in results.setups
+        )
 
     fixed = {}
     for name, info in infos.items():
@@ -226,13 +267,28 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
             fixed[name] = why
     for group, members in (pre.groups or {}).items():
         if judged(group):
-            fixed[group] = (f"an lm-eval group of {len(members)} tasks: judged on its pooled documents (as without the "
-                            "switch) by the fixed-n interval once every member is scored to the cap")
+            fixed[group] = (
+                f"an lm-eval group of {len(members)} tasks: judged on its pooled documents (as without the "
+                "switch) by the fixed-n interval once every member is scored to the cap"
+            )
     scored = sum(entry.tasks[t].n for entry in results.setups for t in entry.tasks if t in infos)
-    full = sum(min(infos[t].n_docs, spec.max_docs or infos[t].n_docs) for entry in results.setups
-               for t in entry.tasks if t in infos)
-    block = SequentialRun(method="betting confidence sequence (Waudby-Smith & Ramdas 2023)", level=spec.level,
-                          cell_level=plan_json["alpha"], min_docs=spec.min_docs, chunk_docs=spec.chunk_docs,
-                          max_docs=spec.max_docs, seed=spec.seed, cells=cells, documents=scored, total=full,
-                          not_sequential=fixed)
+    full = sum(
+        min(infos[t].n_docs, spec.max_docs or infos[t].n_docs)
+        for entry in results.setups
+        for t in entry.tasks
+        if t in infos
+    )
+    block = SequentialRun(
+        method="betting confidence sequence (Waudby-Smith & Ramdas 2023)",
+        level=spec.level,
+        cell_level=plan_json["alpha"],
+        min_docs=spec.min_docs,
+        chunk_docs=spec.chunk_docs,
+        max_docs=spec.max_docs,
+        seed=spec.seed,
+        cells=cells,
+        documents=scored,
+        total=full,
+        not_sequential=fixed,
+    )
     return results.model_copy(update={"setups": setups, "sequential": block})

@@ -93,8 +93,9 @@ def newcombe_paired_ci(both: float, to_wrong: float, to_right: float, neither: f
     return lower, upper
 
 
-def paired_ratio(base_num: np.ndarray, other_num: np.ndarray, den: np.ndarray, metric: str,
-                 seed: int) -> PairedComparison:
+def paired_ratio(
+    base_num: np.ndarray, other_num: np.ndarray, den: np.ndarray, metric: str, seed: int
+) -> PairedComparison:
     """Difference of a ratio metric (bits per byte: sum nll / sum bytes) with a t-interval on the
     documents' linearised differences, and a Wilcoxon signed-rank test.
 
@@ -111,8 +112,9 @@ def paired_ratio(base_num: np.ndarray, other_num: np.ndarray, den: np.ndarray, m
         half = float(max(np.abs(base_num / den).max(), np.abs(other_num / den).max(), abs(delta)))
         return PairedComparison(metric, delta, (delta - half, delta + half), p, None, None, n)
     sd = float(np.std((d - delta * den) / mean_den, ddof=1))
-    return PairedComparison(metric, delta, t_interval(delta, sd, n), p, None, None, n,
-                            lambda m: t_interval(delta, sd, m))
+    return PairedComparison(
+        metric, delta, t_interval(delta, sd, n), p, None, None, n, lambda m: t_interval(delta, sd, m)
+    )
 
 
 def paired_mean(base: np.ndarray, other: np.ndarray, metric: str, seed: int) -> PairedComparison:
@@ -218,8 +220,9 @@ def newcombe_unpaired_ci(k_a: float, n_a: float, k_b: float, n_b: float) -> Inte
     return diff - math.sqrt((p_b - l_b) ** 2 + (u_a - p_a) ** 2), diff + math.sqrt((u_b - p_b) ** 2 + (p_a - l_a) ** 2)
 
 
-def unpaired_difference(a: np.ndarray, b: np.ndarray, metric: str, den_a: np.ndarray | None = None,
-                        den_b: np.ndarray | None = None) -> UnpairedDifference:
+def unpaired_difference(
+    a: np.ndarray, b: np.ndarray, metric: str, den_a: np.ndarray | None = None, den_b: np.ndarray | None = None
+) -> UnpairedDifference:
     """b minus a from two independent sets of per-document values: right/wrong values with
     Newcombe's independent interval and Fisher's exact test; a ratio metric (numerators with
     their denominators: bits per byte) or any other score with Welch's t-interval and test."""
@@ -227,17 +230,18 @@ def unpaired_difference(a: np.ndarray, b: np.ndarray, metric: str, den_a: np.nda
     if den_a is None and den_b is None and np.isin(a, (0, 1)).all() and np.isin(b, (0, 1)).all():
         k_a, k_b = float(a.sum()), float(b.sum())
         p = p_value(float(sps.fisher_exact([[k_b, n_b - k_b], [k_a, n_a - k_a]]).pvalue))
-        return UnpairedDifference(metric, k_b / n_b - k_a / n_a, newcombe_unpaired_ci(k_a, n_a, k_b, n_b), p,
-                                  n_a, n_b, "newcombe")
+        return UnpairedDifference(
+            metric, k_b / n_b - k_a / n_a, newcombe_unpaired_ci(k_a, n_a, k_b, n_b), p, n_a, n_b, "newcombe"
+        )
     est_a, se_a = _estimate(a, den_a)
     est_b, se_b = _estimate(b, den_b)
     delta = est_b - est_a
-    se = math.sqrt(se_a ** 2 + se_b ** 2)
+    se = math.sqrt(se_a**2 + se_b**2)
     if n_a < 2 or n_b < 2 or se == 0:  # no spread to estimate: as wide as the values themselves
         half = float(max(abs(est_a), abs(est_b), abs(delta)))
         return UnpairedDifference(metric, delta, (delta - half, delta + half), None, n_a, n_b, "welch")
     # Welch-Satterthwaite degrees of freedom
-    df = se ** 4 / (se_a ** 4 / (n_a - 1) + se_b ** 4 / (n_b - 1)) if se_a or se_b else float(n_a + n_b - 2)
+    df = se**4 / (se_a**4 / (n_a - 1) + se_b**4 / (n_b - 1)) if se_a or se_b else float(n_a + n_b - 2)
     half = float(sps.t.ppf(0.975, df)) * se
     p = p_value(float(2 * sps.t.sf(abs(delta) / se, df)))
     return UnpairedDifference(metric, delta, (delta - half, delta + half), p, n_a, n_b, "welch")
@@ -255,8 +259,9 @@ def _estimate(values: np.ndarray, den: np.ndarray | None) -> tuple[float, float]
     return ratio, float(np.std((values - ratio * den) / den.mean(), ddof=1) / math.sqrt(n))
 
 
-def average_difference_ci(diffs: list[float], cis: list[tuple[float, float]],
-                          level: float = 0.95) -> tuple[float, float, float]:
+def average_difference_ci(
+    diffs: list[float], cis: list[tuple[float, float]], level: float = 0.95
+) -> tuple[float, float, float]:
     """The average of several tasks' differences and its interval, the tasks taken as
     independent: each task's standard error read off its own interval (Newcombe's for
     accuracies, which stays honest when nothing flipped), combined in quadrature.

@@ -35,8 +35,11 @@ if TYPE_CHECKING:
     from qeval.records.preflight import Preflight
 
 #: the backends qeval ships: `module:attribute`
-BUILT_IN = ("qeval.backends.hf.entry:BACKEND", "qeval.backends.vllm.entry:BACKEND",
-            "qeval.backends.openai.entry:BACKEND")
+BUILT_IN = (
+    "qeval.backends.hf.entry:BACKEND",
+    "qeval.backends.vllm.entry:BACKEND",
+    "qeval.backends.openai.entry:BACKEND",
+)
 ENTRY_POINT_GROUP = "qeval.backends"
 ENV_VAR = "QEVAL_BACKENDS"
 

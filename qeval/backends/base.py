@@ -121,8 +121,9 @@ def rolling_result(parts: list[tuple[np.ndarray, ...]], ref: np.ndarray | None) 
     logp = np.concatenate([p[0] for p in parts])
     top_i = np.concatenate([p[1] for p in parts])
     top_l = np.concatenate([p[2] for p in parts])
-    return RollingResult(logp, top_i, top_l.astype(np.float32), at_ids(None if ref is None else ref[: len(logp)],
-                                                                         top_i, top_l))
+    return RollingResult(
+        logp, top_i, top_l.astype(np.float32), at_ids(None if ref is None else ref[: len(logp)], top_i, top_l)
+    )
 
 
 def at_ids(ref: np.ndarray | None, top_i: np.ndarray, top_l: np.ndarray) -> np.ndarray | None:

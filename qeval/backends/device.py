@@ -62,8 +62,9 @@ def cpu_flags() -> frozenset[str]:
 
 def _macos_has(feature: str) -> bool:
     try:
-        out = subprocess.run(["sysctl", "-n", f"hw.optional.arm.{feature}"], capture_output=True, text=True,
-                             timeout=5, check=False)
+        out = subprocess.run(
+            ["sysctl", "-n", f"hw.optional.arm.{feature}"], capture_output=True, text=True, timeout=5, check=False
+        )
     except (OSError, subprocess.SubprocessError):
         return False
     return out.stdout.strip() == "1"
@@ -96,13 +97,27 @@ def _isa_allowed() -> frozenset[str]:
     if not isa or isa in ("ALL", "DEFAULT") or isa.startswith("AVX10") or isa not in _ONEDNN_ISAS:
         return both
     level = _ONEDNN_ISAS.index(isa)  # oneDNN's ISAs are ordered: a cap allows every ISA below it
-    return frozenset(d for d, first in (("bfloat16", "AVX512_CORE_BF16"), ("float16", "AVX512_CORE_FP16"))
-                     if level >= _ONEDNN_ISAS.index(first))
+    return frozenset(
+        d
+        for d, first in (("bfloat16", "AVX512_CORE_BF16"), ("float16", "AVX512_CORE_FP16"))
+        if level >= _ONEDNN_ISAS.index(first)
+    )
 
 
 #: oneDNN's x86 ISA names in its own order (ONEDNN_MAX_CPU_ISA, oneDNN 3.x)
-_ONEDNN_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
-                "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16")
+_ONEDNN_ISAS = (
+    "SSE41",
+    "AVX",
+    "AVX2",
+    "AVX2_VNNI",
+    "AVX2_VNNI_2",
+    "AVX512_CORE",
+    "AVX512_CORE_VNNI",
+    "AVX512_CORE_BF16",
+    "AVX512_CORE_FP16",
+    "AVX512_CORE_AMX",
+    "AVX512_CORE_AMX_FP16",
+)
 
 
 def isa_cap() -> str:
@@ -139,14 +154,22 @@ def resolve_precision(requested: str, config: dict[str, Any], device: str) -> Pr
             return Precision(requested, "bfloat16", f"dtype bfloat16-if-native: bfloat16, native on {where}")
         cap = isa_cap() if device != "cuda" else ""
         fallback = f"{cap} caps torch below native bfloat16" if cap else f"{where} has no native bfloat16"
-        return Precision(requested, "float32", f"dtype bfloat16-if-native: float32, because {fallback}; "
-                                               f"bfloat16 would run about {EMULATED_SLOWDOWN}x slower, emulated",
-                         fallback=fallback)
+        return Precision(
+            requested,
+            "float32",
+            f"dtype bfloat16-if-native: float32, because {fallback}; "
+            f"bfloat16 would run about {EMULATED_SLOWDOWN}x slower, emulated",
+            fallback=fallback,
+        )
     if requested == "auto":
         own = model_dtype(config)
         if own is None:  # as transformers loads a config that names no dtype
-            return Precision(requested, "float32", "dtype auto: float32, because the model's config names no dtype",
-                             fallback="the model's config names no dtype")
+            return Precision(
+                requested,
+                "float32",
+                "dtype auto: float32, because the model's config names no dtype",
+                fallback="the model's config names no dtype",
+            )
         if own not in SIXTEEN_BIT:
             return Precision(requested, "float32", f"dtype auto: the model's own dtype is {own}, so float32")
         if own in native:
@@ -154,9 +177,13 @@ def resolve_precision(requested: str, config: dict[str, Any], device: str) -> Pr
         cap = isa_cap() if device != "cuda" else ""
         fallback = f"{cap} caps torch below native {own}" if cap else f"{where} has no native {own}"
         flags = "" if cap else f" ({_flag_names(own)})"
-        return Precision(requested, "float32", f"dtype auto: float32, because {fallback}{flags}; "
-                                               f"{own} would run about {EMULATED_SLOWDOWN}x slower, emulated",
-                         fallback=fallback)
+        return Precision(
+            requested,
+            "float32",
+            f"dtype auto: float32, because {fallback}{flags}; "
+            f"{own} would run about {EMULATED_SLOWDOWN}x slower, emulated",
+            fallback=fallback,
+        )
     if requested in SIXTEEN_BIT and requested not in native:
         return Precision(requested, requested, emulated_warning(requested, where), emulated=True)
     return Precision(requested, requested, f"dtype {requested}, as the config says")
@@ -178,9 +205,11 @@ def dtype_for(requested: str, model: Path, device: str = "cpu") -> str:
 
 def emulated_warning(dtype: str, where: str = "this CPU") -> str:
     """One line: what an emulated 16-bit dtype costs, and what to use instead."""
-    return (f"model.dtype {dtype}: {where} has no native {dtype} ({_flag_names(dtype)}), so torch emulates it, "
-            f"about {EMULATED_SLOWDOWN}x slower than float32 in a matmul; use `dtype: auto` (float32 here) "
-            f"or `dtype: float32`")
+    return (
+        f"model.dtype {dtype}: {where} has no native {dtype} ({_flag_names(dtype)}), so torch emulates it, "
+        f"about {EMULATED_SLOWDOWN}x slower than float32 in a matmul; use `dtype: auto` (float32 here) "
+        f"or `dtype: float32`"
+    )
 
 
 def _flag_names(dtype: str) -> str:

@@ -51,12 +51,17 @@ def conventions(tok: Any) -> Conventions:
     def encode_prompt(s: str) -> list[int]:
         return list(tok(s, add_special_tokens=not (bos_text and s.startswith(bos_text))).input_ids)
 
-    return Conventions(encode=encode, encode_plain=lambda s: tok(s, add_special_tokens=False).input_ids,
-                       prefix_token_id=int(prefix), encode_prompt=encode_prompt)
+    return Conventions(
+        encode=encode,
+        encode_plain=lambda s: tok(s, add_special_tokens=False).input_ids,
+        prefix_token_id=int(prefix),
+        encode_prompt=encode_prompt,
+    )
 
 
-def encode_pair(conv: Conventions, context: str, continuation: str,
-                encode: Encode | None = None) -> tuple[list[int], list[int]]:
+def encode_pair(
+    conv: Conventions, context: str, continuation: str, encode: Encode | None = None
+) -> tuple[list[int], list[int]]:
     """Context and continuation tokens as lm-eval splits them: trailing context whitespace
     moves to the continuation, whose tokens are those of encode(context + continuation) past
     encode(context); an empty context is the prefix token (`LM.loglikelihood`). `encode`
@@ -74,7 +79,7 @@ def encode_pair(conv: Conventions, context: str, continuation: str,
     whole = enc(context + continuation)
     ctx = enc(context)
     # a context of spaces alone encodes to nothing on tokenizers without BOS: condition on the prefix
-    return (ctx or [conv.prefix_token_id]), whole[len(ctx):]
+    return (ctx or [conv.prefix_token_id]), whole[len(ctx) :]
 
 
 def memoized(encode: Encode) -> Encode:

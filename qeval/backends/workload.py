@@ -114,8 +114,10 @@ def resolve_levels(spec: PerfSpec, budget_concurrency: float | None, engine_limi
         top, why = 1, ["max: no memory figures to size the budget, so 1"]
     else:
         top = max(int(math.floor(budget_concurrency)), 1)
-        why.append(f"max: the budget allows {budget_concurrency:g} sequences"
-                   + (" (less than one: 1 is timed)" if budget_concurrency < 1 else ""))
+        why.append(
+            f"max: the budget allows {budget_concurrency:g} sequences"
+            + (" (less than one: 1 is timed)" if budget_concurrency < 1 else "")
+        )
         if top > spec.max_concurrency:
             top = spec.max_concurrency
             why.append(f"capped at performance.max_concurrency = {spec.max_concurrency}")
@@ -124,19 +126,38 @@ def resolve_levels(spec: PerfSpec, budget_concurrency: float | None, engine_limi
         why.append(f"capped at the engine's max_num_seqs = {engine_limit}")
     levels = sorted({top if x == "max" else int(x) for x in spec.concurrency})
     if engine_limit is not None and levels[-1] > engine_limit:
-        raise ValueError(f"concurrency {levels[-1]} exceeds the engine's max_num_seqs ({engine_limit}): "
-                         "raise engine.max_num_seqs or lower performance.concurrency")
+        raise ValueError(
+            f"concurrency {levels[-1]} exceeds the engine's max_num_seqs ({engine_limit}): "
+            "raise engine.max_num_seqs or lower performance.concurrency"
+        )
     return levels, "; ".join(why) if "max" in spec.concurrency else "as configured"
 
 
-def workload_for(spec: PerfSpec, levels: list[int], levels_source: str, seed: int,
-                 lengths: tuple[tuple[int, int], ...] = (), lengths_source: str = "") -> Workload:
-    return Workload(spec.input_len, spec.output_len, spec.num_requests, tuple(levels), spec.repeats, spec.warmup,
-                    seed, levels_source, lengths, lengths_source)
+def workload_for(
+    spec: PerfSpec,
+    levels: list[int],
+    levels_source: str,
+    seed: int,
+    lengths: tuple[tuple[int, int], ...] = (),
+    lengths_source: str = "",
+) -> Workload:
+    return Workload(
+        spec.input_len,
+        spec.output_len,
+        spec.num_requests,
+        tuple(levels),
+        spec.repeats,
+        spec.warmup,
+        seed,
+        levels_source,
+        lengths,
+        lengths_source,
+    )
 
 
-def random_prompt_ids(vocab_size: int, special_ids: set[int], n: int, length: int, seed: int,
-                      head: list[int]) -> list[list[int]]:
+def random_prompt_ids(
+    vocab_size: int, special_ids: set[int], n: int, length: int, seed: int, head: list[int]
+) -> list[list[int]]:
     """n prompts of exactly `length` ids: `head` (the special tokens the tokenizer adds itself,
     e.g. BOS), then ids drawn uniformly from the vocabulary without special tokens, as vLLM's
     random benchmark dataset draws them (the engine then adds the same special tokens)."""

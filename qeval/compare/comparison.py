@@ -48,8 +48,13 @@ class RunComparison:
     def inconclusive(self) -> list[str]:
         """One line per setup and task whose 95% interval reaches past the margin on the bad side
         without lying wholly beyond it: no regression found there, and none ruled out."""
-        return [f"{o.run.path.name}: {p.setup} · {t.task}" for o in self.others for p in o.setups for t in p.tasks
-                if t.verdict == "inconclusive"]
+        return [
+            f"{o.run.path.name}: {p.setup} · {t.task}"
+            for o in self.others
+            for p in o.setups
+            for t in p.tasks
+            if t.verdict == "inconclusive"
+        ]
 
     def gate(self) -> str | None:
         """`--fail-on-regression`'s outcome: "regression", "unchecked" (none found, but not all

@@ -53,10 +53,11 @@ def _member_problems(run: LoadedRun, s: SetupResult, task: str) -> list[str]:
     m = describe(metric, info.higher_is_better)
     if meta.get("n") != score.n or (reported is not None and stored != reported.value):
         shown = "—" if stored is None else m.fmt(stored)
-        out.append(f"{where}.meta.json ({metric} {shown}, n = {str(meta.get('n'))[:12]}) is not what results.json "
-                   f"reports ({'—' if reported is None else m.fmt(reported.value)}, n = {score.n})")
-    if (reported is not None and records and len(records) == score.n
-            and metric.split(",", 1)[0] in MEAN_METRICS):
+        out.append(
+            f"{where}.meta.json ({metric} {shown}, n = {str(meta.get('n'))[:12]}) is not what results.json "
+            f"reports ({'—' if reported is None else m.fmt(reported.value)}, n = {score.n})"
+        )
+    if reported is not None and records and len(records) == score.n and metric.split(",", 1)[0] in MEAN_METRICS:
         values, dens = document_values(records, metric)
         value = float(values.sum() / dens.sum()) if dens is not None else float(values.mean())
         if not math.isclose(value, reported.value, rel_tol=1e-6, abs_tol=1e-9):
@@ -91,12 +92,17 @@ def _key_problems(meta: dict[str, Any], results: Results, s: SetupResult, task: 
     if key_of(parts) != meta.get("key"):
         return [f"{where}.meta.json: its key is not the hash of its key parts"]
     expected = recorded_key_parts(results, s, task)
-    diff = [f"{k} {str(parts[k])[:16]} (results.json: {v[:16]})" for k, v in expected.items()
-            if v is not None and k in parts and str(parts[k]) != v]
+    diff = [
+        f"{k} {str(parts[k])[:16]} (results.json: {v[:16]})"
+        for k, v in expected.items()
+        if v is not None and k in parts and str(parts[k]) != v
+    ]
     if not diff:
         return []
-    return [f"{where} was scored under other settings than results.json's run ({', '.join(diff)}): the records "
-            "belong to another run (an interrupted rerun?)"]
+    return [
+        f"{where} was scored under other settings than results.json's run ({', '.join(diff)}): the records "
+        "belong to another run (an interrupted rerun?)"
+    ]
 
 
 def recorded_key_parts(results: Results, s: SetupResult, task: str) -> dict[str, str | None]:
@@ -106,11 +112,19 @@ def recorded_key_parts(results: Results, s: SetupResult, task: str) -> dict[str,
     model: dict[str, Any] = cfg["model"] if isinstance(cfg.get("model"), dict) else {}
     batch = cfg.get("batch_size")
     gen = cfg.get("generation_batch_size") or (4 * batch if isinstance(batch, int) else None)
-    return {"model_sha256": run.model_sha256, "setup": _text(s.spec.get("id")), "qeval": run.qeval_version,
-            "backend": run.backend, "device": run.device, "dtype": run.dtype, "limit": str(run.limit),
-            "max_context": str(model["max_context"]) if "max_context" in model else None,
-            "batch_size": _text(batch), "generation_batch_size": _text(gen),
-            "task": results.tasks[task].fingerprint}
+    return {
+        "model_sha256": run.model_sha256,
+        "setup": _text(s.spec.get("id")),
+        "qeval": run.qeval_version,
+        "backend": run.backend,
+        "device": run.device,
+        "dtype": run.dtype,
+        "limit": str(run.limit),
+        "max_context": str(model["max_context"]) if "max_context" in model else None,
+        "batch_size": _text(batch),
+        "generation_batch_size": _text(gen),
+        "task": results.tasks[task].fingerprint,
+    }
 
 
 def _text(value: Any) -> str | None:
@@ -139,8 +153,9 @@ def chat_settings(run: LoadedRun, setup: str, task: str) -> tuple[dict[str, str]
     return config, stored
 
 
-def chat_difference(a: tuple[dict[str, str], dict[str, str] | None],
-                    b: tuple[dict[str, str], dict[str, str] | None]) -> str | None:
+def chat_difference(
+    a: tuple[dict[str, str], dict[str, str] | None], b: tuple[dict[str, str], dict[str, str] | None]
+) -> str | None:
     """Why two sides' prompts differ in their chat settings, in words; None: they do not."""
     keys = sorted(k for k in {*a[0], *b[0]} if a[0].get(k) != b[0].get(k))
     if a[1] is not None and b[1] is not None and a[1] != b[1] and not keys:

@@ -28,8 +28,10 @@ class History:
         metric, hib = self.metrics[task]
         m = describe(metric, hib)
         setups = list(self.values[task])
-        body = [[run] + ["—" if (v := self.values[task][s][i]) is None else m.fmt(v) for s in setups]
-                for i, run in enumerate(self.runs)]
+        body = [
+            [run] + ["—" if (v := self.values[task][s][i]) is None else m.fmt(v) for s in setups]
+            for i, run in enumerate(self.runs)
+        ]
         return ["run", *setups], body
 
 
@@ -40,8 +42,10 @@ def history(runs: list[LoadedRun]) -> History:
     for r in ordered:
         for t, info in r.results.tasks.items():
             if info.entry in (None, t) and t not in metrics:
-                metrics[t] = (info.compared_metric, describe(info.compared_metric, info.higher_is_better)
-                              .higher_is_better)
+                metrics[t] = (
+                    info.compared_metric,
+                    describe(info.compared_metric, info.higher_is_better).higher_is_better,
+                )
     values: dict[str, dict[str, list[float | None]]] = {t: {} for t in metrics}
     for i, r in enumerate(ordered):
         for s in r.results.setups:
@@ -68,7 +72,7 @@ def history_figure(h: History) -> Any:
         ax.set_title(f"{task} · {metric}{'' if hib else ' (lower is better)'}")
         ax.set_xticks(x, [f"run {i + 1}" for i in x])
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(tasks):]:
+    for ax in list(axes.flat)[len(tasks) :]:
         ax.set_visible(False)
     handles, labels = axes.flat[0].get_legend_handles_labels()
     if handles:

@@ -61,10 +61,16 @@ class SetupPair:
 
     def regressions(self) -> list[str]:
         """What got worse beyond the margin, one line each (a setup that stopped working too)."""
-        out = [f"{self.setup}: ok in the reference run, failed in this one"] \
-            if self.status_a == "ok" and self.status_b == "failed" else []
-        return out + [f"{self.setup} · {t.task}: {t.metric} {_fmt_delta(t)} ({t.method})"
-                      for t in self.tasks if t.verdict == "worse"]
+        out = (
+            [f"{self.setup}: ok in the reference run, failed in this one"]
+            if self.status_a == "ok" and self.status_b == "failed"
+            else []
+        )
+        return out + [
+            f"{self.setup} · {t.task}: {t.metric} {_fmt_delta(t)} ({t.method})"
+            for t in self.tasks
+            if t.verdict == "worse"
+        ]
 
     def unchecked(self) -> list[str]:
         """What the reference run holds that could not be checked here, one line each: a setup
@@ -88,8 +94,15 @@ def compare_setups(a: LoadedRun, b: LoadedRun, margin: float | None) -> list[Set
     for name in names:
         sa, sb = _setup(a.results, name), _setup(b.results, name)
         if sa is None or sb is None:
-            pairs.append(SetupPair(name, sa.status if sa else None, sb.status if sb else None, [],
-                                   note=f"only in {'the reference run' if sb is None else 'this run'}"))
+            pairs.append(
+                SetupPair(
+                    name,
+                    sa.status if sa else None,
+                    sb.status if sb else None,
+                    [],
+                    note=f"only in {'the reference run' if sb is None else 'this run'}",
+                )
+            )
             continue
         note = None
         if sa.spec.get("id") != sb.spec.get("id"):
@@ -108,8 +121,9 @@ def _setup(results: Results, name: str) -> SetupResult | None:
 def _common_tasks(a: Results, b: Results, sa: SetupResult, sb: SetupResult) -> list[str]:
     """Tasks both runs scored for this setup: the config's own and lm-eval groups, each once
     (a group's members are in the group)."""
-    return [t for t, info in a.tasks.items()
-            if t in b.tasks and t in sa.tasks and t in sb.tasks and info.entry in (None, t)]
+    return [
+        t for t, info in a.tasks.items() if t in b.tasks and t in sa.tasks and t in sb.tasks and info.entry in (None, t)
+    ]
 
 
 def _reference_only(a: Results, b: Results, sa: SetupResult, sb: SetupResult) -> list[str]:
@@ -124,9 +138,26 @@ def _missing(a: LoadedRun, b: LoadedRun, sa: SetupResult, task: str, margin: flo
     metric = info.compared_metric
     value = sa.tasks[task].metrics.get(metric)
     why = "not scored for this setup in this run" if task in b.results.tasks else "not among this run's tasks"
-    return _unchecked(TaskDelta(sa.name, task, metric, describe(metric, info.higher_is_better).higher_is_better,
-                                value.value if value else None, None, None, None, "", False, None,
-                                sa.tasks[task].n, 0, None), why, margin)
+    return _unchecked(
+        TaskDelta(
+            sa.name,
+            task,
+            metric,
+            describe(metric, info.higher_is_better).higher_is_better,
+            value.value if value else None,
+            None,
+            None,
+            None,
+            "",
+            False,
+            None,
+            sa.tasks[task].n,
+            0,
+            None,
+        ),
+        why,
+        margin,
+    )
 
 
 def _unchecked(t: TaskDelta, problem: str, margin: float | None) -> TaskDelta:
@@ -134,25 +165,43 @@ def _unchecked(t: TaskDelta, problem: str, margin: float | None) -> TaskDelta:
     return t
 
 
-def _task(a: LoadedRun, b: LoadedRun, sa: SetupResult, sb: SetupResult, task: str,
-          margin: float | None) -> TaskDelta:
+def _task(a: LoadedRun, b: LoadedRun, sa: SetupResult, sb: SetupResult, task: str, margin: float | None) -> TaskDelta:
     info_a, info_b = a.results.tasks[task], b.results.tasks[task]
     metric = info_a.compared_metric
     desc = describe(metric, info_a.higher_is_better)
     hib = desc.higher_is_better
     if info_b.compared_metric != metric:
-        return _unchecked(TaskDelta(sa.name, task, metric, hib, None, None, None, None, "", False, None,
-                                    sa.tasks[task].n, sb.tasks[task].n, None),
-                          f"compared on {metric} in the reference run, on {info_b.compared_metric} here", margin)
-    problems = [f"reference run: {p}" for p in stored_problems(a, sa, task)] \
-        + [f"this run: {p}" for p in stored_problems(b, sb, task)]
+        return _unchecked(
+            TaskDelta(
+                sa.name,
+                task,
+                metric,
+                hib,
+                None,
+                None,
+                None,
+                None,
+                "",
+                False,
+                None,
+                sa.tasks[task].n,
+                sb.tasks[task].n,
+                None,
+            ),
+            f"compared on {metric} in the reference run, on {info_b.compared_metric} here",
+            margin,
+        )
+    problems = [f"reference run: {p}" for p in stored_problems(a, sa, task)] + [
+        f"this run: {p}" for p in stored_problems(b, sb, task)
+    ]
     if problems:  # the records are not what results.json reports: no number is taken from them
         return _unchecked(_reported(sa, sb, task, metric, hib), "; ".join(problems), margin)
     ra, rb = a.records(sa.name, task, metric), b.records(sb.name, task, metric)
     reason = None
     if info_a.fingerprint != info_b.fingerprint:
-        reason = (f"different documents or prompting (data fingerprint {info_a.fingerprint[:12]} → "
-                  f"{info_b.fingerprint[:12]})")
+        reason = (
+            f"different documents or prompting (data fingerprint {info_a.fingerprint[:12]} → {info_b.fingerprint[:12]})"
+        )
     else:  # the fingerprint leaves the chat template and system prompt out: compared here
         reason = chat_difference(chat_settings(a, sa.name, task), chat_settings(b, sb.name, task))
     if not ra or not rb:
@@ -161,46 +210,123 @@ def _task(a: LoadedRun, b: LoadedRun, sa: SetupResult, sb: SetupResult, task: st
         data = paired_records(ra, rb, metric)
         if data is not None:
             seed = a.results.config.get("seed")
-            c = compare(data, task, seed if isinstance(seed, int) else 0, gates=[],
-                        higher_is_better=info_a.higher_is_better)
-            return _decided(TaskDelta(sa.name, task, metric, hib, data.base_value(), data.other_value(), c.delta,
-                                      c.ci, f"paired, {c.ci_method}", True, None, len(ra), len(rb), c.n,
-                                      c.p_value, c.flips_to_wrong, c.flips_to_right), margin, c.n)
+            c = compare(
+                data, task, seed if isinstance(seed, int) else 0, gates=[], higher_is_better=info_a.higher_is_better
+            )
+            return _decided(
+                TaskDelta(
+                    sa.name,
+                    task,
+                    metric,
+                    hib,
+                    data.base_value(),
+                    data.other_value(),
+                    c.delta,
+                    c.ci,
+                    f"paired, {c.ci_method}",
+                    True,
+                    None,
+                    len(ra),
+                    len(rb),
+                    c.n,
+                    c.p_value,
+                    c.flips_to_wrong,
+                    c.flips_to_right,
+                ),
+                margin,
+                c.n,
+            )
         reason = "no document pairs (ids or prompts differ)"
     va, da = document_values(ra, metric)
     vb, db = document_values(rb, metric)
     d = unpaired_difference(va, vb, metric, da, db)
     value_a = float(va.sum() / da.sum()) if da is not None else float(va.mean())
     value_b = float(vb.sum() / db.sum()) if db is not None else float(vb.mean())
-    return _decided(TaskDelta(sa.name, task, metric, hib, value_a, value_b, d.delta, d.ci, f"unpaired, {d.method}",
-                              False, reason, d.n_a, d.n_b, None, d.p_value), margin, min(d.n_a, d.n_b))
+    return _decided(
+        TaskDelta(
+            sa.name,
+            task,
+            metric,
+            hib,
+            value_a,
+            value_b,
+            d.delta,
+            d.ci,
+            f"unpaired, {d.method}",
+            False,
+            reason,
+            d.n_a,
+            d.n_b,
+            None,
+            d.p_value,
+        ),
+        margin,
+        min(d.n_a, d.n_b),
+    )
 
 
 def _reported(sa: SetupResult, sb: SetupResult, task: str, metric: str, hib: bool) -> TaskDelta:
     """A row with the two reported scores and nothing computed from the records."""
     ma, mb = sa.tasks[task].metrics.get(metric), sb.tasks[task].metrics.get(metric)
-    return TaskDelta(sa.name, task, metric, hib, ma.value if ma else None, mb.value if mb else None, None, None, "",
-                     False, None, sa.tasks[task].n, sb.tasks[task].n, None)
+    return TaskDelta(
+        sa.name,
+        task,
+        metric,
+        hib,
+        ma.value if ma else None,
+        mb.value if mb else None,
+        None,
+        None,
+        "",
+        False,
+        None,
+        sa.tasks[task].n,
+        sb.tasks[task].n,
+        None,
+    )
 
 
-def _from_scores(sa: SetupResult, sb: SetupResult, task: str, metric: str, hib: bool, reason: str,
-                 margin: float | None) -> TaskDelta:
+def _from_scores(
+    sa: SetupResult, sb: SetupResult, task: str, metric: str, hib: bool, reason: str, margin: float | None
+) -> TaskDelta:
     """No per-document records on a side: the difference of the two reported scores, with a
     normal interval from their standard errors where both have one."""
     ma, mb = sa.tasks[task].metrics.get(metric), sb.tasks[task].metrics.get(metric)
     na, nb = sa.tasks[task].n, sb.tasks[task].n
     if ma is None or mb is None:
-        return _unchecked(TaskDelta(sa.name, task, metric, hib, None, None, None, None, "", False, reason, na, nb,
-                                    None), f"{metric} not reported on both sides", margin)
+        return _unchecked(
+            TaskDelta(sa.name, task, metric, hib, None, None, None, None, "", False, reason, na, nb, None),
+            f"{metric} not reported on both sides",
+            margin,
+        )
     delta = mb.value - ma.value
     if ma.stderr is None or mb.stderr is None or not all(map(math.isfinite, (delta, ma.stderr, mb.stderr))):
-        return _unchecked(TaskDelta(sa.name, task, metric, hib, ma.value, mb.value, delta, None, "", False, reason,
-                                    na, nb, None), "no per-document records and no standard errors to compare",
-                          margin)
+        return _unchecked(
+            TaskDelta(sa.name, task, metric, hib, ma.value, mb.value, delta, None, "", False, reason, na, nb, None),
+            "no per-document records and no standard errors to compare",
+            margin,
+        )
     half = 1.959963984540054 * float(np.hypot(ma.stderr, mb.stderr))
-    return _decided(TaskDelta(sa.name, task, metric, hib, ma.value, mb.value, delta, (delta - half, delta + half),
-                              "unpaired, normal (reported standard errors)", False, reason, na, nb, None),
-                    margin, min(na, nb))
+    return _decided(
+        TaskDelta(
+            sa.name,
+            task,
+            metric,
+            hib,
+            ma.value,
+            mb.value,
+            delta,
+            (delta - half, delta + half),
+            "unpaired, normal (reported standard errors)",
+            False,
+            reason,
+            na,
+            nb,
+            None,
+        ),
+        margin,
+        min(na, nb),
+    )
 
 
 def _decided(t: TaskDelta, margin: float | None, n: int) -> TaskDelta:
@@ -211,5 +337,6 @@ def _decided(t: TaskDelta, margin: float | None, n: int) -> TaskDelta:
         return _unchecked(t, few, margin)
     if margin is not None and t.ci is not None:
         t.verdict = {"pass": "not worse", "fail": "worse", "inconclusive": "inconclusive"}[
-            verdict(t.ci, t.higher_is_better, margin)]
+            verdict(t.ci, t.higher_is_better, margin)
+        ]
     return t

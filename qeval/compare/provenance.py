@@ -48,8 +48,12 @@ def _setup_facts(results: Results) -> dict[str, str]:
 
 
 def _task_facts(results: Results) -> dict[str, str]:
-    return {f"{t}.{k}": str(getattr(info, k)) for t, info in results.tasks.items()
-            for k in ("fingerprint", "sha256", "n", "metric", "num_fewshot") if getattr(info, k) is not None}
+    return {
+        f"{t}.{k}": str(getattr(info, k))
+        for t, info in results.tasks.items()
+        for k in ("fingerprint", "sha256", "n", "metric", "num_fewshot")
+        if getattr(info, k) is not None
+    }
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, str]:
@@ -69,8 +73,11 @@ def flatten(value: Any, prefix: str = "") -> dict[str, str]:
 
 def _diff(prefix: str, a: dict[str, Any], b: dict[str, Any]) -> list[Change]:
     keys = list(dict.fromkeys([*a, *b]))
-    return [Change(prefix + k, _text(a.get(k)) if k in a else None, _text(b.get(k)) if k in b else None)
-            for k in keys if k not in _NOISE and _text(a.get(k)) != _text(b.get(k))]
+    return [
+        Change(prefix + k, _text(a.get(k)) if k in a else None, _text(b.get(k)) if k in b else None)
+        for k in keys
+        if k not in _NOISE and _text(a.get(k)) != _text(b.get(k))
+    ]
 
 
 def _text(value: Any) -> str | None:

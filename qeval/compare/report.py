@@ -38,8 +38,19 @@ def delta_rows(pairs: list[SetupPair], esc: Escape) -> list[list[str]]:
     rows = []
     for p in pairs:
         if not p.tasks:
-            rows.append([esc(p.setup), "", "", _status(p.status_a), _status(p.status_b), "", "", "",
-                         esc(p.note or "no task scored in both runs")])
+            rows.append(
+                [
+                    esc(p.setup),
+                    "",
+                    "",
+                    _status(p.status_a),
+                    _status(p.status_b),
+                    "",
+                    "",
+                    "",
+                    esc(p.note or "no task scored in both runs"),
+                ]
+            )
         for t in p.tasks:
             m = describe(t.metric, t.higher_is_better)
             verdict = t.verdict or ""
@@ -50,9 +61,19 @@ def delta_rows(pairs: list[SetupPair], esc: Escape) -> list[list[str]]:
             if p.note:
                 verdict = f"{verdict}; {p.note}".lstrip("; ")
             shown = t.metric + ("" if t.higher_is_better else " (lower is better)")
-            rows.append([esc(p.setup), esc(t.task), esc(shown),
-                         "—" if t.value_a is None else m.fmt(t.value_a), "—" if t.value_b is None else m.fmt(t.value_b),
-                         _delta(t), _n(t), esc(t.method or "not compared"), esc(verdict)])
+            rows.append(
+                [
+                    esc(p.setup),
+                    esc(t.task),
+                    esc(shown),
+                    "—" if t.value_a is None else m.fmt(t.value_a),
+                    "—" if t.value_b is None else m.fmt(t.value_b),
+                    _delta(t),
+                    _n(t),
+                    esc(t.method or "not compared"),
+                    esc(verdict),
+                ]
+            )
     return rows
 
 
@@ -76,48 +97,91 @@ def _n(t: TaskDelta) -> str:
 
 
 def _legend(margin: float | None) -> str:
-    gate = ("" if margin is None else
-            f" Verdict with --fail-on-regression {margin:g} (in each metric's units: 0.02 is 2 points of accuracy): "
-            "worse when the whole interval lies beyond the margin on the bad side, not worse when within it, "
-            "inconclusive otherwise; unchecked when there is no evidence to decide (not scored here, records that "
-            "are not what results.json reports, fewer than 6 documents), which fails the gate.")
-    return ("Δ is this run minus the reference run. Paired: the documents both runs scored on the same data "
-            "(fingerprint), with the statistics a setup gets against its baseline (Newcombe's paired interval "
-            "for accuracies, a t-interval for bits per byte; docs/statistics.md). Unpaired: the runs scored "
-            "different documents or prompts, so the interval is Newcombe's for independent proportions or "
-            "Welch's, and is wider." + gate)
+    gate = (
+        ""
+        if margin is None
+        else f" Verdict with --fail-on-regression {margin:g} (in each metric's units: 0.02 is 2 points of accuracy): "
+        "worse when the whole interval lies beyond the margin on the bad side, not worse when within it, "
+        "inconclusive otherwise; unchecked when there is no evidence to decide (not scored here, records that "
+        "are not what results.json reports, fewer than 6 documents), which fails the gate."
+    )
+    return (
+        "Δ is this run minus the reference run. Paired: the documents both runs scored on the same data "
+        "(fingerprint), with the statistics a setup gets against its baseline (Newcombe's paired interval "
+        "for accuracies, a t-interval for bits per byte; docs/statistics.md). Unpaired: the runs scored "
+        "different documents or prompts, so the interval is Newcombe's for independent proportions or "
+        "Welch's, and is wider." + gate
+    )
 
 
 def render_markdown(c: RunComparison) -> str:
     """compare.md."""
     lines = ["# qeval compare", "", "Runs (the first is the reference each other run is compared with):", ""]
-    lines += md_table(["#", "run", "config", "config hash", "qeval", "finished"],
-                      [[str(i + 1), md_text(r.path), md_text(r.results.run.name), r.results.run.config_hash[:12],
-                        md_text(r.results.run.qeval_version), md_text(r.results.run.finished or "—")]
-                       for i, r in enumerate(c.runs)])
+    lines += md_table(
+        ["#", "run", "config", "config hash", "qeval", "finished"],
+        [
+            [
+                str(i + 1),
+                md_text(r.path),
+                md_text(r.results.run.name),
+                r.results.run.config_hash[:12],
+                md_text(r.results.run.qeval_version),
+                md_text(r.results.run.finished or "—"),
+            ]
+            for i, r in enumerate(c.runs)
+        ],
+    )
     regressions, unchecked = c.regressions(), c.unchecked()
     if c.margin is not None:
-        lines += ["", f"**Regressions beyond {c.margin:g}:** "
-                  + ("; ".join(md_text(x) for x in regressions) if regressions else "none found") + "."]
+        lines += [
+            "",
+            f"**Regressions beyond {c.margin:g}:** "
+            + ("; ".join(md_text(x) for x in regressions) if regressions else "none found")
+            + ".",
+        ]
     if unchecked:
-        lines += ["", f"**Not checked ({len(unchecked)}{'; the gate fails' if c.margin is not None else ''}):** "
-                  + "; ".join(md_text(x) for x in unchecked) + "."]
+        lines += [
+            "",
+            f"**Not checked ({len(unchecked)}{'; the gate fails' if c.margin is not None else ''}):** "
+            + "; ".join(md_text(x) for x in unchecked)
+            + ".",
+        ]
     for other in c.others:
-        lines += ["", f"## {md_text(other.run.path)} against {md_text(c.runs[0].path)}", "",
-                  *md_table(DELTA_HEADER, delta_rows(other.setups, md_text)), "", _legend(c.margin), "",
-                  "### What changed", ""]
+        lines += [
+            "",
+            f"## {md_text(other.run.path)} against {md_text(c.runs[0].path)}",
+            "",
+            *md_table(DELTA_HEADER, delta_rows(other.setups, md_text)),
+            "",
+            _legend(c.margin),
+            "",
+            "### What changed",
+            "",
+        ]
         if other.changes:
-            lines += md_table(CHANGE_HEADER, [[md_text(ch.what), md_text(ch.a or "—"), md_text(ch.b or "—")]
-                                              for ch in other.changes])
+            lines += md_table(
+                CHANGE_HEADER, [[md_text(ch.what), md_text(ch.a or "—"), md_text(ch.b or "—")] for ch in other.changes]
+            )
         else:
-            lines += ["Nothing the runs recorded differs (qeval, engine and library versions, checksums, device, "
-                      "config, task data)."]
-    lines += ["", "## History", "", "Each setup's compared metric per task, runs in the order they finished "
-              "(accuracies in percent).", ""]
+            lines += [
+                "Nothing the runs recorded differs (qeval, engine and library versions, checksums, device, "
+                "config, task data)."
+            ]
+    lines += [
+        "",
+        "## History",
+        "",
+        "Each setup's compared metric per task, runs in the order they finished (accuracies in percent).",
+        "",
+    ]
     for task in c.history.metrics:
         header, rows = c.history.rows(task)
-        lines += [f"### {md_text(task)}", "", *md_table([md_text(h) for h in header],
-                                                        [[md_text(x) for x in row] for row in rows]), ""]
+        lines += [
+            f"### {md_text(task)}",
+            "",
+            *md_table([md_text(h) for h in header], [[md_text(x) for x in row] for row in rows]),
+            "",
+        ]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -181,29 +245,69 @@ def _plot(make: Callable[[], str]) -> str:
 
 def render_html(c: RunComparison) -> str:
     """compare.html (self-contained: inline CSS and SVG)."""
-    runs = [[str(i + 1), str(r.path), r.results.run.name, r.results.run.config_hash[:12], r.results.run.qeval_version,
-             r.results.run.finished or "—"] for i, r in enumerate(c.runs)]
-    others = [{"title": f"{o.run.path} against {c.runs[0].path}", "rows": delta_rows(o.setups, str),
-               "changes": [[ch.what, ch.a or "—", ch.b or "—"] for ch in o.changes]} for o in c.others]
+    runs = [
+        [
+            str(i + 1),
+            str(r.path),
+            r.results.run.name,
+            r.results.run.config_hash[:12],
+            r.results.run.qeval_version,
+            r.results.run.finished or "—",
+        ]
+        for i, r in enumerate(c.runs)
+    ]
+    others = [
+        {
+            "title": f"{o.run.path} against {c.runs[0].path}",
+            "rows": delta_rows(o.setups, str),
+            "changes": [[ch.what, ch.a or "—", ch.b or "—"] for ch in o.changes],
+        }
+        for o in c.others
+    ]
     return _ENV.from_string(_TEMPLATE).render(
-        runs=runs, margin=None if c.margin is None else f"{c.margin:g}", regressions=c.regressions(),
-        unchecked=c.unchecked(), others=others,
-        delta_header=DELTA_HEADER, change_header=CHANGE_HEADER, legend=_legend(c.margin),
-        plot=_plot(lambda: svg_of(history_figure, c.history)), history_runs=c.history.runs,
-        history=[(t, *c.history.rows(t)) for t in c.history.metrics])
+        runs=runs,
+        margin=None if c.margin is None else f"{c.margin:g}",
+        regressions=c.regressions(),
+        unchecked=c.unchecked(),
+        others=others,
+        delta_header=DELTA_HEADER,
+        change_header=CHANGE_HEADER,
+        legend=_legend(c.margin),
+        plot=_plot(lambda: svg_of(history_figure, c.history)),
+        history_runs=c.history.runs,
+        history=[(t, *c.history.rows(t)) for t in c.history.metrics],
+    )
 
 
 def comparison_json(c: RunComparison) -> dict[str, Any]:
     """compare.json: the runs, each later run's per-setup deltas and provenance changes, the
     history and the regressions."""
-    return {"compare_version": 1, "margin": c.margin, "gate": c.gate(), "regressions": c.regressions(),
-            "unchecked": c.unchecked(),
-            "runs": [{"path": str(r.path), "name": r.results.run.name, "config_hash": r.results.run.config_hash,
-                      "finished": r.results.run.finished} for r in c.runs],
-            "comparisons": [{"reference": str(c.runs[0].path), "run": str(o.run.path),
-                             "setups": [dataclasses.asdict(p) for p in o.setups],
-                             "changes": [dataclasses.asdict(ch) for ch in o.changes]} for o in c.others],
-            "history": dataclasses.asdict(c.history)}
+    return {
+        "compare_version": 1,
+        "margin": c.margin,
+        "gate": c.gate(),
+        "regressions": c.regressions(),
+        "unchecked": c.unchecked(),
+        "runs": [
+            {
+                "path": str(r.path),
+                "name": r.results.run.name,
+                "config_hash": r.results.run.config_hash,
+                "finished": r.results.run.finished,
+            }
+            for r in c.runs
+        ],
+        "comparisons": [
+            {
+                "reference": str(c.runs[0].path),
+                "run": str(o.run.path),
+                "setups": [dataclasses.asdict(p) for p in o.setups],
+                "changes": [dataclasses.asdict(ch) for ch in o.changes],
+            }
+            for o in c.others
+        ],
+        "history": dataclasses.asdict(c.history),
+    }
 
 
 def write_comparison(out: Path, c: RunComparison) -> tuple[Path, Path, Path]:
@@ -211,8 +315,11 @@ def write_comparison(out: Path, c: RunComparison) -> tuple[Path, Path, Path]:
     becomes a path), as a set: all three rendered before anything is written, each written to
     a temporary file, and only then all three renamed into place, so the folder never holds
     files of two comparisons. A folder that cannot hold them is one UserError."""
-    contents = [render_markdown(c).encode(), render_html(c).encode(),
-                (json.dumps(_finite(comparison_json(c)), indent=2, allow_nan=False) + "\n").encode()]
+    contents = [
+        render_markdown(c).encode(),
+        render_html(c).encode(),
+        (json.dumps(_finite(comparison_json(c)), indent=2, allow_nan=False) + "\n").encode(),
+    ]
     paths = out / "compare.md", out / "compare.html", out / "compare.json"
     _check_output(out, paths)
     temps: list[Path] = []
@@ -232,8 +339,9 @@ def _check_output(out: Path, paths: tuple[Path, ...]) -> None:
     """`out` is a folder qeval can create or write into, and none of the three names in it is
     a folder: one UserError otherwise, before anything is written."""
     if out.exists() and not out.is_dir():
-        raise UserError(f"--output {out}: exists and is not a folder (give a folder for compare.md, compare.html "
-                        "and compare.json)")
+        raise UserError(
+            f"--output {out}: exists and is not a folder (give a folder for compare.md, compare.html and compare.json)"
+        )
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

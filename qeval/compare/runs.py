@@ -56,8 +56,9 @@ class LoadedRun:
         members = self.members(task)
         if members == [task]:
             return self.stored_records(setup, task, metric)
-        return [r | {"sample_id": f"{m}/{r['sample_id']}"} for m in members
-                for r in self.stored_records(setup, m, metric)]
+        return [
+            r | {"sample_id": f"{m}/{r['sample_id']}"} for m in members for r in self.stored_records(setup, m, metric)
+        ]
 
     def stored_records(self, setup: str, task: str, metric: str) -> list[dict[str, Any]]:
         """One stored task's records, checked (read once per metric)."""
@@ -111,13 +112,15 @@ def _record_problem(rec: dict[str, Any], metric: str, seen: set[str | int]) -> s
         reps = rec["repeats"]
         if not isinstance(reps, list) or not all(isinstance(r, dict) for r in reps):
             return "repeats must be a list of objects"
-        problem = next((p for r in reps if (p := _number_problem(r, "repeats[].correct", r.get("correct"), 0.0, 1.0))),
-                       None)
+        problem = next(
+            (p for r in reps if (p := _number_problem(r, "repeats[].correct", r.get("correct"), 0.0, 1.0))), None
+        )
     return problem
 
 
-def _number_problem(rec: dict[str, Any], name: str, value: Any, low: float | None = None,
-                    high: float | None = None) -> str | None:
+def _number_problem(
+    rec: dict[str, Any], name: str, value: Any, low: float | None = None, high: float | None = None
+) -> str | None:
     """Why `value` is not a finite number within [low, high] (a bool counts as 0 or 1), or None."""
     if name not in rec and not name.startswith(("metrics.", "repeats")):
         return f"no {name}"
@@ -157,8 +160,9 @@ def hold_lock(path: Path) -> IO[bytes] | None:
     except BlockingIOError:
         pid = handle.read(32).decode("ascii", "replace").strip() or "unknown"
         handle.close()
-        raise UserError(f"{path}: a qeval run (PID {pid}) is writing to it; compare it once that run has "
-                        "finished") from None
+        raise UserError(
+            f"{path}: a qeval run (PID {pid}) is writing to it; compare it once that run has finished"
+        ) from None
     return handle
 
 
@@ -169,8 +173,9 @@ def load_run(path: Path) -> LoadedRun:
     if not path.is_dir():
         raise UserError(f"{path}: not a directory (give a qeval run directory)")
     if (path / "sweep.json").is_file() and not (path / "results.json").exists():
-        raise UserError(f"{path}: a sweep of several models: compare its models' run directories "
-                        f"({path}/models/<model>)")
+        raise UserError(
+            f"{path}: a sweep of several models: compare its models' run directories ({path}/models/<model>)"
+        )
     if not (path / "results.json").exists():
         raise UserError(f"{path}: not a qeval run directory (no results.json)")
     lock = hold_lock(path)  # before results.json is read: a run started now is refused until compare ends

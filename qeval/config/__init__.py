@@ -12,5 +12,12 @@ from qeval.config.run import (
     load_config,
 )
 
-__all__ = ["ModelSpec", "RunConfig", "case_collisions", "config_from_dict", "first_error", "folder_names_problem",
-           "load_config"]
+__all__ = [
+    "ModelSpec",
+    "RunConfig",
+    "case_collisions",
+    "config_from_dict",
+    "first_error",
+    "folder_names_problem",
+    "load_config",
+]

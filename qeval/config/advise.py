@@ -39,8 +39,10 @@ def parse_advice_budget(text: str, where: str = "--budget") -> AdviceBudget:
     naming `where` (the option or the config key)."""
     m = _BUDGET.fullmatch(text)
     if not m or m.group(2) is None:
-        raise UserError(f"{where} {text!r}: give average bits per weight (e.g. 4.5bpw) or memory "
-                        "at the target context (e.g. 350MiB, 2GiB, 123456B)")
+        raise UserError(
+            f"{where} {text!r}: give average bits per weight (e.g. 4.5bpw) or memory "
+            "at the target context (e.g. 350MiB, 2GiB, 123456B)"
+        )
     unit = m.group(2).lower()
     value = float(m.group(1))  # a 400-digit number is inf here: refused below, not overflowed later
     shown = text if len(text) <= 40 else text[:20] + "…" + text[-10:]
@@ -48,8 +50,10 @@ def parse_advice_budget(text: str, where: str = "--budget") -> AdviceBudget:
         raise UserError(f"{where} {shown!r}: must be positive")
     if unit in ("bpw", "bits"):
         if not math.isfinite(value) or value > MAX_BITS:
-            raise UserError(f"{where} {shown!r}: at most {MAX_BITS:g} bits per weight (the model's own 16-bit "
-                            "weights: every layer kept)")
+            raise UserError(
+                f"{where} {shown!r}: at most {MAX_BITS:g} bits per weight (the model's own 16-bit "
+                "weights: every layer kept)"
+            )
         return AdviceBudget("bits", value)
     size = value * _UNITS[unit]
     if not math.isfinite(size) or size > MAX_BYTES:
@@ -62,8 +66,9 @@ class AdviseSpec(Strict):
     sensitivity for `target`, chooses the units to keep under `budget`, and the run adds the
     advised setup (named `name`) to its setups. The same knobs as `qeval advise`'s options."""
 
-    budget: str = Field(description="average bits per decoder-linear weight (5bpw) or memory at "
-                                    "budget.context_len (350MiB)")
+    budget: str = Field(
+        description="average bits per decoder-linear weight (5bpw) or memory at budget.context_len (350MiB)"
+    )
     #: the setup whose precision is lowered; default the config's first int4 (then int8) quanto setup
     target: str | None = Field(default=None, pattern=NAME_PATTERN)
     #: calibration text (plain paragraphs, or JSON Lines with `text`); default the run's perplexity task

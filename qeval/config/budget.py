@@ -20,5 +20,7 @@ class Budget(Strict):
 
     def describe(self) -> str:
         """One line for reports: what the budget is and what it holds back."""
-        return (f"{self.gpu_memory_gib:g} GiB x {self.utilization:g} utilization, {self.overhead_gib:g} GiB runtime "
-                f"overhead, {self.margin:.0%} fragmentation margin, {self.context_len}-token sequences")
+        return (
+            f"{self.gpu_memory_gib:g} GiB x {self.utilization:g} utilization, {self.overhead_gib:g} GiB runtime "
+            f"overhead, {self.margin:.0%} fragmentation margin, {self.context_len}-token sequences"
+        )

@@ -59,6 +59,7 @@ class ChatChoice:
 def merge_chat(run: ChatKeys, task: ChatKeys | None = None) -> ChatChoice:
     """The task's own keys over the run's; `fewshot_as_multiturn` defaults to lm-eval's
     `simple_evaluate` (true) under a template and is meaningless without one."""
+
     def pick(name: str) -> object:
         value = getattr(task, name, None) if task is not None else None
         return value if value is not None else getattr(run, name)
@@ -68,9 +69,11 @@ def merge_chat(run: ChatKeys, task: ChatKeys | None = None) -> ChatChoice:
     on = template is not None and template is not False
     if multiturn and not on:
         raise ValueError("fewshot_as_multiturn: true needs a chat template (chat_template: true or a template name)")
-    return ChatChoice(template=template if on else None,  # type: ignore[arg-type]
-                      system_prompt=pick("system_prompt"),  # type: ignore[arg-type]
-                      fewshot_as_multiturn=bool(on if multiturn is None else multiturn))
+    return ChatChoice(
+        template=template if on else None,  # type: ignore[arg-type]
+        system_prompt=pick("system_prompt"),  # type: ignore[arg-type]
+        fewshot_as_multiturn=bool(on if multiturn is None else multiturn),
+    )
 
 
 def merge_think_end(run: ChatKeys, task: ChatKeys | None = None) -> str | None:

@@ -16,24 +16,41 @@ class Gate(Strict):
     99%; on a suite, of its average)."""
 
     task: str = "all"
-    max_drop: float | None = Field(default=None, gt=0, description="the largest drop allowed, in the metric's units "
-                                                                   "(a share of the baseline's value with relative)")
+    max_drop: float | None = Field(
+        default=None,
+        gt=0,
+        description="the largest drop allowed, in the metric's units (a share of the baseline's value with relative)",
+    )
     relative: bool = False
-    min_recovery: float | None = Field(default=None, gt=0, le=1, description="the smallest share of the baseline's "
-                                                                           "score the setup must keep (0.99 = 99%)")
+    min_recovery: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="the smallest share of the baseline's score the setup must keep (0.99 = 99%)",
+    )
     #: qeval/tasks/long_context/tasks.py resolves it to one generated task
     length: int | Literal["budget"] | None = Field(
-        default=None, description="a long-context gate's length in tokens, or `budget` (budget.context_len); its "
-                                  "task is then a long-context family, `all` meaning each of them")
+        default=None,
+        description="a long-context gate's length in tokens, or `budget` (budget.context_len); its "
+        "task is then a long-context family, `all` meaning each of them",
+    )
 
     #: qeval/tasks/multi_turn/tasks.py resolves it to the task of that turn
-    turn: int | None = Field(default=None, ge=2, description="a multi-turn gate's question turn (its task is then "
-                                                             "multi_turn): the gate applies to that turn's task")
+    turn: int | None = Field(
+        default=None,
+        ge=2,
+        description="a multi-turn gate's question turn (its task is then "
+        "multi_turn): the gate applies to that turn's task",
+    )
     #: qeval/tasks/generation/results.py judges it on the bucket's Δ NLL per token
-    position: int | None = Field(default=None, ge=0, description="a generation task's bucket of generated positions "
-                                                                 "(its lower edge, one of generation_divergence's "
-                                                                 "position_buckets): max_drop is then the largest "
-                                                                 "rise of the baseline's tokens' NLL, in nats a token")
+    position: int | None = Field(
+        default=None,
+        ge=0,
+        description="a generation task's bucket of generated positions "
+        "(its lower edge, one of generation_divergence's "
+        "position_buckets): max_drop is then the largest "
+        "rise of the baseline's tokens' NLL, in nats a token",
+    )
 
     @model_validator(mode="after")
     def _one(self) -> Gate:

@@ -77,14 +77,25 @@ def _suite(*entries: tuple[str, int, str]) -> list[LmEvalTask]:
 
 #: The Open LLM Leaderboard v1 selection, as Red Hat's and llm-compressor's model cards report
 #: recovery on it: the shot counts and metrics of the leaderboard.
-_OPENLLM_V1 = [("arc_challenge", 25, "acc_norm"), ("hellaswag", 10, "acc_norm"), ("mmlu", 5, "acc"),
-               ("truthfulqa_mc2", 0, "acc"), ("winogrande", 5, "acc"), ("gsm8k", 5, "exact_match,strict-match")]
+_OPENLLM_V1 = [
+    ("arc_challenge", 25, "acc_norm"),
+    ("hellaswag", 10, "acc_norm"),
+    ("mmlu", 5, "acc"),
+    ("truthfulqa_mc2", 0, "acc"),
+    ("winogrande", 5, "acc"),
+    ("gsm8k", 5, "exact_match,strict-match"),
+]
 
 SUITES: dict[str, list[LmEvalTask]] = {
     "openllm-v1": _suite(*_OPENLLM_V1),
     # the same selection on the offline fixtures that ship in tasks/lm_eval (include_path: [tasks/lm_eval]);
     # few-shot counts capped by the fixtures' small few-shot pools
-    "openllm-v1-local": _suite(("arc_challenge_local", 5, "acc_norm"), ("hellaswag_local", 5, "acc_norm"),
-                               ("mmlu_local", 5, "acc"), ("truthfulqa_mc2_local", 0, "acc"),
-                               ("winogrande_local", 5, "acc"), ("gsm8k_local", 3, "exact_match,strict-match")),
+    "openllm-v1-local": _suite(
+        ("arc_challenge_local", 5, "acc_norm"),
+        ("hellaswag_local", 5, "acc_norm"),
+        ("mmlu_local", 5, "acc"),
+        ("truthfulqa_mc2_local", 0, "acc"),
+        ("winogrande_local", 5, "acc"),
+        ("gsm8k_local", 3, "exact_match,strict-match"),
+    ),
 }

@@ -135,22 +135,33 @@ class RunConfig(ChatKeys):
         if self.candidate is not None and self.candidate not in names:
             raise ValueError(f"candidate {self.candidate!r} is not a setup of this config")
         for gate in self.gates:  # lm-eval group members are known only once loaded: checked at preflight
-            if gate.task != "all" and gate.task not in self.tasks and not self.lm_eval and not self.long_context \
-                    and not self.kinds:
+            if (
+                gate.task != "all"
+                and gate.task not in self.tasks
+                and not self.lm_eval
+                and not self.long_context
+                and not self.kinds
+            ):
                 raise ValueError(f"gate names task {gate.task!r}, which the run does not score")
         perf = self.performance
         if perf.enabled and perf.input_len + perf.output_len > self.model.max_context:
-            raise ValueError(f"performance: input_len {perf.input_len} + output_len {perf.output_len} exceeds "
-                             f"model.max_context {self.model.max_context}")
+            raise ValueError(
+                f"performance: input_len {perf.input_len} + output_len {perf.output_len} exceeds "
+                f"model.max_context {self.model.max_context}"
+            )
         if perf.enabled and perf.from_workload and (self.workload is None or self.backend != "hf"):
-            raise ValueError("performance.from_workload needs a workload: block and backend hf (on vllm the "
-                             "workload is served by the serving phase: recommend_by goodput, or qeval goodput)")
+            raise ValueError(
+                "performance.from_workload needs a workload: block and backend hf (on vllm the "
+                "workload is served by the serving phase: recommend_by goodput, or qeval goodput)"
+            )
         if self.serving is not None and (self.workload is None or self.workload.slo is None):
             raise ValueError("serving: needs a workload: block with an slo: (the traffic and the targets)")
         if self.recommend_by == "goodput":
             if self.workload is None or self.workload.slo is None or self.serving is None:
-                raise ValueError("recommend_by goodput needs a workload: block with an slo: and a serving: block "
-                                 "(the load levels and the engine settings to tune)")
+                raise ValueError(
+                    "recommend_by goodput needs a workload: block with an slo: and a serving: block "
+                    "(the load levels and the engine settings to tune)"
+                )
             # whether the backend serves it is its registry entry's to say (run/preflight.py)
         elif self.recommend_by != "concurrency" and not perf.enabled:
             raise ValueError(f"recommend_by {self.recommend_by} needs the performance phase (performance.enabled)")
@@ -172,11 +183,15 @@ class RunConfig(ChatKeys):
         (`sequential` while off), so a config that uses none of them reads and hashes as before
         those keys existed, and
         `tracking` always (it changes no number, and its URI may carry credentials)."""
-        unset = ({"kinds"} if not self.kinds else set()) | ({"advise"} if self.advise is None else set()) \
-            | ({"server"} if self.server is None else set()) | ({"workload"} if self.workload is None else set()) \
-            | ({"serving"} if self.serving is None else set()) \
-            | ({"generation_divergence"} if self.generation_divergence is None else set()) \
+        unset = (
+            ({"kinds"} if not self.kinds else set())
+            | ({"advise"} if self.advise is None else set())
+            | ({"server"} if self.server is None else set())
+            | ({"workload"} if self.workload is None else set())
+            | ({"serving"} if self.serving is None else set())
+            | ({"generation_divergence"} if self.generation_divergence is None else set())
             | ({"sequential"} if not self.sequential_on else set())
+        )
         out = self.model_dump(mode="json", exclude={"tracking"} | unset)
         for gate in out.get("gates") or []:  # a gate's turn and position likewise (multi_turn, generation_divergence)
             for key in ("turn", "position"):
@@ -210,8 +225,10 @@ def folder_names_problem(names: list[str], what: str) -> str:
         return f"duplicate {what} names: {', '.join(dupes)}"
     folded = case_collisions(names)
     if folded:
-        return (f"{what} names {folded} differ only in case: their folders would be one on a case-insensitive "
-                "file system (macOS, Windows)")
+        return (
+            f"{what} names {folded} differ only in case: their folders would be one on a case-insensitive "
+            "file system (macOS, Windows)"
+        )
     return ""
 
 
@@ -234,8 +251,10 @@ def first_error(exc: ValidationError) -> str:
         msg = "unknown key"
     elif err["type"] == "string_pattern_mismatch":
         shown = str(err.get("input"))
-        msg = (f"{shown[:40] + '…' if len(shown) > 40 else shown!r} is not allowed as a name: use letters, digits, "
-               "'.', '_' and '-', starting with a letter or digit, at most 100 characters")
+        msg = (
+            f"{shown[:40] + '…' if len(shown) > 40 else shown!r} is not allowed as a name: use letters, digits, "
+            "'.', '_' and '-', starting with a letter or digit, at most 100 characters"
+        )
     return f"{where}: {msg}" if where else msg
 
 
@@ -246,13 +265,16 @@ def load_config(path: Path) -> RunConfig:
     if not isinstance(raw, dict):
         raise UserError(f"{path}: expected a mapping at the top level")
     if "models" in raw:
-        raise UserError(f"{path}: lists several models (a sweep): `qeval run` and `qeval validate` take it; "
-                        "this command takes a config of one model")
+        raise UserError(
+            f"{path}: lists several models (a sweep): `qeval run` and `qeval validate` take it; "
+            "this command takes a config of one model"
+        )
     return config_from_dict(raw, path)
 
 
-def config_from_dict(raw: dict[str, object], path: Path, where: str = "",
-                     own: frozenset[str] | None = None) -> RunConfig:
+def config_from_dict(
+    raw: dict[str, object], path: Path, where: str = "", own: frozenset[str] | None = None
+) -> RunConfig:
     """A RunConfig from a config file's mapping. `where` prefixes errors (a sweep's model), those
     in the keys `own` names where given: a sweep's shared keys are written once, at the top."""
     try:
@@ -263,8 +285,12 @@ def config_from_dict(raw: dict[str, object], path: Path, where: str = "",
         raise UserError(f"{path}: {prefix}{first_error(exc)}") from None
     cfg.model.path = _resolve(cfg.model.path, path.parent, must_exist=False)
     first = cfg.model.path.split("/", 1)[0]
-    if not Path(cfg.model.path).exists() and "/" in cfg.model.path and first and any(
-            (b / first).is_dir() for b in (Path.cwd(), path.parent, path.parent.parent)):
+    if (
+        not Path(cfg.model.path).exists()
+        and "/" in cfg.model.path
+        and first
+        and any((b / first).is_dir() for b in (Path.cwd(), path.parent, path.parent.parent))
+    ):
         # `models/qeval-tinyy`: a typo of a local path, not a hub id (org/name) to try online
         raise UserError(f"{path}: model path {cfg.model.path} not found (a folder {first}/ exists, but not this one)")
     # only qeval's own tasks are read from tasks_dir: a config of lm-eval or long-context tasks needs none
@@ -279,10 +305,12 @@ def config_from_dict(raw: dict[str, object], path: Path, where: str = "",
     if cal.path:
         cal.path = _resolve(cal.path, path.parent, must_exist=False)
     if cfg.lm_eval:
-        cfg.lm_eval.include_path = [_resolve(p, path.parent, must_exist=True, key="lm_eval.include_path")
-                                    for p in cfg.lm_eval.include_path]
-        cfg.lm_eval.data_dirs = [_resolve(p, path.parent, must_exist=True, key="lm_eval.data_dirs")
-                                 for p in cfg.lm_eval.data_dirs]
+        cfg.lm_eval.include_path = [
+            _resolve(p, path.parent, must_exist=True, key="lm_eval.include_path") for p in cfg.lm_eval.include_path
+        ]
+        cfg.lm_eval.data_dirs = [
+            _resolve(p, path.parent, must_exist=True, key="lm_eval.data_dirs") for p in cfg.lm_eval.data_dirs
+        ]
         for t in cfg.lm_eval.tasks:
             if t.dataset_path:  # a local dataset folder, else a hub id left as it is
                 t.dataset_path = _resolve(t.dataset_path, path.parent, must_exist=False)

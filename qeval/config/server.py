@@ -69,8 +69,10 @@ def insecure_key_problem(base_url: str | None, api_key_env: str | None, allowed:
     parts = urlsplit(base_url)
     if parts.scheme != "http" or is_loopback(parts.hostname or ""):
         return None
-    return (f"server: the API key ({api_key_env}) would be sent in clear over plain http to {parts.hostname}; "
-            "use https, or set server.allow_insecure_key: true if that is intended")
+    return (
+        f"server: the API key ({api_key_env}) would be sent in clear over plain http to {parts.hostname}; "
+        "use https, or set server.allow_insecure_key: true if that is intended"
+    )
 
 
 class ServerSpec(Strict):
@@ -123,8 +125,10 @@ class ServerSpec(Strict):
                 raise ValueError(f"command: {part!r}: {exc} (a literal brace is written {{{{ or }}}})") from None
             for name in names:
                 if name not in COMMAND_FIELDS:
-                    raise ValueError(f"command: unknown placeholder {{{name}}} (known: "
-                                     f"{', '.join('{' + f + '}' for f in COMMAND_FIELDS)})")
+                    raise ValueError(
+                        f"command: unknown placeholder {{{name}}} (known: "
+                        f"{', '.join('{' + f + '}' for f in COMMAND_FIELDS)})"
+                    )
         return value
 
     @model_validator(mode="after")

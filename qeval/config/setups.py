@@ -67,8 +67,10 @@ class Setup(BaseModel):
         if isinstance(value, tuple):
             for pattern in value:
                 if not isinstance(pattern, str) or not _KEEP_PATTERN.fullmatch(pattern):
-                    raise ValueError(f"keep pattern {pattern!r} is not a module-name pattern "
-                                     "(letters, digits, . _ - and the wildcards * ? [ ])")
+                    raise ValueError(
+                        f"keep pattern {pattern!r} is not a module-name pattern "
+                        "(letters, digits, . _ - and the wildcards * ? [ ])"
+                    )
             value = tuple(sorted(set(value)))  # order and repeats do not change the setup
         return value
 
@@ -77,8 +79,10 @@ class Setup(BaseModel):
     def _archived(cls, value: object) -> object:
         archived = ("autogptq", "auto_gptq", "autoawq", "auto_awq")
         if isinstance(value, str) and value.lower().replace("-", "_") in archived:
-            raise ValueError(f"{value} is archived upstream and not offered; method gptq or awq makes those "
-                             "checkpoints with llm-compressor (`qeval quantize`)")
+            raise ValueError(
+                f"{value} is archived upstream and not offered; method gptq or awq makes those "
+                "checkpoints with llm-compressor (`qeval quantize`)"
+            )
         return value
 
     @model_validator(mode="after")
@@ -93,8 +97,10 @@ class Setup(BaseModel):
         if self.keep and not quantized:
             raise ValueError(f"setup {self.name}: keep needs int8 or int4 weights (something to keep layers from)")
         if self.keep and self.method in ("bnb", "torchao"):
-            raise ValueError(f"setup {self.name}: keep is served by quanto (method rtn) or by an llm-compressor "
-                             f"checkpoint (gptq, awq, w8a8, w4a8), not by {self.method}")
+            raise ValueError(
+                f"setup {self.name}: keep is served by quanto (method rtn) or by an llm-compressor "
+                f"checkpoint (gptq, awq, w8a8, w4a8), not by {self.method}"
+            )
         return self
 
     @property
@@ -123,11 +129,15 @@ class Setup(BaseModel):
             return ""
         kept = [n for n in module_names if self.keeps(n)]
         if not kept:
-            return (f"setup {self.name}: no keep pattern matches a linear layer of this model "
-                    f"(names look like {module_names[0]})")
+            return (
+                f"setup {self.name}: no keep pattern matches a linear layer of this model "
+                f"(names look like {module_names[0]})"
+            )
         if len(kept) == len(module_names):
-            return (f"setup {self.name}: keep matches every linear layer of this model ({len(kept)}): nothing "
-                    f"would be quantized: the baseline labelled {self.weights}; keep fewer layers")
+            return (
+                f"setup {self.name}: keep matches every linear layer of this model ({len(kept)}): nothing "
+                f"would be quantized: the baseline labelled {self.weights}; keep fewer layers"
+            )
         return ""
 
     @property

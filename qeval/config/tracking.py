@@ -27,11 +27,18 @@ INSTALL_HINT = "pip install 'qeval[tracking]'"
 class MlflowSpec(Strict):
     """One MLflow tracking destination: a run becomes a parent run there, one child per setup."""
 
-    tracking_uri: str = Field(min_length=1, description="http(s)://host:port of a tracking server, a database "
-                                                        "URI (sqlite:///mlflow.db), or a local file store "
-                                                        "(file:///path/mlruns)")
-    experiment: str = Field(default="qeval", min_length=1, max_length=500,
-                            description="the MLflow experiment the runs are logged under; created when missing")
+    tracking_uri: str = Field(
+        min_length=1,
+        description="http(s)://host:port of a tracking server, a database "
+        "URI (sqlite:///mlflow.db), or a local file store "
+        "(file:///path/mlruns)",
+    )
+    experiment: str = Field(
+        default="qeval",
+        min_length=1,
+        max_length=500,
+        description="the MLflow experiment the runs are logged under; created when missing",
+    )
     #: one HTTP request's limit: a server that accepts and never answers must not hold the run
     timeout_s: int = Field(default=30, gt=0, le=600)
     #: retries of one HTTP request (MLflow's own default, 7 with exponential backoff, waits for

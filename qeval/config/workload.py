@@ -77,8 +77,7 @@ class PercentileLength(Strict):
 
 
 #: a length distribution, by its `family`
-LengthSpec = Annotated[FixedLength | UniformLength | LogNormalLength | PercentileLength,
-                       Field(discriminator="family")]
+LengthSpec = Annotated[FixedLength | UniformLength | LogNormalLength | PercentileLength, Field(discriminator="family")]
 
 
 class SloSpec(Strict):
@@ -99,8 +98,16 @@ class SloSpec(Strict):
 
     def targets(self) -> dict[str, float]:
         """The targets given, by name."""
-        return {k: v for k, v in (("ttft_ms", self.ttft_ms), ("tpot_ms", self.tpot_ms), ("itl_ms", self.itl_ms),
-                                  ("e2e_ms", self.e2e_ms)) if v is not None}
+        return {
+            k: v
+            for k, v in (
+                ("ttft_ms", self.ttft_ms),
+                ("tpot_ms", self.tpot_ms),
+                ("itl_ms", self.itl_ms),
+                ("e2e_ms", self.e2e_ms),
+            )
+            if v is not None
+        }
 
 
 _TRACE_ONLY = ("format", "custom_output_len")

@@ -20,8 +20,10 @@ def check_name(kind: str, name: str) -> str:
 
     if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
         shown = name if isinstance(name, str) and len(name) <= 60 else f"{str(name)[:60]}…"
-        raise UserError(f"{kind} name {shown!r} is not allowed: use letters, digits, '.', '_' and '-' "
-                        f"(starting with a letter or digit, at most {MAX_NAME} characters)")
+        raise UserError(
+            f"{kind} name {shown!r} is not allowed: use letters, digits, '.', '_' and '-' "
+            f"(starting with a letter or digit, at most {MAX_NAME} characters)"
+        )
     return name
 
 

@@ -31,9 +31,7 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
         seen.add(key)
     return loader.construct_mapping(node, deep=deep)
 
@@ -73,8 +71,9 @@ def load_yaml(path: Path) -> Any:
     if not path.is_file():
         raise UserError(f"{path}: file not found")
     if path.stat().st_size > MAX_YAML_BYTES:
-        raise UserError(f"{path}: {path.stat().st_size:,} bytes, over the {MAX_YAML_BYTES:,}-byte limit for a "
-                        "YAML file")
+        raise UserError(
+            f"{path}: {path.stat().st_size:,} bytes, over the {MAX_YAML_BYTES:,}-byte limit for a YAML file"
+        )
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -89,6 +88,7 @@ def load_yaml(path: Path) -> Any:
     except RecursionError:
         raise UserError(f"{path}: YAML nested too deeply") from None
     if expanded_size(doc) > MAX_YAML_NODES:
-        raise UserError(f"{path}: YAML expands to more than {MAX_YAML_NODES:,} nodes once its aliases are "
-                        "expanded (an alias bomb?)")
+        raise UserError(
+            f"{path}: YAML expands to more than {MAX_YAML_NODES:,} nodes once its aliases are expanded (an alias bomb?)"
+        )
     return doc

@@ -46,8 +46,11 @@ class ClusterRow:
 def layouts(shape: ModelShape, cluster: Cluster) -> list[tuple[int, int]]:
     """(tensor, pipeline) parallel sizes to try, fewest GPUs first: powers of two within a node
     that divide the attention heads, then the largest of them over 2, 3, … whole nodes."""
-    tps = [t for t in (2**i for i in range(cluster.gpus_per_node.bit_length()))
-           if t <= cluster.gpus_per_node and shape.num_heads % t == 0]
+    tps = [
+        t
+        for t in (2**i for i in range(cluster.gpus_per_node.bit_length()))
+        if t <= cluster.gpus_per_node and shape.num_heads % t == 0
+    ]
     return [(t, 1) for t in tps] + [(tps[-1], p) for p in range(2, cluster.nodes + 1)]
 
 
@@ -60,9 +63,15 @@ def group_kv_bytes_per_token(shape: ModelShape, kv_bytes_per_token: int, tp: int
     return math.ceil(kv_bytes_per_token * held / heads)
 
 
-def cluster_plan(config: dict[str, Any], budget: Budget, cluster: Cluster, concurrency: int = 1,
-                 dtype: str = "float16", engine: Engine = "vllm",
-                 vllm: VllmCache = VLLM_SERVE_GPU) -> tuple[list[ClusterRow], int]:
+def cluster_plan(
+    config: dict[str, Any],
+    budget: Budget,
+    cluster: Cluster,
+    concurrency: int = 1,
+    dtype: str = "float16",
+    engine: Engine = "vllm",
+    vllm: VllmCache = VLLM_SERVE_GPU,
+) -> tuple[list[ClusterRow], int]:
     """Each plan setup's group on `cluster` for `concurrency` sequences of budget.context_len
     tokens, and how many of the setups run at once on the cluster."""
     if cluster.nodes < 1 or cluster.gpus_per_node < 1 or concurrency < 1:
@@ -75,8 +84,9 @@ def cluster_plan(config: dict[str, Any], budget: Budget, cluster: Cluster, concu
         row = ClusterRow(setup.name, None, None, None, 0, 0.0, 0)
         for tp, pp in layouts(shape, cluster):
             gpus = tp * pp
-            group = budget.model_copy(update={"gpu_memory_gib": budget.gpu_memory_gib * gpus,
-                                              "overhead_gib": budget.overhead_gib * gpus})
+            group = budget.model_copy(
+                update={"gpu_memory_gib": budget.gpu_memory_gib * gpus, "overhead_gib": budget.overhead_gib * gpus}
+            )
             cap = kv_capacity(weights, group_kv_bytes_per_token(shape, seq, tp), group)
             if cap.kv_cache_tokens >= budget.context_len * concurrency:
                 copies = cluster.nodes * (cluster.gpus_per_node // tp) if pp == 1 else cluster.nodes // pp
@@ -99,7 +109,7 @@ def setups_at_once(rows: list[ClusterRow], cluster: Cluster) -> int:
                 continue
             free[node] -= row.tensor_parallel_size
         else:
-            whole = [i for i, f in enumerate(free) if f == cluster.gpus_per_node][:row.pipeline_parallel_size]
+            whole = [i for i, f in enumerate(free) if f == cluster.gpus_per_node][: row.pipeline_parallel_size]
             if len(whole) < row.pipeline_parallel_size:
                 continue
             for i in whole:
@@ -108,8 +118,15 @@ def setups_at_once(rows: list[ClusterRow], cluster: Cluster) -> int:
     return placed
 
 
-def cluster_json(rows: list[ClusterRow], at_once: int, cluster: Cluster, gpu_gib: float,
-                 concurrency: int) -> dict[str, Any]:
+def cluster_json(
+    rows: list[ClusterRow], at_once: int, cluster: Cluster, gpu_gib: float, concurrency: int
+) -> dict[str, Any]:
     """The `cluster` block of `qeval plan --json`."""
-    return {"nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node, "gpu_gib": gpu_gib,
-            "concurrency": concurrency, "setups_at_once": at_once, "setups": [asdict(r) for r in rows]}
+    return {
+        "nodes": cluster.nodes,
+        "gpus_per_node": cluster.gpus_per_node,
+        "gpu_gib": gpu_gib,
+        "concurrency": concurrency,
+        "setups_at_once": at_once,
+        "setups": [asdict(r) for r in rows],
+    }

@@ -19,33 +19,49 @@ GAP_FLAG = 0.10
 _NOT_MEASURED = MemoryFigure(None, "not measured")
 
 
-def memory_block(setup: Setup, measured: dict[str, MemoryFigure], shape: ModelShape | None, dtype: str, device: str,
-                 budget: Budget, engine_share: str, accounting: KvAccounting | None) -> Memory:
+def memory_block(
+    setup: Setup,
+    measured: dict[str, MemoryFigure],
+    shape: ModelShape | None,
+    dtype: str,
+    device: str,
+    budget: Budget,
+    engine_share: str,
+    accounting: KvAccounting | None,
+) -> Memory:
     """The memory block from the worker's measured figures (`measured`, as stored) and the
     model's shape. `engine_share` says what a vLLM engine's pool was sized from; `accounting` is the
     backend's KV accounting (its registry entry's), None where the engine is not known: then no
     sequence is predicted."""
+
     def fig(name: str, predicted: int | None = None) -> Figure:
         m = measured.get(name, _NOT_MEASURED)
-        return Figure(measured=m.measured, predicted=predicted, source=m.source,
-                      **m.extra if name == "peak_bytes" else {})
+        return Figure(
+            measured=m.measured, predicted=predicted, source=m.source, **m.extra if name == "peak_bytes" else {}
+        )
 
     mem = Memory(
         weights_bytes=fig("weights_bytes", predict_weights_bytes(shape, setup, dtype) if shape else None),
-        kv_bytes_per_token=fig("kv_bytes_per_token",
-                               predict_kv_bytes_per_token(shape, setup, dtype) if shape else None),
-        peak_bytes=fig("peak_bytes"), activations_bytes=fig("activations_bytes"),
+        kv_bytes_per_token=fig(
+            "kv_bytes_per_token", predict_kv_bytes_per_token(shape, setup, dtype) if shape else None
+        ),
+        peak_bytes=fig("peak_bytes"),
+        activations_bytes=fig("activations_bytes"),
         overhead_bytes=fig("overhead_bytes") if "overhead_bytes" in measured else None,
         engine=_engine_pool(measured, engine_share),
         kv_per_sequence=_sequence(setup, measured, shape, dtype, device, budget, accounting)
-        if shape and accounting else None,
+        if shape and accounting
+        else None,
     )
     if mem.engine and device == "cuda":  # vLLM sized its KV pool on the GPU itself: that, not a prediction
         ctx = budget.context_len
-        return mem.model_copy(update={
-            "kv_cache_tokens": mem.engine.kv_cache_tokens,
-            "max_concurrency": round(mem.engine.kv_cache_tokens / ctx, 2),
-            "capacity_source": f"vLLM engine on this GPU ({mem.engine.source}); concurrency = tokens / {ctx}"})
+        return mem.model_copy(
+            update={
+                "kv_cache_tokens": mem.engine.kv_cache_tokens,
+                "max_concurrency": round(mem.engine.kv_cache_tokens / ctx, 2),
+                "capacity_source": f"vLLM engine on this GPU ({mem.engine.source}); concurrency = tokens / {ctx}",
+            }
+        )
     w = mem.weights_bytes.measured or mem.weights_bytes.predicted
     kv = mem.kv_bytes_per_token.measured or mem.kv_bytes_per_token.predicted
     if not w or not kv:
@@ -55,14 +71,25 @@ def memory_block(setup: Setup, measured: dict[str, MemoryFigure], shape: ModelSh
         s = mem.kv_per_sequence  # layers keep different spans: the sequence, not tokens x context
         seq, what = int(s.measured or s.predicted), "KV bytes of one sequence (kv_per_sequence)"
     cap = kv_capacity(int(w), seq, budget)
-    return mem.model_copy(update={
-        "kv_cache_tokens": cap.kv_cache_tokens, "max_concurrency": cap.max_concurrency,
-        "capacity_source": f"predicted for the budget ({budget.describe()}) from the weights and {what} "
-                           "(measured where measured, else predicted); the same formula as `qeval plan`"})
+    return mem.model_copy(
+        update={
+            "kv_cache_tokens": cap.kv_cache_tokens,
+            "max_concurrency": cap.max_concurrency,
+            "capacity_source": f"predicted for the budget ({budget.describe()}) from the weights and {what} "
+            "(measured where measured, else predicted); the same formula as `qeval plan`",
+        }
+    )
 
 
-def _sequence(setup: Setup, measured: dict[str, MemoryFigure], shape: ModelShape, dtype: str, device: str,
-              budget: Budget, accounting: KvAccounting) -> SequenceKV:
+def _sequence(
+    setup: Setup,
+    measured: dict[str, MemoryFigure],
+    shape: ModelShape,
+    dtype: str,
+    device: str,
+    budget: Budget,
+    accounting: KvAccounting,
+) -> SequenceKV:
     """One sequence of the budget's context on this backend, predicted by its engine's rules, and
     measured where the worker measured it at that context."""
     engine = accounting.engine
@@ -70,9 +97,16 @@ def _sequence(setup: Setup, measured: dict[str, MemoryFigure], shape: ModelShape
     p = predict_sequence(shape, setup, dtype, budget.context_len, engine, vllm)
     m = measured.get("kv_bytes_per_sequence", _NOT_MEASURED)
     ok = m.measured is not None and m.extra.get("context") == budget.context_len
-    return SequenceKV(context=budget.context_len, engine=engine, predicted=p.total, by_layer_type=p.by_kind,
-                      state_bytes=p.state, naive=p.naive, measured=m.measured if ok else None,
-                      source=m.source if ok else "not measured")
+    return SequenceKV(
+        context=budget.context_len,
+        engine=engine,
+        predicted=p.total,
+        by_layer_type=p.by_kind,
+        state_bytes=p.state,
+        naive=p.naive,
+        measured=m.measured if ok else None,
+        source=m.source if ok else "not measured",
+    )
 
 
 def _engine_pool(measured: dict[str, MemoryFigure], share: str) -> EnginePool | None:
@@ -86,9 +120,13 @@ def _engine_pool(measured: dict[str, MemoryFigure], share: str) -> EnginePool | 
     lines = [tokens.extra.get("line"), conc.extra.get("line")]
     # the engine's log (in-process vLLM), or where a backend read the pool from (a server's /metrics)
     where = tokens.extra.get("pool_source") or "vLLM engine log"
-    return EnginePool(kv_cache_tokens=tokens.measured, max_concurrency=conc.measured,
-                      max_concurrency_context=conc.extra.get("context"), pool=share,
-                      source=f"{where}: " + "; ".join(x for x in lines if x))
+    return EnginePool(
+        kv_cache_tokens=tokens.measured,
+        max_concurrency=conc.measured,
+        max_concurrency_context=conc.extra.get("context"),
+        pool=share,
+        source=f"{where}: " + "; ".join(x for x in lines if x),
+    )
 
 
 def gap_flags(mem: Memory) -> list[str]:

@@ -126,9 +126,16 @@ def naive_bytes(shape: ModelShape, dtype_bytes: float, context: int) -> int:
     return int(shape.num_layers * per_layer * dtype_bytes * context)
 
 
-def sequence_kv(shape: ModelShape, layer_token_bytes: int, context: int, engine: Engine, dtype: str,
-                vllm: VllmCache | None = None, state_dtype: str | None = None,
-                quantized: bool = False) -> SequenceKV:
+def sequence_kv(
+    shape: ModelShape,
+    layer_token_bytes: int,
+    context: int,
+    engine: Engine,
+    dtype: str,
+    vllm: VllmCache | None = None,
+    state_dtype: str | None = None,
+    quantized: bool = False,
+) -> SequenceKV:
     """One sequence at `context` tokens on `engine` (the module docstring), from what one token
     costs in one attention layer (memory.ledger.kv_bytes_per_layer_token: the KV dtype,
     quantization scales included). `dtype` is the model's (state layers, the naive figure).
@@ -142,19 +149,25 @@ def sequence_kv(shape: ModelShape, layer_token_bytes: int, context: int, engine:
     latent = "latent" if shape.kv_lora_rank is not None else "full"
     if engine == "hf":
         span = 1 if quantized else 0
-        held = {"full": context, "sliding": min(context, (shape.sliding_window or context + span) - span),
-                "chunked": min(context, (shape.attention_chunk_size or context + span) - span)}
-        kept = {(latent if k == "full" else k): n * layer_token_bytes * held[k]
-                for k, n in counts.items() if k != "linear"}
+        held = {
+            "full": context,
+            "sliding": min(context, (shape.sliding_window or context + span) - span),
+            "chunked": min(context, (shape.attention_chunk_size or context + span) - span),
+        }
+        kept = {
+            (latent if k == "full" else k): n * layer_token_bytes * held[k] for k, n in counts.items() if k != "linear"
+        }
         return SequenceKV("hf", context, kept, counts.get("linear", 0) * state_one, naive)
     v = vllm or VllmCache()
     bs = v.mla_block_size if latent == "latent" and v.mla_block_size else v.block_size
     if "linear" in counts:  # the attention block grows until one attention page holds a state page
         bs = max(v.kernel_block * _cdiv(state_one, v.kernel_block * layer_token_bytes), bs)
-    blocks = {"full": _cdiv(context, bs),
-              "sliding": _cdiv(min((shape.sliding_window or context) - 1 + v.in_flight_tokens, context), bs) + 1,
-              "chunked": _cdiv(min((shape.attention_chunk_size or context) + v.in_flight_tokens, context), bs),
-              "linear": v.state_pages}
+    blocks = {
+        "full": _cdiv(context, bs),
+        "sliding": _cdiv(min((shape.sliding_window or context) - 1 + v.in_flight_tokens, context), bs) + 1,
+        "chunked": _cdiv(min((shape.attention_chunk_size or context) + v.in_flight_tokens, context), bs),
+        "linear": v.state_pages,
+    }
     width = _group_width(list(counts.values()))
     page = bs * layer_token_bytes  # every layer's page, state layers padded up to it
     by_kind: dict[str, int] = {}
@@ -181,9 +194,24 @@ VLLM_SERVE_GPU = VllmCache(block_size=16, in_flight_tokens=2048, state_pages=2, 
 VLLM_QEVAL_CPU = VllmCache(block_size=128, in_flight_tokens=4096, state_pages=1, kernel_block=128)
 
 
-def predict_sequence(shape: ModelShape, setup: Setup, model_dtype: str, context: int, engine: Engine,
-                     vllm: VllmCache | None = None, state_dtype: str | None = None) -> SequenceKV:
+def predict_sequence(
+    shape: ModelShape,
+    setup: Setup,
+    model_dtype: str,
+    context: int,
+    engine: Engine,
+    vllm: VllmCache | None = None,
+    state_dtype: str | None = None,
+) -> SequenceKV:
     """One sequence of `setup` at `context` tokens on `engine`: KV per layer kind (the setup's KV
     dtype, scales included) and the state of state layers."""
-    return sequence_kv(shape, kv_bytes_per_layer_token(shape, setup, model_dtype), context, engine, model_dtype,
-                       vllm, state_dtype, quantized=setup.quantizes_kv)
+    return sequence_kv(
+        shape,
+        kv_bytes_per_layer_token(shape, setup, model_dtype),
+        context,
+        engine,
+        model_dtype,
+        vllm,
+        state_dtype,
+        quantized=setup.quantizes_kv,
+    )

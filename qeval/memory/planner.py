@@ -75,8 +75,13 @@ def model_shape(config: dict[str, Any]) -> ModelShape:
         raise UserError(f"config.json: not a decoder model qeval can plan (it {exc})") from None
 
 
-def plan(config: dict[str, Any], budget: Budget, dtype: str = "float16", engine: Engine = "vllm",
-         vllm: VllmCache = VLLM_SERVE_GPU) -> list[PlanRow]:
+def plan(
+    config: dict[str, Any],
+    budget: Budget,
+    dtype: str = "float16",
+    engine: Engine = "vllm",
+    vllm: VllmCache = VLLM_SERVE_GPU,
+) -> list[PlanRow]:
     """Weights, KV bytes per token and per sequence (per layer kind, and the state), KV tokens
     that fit and concurrent sequences, per setup, on `engine`'s accounting (memory.layouts), by
     the same formula a run's recommendation uses (memory.capacity)."""
@@ -87,8 +92,20 @@ def plan(config: dict[str, Any], budget: Budget, dtype: str = "float16", engine:
         kv = predict_kv_bytes_per_token(shape, setup, dtype)
         seq = predict_sequence(shape, setup, dtype, budget.context_len, engine, vllm)
         cap = kv_capacity(w, seq.total, budget)
-        rows.append(PlanRow(setup.name, w, kv, cap.kv_cache_tokens, cap.max_concurrency,
-                            cap.kv_cache_tokens >= budget.context_len, seq.total, seq.by_kind, seq.state, seq.naive))
+        rows.append(
+            PlanRow(
+                setup.name,
+                w,
+                kv,
+                cap.kv_cache_tokens,
+                cap.max_concurrency,
+                cap.kv_cache_tokens >= budget.context_len,
+                seq.total,
+                seq.by_kind,
+                seq.state,
+                seq.naive,
+            )
+        )
     return rows
 
 

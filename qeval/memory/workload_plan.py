@@ -48,18 +48,38 @@ def serving_rows(rows: list[PlanRow], stats: WorkloadStats) -> list[ServingRow]:
     for r in rows:
         pool = r.kv_cache_tokens // bs
         prefix = stats.prefix
-        out.append(ServingRow(
-            r.setup, pool, round(pool / blocks_of(stats.max_model_len, bs), 2), round(pool / stats.blocks.mean, 2),
-            round(pool / stats.blocks.at_percentile, 2),
-            round(pool / prefix.mean_blocks_with_cache, 2) if prefix and prefix.mean_blocks_with_cache else None))
+        out.append(
+            ServingRow(
+                r.setup,
+                pool,
+                round(pool / blocks_of(stats.max_model_len, bs), 2),
+                round(pool / stats.blocks.mean, 2),
+                round(pool / stats.blocks.at_percentile, 2),
+                round(pool / prefix.mean_blocks_with_cache, 2) if prefix and prefix.mean_blocks_with_cache else None,
+            )
+        )
     return out
 
 
-def workload_json(stats: WorkloadStats, rows: list[ServingRow], source: str, fmt: str, skipped: int, arrivals: str,
-                  slo: dict[str, Any] | None) -> dict[str, Any]:
+def workload_json(
+    stats: WorkloadStats,
+    rows: list[ServingRow],
+    source: str,
+    fmt: str,
+    skipped: int,
+    arrivals: str,
+    slo: dict[str, Any] | None,
+) -> dict[str, Any]:
     """`qeval plan --workload --json`'s `workload` block."""
-    return {"source": source, "format": fmt, "skipped": skipped, "arrivals": arrivals, "slo": slo,
-            **stats.as_json(), "setups": [asdict(r) for r in rows]}
+    return {
+        "source": source,
+        "format": fmt,
+        "skipped": skipped,
+        "arrivals": arrivals,
+        "slo": slo,
+        **stats.as_json(),
+        "setups": [asdict(r) for r in rows],
+    }
 
 
 @dataclass(frozen=True)

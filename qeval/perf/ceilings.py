@@ -87,8 +87,9 @@ def _repeat(op: Callable[[], Any], sync: Callable[[], None], deadline: float) ->
     return times
 
 
-def _sized_matmul(make: Callable[[int], Callable[[], Any]], sync: Callable[[], None], n_max: int,
-                  deadline: float) -> tuple[int, list[float]]:
+def _sized_matmul(
+    make: Callable[[int], Callable[[], Any]], sync: Callable[[], None], n_max: int, deadline: float
+) -> tuple[int, list[float]]:
     """Grow a square matmul from 128 by doubling until one call takes TARGET_S (or n_max, or
     the next size would not fit the time left), then time it: the size follows the device's
     speed, so a fast GPU is measured on a large problem and an emulated dtype in a second."""
@@ -112,8 +113,7 @@ def probe(device: str, dtype: str, budget_s: float = BUDGET_S) -> dict[str, Any]
 
     start = time.perf_counter()
     sync: Callable[[], None] = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    cache = (torch.cuda.get_device_properties(0).L2_cache_size if device == "cuda"
-             else last_level_cache_bytes()) or 0
+    cache = (torch.cuda.get_device_properties(0).L2_cache_size if device == "cuda" else last_level_cache_bytes()) or 0
     # the copy stays sized past the caches (a cached copy would overstate DRAM bandwidth)
     # (twice the last level: a VM reports the whole socket's L3, 480 MiB on these EPYCs/Xeons, and 8x
     # that took 6 s just to allocate and touch; src + dst at 2x each stream 4x the cache per call)
@@ -132,29 +132,47 @@ def probe(device: str, dtype: str, budget_s: float = BUDGET_S) -> dict[str, Any]
         return lambda: torch.matmul(a, b)
 
     n, rates = _sized_matmul(float_mm, sync, n_max, mid)
-    peaks = {dtype: measured(rates, "FLOP/s", f"torch.matmul of two {n}x{n} {dtype} matrices (size grown until one "
-                                              f"call took {1000 * TARGET_S:.0f} ms, at most {n_max}): 2 n^3 / time; "
-                                              "best of the repeats is the ceiling")}
+    peaks = {
+        dtype: measured(
+            rates,
+            "FLOP/s",
+            f"torch.matmul of two {n}x{n} {dtype} matrices (size grown until one "
+            f"call took {1000 * TARGET_S:.0f} ms, at most {n_max}): 2 n^3 / time; "
+            "best of the repeats is the ceiling",
+        )
+    }
     try:
+
         def int_mm(n: int) -> Callable[[], Any]:
             ia = torch.randint(-128, 127, (n, n), dtype=torch.int8, device=device)
             ib = torch.randint(-128, 127, (n, n), dtype=torch.int8, device=device)
             return lambda: torch._int_mm(ia, ib)
 
         n8, rates8 = _sized_matmul(int_mm, sync, n_max, start + budget_s)
-        peaks["int8"] = measured(rates8, "OP/s", f"torch._int_mm of two {n8}x{n8} int8 matrices (int32 accumulate; "
-                                                 f"size grown until one call took {1000 * TARGET_S:.0f} ms, at most "
-                                                 f"{n_max}): 2 n^3 / time; best of the repeats is the ceiling")
+        peaks["int8"] = measured(
+            rates8,
+            "OP/s",
+            f"torch._int_mm of two {n8}x{n8} int8 matrices (int32 accumulate; "
+            f"size grown until one call took {1000 * TARGET_S:.0f} ms, at most "
+            f"{n_max}): 2 n^3 / time; best of the repeats is the ceiling",
+        )
     except (RuntimeError, AttributeError) as exc:  # no int8 GEMM in this torch build or device
         peaks["int8_unavailable"] = {"reason": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
     name = torch.cuda.get_device_name(0) if device == "cuda" else _cpu_name()
     past = "8x" if device == "cuda" else "2x"
     return {
-        "device": device, "device_name": name, "threads": torch.get_num_threads(), "torch": torch.__version__,
-        "cache_bytes": cache or None, "probe_s": round(time.perf_counter() - start, 2),
-        "copy_bandwidth": measured(copies, "bytes/s",
-                                   f"Tensor.copy_ of {nbytes / 2**20:.0f} MiB ({past} the largest cache or more): "
-                                   "bytes read + bytes written / time; best of the repeats is the ceiling"),
+        "device": device,
+        "device_name": name,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "cache_bytes": cache or None,
+        "probe_s": round(time.perf_counter() - start, 2),
+        "copy_bandwidth": measured(
+            copies,
+            "bytes/s",
+            f"Tensor.copy_ of {nbytes / 2**20:.0f} MiB ({past} the largest cache or more): "
+            "bytes read + bytes written / time; best of the repeats is the ceiling",
+        ),
         "matmul_peak": {k: v for k, v in peaks.items() if "unavailable" not in k},
         "notes": [v["reason"] for k, v in peaks.items() if "unavailable" in k],
     }
@@ -187,8 +205,15 @@ def ensure_ceilings(pre: Preflight, store: RunStore, python: str) -> dict[str, A
     from qeval.records.keys import key_of
     from qeval.records.provenance import hardware
 
-    key = key_of({"device": pre.device, "hardware": json.dumps(hardware(), sort_keys=True), "python": python,
-                  "dtype": pre.cfg.model.dtype, "probe": PROBE_VERSION})
+    key = key_of(
+        {
+            "device": pre.device,
+            "hardware": json.dumps(hardware(), sort_keys=True),
+            "python": python,
+            "dtype": pre.cfg.model.dtype,
+            "probe": PROBE_VERSION,
+        }
+    )
     path = ceilings_path(store)
     if path.is_file():
         try:
@@ -212,9 +237,14 @@ def ensure_ceilings(pre: Preflight, store: RunStore, python: str) -> dict[str, A
     tmp = path.with_name("ceilings.probe.json")
     t0 = time.time()
     try:  # dies with this process (a killed `qeval run` leaves no probe racing the rerun for its file)
-        proc = subprocess.run([python, "-m", "qeval.perf.ceilings", str(tmp), pre.device, pre.cfg.model.dtype],
-                              capture_output=True, text=True, check=False, timeout=PROCESS_TIMEOUT_S,
-                              preexec_fn=functools.partial(die_with_parent, os.getpid()))
+        proc = subprocess.run(
+            [python, "-m", "qeval.perf.ceilings", str(tmp), pre.device, pre.cfg.model.dtype],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=PROCESS_TIMEOUT_S,
+            preexec_fn=functools.partial(die_with_parent, os.getpid()),
+        )
     except subprocess.TimeoutExpired:
         proc = subprocess.CompletedProcess([], 1, "", f"the probe took over {PROCESS_TIMEOUT_S} s and was stopped")
     if proc.returncode == 0 and tmp.is_file():

@@ -33,9 +33,12 @@ FIGURES: dict[str, tuple[str, str]] = {
     "output_tokens_per_s": ("tokens/s", "output_tokens_per_s"),
     "prefill_tokens_per_s": ("tokens/s", "prefill_tokens_per_s"),
     "decode_tokens_per_s": ("tokens/s", "decode_tokens_per_s"),
-    "ttft_p50_s": ("s", "ttft"), "ttft_p90_s": ("s", "ttft"),
-    "tpot_p50_s": ("s", "tpot"), "tpot_p90_s": ("s", "tpot"),
-    "e2e_p50_s": ("s", "e2e"), "e2e_p90_s": ("s", "e2e"),
+    "ttft_p50_s": ("s", "ttft"),
+    "ttft_p90_s": ("s", "ttft"),
+    "tpot_p50_s": ("s", "tpot"),
+    "tpot_p90_s": ("s", "tpot"),
+    "e2e_p50_s": ("s", "e2e"),
+    "e2e_p90_s": ("s", "e2e"),
 }
 
 
@@ -49,25 +52,42 @@ def perf_key(setup_parts: dict[str, str], cfg: RunConfig) -> str:
     if perf.pop("from_workload"):  # off: the key of a run from before the option existed
         perf["from_workload"] = True
         lengths = {"workload": cfg.workload.model_dump_json() if cfg.workload else ""}
-    return key_of(setup_parts | {"performance": json.dumps(perf, sort_keys=True),
-                                 "budget": json.dumps(cfg.budget.model_dump(mode="json"), sort_keys=True),
-                                 "seed": str(cfg.seed), "perf_version": PERF_VERSION} | lengths)
+    return key_of(
+        setup_parts
+        | {
+            "performance": json.dumps(perf, sort_keys=True),
+            "budget": json.dumps(cfg.budget.model_dump(mode="json"), sort_keys=True),
+            "seed": str(cfg.seed),
+            "perf_version": PERF_VERSION,
+        }
+        | lengths
+    )
 
 
-def budget_concurrency(cfg: RunConfig, setup: Setup, device: str, memory: dict[str, MemoryFigure],
-                       shape: dict[str, Any] | None) -> float | None:
+def budget_concurrency(
+    cfg: RunConfig, setup: Setup, device: str, memory: dict[str, MemoryFigure], shape: dict[str, Any] | None
+) -> float | None:
     """The setup's memory.max_concurrency, computed here exactly as the results will report it
     (qeval.memory.figures.memory_block on the same measured figures, as stored, and model shape)."""
     from qeval.backends import backend_entry
     from qeval.memory.figures import memory_block
 
-    block = memory_block(setup, memory, _shape(shape) if shape else None, cfg.model.dtype, device, cfg.budget, "",
-                         backend_entry(cfg.backend).kv_accounting(cfg, device))
+    block = memory_block(
+        setup,
+        memory,
+        _shape(shape) if shape else None,
+        cfg.model.dtype,
+        device,
+        cfg.budget,
+        "",
+        backend_entry(cfg.backend).kv_accounting(cfg, device),
+    )
     return block.max_concurrency
 
 
-def run_phase(backend: Backend, cfg: RunConfig, setup: Setup, device: str, memory: dict[str, MemoryFigure],
-              job: PerformanceJob) -> PhaseRecord:
+def run_phase(
+    backend: Backend, cfg: RunConfig, setup: Setup, device: str, memory: dict[str, MemoryFigure], job: PerformanceJob
+) -> PhaseRecord:
     """Time the workload on the loaded backend; a failure here is recorded, never raised
     (the setup's scores stand without its performance)."""
     t0 = time.time()
@@ -78,8 +98,14 @@ def run_phase(backend: Backend, cfg: RunConfig, setup: Setup, device: str, memor
         lengths, lengths_source = workload_lengths(cfg)
         workload = workload_for(cfg.performance, levels, why, cfg.seed, lengths, lengths_source)
         m = backend.performance(workload)
-        out = PhaseRecord(key=job.key, status="ok", workload=workload.as_dict(), levels=summarize(m, workload),
-                          notes=m.notes, budget_concurrency=conc)
+        out = PhaseRecord(
+            key=job.key,
+            status="ok",
+            workload=workload.as_dict(),
+            levels=summarize(m, workload),
+            notes=m.notes,
+            budget_concurrency=conc,
+        )
     except Exception as exc:  # noqa: BLE001 - any failure (out of memory included) is this phase's result
         msg = str(exc).strip().splitlines()
         out.error = f"{type(exc).__name__}: {msg[0] if msg else ''}"
@@ -117,23 +143,32 @@ def summarize(m: Measurement, workload: Workload) -> list[StoredLevel]:
                 "output_tokens_per_s": sum(w.output_tokens for w in waves) / wall,
                 "prefill_tokens_per_s": sum(w.prompt_tokens for w in waves) / sum(w.prefill_s for w in waves),
                 "decode_tokens_per_s": sum(w.decode_tokens_per_s for w in waves) / len(waves),
-                "ttft_p50_s": percentile(ttft, 50), "ttft_p90_s": percentile(ttft, 90),
-                "tpot_p50_s": percentile(tpot, 50), "tpot_p90_s": percentile(tpot, 90),
-                "e2e_p50_s": percentile(e2e, 50), "e2e_p90_s": percentile(e2e, 90),
+                "ttft_p50_s": percentile(ttft, 50),
+                "ttft_p90_s": percentile(ttft, 90),
+                "tpot_p50_s": percentile(tpot, 50),
+                "tpot_p90_s": percentile(tpot, 90),
+                "e2e_p50_s": percentile(e2e, 50),
+                "e2e_p90_s": percentile(e2e, 90),
             }
             for name, v in values.items():
                 per_repeat[name].append(v)
-        figures = {name: measured(per_repeat[name], unit, _source(m, key, workload))
-                   for name, (unit, key) in FIGURES.items()}
+        figures = {
+            name: measured(per_repeat[name], unit, _source(m, key, workload)) for name, (unit, key) in FIGURES.items()
+        }
         levels.append(StoredLevel(concurrency=level, requests=workload.requests_at(level), figures=figures))
     return sorted(levels, key=lambda x: x.concurrency)
 
 
 def _source(m: Measurement, key: str, workload: Workload) -> str:
-    lengths = (f"the lengths of the workload's requests in order ({workload.lengths_source})" if workload.lengths
-               else f"{workload.input_len}-token prompts, {workload.output_len} output tokens")
-    return (f"{m.sources[key]} {WORKLOAD_MARK}{lengths}; median of {workload.repeats} timed repeat(s) after "
-            f"{workload.warmup} warm-up pass(es)]")
+    lengths = (
+        f"the lengths of the workload's requests in order ({workload.lengths_source})"
+        if workload.lengths
+        else f"{workload.input_len}-token prompts, {workload.output_len} output tokens"
+    )
+    return (
+        f"{m.sources[key]} {WORKLOAD_MARK}{lengths}; median of {workload.repeats} timed repeat(s) after "
+        f"{workload.warmup} warm-up pass(es)]"
+    )
 
 
 def _shape(fields: dict[str, Any]) -> Any:

@@ -17,8 +17,10 @@ if TYPE_CHECKING:
     from qeval.results.schema import SetupResult
     from qeval.results.serving import ServingSetup
 
-GOODPUT_ELSEWHERE = ("its goodput is measured by the serving phase (RUN_DIR/serving.json), which has not run: "
-                     "`qeval run` serves the workload after scoring, or `qeval goodput` alone")
+GOODPUT_ELSEWHERE = (
+    "its goodput is measured by the serving phase (RUN_DIR/serving.json), which has not run: "
+    "`qeval run` serves the workload after scoring, or `qeval goodput` alone"
+)
 
 
 def figure(s: SetupResult, by: str) -> tuple[Measured, int] | None:
@@ -47,21 +49,29 @@ def missing(s: SetupResult, by: str) -> str | None:
     if figure(s, by) is not None:
         return None
     perf = s.performance
-    why = ("no performance figures" if perf is None else f"its performance phase failed ({perf.error})"
-           if perf.status != "ok" else "concurrency 1 was not timed")
+    why = (
+        "no performance figures"
+        if perf is None
+        else f"its performance phase failed ({perf.error})"
+        if perf.status != "ok"
+        else "concurrency 1 was not timed"
+    )
     return f"{s.name}: passes every gate, but cannot be ranked by {by}: {why}"
 
 
 def describe(s: SetupResult, by: str) -> str:
-    """"1,234 output tokens/s at concurrency 24 (median of 3, 1,180-1,290)"."""
+    """ "1,234 output tokens/s at concurrency 24 (median of 3, 1,180-1,290)"."""
     found = figure(s, by)
     assert found is not None
     f, level = found
     if by == "throughput":
-        return (f"{f.median:,.0f} output tokens/s at concurrency {level} (median of {f.repeats}, "
-                f"{f.min:,.0f}-{f.max:,.0f})")
-    return (f"a request latency of {f.median * 1e3:,.1f} ms at concurrency 1 (p50, median of {f.repeats}, "
-            f"{f.min * 1e3:,.1f}-{f.max * 1e3:,.1f})")
+        return (
+            f"{f.median:,.0f} output tokens/s at concurrency {level} (median of {f.repeats}, {f.min:,.0f}-{f.max:,.0f})"
+        )
+    return (
+        f"a request latency of {f.median * 1e3:,.1f} ms at concurrency 1 (p50, median of {f.repeats}, "
+        f"{f.min * 1e3:,.1f}-{f.max * 1e3:,.1f})"
+    )
 
 
 def overlaps(best: SetupResult, other: SetupResult, by: str) -> bool:
@@ -71,8 +81,9 @@ def overlaps(best: SetupResult, other: SetupResult, by: str) -> bool:
     return a[0].min <= b[0].max and b[0].min <= a[0].max
 
 
-def recommend_goodput(rows: list[ServingSetup], gated: tuple[list[str], dict[str, str]] | None,
-                      slo: SloSpec) -> dict[str, Any]:
+def recommend_goodput(
+    rows: list[ServingSetup], gated: tuple[list[str], dict[str, str]] | None, slo: SloSpec
+) -> dict[str, Any]:
     """`recommend_by: goodput`: among the setups `gated` lets through (the run's candidates and
     why each other one is out; None: no scored run, so no gate was checked, said in each reason),
     the one with the highest goodput within the SLO at its tuned flags; ties: fewer max-num-seqs.
@@ -87,8 +98,9 @@ def recommend_goodput(rows: list[ServingSetup], gated: tuple[list[str], dict[str
             reasons[r.setup] = f"{r.setup}: not served: {r.error}"
         elif r.pick is None:
             lows = ", ".join(f"{k.removesuffix('_ms').upper()} {v:,.1f} ms" for k, v in r.best_p99_ms.items())
-            reasons[r.setup] = (f"{r.setup}: cannot meet the SLO at any level measured (best {p}: {lows}; "
-                                f"targets {_targets(slo)})")
+            reasons[r.setup] = (
+                f"{r.setup}: cannot meet the SLO at any level measured (best {p}: {lows}; targets {_targets(slo)})"
+            )
         else:
             ranked.append(r)
     ranked.sort(key=lambda r: (-(r.pick.goodput_rps if r.pick else 0), r.pick.max_num_seqs if r.pick else 0))
@@ -96,19 +108,25 @@ def recommend_goodput(rows: list[ServingSetup], gated: tuple[list[str], dict[str
     top = ranked[0] if ranked else None
     for r in ranked:
         assert r.pick is not None  # ranked only with a pick
-        at = (f"{r.pick.goodput_rps:.3f} requests/s within the SLO ({_targets(slo)}) at {r.pick.rate:g} requests/s "
-              f"offered, max-num-seqs {r.pick.max_num_seqs}")
+        at = (
+            f"{r.pick.goodput_rps:.3f} requests/s within the SLO ({_targets(slo)}) at {r.pick.rate:g} requests/s "
+            f"offered, max-num-seqs {r.pick.max_num_seqs}"
+        )
         if r is top:
             reasons[r.setup] = f"{r.setup}: recommended (by goodput): serves {at}, the most of any setup{unchecked}"
         else:
             assert top is not None and top.pick is not None
             ratio = r.pick.goodput_rps / top.pick.goodput_rps if top.pick.goodput_rps else float("nan")
             reasons[r.setup] = f"{r.setup}: serves {at}, {ratio:.2f}x {top.setup}'s goodput{unchecked}"
-    return {"setup": top.setup if top else None, "by": "goodput",
-            "reasons": {r.setup: reasons[r.setup] for r in rows if r.setup in reasons},
-            "gates_checked": gated is not None}
+    return {
+        "setup": top.setup if top else None,
+        "by": "goodput",
+        "reasons": {r.setup: reasons[r.setup] for r in rows if r.setup in reasons},
+        "gates_checked": gated is not None,
+    }
 
 
 def _targets(slo: SloSpec) -> str:
-    return ", ".join(f"{slo.percentile:g}th-percentile {k.removesuffix('_ms').upper()} <= {v:g} ms"
-                     for k, v in slo.targets().items())
+    return ", ".join(
+        f"{slo.percentile:g}th-percentile {k.removesuffix('_ms').upper()} <= {v:g} ms" for k, v in slo.targets().items()
+    )

@@ -12,8 +12,18 @@ from typing import Any
 
 #: the engine arguments the printed command carries, in this order (others are qeval's own
 #: measurement settings: seed, enforce_eager, revision pins stay only where they were set)
-SHOWN = ("dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
-         "kv_cache_dtype", "quantization", "enable_prefix_caching", "revision", "tensor_parallel_size")
+SHOWN = (
+    "dtype",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "gpu_memory_utilization",
+    "kv_cache_dtype",
+    "quantization",
+    "enable_prefix_caching",
+    "revision",
+    "tensor_parallel_size",
+)
 
 
 def serve_command(args: dict[str, Any]) -> str:

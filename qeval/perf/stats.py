@@ -14,8 +14,15 @@ def measured(values: list[float], unit: str, source: str) -> dict[str, Any]:
     """{median, min, max, repeats, unit, source, values}: one figure of the performance block."""
     if not values:
         raise ValueError("a measurement needs at least one repeat")
-    return {"median": float(statistics.median(values)), "min": float(min(values)), "max": float(max(values)),
-            "repeats": len(values), "unit": unit, "source": source, "values": [float(v) for v in values]}
+    return {
+        "median": float(statistics.median(values)),
+        "min": float(min(values)),
+        "max": float(max(values)),
+        "repeats": len(values),
+        "unit": unit,
+        "source": source,
+        "values": [float(v) for v in values],
+    }
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -73,10 +73,14 @@ def best(levels: list[tuple[EngineSetting, float, L]], kv_limit: float) -> int |
     return max(ok, key=lambda i: (levels[i][2].goodput_rps, -levels[i][0].max_num_seqs, -levels[i][1]))
 
 
-def search(settings: list[EngineSetting], rates: list[float],
-           engine: Engine[L],
-           kv_limit: float, exhaustive: bool = False,
-           on_level: Callable[[EngineSetting, float, L], None] | None = None) -> Search[L]:
+def search(
+    settings: list[EngineSetting],
+    rates: list[float],
+    engine: Engine[L],
+    kv_limit: float,
+    exhaustive: bool = False,
+    on_level: Callable[[EngineSetting, float, L], None] | None = None,
+) -> Search[L]:
     """Run the module docstring's search: `engine(setting)` starts a server and yields a
     function that measures one rate on it."""
     out: Search[L] = Search(bound_restarts=len(settings), bound_levels=len(settings) * len(rates))

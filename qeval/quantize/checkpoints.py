@@ -41,8 +41,12 @@ class Scheme:
 
 #: setup method -> the checkpoint `qeval quantize` makes for it (llmcompressor 0.14)
 SCHEMES: dict[str, Scheme] = {
-    "w8a8": Scheme("W8A8", "SmoothQuant + GPTQ, INT8 weights per channel, INT8 activations per token (dynamic)",
-                   "int8", smoothquant=True),
+    "w8a8": Scheme(
+        "W8A8",
+        "SmoothQuant + GPTQ, INT8 weights per channel, INT8 activations per token (dynamic)",
+        "int8",
+        smoothquant=True,
+    ),
     "w4a8": Scheme("W4A8", "GPTQ, INT4 weights per group, INT8 activations per token (dynamic)", "int4"),
     "gptq": Scheme("W4A16", "GPTQ, INT4 weights per group, 16-bit activations", "int4"),
     "awq": Scheme("W4A16_ASYM", "AWQ, asymmetric INT4 weights per group, 16-bit activations", "int4", awq=True),
@@ -58,10 +62,15 @@ def recipe_spec(cfg: RunConfig, setup: Setup) -> dict[str, Any]:
     """Everything about the recipe that changes the checkpoint (part of the cache key)."""
     scheme = SCHEMES[setup.method]
     q = cfg.quantize
-    spec: dict[str, Any] = {"method": setup.method, "scheme": scheme.preset, "targets": "Linear",
-                            "ignore": ignore_list(setup), "dtype": cfg.model.dtype,
-                            "num_samples": q.num_samples,
-                            "max_seq_length": min(q.max_seq_length, cfg.model.max_context)}
+    spec: dict[str, Any] = {
+        "method": setup.method,
+        "scheme": scheme.preset,
+        "targets": "Linear",
+        "ignore": ignore_list(setup),
+        "dtype": cfg.model.dtype,
+        "num_samples": q.num_samples,
+        "max_seq_length": min(q.max_seq_length, cfg.model.max_context),
+    }
     if scheme.weights == "int4":
         spec["group_size"] = setup.group_size or 128
     if scheme.smoothquant:
@@ -71,8 +80,10 @@ def recipe_spec(cfg: RunConfig, setup: Setup) -> dict[str, Any]:
 
 #: linear layers vLLM serves as one fused layer (its Llama `packed_modules_mapping`): one
 #: quantization scheme per fused layer, so a keep list takes all of a group or none of it
-FUSED_GROUPS: tuple[tuple[str, ...], ...] = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-                                             ("mlp.gate_proj", "mlp.up_proj"))
+FUSED_GROUPS: tuple[tuple[str, ...], ...] = (
+    ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    ("mlp.gate_proj", "mlp.up_proj"),
+)
 
 
 def ignore_list(setup: Setup) -> list[str]:
@@ -97,14 +108,19 @@ def check_keep_fused(setup: Setup, module_names: list[str]) -> None:
                 prefix = name[: -len(group[0])]
                 members = {prefix + g for g in group}
                 if kept & members and not members <= kept:
-                    raise UserError(f"setup {setup.name}: keep takes part of {prefix}{{{','.join(group)}}}, which "
-                                    "vLLM serves as one fused layer; keep all of them or none")
+                    raise UserError(
+                        f"setup {setup.name}: keep takes part of {prefix}{{{','.join(group)}}}, which "
+                        "vLLM serves as one fused layer; keep all of them or none"
+                    )
     if setup.keep and not kept:
-        raise UserError(f"setup {setup.name}: no keep pattern matches a linear layer of this model "
-                        f"(names look like {module_names[0]})")
+        raise UserError(
+            f"setup {setup.name}: no keep pattern matches a linear layer of this model "
+            f"(names look like {module_names[0]})"
+        )
 
 
 # -- calibration text ---------------------------------------------------------------------
+
 
 def calibration_source(cfg: RunConfig) -> Calibration:
     """The config's calibration source, with the default (the suite's training text) filled in."""
@@ -148,6 +164,7 @@ def read_calibration_texts(cal: Calibration, limit: int) -> list[str]:
 
 # -- where a checkpoint lives -------------------------------------------------------------
 
+
 def checkpoint_key(model_sha256: str, recipe: dict[str, Any], calibration_sha256: str) -> str:
     blob = json.dumps({"model": model_sha256, "recipe": recipe, "calibration": calibration_sha256}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -171,8 +188,10 @@ def resolve_checkpoints(cfg: RunConfig, model_sha256: str, names: set[str]) -> R
         if s in wanted:
             where = checkpoint_dir(cfg, s, model_sha256, cal_sha)
             if not (where / RECORD).is_file():
-                raise UserError(f"setup {s.name!r}: no {SCHEMES[s.method].preset} checkpoint of this model and "
-                                f"calibration text yet (expected {where}); run `qeval quantize` on this config first")
+                raise UserError(
+                    f"setup {s.name!r}: no {SCHEMES[s.method].preset} checkpoint of this model and "
+                    f"calibration text yet (expected {where}); run `qeval quantize` on this config first"
+                )
             s = s.model_copy(update={"checkpoint": str(where.resolve())})
         setups.append(s)
     return cfg.model_copy(update={"setups": setups})

@@ -69,13 +69,20 @@ def quant_python() -> str:
     beside = Path(__file__).resolve().parents[2] / ".venv-quant" / "bin" / "python"
     python = os.environ.get("QEVAL_QUANT_PYTHON") or str(beside)
     if not has_module(python, "llmcompressor"):
-        raise UserError(f"llm-compressor is not installed for {python} (`make quant` creates .venv-quant; "
-                        "or set QEVAL_QUANT_PYTHON to an interpreter that has it)")
+        raise UserError(
+            f"llm-compressor is not installed for {python} (`make quant` creates .venv-quant; "
+            "or set QEVAL_QUANT_PYTHON to an interpreter that has it)"
+        )
     return python
 
 
-def quantize(cfg: RunConfig, *, only: list[str] | None = None, force: bool = False,
-             log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> list[Made]:
+def quantize(
+    cfg: RunConfig,
+    *,
+    only: list[str] | None = None,
+    force: bool = False,
+    log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
+) -> list[Made]:
     """Make (or find cached) every checkpoint `cfg` needs; returns where each one is."""
     todo = [s for s in cfg.setups if needs_checkpoint(s) and not s.checkpoint]
     if only:
@@ -84,16 +91,23 @@ def quantize(cfg: RunConfig, *, only: list[str] | None = None, force: bool = Fal
             raise UserError(f"--setups: unknown setup {unknown[0]!r}")
         todo = [s for s in todo if s.name in only]
     if not todo:
-        raise UserError("no setup to quantize: that takes weights int8/int4 with method "
-                        f"{' / '.join(SCHEMES)} and no `checkpoint:` of its own")
+        raise UserError(
+            "no setup to quantize: that takes weights int8/int4 with method "
+            f"{' / '.join(SCHEMES)} and no `checkpoint:` of its own"
+        )
     if any(s.method == "awq" for s in todo) and shutil.which("nvidia-smi") is None:
         # measured: llmcompressor 0.14's AWQ pipeline pins calibration tensors, which needs an accelerator
-        raise UserError("method awq: llm-compressor 0.14 runs AWQ only on a GPU machine (on CPU it fails with "
-                        "'Cannot access accelerator device'); use method gptq here")
+        raise UserError(
+            "method awq: llm-compressor 0.14 runs AWQ only on a GPU machine (on CPU it fails with "
+            "'Cannot access accelerator device'); use method gptq here"
+        )
     source = resolve_model(cfg.model.path, cfg.model.revision)  # one clear line for a bad model path, early
     # `dtype: auto` as the run will resolve it on this device (the checkpoint's key holds the dtype)
-    cfg.model.dtype = resolve_precision(cfg.model.dtype, source.config,  # type: ignore[assignment]
-                                        resolve_device(cfg.device)).dtype
+    cfg.model.dtype = resolve_precision(
+        cfg.model.dtype,
+        source.config,  # type: ignore[assignment]
+        resolve_device(cfg.device),
+    ).dtype
     cal = calibration_source(cfg)
     cal_sha = calibration_checksum(cal)
     texts = read_calibration_texts(cal, cfg.quantize.num_samples) if cal.path else None
@@ -127,16 +141,30 @@ def _remove_stale(dest: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _make(cfg: RunConfig, setup: Setup, dest: Path, python: str, cal: Calibration, texts: list[str] | None,
-          model_sha: str, cal_sha: str) -> dict[str, Any]:
+def _make(
+    cfg: RunConfig,
+    setup: Setup,
+    dest: Path,
+    python: str,
+    cal: Calibration,
+    texts: list[str] | None,
+    model_sha: str,
+    cal_sha: str,
+) -> dict[str, Any]:
     tmp = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
     _remove_stale(dest)
     tmp.mkdir(parents=True)
     recipe = recipe_spec(cfg, setup)
     m = cfg.model
     model = {"path": m.path, "revision": m.revision, "dtype": m.dtype, "trust_remote_code": m.trust_remote_code}
-    job = {"model": model,
-           "recipe": recipe, "texts": texts, "calibration": cal.model_dump(), "seed": cfg.seed, "output": str(tmp)}
+    job = {
+        "model": model,
+        "recipe": recipe,
+        "texts": texts,
+        "calibration": cal.model_dump(),
+        "seed": cfg.seed,
+        "output": str(tmp),
+    }
     job_path = tmp / "qeval-job.json"
     atomic_write_json(job_path, job)
     started = now_iso()
@@ -144,13 +172,20 @@ def _make(cfg: RunConfig, setup: Setup, dest: Path, python: str, cal: Calibratio
     env = os.environ | {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
     with log_path.open("w") as log_file:
         # -P: the worker's own folder (qeval/) stays off sys.path, so no qeval module shadows another
-        proc = subprocess.run([python, "-P", str(WORKER), str(job_path)], stdout=log_file,
-                              stderr=subprocess.STDOUT, env=env, check=False,
-                              preexec_fn=functools.partial(die_with_parent, os.getpid()))  # no orphan quantizer
+        proc = subprocess.run(
+            [python, "-P", str(WORKER), str(job_path)],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            check=False,
+            preexec_fn=functools.partial(die_with_parent, os.getpid()),
+        )  # no orphan quantizer
     if proc.returncode != 0:
         tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()][-1:]
-        raise QuantizeFailed(f"setup {setup.name!r}: llm-compressor exited with {proc.returncode}: "
-                             f"{tail[0] if tail else 'no output'} (log: {log_path})")
+        raise QuantizeFailed(
+            f"setup {setup.name!r}: llm-compressor exited with {proc.returncode}: "
+            f"{tail[0] if tail else 'no output'} (log: {log_path})"
+        )
     info = json.loads((tmp / "worker-info.json").read_text())
     (tmp / "worker-info.json").unlink()
     job_path.unlink()  # the calibration texts are in the source file; the record says which
@@ -162,10 +197,21 @@ def _make(cfg: RunConfig, setup: Setup, dest: Path, python: str, cal: Calibratio
         "algorithm": SCHEMES[setup.method].algorithm,
         "recipe": recipe,
         "model": {"path": m.path, "sha256": model_sha, "revision": m.revision},
-        "calibration": {**cal.model_dump(exclude_none=True), "sha256": cal_sha,
-                        "texts": info["calibration_texts"], "tokens": info["calibration_tokens"]},
-        "made_by": {"qeval": __version__, "git_commit": git_commit(), "started": started, "finished": now_iso(),
-                    "seconds": info["seconds"], "libraries": info["libraries"], "hardware": hardware()},
+        "calibration": {
+            **cal.model_dump(exclude_none=True),
+            "sha256": cal_sha,
+            "texts": info["calibration_texts"],
+            "tokens": info["calibration_tokens"],
+        },
+        "made_by": {
+            "qeval": __version__,
+            "git_commit": git_commit(),
+            "started": started,
+            "finished": now_iso(),
+            "seconds": info["seconds"],
+            "libraries": info["libraries"],
+            "hardware": hardware(),
+        },
     }
     atomic_write_json(tmp / RECORD, record)
     if dest.exists():  # --force: the old folder goes only once the new one is complete

@@ -33,8 +33,10 @@ def _recipe(spec: dict[str, Any]) -> list[Any]:
     group = spec.get("group_size")
     if group is not None and group != PRESET_SCHEMES[preset]["weights"].group_size:
         # the presets quantize int4 weights in groups of 128; another size needs the scheme spelled out
-        args = {k: v.model_copy(update={"group_size": group}) if k == "weights" else v
-                for k, v in PRESET_SCHEMES[preset].items()}
+        args = {
+            k: v.model_copy(update={"group_size": group}) if k == "weights" else v
+            for k, v in PRESET_SCHEMES[preset].items()
+        }
         quant["config_groups"] = {"group_0": QuantizationScheme(targets=[spec["targets"]], **args)}
     else:
         quant["scheme"] = preset
@@ -56,8 +58,9 @@ def _calibration(job: dict[str, Any], tok: Any) -> tuple[Any, int]:
         ds = load_dataset(cal["dataset"], cal["dataset_config"], split=cal["split"], revision=cal["revision"])
         texts = [r[cal["text_field"]] for r in ds.select(range(min(len(ds), job["recipe"]["num_samples"])))]
     enc = [tok(t, add_special_tokens=True, truncation=True, max_length=job["recipe"]["max_seq_length"]) for t in texts]
-    return Dataset.from_dict({"input_ids": [e["input_ids"] for e in enc],
-                              "attention_mask": [e["attention_mask"] for e in enc]}), len(texts)
+    return Dataset.from_dict(
+        {"input_ids": [e["input_ids"] for e in enc], "attention_mask": [e["attention_mask"] for e in enc]}
+    ), len(texts)
 
 
 def main(job_path: str) -> None:
@@ -70,18 +73,28 @@ def main(job_path: str) -> None:
     started = time.time()
     m = job["model"]
     tok = AutoTokenizer.from_pretrained(m["path"], revision=m["revision"], trust_remote_code=m["trust_remote_code"])
-    model = AutoModelForCausalLM.from_pretrained(m["path"], revision=m["revision"], dtype=m["dtype"],
-                                                 trust_remote_code=m["trust_remote_code"])
+    model = AutoModelForCausalLM.from_pretrained(
+        m["path"], revision=m["revision"], dtype=m["dtype"], trust_remote_code=m["trust_remote_code"]
+    )
     dataset, n_texts = _calibration(job, tok)
     out = Path(job["output"])
     # shuffle off: the first N documents, every time, so a checkpoint is reproducible
-    oneshot(model=model, dataset=dataset, recipe=_recipe(job["recipe"]), output_dir=str(out),
-            max_seq_length=job["recipe"]["max_seq_length"], num_calibration_samples=n_texts,
-            shuffle_calibration_samples=False)
+    oneshot(
+        model=model,
+        dataset=dataset,
+        recipe=_recipe(job["recipe"]),
+        output_dir=str(out),
+        max_seq_length=job["recipe"]["max_seq_length"],
+        num_calibration_samples=n_texts,
+        shuffle_calibration_samples=False,
+    )
     tok.save_pretrained(out)
-    info = {"seconds": round(time.time() - started, 1), "calibration_texts": n_texts,
-            "calibration_tokens": int(sum(len(x) for x in dataset["input_ids"])),
-            "libraries": {d: version(d) for d in ("llmcompressor", "compressed-tensors", "transformers", "torch")}}
+    info = {
+        "seconds": round(time.time() - started, 1),
+        "calibration_texts": n_texts,
+        "calibration_tokens": int(sum(len(x) for x in dataset["input_ids"])),
+        "libraries": {d: version(d) for d in ("llmcompressor", "compressed-tensors", "transformers", "torch")},
+    }
     (out / "worker-info.json").write_text(json.dumps(info, indent=2))
 
 

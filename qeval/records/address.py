@@ -23,8 +23,10 @@ def check_address(address: str) -> None:
     """One line for an address qeval cannot use; returns when something answers there."""
     where = f"Ray cluster address {address!r}"
     if address.startswith("ray://"):
-        raise UserError(f"{where}: Ray Client addresses (ray://) are not supported; run qeval on a node of the "
-                        "cluster and give its GCS address, host:port")
+        raise UserError(
+            f"{where}: Ray Client addresses (ray://) are not supported; run qeval on a node of the "
+            "cluster and give its GCS address, host:port"
+        )
     if address in ("auto", "local"):
         return  # Ray itself finds (auto) or starts (local) the cluster on this machine
     host, sep, port = address.rpartition(":")
@@ -34,5 +36,7 @@ def check_address(address: str) -> None:
         with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
             pass
     except OSError as exc:
-        raise UserError(f"{where}: nothing answers there ({exc.strerror or type(exc).__name__}); is the cluster "
-                        "up (`ray start --head`)?") from None
+        raise UserError(
+            f"{where}: nothing answers there ({exc.strerror or type(exc).__name__}); is the cluster "
+            "up (`ray start --head`)?"
+        ) from None

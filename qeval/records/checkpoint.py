@@ -75,10 +75,15 @@ def identity_problem(checkpoint: dict[str, Any], baseline: dict[str, Any]) -> st
     if isinstance(base.get("model_type"), str) and ck["model_type"] != base["model_type"]:
         return f"has model_type {_short(ck['model_type'])!r}, the model {base['model_type']!r}"
     theirs = ModelShape.from_config(baseline)
-    for field, name in (("vocab_size", "vocab_size"), ("hidden_size", "hidden_size"),
-                        ("intermediate_size", "intermediate_size"), ("num_layers", "num_hidden_layers"),
-                        ("num_heads", "num_attention_heads"), ("num_kv_heads", "num_key_value_heads"),
-                        ("head_dim", "head_dim")):
+    for field, name in (
+        ("vocab_size", "vocab_size"),
+        ("hidden_size", "hidden_size"),
+        ("intermediate_size", "intermediate_size"),
+        ("num_layers", "num_hidden_layers"),
+        ("num_heads", "num_attention_heads"),
+        ("num_kv_heads", "num_key_value_heads"),
+        ("head_dim", "head_dim"),
+    ):
         if getattr(mine, field) != getattr(theirs, field):
             return f"has {name} {getattr(mine, field):,}, the model {getattr(theirs, field):,}"
     return ""
@@ -88,8 +93,10 @@ def check_identity(name: str, ref: str, checkpoint: dict[str, Any], baseline: di
     """One UserError line where setup `name`'s checkpoint `ref` is not a checkpoint of the model."""
     problem = identity_problem(checkpoint, baseline)
     if problem:
-        raise UserError(f"setup {name}: checkpoint {ref}: config.json {problem}: not a checkpoint of this model "
-                        "(a setup's checkpoint must be the baseline model, quantized)")
+        raise UserError(
+            f"setup {name}: checkpoint {ref}: config.json {problem}: not a checkpoint of this model "
+            "(a setup's checkpoint must be the baseline model, quantized)"
+        )
 
 
 def _short(value: object) -> str:
@@ -110,8 +117,13 @@ def _tensor(args: dict[str, Any] | None) -> str | None:
         return None
     kind = args.get("type", "int")
     strategy = args.get("strategy")
-    where = f"per group of {args['group_size']}" if strategy == "group" and args.get("group_size") else \
-        f"per {strategy}" if strategy else ""
+    where = (
+        f"per group of {args['group_size']}"
+        if strategy == "group" and args.get("group_size")
+        else f"per {strategy}"
+        if strategy
+        else ""
+    )
     sym = "sym" if args.get("symmetric", True) else "asym"
     dyn = "dynamic" if args.get("dynamic") else "static"
     return " ".join(x for x in (f"{kind}{args.get('num_bits')}", sym, where, f"({dyn})") if x)
@@ -131,25 +143,40 @@ def describe(qc: dict[str, Any]) -> dict[str, Any]:
                 continue
             targets: list[Any] = g["targets"] if isinstance(g.get("targets"), list) else [name]
             w, a = _tensor(g.get("weights")), _tensor(g.get("input_activations"))
-            parts.append(f"{_short('+'.join(map(str, targets)))}: weights {_short(w or 'unquantized')}, "
-                         f"activations {_short(a or '16-bit')}")
+            parts.append(
+                f"{_short('+'.join(map(str, targets)))}: weights {_short(w or 'unquantized')}, "
+                f"activations {_short(a or '16-bit')}"
+            )
             weights = g.get("weights") or {}
             out.setdefault("bits", weights.get("num_bits"))
             out.setdefault("group_size", weights.get("group_size"))
             out.setdefault("activation_bits", (g.get("input_activations") or {}).get("num_bits"))
         out["format"] = qc.get("format")
-        scheme = "; ".join(parts[:SHOWN]) + (f"; and {len(parts) - SHOWN:,} more groups" if len(parts) > SHOWN
-                                             else "") or "no config groups"
+        scheme = (
+            "; ".join(parts[:SHOWN]) + (f"; and {len(parts) - SHOWN:,} more groups" if len(parts) > SHOWN else "")
+            or "no config groups"
+        )
     else:  # gptq, awq, bitsandbytes, fp8, torchao...: their flat fields
-        out["bits"] = qc.get("bits") or qc.get("w_bit") or (4 if qc.get("load_in_4bit") else 8
-                                                             if qc.get("load_in_8bit") else None)
+        out["bits"] = (
+            qc.get("bits")
+            or qc.get("w_bit")
+            or (4 if qc.get("load_in_4bit") else 8 if qc.get("load_in_8bit") else None)
+        )
         out["group_size"] = qc.get("group_size") or qc.get("q_group_size")
         block = qc.get("weight_block_size")
-        scheme = ", ".join(x for x in (
-            f"{out['bits']}-bit" if out["bits"] else None,
-            f"group {out['group_size']}" if out["group_size"] else None,
-            f"blocks {block}" if block else None,
-            "asym" if qc.get("sym") is False or qc.get("zero_point") else None) if x) or "as configured"
+        scheme = (
+            ", ".join(
+                x
+                for x in (
+                    f"{out['bits']}-bit" if out["bits"] else None,
+                    f"group {out['group_size']}" if out["group_size"] else None,
+                    f"blocks {block}" if block else None,
+                    "asym" if qc.get("sym") is False or qc.get("zero_point") else None,
+                )
+                if x
+            )
+            or "as configured"
+        )
     ignore = qc.get("ignore") or qc.get("modules_to_not_convert") or qc.get("llm_int8_skip_modules") or []
     ignore = list(ignore) if isinstance(ignore, (list, tuple)) else [ignore]
     # results.json and the reports carry a bounded part: the first names and how many there are
@@ -158,4 +185,3 @@ def describe(qc: dict[str, Any]) -> dict[str, Any]:
     kept = f"; unquantized: {_names(ignore)}" if ignore else ""
     out["text"] = f"{method}: {scheme}{kept}"
     return out
-

@@ -50,15 +50,24 @@ def setup_keys(pre: Preflight, setup: Setup) -> SetupKeys:
     backend and device, the dtype and context, the sample limit, and how requests are batched
     (padding changes the numerics: up to 0.067 nats per document under a quantized KV cache)."""
     cfg, m = pre.cfg, pre.cfg.model
-    parts = {"model_sha256": pre.model_sha256, "setup": setup.id, "qeval": __version__, "backend": cfg.backend,
-             "device": pre.device, "dtype": m.dtype, "max_context": str(m.max_context), "limit": str(cfg.limit),
-             "batch_size": str(cfg.batch_size),
-             "generation_batch_size": str(cfg.generation_batch_size or 4 * cfg.batch_size)}
+    parts = {
+        "model_sha256": pre.model_sha256,
+        "setup": setup.id,
+        "qeval": __version__,
+        "backend": cfg.backend,
+        "device": pre.device,
+        "dtype": m.dtype,
+        "max_context": str(m.max_context),
+        "limit": str(cfg.limit),
+        "batch_size": str(cfg.batch_size),
+        "generation_batch_size": str(cfg.generation_batch_size or 4 * cfg.batch_size),
+    }
     parts |= pre.backend_key_parts  # the backend's own (vLLM: its engine settings)
     if setup.name in pre.checkpoint_sha256:  # only checkpoint setups: every other key stays as it was
         parts["checkpoint_sha256"] = pre.checkpoint_sha256[setup.name]
-    return SetupKeys(parts, {t.name: parts | {"task": t.fingerprint} | _chat_part(t) | _teacher_part(cfg, t)
-                             for t in pre.tasks})
+    return SetupKeys(
+        parts, {t.name: parts | {"task": t.fingerprint} | _chat_part(t) | _teacher_part(cfg, t) for t in pre.tasks}
+    )
 
 
 def _teacher_part(cfg: Any, task: Any) -> dict[str, str]:

@@ -63,12 +63,17 @@ def _resolve_hub(repo: str, revision: str | None) -> ModelSource:
         raise UserError(f"model {repo}: not a local folder, and {why} with no cached copy of it") from None
     except Exception as exc:  # noqa: BLE001 - unknown repo, gated, revision not found: one line for the user
         msg = str(exc).strip().splitlines()
-        raise UserError(f"model {repo}: cannot resolve it on the hub: {type(exc).__name__}: {msg[0] if msg else ''}"
-                        ) from None
+        raise UserError(
+            f"model {repo}: cannot resolve it on the hub: {type(exc).__name__}: {msg[0] if msg else ''}"
+        ) from None
     # the hub cache keeps files under snapshots/<commit>/: the commit pins the content
     commit = config.parent.name
-    return ModelSource(repo, config.parent, hashlib.sha256(f"hub:{repo}@{commit}".encode()).hexdigest(),
-                       read_model_config(config.parent))
+    return ModelSource(
+        repo,
+        config.parent,
+        hashlib.sha256(f"hub:{repo}@{commit}".encode()).hexdigest(),
+        read_model_config(config.parent),
+    )
 
 
 def read_model_config(folder: Path) -> dict[str, Any]:
@@ -102,13 +107,16 @@ def gguf_config(path: Path) -> dict[str, Any]:
         import gguf  # noqa: F401
         from transformers import AutoConfig
     except ImportError:
-        raise UserError(f"model path {path} is a GGUF file: reading it needs the `gguf` package (pip install gguf)"
-                        ) from None
+        raise UserError(
+            f"model path {path} is a GGUF file: reading it needs the `gguf` package (pip install gguf)"
+        ) from None
     try:
         return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name).to_dict()
     except Exception as exc:  # noqa: BLE001 - an unreadable or unsupported GGUF: one line
-        raise UserError(f"model path {path}: not a GGUF file transformers can read ({type(exc).__name__}: "
-                        f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+        raise UserError(
+            f"model path {path}: not a GGUF file transformers can read ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''})"
+        ) from None
 
 
 def file_checksum(path: Path) -> str:

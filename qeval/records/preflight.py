@@ -30,7 +30,6 @@ class Precision:
         return f"dtype {self.dtype} ({self.requested}{': ' + self.fallback if self.fallback else ''})"
 
 
-
 class TaskInfoLike(Protocol):
     """What the run, the keys and the assembly need of any task, native or lm-eval."""
 

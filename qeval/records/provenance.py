@@ -14,8 +14,14 @@ def now_iso() -> str:
 
 def git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                             text=True, timeout=5, check=False)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() or None
@@ -24,5 +30,10 @@ def git_commit() -> str | None:
 def hardware() -> dict[str, str | int]:
     import os
 
-    return {"machine": platform.machine(), "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count() or 0, "python": platform.python_version(), "platform": platform.platform()}
+    return {
+        "machine": platform.machine(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count() or 0,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }

@@ -89,18 +89,31 @@ class ModelShape:
     def linear_shapes(self) -> list[tuple[int, int]]:
         """(out_features, in_features) of every decoder linear layer: the quantized ones."""
         h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        per_layer = [(q, h), (kv, h), (kv, h), (h, q), (self.intermediate_size, h),
-                     (self.intermediate_size, h), (h, self.intermediate_size)]
+        per_layer = [
+            (q, h),
+            (kv, h),
+            (kv, h),
+            (h, q),
+            (self.intermediate_size, h),
+            (self.intermediate_size, h),
+            (h, self.intermediate_size),
+        ]
         return per_layer * self.num_layers
 
     def linear_modules(self) -> list[tuple[str, int, int]]:
         """(module name, out_features, in_features) of every decoder linear layer, named as
         transformers' Llama-family models name them (what a setup's `keep` patterns match)."""
-        names = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+        names = (
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        )
         shapes = self.linear_shapes()
-        return [(f"model.layers.{i // len(names)}.{names[i % len(names)]}", o, n)
-                for i, (o, n) in enumerate(shapes)]
+        return [(f"model.layers.{i // len(names)}.{names[i % len(names)]}", o, n) for i, (o, n) in enumerate(shapes)]
 
     def other_params(self) -> int:
         """Parameters left in 16-bit by weight quantization: embeddings, lm_head, norms, biases."""
@@ -128,10 +141,19 @@ def _positive(cfg: dict[str, Any], key: str) -> int:
 
 #: fields a published config.json may leave to its config class, with transformers 5.23's defaults
 _DEFAULTS: dict[str, dict[str, Any]] = {"gemma3_text": {"vocab_size": 262208, "sliding_window": 4096}}
-_LINEAR = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
-           "linear_conv_kernel_dim")
-_KINDS = {"full_attention": "full", "sliding_attention": "sliding", "chunked_attention": "chunked",
-          "linear_attention": "linear"}
+_LINEAR = (
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+)
+_KINDS = {
+    "full_attention": "full",
+    "sliding_attention": "sliding",
+    "chunked_attention": "chunked",
+    "linear_attention": "linear",
+}
 
 
 def _optional(cfg: dict[str, Any], key: str) -> int | None:
@@ -168,8 +190,9 @@ def layer_kinds(text: dict[str, Any], n: int) -> tuple[str, ...]:
         every = int(text.get("sliding_window_pattern") or 4)
         return tuple("full" if (i + 1) % every == 0 else "sliding" for i in range(n))
     if text.get("attention_chunk_size") is not None:  # Llama4TextConfig: NoPE layers are global
-        rope = text.get("no_rope_layers") or [int((i + 1) % int(text.get("no_rope_layer_interval") or 4) != 0)
-                                               for i in range(n)]
+        rope = text.get("no_rope_layers") or [
+            int((i + 1) % int(text.get("no_rope_layer_interval") or 4) != 0) for i in range(n)
+        ]
         return tuple("chunked" if r else "full" for r in rope)
     if text.get("full_attention_interval"):  # Qwen3NextConfig: linear attention between global layers
         every = int(text["full_attention_interval"])

@@ -107,8 +107,9 @@ class TopkSpool:
     raw file per array. The offsets (8 bytes a request) stay in memory; the per-token arrays,
     the bulk, go to disk."""
 
-    def __init__(self, folder: Path, stem: str, resume: dict[str, Any] | None = None,
-                 lengths: np.ndarray | None = None) -> None:
+    def __init__(
+        self, folder: Path, stem: str, resume: dict[str, Any] | None = None, lengths: np.ndarray | None = None
+    ) -> None:
         """A new spool in `folder`, or with `resume` and `lengths` (a `state()` of one saved after
         a chunk) that spool again, each raw file cut back to the rows the state says it held."""
         self.folder, self.stem = folder, stem
@@ -132,8 +133,10 @@ class TopkSpool:
         each array's file and rows (JSON), and the requests' token counts (an array)."""
         for path, *_ in self.arrays.values():
             _fsync(path)  # on disk before the state that names them
-        arrays = {key: [path.name, np.lib.format.dtype_to_descr(dtype), list(row), rows]
-                  for key, (path, dtype, row, rows) in self.arrays.items()}
+        arrays = {
+            key: [path.name, np.lib.format.dtype_to_descr(dtype), list(row), rows]
+            for key, (path, dtype, row, rows) in self.arrays.items()
+        }
         lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, dtype=np.int64)
         return {"arrays": arrays}, lengths
 
@@ -144,8 +147,12 @@ class TopkSpool:
             if key == "offsets":
                 continue
             arr = np.ascontiguousarray(arr)
-            path, dtype, row, rows = self.arrays.get(key) or (_scratch_file(self.folder, f"{self.stem}.{key}"),
-                                                              arr.dtype, arr.shape[1:], 0)
+            path, dtype, row, rows = self.arrays.get(key) or (
+                _scratch_file(self.folder, f"{self.stem}.{key}"),
+                arr.dtype,
+                arr.shape[1:],
+                0,
+            )
             if (arr.dtype, arr.shape[1:]) != (dtype, row):
                 raise ValueError(f"top-k pack {key}: {arr.dtype}{arr.shape[1:]} after {dtype}{row}")
             with open(path, "ab") as f:
@@ -165,8 +172,7 @@ class TopkSpool:
             with zf.open("offsets.npy", "w", force_zip64=True) as member:
                 np.lib.format.write_array(member, self.offsets(), allow_pickle=False)
             for key, (path, dtype, row, rows) in self.arrays.items():
-                header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
-                          "shape": (rows, *row)}
+                header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (rows, *row)}
                 with zf.open(f"{key}.npy", "w", force_zip64=True) as member, open(path, "rb") as f:
                     np.lib.format.write_array_header_1_0(member, header)  # a few dozen bytes: 1.0 holds it
                     while block := f.read(BLOCK):
@@ -207,8 +213,9 @@ def _fsync(path: Path) -> None:
 STATE_SUFFIX = ".state.npz"
 
 
-def save_state(folder: Path, name: str, meta: dict[str, Any], arrays: dict[str, np.ndarray],
-               files: Collection[str]) -> None:
+def save_state(
+    folder: Path, name: str, meta: dict[str, Any], arrays: dict[str, np.ndarray], files: Collection[str]
+) -> None:
     """Write a state (`meta`: JSON, `arrays`: numpy) into `folder`, atomically: a worker killed
     while writing it leaves the previous one whole. `files`: the spools it needs, which
     `clear_scratch(folder, keep_states=True)` then keeps."""
@@ -293,8 +300,9 @@ class TopkReader:
                     continue
                 member = self._zip.open(name)
                 version = np.lib.format.read_magic(member)
-                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
-                    np.lib.format.read_array_header_2_0
+                read_header = (
+                    np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                )
                 shape, fortran, dtype = read_header(member)
                 if fortran:
                     raise ValueError(f"{path}: {key} is stored in Fortran order")

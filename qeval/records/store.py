@@ -59,9 +59,16 @@ class RunStore:
         meta = self.read_meta(setup, task)
         return meta is not None and meta.get("key") == key and self.samples_path(setup, task).is_file()
 
-    def write_task(self, setup: str, task: str, key: str, records: Sequence[dict[str, Any]] | RecordSpool,
-                   metrics: dict[str, Any], extra: dict[str, Any],
-                   topk: dict[str, np.ndarray] | TopkSpool | None) -> None:
+    def write_task(
+        self,
+        setup: str,
+        task: str,
+        key: str,
+        records: Sequence[dict[str, Any]] | RecordSpool,
+        metrics: dict[str, Any],
+        extra: dict[str, Any],
+        topk: dict[str, np.ndarray] | TopkSpool | None,
+    ) -> None:
         """The meta file marks the pair stored (docs/guarantees.md, "Which file marks a task
         stored"): an earlier meta is removed first, then the samples, the top-k and the meta are
         written, each atomically. A kill anywhere between leaves the pair not done, never done

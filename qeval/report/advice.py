@@ -32,19 +32,42 @@ def mix_row(a: AdviceResult, esc: Escape) -> tuple[list[str], list[str]]:
     """The chosen mix in one row: what is kept, its bytes, and the advisor's predictions."""
     s = a.search
     below = s.measured_calib_kl < a.uniform_kl
-    header = ["setup", "target", "kept", "bytes kept", "allowance", "budget", f"KL uniform {esc(a.target)}",
-              "KL predicted (gains added)", "KL measured (calibration)", "below the uniform's"]
-    row = [esc(a.setup), esc(a.target), esc(", ".join(s.kept) or "nothing"), _bytes(s.extra_bytes),
-           _bytes(s.allowance_bytes), esc(a.budget), _kl(a.uniform_kl), _kl(s.predicted_kl),
-           _kl(s.measured_calib_kl), "yes" if below else "no"]
+    header = [
+        "setup",
+        "target",
+        "kept",
+        "bytes kept",
+        "allowance",
+        "budget",
+        f"KL uniform {esc(a.target)}",
+        "KL predicted (gains added)",
+        "KL measured (calibration)",
+        "below the uniform's",
+    ]
+    row = [
+        esc(a.setup),
+        esc(a.target),
+        esc(", ".join(s.kept) or "nothing"),
+        _bytes(s.extra_bytes),
+        _bytes(s.allowance_bytes),
+        esc(a.budget),
+        _kl(a.uniform_kl),
+        _kl(s.predicted_kl),
+        _kl(s.measured_calib_kl),
+        "yes" if below else "no",
+    ]
     return header, row
 
 
 def _uniform(s: SetupResult) -> bool:
     """A uniform quanto INT4 or INT8 setup: what the advised mix is verified against."""
     spec = s.spec
-    return (spec.get("weights") in ("int4", "int8") and spec.get("method", "rtn") == "rtn" and not spec.get("keep")
-            and spec.get("kv_cache", "auto") == "auto")
+    return (
+        spec.get("weights") in ("int4", "int8")
+        and spec.get("method", "rtn") == "rtn"
+        and not spec.get("keep")
+        and spec.get("kv_cache", "auto") == "auto"
+    )
 
 
 def compared_setups(results: Results) -> list[SetupResult]:
@@ -59,8 +82,9 @@ def compared_setups(results: Results) -> list[SetupResult]:
 
 def gate_verdict(s: SetupResult) -> str:
     """fail if any gated task or suite fails, else inconclusive if any is, else pass; no gate."""
-    verdicts = [c.verdict for c in s.vs_baseline.values() if c.verdict] + [v.verdict for v in s.suites.values()
-                                                                            if v.verdict]
+    verdicts = [c.verdict for c in s.vs_baseline.values() if c.verdict] + [
+        v.verdict for v in s.suites.values() if v.verdict
+    ]
     if s.status != "ok":
         return "failed"
     for v in ("fail", "inconclusive", "pass"):
@@ -75,20 +99,32 @@ def verification(results: Results, esc: Escape) -> tuple[list[str], list[list[st
     assert a is not None
     held = {m.name: m.heldout_kl for m in a.heldout}
     tasks = [t for t, info in results.tasks.items() if info.entry in (None, t)]
-    kl_tasks = [t for t in tasks if any(s.vs_baseline.get(t) and s.vs_baseline[t].kl is not None
-                                        for s in results.setups)]
-    header = ["setup", "kept", "weights predicted", "weights measured", "advisor KL (calibration)",
-              "advisor KL (held out)"]
+    kl_tasks = [
+        t for t in tasks if any(s.vs_baseline.get(t) and s.vs_baseline[t].kl is not None for s in results.setups)
+    ]
+    header = [
+        "setup",
+        "kept",
+        "weights predicted",
+        "weights measured",
+        "advisor KL (calibration)",
+        "advisor KL (held out)",
+    ]
     header += [f"{esc(t)} KL to baseline (top-1)" for t in kl_tasks]
     header += [f"{esc(t)} Δ vs baseline [95% CI]" for t in tasks] + ["gates"]
     advisor = {a.target: a.uniform_kl, a.setup: a.search.measured_calib_kl}
     rows = []
     for s in compared_setups(results):
         w = s.memory.weights_bytes
-        kept = ("(baseline)" if s.baseline else esc(", ".join(a.search.kept) or "nothing") if s.name == a.setup
-                else "-")
-        row = [esc(s.name), kept, _bytes(w.predicted), _bytes(w.measured), _kl(advisor.get(s.name)),
-               _kl(held.get(s.name))]
+        kept = "(baseline)" if s.baseline else esc(", ".join(a.search.kept) or "nothing") if s.name == a.setup else "-"
+        row = [
+            esc(s.name),
+            kept,
+            _bytes(w.predicted),
+            _bytes(w.measured),
+            _kl(advisor.get(s.name)),
+            _kl(held.get(s.name)),
+        ]
         for t in kl_tasks:
             c = s.vs_baseline.get(t)
             row.append("" if c is None or c.kl is None else f"{c.kl:.5f} ({100 * (c.top1_agreement or 0):.1f}%)")
@@ -98,16 +134,16 @@ def verification(results: Results, esc: Escape) -> tuple[list[str], list[list[st
                 row.append("")
                 continue
             m = describe(c.metric, c.higher_is_better)
-            row.append(f"{m.fmt_delta(c.delta)} [{m.fmt_delta(c.ci[0], unit=False)}, "
-                       f"{m.fmt_delta(c.ci[1], unit=False)}]")
+            row.append(
+                f"{m.fmt_delta(c.delta)} [{m.fmt_delta(c.ci[0], unit=False)}, {m.fmt_delta(c.ci[1], unit=False)}]"
+            )
         row.append("" if s.baseline else gate_verdict(s))
         rows.append(row)
     return header, rows
 
 
 def heldout_rows(a: AdviceResult, esc: Escape) -> list[list[str]]:
-    return [[esc(m.name), esc(", ".join(m.kept) or "-"), _bytes(m.weights_bytes), _kl(m.heldout_kl)]
-            for m in a.heldout]
+    return [[esc(m.name), esc(", ".join(m.kept) or "-"), _bytes(m.weights_bytes), _kl(m.heldout_kl)] for m in a.heldout]
 
 
 HELDOUT_HEADER = ["mix", "kept", "weights bytes (predicted)", "KL (held out)"]
@@ -117,9 +153,11 @@ def versus_line(a: AdviceResult) -> str:
     v = a.versus_random
     if v.ci95 is None or v.mean_diff is None:
         return v.verdict
-    return (f"Random minus advisor, paired by document (mean over {v.draws} draws): {v.mean_diff:+.5f} KL, "
-            f"95% CI [{v.ci95[0]:+.5f}, {v.ci95[1]:+.5f}]; {v.draws_beaten} of {v.draws} draws beaten "
-            f"beyond noise: {v.verdict}.")
+    return (
+        f"Random minus advisor, paired by document (mean over {v.draws} draws): {v.mean_diff:+.5f} KL, "
+        f"95% CI [{v.ci95[0]:+.5f}, {v.ci95[1]:+.5f}]; {v.draws_beaten} of {v.draws} draws beaten "
+        f"beyond noise: {v.verdict}."
+    )
 
 
 def sensitivity_rows(a: AdviceResult) -> tuple[list[str], list[list[str]]]:
@@ -142,12 +180,17 @@ def sensitivity_rows(a: AdviceResult) -> tuple[list[str], list[list[str]]]:
 
 def _how(a: AdviceResult) -> str:
     c, t = a.calibration, a.timing
-    done = ("reused from advice.json (stored under this run's advice key)" if a.reused else
-            f"computed in {t.total_s if t else 0:.1f} s ({int(t.passes if t else 0)} forward passes)")
-    return (f"Budget {a.budget} ({a.budget_bytes:,} bytes: {a.budget_basis}). Calibration: {c.tokens} tokens in "
-            f"{c.documents} documents of {c.source}; KL(baseline || mix) on the baseline's top-{c.top_k} "
-            f"ids plus a tail bucket, mean per token. Advice {done}. The search honours the budget only: the "
-            "run's gates judge the advised setup, in the verification table.")
+    done = (
+        "reused from advice.json (stored under this run's advice key)"
+        if a.reused
+        else f"computed in {t.total_s if t else 0:.1f} s ({int(t.passes if t else 0)} forward passes)"
+    )
+    return (
+        f"Budget {a.budget} ({a.budget_bytes:,} bytes: {a.budget_basis}). Calibration: {c.tokens} tokens in "
+        f"{c.documents} documents of {c.source}; KL(baseline || mix) on the baseline's top-{c.top_k} "
+        f"ids plus a tail bucket, mean per token. Advice {done}. The search honours the budget only: the "
+        "run's gates judge the advised setup, in the verification table."
+    )
 
 
 def markdown(results: Results, esc: Escape) -> list[str]:
@@ -157,17 +200,42 @@ def markdown(results: Results, esc: Escape) -> list[str]:
     mh, mr = mix_row(a, esc)
     vh, vr = verification(results, esc)
     sh, sr = sensitivity_rows(a)
-    lines = [f"## {TITLE}", "", esc(_how(a)), "", "### Chosen mix", "", *md_table(mh, [mr]), "",
-             "### Verification", "", *md_table(vh, vr), "",
-             "Weights in bytes (predicted from config.json, measured on the loaded model); the advisor's KL on its "
-             "own calibration and held-out documents; the run's KL and Δ on the run's tasks, paired by document; "
-             "gates: the setup's verdict over the config's gates.", ""]
+    lines = [
+        f"## {TITLE}",
+        "",
+        esc(_how(a)),
+        "",
+        "### Chosen mix",
+        "",
+        *md_table(mh, [mr]),
+        "",
+        "### Verification",
+        "",
+        *md_table(vh, vr),
+        "",
+        "Weights in bytes (predicted from config.json, measured on the loaded model); the advisor's KL on its "
+        "own calibration and held-out documents; the run's KL and Δ on the run's tasks, paired by document; "
+        "gates: the setup's verdict over the config's gates.",
+        "",
+    ]
     if a.heldout:
-        lines += ["### Held-out check against random mixes", "", *md_table(HELDOUT_HEADER, heldout_rows(a, esc)), "",
-                  esc(versus_line(a)), ""]
-    lines += ["### Sensitivity (layer x module type)", "", *md_table(sh, sr), "",
-              "cost: KL with only this cell quantized; gain: KL recovered with only this cell kept at the model's "
-              "dtype (report.html draws both as heatmaps).", ""]
+        lines += [
+            "### Held-out check against random mixes",
+            "",
+            *md_table(HELDOUT_HEADER, heldout_rows(a, esc)),
+            "",
+            esc(versus_line(a)),
+            "",
+        ]
+    lines += [
+        "### Sensitivity (layer x module type)",
+        "",
+        *md_table(sh, sr),
+        "",
+        "cost: KL with only this cell quantized; gain: KL recovered with only this cell kept at the model's "
+        "dtype (report.html draws both as heatmaps).",
+        "",
+    ]
     return lines
 
 
@@ -176,8 +244,10 @@ def tables(results: Results) -> HtmlTables:
     if a is None:
         return {}
     mh, mr = mix_row(a, str)
-    out: HtmlTables = {"Chosen mix: " + _how(a): (mh, [mr]),
-                       "Verification: predicted and measured, against the baseline": verification(results, str)}
+    out: HtmlTables = {
+        "Chosen mix: " + _how(a): (mh, [mr]),
+        "Verification: predicted and measured, against the baseline": verification(results, str),
+    }
     if a.heldout:
         out["Held-out check: " + versus_line(a)] = (HELDOUT_HEADER, heldout_rows(a, str))
     out["Sensitivity per cell (the heatmaps' numbers)"] = sensitivity_rows(a)
@@ -191,8 +261,10 @@ def figures(results: Results) -> dict[str, Callable[[Results], Any]]:
     def draw(value: str) -> Callable[[Results], Any]:
         return lambda r: plots.sensitivity_heatmap(r.advice.units if r.advice else [], value)
 
-    return {"Advisor sensitivity, gain: KL recovered with only this cell kept": draw("gain_kl"),
-            "Advisor sensitivity, cost: KL with only this cell quantized": draw("cost_kl")}
+    return {
+        "Advisor sensitivity, gain: KL recovered with only this cell kept": draw("gain_kl"),
+        "Advisor sensitivity, cost: KL with only this cell quantized": draw("cost_kl"),
+    }
 
 
 SECTION = ReportSection(title=TITLE, anchor="advice", markdown=markdown, tables=tables, figures=figures)

@@ -9,9 +9,11 @@ from qeval.report.tables import Escape
 from qeval.results.schema import Results, SetupResult
 
 HEADER = ["setup", "task", "mean generated tokens", "vs baseline"]
-LEGEND = ("Tokens generated per document, the stop token and any reasoning block included (a task's "
-          "`think_end_token` strips the block before scoring, not from this count); the ratio is the setup's "
-          "mean over the baseline's on the same documents: the serving cost of its answers.")
+LEGEND = (
+    "Tokens generated per document, the stop token and any reasoning block included (a task's "
+    "`think_end_token` strips the block before scoring, not from this count); the ratio is the setup's "
+    "mean over the baseline's on the same documents: the serving cost of its answers."
+)
 
 
 ALL = "all generation tasks"
@@ -40,5 +42,6 @@ def rows(results: Results, esc: Escape) -> list[list[str]]:
     return out
 
 
-SECTION = table_section("Generated length", "generated-length", "Mean tokens generated per document", HEADER,
-                        rows, LEGEND)
+SECTION = table_section(
+    "Generated length", "generated-length", "Mean tokens generated per document", HEADER, rows, LEGEND
+)

@@ -22,8 +22,11 @@ from qeval.report.markdown import GATE_HEADER, OWN_SECTIONS, budget_text, gate_r
 from qeval.report.sections import ReportSection
 from qeval.results.schema import Results
 
-_ENV = jinja2.Environment(loader=jinja2.PackageLoader("qeval", "report/templates"),
-                          autoescape=jinja2.select_autoescape(["html", "j2"]), undefined=jinja2.StrictUndefined)
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("qeval", "report/templates"),
+    autoescape=jinja2.select_autoescape(["html", "j2"]),
+    undefined=jinja2.StrictUndefined,
+)
 MAX_FLIPS = 5
 
 
@@ -44,12 +47,24 @@ def flip_examples(run_dir: Path, results: Results) -> list[dict[str, Any]]:
             if c.flips_to_wrong is None or base is None:
                 continue
             b = {r["sample_id"]: r for r in store.read_samples(base, task)}
-            flips = [(r, b[r["sample_id"]]) for r in store.read_samples(s.name, task)
-                     if r["sample_id"] in b and r["correct"] != b[r["sample_id"]]["correct"]]
+            flips = [
+                (r, b[r["sample_id"]])
+                for r in store.read_samples(s.name, task)
+                if r["sample_id"] in b and r["correct"] != b[r["sample_id"]]["correct"]
+            ]
             for r, br in flips[:MAX_FLIPS]:
-                out.append({"setup": s.name, "task": task, "id": r["sample_id"], "prompt": r.get("prompt", ""),
-                            "target": r["target"], "baseline": br["prediction"], "prediction": r["prediction"],
-                            "direction": "right → wrong" if br["correct"] else "wrong → right"})
+                out.append(
+                    {
+                        "setup": s.name,
+                        "task": task,
+                        "id": r["sample_id"],
+                        "prompt": r.get("prompt", ""),
+                        "target": r["target"],
+                        "baseline": br["prediction"],
+                        "prediction": r["prediction"],
+                        "direction": "right → wrong" if br["correct"] else "wrong → right",
+                    }
+                )
     return out
 
 
@@ -81,17 +96,26 @@ def render_html(run_dir: Path, results: Results, sections: Sequence[ReportSectio
     }
     perf = perf_views.html_context(results)
     if perf:
-        figures["Quality x memory x throughput (filled: Pareto-optimal over all three)"] = _plot(plots.tradeoff,
-                                                                                                  results)
+        figures["Quality x memory x throughput (filled: Pareto-optimal over all three)"] = _plot(
+            plots.tradeoff, results
+        )
     sections = (*OWN_SECTIONS, *sections)  # the report's own, then the task kinds'
     for section in sections:
         for caption, make in section.figures(results).items():
             figures[caption] = _plot(functools.partial(plots.svg_of, make), results)
     return _ENV.get_template("report.html.j2").render(
-        r=results, header=header, rows=rows, gate_header=GATE_HEADER, gate_rows=gate_rows(results, esc=str),
-        figures=figures, flips=flip_examples(run_dir, results), budget=budget_text(results),
+        r=results,
+        header=header,
+        rows=rows,
+        gate_header=GATE_HEADER,
+        gate_rows=gate_rows(results, esc=str),
+        figures=figures,
+        flips=flip_examples(run_dir, results),
+        budget=budget_text(results),
         partial=partial_line(results),
-        versions=_versions(results), config_yaml=yaml.safe_dump(results.config, sort_keys=False),
-        hardware=json.dumps(results.run.hardware, indent=1), perf=perf,
+        versions=_versions(results),
+        config_yaml=yaml.safe_dump(results.config, sort_keys=False),
+        hardware=json.dumps(results.run.hardware, indent=1),
+        perf=perf,
         sections=[(s.title, s.anchor, tables) for s in sections if (tables := s.tables(results))],
     )

@@ -66,9 +66,12 @@ def summary_rows(results: Results, esc: Escape = md_text) -> tuple[list[str], li
         header += [f"{esc(t)} {m.name}{'' if m.higher_is_better else ' (lower is better)'}", "Δ vs baseline [95% CI]"]
     rows = []
     for s in results.setups:
-        row = [esc(s.name) + (" (baseline)" if s.baseline else ""),
-               s.status if s.status == "ok" else f"failed: {esc(s.error)}",
-               weights_text(s.memory.weights_bytes), str(s.memory.kv_bytes_per_token.measured or "—")]
+        row = [
+            esc(s.name) + (" (baseline)" if s.baseline else ""),
+            s.status if s.status == "ok" else f"failed: {esc(s.error)}",
+            weights_text(s.memory.weights_bytes),
+            str(s.memory.kv_bytes_per_token.measured or "—"),
+        ]
         for t in top_level(results):
             m = task_metric(results, t)
             value = _value(s, t, results.tasks[t].compared_metric)
@@ -84,22 +87,37 @@ def _value(s: SetupResult, task: str, metric: str) -> float | None:
 
 
 #: the report's own sections, before the task kinds'
-OWN_SECTIONS = (advice.SECTION, sequence.SECTION, divergence.SECTION, generated.SECTION, sequential_gates.SECTION,
-                serving.SECTION)
+OWN_SECTIONS = (
+    advice.SECTION,
+    sequence.SECTION,
+    divergence.SECTION,
+    generated.SECTION,
+    sequential_gates.SECTION,
+    serving.SECTION,
+)
 
 
 def render_markdown(results: Results, sections: Sequence[ReportSection] = ()) -> str:
     """report.md: the report's own tables, then each section's (the task kinds')."""
     header, rows = summary_rows(results)
     run = results.run
-    lines = [f"# qeval run: {md_text(run.name)}", "",
-             f"Model `{code_text(results.config['model']['path'])}` (sha256 {run.model_sha256[:12]}…), backend "
-             f"{run.backend} on {run.device}{_precision_text(results)}, qeval {run.qeval_version}.", "",
-             *md_table(header, rows)]
+    lines = [
+        f"# qeval run: {md_text(run.name)}",
+        "",
+        f"Model `{code_text(results.config['model']['path'])}` (sha256 {run.model_sha256[:12]}…), backend "
+        f"{run.backend} on {run.device}{_precision_text(results)}, qeval {run.qeval_version}.",
+        "",
+        *md_table(header, rows),
+    ]
     recovery = "; the last figure is recovery, the setup's score as a share of the baseline's"
-    lines += ["", f"Accuracies in percent; Δ is setup minus baseline with {_ci_legend(results)}"
-              + (recovery if _any_recovery(results) else "") + ". Weights and KV bytes/token are measured on the "
-              "loaded model, or marked predicted where the backend reports no figure (sources in results.json).", ""]
+    lines += [
+        "",
+        f"Accuracies in percent; Δ is setup minus baseline with {_ci_legend(results)}"
+        + (recovery if _any_recovery(results) else "")
+        + ". Weights and KV bytes/token are measured on the "
+        "loaded model, or marked predicted where the backend reports no figure (sources in results.json).",
+        "",
+    ]
     lines += _recommendation(results) + _suite_table(results) + _gate_table(results) + _members_table(results)
     lines += perf_views.markdown_lines(results, md_text)  # nothing for results without a performance phase
     for section in (*OWN_SECTIONS, *sections):  # the report's own, then the task kinds'
@@ -135,17 +153,30 @@ def _any_recovery(results: Results) -> bool:
 
 def _suite_table(results: Results) -> list[str]:
     """Each setup's suite averages and recovery, as model cards report it."""
-    rows = [[md_text(s.name), md_text(suite), f"{100 * sc.score:.1f}", f"{100 * sc.baseline:.1f}",
-             "—" if sc.recovery is None else f"{100 * sc.recovery:.1f}%",
-             "" if sc.ci is None else f"[{100 * sc.ci[0]:.1f}%, {100 * sc.ci[1]:.1f}%]", sc.verdict or "no gate"]
-            for s in results.setups for suite, sc in s.suites.items()]
+    rows = [
+        [
+            md_text(s.name),
+            md_text(suite),
+            f"{100 * sc.score:.1f}",
+            f"{100 * sc.baseline:.1f}",
+            "—" if sc.recovery is None else f"{100 * sc.recovery:.1f}%",
+            "" if sc.ci is None else f"[{100 * sc.ci[0]:.1f}%, {100 * sc.ci[1]:.1f}%]",
+            sc.verdict or "no gate",
+        ]
+        for s in results.setups
+        for suite, sc in s.suites.items()
+    ]
     if not rows:
         return []
     header = ["setup", "suite", "average", "baseline average", "recovery", "95% CI", "verdict"]
     lines = ["## Suites", "", *md_table(header, rows)]
     names = "; ".join(f"{md_text(k)}: {', '.join(md_text(t) for t in v)}" for k, v in results.suites.items())
-    return lines + ["", f"Averages of the suites' task scores in percent ({names}); recovery is the setup's average "
-                    "as a share of the baseline's, its interval combined from the tasks' own intervals.", ""]
+    return lines + [
+        "",
+        f"Averages of the suites' task scores in percent ({names}); recovery is the setup's average "
+        "as a share of the baseline's, its interval combined from the tasks' own intervals.",
+        "",
+    ]
 
 
 def _members_table(results: Results) -> list[str]:
@@ -158,8 +189,15 @@ def _members_table(results: Results) -> list[str]:
             m = task_metric(results, t)
             for s in results.setups:
                 value = _value(s, t, results.tasks[t].compared_metric)
-                rows.append([md_text(group), md_text(t), md_text(s.name), "—" if value is None else m.fmt(value),
-                             _delta_cell(m, s.vs_baseline.get(t))])
+                rows.append(
+                    [
+                        md_text(group),
+                        md_text(t),
+                        md_text(s.name),
+                        "—" if value is None else m.fmt(value),
+                        _delta_cell(m, s.vs_baseline.get(t)),
+                    ]
+                )
     if not rows:
         return []
     header = ["group", "task", "setup", "score", "Δ vs baseline [95% CI]"]
@@ -170,10 +208,12 @@ def _ci_legend(results: Results) -> str:
     """How the intervals in this results file were computed (runs before ci_method was recorded
     used a paired bootstrap throughout)."""
     methods = {c.ci_method for s in results.setups for c in s.vs_baseline.values()}
-    sampled = (", clustered by document over the repeats of sampled tasks" if "t_clustered" in methods else "")
+    sampled = ", clustered by document over the repeats of sampled tasks" if "t_clustered" in methods else ""
     if "t" in methods or "t_clustered" in methods:
-        return ("a 95% CI (Newcombe's paired score interval for accuracies, a t-interval on the paired differences "
-                f"for bits per byte and other scores{sampled})")
+        return (
+            "a 95% CI (Newcombe's paired score interval for accuracies, a t-interval on the paired differences "
+            f"for bits per byte and other scores{sampled})"
+        )
     if "newcombe" in methods:
         return "a 95% CI (Newcombe's paired score interval for accuracies, a paired bootstrap for bits per byte)"
     return "a paired-bootstrap 95% CI"
@@ -210,8 +250,11 @@ def partial_line(results: Results) -> str | None:
     partial = results.run.partial_tasks
     if not partial:
         return None
-    return ("This run scored part of the config; the recommendation is judged on that part only. Not scored: "
-            + "; ".join(f"{t}: {why}" for t, why in partial.items()) + ".")
+    return (
+        "This run scored part of the config; the recommendation is judged on that part only. Not scored: "
+        + "; ".join(f"{t}: {why}" for t, why in partial.items())
+        + "."
+    )
 
 
 def gate_rows(results: Results, esc: Escape = md_text) -> list[list[str]]:
@@ -228,14 +271,31 @@ def gate_rows(results: Results, esc: Escape = md_text) -> list[list[str]]:
             adjusted = c.p_adjusted if c.p_adjusted is not None else c.p_value
             p = "" if c.p_value is None else f"{c.p_value:.3g} / {adjusted:.3g}"
             kl = "" if c.kl is None else f"{c.kl:.5f} ({100 * (c.top1_agreement or 0):.1f}%)"
-            rows.append([esc(s.name), esc(task), m.fmt_delta(c.delta, unit=False),
-                         f"[{m.fmt_delta(c.ci[0], unit=False)}, {m.fmt_delta(c.ci[1], unit=False)}]", p, flips, kl,
-                         c.verdict or "no gate"])
+            rows.append(
+                [
+                    esc(s.name),
+                    esc(task),
+                    m.fmt_delta(c.delta, unit=False),
+                    f"[{m.fmt_delta(c.ci[0], unit=False)}, {m.fmt_delta(c.ci[1], unit=False)}]",
+                    p,
+                    flips,
+                    kl,
+                    c.verdict or "no gate",
+                ]
+            )
     return rows
 
 
-GATE_HEADER = ["setup", "task", "Δ", "95% CI", "p (raw / BH)", "flips right→wrong / wrong→right",
-               "KL (top-1 agreement)", "verdict"]
+GATE_HEADER = [
+    "setup",
+    "task",
+    "Δ",
+    "95% CI",
+    "p (raw / BH)",
+    "flips right→wrong / wrong→right",
+    "KL (top-1 agreement)",
+    "verdict",
+]
 
 
 def _gate_table(results: Results) -> list[str]:
@@ -251,16 +311,20 @@ def _notes(results: Results) -> list[str]:
     for s in results.setups:
         described = s.quantization.get("description")
         if described:  # a pre-quantized checkpoint, described from its own quantization_config
-            notes.append(f"**{md_text(s.name)}** serves checkpoint {md_text(str(s.quantization.get('checkpoint')))}: "
-                         f"{md_text(described)}")
+            notes.append(
+                f"**{md_text(s.name)}** serves checkpoint {md_text(str(s.quantization.get('checkpoint')))}: "
+                f"{md_text(described)}"
+            )
         for flag in s.flags:
             notes.append(f"**{md_text(s.name)}**: {md_text(flag)}")
         for t, c in s.vs_baseline.items():
             if c.verdict_reason:  # absent from results written before the floor on n
                 notes.append(f"{md_text(s.name)} on {md_text(t)}: {c.verdict}: {md_text(c.verdict_reason)}")
             if c.kl is not None:
-                notes.append(f"{md_text(s.name)}: KL to baseline on {md_text(t)} = {c.kl:.5f} nats/token, "
-                             f"top-1 agreement {100 * (c.top1_agreement or 0):.1f}%")
+                notes.append(
+                    f"{md_text(s.name)}: KL to baseline on {md_text(t)} = {c.kl:.5f} nats/token, "
+                    f"top-1 agreement {100 * (c.top1_agreement or 0):.1f}%"
+                )
         engine = s.memory.engine
         if engine:
             parts = [f"{s.name}: the vLLM engine reported a KV pool of {engine.kv_cache_tokens:,} tokens"]
@@ -274,8 +338,10 @@ def _notes(results: Results) -> list[str]:
             notes.append(md_text("; ".join(parts)))
     for d in results.dropped:
         what = f"{d.setup}/{d.task}" if d.task else f"setup {d.setup}"
-        notes.append(f"not compared: {md_text(what)} is stored under another run's key ({md_text(d.reason)}); "
-                     "rerun it to include it")
+        notes.append(
+            f"not compared: {md_text(what)} is stored under another run's key ({md_text(d.reason)}); "
+            "rerun it to include it"
+        )
     for name, why in results.run.skipped_setups.items():
         notes.append(f"optional setup {md_text(name)} skipped: {md_text(why)}")
     served = serving.workload_note(results.config)
@@ -302,9 +368,12 @@ def print_summary(results: Results, console: Console | None = None) -> None:
             cmp = s.vs_baseline.get(t)
             delta = f" ({m.fmt_delta(cmp.delta, unit=False)})" if cmp else ""
             cells.append(escape(("—" if value is None else m.fmt(value)) + delta))
-        table.add_row(escape(s.name + (" *" if s.baseline else "")),
-                      escape(weights_text(s.memory.weights_bytes, " (p)")),
-                      escape(kv_text(s.memory.kv_bytes_per_token)), *cells)
+        table.add_row(
+            escape(s.name + (" *" if s.baseline else "")),
+            escape(weights_text(s.memory.weights_bytes, " (p)")),
+            escape(kv_text(s.memory.kv_bytes_per_token)),
+            *cells,
+        )
     console.print(table)
     perf = perf_views.terminal_speed_rows(results)
     if perf:
@@ -314,6 +383,10 @@ def print_summary(results: Results, console: Console | None = None) -> None:
         for row in perf:
             speed.add_row(*(escape(cell) for cell in row))
         console.print(speed)
-    if any(f.measured is None and f.predicted is not None for s in results.setups if s.status == "ok"
-           for f in (s.memory.weights_bytes, s.memory.kv_bytes_per_token)):
+    if any(
+        f.measured is None and f.predicted is not None
+        for s in results.setups
+        if s.status == "ok"
+        for f in (s.memory.weights_bytes, s.memory.kv_bytes_per_token)
+    ):
         console.print("(p): predicted from config.json; this backend measures no such figure (see report.md)")

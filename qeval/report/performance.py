@@ -16,12 +16,33 @@ if TYPE_CHECKING:
 
 
 THROUGHPUT_HEADER = ["setup", "concurrency", "requests/s", "output tokens/s", "prefill tokens/s", "decode tokens/s"]
-LATENCY_HEADER = ["setup", "concurrency", "TTFT p50 (ms)", "TTFT p90 (ms)", "TPOT p50 (ms)", "TPOT p90 (ms)",
-                  "request latency p50 (ms)", "p90 (ms)"]
-CEILING_HEADER = ["setup", "decode tokens/s (concurrency 1)", "decode ceiling", "share", "prefill tokens/s",
-                  "prefill ceiling", "share"]
-TRADEOFF_HEADER = ["setup", "worst accuracy Δ (pts)", "weights + KV of one sequence", "sequences that fit",
-                   "output tokens/s at its top level", "Pareto-optimal"]
+LATENCY_HEADER = [
+    "setup",
+    "concurrency",
+    "TTFT p50 (ms)",
+    "TTFT p90 (ms)",
+    "TPOT p50 (ms)",
+    "TPOT p90 (ms)",
+    "request latency p50 (ms)",
+    "p90 (ms)",
+]
+CEILING_HEADER = [
+    "setup",
+    "decode tokens/s (concurrency 1)",
+    "decode ceiling",
+    "share",
+    "prefill tokens/s",
+    "prefill ceiling",
+    "share",
+]
+TRADEOFF_HEADER = [
+    "setup",
+    "worst accuracy Δ (pts)",
+    "weights + KV of one sequence",
+    "sequences that fit",
+    "output tokens/s at its top level",
+    "Pareto-optimal",
+]
 
 
 def has_performance(results: Results) -> bool:
@@ -30,7 +51,7 @@ def has_performance(results: Results) -> bool:
 
 
 def fmt(m: Measured, scale: float = 1.0, digits: int = 0) -> str:
-    """"1,234 [1,180–1,290]": the median and the range of the repeats."""
+    """ "1,234 [1,180–1,290]": the median and the range of the repeats."""
     f = f"{{:,.{digits}f}}"
     return f"{f.format(m.median * scale)} [{f.format(m.min * scale)}–{f.format(m.max * scale)}]"
 
@@ -48,8 +69,16 @@ def throughput_rows(results: Results, esc: Escape) -> list[list[str]]:
             rows.append([esc(s.name), "—", f"failed: {esc(perf.error)}", "", "", ""])
             continue
         for x in perf.levels:
-            rows.append([esc(s.name), str(x.concurrency), fmt(x.requests_per_s, digits=2), fmt(x.output_tokens_per_s),
-                         fmt(x.prefill_tokens_per_s), fmt(x.decode_tokens_per_s)])
+            rows.append(
+                [
+                    esc(s.name),
+                    str(x.concurrency),
+                    fmt(x.requests_per_s, digits=2),
+                    fmt(x.output_tokens_per_s),
+                    fmt(x.prefill_tokens_per_s),
+                    fmt(x.decode_tokens_per_s),
+                ]
+            )
     return rows
 
 
@@ -59,8 +88,13 @@ def latency_rows(results: Results, esc: Escape) -> list[list[str]]:
         perf = s.performance
         assert perf is not None
         for x in perf.levels if perf.status == "ok" else []:
-            rows.append([esc(s.name), str(x.concurrency)] + [fmt(m, 1e3, 1) for m in (
-                x.ttft_p50_s, x.ttft_p90_s, x.tpot_p50_s, x.tpot_p90_s, x.e2e_p50_s, x.e2e_p90_s)])
+            rows.append(
+                [esc(s.name), str(x.concurrency)]
+                + [
+                    fmt(m, 1e3, 1)
+                    for m in (x.ttft_p50_s, x.ttft_p90_s, x.tpot_p50_s, x.tpot_p90_s, x.e2e_p50_s, x.e2e_p90_s)
+                ]
+            )
     return rows
 
 
@@ -91,17 +125,20 @@ def tradeoff_points(results: Results) -> list[tuple[str, float, int, float]]:
     for s in results.setups:
         perf = s.performance
         if s.status == "ok" and perf is not None and perf.top is not None:
-            points.append((s.name, s.worst_accuracy_delta(), s.sequence_bytes(context),
-                           perf.top.output_tokens_per_s.median))
+            points.append(
+                (s.name, s.worst_accuracy_delta(), s.sequence_bytes(context), perf.top.output_tokens_per_s.median)
+            )
     return points
 
 
 def pareto3(points: list[tuple[str, float, int, float]]) -> set[str]:
     """Setups no other setup beats on all three sides at once: quality (higher), memory per
     sequence (lower) and throughput (higher), at least as good on each and better on one."""
+
     def beats(q: tuple[str, float, int, float], p: tuple[str, float, int, float]) -> bool:
         at_least = q[1] >= p[1] and q[2] <= p[2] and q[3] >= p[3]
         return at_least and (q[1] > p[1] or q[2] < p[2] or q[3] > p[3])
+
     return {p[0] for p in points if not any(beats(q, p) for q in points if q is not p)}
 
 
@@ -115,8 +152,16 @@ def tradeoff_rows(results: Results, esc: Escape) -> list[list[str]]:
         perf = s.performance
         assert perf is not None and perf.top is not None
         conc = "—" if s.memory.max_concurrency is None else whole_sequences(s.memory.max_concurrency)
-        rows.append([esc(name), f"{delta:+.1f}", f"{nbytes / 2**20:.2f} MiB", conc,
-                     f"{fmt(perf.top.output_tokens_per_s)} at {perf.top.concurrency}", "yes" if name in front else ""])
+        rows.append(
+            [
+                esc(name),
+                f"{delta:+.1f}",
+                f"{nbytes / 2**20:.2f} MiB",
+                conc,
+                f"{fmt(perf.top.output_tokens_per_s)} at {perf.top.concurrency}",
+                "yes" if name in front else "",
+            ]
+        )
     return rows
 
 
@@ -133,21 +178,30 @@ def ceilings_text(results: Results) -> str:
     c = results.ceilings
     if c is None:
         return "Device ceilings: not measured (no successful probe in this run), so no shares of the ceiling."
-    peaks = ", ".join(f"{k} matmul {rate_text(m.max, m.unit)} (best of {m.repeats})"
-                      for k, m in c.matmul_peak.items())
-    return (f"Device ceilings, measured once in this run on {c.device} ({c.device_name}, {c.threads} torch threads): "
-            f"copy bandwidth {c.copy_bandwidth.max / 1e9:.1f} GB/s (best of {c.copy_bandwidth.repeats}), {peaks}.")
+    peaks = ", ".join(f"{k} matmul {rate_text(m.max, m.unit)} (best of {m.repeats})" for k, m in c.matmul_peak.items())
+    return (
+        f"Device ceilings, measured once in this run on {c.device} ({c.device_name}, {c.threads} torch threads): "
+        f"copy bandwidth {c.copy_bandwidth.max / 1e9:.1f} GB/s (best of {c.copy_bandwidth.repeats}), {peaks}."
+    )
 
 
 def workload_text(results: Results) -> str:
     """One line: the workload, taken from the first setup that timed it."""
-    wl = next((s.performance.workload for s in results.setups
-               if s.performance is not None and s.performance.workload is not None), None)
+    wl = next(
+        (
+            s.performance.workload
+            for s in results.setups
+            if s.performance is not None and s.performance.workload is not None
+        ),
+        None,
+    )
     if wl is None:
         return "No setup was timed."
-    return (f"Workload: {wl.input_len}-token prompts, {wl.output_len} generated tokens per request (end of sequence "
-            f"ignored), {wl.num_requests} requests per level served in waves of the level; median of {wl.repeats} "
-            f"timed repeats after {wl.warmup} warm-up pass(es), the repeats' range in brackets.")
+    return (
+        f"Workload: {wl.input_len}-token prompts, {wl.output_len} generated tokens per request (end of sequence "
+        f"ignored), {wl.num_requests} requests per level served in waves of the level; median of {wl.repeats} "
+        f"timed repeats after {wl.warmup} warm-up pass(es), the repeats' range in brackets."
+    )
 
 
 def sources(results: Results) -> list[str]:
@@ -157,9 +211,14 @@ def sources(results: Results) -> list[str]:
         perf = s.performance
         assert perf is not None
         for x in perf.levels[:1]:
-            for label, m in (("throughput", x.requests_per_s), ("prefill", x.prefill_tokens_per_s),
-                             ("decode", x.decode_tokens_per_s), ("TTFT", x.ttft_p50_s), ("TPOT", x.tpot_p50_s),
-                             ("request latency", x.e2e_p50_s)):
+            for label, m in (
+                ("throughput", x.requests_per_s),
+                ("prefill", x.prefill_tokens_per_s),
+                ("decode", x.decode_tokens_per_s),
+                ("TTFT", x.ttft_p50_s),
+                ("TPOT", x.tpot_p50_s),
+                ("request latency", x.e2e_p50_s),
+            ):
                 text = f"{label} ({results.run.backend}): {m.source.split(' ' + WORKLOAD_MARK)[0]}"
                 if text not in seen:
                     seen.append(text)
@@ -174,8 +233,7 @@ def notes(results: Results) -> list[str]:
         assert perf is not None
         texts = list(perf.notes)
         if perf.workload and perf.levels:
-            texts.append(f"levels {', '.join(str(x.concurrency) for x in perf.levels)} "
-                         f"({perf.workload.levels_source})")
+            texts.append(f"levels {', '.join(str(x.concurrency) for x in perf.levels)} ({perf.workload.levels_source})")
         for text in texts:
             by_text.setdefault(text, []).append(s.name)
     return [f"{', '.join(names)}: {text}" for text, names in by_text.items()]
@@ -187,8 +245,12 @@ NOISY = 1.5
 
 def noisy_setups(results: Results) -> list[str]:
     """Setups whose output tokens/s repeats, at some level, differ by more than NOISY x."""
-    return [s.name for s in _perf_setups(results) if s.performance is not None and any(
-        x.output_tokens_per_s.max > NOISY * x.output_tokens_per_s.min for x in s.performance.levels)]
+    return [
+        s.name
+        for s in _perf_setups(results)
+        if s.performance is not None
+        and any(x.output_tokens_per_s.max > NOISY * x.output_tokens_per_s.min for x in s.performance.levels)
+    ]
 
 
 def markdown_lines(results: Results, esc: Escape) -> list[str]:
@@ -196,24 +258,45 @@ def markdown_lines(results: Results, esc: Escape) -> list[str]:
     if not has_performance(results):
         return []
     lines = ["## Performance", "", workload_text(results), "", ceilings_text(results), ""]
-    lines += ["### Quality × memory × throughput", "", *md_table(TRADEOFF_HEADER, tradeoff_rows(results, esc)), "",
-              "Pareto-optimal: no other setup is at least as good on all three sides (accuracy, memory per sequence "
-              f"at {results.config['budget']['context_len']} tokens, throughput) and better on one.", ""]
+    lines += [
+        "### Quality × memory × throughput",
+        "",
+        *md_table(TRADEOFF_HEADER, tradeoff_rows(results, esc)),
+        "",
+        "Pareto-optimal: no other setup is at least as good on all three sides (accuracy, memory per sequence "
+        f"at {results.config['budget']['context_len']} tokens, throughput) and better on one.",
+        "",
+    ]
     lines += ["### Throughput", "", *md_table(THROUGHPUT_HEADER, throughput_rows(results, esc)), ""]
     noisy = noisy_setups(results)
     if noisy:
-        lines += [f"The repeats of {esc(', '.join(noisy))} vary by more than {NOISY:g}x (max / min) in output "
-                  "tokens/s at some level: the machine's load changed while they were timed. Read the medians with "
-                  "their ranges; a quiet or dedicated machine gives figures to decide on.", ""]
-    lines += ["### Latency", "", *md_table(LATENCY_HEADER, latency_rows(results, esc)), "",
-              "TTFT: time to first token; TPOT: time per output token after the first; request latency: submission "
-              "to last token. Percentiles over each level's requests, then the median over repeats.", ""]
+        lines += [
+            f"The repeats of {esc(', '.join(noisy))} vary by more than {NOISY:g}x (max / min) in output "
+            "tokens/s at some level: the machine's load changed while they were timed. Read the medians with "
+            "their ranges; a quiet or dedicated machine gives figures to decide on.",
+            "",
+        ]
+    lines += [
+        "### Latency",
+        "",
+        *md_table(LATENCY_HEADER, latency_rows(results, esc)),
+        "",
+        "TTFT: time to first token; TPOT: time per output token after the first; request latency: submission "
+        "to last token. Percentiles over each level's requests, then the median over repeats.",
+        "",
+    ]
     ceiling = ceiling_rows(results, esc)
     if ceiling:
-        lines += ["### Share of the ceiling", "", *md_table(CEILING_HEADER, ceiling), "",
-                  "Decode ceiling: copy bandwidth / (weight bytes read per token + KV bytes at the mean context); "
-                  "prefill ceiling: matmul peak / (2 x the decoder's linear parameters). Tokens/s; a share over 1 "
-                  "means the ceiling measurement is wrong for that setup (flagged in the notes).", ""]
+        lines += [
+            "### Share of the ceiling",
+            "",
+            *md_table(CEILING_HEADER, ceiling),
+            "",
+            "Decode ceiling: copy bandwidth / (weight bytes read per token + KV bytes at the mean context); "
+            "prefill ceiling: matmul peak / (2 x the decoder's linear parameters). Tokens/s; a share over 1 "
+            "means the ceiling measurement is wrong for that setup (flagged in the notes).",
+            "",
+        ]
     how = sources(results) + notes(results)
     if how:
         lines += ["How measured (every figure's source and repeat count are in results.json):", ""]
@@ -225,14 +308,23 @@ def html_context(results: Results) -> dict[str, object] | None:
     """What report.html's performance section renders (Jinja2 escapes it); None without one."""
     if not has_performance(results):
         return None
-    return {"workload": workload_text(results), "ceilings": ceilings_text(results),
-            "tables": [("Quality × memory × throughput (Pareto-optimal over all three)", "tradeoff", TRADEOFF_HEADER,
-                        tradeoff_rows(results, str)),
-                       ("Throughput", "throughput", THROUGHPUT_HEADER, throughput_rows(results, str)),
-                       ("Latency", "latency", LATENCY_HEADER, latency_rows(results, str)),
-                       ("Share of the ceiling", "ceiling", CEILING_HEADER, ceiling_rows(results, str))],
-            "how": sources(results) + notes(results),
-            "noisy": ", ".join(noisy_setups(results))}
+    return {
+        "workload": workload_text(results),
+        "ceilings": ceilings_text(results),
+        "tables": [
+            (
+                "Quality × memory × throughput (Pareto-optimal over all three)",
+                "tradeoff",
+                TRADEOFF_HEADER,
+                tradeoff_rows(results, str),
+            ),
+            ("Throughput", "throughput", THROUGHPUT_HEADER, throughput_rows(results, str)),
+            ("Latency", "latency", LATENCY_HEADER, latency_rows(results, str)),
+            ("Share of the ceiling", "ceiling", CEILING_HEADER, ceiling_rows(results, str)),
+        ],
+        "how": sources(results) + notes(results),
+        "noisy": ", ".join(noisy_setups(results)),
+    }
 
 
 def terminal_speed_rows(results: Results) -> list[list[str]]:
@@ -246,7 +338,12 @@ def terminal_speed_rows(results: Results) -> list[list[str]]:
         if perf.status != "ok" or top is None:
             rows.append([s.name, f"failed: {(perf.error or '')[:50]}", "", ""])
             continue
-        rows.append([s.name, "—" if one is None else f"{one.output_tokens_per_s.median:,.0f}",
-                     f"{top.output_tokens_per_s.median:,.0f} at {top.concurrency}",
-                     "—" if one is None else f"{one.tpot_p50_s.median * 1e3:.1f}"])
+        rows.append(
+            [
+                s.name,
+                "—" if one is None else f"{one.output_tokens_per_s.median:,.0f}",
+                f"{top.output_tokens_per_s.median:,.0f} at {top.concurrency}",
+                "—" if one is None else f"{one.tpot_p50_s.median * 1e3:.1f}",
+            ]
+        )
     return rows

@@ -22,8 +22,15 @@ def tradeoff_figure(results: Results) -> Any:
     for name, delta, nbytes, tps in points:
         area = 40 + 360 * nbytes / biggest
         on_front = name in front
-        ax.scatter([tps], [delta], s=area, zorder=3, color="#cc6677" if on_front else "none",
-                   edgecolors="#cc6677" if on_front else "#4477aa", linewidths=1.2)
+        ax.scatter(
+            [tps],
+            [delta],
+            s=area,
+            zorder=3,
+            color="#cc6677" if on_front else "none",
+            edgecolors="#cc6677" if on_front else "#4477aa",
+            linewidths=1.2,
+        )
         ax.annotate(f"{name} ({nbytes / 2**20:.2f} MiB)", (tps, delta), textcoords="offset points", xytext=(6, 6))
     context = results.config["budget"]["context_len"]
     ax.set_xlabel("output tokens/s at the setup's top concurrency level (median)")

@@ -29,14 +29,16 @@ def svg_of(make: Callable[[T], Any], data: T) -> str:
         fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": "qeval"})
         plt.close(fig)
     text = buf.getvalue()
-    return text[text.index("<svg"):]  # drop the XML prolog: it is inlined into HTML
+    return text[text.index("<svg") :]  # drop the XML prolog: it is inlined into HTML
 
 
 def styled(make: Callable[[Results], Any]) -> Callable[[Results], Any]:
     """A figure function run under qeval's style, for notebook use."""
+
     def wrapped(results: Results) -> Any:
         with mpl.rc_context(_RC):
             return make(results)
+
     return wrapped
 
 
@@ -46,8 +48,11 @@ def _ok(results: Results) -> list[SetupResult]:
 
 def pareto(points: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
     """Points no other point beats on both memory (lower) and quality (higher)."""
-    front = [p for p in points if not any(q[0] <= p[0] and q[1] >= p[1] and q != p and (q[0] < p[0] or q[1] > p[1])
-                                          for q in points)]
+    front = [
+        p
+        for p in points
+        if not any(q[0] <= p[0] and q[1] >= p[1] and q != p and (q[0] < p[0] or q[1] > p[1]) for q in points)
+    ]
     return sorted(front)
 
 
@@ -98,11 +103,18 @@ def task_deltas_figure(results: Results) -> Any:
         for i, (_, _, c) in enumerate(sel):
             lo, hi = c.ci
             color = {"pass": "#228833", "fail": "#cc3311", "inconclusive": "#ee7733"}.get(c.verdict or "", "#4477aa")
-            ax.errorbar(scale * c.delta, i, xerr=[[scale * (c.delta - lo)], [scale * (hi - c.delta)]],
-                        fmt="o", color=color, capsize=3)
+            ax.errorbar(
+                scale * c.delta,
+                i,
+                xerr=[[scale * (c.delta - lo)], [scale * (hi - c.delta)]],
+                fmt="o",
+                color=color,
+                capsize=3,
+            )
             if c.margin is not None:
-                ax.axvline(-scale * c.margin if c.higher_is_better else scale * c.margin, color="#999999", lw=0.8,
-                           ls=":")
+                ax.axvline(
+                    -scale * c.margin if c.higher_is_better else scale * c.margin, color="#999999", lw=0.8, ls=":"
+                )
         ax.set_yticks(range(len(sel)), [f"{n} · {t}" for n, t, _ in sel])
         ax.axvline(0, color="black", lw=0.8)
         ax.set_xlabel("Δ accuracy (pts)" if proportion else "Δ bits per byte (lower is better)")
@@ -118,10 +130,12 @@ def memory_ledger_figure(results: Results) -> Any:
     names = [s.name for s in setups]
     parts = {
         "weights": [s.memory.weights_bytes.measured or 0 for s in setups],
-        f"KV cache, one {context}-token sequence": [(s.memory.kv_bytes_per_token.measured or 0) * context
-                                                    for s in setups],
-        "RSS / allocator growth while scoring (activations, KV, slack)": [s.memory.activations_bytes.measured or 0
-                                                                         for s in setups],
+        f"KV cache, one {context}-token sequence": [
+            (s.memory.kv_bytes_per_token.measured or 0) * context for s in setups
+        ],
+        "RSS / allocator growth while scoring (activations, KV, slack)": [
+            s.memory.activations_bytes.measured or 0 for s in setups
+        ],
     }
     fig, ax = plt.subplots(figsize=(6, 0.4 * len(names) + 1.2))
     left = [0.0] * len(names)
@@ -144,8 +158,10 @@ def sensitivity_heatmap(rows: Sequence[Any], value: str = "gain_kl") -> Any:
     cells = [r for r in rows if r.layer is not None and r.kind is not None]
     kinds = sorted({r.kind for r in cells if r.kind})
     layers = sorted({r.layer for r in cells if r.layer is not None})
-    grid = [[next((getattr(r, value) for r in cells if r.layer == layer and r.kind == k), 0.0) for layer in layers]
-            for k in kinds]
+    grid = [
+        [next((getattr(r, value) for r in cells if r.layer == layer and r.kind == k), 0.0) for layer in layers]
+        for k in kinds
+    ]
     fig, ax = plt.subplots(figsize=(max(4.0, 0.25 * len(layers) + 1.5), 1.6))
     im = ax.imshow(grid, aspect="auto", cmap="viridis")
     ax.set_yticks(range(len(kinds)), kinds)

@@ -35,10 +35,17 @@ class ReportSection:
     figures: Callable[[Results], dict[str, Callable[[Results], Any]]] = field(default=_none)
 
 
-def table_section(title: str, anchor: str, caption: str, header: list[str],
-                  rows: Callable[[Results, Escape], list[list[str]]], legend: str) -> ReportSection:
+def table_section(
+    title: str,
+    anchor: str,
+    caption: str,
+    header: list[str],
+    rows: Callable[[Results, Escape], list[list[str]]],
+    legend: str,
+) -> ReportSection:
     """A section of one table: `## title`, the table and its legend in report.md, the table under
     `caption` in report.html; nothing where `rows` gives none."""
+
     def markdown(results: Results, esc: Escape) -> list[str]:
         body = rows(results, esc)
         return [f"## {title}", "", *md_table(header, body), "", legend, ""] if body else []

@@ -33,9 +33,18 @@ def rows(results: Results, esc: Escape) -> list[list[str]]:
     block = results.sequential
     if block is None:
         return []
-    return [[esc(c.setup), esc(c.task), c.verdict, _documents(c),
-             "—" if c.stopped_at is None else f"{c.stopped_at + 1} of {len(c.looks)}", _ci(c.ci), f"{c.threshold:+.4f}"]
-            for c in block.cells]
+    return [
+        [
+            esc(c.setup),
+            esc(c.task),
+            c.verdict,
+            _documents(c),
+            "—" if c.stopped_at is None else f"{c.stopped_at + 1} of {len(c.looks)}",
+            _ci(c.ci),
+            f"{c.threshold:+.4f}",
+        ]
+        for c in block.cells
+    ]
 
 
 def summary(results: Results) -> str:
@@ -44,16 +53,20 @@ def summary(results: Results) -> str:
     if b is None:
         return ""
     share = f" ({b.documents / b.total:.0%})" if b.total else ""
-    return (f"Scored {b.documents:,} of the {b.total:,} documents a fixed run scores{share}, over every setup and "
-            "task; "
-            f"each of {len(b.cells)} cells at level {b.cell_level:.4g} ({b.level:g} over the run, Bonferroni), "
-            f"looked at every {b.chunk_docs:,} documents, no verdict before {b.min_docs:,}.")
+    return (
+        f"Scored {b.documents:,} of the {b.total:,} documents a fixed run scores{share}, over every setup and "
+        "task; "
+        f"each of {len(b.cells)} cells at level {b.cell_level:.4g} ({b.level:g} over the run, Bonferroni), "
+        f"looked at every {b.chunk_docs:,} documents, no verdict before {b.min_docs:,}."
+    )
 
 
-LEGEND = ("The verdicts of these cells are the confidence sequence's (a betting confidence sequence, valid at every "
-          "look at once: docs/statistics.md, \"Sequential gates\"), not the fixed-n interval in the gate table, "
-          "which is shown for reading: after stopping on the data it is no 95% interval. The sequence is in the "
-          "gate score's units: setup minus baseline for a max_drop gate (pass: wholly above the threshold, -max_drop).")
+LEGEND = (
+    "The verdicts of these cells are the confidence sequence's (a betting confidence sequence, valid at every "
+    'look at once: docs/statistics.md, "Sequential gates"), not the fixed-n interval in the gate table, '
+    "which is shown for reading: after stopping on the data it is no 95% interval. The sequence is in the "
+    "gate score's units: setup minus baseline for a max_drop gate (pass: wholly above the threshold, -max_drop)."
+)
 
 
 def fixed(results: Results, esc: Escape) -> list[str]:
@@ -62,16 +75,29 @@ def fixed(results: Results, esc: Escape) -> list[str]:
     b = results.sequential
     if b is None or not b.not_sequential:
         return []
-    return ["Judged by the fixed-n interval at the end, not sequentially:", "",
-            *(f"- {esc(task)}: {esc(why)}" for task, why in b.not_sequential.items()), ""]
+    return [
+        "Judged by the fixed-n interval at the end, not sequentially:",
+        "",
+        *(f"- {esc(task)}: {esc(why)}" for task, why in b.not_sequential.items()),
+        "",
+    ]
 
 
 def markdown(results: Results, esc: Escape) -> list[str]:
     body = rows(results, esc)
     if results.sequential is None:
         return []
-    return [f"## {TITLE}", "", summary(results), "", *(md_table(HEADER, body) if body else ["No sequential cell."]),
-            "", LEGEND, "", *fixed(results, esc)]
+    return [
+        f"## {TITLE}",
+        "",
+        summary(results),
+        "",
+        *(md_table(HEADER, body) if body else ["No sequential cell."]),
+        "",
+        LEGEND,
+        "",
+        *fixed(results, esc),
+    ]
 
 
 def tables(results: Results) -> HtmlTables:
@@ -79,12 +105,15 @@ def tables(results: Results) -> HtmlTables:
     out: HtmlTables = {summary(results): (HEADER, body)} if body else {}
     if results.sequential is not None and results.sequential.not_sequential:
         out["Judged by the fixed-n interval at the end, not sequentially"] = (
-            ["task", "why"], [[t, why] for t, why in results.sequential.not_sequential.items()])
+            ["task", "why"],
+            [[t, why] for t, why in results.sequential.not_sequential.items()],
+        )
     return out
 
 
 def trajectory_figure(task: str) -> Callable[[Results], Any]:
     """One task's trajectory: each setup's sequence (shaded) at every look, and the threshold."""
+
     def draw(results: Results) -> Any:
         assert results.sequential is not None
         cells = [c for c in results.sequential.cells if c.task == task]
@@ -92,8 +121,15 @@ def trajectory_figure(task: str) -> Callable[[Results], Any]:
         for i, c in enumerate(cells):
             n = [k.n for k in c.looks]
             color = f"C{i % 10}"
-            ax.fill_between(n, [k.ci[0] for k in c.looks], [k.ci[1] for k in c.looks], alpha=0.25, color=color,
-                            step="post", label=f"{c.setup}: {c.verdict} at {c.documents:,}")
+            ax.fill_between(
+                n,
+                [k.ci[0] for k in c.looks],
+                [k.ci[1] for k in c.looks],
+                alpha=0.25,
+                color=color,
+                step="post",
+                label=f"{c.setup}: {c.verdict} at {c.documents:,}",
+            )
             if c.stopped_at is not None:
                 ax.axvline(c.looks[c.stopped_at].n, color=color, lw=0.8, ls=":")
         if cells:
@@ -103,6 +139,7 @@ def trajectory_figure(task: str) -> Callable[[Results], Any]:
         ax.legend(fontsize=7, loc="lower right")
         ax.grid(alpha=0.3)
         return fig
+
     return draw
 
 

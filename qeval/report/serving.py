@@ -58,8 +58,13 @@ def goodput_figure(results: ServingResults) -> Any:
     values = [r.pick.goodput_rps if r.pick else 0.0 for r in results.setups]
     ax.barh(names, values, color=["#4477aa" if r.pick else "#bbbbbb" for r in results.setups])
     for i, r in enumerate(results.setups):
-        ax.annotate(f"{values[i]:.3f}/s" if r.pick else "SLO not met", (values[i], i), xytext=(4, -3),
-                    textcoords="offset points", fontsize=8)
+        ax.annotate(
+            f"{values[i]:.3f}/s" if r.pick else "SLO not met",
+            (values[i], i),
+            xytext=(4, -3),
+            textcoords="offset points",
+            fontsize=8,
+        )
     ax.set_xlabel("goodput at the tuned flags (requests/s within the SLO)")
     ax.grid(alpha=0.3, axis="x")
     return fig
@@ -91,14 +96,28 @@ def level_rows(results: ServingResults) -> list[dict[str, Any]]:
     rows = []
     for r in results.setups:
         for lv in r.levels:
-            rows.append({"setup": r.setup, "max_num_seqs": lv.max_num_seqs, "rate": lv.rate,
-                         "goodput_rps": lv.goodput_rps, "vllm_goodput_rps": lv.vllm_goodput_rps,
-                         "throughput_rps": lv.throughput_rps, "output_tokens_per_s": lv.output_tokens_per_s,
-                         **{f"{name}_{q}_ms": lv.percentiles_ms[name][q] for name in ("ttft", "tpot", "itl", "e2e")
-                            for q in sorted({"p50", "p90", "p99", p})},
-                         "kv_usage_peak": lv.kv_usage_peak, "kv_usage_mean": lv.kv_usage_mean,
-                         "preemptions": lv.preemptions, "queue_time_mean_ms": lv.queue_time_mean_ms,
-                         "meets_slo": lv.meets_slo, "failed": lv.failed})
+            rows.append(
+                {
+                    "setup": r.setup,
+                    "max_num_seqs": lv.max_num_seqs,
+                    "rate": lv.rate,
+                    "goodput_rps": lv.goodput_rps,
+                    "vllm_goodput_rps": lv.vllm_goodput_rps,
+                    "throughput_rps": lv.throughput_rps,
+                    "output_tokens_per_s": lv.output_tokens_per_s,
+                    **{
+                        f"{name}_{q}_ms": lv.percentiles_ms[name][q]
+                        for name in ("ttft", "tpot", "itl", "e2e")
+                        for q in sorted({"p50", "p90", "p99", p})
+                    },
+                    "kv_usage_peak": lv.kv_usage_peak,
+                    "kv_usage_mean": lv.kv_usage_mean,
+                    "preemptions": lv.preemptions,
+                    "queue_time_mean_ms": lv.queue_time_mean_ms,
+                    "meets_slo": lv.meets_slo,
+                    "failed": lv.failed,
+                }
+            )
     return rows
 
 
@@ -110,29 +129,42 @@ def markdown(results: ServingResults) -> str:
     """serving.md."""
     w, p = results.workload, _p(results)
     rec = results.recommendation
-    lines = [f"# Serving the workload: {results.config}", "",
-             f"Workload: {w.get('source')}, {w.get('requests_per_level')} requests per level, {w.get('arrivals')}; "
-             f"max-model-len {w.get('max_model_len')} (p{w.get('percentile')} of prompt + output, rounded up to "
-             f"KV blocks), refusing {w.get('refused')} of {w.get('trace_requests')} requests of the trace; "
-             f"prefix caching {'on' if w.get('prefix_caching') else 'off'}. SLO: {w.get('slo')}.",
-             f"Load generator: {results.load_generator}. Machine: {results.machine}.", ""]
+    lines = [
+        f"# Serving the workload: {results.config}",
+        "",
+        f"Workload: {w.get('source')}, {w.get('requests_per_level')} requests per level, {w.get('arrivals')}; "
+        f"max-model-len {w.get('max_model_len')} (p{w.get('percentile')} of prompt + output, rounded up to "
+        f"KV blocks), refusing {w.get('refused')} of {w.get('trace_requests')} requests of the trace; "
+        f"prefix caching {'on' if w.get('prefix_caching') else 'off'}. SLO: {w.get('slo')}.",
+        f"Load generator: {results.load_generator}. Machine: {results.machine}.",
+        "",
+    ]
     lines += [f"**Recommendation (by goodput):** {rec.get('setup') or 'none'}", ""]
     for reason in (rec.get("reasons") or {}).values():
         lines.append(f"- {reason}")
     lines += ["", "## Each setup's `vllm serve` command", ""]
     for r in results.setups:
         tuned = "tuned" if r.pick else "no level met the SLO: the first setting's flags"
-        lines += [f"{r.setup} ({tuned}; search: {r.restarts} of at most {r.bound_restarts} engine starts, "
-                  f"{len(r.levels)} of at most {r.bound_levels} levels, {r.seconds or 0:.0f} s):", "",
-                  f"    {r.serve_command}", ""]
+        lines += [
+            f"{r.setup} ({tuned}; search: {r.restarts} of at most {r.bound_restarts} engine starts, "
+            f"{len(r.levels)} of at most {r.bound_levels} levels, {r.seconds or 0:.0f} s):",
+            "",
+            f"    {r.serve_command}",
+            "",
+        ]
         if r.status != "ok":
             lines += [f"failed: {r.error}", ""]
-    lines += ["## Levels", "", "Latencies in ms (np.percentile over the level's requests); goodput: requests "
-              "within every per-request target per second; KV: vllm:kv_cache_usage_perc sampled while requests "
-              "ran (peak / mean).", "",
-              f"| setup | max-num-seqs | rate/s | goodput/s | req/s | TTFT p50 / {p} | TPOT p50 / {p} | "
-              f"ITL {p} | E2E p50 / {p} | KV peak / mean | preempt | queue ms | SLO |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines += [
+        "## Levels",
+        "",
+        "Latencies in ms (np.percentile over the level's requests); goodput: requests "
+        "within every per-request target per second; KV: vllm:kv_cache_usage_perc sampled while requests "
+        "ran (peak / mean).",
+        "",
+        f"| setup | max-num-seqs | rate/s | goodput/s | req/s | TTFT p50 / {p} | TPOT p50 / {p} | "
+        f"ITL {p} | E2E p50 / {p} | KV peak / mean | preempt | queue ms | SLO |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
     for r in results.setups:
         for lv in r.levels:
             pc = lv.percentiles_ms
@@ -143,7 +175,8 @@ def markdown(results: ServingResults) -> str:
                 f"{pc['itl'][p]:,.1f} | {pc['e2e']['p50']:,.0f} / {pc['e2e'][p]:,.0f} | "
                 f"{_pct(lv.kv_usage_peak)} / {_pct(lv.kv_usage_mean)} | "
                 f"{lv.preemptions if lv.preemptions is not None else 'n/a'} | {queue} | "
-                f"{'met' if lv.meets_slo else 'broken: ' + '; '.join(lv.violations)} |")
+                f"{'met' if lv.meets_slo else 'broken: ' + '; '.join(lv.violations)} |"
+            )
     lines += ["", "## Figures", ""] + [f"![{name}]({name})" for name in FIGURES]
     if results.notes:
         lines += ["", "Notes: " + "; ".join(results.notes) + "."]
@@ -162,12 +195,23 @@ def write_report(results: ServingResults, out: Path) -> Path:
 def setup_rows(results: ServingResults) -> list[dict[str, Any]]:
     """One row per setup: the tuner's pick, its cost, the command line, the recommendation's reason."""
     reasons = results.recommendation.get("reasons") or {}
-    return [{"setup": r.setup, "status": r.status, "recommended": r.setup == results.recommendation.get("setup"),
-             "goodput_rps": r.pick.goodput_rps if r.pick else None,
-             "max_num_seqs": r.pick.max_num_seqs if r.pick else None,
-             "rate": r.pick.rate if r.pick else None, "best_p99_ms": r.best_p99_ms or None,
-             "max_model_len": r.max_model_len, "engine_starts": r.restarts, "levels": len(r.levels),
-             "serve_command": r.serve_command, "reason": reasons.get(r.setup)} for r in results.setups]
+    return [
+        {
+            "setup": r.setup,
+            "status": r.status,
+            "recommended": r.setup == results.recommendation.get("setup"),
+            "goodput_rps": r.pick.goodput_rps if r.pick else None,
+            "max_num_seqs": r.pick.max_num_seqs if r.pick else None,
+            "rate": r.pick.rate if r.pick else None,
+            "best_p99_ms": r.best_p99_ms or None,
+            "max_model_len": r.max_model_len,
+            "engine_starts": r.restarts,
+            "levels": len(r.levels),
+            "serve_command": r.serve_command,
+            "reason": reasons.get(r.setup),
+        }
+        for r in results.setups
+    ]
 
 
 def workload_note(config: dict[str, Any]) -> str | None:
@@ -175,24 +219,43 @@ def workload_note(config: dict[str, Any]) -> str | None:
     workload = config.get("workload")
     if not workload or config.get("recommend_by") == "goodput":  # served by the run: its own section says so
         return None
-    return ("workload: this run measured no goodput: it is measured on `vllm serve` only, by `qeval run` under "
-            "`recommend_by: goodput` or by `qeval goodput` on this config (RUN_DIR/serving.md); the hf backend has "
-            "no server to load, and there the workload's lengths drive `qeval plan --workload` and, with "
-            "`performance.from_workload`, the timed waves")
+    return (
+        "workload: this run measured no goodput: it is measured on `vllm serve` only, by `qeval run` under "
+        "`recommend_by: goodput` or by `qeval goodput` on this config (RUN_DIR/serving.md); the hf backend has "
+        "no server to load, and there the workload's lengths drive `qeval plan --workload` and, with "
+        "`performance.from_workload`, the timed waves"
+    )
 
 
 # -- the run report's section (results.json `serving`, `qeval run` under recommend_by: goodput) --
 
 SECTION_TITLE = "Serving the workload"
-SECTION_HEADER = ["setup", "goodput/s", "at rate/s", "max-num-seqs", "TTFT pct", "TPOT pct", "KV peak", "levels",
-                  "`vllm serve` command"]
+SECTION_HEADER = [
+    "setup",
+    "goodput/s",
+    "at rate/s",
+    "max-num-seqs",
+    "TTFT pct",
+    "TPOT pct",
+    "KV peak",
+    "levels",
+    "`vllm serve` command",
+]
 
 
 def _pick_level(row: ServingSetup) -> ServingLevel | None:
     if row.pick is None:
         return None
-    return next((lv for lv in row.levels if lv.max_num_seqs == row.pick.max_num_seqs and lv.rate == row.pick.rate
-                 and lv.max_num_batched_tokens == row.pick.max_num_batched_tokens), None)
+    return next(
+        (
+            lv
+            for lv in row.levels
+            if lv.max_num_seqs == row.pick.max_num_seqs
+            and lv.rate == row.pick.rate
+            and lv.max_num_batched_tokens == row.pick.max_num_batched_tokens
+        ),
+        None,
+    )
 
 
 def section_rows(results: Results, esc: Escape) -> list[list[str]]:
@@ -210,9 +273,15 @@ def section_rows(results: Results, esc: Escape) -> list[list[str]]:
             best = ", ".join(f"{k.removesuffix('_ms').upper()} {v:,.0f} ms" for k, v in r.best_p99_ms.items())
             cells = [f"SLO not met (best {p}: {best})", "", "", "", "", "", f"{len(r.levels)}"]
         else:
-            cells = [f"{r.pick.goodput_rps:.3f}", f"{r.pick.rate:g}", str(r.pick.max_num_seqs),
-                     f"{lv.percentiles_ms['ttft'][p]:,.0f} ms", f"{lv.percentiles_ms['tpot'][p]:,.1f} ms",
-                     _pct(lv.kv_usage_peak), f"{len(r.levels)}"]
+            cells = [
+                f"{r.pick.goodput_rps:.3f}",
+                f"{r.pick.rate:g}",
+                str(r.pick.max_num_seqs),
+                f"{lv.percentiles_ms['ttft'][p]:,.0f} ms",
+                f"{lv.percentiles_ms['tpot'][p]:,.1f} ms",
+                _pct(lv.kv_usage_peak),
+                f"{len(r.levels)}",
+            ]
         out.append([esc(r.setup), *cells, esc(r.serve_command)])
     return out
 
@@ -223,15 +292,25 @@ def section_markdown(results: Results, esc: Escape) -> list[str]:
     if served is None:
         return []
     w = served.workload
-    lines = [f"## {SECTION_TITLE}", "",
-             esc(f"Workload {w.get('source')}: {w.get('requests_per_level')} requests per level, {w.get('arrivals')}; "
-                 f"max-model-len {w.get('max_model_len')} (p{w.get('percentile')} of prompt + output, rounded up to "
-                 f"KV blocks; refuses {w.get('refused')} of {w.get('trace_requests')} requests); SLO "
-                 f"{w.get('slo')}; load generator {served.load_generator}; machine {served.machine}."), "",
-             *md_table([h.replace("pct", _p(served)) for h in SECTION_HEADER], section_rows(results, esc)), "",
-             esc(f"Goodput: requests within every target per second at the tuned flags (the highest goodput within "
-                 f"the SLO, KV usage under {served.kv_usage_limit:.0%}); every level, and the figures "
-                 f"({', '.join(FIGURES)}), in serving.md."), ""]
+    lines = [
+        f"## {SECTION_TITLE}",
+        "",
+        esc(
+            f"Workload {w.get('source')}: {w.get('requests_per_level')} requests per level, {w.get('arrivals')}; "
+            f"max-model-len {w.get('max_model_len')} (p{w.get('percentile')} of prompt + output, rounded up to "
+            f"KV blocks; refuses {w.get('refused')} of {w.get('trace_requests')} requests); SLO "
+            f"{w.get('slo')}; load generator {served.load_generator}; machine {served.machine}."
+        ),
+        "",
+        *md_table([h.replace("pct", _p(served)) for h in SECTION_HEADER], section_rows(results, esc)),
+        "",
+        esc(
+            f"Goodput: requests within every target per second at the tuned flags (the highest goodput within "
+            f"the SLO, KV usage under {served.kv_usage_limit:.0%}); every level, and the figures "
+            f"({', '.join(FIGURES)}), in serving.md."
+        ),
+        "",
+    ]
     return lines
 
 
@@ -242,8 +321,10 @@ def section_tables(results: Results) -> HtmlTables:
     header = [h.replace("pct", _p(results.serving)) for h in SECTION_HEADER]
     levels = level_rows(results.serving)
     keys = list(levels[0]) if levels else []
-    return {"each setup at its tuned flags": (header, body),
-            "every load level": (keys, [[_cell(row[k]) for k in keys] for row in levels])}
+    return {
+        "each setup at its tuned flags": (header, body),
+        "every load level": (keys, [[_cell(row[k]) for k in keys] for row in levels]),
+    }
 
 
 def _cell(x: Any) -> str:
@@ -254,11 +335,14 @@ def section_figures(results: Results) -> dict[str, Any]:
     served = results.serving
     if served is None or not any(r.levels for r in served.setups):
         return {}
-    return {"Serving: throughput against p99 end-to-end latency, every level (lines: each setup's Pareto front)":
-            lambda _r: pareto_figure(served),
-            "Serving: goodput per setup at its tuned flags": lambda _r: goodput_figure(served),
-            "Serving: peak KV-cache usage across load levels": lambda _r: kv_figure(served)}
+    pareto = "Serving: throughput against p99 end-to-end latency, every level (lines: each setup's Pareto front)"
+    return {
+        pareto: lambda _r: pareto_figure(served),
+        "Serving: goodput per setup at its tuned flags": lambda _r: goodput_figure(served),
+        "Serving: peak KV-cache usage across load levels": lambda _r: kv_figure(served),
+    }
 
 
-SECTION = ReportSection(title=SECTION_TITLE, anchor="serving", markdown=section_markdown, tables=section_tables,
-                        figures=section_figures)
+SECTION = ReportSection(
+    title=SECTION_TITLE, anchor="serving", markdown=section_markdown, tables=section_tables, figures=section_figures
+)

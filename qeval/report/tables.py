@@ -11,8 +11,9 @@ Escape = Callable[[object], str]
 
 # `*` and `_` are left alone: at worst they italicise, and names such as compare_mc stay readable.
 # Brackets alone are harmless ("[-1.2, +0.4]"); a link needs `](`, `][` or `]:`, and those are broken.
-_MD_SPECIAL = str.maketrans({c: f"\\{c}" for c in "\\`|"} | {"<": "&lt;", ">": "&gt;", "&": "&amp;",
-                                                             "\n": " ", "\r": " "})
+_MD_SPECIAL = str.maketrans(
+    {c: f"\\{c}" for c in "\\`|"} | {"<": "&lt;", ">": "&gt;", "&": "&amp;", "\n": " ", "\r": " "}
+)
 _LINK = re.compile(r"\](?=[(\[:])")
 
 

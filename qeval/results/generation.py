@@ -23,19 +23,28 @@ class GeneratedPositionBucket(ResultModel):
     baseline_nll: float | None = Field(None, description="the baseline's, on the same tokens; null for the baseline")
     delta: float | None = Field(None, description="nll - baseline_nll (nats per token; positive: worse)")
     ci: tuple[float, float] | None = Field(None, description="95% paired t-interval of delta over documents")
-    ci_method: Literal["t"] | None = Field(None, description="t: Student's t-interval on the documents' linearised "
-                                                             "differences (stats.paired_ratio)")
+    ci_method: Literal["t"] | None = Field(
+        None, description="t: Student's t-interval on the documents' linearised differences (stats.paired_ratio)"
+    )
     p_value: float | None = Field(None, description="Wilcoxon signed-rank test over documents")
-    kl: float | None = Field(None, description="mean KL(baseline || setup) per generated token (top-16 + tail, a "
-                                               "lower bound of the full KL); null for the baseline")
-    top1_agreement: float | None = Field(None, description="share of the bucket's tokens where the setup's top-1 "
-                                                           "prediction is the baseline's")
-    max_drop: float | None = Field(None, description="a gate at this position: the largest delta allowed (nats per "
-                                                     "token); null: no gate")
+    kl: float | None = Field(
+        None,
+        description="mean KL(baseline || setup) per generated token (top-16 + tail, a "
+        "lower bound of the full KL); null for the baseline",
+    )
+    top1_agreement: float | None = Field(
+        None, description="share of the bucket's tokens where the setup's top-1 prediction is the baseline's"
+    )
+    max_drop: float | None = Field(
+        None, description="a gate at this position: the largest delta allowed (nats per token); null: no gate"
+    )
     verdict: Literal["pass", "fail", "inconclusive"] | None = Field(
-        None, description="the gate's verdict on the interval of delta (non-inferiority, as every gate); null: no gate")
-    verdict_reason: str | None = Field(None, description="why the verdict is inconclusive whatever the interval says "
-                                                         "(too few documents reach the bucket)")
+        None, description="the gate's verdict on the interval of delta (non-inferiority, as every gate); null: no gate"
+    )
+    verdict_reason: str | None = Field(
+        None,
+        description="why the verdict is inconclusive whatever the interval says (too few documents reach the bucket)",
+    )
 
 
 class AnswerLengthBucket(ResultModel):
@@ -47,8 +56,9 @@ class AnswerLengthBucket(ResultModel):
     accuracy: float = Field(description="this setup's accuracy (mean `correct`) on them")
     baseline_accuracy: float | None = Field(None, description="the baseline's on the same documents")
     delta: float | None = Field(None, description="accuracy - baseline_accuracy (positive: better)")
-    ci: tuple[float, float] | None = Field(None, description="95% paired interval of delta (Newcombe's for "
-                                                             "right/wrong, a t-interval for sampled shares)")
+    ci: tuple[float, float] | None = Field(
+        None, description="95% paired interval of delta (Newcombe's for right/wrong, a t-interval for sampled shares)"
+    )
     p_value: float | None = Field(None, description="McNemar's exact test (right/wrong) or Wilcoxon's")
 
 

@@ -22,16 +22,23 @@ class PositionBucket(ResultModel):
     nll: float = Field(description="this setup's mean negative log-likelihood per token in the bucket (nats)")
     baseline_nll: float | None = Field(None, description="the baseline's, on the same tokens; null for the baseline")
     delta: float | None = Field(None, description="nll - baseline_nll (nats per token; positive: worse)")
-    ci: tuple[float, float] | None = Field(None, description="95% paired interval of delta over documents "
-                                                             "(ci_method says how)")
-    ci_method: Literal["t"] | None = Field(None, description="t: Student's t-interval on the documents' linearised "
-                                                             "differences; null: a paired percentile bootstrap "
-                                                             "(results written before the t-interval)")
+    ci: tuple[float, float] | None = Field(
+        None, description="95% paired interval of delta over documents (ci_method says how)"
+    )
+    ci_method: Literal["t"] | None = Field(
+        None,
+        description="t: Student's t-interval on the documents' linearised "
+        "differences; null: a paired percentile bootstrap "
+        "(results written before the t-interval)",
+    )
     p_value: float | None = Field(None, description="Wilcoxon signed-rank test over documents")
-    kl: float | None = Field(None, description="mean KL(baseline || setup) per token in the bucket (top-16 + tail, "
-                                               "a lower bound of the full KL)")
-    top1_agreement: float | None = Field(None, description="share of the bucket's tokens whose top-1 prediction "
-                                                           "agrees with the baseline's")
+    kl: float | None = Field(
+        None,
+        description="mean KL(baseline || setup) per token in the bucket (top-16 + tail, a lower bound of the full KL)",
+    )
+    top1_agreement: float | None = Field(
+        None, description="share of the bucket's tokens whose top-1 prediction agrees with the baseline's"
+    )
 
 
 class LengthPoint(ResultModel):
@@ -39,11 +46,13 @@ class LengthPoint(ResultModel):
     tasks, and its loss by position."""
 
     length: int = Field(description="tokens")
-    kv_bytes: int | None = Field(None, description="KV-cache bytes of one sequence of this length: "
-                                                   "kv_bytes_per_token x length")
+    kv_bytes: int | None = Field(
+        None, description="KV-cache bytes of one sequence of this length: kv_bytes_per_token x length"
+    )
     kv_source: str = Field("", description="measured or predicted: which kv_bytes_per_token figure it used")
-    tasks: dict[str, str] = Field({}, description="family -> its task at this length (scores in `tasks`, "
-                                                 "comparisons in `vs_baseline`)")
+    tasks: dict[str, str] = Field(
+        {}, description="family -> its task at this length (scores in `tasks`, comparisons in `vs_baseline`)"
+    )
     buckets: list[PositionBucket] = Field([], description="position_ppl by token position; empty without it")
 
 
@@ -57,8 +66,10 @@ class LongContextInfo(ResultModel):
     """What the run generated (docs/tasks.md, "Long-context tasks")."""
 
     lengths: list[int] = Field(description="the lengths scored, in tokens")
-    deployment_length: int = Field(description="budget.context_len where it is one of the lengths, else the longest: "
-                                               "each family's task there is top-level (gated by `all`)")
+    deployment_length: int = Field(
+        description="budget.context_len where it is one of the lengths, else the longest: "
+        "each family's task there is top-level (gated by `all`)"
+    )
     families: dict[str, dict[str, str]] = Field(description="family -> length (as text) -> task name")
     seed: int = Field(description="the seed every document was generated from")
     samples: int = Field(description="documents generated per task and length")

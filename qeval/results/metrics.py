@@ -53,19 +53,22 @@ class Metric:
         return f"{margin * 100:g} pt" if self.proportion else f"{margin:g}"
 
 
-METRICS: dict[str, Metric] = {m.name: m for m in [
-    Metric("acc", True, True, "%"),
-    Metric("acc_norm", True, True, "%"),
-    Metric("exact_match", True, True, "%"),
-    Metric("pass_at_k", True, True, "%"),
-    Metric("maj_at_k", True, True, "%"),
-    Metric("bits_per_byte", False, False, "bits/byte"),
-    Metric("token_perplexity", False, False, "perplexity", 3),
-    Metric("byte_perplexity", False, False, "perplexity", 4),
-    Metric("word_perplexity", False, False, "perplexity", 3),
-    Metric("kl_to_baseline", False, False, "nats/token", 5),
-    Metric("top1_agreement", True, True, "%"),
-]}
+METRICS: dict[str, Metric] = {
+    m.name: m
+    for m in [
+        Metric("acc", True, True, "%"),
+        Metric("acc_norm", True, True, "%"),
+        Metric("exact_match", True, True, "%"),
+        Metric("pass_at_k", True, True, "%"),
+        Metric("maj_at_k", True, True, "%"),
+        Metric("bits_per_byte", False, False, "bits/byte"),
+        Metric("token_perplexity", False, False, "perplexity", 3),
+        Metric("byte_perplexity", False, False, "perplexity", 4),
+        Metric("word_perplexity", False, False, "perplexity", 3),
+        Metric("kl_to_baseline", False, False, "nats/token", 5),
+        Metric("top1_agreement", True, True, "%"),
+    ]
+}
 
 #: what each task kind can report, its default metric_list first
 KIND_METRICS: dict[str, tuple[str, ...]] = {
@@ -103,7 +106,8 @@ def select_metrics(task: str, output_type: str, metric_list: list[dict[str, obje
         name = entry.get("metric") if isinstance(entry, dict) else None
         offered = KIND_METRICS[output_type] + SAMPLED_METRICS.get(output_type, ())
         if not isinstance(name, str) or name not in offered:
-            raise UserError(f"task {task}: metric {name!r} is not one qeval computes for {output_type} tasks "
-                            f"({', '.join(offered)})")
+            raise UserError(
+                f"task {task}: metric {name!r} is not one qeval computes for {output_type} tasks ({', '.join(offered)})"
+            )
         names.append(name)
     return names

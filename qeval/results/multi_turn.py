@@ -23,12 +23,17 @@ class TurnPoint(ResultModel):
     delta: float | None = Field(None, description="accuracy - the baseline's, paired by conversation (null: baseline)")
     ci: tuple[float, float] | None = Field(None, description="95% paired interval of delta (Newcombe's)")
     p_value: float | None = Field(None, description="McNemar's exact test")
-    verdict: Literal["pass", "fail", "inconclusive"] | None = Field(None, description="the turn's gate's verdict "
-                                                                                      "(null: no gate)")
-    kl: float | None = Field(None, description="mean KL(baseline || setup) per token of the baseline's answer, "
-                                               "teacher-forced (null: no generation_divergence, or the baseline)")
-    top1_agreement: float | None = Field(None, description="share of the baseline's answer tokens where the setup's "
-                                                           "top-1 is the baseline's")
+    verdict: Literal["pass", "fail", "inconclusive"] | None = Field(
+        None, description="the turn's gate's verdict (null: no gate)"
+    )
+    kl: float | None = Field(
+        None,
+        description="mean KL(baseline || setup) per token of the baseline's answer, "
+        "teacher-forced (null: no generation_divergence, or the baseline)",
+    )
+    top1_agreement: float | None = Field(
+        None, description="share of the baseline's answer tokens where the setup's top-1 is the baseline's"
+    )
 
 
 class MultiTurnInfo(ResultModel):

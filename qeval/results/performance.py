@@ -33,9 +33,12 @@ class PerfWorkload(ResultModel):
     warmup: int = Field(description="untimed passes per level before the repeats")
     seed: int = Field(description="seed of the prompts (warm-up prompts: seed + 1)")
     levels_source: str = Field("", description="how the levels were chosen (`max`: the budget's concurrency, caps)")
-    lengths: list[list[int]] = Field([], description="per request [prompt tokens, output tokens], cycled, from the "
-                                                     "config's workload (performance.from_workload); empty: every "
-                                                     "request is input_len / output_len")
+    lengths: list[list[int]] = Field(
+        [],
+        description="per request [prompt tokens, output tokens], cycled, from the "
+        "config's workload (performance.from_workload); empty: every "
+        "request is input_len / output_len",
+    )
     lengths_source: str = Field("", description="the workload the lengths came from")
 
 
@@ -73,12 +76,16 @@ class Performance(ResultModel):
     error: str | None = Field(None, description="why the performance phase failed, one line")
     workload: PerfWorkload | None = Field(None, description="what was timed")
     levels: list[PerfLevel] = Field([], description="figures per concurrency level, ascending")
-    decode: CeilingShare | None = Field(None, description="decode tokens/s at concurrency 1 against bandwidth / "
-                                                          "(weight bytes + KV bytes at the context)")
-    prefill: CeilingShare | None = Field(None, description="prefill tokens/s at the top level against matmul "
-                                                           "peak / (2 x parameters per token)")
-    budget_concurrency: float | None = Field(None, description="the setup's memory.max_concurrency the `max` "
-                                                               "level came from")
+    decode: CeilingShare | None = Field(
+        None,
+        description="decode tokens/s at concurrency 1 against bandwidth / (weight bytes + KV bytes at the context)",
+    )
+    prefill: CeilingShare | None = Field(
+        None, description="prefill tokens/s at the top level against matmul peak / (2 x parameters per token)"
+    )
+    budget_concurrency: float | None = Field(
+        None, description="the setup's memory.max_concurrency the `max` level came from"
+    )
     notes: list[str] = Field([], description="what a reader of these figures must know (engine threads, caches)")
     seconds: float | None = Field(None, description="wall time of the whole phase")
 
@@ -98,11 +105,17 @@ class Ceilings(ResultModel):
     device_name: str = Field(description="the CPU model or GPU name")
     threads: int = Field(description="torch threads of the probe (a CPU engine may compute on fewer)")
     torch: str = Field(description="torch version of the probe (the workers' interpreter)")
-    cache_bytes: int | None = Field(None, description="the largest cache (CPU last level, GPU L2); the bandwidth "
-                                                      "probe is sized past it (2x on a CPU, 8x on a GPU)")
+    cache_bytes: int | None = Field(
+        None,
+        description="the largest cache (CPU last level, GPU L2); the bandwidth "
+        "probe is sized past it (2x on a CPU, 8x on a GPU)",
+    )
     copy_bandwidth: Measured = Field(description="bytes read + written per second by a large tensor copy")
     matmul_peak: dict[str, Measured] = Field(description="dtype -> matmul rate (FLOP/s; int8: OP/s)")
     notes: list[str] = Field([], description="what the probe could not measure, and why")
     seconds: float | None = Field(None, description="wall time of the probe process")
-    probe_s: float | None = Field(None, description="time the measurements took inside the probe (bounded at 10 s: "
-                                                    "each is sized by time; null before probe version 2)")
+    probe_s: float | None = Field(
+        None,
+        description="time the measurements took inside the probe (bounded at 10 s: "
+        "each is sized by time; null before probe version 2)",
+    )

@@ -31,8 +31,6 @@ from qeval.results.serving import ServingResults
 SCHEMA_VERSION = 1
 
 
-
-
 class Figure(ResultModel):
     """One figure of the memory ledger: measured, predicted, and where the measurement came from."""
 
@@ -60,12 +58,14 @@ class SequenceKV(ResultModel):
     context: int = Field(description="tokens in the sequence (budget.context_len)")
     engine: str = Field(description="whose accounting: vllm (block rounding, the hybrid allocator's groups) or hf")
     predicted: int = Field(description="bytes, from config.json by the engine's rules")
-    by_layer_type: dict[str, int] = Field(description="predicted bytes per layer kind: full, sliding, chunked, "
-                                                      "latent (MLA)")
+    by_layer_type: dict[str, int] = Field(
+        description="predicted bytes per layer kind: full, sliding, chunked, latent (MLA)"
+    )
     state_bytes: int = Field(0, description="predicted constant state of the state layers (linear attention)")
     naive: int = Field(description="2 x layers x KV heads x head_dim x bytes x context: the textbook figure")
-    measured: int | None = Field(None, description="bytes the engine's cache held for one sequence of this "
-                                                   "context, or null where not measured")
+    measured: int | None = Field(
+        None, description="bytes the engine's cache held for one sequence of this context, or null where not measured"
+    )
     source: str = Field("not measured", description="how the measured value was obtained")
 
 
@@ -73,9 +73,11 @@ class Memory(ResultModel):
     """Where the memory goes, predicted and measured (docs/memory.md), and what fits the budget."""
 
     weights_bytes: Figure = Field(description="the served weights, quantization scales and zero points included")
-    kv_bytes_per_token: Figure = Field(description="KV-cache bytes one token costs (K and V, every attention "
-                                                   "layer); where layers keep different spans of tokens, the "
-                                                   "cost below the shortest span (see kv_per_sequence)")
+    kv_bytes_per_token: Figure = Field(
+        description="KV-cache bytes one token costs (K and V, every attention "
+        "layer); where layers keep different spans of tokens, the "
+        "cost below the shortest span (see kv_per_sequence)"
+    )
     peak_bytes: Figure = Field(Figure(), description="the worker's peak memory while scoring")
     activations_bytes: Figure = Field(Figure(), description="growth over the loaded model while scoring")
     overhead_bytes: Figure | None = Field(None, description="allocator slack (CUDA only)")
@@ -83,9 +85,12 @@ class Memory(ResultModel):
     kv_cache_tokens: int | None = Field(None, description="KV tokens that fit the budget (capacity_source says how)")
     max_concurrency: float | None = Field(None, description="sequences of budget.context_len tokens that fit")
     capacity_source: str | None = Field(None, description="how kv_cache_tokens and max_concurrency were obtained")
-    kv_per_sequence: SequenceKV | None = Field(None, description="one sequence of the budget's context: KV per "
-                                                                 "layer kind and state (null in results written "
-                                                                 "before it was recorded)")
+    kv_per_sequence: SequenceKV | None = Field(
+        None,
+        description="one sequence of the budget's context: KV per "
+        "layer kind and state (null in results written "
+        "before it was recorded)",
+    )
 
 
 class MetricValue(ResultModel):
@@ -105,10 +110,13 @@ class TaskScore(ResultModel):
 
     n: int = Field(description="documents scored")
     metrics: dict[str, MetricValue] = Field(description="metric name -> value (the task's metric_list)")
-    generated_tokens: float | None = Field(None, description="generation tasks: the mean tokens generated per "
-                                                             "document, a reasoning block and the stop token "
-                                                             "included (what serving the answers costs); null "
-                                                             "for other tasks")
+    generated_tokens: float | None = Field(
+        None,
+        description="generation tasks: the mean tokens generated per "
+        "document, a reasoning block and the stop token "
+        "included (what serving the answers costs); null "
+        "for other tasks",
+    )
 
 
 class KLDistribution(ResultModel):
@@ -124,8 +132,11 @@ class KLDistribution(ResultModel):
     kl_p99_9: float = Field(description="the 99.9th percentile")
     kl_max: float = Field(description="the largest token's KL")
     same_top1: float = Field(description="share of tokens whose top-1 prediction is the baseline's")
-    dp_mean: float | None = Field(None, description="mean Δp: the setup's probability of the actual next token "
-                                                    "minus the baseline's (null: the baseline's reference predates it)")
+    dp_mean: float | None = Field(
+        None,
+        description="mean Δp: the setup's probability of the actual next token "
+        "minus the baseline's (null: the baseline's reference predates it)",
+    )
     dp_rms: float | None = Field(None, description="root mean square of Δp")
     dp_min: float | None = Field(None, description="the most negative Δp")
     dp_p1: float | None = Field(None, description="the 1st percentile of Δp")
@@ -146,12 +157,14 @@ class Comparison(ResultModel):
     delta: float = Field(description="setup minus baseline, in the metric's units")
     ci: tuple[float, float] = Field(description="95% confidence interval of delta")
     ci_method: Literal["newcombe", "t", "t_clustered", "bootstrap"] | None = Field(
-        None, description="newcombe: Newcombe's paired score interval (accuracies); t: Student's t-interval on the "
-                          "paired per-document differences (bits per byte, linearised as a ratio; other scores); "
-                          "t_clustered: a sampled task's, paired by document and clustered over its repeats "
-                          "(the t-interval on the documents' mean differences over repeats); "
-                          "bootstrap: paired percentile bootstrap over documents (results written before the "
-                          "t-interval); null in results written before it was recorded (bootstrap)")
+        None,
+        description="newcombe: Newcombe's paired score interval (accuracies); t: Student's t-interval on the "
+        "paired per-document differences (bits per byte, linearised as a ratio; other scores); "
+        "t_clustered: a sampled task's, paired by document and clustered over its repeats "
+        "(the t-interval on the documents' mean differences over repeats); "
+        "bootstrap: paired percentile bootstrap over documents (results written before the "
+        "t-interval); null in results written before it was recorded (bootstrap)",
+    )
     p_value: float | None = Field(None, description="McNemar's exact test (accuracies) or Wilcoxon (perplexity)")
     repeats: int | None = Field(None, description="sampled repeats per document (null: one, greedy)")
     p_adjusted: float | None = Field(None, description="Benjamini-Hochberg adjusted across the setup's tasks")
@@ -159,24 +172,33 @@ class Comparison(ResultModel):
     flips_to_right: int | None = Field(None, description="documents wrong under the baseline, right here")
     n: int = Field(description="documents paired")
     verdict: Literal["pass", "fail", "inconclusive"] | None = Field(
-        None, description="the gate's verdict; null: no gate applies")
+        None, description="the gate's verdict; null: no gate applies"
+    )
     verdict_reason: str | None = Field(
-        None, description="why the verdict is inconclusive whatever the interval says (e.g. fewer paired documents "
-                          "than a verdict needs); null: the interval decided")
+        None,
+        description="why the verdict is inconclusive whatever the interval says (e.g. fewer paired documents "
+        "than a verdict needs); null: the interval decided",
+    )
     samples_to_decide: int | None = Field(
-        None, description="for an inconclusive verdict: the documents at which this interval, the observed "
-                          "proportions or spread unchanged, would decide the gate; null: decided, or no estimate")
-    kl: float | None = Field(None, description="mean KL(baseline || setup) per scored token: perplexity texts, and "
-                                               "the continuation tokens of every choice of log-likelihood and "
-                                               "multiple-choice tasks; null: not measured")
+        None,
+        description="for an inconclusive verdict: the documents at which this interval, the observed "
+        "proportions or spread unchanged, would decide the gate; null: decided, or no estimate",
+    )
+    kl: float | None = Field(
+        None,
+        description="mean KL(baseline || setup) per scored token: perplexity texts, and "
+        "the continuation tokens of every choice of log-likelihood and "
+        "multiple-choice tasks; null: not measured",
+    )
     top1_agreement: float | None = Field(None, description="share of tokens whose top-1 prediction agrees")
-    kl_distribution: KLDistribution | None = Field(None, description="the token-level KL and Δp distribution "
-                                                                     "over the same tokens as `kl` (null: not "
-                                                                     "measured)")
+    kl_distribution: KLDistribution | None = Field(
+        None, description="the token-level KL and Δp distribution over the same tokens as `kl` (null: not measured)"
+    )
     gate: Gate | None = Field(None, description="the gate applied")
     margin: float | None = Field(None, description="the gate's allowed drop, in the metric's units")
-    recovery: float | None = Field(None, description="the setup's score as a share of the baseline's "
-                                                     "(higher-is-better metrics)")
+    recovery: float | None = Field(
+        None, description="the setup's score as a share of the baseline's (higher-is-better metrics)"
+    )
 
 
 class SuiteScore(ResultModel):
@@ -188,8 +210,9 @@ class SuiteScore(ResultModel):
     score: float = Field(description="the setup's average of task scores")
     baseline: float = Field(description="the baseline's average of the same task scores")
     recovery: float | None = Field(None, description="score / baseline")
-    ci: tuple[float, float] | None = Field(None, description="95% interval of recovery, from the tasks' own "
-                                                             "intervals combined (docs/statistics.md)")
+    ci: tuple[float, float] | None = Field(
+        None, description="95% interval of recovery, from the tasks' own intervals combined (docs/statistics.md)"
+    )
     verdict: Literal["pass", "fail", "inconclusive"] | None = Field(None, description="a min_recovery gate's verdict")
     gate: Gate | None = Field(None, description="the recovery gate applied to the suite")
 
@@ -204,17 +227,22 @@ class SetupResult(ResultModel):
     spec: dict[str, Any] = Field(description="the setup as configured, with its stable id")
     memory: Memory
     tasks: dict[str, TaskScore] = Field({}, description="task -> score (only results stored under this run's key)")
-    vs_baseline: dict[str, Comparison] = Field({}, description="task -> comparison with the baseline (empty for "
-                                                              "the baseline, and when either side failed)")
+    vs_baseline: dict[str, Comparison] = Field(
+        {}, description="task -> comparison with the baseline (empty for the baseline, and when either side failed)"
+    )
     suites: dict[str, SuiteScore] = Field({}, description="suite -> average score and recovery against the baseline")
     flags: list[str] = Field([], description="warnings a reviewer must see (e.g. kv_cache_no_effect, memory_gap)")
     library_versions: dict[str, str] = {}
     quantization: dict[str, Any] = Field({}, description="what the quantizer or engine did (library, scheme, kernels)")
     timings: dict[str, float] = {}
-    performance: Performance | None = Field(None, description="serving speed on the configured workload and the "
-                                                              "share of the device's ceilings (null: not measured)")
-    long_context: SetupLongContext | None = Field(None, description="KV bytes and loss by token position at each "
-                                                                    "long-context length (null: no long_context)")
+    performance: Performance | None = Field(
+        None,
+        description="serving speed on the configured workload and the "
+        "share of the device's ceilings (null: not measured)",
+    )
+    long_context: SetupLongContext | None = Field(
+        None, description="KV bytes and loss by token position at each long-context length (null: no long_context)"
+    )
 
     def sequence_bytes(self, context: int) -> int:
         """Weights plus the KV cache of one sequence of `context` tokens (measured, else
@@ -247,16 +275,25 @@ class RunInfo(ResultModel):
     output: str | None = None
     skipped_setups: dict[str, str] = Field({}, description="optional setups this device could not run, and why")
     hardware: dict[str, Any] = {}
-    dtype: str | None = Field(None, description="the dtype the setups computed in (model.dtype resolved on this "
-                                                "device; null in results written before it was recorded)")
-    dtype_requested: str | None = Field(None, description="model.dtype as the config gave it (auto, "
-                                                          "bfloat16-if-native, bfloat16, float16 or float32)")
-    dtype_reason: str | None = Field(None, description="why that dtype: what `auto` chose and why, or what an "
-                                                       "emulated 16-bit dtype costs on this device")
-    partial_tasks: dict[str, str] = Field({}, description="config entries (tasks, lm-eval groups) with no complete "
-                                                          "result in this run, and why (e.g. not selected by "
-                                                          "--tasks): the run is judged on part of the config; "
-                                                          "empty: every entry was scored")
+    dtype: str | None = Field(
+        None,
+        description="the dtype the setups computed in (model.dtype resolved on this "
+        "device; null in results written before it was recorded)",
+    )
+    dtype_requested: str | None = Field(
+        None, description="model.dtype as the config gave it (auto, bfloat16-if-native, bfloat16, float16 or float32)"
+    )
+    dtype_reason: str | None = Field(
+        None,
+        description="why that dtype: what `auto` chose and why, or what an emulated 16-bit dtype costs on this device",
+    )
+    partial_tasks: dict[str, str] = Field(
+        {},
+        description="config entries (tasks, lm-eval groups) with no complete "
+        "result in this run, and why (e.g. not selected by "
+        "--tasks): the run is judged on part of the config; "
+        "empty: every entry was scored",
+    )
 
 
 class TaskInfo(ResultModel):
@@ -266,16 +303,24 @@ class TaskInfo(ResultModel):
     n: int
     sha256: str = Field(description="sha256 of the task's data")
     fingerprint: str = Field(description="hash of the data and of how it is prompted and scored")
-    metric: str | None = Field(None, description="the metric setups are compared on (null in results written "
-                                                 "before it was recorded: the kind's default)")
-    kind: str = Field("native", description="the task's kind (qeval/tasks/kinds.py): native, a qeval task YAML; "
-                                            "lm_eval, an lm-evaluation-harness task; long_context, a generated "
-                                            "long-context task; a registered plugin kind's name; or group, an "
-                                            "lm-eval group of tasks scored pooled")
+    metric: str | None = Field(
+        None,
+        description="the metric setups are compared on (null in results written "
+        "before it was recorded: the kind's default)",
+    )
+    kind: str = Field(
+        "native",
+        description="the task's kind (qeval/tasks/kinds.py): native, a qeval task YAML; "
+        "lm_eval, an lm-evaluation-harness task; long_context, a generated "
+        "long-context task; a registered plugin kind's name; or group, an "
+        "lm-eval group of tasks scored pooled",
+    )
     entry: str | None = Field(None, description="the config entry it belongs to: itself, or its lm-eval group")
     num_fewshot: int | None = Field(None, description="few-shot examples in each prompt (lm-eval tasks)")
-    higher_is_better: bool | None = Field(None, description="the compared metric's direction as lm-eval declares "
-                                                           "it (null: qeval's metric descriptor decides)")
+    higher_is_better: bool | None = Field(
+        None,
+        description="the compared metric's direction as lm-eval declares it (null: qeval's metric descriptor decides)",
+    )
 
     @property
     def is_group(self) -> bool:
@@ -318,21 +363,34 @@ class Results(ResultModel):
     suites: dict[str, list[str]] = Field({}, description="suite -> its tasks and groups")
     dropped: list[Dropped] = []
     recommendation: Recommendation
-    ceilings: Ceilings | None = Field(None, description="the device's copy bandwidth and matmul peak, measured once "
-                                                        "per run (null: no performance phase)")
+    ceilings: Ceilings | None = Field(
+        None,
+        description="the device's copy bandwidth and matmul peak, measured once per run (null: no performance phase)",
+    )
     long_context: LongContextInfo | None = Field(None, description="the generated long-context tasks (null: none)")
     generation_divergence: GenerationDivergence | None = Field(
-        None, description="divergence by generated position and accuracy by answer length per setup (null: the "
-                          "config has no generation_divergence)")
-    multi_turn: MultiTurnInfo | None = Field(None, description="the multi-turn probes: accuracy and answer divergence "
-                                                               "by question turn per setup (null: none)")
-    advice: AdviceResult | None = Field(None, description="the mixed-precision advice of the config's `advise:` "
-                                                          "block (null: none); its setup is one of `setups`")
-    sequential: SequentialRun | None = Field(None, description="a sequential run's cells, trajectories and documents "
-                                                               "scored (null: the switch is off)")
-    serving: ServingResults | None = Field(None, description="`recommend_by: goodput`: every setup served on the "
-                                                             "config's workload and tuned, as RUN_DIR/serving.json "
-                                                             "holds it (null: not served)")
+        None,
+        description="divergence by generated position and accuracy by answer length per setup (null: the "
+        "config has no generation_divergence)",
+    )
+    multi_turn: MultiTurnInfo | None = Field(
+        None,
+        description="the multi-turn probes: accuracy and answer divergence by question turn per setup (null: none)",
+    )
+    advice: AdviceResult | None = Field(
+        None,
+        description="the mixed-precision advice of the config's `advise:` "
+        "block (null: none); its setup is one of `setups`",
+    )
+    sequential: SequentialRun | None = Field(
+        None, description="a sequential run's cells, trajectories and documents scored (null: the switch is off)"
+    )
+    serving: ServingResults | None = Field(
+        None,
+        description="`recommend_by: goodput`: every setup served on the "
+        "config's workload and tuned, as RUN_DIR/serving.json "
+        "holds it (null: not served)",
+    )
 
     def setup(self, name: str) -> SetupResult:
         return next(s for s in self.setups if s.name == name)
@@ -357,15 +415,19 @@ class SampleRecord(ResultModel):
     sample_id: str = Field(description="the document's id (unique within the task)")
     target: Any = Field(None, description="the gold answer")
     prediction: Any = Field(None, description="what the setup answered")
-    correct: bool | float | None = Field(None, description="null for perplexity tasks; a sampled task's share of "
-                                                           "its repeats that are right")
+    correct: bool | float | None = Field(
+        None, description="null for perplexity tasks; a sampled task's share of its repeats that are right"
+    )
     loglikelihoods: list[float] | None = Field(None, description="per choice, multiple choice only")
     nll: float | None = Field(None, description="negative log-likelihood of the gold continuation or the text")
     n_tokens: int | None = None
-    generated_tokens: int | None = Field(None, description="generation tasks: tokens generated for this document "
-                                                           "(`raw_output`, a reasoning block included)")
-    repeats: list[SampledRepeat] | None = Field(None, description="a sampled task's repeats (null: greedy); "
-                                                                  "`prediction` is then their majority answer")
+    generated_tokens: int | None = Field(
+        None,
+        description="generation tasks: tokens generated for this document (`raw_output`, a reasoning block included)",
+    )
+    repeats: list[SampledRepeat] | None = Field(
+        None, description="a sampled task's repeats (null: greedy); `prediction` is then their majority answer"
+    )
     pass_at_k: bool | None = Field(None, description="a sampled task: any of its repeats right")
     maj_at_k: bool | None = Field(None, description="a sampled task: its majority answer right")
 

@@ -16,8 +16,10 @@ class SequentialLook(ResultModel):
     """One look at a cell: after `n` paired documents, the confidence sequence there."""
 
     n: int
-    ci: tuple[float, float] = Field(description="the confidence sequence at this look (running intersection), in the "
-                                                "gate score's units: for a max_drop gate, setup minus baseline")
+    ci: tuple[float, float] = Field(
+        description="the confidence sequence at this look (running intersection), in the "
+        "gate score's units: for a max_drop gate, setup minus baseline"
+    )
     verdict: Literal["pass", "fail", "inconclusive"] = Field(description="the cell's verdict at this look")
 
 
@@ -27,22 +29,26 @@ class SequentialCell(ResultModel):
     setup: str
     task: str
     metric: str = Field(description="the metric compared (the task's primary metric, bounded in [0, 1])")
-    threshold: float = Field(description="the gate as a threshold on the score's mean: -max_drop for a max_drop gate, "
-                                         "0 for relative and min_recovery gates (the score is then o - k b)")
+    threshold: float = Field(
+        description="the gate as a threshold on the score's mean: -max_drop for a max_drop gate, "
+        "0 for relative and min_recovery gates (the score is then o - k b)"
+    )
     documents: int = Field(description="paired documents the setup scored")
     total: int = Field(description="the documents the task has up to the cap (what a fixed run scores)")
     stopped_at: int | None = Field(description="the look (0-based) the cell was decided at; null: not decided")
     ci: tuple[float, float] | None = Field(description="the sequence at the last look (at stopping, if decided)")
-    verdict: Literal["pass", "fail", "inconclusive"] = Field(description="the sequence's verdict: the one in "
-                                                                         "`vs_baseline` for this cell")
+    verdict: Literal["pass", "fail", "inconclusive"] = Field(
+        description="the sequence's verdict: the one in `vs_baseline` for this cell"
+    )
     looks: list[SequentialLook] = Field(description="the trajectory: the sequence at every look")
 
 
 class SequentialRun(ResultModel):
     """The run's sequential figures."""
 
-    method: str = Field(description="betting confidence sequence (Waudby-Smith & Ramdas 2023, hedged capital, "
-                                    "predictable plug-in bets)")
+    method: str = Field(
+        description="betting confidence sequence (Waudby-Smith & Ramdas 2023, hedged capital, predictable plug-in bets)"
+    )
     level: float = Field(description="the chance of any wrong verdict in the run, over every cell and look")
     cell_level: float = Field(description="each cell's level: level / cells (Bonferroni)")
     min_docs: int = Field(description="no verdict before this many paired documents")
@@ -52,5 +58,8 @@ class SequentialRun(ResultModel):
     cells: list[SequentialCell] = Field(description="every sequential (setup, task, gate) cell")
     documents: int = Field(description="documents scored over every setup and task")
     total: int = Field(description="documents a fixed run scores over the same setups and tasks (to the cap)")
-    not_sequential: dict[str, str] = Field(default_factory=dict, description="the gated tasks and groups judged by "
-                                           "the fixed-n interval at the end, not sequentially, each with why")
+    not_sequential: dict[str, str] = Field(
+        default_factory=dict,
+        description="the gated tasks and groups judged by "
+        "the fixed-n interval at the end, not sequentially, each with why",
+    )

@@ -25,27 +25,31 @@ class ServingLevel(ResultModel):
     """One load level: a request rate against one engine setting."""
 
     max_num_seqs: int = Field(description="the server's --max-num-seqs")
-    max_num_batched_tokens: int | None = Field(None, description="the server's --max-num-batched-tokens (null: "
-                                                                 "vLLM's default)")
+    max_num_batched_tokens: int | None = Field(
+        None, description="the server's --max-num-batched-tokens (null: vLLM's default)"
+    )
     rate: float = Field(description="offered request rate, requests/s (seeded Poisson arrivals)")
     requests: int = Field(description="requests sent")
     completed: int = Field(description="requests answered in full")
     failed: int = Field(description="requests that ended in an error")
     duration_s: float = Field(description="the bench's duration: first send to last answer")
     goodput_rps: float = Field(description="requests within every per-request target per second (vLLM's goodput)")
-    vllm_goodput_rps: float | None = Field(None, description="`vllm bench serve`'s own request_goodput for the same "
-                                                             "requests (a check on qeval's maths)")
+    vllm_goodput_rps: float | None = Field(
+        None, description="`vllm bench serve`'s own request_goodput for the same requests (a check on qeval's maths)"
+    )
     throughput_rps: float = Field(description="completed requests per second")
     output_tokens_per_s: float = Field(description="generated tokens per second over the level's duration")
-    percentiles_ms: dict[str, dict[str, float]] = Field(description="ttft, tpot, itl, e2e -> p50, p90, p99 (and the "
-                                                                    "SLO's percentile), ms, np.percentile")
+    percentiles_ms: dict[str, dict[str, float]] = Field(
+        description="ttft, tpot, itl, e2e -> p50, p90, p99 (and the SLO's percentile), ms, np.percentile"
+    )
     meets_slo: bool = Field(description="no failure and every target within at the SLO's percentile")
     violations: list[str] = Field([], description="which targets the level broke")
     kv_usage_peak: float | None = Field(None, description="highest vllm:kv_cache_usage_perc sampled (0..1)")
     kv_usage_mean: float | None = Field(None, description="mean of the samples while requests ran (steady state)")
     preemptions: int | None = Field(None, description="vllm:num_preemptions_total over the level")
-    queue_time_mean_ms: float | None = Field(None, description="the server's mean time waiting to be scheduled "
-                                                               "(vllm:request_queue_time_seconds sum / count)")
+    queue_time_mean_ms: float | None = Field(
+        None, description="the server's mean time waiting to be scheduled (vllm:request_queue_time_seconds sum / count)"
+    )
     kv_samples: int = Field(0, description="/metrics samples taken during the level")
 
 
@@ -53,8 +57,9 @@ class ServingPick(ResultModel):
     """The tuner's answer for a setup."""
 
     max_num_seqs: int = Field(description="the tuned --max-num-seqs")
-    max_num_batched_tokens: int | None = Field(None, description="the tuned --max-num-batched-tokens (null: vLLM's "
-                                                                 "default)")
+    max_num_batched_tokens: int | None = Field(
+        None, description="the tuned --max-num-batched-tokens (null: vLLM's default)"
+    )
     rate: float = Field(description="the offered rate (requests/s) of the level the pick is measured at")
     goodput_rps: float = Field(description="its goodput, requests/s within the SLO")
 
@@ -69,10 +74,14 @@ class ServingSetup(ResultModel):
     max_model_len: int = Field(description="from the workload's plan (its percentile, rounded up to blocks)")
     prefix_caching: bool = Field(description="served with --enable-prefix-caching (the workload shares prefixes)")
     levels: list[ServingLevel] = Field([], description="every level measured, in the order measured")
-    pick: ServingPick | None = Field(None, description="highest goodput within the SLO with KV under the limit; "
-                                                       "null: no level met the SLO")
-    best_p99_ms: dict[str, float] = Field({}, description="where no level met it: each targeted figure's lowest "
-                                                          "value at the SLO's percentile over the levels")
+    pick: ServingPick | None = Field(
+        None, description="highest goodput within the SLO with KV under the limit; null: no level met the SLO"
+    )
+    best_p99_ms: dict[str, float] = Field(
+        {},
+        description="where no level met it: each targeted figure's lowest "
+        "value at the SLO's percentile over the levels",
+    )
     serve_command: str = Field(description="`vllm serve` with the tuned flags (the pick's, else the first setting's)")
     restarts: int = Field(0, description="engine starts the search made")
     bound_restarts: int = Field(0, description="the most engine starts the grid allows")

@@ -59,8 +59,17 @@ def advise_target(cfg: RunConfig, spec: AdviseSpec) -> Setup:
 
 def options(cfg: RunConfig, spec: AdviseSpec, target: Setup) -> Options:
     """The advisor's options from the block (the same as `qeval advise`'s command line)."""
-    return Options(spec.parsed_budget(), target.name, Path(spec.text) if spec.text else None, spec.calib_docs,
-                   spec.heldout_docs, spec.random_draws, spec.seed, spec.unions, spec.setup_name(target.name))
+    return Options(
+        spec.parsed_budget(),
+        target.name,
+        Path(spec.text) if spec.text else None,
+        spec.calib_docs,
+        spec.heldout_docs,
+        spec.random_draws,
+        spec.seed,
+        spec.unions,
+        spec.setup_name(target.name),
+    )
 
 
 def check_advice(pre: Preflight) -> None:
@@ -72,13 +81,21 @@ def check_advice(pre: Preflight) -> None:
     target = advise_target(cfg, spec)
     name = spec.setup_name(target.name)
     if name in {s.name for s in cfg.setups}:
-        raise UserError(f"advise: the advised setup's name {name!r} is a setup of the config already; "
-                        "name it with advise.name")
+        raise UserError(
+            f"advise: the advised setup's name {name!r} is a setup of the config already; name it with advise.name"
+        )
     if pre.shape is not None:
-        allowance, budget, _ = allowance_of(spec.parsed_budget(), pre.shape, target, cfg.model.dtype,
-                                            cfg.budget.context_len)
-        problem = budget_problem(spec.parsed_budget(), allowance, budget, target.name, f"advise.budget {spec.budget}",
-                                 sum(u.extra_bytes for u in cells(pre.shape, target, cfg.model.dtype)))
+        allowance, budget, _ = allowance_of(
+            spec.parsed_budget(), pre.shape, target, cfg.model.dtype, cfg.budget.context_len
+        )
+        problem = budget_problem(
+            spec.parsed_budget(),
+            allowance,
+            budget,
+            target.name,
+            f"advise.budget {spec.budget}",
+            sum(u.extra_bytes for u in cells(pre.shape, target, cfg.model.dtype)),
+        )
         if problem:
             raise UserError(problem)
     if spec.text and not Path(spec.text).is_file():
@@ -88,8 +105,10 @@ def check_advice(pre: Preflight) -> None:
     except UserError as exc:
         raise UserError(str(exc).replace("--text", "advise.text")) from None
     if len(texts) < spec.calib_docs + spec.heldout_docs:
-        raise UserError(f"advise: {source} has {len(texts)} documents, fewer than calib_docs {spec.calib_docs} + "
-                        f"heldout_docs {spec.heldout_docs}")
+        raise UserError(
+            f"advise: {source} has {len(texts)} documents, fewer than calib_docs {spec.calib_docs} + "
+            f"heldout_docs {spec.heldout_docs}"
+        )
     # the advised setup is the target with a keep list: this backend must serve that on this device
     probe = target.model_copy(update={"name": name, "baseline": False, "keep": ("model.layers.0.mlp.*",)})
     try:
@@ -111,12 +130,23 @@ def advice_key(pre: Preflight) -> tuple[str, dict[str, str]]:
     else:  # the config's first perplexity task, as calibration.read_texts picks it
         rolling = [t for n in cfg.tasks for t in pre.tasks if t.name == n and t.output_type == "loglikelihood_rolling"]
         calibration = f"task {rolling[0].name} {rolling[0].sha256}" if rolling else "none"
-    parts = {"model_sha256": pre.model_sha256, "dtype": cfg.model.dtype, "device": pre.device, "qeval": __version__,
-             "target": target.id, "name": spec.setup_name(target.name), "budget": f"{budget.kind} {budget.value!r}",
-             "calibration": calibration,
-             "calib_docs": str(spec.calib_docs), "heldout_docs": str(spec.heldout_docs),
-             "random_draws": str(spec.random_draws), "seed": str(spec.seed), "unions": str(spec.unions),
-             "max_context": str(cfg.model.max_context), "batch_size": str(cfg.batch_size)}
+    parts = {
+        "model_sha256": pre.model_sha256,
+        "dtype": cfg.model.dtype,
+        "device": pre.device,
+        "qeval": __version__,
+        "target": target.id,
+        "name": spec.setup_name(target.name),
+        "budget": f"{budget.kind} {budget.value!r}",
+        "calibration": calibration,
+        "calib_docs": str(spec.calib_docs),
+        "heldout_docs": str(spec.heldout_docs),
+        "random_draws": str(spec.random_draws),
+        "seed": str(spec.seed),
+        "unions": str(spec.unions),
+        "max_context": str(cfg.model.max_context),
+        "batch_size": str(cfg.batch_size),
+    }
     if budget.kind == "bytes":  # memory at the target context: the context sizes the KV cache counted
         parts["context_len"] = str(cfg.budget.context_len)
     return key_of(parts), parts
@@ -140,8 +170,7 @@ def ensure_advice(pre: Preflight, store: RunStore, force: bool, compute: bool = 
     key, parts = advice_key(pre)
     stored = None if force else stored_advice(store, key)
     if stored is not None:
-        print("advise: advice.json is stored under this run's key: reused (use --force to recompute)",
-              file=sys.stderr)
+        print("advise: advice.json is stored under this run's key: reused (use --force to recompute)", file=sys.stderr)
         return stored.model_copy(update={"reused": True})
     if not compute:
         return None
@@ -149,14 +178,25 @@ def ensure_advice(pre: Preflight, store: RunStore, force: bool, compute: bool = 
     job.parent.mkdir(parents=True, exist_ok=True)
     outcome = job.with_name("_advise.outcome.json")
     outcome.unlink(missing_ok=True)
-    atomic_write_json(job, AdviseJob(config=pre.cfg.job_json(), run_dir=str(store.root), key=key, key_parts=parts,
-                                     outcome=str(outcome)).model_dump(mode="json"))
-    print(f"advise: measuring the sensitivity for {pre.cfg.advise.budget if pre.cfg.advise else ''} "
-          "in a fresh process (docs/advisor.md)", file=sys.stderr)
+    atomic_write_json(
+        job,
+        AdviseJob(
+            config=pre.cfg.job_json(), run_dir=str(store.root), key=key, key_parts=parts, outcome=str(outcome)
+        ).model_dump(mode="json"),
+    )
+    print(
+        f"advise: measuring the sensitivity for {pre.cfg.advise.budget if pre.cfg.advise else ''} "
+        "in a fresh process (docs/advisor.md)",
+        file=sys.stderr,
+    )
     t0 = time.time()
     # stderr is the terminal's: the advisor's progress lines show as they come
-    proc = subprocess.run([sys.executable, "-m", "qeval.run.advice", str(job)], check=False, stdout=subprocess.DEVNULL,
-                          preexec_fn=functools.partial(die_with_parent, os.getpid()))
+    proc = subprocess.run(
+        [sys.executable, "-m", "qeval.run.advice", str(job)],
+        check=False,
+        stdout=subprocess.DEVNULL,
+        preexec_fn=functools.partial(die_with_parent, os.getpid()),
+    )
     said = _said(outcome)
     if proc.returncode == 2 and said.user_error:
         raise UserError(f"advise: {said.user_error}")
@@ -192,11 +232,22 @@ def with_advised(pre: Preflight, setup: Setup, run_it: bool) -> None:
 def result_block(advice: Advice) -> AdviceResult:
     """results.json's `advice` block from advice.json (the held-out per-document KLs left out)."""
     return AdviceResult(
-        setup=advice.setup.name, target=advice.target.name, keep=list(advice.setup.keep),
-        budget=advice.budget, budget_bytes=advice.budget_bytes, budget_basis=advice.budget_basis,
-        calibration=advice.calibration, uniform_kl=advice.uniform_kl, units=advice.rows, search=advice.search,
+        setup=advice.setup.name,
+        target=advice.target.name,
+        keep=list(advice.setup.keep),
+        budget=advice.budget,
+        budget_bytes=advice.budget_bytes,
+        budget_basis=advice.budget_basis,
+        calibration=advice.calibration,
+        uniform_kl=advice.uniform_kl,
+        units=advice.rows,
+        search=advice.search,
         heldout=[AdviceMix.model_validate(m.model_dump(exclude={"per_doc"})) for m in advice.mixes],
-        versus_random=advice.versus_random, timing=advice.timing, key=advice.key, reused=advice.reused)
+        versus_random=advice.versus_random,
+        timing=advice.timing,
+        key=advice.key,
+        reused=advice.reused,
+    )
 
 
 def _work(job: AdviseJob) -> None:
@@ -223,8 +274,9 @@ def main() -> None:
         sys.exit(2)
     except Exception as exc:  # any failure is reported to the runner in one line, then raised
         first = (str(exc).strip().splitlines() or [""])[0]
-        atomic_write_json(outcome, AdviseOutcome(error=f"{type(exc).__name__}: {first}").model_dump(
-            mode="json", exclude_none=True))
+        atomic_write_json(
+            outcome, AdviseOutcome(error=f"{type(exc).__name__}: {first}").model_dump(mode="json", exclude_none=True)
+        )
         raise
 
 

@@ -34,13 +34,14 @@ def model_shape(source: ModelSource) -> ModelShape:
         return ModelShape.from_config(source.config)
     except ValueError as exc:
         where = source.path if is_gguf(source.path) else source.local_dir / "config.json"
-        raise UserError(f"{where}: not a decoder config qeval understands "
-                        f"(it {exc})") from None
+        raise UserError(f"{where}: not a decoder config qeval understands (it {exc})") from None
 
 
 #: why a config that ranks by goodput cannot be served (the backend's registry entry decides)
-GOODPUT_BACKEND = ("recommend_by goodput serves each setup with `vllm serve`: backend vllm, or openai with server.mode "
-                   "launch and no command (the hf backend has no server to load)")
+GOODPUT_BACKEND = (
+    "recommend_by goodput serves each setup with `vllm serve`: backend vllm, or openai with server.mode "
+    "launch and no command (the hf backend has no server to load)"
+)
 
 
 def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: list[str] | None = None) -> Preflight:
@@ -76,11 +77,22 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
     _check_checkpoints(setups, source.config)
     backend_entry(cfg.backend).check_install(cfg)
     check_plugin_pieces(cfg)
-    pre = Preflight(cfg, device, [], setups, [], source.checksum, shape, skipped, precision=precision,
-                    model_dir=source.local_dir if Path(source.path).is_dir() else None,
-                    backend_key_parts=backend_entry(cfg.backend).key_parts(cfg),
-                    checkpoint_sha256={s.name: resolve_model(s.checkpoint, s.checkpoint_revision).checksum
-                                       for s in setups if s.checkpoint})
+    pre = Preflight(
+        cfg,
+        device,
+        [],
+        setups,
+        [],
+        source.checksum,
+        shape,
+        skipped,
+        precision=precision,
+        model_dir=source.local_dir if Path(source.path).is_dir() else None,
+        backend_key_parts=backend_entry(cfg.backend).key_parts(cfg),
+        checkpoint_sha256={
+            s.name: resolve_model(s.checkpoint, s.checkpoint_revision).checksum for s in setups if s.checkpoint
+        },
+    )
     for kind in task_kinds():  # each kind's tasks (lm-eval groups expanded, gates at a length resolved)
         kind.expand(pre, source.config)
     pre.run_tasks = _selected(pre, only_tasks)
@@ -109,8 +121,9 @@ def advised_names(cfg: RunConfig) -> set[str]:
         return set()
 
 
-def _against_model(cfg: RunConfig, setups: list[Setup], config: dict[str, object],
-                   skipped: dict[str, str]) -> list[Setup]:
+def _against_model(
+    cfg: RunConfig, setups: list[Setup], config: dict[str, object], skipped: dict[str, str]
+) -> list[Setup]:
     """Setups checked against the model's own config.json (a quantized KV cache on a sliding-window
     model): refused in one line, or skipped and said so where the setup is optional."""
     entry = backend_entry(cfg.backend)
@@ -139,8 +152,10 @@ def _resolve_dtype(cfg: RunConfig, config: dict[str, object], device: str) -> Pr
     for setup in cfg.setups:
         explicit = {"bf16": "bfloat16", "fp16": "float16"}.get(setup.weights or "")
         if explicit and explicit in SIXTEEN_BIT and explicit not in native_16bit(device):
-            print(f"qeval: warning: setup {setup.name}: weights {setup.weights}: {emulated_warning(explicit)}",
-                  file=sys.stderr)
+            print(
+                f"qeval: warning: setup {setup.name}: weights {setup.weights}: {emulated_warning(explicit)}",
+                file=sys.stderr,
+            )
     return precision
 
 

@@ -25,9 +25,15 @@ class _Bar:
 def progress_bar(description: str, total: int | None) -> Iterator[_Bar]:
     """A bar for `total` units; in a log (no terminal) one line at start and end instead."""
     description = escape(description)  # rich reads `[...]` in a task or setup name as markup
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=_console, transient=False,
-                        disable=not _console.is_terminal)
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=_console,
+        transient=False,
+        disable=not _console.is_terminal,
+    )
     if not _console.is_terminal:
         _console.print(f"{description} …", highlight=False)
     with progress:

@@ -53,8 +53,10 @@ def take_run_dir(root: Path, config_name: str, force: bool) -> RunDirLock:
         handle.seek(0)
         pid = handle.read().strip() or "unknown"
         handle.close()
-        raise UserError(f"--output {root}: another qeval run (PID {pid}) is writing to it; wait for it to finish "
-                        "or choose another --output") from None
+        raise UserError(
+            f"--output {root}: another qeval run (PID {pid}) is writing to it; wait for it to finish "
+            "or choose another --output"
+        ) from None
     handle.seek(0)
     handle.truncate()
     handle.write(f"{os.getpid()}\n")
@@ -74,12 +76,16 @@ def _check_owner(root: Path, config_name: str, force: bool) -> None:
         return
     marker = root / MARKER
     if not marker.is_file():
-        raise UserError(f"--output {root}: holds files qeval did not write ({', '.join(sorted(entries)[:3])}…); "
-                        "refusing to overwrite them (choose an empty folder, or pass --force)")
+        raise UserError(
+            f"--output {root}: holds files qeval did not write ({', '.join(sorted(entries)[:3])}…); "
+            "refusing to overwrite them (choose an empty folder, or pass --force)"
+        )
     try:
         owner = json.loads(marker.read_text(encoding="utf-8")).get("config_name")
     except (OSError, ValueError, AttributeError):
         owner = None
     if owner != config_name:
-        raise UserError(f"--output {root}: holds the run of config {owner!r}, not {config_name!r}; refusing to "
-                        "overwrite it (choose another --output, or pass --force)")
+        raise UserError(
+            f"--output {root}: holds the run of config {owner!r}, not {config_name!r}; refusing to "
+            "overwrite it (choose another --output, or pass --force)"
+        )

@@ -1,20 +1,20 @@
 """`qeval run`: the main loop, top to bottom.
 
-    preflight validate config, tasks, setups, model and device (no model loaded)
-    take      the output directory: refuse another run's folder, lock it against a second qeval
-    ceilings  the device's copy bandwidth and matmul peak, once per run (performance phase on)
-    advise    the config's advise: block: advice.json reused when stored under this run's
-              advice key, else the advisor in a fresh process; its setup joins the run
-    for each setup, baseline first:
-        skip it if its outcome is ok and every (setup, task) pair is stored under this run's key
-        else a job: a worker process (load, score the missing tasks, measure memory, time the
-        performance workload when it is not stored under this run's key, write), run by the
-        config's executor: here one after another (local), or on a Ray cluster (ray)
-    assemble  results.json from the stored results whose keys match this run (others dropped, listed)
-    report    report.md, report.html and the summary table
-    serve     `recommend_by: goodput` only: every setup that scored served on the workload with
-              `vllm serve` and tuned (qeval/run/serving.py), on this machine; results.json gets
-              its `serving` block and the goodput recommendation, the report its section
+preflight validate config, tasks, setups, model and device (no model loaded)
+take      the output directory: refuse another run's folder, lock it against a second qeval
+ceilings  the device's copy bandwidth and matmul peak, once per run (performance phase on)
+advise    the config's advise: block: advice.json reused when stored under this run's
+          advice key, else the advisor in a fresh process; its setup joins the run
+for each setup, baseline first:
+    skip it if its outcome is ok and every (setup, task) pair is stored under this run's key
+    else a job: a worker process (load, score the missing tasks, measure memory, time the
+    performance workload when it is not stored under this run's key, write), run by the
+    config's executor: here one after another (local), or on a Ray cluster (ray)
+assemble  results.json from the stored results whose keys match this run (others dropped, listed)
+report    report.md, report.html and the summary table
+serve     `recommend_by: goodput` only: every setup that scored served on the workload with
+          `vllm serve` and tuned (qeval/run/serving.py), on this machine; results.json gets
+          its `serving` block and the goodput recommendation, the report its section
 """
 
 from __future__ import annotations
@@ -124,8 +124,10 @@ def check_output(output: Path, model_dir: Path | None) -> None:
         return
     out, model = output.resolve(), model_dir.resolve()
     if out == model or model in out.parents:
-        raise UserError(f"--output {output}: inside the model folder {model_dir}: the run's files would change the "
-                        "model's checksum, and every rerun would recompute everything; write the run elsewhere")
+        raise UserError(
+            f"--output {output}: inside the model folder {model_dir}: the run's files would change the "
+            "model's checksum, and every rerun would recompute everything; write the run elsewhere"
+        )
 
 
 def prepare(pre: Preflight, opts: RunOptions, prefix: str = "") -> PreparedRun:
@@ -144,17 +146,20 @@ def prepare(pre: Preflight, opts: RunOptions, prefix: str = "") -> PreparedRun:
     jobs = []
     for setup in sorted(pre.setups, key=lambda s: s.name != baseline):
         k = keys[setup.name]
-        pending = {t: k.task_key(t) for t in pre.run_tasks
-                   if opts.force or not store.is_done(setup.name, t, k.task_key(t))}
+        pending = {
+            t: k.task_key(t) for t in pre.run_tasks if opts.force or not store.is_done(setup.name, t, k.task_key(t))
+        }
         outcome = store.read_outcome(setup.name)
         perf = perf_key(k.parts, pre.cfg) if pre.cfg.performance.enabled else None
         perf_stored = outcome.performance if outcome else None
-        perf_pending = perf is not None and (opts.force or perf_stored is None or perf_stored.key != perf
-                                             or perf_stored.status != "ok")
-        if (not pending and not perf_pending and outcome and outcome.status == "ok"
-                and outcome.key == k.key):
-            print(f"{prefix}{setup.name}: all {len(pre.run_tasks)} tasks stored, skipped (use --force to recompute)",
-                  file=sys.stderr)
+        perf_pending = perf is not None and (
+            opts.force or perf_stored is None or perf_stored.key != perf or perf_stored.status != "ok"
+        )
+        if not pending and not perf_pending and outcome and outcome.status == "ok" and outcome.key == k.key:
+            print(
+                f"{prefix}{setup.name}: all {len(pre.run_tasks)} tasks stored, skipped (use --force to recompute)",
+                file=sys.stderr,
+            )
             continue
         if opts.force:  # recompute everything: not even an interrupted task's saved chunks are taken up
             clear_scratch(store.scratch_dir(setup.name))
@@ -163,9 +168,10 @@ def prepare(pre: Preflight, opts: RunOptions, prefix: str = "") -> PreparedRun:
     if jobs and jobs[0].name == baseline:
         first = jobs[0].id
         # (every setup of a sequential run: it tests its gates against the baseline's records as it goes)
-        jobs = jobs[:1] + [replace(j, after=(first,)) if seq is not None or any(t in j.job.reference
-                                                                                for t in j.job.tasks) else j
-                           for j in jobs[1:]]
+        jobs = jobs[:1] + [
+            replace(j, after=(first,)) if seq is not None or any(t in j.job.reference for t in j.job.tasks) else j
+            for j in jobs[1:]
+        ]
     return PreparedRun(pre, opts, store, keys, jobs, started, advice)
 
 
@@ -202,31 +208,67 @@ def finish(prepared: PreparedRun) -> Results:
     return results
 
 
-def _job(pre: Preflight, store: RunStore, spec: Setup, tasks: dict[str, str], keys: SetupKeys,
-         baseline: str, prefix: str, perf: str | None, sequential: dict[str, Any] | None = None) -> WorkerJob:
+def _job(
+    pre: Preflight,
+    store: RunStore,
+    spec: Setup,
+    tasks: dict[str, str],
+    keys: SetupKeys,
+    baseline: str,
+    prefix: str,
+    perf: str | None,
+    sequential: dict[str, Any] | None = None,
+) -> WorkerJob:
     """One setup's job: its job file (what qeval.run.worker reads) written into RUN_DIR/jobs/."""
     setup = spec.name
     # generation tasks under generation_divergence: the baseline's top-k over its own generations
     teacher = pre.cfg.generation_divergence is not None
-    ref = {t.name: (baseline, t.name) for t in pre.tasks
-           if (t.output_type in KL_OUTPUT_TYPES or (teacher and t.output_type == "generate_until"))
-           and setup != baseline}
-    job = Job(config=pre.cfg.job_json(), setup=setup, device=pre.device, run_dir=str(store.root),
-              tasks=tasks, task_key_parts={t: keys.tasks[t] for t in tasks},
-              task_kinds={t.name: t.kind for t in pre.tasks if t.name in tasks}, reference=ref, baseline=baseline,
-              key=keys.key, key_parts=keys.parts,
-              # the performance phase, when its figures are not stored under this key yet
-              performance=PerformanceJob(key=perf, shape=asdict(pre.shape) if pre.shape else None) if perf else None,
-              sequential=sequential)
+    ref = {
+        t.name: (baseline, t.name)
+        for t in pre.tasks
+        if (t.output_type in KL_OUTPUT_TYPES or (teacher and t.output_type == "generate_until")) and setup != baseline
+    }
+    job = Job(
+        config=pre.cfg.job_json(),
+        setup=setup,
+        device=pre.device,
+        run_dir=str(store.root),
+        tasks=tasks,
+        task_key_parts={t: keys.tasks[t] for t in tasks},
+        task_kinds={t.name: t.kind for t in pre.tasks if t.name in tasks},
+        reference=ref,
+        baseline=baseline,
+        key=keys.key,
+        key_parts=keys.parts,
+        # the performance phase, when its figures are not stored under this key yet
+        performance=PerformanceJob(key=perf, shape=asdict(pre.shape) if pre.shape else None) if perf else None,
+        sequential=sequential,
+    )
     worker = WorkerJob(f"{prefix}{setup}", pre.cfg, spec, store, job, keys, job_resources(pre.cfg, pre.device))
     atomic_write_json(worker.job_path, job.model_dump(mode="json"))
     return worker
 
 
 def _run_info(pre: Preflight, opts: RunOptions) -> dict[str, Any]:
-    return {"name": pre.cfg.name, "config_hash": pre.cfg.config_hash(), "qeval_version": __version__,
-            "git_commit": git_commit(), "finished": now_iso(), "device": pre.device,
-            "backend": pre.cfg.backend, "model_sha256": pre.model_sha256,
-            "limit": pre.cfg.limit, "output": str(opts.output), "skipped_setups": pre.skipped,
-            **({"dtype": pre.precision.dtype, "dtype_requested": pre.precision.requested,
-                "dtype_reason": pre.precision.reason} if pre.precision else {})}
+    return {
+        "name": pre.cfg.name,
+        "config_hash": pre.cfg.config_hash(),
+        "qeval_version": __version__,
+        "git_commit": git_commit(),
+        "finished": now_iso(),
+        "device": pre.device,
+        "backend": pre.cfg.backend,
+        "model_sha256": pre.model_sha256,
+        "limit": pre.cfg.limit,
+        "output": str(opts.output),
+        "skipped_setups": pre.skipped,
+        **(
+            {
+                "dtype": pre.precision.dtype,
+                "dtype_requested": pre.precision.requested,
+                "dtype_reason": pre.precision.reason,
+            }
+            if pre.precision
+            else {}
+        ),
+    }

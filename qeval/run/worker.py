@@ -47,8 +47,9 @@ def run_job(job: Job) -> int:
     previous = store.read_outcome(setup.name)
     current = previous if previous is not None and previous.key == job.key else None
     # a partial rerun (--tasks) keeps the timings of the tasks it did not touch
-    outcome = Outcome(name=setup.name, timings=dict(current.timings) if current else {}, key=job.key,
-                      key_parts=job.key_parts)
+    outcome = Outcome(
+        name=setup.name, timings=dict(current.timings) if current else {}, key=job.key, key_parts=job.key_parts
+    )
     t0 = time.time()
     try:
         _serve(cfg, setup, store, job, outcome)
@@ -108,23 +109,36 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: Job, outcome: Out
         if cfg.generation_divergence is not None:  # the baseline's generations teacher-forced, before storing
             from qeval.tasks.generation.teacher import teacher_forcing
 
-            store_fn = teacher_forcing(store_result, backend, cfg, setup.name == job.baseline,
-                                       lambda task: _reference(store, job, task),
-                                       lambda label, total: progress_bar(label, total=total))
+            store_fn = teacher_forcing(
+                store_result,
+                backend,
+                cfg,
+                setup.name == job.baseline,
+                lambda task: _reference(store, job, task),
+                lambda label, total: progress_bar(label, total=total),
+            )
 
         scratch = store.scratch_dir(setup.name)
         # what a worker killed mid-task left there, but for a chunked scoring's saved state and its
         # spools: the task carries on from its last finished chunk (qeval/tasks/lm_eval/resume.py)
         clear_scratch(scratch, keep_states=True)
-        ctx = Scoring(backend=backend, cfg=cfg, setup=setup, key_parts=job.task_key_parts,
-                      progress=lambda label, total: progress_bar(label, total=total),
-                      reference=lambda task: _reference(store, job, task), store=store_fn,
-                      scratch=scratch, keeps_topk=setup.name == job.baseline,
-                      open_reference=lambda task: store.open_topk(*ref) if (ref := job.reference.get(task)) else None,
-                      sequential=job.sequential,
-                      # a sequential setup tests its gates against the baseline's records, stored before it runs
-                      baseline_records=None if setup.name == job.baseline else
-                      lambda task: store.read_samples(job.baseline, task))
+        ctx = Scoring(
+            backend=backend,
+            cfg=cfg,
+            setup=setup,
+            key_parts=job.task_key_parts,
+            progress=lambda label, total: progress_bar(label, total=total),
+            reference=lambda task: _reference(store, job, task),
+            store=store_fn,
+            scratch=scratch,
+            keeps_topk=setup.name == job.baseline,
+            open_reference=lambda task: store.open_topk(*ref) if (ref := job.reference.get(task)) else None,
+            sequential=job.sequential,
+            # a sequential setup tests its gates against the baseline's records, stored before it runs
+            baseline_records=None
+            if setup.name == job.baseline
+            else lambda task: store.read_samples(job.baseline, task),
+        )
         try:
             for kind, names in names_by_kind(job.task_kinds, list(job.tasks)).items():
                 task_kind(kind).score(ctx, names)
@@ -156,8 +170,16 @@ def _reference(store: RunStore, job: Job, task: str) -> Any:
     return store.read_topk(*ref) if ref else None
 
 
-def _store(store: RunStore, setup: Setup, job: Job, name: str, result: Any, seconds: float,
-           sha256: str, timings: dict[str, float]) -> None:
+def _store(
+    store: RunStore,
+    setup: Setup,
+    job: Job,
+    name: str,
+    result: Any,
+    seconds: float,
+    sha256: str,
+    timings: dict[str, float],
+) -> None:
     """One task's records and metrics, under its key; the baseline keeps its perplexity top-k."""
     timings[f"{name}_s"] = seconds
     topk = result.topk if (setup.name == job.baseline and result.topk) else None
@@ -177,7 +199,8 @@ def _failure(exc: BaseException, setup: Setup) -> str:
     else:
         msg = str(exc).strip().splitlines()
         oom = any(s in str(exc).lower() for s in _OOM_SIGNS) or (
-            setup.memory_limit_mib is not None and isinstance(exc, (OSError, ImportError)) and "map" in str(exc))
+            setup.memory_limit_mib is not None and isinstance(exc, (OSError, ImportError)) and "map" in str(exc)
+        )
         error = ("out of memory: " if oom else "") + f"{type(exc).__name__}: {msg[0] if msg else ''}"
     if setup.memory_limit_mib:  # say so: odd errors are how allocation failures often surface
         error = f"under memory_limit_mib={setup.memory_limit_mib}: {error}"

@@ -75,12 +75,17 @@ def load_sweep(path: Path) -> Sweep | None:
     _check_model_names(path, [m.name for m in models])
     for m in models:
         if m.setups is None and "setups" not in common:
-            raise UserError(f"{path}: models.{m.name}: no setups: give the model its own `setups:`, or the sweep "
-                            "`setups:` for the models that give none")
+            raise UserError(
+                f"{path}: models.{m.name}: no setups: give the model its own `setups:`, or the sweep "
+                "`setups:` for the models that give none"
+            )
     _check_common_keys(path, common)
-    configs = {m.name: config_from_dict(_model_config(common, entry, m), path, where=f"models.{m.name}: ",
-                                        own=_own_keys(entry))
-               for m, entry in zip(models, entries, strict=True)}
+    configs = {
+        m.name: config_from_dict(
+            _model_config(common, entry, m), path, where=f"models.{m.name}: ", own=_own_keys(entry)
+        )
+        for m, entry in zip(models, entries, strict=True)
+    }
     return Sweep(name, configs)
 
 
@@ -95,8 +100,9 @@ def _check_common_keys(path: Path, common: dict[str, Any]) -> None:
     """An unknown key at the top level is the sweep's, not its first model's: name it as written."""
     for key in common:
         if key not in RunConfig.model_fields:
-            hint = " (a model's own setting: give it in each entry of `models:`)" if key in ModelSpec.model_fields \
-                else ""
+            hint = (
+                " (a model's own setting: give it in each entry of `models:`)" if key in ModelSpec.model_fields else ""
+            )
             raise UserError(f"{path}: {key}: unknown key{hint}")
 
 

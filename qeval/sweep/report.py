@@ -30,9 +30,13 @@ def write_sweep_report(root: Path, sections: Sequence[ReportSection] = ()) -> Pa
 
 def render_sweep(sweep: SweepResults, runs: dict[str, Results], sections: Sequence[ReportSection] = ()) -> str:
     """report.md of a sweep (see the module docstring); `sections` as for a run's report."""
-    lines = [f"# qeval sweep: {md_text(sweep.name)}", "",
-             f"{len(sweep.models)} models, each served under its setups and compared with its own baseline "
-             f"(executor: {sweep.executor}). Each model's run directory is `models/<model>/`.", ""]
+    lines = [
+        f"# qeval sweep: {md_text(sweep.name)}",
+        "",
+        f"{len(sweep.models)} models, each served under its setups and compared with its own baseline "
+        f"(executor: {sweep.executor}). Each model's run directory is `models/<model>/`.",
+        "",
+    ]
     lines += _baselines(sweep) + _recommendations(sweep, runs) + _setups(sweep, runs)
     for m in sweep.models:
         own = render_markdown(runs[m.name], sections).splitlines()[1:]  # its title: the heading below
@@ -50,24 +54,36 @@ def _baselines(sweep: SweepResults) -> list[str]:
     header = ["model", "path", "baseline"]
     for task, name in sweep.tasks.items():
         m = describe(name)
-        header += [f"{md_text(task)} {m.name}{'' if m.higher_is_better else ' (lower is better)'}",
-                   f"Δ vs {md_text(ref)} [95% CI]"]
+        header += [
+            f"{md_text(task)} {m.name}{'' if m.higher_is_better else ' (lower is better)'}",
+            f"Δ vs {md_text(ref)} [95% CI]",
+        ]
     rows = []
     for model in sweep.models:
         status = "" if model.baseline_status == "ok" else f" ({model.baseline_status})"
-        row = [md_text(model.name) + (" (reference)" if model.name == ref else ""), f"`{code_text(model.path)}`",
-               md_text(model.baseline or "—") + status]
+        row = [
+            md_text(model.name) + (" (reference)" if model.name == ref else ""),
+            f"`{code_text(model.path)}`",
+            md_text(model.baseline or "—") + status,
+        ]
         vs = sweep.baselines_vs_reference.get(model.name, {})
         for task, name in sweep.tasks.items():
             m, value, cmp = describe(name), model.baseline_scores.get(task), vs.get(task)
             row.append("—" if value is None else m.fmt(value.value))
-            row.append("" if cmp is None else f"{m.fmt_delta(cmp.delta)} [{m.fmt_delta(cmp.ci[0], unit=False)}, "
-                                              f"{m.fmt_delta(cmp.ci[1], unit=False)}]")
+            row.append(
+                ""
+                if cmp is None
+                else f"{m.fmt_delta(cmp.delta)} [{m.fmt_delta(cmp.ci[0], unit=False)}, "
+                f"{m.fmt_delta(cmp.ci[1], unit=False)}]"
+            )
         rows.append(row)
-    return (["## The models' baselines", "", *md_table(header, rows)]
-            + ["", f"Accuracies in percent. Δ is the model's baseline minus {md_text(ref)}'s, paired by document "
-                   f"(Newcombe's interval for accuracies, {_ratio_ci(sweep)} for bits per byte), on tasks both "
-                   "scored on the same data.", ""])
+    return ["## The models' baselines", "", *md_table(header, rows)] + [
+        "",
+        f"Accuracies in percent. Δ is the model's baseline minus {md_text(ref)}'s, paired by document "
+        f"(Newcombe's interval for accuracies, {_ratio_ci(sweep)} for bits per byte), on tasks both "
+        "scored on the same data.",
+        "",
+    ]
 
 
 def _recommendations(sweep: SweepResults, runs: dict[str, Results]) -> list[str]:
@@ -91,9 +107,12 @@ def _setups(sweep: SweepResults, runs: dict[str, Results]) -> list[str]:
         names += [s.name for s in runs[m.name].setups if s.name not in names]
     header = ["setup"] + [md_text(m.name) for m in sweep.models]
     rows = [[md_text(n)] + [_verdict(runs[m.name], n) for m in sweep.models] for n in names]
-    return (["## Setups across models", "", *md_table(header, rows)]
-            + ["", "Each setup against its own model's baseline; sequences: of the budget's context length that fit "
-                   "the budget. —: the model has no such setup.", ""])
+    return ["## Setups across models", "", *md_table(header, rows)] + [
+        "",
+        "Each setup against its own model's baseline; sequences: of the budget's context length that fit "
+        "the budget. —: the model has no such setup.",
+        "",
+    ]
 
 
 def _verdict(results: Results, name: str) -> str:
@@ -104,9 +123,19 @@ def _verdict(results: Results, name: str) -> str:
         return "failed"
     rec = results.recommendation
     verdicts = {c.verdict for c in s.vs_baseline.values()}
-    word = ("**recommended**" if rec.setup == name else "baseline" if s.baseline else
-            "passes" if name in rec.candidates else "fails a gate" if "fail" in verdicts else
-            "inconclusive" if "inconclusive" in verdicts else "not recommendable")
+    word = (
+        "**recommended**"
+        if rec.setup == name
+        else "baseline"
+        if s.baseline
+        else "passes"
+        if name in rec.candidates
+        else "fails a gate"
+        if "fail" in verdicts
+        else "inconclusive"
+        if "inconclusive" in verdicts
+        else "not recommendable"
+    )
     conc = s.memory.max_concurrency
     return word + ("" if conc is None else f", {whole_sequences(conc)} sequences")
 

@@ -67,7 +67,8 @@ def _setups_of(sweep: Sweep, model: str, names: list[str] | None) -> list[str] |
     if not names:
         return None
     known = {s.name for cfg in sweep.configs.values() for s in cfg.setups} | {
-        n for cfg in sweep.configs.values() for n in advised_names(cfg)}  # an advise: block's setup too
+        n for cfg in sweep.configs.values() for n in advised_names(cfg)
+    }  # an advise: block's setup too
     unknown = [n for n in names if n not in known]
     if unknown:
         raise UserError(f"--setups: no model of the sweep has a setup {unknown[0]!r}")

@@ -18,8 +18,6 @@ from qeval.results.schema import Comparison, MetricValue
 SWEEP_VERSION = 1
 
 
-
-
 class SweepModelEntry(ResultModel):
     """One model of the sweep: where its run lives and what it decided."""
 
@@ -30,7 +28,8 @@ class SweepModelEntry(ResultModel):
     baseline: str | None = Field(description="its baseline setup")
     baseline_status: Literal["ok", "failed", "missing"]
     baseline_scores: dict[str, MetricValue | None] = Field(
-        description="task -> the baseline's score on the task's compared metric (null: not scored)")
+        description="task -> the baseline's score on the task's compared metric (null: not scored)"
+    )
     recommendation: str | None = Field(description="the setup recommended for this model; null: none")
     blocked: str | None = Field(None, description="why no setup of this model could be judged")
     failed_setups: list[str] = []
@@ -48,8 +47,10 @@ class SweepResults(ResultModel):
     tasks: dict[str, str] = Field(description="task -> the metric models and setups are compared on")
     models: list[SweepModelEntry]
     baselines_vs_reference: dict[str, dict[str, Comparison]] = Field(
-        {}, description="model -> task -> its baseline against the reference model's baseline, paired by document "
-                        "(delta: this model minus the reference); only tasks scored on the same data")
+        {},
+        description="model -> task -> its baseline against the reference model's baseline, paired by document "
+        "(delta: this model minus the reference); only tasks scored on the same data",
+    )
 
 
 def read_sweep(path: Path) -> SweepResults:

@@ -25,8 +25,12 @@ if TYPE_CHECKING:
     from qeval.config import ModelSpec
 
 #: rendered into the hash: what a template makes of a system, user, assistant, user exchange
-_PROBE = [{"role": "system", "content": "S"}, {"role": "user", "content": "U1"},
-          {"role": "assistant", "content": "A1"}, {"role": "user", "content": "U2"}]
+_PROBE = [
+    {"role": "system", "content": "S"},
+    {"role": "user", "content": "U1"},
+    {"role": "assistant", "content": "A1"},
+    {"role": "user", "content": "U2"},
+]
 
 
 @dataclass(frozen=True)
@@ -55,8 +59,12 @@ class Chat:
         import jinja2
 
         assert self.template is not None, "apply() needs a template"
-        kw = {"tokenize": False, "add_generation_prompt": add_generation_prompt,
-              "continue_final_message": not add_generation_prompt, "chat_template": self.template}
+        kw = {
+            "tokenize": False,
+            "add_generation_prompt": add_generation_prompt,
+            "continue_final_message": not add_generation_prompt,
+            "chat_template": self.template,
+        }
         try:  # compiling is inside: a syntax error, or one in folding its constants, is one line too
             _bound(self.template)
             try:
@@ -67,11 +75,13 @@ class Chat:
                 kept = [m for m in messages if m["role"] != "system"]
                 return str(self.tokenizer.apply_chat_template(kept, **kw))
         except jinja2.exceptions.SecurityError as exc:  # the sandbox held, or a bound was reached
-            raise UserError(f"the model's chat template{self._named}: refused by the sandbox: "
-                            f"{_first_line(exc)}") from None
+            raise UserError(
+                f"the model's chat template{self._named}: refused by the sandbox: {_first_line(exc)}"
+            ) from None
         except Exception as exc:  # noqa: BLE001 - a template is a program from the model folder: one line
-            raise UserError(f"the model's chat template{self._named}: cannot render: {type(exc).__name__}: "
-                            f"{_first_line(exc)}") from None
+            raise UserError(
+                f"the model's chat template{self._named}: cannot render: {type(exc).__name__}: {_first_line(exc)}"
+            ) from None
 
     @property
     def _named(self) -> str:
@@ -90,8 +100,11 @@ class Chat:
     def sha256(self) -> str:
         """What the prompts depend on, by content: the template, the system prompt, the few-shot
         layout, and the probe conversation as this transformers renders it."""
-        body: dict[str, Any] = {"template": self.template, "system_prompt": self.system_prompt,
-                                "fewshot_as_multiturn": self.fewshot_as_multiturn}
+        body: dict[str, Any] = {
+            "template": self.template,
+            "system_prompt": self.system_prompt,
+            "fewshot_as_multiturn": self.fewshot_as_multiturn,
+        }
         if self.template is not None:
             body["probe"] = self.apply(_PROBE)
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
@@ -172,10 +185,11 @@ def load_tokenizer(model: ModelSpec) -> Any:
     from transformers import AutoTokenizer
 
     if model.path.endswith(".gguf") and Path(model.path).is_file():
-        raise UserError(f"chat_template: {model.path} is a GGUF file; chat templates are read from a model "
-                        "folder's tokenizer (give the folder it was converted from)")
-    return AutoTokenizer.from_pretrained(model.path, revision=model.revision,
-                                         trust_remote_code=model.trust_remote_code)
+        raise UserError(
+            f"chat_template: {model.path} is a GGUF file; chat templates are read from a model "
+            "folder's tokenizer (give the folder it was converted from)"
+        )
+    return AutoTokenizer.from_pretrained(model.path, revision=model.revision, trust_remote_code=model.trust_remote_code)
 
 
 def select_template(tok: Any, wanted: bool | str | None, where: str) -> tuple[str, str | None]:
@@ -189,12 +203,15 @@ def select_template(tok: Any, wanted: bool | str | None, where: str) -> tuple[st
     if isinstance(templates, dict):
         key = wanted if isinstance(wanted, str) else "default"
         if key not in templates:
-            raise UserError(f"{where}: chat_template: the tokenizer has no template {key!r} "
-                            f"(it has: {', '.join(sorted(templates))})")
+            raise UserError(
+                f"{where}: chat_template: the tokenizer has no template {key!r} "
+                f"(it has: {', '.join(sorted(templates))})"
+            )
         return str(templates[key]), key
     if isinstance(wanted, str) and wanted != "default":
-        raise UserError(f"{where}: chat_template: {wanted!r}: the tokenizer carries one unnamed template; "
-                        "use chat_template: true")
+        raise UserError(
+            f"{where}: chat_template: {wanted!r}: the tokenizer carries one unnamed template; use chat_template: true"
+        )
     return str(templates), None
 
 

@@ -47,8 +47,13 @@ if TYPE_CHECKING:
     from qeval.tasks.native import Task
 
 #: the kinds qeval ships, in the order their tasks appear in results.json: `module:attribute`
-BUILT_IN = ("qeval.tasks.native.kind:KIND", "qeval.tasks.lm_eval.kind:KIND", "qeval.tasks.long_context.kind:KIND",
-            "qeval.tasks.multi_turn.kind:KIND", "qeval.tasks.generation.kind:KIND")
+BUILT_IN = (
+    "qeval.tasks.native.kind:KIND",
+    "qeval.tasks.lm_eval.kind:KIND",
+    "qeval.tasks.long_context.kind:KIND",
+    "qeval.tasks.multi_turn.kind:KIND",
+    "qeval.tasks.generation.kind:KIND",
+)
 ENTRY_POINT_GROUP = "qeval.task_kinds"
 ENV_VAR = "QEVAL_TASK_KINDS"
 
@@ -184,8 +189,10 @@ def results_blocks() -> list[Callable[[Results, Preflight, RunStore], Results]]:
 def check_generation_room(cfg: RunConfig, name: str, output_type: str, max_gen_toks: int) -> None:
     """A generation task must leave room for a prompt inside the model's context."""
     if output_type == "generate_until" and max_gen_toks >= cfg.model.max_context:
-        raise UserError(f"task {name}: max_gen_toks {max_gen_toks} leaves no room for the prompt in "
-                        f"model.max_context {cfg.model.max_context} (lm-eval tasks: set max_gen_toks in lm_eval.tasks)")
+        raise UserError(
+            f"task {name}: max_gen_toks {max_gen_toks} leaves no room for the prompt in "
+            f"model.max_context {cfg.model.max_context} (lm-eval tasks: set max_gen_toks in lm_eval.tasks)"
+        )
 
 
 def score_each(ctx: Scoring, tasks: Iterable[Task]) -> None:

@@ -49,8 +49,10 @@ def task_sampling(spec: TaskSpec, card: dict[str, Any]) -> tuple[float, float, i
     if not g.do_sample:
         return None
     if g.from_model_card and not card:
-        raise UserError(f"task {spec.task}: from_model_card, but the model's generation_config.json sets none of "
-                        f"{', '.join(CARD_KEYS)}; give them in the task's generation_kwargs")
+        raise UserError(
+            f"task {spec.task}: from_model_card, but the model's generation_config.json sets none of "
+            f"{', '.join(CARD_KEYS)}; give them in the task's generation_kwargs"
+        )
     card = card if g.from_model_card else {}
     temperature = g.temperature if g.temperature is not None else float(card.get("temperature", 1.0))
     top_p = g.top_p if g.top_p is not None else float(card.get("top_p", 1.0))

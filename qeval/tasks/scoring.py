@@ -49,8 +49,9 @@ def n_requests(task: Task) -> int:
     return len(task.docs)
 
 
-def score_task(backend: Backend, task: Task, progress: Progress,
-               reference: dict[str, np.ndarray] | None = None) -> TaskResult:
+def score_task(
+    backend: Backend, task: Task, progress: Progress, reference: dict[str, np.ndarray] | None = None
+) -> TaskResult:
     """Score every document of `task`; `reference` is the baseline's top-k (the KL reference of
     perplexity and multiple-choice tasks)."""
     output_type = task.spec.output_type
@@ -70,8 +71,9 @@ def _base_record(task: Task, i: int, doc: dict[str, Any], prompt: str | None = N
     return {"sample_id": task.doc_id(i), "prompt": task.text(doc) if prompt is None else prompt}
 
 
-def _multiple_choice(backend: Backend, task: Task, progress: Progress,
-                     reference: dict[str, np.ndarray] | None = None) -> TaskResult:
+def _multiple_choice(
+    backend: Backend, task: Task, progress: Progress, reference: dict[str, np.ndarray] | None = None
+) -> TaskResult:
     delim = task.choice_delimiter
     reqs: list[LoglikelihoodRequest] = []
     spans: list[tuple[int, int]] = []
@@ -92,11 +94,18 @@ def _multiple_choice(backend: Backend, task: Task, progress: Progress,
         pred_norm = int(np.argmax([ll / len(c) for ll, c in zip(lls, choices, strict=True)]))  # lm-eval: chars
         acc.append(pred == gold)
         acc_norm.append(pred_norm == gold)
-        records.append(_base_record(task, i, doc, prompts[i]) | {
-            "target": choices[gold], "prediction": choices[pred], "correct": pred == gold,
-            "correct_norm": pred_norm == gold, "loglikelihoods": lls,
-            "nll": -lls[gold], "n_tokens": results[start + gold].n_tokens,
-        })
+        records.append(
+            _base_record(task, i, doc, prompts[i])
+            | {
+                "target": choices[gold],
+                "prediction": choices[pred],
+                "correct": pred == gold,
+                "correct_norm": pred_norm == gold,
+                "loglikelihoods": lls,
+                "nll": -lls[gold],
+                "n_tokens": results[start + gold].n_tokens,
+            }
+        )
     topk, divergence = continuation_divergence([results[a : a + n] for a, n in spans], refs, records)
     return TaskResult(records, {"acc": _mean_se(acc), "acc_norm": _mean_se(acc_norm)}, topk, divergence)
 
@@ -126,17 +135,31 @@ def _generate(backend: Backend, task: Task, progress: Progress) -> TaskResult:
         hits = [p == target for p in preds]
         voted = _majority(preds)
         lengths = [generated_tokens(out) for out in outs]
-        record = _base_record(task, i, doc, prompts[i]) | {
-            "target": target, "prediction": preds[0] if len(plans) == 1 else voted, "raw_output": str(outs[0]),
-            "correct": hits[0] if len(plans) == 1 else float(np.mean(hits)),
-            "loglikelihoods": None, "nll": None, "n_tokens": None,
-            # sampled: the mean over repeats, rounded (the report averages it over documents)
-            "generated_tokens": None if None in lengths else round(float(np.mean(lengths))),  # type: ignore[arg-type]
-        } | ({"response": responses[0]} if responses[0] != outs[0] else {})
+        record = (
+            _base_record(task, i, doc, prompts[i])
+            | {
+                "target": target,
+                "prediction": preds[0] if len(plans) == 1 else voted,
+                "raw_output": str(outs[0]),
+                "correct": hits[0] if len(plans) == 1 else float(np.mean(hits)),
+                "loglikelihoods": None,
+                "nll": None,
+                "n_tokens": None,
+                # sampled: the mean over repeats, rounded (the report averages it over documents)
+                "generated_tokens": None if None in lengths else round(float(np.mean(lengths))),  # type: ignore[arg-type]
+            }
+            | ({"response": responses[0]} if responses[0] != outs[0] else {})
+        )
         if plans[0] is not None:  # sampled: every repeat, its seed, and pass@k / maj@k over them
-            record |= {"repeats": [{"seed": s.seed, "raw_output": str(o), "prediction": p, "correct": h}
-                                   for s, o, p, h in zip(plans, outs, preds, hits, strict=True) if s is not None],
-                       "pass_at_k": any(hits), "maj_at_k": voted == target}
+            record |= {
+                "repeats": [
+                    {"seed": s.seed, "raw_output": str(o), "prediction": p, "correct": h}
+                    for s, o, p, h in zip(plans, outs, preds, hits, strict=True)
+                    if s is not None
+                ],
+                "pass_at_k": any(hits),
+                "maj_at_k": voted == target,
+            }
         em.append(float(np.mean(hits)))
         passed.append(any(hits))
         majority.append(voted == target)
@@ -165,8 +188,13 @@ def _rolling(backend: Backend, task: Task, progress: Progress, reference: dict[s
     records = []
     for i, (doc, res) in enumerate(zip(task.docs, results, strict=True)):
         rec = _base_record(task, i, doc) | {
-            "target": None, "prediction": None, "correct": None, "loglikelihoods": None,
-            "nll": -res.logprob, "n_tokens": res.n_tokens, "n_bytes": len(task.text(doc).encode()),
+            "target": None,
+            "prediction": None,
+            "correct": None,
+            "loglikelihoods": None,
+            "nll": -res.logprob,
+            "n_tokens": res.n_tokens,
+            "n_bytes": len(task.text(doc).encode()),
         }
         kl = top1 = None
         if refs is not None and res.ref_logprobs is not None:
@@ -294,13 +322,21 @@ class TokenDivergence:
         kl = np.concatenate(self.kl)
         if kl.size == 0:
             return None
-        out = {"tokens": float(kl.size), "kl_mean": float(kl.mean()), "kl_max": float(kl.max()),
-               "same_top1": float(np.concatenate(self.top1).mean())}
+        out = {
+            "tokens": float(kl.size),
+            "kl_mean": float(kl.mean()),
+            "kl_max": float(kl.max()),
+            "same_top1": float(np.concatenate(self.top1).mean()),
+        }
         out |= {f"kl_{name}": float(np.quantile(kl, q)) for name, q in KL_QUANTILES.items()}
         if self.dp and not self.dp_missing:
             dp = np.concatenate(self.dp)
-            out |= {"dp_mean": float(dp.mean()), "dp_rms": float(np.sqrt((dp**2).mean())), "dp_min": float(dp.min()),
-                    "dp_max": float(dp.max())}
+            out |= {
+                "dp_mean": float(dp.mean()),
+                "dp_rms": float(np.sqrt((dp**2).mean())),
+                "dp_min": float(dp.min()),
+                "dp_max": float(dp.max()),
+            }
             out |= {f"dp_{name}": float(np.quantile(dp, q)) for name, q in DP_QUANTILES.items()}
         return out
 
@@ -326,9 +362,12 @@ def request_references(ref: dict[str, np.ndarray] | None, n_requests: int) -> li
     return split_reference(ref, n_requests)
 
 
-def continuation_divergence(results: list[list[LoglikelihoodResult]], refs: list[Reference] | None,
-                            records: list[dict[str, Any]], tokens: TokenDivergence | None = None,
-                            ) -> tuple[dict[str, np.ndarray], dict[str, float] | None]:
+def continuation_divergence(
+    results: list[list[LoglikelihoodResult]],
+    refs: list[Reference] | None,
+    records: list[dict[str, Any]],
+    tokens: TokenDivergence | None = None,
+) -> tuple[dict[str, np.ndarray], dict[str, float] | None]:
     """Per document (its continuations in choice order): the top-k to keep as a reference, and,
     against the baseline's `refs`, KL and top-1 agreement over the scored tokens of every choice
     added to its record, and the task's token-level distribution. Tokens of a choice whose
@@ -356,8 +395,11 @@ def continuation_divergence(results: list[list[LoglikelihoodResult]], refs: list
             if kls:
                 kl_all, top_all = np.concatenate(kls), np.concatenate(tops)
                 if kl_all.size:
-                    rec |= {"kl": float(kl_all.mean()), "top1_agreement": float(top_all.mean()),
-                            "kl_tokens": int(kl_all.size)}
+                    rec |= {
+                        "kl": float(kl_all.mean()),
+                        "top1_agreement": float(top_all.mean()),
+                        "kl_tokens": int(kl_all.size),
+                    }
     # a shared accumulator is summed up once by its owner, not again after every chunk
     return pack_topk(rolled), None if shared else tokens.summary()
 
@@ -380,16 +422,20 @@ def concat_topk(packs: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     for pack in packs[1:]:
         offsets.append(pack["offsets"][1:] + base)
         base += int(pack["offsets"][-1])
-    return {"offsets": np.concatenate(offsets)} | {key: np.concatenate([p[key] for p in packs])
-                                                   for key in packs[0] if key != "offsets"}
+    return {"offsets": np.concatenate(offsets)} | {
+        key: np.concatenate([p[key] for p in packs]) for key in packs[0] if key != "offsets"
+    }
 
 
 def split_reference(ref: dict[str, np.ndarray] | None, n_docs: int) -> list[Reference] | None:
     if ref is None or len(ref["offsets"]) < n_docs + 1:
         return None
     o, tok = ref["offsets"], ref.get("token_logprobs")
-    return [(ref["indices"][o[i] : o[i + 1]], ref["logprobs"][o[i] : o[i + 1]])
-            + ((tok[o[i] : o[i + 1]],) if tok is not None else ()) for i in range(n_docs)]
+    return [
+        (ref["indices"][o[i] : o[i + 1]], ref["logprobs"][o[i] : o[i + 1]])
+        + ((tok[o[i] : o[i + 1]],) if tok is not None else ())
+        for i in range(n_docs)
+    ]
 
 
 def _mean_se(values: list[bool] | list[float]) -> dict[str, float | None]:

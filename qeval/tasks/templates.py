@@ -47,8 +47,24 @@ def _check_widths(fmt: object, pattern: re.Pattern[str]) -> None:
 
 #: str methods and filters whose integer arguments are output widths: a width past the output
 #: bound only ever builds an oversized string (other integers, a 7-digit sum, pass as they are)
-_WIDTH_TAKERS = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs", "indent", "wordwrap", "do_center",
-                           "do_indent", "do_wordwrap", "do_truncate", "truncate", "do_batch", "do_slice"})
+_WIDTH_TAKERS = frozenset(
+    {
+        "center",
+        "ljust",
+        "rjust",
+        "zfill",
+        "expandtabs",
+        "indent",
+        "wordwrap",
+        "do_center",
+        "do_indent",
+        "do_wordwrap",
+        "do_truncate",
+        "truncate",
+        "do_batch",
+        "do_slice",
+    }
+)
 
 
 def _check_args(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -113,15 +129,19 @@ def _check_sizes(name: str, target: Any, args: tuple[Any, ...], kwargs: dict[str
         text, old, new = strings[:3]
         grown = len(text) + (text.count(old) if old else len(text) + 1) * max(0, len(new) - len(old))
     elif name == "join":  # sep.join(items), or items|join(sep)
-        items = args[0] if isinstance(target, str) and args else next(
-            (v for v in values if isinstance(v, (list, tuple))), None)
+        items = (
+            args[0]
+            if isinstance(target, str) and args
+            else next((v for v in values if isinstance(v, (list, tuple))), None)
+        )
         sep = target if isinstance(target, str) else next(iter(strings), kwargs.get("d", ""))
         if isinstance(items, (list, tuple)) and isinstance(sep, str):
             grown = _size(items) + len(sep) * len(items)
     elif name == "indent" and strings:
         width = next((v for v in (*args, *kwargs.values()) if isinstance(v, (int, str)) and v is not strings[0]), 4)
-        grown = len(strings[0]) + (strings[0].count("\n") + 1) * (len(width) if isinstance(width, str) else
-                                                                  abs(int(width)))
+        grown = len(strings[0]) + (strings[0].count("\n") + 1) * (
+            len(width) if isinstance(width, str) else abs(int(width))
+        )
     if grown > _MAX_RENDERED:
         raise SecurityError(f"{name} would build more than {_MAX_RENDERED:,} characters")
 
@@ -145,8 +165,9 @@ def _finalize(value: Any) -> Any:
     if getattr(_iterations, "rendering", False):
         _iterations.printed = getattr(_iterations, "printed", 0) + _size(value)
         if _iterations.printed > _MAX_RENDERED:
-            raise SecurityError(f"the template prints more than {_MAX_RENDERED:,} characters (macros and blocks "
-                                "included)")
+            raise SecurityError(
+                f"the template prints more than {_MAX_RENDERED:,} characters (macros and blocks included)"
+            )
     return value
 
 
@@ -188,8 +209,11 @@ class _Alarm:
         self.previous: Any = None
 
     def __enter__(self) -> _Alarm:
-        if (hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
-                and signal.getitimer(signal.ITIMER_REAL)[0] == 0):  # never displace a caller's alarm
+        if (
+            hasattr(signal, "setitimer")
+            and threading.current_thread() is threading.main_thread()
+            and signal.getitimer(signal.ITIMER_REAL)[0] == 0
+        ):  # never displace a caller's alarm
             self.previous = signal.signal(signal.SIGALRM, self._expired)
             signal.setitimer(signal.ITIMER_REAL, self.seconds)
             self.armed = True
@@ -238,8 +262,12 @@ class _Bounds(SandboxedEnvironment):
         if operator == "**" and isinstance(right, int) and abs(right) > 64:
             raise SecurityError("exponent too large")
         ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (left, right))
-        if ints and operator in ("*", "**") and left.bit_length() * (right if operator == "**" else 1) \
-                + (right.bit_length() if operator == "*" else 0) > _MAX_INT_BITS:
+        if (
+            ints
+            and operator in ("*", "**")
+            and left.bit_length() * (right if operator == "**" else 1) + (right.bit_length() if operator == "*" else 0)
+            > _MAX_INT_BITS
+        ):
             raise SecurityError("integer too large")  # squaring a huge one again and again (a namespace)
         if operator == "*":
             seq, n = (left, right) if isinstance(right, int) else (right, left)

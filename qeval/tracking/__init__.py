@@ -30,8 +30,11 @@ def track_run(run_dir: Path, results: Results, tracking: TrackingSpec, where: st
     except Exception as exc:  # noqa: BLE001 - whatever the tracker raises, the run's files are complete
         first = (str(exc).strip().splitlines() or [""])[0]
         reason = shorten(scrub(f"{type(exc).__name__}: {first}", spec.tracking_uri))
-        print(f"qeval: warning: {where}tracking: not logged to MLflow at {shown} ({reason}); the run's files "
-              "are complete", file=sys.stderr)
+        print(
+            f"qeval: warning: {where}tracking: not logged to MLflow at {shown} ({reason}); the run's files "
+            "are complete",
+            file=sys.stderr,
+        )
         return None
     print(f"{where}tracking: MLflow run {run_id} in experiment {spec.experiment!r} at {shown}", file=sys.stderr)
     return run_id

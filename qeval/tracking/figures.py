@@ -56,8 +56,20 @@ def parent_run(results: Results, run_dir: str) -> Logged:
     """The run: its provenance as params, the config piece by piece, the decision as tags."""
     info = results.run
     out = Logged(name=f"{info.name} {info.finished or info.started or ''}".strip())
-    for key in ("name", "config_hash", "qeval_version", "git_commit", "device", "backend", "model_sha256", "limit",
-                "dtype", "dtype_requested", "started", "finished"):
+    for key in (
+        "name",
+        "config_hash",
+        "qeval_version",
+        "git_commit",
+        "device",
+        "backend",
+        "model_sha256",
+        "limit",
+        "dtype",
+        "dtype_requested",
+        "started",
+        "finished",
+    ):
         out.param(key, getattr(info, key))
     for key, value in results.config.items():  # the resolved config, one param per top-level key
         out.param(f"config.{key}", value)
@@ -91,8 +103,12 @@ def child_run(results: Results, setup: SetupResult) -> Logged:
     _performance(out, setup)
     for key, seconds in setup.timings.items():
         out.metric(f"timing.{key}", seconds)
-    out.tags |= {"qeval.kind": "setup", "qeval.setup": setup.name, "qeval.status": setup.status,
-                 "qeval.baseline": str(setup.baseline).lower()}
+    out.tags |= {
+        "qeval.kind": "setup",
+        "qeval.setup": setup.name,
+        "qeval.status": setup.status,
+        "qeval.baseline": str(setup.baseline).lower(),
+    }
     if setup.error:
         out.tags["qeval.error"] = setup.error[:1000]
     for flag in setup.flags:
@@ -138,8 +154,18 @@ def _memory(out: Logged, setup: SetupResult) -> None:
 
 
 #: the performance figures logged per concurrency level (their medians)
-PERF_FIGURES = ("requests_per_s", "output_tokens_per_s", "prefill_tokens_per_s", "decode_tokens_per_s",
-                "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "e2e_p50_s", "e2e_p90_s")
+PERF_FIGURES = (
+    "requests_per_s",
+    "output_tokens_per_s",
+    "prefill_tokens_per_s",
+    "decode_tokens_per_s",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "tpot_p50_s",
+    "tpot_p90_s",
+    "e2e_p50_s",
+    "e2e_p90_s",
+)
 
 
 def _performance(out: Logged, setup: SetupResult) -> None:

@@ -36,11 +36,13 @@ def _client_settings(spec: MlflowSpec) -> Iterator[None]:
     exponential backoff: minutes), its run-URL printing off (the URL may carry credentials), its
     and urllib3's log lines held back (the caller prints one line), and the file store allowed
     where the config names one (MLflow 3 has it in maintenance mode, refused unless opted in)."""
-    env = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(spec.max_retries),
-           "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-           "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0",
-           "MLFLOW_HTTP_REQUEST_TIMEOUT": str(spec.timeout_s),
-           "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
+    env = {
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(spec.max_retries),
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0",
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": str(spec.timeout_s),
+        "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
+    }
     if is_file_store(spec.tracking_uri):
         env["MLFLOW_ALLOW_FILE_STORE"] = "true"
     saved = {k: os.environ.get(k) for k in env}
@@ -90,8 +92,9 @@ def log_run(spec: MlflowSpec, run_dir: Path, results: Results) -> str:
         return str(parent_id)
 
 
-def _create(client: Any, experiment_id: str, logged: Logged, tags: dict[str, str],
-            open_ids: list[str] | None = None) -> str:
+def _create(
+    client: Any, experiment_id: str, logged: Logged, tags: dict[str, str], open_ids: list[str] | None = None
+) -> str:
     """A run with `logged`'s params, metrics and tags, in as few requests as MLflow allows; its id
     is added to `open_ids` as soon as it exists, so a run whose logging breaks off is not left
     RUNNING."""
@@ -105,9 +108,9 @@ def _create(client: Any, experiment_id: str, logged: Logged, tags: dict[str, str
     metrics = [Metric(k, v, stamp, 0) for k, v in logged.metrics.items()]
     params = [Param(k, v) for k, v in logged.params.items()]
     for i in range(0, max(len(metrics), 1), _PER_BATCH["metrics"]):
-        client.log_batch(run_id, metrics=metrics[i:i + _PER_BATCH["metrics"]])
+        client.log_batch(run_id, metrics=metrics[i : i + _PER_BATCH["metrics"]])
     for i in range(0, len(params), _PER_BATCH["params"]):
-        client.log_batch(run_id, params=params[i:i + _PER_BATCH["params"]])
+        client.log_batch(run_id, params=params[i : i + _PER_BATCH["params"]])
     return run_id
 
 

@@ -27,8 +27,9 @@ def redact(uri: str) -> str:
     netloc = parts.netloc
     if "@" in netloc:
         netloc = "***@" + netloc.rsplit("@", 1)[1]
-    query = "&".join(f"{pair.split('=', 1)[0]}=***" if "=" in pair else "***"
-                     for pair in parts.query.split("&") if pair)
+    query = "&".join(
+        f"{pair.split('=', 1)[0]}=***" if "=" in pair else "***" for pair in parts.query.split("&") if pair
+    )
     return urlunsplit((parts.scheme, netloc, parts.path, query, "***" if parts.fragment else ""))
 
 
@@ -62,6 +63,6 @@ def shorten(text: str, limit: int = WARNING_CHARS) -> str:
     """`text` cut to at most `limit` characters at a word's end, marked with an ellipsis."""
     if len(text) <= limit:
         return text
-    cut = text[:limit - 1]
+    cut = text[: limit - 1]
     space = cut.rfind(" ")
     return (cut[:space] if space > limit // 2 else cut).rstrip() + "…"

@@ -41,8 +41,13 @@ def draw(spec: WorkloadSpec, context: int | None = None) -> Trace:
         arrivals = f"Poisson at {spec.arrival_rate:g} requests/s (seed {spec.seed})"
     requests = [Request(int(i), int(o), t) for i, o, t in zip(inputs, outputs, times, strict=True)]
     check_requests(requests, [f"workload: drawn request {n}" for n in range(1, len(requests) + 1)], context)
-    return Trace(requests, f"drawn: input {describe(spec.input)}, output {describe(spec.output)}, "
-                           f"{spec.requests} requests, seed {spec.seed}", "drawn", arrivals=arrivals)
+    return Trace(
+        requests,
+        f"drawn: input {describe(spec.input)}, output {describe(spec.output)}, "
+        f"{spec.requests} requests, seed {spec.seed}",
+        "drawn",
+        arrivals=arrivals,
+    )
 
 
 def lengths(spec: LengthSpec, rng: np.random.Generator, n: int) -> list[int]:

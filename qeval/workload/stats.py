@@ -134,9 +134,16 @@ def summarize(trace: Trace, percentile: float, block_size: int, context: int | N
     refused = len(reqs) - len(admitted)
     blocks = sorted(blocks_of(r.total, block_size) for r in admitted)
     return WorkloadStats(
-        requests=len(reqs), prompt=Lengths.of([r.input_tokens for r in reqs]),
-        output=Lengths.of([r.output_tokens for r in reqs]), total=Lengths.of(totals), percentile=percentile,
-        block_size=block_size, percentile_tokens=at, max_model_len=mml, refused=refused,
+        requests=len(reqs),
+        prompt=Lengths.of([r.input_tokens for r in reqs]),
+        output=Lengths.of([r.output_tokens for r in reqs]),
+        total=Lengths.of(totals),
+        percentile=percentile,
+        block_size=block_size,
+        percentile_tokens=at,
+        max_model_len=mml,
+        refused=refused,
         refused_share=round(refused / len(reqs), 4),
         blocks=Blocks(round(sum(blocks) / len(blocks), 2), nearest_rank(blocks, percentile), blocks[-1]),
-        prefix=prefix_sharing(admitted, block_size))
+        prefix=prefix_sharing(admitted, block_size),
+    )

@@ -36,8 +36,9 @@ from qeval.workload.tokens import TokenCounter
 
 #: a trace larger than this is refused (ShareGPT_V3's 642 MB file: take a sample of it)
 MAX_TRACE_BYTES = 64 * 2**20
-QEVAL_KEYS = frozenset({"prompt", "input_tokens", "output_tokens", "arrival_s", "prefix_id", "conversation_id",
-                        "prefix_tokens", "id"})
+QEVAL_KEYS = frozenset(
+    {"prompt", "input_tokens", "output_tokens", "arrival_s", "prefix_id", "conversation_id", "prefix_tokens", "id"}
+)
 HUMAN = frozenset({"human", "user"})
 GPT = frozenset({"gpt", "assistant", "chatgpt", "bard", "model"})
 MAX_ID_CHARS = 200
@@ -74,8 +75,13 @@ class Trace:
     notes: list[str] = field(default_factory=list)
 
 
-def read_trace(path: Path, fmt: str = "auto", counter: TokenCounter | None = None, context: int | None = None,
-               custom_output_len: int = VLLM_CUSTOM_OUTPUT_LEN) -> Trace:
+def read_trace(
+    path: Path,
+    fmt: str = "auto",
+    counter: TokenCounter | None = None,
+    context: int | None = None,
+    custom_output_len: int = VLLM_CUSTOM_OUTPUT_LEN,
+) -> Trace:
     """The requests of the trace at `path` in format `fmt` (`auto`: from its first entry), each
     checked, none longer than `context` tokens where it is given."""
     counter = counter or TokenCounter(None)
@@ -93,13 +99,16 @@ def read_trace(path: Path, fmt: str = "auto", counter: TokenCounter | None = Non
     if array and fmt != "sharegpt":
         raise UserError(f"{path}: a JSON array, which only the sharegpt format is read as; {fmt} is JSON Lines")
     parse = _PARSERS[fmt]
-    read = [(where, parse(obj, where, counter, custom_output_len))
-            for where, obj in (_array_entries(path, text) if array else _lines(path, text))]
+    read = [
+        (where, parse(obj, where, counter, custom_output_len))
+        for where, obj in (_array_entries(path, text) if array else _lines(path, text))
+    ]
     kept = [(where, r) for where, r in read if r is not None]
     skipped = len(read) - len(kept)
     if not kept:
-        raise UserError(f"{path}: no requests" + (f" ({skipped} conversations without a prompt and an answer)"
-                                                  if skipped else ""))
+        raise UserError(
+            f"{path}: no requests" + (f" ({skipped} conversations without a prompt and an answer)" if skipped else "")
+        )
     requests = [r for _, r in kept]
     check_requests(requests, [where for where, _ in kept], context)
     timed = requests[0].arrival_s is not None
@@ -114,19 +123,25 @@ def check_requests(requests: list[Request], wheres: list[str], context: int | No
     last = 0.0
     for r, where in zip(requests, wheres, strict=True):
         if context is not None and r.total > context:
-            raise UserError(f"{where}: a request of {r.total:,} tokens (prompt {r.input_tokens:,} + output "
-                            f"{r.output_tokens:,}) is longer than the model's context ({context:,} tokens)")
+            raise UserError(
+                f"{where}: a request of {r.total:,} tokens (prompt {r.input_tokens:,} + output "
+                f"{r.output_tokens:,}) is longer than the model's context ({context:,} tokens)"
+            )
         if (r.arrival_s is None) != (requests[0].arrival_s is None):
             raise UserError(f"{where}: arrival_s on some requests only: give it on every line or none")
         if r.arrival_s is not None:
             if r.arrival_s < last:
-                raise UserError(f"{where}: arrival_s {r.arrival_s:g} is before the previous request's ({last:g}): "
-                                "a trace is in arrival order")
+                raise UserError(
+                    f"{where}: arrival_s {r.arrival_s:g} is before the previous request's ({last:g}): "
+                    "a trace is in arrival order"
+                )
             last = r.arrival_s
         if r.group is not None and r.group.startswith("prefix:"):
             if prefixes.setdefault(r.group, r.prefix_tokens) != r.prefix_tokens:
-                raise UserError(f"{where}: prefix_id {r.group.removeprefix('prefix:')!r} has prefix_tokens "
-                                f"{r.prefix_tokens}, an earlier request {prefixes[r.group]}: one prefix, one length")
+                raise UserError(
+                    f"{where}: prefix_id {r.group.removeprefix('prefix:')!r} has prefix_tokens "
+                    f"{r.prefix_tokens}, an earlier request {prefixes[r.group]}: one prefix, one length"
+                )
 
 
 def _read_bounded(path: Path) -> bytes:
@@ -179,8 +194,10 @@ def _detect(path: Path, text: str) -> str:
             return "qeval"
         if "prompt" in obj:
             return "vllm-custom"
-        raise UserError(f"{where}: cannot tell the trace's format (no output_tokens, input_tokens, prompt or "
-                        "conversations): give the format")
+        raise UserError(
+            f"{where}: cannot tell the trace's format (no output_tokens, input_tokens, prompt or "
+            "conversations): give the format"
+        )
     raise UserError(f"{path}: no requests")
 
 
@@ -239,8 +256,9 @@ def _group(obj: dict[str, Any], where: str, input_tokens: int) -> tuple[str | No
         return None, 0
     ident = obj[keys[0]]
     if isinstance(ident, bool) or not isinstance(ident, str | int) or len(str(ident)) > MAX_ID_CHARS or ident == "":
-        raise UserError(f"{where}: {keys[0]} must be a non-empty string or a whole number "
-                        f"(at most {MAX_ID_CHARS} characters)")
+        raise UserError(
+            f"{where}: {keys[0]} must be a non-empty string or a whole number (at most {MAX_ID_CHARS} characters)"
+        )
     prefix = 0
     if "prefix_tokens" in obj:
         prefix = obj["prefix_tokens"]
@@ -263,7 +281,7 @@ def _sharegpt_request(obj: dict[str, Any], where: str, counter: TokenCounter, _o
         raise UserError(f"{where}: needs conversations, a list of turns")
     for t in turns:
         if not isinstance(t, dict) or not isinstance(t.get("from"), str) or not isinstance(t.get("value"), str):
-            raise UserError(f"{where}: a turn is not {{\"from\": ..., \"value\": text}}")
+            raise UserError(f'{where}: a turn is not {{"from": ..., "value": text}}')
     for ask, answer in zip(turns, turns[1:], strict=False):
         if ask["from"].lower() in HUMAN and answer["from"].lower() in GPT:
             if not ask["value"]:
@@ -277,4 +295,7 @@ def _sharegpt_request(obj: dict[str, Any], where: str, counter: TokenCounter, _o
 
 
 _PARSERS: dict[str, Callable[[dict[str, Any], str, TokenCounter, int], Request | None]] = {
-    "qeval": _qeval_request, "sharegpt": _sharegpt_request, "vllm-custom": _custom_request}
+    "qeval": _qeval_request,
+    "sharegpt": _sharegpt_request,
+    "vllm-custom": _custom_request,
+}

@@ -93,11 +93,14 @@ def test_bad_advise_input_is_one_line_exit_2(tmp_path: Path) -> None:
 
     from qeval.cli import app
 
-    for args, says in ((["--budget", "lots"], "--budget"), ([], "--budget is required"),
-                       (["--budget", "5bpw", "--target", "nope"], "--target"),
-                       (["--budget", "5bpw", "--target", "kv-int4"], "--target"),
-                       (["--budget", "3bpw"], "below the uniform"),
-                       (["--budget", "5bpw", "--text", str(tmp_path / "none.txt")], "--text")):
+    for args, says in (
+        (["--budget", "lots"], "--budget"),
+        ([], "--budget is required"),
+        (["--budget", "5bpw", "--target", "nope"], "--target"),
+        (["--budget", "5bpw", "--target", "kv-int4"], "--target"),
+        (["--budget", "3bpw"], "below the uniform"),
+        (["--budget", "5bpw", "--text", str(tmp_path / "none.txt")], "--text"),
+    ):
         res = CliRunner().invoke(app, ["advise", str(DEMO), *args, "--output", str(tmp_path / "a.md")])
         assert res.exit_code == 2, (args, res.output)
         assert len(res.stderr.strip().splitlines()) == 1 and says in res.stderr, (args, res.stderr)

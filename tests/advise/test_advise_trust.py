@@ -21,8 +21,14 @@ HUGE = "9" * 400
 
 
 def _config(tmp: Path, advise: dict[str, Any] | None = None, model: Path = MODEL) -> Path:
-    return make_config(tmp, model={"path": model, "dtype": "float32"}, setups=SETUPS, tasks=["ppl"],
-                       tasks_dir=TASKS, advise=advise or None)
+    return make_config(
+        tmp,
+        model={"path": model, "dtype": "float32"},
+        setups=SETUPS,
+        tasks=["ppl"],
+        tasks_dir=TASKS,
+        advise=advise or None,
+    )
 
 
 def _one_line_exit_2(args: list[str], says: str) -> None:
@@ -38,9 +44,12 @@ def test_advise_output_it_cannot_write_is_refused_before_the_work(tmp_path: Path
     """A folder as --output (or where advice.html would go), or a file on the way: before this,
     every pass ran and the advice was lost to an IsADirectoryError at the end (exit 1)."""
     cfg = _config(tmp_path)
-    out = {"folder": tmp_path / "outdir", "html_folder": tmp_path / "advice.md",
-           "under_a_file": cfg / "advice.md",
-           "unwritable": Path("/proc/qeval-advice/advice.md")}[where]  # a folder nothing is written in
+    out = {
+        "folder": tmp_path / "outdir",
+        "html_folder": tmp_path / "advice.md",
+        "under_a_file": cfg / "advice.md",
+        "unwritable": Path("/proc/qeval-advice/advice.md"),
+    }[where]  # a folder nothing is written in
     (tmp_path / "outdir").mkdir()
     (tmp_path / "advice.html").mkdir()
     _one_line_exit_2(["advise", str(cfg), "--budget", "6bpw", "--output", str(out)], f"--output {out}")
@@ -54,30 +63,45 @@ def test_advise_output_inside_the_model_folder_is_refused(tmp_path: Path) -> Non
     shutil.copytree(MODEL, model)
     before = sorted(p.name for p in model.iterdir())
     cfg = _config(tmp_path, model=model)
-    _one_line_exit_2(["advise", str(cfg), "--budget", "6bpw", "--output", str(model / "sub" / "advice.md")],
-                     "inside the model folder")
+    _one_line_exit_2(
+        ["advise", str(cfg), "--budget", "6bpw", "--output", str(model / "sub" / "advice.md")],
+        "inside the model folder",
+    )
     assert sorted(p.name for p in model.iterdir()) == before
 
 
-@pytest.mark.parametrize(("budget", "says"), [
-    (HUGE + "bpw", "at most 16 bits per weight"),
-    (HUGE + "MiB", "at most 1,048,576 GiB"),
-    ("17bpw", "at most 16 bits per weight"),
-    ("4.25bpw", "equal to the uniform int4 setup itself"),
-])
+@pytest.mark.parametrize(
+    ("budget", "says"),
+    [
+        (HUGE + "bpw", "at most 16 bits per weight"),
+        (HUGE + "MiB", "at most 1,048,576 GiB"),
+        ("17bpw", "at most 16 bits per weight"),
+        ("4.25bpw", "equal to the uniform int4 setup itself"),
+    ],
+)
 def test_budget_bounds_in_validate_and_advise(tmp_path: Path, budget: str, says: str) -> None:
     """A 400-digit budget ended both commands in an OverflowError (exit 1); a budget above the
     model's own 16 bits was accepted; INT4 with group 128 at 4.25 bits was called "below" itself."""
     _one_line_exit_2(["validate", str(_config(tmp_path, {"budget": budget}))], says)
-    _one_line_exit_2(["advise", str(_config(tmp_path)), "--budget", budget, "--output", str(tmp_path / "a.md")],
-                     says)
+    _one_line_exit_2(["advise", str(_config(tmp_path)), "--budget", budget, "--output", str(tmp_path / "a.md")], says)
     assert not (tmp_path / "a.md").exists()
 
 
 def test_advise_seed_is_bounded(tmp_path: Path) -> None:
     _one_line_exit_2(["validate", str(_config(tmp_path, {"budget": "6bpw", "seed": 2**32}))], "advise.seed")
-    _one_line_exit_2(["advise", str(_config(tmp_path)), "--budget", "6bpw", "--seed", str(2**64),
-                      "--output", str(tmp_path / "a.md")], "--seed")
+    _one_line_exit_2(
+        [
+            "advise",
+            str(_config(tmp_path)),
+            "--budget",
+            "6bpw",
+            "--seed",
+            str(2**64),
+            "--output",
+            str(tmp_path / "a.md"),
+        ],
+        "--seed",
+    )
 
 
 def test_plan_prints_whole_sequences() -> None:

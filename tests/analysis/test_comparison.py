@@ -15,8 +15,18 @@ from qeval.records.store import RunStore
 
 
 def _records(correct: list[bool], nll: float = 1.0) -> list[dict]:
-    return [{"sample_id": str(i), "target": "a", "prediction": "a" if c else "b", "correct": c,
-             "loglikelihoods": None, "nll": nll, "n_tokens": 3} for i, c in enumerate(correct)]
+    return [
+        {
+            "sample_id": str(i),
+            "target": "a",
+            "prediction": "a" if c else "b",
+            "correct": c,
+            "loglikelihoods": None,
+            "nll": nll,
+            "n_tokens": 3,
+        }
+        for i, c in enumerate(correct)
+    ]
 
 
 def test_planted_drop_is_detected_and_null_is_not() -> None:
@@ -51,8 +61,12 @@ def test_identical_kv_outputs_are_flagged(tmp_path: Path) -> None:
         store.write_task(name, "t", "k", recs if name != "kv2" else _records([True, True, True], 1.5), {}, {}, None)
     assert outputs_identical(store, "kv4", "bf16", ["t"])
     assert not outputs_identical(store, "kv2", "bf16", ["t"])
-    cfg = RunConfig(name="x", model=ModelSpec(path="m"), tasks=["t"],
-                    setups=[Setup(name="bf16", baseline=True), Setup(name="kv4", kv_cache="int4")])
+    cfg = RunConfig(
+        name="x",
+        model=ModelSpec(path="m"),
+        tasks=["t"],
+        setups=[Setup(name="bf16", baseline=True), Setup(name="kv4", kv_cache="int4")],
+    )
     twin = weights_twin(cfg, cfg.setups[1])
     assert twin is not None and twin.name == "bf16"
 

@@ -36,9 +36,12 @@ def test_delta_p_is_the_change_in_the_actual_tokens_probability() -> None:
     ref_idx = np.array([[1, 2], [3, 4]])
     ref_logp = np.log(np.array([[0.6, 0.3], [0.5, 0.4]]))
     ref_tok = np.log(np.array([0.6, 0.4]))  # the baseline's probability of the actual tokens
-    res = RollingResult(token_logprobs=np.log(np.array([0.5, 0.6])), topk_indices=np.array([[1, 2], [4, 3]]),
-                        topk_logprobs=np.log(np.array([[0.5, 0.2], [0.6, 0.3]])),
-                        ref_logprobs=np.log(np.array([[0.5, 0.2], [0.3, 0.6]])))
+    res = RollingResult(
+        token_logprobs=np.log(np.array([0.5, 0.6])),
+        topk_indices=np.array([[1, 2], [4, 3]]),
+        topk_logprobs=np.log(np.array([[0.5, 0.2], [0.6, 0.3]])),
+        ref_logprobs=np.log(np.array([[0.5, 0.2], [0.3, 0.6]])),
+    )
     assert delta_p((ref_idx, ref_logp, ref_tok), res) == pytest.approx([-0.1, 0.2])
     assert delta_p((ref_idx, ref_logp), res) is None
     kl, top1 = kl_top1((ref_idx, ref_logp, ref_tok), res)

@@ -65,23 +65,29 @@ def test_a_tasks_non_finite_scores_are_named_in_one_line() -> None:
     assert task_problem("mc", lls, {}) == "task mc: loglikelihoods is infinite on 1 of 1 document"
     # NaN log-probs turned into a first-choice pick: `correct` and acc look fine, the scores are not
     picked = [good[0] | {"correct": True, "loglikelihoods": [NAN, NAN, NAN], "nll": NAN}]
-    assert task_problem("mc", picked, {"acc": {"value": 1.0}}) == \
-        "task mc: nll is NaN on 1 of 1 document, loglikelihoods is NaN on 1 of 1 document"
+    assert (
+        task_problem("mc", picked, {"acc": {"value": 1.0}})
+        == "task mc: nll is NaN on 1 of 1 document, loglikelihoods is NaN on 1 of 1 document"
+    )
     lm_eval = [good[0] | {"metrics": {"acc": 1.0, "word_perplexity": [NAN, 4]}}]
     assert task_problem("arc", lm_eval, {}) == "task arc: metrics is NaN on 1 of 1 document"
     assert "KL distribution is NaN" in (task_problem("ppl", good, metrics, {"kl_mean": NAN}) or "")
 
 
 def _with(results: Results, name: str, **update: object) -> Results:
-    return results.model_copy(update={"setups": [s.model_copy(update=update) if s.name == name else s
-                                                 for s in results.setups]})
+    return results.model_copy(
+        update={"setups": [s.model_copy(update=update) if s.name == name else s for s in results.setups]}
+    )
 
 
 def test_a_setup_holding_a_nan_fails_and_the_file_reads_back(tmp_path: Path) -> None:
     results = read_results(V1 / "results.json")
     int8 = results.setup("int8")
-    broken = _with(results, "int8", vs_baseline=int8.vs_baseline | {
-        "ppl": int8.vs_baseline["ppl"].model_copy(update={"delta": NAN})})
+    broken = _with(
+        results,
+        "int8",
+        vs_baseline=int8.vs_baseline | {"ppl": int8.vs_baseline["ppl"].model_copy(update={"delta": NAN})},
+    )
     path = tmp_path / "results.json"
     atomic_write_bytes(path, broken.model_dump_json().encode())
     with pytest.raises(UserError, match="not a qeval results file"):  # what the backstop prevents

@@ -43,10 +43,15 @@ def test_clustered_interval_is_wider_on_correlated_repeats_and_equal_on_independ
 
 
 def _sampled_records(correct: np.ndarray) -> list[dict]:
-    return [{"sample_id": str(i), "correct": float(row.mean()), "pass_at_k": bool(row.any()),
-             "repeats": [{"seed": s, "raw_output": "", "prediction": "", "correct": bool(c)}
-                         for s, c in enumerate(row)]}
-            for i, row in enumerate(correct)]
+    return [
+        {
+            "sample_id": str(i),
+            "correct": float(row.mean()),
+            "pass_at_k": bool(row.any()),
+            "repeats": [{"seed": s, "raw_output": "", "prediction": "", "correct": bool(c)} for s, c in enumerate(row)],
+        }
+        for i, row in enumerate(correct)
+    ]
 
 
 def test_sampled_records_are_compared_clustered_by_document() -> None:
@@ -78,8 +83,9 @@ def test_seeded_sampling_on_transformers_is_reproducible() -> None:
 
     def run(seeds: list[int], order: list[int]) -> dict[tuple[int, int], str]:
         reqs = [(i, s) for s in seeds for i in order]
-        outs = backend.generate([GenerateRequest(prompts[i], ("\n",), 6, Sampling(2.0, 0.95, 40, s))
-                                 for i, s in reqs], lambda n: None)
+        outs = backend.generate(
+            [GenerateRequest(prompts[i], ("\n",), 6, Sampling(2.0, 0.95, 40, s)) for i, s in reqs], lambda n: None
+        )
         return dict(zip(reqs, outs, strict=True))
 
     first = run([0, 1, 2], [0, 1, 2, 3])
@@ -112,8 +118,13 @@ def test_a_sampled_task_with_three_seeds_reports_clustered_intervals(tmp_path: P
     (tasks / "data").mkdir(parents=True)
     (tasks / "addition_sampled.yaml").write_text(SAMPLED_TASK)
     (tasks / "data" / "addition.jsonl").write_bytes((TASKS / "data" / "addition.jsonl").read_bytes())
-    cfg = make_config(tmp_path, tasks_dir=str(tasks), tasks=["addition_sampled"], gates=None,
-                      setups=[{"name": "bf16", "baseline": True}, {"name": "int8", "weights": "int8"}])
+    cfg = make_config(
+        tmp_path,
+        tasks_dir=str(tasks),
+        tasks=["addition_sampled"],
+        gates=None,
+        setups=[{"name": "bf16", "baseline": True}, {"name": "int8", "weights": "int8"}],
+    )
     out = tmp_path / "out"
     res = run_cli("run", str(cfg), "--output", str(out), "--limit", "24")
     assert res.returncode == 0, res.stderr[-3000:]
@@ -134,15 +145,20 @@ def test_a_sampled_task_with_three_seeds_reports_clustered_intervals(tmp_path: P
     assert "clustered by document over the repeats" in (out / "report.md").read_text()
 
 
-@pytest.mark.parametrize(("yaml_extra", "needle"), [
-    ("repeats: 3\n", "repeats 3 needs sampling"),
-    ("generation_kwargs: {temperature: 0.7}\n", "temperature needs do_sample: true"),
-    ("generation_kwargs: {do_sample: true, temperature: 0.7}\nrepeats: 2\nseeds: [1]\n",
-     "seeds: 1 given for repeats 2"),
-    ("metric_list: [{metric: pass_at_k}]\n", "pass_at_k needs repeats of 2 or more"),
-    # the tiny model's generation_config.json has no sampling keys: nothing to read from its card
-    ("generation_kwargs: {do_sample: true, from_model_card: true}\nrepeats: 2\n", "sets none of temperature"),
-])
+@pytest.mark.parametrize(
+    ("yaml_extra", "needle"),
+    [
+        ("repeats: 3\n", "repeats 3 needs sampling"),
+        ("generation_kwargs: {temperature: 0.7}\n", "temperature needs do_sample: true"),
+        (
+            "generation_kwargs: {do_sample: true, temperature: 0.7}\nrepeats: 2\nseeds: [1]\n",
+            "seeds: 1 given for repeats 2",
+        ),
+        ("metric_list: [{metric: pass_at_k}]\n", "pass_at_k needs repeats of 2 or more"),
+        # the tiny model's generation_config.json has no sampling keys: nothing to read from its card
+        ("generation_kwargs: {do_sample: true, from_model_card: true}\nrepeats: 2\n", "sets none of temperature"),
+    ],
+)
 def test_bad_sampling_keys_are_one_line(tmp_path: Path, yaml_extra: str, needle: str) -> None:
     from qeval.config import load_config
     from qeval.errors import UserError
@@ -151,8 +167,7 @@ def test_bad_sampling_keys_are_one_line(tmp_path: Path, yaml_extra: str, needle:
     tasks = tmp_path / "tasks"
     (tasks / "data").mkdir(parents=True)
     head = SAMPLED_TASK.split("generation_kwargs")[0]
-    (tasks / "s.yaml").write_text(head.replace("addition_sampled", "s") + yaml_extra +
-                                  "data_files: data/a.jsonl\n")
+    (tasks / "s.yaml").write_text(head.replace("addition_sampled", "s") + yaml_extra + "data_files: data/a.jsonl\n")
     (tasks / "data" / "a.jsonl").write_text('{"a": 1, "b": 2, "answer": "3"}\n')
     with pytest.raises(UserError) as err:  # what `qeval validate` prints, exit 2
         preflight(load_config(make_config(tmp_path, tasks_dir=str(tasks), tasks=["s"])))
@@ -163,7 +178,14 @@ def test_from_model_card_fills_what_the_task_leaves_unset() -> None:
     from qeval.tasks.native.tasks import TaskSpec
     from qeval.tasks.sampling import repeat_sampling
 
-    spec = TaskSpec.model_validate({"task": "t", "output_type": "generate_until", "doc_to_text": "x", "repeats": 3,
-                                    "generation_kwargs": {"do_sample": True, "from_model_card": True, "top_k": 5}})
+    spec = TaskSpec.model_validate(
+        {
+            "task": "t",
+            "output_type": "generate_until",
+            "doc_to_text": "x",
+            "repeats": 3,
+            "generation_kwargs": {"do_sample": True, "from_model_card": True, "top_k": 5},
+        }
+    )
     plans = repeat_sampling(spec, {"temperature": 0.6, "top_p": 0.95, "top_k": 20})
     assert [(p.temperature, p.top_p, p.top_k, p.seed) for p in plans if p] == [(0.6, 0.95, 5, s) for s in range(3)]

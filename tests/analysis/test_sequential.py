@@ -27,8 +27,9 @@ N = 1000
 LOOKS = np.arange(CHUNK, N + 1, CHUNK)
 
 
-def paired_binary(rng: np.random.Generator, runs: int, n: int, base_acc: float, to_wrong: float,
-                  to_right: float) -> tuple[np.ndarray, np.ndarray]:
+def paired_binary(
+    rng: np.random.Generator, runs: int, n: int, base_acc: float, to_wrong: float, to_right: float
+) -> tuple[np.ndarray, np.ndarray]:
     """Right/wrong outcomes of a baseline and a setup on the same documents: the setup flips a
     right answer to wrong with chance to_wrong / base_acc (a wrong one to right: to_right /
     (1 - base_acc)), so the true difference is to_right - to_wrong."""
@@ -38,8 +39,9 @@ def paired_binary(rng: np.random.Generator, runs: int, n: int, base_acc: float, 
     return base.astype(float), other.astype(float)
 
 
-def sequential_wrong_rate(base: np.ndarray, other: np.ndarray, wrong: int, alpha: float = LEVEL,
-                          min_docs: int = 6) -> tuple[np.ndarray, np.ndarray]:
+def sequential_wrong_rate(
+    base: np.ndarray, other: np.ndarray, wrong: int, alpha: float = LEVEL, min_docs: int = 6
+) -> tuple[np.ndarray, np.ndarray]:
     """Per look, the share of runs that have given the wrong verdict (+1 pass, -1 fail) by then,
     and the share decided by then, the cells stopped at their first decision."""
     score = gate_score(base[0], other[0], True, MARGIN)

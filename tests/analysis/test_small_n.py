@@ -119,8 +119,9 @@ def test_samples_to_decide_is_searched_for_every_kind_and_in_the_reason() -> Non
     results = read_results(V1 / "results.json")
     kv4 = results.setup("kv-int4")
     facts = compare(Paired("acc", np.ones(8), np.ones(8)), "addition", 0, GATE)
-    results.setups[results.setups.index(kv4)] = kv4.model_copy(update={"vs_baseline": kv4.vs_baseline | {
-        "addition": facts}})
+    results.setups[results.setups.index(kv4)] = kv4.model_copy(
+        update={"vs_baseline": kv4.vs_baseline | {"addition": facts}}
+    )
     reason = recommend(results).reasons["kv-int4"]
     assert "inconclusive against the 2 pt gate" in reason and "about 189 samples would decide it" in reason
 
@@ -136,18 +137,27 @@ def test_a_suite_with_a_task_below_the_floor_is_inconclusive() -> None:
 
 
 def _entry(name: str, baseline: bool, scores: dict[str, float]) -> SetupResult:
-    return SetupResult(name=name, baseline=baseline, status="ok", spec={}, memory=Memory(
-        weights_bytes=Figure(), kv_bytes_per_token=Figure()), tasks={
-        t: TaskScore(n=8, metrics={"acc": MetricValue(value=v)}) for t, v in scores.items()})
+    return SetupResult(
+        name=name,
+        baseline=baseline,
+        status="ok",
+        spec={},
+        memory=Memory(weights_bytes=Figure(), kv_bytes_per_token=Figure()),
+        tasks={t: TaskScore(n=8, metrics={"acc": MetricValue(value=v)}) for t, v in scores.items()},
+    )
 
 
 def test_a_group_with_a_missing_member_has_no_score_and_no_verdict(tmp_path: Path) -> None:
     store = RunStore(tmp_path)
     for name in ("b", "q"):
-        store.write_task(name, "g_one", "k", [{"sample_id": str(i), "correct": True} for i in range(400)], {}, {},
-                         None)
-    cfg = RunConfig(name="x", model=ModelSpec(path="m"), tasks=["t"], gates=GATE,
-                    setups=[Setup(name="b", baseline=True), Setup(name="q", weights="int8")])
+        store.write_task(name, "g_one", "k", [{"sample_id": str(i), "correct": True} for i in range(400)], {}, {}, None)
+    cfg = RunConfig(
+        name="x",
+        model=ModelSpec(path="m"),
+        tasks=["t"],
+        gates=GATE,
+        setups=[Setup(name="b", baseline=True), Setup(name="q", weights="int8")],
+    )
     pre = SimpleNamespace(cfg=cfg, groups={"g": ["g_one", "g_two", "g_three"]}, suites={})
     info = {"output_type": "multiple_choice", "n": 400, "sha256": "", "fingerprint": "", "metric": "acc"}
     tasks = {"g_one": TaskInfo(**info, kind="lm_eval", entry="g"), "g": TaskInfo(**info, kind="group", entry="g")}
@@ -169,8 +179,11 @@ def test_a_run_limited_by_tasks_says_so(tmp_path: Path) -> None:
     results = read_results(V1 / "results.json")
     results = results.model_copy(update={"run": results.run.model_copy(update={"partial_tasks": partial})})
     rec = recommend(results)
-    assert rec.setup == "int4" and "judged on part of the config only (not scored: addition: not selected by " \
-        "--tasks; facts" in rec.reasons["int4"]
+    assert (
+        rec.setup == "int4"
+        and "judged on part of the config only (not scored: addition: not selected by --tasks; facts"
+        in rec.reasons["int4"]
+    )
     problem = candidate_problem(results.model_copy(update={"recommendation": rec}))
     assert problem is not None and "judged on part of the config" in problem
     assert "This run scored part of the config" in render_markdown(results)
@@ -183,8 +196,10 @@ def test_a_run_limited_by_tasks_says_so(tmp_path: Path) -> None:
 def test_a_group_member_alone_gets_no_group_verdict_or_recommendation() -> None:
     results = read_results(V1 / "results.json")
     info = results.tasks["facts"]
-    tasks = {"g_one": info.model_copy(update={"entry": "g"}), "g": info.model_copy(update={"kind": "group",
-                                                                                            "entry": "g"})}
+    tasks = {
+        "g_one": info.model_copy(update={"entry": "g"}),
+        "g": info.model_copy(update={"kind": "group", "entry": "g"}),
+    }
     why = "1 of its 3 tasks scored (missing: g_two, g_three: not selected by --tasks), so no group score or verdict"
     run = results.run.model_copy(update={"partial_tasks": {"g": why}})
     setups = [s.model_copy(update={"vs_baseline": {}}) for s in results.setups]

@@ -16,8 +16,9 @@ from tests.helpers import BASELINE, ROOT, make_config, one_line_exit_2, run_cli
 PLUGINS = ROOT / "tests" / "kinds"
 
 
-def test_a_backend_from_outside_qeval_is_checked_by_its_own_entry(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_backend_from_outside_qeval_is_checked_by_its_own_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PYTHONPATH", f"{PLUGINS}:{ROOT}")
     monkeypatch.setenv("QEVAL_BACKENDS", "toy_backend:BACKEND")
     res = run_cli("validate", str(make_config(tmp_path, backend="toy")))
@@ -33,8 +34,11 @@ def test_an_unknown_or_unloadable_backend_is_one_line(monkeypatch: pytest.Monkey
     monkeypatch.syspath_prepend(str(PLUGINS))
     monkeypatch.setenv("QEVAL_BACKENDS", "toy_backend:BACKEND")
     assert list(backends()) == ["hf", "vllm", "openai", "toy"]
-    with pytest.raises(UserError, match=r"^backend: 'nope' is not a backend qeval has \(registered: hf, vllm, "
-                                        r"openai, toy\)$"):
+    with pytest.raises(
+        UserError,
+        match=r"^backend: 'nope' is not a backend qeval has \(registered: hf, vllm, "
+        r"openai, toy\)$",
+    ):
         backend_entry("nope")
     monkeypatch.setenv("QEVAL_BACKENDS", "no_such_module:BACKEND")
     with pytest.raises(UserError, match=r"^backend no_such_module:BACKEND: cannot be loaded \(ModuleNotFoundError"):

@@ -15,15 +15,23 @@ from qeval.config import ModelSpec, RunConfig
 from qeval.config.long_context import LongContextSpec
 from qeval.config.setups import Setup
 
-TEXT = ("Alice Marsh was a baker from Thornbury, 34 years old, who owned a red lantern. Everyone in Thornbury "
-        "knew that Alice Marsh the baker never lent the red lantern to anyone. 12 + 30 = 42")
+TEXT = (
+    "Alice Marsh was a baker from Thornbury, 34 years old, who owned a red lantern. Everyone in Thornbury "
+    "knew that Alice Marsh the baker never lent the red lantern to anyone. 12 + 30 = 42"
+)
 noop = lambda n: None  # noqa: E731
 
 
 def _backend(model_path: Path, setup: Setup, chunk: int | None) -> HFBackend:
     lc = LongContextSpec(chunk_tokens=chunk) if chunk else None
-    cfg = RunConfig(name="t", model=ModelSpec(path=str(model_path), dtype="float32", max_context=256),
-                    setups=[setup], tasks=["x"], batch_size=4, long_context=lc)
+    cfg = RunConfig(
+        name="t",
+        model=ModelSpec(path=str(model_path), dtype="float32", max_context=256),
+        setups=[setup],
+        tasks=["x"],
+        batch_size=4,
+        long_context=lc,
+    )
     b = HFBackend(cfg, setup, "cpu")
     b.load()
     return b

@@ -18,15 +18,24 @@ from qeval.config import ModelSpec, RunConfig
 from qeval.config.run import ModelDtype
 from qeval.config.setups import KVCache, Setup
 
-REQS = [LoglikelihoodRequest("Largest of 37 82 15 64:", " 82"), LoglikelihoodRequest("12 + 30 =", " 42"),
-        LoglikelihoodRequest("ISO code of France:", " FR"), LoglikelihoodRequest("ISO code of Zulu language: ", "zul"),
-        LoglikelihoodRequest("7", "0 + 10 = 80")]
+REQS = [
+    LoglikelihoodRequest("Largest of 37 82 15 64:", " 82"),
+    LoglikelihoodRequest("12 + 30 =", " 42"),
+    LoglikelihoodRequest("ISO code of France:", " FR"),
+    LoglikelihoodRequest("ISO code of Zulu language: ", "zul"),
+    LoglikelihoodRequest("7", "0 + 10 = 80"),
+]
 noop = lambda n: None  # noqa: E731
 
 
 def _backend(model_path: Path, setup: Setup, dtype: ModelDtype = "float32", batch_size: int = 8) -> HFBackend:
-    cfg = RunConfig(name="t", model=ModelSpec(path=str(model_path), dtype=dtype, max_context=256),
-                    setups=[setup], tasks=["x"], batch_size=batch_size)
+    cfg = RunConfig(
+        name="t",
+        model=ModelSpec(path=str(model_path), dtype=dtype, max_context=256),
+        setups=[setup],
+        tasks=["x"],
+        batch_size=batch_size,
+    )
     b = HFBackend(cfg, setup, "cpu")
     b.load()
     return b
@@ -77,8 +86,9 @@ def test_continuation_top_k_and_reference_log_probs(model_path: Path, fp32: HFBa
         assert res.token_logprobs is not None and res.token_logprobs.sum() == pytest.approx(res.logprob, abs=1e-5)
         assert res.ref_logprobs is None
     b = fp32 if kv is None else _backend(model_path, Setup(name="kv", kv_cache=kv))
-    asked = [LoglikelihoodRequest(r.context, r.continuation, res.topk_indices)
-             for r, res in zip(REQS, base, strict=True)]
+    asked = [
+        LoglikelihoodRequest(r.context, r.continuation, res.topk_indices) for r, res in zip(REQS, base, strict=True)
+    ]
     assert base[1].topk_indices is not None
     wrong = LoglikelihoodRequest(REQS[0].context, REQS[0].continuation, base[1].topk_indices[:0])
     got = b.loglikelihood([*asked, wrong], noop)
@@ -119,7 +129,7 @@ def test_greedy_generation_matches_transformers_generate(fp32: HFBackend) -> Non
     for p, g in zip(prompts, got, strict=True):
         enc = fp32.tok(p, return_tensors="pt")
         out = fp32.model.generate(**enc, max_new_tokens=6, do_sample=False, pad_token_id=fp32.tok.pad_token_id)
-        ref = fp32.tok.decode(out[0, enc.input_ids.shape[1]:], skip_special_tokens=True).split("\n")[0]
+        ref = fp32.tok.decode(out[0, enc.input_ids.shape[1] :], skip_special_tokens=True).split("\n")[0]
         assert g == ref
 
 
@@ -173,16 +183,23 @@ def test_fp8_kv_cache_runs_and_changes_scores(model_path: Path, fp32: HFBackend)
     assert b.memory()["kv_bytes_per_token"].measured == 2 * 4 * 2 * 32  # 1 byte per element
 
 
-def test_a_shared_prompt_prefix_is_run_once_and_scores_the_same(fp32: HFBackend,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_shared_prompt_prefix_is_run_once_and_scores_the_same(
+    fp32: HFBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Few-shot prompts that share their examples (lm-eval's first_n sampler): the shared
     prefix is prefilled once; scores and generations equal those without sharing."""
     from qeval.backends.hf import backend as hf
 
     shots = "Largest of 37 82 15 64: 82\nSmallest of 23 32 38 87: 23\n12 + 30 = 42\n"
-    reqs = [LoglikelihoodRequest(shots + q, " " + a) for q, a in
-            [("Largest of 11 95 40 22:", "95"), ("Largest of 11 95 40 22:", "40"), ("31 + 12 =", "43"),
-             ("ISO code of France:", "FR")]]
+    reqs = [
+        LoglikelihoodRequest(shots + q, " " + a)
+        for q, a in [
+            ("Largest of 11 95 40 22:", "95"),
+            ("Largest of 11 95 40 22:", "40"),
+            ("31 + 12 =", "43"),
+            ("ISO code of France:", "FR"),
+        ]
+    ]
     gens = [GenerateRequest(shots + q, ("\n",), 6) for q in ("55 + 21 =", "Smallest of 50 41 77 63:")]
     calls: list[int] = []
     real = fp32.model.forward

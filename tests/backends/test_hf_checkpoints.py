@@ -17,28 +17,58 @@ from qeval.errors import UserError
 from qeval.records.checkpoint import describe
 
 #: what llm-compressor 0.14 writes for `qeval quantize`'s W8A8 and GPTQ W4A16 (abridged)
-W8A8 = {"quant_method": "compressed-tensors", "format": "int-quantized", "ignore": ["lm_head"],
-        "config_groups": {"group_0": {"targets": ["Linear"],
-                                      "weights": {"num_bits": 8, "type": "int", "symmetric": True,
-                                                  "strategy": "channel", "dynamic": False},
-                                      "input_activations": {"num_bits": 8, "type": "int", "symmetric": True,
-                                                            "strategy": "token", "dynamic": True}}}}
-W4A16 = {"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"],
-         "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None,
-                                       "weights": {"num_bits": 4, "type": "int", "symmetric": True,
-                                                   "strategy": "group", "group_size": 64, "dynamic": False}}}}
+W8A8 = {
+    "quant_method": "compressed-tensors",
+    "format": "int-quantized",
+    "ignore": ["lm_head"],
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel", "dynamic": False},
+            "input_activations": {
+                "num_bits": 8,
+                "type": "int",
+                "symmetric": True,
+                "strategy": "token",
+                "dynamic": True,
+            },
+        }
+    },
+}
+W4A16 = {
+    "quant_method": "compressed-tensors",
+    "format": "pack-quantized",
+    "ignore": ["lm_head"],
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "input_activations": None,
+            "weights": {
+                "num_bits": 4,
+                "type": "int",
+                "symmetric": True,
+                "strategy": "group",
+                "group_size": 64,
+                "dynamic": False,
+            },
+        }
+    },
+}
 
 
 def test_the_description_is_read_from_the_checkpoint() -> None:
     w8 = describe(W8A8)
-    assert w8["text"] == ("compressed-tensors: Linear: weights int8 sym per channel (static), activations int8 sym "
-                          "per token (dynamic); unquantized: lm_head")
+    assert w8["text"] == (
+        "compressed-tensors: Linear: weights int8 sym per channel (static), activations int8 sym "
+        "per token (dynamic); unquantized: lm_head"
+    )
     assert (w8["bits"], w8["group_size"], w8["activation_bits"], w8["ignore"]) == (8, None, 8, ["lm_head"])
     w4 = describe(W4A16)
     assert "weights int4 sym per group of 64 (static), activations 16-bit" in w4["text"]
     assert (w4["bits"], w4["group_size"], w4["format"]) == (4, 64, "pack-quantized")
-    gptq = describe({"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": False,
-                     "modules_to_not_convert": ["lm_head"]})
+    gptq = describe(
+        {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": False, "modules_to_not_convert": ["lm_head"]}
+    )
     assert gptq["text"] == "gptq: 4-bit, group 128, asym; unquantized: lm_head"
 
 

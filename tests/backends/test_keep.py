@@ -18,8 +18,13 @@ from qeval.memory.ledger import ModelShape, predict_weights_bytes
 
 
 def _backend(model_path: Path, setup: Setup) -> HFBackend:
-    cfg = RunConfig(name="t", model=ModelSpec(path=str(model_path), dtype="bfloat16", max_context=256),
-                    setups=[setup], tasks=["x"], batch_size=8)
+    cfg = RunConfig(
+        name="t",
+        model=ModelSpec(path=str(model_path), dtype="bfloat16", max_context=256),
+        setups=[setup],
+        tasks=["x"],
+        batch_size=8,
+    )
     b = HFBackend(cfg, setup, "cpu")
     b.load()
     return b
@@ -28,11 +33,16 @@ def _backend(model_path: Path, setup: Setup) -> HFBackend:
 def test_keep_skips_matched_layers_and_memory_follows(model_path: Path) -> None:
     shape = ModelShape.from_model_dir(model_path)
     uniform = Setup(name="i4", weights="int4", group_size=128)
-    mixed = Setup(name="mix", weights="int4", group_size=128,
-                  keep=("model.layers.1.mlp.*", "model.layers.0.self_attn.q_proj"))
+    mixed = Setup(
+        name="mix", weights="int4", group_size=128, keep=("model.layers.1.mlp.*", "model.layers.0.self_attn.q_proj")
+    )
     b_uni, b_mix = _backend(model_path, uniform), _backend(model_path, mixed)
-    kept = {"model.layers.1.mlp.gate_proj", "model.layers.1.mlp.up_proj", "model.layers.1.mlp.down_proj",
-            "model.layers.0.self_attn.q_proj"}
+    kept = {
+        "model.layers.1.mlp.gate_proj",
+        "model.layers.1.mlp.up_proj",
+        "model.layers.1.mlp.down_proj",
+        "model.layers.0.self_attn.q_proj",
+    }
     assert set(b_mix.quant_info["kept_modules"]) == kept
     modules = dict(b_mix.model.named_modules())
     for name in kept:  # a plain torch Linear in bf16, not a quanto QLinear
@@ -52,14 +62,19 @@ def test_keep_in_id_and_refusals() -> None:
     b = Setup(name="b", weights="int4", keep=["model.layers.0.*"])  # type: ignore[arg-type]  # YAML gives a list
     assert b.keep == ("model.layers.0.*",)
     assert a.id != b.id and a.weights_key() != b.weights_key()
-    assert (Setup(name="c", weights="int4", keep=("y", "x", "x")).id
-            == Setup(name="d", weights="int4", keep=("x", "y")).id)
+    assert (
+        Setup(name="c", weights="int4", keep=("y", "x", "x")).id == Setup(name="d", weights="int4", keep=("x", "y")).id
+    )
     # a setup without keep (or checkpoint_revision) keeps the id it had before those fields
     # existed (stored results stay valid)
     old = a.model_dump(exclude={"name", "baseline", "memory_limit_mib", "optional", "keep", "checkpoint_revision"})
     assert a.id == hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()[:16]
     assert b.keeps("model.layers.0.mlp.up_proj") and not b.keeps("model.layers.10.mlp.up_proj")
-    for bad in ({"weights": None, "keep": ("x",)}, {"weights": "int4", "method": "bnb", "keep": ("x",)},
-                {"weights": "int4", "keep": ("x; rm",)}, {"weights": "int4", "keep": ("",)}):
+    for bad in (
+        {"weights": None, "keep": ("x",)},
+        {"weights": "int4", "method": "bnb", "keep": ("x",)},
+        {"weights": "int4", "keep": ("x; rm",)},
+        {"weights": "int4", "keep": ("",)},
+    ):
         with pytest.raises(ValidationError):
             Setup(name="bad", **bad)

@@ -18,10 +18,19 @@ def _model(window: int) -> Any:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    config = AutoConfig.for_model("ministral", vocab_size=128, hidden_size=64, intermediate_size=64,
-                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                  max_position_embeddings=256, sliding_window=window,
-                                  layer_types=["sliding_attention", "full_attention"])
+    config = AutoConfig.for_model(
+        "ministral",
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        sliding_window=window,
+        layer_types=["sliding_attention", "full_attention"],
+    )
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
 
 
@@ -124,5 +133,6 @@ def test_long_inputs_past_the_window_chunk_as_they_run_in_one_pass(chunk: int) -
         assert one.shape == chunked.shape == (30, 128)
         assert np.abs(one - chunked).max() < 1e-4
         never = lambda generated, token: False  # noqa: E731
-        assert greedy_chunked(model, setup, text, 6, chunk, "cpu", never) == \
-            greedy_chunked(model, setup, text, 6, 1000, "cpu", never)
+        assert greedy_chunked(model, setup, text, 6, chunk, "cpu", never) == greedy_chunked(
+            model, setup, text, 6, 1000, "cpu", never
+        )

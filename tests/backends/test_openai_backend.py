@@ -50,8 +50,9 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 DTYPES = {"bf16": "float32", "w8a8": "bfloat16"}
 
 
-def _config(quantized: Path, tmp: Path, name: str, backend: str, server: dict[str, Any] | None,
-            only: str | None = None) -> Path:
+def _config(
+    quantized: Path, tmp: Path, name: str, backend: str, server: dict[str, Any] | None, only: str | None = None
+) -> Path:
     """The quantize fixture's demo config on `backend`; with `only`, that one setup (as the
     baseline) in its DTYPES dtype, else every setup in float32. W8A8 is pointed at the fixture's
     folder (`checkpoint:`: a folder's key holds the dtype it was planned for)."""
@@ -87,8 +88,12 @@ def _run_args(cfg: Path, out: Path, *extra: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def in_process(quantized_demo: tuple[Path, Path, str], vllm_demo: tuple[Path, str], vllm_bf16_runs: dict[str, Path],
-               tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def in_process(
+    quantized_demo: tuple[Path, Path, str],
+    vllm_demo: tuple[Path, str],
+    vllm_bf16_runs: dict[str, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, Path]:
     """Each setup on the in-process vllm backend, in its DTYPES dtype: the reference. The same
     config's runs the session makes anyway, on the first 150 documents a task or more (the first
     LIMIT are the ones compared): bf16 in float32 from vllm_bf16_runs, W8A8 in bfloat16 from the
@@ -128,8 +133,13 @@ def launched(quantized_demo: tuple[Path, Path, str], tmp_path_factory: pytest.Te
     res = run_cli(*_run_args(_config(quantized_demo[0], tmp, "launch-bf16", "openai", server, "bf16"), outs["bf16"]))
     assert res.returncode == 0, res.stderr[-3000:]
     cfg, out = _config(quantized_demo[0], tmp, "launch-w8a8", "openai", server, "w8a8"), outs["w8a8"]
-    proc = subprocess.Popen([sys.executable, "-m", "qeval.cli", *_run_args(cfg, out)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qeval.cli", *_run_args(cfg, out)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     first = out / "samples" / "w8a8" / "addition.jsonl"
     killed: list[int] = []
     deadline = time.time() + 900
@@ -145,8 +155,15 @@ def launched(quantized_demo: tuple[Path, Path, str], tmp_path_factory: pytest.Te
     validate_results(out / "results.json")
     stamp = first.stat().st_mtime_ns
     rerun = run_cli(*_run_args(cfg, out))
-    return {"outs": outs, "first_code": proc.returncode, "first": first_try, "rerun": rerun, "stamp": stamp,
-            "first_task": first, "stderr": err}
+    return {
+        "outs": outs,
+        "first_code": proc.returncode,
+        "first": first_try,
+        "rerun": rerun,
+        "stamp": stamp,
+        "first_task": first,
+        "stderr": err,
+    }
 
 
 def test_a_killed_server_fails_its_setup_and_the_rerun_completes(launched: dict[str, Any]) -> None:
@@ -176,8 +193,9 @@ def test_launched_scores_equal_the_in_process_engine(launched: dict[str, Any], i
         assert set(a) <= set(r) and len(a) == int(LIMIT) and all(a[k]["n_tokens"] == r[k]["n_tokens"] for k in a)
         assert max(abs(a[k]["nll"] - r[k]["nll"]) for k in a) < tol[setup], setup
         a, r = _samples(api, setup, "addition"), _samples(ref, setup, "addition")
-        assert set(a) <= set(r) and len(a) == int(LIMIT) and all(a[k]["prediction"] == r[k]["prediction"] for k in a), \
+        assert set(a) <= set(r) and len(a) == int(LIMIT) and all(a[k]["prediction"] == r[k]["prediction"] for k in a), (
             setup
+        )
         q, rq = _results(api)[setup]["quantization"], _results(ref)[setup]["quantization"]
         assert q["engine_args"] == rq["engine_args"], setup  # one translation table
         assert q["server"]["argv"][1:3] == ["-m", SERVER_MODULE]
@@ -199,8 +217,7 @@ def attached(quantized_demo: tuple[Path, Path, str], tmp_path_factory: pytest.Te
     from qeval.config import load_config
 
     tmp = tmp_path_factory.mktemp("attach")
-    cfg = load_config(_config(quantized_demo[0], tmp, "attach", "openai", {"mode": "launch", "model": "tiny"},
-                             "bf16"))
+    cfg = load_config(_config(quantized_demo[0], tmp, "attach", "openai", {"mode": "launch", "model": "tiny"}, "bf16"))
     port = free_port()
     argv, _ = serve_argv(cfg, cfg.baseline, "cpu", port, HOST)
     server = LaunchedServer(argv + ["--max-logprobs", "1"], {"VLLM_API_KEY": KEY}, tmp / "server.log")
@@ -211,20 +228,28 @@ def attached(quantized_demo: tuple[Path, Path, str], tmp_path_factory: pytest.Te
         server.stop()
 
 
-def test_attach_generates_as_the_engine_and_keeps_the_key_secret(attached: Any, quantized_demo: Any,
-                                                                 in_process: dict[str, Path]) -> None:
+def test_attach_generates_as_the_engine_and_keeps_the_key_secret(
+    attached: Any, quantized_demo: Any, in_process: dict[str, Path]
+) -> None:
     tmp, url = attached
     server = {"mode": "attach", "base_url": url, "model": "tiny", "api_key_env": "QEVAL_TEST_API_KEY"}
     cfg = _config(quantized_demo[0], tmp, "attached", "openai", server, "bf16")
     text = yaml.safe_load(cfg.read_text())  # a small performance phase: streaming requests at two levels
-    text["performance"] = {"input_len": 16, "output_len": 8, "num_requests": 4, "concurrency": [1, 2],
-                           "repeats": 1, "warmup": 0}
+    text["performance"] = {
+        "input_len": 16,
+        "output_len": 8,
+        "num_requests": 4,
+        "concurrency": [1, 2],
+        "repeats": 1,
+        "warmup": 0,
+    }
     cfg.write_text(yaml.safe_dump(text, sort_keys=False))
     out = tmp / "out"
     os.environ["QEVAL_TEST_API_KEY"] = KEY
     try:
-        res = run_cli("run", str(cfg), "--output", str(out), "--setups", "bf16", "--tasks", "addition",
-                      "--limit", LIMIT)
+        res = run_cli(
+            "run", str(cfg), "--output", str(out), "--setups", "bf16", "--tasks", "addition", "--limit", LIMIT
+        )
         assert res.returncode == 0, res.stderr[-3000:]
         a, r = _samples(out, "bf16", "addition"), _samples(in_process["bf16"], "bf16", "addition")
         assert set(a) <= set(r) and len(a) == int(LIMIT) and all(a[k]["prediction"] == r[k]["prediction"] for k in a)
@@ -258,8 +283,10 @@ def test_echo_and_prompt_logprobs_agree_on_a_live_server(attached: Any, monkeypa
     monkeypatch.setattr(scoring, "TOPK", 1)
     client = Client(attached[1], api_key=KEY)
     prompt = [1, 22, 23, 24, 25, 26]
-    rows = {mode: scoring.positions(client.post("/completions", scoring.logprob_body("tiny", prompt, mode)), mode,
-                                    prompt) for mode in ("prompt_logprobs", "echo")}
+    rows = {
+        mode: scoring.positions(client.post("/completions", scoring.logprob_body("tiny", prompt, mode)), mode, prompt)
+        for mode in ("prompt_logprobs", "echo")
+    }
     a, b = (scoring.window_arrays(rows[m], 1, len(prompt) - 1) for m in ("prompt_logprobs", "echo"))
     for x, y in zip(a, b, strict=True):
         assert x.tolist() == y.tolist()

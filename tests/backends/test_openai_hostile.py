@@ -104,6 +104,7 @@ def _logprob_answer(prompt: list[int], lp: float = -1.0) -> dict[str, Any]:
 
 # -- point 2: the key the server echoes back -----------------------------------------------------------
 
+
 def _echo_key(method: str, path: str, headers: dict[str, str], body: Any) -> tuple[int, bytes | None, dict[str, str]]:
     """/health and /version answer; every completion is refused with the request's headers in the body."""
     if path.endswith("/health"):
@@ -118,8 +119,9 @@ def _all_bytes(folder: Path) -> dict[Path, bytes]:
     return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
 
-def test_a_key_the_server_echoes_reaches_no_file_and_no_terminal(server: str, tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_key_the_server_echoes_reaches_no_file_and_no_terminal(
+    server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A 400 with the Authorization header in its body: at the pre-run check (a likelihood task)
     the refusal is one line without the key; in a run of a generation task the setup fails with
     the server's message, the key replaced, in results.json, the reports, setups/<setup>.json and
@@ -127,9 +129,15 @@ def test_a_key_the_server_echoes_reaches_no_file_and_no_terminal(server: str, tm
     _route(_echo_key)
     monkeypatch.setenv(KEY_ENV, KEY)
     srv = {"mode": "attach", "base_url": server, "model": "m", "api_key_env": KEY_ENV, "retries": 0}
-    cfg = make_config(tmp_path, setups=[{"name": "bf16", "baseline": True}], backend="openai", server=srv,
-                      tasks=["addition", "compare_mc"], gates=[],
-                      tracking={"mlflow": {"tracking_uri": (tmp_path / "mlruns").as_uri(), "experiment": "e"}})
+    cfg = make_config(
+        tmp_path,
+        setups=[{"name": "bf16", "baseline": True}],
+        backend="openai",
+        server=srv,
+        tasks=["addition", "compare_mc"],
+        gates=[],
+        tracking={"mlflow": {"tracking_uri": (tmp_path / "mlruns").as_uri(), "experiment": "e"}},
+    )
     res = run_cli("validate", str(cfg), timeout=300)
     assert res.returncode == 2 and REDACTED in res.stderr, res.stderr[-2000:]  # the server's message was shown
     assert KEY not in res.stderr + res.stdout
@@ -150,15 +158,18 @@ def test_a_key_the_server_echoes_reaches_no_file_and_no_terminal(server: str, tm
 ODD_KEY = "sk/Qe+val=Hostile&9c1e5b"
 
 
-@pytest.mark.parametrize("echo", [
-    lambda auth: _json({"error": {"message": f"denied {auth}"}}),              # the JSON error message
-    lambda auth: f"<html>denied: {auth}</html>".encode(),                       # a plain body
-    lambda auth: _json({"detail": auth}).replace(b"/", b"\\/"),                # JSON with its slashes escaped
-    lambda auth: f"denied: {json.dumps(auth)[:-1].replace('/', chr(92) + '/')}".encode(),  # JSON-escaped, not JSON
-    lambda auth: f"denied {urllib.parse.quote(auth, safe='')}".encode(),         # URL-encoded
-    lambda auth: f"denied {html.escape(auth)}".encode(),                         # HTML-escaped
-    lambda auth: b"y" * 280 + auth.encode(),                                     # cut at 300 characters mid-key
-])
+@pytest.mark.parametrize(
+    "echo",
+    [
+        lambda auth: _json({"error": {"message": f"denied {auth}"}}),  # the JSON error message
+        lambda auth: f"<html>denied: {auth}</html>".encode(),  # a plain body
+        lambda auth: _json({"detail": auth}).replace(b"/", b"\\/"),  # JSON with its slashes escaped
+        lambda auth: f"denied: {json.dumps(auth)[:-1].replace('/', chr(92) + '/')}".encode(),  # JSON-escaped, not JSON
+        lambda auth: f"denied {urllib.parse.quote(auth, safe='')}".encode(),  # URL-encoded
+        lambda auth: f"denied {html.escape(auth)}".encode(),  # HTML-escaped
+        lambda auth: b"y" * 280 + auth.encode(),  # cut at 300 characters mid-key
+    ],
+)
 def test_every_form_of_an_echoed_key_is_scrubbed(server: str, echo: Callable[[str], bytes]) -> None:
     _route(lambda m, p, h, b: (400, echo(h.get("Authorization", "")), {}))
     client = Client(server, api_key=ODD_KEY, retries=0)
@@ -175,8 +186,11 @@ def test_a_key_in_a_200_answer_or_a_redirect_is_scrubbed(server: str) -> None:
     _route(lambda m, p, h, b: (200, _json({"choices": [{"text": h["Authorization"]}], "k": {KEY: 1}}), {}))
     answer = client.post("/completions", {})
     assert answer == {"choices": [{"text": f"Bearer {REDACTED}"}], "k": {REDACTED: 1}}
-    for status, data, headers in [(200, _json({"error": f"no: {KEY}"}), {}), (200, f"oops {KEY}".encode(), {}),
-                                  (307, b"", {"Location": f"http://127.0.0.1:1/?k={KEY}"})]:
+    for status, data, headers in [
+        (200, _json({"error": f"no: {KEY}"}), {}),
+        (200, f"oops {KEY}".encode(), {}),
+        (307, b"", {"Location": f"http://127.0.0.1:1/?k={KEY}"}),
+    ]:
         _route(lambda m, p, h, b, s=status, d=data, hd=headers: (s, d, hd))  # type: ignore[misc]
         with pytest.raises(ServerError) as err:
             client.post("/completions", {})
@@ -206,20 +220,24 @@ def test_a_status_line_the_server_garbles_is_scrubbed() -> None:
 
 # -- point 10: answers that cannot be true -------------------------------------------------------------
 
+
 def _positions(answer: dict[str, Any], prompt: list[int]) -> Any:
     return scoring.window_arrays(scoring.positions(answer, "prompt_logprobs", prompt), 1, len(prompt) - 1)
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    (lambda row: row["5"].update(logprob=5.0), "log-prob of 5.0"),
-    (lambda row: row["5"].update(logprob=math.nan), "log-prob of nan"),
-    (lambda row: row["5"].update(logprob=-math.inf), "log-prob of -inf"),
-    (lambda row: row["5"].update(logprob="-1"), "not a number"),
-    (lambda row: row["5"].update(logprob=10**400), "log-prob of inf"),
-    (lambda row: [v.update(logprob=-0.01) for v in row.values()], "add up to more than 1"),
-    (lambda row: row.update({"sk-x": {"logprob": -9.0, "rank": 3}}), "not an id"),
-    (lambda row: row["5"].update(rank=-1), "rank"),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda row: row["5"].update(logprob=5.0), "log-prob of 5.0"),
+        (lambda row: row["5"].update(logprob=math.nan), "log-prob of nan"),
+        (lambda row: row["5"].update(logprob=-math.inf), "log-prob of -inf"),
+        (lambda row: row["5"].update(logprob="-1"), "not a number"),
+        (lambda row: row["5"].update(logprob=10**400), "log-prob of inf"),
+        (lambda row: [v.update(logprob=-0.01) for v in row.values()], "add up to more than 1"),
+        (lambda row: row.update({"sk-x": {"logprob": -9.0, "rank": 3}}), "not an id"),
+        (lambda row: row["5"].update(rank=-1), "rank"),
+    ],
+)
 def test_impossible_log_probs_are_refused(change: Callable[[dict[str, Any]], Any], message: str) -> None:
     prompt = [1, 5, 6]
     answer = _logprob_answer(prompt)
@@ -232,8 +250,7 @@ def test_impossible_log_probs_are_refused(change: Callable[[dict[str, Any]], Any
 def test_impossible_echoed_log_probs_are_refused() -> None:
     prompt = [1, 5]
     top = {f"token_id:{t}": -3.0 - t / 100 for t in range(5, 5 + TOPK)}
-    answer: dict[str, Any] = {"choices": [{"logprobs": {"token_logprobs": [None, -3.05],
-                                                         "top_logprobs": [None, top]}}]}
+    answer: dict[str, Any] = {"choices": [{"logprobs": {"token_logprobs": [None, -3.05], "top_logprobs": [None, top]}}]}
     scoring.positions(answer, "echo", prompt)
     answer["choices"][0]["logprobs"]["token_logprobs"][1] = math.nan
     with pytest.raises(BadAnswer, match="log-prob of nan"):
@@ -245,21 +262,29 @@ def test_nan_log_probs_through_the_client_are_refused_not_picked(server: str) ->
     _route(lambda m, p, h, b: (200, _json(_logprob_answer(b["prompt"], math.nan)), {}))
     client = Client(server, retries=0)
     with pytest.raises(BadAnswer, match="nan"):
-        scoring.score_prompt(lambda body: client.post("/completions", body, scoring.answer_bytes(body)),
-                             "m", [1, 5, 6], "prompt_logprobs", 1, 2)
+        scoring.score_prompt(
+            lambda body: client.post("/completions", body, scoring.answer_bytes(body)),
+            "m",
+            [1, 5, 6],
+            "prompt_logprobs",
+            1,
+            2,
+        )
 
 
-@pytest.mark.parametrize(("usage", "text", "message"), [
-    ({"completion_tokens": -7}, "4", "generated -7 tokens"),
-    ({"completion_tokens": 7}, "4", "generated 7 tokens where at most 6"),
-    ({"completion_tokens": 2.5}, "4", "generated 2.5 tokens"),
-    ({"completion_tokens": 2}, "x" * 5000, "5,000 characters for at most 6 tokens"),
-    ({"completion_tokens": 2}, ["4"], "not a string"),
-])
+@pytest.mark.parametrize(
+    ("usage", "text", "message"),
+    [
+        ({"completion_tokens": -7}, "4", "generated -7 tokens"),
+        ({"completion_tokens": 7}, "4", "generated 7 tokens where at most 6"),
+        ({"completion_tokens": 2.5}, "4", "generated 2.5 tokens"),
+        ({"completion_tokens": 2}, "x" * 5000, "5,000 characters for at most 6 tokens"),
+        ({"completion_tokens": 2}, ["4"], "not a string"),
+    ],
+)
 def test_impossible_generations_are_refused(usage: dict[str, Any], text: Any, message: str) -> None:
     tok_chars = token_chars(_tokenizer())
-    assert scoring.generation({"choices": [{"text": "4"}], "usage": {"completion_tokens": 2}}, 6, 6 * tok_chars) \
-        == "4"
+    assert scoring.generation({"choices": [{"text": "4"}], "usage": {"completion_tokens": 2}}, 6, 6 * tok_chars) == "4"
     with pytest.raises(BadAnswer, match=message):
         scoring.generation({"choices": [{"text": text}], "usage": usage}, 6, 6 * tok_chars)
 
@@ -308,8 +333,10 @@ def test_a_stream_too_large_or_impossible_is_refused(server: str) -> None:
 
     client = Client(server, retries=0)
     body = {"model": "m", "prompt": [1], "max_tokens": 4}
-    events = [b'data: {"choices": [{"text": "a"}]}\n\n',
-              b'data: {"choices": [], "usage": {"completion_tokens": -7}}\n\n']
+    events = [
+        b'data: {"choices": [{"text": "a"}]}\n\n',
+        b'data: {"choices": [], "usage": {"completion_tokens": -7}}\n\n',
+    ]
     Handler.stream = staticmethod(lambda: iter(events))
     _route(lambda m, p, h, b: (200, None, {}))
     with pytest.raises(BadAnswer, match="generated -7 tokens"):
@@ -330,11 +357,11 @@ def test_a_version_string_is_cut_to_a_version(server: str) -> None:
 
 
 def test_server_metrics_that_cannot_be_true_are_left_out() -> None:
-    text = ('vllm:cache_config_info{block_size="-16",num_gpu_blocks="100"} 1.0\n'
-            'vllm:kv_cache_usage_perc{engine="0"} NaN\n')
+    text = (
+        'vllm:cache_config_info{block_size="-16",num_gpu_blocks="100"} 1.0\nvllm:kv_cache_usage_perc{engine="0"} NaN\n'
+    )
     assert metrics.server_figures(text, 256) == {}
-    text = ('vllm:cache_config_info{block_size="16",num_gpu_blocks="100"} 1.0\n'
-            'vllm:kv_cache_usage_perc{engine="0"} 7\n')
+    text = 'vllm:cache_config_info{block_size="16",num_gpu_blocks="100"} 1.0\nvllm:kv_cache_usage_perc{engine="0"} 7\n'
     figures = metrics.server_figures(text, 256)
     assert figures["kv_cache_tokens"].measured == 1600 and "kv_cache_usage" not in figures
 
@@ -342,6 +369,7 @@ def test_server_metrics_that_cannot_be_true_are_left_out() -> None:
 def test_an_impossible_answer_fails_its_setup_and_the_run_reports(server: str, tmp_path: Path) -> None:
     """NaN log-probs past the pre-run probe: the setup fails naming them, results.json is
     written and reads back (`qeval report`), no score of them is stored."""
+
     def route(method: str, path: str, headers: dict[str, str], body: Any) -> tuple[int, bytes | None, dict[str, str]]:
         if path.endswith("/health"):
             return 200, b"", {}
@@ -352,8 +380,14 @@ def test_an_impossible_answer_fails_its_setup_and_the_run_reports(server: str, t
 
     _route(route)
     srv = {"mode": "attach", "base_url": server, "model": "m", "retries": 0}
-    cfg = make_config(tmp_path, setups=[{"name": "bf16", "baseline": True}], backend="openai", server=srv,
-                      tasks=["compare_mc"], gates=[])
+    cfg = make_config(
+        tmp_path,
+        setups=[{"name": "bf16", "baseline": True}],
+        backend="openai",
+        server=srv,
+        tasks=["compare_mc"],
+        gates=[],
+    )
     out = tmp_path / "run"
     res = run_cli("run", str(cfg), "--output", str(out), "--limit", "2", timeout=600)
     assert res.returncode == 1, res.stderr[-3000:]
@@ -365,8 +399,10 @@ def test_an_impossible_answer_fails_its_setup_and_the_run_reports(server: str, t
 
 # -- point 15: a key in clear to another machine ---------------------------------------------------------
 
+
 def test_a_key_over_plain_http_to_another_host_is_refused_before_any_connection(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """192.0.2.1 (TEST-NET-1) is only a string here: the refusal comes at config load, and a
     connection attempt would fail this test."""
     from typer.testing import CliRunner
@@ -381,8 +417,14 @@ def test_a_key_over_plain_http_to_another_host_is_refused_before_any_connection(
     monkeypatch.setattr(socket.socket, "connect", no_connection)
     monkeypatch.setenv(KEY_ENV, KEY)
     srv = {"mode": "attach", "base_url": "http://192.0.2.1:8000/v1", "model": "m", "api_key_env": KEY_ENV}
-    cfg = make_config(tmp_path, setups=[{"name": "bf16", "baseline": True}], backend="openai", server=srv,
-                      tasks=["compare_mc"], gates=[])
+    cfg = make_config(
+        tmp_path,
+        setups=[{"name": "bf16", "baseline": True}],
+        backend="openai",
+        server=srv,
+        tasks=["compare_mc"],
+        gates=[],
+    )
     res = CliRunner().invoke(app, ["validate", str(cfg)])
     assert res.exit_code == 2 and not isinstance(res.exception, AssertionError), res.output
     with pytest.raises(UserError) as err:
@@ -390,23 +432,34 @@ def test_a_key_over_plain_http_to_another_host_is_refused_before_any_connection(
     line = str(err.value)
     assert "\n" not in line and "plain http to 192.0.2.1" in line and "allow_insecure_key" in line, line
     assert KEY not in line and KEY not in res.output
-    load_config(make_config(tmp_path, filename="ok.yaml", setups=[{"name": "bf16", "baseline": True}],
-                            backend="openai", server=srv | {"allow_insecure_key": True}, tasks=["compare_mc"],
-                            gates=[]))
+    load_config(
+        make_config(
+            tmp_path,
+            filename="ok.yaml",
+            setups=[{"name": "bf16", "baseline": True}],
+            backend="openai",
+            server=srv | {"allow_insecure_key": True},
+            tasks=["compare_mc"],
+            gates=[],
+        )
+    )
 
 
-@pytest.mark.parametrize(("url", "key", "allowed", "refused"), [
-    ("http://10.1.2.3:8000/v1", KEY_ENV, False, True),
-    ("http://models.example.com/v1", KEY_ENV, False, True),
-    ("http://[2001:db8::1]:8000/v1", KEY_ENV, False, True),
-    ("http://127.0.0.1:8000/v1", KEY_ENV, False, False),
-    ("http://127.9.9.9:8000/v1", KEY_ENV, False, False),
-    ("http://localhost:8000/v1", KEY_ENV, False, False),
-    ("http://[::1]:8000/v1", KEY_ENV, False, False),
-    ("https://models.example.com/v1", KEY_ENV, False, False),
-    ("http://10.1.2.3:8000/v1", None, False, False),
-    ("http://10.1.2.3:8000/v1", KEY_ENV, True, False),
-])
+@pytest.mark.parametrize(
+    ("url", "key", "allowed", "refused"),
+    [
+        ("http://10.1.2.3:8000/v1", KEY_ENV, False, True),
+        ("http://models.example.com/v1", KEY_ENV, False, True),
+        ("http://[2001:db8::1]:8000/v1", KEY_ENV, False, True),
+        ("http://127.0.0.1:8000/v1", KEY_ENV, False, False),
+        ("http://127.9.9.9:8000/v1", KEY_ENV, False, False),
+        ("http://localhost:8000/v1", KEY_ENV, False, False),
+        ("http://[::1]:8000/v1", KEY_ENV, False, False),
+        ("https://models.example.com/v1", KEY_ENV, False, False),
+        ("http://10.1.2.3:8000/v1", None, False, False),
+        ("http://10.1.2.3:8000/v1", KEY_ENV, True, False),
+    ],
+)
 def test_which_routes_of_the_key_are_refused(url: str, key: str | None, allowed: bool, refused: bool) -> None:
     spec = {"mode": "attach", "base_url": url, "model": "m", "api_key_env": key, "allow_insecure_key": allowed}
     if refused:
@@ -417,6 +470,7 @@ def test_which_routes_of_the_key_are_refused(url: str, key: str | None, allowed:
 
 
 # -- minor: the summary of a setup whose server reports no KV figure ---------------------------------------
+
 
 def test_the_summary_says_what_it_does_not_know() -> None:
     """An attached server reports no KV bytes per token: the terminal summary said `None`."""
@@ -446,10 +500,13 @@ def test_a_key_in_a_dead_launched_servers_log_is_scrubbed(tmp_path: Path) -> Non
 
     from qeval.backends.openai.launch import LaunchedServer, ServerDied
 
-    script = ("import os, urllib.parse; k = os.environ['VLLM_API_KEY']; "
-              "print('ValueError: refused Authorization: Bearer ' + k + ' / ' + urllib.parse.quote(k, safe=''))")
-    server = LaunchedServer([sys.executable, "-c", script + "; raise SystemExit(3)"], {"VLLM_API_KEY": KEY},
-                            tmp_path / "server.log")
+    script = (
+        "import os, urllib.parse; k = os.environ['VLLM_API_KEY']; "
+        "print('ValueError: refused Authorization: Bearer ' + k + ' / ' + urllib.parse.quote(k, safe=''))"
+    )
+    server = LaunchedServer(
+        [sys.executable, "-c", script + "; raise SystemExit(3)"], {"VLLM_API_KEY": KEY}, tmp_path / "server.log"
+    )
     server.proc.wait(60)
     with pytest.raises(ServerDied) as caught:
         server.check_alive()
@@ -469,8 +526,9 @@ def test_a_key_short_enough_to_occur_in_answers_is_refused(monkeypatch: pytest.M
 
     from qeval.backends.openai.support import api_key
 
-    cfg: Any = SimpleNamespace(server=ServerSpec(mode="attach", base_url="http://127.0.0.1:1/v1", model="m",
-                                                 api_key_env=KEY_ENV))
+    cfg: Any = SimpleNamespace(
+        server=ServerSpec(mode="attach", base_url="http://127.0.0.1:1/v1", model="m", api_key_env=KEY_ENV)
+    )
     monkeypatch.setenv(KEY_ENV, short)
     with pytest.raises(UserError, match="shorter than 8 characters") as caught:
         api_key(cfg)

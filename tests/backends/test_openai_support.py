@@ -28,16 +28,19 @@ from qeval.errors import UserError
 from tests.helpers import MODEL, make_config, one_line_exit_2, run_cli
 
 
-@pytest.mark.parametrize(("url", "problem"), [
-    ("http://127.0.0.1:8000/v1", None),
-    ("https://models.example.com/v1", None),
-    ("ftp://127.0.0.1/v1", "must start with http:// or https://"),
-    ("127.0.0.1:8000", "must start with http:// or https://"),
-    ("http:///v1", "names no host"),
-    ("http://user:secret@127.0.0.1/v1", "must not carry credentials"),
-    ("http://127.0.0.1/v1?x=1", "query or fragment"),
-    ("http://127.0.0.1:99999/v1", "is not a URL"),
-])
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("http://127.0.0.1:8000/v1", None),
+        ("https://models.example.com/v1", None),
+        ("ftp://127.0.0.1/v1", "must start with http:// or https://"),
+        ("127.0.0.1:8000", "must start with http:// or https://"),
+        ("http:///v1", "names no host"),
+        ("http://user:secret@127.0.0.1/v1", "must not carry credentials"),
+        ("http://127.0.0.1/v1?x=1", "query or fragment"),
+        ("http://127.0.0.1:99999/v1", "is not a URL"),
+    ],
+)
 def test_base_url_is_checked(url: str, problem: str | None) -> None:
     found = base_url_problem(url)
     assert (found is None) if problem is None else (found is not None and problem in found), found
@@ -55,18 +58,30 @@ def test_server_block_modes() -> None:
 
 
 def test_a_bad_base_url_is_one_line(tmp_path: Path) -> None:
-    cfg = make_config(tmp_path, backend="openai", setups=[{"name": "bf16", "baseline": True}],
-                      server={"mode": "attach", "base_url": "http://u:pw@127.0.0.1:1/v1", "model": "m"})
+    cfg = make_config(
+        tmp_path,
+        backend="openai",
+        setups=[{"name": "bf16", "baseline": True}],
+        server={"mode": "attach", "base_url": "http://u:pw@127.0.0.1:1/v1", "model": "m"},
+    )
     one_line_exit_2(run_cli("validate", str(cfg), timeout=120), "must not carry credentials")
 
 
 def _cfg(**server: Any) -> RunConfig:
-    return RunConfig.model_validate({"name": "t", "model": {"path": str(MODEL), "max_context": 256, "dtype": "float32"},
-                                     "backend": "openai", "tasks": ["addition"], "server": server or {},
-                                     "setups": [{"name": "bf16", "baseline": True},
-                                                {"name": "w8a8", "weights": "int8", "method": "w8a8",
-                                                 "checkpoint": "/ckpt/w8a8"},
-                                                {"name": "kv", "kv_cache": "fp8"}]})
+    return RunConfig.model_validate(
+        {
+            "name": "t",
+            "model": {"path": str(MODEL), "max_context": 256, "dtype": "float32"},
+            "backend": "openai",
+            "tasks": ["addition"],
+            "server": server or {},
+            "setups": [
+                {"name": "bf16", "baseline": True},
+                {"name": "w8a8", "weights": "int8", "method": "w8a8", "checkpoint": "/ckpt/w8a8"},
+                {"name": "kv", "kv_cache": "fp8"},
+            ],
+        }
+    )
 
 
 def test_kv_accounting_is_the_served_engines() -> None:
@@ -94,21 +109,49 @@ def test_launch_command_is_the_in_process_engine_table() -> None:
         assert args == setup_engine_args(cfg, setup, "cpu")
         assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
         assert argv[argv.index("--port") + 1] == "4321" and argv[argv.index("--host") + 1] == "127.0.0.1"
-        assert argv[len(argv) - len(flags(args)):] == flags(args)
+        assert argv[len(argv) - len(flags(args)) :] == flags(args)
     argv, _ = serve_argv(cfg, cfg.setups[1], "cpu", 1, "127.0.0.1")
     assert argv[argv.index("--model") + 1] == "/ckpt/w8a8"
     argv, _ = serve_argv(cfg, cfg.setups[2], "cpu", 1, "127.0.0.1")
     assert argv[argv.index("--kv-cache-dtype") + 1] == "fp8"
     assert flags({"enforce_eager": True, "trust_remote_code": False, "max_num_seqs": None, "seed": 3}) == [
-        "--enforce-eager", "--no-trust-remote-code", "--seed", "3"]
+        "--enforce-eager",
+        "--no-trust-remote-code",
+        "--seed",
+        "3",
+    ]
 
 
 def test_command_template_and_its_refusals() -> None:
-    cfg = _cfg(command=["python", "-m", "sglang.launch_server", "--model-path", "{model}", "--port", "{port}",
-                        "--host", "{host}", "--served-model-name", "{served_model_name}"])
+    cfg = _cfg(
+        command=[
+            "python",
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            "{model}",
+            "--port",
+            "{port}",
+            "--host",
+            "{host}",
+            "--served-model-name",
+            "{served_model_name}",
+        ]
+    )
     argv, _ = serve_argv(cfg, cfg.setups[1], "cpu", 999, "127.0.0.1")
-    assert argv == ["python", "-m", "sglang.launch_server", "--model-path", "/ckpt/w8a8", "--port", "999", "--host",
-                    "127.0.0.1", "--served-model-name", "qeval"]
+    assert argv == [
+        "python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "/ckpt/w8a8",
+        "--port",
+        "999",
+        "--host",
+        "127.0.0.1",
+        "--served-model-name",
+        "qeval",
+    ]
     validate_served(cfg, cfg.setups[1], "cpu")
     with pytest.raises(UserError, match="put its KV-cache or quantization flags in server.command"):
         validate_served(cfg, cfg.setups[2], "cpu")
@@ -116,12 +159,17 @@ def test_command_template_and_its_refusals() -> None:
 
 def test_resume_key_names_the_server_not_its_port() -> None:
     parts = key_parts(_cfg(mode="attach", base_url="http://127.0.0.1:8000/v1", model="m"))
-    assert parts == {"mode": "attach", "served_model": "m", "logprobs": "prompt_logprobs",
-                     "base_url": "http://127.0.0.1:8000/v1"}
+    assert parts == {
+        "mode": "attach",
+        "served_model": "m",
+        "logprobs": "prompt_logprobs",
+        "base_url": "http://127.0.0.1:8000/v1",
+    }
     assert "engine" in key_parts(_cfg())
 
 
 # -- the HTTP client against a real local HTTP server ------------------------------------------------
+
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     script: list[tuple[int, dict[str, Any]]] = []
@@ -172,9 +220,11 @@ def test_client_gives_up_on_a_dead_port() -> None:
 
 # -- the launched process ---------------------------------------------------------------------------
 
+
 def test_a_dead_server_is_named_with_its_log(tmp_path: Path) -> None:
-    server = LaunchedServer([sys.executable, "-c", "print('engine failed: no kernel'); raise SystemExit(3)"], {},
-                            tmp_path / "log")
+    server = LaunchedServer(
+        [sys.executable, "-c", "print('engine failed: no kernel'); raise SystemExit(3)"], {}, tmp_path / "log"
+    )
     with pytest.raises(ServerDied, match=r"exit status 3; its log: engine failed: no kernel"):
         server.wait_healthy(lambda: False, 30)
     server.stop()
@@ -197,23 +247,61 @@ def test_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
 
 # -- what vLLM's server answers (captured from vllm serve 0.32, prompt [1, 5, 6, 7], k=2) ------------
 
-PROMPT_LOGPROBS = {"choices": [{"text": "+", "prompt_logprobs": [
-    None,
-    {"5": {"logprob": -16.937175750732422, "rank": 74}, "45": {"logprob": -0.7951745390892029, "rank": 1},
-     "48": {"logprob": -2.061878204345703, "rank": 2}},
-    {"6": {"logprob": -16.89262580871582, "rank": 113}, "4": {"logprob": -0.08832163363695145, "rank": 1},
-     "86": {"logprob": -2.732769012451172, "rank": 2}},
-    {"7": {"logprob": -16.29963493347168, "rank": 98}, "81": {"logprob": -0.6407859921455383, "rank": 1},
-     "4": {"logprob": -1.8520362377166748, "rank": 2}}]}], "usage": {"completion_tokens": 1}}
-ECHO = {"choices": [{"text": "<s>!\"#", "logprobs": {
-    "token_logprobs": [None, -16.937175750732422, -16.89262580871582, -16.29963493347168],
-    "tokens": ["token_id:1", "token_id:5", "token_id:6", "token_id:7"],
-    "top_logprobs": [None, {"token_id:5": -16.937175750732422, "token_id:45": -0.7951745390892029,
-                            "token_id:48": -2.061878204345703},
-                     {"token_id:6": -16.89262580871582, "token_id:4": -0.08832163363695145,
-                      "token_id:86": -2.732769012451172},
-                     {"token_id:7": -16.29963493347168, "token_id:81": -0.6407859921455383,
-                      "token_id:4": -1.8520362377166748}]}}]}
+PROMPT_LOGPROBS = {
+    "choices": [
+        {
+            "text": "+",
+            "prompt_logprobs": [
+                None,
+                {
+                    "5": {"logprob": -16.937175750732422, "rank": 74},
+                    "45": {"logprob": -0.7951745390892029, "rank": 1},
+                    "48": {"logprob": -2.061878204345703, "rank": 2},
+                },
+                {
+                    "6": {"logprob": -16.89262580871582, "rank": 113},
+                    "4": {"logprob": -0.08832163363695145, "rank": 1},
+                    "86": {"logprob": -2.732769012451172, "rank": 2},
+                },
+                {
+                    "7": {"logprob": -16.29963493347168, "rank": 98},
+                    "81": {"logprob": -0.6407859921455383, "rank": 1},
+                    "4": {"logprob": -1.8520362377166748, "rank": 2},
+                },
+            ],
+        }
+    ],
+    "usage": {"completion_tokens": 1},
+}
+ECHO = {
+    "choices": [
+        {
+            "text": '<s>!"#',
+            "logprobs": {
+                "token_logprobs": [None, -16.937175750732422, -16.89262580871582, -16.29963493347168],
+                "tokens": ["token_id:1", "token_id:5", "token_id:6", "token_id:7"],
+                "top_logprobs": [
+                    None,
+                    {
+                        "token_id:5": -16.937175750732422,
+                        "token_id:45": -0.7951745390892029,
+                        "token_id:48": -2.061878204345703,
+                    },
+                    {
+                        "token_id:6": -16.89262580871582,
+                        "token_id:4": -0.08832163363695145,
+                        "token_id:86": -2.732769012451172,
+                    },
+                    {
+                        "token_id:7": -16.29963493347168,
+                        "token_id:81": -0.6407859921455383,
+                        "token_id:4": -1.8520362377166748,
+                    },
+                ],
+            },
+        }
+    ]
+}
 
 
 def test_both_logprob_forms_read_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -273,11 +361,14 @@ def test_a_launched_server_dies_with_its_worker(tmp_path: Path) -> None:
 
     import psutil
 
-    code = ("import sys, time; from pathlib import Path; from qeval.backends.openai.launch import LaunchedServer; "
-            f"s = LaunchedServer(['sleep', '300'], {{}}, Path({str(tmp_path / 'log')!r})); print(s.pid, flush=True); "
-            "time.sleep(300)")
-    worker = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                              cwd=Path(__file__).resolve().parents[2])
+    code = (
+        "import sys, time; from pathlib import Path; from qeval.backends.openai.launch import LaunchedServer; "
+        f"s = LaunchedServer(['sleep', '300'], {{}}, Path({str(tmp_path / 'log')!r})); print(s.pid, flush=True); "
+        "time.sleep(300)"
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2]
+    )
     assert worker.stdout is not None
     server = psutil.Process(int(worker.stdout.readline()))
     os.kill(worker.pid, signal.SIGKILL)
@@ -289,6 +380,7 @@ def test_a_launched_server_dies_with_its_worker(tmp_path: Path) -> None:
 
 
 # -- hostile inputs and surroundings (an adversarial review's findings) -------------------------------
+
 
 class _Redirect(http.server.BaseHTTPRequestHandler):
     target = ""
@@ -344,8 +436,9 @@ def test_a_key_a_header_cannot_carry_is_refused_without_its_value(monkeypatch: p
     assert "SEC" not in str(err.value) and "QEVAL_T_KEY" in str(err.value)
 
 
-@pytest.mark.parametrize("url", ["http://127.0.0.1/v1?", "http://127.0.0.1/v1#", " http://127.0.0.1/v1",
-                                 "http://127.0.0.1/v1\n"])
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1/v1?", "http://127.0.0.1/v1#", " http://127.0.0.1/v1", "http://127.0.0.1/v1\n"]
+)
 def test_urls_urlsplit_would_quietly_change_are_refused(url: str) -> None:
     assert base_url_problem(url) is not None
 
@@ -355,8 +448,16 @@ def test_config_mistakes_are_refused_where_they_are_written() -> None:
         ServerSpec(command=["sglang", "--json-args", "{"])
     assert ServerSpec(command=["s", "--json", '{{"a": 1}}']).command is not None
     with pytest.raises(ValidationError, match="applies to backend openai only"):
-        RunConfig.model_validate({"name": "t", "model": {"path": str(MODEL)}, "backend": "hf", "tasks": ["addition"],
-                                  "setups": [{"name": "b", "baseline": True}], "server": {}})
+        RunConfig.model_validate(
+            {
+                "name": "t",
+                "model": {"path": str(MODEL)},
+                "backend": "hf",
+                "tasks": ["addition"],
+                "setups": [{"name": "b", "baseline": True}],
+                "server": {},
+            }
+        )
 
 
 def test_requests_pin_every_sampling_field_and_the_server_ignores_the_model_card() -> None:
@@ -374,8 +475,11 @@ def test_requests_pin_every_sampling_field_and_the_server_ignores_the_model_card
 def test_a_shell_vllm_api_key_is_not_inherited(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VLLM_API_KEY", "from-the-shell")
     out = tmp_path / "env.txt"
-    server = LaunchedServer([sys.executable, "-c", f"import os; open({str(out)!r}, 'w').write("
-                             "os.environ.get('VLLM_API_KEY', 'unset'))"], {}, tmp_path / "log")
+    server = LaunchedServer(
+        [sys.executable, "-c", f"import os; open({str(out)!r}, 'w').write(os.environ.get('VLLM_API_KEY', 'unset'))"],
+        {},
+        tmp_path / "log",
+    )
     server.proc.wait(30)
     assert out.read_text() == "unset"
 
@@ -384,8 +488,9 @@ def test_the_port_must_be_held_by_the_launched_server(tmp_path: Path, local_http
     """A /health 200 on the port counts only from the launched process tree: another process
     that took the port between free_port() and the bind is not the server."""
     port = free_port()
-    server = LaunchedServer([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)], {},
-                            tmp_path / "log")
+    server = LaunchedServer(
+        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)], {}, tmp_path / "log"
+    )
     try:
         deadline = time.monotonic() + 30
         while not server.listens_on(port) and time.monotonic() < deadline:

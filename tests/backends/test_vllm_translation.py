@@ -17,8 +17,15 @@ AVX2 = frozenset({"sse4_2", "avx", "avx2", "fma"})
 
 
 def _args(setup: Setup, **kw: object) -> dict:
-    base = dict(dtype="float16", max_model_len=4096, utilization=0.9, max_num_seqs=64, tensor_parallel_size=1,
-                enforce_eager=True, seed=1234)
+    base = dict(
+        dtype="float16",
+        max_model_len=4096,
+        utilization=0.9,
+        max_num_seqs=64,
+        tensor_parallel_size=1,
+        enforce_eager=True,
+        seed=1234,
+    )
     return vllm_support.engine_args("meta-llama/Meta-Llama-3-8B-Instruct", setup, **(base | kw))  # type: ignore[arg-type]
 
 
@@ -28,10 +35,18 @@ def test_gpu_example_config_translates_to_engine_arguments() -> None:
     made = "checkpoints/Meta-Llama-3-8B-Instruct-gptq-0123456789abcdef"
     setups = [s.model_copy(update={"checkpoint": made}) if needs_checkpoint(s) else s for s in cfg.setups]
     args = {s.name: _args(s) for s in setups}
-    assert args["fp16"] == {"model": "meta-llama/Meta-Llama-3-8B-Instruct", "dtype": "float16", "max_model_len": 4096,
-                            "gpu_memory_utilization": 0.9, "tensor_parallel_size": 1, "enforce_eager": True,
-                            "seed": 1234, "trust_remote_code": False, "enable_prefix_caching": False,
-                            "max_num_seqs": 64}
+    assert args["fp16"] == {
+        "model": "meta-llama/Meta-Llama-3-8B-Instruct",
+        "dtype": "float16",
+        "max_model_len": 4096,
+        "gpu_memory_utilization": 0.9,
+        "tensor_parallel_size": 1,
+        "enforce_eager": True,
+        "seed": 1234,
+        "trust_remote_code": False,
+        "enable_prefix_caching": False,
+        "max_num_seqs": 64,
+    }
     assert args["fp8"]["quantization"] == "fp8" and "kv_cache_dtype" not in args["fp8"]
     assert args["w4a16"]["model"] == made and "quantization" not in args["w4a16"]
     assert args["fp16-kv-fp8"]["kv_cache_dtype"] == "fp8"
@@ -67,16 +82,19 @@ def test_int_kv_dtypes_are_asked_of_the_installed_vllm(tmp_path: Path) -> None:
             validate_backend(cfg)
 
 
-@pytest.mark.parametrize(("setup", "device", "message"), [
-    (Setup(name="k", kv_cache="int2"), "cuda", "not a vLLM kv_cache_dtype"),
-    (Setup(name="k", kv_cache="int8"), "cpu", "int8_per_token_head KV cache runs on GPU builds of vLLM only"),
-    (Setup(name="k", kv_cache="int4", kv_group_size=32), "cuda", "one scale per token and head"),
-    (Setup(name="q", weights="int4", method="rtn"), "cuda", "transformers-side quantizer"),
-    (Setup(name="g", weights="int4", method="gptq", checkpoint="x/y"), "cpu", "needs AVX-512 on the CPU build"),
-    (Setup(name="b", weights="int4", method="bnb"), "cpu", "GPU builds of vLLM only"),
-    (Setup(name="f", weights="fp8"), "cpu", "FP8 weights .* do not run on vLLM's CPU build"),
-    (Setup(name="w", weights="int8", method="w4a8", checkpoint="x/y"), "cuda", "does not make int8 weights"),
-])
+@pytest.mark.parametrize(
+    ("setup", "device", "message"),
+    [
+        (Setup(name="k", kv_cache="int2"), "cuda", "not a vLLM kv_cache_dtype"),
+        (Setup(name="k", kv_cache="int8"), "cpu", "int8_per_token_head KV cache runs on GPU builds of vLLM only"),
+        (Setup(name="k", kv_cache="int4", kv_group_size=32), "cuda", "one scale per token and head"),
+        (Setup(name="q", weights="int4", method="rtn"), "cuda", "transformers-side quantizer"),
+        (Setup(name="g", weights="int4", method="gptq", checkpoint="x/y"), "cpu", "needs AVX-512 on the CPU build"),
+        (Setup(name="b", weights="int4", method="bnb"), "cpu", "GPU builds of vLLM only"),
+        (Setup(name="f", weights="fp8"), "cpu", "FP8 weights .* do not run on vLLM's CPU build"),
+        (Setup(name="w", weights="int8", method="w4a8", checkpoint="x/y"), "cuda", "does not make int8 weights"),
+    ],
+)
 def test_refusals(setup: Setup, device: str, message: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(vllm_support, "cpu_flags", lambda: AVX2)
     with pytest.raises(UserError, match=message):
@@ -96,7 +114,6 @@ def test_cpu_features_decide_w4a16_and_fp8(monkeypatch: pytest.MonkeyPatch) -> N
             vllm_support.validate(setup, "cpu")
 
 
-
 def test_mla_block_size_follows_amx(monkeypatch: pytest.MonkeyPatch) -> None:
     """vLLM 0.32's CPU build (vllm/platforms/cpu.py): MLA runs on AMX_MLA at the default block 128
     where the CPU has AMX tiles, otherwise on the reference CPU_MLA backend, forced to block 16
@@ -108,12 +125,20 @@ def test_mla_block_size_follows_amx(monkeypatch: pytest.MonkeyPatch) -> None:
     assert acc.mla_block_size == 128 and acc.block_size == 128
     assert vllm_support.cache_accounting("cuda").mla_block_size is None
 
+
 def _kv_config(kv_cache: str = "fp8") -> dict:
     """A vLLM run on the CPU: the baseline and a `kv_cache` setup named kv-fp8 (helpers.config_dict)."""
     from tests.helpers import BASELINE, config_dict
 
-    return config_dict(name="v", max_context=None, backend="vllm", batch_size=None, gates=None, performance=None,
-                       setups=[BASELINE, {"name": "kv-fp8", "kv_cache": kv_cache}])
+    return config_dict(
+        name="v",
+        max_context=None,
+        backend="vllm",
+        batch_size=None,
+        gates=None,
+        performance=None,
+        setups=[BASELINE, {"name": "kv-fp8", "kv_cache": kv_cache}],
+    )
 
 
 def test_fp8_kv_on_an_avx2_cpu_is_refused_by_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -146,12 +171,18 @@ def test_gpu_peak_sums_nvml_over_our_processes_only() -> None:
 
     from qeval.backends.vllm.backend import gpu_process_bytes
 
-    procs = {0: [SimpleNamespace(pid=10, usedGpuMemory=3 * 2**30), SimpleNamespace(pid=99, usedGpuMemory=2**30)],
-             1: [SimpleNamespace(pid=11, usedGpuMemory=2**29), SimpleNamespace(pid=12, usedGpuMemory=None)]}
+    procs = {
+        0: [SimpleNamespace(pid=10, usedGpuMemory=3 * 2**30), SimpleNamespace(pid=99, usedGpuMemory=2**30)],
+        1: [SimpleNamespace(pid=11, usedGpuMemory=2**29), SimpleNamespace(pid=12, usedGpuMemory=None)],
+    }
     calls: list[str] = []
-    nvml = SimpleNamespace(nvmlInit=lambda: calls.append("init"), nvmlShutdown=lambda: calls.append("shutdown"),
-                           nvmlDeviceGetCount=lambda: 2, nvmlDeviceGetHandleByIndex=lambda i: i,
-                           nvmlDeviceGetComputeRunningProcesses=lambda h: procs[h])
+    nvml = SimpleNamespace(
+        nvmlInit=lambda: calls.append("init"),
+        nvmlShutdown=lambda: calls.append("shutdown"),
+        nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetComputeRunningProcesses=lambda h: procs[h],
+    )
     assert gpu_process_bytes({10, 11, 12}, nvml) == 3 * 2**30 + 2**29
     assert gpu_process_bytes({42}, nvml) is None
     assert calls == ["init", "shutdown"] * 2

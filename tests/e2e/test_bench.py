@@ -23,17 +23,38 @@ def test_perf_bench_runs_vllm_bench_on_the_same_engine(tmp_path: Path) -> None:
     from qeval.config import ModelSpec, RunConfig
     from qeval.config.setups import Setup
 
-    python = backend_entry("vllm").worker_python(RunConfig(name="b", model=ModelSpec(path="m"), backend="vllm",
-                                                           setups=[Setup(name="s")], tasks=["t"]))
+    python = backend_entry("vllm").worker_python(
+        RunConfig(name="b", model=ModelSpec(path="m"), backend="vllm", setups=[Setup(name="s")], tasks=["t"])
+    )
     out = tmp_path / "perf.json"
-    res = subprocess.run([python, str(ROOT / "bench" / "perf_vs_vllm_bench.py"), "--num-prompts", "32",
-                          "--output-len", "16", "--repeats", "2", "--latency-iters", "3", "--json", str(out)],
-                         capture_output=True, text=True, timeout=900, check=False)
+    res = subprocess.run(
+        [
+            python,
+            str(ROOT / "bench" / "perf_vs_vllm_bench.py"),
+            "--num-prompts",
+            "32",
+            "--output-len",
+            "16",
+            "--repeats",
+            "2",
+            "--latency-iters",
+            "3",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     figures = json.loads(out.read_text())
     assert figures["same_prompts"] is True
-    assert [r["figure"] for r in figures["rows"]] == ["requests/s (all at once)", "output tokens/s (all at once)",
-                                                     "latency of a batch of 8 (s)"]
+    assert [r["figure"] for r in figures["rows"]] == [
+        "requests/s (all at once)",
+        "output tokens/s (all at once)",
+        "latency of a batch of 8 (s)",
+    ]
     for r in figures["rows"]:
         for side in ("qeval", "vllm_bench"):
             assert len(r[side]["values"]) == 2 and r[side]["median"] > 0

@@ -42,8 +42,13 @@ def scored() -> tuple[Any, dict[str, Any], Any]:
         ours = score_lm_eval(backend, session, names, lambda k: None)
     finally:
         session.close()
-    theirs = HFLM(pretrained=cfg.model.path, device="cpu", dtype="float32", batch_size=cfg.batch_size,
-                  max_length=cfg.model.max_context)
+    theirs = HFLM(
+        pretrained=cfg.model.path,
+        device="cpu",
+        dtype="float32",
+        batch_size=cfg.batch_size,
+        max_length=cfg.model.max_context,
+    )
     return cfg, ours, theirs
 
 
@@ -56,17 +61,27 @@ def _lm_eval(lm: Any, cfg: Any, entry: Any) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         folder = materialize([Path(p) for p in cfg.lm_eval.include_path], {}, Path(tmp) / "tasks")
         manager = TaskManager(include_defaults=False, include_path=str(folder))
-        return simple_evaluate(model=lm, tasks=[entry.name], task_manager=manager, num_fewshot=entry.num_fewshot,
-                               fewshot_random_seed=cfg.lm_eval.fewshot_seed, log_samples=True, bootstrap_iters=0,
-                               samples={entry.name: list(range(entry.limit))},
-                               gen_kwargs={"max_gen_toks": entry.max_gen_toks} if entry.max_gen_toks else None,
-                               apply_chat_template=True, system_instruction=cfg.system_prompt,
-                               fewshot_as_multiturn=entry.fewshot_as_multiturn is not False, verbosity="ERROR")
+        return simple_evaluate(
+            model=lm,
+            tasks=[entry.name],
+            task_manager=manager,
+            num_fewshot=entry.num_fewshot,
+            fewshot_random_seed=cfg.lm_eval.fewshot_seed,
+            log_samples=True,
+            bootstrap_iters=0,
+            samples={entry.name: list(range(entry.limit))},
+            gen_kwargs={"max_gen_toks": entry.max_gen_toks} if entry.max_gen_toks else None,
+            apply_chat_template=True,
+            system_instruction=cfg.system_prompt,
+            fewshot_as_multiturn=entry.fewshot_as_multiturn is not False,
+            verbosity="ERROR",
+        )
 
 
 @pytest.mark.parametrize("task", ["arc_easy_local", "gsm8k_local"])
-def test_prompts_and_scores_equal_lm_evals_under_the_chat_template(scored: tuple[Any, dict[str, Any], Any],
-                                                                  task: str) -> None:
+def test_prompts_and_scores_equal_lm_evals_under_the_chat_template(
+    scored: tuple[Any, dict[str, Any], Any], task: str
+) -> None:
     cfg, ours, lm = scored
     entry = next(t for t in cfg.lm_eval.tasks if t.name == task)
     multiturn = entry.fewshot_as_multiturn is not False
@@ -87,4 +102,5 @@ def test_prompts_and_scores_equal_lm_evals_under_the_chat_template(scored: tuple
             assert 1 <= rec["generated_tokens"] <= entry.max_gen_toks
     compared = "acc" if entry.max_gen_toks is None else "exact_match,strict-match"
     assert ours[task].metrics[compared]["value"] == pytest.approx(
-        theirs["results"][task][compared if "," in compared else f"{compared},none"], abs=1e-12)
+        theirs["results"][task][compared if "," in compared else f"{compared},none"], abs=1e-12
+    )

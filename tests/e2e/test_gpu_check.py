@@ -18,9 +18,25 @@ pytestmark = pytest.mark.slow
 
 def test_gpu_check_runs_on_cpu(tmp_path: Path) -> None:
     out = tmp_path / "gpu-check"
-    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--device", "cpu", "--quick",
-                          "--model", str(MODEL), "--limit", "4", "--output", str(out)],
-                         capture_output=True, text=True, timeout=900, check=False)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "gpu_check.py"),
+            "--device",
+            "cpu",
+            "--quick",
+            "--model",
+            str(MODEL),
+            "--limit",
+            "4",
+            "--output",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "## Performance" in res.stdout and "gpu_check: cpu" in res.stdout
     validate_results(out / "results.json")
@@ -41,6 +57,11 @@ def test_gpu_check_refuses_cuda_without_a_gpu(tmp_path: Path) -> None:
 
     if shutil.which("nvidia-smi"):
         pytest.skip("this machine has a GPU")
-    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--output", str(tmp_path / "o")],
-                         capture_output=True, text=True, timeout=60, check=False)
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--output", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert res.returncode == 1 and "no nvidia-smi" in res.stderr

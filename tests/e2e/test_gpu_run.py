@@ -25,8 +25,19 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import gpu_bundle
 
 #: what the GPU machine's image lacks and the bundle does not carry: the path must not import them
-ABSENT_THERE = ("lm_eval", "vllm", "compressed_tensors", "ray", "mlflow", "datasets", "gguf", "llmcompressor",
-                "torchao", "bitsandbytes", "hqq")
+ABSENT_THERE = (
+    "lm_eval",
+    "vllm",
+    "compressed_tensors",
+    "ray",
+    "mlflow",
+    "datasets",
+    "gguf",
+    "llmcompressor",
+    "torchao",
+    "bitsandbytes",
+    "hqq",
+)
 PINS = {"pydantic": "2.14.4", "pydantic-core": "2.50.5", "transformers": "5.23.0"}
 
 
@@ -48,19 +59,32 @@ def test_bundle_check_accepts_the_pinned_wheels(tmp_path: Path) -> None:
     assert gpu_bundle.check_bundle(good_bundle(tmp_path / "b"), PINS) == []
 
 
-@pytest.mark.parametrize(("change", "expected"), [
-    (lambda b: (b / "transformers-5.23.0-py3-none-any.whl").unlink(), "transformers==5.23.0: missing"),
-    (lambda b: touch(b, "transformers-5.17.0-py3-none-any.whl"), "transformers: 2 wheels"),
-    (lambda b: (b / "pydantic-2.14.4-py3-none-any.whl").rename(b / "pydantic-2.13.0-py3-none-any.whl"),
-     "pydantic: 2.13.0 where .venv has 2.14.4"),
-    (lambda b: (b / "pydantic_core-2.50.5-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl").rename(
-        b / "pydantic_core-2.50.5-cp311-cp311-manylinux_2_17_x86_64.whl"), "not installable on CPython 3.12"),
-    (lambda b: (b / "pydantic_core-2.50.5-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl").rename(
-        b / "pydantic_core-2.50.5-cp312-cp312-manylinux_2_17_aarch64.whl"), "not installable on CPython 3.12"),
-    (lambda b: touch(b, "numpy-2.0.0-cp312-cp312-manylinux_2_17_x86_64.whl"), "numpy: not in the bundle's list"),
-    (lambda b: touch(b, "notes.txt"), "notes.txt: not a wheel"),
-    (lambda b: touch(b, "pad-1.0-py3-none-any.whl", 3 * 2**20), "over its limit of 2 MiB"),
-])
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda b: (b / "transformers-5.23.0-py3-none-any.whl").unlink(), "transformers==5.23.0: missing"),
+        (lambda b: touch(b, "transformers-5.17.0-py3-none-any.whl"), "transformers: 2 wheels"),
+        (
+            lambda b: (b / "pydantic-2.14.4-py3-none-any.whl").rename(b / "pydantic-2.13.0-py3-none-any.whl"),
+            "pydantic: 2.13.0 where .venv has 2.14.4",
+        ),
+        (
+            lambda b: (b / "pydantic_core-2.50.5-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl").rename(
+                b / "pydantic_core-2.50.5-cp311-cp311-manylinux_2_17_x86_64.whl"
+            ),
+            "not installable on CPython 3.12",
+        ),
+        (
+            lambda b: (b / "pydantic_core-2.50.5-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl").rename(
+                b / "pydantic_core-2.50.5-cp312-cp312-manylinux_2_17_aarch64.whl"
+            ),
+            "not installable on CPython 3.12",
+        ),
+        (lambda b: touch(b, "numpy-2.0.0-cp312-cp312-manylinux_2_17_x86_64.whl"), "numpy: not in the bundle's list"),
+        (lambda b: touch(b, "notes.txt"), "notes.txt: not a wheel"),
+        (lambda b: touch(b, "pad-1.0-py3-none-any.whl", 3 * 2**20), "over its limit of 2 MiB"),
+    ],
+)
 def test_bundle_check_names_what_is_wrong(tmp_path: Path, change: Any, expected: str) -> None:
     bundle = good_bundle(tmp_path / "b")
     change(bundle)
@@ -73,8 +97,11 @@ def test_bundle_lists_every_import_the_image_lacks() -> None:
     below imports them), and none of them is one the path must do without."""
     pins = gpu_bundle.pins()
     assert {"pydantic", "pydantic-core", "optimum-quanto", "transformers"} <= set(pins)
-    constraints = dict(line.split("==") for line in (ROOT / "constraints.txt").read_text().splitlines()
-                       if "==" in line and not line.startswith("#"))
+    constraints = dict(
+        line.split("==")
+        for line in (ROOT / "constraints.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    )
     for name in ("transformers", "optimum-quanto"):
         assert pins[name] == constraints[name]
     assert not {gpu_bundle.normalize(n) for n in ABSENT_THERE} & set(pins)
@@ -97,10 +124,13 @@ def stand_in_wheel(folder: Path) -> Path:
     path = folder / "qeval_gpu_probe-0.1-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as z:
         z.writestr("qeval_gpu_probe/__init__.py", "INSTALLED = True\n")
-        z.writestr("qeval_gpu_probe-0.1.dist-info/METADATA", "Metadata-Version: 2.1\nName: qeval-gpu-probe\n"
-                                                              "Version: 0.1\n")
-        z.writestr("qeval_gpu_probe-0.1.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\n"
-                                                           "Root-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(
+            "qeval_gpu_probe-0.1.dist-info/METADATA", "Metadata-Version: 2.1\nName: qeval-gpu-probe\nVersion: 0.1\n"
+        )
+        z.writestr(
+            "qeval_gpu_probe-0.1.dist-info/WHEEL",
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        )
         z.writestr("qeval_gpu_probe-0.1.dist-info/RECORD", "")
     return folder
 
@@ -121,10 +151,33 @@ def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Comple
     out = tmp / "out"
     env = os.environ | {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(blocker(tmp / "block"))}
     env.pop("QEVAL_GPU_RUN_SITE", None)
-    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_run.py"), "--device", "cpu", "--shape", "small",
-                          "--bundle", str(stand_in_wheel(tmp / "bundle")), "--out", str(out), "--weights", "16,int4",
-                          "--contexts", "256", "--tiny-limit", "2", "--time-budget", "300"],
-                         capture_output=True, text=True, timeout=600, env=env, check=False)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "gpu_run.py"),
+            "--device",
+            "cpu",
+            "--shape",
+            "small",
+            "--bundle",
+            str(stand_in_wheel(tmp / "bundle")),
+            "--out",
+            str(out),
+            "--weights",
+            "16,int4",
+            "--contexts",
+            "256",
+            "--tiny-limit",
+            "2",
+            "--time-budget",
+            "300",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        check=False,
+    )
     data = json.loads((out / "gpu-run.json").read_text()) if (out / "gpu-run.json").is_file() else {}
     md = (out / "gpu-run.md").read_text() if (out / "gpu-run.md").is_file() else ""
     return res, data, md
@@ -140,8 +193,12 @@ def test_gpu_run_on_cpu_runs_every_phase(cpu_run: tuple[subprocess.CompletedProc
     assert env["bundle_site"] and "installed 1 wheels" in res.stdout  # the bundle went in, then the rerun
     assert env["forbidden_imports_loaded"] == []
     assert data["seconds"] <= data["time_budget_s"]
-    for heading in ("## Memory: predicted / measured", "## Concurrency: the formula against what fit",
-                    "## Performance against the ceilings", "## The tiny model"):
+    for heading in (
+        "## Memory: predicted / measured",
+        "## Concurrency: the formula against what fit",
+        "## Performance against the ceilings",
+        "## The tiny model",
+    ):
         assert heading in md
 
 
@@ -172,8 +229,9 @@ def test_gpu_run_memory_figures_are_sane(cpu_run: tuple[subprocess.CompletedProc
 
 
 @pytest.mark.slow
-def test_gpu_run_performance_and_tiny_scores(cpu_run: tuple[subprocess.CompletedProcess[str], dict[str, Any],
-                                                                str]) -> None:
+def test_gpu_run_performance_and_tiny_scores(
+    cpu_run: tuple[subprocess.CompletedProcess[str], dict[str, Any], str],
+) -> None:
     _, data, _ = cpu_run
     assert [p["setup"] for p in data["performance"]] == ["w16", "int4"]
     for p in data["performance"]:
@@ -190,14 +248,16 @@ def test_gpu_run_performance_and_tiny_scores(cpu_run: tuple[subprocess.Completed
     assert all(r["diff"] == 0 for r in rows), rows
 
 
-@pytest.mark.parametrize(("limit", "start", "fit", "failed_at", "capped"), [
-    (37, 20, 37, 38, False),  # up by 25% from the formula's figure, then bisected to the sequence
-    (37, 90, 37, 38, False),  # down from a figure that does not fit
-    (500, 20, 100, 101, True),  # everything fits: capped, not bracketed
-    (0, 5, 0, 1, False),  # nothing fits, not even one sequence
-])
-def test_search_finds_the_largest_batch(limit: int, start: int, fit: int, failed_at: int | None,
-                                        capped: bool) -> None:
+@pytest.mark.parametrize(
+    ("limit", "start", "fit", "failed_at", "capped"),
+    [
+        (37, 20, 37, 38, False),  # up by 25% from the formula's figure, then bisected to the sequence
+        (37, 90, 37, 38, False),  # down from a figure that does not fit
+        (500, 20, 100, 101, True),  # everything fits: capped, not bracketed
+        (0, 5, 0, 1, False),  # nothing fits, not even one sequence
+    ],
+)
+def test_search_finds_the_largest_batch(limit: int, start: int, fit: int, failed_at: int | None, capped: bool) -> None:
     import time
 
     from gpu_memory import search
@@ -241,22 +301,68 @@ def test_a_sliding_window_pool_is_counted_after_the_decode_step() -> None:
 
 def test_gpu_run_starts_nothing_past_its_time_budget(tmp_path: Path) -> None:
     """With no time left every phase is skipped, and said so, and the files are still written."""
-    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_run.py"), "--device", "cpu", "--shape", "small",
-                          "--out", str(tmp_path), "--time-budget", "0"], capture_output=True, text=True, timeout=120,
-                         check=False)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "gpu_run.py"),
+            "--device",
+            "cpu",
+            "--shape",
+            "small",
+            "--out",
+            str(tmp_path),
+            "--time-budget",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     data = json.loads((tmp_path / "gpu-run.json").read_text())
-    assert [s.split(":")[0] for s in data["skipped"]] == ["tiny", "ceilings", "memory+perf w16", "memory+perf int8",
-                                                          "memory+perf int4"]
+    assert [s.split(":")[0] for s in data["skipped"]] == [
+        "tiny",
+        "ceilings",
+        "memory+perf w16",
+        "memory+perf int8",
+        "memory+perf int4",
+    ]
     assert data["phases"] == {} and "- skipped: tiny" in (tmp_path / "gpu-run.md").read_text()
 
 
 def test_gpu_run_refuses_bad_input(tmp_path: Path) -> None:
-    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_run.py"), "--out", str(tmp_path),
-                          "--weights", "16,int3", "--device", "cpu"], capture_output=True, text=True, timeout=60,
-                         check=False)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "gpu_run.py"),
+            "--out",
+            str(tmp_path),
+            "--weights",
+            "16,int3",
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert res.returncode == 2 and "unknown value(s): int3" in res.stderr
-    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_run.py"), "--out", str(tmp_path),
-                          "--bundle", str(tmp_path), "--device", "cpu"], capture_output=True, text=True, timeout=60,
-                         check=False)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "gpu_run.py"),
+            "--out",
+            str(tmp_path),
+            "--bundle",
+            str(tmp_path),
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert res.returncode == 2 and "no wheels there" in res.stderr

@@ -19,8 +19,12 @@ from tests.helpers import MODEL, make_config, run_cli
 pytestmark = pytest.mark.slow
 LAYOUTS: dict[str, dict[str, Any]] = {
     "mistral": {"sliding_window": 16},  # every layer sliding, as Mistral-7B-v0.1
-    "gemma3_text": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16, "head_dim": 16,
-                    "query_pre_attn_scalar": 16},  # Gemma 3's mix
+    "gemma3_text": {
+        "layer_types": ["sliding_attention", "full_attention"],
+        "sliding_window": 16,
+        "head_dim": 16,
+        "query_pre_attn_scalar": 16,
+    },  # Gemma 3's mix
 }
 
 
@@ -30,11 +34,24 @@ def _tiny(tmp: Path, model_type: str) -> Path:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    config = AutoConfig.for_model(model_type, **({"vocab_size": 128, "hidden_size": 64, "intermediate_size": 128,
-                                                  "num_hidden_layers": 2, "num_attention_heads": 4,
-                                                  "num_key_value_heads": 2, "max_position_embeddings": 512,
-                                                  "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
-                                                 | LAYOUTS[model_type]))
+    config = AutoConfig.for_model(
+        model_type,
+        **(
+            {
+                "vocab_size": 128,
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "max_position_embeddings": 512,
+                "bos_token_id": 1,
+                "eos_token_id": 2,
+                "pad_token_id": 0,
+            }
+            | LAYOUTS[model_type]
+        ),
+    )
     folder = tmp / model_type
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -43,14 +60,19 @@ def _tiny(tmp: Path, model_type: str) -> Path:
 
 
 @pytest.mark.parametrize("model_type", list(LAYOUTS))
-def test_a_sliding_window_model_runs_and_its_sequence_is_measured_as_predicted(tmp_path: Path,
-                                                                               model_type: str) -> None:
+def test_a_sliding_window_model_runs_and_its_sequence_is_measured_as_predicted(tmp_path: Path, model_type: str) -> None:
     folder = _tiny(tmp_path, model_type)
-    cfg = make_config(tmp_path, model={"path": str(folder), "dtype": "float32", "max_context": 256},
-                      setups=[{"name": "base", "baseline": True}, {"name": "int8", "weights": "int8"},
-                              {"name": "kv-int4", "kv_cache": "int4"}],
-                      limit=12, budget={"gpu_memory_gib": 0.01, "utilization": 0.9, "context_len": 64,
-                                        "overhead_gib": 0.001})
+    cfg = make_config(
+        tmp_path,
+        model={"path": str(folder), "dtype": "float32", "max_context": 256},
+        setups=[
+            {"name": "base", "baseline": True},
+            {"name": "int8", "weights": "int8"},
+            {"name": "kv-int4", "kv_cache": "int4"},
+        ],
+        limit=12,
+        budget={"gpu_memory_gib": 0.01, "utilization": 0.9, "context_len": 64, "overhead_gib": 0.001},
+    )
     out = tmp_path / "run"
     res = run_cli("run", str(cfg), "--output", str(out), timeout=900)
     assert res.returncode in (0, 1), res.stderr[-3000:]

@@ -40,8 +40,13 @@ def _pair(model: Path, max_length: int) -> tuple[HFBackend, HFLM]:
     from qeval.config.setups import Setup
 
     setup = Setup(name="fp32")
-    cfg = RunConfig(name="a", model=ModelSpec(path=str(model), dtype="float32", max_context=max_length),
-                    setups=[setup], tasks=["x"], batch_size=4)
+    cfg = RunConfig(
+        name="a",
+        model=ModelSpec(path=str(model), dtype="float32", max_context=max_length),
+        setups=[setup],
+        tasks=["x"],
+        batch_size=4,
+    )
     ours = HFBackend(cfg, setup, "cpu")
     ours.load()
     theirs = HFLM(pretrained=str(model), device="cpu", dtype="float32", batch_size=4, max_length=max_length)
@@ -80,8 +85,13 @@ def test_choice_loglikelihoods_match_lm_eval(which: str) -> None:
     from qeval.backends.base import LoglikelihoodRequest
 
     model = SMOLLM2 if which == "smollm2" else MODEL
-    pairs = [("The capital of France is", " Paris"), ("The capital of France is", " Rome"),
-             ("2 + 2 =", " 4"), ("", "Hello world"), ("Trailing space ", "moves")]
+    pairs = [
+        ("The capital of France is", " Paris"),
+        ("The capital of France is", " Rome"),
+        ("2 + 2 =", " 4"),
+        ("", "Hello world"),
+        ("Trailing space ", "moves"),
+    ]
     ours, theirs = _pair(model, 64)
     got = np.array([r.logprob for r in ours.loglikelihood([LoglikelihoodRequest(c, x) for c, x in pairs], noop)])
     ref = np.array([ll for ll, _ in theirs.loglikelihood(_instances("loglikelihood", pairs))])

@@ -22,18 +22,32 @@ DOCS, CHUNK = 6, 2
 
 
 def _config(tmp: Path) -> Path:
-    return make_config(tmp, model={"path": str(SMOLLM2), "dtype": "float32", "max_context": 2048},
-                       setups=[{"name": "base", "baseline": True}], tasks=None, gates=None, batch_size=4,
-                       lm_eval={"include_path": [str(TASKS / "lm_eval")], "chunk_docs": CHUNK,
-                                "tasks": [{"name": "wikitext_local", "limit": DOCS}]})
+    return make_config(
+        tmp,
+        model={"path": str(SMOLLM2), "dtype": "float32", "max_context": 2048},
+        setups=[{"name": "base", "baseline": True}],
+        tasks=None,
+        gates=None,
+        batch_size=4,
+        lm_eval={
+            "include_path": [str(TASKS / "lm_eval")],
+            "chunk_docs": CHUNK,
+            "tasks": [{"name": "wikitext_local", "limit": DOCS}],
+        },
+    )
 
 
 def _killed_after_a_chunk(cfg: Path, out: Path, timeout: float = 600) -> None:
     """Start `qeval run`, SIGKILL it once a chunk's state is saved, before the task is stored."""
     import psutil
 
-    proc = subprocess.Popen([sys.executable, "-m", "qeval.cli", "run", str(cfg), "--output", str(out)],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qeval.cli", "run", str(cfg), "--output", str(out)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     scratch = out / "samples" / "base" / ".scratch"
     deadline = time.monotonic() + timeout
     try:
@@ -41,8 +55,9 @@ def _killed_after_a_chunk(cfg: Path, out: Path, timeout: float = 600) -> None:
             assert proc.poll() is None, f"the run ended before any chunk was saved: {proc.communicate()[1][-2000:]}"
             assert time.monotonic() < deadline, "no chunk saved in time"
             time.sleep(0.05)
-        workers = [p for p in psutil.Process(proc.pid).children(recursive=True)
-                   if "qeval.run.worker" in " ".join(p.cmdline())]
+        workers = [
+            p for p in psutil.Process(proc.pid).children(recursive=True) if "qeval.run.worker" in " ".join(p.cmdline())
+        ]
         proc.kill()
         proc.wait()
         psutil.wait_procs(workers, timeout=30)

@@ -33,16 +33,36 @@ def _tolerance(loglikelihood: float) -> float:
 
 def _bench(python: str, model: Path, tmp: Path, *extra: str, tasks: str = TASK_SET) -> list[dict]:
     out = tmp / "bench.json"
-    res = subprocess.run([python, str(ROOT / "bench" / "compare_lm_eval.py"), "--model", str(model),
-                          "--tasks", tasks, "--limit", "5", "--max-gen-toks", "24", "--json", str(out),
-                          "--threads", os.environ.get("OMP_NUM_THREADS") or str(os.cpu_count() or 1), *extra],
-                         capture_output=True, text=True, timeout=2400, check=False)
+    res = subprocess.run(
+        [
+            python,
+            str(ROOT / "bench" / "compare_lm_eval.py"),
+            "--model",
+            str(model),
+            "--tasks",
+            tasks,
+            "--limit",
+            "5",
+            "--max-gen-toks",
+            "24",
+            "--json",
+            str(out),
+            "--threads",
+            os.environ.get("OMP_NUM_THREADS") or str(os.cpu_count() or 1),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=2400,
+        check=False,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(out.read_text())["tasks"]
 
 
-def _assert_agreement(rows: list[dict], types: frozenset[str] = frozenset(
-        {"multiple_choice", "generate_until", "loglikelihood_rolling"})) -> None:
+def _assert_agreement(
+    rows: list[dict], types: frozenset[str] = frozenset({"multiple_choice", "generate_until", "loglikelihood_rolling"})
+) -> None:
     assert {r["output_type"] for r in rows} == types
     for r in rows:
         assert r["n"] == 5, r
@@ -65,8 +85,14 @@ def test_agreement_on_the_full_public_sets(tmp_path: Path) -> None:
     full = ROOT / "tasks" / "lm_eval_full"
     assert (full / ".prepared").is_file(), "run `make lm-eval-full` (make test does)"
     assert (SMOLLM2 / ".prepared").is_file(), "run `make smollm2` (make test does)"
-    rows = _bench(sys.executable, SMOLLM2, tmp_path, "--include", str(full),
-                  tasks="arc_challenge_full,hellaswag_full,gsm8k_cot_full,lambada_openai_full")
+    rows = _bench(
+        sys.executable,
+        SMOLLM2,
+        tmp_path,
+        "--include",
+        str(full),
+        tasks="arc_challenge_full,hellaswag_full,gsm8k_cot_full,lambada_openai_full",
+    )
     _assert_agreement(rows, frozenset({"multiple_choice", "generate_until", "loglikelihood"}))
 
 
@@ -84,8 +110,9 @@ def test_vllm_backend_agrees_with_simple_evaluate(tmp_path: Path) -> None:
     from qeval.config import ModelSpec, RunConfig
     from qeval.config.setups import Setup
 
-    python = worker_python(RunConfig(name="b", model=ModelSpec(path="m"), backend="vllm",
-                                     setups=[Setup(name="s")], tasks=["t"]))
+    python = worker_python(
+        RunConfig(name="b", model=ModelSpec(path="m"), backend="vllm", setups=[Setup(name="s")], tasks=["t"])
+    )
     _assert_agreement(_bench(python, SMOLLM2, tmp_path, "--backend", "vllm"))
 
 
@@ -94,16 +121,26 @@ def _keys() -> dict:
     each kind (a group, acc_norm, rolling perplexity), a drop gate and a recovery gate."""
     from tests.helpers import INT8
 
-    lm_eval = {"include_path": [TASKS / "lm_eval"],
-               "tasks": [{"name": "mmlu_local", "num_fewshot": 1},
-                         {"name": "arc_easy_local", "num_fewshot": 1, "metric": "acc_norm"},
-                         {"name": "wikitext_local"}],
-               "suites": []}
-    return dict(name="lm", model={"dtype": "float32"}, setups=[{"name": "fp32", "baseline": True}, INT8,
-                                                               {"name": "kv2", "kv_cache": "int2"}],
-                tasks=None, performance=None, lm_eval=lm_eval, limit=8,
-                budget={"gpu_memory_gib": 0.01, "context_len": 256, "overhead_gib": 0.001},
-                gates=[{"task": "all", "max_drop": 0.5}, {"task": "mmlu_local", "min_recovery": 0.5}])
+    lm_eval = {
+        "include_path": [TASKS / "lm_eval"],
+        "tasks": [
+            {"name": "mmlu_local", "num_fewshot": 1},
+            {"name": "arc_easy_local", "num_fewshot": 1, "metric": "acc_norm"},
+            {"name": "wikitext_local"},
+        ],
+        "suites": [],
+    }
+    return dict(
+        name="lm",
+        model={"dtype": "float32"},
+        setups=[{"name": "fp32", "baseline": True}, INT8, {"name": "kv2", "kv_cache": "int2"}],
+        tasks=None,
+        performance=None,
+        lm_eval=lm_eval,
+        limit=8,
+        budget={"gpu_memory_gib": 0.01, "context_len": 256, "overhead_gib": 0.001},
+        gates=[{"task": "all", "max_drop": 0.5}, {"task": "mmlu_local", "min_recovery": 0.5}],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -120,8 +157,11 @@ def group_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, Pat
 
 def test_a_group_reports_subtasks_group_and_paired_statistics(group_run: tuple[Path, dict, Path]) -> None:
     out, r, _ = group_run
-    subjects = ["mmlu_local_abstract_algebra", "mmlu_local_college_computer_science",
-                "mmlu_local_high_school_geography"]
+    subjects = [
+        "mmlu_local_abstract_algebra",
+        "mmlu_local_college_computer_science",
+        "mmlu_local_high_school_geography",
+    ]
     assert r["groups"] == {"mmlu_local": subjects}
     assert r["tasks"]["mmlu_local"]["kind"] == "group" and r["tasks"]["mmlu_local"]["n"] == 24
     assert all(r["tasks"][s]["entry"] == "mmlu_local" and r["tasks"][s]["num_fewshot"] == 1 for s in subjects)
@@ -206,10 +246,19 @@ def test_the_hub_code_path_on_a_local_dataset_folder(tmp_path: Path) -> None:
         shutil.copy(TASKS / "lm_eval" / "data" / "hellaswag" / f"{split}.jsonl", folder / f"{split}.jsonl")
     from tests.helpers import make_config
 
-    cfg = make_config(tmp_path, name="hub", model={"path": MODEL, "dtype": "float32"}, tasks_dir=None,
-                      batch_size=None, setups=[{"name": "fp32", "baseline": True}], tasks=None, gates=None,
-                      performance=None, limit=4,
-                      lm_eval={"tasks": [{"name": "hellaswag", "num_fewshot": 1, "dataset_path": folder}]})
+    cfg = make_config(
+        tmp_path,
+        name="hub",
+        model={"path": MODEL, "dtype": "float32"},
+        tasks_dir=None,
+        batch_size=None,
+        setups=[{"name": "fp32", "baseline": True}],
+        tasks=None,
+        gates=None,
+        performance=None,
+        limit=4,
+        lm_eval={"tasks": [{"name": "hellaswag", "num_fewshot": 1, "dataset_path": folder}]},
+    )
     res = run_cli("run", str(cfg), "--output", str(tmp_path / "out"))
     assert res.returncode == 0, res.stderr[-3000:]
     r = json.loads((tmp_path / "out" / "results.json").read_text())
@@ -224,8 +273,17 @@ def test_the_smollm2_sweep_config_runs_and_reports_recovery(tmp_path: Path) -> N
     to 3 documents a task and the baseline plus the mixed INT4-weights + INT4-KV setup."""
     assert (SMOLLM2 / ".prepared").is_file(), "run `make smollm2` (make test does)"
     out = tmp_path / "out"
-    res = run_cli("run", str(ROOT / "configs" / "smollm2-openllm.yaml"), "--output", str(out), "--limit", "3",
-                  "--setups", "int4-kv-int4", timeout=3000)
+    res = run_cli(
+        "run",
+        str(ROOT / "configs" / "smollm2-openllm.yaml"),
+        "--output",
+        str(out),
+        "--limit",
+        "3",
+        "--setups",
+        "int4-kv-int4",
+        timeout=3000,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     r = json.loads((out / "results.json").read_text())
     mixed = next(s for s in r["setups"] if s["name"] == "int4-kv-int4")
@@ -266,7 +324,8 @@ def test_a_sequential_run_stops_decided_cells_and_reports_where(tmp_path: Path) 
         records = [json.loads(x) for x in stored.splitlines()]
         assert c["documents"] == len(records) == setup["tasks"]["arc_easy_local"]["n"] and c["total"] == 24
         assert [k["n"] for k in c["looks"]] == list(range(4, len(records) + 1, 4)) + (
-            [len(records)] if len(records) % 4 else [])
+            [len(records)] if len(records) % 4 else []
+        )
         vs = setup["vs_baseline"]["arc_easy_local"]
         assert vs["verdict"] == c["verdict"] and vs["n"] == len(records)
         if c["stopped_at"] is not None:  # stopped at its deciding look, not before the floor

@@ -56,12 +56,19 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]
     from tests.helpers import BASELINE
 
     setups = [BASELINE, *({"name": f"kv-{kv}", "kv_cache": kv} for kv in ("int4", "int2", "fp8"))]
-    return _run(tmp_path_factory.mktemp("lc"), "tiny-longctx", model={"path": MODEL, "dtype": "float32"},
-                backend="hf", setups=setups,
-                long_context={"tasks": ["position_ppl"], "samples": 3, "chunk_tokens": 64},
-                budget={"gpu_memory_gib": 0.01, "utilization": 0.9, "context_len": 256, "overhead_gib": 0.001},
-                gates=[{"task": "position_ppl", "length": "budget", "max_drop": 0.5},
-                       {"task": "position_ppl", "length": 128, "max_drop": 0.5}])
+    return _run(
+        tmp_path_factory.mktemp("lc"),
+        "tiny-longctx",
+        model={"path": MODEL, "dtype": "float32"},
+        backend="hf",
+        setups=setups,
+        long_context={"tasks": ["position_ppl"], "samples": 3, "chunk_tokens": 64},
+        budget={"gpu_memory_gib": 0.01, "utilization": 0.9, "context_len": 256, "overhead_gib": 0.001},
+        gates=[
+            {"task": "position_ppl", "length": "budget", "max_drop": 0.5},
+            {"task": "position_ppl", "length": 128, "max_drop": 0.5},
+        ],
+    )
 
 
 def test_tiny_model_lengths_buckets_and_gates(tiny: tuple[Path, dict[str, Any]]) -> None:
@@ -71,7 +78,10 @@ def test_tiny_model_lengths_buckets_and_gates(tiny: tuple[Path, dict[str, Any]])
     assert info["bucket_edges"] == [0, 16, 64, 128, 256]
     _kl_above_zero_in_every_bucket(out, r, ["kv-int4", "kv-int2", "kv-fp8"])
     assert {t: r["tasks"][t]["entry"] for t in info["families"]["position_ppl"].values()} == {
-        "position_ppl_64": "position_ppl", "position_ppl_128": "position_ppl", "position_ppl_256": "position_ppl_256"}
+        "position_ppl_64": "position_ppl",
+        "position_ppl_128": "position_ppl",
+        "position_ppl_256": "position_ppl_256",
+    }
     for s in r["setups"][1:]:  # gated at the deployment length and at the length a gate names, not at 64
         vs = s["vs_baseline"]
         assert vs["position_ppl_64"]["verdict"] is None
@@ -89,10 +99,15 @@ def test_smollm2_kv_caches_at_short_lengths(tmp_path: Path) -> None:
     INT2 KV caches; the INT2 cache's KL exceeds the INT4 one's."""
     from tests.helpers import BASELINE
 
-    out, r = _run(tmp_path, "smollm2-lc", model={"path": SMOLLM2, "dtype": "auto", "max_context": 512}, backend="hf",
-                  setups=[BASELINE, {"name": "kv-int4", "kv_cache": "int4"}, {"name": "kv-int2", "kv_cache": "int2"}],
-                  long_context={"lengths": [256, 512], "samples": 2, "depths": [0.5], "chunk_tokens": 128},
-                  budget={"gpu_memory_gib": 4, "context_len": 512, "overhead_gib": 0.5})
+    out, r = _run(
+        tmp_path,
+        "smollm2-lc",
+        model={"path": SMOLLM2, "dtype": "auto", "max_context": 512},
+        backend="hf",
+        setups=[BASELINE, {"name": "kv-int4", "kv_cache": "int4"}, {"name": "kv-int2", "kv_cache": "int2"}],
+        long_context={"lengths": [256, 512], "samples": 2, "depths": [0.5], "chunk_tokens": 128},
+        budget={"gpu_memory_gib": 4, "context_len": 512, "overhead_gib": 0.5},
+    )
     _kl_above_zero_in_every_bucket(out, r, ["kv-int4", "kv-int2"])
     assert set(r["tasks"]) == {f"{f}_{n}" for f in ("passkey", "multikey", "position_ppl") for n in (256, 512)}
     kl = {s["name"]: s["vs_baseline"]["position_ppl_512"]["kl"] for s in r["setups"][1:]}
@@ -109,11 +124,21 @@ def test_vllm_fp8_kv_cache_at_a_long_prompt(tmp_path: Path) -> None:
         pytest.skip("this CPU has neither AVX-512 nor AMX: vLLM's FP8 KV cache is refused (tested in test_vllm)")
     from tests.helpers import BASELINE
 
-    out, r = _run(tmp_path, "vllm-lc", model={"path": SMOLLM2, "dtype": "auto", "max_context": 1024}, backend="vllm",
-                  setups=[BASELINE, {"name": "kv-fp8", "kv_cache": "fp8"}],
-                  long_context={"lengths": [1024], "tasks": ["passkey", "position_ppl"], "samples": 2, "depths": [0.5],
-                                "buckets": [256, 1024]},
-                  budget={"gpu_memory_gib": 4, "context_len": 1024, "overhead_gib": 0.5})
+    out, r = _run(
+        tmp_path,
+        "vllm-lc",
+        model={"path": SMOLLM2, "dtype": "auto", "max_context": 1024},
+        backend="vllm",
+        setups=[BASELINE, {"name": "kv-fp8", "kv_cache": "fp8"}],
+        long_context={
+            "lengths": [1024],
+            "tasks": ["passkey", "position_ppl"],
+            "samples": 2,
+            "depths": [0.5],
+            "buckets": [256, 1024],
+        },
+        budget={"gpu_memory_gib": 4, "context_len": 1024, "overhead_gib": 0.5},
+    )
     _kl_above_zero_in_every_bucket(out, r, ["kv-fp8"])
     assert [b["start"] for b in r["setups"][1]["long_context"]["lengths"][0]["buckets"]] == [0, 256]
 
@@ -125,10 +150,28 @@ def test_long_context_path_cost_is_bounded(tmp_path: Path) -> None:
     2-core dev machine: x1.30 and x2.19; the 10 decoded tokens weigh more at 1k than at 8k,
     where the bound is x2 and the measured figures x1.27 and x1.44: docs/benchmarks.md)."""
     out = tmp_path / "bench.json"
-    res = subprocess.run([sys.executable, str(ROOT / "bench" / "longctx_prefill.py"), "--model", str(SMOLLM2),
-                          "--tokens", "1024", "--chunk", "256", "--threads", "1", "--max-ratio", "3",
-                          "--json", str(out)],
-                         capture_output=True, text=True, timeout=900, check=False)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "longctx_prefill.py"),
+            "--model",
+            str(SMOLLM2),
+            "--tokens",
+            "1024",
+            "--chunk",
+            "256",
+            "--threads",
+            "1",
+            "--max-ratio",
+            "3",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     figures = json.loads(out.read_text())
     assert figures["tokens"] == 1024 and figures["threads"] == 1 and figures["max_ratio"] == 3

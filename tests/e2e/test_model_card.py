@@ -33,8 +33,12 @@ def test_card_scores_meet_the_bars() -> None:
         if PRIMARY[task] != "bits_per_byte":
             assert d["delta"] >= -0.01, task  # INT8 within 1 point of bf16
     # INT4 weights or INT2 KV loses something beyond noise on at least one task
-    significant = [(s, t) for s in ("int4", "kv-int2") for t, d in CARD["vs_baseline"][s].items()
-                   if PRIMARY[t] != "bits_per_byte" and d["ci"][1] < 0]
+    significant = [
+        (s, t)
+        for s in ("int4", "kv-int2")
+        for t, d in CARD["vs_baseline"][s].items()
+        if PRIMARY[t] != "bits_per_byte" and d["ci"][1] < 0
+    ]
     assert significant
 
 
@@ -47,8 +51,9 @@ def test_card_text_carries_the_numbers() -> None:
 
 @pytest.mark.slow
 def test_fresh_full_run_reproduces_the_card(tmp_path: Path) -> None:
-    res = run_cli("run", str(ROOT / "configs" / "demo.yaml"), "--output", str(tmp_path), "--setups", "bf16",
-                  "--no-performance")
+    res = run_cli(
+        "run", str(ROOT / "configs" / "demo.yaml"), "--output", str(tmp_path), "--setups", "bf16", "--no-performance"
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     got = json.loads((tmp_path / "results.json").read_text())["setups"][0]["tasks"]
     for task, metric in PRIMARY.items():

@@ -33,10 +33,14 @@ def test_arc_challenge_full_set_lies_within_the_published_interval(tmp_path: Pat
     within published ± (1.96 standard errors at n = 1,172 + |measured GGUF offset|)."""
     assert (FULL / ".prepared").is_file() and (SMOLLM2 / ".prepared").is_file(), "make lm-eval-full smollm2"
     row = PUBLISHED["tasks"]["arc_challenge_full"]
-    cfg = make_config(tmp_path, model={"path": str(SMOLLM2), "dtype": "float32", "max_context": 2048},
-                      setups=[{"name": "base", "baseline": True}], tasks=None, gates=None,
-                      lm_eval={"include_path": [str(FULL)],
-                               "tasks": [{"name": "arc_challenge_full", "metric": row["metric"]}]})
+    cfg = make_config(
+        tmp_path,
+        model={"path": str(SMOLLM2), "dtype": "float32", "max_context": 2048},
+        setups=[{"name": "base", "baseline": True}],
+        tasks=None,
+        gates=None,
+        lm_eval={"include_path": [str(FULL)], "tasks": [{"name": "arc_challenge_full", "metric": row["metric"]}]},
+    )
     out = tmp_path / "run"
     res = run_cli("run", str(cfg), "--output", str(out), timeout=1500)
     assert res.returncode == 0, res.stderr[-3000:]

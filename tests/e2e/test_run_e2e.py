@@ -23,7 +23,8 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     # the terminal ends with the answer, one line, as report.md has it
     rec = results["recommendation"]["setup"]
     assert res.stderr.strip().splitlines()[-1] == "Recommended: " + rec + results["recommendation"]["reasons"][
-        rec].removeprefix(f"{rec}: recommended")
+        rec
+    ].removeprefix(f"{rec}: recommended")
     return out, results
 
 
@@ -102,8 +103,14 @@ def test_every_setup_has_a_performance_block(demo_run: tuple[Path, dict]) -> Non
         assert top == min(int(s["memory"]["max_concurrency"]), cap), s["name"]
         assert s["performance"]["budget_concurrency"] == s["memory"]["max_concurrency"]
     md = (out / "report.md").read_text()
-    for section in ("## Performance", "### Quality × memory × throughput", "### Throughput", "### Latency",
-                    "### Share of the ceiling", "Device ceilings, measured once in this run"):
+    for section in (
+        "## Performance",
+        "### Quality × memory × throughput",
+        "### Throughput",
+        "### Latency",
+        "### Share of the ceiling",
+        "Device ceilings, measured once in this run",
+    ):
         assert section in md, section
 
 
@@ -122,8 +129,19 @@ def test_rerun_resumes_and_force_recomputes(demo_run: tuple[Path, dict]) -> None
     t_int4 = untouched.stat().st_mtime_ns
     again = json.loads((out / "results.json").read_text())
     assert _setup(again, "int8")["tasks"] == _setup(r, "int8")["tasks"]  # deterministic recompute
-    res = run_cli("run", str(ROOT / "configs" / "demo.yaml"), "--output", str(out), "--limit", LIMIT,
-                  "--setups", "int4", "--tasks", "facts", "--force")
+    res = run_cli(
+        "run",
+        str(ROOT / "configs" / "demo.yaml"),
+        "--output",
+        str(out),
+        "--limit",
+        LIMIT,
+        "--setups",
+        "int4",
+        "--tasks",
+        "facts",
+        "--force",
+    )
     assert res.returncode == 0
     assert untouched.stat().st_mtime_ns != t_int4
 
@@ -157,9 +175,13 @@ def test_recommendation_is_consistent_with_the_gate_table(demo_run: tuple[Path, 
     _, r = demo_run
     rec = r["recommendation"]
     assert set(rec["reasons"]) == {s["name"] for s in r["setups"]}
-    passing = [s for s in r["setups"] if s["status"] == "ok"
-               and all(c["verdict"] == "pass" for c in s["vs_baseline"].values())
-               and s["memory"]["max_concurrency"] >= 1]
+    passing = [
+        s
+        for s in r["setups"]
+        if s["status"] == "ok"
+        and all(c["verdict"] == "pass" for c in s["vs_baseline"].values())
+        and s["memory"]["max_concurrency"] >= 1
+    ]
     assert rec["setup"] == max(passing, key=lambda s: s["memory"]["max_concurrency"])["name"]
     for s in r["setups"]:
         verdicts = {c["verdict"] for c in s["vs_baseline"].values()}
@@ -199,7 +221,7 @@ def test_html_is_self_contained_and_escapes_model_output(demo_run: tuple[Path, d
     path.write_text("".join(json.dumps(x) + "\n" for x in rows))
     assert run_cli("report", str(run)).returncode == 0
     html = (run / "report.html").read_text()
-    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html, html[html.find("Flipped"):][:3000]
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html, html[html.find("Flipped") :][:3000]
     assert "<script>" not in html
 
 
@@ -213,17 +235,29 @@ def test_html_renders_its_plots_in_a_headless_browser(demo_run: tuple[Path, dict
         assert not os.environ.get("CI"), "CI must install chromium (.ci/run does)"
         pytest.skip("chromium not installed (apt-get install chromium)")
     out, _ = demo_run
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp_path / 'profile'}"]
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ]
     url = (out / "report.html").as_uri()
     dom = subprocess.run([chromium, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
     assert dom.count('<figure class="plot">') == 4  # quality/memory, deltas, ledger, quality/memory/throughput
     figures = dom.split('<figure class="plot">')[1:]
     assert all("<svg" in f and f.count("<path") > 10 for f in figures)
     shot = tmp_path / "report.png"
-    subprocess.run([chromium, *flags, "--window-size=1200,2400", f"--screenshot={shot}", url],
-                   capture_output=True, timeout=120, check=False)
+    subprocess.run(
+        [chromium, *flags, "--window-size=1200,2400", f"--screenshot={shot}", url],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
     assert shot.is_file() and shot.stat().st_size > 50_000  # a rendered page, not a blank one
 
 
@@ -233,8 +267,10 @@ def test_fail_on_gate(demo_run: tuple[Path, dict], tmp_path: Path) -> None:
     res = run_cli("run", str(cfg), "--output", str(out), "--limit", LIMIT, "--fail-on-gate")
     assert res.returncode == (0 if r["recommendation"]["setup"] else 3), res.stderr[-1000:]
     bad = tmp_path / "c.yaml"
-    bad.write_text(cfg.read_text().replace("path: models/qeval-tiny", f"path: {ROOT / 'models' / 'qeval-tiny'}")
-                   + "candidate: kv-int2\n")
+    bad.write_text(
+        cfg.read_text().replace("path: models/qeval-tiny", f"path: {ROOT / 'models' / 'qeval-tiny'}")
+        + "candidate: kv-int2\n"
+    )
     res = run_cli("run", str(bad), "--output", str(out), "--limit", LIMIT, "--fail-on-gate")
     assert res.returncode == 3
     assert "candidate kv-int2 does not pass every gate" in res.stderr
@@ -245,10 +281,22 @@ def test_plan_and_the_run_size_the_budget_alike(demo_run: tuple[Path, dict]) -> 
     same weights, KV bytes and concurrency as the run for the same setup."""
     _, r = demo_run
     b = r["config"]["budget"]
-    res = run_cli("plan", "--model", str(ROOT / "models" / "qeval-tiny"), "--json",
-                  "--gpu-gib", str(b["gpu_memory_gib"]),
-                  "--utilization", str(b["utilization"]), "--context-len", str(b["context_len"]),
-                  "--overhead-gib", str(b["overhead_gib"]), "--margin", str(b["margin"]))
+    res = run_cli(
+        "plan",
+        "--model",
+        str(ROOT / "models" / "qeval-tiny"),
+        "--json",
+        "--gpu-gib",
+        str(b["gpu_memory_gib"]),
+        "--utilization",
+        str(b["utilization"]),
+        "--context-len",
+        str(b["context_len"]),
+        "--overhead-gib",
+        str(b["overhead_gib"]),
+        "--margin",
+        str(b["margin"]),
+    )
     assert res.returncode == 0, res.stderr
     plan = {row["setup"]: row for row in json.loads(res.stdout)["setups"]}
     if r["run"]["dtype"] == "float32":  # `dtype: auto` on a CPU without native bf16 (AVX2): the run
@@ -271,8 +319,20 @@ def test_a_run_limited_by_tasks_says_so_everywhere(tmp_path: Path) -> None:
     """`--tasks compare_mc` on the demo: results.json, report.md, report.html and the
     recommendation say the run was judged on part of the config; --fail-on-gate refuses it."""
     out = tmp_path / "out"
-    res = run_cli("run", str(ROOT / "configs" / "demo.yaml"), "--output", str(out), "--limit", "3", "--setups",
-                  "int8", "--tasks", "compare_mc", "--no-performance", "--fail-on-gate")
+    res = run_cli(
+        "run",
+        str(ROOT / "configs" / "demo.yaml"),
+        "--output",
+        str(out),
+        "--limit",
+        "3",
+        "--setups",
+        "int8",
+        "--tasks",
+        "compare_mc",
+        "--no-performance",
+        "--fail-on-gate",
+    )
     assert res.returncode == 3, res.stderr[-2000:]
     r = json.loads((out / "results.json").read_text())
     assert r["run"]["partial_tasks"] == {t: "not selected by --tasks" for t in ("addition", "facts", "ppl")}

@@ -14,8 +14,23 @@ pytestmark = pytest.mark.slow
 
 
 def _train(out: Path) -> bytes:
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "train_tiny_model.py"), "--steps", "8", "--batch", "16",
-                    "--eval-every", "0", "--out", str(out)], check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "train_tiny_model.py"),
+            "--steps",
+            "8",
+            "--batch",
+            "16",
+            "--eval-every",
+            "0",
+            "--out",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     return (out / "model.safetensors").read_bytes()
 
 

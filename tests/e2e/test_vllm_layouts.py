@@ -24,9 +24,20 @@ CI_LAYOUTS = ("gemma3_text", "llama4_text", "deepseek_v3", "qwen3_next")
 
 def test_vllm_states_the_concurrency_qeval_predicts(tmp_path: Path) -> None:
     out = tmp_path / "layouts.json"
-    res = subprocess.run([str(ROOT / ".venv-vllm" / "bin" / "python"), str(ROOT / "bench" / "vllm_layouts.py"),
-                          "--json", str(out), "--only", ",".join(CI_LAYOUTS)],
-                         capture_output=True, text=True, timeout=1200, check=False)
+    res = subprocess.run(
+        [
+            str(ROOT / ".venv-vllm" / "bin" / "python"),
+            str(ROOT / "bench" / "vllm_layouts.py"),
+            "--json",
+            str(out),
+            "--only",
+            ",".join(CI_LAYOUTS),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == len(CI_LAYOUTS) and not [r for r in rows if "error" in r], rows

@@ -27,6 +27,12 @@ def _create(cfg: RunConfig, setup: Setup, device: str) -> Backend:
     return backend
 
 
-BACKEND = BackendEntry("toy", _validate, check_install=lambda cfg: None, worker_python=lambda cfg: sys.executable,
-                       create=_create, key_parts=lambda cfg: {"toy_backend": "1"},
-                       kv_accounting=lambda cfg, device: KvAccounting("hf"))
+BACKEND = BackendEntry(
+    "toy",
+    _validate,
+    check_install=lambda cfg: None,
+    worker_python=lambda cfg: sys.executable,
+    create=_create,
+    key_parts=lambda cfg: {"toy_backend": "1"},
+    kv_accounting=lambda cfg, device: KvAccounting("hf"),
+)

@@ -39,10 +39,16 @@ class ToyTask(Task):
 def make_task(cfg: RunConfig) -> ToyTask:
     """Which of two numbers follows n: a multiple-choice task generated in memory."""
     spec: ToySpec = plugin_spec(cfg, "toy")
-    docs = [{"id": str(i), "q": f"{i} + 1 =", "choices": [str(i + 1), str(i + 7)], "label": 0}
-            for i in range(spec.count)]
-    task = TaskSpec(task="toy_next", output_type="multiple_choice", doc_to_text="{{q}}", doc_to_choice="choices",
-                    doc_to_target="label")
+    docs = [
+        {"id": str(i), "q": f"{i} + 1 =", "choices": [str(i + 1), str(i + 7)], "label": 0} for i in range(spec.count)
+    ]
+    task = TaskSpec(
+        task="toy_next",
+        output_type="multiple_choice",
+        doc_to_text="{{q}}",
+        doc_to_choice="choices",
+        doc_to_target="label",
+    )
     return ToyTask(task, Path(__file__), docs, hashlib.sha256(json.dumps(docs).encode()).hexdigest())
 
 
@@ -77,5 +83,11 @@ def tables(results: Results) -> HtmlTables:
     return {"Samples stored per setup": (["setup", "samples stored"], rows)} if rows else {}
 
 
-KIND = TaskKind(name="toy", expand=expand, score=score, results=results_block, spec=ToySpec,
-                report=ReportSection(title="Toy kind", anchor="toy", markdown=markdown, tables=tables))
+KIND = TaskKind(
+    name="toy",
+    expand=expand,
+    score=score,
+    results=results_block,
+    spec=ToySpec,
+    report=ReportSection(title="Toy kind", anchor="toy", markdown=markdown, tables=tables),
+)

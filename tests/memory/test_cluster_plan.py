@@ -14,8 +14,15 @@ from tests.helpers import ROOT, run_cli
 
 DATA = ROOT / "tests" / "data"
 #: Llama-3-70B's shape (config.json fields): 131 GiB of 16-bit weights
-LLAMA3_70B = {"vocab_size": 128256, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
-              "num_attention_heads": 64, "num_key_value_heads": 8, "tie_word_embeddings": False}
+LLAMA3_70B = {
+    "vocab_size": 128256,
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "tie_word_embeddings": False,
+}
 BUDGET = Budget(gpu_memory_gib=24, utilization=0.9, context_len=4096, overhead_gib=1, margin=0.05)
 
 
@@ -80,15 +87,31 @@ def test_plan_json_gains_a_cluster_block_only_when_asked(tmp_path: Path) -> None
     plain = run_cli("plan", "--model", str(DATA / "llama3-8b-config.json"), "--json")
     assert plain.returncode == 0 and set(json.loads(plain.stdout)) == {"setups"}
     (tmp_path / "config.json").write_text(json.dumps(LLAMA3_70B))
-    res = run_cli("plan", "--model", str(tmp_path / "config.json"), "--json", "--gpus-per-node", "4", "--nodes", "3",
-                  "--concurrency", "4")
+    res = run_cli(
+        "plan",
+        "--model",
+        str(tmp_path / "config.json"),
+        "--json",
+        "--gpus-per-node",
+        "4",
+        "--nodes",
+        "3",
+        "--concurrency",
+        "4",
+    )
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert [r["setup"] for r in out["setups"]] == [s.name for s in PLAN_SETUPS]  # the single-GPU view unchanged
     c = out["cluster"]
     assert (c["nodes"], c["gpus_per_node"], c["gpu_gib"], c["concurrency"], c["setups_at_once"]) == (3, 4, 24.0, 4, 4)
-    assert c["setups"][0] == {"setup": "fp16", "tensor_parallel_size": 4, "pipeline_parallel_size": 2, "gpus": 8,
-                              "kv_cache_tokens": c["setups"][0]["kv_cache_tokens"],
-                              "max_concurrency": c["setups"][0]["max_concurrency"], "copies_at_once": 1}
+    assert c["setups"][0] == {
+        "setup": "fp16",
+        "tensor_parallel_size": 4,
+        "pipeline_parallel_size": 2,
+        "gpus": 8,
+        "kv_cache_tokens": c["setups"][0]["kv_cache_tokens"],
+        "max_concurrency": c["setups"][0]["max_concurrency"],
+        "copies_at_once": 1,
+    }
     table = run_cli("plan", "--model", str(tmp_path / "config.json"), "--gpus-per-node", "4", "--nodes", "3")
     assert "8 (4 x 2)" in table.stdout and "run at once on this cluster" in table.stdout

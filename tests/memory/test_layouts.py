@@ -39,8 +39,14 @@ WORKED = {
     ("llama-4-scout", 4096): (805_306_368, 805_306_368),
     ("llama-4-scout", 131072): (8_254_390_272, 7_650_410_496),
 }
-NAIVE_128K = {"gemma-3-27b": 66_571_993_088, "gpt-oss-20b": 6_442_450_944, "mistral-7b-v0.1": 17_179_869_184,
-              "deepseek-v3": 654_982_512_640, "qwen3-next-80b-a3b": 12_884_901_888, "llama-4-scout": 25_769_803_776}
+NAIVE_128K = {
+    "gemma-3-27b": 66_571_993_088,
+    "gpt-oss-20b": 6_442_450_944,
+    "mistral-7b-v0.1": 17_179_869_184,
+    "deepseek-v3": 654_982_512_640,
+    "qwen3-next-80b-a3b": 12_884_901_888,
+    "llama-4-scout": 25_769_803_776,
+}
 
 
 def shape_of(name: str) -> ModelShape:
@@ -55,8 +61,12 @@ def test_layer_kinds_are_transformers_own(name: str) -> None:
     text = raw.get("text_config", raw)
     hf = AutoConfig.for_model(text["model_type"], **{k: v for k, v in text.items() if k != "model_type"})
     expected = getattr(hf, "layer_types", None)
-    kinds = {"full_attention": "full", "sliding_attention": "sliding", "chunked_attention": "chunked",
-             "linear_attention": "linear"}
+    kinds = {
+        "full_attention": "full",
+        "sliding_attention": "sliding",
+        "chunked_attention": "chunked",
+        "linear_attention": "linear",
+    }
     ours = shape_of(name).kinds()
     if expected:
         assert ours == tuple(kinds[k] for k in expected)
@@ -64,15 +74,21 @@ def test_layer_kinds_are_transformers_own(name: str) -> None:
         from transformers.cache_utils import DynamicCache
 
         cache = DynamicCache(config=hf)
-        assert ours == tuple("sliding" if type(layer).__name__ == "DynamicSlidingWindowLayer" else "full"
-                             for layer in cache.layers)
+        assert ours == tuple(
+            "sliding" if type(layer).__name__ == "DynamicSlidingWindowLayer" else "full" for layer in cache.layers
+        )
 
 
 def test_the_shapes_read() -> None:
     counts = {n: dict(Counter(shape_of(n).kinds())) for n in MODELS}
-    assert counts == {"gemma-3-27b": {"sliding": 52, "full": 10}, "gpt-oss-20b": {"sliding": 12, "full": 12},
-                      "mistral-7b-v0.1": {"sliding": 32}, "deepseek-v3": {"full": 61},
-                      "qwen3-next-80b-a3b": {"linear": 36, "full": 12}, "llama-4-scout": {"chunked": 36, "full": 12}}
+    assert counts == {
+        "gemma-3-27b": {"sliding": 52, "full": 10},
+        "gpt-oss-20b": {"sliding": 12, "full": 12},
+        "mistral-7b-v0.1": {"sliding": 32},
+        "deepseek-v3": {"full": 61},
+        "qwen3-next-80b-a3b": {"linear": 36, "full": 12},
+        "llama-4-scout": {"chunked": 36, "full": 12},
+    }
     assert shape_of("deepseek-v3").kv_lora_rank == 512 and shape_of("llama-4-scout").attention_chunk_size == 8192
 
 
@@ -99,7 +115,6 @@ def test_an_fp8_latent_halves_deepseeks_cache() -> None:
     assert fp8.by_kind == {"latent": 287_834_112 // 2}
 
 
-
 def test_an_mla_block_size_applies_to_latent_models_only() -> None:
     """vLLM's CPU build without AMX serves MLA with the CPU_MLA backend at block 16
     (vllm/platforms/cpu.py); other layouts keep block 128. A latent sequence rounds up to blocks
@@ -111,8 +126,10 @@ def test_an_mla_block_size_applies_to_latent_models_only() -> None:
     assert seq.block_bytes == 16 * 287_834_112 // 4096 and seq.total == 287_834_112
     assert predict_sequence(ds, BF16, "bfloat16", 4097, "vllm", mla16).total == 287_834_112 // 4096 * 4112
     assert predict_sequence(ds, BF16, "bfloat16", 4097, "vllm", VLLM_QEVAL_CPU).total == 287_834_112 // 4096 * 4224
-    assert predict_sequence(llama, BF16, "bfloat16", 4097, "vllm", mla16) == \
-        predict_sequence(llama, BF16, "bfloat16", 4097, "vllm", VLLM_QEVAL_CPU)
+    assert predict_sequence(llama, BF16, "bfloat16", 4097, "vllm", mla16) == predict_sequence(
+        llama, BF16, "bfloat16", 4097, "vllm", VLLM_QEVAL_CPU
+    )
+
 
 def test_plan_splits_the_sequence_and_sizes_capacity_by_it() -> None:
     from qeval.memory.capacity import Budget
@@ -131,19 +148,54 @@ def test_plan_splits_the_sequence_and_sizes_capacity_by_it() -> None:
 
 TINY: dict[str, dict[str, Any]] = {
     "mistral": {"sliding_window": 16},
-    "gemma3_text": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16, "head_dim": 16,
-                    "query_pre_attn_scalar": 16},
-    "gpt_oss": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16, "head_dim": 16,
-                "num_local_experts": 2, "num_experts_per_tok": 1},
-    "llama4_text": {"attention_chunk_size": 16, "no_rope_layers": [1, 0], "head_dim": 16, "num_local_experts": 2,
-                    "intermediate_size_mlp": 64, "interleave_moe_layer_step": 1},
-    "deepseek_v3": {"num_key_value_heads": 4, "kv_lora_rank": 32, "q_lora_rank": 32, "qk_rope_head_dim": 8,
-                    "qk_nope_head_dim": 16, "v_head_dim": 16, "n_routed_experts": 2, "num_experts_per_tok": 1,
-                    "first_k_dense_replace": 2, "moe_intermediate_size": 32, "n_group": 1, "topk_group": 1},
-    "qwen3_next": {"layer_types": ["linear_attention", "full_attention"], "head_dim": 16, "linear_num_key_heads": 2,
-                   "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
-                   "linear_conv_kernel_dim": 4, "num_experts": 2, "num_experts_per_tok": 1,
-                   "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32},
+    "gemma3_text": {
+        "layer_types": ["sliding_attention", "full_attention"],
+        "sliding_window": 16,
+        "head_dim": 16,
+        "query_pre_attn_scalar": 16,
+    },
+    "gpt_oss": {
+        "layer_types": ["sliding_attention", "full_attention"],
+        "sliding_window": 16,
+        "head_dim": 16,
+        "num_local_experts": 2,
+        "num_experts_per_tok": 1,
+    },
+    "llama4_text": {
+        "attention_chunk_size": 16,
+        "no_rope_layers": [1, 0],
+        "head_dim": 16,
+        "num_local_experts": 2,
+        "intermediate_size_mlp": 64,
+        "interleave_moe_layer_step": 1,
+    },
+    "deepseek_v3": {
+        "num_key_value_heads": 4,
+        "kv_lora_rank": 32,
+        "q_lora_rank": 32,
+        "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 16,
+        "v_head_dim": 16,
+        "n_routed_experts": 2,
+        "num_experts_per_tok": 1,
+        "first_k_dense_replace": 2,
+        "moe_intermediate_size": 32,
+        "n_group": 1,
+        "topk_group": 1,
+    },
+    "qwen3_next": {
+        "layer_types": ["linear_attention", "full_attention"],
+        "head_dim": 16,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 8,
+        "linear_value_head_dim": 8,
+        "linear_conv_kernel_dim": 4,
+        "num_experts": 2,
+        "num_experts_per_tok": 1,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 32,
+    },
 }
 
 
@@ -153,10 +205,21 @@ def _tiny(model_type: str) -> tuple[Any, Any]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    config = AutoConfig.for_model(model_type, **({"vocab_size": 128, "hidden_size": 64, "intermediate_size": 64,
-                                                  "num_hidden_layers": 2, "num_attention_heads": 4,
-                                                  "num_key_value_heads": 2, "max_position_embeddings": 256}
-                                                 | TINY[model_type]))
+    config = AutoConfig.for_model(
+        model_type,
+        **(
+            {
+                "vocab_size": 128,
+                "hidden_size": 64,
+                "intermediate_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "max_position_embeddings": 256,
+            }
+            | TINY[model_type]
+        ),
+    )
     return config, AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
 
 
@@ -184,8 +247,9 @@ def test_transformers_caches_what_the_ledger_predicts(model_type: str, context: 
 @pytest.mark.parametrize("model_type", [m for m in TINY if m != "deepseek_v3"])  # MLA: refused on hf
 @pytest.mark.parametrize("kv", ["int4", "fp8"])
 @pytest.mark.parametrize("context", [12, 40])
-def test_a_quantized_cache_on_every_layout_holds_what_the_ledger_predicts(model_type: str, kv: KVCache,
-                                                                         context: int) -> None:
+def test_a_quantized_cache_on_every_layout_holds_what_the_ledger_predicts(
+    model_type: str, kv: KVCache, context: int
+) -> None:
     """The same, under a quantized KV cache (backends/hf/kv_cache.py): full layers in transformers'
     quantized layers, windowed ones in qeval's QuantizedSlidingLayer (W - 1 tokens), state layers
     as transformers keeps them; int4 scales in the model's float32."""

@@ -29,10 +29,12 @@ if TYPE_CHECKING:
 SHIPPED = ROOT / "configs" / "workloads" / "gsm8k.jsonl"
 
 #: totals 15, 32, 33, 19; line 3 shares line 2's 16-token prefix (one 16-token block)
-TINY = [{"input_tokens": 10, "output_tokens": 5},
-        {"input_tokens": 20, "output_tokens": 12, "prefix_id": "sys", "prefix_tokens": 16},
-        {"input_tokens": 30, "output_tokens": 3, "prefix_id": "sys", "prefix_tokens": 16},
-        {"input_tokens": 14, "output_tokens": 5}]
+TINY = [
+    {"input_tokens": 10, "output_tokens": 5},
+    {"input_tokens": 20, "output_tokens": 12, "prefix_id": "sys", "prefix_tokens": 16},
+    {"input_tokens": 30, "output_tokens": 3, "prefix_id": "sys", "prefix_tokens": 16},
+    {"input_tokens": 14, "output_tokens": 5},
+]
 
 
 def _write(path: Path, rows: Sequence[object]) -> Path:
@@ -94,20 +96,30 @@ def test_text_prompts_are_counted_with_the_models_tokenizer(tmp_path: Path) -> N
 
 
 def test_sharegpt_array_and_lines(tmp_path: Path) -> None:
-    convs = [{"id": "a", "conversations": [{"from": "human", "value": "Hi there"}, {"from": "gpt", "value": "Hello!"}]},
-             {"id": "b", "conversations": [{"from": "human", "value": "alone"}]},  # no answer: skipped
-             {"conversations": [{"from": "gpt", "value": "I am a bot"}, {"from": "human", "value": "Sum 1 and 2"},
-                                {"from": "gpt", "value": "3"}]}]
+    convs = [
+        {"id": "a", "conversations": [{"from": "human", "value": "Hi there"}, {"from": "gpt", "value": "Hello!"}]},
+        {"id": "b", "conversations": [{"from": "human", "value": "alone"}]},  # no answer: skipped
+        {
+            "conversations": [
+                {"from": "gpt", "value": "I am a bot"},
+                {"from": "human", "value": "Sum 1 and 2"},
+                {"from": "gpt", "value": "3"},
+            ]
+        },
+    ]
     tok = _tok()
-    expected = [(len(tok("Hi there").input_ids), len(tok("Hello!").input_ids)),
-                (len(tok("Sum 1 and 2").input_ids), len(tok("3").input_ids))]
+    expected = [
+        (len(tok("Hi there").input_ids), len(tok("Hello!").input_ids)),
+        (len(tok("Sum 1 and 2").input_ids), len(tok("3").input_ids)),
+    ]
     (tmp_path / "s.json").write_text(json.dumps(convs))
     for path in (tmp_path / "s.json", _write(tmp_path / "s.jsonl", convs)):
         trace = read_trace(path, counter=TokenCounter(str(MODEL)))
         assert trace.format == "sharegpt" and trace.skipped == 1
         assert [(r.input_tokens, r.output_tokens) for r in trace.requests] == expected
-    (tmp_path / "bad.json").write_text(json.dumps([convs[0], {"conversations": [{"from": "human", "value": "q"},
-                                                                                {"from": "gpt", "value": ""}]}]))
+    (tmp_path / "bad.json").write_text(
+        json.dumps([convs[0], {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": ""}]}])
+    )
     with pytest.raises(UserError, match=r"bad.json: entry 2: the gpt turn is empty"):
         read_trace(tmp_path / "bad.json", counter=TokenCounter(str(MODEL)))
 
@@ -118,25 +130,31 @@ def test_vllm_custom_dataset(tmp_path: Path) -> None:
     trace = read_trace(path, counter=TokenCounter(str(MODEL)))
     tok = _tok()
     assert trace.format == "vllm-custom"
-    assert [r.input_tokens for r in trace.requests] == [len(tok("capital of India?").input_ids),
-                                                        len(tok("of Iran?").input_ids)]  # no chat template
+    assert [r.input_tokens for r in trace.requests] == [
+        len(tok("capital of India?").input_ids),
+        len(tok("of Iran?").input_ids),
+    ]  # no chat template
     assert {r.output_tokens for r in trace.requests} == {256}  # vLLM's default
-    assert {r.output_tokens for r in read_trace(path, "vllm-custom", TokenCounter(str(MODEL)),
-                                                custom_output_len=7).requests} == {7}
+    assert {
+        r.output_tokens for r in read_trace(path, "vllm-custom", TokenCounter(str(MODEL)), custom_output_len=7).requests
+    } == {7}
 
 
-@pytest.mark.parametrize(("line", "why"), [
-    ('{"input_tokens": 5, "output_tokens": 3', "not a JSON line"),
-    ('{"input_tokens": 0, "output_tokens": 3}', "zero or negative length"),
-    ('{"input_tokens": 5, "output_tokens": -2}', "zero or negative length"),
-    ('{"input_tokens": 250, "output_tokens": 10}', "longer than the model's context (256 tokens)"),
-    ('{"input_tokens": 5, "output_tokens": 2.5}', "not a whole number"),
-    ('{"input_tokens": 5, "output_tokens": 3, "output_token": 3}', "unknown key 'output_token'"),
-    ('{"input_tokens": 5, "output_tokens": 3, "prefix_tokens": 2}', "prefix_tokens without prefix_id"),
-    ('{"input_tokens": 5, "output_tokens": 3, "prefix_id": "s", "prefix_tokens": 6}', "more than the prompt's"),
-    ('{"input_tokens": 5, "output_tokens": 3, "arrival_s": 1}', "arrival_s on some requests only"),
-    ("[" * 100_000, "nested too deep"),
-])
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        ('{"input_tokens": 5, "output_tokens": 3', "not a JSON line"),
+        ('{"input_tokens": 0, "output_tokens": 3}', "zero or negative length"),
+        ('{"input_tokens": 5, "output_tokens": -2}', "zero or negative length"),
+        ('{"input_tokens": 250, "output_tokens": 10}', "longer than the model's context (256 tokens)"),
+        ('{"input_tokens": 5, "output_tokens": 2.5}', "not a whole number"),
+        ('{"input_tokens": 5, "output_tokens": 3, "output_token": 3}', "unknown key 'output_token'"),
+        ('{"input_tokens": 5, "output_tokens": 3, "prefix_tokens": 2}', "prefix_tokens without prefix_id"),
+        ('{"input_tokens": 5, "output_tokens": 3, "prefix_id": "s", "prefix_tokens": 6}', "more than the prompt's"),
+        ('{"input_tokens": 5, "output_tokens": 3, "arrival_s": 1}', "arrival_s on some requests only"),
+        ("[" * 100_000, "nested too deep"),
+    ],
+)
 def test_a_bad_line_is_one_error_naming_it(tmp_path: Path, line: str, why: str) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text('{"input_tokens": 5, "output_tokens": 3}\n\n' + line + "\n")
@@ -158,8 +176,9 @@ def test_a_bad_trace_through_the_cli_is_one_line_and_exit_2(tmp_path: Path) -> N
     path.write_text(path.read_text() + '{"input_tokens": 5, "output_tokens": 0}\n')
     res = run_cli("plan", "--model", str(MODEL), "--workload", str(path))
     assert res.returncode == 2
-    assert res.stderr.strip().splitlines() == [f"qeval: error: {path}:5: output_tokens 0: a length must be positive "
-                                               "(zero or negative length)"]
+    assert res.stderr.strip().splitlines() == [
+        f"qeval: error: {path}:5: output_tokens 0: a length must be positive (zero or negative length)"
+    ]
 
 
 def test_plan_workload_text_and_json(tmp_path: Path) -> None:
@@ -168,8 +187,13 @@ def test_plan_workload_text_and_json(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     w = out["workload"]
-    assert (w["requests"], w["percentile_tokens"], w["max_model_len"], w["refused"], w["refused_share"]) == \
-        (4, 19, 32, 1, 0.25)
+    assert (w["requests"], w["percentile_tokens"], w["max_model_len"], w["refused"], w["refused_share"]) == (
+        4,
+        19,
+        32,
+        1,
+        0.25,
+    )
     assert w["total"] == {"p50": 19, "p90": 33, "p95": 33, "p99": 33, "max": 33, "mean": 24.75}
     fp16 = next(r for r in out["setups"] if r["setup"] == "fp16")
     row = next(r for r in w["setups"] if r["setup"] == "fp16")
@@ -185,8 +209,13 @@ def test_plan_workload_text_and_json(tmp_path: Path) -> None:
 
 
 def _config(tmp_path: Path, workload: object) -> Path:
-    raw: dict[str, object] = {"name": "wl", "model": {"path": str(MODEL)}, "tasks": ["addition"],
-                              "tasks_dir": str(TASKS), "setups": [{"name": "fp16"}]}
+    raw: dict[str, object] = {
+        "name": "wl",
+        "model": {"path": str(MODEL)},
+        "tasks": ["addition"],
+        "tasks_dir": str(TASKS),
+        "setups": [{"name": "fp16"}],
+    }
     if workload is not None:
         raw["workload"] = workload
     path = tmp_path / "c.yaml"
@@ -206,28 +235,45 @@ def test_the_workload_block_validates_and_leaves_other_configs_hashed_as_before(
     assert src.run is not None and src.run.model.path == str(MODEL.resolve()) and src.spec.trace
     with pytest.raises(UserError, match="set format and custom_output_len in its workload block"):
         workload_source(tmp_path / "c.yaml", "qeval", None)
-    for bad, why in [({"trace": "nope.jsonl"}, "workload.trace"), ({"trace": "t.jsonl", "requests": 5}, "requests"),
-                     ({"input": {"family": "fixed", "value": 5}}, "needs `output`"),
-                     ({"trace": "t.jsonl", "slo": {"percentile": 90}}, "slo names no target"),
-                     ({"trace": "t.jsonl", "format": "csv"}, "format"),
-                     ({"input": {"family": "percentiles", "points": {50: 10, 90: 20}},
-                       "output": {"family": "fixed", "value": 1}}, "percentile 100")]:
+    for bad, why in [
+        ({"trace": "nope.jsonl"}, "workload.trace"),
+        ({"trace": "t.jsonl", "requests": 5}, "requests"),
+        ({"input": {"family": "fixed", "value": 5}}, "needs `output`"),
+        ({"trace": "t.jsonl", "slo": {"percentile": 90}}, "slo names no target"),
+        ({"trace": "t.jsonl", "format": "csv"}, "format"),
+        (
+            {"input": {"family": "percentiles", "points": {50: 10, 90: 20}}, "output": {"family": "fixed", "value": 1}},
+            "percentile 100",
+        ),
+    ]:
         with pytest.raises(UserError, match=why):
             load_config(_config(tmp_path, bad))
 
 
 def test_validate_takes_the_block_and_refuses_a_bad_one_in_one_line(tmp_path: Path) -> None:
-    res = run_cli("validate", str(_config(tmp_path, {"input": {"family": "uniform", "min": 9, "max": 3},
-                                                     "output": {"family": "fixed", "value": 4}})))
+    res = run_cli(
+        "validate",
+        str(
+            _config(
+                tmp_path,
+                {"input": {"family": "uniform", "min": 9, "max": 3}, "output": {"family": "fixed", "value": 4}},
+            )
+        ),
+    )
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
     assert "workload.input.uniform: min 9 is above max 3" in res.stderr
 
 
 def test_a_described_distribution_is_drawn_the_same_every_time() -> None:
-    spec = WorkloadSpec.model_validate({
-        "input": {"family": "lognormal", "median": 100, "sigma": 0.5, "min": 10, "max": 400},
-        "output": {"family": "percentiles", "points": {50: 20, 90: 60, 100: 100}, "min": 5},
-        "requests": 2000, "seed": 7, "arrival_rate": 4.0})
+    spec = WorkloadSpec.model_validate(
+        {
+            "input": {"family": "lognormal", "median": 100, "sigma": 0.5, "min": 10, "max": 400},
+            "output": {"family": "percentiles", "points": {50: 20, 90: 60, 100: 100}, "min": 5},
+            "requests": 2000,
+            "seed": 7,
+            "arrival_rate": 4.0,
+        }
+    )
     a, b = draw(spec), draw(spec)
     assert a.requests == b.requests
     ins, outs = [r.input_tokens for r in a.requests], [r.output_tokens for r in a.requests]
@@ -236,8 +282,13 @@ def test_a_described_distribution_is_drawn_the_same_every_time() -> None:
     assert 17 <= nearest_rank(sorted(outs), 50) <= 23 and 55 <= nearest_rank(sorted(outs), 90) <= 65
     times = [r.arrival_s or 0.0 for r in a.requests]
     assert times == sorted(times) and 2000 / times[-1] == pytest.approx(4.0, rel=0.1)
-    fixed = WorkloadSpec.model_validate({"input": {"family": "fixed", "value": 300},
-                                         "output": {"family": "uniform", "min": 1, "max": 3}, "requests": 50})
+    fixed = WorkloadSpec.model_validate(
+        {
+            "input": {"family": "fixed", "value": 300},
+            "output": {"family": "uniform", "min": 1, "max": 3},
+            "requests": 50,
+        }
+    )
     with pytest.raises(UserError, match="workload: drawn request 1: a request of 30[1-3] tokens"):
         draw(fixed, context=256)
 
@@ -247,7 +298,6 @@ def test_a_workload_yaml_alone_is_read_against_its_folder(tmp_path: Path) -> Non
     (tmp_path / "w.yaml").write_text("trace: t.jsonl\nmax_model_len_percentile: 50\n")
     src = workload_source(tmp_path / "w.yaml", None, None)
     assert src.run is None and Path(src.spec.trace or "").is_file() and src.spec.max_model_len_percentile == 50
-
 
 
 def test_the_shipped_trace_loads() -> None:

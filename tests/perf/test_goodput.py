@@ -23,13 +23,18 @@ from qeval.results.serving import ServingLevel, ServingPick, ServingResults, Ser
 from tests.helpers import ROOT, one_line_exit_2, run_cli
 
 
-def _detailed(ttfts: list[float], latencies: list[float], outs: list[int], errors: list[str] | None = None
-              ) -> dict[str, Any]:
+def _detailed(
+    ttfts: list[float], latencies: list[float], outs: list[int], errors: list[str] | None = None
+) -> dict[str, Any]:
     n = len(ttfts)
-    return {"ttfts": ttfts, "latencies": latencies, "output_lens": outs, "input_lens": [10] * n,
-            "itls": [[(lat - t) / max(o - 1, 1)] * max(o - 1, 0) for t, lat, o in zip(ttfts, latencies, outs,
-                                                                                     strict=True)],
-            "errors": errors or [""] * n}
+    return {
+        "ttfts": ttfts,
+        "latencies": latencies,
+        "output_lens": outs,
+        "input_lens": [10] * n,
+        "itls": [[(lat - t) / max(o - 1, 1)] * max(o - 1, 0) for t, lat, o in zip(ttfts, latencies, outs, strict=True)],
+        "errors": errors or [""] * n,
+    }
 
 
 def test_tpot_and_goodput_follow_vllm_rules() -> None:
@@ -73,9 +78,17 @@ class Fake:
 
 def _table() -> dict[tuple[int, float], Fake]:
     # max-num-seqs 4 saturates early; 16 holds rate 2 but its KV at rate 4 is over 90%; 64 breaks at 2
-    return {(4, 1.0): Fake(0.9, True, 0.3), (4, 2.0): Fake(1.1, False, 0.4), (4, 4.0): Fake(1.2, True, 0.4),
-            (16, 1.0): Fake(1.0, True, 0.4), (16, 2.0): Fake(1.9, True, 0.7), (16, 4.0): Fake(3.0, True, 0.95),
-            (64, 1.0): Fake(1.0, True, 0.5), (64, 2.0): Fake(1.5, False, 0.99), (64, 4.0): Fake(0.5, False, 1.0)}
+    return {
+        (4, 1.0): Fake(0.9, True, 0.3),
+        (4, 2.0): Fake(1.1, False, 0.4),
+        (4, 4.0): Fake(1.2, True, 0.4),
+        (16, 1.0): Fake(1.0, True, 0.4),
+        (16, 2.0): Fake(1.9, True, 0.7),
+        (16, 4.0): Fake(3.0, True, 0.95),
+        (64, 1.0): Fake(1.0, True, 0.5),
+        (64, 2.0): Fake(1.5, False, 0.99),
+        (64, 4.0): Fake(0.5, False, 1.0),
+    }
 
 
 def test_tuner_stops_at_the_first_broken_level_and_picks_the_best_admissible() -> None:
@@ -105,29 +118,60 @@ def test_tuner_pick_matches_the_exhaustive_sweeps_best_here_and_none_when_nothin
 
 
 def test_serve_command_line() -> None:
-    args = {"model": "/ckpt/my model-w8a8", "dtype": "bfloat16", "max_model_len": 1024, "max_num_seqs": 16,
-            "gpu_memory_utilization": 0.9, "kv_cache_dtype": "fp8", "quantization": "fp8",
-            "enable_prefix_caching": True, "seed": 0, "enforce_eager": True, "tensor_parallel_size": 1,
-            "max_num_batched_tokens": None}
+    args = {
+        "model": "/ckpt/my model-w8a8",
+        "dtype": "bfloat16",
+        "max_model_len": 1024,
+        "max_num_seqs": 16,
+        "gpu_memory_utilization": 0.9,
+        "kv_cache_dtype": "fp8",
+        "quantization": "fp8",
+        "enable_prefix_caching": True,
+        "seed": 0,
+        "enforce_eager": True,
+        "tensor_parallel_size": 1,
+        "max_num_batched_tokens": None,
+    }
     cmd = serve_command(args)
-    assert cmd == ("vllm serve '/ckpt/my model-w8a8' --dtype bfloat16 --max-model-len 1024 --max-num-seqs 16 "
-                   "--gpu-memory-utilization 0.9 --kv-cache-dtype fp8 --quantization fp8 --enable-prefix-caching")
+    assert cmd == (
+        "vllm serve '/ckpt/my model-w8a8' --dtype bfloat16 --max-model-len 1024 --max-num-seqs 16 "
+        "--gpu-memory-utilization 0.9 --kv-cache-dtype fp8 --quantization fp8 --enable-prefix-caching"
+    )
     assert "--enable-prefix-caching" not in serve_command(args | {"enable_prefix_caching": False})
     assert "--dtype" not in serve_command(args | {"dtype": "auto"})
 
 
 def _level(goodput: float, meets: bool, p99: float) -> ServingLevel:
     pc = {k: {"p50": p99 / 2, "p90": p99 * 0.9, "p99": p99} for k in ("ttft", "tpot", "itl", "e2e")}
-    return ServingLevel(max_num_seqs=8, rate=1.0, requests=10, completed=10, failed=0, duration_s=10.0,
-                        goodput_rps=goodput, throughput_rps=1.0, output_tokens_per_s=50.0, percentiles_ms=pc,
-                        meets_slo=meets, kv_usage_peak=0.5)
+    return ServingLevel(
+        max_num_seqs=8,
+        rate=1.0,
+        requests=10,
+        completed=10,
+        failed=0,
+        duration_s=10.0,
+        goodput_rps=goodput,
+        throughput_rps=1.0,
+        output_tokens_per_s=50.0,
+        percentiles_ms=pc,
+        meets_slo=meets,
+        kv_usage_peak=0.5,
+    )
 
 
 def _row(name: str, goodput: float | None, p99: float = 100.0) -> ServingSetup:
     pick = ServingPick(max_num_seqs=8, rate=1.0, goodput_rps=goodput) if goodput is not None else None
-    return ServingSetup(setup=name, key="k", status="ok", max_model_len=1024, prefix_caching=False,
-                        levels=[_level(goodput or 0.0, goodput is not None, p99)], pick=pick,
-                        best_p99_ms={} if pick else {"ttft_ms": p99}, serve_command=f"vllm serve {name}")
+    return ServingSetup(
+        setup=name,
+        key="k",
+        status="ok",
+        max_model_len=1024,
+        prefix_caching=False,
+        levels=[_level(goodput or 0.0, goodput is not None, p99)],
+        pick=pick,
+        best_p99_ms={} if pick else {"ttft_ms": p99},
+        serve_command=f"vllm serve {name}",
+    )
 
 
 def test_recommend_by_goodput() -> None:
@@ -177,16 +221,25 @@ def test_goodput_on_the_vllm_cpu_engine(tmp_path: Path) -> None:
     through `vllm bench serve`, replayed at the workload's own (drawn Poisson) arrival times scaled
     to each rate: goodput, percentiles and KV usage recorded, qeval's goodput equal
     to the bench's own, the serve command carrying the tuned flags; a rerun reuses the setup."""
-    cfg = {"name": "gp", "model": {"path": str(ROOT / "models" / "qeval-tiny"), "dtype": "auto",
-                                   "max_context": 256},
-           "backend": "openai", "server": {"mode": "launch"}, "device": "cpu",
-           "engine": {"enforce_eager": True, "cpu_memory_utilization": 0.05},
-           "setups": [{"name": "base", "baseline": True}], "tasks": ["addition"],
-           "workload": {"input": {"family": "uniform", "min": 20, "max": 60},
-                        "output": {"family": "fixed", "value": 32}, "arrival_rate": 2,
-                        "requests": 40, "slo": {"percentile": 99, "ttft_ms": 20000, "tpot_ms": 2000}},
-           # the workload's own arrival times replayed (timed_trace); the Poisson path's argv: test_bench_argv
-           "serving": {"rates": [1, 4], "max_num_seqs": [4], "requests": 6, "arrivals": "trace"}}
+    cfg = {
+        "name": "gp",
+        "model": {"path": str(ROOT / "models" / "qeval-tiny"), "dtype": "auto", "max_context": 256},
+        "backend": "openai",
+        "server": {"mode": "launch"},
+        "device": "cpu",
+        "engine": {"enforce_eager": True, "cpu_memory_utilization": 0.05},
+        "setups": [{"name": "base", "baseline": True}],
+        "tasks": ["addition"],
+        "workload": {
+            "input": {"family": "uniform", "min": 20, "max": 60},
+            "output": {"family": "fixed", "value": 32},
+            "arrival_rate": 2,
+            "requests": 40,
+            "slo": {"percentile": 99, "ttft_ms": 20000, "tpot_ms": 2000},
+        },
+        # the workload's own arrival times replayed (timed_trace); the Poisson path's argv: test_bench_argv
+        "serving": {"rates": [1, 4], "max_num_seqs": [4], "requests": 6, "arrivals": "trace"},
+    }
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
     out = tmp_path / "out"
@@ -218,9 +271,15 @@ def test_report_and_notebook_tables(tmp_path: Path) -> None:
 
     slo = SloSpec(ttft_ms=500)
     rows = [_row("bf16", 1.0), _row("int4", None, 812.5)]
-    res = ServingResults(config="c", workload={"source": "t.jsonl", "slo": {"percentile": 99, "ttft_ms": 500}},
-                         load_generator="vllm bench serve", machine="cpu", kv_usage_limit=0.9, setups=rows,
-                         recommendation=recommend_goodput(rows, None, slo))
+    res = ServingResults(
+        config="c",
+        workload={"source": "t.jsonl", "slo": {"percentile": 99, "ttft_ms": 500}},
+        load_generator="vllm bench serve",
+        machine="cpu",
+        kv_usage_limit=0.9,
+        setups=rows,
+        recommendation=recommend_goodput(rows, None, slo),
+    )
     atomic_write_json(tmp_path / "serving.json", res.model_dump(mode="json"))
     md = write_report(res, tmp_path).read_text()
     assert "**Recommendation (by goodput):** bf16" in md and "    vllm serve int4" in md
@@ -251,9 +310,11 @@ def test_goodput_needs_a_backend_that_serves_vllm(tmp_path: Path) -> None:
     hf = {k: v for k, v in base.items() if k != "server"} | {"backend": "hf"}
     attached = base | {"server": {"mode": "attach", "base_url": "http://127.0.0.1:9/v1", "model": "qeval"}}
     no_serving = {k: v for k, v in base.items() if k != "serving"}
-    for cfg, message in ((hf, "recommend_by goodput serves each setup with `vllm serve`"),
-                         (attached, "recommend_by goodput serves each setup with `vllm serve`"),
-                         (no_serving, "needs a workload: block with an slo: and a serving: block")):
+    for cfg, message in (
+        (hf, "recommend_by goodput serves each setup with `vllm serve`"),
+        (attached, "recommend_by goodput serves each setup with `vllm serve`"),
+        (no_serving, "needs a workload: block with an slo: and a serving: block"),
+    ):
         path = tmp_path / "c.yaml"
         path.write_text(yaml.safe_dump(cfg))
         one_line_exit_2(run_cli("validate", str(path)), message)
@@ -277,8 +338,12 @@ def test_timed_dataset_keeps_times_prefixes_and_exact_lengths() -> None:
     from qeval.perf.serving import TIMED_CHUNK, timed_dataset
     from qeval.workload.trace import Request, Trace
 
-    reqs = [Request(40, 10, 10.5, "prefix:a", 32), Request(20, 5, 11.0), Request(50, 5, 12.5, "prefix:a", 32),
-            Request(900, 5, 13.0)]  # the last is longer than max-model-len: refused, its time not replayed
+    reqs = [
+        Request(40, 10, 10.5, "prefix:a", 32),
+        Request(20, 5, 11.0),
+        Request(50, 5, 12.5, "prefix:a", 32),
+        Request(900, 5, 13.0),
+    ]  # the last is longer than max-model-len: refused, its time not replayed
     lines, rate = timed_dataset(Trace(reqs, "t", "qeval"), 5, 128)
     assert [x["timestamp"] for x in lines] == [0.0, 0.5, 2.0, 3.0, 3.5]  # from the first; the 2nd pass after a gap
     assert [x["input_length"] for x in lines] == [40, 20, 50, 40, 20]

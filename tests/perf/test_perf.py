@@ -29,6 +29,7 @@ from tests.helpers import MODEL, PERF_FIGURES, ROOT, assert_figures_carry_their_
 V1 = ROOT / "tests" / "data" / "run-v1"
 # -- the workload ---------------------------------------------------------------------------------
 
+
 def test_levels_come_from_the_budget_capped_and_said_so() -> None:
     spec = PerfSpec(max_concurrency=32)
     assert resolve_levels(spec, 25.18, None) == ([1, 25], "max: the budget allows 25.18 sequences")
@@ -53,13 +54,32 @@ def test_summary_is_median_and_range_over_repeats() -> None:
     wl = workload_for(PerfSpec(repeats=3, num_requests=2), [1, 2], "", 0)
 
     def wave(c: int, scale: float) -> Wave:
-        return Wave(elapsed_s=scale * 1.0, prompt_tokens=c * 10, output_tokens=c * 5, prefill_s=scale * 0.1,
-                    decode_tokens_per_s=c * 4 / (scale * 0.9), ttft_s=[scale * 0.1] * c, tpot_s=[scale * 0.225] * c,
-                    e2e_s=[scale * 1.0] * c)
+        return Wave(
+            elapsed_s=scale * 1.0,
+            prompt_tokens=c * 10,
+            output_tokens=c * 5,
+            prefill_s=scale * 0.1,
+            decode_tokens_per_s=c * 4 / (scale * 0.9),
+            ttft_s=[scale * 0.1] * c,
+            tpot_s=[scale * 0.225] * c,
+            e2e_s=[scale * 1.0] * c,
+        )
 
-    m = Measurement({1: [[wave(1, s), wave(1, s)] for s in (1.0, 2.0, 4.0)], 2: [[wave(2, s)] for s in (1, 2, 4)]},
-                    {k: "how" for k in ("requests_per_s", "output_tokens_per_s", "prefill_tokens_per_s",
-                                        "decode_tokens_per_s", "ttft", "tpot", "e2e")})
+    m = Measurement(
+        {1: [[wave(1, s), wave(1, s)] for s in (1.0, 2.0, 4.0)], 2: [[wave(2, s)] for s in (1, 2, 4)]},
+        {
+            k: "how"
+            for k in (
+                "requests_per_s",
+                "output_tokens_per_s",
+                "prefill_tokens_per_s",
+                "decode_tokens_per_s",
+                "ttft",
+                "tpot",
+                "e2e",
+            )
+        },
+    )
     levels = summarize(m, wl)
     assert_figures_carry_their_source({"levels": [x.model_dump() for x in levels]})
     one = levels[0].figures
@@ -70,23 +90,42 @@ def test_summary_is_median_and_range_over_repeats() -> None:
 
 # -- ceilings and shares --------------------------------------------------------------------------
 
+
 def _stored(decode: float, prefill: float) -> PhaseRecord:
     def fig(v: float, unit: str) -> dict[str, Any]:
         return measured([v, v], unit, "how [workload: x]")
+
     levels = []
     for c in (1, 8):
         figures = {n: fig(0.01, "s") for n in PERF_FIGURES}
-        figures |= {"requests_per_s": fig(c * 2.0, "requests/s"), "output_tokens_per_s": fig(c * 30.0, "tokens/s"),
-                    "prefill_tokens_per_s": fig(prefill, "tokens/s"), "decode_tokens_per_s": fig(decode, "tokens/s")}
+        figures |= {
+            "requests_per_s": fig(c * 2.0, "requests/s"),
+            "output_tokens_per_s": fig(c * 30.0, "tokens/s"),
+            "prefill_tokens_per_s": fig(prefill, "tokens/s"),
+            "decode_tokens_per_s": fig(decode, "tokens/s"),
+        }
         levels.append({"concurrency": c, "requests": c, "figures": figures})
-    return PhaseRecord.model_validate({"key": "k", "status": "ok", "levels": levels, "notes": [],
-                                       "workload": workload_for(PerfSpec(), [1, 8], "", 0).as_dict()})
+    return PhaseRecord.model_validate(
+        {
+            "key": "k",
+            "status": "ok",
+            "levels": levels,
+            "notes": [],
+            "workload": workload_for(PerfSpec(), [1, 8], "", 0).as_dict(),
+        }
+    )
 
 
 def _ceilings() -> Ceilings:
-    return Ceilings(device="cpu", device_name="test", threads=2, torch="x", cache_bytes=1,
-                    copy_bandwidth=measured([1e10], "bytes/s", "copy"),
-                    matmul_peak={"bfloat16": measured([1e11], "FLOP/s", "mm"), "int8": measured([2e11], "OP/s", "i8")})
+    return Ceilings(
+        device="cpu",
+        device_name="test",
+        threads=2,
+        torch="x",
+        cache_bytes=1,
+        copy_bandwidth=measured([1e10], "bytes/s", "copy"),
+        matmul_peak={"bfloat16": measured([1e11], "FLOP/s", "mm"), "int8": measured([2e11], "OP/s", "i8")},
+    )
 
 
 def test_shares_of_the_ceiling_and_a_share_over_one_is_flagged() -> None:
@@ -94,15 +133,17 @@ def test_shares_of_the_ceiling_and_a_share_over_one_is_flagged() -> None:
     shape = ModelShape.from_model_dir(MODEL)
     results = read_results(V1 / "results.json")
     memory = results.setup("bf16").memory
-    perf, flags = performance_block(setup, _stored(decode=50, prefill=1000), "k", memory, shape, "bfloat16",
-                                    _ceilings())
+    perf, flags = performance_block(
+        setup, _stored(decode=50, prefill=1000), "k", memory, shape, "bfloat16", _ceilings()
+    )
     assert perf is not None and perf.decode is not None and perf.prefill is not None and not flags
     assert 0 < perf.decode.share <= 1 and 0 < perf.prefill.share <= 1
     assert perf.decode.concurrency == 1 and perf.prefill.concurrency == 8
     assert "copy bandwidth" in perf.decode.source and "matmul peak" in perf.prefill.source
     # a share over 1 is kept as measured and flagged: the ceiling, not the setup, is wrong
-    perf, flags = performance_block(setup, _stored(decode=1e9, prefill=1000), "k", memory, shape, "bfloat16",
-                                    _ceilings())
+    perf, flags = performance_block(
+        setup, _stored(decode=1e9, prefill=1000), "k", memory, shape, "bfloat16", _ceilings()
+    )
     assert perf is not None and perf.decode is not None and perf.decode.share > 1
     assert len(flags) == 1 and flags[0].startswith("ceiling_exceeded: decode")
     # W8A8 runs int8 matmuls: its prefill is measured against the int8 peak
@@ -121,6 +162,7 @@ def test_pareto_front_over_three_sides() -> None:
 
 # -- the recommendation ---------------------------------------------------------------------------
 
+
 def _with_perf(results: Results, tps: dict[str, float], latency: dict[str, float], by: str) -> Results:
     setups = []
     for s in results.setups:
@@ -128,9 +170,21 @@ def _with_perf(results: Results, tps: dict[str, float], latency: dict[str, float
         for level in stored["levels"]:
             level["figures"]["output_tokens_per_s"] = measured([tps[s.name]] * 3, "tokens/s", "how")
             level["figures"]["e2e_p50_s"] = measured([latency[s.name]] * 3, "s", "how")
-        setups.append(s.model_copy(update={"performance": Performance.model_validate(
-            {**stored, "levels": [{"concurrency": x["concurrency"], "requests": x["requests"], **x["figures"]}
-                                  for x in stored["levels"]]})}))
+        setups.append(
+            s.model_copy(
+                update={
+                    "performance": Performance.model_validate(
+                        {
+                            **stored,
+                            "levels": [
+                                {"concurrency": x["concurrency"], "requests": x["requests"], **x["figures"]}
+                                for x in stored["levels"]
+                            ],
+                        }
+                    )
+                }
+            )
+        )
     return results.model_copy(update={"setups": setups, "config": results.config | {"recommend_by": by}})
 
 
@@ -151,14 +205,20 @@ def test_recommend_by_throughput_or_latency_stays_subject_to_the_gates() -> None
 
 # -- the transformers measurement, for real -------------------------------------------------------
 
+
 def test_hf_performance_on_the_tiny_model() -> None:
     """Throughput rises from concurrency 1 to a batch of 8, and every figure carries its
     source and repeat count."""
     from qeval.backends.hf.backend import HFBackend
 
     setup = Setup(name="bf16")
-    cfg = RunConfig(name="t", model=ModelSpec(path=str(MODEL), dtype=cpu_dtype(), max_context=256), setups=[setup],
-                    tasks=["x"], performance=PerfSpec(input_len=32, output_len=8, num_requests=8, repeats=2))
+    cfg = RunConfig(
+        name="t",
+        model=ModelSpec(path=str(MODEL), dtype=cpu_dtype(), max_context=256),
+        setups=[setup],
+        tasks=["x"],
+        performance=PerfSpec(input_len=32, output_len=8, num_requests=8, repeats=2),
+    )
     b = HFBackend(cfg, setup, "cpu")
     b.load()
     wl = workload_for(cfg.performance, [1, 8], "", 0)
@@ -178,12 +238,20 @@ def test_hf_waves_follow_the_workloads_lengths(tmp_path: Path) -> None:
     from qeval.perf.phase import perf_key, workload_lengths
 
     trace = tmp_path / "t.jsonl"
-    trace.write_text("".join(json.dumps({"input_tokens": i, "output_tokens": o}) + "\n"
-                             for i, o in ((12, 2), (30, 9), (20, 1), (8, 5))))
+    trace.write_text(
+        "".join(
+            json.dumps({"input_tokens": i, "output_tokens": o}) + "\n" for i, o in ((12, 2), (30, 9), (20, 1), (8, 5))
+        )
+    )
     setup = Setup(name="bf16")
-    cfg = RunConfig(name="t", model=ModelSpec(path=str(MODEL), dtype=cpu_dtype(), max_context=256), setups=[setup],
-                    tasks=["x"], workload=WorkloadSpec(trace=str(trace)),
-                    performance=PerfSpec(num_requests=4, repeats=1, warmup=0, from_workload=True))
+    cfg = RunConfig(
+        name="t",
+        model=ModelSpec(path=str(MODEL), dtype=cpu_dtype(), max_context=256),
+        setups=[setup],
+        tasks=["x"],
+        workload=WorkloadSpec(trace=str(trace)),
+        performance=PerfSpec(num_requests=4, repeats=1, warmup=0, from_workload=True),
+    )
     lengths, source = workload_lengths(cfg)
     assert lengths == ((12, 2), (30, 9), (20, 2), (8, 5)) and "t.jsonl" in source  # one output token: timed as 2
     b = HFBackend(cfg, setup, "cpu")
@@ -203,8 +271,13 @@ def test_hf_waves_follow_the_workloads_lengths(tmp_path: Path) -> None:
     assert perf_key({"m": "x"}, plain) != perf_key({"m": "x"}, cfg)
     assert "from_workload" not in plain.as_json()["performance"]
     with pytest.raises(ValueError, match="from_workload needs a workload"):
-        RunConfig(name="t", model=ModelSpec(path=str(MODEL)), setups=[setup], tasks=["x"],
-                  performance=PerfSpec(from_workload=True))
+        RunConfig(
+            name="t",
+            model=ModelSpec(path=str(MODEL)),
+            setups=[setup],
+            tasks=["x"],
+            performance=PerfSpec(from_workload=True),
+        )
 
 
 WORKLOAD_MARK_TEXT = "the lengths of the workload's requests in order"
@@ -212,13 +285,16 @@ WORKLOAD_MARK_TEXT = "the lengths of the workload's requests in order"
 
 # -- config and old results -----------------------------------------------------------------------
 
+
 def test_bad_performance_config_is_one_line(tmp_path: Path) -> None:
     from tests.helpers import make_config
 
-    for keys, message in (({"performance": {"input_len": 250, "output_len": 16}}, "exceeds model.max_context 256"),
-                          ({"performance": False, "recommend_by": "latency"}, "needs the performance phase"),
-                          ({"performance": {"concurrency": [1, 0]}}, "at least 1"),
-                          ({"performance": None, "recommend_by": "speed"}, "recommend_by")):
+    for keys, message in (
+        ({"performance": {"input_len": 250, "output_len": 16}}, "exceeds model.max_context 256"),
+        ({"performance": False, "recommend_by": "latency"}, "needs the performance phase"),
+        ({"performance": {"concurrency": [1, 0]}}, "at least 1"),
+        ({"performance": None, "recommend_by": "speed"}, "recommend_by"),
+    ):
         res = run_cli("validate", str(make_config(tmp_path, **keys)))
         assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
         assert message in res.stderr, res.stderr

@@ -15,23 +15,36 @@ from qeval.quantize.checkpoints import check_keep_fused, ignore_list
 from qeval.quantize.pipeline import quant_python
 from qeval.records.shape import ModelShape
 
-PATTERNS = ("model.layers.1.mlp.*", "model.layers.[02].self_attn.*", "model.layers.3.mlp.down_proj",
-            "*.o_proj", "model.layers.?.mlp.up_proj")
+PATTERNS = (
+    "model.layers.1.mlp.*",
+    "model.layers.[02].self_attn.*",
+    "model.layers.3.mlp.down_proj",
+    "*.o_proj",
+    "model.layers.?.mlp.up_proj",
+)
 
 
 def test_ignore_list_matches_as_keep_does(model_path: Path) -> None:
     names = [n for n, _, _ in ModelShape.from_model_dir(model_path).linear_modules()] + ["lm_head"]
     cases = {p: ignore_list(Setup(name="s", weights="int4", method="gptq", keep=(p,)))[1:] for p in PATTERNS}
-    script = ("import json, sys\nfrom compressed_tensors.utils.match import match_name\n"
-              "names, cases = json.load(sys.stdin)\n"
-              "print(json.dumps({p: [n for n in names if any(match_name(n, t) for t in ts)]\n"
-              "                  for p, ts in cases.items()}))")
+    script = (
+        "import json, sys\nfrom compressed_tensors.utils.match import match_name\n"
+        "names, cases = json.load(sys.stdin)\n"
+        "print(json.dumps({p: [n for n in names if any(match_name(n, t) for t in ts)]\n"
+        "                  for p, ts in cases.items()}))"
+    )
     try:
         python = quant_python()
     except UserError:
         pytest.skip(".venv-quant is not installed")
-    out = subprocess.run([python, "-c", script], input=json.dumps([names, cases]), capture_output=True, text=True,
-                         check=True, timeout=120)
+    out = subprocess.run(
+        [python, "-c", script],
+        input=json.dumps([names, cases]),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     ignored = json.loads(out.stdout)
     for p in PATTERNS:
         expected = [n for n in names if Setup(name="s", weights="int4", keep=(p,)).keeps(n)]

@@ -27,8 +27,11 @@ def _one_line_exit_2(res: object, *needles: str) -> None:
     assert res.returncode == 2, res.stderr[-2000:]  # type: ignore[attr-defined]
     # an optional setup this CPU cannot run (the demo's FP8 KV cache on AVX2) is one notice line of
     # its own, before the error
-    lines = [ln for ln in res.stderr.strip().splitlines()  # type: ignore[attr-defined]
-             if not ln.startswith("qeval: optional setup ")]
+    lines = [
+        ln
+        for ln in res.stderr.strip().splitlines()  # type: ignore[attr-defined]
+        if not ln.startswith("qeval: optional setup ")
+    ]
     err = "\n".join(lines)
     assert len(lines) == 1, err
     for n in needles:
@@ -47,8 +50,12 @@ def test_key_covers_what_changes_a_checkpoint(tmp_path: Path) -> None:
         checkpoint_dir(cfg, w4a8, "n" * 64, "c" * 64),  # another model
         checkpoint_dir(cfg, w4a8, "m" * 64, "d" * 64),  # other calibration text
         checkpoint_dir(cfg, w4a8.model_copy(update={"group_size": 64}), "m" * 64, "c" * 64),
-        checkpoint_dir(cfg.model_copy(update={"quantize": cfg.quantize.model_copy(update={"num_samples": 64})}),
-                       w4a8, "m" * 64, "c" * 64),
+        checkpoint_dir(
+            cfg.model_copy(update={"quantize": cfg.quantize.model_copy(update={"num_samples": 64})}),
+            w4a8,
+            "m" * 64,
+            "c" * 64,
+        ),
     ]
     assert len({base, *changed}) == 5
 
@@ -61,8 +68,18 @@ def test_a_run_without_its_checkpoints_says_to_quantize(tmp_path: Path) -> None:
 def test_bad_quantize_input_is_one_line_exit_2(tmp_path: Path) -> None:
     from tests.helpers import BASELINE, make_config
 
-    plain = make_config(tmp_path, filename="plain.yaml", name="p", max_context=None, backend="vllm", setups=[BASELINE],
-                        device=None, batch_size=None, gates=None, performance=None)
+    plain = make_config(
+        tmp_path,
+        filename="plain.yaml",
+        name="p",
+        max_context=None,
+        backend="vllm",
+        setups=[BASELINE],
+        device=None,
+        batch_size=None,
+        gates=None,
+        performance=None,
+    )
     _one_line_exit_2(run_cli("quantize", str(plain)), "no setup to quantize")
 
     missing = demo_vllm_config(tmp_path, tmp_path / "ck")
@@ -90,16 +107,25 @@ def test_bad_quantize_input_is_one_line_exit_2(tmp_path: Path) -> None:
 
 
 def subprocess_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "qeval.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          env=env, timeout=600, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "qeval.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
 
 
 def test_a_failed_quantize_leaves_no_checkpoint(tmp_path: Path) -> None:
     """llm-compressor dying half-way (here: an interpreter that passes the probe, then fails)
     leaves only a temporary folder: the run still refuses, and nothing looks complete."""
     fake = tmp_path / "python"
-    fake.write_text('#!/bin/sh\nif [ "$1" = "-c" ]; then echo True; exit 0; fi\n'
-                    'echo "RuntimeError: calibration blew up" >&2\nexit 3\n')
+    fake.write_text(
+        '#!/bin/sh\nif [ "$1" = "-c" ]; then echo True; exit 0; fi\n'
+        'echo "RuntimeError: calibration blew up" >&2\nexit 3\n'
+    )
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     cfg = demo_vllm_config(tmp_path, tmp_path / "ck")
     res = subprocess_cli(["quantize", str(cfg), "--setups", "w8a8"], os.environ | {"QEVAL_QUANT_PYTHON": str(fake)})
@@ -130,7 +156,10 @@ def test_quantize_makes_w8a8_and_w4a8_checkpoints(quantized_demo: tuple[Path, Pa
         group = qc["config_groups"]["group_0"]
         bits, strategy, group_size = want[setup.method]  # the mixed w4a8-kv-fp8 shares w4a8's checkpoint
         assert (group["weights"]["num_bits"], group["weights"]["strategy"], group["weights"]["group_size"]) == (
-            bits, strategy, group_size)
+            bits,
+            strategy,
+            group_size,
+        )
         acts = group["input_activations"]  # A8: INT8 activations, per token, computed at run time
         assert (acts["num_bits"], acts["strategy"], acts["dynamic"]) == (8, "token", True)
         assert qc["ignore"] == ["lm_head"]

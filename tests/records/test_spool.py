@@ -22,10 +22,14 @@ def _packs(seed: int = 0, sizes: tuple[int, ...] = (3, 1, 4), k: int = 5) -> lis
     for n in sizes:
         lengths = rng.integers(1, 7, n)
         t = int(lengths.sum())
-        packs.append({"offsets": np.concatenate([[0], np.cumsum(lengths)]),
-                      "indices": rng.integers(0, 50_000, (t, k)).astype(np.int32),
-                      "logprobs": -rng.random((t, k)).astype(np.float32),
-                      "token_logprobs": -rng.random(t).astype(np.float32)})
+        packs.append(
+            {
+                "offsets": np.concatenate([[0], np.cumsum(lengths)]),
+                "indices": rng.integers(0, 50_000, (t, k)).astype(np.int32),
+                "logprobs": -rng.random((t, k)).astype(np.float32),
+                "token_logprobs": -rng.random(t).astype(np.float32),
+            }
+        )
     return packs
 
 
@@ -200,9 +204,15 @@ def test_a_spool_that_is_a_symlink_is_never_taken_up(tmp_path: Path) -> None:
     scratch.mkdir()
     victim.write_text("keep me\n")
     (scratch / "t.abc.spool").symlink_to(victim)
-    for make in (lambda: RecordSpool(scratch, "t", resume={"file": "t.abc.spool", "n": 0, "bytes": 0}),
-                 lambda: TopkSpool(scratch, "t", resume={"arrays": {"indices": ["t.abc.spool", "<i4", [5], 0]}},
-                                   lengths=np.zeros(0, dtype=np.int64))):
+    for make in (
+        lambda: RecordSpool(scratch, "t", resume={"file": "t.abc.spool", "n": 0, "bytes": 0}),
+        lambda: TopkSpool(
+            scratch,
+            "t",
+            resume={"arrays": {"indices": ["t.abc.spool", "<i4", [5], 0]}},
+            lengths=np.zeros(0, dtype=np.int64),
+        ),
+    ):
         try:
             make()
         except ValueError as exc:

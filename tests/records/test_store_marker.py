@@ -26,8 +26,9 @@ def _kill_at_meta(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(store_module, "atomic_write_json", die)
 
 
-def test_a_kill_between_records_and_meta_leaves_the_task_not_stored(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_kill_between_records_and_meta_leaves_the_task_not_stored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with monkeypatch.context() as m:
         _kill_at_meta(m)
         with pytest.raises(Killed):
@@ -38,8 +39,9 @@ def test_a_kill_between_records_and_meta_leaves_the_task_not_stored(tmp_path: Pa
     assert store.is_done("int8", "ppl", "k1") and store.read_samples("int8", "ppl") == RECORDS
 
 
-def test_records_rewritten_under_a_new_key_never_pass_for_the_old_one(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_records_rewritten_under_a_new_key_never_pass_for_the_old_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Stored under k1; a config change (k2) rewrites the records and is killed before its meta;
     the config changed back (k1) must not take k2's records for its own."""
     RunStore(tmp_path).write_task("int8", "ppl", "k1", RECORDS, {}, {}, None)

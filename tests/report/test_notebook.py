@@ -51,8 +51,9 @@ def test_notebook_runs_top_to_bottom(run_dir: Path) -> None:
     assert cleared, "commit the notebook with outputs cleared"
     os.environ["QEVAL_RUN"] = str(run_dir)
     try:
-        NotebookClient(nb, timeout=300, kernel_name="python3",
-                       resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+        NotebookClient(
+            nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "notebooks")}}
+        ).execute()
     finally:
         del os.environ["QEVAL_RUN"]
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]

@@ -25,10 +25,41 @@ def test_the_exported_schema_is_current() -> None:
 
 def test_every_field_is_documented() -> None:
     """Each model's fields carry a description or are self-explanatory names listed here."""
-    plain = {"name", "value", "n", "setup", "task", "output_type", "status", "baseline", "config_hash",
-             "qeval_version", "git_commit", "started", "finished", "device", "backend", "limit", "output",
-             "hardware", "max_drop", "relative", "higher_is_better", "memory", "tasks", "setups", "run", "config",
-             "dropped", "recommendation", "schema_version", "library_versions", "timings", "n_tokens", "metrics"}
+    plain = {
+        "name",
+        "value",
+        "n",
+        "setup",
+        "task",
+        "output_type",
+        "status",
+        "baseline",
+        "config_hash",
+        "qeval_version",
+        "git_commit",
+        "started",
+        "finished",
+        "device",
+        "backend",
+        "limit",
+        "output",
+        "hardware",
+        "max_drop",
+        "relative",
+        "higher_is_better",
+        "memory",
+        "tasks",
+        "setups",
+        "run",
+        "config",
+        "dropped",
+        "recommendation",
+        "schema_version",
+        "library_versions",
+        "timings",
+        "n_tokens",
+        "metrics",
+    }
     undocumented = []
     for name, model in json_schema()["$defs"].items():
         for field, spec in model.get("properties", {}).items():

@@ -26,31 +26,45 @@ BAD = {
     "unknown_key": (GOOD + "batchsize: 3\n", "batchsize: unknown key"),
     "unknown_task": (GOOD.replace("[addition, ppl]", "[addition, trivia]"), "unknown task 'trivia'"),
     "missing_model": (GOOD.replace('"@MODEL@"', '"./no/such/model"'), "model path ./no/such/model not found"),
-    "vllm_only_fp8_weights": (GOOD.replace("weights: int4, group_size: 128", "weights: fp8"),
-                              "fp8 weights and fp8_e5m2 KV are served by the vllm backend"),
+    "vllm_only_fp8_weights": (
+        GOOD.replace("weights: int4, group_size: 128", "weights: fp8"),
+        "fp8 weights and fp8_e5m2 KV are served by the vllm backend",
+    ),
     "torchao_int4_on_cpu": (GOOD.replace("group_size: 128", "method: torchao"), "offers int8 weights, not int4"),
     "cuda_without_gpu": (GOOD.replace("device: cpu", "device: cuda"), "no NVIDIA GPU"),
     "bad_kv_value": (GOOD.replace("kv_cache: int2", "kv_cache: int3"), "setups.2.kv_cache"),
     "duplicate_setup": (GOOD.replace("name: kv2", "name: int4"), "duplicate setup names: int4"),
     "gate_on_unknown_task": (GOOD + "gates: [{task: facts, max_drop: 0.01}]\n", "gate names task 'facts'"),
-    "archived_autogptq": (GOOD.replace("weights: int4, group_size: 128", "weights: int4, method: AutoGPTQ"),
-                          "AutoGPTQ is archived upstream"),
-    "calibration_twice": (GOOD + "quantize: {calibration: {path: a.jsonl, dataset: org/name}}\n",
-                          "give calibration `path` or `dataset`, not both"),
-    "group_size_on_int8": (GOOD.replace("weights: int4, group_size", "weights: int8, group_size"),
-                           "group_size applies to int4"),
+    "archived_autogptq": (
+        GOOD.replace("weights: int4, group_size: 128", "weights: int4, method: AutoGPTQ"),
+        "AutoGPTQ is archived upstream",
+    ),
+    "calibration_twice": (
+        GOOD + "quantize: {calibration: {path: a.jsonl, dataset: org/name}}\n",
+        "give calibration `path` or `dataset`, not both",
+    ),
+    "group_size_on_int8": (
+        GOOD.replace("weights: int4, group_size", "weights: int8, group_size"),
+        "group_size applies to int4",
+    ),
     # issue 40: numbers too large for what consumes them are refused at validation (point 14, minor)
     "seed_past_numpy": (GOOD + "seed: 99999999999999999999\n", "seed: Input should be less than or equal to"),
     "seed_negative": (GOOD + "seed: -1\n", "seed: Input should be greater than or equal to 0"),
     "fewshot_seed_huge": (GOOD + "lm_eval: {fewshot_seed: 4294967296}\n", "lm_eval.fewshot_seed"),
     "huge_integer": (GOOD + "batch_size: " + "9" * 400 + "\n", "batch_size: an integer of 400 digits is too large"),
-    "huge_integer_in_a_setup": (GOOD.replace("kv_cache: int2", "kv_cache: int2, memory_limit_mib: 1" + "0" * 30),
-                                "memory_limit_mib: an integer of 31 digits is too large"),
+    "huge_integer_in_a_setup": (
+        GOOD.replace("kv_cache: int2", "kv_cache: int2, memory_limit_mib: 1" + "0" * 30),
+        "memory_limit_mib: an integer of 31 digits is too large",
+    ),
     # keep patterns that keep nothing or everything (point 12): vLLM refuses the first already
-    "keep_matches_nothing": (GOOD.replace("group_size: 128}", "group_size: 128, keep: [nomatch.*]}"),
-                             "no keep pattern matches a linear layer of this model"),
-    "keep_everything": (GOOD.replace("group_size: 128}", "group_size: 128, keep: ['*']}"),
-                        "keep matches every linear layer of this model (28): nothing would be quantized"),
+    "keep_matches_nothing": (
+        GOOD.replace("group_size: 128}", "group_size: 128, keep: [nomatch.*]}"),
+        "no keep pattern matches a linear layer of this model",
+    ),
+    "keep_everything": (
+        GOOD.replace("group_size: 128}", "group_size: 128, keep: ['*']}"),
+        "keep matches every linear layer of this model (28): nothing would be quantized",
+    ),
 }
 
 
@@ -75,8 +89,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path: Path, case: str) -> None:
 @pytest.mark.parametrize("value", ["", " , "])
 def test_an_empty_selection_is_refused(tmp_path: Path, option: str, value: str) -> None:
     """`--setups ""` ran every setup (an empty string read as no option): it names nothing."""
-    res = run_cli("run", str(write_config(tmp_path / "c.yaml", GOOD)), option, value, "--output",
-                  str(tmp_path / "out"))
+    res = run_cli("run", str(write_config(tmp_path / "c.yaml", GOOD)), option, value, "--output", str(tmp_path / "out"))
     assert res.returncode == 2 and f"{option} {value!r}: names nothing" in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
 
@@ -113,21 +126,35 @@ def test_trust_remote_code_is_off_by_default(tmp_path: Path) -> None:
     assert load_config(write_config(tmp_path / "c.yaml", GOOD)).model.trust_remote_code is False
 
 
-LM = GOOD.replace("tasks: [addition, ppl]", 'tasks: [addition]\nlm_eval: {include_path: ["@TASKS@/lm_eval"], '
-                  "tasks: [{name: arc_easy_local}]}")
+LM = GOOD.replace(
+    "tasks: [addition, ppl]",
+    'tasks: [addition]\nlm_eval: {include_path: ["@TASKS@/lm_eval"], tasks: [{name: arc_easy_local}]}',
+)
 
 
-@pytest.mark.parametrize(("body", "expected"), [
-    (LM.replace("tasks: [{name: arc_easy_local}]", "suites: [openllm-v9]"), "unknown suite 'openllm-v9'"),
-    (LM + "gates: [{task: all, max_drop: 0.01, min_recovery: 0.99}]\n", "max_drop or min_recovery"),
-    (LM.replace("{name: arc_easy_local}", "{name: arc_easy_local, metric: f1}"), "metric 'f1' is not one it reports"),
-    (LM.replace("{name: arc_easy_local}", "{name: gsm8k_local}").replace('"@MODEL@"}', '"@MODEL@", max_context: 256}'),
-     "leaves no room for the prompt"),
-    (LM.replace("tasks: [addition]\n", "tasks: []\n").replace("tasks: [{name: arc_easy_local}]", "tasks: []"),
-     "no task to score"),
-    (LM.replace("{name: arc_easy_local}", "{name: arc_easy_local}, {name: arc_easy_local}"), "listed twice"),
-    (LM + "gates: [{task: mmlu_nope, max_drop: 0.01}]\n", "gate names task 'mmlu_nope'"),
-])
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (LM.replace("tasks: [{name: arc_easy_local}]", "suites: [openllm-v9]"), "unknown suite 'openllm-v9'"),
+        (LM + "gates: [{task: all, max_drop: 0.01, min_recovery: 0.99}]\n", "max_drop or min_recovery"),
+        (
+            LM.replace("{name: arc_easy_local}", "{name: arc_easy_local, metric: f1}"),
+            "metric 'f1' is not one it reports",
+        ),
+        (
+            LM.replace("{name: arc_easy_local}", "{name: gsm8k_local}").replace(
+                '"@MODEL@"}', '"@MODEL@", max_context: 256}'
+            ),
+            "leaves no room for the prompt",
+        ),
+        (
+            LM.replace("tasks: [addition]\n", "tasks: []\n").replace("tasks: [{name: arc_easy_local}]", "tasks: []"),
+            "no task to score",
+        ),
+        (LM.replace("{name: arc_easy_local}", "{name: arc_easy_local}, {name: arc_easy_local}"), "listed twice"),
+        (LM + "gates: [{task: mmlu_nope, max_drop: 0.01}]\n", "gate names task 'mmlu_nope'"),
+    ],
+)
 def test_bad_lm_eval_input_is_one_line_exit_2(tmp_path: Path, body: str, expected: str) -> None:
     res = run_cli("validate", str(write_config(tmp_path / "c.yaml", body)))
     assert res.returncode == 2, (res.stdout, res.stderr[-2000:])

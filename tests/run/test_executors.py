@@ -24,16 +24,20 @@ from qeval.run.preflight import preflight
 from qeval.run.runner import PreparedRun, RunOptions, prepare
 from tests.helpers import MODEL, TASKS, run_cli, write_config
 
-SETUPS: list[dict[str, Any]] = [{"name": "bf16", "baseline": True}, {"name": "int8", "weights": "int8"},
-          {"name": "kv-int4", "kv_cache": "int4"}]
+SETUPS: list[dict[str, Any]] = [
+    {"name": "bf16", "baseline": True},
+    {"name": "int8", "weights": "int8"},
+    {"name": "kv-int4", "kv_cache": "int4"},
+]
 
 
 def _config(tmp: Path, filename: str = "c.yaml", **keys: Any) -> Path:
     """The small run config (helpers.config_dict) with a KV-cache setup and a perplexity task, no gates."""
     from tests.helpers import config_dict
 
-    return write_config(tmp / filename, config_dict(setups=SETUPS, tasks=["addition", "ppl"], gates=None,
-                                                    performance=None, **keys))
+    return write_config(
+        tmp / filename, config_dict(setups=SETUPS, tasks=["addition", "ppl"], gates=None, performance=None, **keys)
+    )
 
 
 def _one_line_exit_2(res: subprocess.CompletedProcess[str], expected: str) -> None:
@@ -44,20 +48,25 @@ def _one_line_exit_2(res: subprocess.CompletedProcess[str], expected: str) -> No
 
 # -- the config piece -------------------------------------------------------------------------
 
+
 def test_executor_defaults_to_local_and_is_validated(tmp_path: Path) -> None:
     cfg = load_config(_config(tmp_path))
-    assert cfg.executor == ExecutorSpec(kind="local", address=None, max_retries=2, max_parallel=None,
-                                        num_cpus_per_job=1.0)
+    assert cfg.executor == ExecutorSpec(
+        kind="local", address=None, max_retries=2, max_parallel=None, num_cpus_per_job=1.0
+    )
     ray = load_config(_config(tmp_path, "r.yaml", executor={"kind": "ray", "max_retries": 0}))
     assert ray.executor.kind == "ray" and ray.executor.max_retries == 0
 
 
-@pytest.mark.parametrize(("block", "expected"), [
-    ({"kind": "local", "address": "10.0.0.1:6379"}, "executor: executor.address applies to kind: ray only"),
-    ({"kind": "slurm"}, "executor.kind: Input should be 'local' or 'ray'"),
-    ({"kind": "ray", "max_retries": -1}, "executor.max_retries: Input should be greater than or equal to 0"),
-    ({"kind": "ray", "retries": 2}, "executor.retries: unknown key"),
-])
+@pytest.mark.parametrize(
+    ("block", "expected"),
+    [
+        ({"kind": "local", "address": "10.0.0.1:6379"}, "executor: executor.address applies to kind: ray only"),
+        ({"kind": "slurm"}, "executor.kind: Input should be 'local' or 'ray'"),
+        ({"kind": "ray", "max_retries": -1}, "executor.max_retries: Input should be greater than or equal to 0"),
+        ({"kind": "ray", "retries": 2}, "executor.retries: unknown key"),
+    ],
+)
 def test_bad_executor_config_is_one_line(tmp_path: Path, block: dict, expected: str) -> None:
     cfg = _config(tmp_path, executor=block)
     _one_line_exit_2(run_cli("validate", str(cfg)), expected)
@@ -65,11 +74,14 @@ def test_bad_executor_config_is_one_line(tmp_path: Path, block: dict, expected: 
 
 def test_unknown_executor_option_is_one_line(tmp_path: Path) -> None:
     cfg = _config(tmp_path)
-    _one_line_exit_2(run_cli("run", str(cfg), "--output", str(tmp_path / "o"), "--executor", "slurm"),
-                     "--executor slurm: expected local or ray")
+    _one_line_exit_2(
+        run_cli("run", str(cfg), "--output", str(tmp_path / "o"), "--executor", "slurm"),
+        "--executor slurm: expected local or ray",
+    )
 
 
 # -- the cluster address ------------------------------------------------------------------------
+
 
 def test_address_from_config_then_ray_address(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
@@ -79,10 +91,13 @@ def test_address_from_config_then_ray_address(monkeypatch: pytest.MonkeyPatch) -
     assert cluster_address("10.0.0.1:6379") == "10.0.0.1:6379"  # the config wins
 
 
-@pytest.mark.parametrize(("address", "expected"), [
-    ("ray://head:10001", "Ray Client addresses (ray://) are not supported"),
-    ("head", "expected host:port"),
-])
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [
+        ("ray://head:10001", "Ray Client addresses (ray://) are not supported"),
+        ("head", "expected host:port"),
+    ],
+)
 def test_unusable_addresses_are_refused(address: str, expected: str) -> None:
     with pytest.raises(UserError, match=expected.replace("(", r"\(").replace(")", r"\)")):
         check_address(address)
@@ -102,6 +117,7 @@ def test_a_dead_address_is_one_line_fast_and_writes_nothing(tmp_path: Path) -> N
 
 # -- what a job reserves ---------------------------------------------------------------------------
 
+
 def test_resources_follow_device_and_parallel_sizes(tmp_path: Path) -> None:
     # vLLM's parallel sizes: the engine (backend vllm) decides how one setup spreads over GPUs
     cfg = load_config(_config(tmp_path, backend="vllm", executor={"kind": "ray", "num_cpus_per_job": 2}))
@@ -116,17 +132,21 @@ def test_resources_follow_device_and_parallel_sizes(tmp_path: Path) -> None:
 
 
 def test_a_request_no_node_can_hold_is_named() -> None:
-    nodes = [{"Alive": True, "Resources": {"CPU": 16.0, "GPU": 2.0}},
-             {"Alive": True, "Resources": {"CPU": 16.0, "GPU": 2.0}},
-             {"Alive": False, "Resources": {"CPU": 64.0, "GPU": 8.0}}]  # a dead node does not count
+    nodes = [
+        {"Alive": True, "Resources": {"CPU": 16.0, "GPU": 2.0}},
+        {"Alive": True, "Resources": {"CPU": 16.0, "GPU": 2.0}},
+        {"Alive": False, "Resources": {"CPU": 64.0, "GPU": 8.0}},
+    ]  # a dead node does not count
     assert unplaceable(JobResources(1.0, num_gpus=2), nodes) is None
     assert unplaceable(JobResources(1.0, num_gpus=4), nodes) == (
-        "needs 1 CPU and 4 GPUs on one node; the largest node of the cluster has 16 CPUs and 2 GPUs")
+        "needs 1 CPU and 4 GPUs on one node; the largest node of the cluster has 16 CPUs and 2 GPUs"
+    )
     assert unplaceable(JobResources(1.0, engine_gpus=4), nodes) is None
     assert "needs 6 GPUs across the cluster" in (unplaceable(JobResources(1.0, engine_gpus=6), nodes) or "")
 
 
 # -- the jobs the runner hands over -------------------------------------------------------------------
+
 
 def _prepared(tmp_path: Path, tasks: list[str] | None = None) -> PreparedRun:
     tmp_path.mkdir(exist_ok=True)
@@ -156,15 +176,28 @@ def test_a_remote_worker_gets_what_it_reads_and_may_send_back_only_its_own_files
     store.topk_path("bf16", "ppl").write_bytes(b"npz")
     store.topk_path("bf16", "addition").write_bytes(b"not a reference")
     assert int8.inputs() == {"setups/int8.json": b'{"timings": {}}', "samples/bf16/ppl.topk.npz": b"npz"}
-    for bad in ["../x.json", "setups/bf16.json", "samples/bf16/ppl.jsonl", "samples/int8/facts.jsonl",
-                "samples/int8/ppl.jsonl/../../../x", "samples/int8/sub/ppl.jsonl", "/etc/passwd", "results.json"]:
+    for bad in [
+        "../x.json",
+        "setups/bf16.json",
+        "samples/bf16/ppl.jsonl",
+        "samples/int8/facts.jsonl",
+        "samples/int8/ppl.jsonl/../../../x",
+        "samples/int8/sub/ppl.jsonl",
+        "/etc/passwd",
+        "results.json",
+    ]:
         with pytest.raises(RefusedFile):
             int8.allowed(bad)
     with pytest.raises(RefusedFile):  # one bad file: nothing written
         int8.accept({"samples/int8/ppl.jsonl": b"{}\n", "samples/kv-int4/ppl.jsonl": b"{}\n"})
     assert not store.samples_path("int8", "ppl").exists()
-    int8.accept({"samples/int8/ppl.meta.json": b"{}", "samples/int8/ppl.jsonl": b"{}\n",
-                 "setups/int8.json": b'{"name": "int8", "status": "ok"}'})
+    int8.accept(
+        {
+            "samples/int8/ppl.meta.json": b"{}",
+            "samples/int8/ppl.jsonl": b"{}\n",
+            "setups/int8.json": b'{"name": "int8", "status": "ok"}',
+        }
+    )
     assert store.samples_path("int8", "ppl").read_bytes() == b"{}\n"
     outcome = store.read_outcome("int8")
     assert outcome is not None and outcome.status == "ok"
@@ -219,17 +252,30 @@ def test_ray_errors_are_one_line_with_their_type() -> None:
     assert error_text(WorkerCrashedError()).startswith("WorkerCrashedError: The worker died unexpectedly")
     wrapped = RayTaskError("_job_task", "Traceback …", RuntimeError("node n1 runs qeval 0.0.9\nmore"))
     assert error_text(wrapped) == "RuntimeError: node n1 runs qeval 0.0.9"
-    assert error_text(OutOfMemoryError("1 worker(s) were killed\nMemory on the node…")) == \
-        "out of memory: OutOfMemoryError: 1 worker(s) were killed"
+    assert (
+        error_text(OutOfMemoryError("1 worker(s) were killed\nMemory on the node…"))
+        == "out of memory: OutOfMemoryError: 1 worker(s) were killed"
+    )
 
 
 # -- the node side -------------------------------------------------------------------------------------
 
+
 def test_only_settings_a_worker_needs_are_forwarded() -> None:
-    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": "/h", "QEVAL_VLLM_PYTHON": "/p", "TOKENIZERS_PARALLELISM": "false",
-           "TRANSFORMERS_CACHE": "/c", "HOME": "/root", "AWS_SECRET_ACCESS_KEY": "x", "PATH": "/bin"}
-    assert forwarded_env(env) == {k: env[k] for k in ("HF_HUB_OFFLINE", "HF_HOME", "QEVAL_VLLM_PYTHON",
-                                                      "TOKENIZERS_PARALLELISM", "TRANSFORMERS_CACHE")}
+    env = {
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": "/h",
+        "QEVAL_VLLM_PYTHON": "/p",
+        "TOKENIZERS_PARALLELISM": "false",
+        "TRANSFORMERS_CACHE": "/c",
+        "HOME": "/root",
+        "AWS_SECRET_ACCESS_KEY": "x",
+        "PATH": "/bin",
+    }
+    assert forwarded_env(env) == {
+        k: env[k]
+        for k in ("HF_HUB_OFFLINE", "HF_HOME", "QEVAL_VLLM_PYTHON", "TOKENIZERS_PARALLELISM", "TRANSFORMERS_CACHE")
+    }
 
 
 def test_a_node_with_other_model_files_refuses_the_job(tmp_path: Path) -> None:
@@ -258,4 +304,3 @@ def test_scratch_of_dead_ray_workers_is_cleared(tmp_path: Path, monkeypatch: pyt
     (tmp_path / "qeval-other").mkdir()
     clear_stale_scratch()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"qeval-ray-{os.getpid()}-def", "qeval-other"])
-

@@ -71,8 +71,7 @@ def test_a_nan_setup_fails_alone_with_its_reason(nan_run: tuple[Path, Path]) -> 
     assert "non-finite scores: task ppl" in (out / "report.md").read_text()
 
 
-def test_a_rerun_scores_the_nan_setup_again_and_says_the_same(nan_run: tuple[Path, Path],
-                                                             tmp_path: Path) -> None:
+def test_a_rerun_scores_the_nan_setup_again_and_says_the_same(nan_run: tuple[Path, Path], tmp_path: Path) -> None:
     cfg, first = nan_run
     out = tmp_path / "out"
     shutil.copytree(first, out)

@@ -81,9 +81,18 @@ def _config(tmp: Path, dtype: str) -> Path:
     """The small run config on `dtype` and device auto (the default both resolve here)."""
     from tests.helpers import INT8, make_config
 
-    return make_config(tmp, name="c", model={"path": MODEL, "dtype": dtype}, tasks_dir=TASKS, tasks=["facts"],
-                       setups=[{"name": "base", "baseline": True}, INT8], device=None, batch_size=None, gates=None,
-                       performance=None)
+    return make_config(
+        tmp,
+        name="c",
+        model={"path": MODEL, "dtype": dtype},
+        tasks_dir=TASKS,
+        tasks=["facts"],
+        setups=[{"name": "base", "baseline": True}, INT8],
+        device=None,
+        batch_size=None,
+        gates=None,
+        performance=None,
+    )
 
 
 def _validate_in_process(cfg: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -95,8 +104,9 @@ def _validate_in_process(cfg: Path, capsys: pytest.CaptureFixture[str]) -> tuple
     return res.exit_code, res.stdout, res.stderr
 
 
-def test_validate_says_what_bf16_costs_here_and_what_to_use(no_bf16: None, tmp_path: Path,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_validate_says_what_bf16_costs_here_and_what_to_use(
+    no_bf16: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, out, err = _validate_in_process(_config(tmp_path, "bfloat16"), capsys)
     assert code == 0, out + err
     warning = [line for line in err.splitlines() if "warning" in line]
@@ -139,8 +149,13 @@ def test_the_shipped_demo_configs_use_auto() -> None:
     """So the same two README commands are fast on both CPU kinds."""
     import yaml
 
-    for name in ("demo.yaml", "demo-vllm.yaml", "smollm2-longctx.yaml", "smollm2-longctx-vllm.yaml",
-                 "smollm2-openllm.yaml"):
+    for name in (
+        "demo.yaml",
+        "demo-vllm.yaml",
+        "smollm2-longctx.yaml",
+        "smollm2-longctx-vllm.yaml",
+        "smollm2-openllm.yaml",
+    ):
         cfg = yaml.safe_load((ROOT / "configs" / name).read_text())
         assert cfg["model"]["dtype"] == "auto", name
     real = yaml.safe_load((ROOT / "configs" / "smollm2-real.yaml").read_text())
@@ -148,6 +163,7 @@ def test_the_shipped_demo_configs_use_auto() -> None:
 
 
 # -- the ceilings probe ---------------------------------------------------------------------------
+
 
 def test_probe_is_bounded_on_a_slow_matmul(monkeypatch: pytest.MonkeyPatch) -> None:
     """A matmul as slow as bfloat16 on an AVX2 CPU (0.3 GFLOP/s, as measured there: the
@@ -165,6 +181,7 @@ def test_probe_is_bounded_on_a_slow_matmul(monkeypatch: pytest.MonkeyPatch) -> N
             out = real(a, b)
             time.sleep(2 * a.shape[0] * a.shape[1] * b.shape[1] / rate)
             return out
+
         return op
 
     monkeypatch.setattr(torch, "matmul", slow(real_mm))
@@ -192,8 +209,9 @@ def test_probe_on_this_cpu_is_within_its_budget() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "c.json"
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "qeval.perf.ceilings", str(out), "cpu", "float32"], check=True,
-                       timeout=120)
+        subprocess.run(
+            [sys.executable, "-m", "qeval.perf.ceilings", str(out), "cpu", "float32"], check=True, timeout=120
+        )
         wall = time.perf_counter() - t0
         result = json.loads(out.read_text())
     assert result["probe_s"] <= ceilings.BUDGET_S, result["probe_s"]
@@ -209,15 +227,19 @@ def test_rates_print_in_a_unit_that_shows_them() -> None:
     assert rate_text(5.1e10, "OP/s") == "51 GOP/s"
 
 
-@pytest.mark.parametrize(("env", "native"), [
-    ({}, {"bfloat16"}),
-    ({"ONEDNN_MAX_CPU_ISA": "AVX2"}, set()),
-    ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}, set()),
-    ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, {"bfloat16"}),
-    ({"ATEN_CPU_CAPABILITY": "avx2"}, set()),
-])
-def test_isa_caps_in_the_environment_count(bf16: None, monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
-                                           native: set[str]) -> None:
+@pytest.mark.parametrize(
+    ("env", "native"),
+    [
+        ({}, {"bfloat16"}),
+        ({"ONEDNN_MAX_CPU_ISA": "AVX2"}, set()),
+        ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}, set()),
+        ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, {"bfloat16"}),
+        ({"ATEN_CPU_CAPABILITY": "avx2"}, set()),
+    ],
+)
+def test_isa_caps_in_the_environment_count(
+    bf16: None, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], native: set[str]
+) -> None:
     """torch computes like an AVX2 machine under these caps (how docs/benchmarks.md measures the
     AVX2 case on an AVX-512 machine), so `auto` must see them."""
     for key in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"):
@@ -227,14 +249,17 @@ def test_isa_caps_in_the_environment_count(bf16: None, monkeypatch: pytest.Monke
     assert precision.native_16bit("cpu") == native
 
 
-@pytest.mark.parametrize(("config", "dtype"), [
-    ({}, "float32"),  # no dtype at all: float32, as transformers loads it, not an invented bfloat16
-    ({"dtype": 16, "torch_dtype": "bfloat16"}, "bfloat16"),  # a malformed dtype: the older key still counts
-    ({"dtype": ["bfloat16"]}, "float32"),
-    ({"dtype": "torch.bfloat16"}, "bfloat16"),
-    ({"dtype": "float64"}, "float32"),
-    ({"text_config": {"dtype": "bfloat16"}}, "bfloat16"),  # a multimodal config's decoder
-])
+@pytest.mark.parametrize(
+    ("config", "dtype"),
+    [
+        ({}, "float32"),  # no dtype at all: float32, as transformers loads it, not an invented bfloat16
+        ({"dtype": 16, "torch_dtype": "bfloat16"}, "bfloat16"),  # a malformed dtype: the older key still counts
+        ({"dtype": ["bfloat16"]}, "float32"),
+        ({"dtype": "torch.bfloat16"}, "bfloat16"),
+        ({"dtype": "float64"}, "float32"),
+        ({"text_config": {"dtype": "bfloat16"}}, "bfloat16"),  # a multimodal config's decoder
+    ],
+)
 def test_auto_reads_only_a_dtype_the_config_really_names(bf16: None, config: dict, dtype: str) -> None:
     p = precision.resolve_precision("auto", config, "cpu")
     assert p.dtype == dtype, p
@@ -248,9 +273,10 @@ def test_an_isa_cap_is_named_as_the_cause(bf16: None, monkeypatch: pytest.Monkey
     assert p.dtype == "float32" and "ONEDNN_MAX_CPU_ISA=AVX2" in p.reason, p.reason
 
 
-@pytest.mark.parametrize(("isa", "native"), [("AVX512_CORE_FP16", {"bfloat16", "float16"}),
-                                             ("AVX512_CORE_AMX", {"bfloat16", "float16"}),
-                                             ("AVX2_VNNI", set())])
+@pytest.mark.parametrize(
+    ("isa", "native"),
+    [("AVX512_CORE_FP16", {"bfloat16", "float16"}), ("AVX512_CORE_AMX", {"bfloat16", "float16"}), ("AVX2_VNNI", set())],
+)
 def test_onednn_isa_caps_are_ordered(bf16: None, monkeypatch: pytest.MonkeyPatch, isa: str, native: set) -> None:
     monkeypatch.setattr(precision, "cpu_flags", lambda: AVX512_BF16 | {"avx512_fp16"})
     monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)

@@ -59,8 +59,11 @@ def local_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _samples(run: Path, setups: tuple[str, ...] = ("bf16", "int8", "kv-int4")) -> dict[str, bytes]:
-    return {p.relative_to(run).as_posix(): p.read_bytes() for s in setups
-            for p in sorted((run / "samples" / s).glob("*.jsonl"))}
+    return {
+        p.relative_to(run).as_posix(): p.read_bytes()
+        for s in setups
+        for p in sorted((run / "samples" / s).glob("*.jsonl"))
+    }
 
 
 def _alive(pid: int) -> bool:
@@ -123,8 +126,7 @@ def _config(tmp: Path, executor: str) -> Path:
 def test_ray_two_at_a_time_matches_local(cluster: LocalCluster, local_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     with Watch(cluster.scratch) as watch:
-        res = run_cli("run", str(DEMO), "--output", str(out), *QUICK, "--setups", SETUPS,
-                      "--executor", "ray")
+        res = run_cli("run", str(DEMO), "--output", str(out), *QUICK, "--setups", SETUPS, "--executor", "ray")
     assert res.returncode == 0, res.stderr[-3000:]
     assert watch.most_at_once == 2, watch.pids  # the two quantized setups side by side, never more
     assert set(watch.pids) == {"bf16", "int8", "kv-int4"}
@@ -133,8 +135,9 @@ def test_ray_two_at_a_time_matches_local(cluster: LocalCluster, local_run: Path,
     ray_samples = _samples(out)
     assert len(ray_samples) == 12 and ray_samples == _samples(local_run)
     local, ray = (json.loads((r / "results.json").read_text()) for r in (local_run, out))
-    assert [(s["name"], s["status"], s["tasks"]) for s in ray["setups"]] == \
-        [(s["name"], s["status"], s["tasks"]) for s in local["setups"]]
+    assert [(s["name"], s["status"], s["tasks"]) for s in ray["setups"]] == [
+        (s["name"], s["status"], s["tasks"]) for s in local["setups"]
+    ]
     assert ray["recommendation"] == local["recommendation"]
     # the driver wrote the run directory; nothing of the nodes' scratch folders is in it
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in local_run.iterdir())
@@ -144,8 +147,7 @@ def test_ray_two_at_a_time_matches_local(cluster: LocalCluster, local_run: Path,
 def test_a_killed_ray_worker_is_retried(cluster: LocalCluster, local_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     with Watch(cluster.scratch, kill_setup="int8") as watch:
-        res = run_cli("run", str(DEMO), "--output", str(out), *QUICK, "--setups", "int8",
-                      "--executor", "ray")
+        res = run_cli("run", str(DEMO), "--output", str(out), *QUICK, "--setups", "int8", "--executor", "ray")
     assert res.returncode == 0, res.stderr[-3000:]
     assert watch.killed is not None, "the Ray worker running int8 was never seen scoring"
     assert watch.pids["int8"][0] == watch.killed and len(watch.pids["int8"]) == 2, watch.pids  # a fresh process
@@ -173,13 +175,24 @@ def test_exhausted_retries_record_the_cause(cluster: LocalCluster, tmp_path: Pat
 def test_ctrl_c_cancels_the_jobs_and_the_run_resumes(cluster: LocalCluster, local_run: Path, tmp_path: Path) -> None:
     for attempt in range(2):
         out = tmp_path / f"run{attempt}"
-        args = [sys.executable, "-m", "qeval.cli", "run", str(DEMO), "--output", str(out), *QUICK,
-                "--setups", SETUPS, "--executor", "ray"]
+        args = [
+            sys.executable,
+            "-m",
+            "qeval.cli",
+            "run",
+            str(DEMO),
+            "--output",
+            str(out),
+            *QUICK,
+            "--setups",
+            SETUPS,
+            "--executor",
+            "ray",
+        ]
         with Watch(cluster.scratch) as watch:
             driver = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             deadline = time.monotonic() + 600
-            while (not ({"int8", "kv-int4"} & set(watch.pids)) and driver.poll() is None
-                   and time.monotonic() < deadline):
+            while not ({"int8", "kv-int4"} & set(watch.pids)) and driver.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.1)
             driver.send_signal(signal.SIGINT)
             _, err = driver.communicate(timeout=120)
@@ -278,5 +291,7 @@ def test_a_job_no_node_can_hold_fails_at_once(cluster: LocalCluster, tmp_path: P
     r = json.loads((tmp_path / "run" / "results.json").read_text())
     for s in r["setups"]:
         assert s["status"] == "failed"
-        assert s["error"] == ("cannot be placed on this cluster: needs 1 CPU and 1 GPU on one node; the largest node "
-                              "of the cluster has 1 CPUs and 0 GPUs"), s["error"]
+        assert s["error"] == (
+            "cannot be placed on this cluster: needs 1 CPU and 1 GPU on one node; the largest node "
+            "of the cluster has 1 CPUs and 0 GPUs"
+        ), s["error"]

@@ -67,12 +67,21 @@ def _pre(cfg: RunConfig, tasks: list[tuple[str, str, str, str]]) -> Any:
 def test_plan_cells_and_level() -> None:
     """Cells: lm-eval tasks outside groups, on bounded metrics, with a gate; the level split over
     (setups other than the baseline) x cells."""
-    cfg = _cfg(sequential={"enabled": True, "level": 0.06}, gates=[{"task": "all", "max_drop": 0.02}],
-               setups=[{"name": "b", "baseline": True}, {"name": "x", "weights": "int8"},
-                       {"name": "y", "weights": "int4"}])
-    pre = _pre(cfg, [("arc", "lm_eval", "arc", "acc"), ("wiki", "lm_eval", "wiki", "bits_per_byte"),
-                     ("mmlu_a", "lm_eval", "mmlu", "acc"), ("piqa", "lm_eval", "piqa", "acc_norm"),
-                     ("addition", "native", "addition", "exact_match")])
+    cfg = _cfg(
+        sequential={"enabled": True, "level": 0.06},
+        gates=[{"task": "all", "max_drop": 0.02}],
+        setups=[{"name": "b", "baseline": True}, {"name": "x", "weights": "int8"}, {"name": "y", "weights": "int4"}],
+    )
+    pre = _pre(
+        cfg,
+        [
+            ("arc", "lm_eval", "arc", "acc"),
+            ("wiki", "lm_eval", "wiki", "bits_per_byte"),
+            ("mmlu_a", "lm_eval", "mmlu", "acc"),
+            ("piqa", "lm_eval", "piqa", "acc_norm"),
+            ("addition", "native", "addition", "exact_match"),
+        ],
+    )
     p = plan(pre)
     assert p is not None and set(p["tasks"]) == {"arc", "piqa"}
     assert p["cells"] == 4 and p["alpha"] == pytest.approx(0.015)
@@ -84,9 +93,16 @@ def test_which_kinds_are_sequential_and_why_not() -> None:
     (their scoring loops take no order), group members (their group is judged pooled) and bits per
     byte (unbounded) are judged by the fixed-n interval, each with its reason for the report."""
     cfg = _cfg(sequential={"enabled": True}, gates=[{"task": "all", "max_drop": 0.02}])
-    pre = _pre(cfg, [("arc", "lm_eval", "arc", "acc"), ("needle_1k", "long_context", "needle_1k", "acc"),
-                     ("addition", "native", "addition", "exact_match"), ("mmlu_a", "lm_eval", "mmlu", "acc"),
-                     ("wiki", "lm_eval", "wiki", "bits_per_byte")])
+    pre = _pre(
+        cfg,
+        [
+            ("arc", "lm_eval", "arc", "acc"),
+            ("needle_1k", "long_context", "needle_1k", "acc"),
+            ("addition", "native", "addition", "exact_match"),
+            ("mmlu_a", "lm_eval", "mmlu", "acc"),
+            ("wiki", "lm_eval", "wiki", "bits_per_byte"),
+        ],
+    )
     p = plan(pre)
     assert p is not None and set(p["tasks"]) == {"arc"} and p["cells"] == 1
     assert not_sequential("lm_eval", False, "acc") is None
@@ -121,7 +137,7 @@ def test_monitor_stops_where_assembly_says(broken: bool) -> None:
     monitor = Monitor(p, {"arc": order}, {"arc": base_records})
     scored: list[dict[str, Any]] = []
     for start in range(0, n, 20):
-        chunk = _records(other, sorted(order[start:start + 20]))  # a chunk's ids come ascending, as lm-eval's
+        chunk = _records(other, sorted(order[start : start + 20]))  # a chunk's ids come ascending, as lm-eval's
         scored += chunk
         if monitor.add("arc", chunk):
             break

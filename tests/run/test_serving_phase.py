@@ -26,25 +26,52 @@ SLO = {"percentile": 99, "ttft_ms": 500}
 
 def _level(goodput: float, p99: float) -> ServingLevel:
     pct = {name: {"p50": p99 / 2, "p90": p99 * 0.9, "p99": p99} for name in ("ttft", "tpot", "itl", "e2e")}
-    return ServingLevel(max_num_seqs=8, rate=1.0, requests=12, completed=12, failed=0, duration_s=12.0,
-                        goodput_rps=goodput, throughput_rps=1.0, output_tokens_per_s=50.0, percentiles_ms=pct,
-                        meets_slo=p99 <= 500, violations=[] if p99 <= 500 else ["ttft"], kv_usage_peak=0.4,
-                        kv_usage_mean=0.2, preemptions=0, queue_time_mean_ms=1.0, kv_samples=9)
+    return ServingLevel(
+        max_num_seqs=8,
+        rate=1.0,
+        requests=12,
+        completed=12,
+        failed=0,
+        duration_s=12.0,
+        goodput_rps=goodput,
+        throughput_rps=1.0,
+        output_tokens_per_s=50.0,
+        percentiles_ms=pct,
+        meets_slo=p99 <= 500,
+        violations=[] if p99 <= 500 else ["ttft"],
+        kv_usage_peak=0.4,
+        kv_usage_mean=0.2,
+        preemptions=0,
+        queue_time_mean_ms=1.0,
+        kv_samples=9,
+    )
 
 
 def _served(name: str, goodput: float | None) -> ServingSetup:
     pick = ServingPick(max_num_seqs=8, rate=1.0, goodput_rps=goodput) if goodput is not None else None
-    return ServingSetup(setup=name, key="k", status="ok", max_model_len=512, prefix_caching=False,
-                        levels=[_level(goodput or 0.0, 100.0 if pick else 900.0)], pick=pick,
-                        best_p99_ms={} if pick else {"ttft_ms": 900.0},
-                        serve_command=f"vllm serve models/{name} --max-num-seqs 8 --max-model-len 512")
+    return ServingSetup(
+        setup=name,
+        key="k",
+        status="ok",
+        max_model_len=512,
+        prefix_caching=False,
+        levels=[_level(goodput or 0.0, 100.0 if pick else 900.0)],
+        pick=pick,
+        best_p99_ms={} if pick else {"ttft_ms": 900.0},
+        serve_command=f"vllm serve models/{name} --max-num-seqs 8 --max-model-len 512",
+    )
 
 
 def _serving(rows: list[ServingSetup], gated: tuple[list[str], dict[str, str]] | None) -> ServingResults:
-    return ServingResults(config="run-v1", workload={"source": "trace.jsonl", "requests_per_level": 12,
-                                                     "slo": SLO, "arrivals": "Poisson (seed 0)"},
-                          load_generator="vllm bench serve", machine="cpu", kv_usage_limit=0.9, setups=rows,
-                          recommendation=recommend_goodput(rows, gated, SloSpec(**SLO)))
+    return ServingResults(
+        config="run-v1",
+        workload={"source": "trace.jsonl", "requests_per_level": 12, "slo": SLO, "arrivals": "Poisson (seed 0)"},
+        load_generator="vllm bench serve",
+        machine="cpu",
+        kv_usage_limit=0.9,
+        setups=rows,
+        recommendation=recommend_goodput(rows, gated, SloSpec(**SLO)),
+    )
 
 
 def _goodput_run(tmp_path: Path) -> Results:
@@ -63,8 +90,9 @@ def test_before_serving_every_passing_setup_says_where_goodput_comes_from(tmp_pa
     assert "serving phase" in rec.reasons["int8"] and "fails the 2 pt gate" in rec.reasons["kv-int2"]
 
 
-def test_serving_decides_among_the_gated_setups_and_joins_the_report(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_serving_decides_among_the_gated_setups_and_joins_the_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from qeval.run import serving as phase
 
     results = _goodput_run(tmp_path)
@@ -73,8 +101,13 @@ def test_serving_decides_among_the_gated_setups_and_joins_the_report(tmp_path: P
     def fake_goodput_run(cfg: Any, out: Path, gated: Any, say: Any) -> ServingResults:
         seen["setups"], seen["gated"] = [s.name for s in cfg.setups], gated
         # kv-int2 serves the most, but fails its gate; int4 cannot meet the SLO; int8 beats bf16
-        rows = [_served("bf16", 1.0), _served("int8", 1.9), _served("int4", None), _served("kv-int4", 2.5),
-                _served("kv-int2", 5.0)]
+        rows = [
+            _served("bf16", 1.0),
+            _served("int8", 1.9),
+            _served("int4", None),
+            _served("kv-int4", 2.5),
+            _served("kv-int2", 5.0),
+        ]
         return _serving(rows, gated)
 
     monkeypatch.setattr(phase, "goodput_run", fake_goodput_run)

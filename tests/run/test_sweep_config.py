@@ -61,23 +61,32 @@ def test_validate_checks_every_model(tmp_path: Path) -> None:
     (tmp_path / "s.yaml").write_text(SWEEP)
     res = run_cli("validate", str(tmp_path / "s.yaml"))
     assert res.returncode == 0, res.stderr
-    auto = "dtype bfloat16 (auto)" if cpu_dtype() == "bfloat16" else \
-        "dtype float32 (auto: this CPU has no native bfloat16)"  # model a leaves dtype to its default, auto
-    assert res.stdout.splitlines() == [f"{tmp_path / 's.yaml'} model a: ok (2 setups, 1 tasks, device cpu, {auto})",
-                                       f"{tmp_path / 's.yaml'} model b: ok (2 setups, 1 tasks, device cpu, "
-                                       "dtype float32)"]
+    auto = (
+        "dtype bfloat16 (auto)"
+        if cpu_dtype() == "bfloat16"
+        else "dtype float32 (auto: this CPU has no native bfloat16)"
+    )  # model a leaves dtype to its default, auto
+    assert res.stdout.splitlines() == [
+        f"{tmp_path / 's.yaml'} model a: ok (2 setups, 1 tasks, device cpu, {auto})",
+        f"{tmp_path / 's.yaml'} model b: ok (2 setups, 1 tasks, device cpu, dtype float32)",
+    ]
 
 
-@pytest.mark.parametrize(("change", "expected"), [
-    (lambda t: t.replace("name: b\n", "name: a\n"), "models: duplicate model names: a"),
-    (lambda t: t.replace("tasks_dir:", f"model: {{path: {MODEL}}}\ntasks_dir:"), "give `model` (one model) or "
-                                                                                "`models` (a sweep), not both"),
-    (lambda t: t.replace("name: b\n", "name: ../b\n"), "models.1.name: '../b' is not allowed as a name"),
-    (lambda t: t.replace("    dtype: float32\n", "    dtype: int3\n"), "models.1.dtype: Input should be"),
-    (lambda t: t.replace("setups: [{name: bf16", "oops: [{name: bf16"), "models.a: no setups: give the model its"),
-    (lambda t: t + "candidate: int8\n", "models.b: candidate 'int8' is not a setup of this config"),
-    (lambda t: t.replace("models:\n", "models: []\nx_models:\n"), "models: expected a list of models"),
-])
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda t: t.replace("name: b\n", "name: a\n"), "models: duplicate model names: a"),
+        (
+            lambda t: t.replace("tasks_dir:", f"model: {{path: {MODEL}}}\ntasks_dir:"),
+            "give `model` (one model) or `models` (a sweep), not both",
+        ),
+        (lambda t: t.replace("name: b\n", "name: ../b\n"), "models.1.name: '../b' is not allowed as a name"),
+        (lambda t: t.replace("    dtype: float32\n", "    dtype: int3\n"), "models.1.dtype: Input should be"),
+        (lambda t: t.replace("setups: [{name: bf16", "oops: [{name: bf16"), "models.a: no setups: give the model its"),
+        (lambda t: t + "candidate: int8\n", "models.b: candidate 'int8' is not a setup of this config"),
+        (lambda t: t.replace("models:\n", "models: []\nx_models:\n"), "models: expected a list of models"),
+    ],
+)
 def test_bad_sweeps_are_one_line(tmp_path: Path, change, expected: str) -> None:  # type: ignore[no-untyped-def]
     (tmp_path / "s.yaml").write_text(change(SWEEP))
     _one_line_exit_2(run_cli("validate", str(tmp_path / "s.yaml")), expected)

@@ -26,8 +26,9 @@ def toy_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_kind_from_outside_qeval_is_scored_assembled_and_reported(tmp_path: Path, toy_env: None) -> None:
-    cfg = make_config(tmp_path, tasks=None, gates=[{"task": "toy_next", "max_drop": 0.5}], kinds={"toy": {"count": 8}},
-                      backend="toy")
+    cfg = make_config(
+        tmp_path, tasks=None, gates=[{"task": "toy_next", "max_drop": 0.5}], kinds={"toy": {"count": 8}}, backend="toy"
+    )
     out = tmp_path / "run"
     res = run_cli("run", str(cfg), "--output", str(out), timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -52,8 +53,9 @@ def test_a_kind_from_outside_qeval_is_scored_assembled_and_reported(tmp_path: Pa
     assert run_cli("report", str(out)).returncode == 0
     assert (out / "report.md").read_text() == report
     # and nothing in qeval names the kind: it came in through the registry alone
-    grep = subprocess.run(["grep", "-rl", "toy_kind\\|toy_next\\|toy_backend", str(ROOT / "qeval")],
-                          capture_output=True, text=True)
+    grep = subprocess.run(
+        ["grep", "-rl", "toy_kind\\|toy_next\\|toy_backend", str(ROOT / "qeval")], capture_output=True, text=True
+    )
     assert grep.stdout == ""
 
 
@@ -61,8 +63,10 @@ def test_a_bad_kind_piece_is_one_line(tmp_path: Path, toy_env: None) -> None:
     cfg = make_config(tmp_path, tasks=None, kinds={"toy": {"count": 0}})
     one_line_exit_2(run_cli("validate", str(cfg)), "kinds.toy.count: Input should be greater than 0")
     cfg = make_config(tmp_path, tasks=None, kinds={"nope": {}})
-    one_line_exit_2(run_cli("validate", str(cfg)),
-                    "no task kind 'nope' (registered: native, lm_eval, long_context, multi_turn, generation, toy)")
+    one_line_exit_2(
+        run_cli("validate", str(cfg)),
+        "no task kind 'nope' (registered: native, lm_eval, long_context, multi_turn, generation, toy)",
+    )
 
 
 def test_a_kind_that_cannot_be_loaded_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

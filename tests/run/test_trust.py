@@ -36,6 +36,7 @@ _one_line_exit_2, _task_dir, _config_for = one_line_exit_2, task_dir, config_for
 
 # -- 1. templates are sandboxed ---------------------------------------------------------
 
+
 @pytest.mark.parametrize("field", ["doc_to_text", "doc_to_target"])
 def test_a_template_cannot_run_code(tmp_path: Path, field: str) -> None:
     marker = tmp_path / "pwned"
@@ -59,6 +60,7 @@ def test_templates_still_render_data() -> None:
 
 
 # -- 2. names never become paths outside the run directory ------------------------------
+
 
 @pytest.mark.parametrize("name", ["../../x", "/abs/file", "a/b", ".hidden", "x" * 300])
 def test_task_names_are_safe(tmp_path: Path, name: str) -> None:
@@ -92,8 +94,10 @@ def test_store_paths_stay_inside_the_run_directory(tmp_path: Path) -> None:
 
 # -- 3. bounded YAML ----------------------------------------------------------------------
 
-BOMB = "\n".join(["a: &a [x, x, x, x, x, x, x, x, x]"]
-                 + [f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]" for i in range(8)])
+BOMB = "\n".join(
+    ["a: &a [x, x, x, x, x, x, x, x, x]"]
+    + [f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]" for i in range(8)]
+)
 
 
 def test_alias_bomb_in_task_metadata_is_refused(tmp_path: Path) -> None:
@@ -120,6 +124,7 @@ def test_ordinary_aliases_still_load(tmp_path: Path) -> None:
 
 # -- 5. duplicate ids and empty data --------------------------------------------------------
 
+
 def test_duplicate_document_ids_are_refused(tmp_path: Path) -> None:
     rows = [dict(r, id="same") for r in GEN_ROWS]
     folder = _task_dir(tmp_path, GEN_YAML, rows)
@@ -132,6 +137,7 @@ def test_an_empty_task_is_refused(tmp_path: Path) -> None:
 
 
 # -- 13, 14. bad input is one line ---------------------------------------------------------
+
 
 def test_a_mistyped_model_path_is_not_a_hub_id(tmp_path: Path) -> None:
     from tests.helpers import make_config
@@ -188,13 +194,16 @@ def test_a_long_setup_name_fails_at_validate_not_after_the_baseline(tmp_path: Pa
 MC_ROW = {"id": "0", "question": "Largest of 1 2:", "choices": ["1", "2"], "label": 1}
 
 
-@pytest.mark.parametrize(("change", "expected"), [
-    ({"choices": ["1", ""]}, "a choice is empty"),
-    ({"label": 1.9}, "label 1.9 is not a choice index"),
-    ({"label": True}, "label True is not a choice index"),
-    ({"choices": "abcd"}, "choices must be a list"),
-    ({"label": 5}, "label 5 out of range"),
-])
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"choices": ["1", ""]}, "a choice is empty"),
+        ({"label": 1.9}, "label 1.9 is not a choice index"),
+        ({"label": True}, "label True is not a choice index"),
+        ({"choices": "abcd"}, "choices must be a list"),
+        ({"label": 5}, "label 5 out of range"),
+    ],
+)
 def test_multiple_choice_data_is_checked_strictly(tmp_path: Path, change: dict, expected: str) -> None:
     rows = [dict(MC_ROW, id=str(i)) for i in range(5)]
     rows[3] |= change
@@ -212,6 +221,7 @@ def test_labels_as_digit_strings_and_choice_text_are_read() -> None:
 
 # -- 16. generation keeps the end of the prompt ----------------------------------------------
 
+
 def test_generation_keeps_the_last_prompt_tokens() -> None:
     from qeval.backends.tokens import generation_context
 
@@ -226,6 +236,7 @@ def test_max_gen_toks_must_leave_room_for_a_prompt(tmp_path: Path) -> None:
 
 
 # -- 8. the model checksum is over content ------------------------------------------------------
+
 
 def test_a_same_size_same_mtime_model_is_a_different_model(tmp_path: Path) -> None:
     """Files over 256 MiB used to be keyed by size and mtime: `cp -p` of another model of the
@@ -249,6 +260,7 @@ def test_a_same_size_same_mtime_model_is_a_different_model(tmp_path: Path) -> No
 
 
 # -- 17. reports escape content and never fail on it -----------------------------------------------
+
 
 def test_report_escapes_hostile_names_and_survives_mathtext(tmp_path: Path) -> None:
     run = tmp_path / "run"
@@ -283,6 +295,7 @@ def test_report_on_a_truncated_results_or_samples_file_is_one_line(tmp_path: Pat
 
 # -- 11, 12. the run directory: ownership and the lock --------------------------------------------
 
+
 def test_a_folder_holding_foreign_files_is_not_overwritten(tmp_path: Path) -> None:
     from tests.helpers import make_config
 
@@ -295,13 +308,19 @@ def test_a_folder_holding_foreign_files_is_not_overwritten(tmp_path: Path) -> No
     other = tmp_path / "other"
     other.mkdir()
     (other / ".qeval-run.json").write_text('{"config_name": "someone-else"}')
-    _one_line_exit_2(run_cli("run", str(cfg), "--output", str(other), "--limit", "4"),
-                     "holds the run of config 'someone-else'")
+    _one_line_exit_2(
+        run_cli("run", str(cfg), "--output", str(other), "--limit", "4"), "holds the run of config 'someone-else'"
+    )
 
 
 def _start_run(cfg: Path, out: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "qeval.cli", "run", str(cfg), "--output", str(out)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "qeval.cli", "run", str(cfg), "--output", str(out)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_for_worker(parent: subprocess.Popen[str], timeout: float = 120) -> list:
@@ -309,8 +328,11 @@ def _wait_for_worker(parent: subprocess.Popen[str], timeout: float = 120) -> lis
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        kids = [p for p in psutil.Process(parent.pid).children(recursive=True)
-                if "qeval.run.worker" in " ".join(p.cmdline())]
+        kids = [
+            p
+            for p in psutil.Process(parent.pid).children(recursive=True)
+            if "qeval.run.worker" in " ".join(p.cmdline())
+        ]
         if kids:
             return kids
         assert parent.poll() is None, parent.communicate()
@@ -344,6 +366,7 @@ def test_a_second_run_is_refused_and_a_killed_runner_takes_its_worker_along(tmp_
 
 
 # -- 4, 6, 7, 9, 10. what a run reports, and its exit code ----------------------------------------
+
 
 def _results(out: Path) -> dict:
     return json.loads((out / "results.json").read_text())
@@ -403,8 +426,7 @@ def test_exit_codes_and_what_reruns_recompute(tmp_path: Path) -> None:
     assert res.returncode == 0 and "Traceback" not in res.stderr
     assert "corrupt JSON" in res.stderr and "kv2: addition" in res.stderr
     # 10: batch_size changes the numerics, so it is part of the key
-    res = run_cli("run", str(make_config(tmp_path, setups=setups, batch_size=4)),
-                  "--output", str(out), "--limit", "30")
+    res = run_cli("run", str(make_config(tmp_path, setups=setups, batch_size=4)), "--output", str(out), "--limit", "30")
     assert res.returncode == 0 and "skipped" not in res.stderr, res.stderr[-2000:]
     assert first["setups"]  # (the first run's results were complete)
 

@@ -19,6 +19,7 @@ from tests.helpers import MODEL, ROOT, TASKS, run_cli, write_config
 
 LLAMA2 = ROOT / "tests" / "data" / "llama2-7b-config.json"
 
+
 def _one_line_exit_2(res: subprocess.CompletedProcess[str], expected: str) -> None:
     assert res.returncode == 2, (res.returncode, res.stderr[-3000:])
     lines = res.stderr.strip().splitlines()
@@ -73,15 +74,18 @@ def test_plan_on_a_file_that_is_not_gguf_is_one_line(tmp_path: Path) -> None:
     _one_line_exit_2(run_cli("plan", "--model", str(bad)), "broken.gguf")
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("{not json", "not a readable JSON config"),
-    ("[1, 2]", "not a JSON object"),
-    ('"a string"', "not a JSON object"),
-    ("{}", "lacks 'num_attention_heads'"),
-    (json.dumps(json.loads(LLAMA2.read_text()) | {"num_attention_heads": 0}), "num_attention_heads 0"),
-    (json.dumps(json.loads(LLAMA2.read_text()) | {"hidden_size": "4096"}), "hidden_size '4096'"),
-    (json.dumps({"text_config": [1]}), "not a JSON object"),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("{not json", "not a readable JSON config"),
+        ("[1, 2]", "not a JSON object"),
+        ('"a string"', "not a JSON object"),
+        ("{}", "lacks 'num_attention_heads'"),
+        (json.dumps(json.loads(LLAMA2.read_text()) | {"num_attention_heads": 0}), "num_attention_heads 0"),
+        (json.dumps(json.loads(LLAMA2.read_text()) | {"hidden_size": "4096"}), "hidden_size '4096'"),
+        (json.dumps({"text_config": [1]}), "not a JSON object"),
+    ],
+)
 def test_plan_on_a_bad_config_json_is_one_line(tmp_path: Path, text: str, expected: str) -> None:
     """A config.json that is not JSON, not an object, lacks fields or has a zero head count (point 9)."""
     (tmp_path / "config.json").write_text(text)
@@ -100,10 +104,17 @@ def test_validate_refuses_zero_attention_heads(tmp_path: Path) -> None:
     _one_line_exit_2(run_cli("validate", str(make_config(tmp_path, model=model))), "num_attention_heads 0")
 
 
-@pytest.mark.parametrize(("option", "value"), [
-    ("--gpu-gib", "inf"), ("--gpu-gib", "nan"), ("--gpu-gib", "-1"),
-    ("--utilization", "nan"), ("--overhead-gib", "inf"), ("--margin", "nan"),
-])
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--gpu-gib", "inf"),
+        ("--gpu-gib", "nan"),
+        ("--gpu-gib", "-1"),
+        ("--utilization", "nan"),
+        ("--overhead-gib", "inf"),
+        ("--margin", "nan"),
+    ],
+)
 def test_plan_refuses_a_budget_that_is_not_a_finite_number(option: str, value: str) -> None:
     """inf and nan passed click's ranges and crashed the capacity formula (point 9)."""
     _one_line_exit_2(run_cli("plan", "--model", str(LLAMA2), option, value), option)
@@ -149,14 +160,17 @@ def test_tasks_prints_a_folder_with_brackets_as_written(tmp_path: Path) -> None:
 # --- strict types, ambiguous names (point 12) ----------------------------------------------------
 
 
-@pytest.mark.parametrize(("keys", "expected"), [
-    ({"batch_size": True}, "batch_size: Input should be a valid integer"),
-    ({"limit": "5"}, "limit: Input should be a valid integer"),
-    ({"performance": {"enabled": "yes"}}, "performance.enabled: Input should be a valid boolean"),
-    ({"lm_eval": {"tasks": [{"name": "arc_challenge_local", "num_fewshot": True}]}}, "lm_eval.tasks.0.num_fewshot"),
-    ({"model": {"trust_remote_code": 1}}, "model.trust_remote_code"),
-    ({"budget": {"gpu_memory_gib": "24"}}, "budget.gpu_memory_gib: Input should be a valid number"),
-])
+@pytest.mark.parametrize(
+    ("keys", "expected"),
+    [
+        ({"batch_size": True}, "batch_size: Input should be a valid integer"),
+        ({"limit": "5"}, "limit: Input should be a valid integer"),
+        ({"performance": {"enabled": "yes"}}, "performance.enabled: Input should be a valid boolean"),
+        ({"lm_eval": {"tasks": [{"name": "arc_challenge_local", "num_fewshot": True}]}}, "lm_eval.tasks.0.num_fewshot"),
+        ({"model": {"trust_remote_code": 1}}, "model.trust_remote_code"),
+        ({"budget": {"gpu_memory_gib": "24"}}, "budget.gpu_memory_gib: Input should be a valid number"),
+    ],
+)
 def test_config_values_of_another_type_are_refused(tmp_path: Path, keys: dict, expected: str) -> None:
     """`batch_size: true` was read as 1, `limit: "5"` as 5, `enabled: "yes"` as true (point 12)."""
     from tests.helpers import make_config
@@ -236,12 +250,16 @@ def test_sweep_model_names_differing_only_in_case_are_refused(tmp_path: Path) ->
         load_sweep(tmp_path / "s.yaml")
 
 
-@pytest.mark.parametrize("extra", [
-    {"lm_eval": {"include_path": [TASKS / "lm_eval"], "tasks": [{"name": "arc_challenge_local"}]}},
-    {"long_context": {"lengths": [64], "tasks": ["passkey"]}},
-])
-def test_a_config_without_native_tasks_needs_no_tasks_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                          extra: dict) -> None:
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"lm_eval": {"include_path": [TASKS / "lm_eval"], "tasks": [{"name": "arc_challenge_local"}]}},
+        {"long_context": {"lengths": [64], "tasks": ["passkey"]}},
+    ],
+)
+def test_a_config_without_native_tasks_needs_no_tasks_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: dict
+) -> None:
     """Only `lm_eval:` or `long_context:`: no `tasks` folder is read, so none is required (point 13)."""
     from tests.helpers import make_config
 
@@ -259,13 +277,16 @@ def test_a_missing_tasks_dir_names_the_key(tmp_path: Path, monkeypatch: pytest.M
         load_config(make_config(tmp_path, tasks_dir="no-such"))
 
 
-@pytest.mark.parametrize(("args", "expected"), [
-    (("run", "--limit", "abc", "c.yaml"), "'--limit'"),
-    (("run", "--no-such-option", "c.yaml"), "No such option: --no-such-option"),
-    (("run",), "Missing argument"),
-    (("plan",), "--model"),
-    (("no-such-command",), "No such command"),
-])
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("run", "--limit", "abc", "c.yaml"), "'--limit'"),
+        (("run", "--no-such-option", "c.yaml"), "No such option: --no-such-option"),
+        (("run",), "Missing argument"),
+        (("plan",), "--model"),
+        (("no-such-command",), "No such command"),
+    ],
+)
 def test_usage_errors_are_one_line_exit_2(args: tuple[str, ...], expected: str) -> None:
     """Typer drew a multi-line box for these, where every other bad input is one line (point 13)."""
     _one_line_exit_2(run_cli(*args), expected)
@@ -277,11 +298,14 @@ def test_help_still_works() -> None:
     assert res.returncode == 0 and "--gpus-per-node" in res.stdout, res.stderr[-3000:]
 
 
-@pytest.mark.parametrize(("top", "expected"), [
-    ("batchsize: 3\n", "s.yaml: batchsize: unknown key"),
-    ("max_context: 64\n", "s.yaml: max_context: unknown key (a model's own setting"),
-    ("batch_size: 0\n", "s.yaml: batch_size: Input should be greater than 0"),
-])
+@pytest.mark.parametrize(
+    ("top", "expected"),
+    [
+        ("batchsize: 3\n", "s.yaml: batchsize: unknown key"),
+        ("max_context: 64\n", "s.yaml: max_context: unknown key (a model's own setting"),
+        ("batch_size: 0\n", "s.yaml: batch_size: Input should be greater than 0"),
+    ],
+)
 def test_a_sweeps_own_keys_are_not_blamed_on_a_model(tmp_path: Path, top: str, expected: str) -> None:
     """A sweep's top-level key was reported as `models.<first>: key` (point 13)."""
     (tmp_path / "s.yaml").write_text(SWEEP + top)

@@ -14,39 +14,51 @@ from tests.helpers import GEN_ROWS, GEN_YAML, MODEL, ROOT, config_for, one_line_
 
 # -- template output is bounded, however it is built ------------------------------------------------
 
-@pytest.mark.parametrize("template", [
-    "{{ '%0100000000d' % a }}",
-    "{{ 'a'|center(100000000) }}",
-    "{{ '{:>100000000}'.format(a) }}",
-    "{% for i in range(100000) %}{% for j in range(100000) %}xxxxxxxxxx{% endfor %}{% endfor %}",
-    "{% for i in range(100000) %}{% for j in range(100000) %}{% set x = 1 %}{% endfor %}{% endfor %}",
-])
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ '%0100000000d' % a }}",
+        "{{ 'a'|center(100000000) }}",
+        "{{ '{:>100000000}'.format(a) }}",
+        "{% for i in range(100000) %}{% for j in range(100000) %}xxxxxxxxxx{% endfor %}{% endfor %}",
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% set x = 1 %}{% endfor %}{% endfor %}",
+    ],
+)
 def test_template_output_is_bounded(tmp_path: Path, template: str) -> None:
     """A printf width, a filter argument, a format spec or nested loops: each would build
     gigabytes (or spin for hours) while validating; each is refused in well under a second."""
-    folder = task_dir(tmp_path, GEN_YAML.replace('doc_to_text: "{{a}} + {{b}} ="',
-                                                  f"doc_to_text: {json.dumps(template)}"), GEN_ROWS)
+    folder = task_dir(
+        tmp_path, GEN_YAML.replace('doc_to_text: "{{a}} + {{b}} ="', f"doc_to_text: {json.dumps(template)}"), GEN_ROWS
+    )
     one_line_exit_2(run_cli("validate", str(config_for(tmp_path, folder)), timeout=60), "sandbox")
 
 
-@pytest.mark.parametrize(("template", "says"), [
-    ("{% set s='x'*100000 %}{% for a in s %}{% for c in s %}{% endfor %}{% endfor %}done", "took over 5 s"),
-    ("{{ lipsum(1000000)|length }}", "took over 5 s"),
-    # squaring in C past any timer: refused by the integer's size before it runs
-    ("{% set ns=namespace(x=2) %}{% for i in range(40) %}{% set ns.x=ns.x*ns.x %}{% endfor %}{{ 1 }}",
-     "integer too large"),
-])
+@pytest.mark.parametrize(
+    ("template", "says"),
+    [
+        ("{% set s='x'*100000 %}{% for a in s %}{% for c in s %}{% endfor %}{% endfor %}done", "took over 5 s"),
+        ("{{ lipsum(1000000)|length }}", "took over 5 s"),
+        # squaring in C past any timer: refused by the integer's size before it runs
+        (
+            "{% set ns=namespace(x=2) %}{% for i in range(40) %}{% set ns.x=ns.x*ns.x %}{% endfor %}{{ 1 }}",
+            "integer too large",
+        ),
+    ],
+)
 def test_template_time_is_bounded(tmp_path: Path, template: str, says: str) -> None:
     """Work that prints nothing between two output pieces is stopped by the clock (5 s)."""
-    folder = task_dir(tmp_path, GEN_YAML.replace('doc_to_text: "{{a}} + {{b}} ="',
-                                                  f"doc_to_text: {json.dumps(template)}"), GEN_ROWS)
+    folder = task_dir(
+        tmp_path, GEN_YAML.replace('doc_to_text: "{{a}} + {{b}} ="', f"doc_to_text: {json.dumps(template)}"), GEN_ROWS
+    )
     one_line_exit_2(run_cli("validate", str(config_for(tmp_path, folder)), timeout=60), says)
 
 
 @pytest.mark.parametrize("template", ["{{ 1/0 }}", "{{ '%c' % 99999999 }}", "{{ 1e309|int }}"])
 def test_a_template_that_raises_is_one_line(tmp_path: Path, template: str) -> None:
-    folder = task_dir(tmp_path, GEN_YAML.replace('doc_to_text: "{{a}} + {{b}} ="',
-                                                  f"doc_to_text: {json.dumps(template)}"), GEN_ROWS)
+    folder = task_dir(
+        tmp_path, GEN_YAML.replace('doc_to_text: "{{a}} + {{b}} ="', f"doc_to_text: {json.dumps(template)}"), GEN_ROWS
+    )
     one_line_exit_2(run_cli("validate", str(config_for(tmp_path, folder))), "document 0")
 
 
@@ -55,13 +67,22 @@ def test_bounded_templates_still_render_formatting() -> None:
     and ordinary padding render as jinja renders them."""
     from qeval.tasks.templates import render
 
-    assert render("{{ '%05d' % a }} {{ 'ab'|center(6) }} {{ '{:>4}'.format(a) }}|{% for i in range(3) %}{{ i }}"
-                  "{% endfor %}", {"a": 3}) == "00003   ab      3|012"
+    assert (
+        render(
+            "{{ '%05d' % a }} {{ 'ab'|center(6) }} {{ '{:>4}'.format(a) }}|{% for i in range(3) %}{{ i }}{% endfor %}",
+            {"a": 3},
+        )
+        == "00003   ab      3|012"
+    )
     doc = {"a": 3, "b": 12345678}
-    assert render("{{ (a + b)|string }} {{ '{:,}'.format(b) }} {{ b|abs }} {{ '{}: {}'.format(a, b) }}", doc) \
+    assert (
+        render("{{ (a + b)|string }} {{ '{:,}'.format(b) }} {{ b|abs }} {{ '{}: {}'.format(a, b) }}", doc)
         == "12345681 12,345,678 12345678 3: 12345678"
-    assert render("{{ range(3) }} {{ range(10)|length }} {{ range(5)|last }} {{ range(10)[2] }}", doc) \
+    )
+    assert (
+        render("{{ range(3) }} {{ range(10)|length }} {{ range(5)|last }} {{ range(10)[2] }}", doc)
         == "range(0, 3) 10 4 2"
+    )
 
 
 # -- lm-eval include folders: `!function` helpers, data files, base YAMLs ----------------------------
@@ -94,8 +115,9 @@ def _infos(folder: Path, num_fewshot: int = 0, seed: int = 1234, name: str = "he
     from qeval.config.lm_eval import LmEvalSpec, LmEvalTask
     from qeval.tasks.lm_eval.session import open_session
 
-    spec = LmEvalSpec(include_path=[str(folder)], fewshot_seed=seed,
-                       tasks=[LmEvalTask(name=name, num_fewshot=num_fewshot)])
+    spec = LmEvalSpec(
+        include_path=[str(folder)], fewshot_seed=seed, tasks=[LmEvalTask(name=name, num_fewshot=num_fewshot)]
+    )
     session = open_session(spec, folder, None)
     try:
         return dict(session.infos)
@@ -149,8 +171,14 @@ def test_data_files_outside_the_include_folder_are_refused(tmp_path: Path, path:
     outside.mkdir()
     (outside / "rows.jsonl").write_text((folder / "data" / "rows.jsonl").read_text())
     (folder / "helper.yaml").write_text(HELPER_YAML.replace("test: data/rows.jsonl", f"test: {outside}/rows.jsonl"))
-    make_config(tmp_path, name="c", setups=[{"name": "base"}], tasks_dir=None, tasks=None,
-                lm_eval=lm_eval | {"data_dirs": [outside]})
+    make_config(
+        tmp_path,
+        name="c",
+        setups=[{"name": "base"}],
+        tasks_dir=None,
+        tasks=None,
+        lm_eval=lm_eval | {"data_dirs": [outside]},
+    )
     res = run_cli("validate", str(cfg))
     assert res.returncode == 0, res.stderr[-2000:]
 
@@ -172,14 +200,23 @@ def test_every_way_to_data_outside_the_folder_is_refused(tmp_path: Path, bypass:
         "file_url": HELPER_YAML.replace("test: data/rows.jsonl", f"test: file://{secret}/rows.jsonl"),
         "include_out": "include: ../secret/base_out.yaml\ntask: helper_task\n",
         "dataset_path": HELPER_YAML.replace("dataset_path: json\n", f"dataset_path: {secret}\n").replace(
-            "dataset_kwargs: {data_files: {test: data/rows.jsonl, train: data/rows.jsonl}}\n", ""),
-        "data_dir": HELPER_YAML.replace("dataset_kwargs: {data_files: {test: data/rows.jsonl, train: data/rows.jsonl}}",
-                                        f"dataset_kwargs: {{data_dir: {secret}}}"),
+            "dataset_kwargs: {data_files: {test: data/rows.jsonl, train: data/rows.jsonl}}\n", ""
+        ),
+        "data_dir": HELPER_YAML.replace(
+            "dataset_kwargs: {data_files: {test: data/rows.jsonl, train: data/rows.jsonl}}",
+            f"dataset_kwargs: {{data_dir: {secret}}}",
+        ),
         "glob_out": HELPER_YAML.replace("test: data/rows.jsonl", f"test: {secret}/*.jsonl"),
     }[bypass]
     folder = _helper_folder(tmp_path, yaml_text=yaml_text)
-    cfg = make_config(tmp_path, name="c", setups=[{"name": "base"}], tasks_dir=None, tasks=None,
-                      lm_eval={"include_path": [folder], "tasks": [{"name": "helper_task"}]})
+    cfg = make_config(
+        tmp_path,
+        name="c",
+        setups=[{"name": "base"}],
+        tasks_dir=None,
+        tasks=None,
+        lm_eval={"include_path": [folder], "tasks": [{"name": "helper_task"}]},
+    )
     one_line_exit_2(run_cli("validate", str(cfg)), "is outside the include folder")
 
 
@@ -197,9 +234,11 @@ def test_a_base_yaml_include_beside_the_task(tmp_path: Path) -> None:
     for split in ("train", "test"):
         src = ROOT / "tasks" / "lm_eval" / "data" / "arc_easy" / f"{split}.jsonl"
         (folder / "data" / f"{split}.jsonl").write_text(src.read_text())
-    (folder / "_base.yaml").write_text("include: lm_eval/arc/arc_easy.yaml\ndataset_path: json\ndataset_name: null\n"
-                                       "dataset_kwargs:\n  data_files: {train: data/train.jsonl, "
-                                       "test: data/test.jsonl}\n")
+    (folder / "_base.yaml").write_text(
+        "include: lm_eval/arc/arc_easy.yaml\ndataset_path: json\ndataset_name: null\n"
+        "dataset_kwargs:\n  data_files: {train: data/train.jsonl, "
+        "test: data/test.jsonl}\n"
+    )
     (folder / "arc_base_local.yaml").write_text("include: _base.yaml\ntask: arc_base_local\n")
     infos = _infos(folder, name="arc_base_local")
     assert infos["arc_base_local"].n_docs > 0
@@ -223,14 +262,21 @@ def test_num_fewshot_larger_than_the_pool_is_refused_at_validate(tmp_path: Path)
     folder = _helper_folder(tmp_path)
 
     def config(shots: int) -> Path:
-        return make_config(tmp_path, name="c", setups=[{"name": "base"}], tasks_dir=None, tasks=None,
-                           lm_eval={"include_path": [folder], "tasks": [{"name": "helper_task", "num_fewshot": shots}]})
+        return make_config(
+            tmp_path,
+            name="c",
+            setups=[{"name": "base"}],
+            tasks_dir=None,
+            tasks=None,
+            lm_eval={"include_path": [folder], "tasks": [{"name": "helper_task", "num_fewshot": shots}]},
+        )
 
     one_line_exit_2(run_cli("validate", str(config(50))), "num_fewshot 50 is larger than its few-shot pool of 6")
     assert run_cli("validate", str(config(5))).returncode == 0
 
 
 # -- a quantized KV cache on a model with sliding-window layers ------------------------------------
+
 
 def _sliding_model(tmp: Path, **fields: object) -> Path:
     import shutil
@@ -242,11 +288,16 @@ def _sliding_model(tmp: Path, **fields: object) -> Path:
     return dst
 
 
-@pytest.mark.parametrize("fields", [
-    {"layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
-     "sliding_window": 64},  # Gemma 3's form
-    {"sliding_window": 64},  # Mistral's: every layer
-])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {
+            "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+            "sliding_window": 64,
+        },  # Gemma 3's form
+        {"sliding_window": 64},  # Mistral's: every layer
+    ],
+)
 def test_quantized_kv_cache_on_a_sliding_window_model_validates(tmp_path: Path, fields: dict) -> None:
     """qeval's own windowed quantized layer serves it (backends/hf/kv_cache.py)."""
     from tests.helpers import make_config
@@ -278,17 +329,26 @@ def test_layer_types_follow_transformers() -> None:
 
     from qeval.backends.hf.support import attention_layer_types
 
-    base = {"num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "intermediate_size": 128, "vocab_size": 128}
-    for model_type, fields in (("llama", {}), ("mistral", {"sliding_window": 64}),
-                               ("gemma3_text", {"sliding_window": 64, "layer_types": ["sliding_attention"] * 3
-                                                + ["full_attention"]})):
+    base = {
+        "num_hidden_layers": 4,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": 128,
+    }
+    for model_type, fields in (
+        ("llama", {}),
+        ("mistral", {"sliding_window": 64}),
+        ("gemma3_text", {"sliding_window": 64, "layer_types": ["sliding_attention"] * 3 + ["full_attention"]}),
+    ):
         cfg = base | fields | {"model_type": model_type}
         theirs, _ = get_layer_types_and_kwargs(AutoConfig.for_model(**cfg))
         assert attention_layer_types(cfg) == [t.removesuffix("_attention") for t in theirs], model_type
 
 
 # -- child processes die with qeval; a sweep probes once ----------------------------------------------
+
 
 def _processes_with(text: str) -> list[int]:
     import os
@@ -316,8 +376,11 @@ def test_the_ceilings_probe_dies_with_a_killed_run(tmp_path: Path) -> None:
     out = tmp_path / "out"
     cfg = (ROOT / "configs" / "demo.yaml").read_text().replace("path: models/qeval-tiny", f"path: {MODEL}")
     (tmp_path / "c.yaml").write_text(cfg.replace("backend:", f"tasks_dir: {ROOT / 'tasks'}\nbackend:"))
-    proc = subprocess.Popen([sys.executable, "-m", "qeval.cli", "run", str(tmp_path / "c.yaml"), "--output", str(out),
-                             "--limit", "2"], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qeval.cli", "run", str(tmp_path / "c.yaml"), "--output", str(out), "--limit", "2"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stderr is not None
     for line in proc.stderr:
         if "measuring" in line:
@@ -367,12 +430,22 @@ def test_a_ray_cluster_that_is_not_there_writes_nothing(tmp_path: Path) -> None:
 
     empty = tmp_path / "no-ray"  # where Ray looks for a running cluster's address: nothing there
     empty.mkdir()
-    make_config(tmp_path, name="c", tasks=["facts"], setups=[{"name": "base", "baseline": True}],
-                executor={"kind": "ray", "address": "auto"})
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_TMPDIR": str(empty),
-                                                                         "TMPDIR": str(empty)}
-    res = subprocess.run([sys.executable, "-m", "qeval.cli", "run", str(tmp_path / "c.yaml"), "--output",
-                          str(tmp_path / "out")], capture_output=True, text=True, timeout=120, env=env, check=False)
+    make_config(
+        tmp_path,
+        name="c",
+        tasks=["facts"],
+        setups=[{"name": "base", "baseline": True}],
+        executor={"kind": "ray", "address": "auto"},
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_TMPDIR": str(empty), "TMPDIR": str(empty)}
+    res = subprocess.run(
+        [sys.executable, "-m", "qeval.cli", "run", str(tmp_path / "c.yaml"), "--output", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
     one_line_exit_2(res, "cannot join the Ray cluster at auto")
     assert not (tmp_path / "out").exists()
 
@@ -415,8 +488,12 @@ def test_a_gguf_gets_its_own_tokenizer_not_the_folders(tmp_path: Path) -> None:
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (folder / name).write_text((MODEL / name).read_text())
     setup = Setup(name="base")
-    cfg = RunConfig(name="t", model=ModelSpec(path=str(folder / SMOLLM2_GGUF.name), dtype="float32", max_context=256),
-                    setups=[setup], tasks=["x"])
+    cfg = RunConfig(
+        name="t",
+        model=ModelSpec(path=str(folder / SMOLLM2_GGUF.name), dtype="float32", max_context=256),
+        setups=[setup],
+        tasks=["x"],
+    )
     backend = HFBackend(cfg, setup, "cpu")
     backend.load()
     assert len(backend.tok) == 49152
@@ -434,10 +511,21 @@ def test_the_vllm_engine_dies_with_a_killed_run(tmp_path: Path) -> None:
     from tests.helpers import make_config
 
     out = tmp_path / "out"
-    make_config(tmp_path, name="vk", backend="vllm", setups=[{"name": "base", "baseline": True}],
-                tasks=["compare_mc", "ppl", "facts"], batch_size=None, gates=None, performance=None)
-    proc = subprocess.Popen([sys.executable, "-m", "qeval.cli", "run", str(tmp_path / "c.yaml"), "--output",
-                             str(out)], stderr=subprocess.PIPE, text=True)
+    make_config(
+        tmp_path,
+        name="vk",
+        backend="vllm",
+        setups=[{"name": "base", "baseline": True}],
+        tasks=["compare_mc", "ppl", "facts"],
+        batch_size=None,
+        gates=None,
+        performance=None,
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qeval.cli", "run", str(tmp_path / "c.yaml"), "--output", str(out)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stderr is not None
     for line in proc.stderr:
         if "base: loading model done" in line:
@@ -446,8 +534,9 @@ def test_the_vllm_engine_dies_with_a_killed_run(tmp_path: Path) -> None:
     worker = _processes_with(str(out / "jobs" / "base.json"))
     assert worker, "the worker is not running"
     # this run's engines only: another test's vLLM on the same machine is not this run's
-    engines = [pid for pid in _processes_with("VLLM::")
-               if Path(f"/proc/{pid}").exists() and _descends_from(pid, set(worker))]
+    engines = [
+        pid for pid in _processes_with("VLLM::") if Path(f"/proc/{pid}").exists() and _descends_from(pid, set(worker))
+    ]
     assert engines, "the worker started no vLLM engine process"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -506,11 +595,24 @@ def test_a_killed_driver_leaves_no_local_ray_behind(tmp_path: Path) -> None:
     from tests.helpers import INT8, make_config
 
     ray_tmp = tempfile.mkdtemp(prefix="qr", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    make_config(tmp_path, name="rk", tasks=["compare_mc", "ppl"], setups=[{"name": "base", "baseline": True}, INT8],
-                executor={"kind": "ray"}, device=None, batch_size=None, gates=None, performance=None)
+    make_config(
+        tmp_path,
+        name="rk",
+        tasks=["compare_mc", "ppl"],
+        setups=[{"name": "base", "baseline": True}, INT8],
+        executor={"kind": "ray"},
+        device=None,
+        batch_size=None,
+        gates=None,
+        performance=None,
+    )
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_TMPDIR": ray_tmp}
-    proc = subprocess.Popen([sys.executable, "-m", "qeval.cli", "run", str(tmp_path / "c.yaml"), "--output",
-                             str(tmp_path / "out")], stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qeval.cli", "run", str(tmp_path / "c.yaml"), "--output", str(tmp_path / "out")],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     assert proc.stderr is not None
     for line in proc.stderr:
         if "submitted" in line:

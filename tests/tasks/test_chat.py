@@ -23,8 +23,14 @@ SMOLLM2 = ROOT / "models" / "smollm2-135m"
 
 
 def _cfg(**keys: Any) -> RunConfig:
-    return RunConfig(name="t", model=ModelSpec(path=str(SMOLLM2)), setups=[Setup(name="b")], tasks=["addition"],
-                     tasks_dir=str(TASKS), **keys)
+    return RunConfig(
+        name="t",
+        model=ModelSpec(path=str(SMOLLM2)),
+        setups=[Setup(name="b")],
+        tasks=["addition"],
+        tasks_dir=str(TASKS),
+        **keys,
+    )
 
 
 def test_task_keys_override_the_runs_and_multiturn_needs_a_template() -> None:
@@ -36,8 +42,9 @@ def test_task_keys_override_the_runs_and_multiturn_needs_a_template() -> None:
     assert merge_chat(run, ChatKeys(fewshot_as_multiturn=False)).fewshot_as_multiturn is False
     assert merge_chat(ChatKeys()).plain
     with pytest.raises(UserError, match=r"^lm-eval task x: fewshot_as_multiturn: true needs a chat template"):
-        task_chat(ChatResolver(ModelSpec(path=str(SMOLLM2))), ChatKeys(fewshot_as_multiturn=True), None,
-                  "lm-eval task x")
+        task_chat(
+            ChatResolver(ModelSpec(path=str(SMOLLM2))), ChatKeys(fewshot_as_multiturn=True), None, "lm-eval task x"
+        )
     assert merge_think_end(ChatKeys(think_end_token="</think>")) == "</think>"
     assert merge_think_end(ChatKeys(think_end_token="</think>"), ChatKeys(think_end_token="<|end|>")) == "<|end|>"
 
@@ -46,8 +53,11 @@ def test_a_template_is_chosen_as_lm_eval_chooses_it_or_refused_in_one_line() -> 
     many = SimpleNamespace(chat_template={"default": "D", "tool_use": "T"})
     assert select_template(many, True, "t") == ("D", "default")
     assert select_template(many, "tool_use", "t") == ("T", "tool_use")
-    with pytest.raises(UserError, match=r"^t: chat_template: the tokenizer has no template 'rag' \(it has: default, "
-                                        r"tool_use\)$"):
+    with pytest.raises(
+        UserError,
+        match=r"^t: chat_template: the tokenizer has no template 'rag' \(it has: default, "
+        r"tool_use\)$",
+    ):
         select_template(many, "rag", "t")
     assert select_template(SimpleNamespace(chat_template="ONE"), True, "t") == ("ONE", None)
     with pytest.raises(UserError, match="carries one unnamed template; use chat_template: true"):
@@ -72,9 +82,11 @@ def test_native_prompts_are_the_tokenizers_rendering_and_choices_follow_without_
     addition, ppl = _load(cfg, ["addition"]) + _load(cfg.model_copy(update={"tasks": ["ppl"]}), ["ppl"])
     tok = AutoTokenizer.from_pretrained(SMOLLM2)
     doc = addition.docs[0]
-    expected = tok.apply_chat_template([{"role": "system", "content": "Be brief."},
-                                        {"role": "user", "content": addition.text(doc)}],
-                                       tokenize=False, add_generation_prompt=True)
+    expected = tok.apply_chat_template(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": addition.text(doc)}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     assert addition.prompt(doc) == expected and expected.endswith("<|im_start|>assistant\n")
     assert addition.choice_delimiter == "" and addition.think_end_token == "</think>"
     assert addition.chat_template_sha256 is not None
@@ -90,8 +102,10 @@ def test_the_resume_key_carries_the_templates_hash_and_a_plain_task_none() -> No
 
     plain = _load(_cfg(), ["addition"])[0]
     assert _chat_part(plain) == {}
-    keys = {s: _chat_part(_load(_cfg(chat_template=True, system_prompt=s), ["addition"])[0])["chat_template"]
-            for s in ("A", "B")}
+    keys = {
+        s: _chat_part(_load(_cfg(chat_template=True, system_prompt=s), ["addition"])[0])["chat_template"]
+        for s in ("A", "B")
+    }
     assert keys["A"] != keys["B"] and len(keys["A"]) == 64
     again = _load(_cfg(chat_template=True, system_prompt="A"), ["addition"])[0]
     assert _chat_part(again) == {"chat_template": keys["A"]}
@@ -149,8 +163,14 @@ def test_a_native_generation_is_scored_after_its_reasoning_block_and_counted_who
     from qeval.tasks.native.kind import _load
     from qeval.tasks.scoring import score_task
 
-    cfg = RunConfig(name="t", model=ModelSpec(path=str(MODEL), dtype="float32", max_context=256),
-                    setups=[Setup(name="b")], tasks=["addition"], tasks_dir=str(TASKS), limit=4)
+    cfg = RunConfig(
+        name="t",
+        model=ModelSpec(path=str(MODEL), dtype="float32", max_context=256),
+        setups=[Setup(name="b")],
+        tasks=["addition"],
+        tasks_dir=str(TASKS),
+        limit=4,
+    )
     backend = HFBackend(cfg, cfg.setups[0], "cpu")
     backend.load()
     plain = score_task(backend, _load(cfg, ["addition"])[0], lambda n: None).records

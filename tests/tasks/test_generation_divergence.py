@@ -24,9 +24,14 @@ PROMPTS = ["12 + 30 = ", "Largest of 37 82 15 64: ", "ISO code of France: ", "7 
 
 
 def _cfg(model_path: Path, setups: list[Setup]) -> RunConfig:
-    return RunConfig(name="t", model=ModelSpec(path=str(model_path), dtype="float32", max_context=256),
-                     setups=setups, tasks=["x"], batch_size=8,
-                     generation_divergence=GenerationDivergenceSpec(position_buckets=EDGES))
+    return RunConfig(
+        name="t",
+        model=ModelSpec(path=str(model_path), dtype="float32", max_context=256),
+        setups=setups,
+        tasks=["x"],
+        batch_size=8,
+        generation_divergence=GenerationDivergenceSpec(position_buckets=EDGES),
+    )
 
 
 def _backend(cfg: RunConfig, setup: Setup) -> HFBackend:
@@ -39,12 +44,14 @@ def _bar(label: str, total: int | None) -> Any:
     return nullcontext(SimpleNamespace(advance=lambda n: None))
 
 
-def _forced(cfg: RunConfig, backend: HFBackend, records: list[dict[str, Any]], baseline: bool,
-            ref: dict[str, np.ndarray] | None) -> tuple[list[dict[str, Any]], Any]:
+def _forced(
+    cfg: RunConfig, backend: HFBackend, records: list[dict[str, Any]], baseline: bool, ref: dict[str, np.ndarray] | None
+) -> tuple[list[dict[str, Any]], Any]:
     stored: dict[str, Any] = {}
     result = SimpleNamespace(records=[dict(r) for r in records], topk={}, metrics={})
-    wrapped = teacher_forcing(lambda name, res, s, sha: stored.update(res=res), backend, cfg, baseline,
-                              lambda task: ref, _bar)
+    wrapped = teacher_forcing(
+        lambda name, res, s, sha: stored.update(res=res), backend, cfg, baseline, lambda task: ref, _bar
+    )
     wrapped("gen", result, 0.0, "sha")
     return stored["res"].records, stored["res"].topk
 
@@ -55,8 +62,10 @@ def baseline_run(model_path: Path) -> tuple[RunConfig, list[dict[str, Any]], dic
     cfg = _cfg(model_path, [base, Setup(name="same"), Setup(name="kv2", kv_cache="int2")])
     b = _backend(cfg, base)
     outs = b.generate([GenerateRequest(p, ("\n",), 24) for p in PROMPTS], lambda n: None)
-    records = [{"sample_id": str(i), "prompt": p, "raw_output": str(o), "correct": True}
-               for i, (p, o) in enumerate(zip(PROMPTS, outs, strict=True))]
+    records = [
+        {"sample_id": str(i), "prompt": p, "raw_output": str(o), "correct": True}
+        for i, (p, o) in enumerate(zip(PROMPTS, outs, strict=True))
+    ]
     records, topk = _forced(cfg, b, records, True, None)
     b.close()
     return cfg, records, topk
@@ -88,7 +97,8 @@ def test_identical_setup_has_no_divergence_anywhere(baseline_run: Any, model_pat
     for r in mine:
         if RECORD_KEY in r:
             assert [bk["logprob"] for bk in r[RECORD_KEY]["buckets"]] == pytest.approx(
-                [bk["logprob"] for bk in base_lp[r["sample_id"]]], abs=1e-4)
+                [bk["logprob"] for bk in base_lp[r["sample_id"]]], abs=1e-4
+            )
 
 
 def test_two_bit_kv_cache_diverges(baseline_run: Any) -> None:
@@ -111,19 +121,36 @@ def test_position_sums_buckets() -> None:
 
 def _rec(sid: str, correct: bool, buckets: list[dict[str, Any]] | None) -> dict[str, Any]:
     tokens = sum(b["tokens"] for b in buckets or [])
-    return {"sample_id": sid, "correct": correct} | ({RECORD_KEY: {"tokens": tokens, "buckets": buckets}}
-                                                      if buckets else {})
+    return {"sample_id": sid, "correct": correct} | (
+        {RECORD_KEY: {"tokens": tokens, "buckets": buckets}} if buckets else {}
+    )
 
 
 def test_tables_pair_documents_by_bucket() -> None:
     from qeval.tasks.generation.results import length_table, position_table
 
-    base = [_rec(str(i), True, [{"start": 0, "end": 4, "tokens": 4, "logprob": -0.4},
-                                {"start": 4, "end": None, "tokens": i + 1, "logprob": -0.1 * (i + 1)}])
-            for i in range(8)] + [_rec("short", False, [{"start": 0, "end": 4, "tokens": 2, "logprob": -0.2}])]
-    mine = [_rec(r["sample_id"], r["sample_id"] not in {"6", "7"},
-                 [b | {"logprob": 2 * b["logprob"], "kl": 0.5 * b["tokens"], "top1": b["tokens"] - 1}
-                  for b in r[RECORD_KEY]["buckets"]]) for r in base]
+    base = [
+        _rec(
+            str(i),
+            True,
+            [
+                {"start": 0, "end": 4, "tokens": 4, "logprob": -0.4},
+                {"start": 4, "end": None, "tokens": i + 1, "logprob": -0.1 * (i + 1)},
+            ],
+        )
+        for i in range(8)
+    ] + [_rec("short", False, [{"start": 0, "end": 4, "tokens": 2, "logprob": -0.2}])]
+    mine = [
+        _rec(
+            r["sample_id"],
+            r["sample_id"] not in {"6", "7"},
+            [
+                b | {"logprob": 2 * b["logprob"], "kl": 0.5 * b["tokens"], "top1": b["tokens"] - 1}
+                for b in r[RECORD_KEY]["buckets"]
+            ],
+        )
+        for r in base
+    ]
     pos = position_table(mine, base, 1)
     assert [(b.start, b.end, b.documents) for b in pos] == [(0, 4, 9), (4, None, 8)]
     assert pos[0].kl == pytest.approx(0.5) and pos[0].tokens == 34
@@ -162,33 +189,64 @@ def test_position_and_turn_gates_feed_the_recommendation() -> None:
     assert recommend(results).setup == "int4"  # the stored run, no such gates
 
     def bucket(verdict: str | None, ci: tuple[float, float]) -> GeneratedPositionBucket:
-        return GeneratedPositionBucket(start=64, end=128, documents=40, tokens=2000, nll=1.3, baseline_nll=1.1,
-                                       delta=0.2, ci=ci, ci_method="t", max_drop=0.05, verdict=verdict)
+        return GeneratedPositionBucket(
+            start=64,
+            end=128,
+            documents=40,
+            tokens=2000,
+            nll=1.3,
+            baseline_nll=1.1,
+            delta=0.2,
+            ci=ci,
+            ci_method="t",
+            max_drop=0.05,
+            verdict=verdict,
+        )
 
     def with_bucket(b: GeneratedPositionBucket) -> Any:
-        block = GenerationDivergence(position_buckets=[0, 64, 128], length_buckets=[0], tasks=["gsm8k"],
-                                     setups={"int4": {"gsm8k": TaskGeneration(positions=[b])}})
+        block = GenerationDivergence(
+            position_buckets=[0, 64, 128],
+            length_buckets=[0],
+            tasks=["gsm8k"],
+            setups={"int4": {"gsm8k": TaskGeneration(positions=[b])}},
+        )
         return results.model_copy(update={"generation_divergence": block})
 
     failing = with_bucket(bucket("fail", (0.12, 0.28)))
     rec = recommend(failing)
     assert rec.setup == "int8" and "int4" not in rec.candidates
-    assert rec.reasons["int4"] == ("int4: gsm8k generated positions 64-128 Δ NLL +0.200 nats/token [+0.120, +0.280], "
-                                   "fails the 0.05 nats/token gate at position 64")
-    problem = candidate_problem(failing.model_copy(update={"recommendation": rec, "config": failing.config | {
-        "candidate": "int4"}}))
+    assert rec.reasons["int4"] == (
+        "int4: gsm8k generated positions 64-128 Δ NLL +0.200 nats/token [+0.120, +0.280], "
+        "fails the 0.05 nats/token gate at position 64"
+    )
+    problem = candidate_problem(
+        failing.model_copy(update={"recommendation": rec, "config": failing.config | {"candidate": "int4"}})
+    )
     assert problem is not None and "gsm8k at position 64: fail" in problem
     unsure = recommend(with_bucket(bucket("inconclusive", (-0.01, 0.3))))
-    assert unsure.setup == "int8" and "inconclusive against the 0.05 nats/token gate at position 64" in \
-        unsure.reasons["int4"]
+    assert (
+        unsure.setup == "int8"
+        and "inconclusive against the 0.05 nats/token gate at position 64" in unsure.reasons["int4"]
+    )
     assert recommend(with_bucket(bucket("pass", (0.0, 0.03)))).setup == "int4"
     # a turn gate is a gate on that turn's task: its failure excludes the setup and the reason names the turn
     gate = Gate(task="multi_turn_t6", turn=6, max_drop=0.02)
     c = compare(Paired("acc", np.ones(60), np.r_[np.ones(30), np.zeros(30)]), "multi_turn_t6", 0, [gate])
     assert c.verdict == "fail"
     int4 = results.setup("int4")
-    turned = results.model_copy(update={"setups": [s if s.name != "int4" else int4.model_copy(update={
-        "vs_baseline": int4.vs_baseline | {"multi_turn_t6": c}}) for s in results.setups]})
+    turned = results.model_copy(
+        update={
+            "setups": [
+                s
+                if s.name != "int4"
+                else int4.model_copy(update={"vs_baseline": int4.vs_baseline | {"multi_turn_t6": c}})
+                for s in results.setups
+            ]
+        }
+    )
     rec = recommend(turned)
-    assert rec.setup == "int8" and rec.reasons["int4"].startswith("int4: multi_turn_t6 -50.0 pts") and \
-        rec.reasons["int4"].endswith("fails the 2 pt gate at turn 6")
+    assert (
+        rec.setup == "int8"
+        and rec.reasons["int4"].startswith("int4: multi_turn_t6 -50.0 pts")
+        and rec.reasons["int4"].endswith("fails the 2 pt gate at turn 6")
+    )

@@ -22,14 +22,23 @@ def test_generation_divergence_and_multi_turn_run(model_path: Path, tmp_path: Pa
     model = tmp_path / "qeval-tiny-chat"
     shutil.copytree(model_path, model)
     (model / "chat_template.jinja").write_text(TEMPLATE)
-    cfg = write_config(tmp_path / "c.yaml", config_dict(
-        model={"path": model, "dtype": cpu_dtype()}, tasks_dir=TASKS, tasks=["addition"],
-        setups=[{"name": "base", "baseline": True}, {"name": "kv2", "kv_cache": "int2"}],
-        gates=[{"task": "multi_turn", "turn": 3, "max_drop": 0.5},
-               {"task": "addition", "position": 2, "max_drop": 0.05}],
-        kinds={"multi_turn": {"turns": [2, 3], "samples": 8, "filler_words": 0, "system_prompt": "",
-                              "max_gen_toks": 4}},
-        generation_divergence={"position_buckets": [0, 2, 4], "length_buckets": [0, 3]}))
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        config_dict(
+            model={"path": model, "dtype": cpu_dtype()},
+            tasks_dir=TASKS,
+            tasks=["addition"],
+            setups=[{"name": "base", "baseline": True}, {"name": "kv2", "kv_cache": "int2"}],
+            gates=[
+                {"task": "multi_turn", "turn": 3, "max_drop": 0.5},
+                {"task": "addition", "position": 2, "max_drop": 0.05},
+            ],
+            kinds={
+                "multi_turn": {"turns": [2, 3], "samples": 8, "filler_words": 0, "system_prompt": "", "max_gen_toks": 4}
+            },
+            generation_divergence={"position_buckets": [0, 2, 4], "length_buckets": [0, 3]},
+        ),
+    )
     out = tmp_path / "run"
     res = run_cli("run", str(cfg), "--output", str(out), "--limit", "8", timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]

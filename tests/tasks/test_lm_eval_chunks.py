@@ -22,9 +22,11 @@ from tests.helpers import ROOT, TASKS, make_config
 pytestmark = pytest.mark.slow
 SMOLLM2 = ROOT / "models" / "smollm2-135m"
 #: multiple choice with random few-shot (the sampler's state matters), perplexity, generation
-ENTRIES: list[dict[str, Any]] = [{"name": "arc_easy_local", "num_fewshot": 3, "limit": 10},
-           {"name": "wikitext_local", "limit": 6},
-           {"name": "gsm8k_local", "num_fewshot": 1, "limit": 3, "max_gen_toks": 12}]
+ENTRIES: list[dict[str, Any]] = [
+    {"name": "arc_easy_local", "num_fewshot": 3, "limit": 10},
+    {"name": "wikitext_local", "limit": 6},
+    {"name": "gsm8k_local", "num_fewshot": 1, "limit": 3, "max_gen_toks": 12},
+]
 CHUNK, WHOLE = 4, 10_000
 
 
@@ -37,23 +39,46 @@ def score(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from qeval.tasks.lm_eval.scoring import score_lm_eval
 
     assert (SMOLLM2 / ".prepared").is_file(), "run `make smollm2` (make test does)"
-    path = make_config(tmp_path_factory.mktemp("cfg"),
-                       model={"path": str(SMOLLM2), "dtype": "float32", "max_context": 2048},
-                       setups=[{"name": "base", "baseline": True}], tasks=None, gates=None, batch_size=8,
-                       lm_eval={"include_path": [str(TASKS / "lm_eval")], "tasks": ENTRIES})
+    path = make_config(
+        tmp_path_factory.mktemp("cfg"),
+        model={"path": str(SMOLLM2), "dtype": "float32", "max_context": 2048},
+        setups=[{"name": "base", "baseline": True}],
+        tasks=None,
+        gates=None,
+        batch_size=8,
+        lm_eval={"include_path": [str(TASKS / "lm_eval")], "tasks": ENTRIES},
+    )
     cfg = load_config(path)
     backend = HFBackend(cfg, cfg.baseline, "cpu")
     backend.load()
 
-    def run(chunk_docs: int, references: dict[str, Any] | None = None,
-            names: list[str] | None = None, scratch: Path | None = None, keep_topk: bool = True,
-            resume_keys: dict[str, str] | None = None, wrap: Any = None, progress: Any = None,
-            order: dict[str, list[int]] | None = None, stop: Any = None) -> dict[str, Any]:
+    def run(
+        chunk_docs: int,
+        references: dict[str, Any] | None = None,
+        names: list[str] | None = None,
+        scratch: Path | None = None,
+        keep_topk: bool = True,
+        resume_keys: dict[str, str] | None = None,
+        wrap: Any = None,
+        progress: Any = None,
+        order: dict[str, list[int]] | None = None,
+        stop: Any = None,
+    ) -> dict[str, Any]:
         session = _session(cfg)
         try:
-            return score_lm_eval(wrap(backend) if wrap else backend, session, names or list(session.infos),
-                                 progress or (lambda n: None), references, chunk_docs=chunk_docs, scratch=scratch,
-                                 keep_topk=keep_topk, resume_keys=resume_keys, order=order, stop=stop)
+            return score_lm_eval(
+                wrap(backend) if wrap else backend,
+                session,
+                names or list(session.infos),
+                progress or (lambda n: None),
+                references,
+                chunk_docs=chunk_docs,
+                scratch=scratch,
+                keep_topk=keep_topk,
+                resume_keys=resume_keys,
+                order=order,
+                stop=stop,
+            )
         finally:
             session.close()
 
@@ -186,8 +211,9 @@ def _wrap(watched: _Watched, fail_at: int | None = None) -> Callable[[Any], _Wat
     return wrap
 
 
-def test_an_interrupted_scoring_carries_on_from_its_last_chunk(score: Any, whole: dict[str, Any],
-                                                               tmp_path: Path) -> None:
+def test_an_interrupted_scoring_carries_on_from_its_last_chunk(
+    score: Any, whole: dict[str, Any], tmp_path: Path
+) -> None:
     """Stopped in its third chunk, a scoring under the same resume keys scores only that chunk
     again, and ends where one uninterrupted call ends: records, metrics, top-k, the KL against
     the baseline's reference (read through to where the stop left it) and the progress bar."""
@@ -205,27 +231,31 @@ def test_an_interrupted_scoring_carries_on_from_its_last_chunk(score: Any, whole
     first = _Watched(None)
     opened = readers()
     with pytest.raises(_Interrupted):
-        score(CHUNK, opened, scratch=scratch, resume_keys=keys,
-              wrap=_wrap(first, fail_at=6))
+        score(CHUNK, opened, scratch=scratch, resume_keys=keys, wrap=_wrap(first, fail_at=6))
     for r in opened.values():
         r.close()
-    assert [k for k, _ in first.calls] == ["loglikelihood", "loglikelihood_rolling", "generate",
-                                           "loglikelihood", "loglikelihood_rolling"]
+    assert [k for k, _ in first.calls] == [
+        "loglikelihood",
+        "loglikelihood_rolling",
+        "generate",
+        "loglikelihood",
+        "loglikelihood_rolling",
+    ]
     assert list(scratch.glob("*.state.npz")), "no state saved after the finished chunks"
 
     again = _Watched(None)
     advanced: list[int] = []
     opened = readers()
-    resumed = score(CHUNK, opened, scratch=scratch, resume_keys=keys, progress=advanced.append,
-                    wrap=_wrap(again))
+    resumed = score(CHUNK, opened, scratch=scratch, resume_keys=keys, progress=advanced.append, wrap=_wrap(again))
     for r in opened.values():
         r.close()
     # only the third chunk's arc documents were scored again
     arc = whole["arc_easy_local"].records
-    assert again.calls == [("loglikelihood", sum(len(r["loglikelihoods"]) for r in arc[2 * CHUNK:]))]
+    assert again.calls == [("loglikelihood", sum(len(r["loglikelihoods"]) for r in arc[2 * CHUNK :]))]
     # the bar ends full: the saved chunks' requests counted once on resume, the rest as scored
     assert sum(advanced) == sum(len(r["loglikelihoods"]) for r in arc) + sum(
-        e["limit"] for e in ENTRIES if e["name"] != "arc_easy_local")
+        e["limit"] for e in ENTRIES if e["name"] != "arc_easy_local"
+    )
     for entry in ENTRIES:
         name = entry["name"]
         a = whole[name]
@@ -244,8 +274,9 @@ def test_an_interrupted_scoring_carries_on_from_its_last_chunk(score: Any, whole
     assert prompts == [r["prompt"] for r in arc]  # the few-shot sampler carried on where it stopped
 
 
-def test_a_damaged_state_is_scored_again_from_the_first_document(score: Any, whole: dict[str, Any],
-                                                                 tmp_path: Path) -> None:
+def test_a_damaged_state_is_scored_again_from_the_first_document(
+    score: Any, whole: dict[str, Any], tmp_path: Path
+) -> None:
     """A state that reads but cannot be taken up (here: its top-k spool's files listed wrongly)
     is no state: every chunk is scored again, with the samplers seeded as new."""
     from qeval.records.spool import load_state, save_state
@@ -253,8 +284,7 @@ def test_a_damaged_state_is_scored_again_from_the_first_document(score: Any, who
     scratch, keys = tmp_path / "scratch", {e["name"]: f"key-{e['name']}" for e in ENTRIES}
     first = _Watched(None)
     with pytest.raises(_Interrupted):
-        score(CHUNK, scratch=scratch, resume_keys=keys,
-              wrap=_wrap(first, fail_at=4))
+        score(CHUNK, scratch=scratch, resume_keys=keys, wrap=_wrap(first, fail_at=4))
     (state,) = scratch.glob("*.state.npz")
     name = state.name.removesuffix(".state.npz")
     meta, arrays = load_state(scratch, name) or ({}, {})
@@ -269,8 +299,9 @@ def test_a_damaged_state_is_scored_again_from_the_first_document(score: Any, who
     _same_records(whole["arc_easy_local"].records, records)
 
 
-def test_a_killed_sequential_scoring_resumes_at_its_last_look(score: Any, whole: dict[str, Any],
-                                                              tmp_path: Path) -> None:
+def test_a_killed_sequential_scoring_resumes_at_its_last_look(
+    score: Any, whole: dict[str, Any], tmp_path: Path
+) -> None:
     """A sequential run's scoring (issue 42: the seeded order, a look after each chunk) killed in
     its third chunk carries on from its last look: the same order, the monitor replayed over the
     records saved so far, and it stops at the same look with the same records and verdict as an
@@ -287,9 +318,14 @@ def test_a_killed_sequential_scoring_resumes_at_its_last_look(score: Any, whole:
     # the baseline scores in the same order (its few-shot draws, so its prompts, follow the order)
     base = list(score(chunk, names=[task], order=order)[task].records)
     assert sorted(r["doc_id"] for r in base) == list(range(10))
-    plan = {"alpha": 0.05, "min_docs": 6, "chunk_docs": chunk,
-            "tasks": {task: {"gate": {"task": "all", "max_drop": 0.9}, "metric": "acc", "n_docs": 10,
-                             "higher_is_better": True}}}
+    plan = {
+        "alpha": 0.05,
+        "min_docs": 6,
+        "chunk_docs": chunk,
+        "tasks": {
+            task: {"gate": {"task": "all", "max_drop": 0.9}, "metric": "acc", "n_docs": 10, "higher_is_better": True}
+        },
+    }
 
     def monitor() -> Monitor:
         return Monitor(plan, order, {task: base})
@@ -298,8 +334,9 @@ def test_a_killed_sequential_scoring_resumes_at_its_last_look(score: Any, whole:
     expected = list(straight.records)
     assert 6 <= len(expected) < 10, "the cell was not decided before the cap: no stop to resume to"
     # a prefix of the order, chunk by chunk (each chunk's ids ascending, as lm-eval's)
-    assert [r["doc_id"] for r in expected] == [i for s in range(0, len(expected), chunk)
-                                               for i in sorted(order[task][s:s + chunk])]
+    assert [r["doc_id"] for r in expected] == [
+        i for s in range(0, len(expected), chunk) for i in sorted(order[task][s : s + chunk])
+    ]
     verdict = cell(plan, task, order[task], base, expected)
     assert verdict is not None and verdict.verdict == "pass" and verdict.stopped_at == len(verdict.looks) - 1
 
@@ -318,8 +355,9 @@ def test_a_killed_sequential_scoring_resumes_at_its_last_look(score: Any, whole:
         again.backend = b
         return again
 
-    resumed = score(chunk, names=[task], order=order, stop=monitor().add, scratch=scratch, resume_keys=keys,
-                    wrap=watch)[task]
+    resumed = score(
+        chunk, names=[task], order=order, stop=monitor().add, scratch=scratch, resume_keys=keys, wrap=watch
+    )[task]
     records, _ = _unspooled(resumed)
     # only the chunks from the third on were scored again, and no further than the uninterrupted run
     assert len(again.calls) == len(expected) // chunk - 2

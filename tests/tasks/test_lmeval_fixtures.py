@@ -34,8 +34,11 @@ def test_the_script_writes_what_it_renders(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_lmeval_fixtures.py"), "--out", str(tmp_path)],
-                   check=True, timeout=120)
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "make_lmeval_fixtures.py"), "--out", str(tmp_path)],
+        check=True,
+        timeout=120,
+    )
     got = {p.relative_to(tmp_path).as_posix(): p.read_bytes() for p in sorted(tmp_path.rglob("*.jsonl"))}
     committed = {p.relative_to(DATA).as_posix(): p.read_bytes() for p in sorted(DATA.rglob("*.jsonl"))}
     assert got == committed

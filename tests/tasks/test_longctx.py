@@ -28,10 +28,15 @@ from tests.helpers import MODEL, ROOT
 
 SMOLLM2 = ROOT / "models" / "smollm2-135m"
 # (model, lengths to generate at: the generators are checked past the tiny model's 256 tokens)
-MODELS = [pytest.param(MODEL, [1024, 2048], id="qeval-tiny"),
-          pytest.param(SMOLLM2, [1024, 4096], id="smollm2",
-                       marks=pytest.mark.skipif(not (SMOLLM2 / "config.json").is_file(),
-                                                reason="make smollm2 first"))]
+MODELS = [
+    pytest.param(MODEL, [1024, 2048], id="qeval-tiny"),
+    pytest.param(
+        SMOLLM2,
+        [1024, 4096],
+        id="smollm2",
+        marks=pytest.mark.skipif(not (SMOLLM2 / "config.json").is_file(), reason="make smollm2 first"),
+    ),
+]
 
 
 @cache
@@ -40,8 +45,13 @@ def _tok(path: Path) -> Any:
 
 
 def _cfg(path: Path, max_context: int = 8192, budget: int = 4096, **lc: Any) -> RunConfig:
-    return RunConfig(name="t", model=ModelSpec(path=str(path), max_context=max_context), setups=[Setup(name="b")],
-                     budget=Budget(context_len=budget), long_context=LongContextSpec(**lc))
+    return RunConfig(
+        name="t",
+        model=ModelSpec(path=str(path), max_context=max_context),
+        setups=[Setup(name="b")],
+        budget=Budget(context_len=budget),
+        long_context=LongContextSpec(**lc),
+    )
 
 
 def _tasks(path: Path, lengths: list[int], seed: int = 7) -> dict[str, LongContextTask]:
@@ -127,11 +137,20 @@ def test_lengths_default_to_quarter_half_and_budget_capped_at_the_model() -> Non
 def test_gates_at_a_length_resolve_to_one_task() -> None:
     cfg = _cfg(MODEL, max_context=8192, budget=8192, tasks=["passkey", "position_ppl"])
     p = plan(cfg, {"max_position_embeddings": 8192})
-    gates = [Gate(task="passkey", length="budget", max_drop=0.01), Gate(task="all", length=2048, max_drop=0.02),
-             Gate(task="position_ppl", max_drop=0.05), Gate(task="all", max_drop=0.02)]
+    gates = [
+        Gate(task="passkey", length="budget", max_drop=0.01),
+        Gate(task="all", length=2048, max_drop=0.02),
+        Gate(task="position_ppl", max_drop=0.05),
+        Gate(task="all", max_drop=0.02),
+    ]
     got = [(g.task, g.length) for g in resolve_gates(gates, cfg, p)]
-    assert got == [("passkey_8192", 8192), ("passkey_2048", 2048), ("position_ppl_2048", 2048),
-                   ("position_ppl_8192", 8192), ("all", None)]
+    assert got == [
+        ("passkey_8192", 8192),
+        ("passkey_2048", 2048),
+        ("position_ppl_2048", 2048),
+        ("position_ppl_8192", 8192),
+        ("all", None),
+    ]
     with pytest.raises(UserError, match="not one of long_context's lengths"):
         resolve_gates([Gate(task="passkey", length=1000, max_drop=0.01)], cfg, p)
     with pytest.raises(UserError, match="not a long-context task"):
@@ -149,8 +168,10 @@ def test_bucket_sums_partition_the_document() -> None:
 
 def test_position_buckets_pair_documents_bucket_by_bucket() -> None:
     def rec(i: int, nlls: list[float], kl: float | None = None) -> dict[str, Any]:
-        b = [{"start": s, "end": e, "tokens": 10, "nll": n} | ({"kl": kl, "top1": 9} if kl is not None else {})
-             for (s, e), n in zip([(0, 10), (10, 20)], nlls, strict=True)]
+        b = [
+            {"start": s, "end": e, "tokens": 10, "nll": n} | ({"kl": kl, "top1": 9} if kl is not None else {})
+            for (s, e), n in zip([(0, 10), (10, 20)], nlls, strict=True)
+        ]
         return {"sample_id": f"d{i}", "buckets": b}
 
     base = [rec(0, [10, 20]), rec(1, [12, 22])]
@@ -166,9 +187,12 @@ def test_position_buckets_pair_only_shared_documents() -> None:
     """A document the baseline lacks is left out of the pairing (not compared with nothing);
     without a baseline (the baseline's own block) a bucket has its NLL and no comparison; an
     empty bucket is left out."""
+
     def rec(i: str, nlls: list[float], tokens: list[int], kl: float | None = None) -> dict[str, Any]:
-        b = [{"start": s, "end": e, "tokens": t, "nll": n} | ({"kl": kl, "top1": t} if kl is not None else {})
-             for (s, e), n, t in zip([(0, 10), (10, 20)], nlls, tokens, strict=True)]
+        b = [
+            {"start": s, "end": e, "tokens": t, "nll": n} | ({"kl": kl, "top1": t} if kl is not None else {})
+            for (s, e), n, t in zip([(0, 10), (10, 20)], nlls, tokens, strict=True)
+        ]
         return {"sample_id": i, "buckets": b}
 
     base = [rec("a", [10, 0], [10, 0]), rec("b", [20, 0], [10, 0])]

@@ -21,8 +21,10 @@ from qeval.tasks.multi_turn.spec import MultiTurnSpec
 from qeval.tasks.multi_turn.tasks import build_tasks, resolve_gates
 
 #: a short template: the tiny model reads 256 characters, one token each
-TEMPLATE = ("{% for m in messages %}{{ m['role'][0] }}: {{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}a: {% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}{{ m['role'][0] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}a: {% endif %}"
+)
 SMOLLM2 = Path(__file__).resolve().parents[2] / "models" / "smollm2-135m"
 
 
@@ -36,8 +38,15 @@ def templated(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 
 def _cfg(path: Path, spec: dict, max_context: int = 256, **extra: object) -> RunConfig:
-    return RunConfig.model_validate({"name": "t", "model": {"path": str(path), "max_context": max_context},
-                                     "setups": [{"name": "a"}], "kinds": {"multi_turn": spec}} | extra)
+    return RunConfig.model_validate(
+        {
+            "name": "t",
+            "model": {"path": str(path), "max_context": max_context},
+            "setups": [{"name": "a"}],
+            "kinds": {"multi_turn": spec},
+        }
+        | extra
+    )
 
 
 SMALL = {"turns": [2, 3, 4], "samples": 5, "filler_words": 0, "system_prompt": "", "max_gen_toks": 4}
@@ -94,8 +103,10 @@ def test_turn_gates_become_gates_on_the_turn_task() -> None:
     spec = MultiTurnSpec.model_validate(SMALL)
     gates = [Gate(task="multi_turn", turn=3, max_drop=0.02), Gate(task="all", max_drop=0.05)]
     assert [(g.task, g.turn) for g in resolve_gates(gates, spec)] == [("multi_turn_t3", 3), ("all", None)]
-    for bad, why in (([Gate(task="multi_turn", turn=5, max_drop=0.02)], "not one of"),
-                     ([Gate(task="addition", turn=3, max_drop=0.02)], "its task must be")):
+    for bad, why in (
+        ([Gate(task="multi_turn", turn=5, max_drop=0.02)], "not one of"),
+        ([Gate(task="addition", turn=3, max_drop=0.02)], "its task must be"),
+    ):
         with pytest.raises(UserError, match=why):
             resolve_gates(bad, spec)
     with pytest.raises(UserError, match="no kinds.multi_turn"):
@@ -103,10 +114,16 @@ def test_turn_gates_become_gates_on_the_turn_task() -> None:
 
 
 def test_gate_keys_stay_out_of_the_config_while_unset(model_path: Path) -> None:
-    plain = RunConfig(name="t", model=ModelSpec(path=str(model_path)), setups=[Setup(name="a")], tasks=["x"],
-                      gates=[Gate(task="x", max_drop=0.02)])
-    assert plain.as_json()["gates"] == [{"task": "x", "max_drop": 0.02, "relative": False, "min_recovery": None,
-                                         "length": None}]
+    plain = RunConfig(
+        name="t",
+        model=ModelSpec(path=str(model_path)),
+        setups=[Setup(name="a")],
+        tasks=["x"],
+        gates=[Gate(task="x", max_drop=0.02)],
+    )
+    assert plain.as_json()["gates"] == [
+        {"task": "x", "max_drop": 0.02, "relative": False, "min_recovery": None, "length": None}
+    ]
     with pytest.raises(ValueError, match="at most one of"):
         Gate(task="x", max_drop=0.1, turn=2, position=0)
     with pytest.raises(ValueError, match="takes max_drop"):
@@ -120,12 +137,19 @@ def _bucket(delta: float, ci: tuple[float, float], docs: int) -> GeneratedPositi
     return GeneratedPositionBucket(start=16, end=32, documents=docs, tokens=10 * docs, nll=1.0, delta=delta, ci=ci)
 
 
-@pytest.mark.parametrize(("ci", "docs", "expected"), [((0.01, 0.04), 20, "pass"), ((0.06, 0.2), 20, "fail"),
-                                                      ((0.01, 0.09), 20, "inconclusive"),
-                                                      ((0.01, 0.02), 5, "inconclusive")])
+@pytest.mark.parametrize(
+    ("ci", "docs", "expected"),
+    [
+        ((0.01, 0.04), 20, "pass"),
+        ((0.06, 0.2), 20, "fail"),
+        ((0.01, 0.09), 20, "inconclusive"),
+        ((0.01, 0.02), 5, "inconclusive"),
+    ],
+)
 def test_position_gate_verdicts(ci: tuple[float, float], docs: int, expected: str) -> None:
-    out = judged([_bucket(sum(ci) / 2, ci, docs), _bucket(0.0, (0.0, 0.0), docs).model_copy(update={"start": 0})],
-                 {16: 0.05})
+    out = judged(
+        [_bucket(sum(ci) / 2, ci, docs), _bucket(0.0, (0.0, 0.0), docs).model_copy(update={"start": 0})], {16: 0.05}
+    )
     assert out[0].verdict == expected and out[0].max_drop == 0.05
     assert (out[0].verdict_reason is not None) == (docs < 6)
     assert out[1].verdict is None  # no gate at position 0

@@ -17,8 +17,12 @@ from tests.helpers import ROOT, TASKS
 sys.path.insert(0, str(ROOT / "scripts"))
 import tiny_corpus as tc
 
-EXPECTED = {"compare_mc": "multiple_choice", "addition": "generate_until", "facts": "generate_until",
-            "ppl": "loglikelihood_rolling"}
+EXPECTED = {
+    "compare_mc": "multiple_choice",
+    "addition": "generate_until",
+    "facts": "generate_until",
+    "ppl": "loglikelihood_rolling",
+}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -81,7 +85,8 @@ def test_corrupt_line_is_named(tmp_path: Path) -> None:
     lines[6] = lines[6][:-3]
     data.write_text("\n".join(lines) + "\n")
     (tmp_path / "addition.yaml").write_text(
-        "\n".join(x for x in (tmp_path / "addition.yaml").read_text().splitlines() if "dataset_sha256" not in x))
+        "\n".join(x for x in (tmp_path / "addition.yaml").read_text().splitlines() if "dataset_sha256" not in x)
+    )
     with pytest.raises(UserError, match=r"addition.jsonl:7: corrupt dataset line"):
         load_task("addition", tmp_path)
 

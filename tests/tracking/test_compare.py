@@ -56,8 +56,12 @@ def report_accuracy(run: Path, setup: str, task: str, acc: float) -> None:
     metric = "acc" if "acc" in meta["metrics"] else "exact_match"
     meta["metrics"][metric]["value"] = acc
     meta_path.write_text(json.dumps(meta))
-    edit_results(run, lambda d: next(s for s in d["setups"] if s["name"] == setup)["tasks"][task]["metrics"][metric]
-                 .update(value=acc))
+    edit_results(
+        run,
+        lambda d: next(s for s in d["setups"] if s["name"] == setup)["tasks"][task]["metrics"][metric].update(
+            value=acc
+        ),
+    )
 
 
 def compare(tmp: Path, *runs: Path, margin: str | None = None) -> tuple[Any, dict[str, Any], str, str]:
@@ -66,8 +70,12 @@ def compare(tmp: Path, *runs: Path, margin: str | None = None) -> tuple[Any, dic
     res = run_cli(*args, timeout=300)
     if res.returncode == 2:
         return res, {}, "", ""
-    return (res, json.loads((out / "compare.json").read_text()), (out / "compare.md").read_text(),
-            (out / "compare.html").read_text())
+    return (
+        res,
+        json.loads((out / "compare.json").read_text()),
+        (out / "compare.md").read_text(),
+        (out / "compare.html").read_text(),
+    )
 
 
 def delta(report: dict[str, Any], setup: str, task: str, which: int = 0) -> dict[str, Any]:
@@ -89,7 +97,7 @@ def test_a_run_against_itself_is_paired_and_passes(tmp_path: Path) -> None:
             metric = results["tasks"][task].get("metric") or t["metric"]
             assert t["value_a"] == pytest.approx(score["metrics"][metric]["value"], abs=1e-9)
     assert report["comparisons"][0]["changes"] == []
-    assert "Nothing the runs recorded differs" in md and "<table class=\"deltas\">" in html
+    assert "Nothing the runs recorded differs" in md and '<table class="deltas">' in html
 
 
 def test_paired_delta_is_the_same_statistic_a_setup_gets_against_its_baseline(tmp_path: Path) -> None:
@@ -113,12 +121,18 @@ def test_paired_delta_is_the_same_statistic_a_setup_gets_against_its_baseline(tm
         t, ref = delta(report, "bf16", task), kv["vs_baseline"][task]
         assert t["delta"] == pytest.approx(ref["delta"]) and t["delta"] < 0
         assert (t["flips_to_wrong"], t["flips_to_right"]) == (ref["flips_to_wrong"], ref["flips_to_right"])
-        a = {r["sample_id"]: r["correct"] for r in map(json.loads, (V1 / "samples" / "bf16" / f"{task}.jsonl")
-                                                       .read_text().splitlines())}
-        b = {r["sample_id"]: r["correct"] for r in map(json.loads, (V1 / "samples" / "kv-int2" / f"{task}.jsonl")
-                                                       .read_text().splitlines())}
-        table = [sum(1 for i in a if (a[i], b[i]) == cell) for cell in ((True, True), (True, False), (False, True),
-                                                                        (False, False))]
+        a = {
+            r["sample_id"]: r["correct"]
+            for r in map(json.loads, (V1 / "samples" / "bf16" / f"{task}.jsonl").read_text().splitlines())
+        }
+        b = {
+            r["sample_id"]: r["correct"]
+            for r in map(json.loads, (V1 / "samples" / "kv-int2" / f"{task}.jsonl").read_text().splitlines())
+        }
+        table = [
+            sum(1 for i in a if (a[i], b[i]) == cell)
+            for cell in ((True, True), (True, False), (False, True), (False, False))
+        ]
         assert t["ci"] == pytest.approx(newcombe_paired_ci(*table)) and t["method"] == "paired, newcombe"
 
 
@@ -213,17 +227,23 @@ def test_history_orders_runs_by_time(tmp_path: Path) -> None:
     assert [label.split(" ")[0] for label in h["runs"]] == ["r1", "r2", "r0"]
     assert h["values"]["compare_mc"]["int4"] == [1.0, 0.75, 0.5]
     assert len(report["comparisons"]) == 2  # each later run against the first given
-    section = md[md.index("### compare_mc"):]
+    section = md[md.index("### compare_mc") :]
     assert section.index("| r1 (") < section.index("| r2 (") < section.index("| r0 (")
-    assert "<svg" in html and "<figure class=\"plot\">" in html
+    assert "<svg" in html and '<figure class="plot">' in html
 
 
-@pytest.mark.parametrize(("a", "b", "expected"), [((48, 80), (56, 70), (0.0524, 0.3339)),
-                                                   ((3, 10), (9, 10), (0.1705, 0.8090)),
-                                                   ((2, 7), (6, 7), (0.0582, 0.8062)),
-                                                   ((0, 29), (5, 56), (-0.0381, 0.1926))])
-def test_newcombe_unpaired_matches_the_published_examples(a: tuple[int, int], b: tuple[int, int],
-                                                          expected: tuple[float, float]) -> None:
+@pytest.mark.parametrize(
+    ("a", "b", "expected"),
+    [
+        ((48, 80), (56, 70), (0.0524, 0.3339)),
+        ((3, 10), (9, 10), (0.1705, 0.8090)),
+        ((2, 7), (6, 7), (0.0582, 0.8062)),
+        ((0, 29), (5, 56), (-0.0381, 0.1926)),
+    ],
+)
+def test_newcombe_unpaired_matches_the_published_examples(
+    a: tuple[int, int], b: tuple[int, int], expected: tuple[float, float]
+) -> None:
     """Newcombe (1998), "Interval estimation for the difference between independent proportions",
     Table II, method 10, examples (a) to (d): b - a."""
     lo, hi = newcombe_unpaired_ci(*a, *b)
@@ -242,15 +262,20 @@ def test_welch_matches_scipy() -> None:
 @pytest.mark.parametrize("case", ["missing", "not_a_run", "corrupt", "other_schema", "one_run", "hostile_name"])
 def test_bad_input_is_one_line_exit_2(tmp_path: Path, case: str) -> None:
     target = tmp_path / "bad"
-    expected = {"missing": "not found", "not_a_run": "not a qeval run directory", "corrupt": "corrupt JSON",
-                "other_schema": "schema_version 7", "one_run": "at least two run directories",
-                "hostile_name": "is not allowed"}[case]
+    expected = {
+        "missing": "not found",
+        "not_a_run": "not a qeval run directory",
+        "corrupt": "corrupt JSON",
+        "other_schema": "schema_version 7",
+        "one_run": "at least two run directories",
+        "hostile_name": "is not allowed",
+    }[case]
     if case == "not_a_run":
         target.mkdir()
         (target / "notes.txt").write_text("x")
     elif case == "corrupt":
         copy_run(tmp_path, "bad")
-        (target / "results.json").write_text("{\"schema_version\": 1, ")
+        (target / "results.json").write_text('{"schema_version": 1, ')
     elif case == "other_schema":
         copy_run(tmp_path, "bad")
         edit_results(target, lambda d: d.update(schema_version=7))

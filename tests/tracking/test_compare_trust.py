@@ -34,8 +34,9 @@ tasks: [compare_mc, ppl]
 def qeval_run(tmp: Path, name: str, extra: str = "", *args: str) -> Path:
     (tmp / f"{name}.yaml").write_text(CONFIG + extra)
     out = tmp / name
-    res = run_cli("run", str(tmp / f"{name}.yaml"), "--output", str(out), "--limit", "8", "--no-performance", *args,
-                  timeout=600)
+    res = run_cli(
+        "run", str(tmp / f"{name}.yaml"), "--output", str(out), "--limit", "8", "--no-performance", *args, timeout=600
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     return out
 
@@ -59,8 +60,14 @@ def edit_json(path: Path, change: Callable[[Any], None]) -> None:
 
 def compare(tmp: Path, *runs: Path, margin: str | None = "0.02") -> tuple[Any, dict[str, Any], str]:
     out = tmp / "cmp"
-    res = run_cli("compare", *map(str, runs), "--output", str(out),
-                  *(["--fail-on-regression", margin] if margin else []), timeout=300)
+    res = run_cli(
+        "compare",
+        *map(str, runs),
+        "--output",
+        str(out),
+        *(["--fail-on-regression", margin] if margin else []),
+        timeout=300,
+    )
     if res.returncode == 2:
         return res, {}, ""
     return res, json.loads((out / "compare.json").read_text()), (out / "compare.md").read_text()
@@ -81,8 +88,9 @@ def test_a_genuine_run_against_itself_passes_with_every_check(tmp_path: Path, fr
 
 
 @pytest.mark.parametrize("left_out", ["setup", "task"])
-def test_what_the_reference_holds_and_this_run_did_not_score_fails_the_gate(tmp_path: Path, fresh: Path,
-                                                                           left_out: str) -> None:
+def test_what_the_reference_holds_and_this_run_did_not_score_fails_the_gate(
+    tmp_path: Path, fresh: Path, left_out: str
+) -> None:
     """Point 4: a run of `--setups bf16` or `--tasks compare_mc` against the full run."""
     part = copy_of(fresh, tmp_path)
 
@@ -123,8 +131,9 @@ def test_records_cut_short_are_not_evidence(tmp_path: Path, fresh: Path) -> None
 def test_records_that_disagree_with_results_json_are_flagged(tmp_path: Path, fresh: Path) -> None:
     """Point 4: results.json says 30% where the records (and their meta) say what they scored."""
     edited = copy_of(fresh, tmp_path)
-    edit_json(edited / "results.json", lambda d: d["setups"][1]["tasks"]["compare_mc"]["metrics"]["acc"]
-              .update(value=0.3))
+    edit_json(
+        edited / "results.json", lambda d: d["setups"][1]["tasks"]["compare_mc"]["metrics"]["acc"].update(value=0.3)
+    )
     res, report, md = compare(tmp_path, fresh, edited)
     assert res.returncode == 4, res.stderr
     t = row(report, "int8", "compare_mc")
@@ -142,6 +151,7 @@ def test_records_of_another_run_are_not_paired_with_these_results(tmp_path: Path
     leaves the old results.json beside the baseline's new records and metas."""
     mixed = copy_of(fresh, tmp_path)
     for task in ("compare_mc", "ppl"):
+
         def rescored(meta: dict[str, Any]) -> None:
             meta["key_parts"]["batch_size"] = "4"
             meta["key"] = key_of(meta["key_parts"])
@@ -167,15 +177,19 @@ def test_a_run_in_progress_is_not_compared(tmp_path: Path, fresh: Path) -> None:
     assert not (tmp_path / "cmp").exists()
 
 
-@pytest.mark.parametrize(("task", "field", "value", "expected"), [
-    ("compare_mc", "sample_id", None, "no sample_id"),
-    ("compare_mc", "sample_id", ["a"], "sample_id must be a string, not list"),
-    ("compare_mc", "correct", "abc", "correct must be a number or true/false, not str"),
-    ("compare_mc", "correct", -50, "correct is -50, not between 0 and 1"),
-    ("ppl", "nll", float("nan"), "nll is nan, not a finite number"),
-])
+@pytest.mark.parametrize(
+    ("task", "field", "value", "expected"),
+    [
+        ("compare_mc", "sample_id", None, "no sample_id"),
+        ("compare_mc", "sample_id", ["a"], "sample_id must be a string, not list"),
+        ("compare_mc", "correct", "abc", "correct must be a number or true/false, not str"),
+        ("compare_mc", "correct", -50, "correct is -50, not between 0 and 1"),
+        ("ppl", "nll", float("nan"), "nll is nan, not a finite number"),
+    ],
+)
 def test_malformed_records_are_one_line_and_leave_the_last_comparison_whole(
-        tmp_path: Path, fresh: Path, task: str, field: str, value: Any, expected: str) -> None:
+    tmp_path: Path, fresh: Path, task: str, field: str, value: Any, expected: str
+) -> None:
     """Point 6: one line naming the file and line, exit 2; compare.md, .html and .json are
     still the last comparison's, all three."""
     bad = copy_of(fresh, tmp_path)
@@ -194,8 +208,7 @@ def test_malformed_records_are_one_line_and_leave_the_last_comparison_whole(
     assert {p.name: p.read_bytes() for p in (tmp_path / "cmp").iterdir()} == before
 
 
-@pytest.mark.parametrize(("where", "expected"), [("file", "exists and is not a folder"),
-                                                 ("proc", "cannot create it")])
+@pytest.mark.parametrize(("where", "expected"), [("file", "exists and is not a folder"), ("proc", "cannot create it")])
 def test_an_output_that_cannot_hold_the_comparison_is_one_line(tmp_path: Path, where: str, expected: str) -> None:
     """Point 7."""
     out = tmp_path / "taken.md" if where == "file" else Path("/proc/qeval-compare")
@@ -209,8 +222,15 @@ def test_an_output_that_cannot_hold_the_comparison_is_one_line(tmp_path: Path, w
 def test_a_chat_run_is_not_paired_with_a_plain_one(tmp_path: Path, fresh: Path) -> None:
     """Point 13: a system prompt is in neither the task's data fingerprint nor results.json's
     task entry; compare reads the run's chat settings and compares unpaired, and says why."""
-    chat = qeval_run(tmp_path, "chat", "system_prompt: Answer with the smallest number.\n",
-                     "--setups", "bf16", "--tasks", "compare_mc")
+    chat = qeval_run(
+        tmp_path,
+        "chat",
+        "system_prompt: Answer with the smallest number.\n",
+        "--setups",
+        "bf16",
+        "--tasks",
+        "compare_mc",
+    )
     res, report, md = compare(tmp_path, fresh, chat, margin=None)
     assert res.returncode == 0, res.stderr
     t = row(report, "bf16", "compare_mc")
@@ -274,8 +294,12 @@ def test_a_pass_says_what_it_did_not_rule_out(tmp_path: Path, fresh: Path) -> No
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     acc = sum(float(r["correct"]) for r in records) / len(records)
     edit_json(path.with_name("compare_mc.meta.json"), lambda m: m["metrics"]["acc"].update(value=acc))
-    edit_json(run / "results.json", lambda d: next(s for s in d["setups"] if s["name"] == "int8")["tasks"][
-        "compare_mc"]["metrics"]["acc"].update(value=acc))
+    edit_json(
+        run / "results.json",
+        lambda d: next(s for s in d["setups"] if s["name"] == "int8")["tasks"]["compare_mc"]["metrics"]["acc"].update(
+            value=acc
+        ),
+    )
     res, report, _ = compare(tmp_path, fresh, run)
     assert res.returncode == 0 and report["gate"] == "pass", res.stderr
     assert row(report, "int8", "compare_mc")["verdict"] == "inconclusive"

@@ -77,13 +77,34 @@ def test_hostile_names_become_safe_keys() -> None:
 def test_performance_and_memory_figures_become_metrics() -> None:
     results = read_results(V1 / "results.json")
     setup = results.setup("int8")
-    measured = {"median": 2.0, "min": 1.0, "max": 3.0, "repeats": 3, "unit": "tokens/s", "source": "[workload: x]",
-                "values": [1.0, 2.0, 3.0]}
-    figures = ("requests_per_s", "output_tokens_per_s", "prefill_tokens_per_s", "decode_tokens_per_s", "ttft_p50_s",
-               "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "e2e_p50_s", "e2e_p90_s")
-    perf = {"status": "ok", "levels": [{"concurrency": c, "requests": 4} | {f: measured | {"median": c * 1.5}
-                                                                            for f in figures} for c in (1, 8)],
-            "decode": {"achieved": 1.0, "concurrency": 1, "ceiling": 4.0, "share": 0.25, "source": "s"}}
+    measured = {
+        "median": 2.0,
+        "min": 1.0,
+        "max": 3.0,
+        "repeats": 3,
+        "unit": "tokens/s",
+        "source": "[workload: x]",
+        "values": [1.0, 2.0, 3.0],
+    }
+    figures = (
+        "requests_per_s",
+        "output_tokens_per_s",
+        "prefill_tokens_per_s",
+        "decode_tokens_per_s",
+        "ttft_p50_s",
+        "ttft_p90_s",
+        "tpot_p50_s",
+        "tpot_p90_s",
+        "e2e_p50_s",
+        "e2e_p90_s",
+    )
+    perf = {
+        "status": "ok",
+        "levels": [
+            {"concurrency": c, "requests": 4} | {f: measured | {"median": c * 1.5} for f in figures} for c in (1, 8)
+        ],
+        "decode": {"achieved": 1.0, "concurrency": 1, "ceiling": 4.0, "share": 0.25, "source": "s"},
+    }
     setup = setup.model_copy(update={"performance": Performance.model_validate(perf)})
     logged = child_run(results, setup)
     assert logged.metrics["perf.c8.output_tokens_per_s"] == 12.0 and logged.metrics["perf.c1.ttft_p50_s"] == 1.5
@@ -122,8 +143,9 @@ def test_a_stored_run_logs_to_a_file_store(tmp_path: Path, capsys: pytest.Captur
     children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
     assert sorted(c.data.tags["mlflow.runName"] for c in children) == sorted(s.name for s in results.setups)
     kv2 = next(c for c in children if c.data.tags["mlflow.runName"] == "kv-int2")
-    assert kv2.data.metrics["compare_mc.delta"] == pytest.approx(results.setup("kv-int2").vs_baseline["compare_mc"]
-                                                                 .delta)
+    assert kv2.data.metrics["compare_mc.delta"] == pytest.approx(
+        results.setup("kv-int2").vs_baseline["compare_mc"].delta
+    )
     assert {a.path for a in client.list_artifacts(run_id)} == {"results.json", "report.md", "report.html"}
 
 
@@ -151,25 +173,30 @@ def test_every_query_value_and_the_fragment_are_redacted() -> None:
     uri = HOSTILE_URI.format(port=9)
     assert redact(uri) == "http://***@127.0.0.1:9/?token=***&credential=***#***"
     # as a client may quote it back: in a request path, URL-encoded, or in pieces
-    message = ("Max retries exceeded with url: /?token=tok123&credential=cred456/api/2.0/mlflow/x "
-               "(fragment sig%3Dfrag789, user alice, password hunter2)")
+    message = (
+        "Max retries exceeded with url: /?token=tok123&credential=cred456/api/2.0/mlflow/x "
+        "(fragment sig%3Dfrag789, user alice, password hunter2)"
+    )
     assert not [s for s in HOSTILE_SECRETS if s in scrub(message, uri)], scrub(message, uri)
 
 
-def test_a_tracker_that_is_down_shows_no_part_of_a_hostile_uri(tmp_path: Path,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_tracker_that_is_down_shows_no_part_of_a_hostile_uri(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """MLflow's own message repeats the URI's query: the warning line shows none of its secrets."""
     results = read_results(V1 / "results.json")
-    spec = TrackingSpec.model_validate({"mlflow": {"tracking_uri": HOSTILE_URI.format(port=closed_port()),
-                                                   "experiment": "x", "max_retries": 1}})
+    spec = TrackingSpec.model_validate(
+        {"mlflow": {"tracking_uri": HOSTILE_URI.format(port=closed_port()), "experiment": "x", "max_retries": 1}}
+    )
     assert track_run(V1, results, spec) is None
     captured = capsys.readouterr()
     assert "not logged to MLflow" in captured.err
     assert not [s for s in HOSTILE_SECRETS if s in captured.err + captured.out], captured.err
 
 
-def test_a_long_tracker_error_is_cut_at_a_word(monkeypatch: pytest.MonkeyPatch,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_long_tracker_error_is_cut_at_a_word(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import qeval.tracking.mlflow_log as mlflow_log
 
     def refuse(*_: Any) -> str:
@@ -183,8 +210,9 @@ def test_a_long_tracker_error_is_cut_at_a_word(monkeypatch: pytest.MonkeyPatch,
     assert line.endswith("the run's files are complete")
 
 
-def test_a_logging_that_breaks_off_leaves_no_run_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_logging_that_breaks_off_leaves_no_run_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Issue 40, minor: a child run whose logging broke off was left RUNNING."""
     from mlflow import MlflowClient
 

@@ -41,11 +41,28 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("mlflow")
     port = free_port()
     env = os.environ | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no job runner processes: not used here
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-                             "--workers", "1", "--backend-store-uri", f"sqlite:///{tmp / 'mlflow.db'}",
-                             "--artifacts-destination", str(tmp / "artifacts")],
-                            stdout=(tmp / "server.log").open("w"), stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)  # its own group: the uvicorn worker goes with it
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{tmp / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(tmp / "artifacts"),
+        ],
+        stdout=(tmp / "server.log").open("w"),
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )  # its own group: the uvicorn worker goes with it
     uri = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -78,8 +95,9 @@ def demo_config(tmp: Path, name: str, uri: str, **changes: Any) -> Path:
 
 
 def demo_run(cfg: Path, out: Path) -> subprocess.CompletedProcess[str]:
-    return run_cli("run", str(cfg), "--output", str(out), "--limit", LIMIT, "--setups", "int8", "--no-performance",
-                   timeout=600)
+    return run_cli(
+        "run", str(cfg), "--output", str(out), "--limit", LIMIT, "--setups", "int8", "--no-performance", timeout=600
+    )
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +114,9 @@ def runs(server: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, P
     return a, b, messages
 
 
-def test_runs_children_metrics_and_artifacts_are_in_mlflow(server: str, runs: tuple[Path, Path, list[str]],
-                                                          tmp_path: Path) -> None:
+def test_runs_children_metrics_and_artifacts_are_in_mlflow(
+    server: str, runs: tuple[Path, Path, list[str]], tmp_path: Path
+) -> None:
     import mlflow
     from mlflow import MlflowClient
 
@@ -114,8 +133,10 @@ def test_runs_children_metrics_and_artifacts_are_in_mlflow(server: str, runs: tu
         assert len(parent) == 1
         run_id = parent["run_id"].iloc[0]
         assert f"tracking: MLflow run {run_id}" in stderr
-        assert parent["status"].iloc[0] == "FINISHED" and parent["params.model_sha256"].iloc[0] == \
-            results["run"]["model_sha256"]
+        assert (
+            parent["status"].iloc[0] == "FINISHED"
+            and parent["params.model_sha256"].iloc[0] == results["run"]["model_sha256"]
+        )
         assert json.loads(parent["params.config.batch_size"].iloc[0]) == results["config"]["batch_size"]
         mine = children[children["tags.mlflow.parentRunId"] == run_id]
         assert sorted(mine["tags.mlflow.runName"]) == ["bf16", "int8"]
@@ -142,8 +163,9 @@ def test_compare_shows_paired_deltas_and_what_changed(runs: tuple[Path, Path, li
     assert res.returncode == 0, res.stderr[-3000:]
     report = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     tasks = [t for p in report["comparisons"][0]["setups"] for t in p["tasks"]]
-    assert {(t["setup"], t["task"]) for t in tasks} == {(s, t) for s in ("bf16", "int8")
-                                                        for t in ("compare_mc", "addition", "facts", "ppl")}
+    assert {(t["setup"], t["task"]) for t in tasks} == {
+        (s, t) for s in ("bf16", "int8") for t in ("compare_mc", "addition", "facts", "ppl")
+    }
     assert all(t["paired"] and t["n_paired"] == int(LIMIT) and t["ci"][0] <= t["delta"] <= t["ci"][1] for t in tasks)
     changes = {c["what"]: (c["a"], c["b"]) for c in report["comparisons"][0]["changes"]}
     assert changes["config.batch_size"] == ("64", "16")

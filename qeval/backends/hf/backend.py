@@ -82,10 +82,14 @@ class HFBackend:
         if is_gguf(path):  # dequantized on load into `dtype`: the GGUF's own precision is the baseline's
             path, kw["gguf_file"] = self._gguf_alone(Path(path)), Path(path).name
         # a checkpoint's own tokenizer, as vLLM reads it; the model's where the checkpoint ships none
-        has_tok = not self.setup.checkpoint or not Path(path).is_dir() or any(
-            (Path(path) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
-        self.tok = AutoTokenizer.from_pretrained(path if has_tok else spec.path,
-                                                 **(kw if has_tok else kw | {"revision": spec.revision}))
+        has_tok = (
+            not self.setup.checkpoint
+            or not Path(path).is_dir()
+            or any((Path(path) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+        )
+        self.tok = AutoTokenizer.from_pretrained(
+            path if has_tok else spec.path, **(kw if has_tok else kw | {"revision": spec.revision})
+        )
         load = hf_quant.load_kwargs(self.setup, dtype, self.device)  # bitsandbytes quantizes while loading
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw, **load)
         if not load:  # a bitsandbytes model is placed by device_map and refuses .to()
@@ -96,8 +100,9 @@ class HFBackend:
             # the layers as they are resident while scoring, not as they were read from disk
             with torch.no_grad():
                 self.model(input_ids=torch.tensor([[self.tok.bos_token_id or 0]], device=self.device))
-            self._quant_info = hf_quant.checkpoint_info(self.model, self.setup.checkpoint,
-                                                        self.setup.checkpoint_revision)
+            self._quant_info = hf_quant.checkpoint_info(
+                self.model, self.setup.checkpoint, self.setup.checkpoint_revision
+            )
         else:
             self._quant_info = hf_quant.quantize_weights(self.model, self.setup)
         if self.tok.pad_token_id is None:
@@ -147,8 +152,9 @@ class HFBackend:
         the quantized cache.
         """
         encode = memoized(self.conv.encode)
-        pairs = [truncate(*encode_pair(self.conv, r.context, r.continuation, encode), self.max_length)
-                 for r in requests]
+        pairs = [
+            truncate(*encode_pair(self.conv, r.context, r.continuation, encode), self.max_length) for r in requests
+        ]
         groups: dict[tuple[int, ...], list[int]] = {}
         for i, (ctx, _) in enumerate(pairs):
             key = tuple(ctx) if not self.setup.quantizes_kv else (*ctx, -1 - i)  # -1-i: never shared
@@ -156,11 +162,19 @@ class HFBackend:
         # unquantized cache: contexts of like length share a prefill (the second pass re-groups the
         # continuations by length); quantized: one pass covers context end and continuation, sort by both
         fresh = not self.setup.quantizes_kv
-        order = sorted(groups.values(), key=lambda ids: (-len(pairs[ids[0]][0]), -max(len(pairs[i][1]) for i in ids))
-                       if fresh else -len(pairs[ids[0]][0]) - max(len(pairs[i][1]) for i in ids))
+        order = sorted(
+            groups.values(),
+            key=lambda ids: (
+                (-len(pairs[ids[0]][0]), -max(len(pairs[i][1]) for i in ids))
+                if fresh
+                else -len(pairs[ids[0]][0]) - max(len(pairs[i][1]) for i in ids)
+            ),
+        )
         # a reference covers exactly the continuation's tokens, or it is not used (no KL for that request)
-        refs = [r.ref_indices if r.ref_indices is not None and len(r.ref_indices) == len(cont) else None
-                for r, (_, cont) in zip(requests, pairs, strict=True)]
+        refs = [
+            r.ref_indices if r.ref_indices is not None and len(r.ref_indices) == len(cont) else None
+            for r, (_, cont) in zip(requests, pairs, strict=True)
+        ]
         out: list[LoglikelihoodResult | None] = [None] * len(pairs)
         for chunk in self._chunks(order, pairs):
             ids = [i for g in chunk for i in g]
@@ -185,19 +199,28 @@ class HFBackend:
         if chunk:
             yield chunk
 
-    def _score_shared(self, chunk: list[list[int]], pairs: list[tuple[list[int], list[int]]],
-                      refs: list[np.ndarray | None]) -> list[_Span]:
+    def _score_shared(
+        self, chunk: list[list[int]], pairs: list[tuple[list[int], list[int]]], refs: list[np.ndarray | None]
+    ) -> list[_Span]:
         """Per request of the chunk: the continuation's scored positions (`_Span`)."""
         fresh = not self.setup.quantizes_kv  # scored positions may attend to K/V computed in the same pass
         reqs = [(r, pairs[i]) for r, g in enumerate(chunk) for i in g]
         ref_of = [refs[i] for g in chunk for i in g]
-        cache, p_mask, last = self._prefill([pairs[g[0]][0] if fresh else pairs[g[0]][0][:-1] for g in chunk],
-                                            keep_last=fresh)
-        first = [_span(F.log_softmax(last[r].float(), -1)[None], cont[:1], None if ref is None else ref[:1])
-                 for (r, (_, cont)), ref in zip(reqs, ref_of, strict=True)] if fresh else []
+        cache, p_mask, last = self._prefill(
+            [pairs[g[0]][0] if fresh else pairs[g[0]][0][:-1] for g in chunk], keep_last=fresh
+        )
+        first = (
+            [
+                _span(F.log_softmax(last[r].float(), -1)[None], cont[:1], None if ref is None else ref[:1])
+                for (r, (_, cont)), ref in zip(reqs, ref_of, strict=True)
+            ]
+            if fresh
+            else []
+        )
         second = [k for k, (_, (_, cont)) in enumerate(reqs) if len(cont) > 1 or not fresh]
-        inputs = {k: cont[:-1] if fresh else ctx[-1:] + cont[:-1]
-                  for k, (_, (ctx, cont)) in ((k, reqs[k]) for k in second)}
+        inputs = {
+            k: cont[:-1] if fresh else ctx[-1:] + cont[:-1] for k, (_, (ctx, cont)) in ((k, reqs[k]) for k in second)
+        }
         # the continuations' lengths vary (HellaSwag's endings: 5 to 40 tokens): one pass over all of
         # them pads each to the longest, which doubled the tokens run; passes over rows of like
         # length, each on a copy of its cache rows, run about what is real. Quantized caches cannot
@@ -205,8 +228,11 @@ class HFBackend:
         # than LOGITS_BUDGET_BYTES (float32 over the vocabulary at every padded position).
         vocab = getattr(self.model.config, "vocab_size", None) or len(self.tok)
         max_tokens = max(1, LOGITS_BUDGET_BYTES // (4 * vocab))
-        subs = (_sub_batches([len(inputs[k]) for k in second], SUB_BATCH_OVERHEAD, max_tokens) if fresh
-                else [range(len(second))])
+        subs = (
+            _sub_batches([len(inputs[k]) for k in second], SUB_BATCH_OVERHEAD, max_tokens)
+            if fresh
+            else [range(len(second))]
+        )
         rests: dict[int, _Span] = {}
         for sub in subs:
             ks = [second[j] for j in sub]
@@ -217,15 +243,23 @@ class HFBackend:
             r_ids, r_mask = _pad([inputs[k] for k in ks], self.tok.pad_token_id, left=False)
             mask = p_mask[rows]
             pos = mask.sum(1, keepdim=True) + torch.arange(r_ids.shape[1]).unsqueeze(0)
-            logits = self.model(input_ids=r_ids.to(self.device),
-                                attention_mask=torch.cat([mask, r_mask], 1).to(self.device),
-                                position_ids=pos.to(self.device), past_key_values=part, use_cache=True).logits
+            logits = self.model(
+                input_ids=r_ids.to(self.device),
+                attention_mask=torch.cat([mask, r_mask], 1).to(self.device),
+                position_ids=pos.to(self.device),
+                past_key_values=part,
+                use_cache=True,
+            ).logits
             for row, k in enumerate(ks):
                 cont, ref = reqs[k][1][1], ref_of[k]
-                rests[k] = _span(F.log_softmax(logits[row, : len(cont) - fresh].float(), -1), cont[fresh:],
-                                 None if ref is None else ref[fresh:])
-        return [_Span.join(([first[k]] if fresh else []) + ([rests[k]] if k in rests else []))
-                for k in range(len(reqs))]
+                rests[k] = _span(
+                    F.log_softmax(logits[row, : len(cont) - fresh].float(), -1),
+                    cont[fresh:],
+                    None if ref is None else ref[fresh:],
+                )
+        return [
+            _Span.join(([first[k]] if fresh else []) + ([rests[k]] if k in rests else [])) for k in range(len(reqs))
+        ]
 
     def _prefill(self, prefixes: list[list[int]], keep_last: bool = False) -> tuple[Any, torch.Tensor, Any]:
         """Left-padded prefill into a fresh cache: the cache, the prefix mask, and (keep_last)
@@ -248,9 +282,14 @@ class HFBackend:
         if ids.shape[1]:
             pos = shared + (mask.cumsum(1) - 1).clamp(min=0)
             mask = torch.cat([torch.ones(len(prefixes), shared, dtype=mask.dtype), mask], 1)
-            out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                             position_ids=pos.to(self.device), past_key_values=cache, use_cache=True,
-                             logits_to_keep=1)
+            out = self.model(
+                input_ids=ids.to(self.device),
+                attention_mask=mask.to(self.device),
+                position_ids=pos.to(self.device),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
             last = out.logits[:, -1] if keep_last else None
         return cache, mask, last
 
@@ -282,19 +321,26 @@ class HFBackend:
             ids, mask = _pad(inputs, self.tok.pad_token_id, left=False)
             # quantized KV: every K/V goes through the cache's quantizer before attention
             cache = kv_cache.round_trip_cache(self.model.config, self.setup) if self.setup.quantizes_kv else None
-            logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                past_key_values=cache, use_cache=cache is not None).logits
+            logits = self.model(
+                input_ids=ids.to(self.device),
+                attention_mask=mask.to(self.device),
+                past_key_values=cache,
+                use_cache=cache is not None,
+            ).logits
             for row, (r, offset, _, pred) in enumerate(batch):
                 span = logits[row, len(inputs[row]) - len(pred) : len(inputs[row])]
                 ref = requests[r].ref_indices
                 ref = None if ref is None else ref[offset : offset + len(pred)]
                 parts[r].append((offset, _window_stats(span, pred, ref)))
             progress(len({w[0] for w in batch}))
-        return [_assemble(sorted(p, key=lambda x: x[0]), req.ref_indices is not None)
-                for p, req in zip(parts, requests, strict=True)]
+        return [
+            _assemble(sorted(p, key=lambda x: x[0]), req.ref_indices is not None)
+            for p, req in zip(parts, requests, strict=True)
+        ]
 
-    def _score_long(self, ctx: list[int], pred: list[int], ref: np.ndarray | None,
-                    offset: int) -> tuple[np.ndarray, ...]:
+    def _score_long(
+        self, ctx: list[int], pred: list[int], ref: np.ndarray | None, offset: int
+    ) -> tuple[np.ndarray, ...]:
         """One long window, chunked: the same arrays `_window_stats` gives for a short one."""
         ref = None if ref is None else ref[offset : offset + len(pred)]
 
@@ -302,8 +348,9 @@ class HFBackend:
             n = logits.shape[0]
             return _window_stats(logits, pred[at : at + n], None if ref is None else ref[at : at + n])
 
-        pieces = chunked.score_chunked(self.model, self.setup, (ctx + pred)[:-1], len(pred), self.chunk, stats,
-                                       self.device)
+        pieces = chunked.score_chunked(
+            self.model, self.setup, (ctx + pred)[:-1], len(pred), self.chunk, stats, self.device
+        )
         return tuple(np.concatenate([p[k] for p in pieces]) for k in range(4))
 
     # -- generation --------------------------------------------------------------------
@@ -321,14 +368,26 @@ class HFBackend:
             ctx = generation_context(encoded[i], self.max_length, r.max_gen_toks)
             if len(ctx) > self.chunk:
                 if r.sampling is not None:
-                    raise ValueError(f"sampled generation of a {len(ctx)}-token prompt: prompts past the chunked "
-                                     f"path's {self.chunk} tokens are decoded greedily only on transformers")
-                tokens = chunked.greedy_chunked(self.model, self.setup, ctx, r.max_gen_toks, self.chunk, self.device,
-                                                lambda g, t, r=r: self._stops(g, t, r))  # type: ignore[misc]
+                    raise ValueError(
+                        f"sampled generation of a {len(ctx)}-token prompt: prompts past the chunked "
+                        f"path's {self.chunk} tokens are decoded greedily only on transformers"
+                    )
+                tokens = chunked.greedy_chunked(
+                    self.model,
+                    self.setup,
+                    ctx,
+                    r.max_gen_toks,
+                    self.chunk,
+                    self.device,
+                    lambda g, t, r=r: self._stops(g, t, r),  # type: ignore[misc]
+                )
                 out[i] = Generation(_cut(self.tok.decode(tokens, skip_special_tokens=True), r.until), len(tokens))
                 progress(1)
-        short = [i for i, r in enumerate(requests)
-                 if len(generation_context(encoded[i], self.max_length, r.max_gen_toks)) <= self.chunk]
+        short = [
+            i
+            for i, r in enumerate(requests)
+            if len(generation_context(encoded[i], self.max_length, r.max_gen_toks)) <= self.chunk
+        ]
         order = sorted(short, key=lambda i: -len(encoded[i]))
         for start in range(0, len(order), self.gen_batch_size):
             idx = order[start : start + self.gen_batch_size]
@@ -357,8 +416,13 @@ class HFBackend:
         for _ in range(max_new):
             if step is not None:
                 mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=mask.dtype)], 1)
-                last = self.model(input_ids=step.to(self.device), attention_mask=mask.to(self.device),
-                                  position_ids=pos.to(self.device), past_key_values=cache, use_cache=True).logits[:, -1]
+                last = self.model(
+                    input_ids=step.to(self.device),
+                    attention_mask=mask.to(self.device),
+                    position_ids=pos.to(self.device),
+                    past_key_values=cache,
+                    use_cache=True,
+                ).logits[:, -1]
                 pos = pos + 1
             nxt = hf_sampling.next_tokens(last, [reqs[row].sampling for row in rows], [streams[row] for row in rows])
             for b, token in enumerate(nxt.tolist()):
@@ -374,8 +438,10 @@ class HFBackend:
                 cache.batch_select_indices(index.to(self.device))
                 mask, pos, nxt, rows = mask[index], pos[index], nxt[index], [rows[b] for b in keep]
             step = nxt[:, None]
-        return [Generation(_cut(self.tok.decode(g, skip_special_tokens=True), r.until), len(g))
-                for g, r in zip(generated, reqs, strict=True)]
+        return [
+            Generation(_cut(self.tok.decode(g, skip_special_tokens=True), r.until), len(g))
+            for g, r in zip(generated, reqs, strict=True)
+        ]
 
     def _stops(self, generated: list[int], token: int, req: GenerateRequest) -> bool:
         """EOS, a stop string in the decoded text, or max_gen_toks reached."""
@@ -388,31 +454,37 @@ class HFBackend:
     def memory(self) -> dict[str, MemoryFigure]:
         """Measured ledger figures, each with its source."""
         figures = {
-            "weights_bytes": MemoryFigure(model_weights_bytes(self.model),
-                                          "sum of loaded tensor bytes (quantized data, scales, zero points)"),
-            "kv_bytes_per_token": MemoryFigure(self._measure_kv_per_token(),
-                                               "bytes held by the cache object after a 64-token prefill"),
+            "weights_bytes": MemoryFigure(
+                model_weights_bytes(self.model), "sum of loaded tensor bytes (quantized data, scales, zero points)"
+            ),
+            "kv_bytes_per_token": MemoryFigure(
+                self._measure_kv_per_token(), "bytes held by the cache object after a 64-token prefill"
+            ),
         }
         sequence = self._measure_sequence()
         if sequence is not None:
             figures["kv_bytes_per_sequence"] = sequence
         rss_peak = _peak_rss_bytes()
         if self.device == "cuda":
-            figures["peak_bytes"] = MemoryFigure(int(torch.cuda.max_memory_allocated()),
-                                                 "torch.cuda.max_memory_allocated",
-                                                 {"reserved_peak": int(torch.cuda.max_memory_reserved())})
+            figures["peak_bytes"] = MemoryFigure(
+                int(torch.cuda.max_memory_allocated()),
+                "torch.cuda.max_memory_allocated",
+                {"reserved_peak": int(torch.cuda.max_memory_reserved())},
+            )
             figures["activations_bytes"] = MemoryFigure(
                 int(torch.cuda.max_memory_allocated()) - figures["weights_bytes"].measured,  # type: ignore[operator]
                 "CUDA allocator peak minus weights (activations and KV cache of the scoring batches)",
             )
             figures["overhead_bytes"] = MemoryFigure(
                 int(torch.cuda.max_memory_reserved() - torch.cuda.max_memory_allocated()),
-                "CUDA reserved peak minus allocated peak (allocator slack; the CUDA context is not included)")
+                "CUDA reserved peak minus allocated peak (allocator slack; the CUDA context is not included)",
+            )
         else:
             figures["peak_bytes"] = MemoryFigure(rss_peak, "process peak RSS (getrusage ru_maxrss)")
             figures["activations_bytes"] = MemoryFigure(
                 max(rss_peak - self._rss_after_load, 0),
-                "RSS peak minus RSS after load (activations, KV cache and allocator growth while scoring)")
+                "RSS peak minus RSS after load (activations, KV cache and allocator growth while scoring)",
+            )
         return figures
 
     # -- performance -------------------------------------------------------------------
@@ -424,8 +496,9 @@ class HFBackend:
         """Batched prefill and greedy decode on the setup's own cache (qeval/backends/hf/perf.py)."""
         from qeval.backends.hf import perf as perf_hf
 
-        return perf_hf.measure(self.model, self.tok, lambda: kv_cache.new_cache(self.model.config, self.setup),
-                               self.device, workload)
+        return perf_hf.measure(
+            self.model, self.tok, lambda: kv_cache.new_cache(self.model.config, self.setup), self.device, workload
+        )
 
     def _measure_sequence(self) -> MemoryFigure | None:
         """Where layers keep different spans of tokens (sliding windows, chunks) or hold a state:
@@ -445,8 +518,12 @@ class HFBackend:
         cache = kv_cache.new_cache(self.model.config, self.setup)
         out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
         self.model(input_ids=out.logits[:, -1:].argmax(-1), past_key_values=cache, use_cache=True)
-        return MemoryFigure(cache_storage_bytes(cache), f"storage the cache pins after a {n - 1}-token prefill and one "
-                            "decode step (one sequence of budget.context_len)", {"context": n})
+        return MemoryFigure(
+            cache_storage_bytes(cache),
+            f"storage the cache pins after a {n - 1}-token prefill and one "
+            "decode step (one sequence of budget.context_len)",
+            {"context": n},
+        )
 
     def _measure_kv_per_token(self, n: int = 64) -> int:
         ids = torch.randint(0, min(self.model.config.vocab_size, 1000), (1, n), device=self.device)
@@ -524,13 +601,24 @@ class _Span:
     @staticmethod
     def join(parts: list[_Span]) -> _Span:
         refs = [p.ref_l for p in parts]
-        return _Span(np.concatenate([p.tok for p in parts]), all(p.greedy for p in parts),
-                     np.concatenate([p.top_i for p in parts]), np.concatenate([p.top_l for p in parts]),
-                     None if any(r is None for r in refs) else np.concatenate(refs))  # type: ignore[arg-type]
+        return _Span(
+            np.concatenate([p.tok for p in parts]),
+            all(p.greedy for p in parts),
+            np.concatenate([p.top_i for p in parts]),
+            np.concatenate([p.top_l for p in parts]),
+            None if any(r is None for r in refs) else np.concatenate(refs),  # type: ignore[arg-type]
+        )
 
     def result(self) -> LoglikelihoodResult:
-        return LoglikelihoodResult(float(self.tok.sum(dtype=np.float64)), self.greedy, len(self.tok), self.tok,
-                                   self.top_i, self.top_l, self.ref_l)
+        return LoglikelihoodResult(
+            float(self.tok.sum(dtype=np.float64)),
+            self.greedy,
+            len(self.tok),
+            self.tok,
+            self.top_i,
+            self.top_l,
+            self.ref_l,
+        )
 
 
 def _span(logp: torch.Tensor, cont: list[int], ref: np.ndarray | None) -> _Span:
@@ -538,10 +626,18 @@ def _span(logp: torch.Tensor, cont: list[int], ref: np.ndarray | None) -> _Span:
     target = torch.tensor(cont, device=logp.device)
     greedy = bool((logp.argmax(-1) == target).all())
     top_l, top_i = logp.topk(min(TOPK, logp.shape[-1]), dim=-1)
-    ref_l = (logp.gather(1, torch.as_tensor(ref, dtype=torch.long, device=logp.device)).cpu().numpy()
-             if ref is not None else None)
-    return _Span(logp.gather(1, target[:, None])[:, 0].cpu().numpy(), greedy, top_i.cpu().numpy().astype(np.int32),
-                 top_l.cpu().numpy(), ref_l)
+    ref_l = (
+        logp.gather(1, torch.as_tensor(ref, dtype=torch.long, device=logp.device)).cpu().numpy()
+        if ref is not None
+        else None
+    )
+    return _Span(
+        logp.gather(1, target[:, None])[:, 0].cpu().numpy(),
+        greedy,
+        top_i.cpu().numpy().astype(np.int32),
+        top_l.cpu().numpy(),
+        ref_l,
+    )
 
 
 def _pad(seqs: list[list[int]], pad_id: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -561,8 +657,9 @@ def _window_stats(span: torch.Tensor, pred: list[int], ref: np.ndarray | None) -
     logp = F.log_softmax(span.float(), dim=-1)
     top_l, top_i = logp.topk(min(TOPK, logp.shape[-1]), dim=-1)
     tok = logp.gather(1, torch.tensor(pred, device=logp.device)[:, None])[:, 0]
-    ref_l = (logp.gather(1, torch.as_tensor(ref, dtype=torch.long, device=logp.device)) if ref is not None
-             else top_l[:, :0])
+    ref_l = (
+        logp.gather(1, torch.as_tensor(ref, dtype=torch.long, device=logp.device)) if ref is not None else top_l[:, :0]
+    )
     return tuple(t.cpu().numpy() for t in (tok, top_i, top_l, ref_l))
 
 

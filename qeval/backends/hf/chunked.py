@@ -25,20 +25,28 @@ from qeval.config.setups import Setup
 WindowStats = Callable[[torch.Tensor, int], tuple[np.ndarray, ...]]
 
 
-def score_chunked(model: Any, setup: Setup, inputs: list[int], n_scored: int, chunk: int,
-                  stats: WindowStats, device: str) -> list[tuple[np.ndarray, ...]]:
+def score_chunked(
+    model: Any, setup: Setup, inputs: list[int], n_scored: int, chunk: int, stats: WindowStats, device: str
+) -> list[tuple[np.ndarray, ...]]:
     """Run `inputs` (one window) through the model `chunk` tokens at a time; for the last
     `n_scored` positions, call `stats(logits, offset)` on each chunk's scored logits (offset:
     index of the first of them among the scored positions) and return the pieces in order."""
-    cache = (kv_cache.round_trip_cache(model.config, setup) if setup.quantizes_kv
-             else kv_cache.new_cache(model.config, setup))
+    cache = (
+        kv_cache.round_trip_cache(model.config, setup)
+        if setup.quantizes_kv
+        else kv_cache.new_cache(model.config, setup)
+    )
     first_scored = len(inputs) - n_scored
     pieces = []
     for start in range(0, len(inputs), chunk):
         ids = inputs[start : start + chunk]
         keep = start + len(ids) - max(first_scored, start)  # scored positions are a suffix of each chunk
-        out = model(input_ids=torch.tensor([ids], device=device), past_key_values=cache, use_cache=True,
-                    logits_to_keep=max(keep, 1))
+        out = model(
+            input_ids=torch.tensor([ids], device=device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=max(keep, 1),
+        )
         if keep > 0:
             pieces.append(stats(out.logits[0, -keep:], max(first_scored, start) - first_scored))
         del out
@@ -56,8 +64,15 @@ def prefill_chunked(model: Any, setup: Setup, prefix: list[int], chunk: int, dev
     return cache, last
 
 
-def greedy_chunked(model: Any, setup: Setup, ctx: list[int], max_new: int, chunk: int, device: str,
-                   stops: Callable[[list[int], int], bool]) -> list[int]:
+def greedy_chunked(
+    model: Any,
+    setup: Setup,
+    ctx: list[int],
+    max_new: int,
+    chunk: int,
+    device: str,
+    stops: Callable[[list[int], int], bool],
+) -> list[int]:
     """Greedy decoding of one long prompt, as the batched path decodes: unquantized KV, the
     prefill's last position gives the first token; quantized KV, all but the last context
     token are prefilled and that token is fed from the cache like every later one, so each
@@ -68,8 +83,9 @@ def greedy_chunked(model: Any, setup: Setup, ctx: list[int], max_new: int, chunk
     generated: list[int] = []
     for _ in range(max_new):
         if step is not None:
-            last = model(input_ids=torch.tensor([[step]], device=device), past_key_values=cache,
-                         use_cache=True).logits[:, -1]
+            last = model(input_ids=torch.tensor([[step]], device=device), past_key_values=cache, use_cache=True).logits[
+                :, -1
+            ]
         assert last is not None
         token = int(last[0].argmax())
         generated.append(token)

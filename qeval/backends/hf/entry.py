@@ -23,7 +23,13 @@ def _create(cfg: RunConfig, setup: Setup, device: str) -> Backend:
 
 
 BACKEND = BackendEntry(
-    "hf", validate, check_install=lambda cfg: None, worker_python=lambda cfg: sys.executable, create=_create,
-    validate_model=validate_model, serves_checkpoints=True,
+    "hf",
+    validate,
+    check_install=lambda cfg: None,
+    worker_python=lambda cfg: sys.executable,
+    create=_create,
+    validate_model=validate_model,
+    serves_checkpoints=True,
     # transformers' cache layers (cache_utils.py): what qeval's own worker holds per sequence
-    kv_accounting=lambda cfg, device: KvAccounting("hf"))
+    kv_accounting=lambda cfg, device: KvAccounting("hf"),
+)

@@ -45,8 +45,13 @@ def _quantizer(config: Any, setup: Setup) -> Any:
         return Fp8QuantizedLayer()
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     layer = QuantoQuantizedLayer if backend == "quanto" else HQQQuantizedLayer
-    return layer(nbits=bits, axis_key=0, axis_value=0, q_group_size=setup.kv_group_size or head_dim,
-                 residual_length=setup.kv_residual_length)
+    return layer(
+        nbits=bits,
+        axis_key=0,
+        axis_value=0,
+        q_group_size=setup.kv_group_size or head_dim,
+        residual_length=setup.kv_residual_length,
+    )
 
 
 class _Codec:
@@ -94,8 +99,9 @@ class QuantizedSlidingLayer(DynamicSlidingWindowLayer):
         self._quantized_values: Any = None
         self._quantized_len = 0
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
-               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         self.cumulative_length += key_states.shape[-2]
@@ -135,8 +141,10 @@ class QuantizedSlidingLayer(DynamicSlidingWindowLayer):
         keep = self.sliding_window - 1
         first = not self._quantized_len
         streams = []
-        for codec, stored, new in ((self._keys, self._quantized_keys, key_states),
-                                   (self._values, self._quantized_values, value_states)):
+        for codec, stored, new in (
+            (self._keys, self._quantized_keys, key_states),
+            (self._values, self._quantized_values, value_states),
+        ):
             data, scale = codec.encode(new)
             if not first:
                 data = torch.cat([stored[0], data], dim=-2)
@@ -177,8 +185,11 @@ def new_cache(config: Any, setup: Setup) -> Any:
         if kind == _FULL:
             layers.append(_quantizer(config, setup))
         elif kind in _WINDOWED:
-            layers.append(QuantizedSlidingLayer(kwargs["sliding_window"], _quantizer(config, setup), fp8,
-                                                setup.kv_residual_length))
+            layers.append(
+                QuantizedSlidingLayer(
+                    kwargs["sliding_window"], _quantizer(config, setup), fp8, setup.kv_residual_length
+                )
+            )
         else:
             layers.append(DYNAMIC_LAYER_TYPE_MAPPING[kind](**kwargs))
     return Cache(layers=layers)
@@ -206,8 +217,7 @@ def round_trip_cache(config: Any, setup: Setup) -> Any:
                 super().__init__(**kwargs)
                 self._codec_k, self._codec_v = codec_k, codec_v
 
-            def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
-                       **kwargs: Any) -> Any:
+            def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
                 dtype = key_states.dtype
                 k = self._codec_k.decode(self._codec_k.encode(key_states), dtype)
                 v = self._codec_v.decode(self._codec_v.encode(value_states), dtype)

@@ -19,15 +19,15 @@ from qeval.backends.workload import Measurement, Pass, Wave, Workload, random_pr
 
 SOURCES = {
     "requests_per_s": "requests / wall time of the level's waves (each wave one batch: a prefill forward, then "
-                      "output_len - 1 greedy decode steps, EOS ignored; time.perf_counter, device synchronized)",
+    "output_len - 1 greedy decode steps, EOS ignored; time.perf_counter, device synchronized)",
     "output_tokens_per_s": "generated tokens / wall time of the level's waves (as requests_per_s)",
     "prefill_tokens_per_s": "prompt tokens / wall time of the prefill forwards (the whole batch's prompts in one "
-                            "forward, last-position logits and the first token included)",
+    "forward, last-position logits and the first token included)",
     "decode_tokens_per_s": "tokens generated after the first / wall time of the decode steps (batch x steps)",
     "ttft": "time to first token: the wave's prefill forward and first greedy token (one batch: every request "
-            "of a wave shares it); percentile over the level's requests",
+    "of a wave shares it); percentile over the level's requests",
     "tpot": "time per output token after the first: the wave's decode time / (output_len - 1); percentile over "
-            "the level's requests",
+    "the level's requests",
     "e2e": "request latency, submission to last token: the wave's wall time; percentile over the level's requests",
 }
 
@@ -39,10 +39,12 @@ def _sync(device: str) -> Callable[[], None]:
 
 
 #: a measurement whose requests follow the config's workload (performance.from_workload)
-WORKLOAD_NOTE = ("request lengths from the workload ({source}): each wave is one batch padded to its longest prompt "
-                 "(every prompt is computed at that length, as padding computes it) and decoded to its longest "
-                 "output; a request's latency ends at its own last token. Static batches, no continuous batching "
-                 "and no arrivals: goodput under an SLO is not measured on hf (the serving phase serves vLLM)")
+WORKLOAD_NOTE = (
+    "request lengths from the workload ({source}): each wave is one batch padded to its longest prompt "
+    "(every prompt is computed at that length, as padding computes it) and decoded to its longest "
+    "output; a request's latency ends at its own last token. Static batches, no continuous batching "
+    "and no arrivals: goodput under an SLO is not measured on hf (the serving phase serves vLLM)"
+)
 
 
 @torch.no_grad()  # not inference_mode: quanto's packed int4 weights fail on inference tensors
@@ -56,16 +58,24 @@ def measure(model: Any, tok: Any, new_cache: Callable[[], Any], device: str, wor
     def serve(p: Pass) -> list[Wave]:
         sizes = workload.request_lengths(0, p.n)
         prompts = random_prompt_ids(model.config.vocab_size, special, p.n, max(i for i, _ in sizes), p.seed, head)
-        return [_wave(model, new_cache, prompts[i : i + p.level], sizes[i : i + p.level], device, sync)
-                for i in range(0, p.n, p.level)]
+        return [
+            _wave(model, new_cache, prompts[i : i + p.level], sizes[i : i + p.level], device, sync)
+            for i in range(0, p.n, p.level)
+        ]
 
     waves = timed_waves(workload, serve)
     notes = [WORKLOAD_NOTE.format(source=workload.lengths_source)] if workload.lengths else []
     return Measurement(waves, dict(SOURCES), notes)
 
 
-def _wave(model: Any, new_cache: Callable[[], Any], prompts: list[list[int]], sizes: list[tuple[int, int]],
-          device: str, sync: Callable[[], None]) -> Wave:
+def _wave(
+    model: Any,
+    new_cache: Callable[[], Any],
+    prompts: list[list[int]],
+    sizes: list[tuple[int, int]],
+    device: str,
+    sync: Callable[[], None],
+) -> Wave:
     """One batch: every prompt at the wave's longest prompt length (the compute of a padded batch),
     decode steps to the wave's longest output; each request done at its own last token."""
     width = max(i for i, _ in sizes)
@@ -87,7 +97,13 @@ def _wave(model: Any, new_cache: Callable[[], Any], prompts: list[list[int]], si
     sync()
     t2 = time.perf_counter()
     c, steps = len(prompts), max(outs) - 1
-    return Wave(elapsed_s=t2 - t0, prompt_tokens=sum(i for i, _ in sizes), output_tokens=sum(outs),
-                prefill_s=t1 - t0, decode_tokens_per_s=sum(o - 1 for o in outs) / (t2 - t1) if steps else 0.0,
-                ttft_s=[t1 - t0] * c, tpot_s=[(done_at[o] - t1) / (o - 1) for o in outs],
-                e2e_s=[done_at[o] - t0 for o in outs])
+    return Wave(
+        elapsed_s=t2 - t0,
+        prompt_tokens=sum(i for i, _ in sizes),
+        output_tokens=sum(outs),
+        prefill_s=t1 - t0,
+        decode_tokens_per_s=sum(o - 1 for o in outs) / (t2 - t1) if steps else 0.0,
+        ttft_s=[t1 - t0] * c,
+        tpot_s=[(done_at[o] - t1) / (o - 1) for o in outs],
+        e2e_s=[done_at[o] - t0 for o in outs],
+    )

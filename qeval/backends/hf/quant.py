@@ -42,8 +42,11 @@ def load_kwargs(setup: Setup, dtype: torch.dtype, device: str) -> dict[str, Any]
         return {}
     from transformers import BitsAndBytesConfig
 
-    config = (BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype)
-              if setup.weights == "int4" else BitsAndBytesConfig(load_in_8bit=True))
+    config = (
+        BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype)
+        if setup.weights == "int4"
+        else BitsAndBytesConfig(load_in_8bit=True)
+    )
     return {"quantization_config": config, "device_map": device}
 
 
@@ -61,8 +64,9 @@ def quantize_weights(model: Any, setup: Setup) -> dict[str, Any]:
     from optimum.quanto import freeze, qint4, qint8, quantize
 
     if setup.keep:  # on the real names: preflight checked Llama-family names only (hf/support.py)
-        linear = [name for name, module in model.named_modules()
-                  if isinstance(module, torch.nn.Linear) and name != "lm_head"]
+        linear = [
+            name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear) and name != "lm_head"
+        ]
         problem = setup.keep_problem(linear)
         if problem:
             raise UserError(problem)
@@ -83,9 +87,13 @@ def quantize_weights(model: Any, setup: Setup) -> dict[str, Any]:
     scheme = "per-channel symmetric" if setup.weights == "int8" else "group-wise asymmetric (min-max)"
     extra: dict[str, Any] = {}
     if setup.keep:
-        extra["kept_modules"] = sorted(name for name, module in model.named_modules()
-                                       if isinstance(module, torch.nn.Linear) and name != "lm_head"
-                                       and getattr(module, "weight_qtype", None) is None)
+        extra["kept_modules"] = sorted(
+            name
+            for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear)
+            and name != "lm_head"
+            and getattr(module, "weight_qtype", None) is None
+        )
     return extra | {
         "library": f"optimum-quanto {_version('optimum-quanto')}",
         "scheme": f"round-to-nearest, {scheme}",
@@ -108,8 +116,11 @@ def decompressed(model: Any) -> str | None:
     int32 `weight_packed`) into float."""
     layers = [m for m in model.modules() if getattr(getattr(m, "quantization_scheme", None), "weights", None)]
     weights = [getattr(m, "weight", None) for m in layers]
-    if layers and not any(hasattr(m, "weight_packed") for m in layers) and all(
-            isinstance(w, torch.Tensor) and w.is_floating_point() for w in weights):
+    if (
+        layers
+        and not any(hasattr(m, "weight_packed") for m in layers)
+        and all(isinstance(w, torch.Tensor) and w.is_floating_point() for w in weights)
+    ):
         return str(weights[0].dtype).removeprefix("torch.")  # type: ignore[union-attr]
     return None
 
@@ -122,8 +133,12 @@ def checkpoint_info(model: Any, checkpoint: str, revision: str | None = None) ->
         return {"library": None, "checkpoint": checkpoint, "description": "unquantized checkpoint"}
     info: dict[str, Any] = describe(qc)
     method = info["quant_method"]
-    info = {"library": f"transformers {_version('transformers')} ({method})", "checkpoint": checkpoint,
-            "description": info.pop("text"), "checkpoint_config": info}
+    info = {
+        "library": f"transformers {_version('transformers')} ({method})",
+        "checkpoint": checkpoint,
+        "description": info.pop("text"),
+        "checkpoint_config": info,
+    }
     dtype = decompressed(model)
     if dtype is not None:
         info["decompressed_to"] = dtype

@@ -36,8 +36,9 @@ def filtered_probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
     return scores.softmax(-1)
 
 
-def next_tokens(last: torch.Tensor, sampling: list[Sampling | None],
-                generators: list[torch.Generator | None]) -> torch.Tensor:
+def next_tokens(
+    last: torch.Tensor, sampling: list[Sampling | None], generators: list[torch.Generator | None]
+) -> torch.Tensor:
     """The next token of each row: argmax for greedy rows, one draw from its own stream for sampled ones."""
     nxt = last.argmax(-1).cpu()
     for b, (s, g) in enumerate(zip(sampling, generators, strict=True)):

@@ -65,20 +65,24 @@ def validate(setup: Setup, device: str) -> None:
             )
         package, precisions = WEIGHT_METHODS[setup.method]
         if setup.weights not in precisions:
-            raise UserError(f"{where}: method {setup.method!r} offers {'/'.join(precisions)} weights, "
-                            f"not {setup.weights}")
+            raise UserError(
+                f"{where}: method {setup.method!r} offers {'/'.join(precisions)} weights, not {setup.weights}"
+            )
         if setup.method == "torchao" and device == "cpu" and setup.weights == "int4":
             raise UserError(f"{where}: torchao int4 weight-only needs CUDA kernels; use method rtn")
         if setup.method == "bnb" and device != "cuda":
-            raise UserError(f"{where}: method 'bnb' (bitsandbytes NF4 / LLM.int8) runs on CUDA here; its CPU "
-                            "backend is not tested by qeval: use method rtn")
+            raise UserError(
+                f"{where}: method 'bnb' (bitsandbytes NF4 / LLM.int8) runs on CUDA here; its CPU "
+                "backend is not tested by qeval: use method rtn"
+            )
         if not _installed(package):
             raise UserError(f"{where}: method {setup.method!r} needs the {package} package, which is not installed")
     if setup.quantizes_kv:
         backend, package, _ = KV_BACKENDS[setup.kv_cache]
         if not _installed(package):
-            raise UserError(f"{where}: {setup.kv_cache} KV cache needs the {package} package ({backend} backend), "
-                            "not installed")
+            raise UserError(
+                f"{where}: {setup.kv_cache} KV cache needs the {package} package ({backend} backend), not installed"
+            )
     if setup.kv_group_size is not None and not setup.quantizes_kv:
         raise UserError(f"{where}: kv_group_size needs a quantized kv_cache")
 
@@ -86,8 +90,9 @@ def validate(setup: Setup, device: str) -> None:
 def _need_package(quant_method: str, where: str) -> None:
     module, pip = PACKAGES.get(quant_method, (quant_method.replace("-", "_"), quant_method))
     if not _installed(module):
-        raise UserError(f"{where}: a {quant_method} checkpoint needs the {pip} package on transformers, "
-                        "which is not installed")
+        raise UserError(
+            f"{where}: a {quant_method} checkpoint needs the {pip} package on transformers, which is not installed"
+        )
 
 
 def validate_checkpoint(setup: Setup, device: str) -> None:
@@ -97,15 +102,19 @@ def validate_checkpoint(setup: Setup, device: str) -> None:
     where = f"setup {setup.name!r} on hf/{device}"
     assert setup.checkpoint is not None
     if setup.weights is not None and setup.method not in CHECKPOINT_METHODS:
-        raise UserError(f"{where}: a checkpoint brings its own quantization; drop weights/method "
-                        f"({setup.weights}/{setup.method}) or name a checkpoint method (w8a8, w4a8, gptq, awq)")
+        raise UserError(
+            f"{where}: a checkpoint brings its own quantization; drop weights/method "
+            f"({setup.weights}/{setup.method}) or name a checkpoint method (w8a8, w4a8, gptq, awq)"
+        )
     qc = quantization_config(checkpoint_config(setup.checkpoint, setup.checkpoint_revision))
     if qc is None:  # a plain 16-bit folder: served as it is (another fine-tune, say)
         return
     method = str(qc.get("quant_method", ""))
     if method not in PACKAGES:
-        raise UserError(f"{where}: checkpoint {setup.checkpoint} has quant_method {method!r}, which qeval does not "
-                        f"serve on transformers (offered: {', '.join(PACKAGES)})")
+        raise UserError(
+            f"{where}: checkpoint {setup.checkpoint} has quant_method {method!r}, which qeval does not "
+            f"serve on transformers (offered: {', '.join(PACKAGES)})"
+        )
     if method in CUDA_ONLY and device != "cuda":
         raise UserError(f"{where}: a {method} checkpoint needs {CUDA_ONLY[method]} (CUDA); this device is {device}")
     _need_package(method, where)
@@ -137,9 +146,11 @@ def validate_model(setup: Setup, config: dict[str, Any]) -> None:
     nested = config.get("text_config")
     text: dict[str, Any] = nested if isinstance(nested, dict) else config
     if text.get("kv_lora_rank") is not None:
-        raise UserError(f"setup {setup.name!r} on hf: a {setup.kv_cache} KV cache on a latent-attention (MLA) model "
-                        "is not offered on transformers (its cache holds the latent, not K/V heads); "
-                        "drop the setup or serve its KV cache on the vllm backend")
+        raise UserError(
+            f"setup {setup.name!r} on hf: a {setup.kv_cache} KV cache on a latent-attention (MLA) model "
+            "is not offered on transformers (its cache holds the latent, not K/V heads); "
+            "drop the setup or serve its KV cache on the vllm backend"
+        )
 
 
 #: model types whose decoder linear layers carry the Llama-family names ModelShape.linear_modules gives

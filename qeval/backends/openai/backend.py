@@ -65,20 +65,27 @@ class OpenAIBackend:
             self._argv, self._engine_args = serve_argv(self.cfg, self.setup, self.device, port, HOST)
             self._scratch = Path(tempfile.mkdtemp(prefix="qeval-server-"))
             # the key reaches vLLM through its environment (VLLM_API_KEY), never its command line or log
-            self.server = LaunchedServer(self._argv, {"VLLM_API_KEY": key} if key else {},
-                                         self._scratch / "server.log")
+            self.server = LaunchedServer(self._argv, {"VLLM_API_KEY": key} if key else {}, self._scratch / "server.log")
             base_url = f"http://{HOST}:{port}/v1"
         else:
             base_url, self.model = endpoint(self.cfg, self.setup)
         s = self.spec
-        self.client = Client(base_url, key, s.timeout_s, s.retries, s.backoff_s,
-                             before_retry=self.server.check_alive if self.server else None)
+        self.client = Client(
+            base_url,
+            key,
+            s.timeout_s,
+            s.retries,
+            s.backoff_s,
+            before_retry=self.server.check_alive if self.server else None,
+        )
         if self.server is not None:
             self.server.wait_healthy(self.client.healthy, s.startup_timeout_s)
             if not self.server.listens_on(port):
                 self.server.failed = True
-                raise RuntimeError(f"port {port} answered GET /health, but not from the launched server's processes "
-                                   "(another process took the port first); rerun to launch it on another port")
+                raise RuntimeError(
+                    f"port {port} answered GET /health, but not from the launched server's processes "
+                    "(another process took the port first); rerun to launch it on another port"
+                )
         elif not self.client.healthy(timeout=min(s.timeout_s, 30.0)):
             self.client.get_text("/models", root=False)  # no /health: the API itself must answer (or raise)
         from transformers import AutoTokenizer
@@ -87,8 +94,9 @@ class OpenAIBackend:
         served = self.spec.mode == "launch" and self.setup.checkpoint
         folder = self.setup.checkpoint if served else self.cfg.model.path
         revision = self.setup.checkpoint_revision if served else self.cfg.model.revision  # as the server pins it
-        self.tok = AutoTokenizer.from_pretrained(folder, revision=revision,
-                                                 trust_remote_code=self.cfg.model.trust_remote_code)
+        self.tok = AutoTokenizer.from_pretrained(
+            folder, revision=revision, trust_remote_code=self.cfg.model.trust_remote_code
+        )
         self.conv = conventions(self.tok)
         self._token_chars = token_chars(self.tok)
         self._version = _server_version(self.client)
@@ -117,27 +125,43 @@ class OpenAIBackend:
         """Window arrays of each (prompt, start, n), `server.concurrency` requests in flight."""
         assert self.client is not None
         mode = self.spec.logprobs
-        return self.client.map(lambda p: scoring.score_prompt(self._post, self.model, p[0], mode, p[1], p[2]),
-                               prompts, self.spec.concurrency, progress)
+        return self.client.map(
+            lambda p: scoring.score_prompt(self._post, self.model, p[0], mode, p[1], p[2]),
+            prompts,
+            self.spec.concurrency,
+            progress,
+        )
 
     def loglikelihood(self, requests: list[LoglikelihoodRequest], progress: Progress) -> list[LoglikelihoodResult]:
         encode = memoized(self.conv.encode)
-        pairs = [truncate(*encode_pair(self.conv, r.context, r.continuation, encode), self.max_length)
-                 for r in requests]
+        pairs = [
+            truncate(*encode_pair(self.conv, r.context, r.continuation, encode), self.max_length) for r in requests
+        ]
         outs = self._scored([(ctx + cont, len(ctx), len(cont)) for ctx, cont in pairs], progress)
         results = []
         for req, (_, cont), (tok, top_i, top_l) in zip(requests, pairs, outs, strict=True):
             ref = req.ref_indices if req.ref_indices is not None and len(req.ref_indices) == len(cont) else None
             greedy = bool(np.all(tok >= top_l[:, 0]))  # a tie counts, as vLLM's rank 1 does
-            results.append(LoglikelihoodResult(float(tok.sum()), greedy, len(cont), tok.astype(np.float32), top_i,
-                                               top_l.astype(np.float32), at_ids(ref, top_i, top_l)))
+            results.append(
+                LoglikelihoodResult(
+                    float(tok.sum()),
+                    greedy,
+                    len(cont),
+                    tok.astype(np.float32),
+                    top_i,
+                    top_l.astype(np.float32),
+                    at_ids(ref, top_i, top_l),
+                )
+            )
         return results
 
     def loglikelihood_rolling(self, requests: list[RollingRequest], progress: Progress) -> list[RollingResult]:
         # windows two shorter than max_model_len, as the vllm backend sends them (one new token asked for)
-        windows = [(r, ctx, pred) for r, req in enumerate(requests)
-                   for ctx, pred in rolling_windows(self.conv.encode(req.text), self.conv.prefix_token_id,
-                                                    self.max_length - 2)]
+        windows = [
+            (r, ctx, pred)
+            for r, req in enumerate(requests)
+            for ctx, pred in rolling_windows(self.conv.encode(req.text), self.conv.prefix_token_id, self.max_length - 2)
+        ]
         outs = self._scored([(ctx + pred, len(ctx), len(pred)) for _, ctx, pred in windows], None)
         parts: list[list[tuple[np.ndarray, ...]]] = [[] for _ in requests]
         for (r, _, _), arrays in zip(windows, outs, strict=True):
@@ -150,8 +174,11 @@ class OpenAIBackend:
 
         def one(r: GenerateRequest) -> str:
             ids = generation_context(self.conv.prompt(r.context), self.max_length, r.max_gen_toks)
-            return scoring.generation(self._post(scoring.generate_body(self.model, ids, r)), r.max_gen_toks,
-                                      r.max_gen_toks * self._token_chars)
+            return scoring.generation(
+                self._post(scoring.generate_body(self.model, ids, r)),
+                r.max_gen_toks,
+                r.max_gen_toks * self._token_chars,
+            )
 
         return self.client.map(one, requests, self.spec.concurrency, progress)
 
@@ -187,17 +214,28 @@ class OpenAIBackend:
         found = parse_engine_log(self.server.log_text()) if self.server else {}
         kv, tokens = found.get("kv_cache_gib"), found.get("kv_cache_tokens")
         figures["kv_bytes_per_token"] = (
-            MemoryFigure(round(kv["value"] / tokens["value"]), "launched vLLM server's log: KV cache GiB / KV cache "
-                         "tokens (GiB rounded to 0.01 in the log)", {"lines": [kv["line"], tokens["line"]]})
-            if kv and tokens else metrics.not_measured("the server reports no KV bytes per token"))
+            MemoryFigure(
+                round(kv["value"] / tokens["value"]),
+                "launched vLLM server's log: KV cache GiB / KV cache tokens (GiB rounded to 0.01 in the log)",
+                {"lines": [kv["line"], tokens["line"]]},
+            )
+            if kv and tokens
+            else metrics.not_measured("the server reports no KV bytes per token")
+        )
         w = found.get("weights_gib")
-        figures["weights_bytes"] = (MemoryFigure(w["value"], "launched vLLM server's log: 'Model loading took'") if w
-                                    else metrics.not_measured("the server reports no weight size"))
+        figures["weights_bytes"] = (
+            MemoryFigure(w["value"], "launched vLLM server's log: 'Model loading took'")
+            if w
+            else metrics.not_measured("the server reports no weight size")
+        )
         rss = metrics.tree_rss(self.server.pid) if self.server else None
         figures["peak_bytes"] = (
-            MemoryFigure(rss, "RSS of the launched server's process tree (psutil, after scoring)") if rss
-            else metrics.not_measured("an attached server's processes are not qeval's" if not self.server
-                                      else "the launched server is gone"))
+            MemoryFigure(rss, "RSS of the launched server's process tree (psutil, after scoring)")
+            if rss
+            else metrics.not_measured(
+                "an attached server's processes are not qeval's" if not self.server else "the launched server is gone"
+            )
+        )
         return figures
 
     @property
@@ -218,8 +256,11 @@ class OpenAIBackend:
             qc = quantization_config(checkpoint_config(self.setup.checkpoint, self.setup.checkpoint_revision))
             if qc is not None:
                 described = describe(qc)
-                info |= {"checkpoint": self.setup.checkpoint, "description": described.pop("text"),
-                         "checkpoint_config": described}
+                info |= {
+                    "checkpoint": self.setup.checkpoint,
+                    "description": described.pop("text"),
+                    "checkpoint_config": described,
+                }
         kernels = quantized_kernels(self.server.log_text()) if self.server else {}
         if kernels:
             info["engine_kernels"] = kernels

@@ -52,8 +52,9 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
     a 30x names (https to http included) and turn the POST into a GET."""
 
     def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> None:
-        raise urllib.error.HTTPError(req.full_url, code, f"redirected to {newurl}; set base_url to the final URL",
-                                     headers, fp)
+        raise urllib.error.HTTPError(
+            req.full_url, code, f"redirected to {newurl}; set base_url to the final URL", headers, fp
+        )
 
 
 #: the one opener every request goes through: no proxy (urlopen honours http_proxy even for
@@ -158,8 +159,10 @@ class Client:
         Content-Length over it is refused before anything is read)."""
         declared = resp.headers.get("Content-Length") if getattr(resp, "headers", None) is not None else None
         if declared and declared.strip().isdigit() and int(declared) > limit:
-            raise TooLarge(f"{url}: the answer is {int(declared):,} bytes, more than the {limit:,} this request "
-                           "can need; refused unread")
+            raise TooLarge(
+                f"{url}: the answer is {int(declared):,} bytes, more than the {limit:,} this request "
+                "can need; refused unread"
+            )
         pieces: list[bytes] = []
         total = 0
         # timeout_s bounds each socket read; a server trickling its answer a byte at a time would
@@ -172,13 +175,17 @@ class Client:
             if not piece:
                 return b"".join(pieces)
             if time.monotonic() > deadline:
-                raise Unreachable(f"{url}: the answer took more than {self.timeout_s:g} s to arrive "
-                                  "(server.timeout_s); refused (the rest was not read)")
+                raise Unreachable(
+                    f"{url}: the answer took more than {self.timeout_s:g} s to arrive "
+                    "(server.timeout_s); refused (the rest was not read)"
+                )
             pieces.append(piece)
             total += len(piece)
             if total > limit:
-                raise TooLarge(f"{url}: the answer is more than the {limit:,} bytes this request can need; "
-                               "refused (the rest was not read)")
+                raise TooLarge(
+                    f"{url}: the answer is more than the {limit:,} bytes this request can need; "
+                    "refused (the rest was not read)"
+                )
 
     def post(self, path: str, body: dict[str, Any], max_bytes: int = MAX_ANSWER_BYTES) -> Any:
         """POST `body` as JSON to base_url + path; the decoded JSON answer, the key scrubbed from
@@ -200,8 +207,9 @@ class Client:
             raise ServerError(url, 200, str(err.get("message", err) if isinstance(err, dict) else err)[:300])
         return data
 
-    def get_text(self, path: str, *, root: bool = True, timeout: float | None = None,
-                 max_bytes: int = MAX_ANSWER_BYTES) -> str:
+    def get_text(
+        self, path: str, *, root: bool = True, timeout: float | None = None, max_bytes: int = MAX_ANSWER_BYTES
+    ) -> str:
         """GET root (or base_url) + path as text (/health, /metrics), at most `max_bytes`, the key scrubbed."""
         url = (self.root if root else self.base_url) + path
         try:
@@ -219,8 +227,9 @@ class Client:
         except (urllib.error.URLError, TimeoutError, ConnectionError, OSError, ValueError, http.client.HTTPException):
             return False
 
-    def stream(self, path: str, body: dict[str, Any],
-               max_bytes: int = MAX_ANSWER_BYTES) -> Iterator[tuple[float, dict[str, Any]]]:
+    def stream(
+        self, path: str, body: dict[str, Any], max_bytes: int = MAX_ANSWER_BYTES
+    ) -> Iterator[tuple[float, dict[str, Any]]]:
         """POST a streaming request; each server-sent event as (perf_counter at arrival, its JSON,
         the key scrubbed). A line over MAX_EVENT_BYTES, a stream over `max_bytes` or an event
         that is not a JSON object is a BadAnswer."""
@@ -233,12 +242,14 @@ class Client:
                     return
                 total += len(raw)
                 if len(raw) > MAX_EVENT_BYTES or total > max_bytes:
-                    raise TooLarge(f"{url}: the stream is larger than this request can need (an event line over "
-                                   f"{MAX_EVENT_BYTES:,} bytes, or over {max_bytes:,} bytes in all); refused")
+                    raise TooLarge(
+                        f"{url}: the stream is larger than this request can need (an event line over "
+                        f"{MAX_EVENT_BYTES:,} bytes, or over {max_bytes:,} bytes in all); refused"
+                    )
                 line = raw.decode(errors="replace").strip()
                 if not line.startswith("data:"):
                     continue
-                data = line[len("data:"):].strip()
+                data = line[len("data:") :].strip()
                 if data == "[DONE]":
                     return
                 try:
@@ -249,8 +260,9 @@ class Client:
                     raise BadAnswer(f"{url}: a streamed event is not a JSON object")
                 yield time.perf_counter(), event
 
-    def map(self, fn: Callable[[T], R], items: list[T], concurrency: int,
-            done: Callable[[int], None] | None = None) -> list[R]:
+    def map(
+        self, fn: Callable[[T], R], items: list[T], concurrency: int, done: Callable[[int], None] | None = None
+    ) -> list[R]:
         """fn over items with `concurrency` in flight, results in order; the first failure raises."""
         if not items:
             return []
@@ -273,8 +285,14 @@ class Client:
 def _key_forms(key: str) -> tuple[str, ...]:
     """The key as a server may echo it: as sent, URL-encoded, HTML-escaped, JSON-escaped."""
     escaped = json.dumps(key)[1:-1]
-    forms = {key, urllib.parse.quote(key, safe=""), urllib.parse.quote_plus(key, safe=""), html.escape(key),
-             escaped, escaped.replace("/", "\\/")}  # JSON may escape a slash: \/
+    forms = {
+        key,
+        urllib.parse.quote(key, safe=""),
+        urllib.parse.quote_plus(key, safe=""),
+        html.escape(key),
+        escaped,
+        escaped.replace("/", "\\/"),
+    }  # JSON may escape a slash: \/
     return tuple(sorted(forms, key=len, reverse=True))  # the longest first: no form is left half replaced
 
 

@@ -29,7 +29,16 @@ def _create(cfg: RunConfig, setup: Setup, device: str) -> Backend:
 
 
 BACKEND = BackendEntry(
-    "openai", validate, check_install, worker_python, _create, key_parts=key_parts, serves_checkpoints=True,
-    validate_tasks=validate_tasks, validate_served=validate_served, kv_accounting=kv_accounting,
+    "openai",
+    validate,
+    check_install,
+    worker_python,
+    _create,
+    key_parts=key_parts,
+    serves_checkpoints=True,
+    validate_tasks=validate_tasks,
+    validate_served=validate_served,
+    kv_accounting=kv_accounting,
     # a launched vLLM server: `qeval goodput` starts its own; an attached one or a command is not vLLM's to tune
-    serves_goodput=lambda cfg: cfg.server is None or (cfg.server.mode == "launch" and cfg.server.command is None))
+    serves_goodput=lambda cfg: cfg.server is None or (cfg.server.mode == "launch" and cfg.server.command is None),
+)

@@ -52,9 +52,15 @@ class LaunchedServer:
         self._log: IO[bytes] = log_path.open("wb")
         # a VLLM_API_KEY from the user's shell would make the server demand a key the client never sends
         inherited = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
-        self.proc = subprocess.Popen(argv, env=inherited | env | {"QEVAL_WORKER": "1"}, stdin=subprocess.DEVNULL,
-                                     stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     preexec_fn=functools.partial(die_with_parent, os.getpid()))
+        self.proc = subprocess.Popen(
+            argv,
+            env=inherited | env | {"QEVAL_WORKER": "1"},
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=functools.partial(die_with_parent, os.getpid()),
+        )
 
     @property
     def pid(self) -> int:
@@ -76,9 +82,11 @@ class LaunchedServer:
         errors = [line for line in lines if re.search(r"\b\w*(Error|Exception): ", line)]
         tail = [self._scrub(t) for t in (errors[-2:] if errors else lines[-3:])]  # scrubbed before cut to 200
         how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-        raise ServerDied(f"the launched server ({self.argv[0]} ... pid {self.pid}) died, {how}"
-                         + (f"; its log: {' | '.join(t.strip()[:200] for t in tail)}" if tail else "")
-                         + f" (the whole log: {self.log_path})")
+        raise ServerDied(
+            f"the launched server ({self.argv[0]} ... pid {self.pid}) died, {how}"
+            + (f"; its log: {' | '.join(t.strip()[:200] for t in tail)}" if tail else "")
+            + f" (the whole log: {self.log_path})"
+        )
 
     def _scrub(self, line: str) -> str:
         """`line` of the server's log with every form of the secrets it was handed replaced (as the client does)."""
@@ -109,8 +117,9 @@ class LaunchedServer:
             time.sleep(0.5)
         self.failed = True
         self.stop()
-        raise TimeoutError(f"the launched server did not answer GET /health within {timeout_s:g} s "
-                           f"(its log: {self.log_path})")
+        raise TimeoutError(
+            f"the launched server did not answer GET /health within {timeout_s:g} s (its log: {self.log_path})"
+        )
 
     def listens_on(self, port: int) -> bool:
         """Whether the server's own process tree holds the listening socket on `port`: between
@@ -125,8 +134,10 @@ class LaunchedServer:
             return False
         for proc in family:
             try:
-                if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
-                       for c in proc.net_connections(kind="tcp")):
+                if any(
+                    c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+                    for c in proc.net_connections(kind="tcp")
+                ):
                     return True
             except psutil.Error:  # it ended, or is not ours to read
                 continue

@@ -9,7 +9,7 @@ import re
 
 from qeval.backends.base import MemoryFigure
 
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
@@ -66,8 +66,10 @@ def server_figures(metrics_text: str | None, max_model_len: int) -> dict[str, Me
     source = "server /metrics: vllm:cache_config_info num_gpu_blocks x block_size"
     figures = {"kv_cache_tokens": MemoryFigure(tokens, source, {"line": line, "pool_source": "server /metrics"})}
     figures["max_concurrency"] = MemoryFigure(
-        round(tokens / max_model_len, 2), f"{source} / max_model_len {max_model_len}",
-        {"line": f"tokens {tokens} / max_model_len {max_model_len}", "context": max_model_len})
+        round(tokens / max_model_len, 2),
+        f"{source} / max_model_len {max_model_len}",
+        {"line": f"tokens {tokens} / max_model_len {max_model_len}", "context": max_model_len},
+    )
     if usage:
         figures["kv_cache_usage"] = MemoryFigure(max(usage), "server /metrics: vllm:kv_cache_usage_perc (0..1)")
     return figures
@@ -93,4 +95,3 @@ def tree_rss(pid: int) -> int | None:
 
 def not_measured(why: str) -> MemoryFigure:
     return MemoryFigure(None, f"not measured: {why}")
-

@@ -20,17 +20,17 @@ from qeval.backends.workload import Measurement, Pass, Wave, Workload, random_pr
 
 SOURCES = {
     "requests_per_s": "requests / wall time of the level's waves (each wave `level` streaming /v1/completions "
-                      "requests sent at once, timed by the client from the first send to the last event)",
+    "requests sent at once, timed by the client from the first send to the last event)",
     "output_tokens_per_s": "generated tokens (the server's usage.completion_tokens) / wall time of the level's waves",
     "prefill_tokens_per_s": "prompt tokens / the span from the wave's send to its last first token (client "
-                            "clock; the server may interleave decode steps, so a lower bound)",
+    "clock; the server may interleave decode steps, so a lower bound)",
     "decode_tokens_per_s": "sum over the wave's requests of 1 / time per output token (they decode together)",
     "ttft": "time to first token per request: send to the first streamed token (client clock, as "
-            "`vllm bench serve` takes TTFT); percentile over the level's requests",
+    "`vllm bench serve` takes TTFT); percentile over the level's requests",
     "tpot": "time per output token after the first per request: (last event - first token) / (tokens - 1), "
-            "client clock (`vllm bench serve`'s TPOT); percentile over the level's requests",
+    "client clock (`vllm bench serve`'s TPOT); percentile over the level's requests",
     "e2e": "request latency per request: send to the stream's last event (client clock); percentile over the "
-           "level's requests",
+    "level's requests",
 }
 
 
@@ -76,24 +76,36 @@ def stream_one(stream: Callable[[dict[str, Any]], Any], body: dict[str, Any]) ->
 
 def bench_body(model: str, prompt: list[int], output_len: int) -> dict[str, Any]:
     """One timed request: exactly output_len tokens (vLLM's ignore_eos), usage in the stream."""
-    return {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "ignore_eos": True,
-            "stream_options": {"include_usage": True}}
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": output_len,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
 
 
 def wave_of(timed: list[Timed], started: float, prompt_tokens: int) -> Wave:
     ends = max(t.end for t in timed)
     tpot = [t.tpot for t in timed]
-    return Wave(elapsed_s=ends - started, prompt_tokens=prompt_tokens,
-                output_tokens=sum(t.output_tokens for t in timed),
-                prefill_s=max(t.events[0] for t in timed) - started,
-                decode_tokens_per_s=sum(1 / x for x in tpot if x > 0),
-                ttft_s=[t.ttft for t in timed], tpot_s=tpot, e2e_s=[t.end - t.sent for t in timed])
+    return Wave(
+        elapsed_s=ends - started,
+        prompt_tokens=prompt_tokens,
+        output_tokens=sum(t.output_tokens for t in timed),
+        prefill_s=max(t.events[0] for t in timed) - started,
+        decode_tokens_per_s=sum(1 / x for x in tpot if x > 0),
+        ttft_s=[t.ttft for t in timed],
+        tpot_s=tpot,
+        e2e_s=[t.end - t.sent for t in timed],
+    )
 
 
 def run_wave(client: Any, model: str, prompts: list[list[int]], output_len: int) -> tuple[Wave, list[float]]:
     """One wave: every prompt sent at once as a streaming request; its figures and inter-token gaps."""
     bodies = [bench_body(model, p, output_len) for p in prompts]
     started = time.perf_counter()
+
     def send(body: dict[str, Any]) -> Timed:  # each stream bounded by what its request can need
         return stream_one(functools.partial(client.stream, "/completions", max_bytes=answer_bytes(body)), body)
 
@@ -122,6 +134,8 @@ def measure(client: Any, model: str, tok: Any, workload: Workload) -> Measuremen
     waves = timed_waves(workload, serve)
     notes = []
     if itl:
-        notes.append(f"inter-token latency (client clock, between streamed events, all levels): median "
-                     f"{np.median(itl) * 1e3:.2f} ms, p90 {np.percentile(itl, 90) * 1e3:.2f} ms")
+        notes.append(
+            f"inter-token latency (client clock, between streamed events, all levels): median "
+            f"{np.median(itl) * 1e3:.2f} ms, p90 {np.percentile(itl, 90) * 1e3:.2f} ms"
+        )
     return Measurement(waves, dict(SOURCES), notes)

@@ -48,8 +48,15 @@ def logprob_body(model: str, prompt: list[int], mode: str) -> dict[str, Any]:
     """The /v1/completions request for the log-probs of every position of `prompt`."""
     if mode == "prompt_logprobs":
         return {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": TOPK}
-    return {"model": model, "prompt": prompt, "max_tokens": 0, "temperature": 0.0, "echo": True, "logprobs": TOPK,
-            "return_tokens_as_token_ids": True}
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": 0,
+        "temperature": 0.0,
+        "echo": True,
+        "logprobs": TOPK,
+        "return_tokens_as_token_ids": True,
+    }
 
 
 def positions(answer: dict[str, Any], mode: str, prompt: list[int]) -> list[tuple[float, Entries] | None]:
@@ -66,8 +73,12 @@ def positions(answer: dict[str, Any], mode: str, prompt: list[int]) -> list[tupl
         return out
     lp = choice.get("logprobs") or {}
     token_lps, tops = (lp.get("token_logprobs"), lp.get("top_logprobs")) if isinstance(lp, dict) else (None, None)
-    if not isinstance(token_lps, list) or not isinstance(tops, list) or len(token_lps) < len(prompt) \
-            or len(tops) < len(prompt):
+    if (
+        not isinstance(token_lps, list)
+        or not isinstance(tops, list)
+        or len(token_lps) < len(prompt)
+        or len(tops) < len(prompt)
+    ):
         raise RuntimeError("the server returned no echoed logprobs for every prompt token")
     for pos in range(len(prompt)):
         if token_lps[pos] is None or tops[pos] is None:
@@ -87,8 +98,7 @@ def positions(answer: dict[str, Any], mode: str, prompt: list[int]) -> list[tupl
 def _prompt_row(row: Any, pos: int, token: int) -> tuple[float, Entries]:
     """One position of vLLM's prompt_logprobs: {id: {logprob, rank}}, checked."""
     if not isinstance(row, dict) or not all(isinstance(v, dict) for v in row.values()):
-        raise BadAnswer(f"the server's prompt_logprobs at position {pos} are not a map of token to "
-                        "{logprob, rank}")
+        raise BadAnswer(f"the server's prompt_logprobs at position {pos} are not a map of token to {{logprob, rank}}")
     if str(token) not in row:
         raise RuntimeError(f"the server's prompt_logprobs at position {pos} leave out the prompt's own token")
     entries = [(_int_id(k, pos), _logprob(v.get("logprob"), pos), _rank(v.get("rank"), pos)) for k, v in row.items()]
@@ -107,8 +117,10 @@ def _logprob(value: Any, pos: int) -> float:
     except OverflowError:  # an integer of hundreds of digits
         lp = math.inf
     if not math.isfinite(lp) or lp > LOGPROB_SLACK:
-        raise BadAnswer(f"the server sent a log-prob of {lp!r} at prompt position {pos}: a log-prob is a "
-                        "finite number at most 0 (a probability is at most 1)")
+        raise BadAnswer(
+            f"the server sent a log-prob of {lp!r} at prompt position {pos}: a log-prob is a "
+            "finite number at most 0 (a probability is at most 1)"
+        )
     return lp
 
 
@@ -136,13 +148,15 @@ def _at_most_one(entries: Entries, token: int, actual: float, pos: int) -> None:
 
 
 def _token_id(key: str) -> int:
-    digits = key[len("token_id:"):] if key.startswith("token_id:") else ""
+    digits = key[len("token_id:") :] if key.startswith("token_id:") else ""
     if digits.isascii() and digits.isdigit() and len(digits) <= 12:
         return int(digits)
     if digits:
         raise BadAnswer(f"the server named a top token {key[:40]!r}: not `token_id:N`")
-    raise RuntimeError(f"the server named a top token {key[:40]!r}, not `token_id:N`: it ignores "
-                       "return_tokens_as_token_ids (use logprobs: prompt_logprobs, or a vLLM server)")
+    raise RuntimeError(
+        f"the server named a top token {key[:40]!r}, not `token_id:N`: it ignores "
+        "return_tokens_as_token_ids (use logprobs: prompt_logprobs, or a vLLM server)"
+    )
 
 
 def window_arrays(rows: list[tuple[float, Entries] | None], start: int, n: int) -> tuple[np.ndarray, ...]:
@@ -158,8 +172,10 @@ def window_arrays(rows: list[tuple[float, Entries] | None], start: int, n: int) 
         tok[i] = row[0]
         top = row[1][:TOPK]
         if len(top) < TOPK:
-            raise RuntimeError(f"the server returned {len(top)} top log-probs, not {TOPK} (its max_logprobs "
-                               f"must be at least {TOPK + 1}: vllm serve --max-logprobs)")
+            raise RuntimeError(
+                f"the server returned {len(top)} top log-probs, not {TOPK} (its max_logprobs "
+                f"must be at least {TOPK + 1}: vllm serve --max-logprobs)"
+            )
         ids[i] = [t for t, _ in top]
         lps[i] = [lp for _, lp in top]
     return tok, ids, lps
@@ -171,12 +187,16 @@ def answer_bytes(body: dict[str, Any]) -> int:
     prompt = body.get("prompt")
     positions = len(prompt) if isinstance(prompt, list) else 0
     entries = TOPK + 1 if body.get("prompt_logprobs") or body.get("echo") else 0
-    return BASE_ANSWER_BYTES + positions * entries * BYTES_PER_ENTRY \
+    return (
+        BASE_ANSWER_BYTES
+        + positions * entries * BYTES_PER_ENTRY
         + int(body.get("max_tokens") or 0) * BYTES_PER_GENERATED_TOKEN
+    )
 
 
-def score_prompt(post: Callable[[dict[str, Any]], Any], model: str, prompt: list[int], mode: str,
-                 start: int, n: int) -> tuple[np.ndarray, ...]:
+def score_prompt(
+    post: Callable[[dict[str, Any]], Any], model: str, prompt: list[int], mode: str, start: int, n: int
+) -> tuple[np.ndarray, ...]:
     """One request: the window arrays of the n positions of `prompt` from `start`."""
     return window_arrays(positions(post(logprob_body(model, prompt, mode)), mode, prompt), start, n)
 
@@ -184,8 +204,12 @@ def score_prompt(post: Callable[[dict[str, Any]], Any], model: str, prompt: list
 def generate_body(model: str, prompt: list[int], req: GenerateRequest) -> dict[str, Any]:
     """The /v1/completions request of one generation: greedy, or the request's seeded sampling
     (top_k and seed as vLLM's extra parameters), stopped at its stop strings."""
-    body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": req.max_gen_toks,
-                            "stop": list(req.until) or None}
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": req.max_gen_toks,
+        "stop": list(req.until) or None,
+    }
     s: Sampling | None = req.sampling
     # every sampling field set: vLLM's server fills the ones a request leaves out from the model's
     # generation_config.json (a repetition_penalty of 1.05 changes greedy text), and the in-process
@@ -194,14 +218,24 @@ def generate_body(model: str, prompt: list[int], req: GenerateRequest) -> dict[s
     if s is None:
         body["temperature"] = 0.0
     else:
-        body |= {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k if s.top_k > 0 else -1,
-                 "seed": s.seed}
+        body |= {
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "top_k": s.top_k if s.top_k > 0 else -1,
+            "seed": s.seed,
+        }
     return body
 
 
 #: the sampling fields at the values that leave the model's distribution as it is
-NEUTRAL_SAMPLING: dict[str, Any] = {"top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0,
-                                    "presence_penalty": 0.0, "frequency_penalty": 0.0}
+NEUTRAL_SAMPLING: dict[str, Any] = {
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
 
 
 def first_choice(answer: Any) -> dict[str, Any]:
@@ -222,8 +256,10 @@ def generation(answer: dict[str, Any], max_tokens: int | None = None, max_chars:
     if not isinstance(text, str):
         raise BadAnswer("the server's completion text is not a string")
     if max_chars is not None and len(text) > max_chars:
-        raise BadAnswer(f"the server sent {len(text):,} characters for at most {max_tokens} tokens (at most "
-                        f"{max_chars:,} characters with this tokenizer)")
+        raise BadAnswer(
+            f"the server sent {len(text):,} characters for at most {max_tokens} tokens (at most "
+            f"{max_chars:,} characters with this tokenizer)"
+        )
     usage = answer.get("usage") or {}
     return Generation(text, completion_tokens(usage, max_tokens))
 

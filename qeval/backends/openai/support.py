@@ -48,8 +48,10 @@ GENERATION_TYPES = frozenset({"generate_until"})
 def server_spec(cfg: RunConfig) -> ServerSpec:
     """The config's `server:` block; one line when a run on the openai backend has none."""
     if cfg.server is None:
-        raise UserError("backend openai: the config needs a `server:` block (mode attach with base_url and "
-                        "model, or mode launch): docs/backends.md, \"OpenAI-compatible servers\"")
+        raise UserError(
+            "backend openai: the config needs a `server:` block (mode attach with base_url and "
+            'model, or mode launch): docs/backends.md, "OpenAI-compatible servers"'
+        )
     return cfg.server
 
 
@@ -76,9 +78,11 @@ def validate_served(cfg: RunConfig, setup: Setup, device: str) -> None:
 
         vllm_validate(setup, device)
     elif setup.kv_cache != "auto" or setup.weights == "fp8" or (setup.quantizes_weights and setup.method == "bnb"):
-        raise UserError(f"setup {setup.name!r} on openai/launch with a command template: qeval translates only the "
-                        "served folder ({model}) for another server; put its KV-cache or quantization flags in "
-                        "server.command and name the setup after them")
+        raise UserError(
+            f"setup {setup.name!r} on openai/launch with a command template: qeval translates only the "
+            "served folder ({model}) for another server; put its KV-cache or quantization flags in "
+            "server.command and name the setup after them"
+        )
 
 
 def check_install(cfg: RunConfig) -> None:
@@ -146,19 +150,37 @@ def serve_argv(cfg: RunConfig, setup: Setup, device: str, port: int, host: str) 
     spec = server_spec(cfg)
     name = spec.model or DEFAULT_SERVED_NAME
     if spec.command is not None:
-        fields = {"model": setup.checkpoint or cfg.model.path, "host": host, "port": str(port),
-                  "served_model_name": name, "dtype": cfg.model.dtype, "max_model_len": str(cfg.model.max_context)}
+        fields = {
+            "model": setup.checkpoint or cfg.model.path,
+            "host": host,
+            "port": str(port),
+            "served_model_name": name,
+            "dtype": cfg.model.dtype,
+            "max_model_len": str(cfg.model.max_context),
+        }
         return [part.format(**fields) for part in spec.command], {"command": spec.command}
     from qeval.backends.vllm.support import setup_engine_args
 
     args = setup_engine_args(cfg, setup, device)
-    argv = [server_python(cfg), "-m", VLLM_SERVER_MODULE, "--host", host, "--port", str(port),
-            "--served-model-name", name,
-            # the top-k of every prompt position plus the actual token, as the in-process backend asks
-            "--max-logprobs", str(TOPK + 1), "--disable-uvicorn-access-log",
-            # request defaults from vLLM, not from the model's generation_config.json: the in-process
-            # engine never reads that file (qeval's requests set every sampling field as well)
-            "--generation-config", "vllm"]
+    argv = [
+        server_python(cfg),
+        "-m",
+        VLLM_SERVER_MODULE,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--served-model-name",
+        name,
+        # the top-k of every prompt position plus the actual token, as the in-process backend asks
+        "--max-logprobs",
+        str(TOPK + 1),
+        "--disable-uvicorn-access-log",
+        # request defaults from vLLM, not from the model's generation_config.json: the in-process
+        # engine never reads that file (qeval's requests set every sampling field as well)
+        "--generation-config",
+        "vllm",
+    ]
     argv += flags(args)
     return argv, args
 
@@ -185,13 +207,17 @@ def api_key(cfg: RunConfig) -> str | None:
     if not key:
         raise UserError(f"server.api_key_env: the environment variable {spec.api_key_env} is not set")
     if not all(" " < ch <= "~" for ch in key):  # never in a header, so never in an error text either
-        raise UserError(f"server.api_key_env: the value of {spec.api_key_env} has characters an HTTP header cannot "
-                        "carry (spaces, control or non-ASCII characters); the value is not shown")
+        raise UserError(
+            f"server.api_key_env: the value of {spec.api_key_env} has characters an HTTP header cannot "
+            "carry (spaces, control or non-ASCII characters); the value is not shown"
+        )
     if len(key) < MIN_KEY_CHARS:  # scrubbed wherever it appears: a key "x" renames every answer's "text" field
-        raise UserError(f"server.api_key_env: the value of {spec.api_key_env} is shorter than {MIN_KEY_CHARS} "
-                        "characters: the key is scrubbed from everything the server sends back, and one this "
-                        "short would be found in ordinary answers (generated text, token ids) and change them; "
-                        "use a longer key (or none, with api_key_env unset)")
+        raise UserError(
+            f"server.api_key_env: the value of {spec.api_key_env} is shorter than {MIN_KEY_CHARS} "
+            "characters: the key is scrubbed from everything the server sends back, and one this "
+            "short would be found in ordinary answers (generated text, token ids) and change them; "
+            "use a longer key (or none, with api_key_env unset)"
+        )
     return key
 
 
@@ -222,5 +248,7 @@ def validate_tasks(pre: Preflight) -> None:
         except ServerError as exc:
             problem = exc.message
         if problem:
-            raise UserError(f"setup {setup.name!r}: server {base_url} refuses {spec.logprobs} log-probabilities "
-                            f"({problem}): likelihood task {wanted[0]!r} cannot be scored through it")
+            raise UserError(
+                f"setup {setup.name!r}: server {base_url} refuses {spec.logprobs} log-probabilities "
+                f"({problem}): likelihood task {wanted[0]!r} cannot be scored through it"
+            )

@@ -75,8 +75,11 @@ class VLLMBackend:
             qc = quantization_config(checkpoint_config(self.setup.checkpoint, self.setup.checkpoint_revision))
             if qc is not None:
                 described = describe(qc)
-                info |= {"checkpoint": self.setup.checkpoint, "description": described.pop("text"),
-                         "checkpoint_config": described}
+                info |= {
+                    "checkpoint": self.setup.checkpoint,
+                    "description": described.pop("text"),
+                    "checkpoint_config": described,
+                }
         kernels = quantized_kernels(self._log.text()) if self._log else {}
         if kernels:
             info["engine_kernels"] = kernels
@@ -104,8 +107,9 @@ class VLLMBackend:
 
     def loglikelihood(self, requests: list[LoglikelihoodRequest], progress: Progress) -> list[LoglikelihoodResult]:
         encode = memoized(self.conv.encode)
-        pairs = [truncate(*encode_pair(self.conv, r.context, r.continuation, encode), self.max_length)
-                 for r in requests]
+        pairs = [
+            truncate(*encode_pair(self.conv, r.context, r.continuation, encode), self.max_length) for r in requests
+        ]
         # the top-k at every scored position too: the baseline's is the KL reference of the others
         outs = self._prompt_logprobs([ctx + cont for ctx, cont in pairs], TOPK, flat=True)
         results = []
@@ -114,8 +118,17 @@ class VLLMBackend:
             ref = req.ref_indices if req.ref_indices is not None and len(req.ref_indices) == len(cont) else None
             # greedy: the actual token is the top-1 (a tie counts, as vLLM's rank 1 does)
             greedy = bool(np.all(tok >= top_l[:, 0]))
-            results.append(LoglikelihoodResult(float(tok.sum()), greedy, len(cont), tok.astype(np.float32), top_i,
-                                               top_l.astype(np.float32), at_ids(ref, top_i, top_l)))
+            results.append(
+                LoglikelihoodResult(
+                    float(tok.sum()),
+                    greedy,
+                    len(cont),
+                    tok.astype(np.float32),
+                    top_i,
+                    top_l.astype(np.float32),
+                    at_ids(ref, top_i, top_l),
+                )
+            )
         progress(len(requests))
         return results
 
@@ -124,9 +137,11 @@ class VLLMBackend:
         # at its own position) and asked for one new token: two more than the windows' length. Windows
         # two shorter keep that within max_model_len (as lm-eval's vllm model does; a document of
         # max_context tokens was refused by the engine). Shorter documents get the hf backend's windows.
-        windows = [(r, ctx, pred) for r, req in enumerate(requests)
-                   for ctx, pred in rolling_windows(self.conv.encode(req.text), self.conv.prefix_token_id,
-                                                    self.max_length - 2)]
+        windows = [
+            (r, ctx, pred)
+            for r, req in enumerate(requests)
+            for ctx, pred in rolling_windows(self.conv.encode(req.text), self.conv.prefix_token_id, self.max_length - 2)
+        ]
         outs = self._prompt_logprobs([ctx + pred for _, ctx, pred in windows], TOPK, flat=True)
         parts: list[list[tuple[np.ndarray, ...]]] = [[] for _ in requests]
         for (r, ctx, pred), flat in zip(windows, outs, strict=True):
@@ -146,8 +161,16 @@ class VLLMBackend:
             if s is None:
                 params.append(SamplingParams(max_tokens=r.max_gen_toks, temperature=0.0, stop=list(r.until)))
             else:  # a per-request seed: its own generator in the engine, whatever else is scheduled with it
-                params.append(SamplingParams(max_tokens=r.max_gen_toks, temperature=s.temperature, top_p=s.top_p,
-                                             top_k=s.top_k, seed=s.seed, stop=list(r.until)))
+                params.append(
+                    SamplingParams(
+                        max_tokens=r.max_gen_toks,
+                        temperature=s.temperature,
+                        top_p=s.top_p,
+                        top_k=s.top_k,
+                        seed=s.seed,
+                        stop=list(r.until),
+                    )
+                )
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         progress(len(requests))
         return [Generation(o.outputs[0].text, len(o.outputs[0].token_ids)) for o in outs]
@@ -175,31 +198,42 @@ class VLLMBackend:
         found = parse_engine_log(self._log.text() if self._log else "")
         figures: dict[str, MemoryFigure] = {}
         w = found.get("weights_gib")
-        figures["weights_bytes"] = MemoryFigure(w["value"] if w else None,
-                                                "vLLM log: 'Model loading took'" if w else
-                                                "not reported by this vLLM build (the CPU build logs no weight size)")
+        figures["weights_bytes"] = MemoryFigure(
+            w["value"] if w else None,
+            "vLLM log: 'Model loading took'"
+            if w
+            else "not reported by this vLLM build (the CPU build logs no weight size)",
+        )
         kv, tokens = found.get("kv_cache_gib"), found.get("kv_cache_tokens")
         per_token = round(kv["value"] / tokens["value"]) if kv and tokens else None
         figures["kv_bytes_per_token"] = MemoryFigure(
-            per_token, "vLLM log: KV cache GiB / KV cache tokens (GiB rounded to 0.01 in the log)",
-            {"lines": [kv["line"], tokens["line"]]} if kv and tokens else {})
+            per_token,
+            "vLLM log: KV cache GiB / KV cache tokens (GiB rounded to 0.01 in the log)",
+            {"lines": [kv["line"], tokens["line"]]} if kv and tokens else {},
+        )
         if tokens:
-            figures["kv_cache_tokens"] = MemoryFigure(tokens["value"], "vLLM log: 'KV cache size'",
-                                                      {"line": tokens["line"]})
+            figures["kv_cache_tokens"] = MemoryFigure(
+                tokens["value"], "vLLM log: 'KV cache size'", {"line": tokens["line"]}
+            )
         conc = found.get("max_concurrency")
         if conc:
-            figures["max_concurrency"] = MemoryFigure(conc["value"], "vLLM log: 'Maximum concurrency'",
-                                                      {"line": conc["line"], "context": conc["context"]})
+            figures["max_concurrency"] = MemoryFigure(
+                conc["value"], "vLLM log: 'Maximum concurrency'", {"line": conc["line"], "context": conc["context"]}
+            )
         proc = psutil.Process()
         family = [proc, *proc.children(recursive=True)]
         gpu = gpu_process_bytes({p.pid for p in family}) if self.device == "cuda" else None
         if gpu:
-            figures["peak_bytes"] = MemoryFigure(gpu, "NVML: GPU memory of the worker and its vLLM engine processes "
-                                                      "(nvmlDeviceGetComputeRunningProcesses, after scoring)")
+            figures["peak_bytes"] = MemoryFigure(
+                gpu,
+                "NVML: GPU memory of the worker and its vLLM engine processes "
+                "(nvmlDeviceGetComputeRunningProcesses, after scoring)",
+            )
         else:
             rss = sum(p.memory_info().rss for p in family)
-            figures["peak_bytes"] = MemoryFigure(int(rss), "RSS of the worker and its vLLM engine processes "
-                                                           "(psutil, after scoring)")
+            figures["peak_bytes"] = MemoryFigure(
+                int(rss), "RSS of the worker and its vLLM engine processes (psutil, after scoring)"
+            )
         return figures
 
 

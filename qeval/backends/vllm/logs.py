@@ -16,8 +16,10 @@ GIB = 2**30
 _PATTERNS = {
     "kv_cache_tokens": re.compile(r"KV cache size: ([\d,]+) tokens"),
     "max_concurrency": re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x"),
-    "kv_cache_gib": re.compile(r"(?:Auto|Explicitly) set \(([\d.]+)/[\d.]+\) GiB for KV cache"
-                               r"|Available KV cache memory: ([\d.]+) GiB"),
+    "kv_cache_gib": re.compile(
+        r"(?:Auto|Explicitly) set \(([\d.]+)/[\d.]+\) GiB for KV cache"
+        r"|Available KV cache memory: ([\d.]+) GiB"
+    ),
     "weights_gib": re.compile(r"Model loading took ([\d.]+) GiB"),
 }
 

@@ -20,19 +20,19 @@ from qeval.backends.workload import Measurement, Pass, Wave, Workload, timed_wav
 
 SOURCES = {
     "requests_per_s": "requests / wall time of the level's waves (each wave one LLM.generate call with all its "
-                      "requests, timed as `vllm bench throughput` times its run; vLLM's random-dataset prompts)",
+    "requests, timed as `vllm bench throughput` times its run; vLLM's random-dataset prompts)",
     "output_tokens_per_s": "generated tokens (from the RequestOutputs) / wall time of the level's waves",
     "prefill_tokens_per_s": "prompt tokens / the span in which the wave's prompts were prefilled (engine "
-                            "timestamps: first scheduled to last first token; chunked prefill may interleave "
-                            "decode steps, so this is a lower bound)",
+    "timestamps: first scheduled to last first token; chunked prefill may interleave "
+    "decode steps, so this is a lower bound)",
     "decode_tokens_per_s": "sum over the wave's requests of 1 / time per output token (they decode together)",
     "ttft": "time to first token per request: RequestOutput.metrics.first_token_latency (vLLM's own "
-            "vllm:time_to_first_token_seconds); percentile over the level's requests",
+    "vllm:time_to_first_token_seconds); percentile over the level's requests",
     "tpot": "time per output token after the first per request: (last_token_ts - first_token_ts) / "
-            "(tokens - 1) from RequestOutput.metrics (vLLM's vllm:request_time_per_output_token_seconds); "
-            "percentile over the level's requests",
+    "(tokens - 1) from RequestOutput.metrics (vLLM's vllm:request_time_per_output_token_seconds); "
+    "percentile over the level's requests",
     "e2e": "request latency per request: first_token_latency + (last_token_ts - first_token_ts), engine "
-           "metrics; percentile over the level's requests",
+    "metrics; percentile over the level's requests",
 }
 
 
@@ -41,8 +41,14 @@ def bench_prompts(llm: Any, n: int, input_len: int, output_len: int, seed: int) 
     --random-output-len output_len --num-prompts n --seed seed` sends (text; the engine adds BOS)."""
     from vllm.benchmarks.datasets import RandomDataset
 
-    reqs = RandomDataset(random_seed=seed).sample(tokenizer=llm.get_tokenizer(), num_requests=n, prefix_len=0,
-                                                  input_len=input_len, output_len=output_len, range_ratio=0.0)
+    reqs = RandomDataset(random_seed=seed).sample(
+        tokenizer=llm.get_tokenizer(),
+        num_requests=n,
+        prefix_len=0,
+        input_len=input_len,
+        output_len=output_len,
+        range_ratio=0.0,
+    )
     return [r.prompt for r in reqs]
 
 
@@ -69,8 +75,11 @@ def measure(llm: Any, workload: Workload) -> Measurement:
         return done
 
     waves = timed_waves(workload, serve)
-    notes = [f"the engine preempted {preempted[0]} requests during the timed waves (its KV pool was full)"] \
-        if preempted[0] else []
+    notes = (
+        [f"the engine preempted {preempted[0]} requests during the timed waves (its KV pool was full)"]
+        if preempted[0]
+        else []
+    )
     return Measurement(waves, dict(SOURCES), notes)
 
 
@@ -91,7 +100,10 @@ def run_wave(llm: Any, prompts: list[Any], params: Any) -> tuple[Wave, int]:
         output_tokens=sum(len(c.token_ids) for o in outs for c in o.outputs),
         prefill_s=max(m.first_token_ts for m in stats) - min(m.scheduled_ts for m in stats),
         decode_tokens_per_s=sum(1 / t for t in tpot if t > 0),
-        ttft_s=ttft, tpot_s=tpot, e2e_s=[a + d for a, d in zip(ttft, decode, strict=True)])
+        ttft_s=ttft,
+        tpot_s=tpot,
+        e2e_s=[a + d for a, d in zip(ttft, decode, strict=True)],
+    )
     return wave, sum(m.num_preemptions for m in stats)
 
 

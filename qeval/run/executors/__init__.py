@@ -41,8 +41,10 @@ def open_executor(spec: ExecutorSpec) -> Iterator[Executor]:
     except ImportError:
         from qeval.errors import UserError
 
-        raise UserError("executor kind ray needs Ray: pip install 'qeval[ray]' (ray 2.60.0, the version qeval's "
-                        "tests ran on), on the driver and on every node") from None
+        raise UserError(
+            "executor kind ray needs Ray: pip install 'qeval[ray]' (ray 2.60.0, the version qeval's "
+            "tests ran on), on the driver and on every node"
+        ) from None
     from qeval.run.executors.ray_executor import connected
 
     with connected(spec) as executor:

@@ -45,8 +45,10 @@ def run_on_node(payload: dict[str, Any]) -> dict[str, Any]:
     from qeval.version import __version__
 
     if payload["qeval_version"] != __version__:
-        raise RuntimeError(f"node {socket.gethostname()} runs qeval {__version__}, the driver qeval "
-                           f"{payload['qeval_version']}: install the same qeval on every node")
+        raise RuntimeError(
+            f"node {socket.gethostname()} runs qeval {__version__}, the driver qeval "
+            f"{payload['qeval_version']}: install the same qeval on every node"
+        )
     clear_stale_scratch()
     scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))
     try:
@@ -83,13 +85,23 @@ def _run(payload: dict[str, Any], scratch: Path) -> dict[str, Any]:
     files = {}
     samples = root / "samples" / setup
     if samples.is_dir():  # dot files are half-written temporaries of an interrupted write
-        files = {f"samples/{setup}/{p.name}": p.read_bytes() for p in sorted(samples.iterdir())
-                 if p.is_file() and not p.name.startswith(".")}
+        files = {
+            f"samples/{setup}/{p.name}": p.read_bytes()
+            for p in sorted(samples.iterdir())
+            if p.is_file() and not p.name.startswith(".")
+        }
     if written:
         files[f"setups/{setup}.json"] = outcome.read_bytes()
     text = log.read_bytes()[-LOG_TAIL:].decode("utf-8", "replace") if log.is_file() else ""
-    return {"returncode": returncode, "outcome_written": written, "files": files, "node": _node(),
-            "pid": os.getpid(), "seconds": round(time.monotonic() - started, 2), "log_tail": text}
+    return {
+        "returncode": returncode,
+        "outcome_written": written,
+        "files": files,
+        "node": _node(),
+        "pid": os.getpid(),
+        "seconds": round(time.monotonic() - started, 2),
+        "log_tail": text,
+    }
 
 
 def _forward_progress(log: Path, setup: str, payload: dict[str, Any], stop: threading.Event) -> None:
@@ -109,7 +121,7 @@ def _forward_progress(log: Path, setup: str, payload: dict[str, Any], stop: thre
             *lines, pending = (pending + chunk).replace(b"\r", b"\n").split(b"\n")
             prefix = f"{setup}: "
             texts = [line.decode("utf-8", "replace") for line in lines]
-            for item in [(payload["job_id"], t[len(prefix):]) for t in texts if t.startswith(prefix)]:
+            for item in [(payload["job_id"], t[len(prefix) :]) for t in texts if t.startswith(prefix)]:
                 try:
                     queue.put_nowait(item)
                 except Exception:  # noqa: BLE001 - the driver's queue is gone: progress is best effort
@@ -121,8 +133,11 @@ def _forward_progress(log: Path, setup: str, payload: dict[str, Any], stop: thre
 def worker_env(payload: dict[str, Any]) -> dict[str, str]:
     """The worker process's environment: this node's, the driver's forwarded variables, and
     the thread count of the CPUs the job reserved."""
-    env = dict(os.environ) | payload["env"] | {"TOKENIZERS_PARALLELISM": "false",
-                                               "OMP_NUM_THREADS": str(payload["threads"])}
+    env = (
+        dict(os.environ)
+        | payload["env"]
+        | {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(payload["threads"])}
+    )
     if not payload["gpus"] and not payload["engine_gpus"]:
         # Ray leaves CUDA_VISIBLE_DEVICES alone for a job that reserved no GPU: hide them all,
         # or a CPU job on a GPU node would take one
@@ -147,8 +162,10 @@ def verify_inputs(cfg: Any, job: Job) -> None:
     except Exception as exc:  # noqa: BLE001 - one line in the setup's outcome, whatever went wrong
         raise RuntimeError(f"model {cfg.model.path} on node {socket.gethostname()}: {exc}") from None
     if found != expected:
-        raise RuntimeError(f"model {cfg.model.path} on node {socket.gethostname()} differs from the driver's "
-                           f"(sha256 {found[:12]}… against {expected[:12]}…)")
+        raise RuntimeError(
+            f"model {cfg.model.path} on node {socket.gethostname()} differs from the driver's "
+            f"(sha256 {found[:12]}… against {expected[:12]}…)"
+        )
     for name, parts in job.task_key_parts.items():
         # a kind whose tasks are made where they load (generated, lm-eval's) checks them in the worker
         local = task_kind(job.task_kinds[name]).fingerprint

@@ -92,9 +92,13 @@ def _reap_on_death() -> None:
     here = psutil.Process()
     started = [f"{p.pid}:{p.create_time()}" for p in here.children(recursive=True)]
     if started:
-        subprocess.Popen([sys.executable, "-m", "qeval.run.executors.reaper", str(here.pid), *started],
-                         start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
+        subprocess.Popen(
+            [sys.executable, "-m", "qeval.run.executors.reaper", str(here.pid), *started],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
 
 class RayExecutor:
@@ -116,13 +120,18 @@ class RayExecutor:
                 ray.init(address="local", logging_level=logging.ERROR, log_to_driver=False, include_dashboard=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             lines = str(exc).strip().splitlines()
-            raise UserError(f"cannot join the Ray cluster at {self.address or 'a new local Ray'}: "
-                            f"{type(exc).__name__}: {lines[0] if lines else ''}") from None
+            raise UserError(
+                f"cannot join the Ray cluster at {self.address or 'a new local Ray'}: "
+                f"{type(exc).__name__}: {lines[0] if lines else ''}"
+            ) from None
         if not self.address:
             _reap_on_death()
         where = self.address or "a local Ray started for this run"
-        print(f"qeval: ray executor on {where}: {ray.cluster_resources().get('CPU', 0):g} CPUs, "
-              f"{ray.cluster_resources().get('GPU', 0):g} GPUs", file=sys.stderr)
+        print(
+            f"qeval: ray executor on {where}: {ray.cluster_resources().get('CPU', 0):g} CPUs, "
+            f"{ray.cluster_resources().get('GPU', 0):g} GPUs",
+            file=sys.stderr,
+        )
 
     def run(self, jobs: list[WorkerJob]) -> None:
         if not jobs:
@@ -155,8 +164,11 @@ class RayExecutor:
                         ray.cancel(ref, force=True)
                         flying.pop(ref)
                         self._release(flight)
-                        self._lost(flight.job, f"its placement group {flight.job.resources.bundle} was not granted "
-                                               f"within {self.spec.placement_timeout_s:g} s")
+                        self._lost(
+                            flight.job,
+                            f"its placement group {flight.job.resources.bundle} was not granted "
+                            f"within {self.spec.placement_timeout_s:g} s",
+                        )
                         done.add(flight.job.id)
         except KeyboardInterrupt:
             # force: a task blocked in its worker process only stops when its process is killed
@@ -201,17 +213,31 @@ class RayExecutor:
 
     def _submit(self, job: WorkerJob) -> tuple[ray.ObjectRef, _Flight]:
         res = job.resources
-        options: dict[str, Any] = {"num_cpus": res.num_cpus, "num_gpus": res.num_gpus,
-                                   "max_retries": self.spec.max_retries, "retry_exceptions": False}
+        options: dict[str, Any] = {
+            "num_cpus": res.num_cpus,
+            "num_gpus": res.num_gpus,
+            "max_retries": self.spec.max_retries,
+            "retry_exceptions": False,
+        }
         group = None
         if res.bundle is not None:
             group = placement_group([res.bundle], strategy="STRICT_PACK")
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                placement_group=group, placement_group_bundle_index=0)
-        payload = {"setup": job.name, "job": job.job.model_dump(mode="json"), "inputs": job.inputs(),
-                   "qeval_version": __version__,
-                   "driver_host": socket.gethostname(), "env": forwarded_env(), "threads": res.threads,
-                   "gpus": res.num_gpus, "engine_gpus": res.engine_gpus, "job_id": job.id, "progress": self._progress}
+                placement_group=group, placement_group_bundle_index=0
+            )
+        payload = {
+            "setup": job.name,
+            "job": job.job.model_dump(mode="json"),
+            "inputs": job.inputs(),
+            "qeval_version": __version__,
+            "driver_host": socket.gethostname(),
+            "env": forwarded_env(),
+            "threads": res.threads,
+            "gpus": res.num_gpus,
+            "engine_gpus": res.engine_gpus,
+            "job_id": job.id,
+            "progress": self._progress,
+        }
         ref = _job_task.options(**options).remote(payload)
         print(f"{job.id}: submitted ({res.describe()})", file=sys.stderr)
         return ref, _Flight(job, group, time.monotonic())
@@ -237,8 +263,9 @@ class RayExecutor:
             print(f"{job.id}: worker failed on {out['node']}; the end of its log:\n{out['log_tail']}", file=sys.stderr)
         stored = job.store.read_outcome(job.name)
         status = stored.status if stored else "failed"
-        print(f"{job.id}: {status} on {out['node']} (Ray worker {out['pid']}) in {out['seconds']:.1f} s",
-              file=sys.stderr)
+        print(
+            f"{job.id}: {status} on {out['node']} (Ray worker {out['pid']}) in {out['seconds']:.1f} s", file=sys.stderr
+        )
 
     def _lost(self, job: WorkerJob, cause: str) -> None:
         job.record_failure(cause)

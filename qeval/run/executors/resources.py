@@ -70,5 +70,7 @@ def unplaceable(res: JobResources, nodes: list[dict[str, Any]]) -> str | None:
             return None
         return f"needs {res.engine_gpus} GPUs across the cluster; it has {sum(r.get('GPU', 0) for r in alive):g}"
     best: dict[str, float] = max(alive, key=lambda r: (r.get("GPU", 0), r.get("CPU", 0)), default={})
-    return (f"needs {res.describe()}; the largest node of the cluster has {best.get('CPU', 0):g} CPUs and "
-            f"{best.get('GPU', 0):g} GPUs")
+    return (
+        f"needs {res.describe()}; the largest node of the cluster has {best.get('CPU', 0):g} CPUs and "
+        f"{best.get('GPU', 0):g} GPUs"
+    )

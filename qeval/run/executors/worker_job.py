@@ -73,8 +73,11 @@ class WorkerJob:
             ref = self.job.reference.get(task)
             if ref:
                 wanted.append(self.store.topk_path(*ref))
-            if self.job.sequential is not None and self.name != self.job.baseline \
-                    and task in self.job.sequential["tasks"]:
+            if (
+                self.job.sequential is not None
+                and self.name != self.job.baseline
+                and task in self.job.sequential["tasks"]
+            ):
                 wanted.append(self.store.samples_path(self.job.baseline, task))
         return {p.relative_to(self.store.root).as_posix(): p.read_bytes() for p in wanted if p.is_file()}
 
@@ -104,17 +107,22 @@ class WorkerJob:
 
     def record_failure(self, error: str) -> None:
         """The setup's outcome when its worker could not write one: failed, with why."""
-        atomic_write_json(self.store.setup_path(self.name),
-                          Outcome(name=self.name, status="failed", error=error, key=self.keys.key,
-                                  key_parts=self.keys.parts).model_dump(mode="json"))
+        atomic_write_json(
+            self.store.setup_path(self.name),
+            Outcome(
+                name=self.name, status="failed", error=error, key=self.keys.key, key_parts=self.keys.parts
+            ).model_dump(mode="json"),
+        )
 
     def record_crash(self, returncode: int) -> None:
         """The worker process ended without writing its outcome: killed, segfault, OOM."""
         how = f"killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"
         error = f"worker process {how} before writing its result"
         if returncode in (-9, 137):
-            error = ("worker killed by SIGKILL before writing its result (the kernel's out-of-memory killer does "
-                     "this; so does kill -9)")
+            error = (
+                "worker killed by SIGKILL before writing its result (the kernel's out-of-memory killer does "
+                "this; so does kill -9)"
+            )
         if self.setup.memory_limit_mib:
             error = f"out of memory: {error}, under memory_limit_mib={self.setup.memory_limit_mib}"
         self.record_failure(error)
@@ -125,10 +133,14 @@ def run_worker_process(python: str, job_path: Path, env: dict[str, str], log: Pa
     out = log.open("ab") if log is not None else None
     try:
         # QEVAL_WORKER: the engine's own processes know they serve a qeval worker (backends/vllm/plugin.py)
-        proc = subprocess.run([python, "-m", "qeval.run.worker", str(job_path)], env=env | {"QEVAL_WORKER": "1"},
-                              check=False,
-                              stdout=out, stderr=subprocess.STDOUT if out else None,
-                              preexec_fn=functools.partial(die_with_parent, os.getpid()))
+        proc = subprocess.run(
+            [python, "-m", "qeval.run.worker", str(job_path)],
+            env=env | {"QEVAL_WORKER": "1"},
+            check=False,
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+            preexec_fn=functools.partial(die_with_parent, os.getpid()),
+        )
     finally:
         if out is not None:
             out.close()

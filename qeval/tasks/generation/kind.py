@@ -25,13 +25,16 @@ def expand(pre: Preflight, model_config: dict[str, Any]) -> None:
         if gate.position is None:
             continue
         if spec is None:
-            raise UserError(f"a gate is written at generated position {gate.position}, but the config has no "
-                            "generation_divergence")
+            raise UserError(
+                f"a gate is written at generated position {gate.position}, but the config has no generation_divergence"
+            )
         if kinds.get(gate.task) != "generate_until":
             raise UserError(f"gate at position {gate.position}: {gate.task!r} is not a generation task of this run")
         if gate.position not in spec.position_buckets:
-            raise UserError(f"gate at position {gate.position}: not one of generation_divergence.position_buckets "
-                            f"{spec.position_buckets}")
+            raise UserError(
+                f"gate at position {gate.position}: not one of generation_divergence.position_buckets "
+                f"{spec.position_buckets}"
+            )
 
 
 def score(ctx: Scoring, names: list[str]) -> None:

@@ -31,8 +31,9 @@ def _position_cell(b: GeneratedPositionBucket) -> str:
 def _length_cell(b: AnswerLengthBucket) -> str:
     if b.delta is None or b.ci is None:
         return f"{100 * b.accuracy:.1f}% ({b.documents})"
-    return (f"{100 * b.accuracy:.1f}%, Δ {100 * b.delta:+.1f} [{100 * b.ci[0]:+.1f}, {100 * b.ci[1]:+.1f}] "
-            f"({b.documents})")
+    return (
+        f"{100 * b.accuracy:.1f}%, Δ {100 * b.delta:+.1f} [{100 * b.ci[0]:+.1f}, {100 * b.ci[1]:+.1f}] ({b.documents})"
+    )
 
 
 def position_rows(results: Results, esc: Escape) -> tuple[list[str], list[list[str]]]:
@@ -68,14 +69,18 @@ def length_rows(results: Results, esc: Escape) -> tuple[list[str], list[list[str
     return header, rows
 
 
-LEGEND_POSITIONS = ("The baseline's own generation of each document teacher-forced through each setup (one forward "
-                    "pass over prompt + generation; under a quantized KV cache every token reads quantized K/V). "
-                    "Per bucket of generated positions: KL(baseline || setup) per token (top-16 + tail, a lower "
-                    "bound), the share of tokens whose top-1 is the baseline's, Δ NLL of the baseline's tokens "
-                    "[95% paired t-interval over documents] with a position gate's verdict where one applies, and "
-                    "(documents). Baseline: its own NLL.")
-LEGEND_LENGTHS = ("Documents bucketed by the length of the baseline's answer in tokens: accuracy, Δ against the "
-                  "baseline in points [95% paired interval: Newcombe's], and (documents).")
+LEGEND_POSITIONS = (
+    "The baseline's own generation of each document teacher-forced through each setup (one forward "
+    "pass over prompt + generation; under a quantized KV cache every token reads quantized K/V). "
+    "Per bucket of generated positions: KL(baseline || setup) per token (top-16 + tail, a lower "
+    "bound), the share of tokens whose top-1 is the baseline's, Δ NLL of the baseline's tokens "
+    "[95% paired t-interval over documents] with a position gate's verdict where one applies, and "
+    "(documents). Baseline: its own NLL."
+)
+LEGEND_LENGTHS = (
+    "Documents bucketed by the length of the baseline's answer in tokens: accuracy, Δ against the "
+    "baseline in points [95% paired interval: Newcombe's], and (documents)."
+)
 
 
 def markdown_section(results: Results, esc: Escape) -> list[str]:
@@ -134,5 +139,10 @@ def _figures(results: Results) -> dict[str, Callable[[Results], Any]]:
     return {"Divergence along the generation: KL against generated position": kl_by_position_figure}
 
 
-SECTION = ReportSection(title="Divergence along the generation", anchor="generation-divergence",
-                        markdown=markdown_section, tables=html_tables, figures=_figures)
+SECTION = ReportSection(
+    title="Divergence along the generation",
+    anchor="generation-divergence",
+    markdown=markdown_section,
+    tables=html_tables,
+    figures=_figures,
+)

@@ -46,12 +46,14 @@ def attach_generation(results: Results, pre: Preflight, store: RunStore) -> Resu
             mine = theirs[t] if s.baseline else store.read_samples(s.name, t)
             paired = None if s.baseline else theirs[t]
             gates = {g.position: g.max_drop for g in pre.cfg.gates if g.task == t and g.position is not None}
-            here[t] = TaskGeneration(positions=judged(position_table(mine, paired, seed), gates),
-                                     answer_lengths=length_table(mine, theirs[t], spec.length_buckets,
-                                                                 not s.baseline, seed))
+            here[t] = TaskGeneration(
+                positions=judged(position_table(mine, paired, seed), gates),
+                answer_lengths=length_table(mine, theirs[t], spec.length_buckets, not s.baseline, seed),
+            )
         setups[s.name] = here
-    block = GenerationDivergence(position_buckets=spec.position_buckets, length_buckets=spec.length_buckets,
-                                 tasks=tasks, setups=setups)
+    block = GenerationDivergence(
+        position_buckets=spec.position_buckets, length_buckets=spec.length_buckets, tasks=tasks, setups=setups
+    )
     return results.model_copy(update={"generation_divergence": block})
 
 
@@ -59,8 +61,9 @@ def _sums(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return {str(r["sample_id"]): r[RECORD_KEY]["buckets"] for r in records if r.get(RECORD_KEY)}
 
 
-def position_table(records: list[dict[str, Any]], baseline: list[dict[str, Any]] | None,
-                   seed: int) -> list[GeneratedPositionBucket]:
+def position_table(
+    records: list[dict[str, Any]], baseline: list[dict[str, Any]] | None, seed: int
+) -> list[GeneratedPositionBucket]:
     """Per position bucket: the documents that reach it (with the baseline's: those both scored),
     the mean NLL of the baseline's generated tokens, and against the baseline the paired
     difference (stats.paired_ratio, as long-context position buckets), KL and top-1 agreement."""
@@ -76,8 +79,13 @@ def position_table(records: list[dict[str, Any]], baseline: list[dict[str, Any]]
         first = mine[docs[0]][k]
         tok = np.array([mine[i][k]["tokens"] for i in docs], dtype=float)
         nll = -np.array([mine[i][k]["logprob"] for i in docs])
-        b = GeneratedPositionBucket(start=first["start"], end=first["end"], documents=len(docs),
-                                    tokens=int(tok.sum()), nll=float(nll.sum() / tok.sum()))
+        b = GeneratedPositionBucket(
+            start=first["start"],
+            end=first["end"],
+            documents=len(docs),
+            tokens=int(tok.sum()),
+            nll=float(nll.sum() / tok.sum()),
+        )
         base_nll = -np.array([theirs[i][k]["logprob"] for i in docs]) if baseline is not None else None
         out.append(b.model_copy(update=bucket_comparison(tok, nll, base_nll, [mine[i][k] for i in docs], seed)))
     return out
@@ -92,14 +100,20 @@ def judged(buckets: list[GeneratedPositionBucket], gates: dict[int, float | None
         margin = gates.get(b.start)
         if margin is not None and b.ci is not None:
             reason = small_sample_reason(b.documents)
-            b = b.model_copy(update={"max_drop": margin, "verdict": "inconclusive" if reason else
-                                     verdict(b.ci, False, margin), "verdict_reason": reason})
+            b = b.model_copy(
+                update={
+                    "max_drop": margin,
+                    "verdict": "inconclusive" if reason else verdict(b.ci, False, margin),
+                    "verdict_reason": reason,
+                }
+            )
         out.append(b)
     return out
 
 
-def length_table(records: list[dict[str, Any]], baseline: list[dict[str, Any]], edges: list[int],
-                 compare: bool, seed: int) -> list[AnswerLengthBucket]:
+def length_table(
+    records: list[dict[str, Any]], baseline: list[dict[str, Any]], edges: list[int], compare: bool, seed: int
+) -> list[AnswerLengthBucket]:
     """Accuracy by answer length: documents bucketed by the length of the baseline's generation
     (its teacher-forced tokens), this setup's accuracy on each bucket and, `compare`, the paired
     difference with the baseline's (Newcombe's interval and McNemar's test on right/wrong; a
@@ -107,8 +121,11 @@ def length_table(records: list[dict[str, Any]], baseline: list[dict[str, Any]], 
     length = {str(r["sample_id"]): int(r[RECORD_KEY]["tokens"]) for r in baseline if r.get(RECORD_KEY)}
     base_ok = {str(r["sample_id"]): r.get("correct") for r in baseline}
     mine_ok = {str(r["sample_id"]): r.get("correct") for r in records}
-    ids = [i for i in length if isinstance(mine_ok.get(i), (bool, int, float)) and
-           isinstance(base_ok.get(i), (bool, int, float))]
+    ids = [
+        i
+        for i in length
+        if isinstance(mine_ok.get(i), (bool, int, float)) and isinstance(base_ok.get(i), (bool, int, float))
+    ]
     out = []
     for k, lo in enumerate(edges):
         hi = edges[k + 1] if k + 1 < len(edges) else None
@@ -121,7 +138,13 @@ def length_table(records: list[dict[str, Any]], baseline: list[dict[str, Any]], 
             theirs = np.array([float(base_ok[i]) for i in docs])  # type: ignore[arg-type]
             binary = np.isin(mine, (0, 1)).all() and np.isin(theirs, (0, 1)).all()
             cmp = (paired_accuracy if binary else paired_mean)(theirs, mine, "accuracy", seed)
-            b = b.model_copy(update={"baseline_accuracy": float(theirs.mean()), "delta": cmp.delta, "ci": cmp.ci,
-                                     "p_value": cmp.p_value})
+            b = b.model_copy(
+                update={
+                    "baseline_accuracy": float(theirs.mean()),
+                    "delta": cmp.delta,
+                    "ci": cmp.ci,
+                    "p_value": cmp.p_value,
+                }
+            )
         out.append(b)
     return out

@@ -40,8 +40,9 @@ TEXTS_KEY = "generation"
 Store = Callable[[str, Any, float, str], None]
 
 
-def position_sums(edges: list[int], logprobs: np.ndarray, kl: np.ndarray | None,
-                  top1: np.ndarray | None) -> list[dict[str, Any]]:
+def position_sums(
+    edges: list[int], logprobs: np.ndarray, kl: np.ndarray | None, top1: np.ndarray | None
+) -> list[dict[str, Any]]:
     """Per bucket of generated positions (lower `edges`, the last open-ended) that the document
     reaches: tokens, summed log-prob of the actual tokens and, against the baseline, summed KL
     and top-1 agreements."""
@@ -52,17 +53,26 @@ def position_sums(edges: list[int], logprobs: np.ndarray, kl: np.ndarray | None,
             break
         hi = edges[i + 1] if i + 1 < len(edges) else None
         sl = slice(lo, n if hi is None else min(hi, n))
-        rec: dict[str, Any] = {"start": lo, "end": hi, "tokens": sl.stop - sl.start,
-                               "logprob": float(logprobs[sl].sum(dtype=np.float64))}
+        rec: dict[str, Any] = {
+            "start": lo,
+            "end": hi,
+            "tokens": sl.stop - sl.start,
+            "logprob": float(logprobs[sl].sum(dtype=np.float64)),
+        }
         if kl is not None and top1 is not None:
             rec |= {"kl": float(kl[sl].sum(dtype=np.float64)), "top1": int(top1[sl].sum())}
         out.append(rec)
     return out
 
 
-def teacher_forcing(store: Store, backend: Backend, cfg: RunConfig, is_baseline: bool,
-                    reference: Callable[[str], dict[str, np.ndarray] | None],
-                    progress: Callable[[str, int | None], AbstractContextManager[Any]]) -> Store:
+def teacher_forcing(
+    store: Store,
+    backend: Backend,
+    cfg: RunConfig,
+    is_baseline: bool,
+    reference: Callable[[str], dict[str, np.ndarray] | None],
+    progress: Callable[[str, int | None], AbstractContextManager[Any]],
+) -> Store:
     """`store` (the worker's: task, result, seconds, sha256) with a generation task's records
     given their teacher-forced divergence first (and the baseline's result its top-k); any other
     task passes through untouched."""
@@ -81,11 +91,13 @@ def teacher_forcing(store: Store, backend: Backend, cfg: RunConfig, is_baseline:
     def wrapped(name: str, result: TaskResult, seconds: float, sha256: str) -> None:
         records = list(result.records)
         if records and all("raw_output" in r and "prompt" in r for r in records):
-            with progress(f"{cfg.baseline.name if is_baseline else 'setup'}: {name} teacher-forced",
-                          len(records)) as bar:
+            with progress(
+                f"{cfg.baseline.name if is_baseline else 'setup'}: {name} teacher-forced", len(records)
+            ) as bar:
                 if is_baseline:
-                    result.topk = baseline_pass(backend, tokens(), records, spec.position_buckets,
-                                                cfg.model.max_context, bar.advance)
+                    result.topk = baseline_pass(
+                        backend, tokens(), records, spec.position_buckets, cfg.model.max_context, bar.advance
+                    )
                 else:
                     setup_pass(backend, tokens(), records, reference(name), spec.position_buckets, bar.advance)
             result.records = records
@@ -108,12 +120,22 @@ def _split(conv: Conventions, prompt: str, text: str) -> tuple[int, int]:
 
 def _tail(res: RollingResult, n: int) -> RollingResult:
     """The last `n` scored positions of a rolling result: the generated tokens."""
-    return RollingResult(res.token_logprobs[-n:], res.topk_indices[-n:], res.topk_logprobs[-n:],
-                         None if res.ref_logprobs is None else res.ref_logprobs[-n:])
+    return RollingResult(
+        res.token_logprobs[-n:],
+        res.topk_indices[-n:],
+        res.topk_logprobs[-n:],
+        None if res.ref_logprobs is None else res.ref_logprobs[-n:],
+    )
 
 
-def baseline_pass(backend: Backend, conv: Conventions, records: list[dict[str, Any]], edges: list[int],
-                  max_context: int, advance: Callable[[int], None]) -> dict[str, np.ndarray]:
+def baseline_pass(
+    backend: Backend,
+    conv: Conventions,
+    records: list[dict[str, Any]],
+    edges: list[int],
+    max_context: int,
+    advance: Callable[[int], None],
+) -> dict[str, np.ndarray]:
     """The baseline's own generations scored: each record's log-prob sums by position bucket,
     and the top-k pack the setups read (empty where no generation could be scored)."""
     kept: list[tuple[dict[str, Any], int, int]] = []
@@ -126,8 +148,13 @@ def baseline_pass(backend: Backend, conv: Conventions, records: list[dict[str, A
         # vllm and openai backends' windows are two tokens shorter than the context)
         if 0 < n_gen <= total and total <= max_context - 2:
             kept.append((r, total, n_gen))
-    results = backend.loglikelihood_rolling([RollingRequest(str(r["prompt"]) + str(r["raw_output"]))
-                                             for r, _, _ in kept], advance) if kept else []
+    results = (
+        backend.loglikelihood_rolling(
+            [RollingRequest(str(r["prompt"]) + str(r["raw_output"])) for r, _, _ in kept], advance
+        )
+        if kept
+        else []
+    )
     tails, ids, texts = [], [], []
     for (r, total, n_gen), res in zip(kept, results, strict=True):
         if res.n_tokens != total:  # tokenized otherwise than expected: no divergence, never a wrong one
@@ -141,15 +168,23 @@ def baseline_pass(backend: Backend, conv: Conventions, records: list[dict[str, A
         return {}
     lengths = np.array([t.n_tokens for t in tails], dtype=np.int64)
     blob = json.dumps({"sample_ids": ids, "texts": texts}).encode()
-    return {"offsets": np.concatenate([[0], np.cumsum(lengths)]),
-            "indices": np.concatenate([t.topk_indices for t in tails]).astype(np.int32),
-            "logprobs": np.concatenate([t.topk_logprobs for t in tails]).astype(np.float32),
-            "token_logprobs": np.concatenate([t.token_logprobs for t in tails]).astype(np.float32),
-            TEXTS_KEY: np.frombuffer(blob, dtype=np.uint8)}
+    return {
+        "offsets": np.concatenate([[0], np.cumsum(lengths)]),
+        "indices": np.concatenate([t.topk_indices for t in tails]).astype(np.int32),
+        "logprobs": np.concatenate([t.topk_logprobs for t in tails]).astype(np.float32),
+        "token_logprobs": np.concatenate([t.token_logprobs for t in tails]).astype(np.float32),
+        TEXTS_KEY: np.frombuffer(blob, dtype=np.uint8),
+    }
 
 
-def setup_pass(backend: Backend, conv: Conventions, records: list[dict[str, Any]],
-               ref: dict[str, np.ndarray] | None, edges: list[int], advance: Callable[[int], None]) -> None:
+def setup_pass(
+    backend: Backend,
+    conv: Conventions,
+    records: list[dict[str, Any]],
+    ref: dict[str, np.ndarray] | None,
+    edges: list[int],
+    advance: Callable[[int], None],
+) -> None:
     """The baseline's generations teacher-forced through this setup: each record whose document
     the baseline scored gets its sums by position bucket, KL and top-1 against the baseline's."""
     if ref is None or TEXTS_KEY not in ref:
@@ -169,7 +204,7 @@ def setup_pass(backend: Backend, conv: Conventions, records: list[dict[str, Any]
             continue
         width = ref["indices"].shape[1] if ref["indices"].ndim == 2 else TOPK
         ids = np.zeros((total, width), dtype=np.int64)  # prompt positions: any ids, never read
-        ids[total - n_gen:] = ref["indices"][offsets[k] : offsets[k + 1]]
+        ids[total - n_gen :] = ref["indices"][offsets[k] : offsets[k + 1]]
         jobs.append((r, k, n_gen))
         reqs.append(RollingRequest(str(r["prompt"]) + text, ids))
     results = backend.loglikelihood_rolling(reqs, advance) if reqs else []

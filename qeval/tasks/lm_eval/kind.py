@@ -63,17 +63,28 @@ def score(ctx: Scoring, names: list[str]) -> None:
         order = {n: document_order(ctx.cfg, n, session.infos[n].n_docs) for n in names} if ctx.sequential else None
         stop = None
         if ctx.sequential is not None and ctx.baseline_records is not None:  # the baseline scores up to the cap
-            stop = Monitor(ctx.sequential, order or {},
-                           {n: ctx.baseline_records(n) for n in names if n in ctx.sequential["tasks"]}).add
+            stop = Monitor(
+                ctx.sequential, order or {}, {n: ctx.baseline_records(n) for n in names if n in ctx.sequential["tasks"]}
+            ).add
         counts = leaf_requests(session, names, order)
         with ctx.progress(label, sum(counts.values())) as bar:
             # under the tasks' resume keys: a worker killed mid-task carries on from its last chunk
             keys = {n: key_of(ctx.key_parts[n]) for n in names if n in ctx.key_parts}
             chunk = ctx.sequential["chunk_docs"] if ctx.sequential else ctx.cfg.lm_eval.chunk_docs
-            results = score_lm_eval(ctx.backend, session, names, bar.advance, refs,
-                                    chunk_docs=chunk, scratch=ctx.scratch,
-                                    keep_topk=ctx.keeps_topk, requests=counts, resume_keys=keys, order=order,
-                                    stop=stop)
+            results = score_lm_eval(
+                ctx.backend,
+                session,
+                names,
+                bar.advance,
+                refs,
+                chunk_docs=chunk,
+                scratch=ctx.scratch,
+                keep_topk=ctx.keeps_topk,
+                requests=counts,
+                resume_keys=keys,
+                order=order,
+                stop=stop,
+            )
         seconds = round((time.time() - t0) / len(names), 2)  # the tasks were scored together: their time shared out
         for name, result in results.items():
             ctx.store(name, result, seconds, session.infos[name].sha256)

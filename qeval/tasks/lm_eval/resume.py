@@ -71,10 +71,16 @@ class SavedLeaf:
 
     def as_json(self) -> dict[str, Any]:
         """The JSON part (the arrays go beside it)."""
-        return {"records": self.records, "topk": self.topk, "topk_ok": self.topk_ok,
-                "requests_done": self.requests_done, "dp_missing": self.dp_missing,
-                "raw_metrics": [[m, f, v] for m, f, v in self.raw_metrics], "rng": self.rng,
-                "references_taken": self.references_taken}
+        return {
+            "records": self.records,
+            "topk": self.topk,
+            "topk_ok": self.topk_ok,
+            "requests_done": self.requests_done,
+            "dp_missing": self.dp_missing,
+            "raw_metrics": [[m, f, v] for m, f, v in self.raw_metrics],
+            "rng": self.rng,
+            "references_taken": self.references_taken,
+        }
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {name: a for name in _ARRAYS if (a := getattr(self, name)) is not None}
@@ -82,11 +88,20 @@ class SavedLeaf:
     @classmethod
     def read(cls, leaf: dict[str, Any], arrays: dict[str, np.ndarray]) -> SavedLeaf:
         """`as_json()` and `arrays()` as the state file gave them back (checked: JSON is data)."""
-        return cls(records=dict(leaf["records"]), topk=leaf.get("topk"), topk_lengths=arrays.get("topk_lengths"),
-                   raw_metrics=[(str(m), str(f), list(v)) for m, f, v in leaf["raw_metrics"]],
-                   topk_ok=bool(leaf["topk_ok"]), requests_done=int(leaf["requests_done"]),
-                   references_taken=int(leaf["references_taken"]), rng=dict(leaf["rng"]), kl=arrays.get("kl"),
-                   top1=arrays.get("top1"), dp=arrays.get("dp"), dp_missing=bool(leaf["dp_missing"]))
+        return cls(
+            records=dict(leaf["records"]),
+            topk=leaf.get("topk"),
+            topk_lengths=arrays.get("topk_lengths"),
+            raw_metrics=[(str(m), str(f), list(v)) for m, f, v in leaf["raw_metrics"]],
+            topk_ok=bool(leaf["topk_ok"]),
+            requests_done=int(leaf["requests_done"]),
+            references_taken=int(leaf["references_taken"]),
+            rng=dict(leaf["rng"]),
+            kl=arrays.get("kl"),
+            top1=arrays.get("top1"),
+            dp=arrays.get("dp"),
+            dp_missing=bool(leaf["dp_missing"]),
+        )
 
 
 @dataclass
@@ -102,8 +117,11 @@ def save(scratch: Path, key: str, next_start: int, leaves: dict[str, SavedLeaf])
     naming the spools it needs."""
     names = list(leaves)
     meta = {"key": key, "next_start": next_start, "leaves": [leaves[n].as_json() | {"name": n} for n in names]}
-    files = [f for n in names for f in (leaves[n].records["file"],
-                                       *(v[0] for v in (leaves[n].topk or {}).get("arrays", {}).values()))]
+    files = [
+        f
+        for n in names
+        for f in (leaves[n].records["file"], *(v[0] for v in (leaves[n].topk or {}).get("arrays", {}).values()))
+    ]
     flat = {f"{i}.{k}": v for i, n in enumerate(names) for k, v in leaves[n].arrays().items()}
     save_state(scratch, state_name(key), meta, flat, files)
 
@@ -123,9 +141,10 @@ def load(scratch: Path, key: str) -> SavedGroup | None:
     try:
         if meta.get("key") != key:
             return None
-        leaves = {str(leaf["name"]): SavedLeaf.read(leaf, {k: arrays[f"{i}.{k}"] for k in _ARRAYS
-                                                            if f"{i}.{k}" in arrays})
-                  for i, leaf in enumerate(meta["leaves"])}
+        leaves = {
+            str(leaf["name"]): SavedLeaf.read(leaf, {k: arrays[f"{i}.{k}"] for k in _ARRAYS if f"{i}.{k}" in arrays})
+            for i, leaf in enumerate(meta["leaves"])
+        }
         return SavedGroup(int(meta["next_start"]), leaves)
     except Exception:  # noqa: BLE001 - a damaged state in any way: start again, never a wrong result
         return None
@@ -135,8 +154,10 @@ def rng_state(task: Any) -> dict[str, Any]:
     """The random generators lm-eval 0.4.13 draws few-shot examples from: the task's
     `fewshot_rnd` and its sampler's `rnd` (lm_eval/api/task.py, api/samplers.py)."""
     out: dict[str, Any] = {}
-    for name, rnd in (("fewshot_rnd", getattr(task, "fewshot_rnd", None)),
-                      ("sampler", getattr(getattr(task, "sampler", None), "rnd", None))):
+    for name, rnd in (
+        ("fewshot_rnd", getattr(task, "fewshot_rnd", None)),
+        ("sampler", getattr(getattr(task, "sampler", None), "rnd", None)),
+    ):
         if isinstance(rnd, random.Random):
             out[name] = rnd.getstate()
     return out
@@ -146,7 +167,10 @@ def set_rng_state(task: Any, state: dict[str, Any]) -> None:
     """Put `rng_state`'s states back (JSON turned their tuples into lists)."""
     for name, value in state.items():
         version, internal, gauss = value
-        rnd = getattr(task, "fewshot_rnd", None) if name == "fewshot_rnd" else \
-            getattr(getattr(task, "sampler", None), "rnd", None)
+        rnd = (
+            getattr(task, "fewshot_rnd", None)
+            if name == "fewshot_rnd"
+            else getattr(getattr(task, "sampler", None), "rnd", None)
+        )
         if isinstance(rnd, random.Random):
             rnd.setstate((version, tuple(internal), gauss))

@@ -62,8 +62,10 @@ from qeval.tasks.scoring import (
 #: HellaSwag document: lm-eval's Instances and samples, the backend's top-k per scored token)
 CHUNK_DOCS = 1000
 
-def make_lm(backend: Backend, references: _References, progress: Progress,
-            think: dict[str, str | None] | None = None) -> Any:
+
+def make_lm(
+    backend: Backend, references: _References, progress: Progress, think: dict[str, str | None] | None = None
+) -> Any:
     """The LM lm-eval calls; built lazily so that importing this module needs no lm-eval.
     `references` hands out each request's baseline reference (the KL reference), chunk by chunk.
     `think`: task -> its think_end_token (the reasoning block is stripped before lm-eval's
@@ -118,15 +120,17 @@ def make_lm(backend: Backend, references: _References, progress: Progress,
 
         def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
             ids = self._ref_ids(requests)
-            res = backend.loglikelihood([LoglikelihoodRequest(r.args[0], r.args[1], i)
-                                         for r, i in zip(requests, ids, strict=True)], progress)
+            res = backend.loglikelihood(
+                [LoglikelihoodRequest(r.args[0], r.args[1], i) for r, i in zip(requests, ids, strict=True)], progress
+            )
             self._keep(requests, res)
             return [(float(r.logprob), bool(r.is_greedy)) for r in res]
 
         def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
             ids = self._ref_ids(requests)
             res = backend.loglikelihood_rolling(
-                [RollingRequest(r.args[0], i) for r, i in zip(requests, ids, strict=True)], progress)
+                [RollingRequest(r.args[0], i) for r, i in zip(requests, ids, strict=True)], progress
+            )
             self._keep(requests, res)
             return [float(r.logprob) for r in res]
 
@@ -135,8 +139,9 @@ def make_lm(backend: Backend, references: _References, progress: Progress,
             for r in requests:
                 context, kwargs = r.args[0], dict(r.args[1])
                 if kwargs.get("do_sample") or float(kwargs.get("temperature") or 0) > 0:
-                    raise ValueError(f"lm-eval task {r.task_name} asks for sampling; qeval's backends generate "
-                                     "greedily")
+                    raise ValueError(
+                        f"lm-eval task {r.task_name} asks for sampling; qeval's backends generate greedily"
+                    )
                 until = kwargs.get("until") or []
                 until = [until] if isinstance(until, str) else list(until)
                 reqs.append(GenerateRequest(context, tuple(until), int(kwargs.get("max_gen_toks", 256))))
@@ -176,8 +181,9 @@ class _References:
         self.taken[task] = n
 
 
-def _leaf_references(session: LmEvalSession, leaf: str, ref: dict[str, np.ndarray] | TopkReader | None,
-                     n_requests: int) -> list[Reference] | TopkReader | None:
+def _leaf_references(
+    session: LmEvalSession, leaf: str, ref: dict[str, np.ndarray] | TopkReader | None, n_requests: int
+) -> list[Reference] | TopkReader | None:
     """The baseline's stored top-k of `leaf` (its `n_requests` requests) per request; None where
     it holds other data (a different document count or choice count: no KL, never a wrong one)."""
     if ref is None:
@@ -194,8 +200,9 @@ def _leaf_references(session: LmEvalSession, leaf: str, ref: dict[str, np.ndarra
     return None
 
 
-def leaf_requests(session: LmEvalSession, leaves: list[str],
-                  order: Mapping[str, list[int]] | None = None) -> dict[str, int]:
+def leaf_requests(
+    session: LmEvalSession, leaves: list[str], order: Mapping[str, list[int]] | None = None
+) -> dict[str, int]:
     """Per leaf, the requests it sends (multiple choice: one per choice): the progress bar's
     total, and what the baseline's reference must hold. `order`: a sequential run's documents
     per leaf (qeval/analysis/sequential_run.py), else the first n_docs."""
@@ -206,17 +213,26 @@ def leaf_requests(session: LmEvalSession, leaves: list[str],
         if order is not None and leaf in order:
             chosen = set(order[leaf])
             docs = (d for i, d in enumerate(task.eval_docs) if i in chosen)
-        counts[leaf] = sum(len(task.doc_to_choice(d)) for d in docs) if info.output_type == "multiple_choice" \
-            else info.n_docs
+        counts[leaf] = (
+            sum(len(task.doc_to_choice(d)) for d in docs) if info.output_type == "multiple_choice" else info.n_docs
+        )
     return counts
 
 
-def score_lm_eval(backend: Backend, session: LmEvalSession, leaves: list[str], progress: Progress,
-                  references: Mapping[str, dict[str, np.ndarray] | TopkReader] | None = None,
-                  chunk_docs: int = CHUNK_DOCS, scratch: Path | None = None,
-                  keep_topk: bool = True, requests: dict[str, int] | None = None,
-                  resume_keys: Mapping[str, str] | None = None, order: Mapping[str, list[int]] | None = None,
-                  stop: Callable[[str, list[dict[str, Any]]], bool] | None = None) -> dict[str, TaskResult]:
+def score_lm_eval(
+    backend: Backend,
+    session: LmEvalSession,
+    leaves: list[str],
+    progress: Progress,
+    references: Mapping[str, dict[str, np.ndarray] | TopkReader] | None = None,
+    chunk_docs: int = CHUNK_DOCS,
+    scratch: Path | None = None,
+    keep_topk: bool = True,
+    requests: dict[str, int] | None = None,
+    resume_keys: Mapping[str, str] | None = None,
+    order: Mapping[str, list[int]] | None = None,
+    stop: Callable[[str, list[dict[str, Any]]], bool] | None = None,
+) -> dict[str, TaskResult]:
     """Score `leaves` through lm-eval's evaluate(), `chunk_docs` documents a call (every leaf's
     chunk in the same call: one batched backend call per request type); per leaf, qeval's
     records and metrics.
@@ -238,8 +254,9 @@ def score_lm_eval(backend: Backend, session: LmEvalSession, leaves: list[str], p
     from lm_eval.evaluator import evaluate
 
     counts = requests if requests is not None else leaf_requests(session, leaves)
-    refs = _References({leaf: _leaf_references(session, leaf, (references or {}).get(leaf), counts[leaf])
-                        for leaf in leaves})
+    refs = _References(
+        {leaf: _leaf_references(session, leaf, (references or {}).get(leaf), counts[leaf]) for leaf in leaves}
+    )
     lm = make_lm(backend, refs, progress, {leaf: session.infos[leaf].think_end_token for leaf in leaves})
     by_chat: dict[str | None, list[str]] = defaultdict(list)  # one evaluate() per chat settings
     for leaf in leaves:
@@ -252,31 +269,50 @@ def score_lm_eval(backend: Backend, session: LmEvalSession, leaves: list[str], p
         templated = chat is not None and chat.template is not None
         for leaf in group:  # once per task: its sampler then carries on from chunk to chunk
             session.tasks[leaf].set_fewshot_seed(session.spec.fewshot_seed)
-        n_docs = {leaf: len(order[leaf]) if order is not None and leaf in order else session.infos[leaf].n_docs
-                  for leaf in group}
+        n_docs = {
+            leaf: len(order[leaf]) if order is not None and leaf in order else session.infos[leaf].n_docs
+            for leaf in group
+        }
         key = None
         if scratch is not None and resume_keys is not None and all(leaf in resume_keys for leaf in group):
-            key = resume.group_key({"leaves": {leaf: [resume_keys[leaf], n_docs[leaf], counts[leaf],
-                                                      refs.per_task.get(leaf) is not None] for leaf in group},
-                                    "chunk_docs": chunk_docs, "fewshot_seed": session.spec.fewshot_seed,
-                                    "keep_topk": keep_topk, "chat": chat.sha256 if chat is not None else None})
+            key = resume.group_key(
+                {
+                    "leaves": {
+                        leaf: [resume_keys[leaf], n_docs[leaf], counts[leaf], refs.per_task.get(leaf) is not None]
+                        for leaf in group
+                    },
+                    "chunk_docs": chunk_docs,
+                    "fewshot_seed": session.spec.fewshot_seed,
+                    "keep_topk": keep_topk,
+                    "chat": chat.sha256 if chat is not None else None,
+                }
+            )
         built, first = _resumed(session, group, scratch, key, keep_topk, refs, progress)
         stopped = {leaf for leaf in group if first and stop is not None and stop(leaf, _records_so_far(built[leaf]))}
         for start in range(first, max(n_docs.values(), default=0), chunk_docs):
             # never an empty list: lm-eval reads `samples=[]` as "every document"; ascending, as
             # lm-eval maps its own numbering back to `samples` in the set's order
-            samples = {leaf: sorted(order[leaf][start:start + chunk_docs]) if order is not None and leaf in order
-                       else list(range(start, min(start + chunk_docs, n)))
-                       for leaf, n in n_docs.items() if n > start and leaf not in stopped}
+            samples = {
+                leaf: sorted(order[leaf][start : start + chunk_docs])
+                if order is not None and leaf in order
+                else list(range(start, min(start + chunk_docs, n)))
+                for leaf, n in n_docs.items()
+                if n > start and leaf not in stopped
+            }
             if not samples:  # every leaf decided
                 break
             lm.chunk_ids = samples
-            out = evaluate(lm=lm, task_dict={"tasks": {leaf: session.tasks[leaf] for leaf in samples}, "groups": {},
-                                             "group_map": {}},
-                           samples=samples, log_samples=True, bootstrap_iters=0, verbosity="ERROR",
-                           apply_chat_template=templated,
-                           fewshot_as_multiturn=chat is not None and templated and chat.fewshot_as_multiturn,
-                           system_instruction=chat.system_prompt if chat is not None else None)
+            out = evaluate(
+                lm=lm,
+                task_dict={"tasks": {leaf: session.tasks[leaf] for leaf in samples}, "groups": {}, "group_map": {}},
+                samples=samples,
+                log_samples=True,
+                bootstrap_iters=0,
+                verbosity="ERROR",
+                apply_chat_template=templated,
+                fewshot_as_multiturn=chat is not None and templated and chat.fewshot_as_multiturn,
+                system_instruction=chat.system_prompt if chat is not None else None,
+            )
             requests = Counter(k[0] for k in lm.raw)  # the chunk's requests per task, counted once
             for leaf in samples:
                 added = built[leaf].add(session, out["samples"][leaf], lm.raw, lm.refs)
@@ -302,8 +338,15 @@ def _records_so_far(built: _LeafResult) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f]
 
 
-def _resumed(session: LmEvalSession, group: list[str], scratch: Path | None, key: str | None, keep_topk: bool,
-             refs: _References, progress: Progress) -> tuple[dict[str, _LeafResult], int]:
+def _resumed(
+    session: LmEvalSession,
+    group: list[str],
+    scratch: Path | None,
+    key: str | None,
+    keep_topk: bool,
+    refs: _References,
+    progress: Progress,
+) -> tuple[dict[str, _LeafResult], int]:
     """The group's results so far and the first document still to score: a saved state's (its
     spools reopened, the samplers and references where it left them, the progress bar advanced),
     or fresh ones from document 0 where there is none or it cannot be taken up."""
@@ -320,14 +363,19 @@ def _resumed(session: LmEvalSession, group: list[str], scratch: Path | None, key
             for leaf in group:
                 refs.skip(leaf, saved.leaves[leaf].references_taken)
                 progress(saved.leaves[leaf].requests_done)
-            print(f"lm-eval {', '.join(group)}: carrying on from document {saved.next_start} (the chunks before it "
-                  "were scored by an interrupted run)", file=sys.stderr, flush=True)
+            print(
+                f"lm-eval {', '.join(group)}: carrying on from document {saved.next_start} (the chunks before it "
+                "were scored by an interrupted run)",
+                file=sys.stderr,
+                flush=True,
+            )
             return built, saved.next_start
     return {leaf: _LeafResult.start(leaf, scratch, keep_topk) for leaf in group}, 0
 
 
-def _save(scratch: Path, key: str, next_start: int, session: LmEvalSession, built: dict[str, _LeafResult],
-          refs: _References) -> bool:
+def _save(
+    scratch: Path, key: str, next_start: int, session: LmEvalSession, built: dict[str, _LeafResult], refs: _References
+) -> bool:
     """The group's state after a chunk (qeval/tasks/lm_eval/resume.py); False where it cannot be
     written (a metric value JSON cannot hold): the scoring goes on, and is not resumable."""
     states = {leaf: b.state(resume.rng_state(session.tasks[leaf]), refs.taken[leaf]) for leaf, b in built.items()}
@@ -370,10 +418,16 @@ class _LeafResult:
         """The result as `state()` saved it after a chunk, its spools reopened and cut back."""
         if keep_topk != (saved.topk is not None):
             raise ValueError("the saved state kept top-k where this scoring does not, or the reverse")
-        packs = TopkSpool(scratch, leaf, resume=saved.topk, lengths=saved.topk_lengths) \
-            if saved.topk is not None else None
-        out = cls(leaf, RecordSpool(scratch, leaf, resume=saved.records), packs, topk_ok=saved.topk_ok,
-                  requests_done=saved.requests_done)
+        packs = (
+            TopkSpool(scratch, leaf, resume=saved.topk, lengths=saved.topk_lengths) if saved.topk is not None else None
+        )
+        out = cls(
+            leaf,
+            RecordSpool(scratch, leaf, resume=saved.records),
+            packs,
+            topk_ok=saved.topk_ok,
+            requests_done=saved.requests_done,
+        )
         for metric, filt, values in saved.raw_metrics:
             out.raw_metrics[(metric, filt)] = values
         out.tokens.restore({"kl": saved.kl, "top1": saved.top1, "dp": saved.dp}, saved.dp_missing)
@@ -387,13 +441,27 @@ class _LeafResult:
         tokens = self.tokens.arrays()
         topk, lengths = self.packs.state() if isinstance(self.packs, TopkSpool) else (None, None)
         return resume.SavedLeaf(
-            records=self.records.state(), topk=topk, topk_lengths=lengths,
-            raw_metrics=[(m, f, v) for (m, f), v in self.raw_metrics.items()], topk_ok=self.topk_ok,
-            requests_done=self.requests_done, references_taken=references_taken, rng=rng, kl=tokens.get("kl"),
-            top1=tokens.get("top1"), dp=tokens.get("dp"), dp_missing=self.tokens.dp_missing)
+            records=self.records.state(),
+            topk=topk,
+            topk_lengths=lengths,
+            raw_metrics=[(m, f, v) for (m, f), v in self.raw_metrics.items()],
+            topk_ok=self.topk_ok,
+            requests_done=self.requests_done,
+            references_taken=references_taken,
+            rng=rng,
+            kl=tokens.get("kl"),
+            top1=tokens.get("top1"),
+            dp=tokens.get("dp"),
+            dp_missing=self.tokens.dp_missing,
+        )
 
-    def add(self, session: LmEvalSession, samples: list[dict[str, Any]], raw: dict[tuple[str, int, int], Any],
-            refs: dict[tuple[str, int, int], Reference]) -> list[dict[str, Any]]:
+    def add(
+        self,
+        session: LmEvalSession,
+        samples: list[dict[str, Any]],
+        raw: dict[tuple[str, int, int], Any],
+        refs: dict[tuple[str, int, int], Reference],
+    ) -> list[dict[str, Any]]:
         """One chunk: lm-eval's logged samples of this leaf and the backend's per-request results;
         returns the chunk's records."""
         info, leaf = session.infos[self.leaf], self.leaf
@@ -402,8 +470,10 @@ class _LeafResult:
             by_doc[int(s["doc_id"])].append(s)
             for m in s["metrics"]:
                 self.raw_metrics[(m, s.get("filter", "none"))].append(s[m])
-        records = [_record(leaf, info.output_type, info.compared_metric, doc_id, entries, raw)
-                   for doc_id, entries in sorted(by_doc.items())]
+        records = [
+            _record(leaf, info.output_type, info.compared_metric, doc_id, entries, raw)
+            for doc_id, entries in sorted(by_doc.items())
+        ]
         topk: dict[str, np.ndarray] = {}
         if info.output_type == "loglikelihood_rolling":
             results = [raw[(leaf, r["doc_id"], 0)] for r in records]
@@ -458,8 +528,14 @@ class _LeafResult:
         return TaskResult(self.records, metrics, topk, self.tokens.summary())
 
 
-def _record(leaf: str, output_type: str, compared: str, doc_id: int, entries: list[dict[str, Any]],
-            raw: dict[tuple[str, int, int], Any]) -> dict[str, Any]:
+def _record(
+    leaf: str,
+    output_type: str,
+    compared: str,
+    doc_id: int,
+    entries: list[dict[str, Any]],
+    raw: dict[tuple[str, int, int], Any],
+) -> dict[str, Any]:
     """One document's record: lm-eval's doc id and per-document metric values (every filter),
     plus what qeval's comparison and drill-down read (correct, prediction, nll...)."""
     first = entries[0]
@@ -470,32 +546,50 @@ def _record(leaf: str, output_type: str, compared: str, doc_id: int, entries: li
         for m in e.get("metrics", []):
             scores[m if filt == "none" else f"{m},{filt}"] = e.get(m)
         filtered[filt] = e["filtered_resps"]
-    rec: dict[str, Any] = {"sample_id": str(doc_id), "doc_id": doc_id, "prompt": first["arguments"][0][0],
-                           "target": _plain(first["target"]), "doc_hash": first.get("doc_hash"),
-                           "prompt_hash": first.get("prompt_hash"), "metrics": _scalars(scores),
-                           "loglikelihoods": None, "nll": None, "n_tokens": None}
+    rec: dict[str, Any] = {
+        "sample_id": str(doc_id),
+        "doc_id": doc_id,
+        "prompt": first["arguments"][0][0],
+        "target": _plain(first["target"]),
+        "doc_hash": first.get("doc_hash"),
+        "prompt_hash": first.get("prompt_hash"),
+        "metrics": _scalars(scores),
+        "loglikelihoods": None,
+        "nll": None,
+        "n_tokens": None,
+    }
     value = scores.get(compared)
     if output_type == "multiple_choice":
         lls = [float(resp[0][0]) for resp in first["resps"]]
         pred = int(np.argmax(lls))
-        rec |= {"loglikelihoods": lls, "prediction": first["arguments"][pred][1].strip(),
-                "n_tokens": [raw[(leaf, doc_id, i)].n_tokens for i in range(len(lls))]}
+        rec |= {
+            "loglikelihoods": lls,
+            "prediction": first["arguments"][pred][1].strip(),
+            "n_tokens": [raw[(leaf, doc_id, i)].n_tokens for i in range(len(lls))],
+        }
     elif output_type == "generate_until":
         filt = compared.split(",", 1)[1] if "," in compared else "none"
         answer = filtered.get(filt, first["filtered_resps"])
         whole = raw.get((leaf, doc_id, 0), first["resps"][0][0])
-        rec |= {"prediction": _plain(answer[0] if isinstance(answer, list) and answer else answer),
-                "raw_output": str(whole), "generated_tokens": generated_tokens(whole),
-                "filtered": {k: _plain(v) for k, v in filtered.items()}}
+        rec |= {
+            "prediction": _plain(answer[0] if isinstance(answer, list) and answer else answer),
+            "raw_output": str(whole),
+            "generated_tokens": generated_tokens(whole),
+            "filtered": {k: _plain(v) for k, v in filtered.items()},
+        }
         if first["resps"][0][0] != whole:  # a reasoning block stripped: what lm-eval scored
             rec["response"] = first["resps"][0][0]
     elif output_type == "loglikelihood_rolling":
         ll = float(first["resps"][0][0])
         bytes_ = scores.get("bits_per_byte") or scores.get("byte_perplexity")
         words = scores.get("word_perplexity")
-        rec |= {"prediction": None, "nll": -ll, "n_tokens": raw[(leaf, doc_id, 0)].n_tokens,
-                "n_bytes": int(bytes_[1]) if isinstance(bytes_, (list, tuple)) else None,
-                "n_words": int(words[1]) if isinstance(words, (list, tuple)) else None}
+        rec |= {
+            "prediction": None,
+            "nll": -ll,
+            "n_tokens": raw[(leaf, doc_id, 0)].n_tokens,
+            "n_bytes": int(bytes_[1]) if isinstance(bytes_, (list, tuple)) else None,
+            "n_words": int(words[1]) if isinstance(words, (list, tuple)) else None,
+        }
     else:  # loglikelihood: one continuation (lambada-style)
         ll, greedy = first["resps"][0][0]
         rec |= {"prediction": None, "nll": -float(ll), "is_greedy": bool(greedy)}

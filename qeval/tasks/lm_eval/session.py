@@ -96,8 +96,13 @@ def sandbox_templates() -> None:
     lm_utils.env = env
 
 
-def open_session(spec: LmEvalSpec, base: Path, limit: int | None, chat_for: ChatFor | None = None,
-                 think_for: Callable[[LmEvalTask], str | None] | None = None) -> LmEvalSession:
+def open_session(
+    spec: LmEvalSpec,
+    base: Path,
+    limit: int | None,
+    chat_for: ChatFor | None = None,
+    think_for: Callable[[LmEvalTask], str | None] | None = None,
+) -> LmEvalSession:
     """Load every task of `spec` (paths relative to `base`); one-line UserErrors for unknown
     names, unreadable data or a task qeval cannot score. `chat_for` gives each entry's chat
     settings (None: every task plain, lm-eval's default arguments), `think_for` its
@@ -122,16 +127,21 @@ def open_session(spec: LmEvalSpec, base: Path, limit: int | None, chat_for: Chat
     folder = materialize(paths, overrides, Path(workdir.name) / "tasks", data_dirs)
     local = TaskManager(include_defaults=False, include_path=str(folder))
     names = [t.name for t in entries]
-    manager = local if all(n in local.all_subtasks or n in local.all_groups for n in names) else \
-        TaskManager(include_path=str(folder))  # lm-eval's own library: its index takes ~10 s to build
+    manager = (
+        local
+        if all(n in local.all_subtasks or n in local.all_groups for n in names)
+        else TaskManager(include_path=str(folder))
+    )  # lm-eval's own library: its index takes ~10 s to build
     unknown = [n for n in names if n not in manager.all_subtasks and n not in manager.all_groups]
     if unknown:
         raise UserError(_unknown_task(unknown[0], folder))
     try:
         loaded = manager.load(names)
     except Exception as exc:  # noqa: BLE001 - a missing data file, a hub dataset offline...: one line
-        raise UserError(f"lm-eval tasks {', '.join(names)}: cannot load: {type(exc).__name__}: "
-                        f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+        raise UserError(
+            f"lm-eval tasks {', '.join(names)}: cannot load: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from None
     groups = _leaves_of_groups(loaded["group_map"])
     session = LmEvalSession(spec, {}, {}, {g: groups[g] for g in names if g in groups}, workdir)
     for entry in entries:
@@ -158,8 +168,10 @@ def _unknown_task(name: str, folder: Path) -> str:
             try:
                 lm_utils.load_yaml_config(str(path))
             except Exception as exc:  # noqa: BLE001 - whatever lm-eval tripped on is the cause to show
-                return f"lm-eval task {name!r} ({path.name}): lm-eval cannot load it: {type(exc).__name__}: " \
-                       f"{(str(exc).splitlines() or [''])[0][:300]}"
+                return (
+                    f"lm-eval task {name!r} ({path.name}): lm-eval cannot load it: {type(exc).__name__}: "
+                    f"{(str(exc).splitlines() or [''])[0][:300]}"
+                )
             return f"lm-eval task {name!r} ({path.name}) is defined, but lm-eval's index dropped it"
     return f"unknown lm-eval task {name!r} (not in lm_eval.include_path nor lm-eval {lm_eval_version()}'s library)"
 
@@ -176,6 +188,7 @@ def _data_overrides(t: LmEvalTask) -> dict[str, Any]:
 
 def _leaves_of_groups(group_map: dict[str, list[str]]) -> dict[str, list[str]]:
     """group -> its leaf tasks in order, nested groups flattened."""
+
     def leaves(name: str) -> list[str]:
         return [leaf for child in group_map[name] for leaf in (leaves(child) if child in group_map else [child])]
 
@@ -185,8 +198,9 @@ def _leaves_of_groups(group_map: dict[str, list[str]]) -> dict[str, list[str]]:
 def describe(leaf: str, entry: LmEvalTask, task: Any, seed: int, limit: int | None) -> LmEvalTaskInfo:
     """Apply the entry's settings to the lm-eval task object and describe it for qeval."""
     if not re.fullmatch(NAME_PATTERN, leaf):
-        raise UserError(f"lm-eval task name {leaf!r} cannot be stored safely (qeval names are letters, digits, "
-                        "'.', '_', '-')")
+        raise UserError(
+            f"lm-eval task name {leaf!r} cannot be stored safely (qeval names are letters, digits, '.', '_', '-')"
+        )
     yaml_shots = task.get_config("num_fewshot")
     if entry.num_fewshot is not None and yaml_shots != 0:  # simple_evaluate's rule: a YAML's 0 stays 0
         task.set_config("num_fewshot", entry.num_fewshot)
@@ -198,8 +212,9 @@ def describe(leaf: str, entry: LmEvalTask, task: Any, seed: int, limit: int | No
     _check_fewshot_pool(leaf, task)
     metrics = task_metrics(task)
     # perplexity tasks are compared on bits per byte (paired by document), whatever comes first
-    default = "bits_per_byte" if task.OUTPUT_TYPE == "loglikelihood_rolling" and "bits_per_byte" in metrics \
-        else metrics[0]
+    default = (
+        "bits_per_byte" if task.OUTPUT_TYPE == "loglikelihood_rolling" and "bits_per_byte" in metrics else metrics[0]
+    )
     compared = entry.metric or default
     if compared not in metrics:
         raise UserError(f"lm-eval task {leaf}: metric {compared!r} is not one it reports ({', '.join(metrics)})")
@@ -209,18 +224,31 @@ def describe(leaf: str, entry: LmEvalTask, task: Any, seed: int, limit: int | No
     n = min(len(docs), limit) if limit else len(docs)
     data = _data_sha256(task, docs)
     shots = task.get_config("num_fewshot")
-    body = {"lm_eval": lm_eval_version(), "config": _stable(task.config.to_dict(keep_callable=True)),
-            "num_fewshot": shots, "n": n, "data": data}
+    body = {
+        "lm_eval": lm_eval_version(),
+        "config": _stable(task.config.to_dict(keep_callable=True)),
+        "num_fewshot": shots,
+        "n": n,
+        "data": data,
+    }
     if shots:  # the seed draws the few-shot examples: a 0-shot prompt does not depend on it
         body["fewshot_seed"] = seed
     body["config"].get("metadata", {}).pop("config_source", None)  # where the YAML lived is not content
     body["config"].pop("dataset_kwargs", None)  # local paths: the data is in `data` by content
     fingerprint = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return LmEvalTaskInfo(name=leaf, entry=entry.name, output_type=task.OUTPUT_TYPE, n_docs=n, metrics=metrics,
-                           compared_metric=compared, fingerprint=fingerprint, sha256=data,
-                           num_fewshot=int(task.get_config("num_fewshot") or 0),
-                           higher_is_better={m.split(",")[0]: bool(v) for m, v in task.higher_is_better().items()},
-                           limit=n if n < len(docs) else None)
+    return LmEvalTaskInfo(
+        name=leaf,
+        entry=entry.name,
+        output_type=task.OUTPUT_TYPE,
+        n_docs=n,
+        metrics=metrics,
+        compared_metric=compared,
+        fingerprint=fingerprint,
+        sha256=data,
+        num_fewshot=int(task.get_config("num_fewshot") or 0),
+        higher_is_better={m.split(",")[0]: bool(v) for m, v in task.higher_is_better().items()},
+        limit=n if n < len(docs) else None,
+    )
 
 
 def _check_fewshot_pool(leaf: str, task: Any) -> None:
@@ -239,15 +267,17 @@ def _check_fewshot_pool(leaf: str, task: Any) -> None:
     else:
         size = len(pool)
     if shots > size:
-        raise UserError(f"lm-eval task {leaf}: num_fewshot {shots} is larger than its few-shot pool of {size} "
-                        "documents")
+        raise UserError(
+            f"lm-eval task {leaf}: num_fewshot {shots} is larger than its few-shot pool of {size} documents"
+        )
 
 
 def task_metrics(task: Any) -> list[str]:
     """The metric keys lm-eval reports for a task, `metric,filter` with filter "none" dropped."""
     filters = [f["name"] for f in (task.config.filter_list or [])] or ["none"]
-    names = [m["metric"] if isinstance(m["metric"], str) else m["metric"].__name__
-             for m in (task.config.metric_list or [])] or list(task.higher_is_better())
+    names = [
+        m["metric"] if isinstance(m["metric"], str) else m["metric"].__name__ for m in (task.config.metric_list or [])
+    ] or list(task.higher_is_better())
     return [n if f == "none" else f"{n},{f}" for f in filters for n in names]
 
 

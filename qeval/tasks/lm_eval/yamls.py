@@ -71,8 +71,9 @@ def read_task_yaml(path: Path) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-def materialize(include_paths: list[Path], overrides: dict[str, dict[str, Any]], out: Path,
-                data_dirs: list[Path] | None = None) -> Path:
+def materialize(
+    include_paths: list[Path], overrides: dict[str, dict[str, Any]], out: Path, data_dirs: list[Path] | None = None
+) -> Path:
     """Copy and rewrite every include path into `out` (see the module docstring); returns `out`.
     A YAML's data files must lie inside its include folder, or inside one of `data_dirs`."""
     data_dirs = [d.resolve() for d in data_dirs or []]
@@ -106,8 +107,10 @@ def check_distinct_names(include_paths: list[Path]) -> None:
     for folder in dict.fromkeys(include_paths):  # a folder listed twice is the same definitions
         for name in local_names(folder):
             if name in defined_in:
-                raise UserError(f"lm_eval.include_path: task {name!r} is defined in both {defined_in[name]} and "
-                                f"{folder}: rename one")
+                raise UserError(
+                    f"lm_eval.include_path: task {name!r} is defined in both {defined_in[name]} and "
+                    f"{folder}: rename one"
+                )
             defined_in[name] = folder
 
 
@@ -119,12 +122,14 @@ def _rewrite(doc: dict[str, Any], base: Path, roots: tuple[Path, Path], data_dir
     include = doc.get("include")
     if isinstance(include, str):
         if include.startswith(LM_EVAL_PREFIX):
-            target = tasks_root() / include[len(LM_EVAL_PREFIX):]
+            target = tasks_root() / include[len(LM_EVAL_PREFIX) :]
         else:
             target = (base / include).resolve()
             if not target.is_relative_to(src_root):  # its data files would escape every check below
-                raise UserError(f"{base}: include {include!r} is outside the include folder {src_root} (include "
-                                "lm_eval/<path> for lm-eval's own tasks)")
+                raise UserError(
+                    f"{base}: include {include!r} is outside the include folder {src_root} (include "
+                    "lm_eval/<path> for lm-eval's own tasks)"
+                )
             if target.suffix == ".yaml":
                 target = dest_root / target.relative_to(src_root)
         if not target.is_file():
@@ -139,8 +144,9 @@ def _rewrite(doc: dict[str, Any], base: Path, roots: tuple[Path, Path], data_dir
         if kwargs:
             doc["dataset_kwargs"] = kwargs
     path = doc.get("dataset_path")
-    if isinstance(path, str) and (Path(path).is_absolute() or path.startswith((".", "file:"))
-                                  or (base / path).exists()):
+    if isinstance(path, str) and (
+        Path(path).is_absolute() or path.startswith((".", "file:")) or (base / path).exists()
+    ):
         doc["dataset_path"] = _absolute(path, base, allowed, folder=True)  # a local dataset folder or script
     return doc
 
@@ -166,11 +172,15 @@ def _absolute(files: Any, base: Path, allowed: list[Path], folder: bool = False)
     matches = [Path(m) for m in glob.glob(str(path), recursive=True)] if pattern else [path]
     for candidate in checked + matches:
         if not any(candidate.resolve().is_relative_to(root) for root in allowed):
-            raise UserError(f"{base}: data {files} is outside the include folder {allowed[0]} (list its folder in "
-                            "lm_eval.data_dirs to allow it)")
+            raise UserError(
+                f"{base}: data {files} is outside the include folder {allowed[0]} (list its folder in "
+                "lm_eval.data_dirs to allow it)"
+            )
     if not matches or not pattern and not (path.is_dir() if folder else path.is_file()):
-        raise UserError(f"{base}: data {'folder' if folder else 'file'} {files} not found (relative paths are "
-                        "read from the YAML's folder)")
+        raise UserError(
+            f"{base}: data {'folder' if folder else 'file'} {files} not found (relative paths are "
+            "read from the YAML's folder)"
+        )
     return str(path)
 
 

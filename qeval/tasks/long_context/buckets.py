@@ -12,8 +12,9 @@ import numpy as np
 from qeval.analysis.stats import paired_ratio
 
 
-def bucket_sums(edges: list[int], token_logprobs: np.ndarray, kl: np.ndarray | None,
-                top1: np.ndarray | None) -> list[dict[str, Any]]:
+def bucket_sums(
+    edges: list[int], token_logprobs: np.ndarray, kl: np.ndarray | None, top1: np.ndarray | None
+) -> list[dict[str, Any]]:
     """Per bucket [edges[i], edges[i+1]) of predicted-token positions (0 = the document's first
     token): tokens, summed NLL (nats) and, against a baseline, summed KL and top-1 agreements.
     Tokens past the last edge count in the last bucket."""
@@ -22,16 +23,21 @@ def bucket_sums(edges: list[int], token_logprobs: np.ndarray, kl: np.ndarray | N
     for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:], strict=True)):
         hi = max(hi, n) if i == len(edges) - 2 else hi
         sl = slice(min(lo, n), min(hi, n))
-        rec: dict[str, Any] = {"start": lo, "end": hi, "tokens": sl.stop - sl.start,
-                               "nll": float(-token_logprobs[sl].sum(dtype=np.float64))}
+        rec: dict[str, Any] = {
+            "start": lo,
+            "end": hi,
+            "tokens": sl.stop - sl.start,
+            "nll": float(-token_logprobs[sl].sum(dtype=np.float64)),
+        }
         if kl is not None and top1 is not None:
             rec |= {"kl": float(kl[sl].sum(dtype=np.float64)), "top1": int(top1[sl].sum())}
         out.append(rec)
     return out
 
 
-def bucket_comparison(tok: np.ndarray, nll: np.ndarray, base_nll: np.ndarray | None,
-                      sums: list[dict[str, Any]], seed: int) -> dict[str, Any]:
+def bucket_comparison(
+    tok: np.ndarray, nll: np.ndarray, base_nll: np.ndarray | None, sums: list[dict[str, Any]], seed: int
+) -> dict[str, Any]:
     """The fields a position bucket adds against the baseline (an update for its model): the
     baseline's token-weighted mean NLL and the paired difference with a t-interval over documents
     (stats.paired_ratio), when `base_nll` is given; and the KL and top-1 agreement per token, when
@@ -39,9 +45,16 @@ def bucket_comparison(tok: np.ndarray, nll: np.ndarray, base_nll: np.ndarray | N
     update: dict[str, Any] = {}
     if base_nll is not None:
         cmp = paired_ratio(base_nll, nll, tok, "nll", seed)
-        update |= {"baseline_nll": float(base_nll.sum() / tok.sum()), "delta": cmp.delta, "ci": cmp.ci,
-                   "ci_method": "t", "p_value": cmp.p_value}
+        update |= {
+            "baseline_nll": float(base_nll.sum() / tok.sum()),
+            "delta": cmp.delta,
+            "ci": cmp.ci,
+            "ci_method": "t",
+            "p_value": cmp.p_value,
+        }
     if all("kl" in s for s in sums):
-        update |= {"kl": float(sum(s["kl"] for s in sums) / tok.sum()),
-                   "top1_agreement": float(sum(s["top1"] for s in sums) / tok.sum())}
+        update |= {
+            "kl": float(sum(s["kl"] for s in sums) / tok.sum()),
+            "top1_agreement": float(sum(s["top1"] for s in sums) / tok.sum()),
+        }
     return update

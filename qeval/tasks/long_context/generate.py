@@ -22,8 +22,10 @@ def _fit(build: Callable[[int], str], encode: Encode, budget: int, what: str) ->
     (doubling, then bisection: a few dozen encodes, never one per unit): n, text, tokens."""
     empty = len(encode(build(0)))
     if empty > budget:
-        raise UserError(f"long_context: {what} needs {empty} tokens before any filler, more than its "
-                        f"{budget}-token budget: use a longer length")
+        raise UserError(
+            f"long_context: {what} needs {empty} tokens before any filler, more than its "
+            f"{budget}-token budget: use a longer length"
+        )
     lo, hi = 0, 16
     while len(encode(build(hi))) <= budget:
         lo, hi = hi, hi * 2
@@ -66,9 +68,15 @@ def passkey_doc(encode: Encode, budget: int, depth: float, rng: random.Random) -
         return before if upto_needle else _join(before, needle, *filler[k:n], w.PASSKEY_QUESTION)
 
     n, text, tokens = _fit(build, encode, budget, "passkey")
-    return {"text": text, "answer": key, "depth": depth, "needle_token": len(encode(build(n, True))),
-            "filler_sentences": n, "prompt_tokens": tokens,
-            "header_tokens": len(encode(w.PASSKEY_HEADER))}
+    return {
+        "text": text,
+        "answer": key,
+        "depth": depth,
+        "needle_token": len(encode(build(n, True))),
+        "filler_sentences": n,
+        "prompt_tokens": tokens,
+        "header_tokens": len(encode(w.PASSKEY_HEADER)),
+    }
 
 
 def multikey_doc(encode: Encode, budget: int, depth: float, rng: random.Random, keys: int) -> dict[str, Any]:
@@ -96,8 +104,16 @@ def multikey_doc(encode: Encode, budget: int, depth: float, rng: random.Random, 
     n, text, tokens = _fit(build, encode, budget, "multikey")
     sentences, asked = body(n)
     before = header + "\n" + " ".join(sentences[:asked])
-    return {"text": text, "answer": values[0], "key": names[0], "depth": depth, "needle_token": len(encode(before)),
-            "keys": keys, "prose_sentences": n, "prompt_tokens": tokens}
+    return {
+        "text": text,
+        "answer": values[0],
+        "key": names[0],
+        "depth": depth,
+        "needle_token": len(encode(before)),
+        "keys": keys,
+        "prose_sentences": n,
+        "prompt_tokens": tokens,
+    }
 
 
 def prose_doc(encode: Encode, budget: int, rng: random.Random) -> dict[str, Any]:

@@ -58,8 +58,10 @@ def worker_tasks(cfg: RunConfig, wanted: dict[str, dict[str, str]]) -> dict[str,
     tasks = {t.name: t for t in generated_tasks(cfg, model_config_of(cfg.model.path)) if t.name in wanted}
     for name, task in tasks.items():
         if task.fingerprint != wanted[name].get("task"):
-            raise RuntimeError(f"long-context task {name}: the documents generated in the worker differ from "
-                               "preflight's (a different tokenizer in this environment?)")
+            raise RuntimeError(
+                f"long-context task {name}: the documents generated in the worker differ from "
+                "preflight's (a different tokenizer in this environment?)"
+            )
     return tasks
 
 

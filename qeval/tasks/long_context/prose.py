@@ -46,8 +46,17 @@ _EVENTS = (
 def cast(rng: random.Random, n: int = 8) -> list[Person]:
     """`n` people with distinct names and fixed attributes."""
     names = rng.sample([f"{f} {s}" for f in w.FIRST_NAMES for s in w.SURNAMES], n)
-    return [Person(name, rng.choice(w.JOBS), rng.choice(w.TOWNS), rng.randint(19, 78), rng.choice(w.OBJECTS),
-                   rng.choice(w.COLOURS)) for name in names]
+    return [
+        Person(
+            name,
+            rng.choice(w.JOBS),
+            rng.choice(w.TOWNS),
+            rng.randint(19, 78),
+            rng.choice(w.OBJECTS),
+            rng.choice(w.COLOURS),
+        )
+        for name in names
+    ]
 
 
 def chronicle(rng: random.Random) -> Iterator[str]:
@@ -58,5 +67,11 @@ def chronicle(rng: random.Random) -> Iterator[str]:
         yield _INTRO.format(p=p)
     while True:
         p, q = rng.sample(people, 2)
-        yield rng.choice(_EVENTS).format(p=p, q=q, town=rng.choice(w.TOWNS), weather=rng.choice(w.WEATHER),
-                                         thing=rng.choice(w.OBJECTS), n=rng.randint(2, 40))
+        yield rng.choice(_EVENTS).format(
+            p=p,
+            q=q,
+            town=rng.choice(w.TOWNS),
+            weather=rng.choice(w.WEATHER),
+            thing=rng.choice(w.OBJECTS),
+            n=rng.randint(2, 40),
+        )

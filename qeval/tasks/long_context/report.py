@@ -46,9 +46,11 @@ def length_rows(results: Results, esc: Escape) -> tuple[list[str], list[list[str
         if s.long_context is None or s.status != "ok":
             continue
         for p in s.long_context.lengths:
-            row = [esc(s.name) + (" (baseline)" if s.baseline else ""),
-                   tokens_text(p.length) + (" (deployment)" if p.length == info.deployment_length else ""),
-                   _mib(p.kv_bytes) + (" (predicted)" if p.kv_source == "predicted" else "")]
+            row = [
+                esc(s.name) + (" (baseline)" if s.baseline else ""),
+                tokens_text(p.length) + (" (deployment)" if p.length == info.deployment_length else ""),
+                _mib(p.kv_bytes) + (" (predicted)" if p.kv_source == "predicted" else ""),
+            ]
             for fam in _families(results):
                 row += _score_cells(s, info.families[fam].get(str(p.length)), results)
             rows.append(row)
@@ -61,8 +63,14 @@ def _score_cells(s: SetupResult, task: str | None, results: Results) -> list[str
     m = describe(results.tasks[task].compared_metric)
     value = s.tasks[task].metrics.get(results.tasks[task].compared_metric)
     c = s.vs_baseline.get(task)
-    delta = "" if c is None else (f"{m.fmt_delta(c.delta)} [{m.fmt_delta(c.ci[0], unit=False)}, "
-                                  f"{m.fmt_delta(c.ci[1], unit=False)}]" + (f" {c.verdict}" if c.verdict else ""))
+    delta = (
+        ""
+        if c is None
+        else (
+            f"{m.fmt_delta(c.delta)} [{m.fmt_delta(c.ci[0], unit=False)}, "
+            f"{m.fmt_delta(c.ci[1], unit=False)}]" + (f" {c.verdict}" if c.verdict else "")
+        )
+    )
     return ["—" if value is None else m.fmt(value.value), delta]
 
 
@@ -89,8 +97,10 @@ def bucket_rows(results: Results, esc: Escape) -> tuple[list[str], list[list[str
             if not p.buckets:
                 continue
             cells = {b.start: _bucket_cell(b) for b in p.buckets}
-            rows.append([esc(s.name) + (" (baseline)" if s.baseline else ""), tokens_text(p.length)]
-                        + [cells.get(a, "") for a, _ in spans])
+            rows.append(
+                [esc(s.name) + (" (baseline)" if s.baseline else ""), tokens_text(p.length)]
+                + [cells.get(a, "") for a, _ in spans]
+            )
     return header, rows
 
 
@@ -100,20 +110,34 @@ def markdown_section(results: Results, esc: Escape) -> list[str]:
     if info is None:
         return []
     lengths = ", ".join(tokens_text(n) for n in info.lengths)
-    lines = ["## Long context", "",
-             f"Tasks generated at {lengths} tokens (seed {info.seed}, {info.samples} documents per task and "
-             f"length); the deployment length is {tokens_text(info.deployment_length)}: there each family's task "
-             "is gated like any task, and at the other lengths only where a gate names the length. "
-             f"{esc(info.source)}.", "", "### Quality against context length", ""]
+    lines = [
+        "## Long context",
+        "",
+        f"Tasks generated at {lengths} tokens (seed {info.seed}, {info.samples} documents per task and "
+        f"length); the deployment length is {tokens_text(info.deployment_length)}: there each family's task "
+        "is gated like any task, and at the other lengths only where a gate names the length. "
+        f"{esc(info.source)}.",
+        "",
+        "### Quality against context length",
+        "",
+    ]
     lines += md_table(*length_rows(results, esc))
-    lines += ["", "KV cache / sequence: the setup's KV bytes per token (measured, else marked predicted) times the "
-              "length. Δ: setup minus baseline with its 95% CI and the gate's verdict where a gate applies.", ""]
+    lines += [
+        "",
+        "KV cache / sequence: the setup's KV bytes per token (measured, else marked predicted) times the "
+        "length. Δ: setup minus baseline with its 95% CI and the gate's verdict where a gate applies.",
+        "",
+    ]
     header, rows = bucket_rows(results, esc)
     if rows:
         lines += ["### Loss by token position", ""] + md_table(header, rows)
-        lines += ["", "Baseline: mean NLL per token (nats) of the tokens at those positions. Other setups: Δ NLL "
-                  f"per token against the baseline on the same tokens [{_bucket_ci_legend(results)} over "
-                  "documents]; KL(baseline || setup) per token (top-16 + tail, a lower bound).", ""]
+        lines += [
+            "",
+            "Baseline: mean NLL per token (nats) of the tokens at those positions. Other setups: Δ NLL "
+            f"per token against the baseline on the same tokens [{_bucket_ci_legend(results)} over "
+            "documents]; KL(baseline || setup) per token (top-16 + tail, a lower bound).",
+            "",
+        ]
     return lines
 
 
@@ -127,8 +151,11 @@ def quality_vs_length_figure(results: Results) -> Any:
         first = next(iter(info.families[fam].values()))
         m = describe(results.tasks[first].compared_metric)
         for s in (x for x in results.setups if x.status == "ok"):
-            pts = [(int(n), s.tasks[t].metrics[m.name].value * m.scale) for n, t in info.families[fam].items()
-                   if t in s.tasks and m.name in s.tasks[t].metrics]
+            pts = [
+                (int(n), s.tasks[t].metrics[m.name].value * m.scale)
+                for n, t in info.families[fam].items()
+                if t in s.tasks and m.name in s.tasks[t].metrics
+            ]
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=s.name)
         ax.set_xscale("log", base=2)
@@ -148,8 +175,7 @@ def bucket_deltas_figure(results: Results) -> Any:
     line per setup."""
     info = results.long_context
     assert info is not None
-    fig, axes = plt.subplots(1, len(info.lengths), figsize=(3.6 * len(info.lengths), 3.2), squeeze=False,
-                             sharey=True)
+    fig, axes = plt.subplots(1, len(info.lengths), figsize=(3.6 * len(info.lengths), 3.2), squeeze=False, sharey=True)
     for ax, length in zip(axes[0], info.lengths, strict=True):
         for s in (x for x in results.setups if x.status == "ok" and not x.baseline and x.long_context):
             assert s.long_context is not None
@@ -185,17 +211,21 @@ def html_tables(results: Results) -> dict[str, tuple[list[str], list[list[str]]]
 
 def _bucket_ci_legend(results: Results) -> str:
     """How the buckets' intervals were computed (results written before ci_method: a bootstrap)."""
-    t = any(b.ci_method == "t" for s in results.setups if s.long_context for p in s.long_context.lengths
-            for b in p.buckets)
+    t = any(
+        b.ci_method == "t" for s in results.setups if s.long_context for p in s.long_context.lengths for b in p.buckets
+    )
     return "95% t-interval" if t else "95% paired-bootstrap CI"
 
 
 def _figures(results: Results) -> dict[str, Callable[[Results], Any]]:
     if results.long_context is None:
         return {}
-    return {"Long context: quality against context length": quality_vs_length_figure,
-            "Long context: Δ NLL per token by position, 95% CI": bucket_deltas_figure}
+    return {
+        "Long context: quality against context length": quality_vs_length_figure,
+        "Long context: Δ NLL per token by position, 95% CI": bucket_deltas_figure,
+    }
 
 
-SECTION = ReportSection(title="Long context", anchor="long-context", markdown=markdown_section, tables=html_tables,
-                        figures=_figures)
+SECTION = ReportSection(
+    title="Long context", anchor="long-context", markdown=markdown_section, tables=html_tables, figures=_figures
+)

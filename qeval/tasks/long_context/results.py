@@ -17,9 +17,11 @@ if TYPE_CHECKING:
     from qeval.records.preflight import Preflight
     from qeval.records.store import RunStore
 
-SOURCE = ("Generated in memory by qeval/tasks/long_context (no download): passkey prompts after Mohtashami & Jaggi "
-          "(2023), RULER-style multi-key needles (Hsieh et al. 2024) in generated prose, and generated prose "
-          "for perplexity by position; each sized with the model's tokenizer")
+SOURCE = (
+    "Generated in memory by qeval/tasks/long_context (no download): passkey prompts after Mohtashami & Jaggi "
+    "(2023), RULER-style multi-key needles (Hsieh et al. 2024) in generated prose, and generated prose "
+    "for perplexity by position; each sized with the model's tokenizer"
+)
 
 
 def attach_long_context(results: Results, pre: Preflight, store: RunStore) -> Results:
@@ -33,17 +35,32 @@ def attach_long_context(results: Results, pre: Preflight, store: RunStore) -> Re
     for t in tasks:
         families.setdefault(t.family, {})[str(t.length)] = t.name
     edges = max((t.buckets for t in tasks), key=len, default=[])
-    info = LongContextInfo(lengths=lengths, deployment_length=next(t.length for t in tasks if t.deployment),
-                           families=families, seed=spec.seed, samples=spec.samples, depths=spec.depths,
-                           bucket_edges=edges, source=SOURCE)
+    info = LongContextInfo(
+        lengths=lengths,
+        deployment_length=next(t.length for t in tasks if t.deployment),
+        families=families,
+        seed=spec.seed,
+        samples=spec.samples,
+        depths=spec.depths,
+        bucket_edges=edges,
+        source=SOURCE,
+    )
     base = results.baseline
-    setups = [s.model_copy(update={"long_context": _setup_block(s, base, tasks, lengths, store, pre.cfg.seed)})
-              for s in results.setups]
+    setups = [
+        s.model_copy(update={"long_context": _setup_block(s, base, tasks, lengths, store, pre.cfg.seed)})
+        for s in results.setups
+    ]
     return results.model_copy(update={"long_context": info, "setups": setups})
 
 
-def _setup_block(s: SetupResult, base: SetupResult | None, tasks: list[LongContextTask], lengths: list[int],
-                 store: RunStore, seed: int) -> SetupLongContext:
+def _setup_block(
+    s: SetupResult,
+    base: SetupResult | None,
+    tasks: list[LongContextTask],
+    lengths: list[int],
+    store: RunStore,
+    seed: int,
+) -> SetupLongContext:
     kv = s.memory.kv_bytes_per_token
     per_token, source = (kv.measured, "measured") if kv.measured else (kv.predicted, "predicted")
     points = []
@@ -53,15 +70,24 @@ def _setup_block(s: SetupResult, base: SetupResult | None, tasks: list[LongConte
         buckets = []
         if ppl and s.status == "ok":
             paired = base is not None and not s.baseline and base.status == "ok" and ppl in base.tasks
-            buckets = position_buckets(store.read_samples(s.name, ppl),
-                                       store.read_samples(base.name, ppl) if paired and base else None, seed)
-        points.append(LengthPoint(length=length, kv_bytes=int(per_token * length) if per_token else None,
-                                  kv_source=source if per_token else "", tasks=here, buckets=buckets))
+            buckets = position_buckets(
+                store.read_samples(s.name, ppl), store.read_samples(base.name, ppl) if paired and base else None, seed
+            )
+        points.append(
+            LengthPoint(
+                length=length,
+                kv_bytes=int(per_token * length) if per_token else None,
+                kv_source=source if per_token else "",
+                tasks=here,
+                buckets=buckets,
+            )
+        )
     return SetupLongContext(lengths=points)
 
 
-def position_buckets(records: list[dict[str, Any]], baseline: list[dict[str, Any]] | None,
-                     seed: int) -> list[PositionBucket]:
+def position_buckets(
+    records: list[dict[str, Any]], baseline: list[dict[str, Any]] | None, seed: int
+) -> list[PositionBucket]:
     """Loss by position bucket over a length's documents; with the baseline's records, paired
     by document: the difference of the token-weighted mean NLL with a t-interval over
     documents (stats.paired_ratio), and the KL and top-1 agreement the setup's records carry."""
@@ -77,8 +103,13 @@ def position_buckets(records: list[dict[str, Any]], baseline: list[dict[str, Any
             continue
         tok = np.array([mine[i][k]["tokens"] for i in docs], dtype=float)
         nll = np.array([mine[i][k]["nll"] for i in docs])
-        b = PositionBucket(start=first["start"], end=first["end"], documents=len(docs), tokens=int(tok.sum()),
-                           nll=float(nll.sum() / tok.sum()))
+        b = PositionBucket(
+            start=first["start"],
+            end=first["end"],
+            documents=len(docs),
+            tokens=int(tok.sum()),
+            nll=float(nll.sum() / tok.sum()),
+        )
         base_nll = np.array([theirs[i][k]["nll"] for i in docs]) if baseline is not None else None
         out.append(b.model_copy(update=bucket_comparison(tok, nll, base_nll, [mine[i][k] for i in docs], seed)))
     return out

@@ -77,8 +77,10 @@ def plan(cfg: RunConfig, model_config: dict[str, Any]) -> Plan:
     if spec.lengths:
         too_long = [n for n in spec.lengths if n > top]
         if too_long:
-            raise UserError(f"long_context.lengths: {too_long[0]} tokens is more than this model scores "
-                            f"({top}: the smaller of model.max_context and max_position_embeddings)")
+            raise UserError(
+                f"long_context.lengths: {too_long[0]} tokens is more than this model scores "
+                f"({top}: the smaller of model.max_context and max_position_embeddings)"
+            )
         lengths = list(spec.lengths)
     else:
         lengths = sorted({min(max(budget // d, 16), top) for d in (4, 2, 1)})
@@ -105,8 +107,15 @@ def build_tasks(cfg: RunConfig, model_config: dict[str, Any], encode: Encode) ->
     return out
 
 
-def _task(spec: LongContextSpec, family: str, length: int, deployment: bool, edges: list[int],
-          encode: Encode, limit: int | None) -> LongContextTask:
+def _task(
+    spec: LongContextSpec,
+    family: str,
+    length: int,
+    deployment: bool,
+    edges: list[int],
+    encode: Encode,
+    limit: int | None,
+) -> LongContextTask:
     # one stream per (family, length): adding a length or a family leaves the others' documents alone
     rng = random.Random(f"{spec.seed}/{family}/{length}")
     docs: list[dict[str, Any]] = []
@@ -121,20 +130,42 @@ def _task(spec: LongContextSpec, family: str, length: int, deployment: bool, edg
         suffix = f"-d{round(100 * depth):02d}" if family != "position_ppl" else ""
         docs.append({"id": f"{family}-{length}-{i:03d}{suffix}", **doc})
     name = f"{family}_{length}"
-    meta = {"family": family, "length": length, "seed": spec.seed, "generator": GENERATOR_VERSION,
-            "chunk_tokens": spec.chunk_tokens}
+    meta = {
+        "family": family,
+        "length": length,
+        "seed": spec.seed,
+        "generator": GENERATOR_VERSION,
+        "chunk_tokens": spec.chunk_tokens,
+    }
     if family == "position_ppl":
-        task_spec = TaskSpec(task=name, output_type="loglikelihood_rolling", doc_to_text="text",
-                             metadata=meta | {"buckets": bucket_edges(edges, length)})
+        task_spec = TaskSpec(
+            task=name,
+            output_type="loglikelihood_rolling",
+            doc_to_text="text",
+            metadata=meta | {"buckets": bucket_edges(edges, length)},
+        )
     else:
-        task_spec = TaskSpec(task=name, output_type="generate_until", doc_to_text="text", doc_to_target="answer",
-                             generation_kwargs=GenerationKwargs(until=["\n"], max_gen_toks=MAX_GEN[family]),
-                             answer_regex=r"(\d+)", metadata=meta)
+        task_spec = TaskSpec(
+            task=name,
+            output_type="generate_until",
+            doc_to_text="text",
+            doc_to_target="answer",
+            generation_kwargs=GenerationKwargs(until=["\n"], max_gen_toks=MAX_GEN[family]),
+            answer_regex=r"(\d+)",
+            metadata=meta,
+        )
     digest = hashlib.sha256(json.dumps(docs, sort_keys=True).encode()).hexdigest()
     docs = docs[:limit] if limit else docs  # `limit` scores the first documents; the checksum covers all
-    return LongContextTask(spec=task_spec, yaml_path=Path(f"<long_context>/{name}"), docs=docs, sha256=digest,
-                           family=family, length=length, deployment=deployment,
-                           buckets=bucket_edges(edges, length) if family == "position_ppl" else [])
+    return LongContextTask(
+        spec=task_spec,
+        yaml_path=Path(f"<long_context>/{name}"),
+        docs=docs,
+        sha256=digest,
+        family=family,
+        length=length,
+        deployment=deployment,
+        buckets=bucket_edges(edges, length) if family == "position_ppl" else [],
+    )
 
 
 def resolve_gates(gates: list[Gate], cfg: RunConfig, p: Plan) -> list[Gate]:
@@ -150,15 +181,22 @@ def resolve_gates(gates: list[Gate], cfg: RunConfig, p: Plan) -> list[Gate]:
             continue
         if spec is None:
             raise UserError(f"gate on {gate.task!r} at length {gate.length}: the config has no long_context")
-        length = p.deployment_length if gate.length is None else (
-            cfg.budget.context_len if gate.length == "budget" else gate.length)
+        length = (
+            p.deployment_length
+            if gate.length is None
+            else (cfg.budget.context_len if gate.length == "budget" else gate.length)
+        )
         if length not in p.lengths:
-            raise UserError(f"gate on {gate.task!r} at length {length}: not one of long_context's lengths "
-                            f"{p.lengths} (capped at the model's {p.model_max} tokens)")
+            raise UserError(
+                f"gate on {gate.task!r} at length {length}: not one of long_context's lengths "
+                f"{p.lengths} (capped at the model's {p.model_max} tokens)"
+            )
         names = families if gate.task == "all" else [gate.task]
         if any(n not in families for n in names):
-            raise UserError(f"gate at length {length}: {gate.task!r} is not a long-context task of this config "
-                            f"({', '.join(families)})")
+            raise UserError(
+                f"gate at length {length}: {gate.task!r} is not a long-context task of this config "
+                f"({', '.join(families)})"
+            )
         out += [gate.model_copy(update={"task": f"{n}_{length}", "length": length}) for n in names]
     return out
 

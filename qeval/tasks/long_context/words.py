@@ -25,8 +25,14 @@ OBJECTS = (
     "quilt barometer loom"
 ).split()
 COLOURS = "red blue green yellow grey white black brown silver golden".split()
-WEATHER = ("rain fell all morning", "the wind came from the sea", "the sky was clear and cold",
-           "a thick fog covered the valley", "snow lay on the hills", "the afternoon was warm and still")
+WEATHER = (
+    "rain fell all morning",
+    "the wind came from the sea",
+    "the sky was clear and cold",
+    "a thick fog covered the valley",
+    "snow lay on the hills",
+    "the afternoon was warm and still",
+)
 ADJECTIVES = (
     "amber brave calm damp eager faint gentle hollow icy jolly keen lively misty narrow odd pale quiet "
     "rapid shy tidy upset vivid wary young zesty bitter clever dusty empty fancy"
@@ -36,15 +42,26 @@ NOUNS = (
     "orchard pepper quarry river saddle tunnel umbrella valley window yacht zebra blanket cabbage dolphin"
 ).split()
 #: Mohtashami & Jaggi (2023), "Landmark Attention", appendix: the passkey retrieval prompt
-PASSKEY_HEADER = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
-                  "I will quiz you about the important information there.")
-PASSKEY_FILLER = ("The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.",
-                  "There and back again.")
+PASSKEY_HEADER = (
+    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
+    "I will quiz you about the important information there."
+)
+PASSKEY_FILLER = (
+    "The grass is green.",
+    "The sky is blue.",
+    "The sun is yellow.",
+    "Here we go.",
+    "There and back again.",
+)
 PASSKEY_NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key."
 PASSKEY_QUESTION = "What is the pass key? The pass key is"
 #: RULER (Hsieh et al. 2024, NVIDIA/RULER, as in lm-eval's ruler tasks): the multi-key needle prompt
-MULTIKEY_HEADER = ("Some special magic numbers are hidden within the following text. Make sure to memorize it. "
-                   "I will quiz you about the numbers afterwards.")
+MULTIKEY_HEADER = (
+    "Some special magic numbers are hidden within the following text. Make sure to memorize it. "
+    "I will quiz you about the numbers afterwards."
+)
 MULTIKEY_NEEDLE = "One of the special magic numbers for {key} is: {value}."
-MULTIKEY_QUESTION = ("What are all the special magic numbers for {key} mentioned in the provided text? "
-                     "The special magic number for {key} mentioned in the provided text is")
+MULTIKEY_QUESTION = (
+    "What are all the special magic numbers for {key} mentioned in the provided text? "
+    "The special magic number for {key} mentioned in the provided text is"
+)

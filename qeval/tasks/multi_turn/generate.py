@@ -9,15 +9,37 @@ from typing import Any
 
 from qeval.tasks.long_context.prose import chronicle
 
-ENTITIES = ("locker", "room", "badge", "parcel", "ticket", "table", "gate", "seat", "order", "account", "bus",
-            "case", "cabin", "desk", "bike", "box")
-FILLER_ASKS = ("Tell me a bit more of the story.", "What happened next?", "Go on, please.",
-               "And then?", "Tell me something else from the chronicle.")
+ENTITIES = (
+    "locker",
+    "room",
+    "badge",
+    "parcel",
+    "ticket",
+    "table",
+    "gate",
+    "seat",
+    "order",
+    "account",
+    "bus",
+    "case",
+    "cabin",
+    "desk",
+    "bike",
+    "box",
+)
+FILLER_ASKS = (
+    "Tell me a bit more of the story.",
+    "What happened next?",
+    "Go on, please.",
+    "And then?",
+    "Tell me something else from the chronicle.",
+)
 ACK = "Noted."
 
 
-def conversation(rng: random.Random, turn: int, facts: int, filler_words: int,
-                 system_prompt: str) -> tuple[list[dict[str, str]], list[dict[str, str]], str]:
+def conversation(
+    rng: random.Random, turn: int, facts: int, filler_words: int, system_prompt: str
+) -> tuple[list[dict[str, str]], list[dict[str, str]], str]:
     """(the messages up to the question, the same conversation without filler, the answer)."""
     entities = rng.sample(ENTITIES, facts)
     values = [str(v) for v in rng.sample(range(100, 1000), facts)]
@@ -31,7 +53,9 @@ def conversation(rng: random.Random, turn: int, facts: int, filler_words: int,
         words: list[str] = []
         while len(words) < filler_words:
             words += next(story).split()
-        filler += [{"role": "user", "content": rng.choice(FILLER_ASKS)},
-                   {"role": "assistant", "content": " ".join(words) if words else "Sure."}]
+        filler += [
+            {"role": "user", "content": rng.choice(FILLER_ASKS)},
+            {"role": "assistant", "content": " ".join(words) if words else "Sure."},
+        ]
     question = [{"role": "user", "content": f"What is my {entities[ask]} number? Answer with the number only."}]
     return head + filler + question, head + question, values[ask]

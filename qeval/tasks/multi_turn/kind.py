@@ -41,10 +41,11 @@ def score(ctx: Scoring, names: list[str]) -> None:
     tasks = {t.name: t for t in build_tasks(ctx.cfg, spec) if t.name in names}
     for name, task in tasks.items():
         if task.fingerprint != ctx.key_parts[name].get("task"):
-            raise RuntimeError(f"multi-turn task {name}: the conversations generated in the worker differ from "
-                               "preflight's (a different tokenizer or chat template in this environment?)")
+            raise RuntimeError(
+                f"multi-turn task {name}: the conversations generated in the worker differ from "
+                "preflight's (a different tokenizer or chat template in this environment?)"
+            )
     score_each(ctx, (tasks[n] for n in names))
 
 
-KIND = TaskKind(name=NAME, expand=expand, score=score, results=attach_multi_turn, report=SECTION,
-                spec=MultiTurnSpec)
+KIND = TaskKind(name=NAME, expand=expand, score=score, results=attach_multi_turn, report=SECTION, spec=MultiTurnSpec)

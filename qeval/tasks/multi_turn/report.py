@@ -43,11 +43,13 @@ def turn_rows(results: Results, esc: Escape) -> tuple[list[str], list[list[str]]
 def legend(results: Results) -> str:
     info = results.multi_turn
     assert info is not None
-    return (f"{info.samples} conversations per turn (seed {info.seed}, {info.facts} facts in turn 1, "
-            f"{info.filler_words} words per filler answer). Accuracy: exact match of the number asked for; Δ: "
-            "setup minus baseline in points, paired by conversation [95% Newcombe interval], with the gate's "
-            "verdict where a gate applies; KL(baseline || setup) per token of the baseline's answer, teacher-forced "
-            f"(with generation_divergence). {info.source}.")
+    return (
+        f"{info.samples} conversations per turn (seed {info.seed}, {info.facts} facts in turn 1, "
+        f"{info.filler_words} words per filler answer). Accuracy: exact match of the number asked for; Δ: "
+        "setup minus baseline in points, paired by conversation [95% Newcombe interval], with the gate's "
+        "verdict where a gate applies; KL(baseline || setup) per token of the baseline's answer, teacher-forced "
+        f"(with generation_divergence). {info.source}."
+    )
 
 
 def markdown_section(results: Results, esc: Escape) -> list[str]:
@@ -87,5 +89,6 @@ def _figures(results: Results) -> dict[str, Callable[[Results], Any]]:
     return {"Multi-turn probes: accuracy against question turn": accuracy_by_turn_figure}
 
 
-SECTION = ReportSection(title="Multi-turn probes", anchor="multi-turn", markdown=markdown_section,
-                        tables=html_tables, figures=_figures)
+SECTION = ReportSection(
+    title="Multi-turn probes", anchor="multi-turn", markdown=markdown_section, tables=html_tables, figures=_figures
+)

@@ -18,39 +18,63 @@ if TYPE_CHECKING:
     from qeval.records.preflight import Preflight
     from qeval.records.store import RunStore
 
-SOURCE = ("Generated in memory by qeval/tasks/multi_turn (no download): a system message, facts (a few "
-          "'My <thing> number is <n>.') in the first user turn, filler exchanges of generated prose, then a "
-          "question about one fact, rendered with the model's chat template")
+SOURCE = (
+    "Generated in memory by qeval/tasks/multi_turn (no download): a system message, facts (a few "
+    "'My <thing> number is <n>.') in the first user turn, filler exchanges of generated prose, then a "
+    "question about one fact, rendered with the model's chat template"
+)
 
 
 def attach_multi_turn(results: Results, pre: Preflight, store: RunStore) -> Results:
     """`results` with its multi-turn block, when the run generated multi-turn tasks."""
     spec = spec_of(pre.cfg)
-    tasks = sorted((t for t in pre.tasks if isinstance(t, MultiTurnTask) and t.name in results.tasks),
-                   key=lambda t: t.turn)
+    tasks = sorted(
+        (t for t in pre.tasks if isinstance(t, MultiTurnTask) and t.name in results.tasks), key=lambda t: t.turn
+    )
     if spec is None or not tasks:
         return results
-    setups = {s.name: [_point(s, t, store) for t in tasks if t.name in s.tasks] for s in results.setups
-              if s.status == "ok"}
-    info = MultiTurnInfo(turns=[t.turn for t in tasks], tasks={str(t.turn): t.name for t in tasks}, seed=spec.seed,
-                         samples=spec.samples, facts=spec.facts, filler_words=spec.filler_words, source=SOURCE,
-                         setups=setups)
+    setups = {
+        s.name: [_point(s, t, store) for t in tasks if t.name in s.tasks] for s in results.setups if s.status == "ok"
+    }
+    info = MultiTurnInfo(
+        turns=[t.turn for t in tasks],
+        tasks={str(t.turn): t.name for t in tasks},
+        seed=spec.seed,
+        samples=spec.samples,
+        facts=spec.facts,
+        filler_words=spec.filler_words,
+        source=SOURCE,
+        setups=setups,
+    )
     return results.model_copy(update={"multi_turn": info})
 
 
 def _point(s: SetupResult, task: MultiTurnTask, store: RunStore) -> TurnPoint:
     score = s.tasks[task.name].metrics.get("exact_match")
-    p = TurnPoint(turn=task.turn, task=task.name, documents=len(task.docs),
-                  gap_tokens=float(np.mean([d["gap_tokens"] for d in task.docs])),
-                  accuracy=None if score is None else score.value)
+    p = TurnPoint(
+        turn=task.turn,
+        task=task.name,
+        documents=len(task.docs),
+        gap_tokens=float(np.mean([d["gap_tokens"] for d in task.docs])),
+        accuracy=None if score is None else score.value,
+    )
     c = s.vs_baseline.get(task.name)
     if c is not None and not s.baseline:
         p = p.model_copy(update={"delta": c.delta, "ci": c.ci, "p_value": c.p_value, "verdict": c.verdict})
     if not s.baseline:
-        sums = [b for r in store.read_samples(s.name, task.name) if r.get(RECORD_KEY)
-                for b in r[RECORD_KEY]["buckets"] if "kl" in b]
+        sums = [
+            b
+            for r in store.read_samples(s.name, task.name)
+            if r.get(RECORD_KEY)
+            for b in r[RECORD_KEY]["buckets"]
+            if "kl" in b
+        ]
         tokens = sum(b["tokens"] for b in sums)
         if tokens:
-            p = p.model_copy(update={"kl": sum(b["kl"] for b in sums) / tokens,
-                                     "top1_agreement": sum(b["top1"] for b in sums) / tokens})
+            p = p.model_copy(
+                update={
+                    "kl": sum(b["kl"] for b in sums) / tokens,
+                    "top1_agreement": sum(b["top1"] for b in sums) / tokens,
+                }
+            )
     return p

@@ -58,8 +58,9 @@ def build_tasks(cfg: RunConfig, spec: MultiTurnSpec) -> list[MultiTurnTask]:
     from qeval.tasks.chat import ChatResolver
 
     resolver = ChatResolver(cfg.model)
-    chat = resolver(ChatChoice(template=spec.chat_template, system_prompt=None, fewshot_as_multiturn=False),
-                    f"kinds.{NAME}")
+    chat = resolver(
+        ChatChoice(template=spec.chat_template, system_prompt=None, fewshot_as_multiturn=False), f"kinds.{NAME}"
+    )
     assert chat is not None and chat.template is not None
     count = conventions(resolver.tokenizer()).prompt
     out = []
@@ -70,23 +71,44 @@ def build_tasks(cfg: RunConfig, spec: MultiTurnSpec) -> list[MultiTurnTask]:
         for i in range(spec.samples):
             messages, bare, answer = conversation(rng, turn, spec.facts, spec.filler_words, spec.system_prompt)
             prompt = chat.apply(messages)
-            docs.append({"id": f"t{turn}-{i:03d}", "text": prompt, "answer": answer, "turn": turn,
-                         "gap_tokens": len(count(prompt)) - len(count(chat.apply(bare)))})
+            docs.append(
+                {
+                    "id": f"t{turn}-{i:03d}",
+                    "text": prompt,
+                    "answer": answer,
+                    "turn": turn,
+                    "gap_tokens": len(count(prompt)) - len(count(chat.apply(bare))),
+                }
+            )
         longest = max(len(count(d["text"])) for d in docs)
         if longest + spec.max_gen_toks > cfg.model.max_context:
-            raise UserError(f"kinds.{NAME}: a conversation at turn {turn} takes {longest} tokens, more than "
-                            f"model.max_context {cfg.model.max_context} leaves with max_gen_toks {spec.max_gen_toks} "
-                            "(fewer turns or filler_words)")
+            raise UserError(
+                f"kinds.{NAME}: a conversation at turn {turn} takes {longest} tokens, more than "
+                f"model.max_context {cfg.model.max_context} leaves with max_gen_toks {spec.max_gen_toks} "
+                "(fewer turns or filler_words)"
+            )
         name = task_name(turn)
-        meta = {"turn": turn, "seed": spec.seed, "generator": GENERATOR_VERSION, "facts": spec.facts,
-                "filler_words": spec.filler_words}
-        task_spec = TaskSpec(task=name, output_type="generate_until", doc_to_text="text", doc_to_target="answer",
-                             generation_kwargs=GenerationKwargs(until=["\n"], max_gen_toks=spec.max_gen_toks),
-                             answer_regex=r"(\d+)", metadata=meta)
+        meta = {
+            "turn": turn,
+            "seed": spec.seed,
+            "generator": GENERATOR_VERSION,
+            "facts": spec.facts,
+            "filler_words": spec.filler_words,
+        }
+        task_spec = TaskSpec(
+            task=name,
+            output_type="generate_until",
+            doc_to_text="text",
+            doc_to_target="answer",
+            generation_kwargs=GenerationKwargs(until=["\n"], max_gen_toks=spec.max_gen_toks),
+            answer_regex=r"(\d+)",
+            metadata=meta,
+        )
         digest = hashlib.sha256(json.dumps(docs, sort_keys=True).encode()).hexdigest()
         docs = docs[: cfg.limit] if cfg.limit else docs  # `limit` scores the first; the checksum covers all
-        out.append(MultiTurnTask(spec=task_spec, yaml_path=Path(f"<{NAME}>/{name}"), docs=docs, sha256=digest,
-                                 turn=turn))
+        out.append(
+            MultiTurnTask(spec=task_spec, yaml_path=Path(f"<{NAME}>/{name}"), docs=docs, sha256=digest, turn=turn)
+        )
     return out
 
 

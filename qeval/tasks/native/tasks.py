@@ -49,8 +49,10 @@ class GenerationKwargs(Strict):
     def _sampling(self) -> GenerationKwargs:
         knobs = [k for k in ("temperature", "top_p", "top_k") if getattr(self, k) is not None]
         if not self.do_sample and (knobs or self.from_model_card):
-            raise ValueError(f"generation_kwargs: {(knobs or ['from_model_card'])[0]} needs do_sample: true "
-                             "(greedy decoding ignores it)")
+            raise ValueError(
+                f"generation_kwargs: {(knobs or ['from_model_card'])[0]} needs do_sample: true "
+                "(greedy decoding ignores it)"
+            )
         if self.do_sample and not self.from_model_card and self.temperature is None:
             raise ValueError("generation_kwargs: do_sample needs a temperature (or from_model_card: true)")
         return self
@@ -88,8 +90,10 @@ class TaskSpec(Strict):
         if sampled and self.output_type != "generate_until":
             raise ValueError("generation_kwargs.do_sample applies to generate_until tasks only")
         if self.repeats > 1 and not sampled:
-            raise ValueError(f"repeats {self.repeats} needs sampling (generation_kwargs.do_sample: true): greedy "
-                             "repeats are identical")
+            raise ValueError(
+                f"repeats {self.repeats} needs sampling (generation_kwargs.do_sample: true): greedy "
+                "repeats are identical"
+            )
         if self.seeds is not None and len(self.seeds) != self.repeats:
             raise ValueError(f"seeds: {len(self.seeds)} given for repeats {self.repeats}")
         over_repeats = [m.get("metric") for m in self.metric_list if m.get("metric") in ("pass_at_k", "maj_at_k")]
@@ -258,9 +262,7 @@ def load_task(name: str, tasks_dir: Path, limit: int | None = None) -> Task:
         raise UserError(f"{path}: {first_error(exc)}") from None
     docs, digest = _load_docs(spec, path)
     if spec.dataset_sha256 and digest != spec.dataset_sha256:
-        raise UserError(
-            f"{path}: dataset checksum mismatch (expected {spec.dataset_sha256[:12]}…, got {digest[:12]}…)"
-        )
+        raise UserError(f"{path}: dataset checksum mismatch (expected {spec.dataset_sha256[:12]}…, got {digest[:12]}…)")
     if not docs:
         raise UserError(f"{path}: the task has no documents: nothing to score or compare")
     task = Task(spec=spec, yaml_path=path, docs=docs[:limit] if limit else docs, sha256=digest)
@@ -309,8 +311,10 @@ def _check_docs(task: Task) -> None:
     for i, doc in enumerate(task.docs):
         doc_id = task.doc_id(i)
         if doc_id in seen:
-            raise UserError(f"{task.yaml_path}: documents {seen[doc_id]} and {i} share the id {doc_id!r} "
-                            f"({task.spec.doc_id_field}); ids must be unique for the paired comparison")
+            raise UserError(
+                f"{task.yaml_path}: documents {seen[doc_id]} and {i} share the id {doc_id!r} "
+                f"({task.spec.doc_id_field}); ids must be unique for the paired comparison"
+            )
         seen[doc_id] = i
         try:
             task.text(doc)
@@ -318,5 +322,6 @@ def _check_docs(task: Task) -> None:
         except SecurityError as exc:
             raise UserError(f"{task.yaml_path}: document {i}: template refused by the sandbox ({exc})") from None
         except Exception as exc:  # noqa: BLE001 - a template is untrusted code: whatever it raises is one line
-            raise UserError(f"{task.yaml_path}: document {i} ({doc_id}): {type(exc).__name__}: "
-                            f"{str(exc)[:200]}") from None
+            raise UserError(
+                f"{task.yaml_path}: document {i} ({doc_id}): {type(exc).__name__}: {str(exc)[:200]}"
+            ) from None
