@@ -184,8 +184,8 @@ def main() -> None:
 
     def ours_throughput() -> tuple[float, float]:
         wl = Workload(args.input_len, args.output_len, n, (n,), 1, 0, args.seed)
-        f = summarize(perf_vllm.measure(llm, wl), wl)[0]["figures"]
-        return f["requests_per_s"]["median"], f["output_tokens_per_s"]["median"]
+        f = summarize(perf_vllm.measure(llm, wl), wl)[0].figures
+        return f["requests_per_s"].median, f["output_tokens_per_s"].median
 
     def bench_throughput() -> tuple[float, float]:
         with engine_for_bench(llm):
@@ -195,8 +195,8 @@ def main() -> None:
 
     def ours_latency() -> float:
         wl = Workload(args.input_len, args.output_len, b * k, (b,), 1, 0, args.seed)
-        f = summarize(perf_vllm.measure(llm, wl), wl)[0]["figures"]
-        return b / f["requests_per_s"]["median"]  # mean wall time of a wave of b requests
+        f = summarize(perf_vllm.measure(llm, wl), wl)[0].figures
+        return b / f["requests_per_s"].median  # mean wall time of a wave of b requests
 
     def bench_latency() -> float:
         with engine_for_bench(llm), latency_vocab(vocab):

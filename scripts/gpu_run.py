@@ -393,16 +393,18 @@ def performance(
     from qeval.config.performance import PerfSpec
     from qeval.memory.capacity import GIB, Budget
     from qeval.memory.figures import memory_block
+    from qeval.memory.layouts import KvAccounting
     from qeval.perf.block import performance_block
     from qeval.perf.phase import summarize
+    from qeval.records.job import MemoryFigure, PhaseRecord
     from qeval.results.performance import Ceilings
 
     measured = {
-        "weights_bytes": {"measured": weights_bytes, "source": "gpu_memory: loaded tensors"},
-        "kv_bytes_per_token": {"measured": kv_per_token, "source": "gpu_memory: one real sequence"},
+        "weights_bytes": MemoryFigure(weights_bytes, "gpu_memory: loaded tensors"),
+        "kv_bytes_per_token": MemoryFigure(kv_per_token, "gpu_memory: one real sequence"),
     }
     budget = Budget(gpu_memory_gib=capacity / GIB, context_len=budget_context)
-    memory = memory_block(setup, measured, shape, dtype, device, budget, "")
+    memory = memory_block(setup, measured, shape, dtype, device, budget, "", KvAccounting("hf"))
     spec = PerfSpec(num_requests=1, concurrency=[1, "max"], **spec_fields)
     conc = float(fit) if fit else memory.max_concurrency
     levels, why = resolve_levels(spec, conc, None)
@@ -410,15 +412,15 @@ def performance(
     workload = workload_for(spec, levels, why, seed=1234)
     t0 = time.time()
     m = perf_hf.measure(model, NoTokenizer(), lambda: kv_cache.new_cache(model.config, setup), device, workload)
-    stored = {
-        "key": "gpu-run",
-        "status": "ok",
-        "workload": workload.as_dict(),
-        "levels": summarize(m, workload),
-        "notes": m.notes,
-        "budget_concurrency": conc,
-        "seconds": round(time.time() - t0, 2),
-    }
+    stored = PhaseRecord(
+        key="gpu-run",
+        status="ok",
+        workload=workload.as_dict(),
+        levels=summarize(m, workload),
+        notes=m.notes,
+        budget_concurrency=conc,
+        seconds=round(time.time() - t0, 2),
+    )
     ceil = Ceilings.model_validate(ceilings_probe) if ceilings_probe and not ceilings_probe.get("error") else None
     perf, flags = performance_block(setup, stored, "gpu-run", memory, shape, dtype, ceil)
     assert perf is not None

@@ -309,12 +309,12 @@ def test_a_sequential_run_stops_decided_cells_and_reports_where(tmp_path: Path) 
     keys["sequential"] = {"enabled": True, "min_docs": 8, "chunk_docs": 4, "seed": 1}
     cfg = make_config(tmp_path, **keys)
     out = tmp_path / "out"
-    res = run_cli("run", str(cfg), "--output", str(out), "--setups", "int8,kv2")
+    res = run_cli("run", str(cfg), "--output", str(out), "--setups", "int8")  # one cell: CI's minutes
     assert res.returncode == 0, res.stderr[-3000:]
     r = json.loads((out / "results.json").read_text())
     seq = r["sequential"]
-    assert {c["task"] for c in seq["cells"]} == {"arc_easy_local"} and len(seq["cells"]) == 2
-    assert seq["cell_level"] == pytest.approx(0.05 / 2)
+    assert {c["task"] for c in seq["cells"]} == {"arc_easy_local"} and len(seq["cells"]) == 1
+    assert seq["cell_level"] == pytest.approx(0.05 / 2)  # split over the config's cells, not this invocation's
     assert set(seq["not_sequential"]) == {"mmlu_local", "wikitext_local"}
     md = (out / "report.md").read_text()
     decided = 0
@@ -349,7 +349,7 @@ def test_a_sequential_run_stops_decided_cells_and_reports_where(tmp_path: Path) 
     frame = load_run(out).sequential()
     assert len(frame) == sum(len(c["looks"]) for c in seq["cells"])
 
-    again = run_cli("run", str(cfg), "--output", str(out), "--setups", "int8,kv2")
+    again = run_cli("run", str(cfg), "--output", str(out), "--setups", "int8")
     assert again.returncode == 0, again.stderr[-2000:]
-    assert again.stderr.count("skipped") == 3 and "lm-eval tasks" not in again.stderr  # nothing scored again
+    assert again.stderr.count("skipped") == 2 and "lm-eval tasks" not in again.stderr  # nothing scored again
     assert json.loads((out / "results.json").read_text())["sequential"] == seq
