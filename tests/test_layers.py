@@ -13,6 +13,7 @@ QEVAL = ROOT / "qeval"
 #: §2a's order, lowest first; packages on one row are peers and may not import each other
 LAYERS = [
     ["errors", "strict", "version"],
+    ["plugins"],
     ["files"],
     ["config"],
     ["workload"],

@@ -17,7 +17,6 @@ Importing this is cheap, and so is every entry module: an entry imports its engi
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
 from qeval.errors import UserError
+from qeval.plugins import load_entry
 
 if TYPE_CHECKING:
     from qeval.backends.base import Backend
@@ -81,17 +81,6 @@ class BackendEntry:
     serves_goodput: Callable[[RunConfig], bool] = lambda cfg: False
 
 
-def _load(ref: str) -> BackendEntry:
-    module, _, attr = ref.partition(":")
-    try:
-        entry = getattr(importlib.import_module(module), attr or "BACKEND")
-    except (ImportError, AttributeError) as exc:
-        raise UserError(f"backend {ref}: cannot be loaded ({type(exc).__name__}: {exc})") from None
-    if not isinstance(entry, BackendEntry):
-        raise UserError(f"backend {ref}: is a {type(entry).__name__}, not a qeval.backends.BackendEntry")
-    return entry
-
-
 @cache
 def _registered(env: str) -> dict[str, BackendEntry]:
     refs = list(BUILT_IN)
@@ -99,7 +88,7 @@ def _registered(env: str) -> dict[str, BackendEntry]:
     refs += [r.strip() for r in env.split(",") if r.strip()]
     backends: dict[str, BackendEntry] = {}
     for ref in dict.fromkeys(refs):
-        entry = _load(ref)
+        entry = load_entry(ref, "backend", "BACKEND", BackendEntry)
         if entry.name in backends and backends[entry.name] is not entry:
             raise UserError(f"backend {entry.name!r} is registered twice ({ref})")
         backends[entry.name] = entry

@@ -20,7 +20,6 @@ under `kinds: {<name>: ...}` in the run config, validated against the entry's `s
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qeval.errors import UserError
+from qeval.plugins import load_entry
 from qeval.tasks.scoring import TaskResult, n_requests, score_task
 
 if TYPE_CHECKING:
@@ -113,17 +113,6 @@ class TaskKind:
     spec: type[BaseModel] | None = None
 
 
-def _load(ref: str) -> TaskKind:
-    module, _, attr = ref.partition(":")
-    try:
-        entry = getattr(importlib.import_module(module), attr or "KIND")
-    except (ImportError, AttributeError) as exc:
-        raise UserError(f"task kind {ref}: cannot be loaded ({type(exc).__name__}: {exc})") from None
-    if not isinstance(entry, TaskKind):
-        raise UserError(f"task kind {ref}: is a {type(entry).__name__}, not a qeval.tasks.kinds.TaskKind")
-    return entry
-
-
 @cache
 def _registered(env: str) -> tuple[TaskKind, ...]:
     refs = list(BUILT_IN)
@@ -131,7 +120,7 @@ def _registered(env: str) -> tuple[TaskKind, ...]:
     refs += [r.strip() for r in env.split(",") if r.strip()]
     kinds: dict[str, TaskKind] = {}
     for ref in dict.fromkeys(refs):
-        entry = _load(ref)
+        entry = load_entry(ref, "task kind", "KIND", TaskKind)
         if entry.name in kinds and kinds[entry.name] is not entry:
             raise UserError(f"task kind {entry.name!r} is registered twice ({ref})")
         kinds[entry.name] = entry
