@@ -37,7 +37,10 @@ def memory_block(
     def fig(name: str, predicted: int | None = None) -> Figure:
         m = measured.get(name, _NOT_MEASURED)
         return Figure(
-            measured=m.measured, predicted=predicted, source=m.source, **m.extra if name == "peak_bytes" else {}
+            measured=m.measured,
+            predicted=predicted,
+            source=m.source,
+            **({"reserved_peak": m.reserved_peak} if name == "peak_bytes" and m.reserved_peak is not None else {}),
         )
 
     mem = Memory(
@@ -96,7 +99,7 @@ def _sequence(
     vllm = accounting.vllm or (VLLM_SERVE_GPU if device == "cuda" else VLLM_QEVAL_CPU)
     p = predict_sequence(shape, setup, dtype, budget.context_len, engine, vllm)
     m = measured.get("kv_bytes_per_sequence", _NOT_MEASURED)
-    ok = m.measured is not None and m.extra.get("context") == budget.context_len
+    ok = m.measured is not None and m.context == budget.context_len
     return SequenceKV(
         context=budget.context_len,
         engine=engine,
@@ -117,13 +120,13 @@ def _engine_pool(measured: dict[str, MemoryFigure], share: str) -> EnginePool | 
     if tokens.measured is None:
         return None
     conc = measured.get("max_concurrency", _NOT_MEASURED)
-    lines = [tokens.extra.get("line"), conc.extra.get("line")]
+    lines = [tokens.line, conc.line]
     # the engine's log (in-process vLLM), or where a backend read the pool from (a server's /metrics)
-    where = tokens.extra.get("pool_source") or "vLLM engine log"
+    where = tokens.pool_source or "vLLM engine log"
     return EnginePool(
         kv_cache_tokens=tokens.measured,
         max_concurrency=conc.measured,
-        max_concurrency_context=conc.extra.get("context"),
+        max_concurrency_context=conc.context,
         pool=share,
         source=f"{where}: " + "; ".join(x for x in lines if x),
     )

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.dataclasses import dataclass
 
 from qeval.errors import UserError
@@ -62,7 +62,24 @@ class MemoryFigure:
 
     measured: int | float | None
     source: str
-    extra: dict[str, Any] = Field(default_factory=dict)
+    #: the CUDA allocator's reserved peak, beside an allocated `peak_bytes`
+    reserved_peak: int | None = None
+    #: the sequence length a per-sequence figure or an engine's concurrency is for
+    context: int | None = None
+    #: the engine log line (or /metrics sample) the figure was read from
+    line: str | None = None
+    #: the log lines a derived figure was computed from
+    lines: list[str] | None = None
+    #: where an engine's KV pool was read, when not its own log (a server's /metrics)
+    pool_source: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flatten_extra(cls, data: Any) -> Any:
+        """An outcome written before these fields were typed kept them under `extra`."""
+        if isinstance(data, dict) and isinstance(data.get("extra"), dict):
+            data = {k: v for k, v in data.items() if k != "extra"} | data["extra"]
+        return data
 
 
 class StoredLevel(BaseModel):

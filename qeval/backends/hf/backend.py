@@ -469,7 +469,7 @@ class HFBackend:
             figures["peak_bytes"] = MemoryFigure(
                 int(torch.cuda.max_memory_allocated()),
                 "torch.cuda.max_memory_allocated",
-                {"reserved_peak": int(torch.cuda.max_memory_reserved())},
+                reserved_peak=int(torch.cuda.max_memory_reserved()),
             )
             figures["activations_bytes"] = MemoryFigure(
                 int(torch.cuda.max_memory_allocated()) - figures["weights_bytes"].measured,  # type: ignore[operator]
@@ -522,7 +522,7 @@ class HFBackend:
             cache_storage_bytes(cache),
             f"storage the cache pins after a {n - 1}-token prefill and one "
             "decode step (one sequence of budget.context_len)",
-            {"context": n},
+            context=n,
         )
 
     def _measure_kv_per_token(self, n: int = 64) -> int:

@@ -217,7 +217,7 @@ class OpenAIBackend:
             MemoryFigure(
                 round(kv["value"] / tokens["value"]),
                 "launched vLLM server's log: KV cache GiB / KV cache tokens (GiB rounded to 0.01 in the log)",
-                {"lines": [kv["line"], tokens["line"]]},
+                lines=[kv["line"], tokens["line"]],
             )
             if kv and tokens
             else metrics.not_measured("the server reports no KV bytes per token")

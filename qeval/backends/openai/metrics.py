@@ -64,11 +64,12 @@ def server_figures(metrics_text: str | None, max_model_len: int) -> dict[str, Me
     if usage:
         line += f"; vllm:kv_cache_usage_perc={max(usage):g} after scoring"
     source = "server /metrics: vllm:cache_config_info num_gpu_blocks x block_size"
-    figures = {"kv_cache_tokens": MemoryFigure(tokens, source, {"line": line, "pool_source": "server /metrics"})}
+    figures = {"kv_cache_tokens": MemoryFigure(tokens, source, line=line, pool_source="server /metrics")}
     figures["max_concurrency"] = MemoryFigure(
         round(tokens / max_model_len, 2),
         f"{source} / max_model_len {max_model_len}",
-        {"line": f"tokens {tokens} / max_model_len {max_model_len}", "context": max_model_len},
+        line=f"tokens {tokens} / max_model_len {max_model_len}",
+        context=max_model_len,
     )
     if usage:
         figures["kv_cache_usage"] = MemoryFigure(max(usage), "server /metrics: vllm:kv_cache_usage_perc (0..1)")

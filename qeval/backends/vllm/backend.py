@@ -209,16 +209,14 @@ class VLLMBackend:
         figures["kv_bytes_per_token"] = MemoryFigure(
             per_token,
             "vLLM log: KV cache GiB / KV cache tokens (GiB rounded to 0.01 in the log)",
-            {"lines": [kv["line"], tokens["line"]]} if kv and tokens else {},
+            lines=[kv["line"], tokens["line"]] if kv and tokens else None,
         )
         if tokens:
-            figures["kv_cache_tokens"] = MemoryFigure(
-                tokens["value"], "vLLM log: 'KV cache size'", {"line": tokens["line"]}
-            )
+            figures["kv_cache_tokens"] = MemoryFigure(tokens["value"], "vLLM log: 'KV cache size'", line=tokens["line"])
         conc = found.get("max_concurrency")
         if conc:
             figures["max_concurrency"] = MemoryFigure(
-                conc["value"], "vLLM log: 'Maximum concurrency'", {"line": conc["line"], "context": conc["context"]}
+                conc["value"], "vLLM log: 'Maximum concurrency'", line=conc["line"], context=conc["context"]
             )
         proc = psutil.Process()
         family = [proc, *proc.children(recursive=True)]
