@@ -20,6 +20,7 @@ serve     `recommend_by: goodput` only: every setup that scored served on the wo
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from qeval.analysis.sequential_run import plan as sequential_plan
 from qeval.analysis.sequential_run import with_keys as sequential_keys
 from qeval.backends import backend_entry
 from qeval.config import RunConfig
+from qeval.config.executor import ExecutorSpec
 from qeval.config.setups import Setup
 from qeval.errors import UserError
 from qeval.files.atomic import atomic_write_bytes, atomic_write_json
@@ -50,7 +52,7 @@ from qeval.run.executors import open_executor
 from qeval.run.executors.resources import job_resources
 from qeval.run.executors.worker_job import WorkerJob
 from qeval.run.preflight import advised_names, preflight
-from qeval.run.rundir import take_run_dir
+from qeval.run.rundir import RunDirLock, take_run_dir
 from qeval.run.serving import serve_workload
 from qeval.tasks.kinds import report_sections, results_blocks
 from qeval.version import __version__
@@ -86,19 +88,48 @@ class PreparedRun:
 def run(cfg: RunConfig, opts: RunOptions) -> Results:
     """Run every setup of `cfg` and write RUN_DIR; returns the assembled results."""
     pre = check(cfg, opts)
-    with open_executor(pre.cfg.executor) as executor:
-        lock = take_run_dir(opts.output, pre.cfg.name, opts.force)
+    return execute([(pre, opts, "")], pre.cfg.executor, opts.force)[0]
+
+
+def execute(
+    runs: list[tuple[Preflight, RunOptions, str]],
+    spec: ExecutorSpec,
+    force: bool,
+    outer: tuple[Path, str] | None = None,
+    after: Callable[[list[PreparedRun], list[Results]], None] | None = None,
+) -> list[Results]:
+    """The one orchestration of `qeval run` and of a sweep (qeval/sweep/run.py): each checked run
+    (preflight, options, job-id prefix) takes its directory (after `outer`'s, a sweep's root) and
+    prepares its jobs; all of them go to one executor together; then each run is finished, and
+    `after` runs while the directories are still held (a sweep's summary). Each run's summary is
+    printed at the end, in order."""
+    locks: list[RunDirLock] = []
+    with open_executor(spec) as executor:
         try:
-            prepared = prepare(pre, opts)
-            executor.run(prepared.jobs)
-            results = finish(prepared)
+            if outer is not None:
+                locks.append(take_run_dir(outer[0], outer[1], force))
+            prepared = []
+            for pre, opts, prefix in runs:
+                locks.append(take_run_dir(opts.output, pre.cfg.name, force))
+                prepared.append(prepare(pre, opts, prefix))
+            executor.run([job for p in prepared for job in p.jobs])
+            results = [finish(p) for p in prepared]
+            if after is not None:
+                after(prepared, results)
         finally:
-            lock.release()
+            for lock in reversed(locks):
+                lock.release()
+    for one in results:
+        _announce(one)
+    return results
+
+
+def _announce(results: Results) -> None:
+    """The summary table; under recommend_by goodput each setup's tuned command, ready to paste."""
     print_summary(results)
-    if results.serving is not None:  # recommend_by goodput: each setup's tuned command, ready to paste
+    if results.serving is not None:
         for row in results.serving.setups:
             print(f"{row.setup}: {row.serve_command}")
-    return results
 
 
 def check(cfg: RunConfig, opts: RunOptions) -> Preflight:

@@ -16,12 +16,9 @@ from qeval.errors import UserError
 from qeval.files.atomic import atomic_write_bytes
 from qeval.records.preflight import Preflight
 from qeval.records.provenance import now_iso
-from qeval.report.markdown import print_summary
 from qeval.results.schema import Results
-from qeval.run.executors import open_executor
 from qeval.run.preflight import advised_names
-from qeval.run.rundir import RunDirLock, take_run_dir
-from qeval.run.runner import RunOptions, check, finish, prepare
+from qeval.run.runner import PreparedRun, RunOptions, check, execute
 from qeval.sweep.config import Sweep
 from qeval.sweep.report import write_sweep_report
 from qeval.sweep.summary import summarize
@@ -40,26 +37,17 @@ def run_sweep(sweep: Sweep, opts: RunOptions) -> dict[str, Results]:
         mopts = replace(opts, output=model_dir(opts.output, name), setups=_setups_of(sweep, name, opts.setups))
         checked[name] = (check(cfg, mopts), mopts)
     spec = next(iter(checked.values()))[0].cfg.executor
-    locks: list[RunDirLock] = []
-    with open_executor(spec) as executor:
-        try:
-            locks.append(take_run_dir(opts.output, sweep.name, opts.force))
-            prepared = {}
-            for name, (pre, mopts) in checked.items():
-                locks.append(take_run_dir(mopts.output, pre.cfg.name, opts.force))
-                prepared[name] = prepare(pre, mopts, prefix=f"{name}/")
-            started = now_iso()
-            executor.run([job for p in prepared.values() for job in p.jobs])
-            runs = {name: finish(p) for name, p in prepared.items()}
-            summary = summarize(sweep, runs, {n: p.store for n, p in prepared.items()}, spec.kind, started, now_iso())
-            atomic_write_bytes(opts.output / "sweep.json", (summary.model_dump_json(indent=2) + "\n").encode())
-            write_sweep_report(opts.output, report_sections())
-        finally:
-            for lock in reversed(locks):
-                lock.release()
-    for results in runs.values():
-        print_summary(results)
-    return runs
+
+    def summary(prepared: list[PreparedRun], results: list[Results]) -> None:
+        runs = dict(zip(checked, results, strict=True))
+        stores = {name: p.store for name, p in zip(checked, prepared, strict=True)}
+        done = summarize(sweep, runs, stores, spec.kind, prepared[0].started, now_iso())
+        atomic_write_bytes(opts.output / "sweep.json", (done.model_dump_json(indent=2) + "\n").encode())
+        write_sweep_report(opts.output, report_sections())
+
+    runs = [(pre, mopts, f"{name}/") for name, (pre, mopts) in checked.items()]
+    results = execute(runs, spec, opts.force, outer=(opts.output, sweep.name), after=summary)
+    return dict(zip(checked, results, strict=True))
 
 
 def _setups_of(sweep: Sweep, model: str, names: list[str] | None) -> list[str] | None:
