@@ -181,5 +181,5 @@ def test_a_native_generation_is_scored_after_its_reasoning_block_and_counted_who
     for p, r in zip(plain, records, strict=True):
         assert (r.raw_output, r.generated_tokens) == (p.raw_output, p.generated_tokens)
         scored = strip_thinking(r.raw_output or "", marker)
-        assert (r.response or r.raw_output) == scored and r.prediction == scored.strip()
+        assert (r.raw_output if r.response is None else r.response) == scored and r.prediction == scored.strip()
     assert any(r.response is not None for r in records)
