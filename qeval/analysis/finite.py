@@ -60,7 +60,7 @@ def _worst(value: Any) -> str | None:
         if isinstance(v, Mapping):
             stack.extend(v.values())
         elif isinstance(v, BaseModel):  # a record's nested parts (position buckets)
-            stack.extend(value for _, value in v)
+            stack.extend(x for _, x in v)
         elif isinstance(v, (list, tuple)):
             stack.extend(v)
     return None

@@ -7,7 +7,6 @@ import math
 import re
 import sys
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import numpy as np
 
@@ -68,11 +67,6 @@ def score_task(
     return result
 
 
-def _base_record(task: Task, i: int, doc: dict[str, Any], prompt: str | None = None, **fields: Any) -> SampleRecord:
-    """A document's record: its id and prompt (perplexity: its text), and `fields`."""
-    return SampleRecord(sample_id=task.doc_id(i), prompt=task.text(doc) if prompt is None else prompt, **fields)
-
-
 def _multiple_choice(
     backend: Backend, task: Task, progress: Progress, reference: dict[str, np.ndarray] | None = None
 ) -> TaskResult:
@@ -98,11 +92,9 @@ def _multiple_choice(
         acc.append(pred == gold)
         acc_norm.append(pred_norm == gold)
         records.append(
-            _base_record(
-                task,
-                i,
-                doc,
-                prompts[i],
+            SampleRecord(
+                sample_id=task.doc_id(i),
+                prompt=prompts[i],
                 target=choices[gold],
                 prediction=choices[pred],
                 correct=pred == gold,
@@ -142,11 +134,9 @@ def _generate(backend: Backend, task: Task, progress: Progress) -> TaskResult:
         hits = [p == target for p in preds]
         voted = _majority(preds)
         lengths = [generated_tokens(out) for out in outs]
-        record = _base_record(
-            task,
-            i,
-            doc,
-            prompts[i],
+        record = SampleRecord(
+            sample_id=task.doc_id(i),
+            prompt=prompts[i],
             target=target,
             prediction=preds[0] if len(plans) == 1 else voted,
             raw_output=str(outs[0]),
@@ -194,10 +184,9 @@ def _rolling(backend: Backend, task: Task, progress: Progress, reference: dict[s
     results = backend.loglikelihood_rolling(reqs, progress)
     records = []
     for i, (doc, res) in enumerate(zip(task.docs, results, strict=True)):
-        rec = _base_record(
-            task,
-            i,
-            doc,
+        rec = SampleRecord(
+            sample_id=task.doc_id(i),
+            prompt=task.text(doc),
             target=None,
             prediction=None,
             correct=None,
