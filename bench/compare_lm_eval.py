@@ -209,28 +209,29 @@ def compare(task: str, theirs: dict[str, Any], ours: Any) -> dict[str, Any]:
     metrics_equal = True
     prompts_equal = True
     for rec in ours.records:
-        entries = samples[rec["doc_id"]]
+        entries = samples[rec.doc_id]
         first = entries[0]
-        prompts_equal &= rec["prompt"] == first["arguments"][0][0]
-        if rec.get("loglikelihoods") is not None:
-            diffs += [abs(a - float(r[0][0])) for a, r in zip(rec["loglikelihoods"], first["resps"], strict=True)]
-            magnitudes += [abs(a) for a in rec["loglikelihoods"]]
-        elif rec.get("raw_output") is not None:
-            generations_equal &= rec["raw_output"] == first["resps"][0][0]
-        elif rec.get("nll") is not None:
+        prompts_equal &= rec.prompt == first["arguments"][0][0]
+        if rec.loglikelihoods is not None:
+            diffs += [abs(a - float(r[0][0])) for a, r in zip(rec.loglikelihoods, first["resps"], strict=True)]
+            magnitudes += [abs(a) for a in rec.loglikelihoods]
+        elif rec.raw_output is not None:
+            generations_equal &= rec.raw_output == first["resps"][0][0]
+        elif rec.nll is not None:
             resp = first["resps"][0][0]  # rolling: a float; a single-continuation loglikelihood: (ll, greedy)
-            diffs.append(abs(-rec["nll"] - float(resp[0] if isinstance(resp, (list, tuple)) else resp)))
-            magnitudes.append(abs(rec["nll"]))
+            diffs.append(abs(-rec.nll - float(resp[0] if isinstance(resp, (list, tuple)) else resp)))
+            magnitudes.append(abs(rec.nll))
         for e in entries:
             filt = e.get("filter", "none")
             for m in e.get("metrics", []):
                 key = m if filt == "none" else f"{m},{filt}"
                 value = e.get(m)
-                if isinstance(value, (int, float)) and key in rec["metrics"]:
+                ours_metrics = rec.metrics or {}
+                if isinstance(value, (int, float)) and key in ours_metrics:
                     if "perplexity" in m:  # a document's log-likelihood itself: equal within float32's noise
-                        metrics_equal &= abs(rec["metrics"][key] - float(value)) <= 1e-4
+                        metrics_equal &= abs(ours_metrics[key] - float(value)) <= 1e-4
                     else:
-                        metrics_equal &= rec["metrics"][key] == float(value)
+                        metrics_equal &= ours_metrics[key] == float(value)
     theirs_metrics = {k: v for k, v in theirs["results"][task].items() if "," in k and "stderr" not in k}
     return {
         "task": task,

@@ -98,7 +98,10 @@ def measure(backend: Any, task: str, args: argparse.Namespace, peak: float, para
         meter.close()
     wall = time.perf_counter() - t0
     session_s = (meter.first_call or t0) - t0
-    unique = sum(len(backend.conv.encode(r["prompt"])) + sum(r["n_tokens"]) for r in result.records)
+    unique = sum(
+        len(backend.conv.encode(str(r.prompt))) + (sum(r.n_tokens) if isinstance(r.n_tokens, list) else r.n_tokens or 0)
+        for r in result.records
+    )
     floor = unique * 2 * params / peak
     return {
         "task": task,

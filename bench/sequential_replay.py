@@ -29,15 +29,17 @@ import numpy as np
 
 from qeval.analysis.sequential import gate_score, trajectory
 from qeval.analysis.stats import paired_accuracy, verdict
+from qeval.records.store import read_sample_file
+from qeval.results.samples import SampleRecord
 
 
-def _records(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def _records(path: Path) -> list[SampleRecord]:
+    return read_sample_file(path)
 
 
 def replay(
-    base: list[dict[str, Any]],
-    other: list[dict[str, Any]],
+    base: list[SampleRecord],
+    other: list[SampleRecord],
     metric: str,
     gate: float,
     chunk: int,
@@ -45,8 +47,10 @@ def replay(
     alpha: float,
 ) -> dict[str, Any]:
     """One cell at one gate: the sequential verdict and stopping point against the fixed one."""
-    by_id = {r["sample_id"]: r for r in base}
-    pairs = [(by_id[r["sample_id"]]["metrics"][metric], r["metrics"][metric]) for r in other if r["sample_id"] in by_id]
+    by_id = {r.sample_id: r for r in base}
+    pairs = [
+        ((by_id[r.sample_id].metrics or {})[metric], (r.metrics or {})[metric]) for r in other if r.sample_id in by_id
+    ]
     b = np.array([p[0] for p in pairs], dtype=float)
     o = np.array([p[1] for p in pairs], dtype=float)
     looks = list(range(chunk, len(b) + 1, chunk)) + ([len(b)] if len(b) % chunk else [])

@@ -19,7 +19,6 @@ Reads only the stored results; no model is loaded.
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -312,12 +311,12 @@ class Run:
 
     @lru_cache(maxsize=256)  # noqa: B019 - a Run lives as long as the notebook looking at it
     def _samples(self, setup: str, task: str) -> pd.DataFrame:
-        path = self._store.samples_path(setup, task)
-        if not path.is_file():
+        records = self._store.read_samples(setup, task)
+        if not records:
             return pd.DataFrame()
-        # json + from_records, not read_json: no type guessing ("082" stays a string)
-        with path.open() as f:
-            df = pd.DataFrame.from_records([json.loads(line) for line in f if line.strip()])
+        # the typed records, each as the fields its scorer set (a column per field, nested ones as
+        # dicts); from_records, not read_json: no type guessing ("082" stays a string)
+        df = pd.DataFrame.from_records([r.model_dump(exclude_unset=True) for r in records])
         df.insert(0, "task", task)
         df.insert(0, "setup", setup)
         return df

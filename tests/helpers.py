@@ -8,11 +8,13 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+
+from qeval.results.samples import SampleRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "qeval-tiny"
@@ -119,6 +121,12 @@ def one_line_exit_2(res: subprocess.CompletedProcess[str], expected: str) -> Non
     assert len(lines) == 1, res.stderr[-3000:]
     assert expected in lines[0], lines[0]
     assert "Traceback" not in res.stderr
+
+
+def sample_records(rows: Iterable[Mapping[str, Any]]) -> list[SampleRecord]:
+    """Per-document records from plain rows (the fields a scorer would set), typed as scorers
+    build them and the run store reads them."""
+    return [SampleRecord.model_validate(r) for r in rows]
 
 
 def write_config(path: Path, body: str | Mapping[str, Any]) -> Path:

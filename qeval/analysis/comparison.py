@@ -28,6 +28,7 @@ from qeval.config.gates import Gate
 from qeval.config.setups import Setup
 from qeval.records.store import RunStore
 from qeval.results.metrics import describe
+from qeval.results.samples import SampleRecord
 from qeval.results.schema import Comparison, KLDistribution, SuiteScore
 
 #: the verdict's reason where the difference or its interval is not a number
@@ -94,27 +95,27 @@ def paired(store: RunStore, base: str, other: str, task: str, metric: str) -> Pa
     return paired_records(store.read_samples(base, task), store.read_samples(other, task), metric)
 
 
-def paired_records(base: list[dict[str, Any]], other: list[dict[str, Any]], metric: str) -> Paired | None:
+def paired_records(base: list[SampleRecord], other: list[SampleRecord], metric: str) -> Paired | None:
     """Two sides' sample records of one task (from one run, or two: `qeval compare`), their
     values of `metric` paired by sample id; None when no sample pairs."""
     b, o = _by_id(base), _by_id(other)
     # a document prompted differently on the two sides (a changed `!function` helper, say) is not
     # a pair: its difference would measure the prompt, not the quantization
-    ids = [i for i in b if i in o and b[i].get("prompt_hash") == o[i].get("prompt_hash")]
+    ids = [i for i in b if i in o and b[i].prompt_hash == o[i].prompt_hash]
     if not ids:
         return None
     if metric == "bits_per_byte":
         bits = np.log(2)
         return Paired(
             metric,
-            np.array([b[i]["nll"] for i in ids]) / bits,
-            np.array([o[i]["nll"] for i in ids]) / bits,
-            np.array([b[i]["n_bytes"] for i in ids], dtype=float),
+            np.array([b[i].nll for i in ids], dtype=float) / bits,
+            np.array([o[i].nll for i in ids], dtype=float) / bits,
+            np.array([b[i].n_bytes for i in ids], dtype=float),
         )
     repeats = None
-    if metric == "exact_match" and all("repeats" in b[i] and "repeats" in o[i] for i in ids):
-        rb = np.array([[r["correct"] for r in b[i]["repeats"]] for i in ids], dtype=float)
-        ro = np.array([[r["correct"] for r in o[i]["repeats"]] for i in ids], dtype=float)
+    if metric == "exact_match" and all(b[i].repeats is not None and o[i].repeats is not None for i in ids):
+        rb = np.array([[r.correct for r in b[i].repeats or []] for i in ids], dtype=float)
+        ro = np.array([[r.correct for r in o[i].repeats or []] for i in ids], dtype=float)
         repeats = (rb, ro) if rb.ndim == 2 and rb.shape == ro.shape else None
     return Paired(
         metric,
@@ -124,23 +125,23 @@ def paired_records(base: list[dict[str, Any]], other: list[dict[str, Any]], metr
     )
 
 
-def document_values(records: list[dict[str, Any]], metric: str) -> tuple[np.ndarray, np.ndarray | None]:
+def document_values(records: list[SampleRecord], metric: str) -> tuple[np.ndarray, np.ndarray | None]:
     """One side's per-document values of `metric`, unpaired: for bits per byte the numerators
     (bits) and the denominators (bytes), else the values and None."""
     if metric == "bits_per_byte":
         return (
-            np.array([r["nll"] for r in records], dtype=float) / np.log(2),
-            np.array([r["n_bytes"] for r in records], dtype=float),
+            np.array([r.nll for r in records], dtype=float) / np.log(2),
+            np.array([r.n_bytes for r in records], dtype=float),
         )
     return np.array([_value(r, metric) for r in records], dtype=float), None
 
 
-def _value(record: dict[str, Any], metric: str) -> float:
+def _value(record: SampleRecord, metric: str) -> float:
     """A document's value of `metric`: qeval's own records hold correctness flags, lm-eval's a
     `metrics` dict of per-document values."""
-    if "metrics" in record and metric in record["metrics"]:
-        return float(record["metrics"][metric])
-    return float(record[_PAIRED_FIELD[metric]])
+    if record.metrics is not None and metric in record.metrics:
+        return float(record.metrics[metric])
+    return float(getattr(record, _PAIRED_FIELD[metric]))
 
 
 def compare(data: Paired, task: str, seed: int, gates: list[Gate], higher_is_better: bool | None = None) -> Comparison:
@@ -216,12 +217,12 @@ def kl_summary(store: RunStore, other: str, task: str) -> dict[str, Any]:
     scored against the baseline's top-k, or none of this), and the token-level distribution the
     worker kept."""
     records = store.read_samples(other, task)
-    if not records or not all("kl" in r for r in records):
+    if not records or not all(r.kl is not None for r in records):
         return {}
-    w = np.array([r["kl_tokens"] for r in records], dtype=float)
+    w = np.array([r.kl_tokens for r in records], dtype=float)
     out: dict[str, Any] = {
-        "kl": float(np.average([r["kl"] for r in records], weights=w)),
-        "top1_agreement": float(np.average([r["top1_agreement"] for r in records], weights=w)),
+        "kl": float(np.average([r.kl for r in records], weights=w)),
+        "top1_agreement": float(np.average([r.top1_agreement for r in records], weights=w)),
     }
     dist = (store.read_meta(other, task) or {}).get("kl_distribution")
     if dist:  # absent from results stored before the distribution was kept
@@ -272,8 +273,8 @@ def adjust_p_values(block: dict[str, Comparison]) -> dict[str, Comparison]:
     return block | {t: c.model_copy(update={"p_adjusted": float(p)}) for (t, c), p in zip(items, adjusted, strict=True)}
 
 
-def _by_id(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {r["sample_id"]: r for r in records}
+def _by_id(records: list[SampleRecord]) -> dict[str, SampleRecord]:
+    return {r.sample_id: r for r in records}
 
 
 def weights_twin(cfg: RunConfig, setup: Setup) -> Setup | None:
@@ -289,6 +290,6 @@ def outputs_identical(store: RunStore, a: str, b: str, tasks: list[str]) -> bool
         if not ra or len(ra) != len(rb):
             return False
         fields = ("prediction", "loglikelihoods", "nll")
-        if any(x.get(f) != y.get(f) for x, y in zip(ra, rb, strict=True) for f in fields):
+        if any(getattr(x, f) != getattr(y, f) for x, y in zip(ra, rb, strict=True) for f in fields):
             return False
     return True

@@ -12,8 +12,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
+from qeval.results.samples import SampleRecord
 from qeval.results.schema import Figure, Memory, Results, SetupResult
 
 #: a sample record's fields that hold scores: what the comparison, KL and the reports read
@@ -49,8 +50,8 @@ def is_bad(value: Any) -> bool:
 
 
 def _worst(value: Any) -> str | None:
-    """ "NaN" or "infinite" for the first non-finite number anywhere in `value` (nested lists and
-    mappings walked without recursion), else None."""
+    """ "NaN" or "infinite" for the first non-finite number anywhere in `value` (nested lists,
+    mappings and models walked without recursion), else None."""
     stack = [value]
     while stack:
         v = stack.pop()
@@ -58,22 +59,22 @@ def _worst(value: Any) -> str | None:
             return "NaN" if math.isnan(float(v)) else "infinite"
         if isinstance(v, Mapping):
             stack.extend(v.values())
+        elif isinstance(v, BaseModel):  # a record's nested parts (position buckets)
+            stack.extend(x for _, x in v)
         elif isinstance(v, (list, tuple)):
             stack.extend(v)
     return None
 
 
-def record_problems(records: Iterable[Mapping[str, Any]]) -> tuple[int, dict[str, tuple[int, str]]]:
+def record_problems(records: Iterable[SampleRecord]) -> tuple[int, dict[str, tuple[int, str]]]:
     """(documents, {field: (documents where it is not finite, "NaN" or "infinite")}) over a task's
     sample records; `records` may be a spool, read once."""
     n = 0
     bad: dict[str, tuple[int, str]] = {}
     for rec in records:
         n += 1
-        if not isinstance(rec, Mapping):
-            continue
         for f in SCORE_FIELDS:
-            what = _worst(rec.get(f))
+            what = _worst(getattr(rec, f))
             if what is not None:
                 count, first = bad.get(f, (0, what))
                 bad[f] = (count + 1, first)
@@ -102,9 +103,7 @@ def finite_metrics(metrics: Any) -> Any:
     return {k: v for k, v in metrics.items() if str(k) not in bad}
 
 
-def task_problem(
-    task: str, records: Iterable[Mapping[str, Any]], metrics: Any, kl_distribution: Any = None
-) -> str | None:
+def task_problem(task: str, records: Iterable[SampleRecord], metrics: Any, kl_distribution: Any = None) -> str | None:
     """One task's non-finite scores in words ("task ppl: nll is NaN on 3 of 3 documents, metric
     bits_per_byte is NaN"), or None when every score is finite."""
     n, bad = record_problems(records)

@@ -28,6 +28,7 @@ from qeval.analysis.sequential import trajectory as cell_trajectory
 from qeval.config.gates import Gate
 from qeval.records.keys import SetupKeys
 from qeval.results.metrics import describe
+from qeval.results.samples import SampleRecord
 from qeval.results.sequential import SequentialCell, SequentialLook, SequentialRun
 
 if TYPE_CHECKING:
@@ -136,12 +137,12 @@ def _cell_score(spec: dict[str, Any], base: np.ndarray, other: np.ndarray) -> An
 
 
 def _ordered(
-    base_records: list[dict[str, Any]], other_records: list[dict[str, Any]], metric: str, order: list[int]
+    base_records: list[SampleRecord], other_records: list[SampleRecord], metric: str, order: list[int]
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """The two sides' values on the documents the setup scored, in the run's order (the order the
     sequence is computed in), or None where some document does not pair."""
     rank = {str(d): i for i, d in enumerate(order)}
-    other_sorted = sorted(other_records, key=lambda r: rank.get(str(r["sample_id"]), len(rank)))
+    other_sorted = sorted(other_records, key=lambda r: rank.get(r.sample_id, len(rank)))
     data = paired_records(base_records, other_sorted, metric)
     if data is None or len(data.base) != len(other_records):
         return None
@@ -152,8 +153,8 @@ def cell(
     plan_json: dict[str, Any],
     task: str,
     order: list[int],
-    base_records: list[dict[str, Any]],
-    other_records: list[dict[str, Any]],
+    base_records: list[SampleRecord],
+    other_records: list[SampleRecord],
 ) -> Trajectory | None:
     """The cell's trajectory from the stored records: its sequence at every look and where it
     stopped; None where the documents do not pair."""
@@ -172,18 +173,18 @@ class Monitor:
     records, each task's order, and the setup's records so far."""
 
     def __init__(
-        self, plan_json: dict[str, Any], orders: dict[str, list[int]], baseline_records: dict[str, list[dict[str, Any]]]
+        self, plan_json: dict[str, Any], orders: dict[str, list[int]], baseline_records: dict[str, list[SampleRecord]]
     ) -> None:
         self.plan = plan_json
         self.orders = orders
         self.base = baseline_records
-        self.seen: dict[str, list[dict[str, Any]]] = {}
+        self.seen: dict[str, list[SampleRecord]] = {}
 
     def sequential(self, task: str) -> bool:
         """Whether the task's cell is decided sequentially (else it scores to the cap)."""
         return task in self.plan["tasks"] and task in self.base and task in self.orders
 
-    def add(self, task: str, records: list[dict[str, Any]]) -> bool:
+    def add(self, task: str, records: list[SampleRecord]) -> bool:
         """The chunk's records of `task` (or, on resume, every record scored before); True once its
         cell is decided: the task stops."""
         if not self.sequential(task):

@@ -13,12 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from pydantic import ValidationError
+
 from qeval.analysis.comparison import _PAIRED_FIELD as PAIRED_FIELD
 from qeval.errors import UserError
 from qeval.files.jsonl import read_objects
 from qeval.files.names import check_name
 from qeval.records.store import RunStore
 from qeval.results.metrics import describe
+from qeval.results.samples import SampleRecord, read_record
 from qeval.results.schema import Results, read_results
 from qeval.run.rundir import LOCK
 
@@ -32,7 +35,7 @@ class LoadedRun:
     results: Results
     store: RunStore
     lock: IO[bytes] | None = None
-    _records: dict[tuple[str, str, str], list[dict[str, Any]]] = field(default_factory=dict, repr=False)
+    _records: dict[tuple[str, str, str], list[SampleRecord]] = field(default_factory=dict, repr=False)
 
     @property
     def label(self) -> str:
@@ -49,7 +52,7 @@ class LoadedRun:
         members = self.results.groups.get(task)
         return list(members) if self.results.tasks[task].is_group and members else [task]
 
-    def records(self, setup: str, task: str, metric: str) -> list[dict[str, Any]]:
+    def records(self, setup: str, task: str, metric: str) -> list[SampleRecord]:
         """A (setup, task)'s per-document records, each checked to hold a usable value of `metric`
         (one UserError naming file and line for the first that does not); an lm-eval group's are
         its members', each id prefixed with its task (ids are unique within a task only)."""
@@ -57,10 +60,12 @@ class LoadedRun:
         if members == [task]:
             return self.stored_records(setup, task, metric)
         return [
-            r | {"sample_id": f"{m}/{r['sample_id']}"} for m in members for r in self.stored_records(setup, m, metric)
+            r.model_copy(update={"sample_id": f"{m}/{r.sample_id}"})
+            for m in members
+            for r in self.stored_records(setup, m, metric)
         ]
 
-    def stored_records(self, setup: str, task: str, metric: str) -> list[dict[str, Any]]:
+    def stored_records(self, setup: str, task: str, metric: str) -> list[SampleRecord]:
         """One stored task's records, checked (read once per metric)."""
         if (setup, task, metric) not in self._records:
             path = self.store.samples_path(setup, task)
@@ -68,18 +73,25 @@ class LoadedRun:
         return self._records[(setup, task, metric)]
 
 
-def check_records(path: Path, metric: str) -> list[dict[str, Any]]:
-    """The records of one samples file, or one UserError naming the file, the line and what is
-    wrong: a record without a usable sample id, a repeated id, or no finite value of `metric`
-    in its range (a proportion within 0..1): compare computes on none of them."""
-    out: list[dict[str, Any]] = []
+def check_records(path: Path, metric: str) -> list[SampleRecord]:
+    """The records of one samples file, typed, or one UserError naming the file, the line and
+    what is wrong: a record without a usable sample id, a repeated id, no finite value of
+    `metric` in its range (a proportion within 0..1), or a field of the wrong type: compare
+    computes on none of them. The checks run on the line as stored, before it is typed (a
+    model would turn some of what they catch, a whole-number id say, into a value)."""
+    out: list[SampleRecord] = []
     seen: set[str | int] = set()
     try:
         for lineno, rec in read_objects(path):
             problem = _record_problem(rec, metric, seen)
+            if problem is None:
+                try:
+                    out.append(read_record(rec))
+                except ValidationError as exc:
+                    err = exc.errors()[0]
+                    problem = f"{'.'.join(map(str, err['loc']))}: {err['msg']}"
             if problem:
                 raise UserError(f"{path}:{lineno}: malformed record: {problem}")
-            out.append(rec)
     except UserError as exc:
         raise UserError(str(exc).replace("corrupt dataset line", "corrupt samples line")) from None
     return out

@@ -23,6 +23,7 @@ from typing import IO, Any
 import numpy as np
 
 from qeval.files.atomic import _jsonable, atomic_write_bytes
+from qeval.results.samples import SampleRecord, read_record
 
 #: bytes copied at a time when a spool is written into the store
 BLOCK = 1 << 20
@@ -62,11 +63,11 @@ class RecordSpool:
         os.fsync(self._out.fileno())  # on disk before the state that names it: a crash of the machine too
         return {"file": self.path.name, "n": self.n, "bytes": self._out.tell()}
 
-    def extend(self, records: list[dict[str, Any]]) -> None:
+    def extend(self, records: list[SampleRecord]) -> None:
         """Append records (JSON, one a line, as the store writes them)."""
         assert self._out is not None, "the spool is finished"
         for r in records:
-            self._out.write((json.dumps(r, default=_jsonable) + "\n").encode())
+            self._out.write(r.to_line())
         self.n += len(records)
 
     def finish(self) -> None:
@@ -90,9 +91,9 @@ class RecordSpool:
         os.replace(self.path, path)
         self.path = path
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[SampleRecord]:
         for line in self.lines():
-            yield json.loads(line)
+            yield read_record(json.loads(line))
 
     def __len__(self) -> int:
         return self.n

@@ -12,7 +12,6 @@ Every path is built from validated names and checked to resolve inside RUN_DIR.
 from __future__ import annotations
 
 import io
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,10 +20,11 @@ from typing import Any
 import numpy as np
 
 from qeval.errors import UserError
-from qeval.files.atomic import _jsonable, atomic_write_bytes, atomic_write_json, atomic_write_stream, read_json
+from qeval.files.atomic import atomic_write_bytes, atomic_write_json, atomic_write_stream, read_json
 from qeval.files.names import inside
 from qeval.records.job import Outcome, outcome_of
 from qeval.records.spool import RecordSpool, TopkReader, TopkSpool
+from qeval.results.samples import SampleRecord, read_record
 
 
 class RunStore:
@@ -64,7 +64,7 @@ class RunStore:
         setup: str,
         task: str,
         key: str,
-        records: Sequence[dict[str, Any]] | RecordSpool,
+        records: Sequence[SampleRecord] | RecordSpool,
         metrics: dict[str, Any],
         extra: dict[str, Any],
         topk: dict[str, np.ndarray] | TopkSpool | None,
@@ -79,8 +79,7 @@ class RunStore:
         if isinstance(records, RecordSpool):  # already on disk, in the run directory: moved into place
             records.move_to(self.samples_path(setup, task))
         else:
-            lines = ((json.dumps(r, default=_jsonable) + "\n").encode() for r in records)  # streamed, not joined
-            atomic_write_bytes(self.samples_path(setup, task), lines)
+            atomic_write_bytes(self.samples_path(setup, task), (r.to_line() for r in records))  # streamed, not joined
         if isinstance(topk, TopkSpool):
             atomic_write_stream(self.topk_path(setup, task), topk.write_npz)
             topk.discard()
@@ -100,17 +99,11 @@ class RunStore:
         raw = _read_object(self.setup_path(setup), f"setup {setup} will be rerun")
         return None if raw is None else outcome_of(raw, self.setup_path(setup))
 
-    def read_samples(self, setup: str, task: str) -> list[dict[str, Any]]:
-        """Per-sample records; a corrupt line is a one-line UserError naming file and line."""
+    def read_samples(self, setup: str, task: str) -> list[SampleRecord]:
+        """Per-sample records, typed; a corrupt line, or one that is no record, is a one-line
+        UserError naming file and line."""
         path = self.samples_path(setup, task)
-        if not path.is_file():
-            return []
-        from qeval.files.jsonl import read_objects
-
-        try:
-            return [obj for _, obj in read_objects(path)]
-        except UserError as exc:
-            raise UserError(str(exc).replace("corrupt dataset line", "corrupt samples line")) from None
+        return read_sample_file(path) if path.is_file() else []
 
     def open_topk(self, setup: str, task: str) -> TopkReader | None:
         """The stored top-k, to read request by request (TopkReader), or None where there is none."""
@@ -123,6 +116,27 @@ class RunStore:
             return None
         with np.load(path) as z:
             return {k: z[k] for k in z.files}
+
+
+def read_sample_file(path: Path) -> list[SampleRecord]:
+    """The records of one samples file (RunStore.read_samples; `qeval compare` reads another
+    run's through it); a corrupt line, or one that is no record, is a one-line UserError."""
+    from pydantic import ValidationError
+
+    from qeval.files.jsonl import read_objects
+
+    out = []
+    try:
+        for lineno, obj in read_objects(path):
+            try:
+                out.append(read_record(obj))
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                where = ".".join(map(str, err["loc"]))
+                raise UserError(f"{path}:{lineno}: malformed record: {where}: {err['msg']}") from None
+    except UserError as exc:
+        raise UserError(str(exc).replace("corrupt dataset line", "corrupt samples line")) from None
+    return out
 
 
 def _read_object(path: Path, consequence: str) -> dict[str, Any] | None:

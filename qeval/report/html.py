@@ -46,23 +46,23 @@ def flip_examples(run_dir: Path, results: Results) -> list[dict[str, Any]]:
         for task, c in s.vs_baseline.items():
             if c.flips_to_wrong is None or base is None:
                 continue
-            b = {r["sample_id"]: r for r in store.read_samples(base, task)}
+            b = {r.sample_id: r for r in store.read_samples(base, task)}
             flips = [
-                (r, b[r["sample_id"]])
+                (r, b[r.sample_id])
                 for r in store.read_samples(s.name, task)
-                if r["sample_id"] in b and r["correct"] != b[r["sample_id"]]["correct"]
+                if r.sample_id in b and r.correct != b[r.sample_id].correct
             ]
             for r, br in flips[:MAX_FLIPS]:
                 out.append(
                     {
                         "setup": s.name,
                         "task": task,
-                        "id": r["sample_id"],
-                        "prompt": r.get("prompt", ""),
-                        "target": r["target"],
-                        "baseline": br["prediction"],
-                        "prediction": r["prediction"],
-                        "direction": "right → wrong" if br["correct"] else "wrong → right",
+                        "id": r.sample_id,
+                        "prompt": r.prompt or "",
+                        "target": r.target,
+                        "baseline": br.prediction,
+                        "prediction": r.prediction,
+                        "direction": "right → wrong" if br.correct else "wrong → right",
                     }
                 )
     return out

@@ -25,6 +25,8 @@ from qeval.results.generation import GenerationDivergence
 from qeval.results.long_context import LongContextInfo, SetupLongContext
 from qeval.results.multi_turn import MultiTurnInfo
 from qeval.results.performance import Ceilings, Performance
+from qeval.results.samples import SampledRepeat as SampledRepeat  # re-exported: the record models' home
+from qeval.results.samples import SampleRecord
 from qeval.results.sequential import SequentialRun
 from qeval.results.serving import ServingResults
 
@@ -400,38 +402,6 @@ class Results(ResultModel):
         return next((s for s in self.setups if s.baseline), None)
 
 
-class SampledRepeat(ResultModel):
-    """One repeat of one document of a sampled generation task."""
-
-    seed: int = Field(description="the seed of this repeat's random stream")
-    raw_output: str
-    prediction: str
-    correct: bool
-
-
-class SampleRecord(ResultModel):
-    """One line of RUN_DIR/samples/<setup>/<task>.jsonl: one document's outcome."""
-
-    sample_id: str = Field(description="the document's id (unique within the task)")
-    target: Any = Field(None, description="the gold answer")
-    prediction: Any = Field(None, description="what the setup answered")
-    correct: bool | float | None = Field(
-        None, description="null for perplexity tasks; a sampled task's share of its repeats that are right"
-    )
-    loglikelihoods: list[float] | None = Field(None, description="per choice, multiple choice only")
-    nll: float | None = Field(None, description="negative log-likelihood of the gold continuation or the text")
-    n_tokens: int | None = None
-    generated_tokens: int | None = Field(
-        None,
-        description="generation tasks: tokens generated for this document (`raw_output`, a reasoning block included)",
-    )
-    repeats: list[SampledRepeat] | None = Field(
-        None, description="a sampled task's repeats (null: greedy); `prediction` is then their majority answer"
-    )
-    pass_at_k: bool | None = Field(None, description="a sampled task: any of its repeats right")
-    maj_at_k: bool | None = Field(None, description="a sampled task: its majority answer right")
-
-
 def read_results(path: Path) -> Results:
     """RUN_DIR/results.json, typed; a missing, corrupt or other-version file is one UserError."""
     if not path.is_file():
@@ -456,4 +426,8 @@ def json_schema() -> dict[str, Any]:
     """The JSON Schema of results.json (exported to docs/results.schema.json)."""
     schema = Results.model_json_schema()
     schema["title"] = f"qeval results.json (schema_version {SCHEMA_VERSION})"
+    # a line of samples/<setup>/<task>.jsonl, documented beside it (its models share the $defs)
+    record = SampleRecord.model_json_schema()
+    schema["$defs"] |= record.pop("$defs", {})
+    schema["$defs"]["SampleRecord"] = record
     return schema

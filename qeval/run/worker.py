@@ -186,7 +186,7 @@ def _store(
     extra = {"seconds": seconds, "task_sha256": sha256, "key_parts": job.task_key_parts[name]}
     if getattr(result, "kl_distribution", None):  # scored against the baseline's top-k: token-level KL and Δp
         extra["kl_distribution"] = result.kl_distribution
-    lengths = [n for r in result.records if isinstance(n := r.get("generated_tokens"), int)]
+    lengths = [n for r in result.records if isinstance(n := r.generated_tokens, int)]
     if lengths and len(lengths) == len(result.records):  # a generation task on a backend that counts
         extra["generated_tokens"] = sum(lengths) / len(lengths)
     store.write_task(setup.name, name, job.tasks[name], result.records, result.metrics, extra, topk)

@@ -4,10 +4,9 @@ document with the same statistics a setup gets against its baseline (docs/statis
 
 from __future__ import annotations
 
-from typing import Any
-
 from qeval.analysis.comparison import adjust_p_values, compare_task
 from qeval.records.store import RunStore
+from qeval.results.samples import SampleRecord
 from qeval.results.schema import Comparison, Results
 from qeval.sweep.config import Sweep
 from qeval.sweep.schema import SWEEP_VERSION, SweepModelEntry, SweepResults
@@ -21,7 +20,7 @@ class _TwoBaselines(RunStore):
         super().__init__(reference[0].root)
         self._sources = {"reference": reference, "model": model}
 
-    def read_samples(self, setup: str, task: str) -> list[dict[str, Any]]:
+    def read_samples(self, setup: str, task: str) -> list[SampleRecord]:
         store, name = self._sources[setup]
         return store.read_samples(name, task)
 

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from qeval.records.spool import TopkReader
     from qeval.records.store import RunStore
     from qeval.report.sections import ReportSection
+    from qeval.results.samples import SampleRecord
     from qeval.results.schema import Results
     from qeval.tasks.native import Task
 
@@ -87,7 +88,7 @@ class Scoring:
     sequential: dict[str, Any] | None = None
     #: the baseline's stored records of a task (a sequential setup's gates are tested against
     #: them after each chunk); None for the baseline itself
-    baseline_records: Callable[[str], list[dict[str, Any]]] | None = None
+    baseline_records: Callable[[str], list[SampleRecord]] | None = None
 
 
 @dataclass(frozen=True)

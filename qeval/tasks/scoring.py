@@ -7,7 +7,6 @@ import math
 import re
 import sys
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import numpy as np
 
@@ -23,6 +22,7 @@ from qeval.backends.base import (
 )
 from qeval.config.chat import strip_thinking
 from qeval.records.spool import RecordSpool, TopkSpool
+from qeval.results.samples import SampledRepeat, SampleRecord
 from qeval.tasks import Task
 from qeval.tasks.long_context.buckets import bucket_sums
 from qeval.tasks.sampling import repeat_sampling
@@ -33,7 +33,7 @@ class TaskResult:
     """One (setup, task): per-sample records, metrics, and (perplexity) top-k distributions.
     A task scored in chunks holds its records and top-k in spools on disk (qeval/records/spool.py)."""
 
-    records: list[dict[str, Any]] | RecordSpool
+    records: list[SampleRecord] | RecordSpool
     metrics: dict[str, dict[str, float | None]]
     topk: dict[str, np.ndarray] | TopkSpool = field(default_factory=dict)
     #: the task's token-level distribution of KL to the baseline and Δp (kl_distribution), where
@@ -67,10 +67,6 @@ def score_task(
     return result
 
 
-def _base_record(task: Task, i: int, doc: dict[str, Any], prompt: str | None = None) -> dict[str, Any]:
-    return {"sample_id": task.doc_id(i), "prompt": task.text(doc) if prompt is None else prompt}
-
-
 def _multiple_choice(
     backend: Backend, task: Task, progress: Progress, reference: dict[str, np.ndarray] | None = None
 ) -> TaskResult:
@@ -86,7 +82,8 @@ def _multiple_choice(
     if refs is not None:
         reqs = [replace(r, ref_indices=ref[0]) for r, ref in zip(reqs, refs, strict=True)]
     results = backend.loglikelihood(reqs, progress)
-    records, acc, acc_norm = [], [], []
+    records: list[SampleRecord] = []
+    acc, acc_norm = [], []
     for i, (doc, (start, n)) in enumerate(zip(task.docs, spans, strict=True)):
         choices, gold = task.choices(doc), int(task.target(doc))
         lls = [r.logprob for r in results[start : start + n]]
@@ -95,16 +92,17 @@ def _multiple_choice(
         acc.append(pred == gold)
         acc_norm.append(pred_norm == gold)
         records.append(
-            _base_record(task, i, doc, prompts[i])
-            | {
-                "target": choices[gold],
-                "prediction": choices[pred],
-                "correct": pred == gold,
-                "correct_norm": pred_norm == gold,
-                "loglikelihoods": lls,
-                "nll": -lls[gold],
-                "n_tokens": results[start + gold].n_tokens,
-            }
+            SampleRecord(
+                sample_id=task.doc_id(i),
+                prompt=prompts[i],
+                target=choices[gold],
+                prediction=choices[pred],
+                correct=pred == gold,
+                correct_norm=pred_norm == gold,
+                loglikelihoods=lls,
+                nll=-lls[gold],
+                n_tokens=results[start + gold].n_tokens,
+            )
         )
     topk, divergence = continuation_divergence([results[a : a + n] for a, n in spans], refs, records)
     return TaskResult(records, {"acc": _mean_se(acc), "acc_norm": _mean_se(acc_norm)}, topk, divergence)
@@ -126,7 +124,8 @@ def _generate(backend: Backend, task: Task, progress: Progress) -> TaskResult:
     reqs = [GenerateRequest(p, tuple(g.until), g.max_gen_toks, s) for s in plans for p in prompts]
     outputs = backend.generate(reqs, progress)
     n = len(task.docs)
-    records, em, passed, majority = [], [], [], []
+    records: list[SampleRecord] = []
+    em, passed, majority = [], [], []
     for i, doc in enumerate(task.docs):
         target = str(task.target(doc)).strip()
         outs = [outputs[r * n + i] for r in range(len(plans))]
@@ -135,31 +134,29 @@ def _generate(backend: Backend, task: Task, progress: Progress) -> TaskResult:
         hits = [p == target for p in preds]
         voted = _majority(preds)
         lengths = [generated_tokens(out) for out in outs]
-        record = (
-            _base_record(task, i, doc, prompts[i])
-            | {
-                "target": target,
-                "prediction": preds[0] if len(plans) == 1 else voted,
-                "raw_output": str(outs[0]),
-                "correct": hits[0] if len(plans) == 1 else float(np.mean(hits)),
-                "loglikelihoods": None,
-                "nll": None,
-                "n_tokens": None,
-                # sampled: the mean over repeats, rounded (the report averages it over documents)
-                "generated_tokens": None if None in lengths else round(float(np.mean(lengths))),  # type: ignore[arg-type]
-            }
-            | ({"response": responses[0]} if responses[0] != outs[0] else {})
+        record = SampleRecord(
+            sample_id=task.doc_id(i),
+            prompt=prompts[i],
+            target=target,
+            prediction=preds[0] if len(plans) == 1 else voted,
+            raw_output=str(outs[0]),
+            correct=hits[0] if len(plans) == 1 else float(np.mean(hits)),
+            loglikelihoods=None,
+            nll=None,
+            n_tokens=None,
+            # sampled: the mean over repeats, rounded (the report averages it over documents)
+            generated_tokens=None if None in lengths else round(float(np.mean(lengths))),  # type: ignore[arg-type]
         )
+        if responses[0] != outs[0]:  # a reasoning block stripped: what was scored
+            record.response = responses[0]
         if plans[0] is not None:  # sampled: every repeat, its seed, and pass@k / maj@k over them
-            record |= {
-                "repeats": [
-                    {"seed": s.seed, "raw_output": str(o), "prediction": p, "correct": h}
-                    for s, o, p, h in zip(plans, outs, preds, hits, strict=True)
-                    if s is not None
-                ],
-                "pass_at_k": any(hits),
-                "maj_at_k": voted == target,
-            }
+            record.repeats = [
+                SampledRepeat(seed=s.seed, raw_output=str(o), prediction=p, correct=h)
+                for s, o, p, h in zip(plans, outs, preds, hits, strict=True)
+                if s is not None
+            ]
+            record.pass_at_k = any(hits)
+            record.maj_at_k = voted == target
         em.append(float(np.mean(hits)))
         passed.append(any(hits))
         majority.append(voted == target)
@@ -187,30 +184,37 @@ def _rolling(backend: Backend, task: Task, progress: Progress, reference: dict[s
     results = backend.loglikelihood_rolling(reqs, progress)
     records = []
     for i, (doc, res) in enumerate(zip(task.docs, results, strict=True)):
-        rec = _base_record(task, i, doc) | {
-            "target": None,
-            "prediction": None,
-            "correct": None,
-            "loglikelihoods": None,
-            "nll": -res.logprob,
-            "n_tokens": res.n_tokens,
-            "n_bytes": len(task.text(doc).encode()),
-        }
+        rec = SampleRecord(
+            sample_id=task.doc_id(i),
+            prompt=task.text(doc),
+            target=None,
+            prediction=None,
+            correct=None,
+            loglikelihoods=None,
+            nll=-res.logprob,
+            n_tokens=res.n_tokens,
+            n_bytes=len(task.text(doc).encode()),
+        )
         kl = top1 = None
         if refs is not None and res.ref_logprobs is not None:
             kl, top1 = kl_top1(refs[i], res)
-            rec |= {"kl": float(kl.mean()), "top1_agreement": float(top1.mean()), "kl_tokens": int(kl.size)}
+            set_divergence(rec, kl, top1)
             tokens.add(kl, top1, delta_p(refs[i], res))
         if getattr(task, "buckets", None):  # long-context position_ppl: loss and KL by token position
-            rec["buckets"] = bucket_sums(task.buckets, res.token_logprobs, kl, top1)  # type: ignore[attr-defined]
+            rec.buckets = bucket_sums(task.buckets, res.token_logprobs, kl, top1)  # type: ignore[attr-defined]
         records.append(rec)
     return TaskResult(records, _perplexity_metrics(records), pack_topk(results), tokens.summary())
 
 
-def _perplexity_metrics(records: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
-    nll = np.array([r["nll"] for r in records])
-    tok = np.array([r["n_tokens"] for r in records], dtype=float)
-    byt = np.array([r["n_bytes"] for r in records], dtype=float)
+def set_divergence(rec: SampleRecord, kl: np.ndarray, top1: np.ndarray) -> None:
+    """A record's KL to the baseline and top-1 agreement: means over its scored tokens, and their count."""
+    rec.kl, rec.top1_agreement, rec.kl_tokens = float(kl.mean()), float(top1.mean()), int(kl.size)
+
+
+def _perplexity_metrics(records: list[SampleRecord]) -> dict[str, dict[str, float | None]]:
+    nll = np.array([r.nll for r in records])
+    tok = np.array([r.n_tokens for r in records], dtype=float)
+    byt = np.array([r.n_bytes for r in records], dtype=float)
     mean = float(nll.sum() / tok.sum())
     # past ~709 nats a token (finite log-probs of a broken model or server) math.exp raises: the
     # perplexity is infinite, a non-finite score the worker names (qeval/analysis/finite.py)
@@ -220,10 +224,10 @@ def _perplexity_metrics(records: list[dict[str, Any]]) -> dict[str, dict[str, fl
         "bits_per_byte": _ratio_se(nll / math.log(2), byt),
         "token_perplexity": {"value": ppl, "stderr": None if log_se is None else ppl * log_se},
     }
-    if records and "kl" in records[0]:
-        w = np.array([r["kl_tokens"] for r in records], dtype=float)
-        metrics["kl_to_baseline"] = _ratio_se(np.array([r["kl"] for r in records]) * w, w)
-        metrics["top1_agreement"] = _ratio_se(np.array([r["top1_agreement"] for r in records]) * w, w)
+    if records and records[0].kl is not None:
+        w = np.array([r.kl_tokens for r in records], dtype=float)
+        metrics["kl_to_baseline"] = _ratio_se(np.array([r.kl for r in records]) * w, w)
+        metrics["top1_agreement"] = _ratio_se(np.array([r.top1_agreement for r in records]) * w, w)
     return metrics
 
 
@@ -365,7 +369,7 @@ def request_references(ref: dict[str, np.ndarray] | None, n_requests: int) -> li
 def continuation_divergence(
     results: list[list[LoglikelihoodResult]],
     refs: list[Reference] | None,
-    records: list[dict[str, Any]],
+    records: list[SampleRecord],
     tokens: TokenDivergence | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, float] | None]:
     """Per document (its continuations in choice order): the top-k to keep as a reference, and,
@@ -395,11 +399,7 @@ def continuation_divergence(
             if kls:
                 kl_all, top_all = np.concatenate(kls), np.concatenate(tops)
                 if kl_all.size:
-                    rec |= {
-                        "kl": float(kl_all.mean()),
-                        "top1_agreement": float(top_all.mean()),
-                        "kl_tokens": int(kl_all.size),
-                    }
+                    set_divergence(rec, kl_all, top_all)
     # a shared accumulator is summed up once by its owner, not again after every chunk
     return pack_topk(rolled), None if shared else tokens.summary()
 

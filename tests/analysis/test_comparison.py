@@ -12,10 +12,12 @@ from qeval.config import ModelSpec, RunConfig
 from qeval.config.gates import Gate
 from qeval.config.setups import Setup
 from qeval.records.store import RunStore
+from qeval.results.samples import SampleRecord
+from tests.helpers import sample_records
 
 
-def _records(correct: list[bool], nll: float = 1.0) -> list[dict]:
-    return [
+def _records(correct: list[bool], nll: float = 1.0) -> list[SampleRecord]:
+    return sample_records(
         {
             "sample_id": str(i),
             "target": "a",
@@ -26,7 +28,7 @@ def _records(correct: list[bool], nll: float = 1.0) -> list[dict]:
             "n_tokens": 3,
         }
         for i, c in enumerate(correct)
-    ]
+    )
 
 
 def test_planted_drop_is_detected_and_null_is_not() -> None:

@@ -19,7 +19,7 @@ from qeval.config.gates import Gate
 from qeval.errors import UserError
 from qeval.files.atomic import atomic_write_bytes
 from qeval.results.schema import Comparison, MetricValue, Results, TaskScore, read_results
-from tests.helpers import ROOT
+from tests.helpers import ROOT, sample_records
 
 V1 = ROOT / "tests" / "data" / "run-v1"
 NAN = float("nan")
@@ -55,23 +55,25 @@ def test_tests_on_nan_scores_return_no_p_value_and_no_verdict() -> None:
 def test_a_tasks_non_finite_scores_are_named_in_one_line() -> None:
     good = [{"sample_id": str(i), "nll": 2.0, "n_tokens": 3, "target": "a"} for i in range(3)]
     metrics = {"bits_per_byte": {"value": 1.2, "stderr": NAN}}  # an undefined stderr (n = 1) is no problem
-    assert task_problem("ppl", good, metrics) is None
+    assert task_problem("ppl", sample_records(good), metrics) is None
     # a NaN in the data (a target) is data, not a score
-    assert task_problem("ppl", [good[0] | {"target": NAN}], metrics) is None
+    assert task_problem("ppl", sample_records([good[0] | {"target": NAN}]), metrics) is None
     bad = [r | {"nll": NAN} for r in good[:2]] + good[2:]
-    why = task_problem("ppl", bad, {"bits_per_byte": {"value": NAN}, "token_perplexity": {"value": NAN}})
+    why = task_problem(
+        "ppl", sample_records(bad), {"bits_per_byte": {"value": NAN}, "token_perplexity": {"value": NAN}}
+    )
     assert why == "task ppl: metrics bits_per_byte, token_perplexity are NaN, nll is NaN on 2 of 3 documents"
     lls = [good[0] | {"loglikelihoods": [-1.0, -math.inf]}]
-    assert task_problem("mc", lls, {}) == "task mc: loglikelihoods is infinite on 1 of 1 document"
+    assert task_problem("mc", sample_records(lls), {}) == "task mc: loglikelihoods is infinite on 1 of 1 document"
     # NaN log-probs turned into a first-choice pick: `correct` and acc look fine, the scores are not
     picked = [good[0] | {"correct": True, "loglikelihoods": [NAN, NAN, NAN], "nll": NAN}]
     assert (
-        task_problem("mc", picked, {"acc": {"value": 1.0}})
+        task_problem("mc", sample_records(picked), {"acc": {"value": 1.0}})
         == "task mc: nll is NaN on 1 of 1 document, loglikelihoods is NaN on 1 of 1 document"
     )
-    lm_eval = [good[0] | {"metrics": {"acc": 1.0, "word_perplexity": [NAN, 4]}}]
-    assert task_problem("arc", lm_eval, {}) == "task arc: metrics is NaN on 1 of 1 document"
-    assert "KL distribution is NaN" in (task_problem("ppl", good, metrics, {"kl_mean": NAN}) or "")
+    lm_eval = [good[0] | {"metrics": {"acc": 1.0, "word_perplexity": NAN}}]
+    assert task_problem("arc", sample_records(lm_eval), {}) == "task arc: metrics is NaN on 1 of 1 document"
+    assert "KL distribution is NaN" in (task_problem("ppl", sample_records(good), metrics, {"kl_mean": NAN}) or "")
 
 
 def _with(results: Results, name: str, **update: object) -> Results:
@@ -124,10 +126,16 @@ def test_a_perplexity_past_a_float_is_infinite_and_named_not_an_overflow() -> No
     an OverflowError with a traceback as the setup's reason (issue 40 review, point 1)."""
     from qeval.tasks.scoring import _perplexity_metrics
 
-    records = [{"nll": 5e4, "n_tokens": 5, "n_bytes": 20}, {"nll": 4e4, "n_tokens": 4, "n_bytes": 16}]
+    records = sample_records(
+        [
+            {"sample_id": "0", "nll": 5e4, "n_tokens": 5, "n_bytes": 20},
+            {"sample_id": "1", "nll": 4e4, "n_tokens": 4, "n_bytes": 16},
+        ]
+    )
     metrics = _perplexity_metrics(records)
     assert metrics["token_perplexity"]["value"] == math.inf
     assert task_problem("ppl", records, metrics) == "task ppl: metric token_perplexity is infinite"
-    nan = _perplexity_metrics([{"nll": NAN, "n_tokens": 5, "n_bytes": 20}])  # NaN stays NaN, not inf
+    one = sample_records([{"sample_id": "0", "nll": NAN, "n_tokens": 5, "n_bytes": 20}])
+    nan = _perplexity_metrics(one)  # NaN stays NaN, not inf
     value = nan["token_perplexity"]["value"]
     assert value is not None and math.isnan(value)

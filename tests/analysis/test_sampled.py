@@ -11,7 +11,8 @@ import pytest
 
 from qeval.analysis.comparison import compare, paired_records
 from qeval.analysis.stats import naive_interval, paired_clustered
-from tests.helpers import TASKS, make_config, run_cli
+from qeval.results.samples import SampleRecord
+from tests.helpers import TASKS, make_config, run_cli, sample_records
 
 
 def _width(ci: tuple[float, float]) -> float:
@@ -42,8 +43,8 @@ def test_clustered_interval_is_wider_on_correlated_repeats_and_equal_on_independ
     assert paired_clustered(base, other, "exact_match", 0).delta == pytest.approx(float((other - base).mean()))
 
 
-def _sampled_records(correct: np.ndarray) -> list[dict]:
-    return [
+def _sampled_records(correct: np.ndarray) -> list[SampleRecord]:
+    return sample_records(
         {
             "sample_id": str(i),
             "correct": float(row.mean()),
@@ -51,7 +52,7 @@ def _sampled_records(correct: np.ndarray) -> list[dict]:
             "repeats": [{"seed": s, "raw_output": "", "prediction": "", "correct": bool(c)} for s, c in enumerate(row)],
         }
         for i, row in enumerate(correct)
-    ]
+    )
 
 
 def test_sampled_records_are_compared_clustered_by_document() -> None:

@@ -29,7 +29,7 @@ from qeval.report.html import render_html
 from qeval.report.markdown import render_markdown
 from qeval.results.schema import Figure, Memory, MetricValue, Results, SetupResult, TaskInfo, TaskScore, read_results
 from qeval.run.preflight import preflight
-from tests.helpers import ROOT
+from tests.helpers import ROOT, sample_records
 
 V1 = ROOT / "tests" / "data" / "run-v1"
 GATE = [Gate(max_drop=0.02)]
@@ -150,7 +150,9 @@ def _entry(name: str, baseline: bool, scores: dict[str, float]) -> SetupResult:
 def test_a_group_with_a_missing_member_has_no_score_and_no_verdict(tmp_path: Path) -> None:
     store = RunStore(tmp_path)
     for name in ("b", "q"):
-        store.write_task(name, "g_one", "k", [{"sample_id": str(i), "correct": True} for i in range(400)], {}, {}, None)
+        store.write_task(
+            name, "g_one", "k", sample_records({"sample_id": str(i), "correct": True} for i in range(400)), {}, {}, None
+        )
     cfg = RunConfig(
         name="x",
         model=ModelSpec(path="m"),

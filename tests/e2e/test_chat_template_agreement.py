@@ -88,18 +88,18 @@ def test_prompts_and_scores_equal_lm_evals_under_the_chat_template(
     theirs = _lm_eval(lm, cfg, entry)
     records = ours[task].records
     samples = {int(s["doc_id"]): s for s in theirs["samples"][task]}
-    assert sorted(samples) == [r["doc_id"] for r in records] == list(range(entry.limit))
+    assert sorted(samples) == [r.doc_id for r in records] == list(range(entry.limit))
     for rec in records:
-        s = samples[rec["doc_id"]]
-        assert rec["prompt"] == s["arguments"][0][0]  # byte for byte
-        assert rec["prompt"].startswith(f"<|im_start|>system\n{cfg.system_prompt}<|im_end|>")
-        assert rec["prompt"].count("<|im_start|>user") == (entry.num_fewshot + 1 if multiturn else 1)
-        if rec["loglikelihoods"] is not None:
+        s = samples[rec.doc_id]
+        assert rec.prompt == s["arguments"][0][0]  # byte for byte
+        assert rec.prompt.startswith(f"<|im_start|>system\n{cfg.system_prompt}<|im_end|>")
+        assert rec.prompt.count("<|im_start|>user") == (entry.num_fewshot + 1 if multiturn else 1)
+        if rec.loglikelihoods is not None:
             theirs_ll = [float(r[0][0]) for r in s["resps"]]
-            assert max(abs(a - b) for a, b in zip(rec["loglikelihoods"], theirs_ll, strict=True)) <= 1e-4
+            assert max(abs(a - b) for a, b in zip(rec.loglikelihoods, theirs_ll, strict=True)) <= 1e-4
         else:
-            assert rec["raw_output"] == s["resps"][0][0] and rec["raw_output"].strip()
-            assert 1 <= rec["generated_tokens"] <= entry.max_gen_toks
+            assert rec.raw_output == s["resps"][0][0] and rec.raw_output.strip()
+            assert 1 <= rec.generated_tokens <= entry.max_gen_toks
     compared = "acc" if entry.max_gen_toks is None else "exact_match,strict-match"
     assert ours[task].metrics[compared]["value"] == pytest.approx(
         theirs["results"][task][compared if "," in compared else f"{compared},none"], abs=1e-12

@@ -13,6 +13,7 @@ import numpy as np
 from qeval.records.spool import RecordSpool, TopkSpool, clear_scratch
 from qeval.records.store import RunStore
 from qeval.tasks.scoring import concat_topk
+from tests.helpers import sample_records
 
 
 def _packs(seed: int = 0, sizes: tuple[int, ...] = (3, 1, 4), k: int = 5) -> list[dict[str, np.ndarray]]:
@@ -67,7 +68,9 @@ def test_a_topk_spool_refuses_a_pack_of_another_shape(tmp_path: Path) -> None:
 def test_the_store_moves_a_record_spool_into_place(tmp_path: Path) -> None:
     store = RunStore(tmp_path / "run")
     scratch = store.scratch_dir("base")
-    records = [{"doc_id": i, "prompt": f"q{i} é", "metrics": {"acc": float(i % 2)}} for i in range(7)]
+    records = sample_records(
+        {"sample_id": str(i), "doc_id": i, "prompt": f"q{i} é", "metrics": {"acc": float(i % 2)}} for i in range(7)
+    )
     spool, topk = RecordSpool(scratch, "t"), TopkSpool(scratch, "t")
     packs = _packs(sizes=(4, 3))
     spool.extend(records[:4])
@@ -83,7 +86,7 @@ def test_the_store_moves_a_record_spool_into_place(tmp_path: Path) -> None:
     # the records' file was renamed into place; the top-k's raw files are gone
     assert not list(scratch.glob("*.spool"))
     lines = store.samples_path("base", "t").read_text(encoding="utf-8").splitlines()
-    assert [json.loads(line) for line in lines] == records
+    assert [json.loads(line) for line in lines] == [r.model_dump(exclude_unset=True) for r in records]
     # the in-memory form stores the same lines
     store.write_task("base", "u", "k1", records, {}, {}, None)
     assert store.samples_path("base", "u").read_bytes() == store.samples_path("base", "t").read_bytes()
@@ -93,7 +96,7 @@ def test_clear_scratch_removes_what_a_dead_worker_left(tmp_path: Path) -> None:
     store = RunStore(tmp_path)
     scratch = store.scratch_dir("s")
     spool = RecordSpool(scratch, "t")
-    spool.extend([{"a": 1}])
+    spool.extend(sample_records([{"sample_id": "a"}]))
     spool.finish()
     TopkSpool(scratch, "t").append(_packs()[0])
     assert len(list(scratch.glob("*.spool"))) == 4  # records, indices, logprobs, token_logprobs
@@ -133,19 +136,19 @@ def test_spools_resumed_from_a_state_are_cut_back_to_it(tmp_path: Path) -> None:
     scratch = tmp_path / "scratch"
     records, topk = RecordSpool(scratch, "t"), TopkSpool(scratch, "t")
     packs = _packs(sizes=(3, 2, 4))
-    records.extend([{"doc": 0}, {"doc": 1}])
+    records.extend(sample_records([{"sample_id": "0"}, {"sample_id": "1"}]))
     topk.append(packs[0])
     rec_state, (topk_state, lengths) = records.state(), topk.state()
-    records.extend([{"doc": 2}])  # the chunk the worker died in
+    records.extend(sample_records([{"sample_id": "2"}]))  # the chunk the worker died in
     topk.append(packs[1])
     records.finish()
 
     records2 = RecordSpool(scratch, "t", resume=json.loads(json.dumps(rec_state)))
     topk2 = TopkSpool(scratch, "t", resume=json.loads(json.dumps(topk_state)), lengths=lengths)
     assert len(records2) == 2 and records2.path == records.path
-    records2.extend([{"doc": 2, "again": True}])
+    records2.extend(sample_records([{"sample_id": "2", "again": True}]))
     topk2.append(packs[2])
-    assert list(records2) == [{"doc": 0}, {"doc": 1}, {"doc": 2, "again": True}]
+    assert list(records2) == sample_records([{"sample_id": "0"}, {"sample_id": "1"}, {"sample_id": "2", "again": True}])
     buf = io.BytesIO()
     topk2.write_npz(buf)
     buf.seek(0)
@@ -162,7 +165,7 @@ def test_a_state_keeps_its_spools_through_clear_scratch_and_names_no_other_file(
     scratch = tmp_path / "scratch"
     kept, other = RecordSpool(scratch, "t"), RecordSpool(scratch, "u")
     for s in (kept, other):
-        s.extend([{"a": 1}])
+        s.extend(sample_records([{"sample_id": "a"}]))
         s.finish()
     save_state(scratch, "g", {"x": [1, 2]}, {"arr": np.arange(3)}, [kept.path.name])
     (scratch / "broken.state.npz").write_bytes(b"not a zip")  # a damaged state keeps nothing
@@ -186,7 +189,7 @@ def test_a_state_keeps_its_spools_through_clear_scratch_and_names_no_other_file(
 
 def test_a_spool_shorter_than_its_state_is_not_taken_up(tmp_path: Path) -> None:
     spool = RecordSpool(tmp_path, "t")
-    spool.extend([{"a": 1}, {"a": 2}])
+    spool.extend(sample_records([{"sample_id": "a"}, {"sample_id": "b"}]))
     state = spool.state()
     spool.finish()
     spool.path.write_bytes(spool.path.read_bytes()[:5])  # damaged after the state was saved

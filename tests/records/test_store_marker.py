@@ -10,8 +10,9 @@ import pytest
 
 import qeval.records.store as store_module
 from qeval.records.store import RunStore
+from tests.helpers import sample_records
 
-RECORDS = [{"doc_id": i, "metrics": {"acc": float(i % 2)}} for i in range(4)]
+RECORDS = sample_records({"sample_id": str(i), "doc_id": i, "metrics": {"acc": float(i % 2)}} for i in range(4))
 
 
 class Killed(BaseException):
@@ -45,7 +46,7 @@ def test_records_rewritten_under_a_new_key_never_pass_for_the_old_one(
     """Stored under k1; a config change (k2) rewrites the records and is killed before its meta;
     the config changed back (k1) must not take k2's records for its own."""
     RunStore(tmp_path).write_task("int8", "ppl", "k1", RECORDS, {}, {}, None)
-    newer = [{"doc_id": i, "metrics": {"acc": 1.0}} for i in range(4)]
+    newer = sample_records({"sample_id": str(i), "doc_id": i, "metrics": {"acc": 1.0}} for i in range(4))
     with monkeypatch.context() as m:
         _kill_at_meta(m)
         with pytest.raises(Killed):

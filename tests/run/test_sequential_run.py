@@ -15,7 +15,8 @@ import pytest
 from qeval.analysis.sequential_run import Monitor, cell, document_order, looks, not_sequential, plan, task_gate
 from qeval.config import RunConfig
 from qeval.config.gates import Gate
-from tests.helpers import config_dict
+from qeval.results.samples import SampleRecord
+from tests.helpers import config_dict, sample_records
 
 
 def _cfg(**extra: Any) -> RunConfig:
@@ -117,8 +118,8 @@ def test_task_gate_prefers_the_named_gate() -> None:
     assert task_gate(gates, "arc") == gates[1] and task_gate(gates, "piqa") == gates[0]
 
 
-def _records(values: np.ndarray, ids: list[int]) -> list[dict[str, Any]]:
-    return [{"sample_id": str(i), "metrics": {"acc": float(values[i])}, "prompt_hash": "p"} for i in ids]
+def _records(values: np.ndarray, ids: list[int]) -> list[SampleRecord]:
+    return sample_records({"sample_id": str(i), "metrics": {"acc": float(values[i])}, "prompt_hash": "p"} for i in ids)
 
 
 @pytest.mark.parametrize("broken", [True, False])
@@ -135,7 +136,7 @@ def test_monitor_stops_where_assembly_says(broken: bool) -> None:
     order = document_order(cfg, "arc", n)
     base_records = _records(base, list(range(n)))
     monitor = Monitor(p, {"arc": order}, {"arc": base_records})
-    scored: list[dict[str, Any]] = []
+    scored: list[SampleRecord] = []
     for start in range(0, n, 20):
         chunk = _records(other, sorted(order[start : start + 20]))  # a chunk's ids come ascending, as lm-eval's
         scored += chunk

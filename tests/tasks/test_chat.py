@@ -174,12 +174,12 @@ def test_a_native_generation_is_scored_after_its_reasoning_block_and_counted_who
     backend = HFBackend(cfg, cfg.setups[0], "cpu")
     backend.load()
     plain = score_task(backend, _load(cfg, ["addition"])[0], lambda n: None).records
-    assert all(1 <= r["generated_tokens"] <= 6 for r in plain)  # max_gen_toks: 6
-    marker = next(ch for r in plain for ch in r["raw_output"] if not ch.isspace())
+    assert all(1 <= (r.generated_tokens or 0) <= 6 for r in plain)  # max_gen_toks: 6
+    marker = next(ch for r in plain for ch in r.raw_output or "" if not ch.isspace())
     thinking = _load(cfg.model_copy(update={"think_end_token": marker}), ["addition"])[0]
     records = score_task(backend, thinking, lambda n: None).records
     for p, r in zip(plain, records, strict=True):
-        assert (r["raw_output"], r["generated_tokens"]) == (p["raw_output"], p["generated_tokens"])
-        scored = strip_thinking(r["raw_output"], marker)
-        assert r.get("response", r["raw_output"]) == scored and r["prediction"] == scored.strip()
-    assert any("response" in r for r in records)
+        assert (r.raw_output, r.generated_tokens) == (p.raw_output, p.generated_tokens)
+        scored = strip_thinking(r.raw_output or "", marker)
+        assert (r.raw_output if r.response is None else r.response) == scored and r.prediction == scored.strip()
+    assert any(r.response is not None for r in records)

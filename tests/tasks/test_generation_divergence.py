@@ -17,7 +17,9 @@ from qeval.backends.hf.backend import HFBackend
 from qeval.config import ModelSpec, RunConfig
 from qeval.config.generation import GenerationDivergenceSpec
 from qeval.config.setups import Setup
-from qeval.tasks.generation.teacher import RECORD_KEY, TEXTS_KEY, position_sums, teacher_forcing
+from qeval.results.samples import GeneratedPositionSums, SampleRecord
+from qeval.tasks.generation.teacher import TEXTS_KEY, position_sums, teacher_forcing
+from tests.helpers import sample_records
 
 EDGES = [0, 4, 8, 16]
 PROMPTS = ["12 + 30 = ", "Largest of 37 82 15 64: ", "ISO code of France: ", "7 + 8 = 1", "abc abd abe ab"]
@@ -45,10 +47,10 @@ def _bar(label: str, total: int | None) -> Any:
 
 
 def _forced(
-    cfg: RunConfig, backend: HFBackend, records: list[dict[str, Any]], baseline: bool, ref: dict[str, np.ndarray] | None
-) -> tuple[list[dict[str, Any]], Any]:
+    cfg: RunConfig, backend: HFBackend, records: list[SampleRecord], baseline: bool, ref: dict[str, np.ndarray] | None
+) -> tuple[list[SampleRecord], Any]:
     stored: dict[str, Any] = {}
-    result = SimpleNamespace(records=[dict(r) for r in records], topk={}, metrics={})
+    result = SimpleNamespace(records=[r.model_copy(deep=True) for r in records], topk={}, metrics={})
     wrapped = teacher_forcing(
         lambda name, res, s, sha: stored.update(res=res), backend, cfg, baseline, lambda task: ref, _bar
     )
@@ -57,15 +59,15 @@ def _forced(
 
 
 @pytest.fixture(scope="module")
-def baseline_run(model_path: Path) -> tuple[RunConfig, list[dict[str, Any]], dict[str, np.ndarray]]:
+def baseline_run(model_path: Path) -> tuple[RunConfig, list[SampleRecord], dict[str, np.ndarray]]:
     base = Setup(name="base", baseline=True)
     cfg = _cfg(model_path, [base, Setup(name="same"), Setup(name="kv2", kv_cache="int2")])
     b = _backend(cfg, base)
     outs = b.generate([GenerateRequest(p, ("\n",), 24) for p in PROMPTS], lambda n: None)
-    records = [
+    records = sample_records(
         {"sample_id": str(i), "prompt": p, "raw_output": str(o), "correct": True}
         for i, (p, o) in enumerate(zip(PROMPTS, outs, strict=True))
-    ]
+    )
     records, topk = _forced(cfg, b, records, True, None)
     b.close()
     return cfg, records, topk
@@ -73,14 +75,15 @@ def baseline_run(model_path: Path) -> tuple[RunConfig, list[dict[str, Any]], dic
 
 def test_baseline_keeps_its_top_k_and_texts(baseline_run: Any) -> None:
     cfg, records, topk = baseline_run
-    scored = [r for r in records if RECORD_KEY in r]
+    scored = [r.teacher_forced for r in records if r.teacher_forced]
     assert len(scored) >= 4  # the tiny model writes something after most prompts
-    assert topk["offsets"][-1] == sum(r[RECORD_KEY]["tokens"] for r in scored)
+    assert topk["offsets"][-1] == sum(t.tokens for t in scored)
     assert topk["indices"].shape == (topk["offsets"][-1], 16)
     assert bytes(topk[TEXTS_KEY]).decode().count('"') > 0
-    for r in scored:  # one char, one token on this model: the generation's tokens are its characters
-        assert r[RECORD_KEY]["tokens"] == len(r["raw_output"])
-        assert "kl" not in r[RECORD_KEY]["buckets"][0]
+    for r in records:  # one char, one token on this model: the generation's tokens are its characters
+        if r.teacher_forced:
+            assert r.teacher_forced.tokens == len(r.raw_output or "")
+            assert r.teacher_forced.buckets[0].kl is None
 
 
 def test_identical_setup_has_no_divergence_anywhere(baseline_run: Any, model_path: Path) -> None:
@@ -88,16 +91,16 @@ def test_identical_setup_has_no_divergence_anywhere(baseline_run: Any, model_pat
     b = _backend(cfg, Setup(name="same"))
     mine, _ = _forced(cfg, b, records, False, topk)
     b.close()
-    buckets = [bk for r in mine if RECORD_KEY in r for bk in r[RECORD_KEY]["buckets"]]
-    assert len(buckets) >= 4 and {bk["start"] for bk in buckets} >= {0, 4}
+    buckets = [bk for r in mine if r.teacher_forced for bk in r.teacher_forced.buckets]
+    assert len(buckets) >= 4 and {bk.start for bk in buckets} >= {0, 4}
     for bk in buckets:
-        assert bk["kl"] == pytest.approx(0, abs=1e-5)
-        assert bk["top1"] == bk["tokens"]
-    base_lp = {r["sample_id"]: r[RECORD_KEY]["buckets"] for r in records if RECORD_KEY in r}
+        assert bk.kl == pytest.approx(0, abs=1e-5)
+        assert bk.top1 == bk.tokens
+    base_lp = {r.sample_id: r.teacher_forced.buckets for r in records if r.teacher_forced}
     for r in mine:
-        if RECORD_KEY in r:
-            assert [bk["logprob"] for bk in r[RECORD_KEY]["buckets"]] == pytest.approx(
-                [bk["logprob"] for bk in base_lp[r["sample_id"]]], abs=1e-4
+        if r.teacher_forced:
+            assert [bk.logprob for bk in r.teacher_forced.buckets] == pytest.approx(
+                [bk.logprob for bk in base_lp[r.sample_id]], abs=1e-4
             )
 
 
@@ -106,24 +109,27 @@ def test_two_bit_kv_cache_diverges(baseline_run: Any) -> None:
     b = _backend(cfg, Setup(name="kv2", kv_cache="int2"))
     mine, _ = _forced(cfg, b, records, False, topk)
     b.close()
-    kl = sum(bk["kl"] for r in mine if RECORD_KEY in r for bk in r[RECORD_KEY]["buckets"])
-    tokens = sum(r[RECORD_KEY]["tokens"] for r in mine if RECORD_KEY in r)
+    kl = sum(bk.kl or 0.0 for r in mine if r.teacher_forced for bk in r.teacher_forced.buckets)
+    tokens = sum(r.teacher_forced.tokens for r in mine if r.teacher_forced)
     assert tokens > 0 and kl / tokens > 1e-3
 
 
 def test_position_sums_buckets() -> None:
     lp = -np.arange(10, dtype=float)
     out = position_sums([0, 4, 8, 16], lp, np.ones(10), np.ones(10, dtype=bool))
-    assert [(b["start"], b["end"], b["tokens"]) for b in out] == [(0, 4, 4), (4, 8, 4), (8, 16, 2)]
-    assert out[2]["logprob"] == -17 and out[2]["kl"] == 2
-    assert position_sums([0, 4], lp[:3], None, None) == [{"start": 0, "end": 4, "tokens": 3, "logprob": -3.0}]
+    assert [(b.start, b.end, b.tokens) for b in out] == [(0, 4, 4), (4, 8, 4), (8, 16, 2)]
+    assert out[2].logprob == -17 and out[2].kl == 2
+    short = position_sums([0, 4], lp[:3], None, None)
+    assert short == [GeneratedPositionSums(start=0, end=4, tokens=3, logprob=-3.0)]
+    assert short[0].model_dump(exclude_unset=True) == {"start": 0, "end": 4, "tokens": 3, "logprob": -3.0}
 
 
-def _rec(sid: str, correct: bool, buckets: list[dict[str, Any]] | None) -> dict[str, Any]:
+def _rec(sid: str, correct: bool, buckets: list[dict[str, Any]] | None) -> SampleRecord:
     tokens = sum(b["tokens"] for b in buckets or [])
-    return {"sample_id": sid, "correct": correct} | (
-        {RECORD_KEY: {"tokens": tokens, "buckets": buckets}} if buckets else {}
-    )
+    row: dict[str, Any] = {"sample_id": sid, "correct": correct}
+    if buckets:
+        row["teacher_forced"] = {"tokens": tokens, "buckets": buckets}
+    return SampleRecord.model_validate(row)
 
 
 def test_tables_pair_documents_by_bucket() -> None:
@@ -142,11 +148,12 @@ def test_tables_pair_documents_by_bucket() -> None:
     ] + [_rec("short", False, [{"start": 0, "end": 4, "tokens": 2, "logprob": -0.2}])]
     mine = [
         _rec(
-            r["sample_id"],
-            r["sample_id"] not in {"6", "7"},
+            r.sample_id,
+            r.sample_id not in {"6", "7"},
             [
-                b | {"logprob": 2 * b["logprob"], "kl": 0.5 * b["tokens"], "top1": b["tokens"] - 1}
-                for b in r[RECORD_KEY]["buckets"]
+                b.model_dump(exclude_unset=True)
+                | {"logprob": 2 * b.logprob, "kl": 0.5 * b.tokens, "top1": b.tokens - 1}
+                for b in (r.teacher_forced.buckets if r.teacher_forced else [])
             ],
         )
         for r in base

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from qeval.results.samples import SampleRecord
 from tests.helpers import ROOT, TASKS, make_config
 
 pytestmark = pytest.mark.slow
@@ -92,7 +93,7 @@ def whole(score: Any) -> dict[str, Any]:
     return score(WHOLE)
 
 
-def _unspooled(result: Any) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
+def _unspooled(result: Any) -> tuple[list[SampleRecord], dict[str, np.ndarray]]:
     """A result's records and top-k read back from its spools (the store's forms of them)."""
     from qeval.records.spool import RecordSpool, TopkSpool
 
@@ -107,17 +108,18 @@ def _unspooled(result: Any) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]
     return list(result.records), topk
 
 
-def _same_records(one: list[dict[str, Any]], chunked: list[dict[str, Any]]) -> None:
-    assert [r["doc_id"] for r in chunked] == [r["doc_id"] for r in one] == list(range(len(one)))
+def _same_records(one: list[SampleRecord], chunked: list[SampleRecord]) -> None:
+    assert [r.doc_id for r in chunked] == [r.doc_id for r in one] == list(range(len(one)))
     for a, b in zip(one, chunked, strict=True):
-        assert b["prompt"] == a["prompt"] and b["prompt_hash"] == a["prompt_hash"], a["doc_id"]
-        assert b.get("prediction") == a.get("prediction") and b["correct"] == a["correct"], a["doc_id"]
-        assert b["n_tokens"] == a["n_tokens"]
+        assert b.prompt == a.prompt and b.prompt_hash == a.prompt_hash, a.doc_id
+        assert b.prediction == a.prediction and b.correct == a.correct, a.doc_id
+        assert b.n_tokens == a.n_tokens
         for key in ("loglikelihoods", "nll", "kl"):
-            if a.get(key) is not None:  # batches differ between the two: float32 rounding only
-                assert np.allclose(b[key], a[key], atol=1e-4, rtol=0), (key, a["doc_id"])
-        assert b["metrics"].keys() == a["metrics"].keys()
-        assert np.allclose([b["metrics"][k] for k in a["metrics"]], list(a["metrics"].values()), atol=1e-4)
+            if getattr(a, key) is not None:  # batches differ between the two: float32 rounding only
+                assert np.allclose(getattr(b, key), getattr(a, key), atol=1e-4, rtol=0), (key, a.doc_id)
+        am, bm = a.metrics or {}, b.metrics or {}
+        assert bm.keys() == am.keys()
+        assert np.allclose([bm[k] for k in am], list(am.values()), atol=1e-4)
 
 
 def _same_metrics(one: dict[str, Any], chunked: dict[str, Any]) -> None:
@@ -142,9 +144,9 @@ def test_chunks_score_as_one_call(score: Any, whole: dict[str, Any], tmp_path: P
             assert np.array_equal(a.topk["indices"][:, 0], topk["indices"][:, 0]), name
             assert np.allclose(a.topk["token_logprobs"], topk["token_logprobs"], atol=1e-4), name
     # the few-shot examples vary by document: a sampler re-seeded per chunk would repeat chunk 1's
-    arc = [r["prompt"] for r in one["arc_easy_local"].records]
+    arc = [r.prompt for r in one["arc_easy_local"].records]
     assert arc[CHUNK] != arc[0] and len(set(arc)) == len(arc)
-    assert one["gsm8k_local"].records[0].get("raw_output") is not None  # the generation task ran
+    assert next(iter(one["gsm8k_local"].records)).raw_output is not None  # the generation task ran
     assert "bits_per_byte" in one["wikitext_local"].metrics and "acc" in one["arc_easy_local"].metrics
 
 
@@ -169,7 +171,7 @@ def test_chunks_keep_the_kl_reference_request_by_request(score: Any, whole: dict
         assert b["kl_mean"] == pytest.approx(a["kl_mean"], abs=1e-5)
         records, topk = _unspooled(chunked[name])
         assert topk == {}, name  # not the baseline: nothing kept
-        assert all("kl" in r for r in records)
+        assert all(r.kl is not None for r in records)
         _same_records(one[name].records, records)
 
 
@@ -251,9 +253,9 @@ def test_an_interrupted_scoring_carries_on_from_its_last_chunk(
         r.close()
     # only the third chunk's arc documents were scored again
     arc = whole["arc_easy_local"].records
-    assert again.calls == [("loglikelihood", sum(len(r["loglikelihoods"]) for r in arc[2 * CHUNK :]))]
+    assert again.calls == [("loglikelihood", sum(len(r.loglikelihoods) for r in arc[2 * CHUNK :]))]
     # the bar ends full: the saved chunks' requests counted once on resume, the rest as scored
-    assert sum(advanced) == sum(len(r["loglikelihoods"]) for r in arc) + sum(
+    assert sum(advanced) == sum(len(r.loglikelihoods) for r in arc) + sum(
         e["limit"] for e in ENTRIES if e["name"] != "arc_easy_local"
     )
     for entry in ENTRIES:
@@ -270,8 +272,8 @@ def test_an_interrupted_scoring_carries_on_from_its_last_chunk(
             kl = resumed[name].kl_distribution
             assert kl is not None and kl["tokens"] == len(a.topk["indices"]), (name, kl)
             assert kl["kl_max"] < 1e-3 and kl["same_top1"] == 1.0, (name, kl)  # each token against its own reference
-    prompts = [r["prompt"] for r in _unspooled(resumed["arc_easy_local"])[0]]
-    assert prompts == [r["prompt"] for r in arc]  # the few-shot sampler carried on where it stopped
+    prompts = [r.prompt for r in _unspooled(resumed["arc_easy_local"])[0]]
+    assert prompts == [r.prompt for r in arc]  # the few-shot sampler carried on where it stopped
 
 
 def test_a_damaged_state_is_scored_again_from_the_first_document(
@@ -317,7 +319,7 @@ def test_a_killed_sequential_scoring_resumes_at_its_last_look(
     order = {task: document_order(seq_cfg, task, 10)}
     # the baseline scores in the same order (its few-shot draws, so its prompts, follow the order)
     base = list(score(chunk, names=[task], order=order)[task].records)
-    assert sorted(r["doc_id"] for r in base) == list(range(10))
+    assert sorted(r.doc_id or 0 for r in base) == list(range(10))
     plan = {
         "alpha": 0.05,
         "min_docs": 6,
@@ -334,7 +336,7 @@ def test_a_killed_sequential_scoring_resumes_at_its_last_look(
     expected = list(straight.records)
     assert 6 <= len(expected) < 10, "the cell was not decided before the cap: no stop to resume to"
     # a prefix of the order, chunk by chunk (each chunk's ids ascending, as lm-eval's)
-    assert [r["doc_id"] for r in expected] == [
+    assert [r.doc_id for r in expected] == [
         i for s in range(0, len(expected), chunk) for i in sorted(order[task][s : s + chunk])
     ]
     verdict = cell(plan, task, order[task], base, expected)
@@ -361,7 +363,7 @@ def test_a_killed_sequential_scoring_resumes_at_its_last_look(
     records, _ = _unspooled(resumed)
     # only the chunks from the third on were scored again, and no further than the uninterrupted run
     assert len(again.calls) == len(expected) // chunk - 2
-    assert [r["doc_id"] for r in records] == [r["doc_id"] for r in expected]
-    assert [r["metrics"]["acc"] for r in records] == [r["metrics"]["acc"] for r in expected]
+    assert [r.doc_id for r in records] == [r.doc_id for r in expected]
+    assert [(r.metrics or {})["acc"] for r in records] == [(r.metrics or {})["acc"] for r in expected]
     again_verdict = cell(plan, task, order[task], base, records)
     assert again_verdict == verdict

@@ -19,6 +19,7 @@ from qeval.config.gates import Gate
 from qeval.config.long_context import LongContextSpec
 from qeval.config.setups import Setup
 from qeval.errors import UserError
+from qeval.results.samples import SampleRecord
 from qeval.tasks.long_context import words
 from qeval.tasks.long_context.buckets import bucket_sums
 from qeval.tasks.long_context.kind import model_config_of
@@ -161,18 +162,18 @@ def test_bucket_sums_partition_the_document() -> None:
     logp = -np.arange(1, 11, dtype=float)
     kl, top1 = np.full(10, 0.5), np.array([1, 0] * 5, dtype=bool)
     got = bucket_sums([0, 2, 6, 8], logp, kl, top1)  # tokens past the last edge join the last bucket
-    assert [(b["start"], b["end"], b["tokens"]) for b in got] == [(0, 2, 2), (2, 6, 4), (6, 10, 4)]
-    assert sum(b["nll"] for b in got) == pytest.approx(55) and sum(b["kl"] for b in got) == pytest.approx(5)
-    assert sum(b["top1"] for b in got) == 5
+    assert [(b.start, b.end, b.tokens) for b in got] == [(0, 2, 2), (2, 6, 4), (6, 10, 4)]
+    assert sum(b.nll for b in got) == pytest.approx(55) and sum(b.kl or 0.0 for b in got) == pytest.approx(5)
+    assert sum(b.top1 or 0 for b in got) == 5
 
 
 def test_position_buckets_pair_documents_bucket_by_bucket() -> None:
-    def rec(i: int, nlls: list[float], kl: float | None = None) -> dict[str, Any]:
+    def rec(i: int, nlls: list[float], kl: float | None = None) -> SampleRecord:
         b = [
             {"start": s, "end": e, "tokens": 10, "nll": n} | ({"kl": kl, "top1": 9} if kl is not None else {})
             for (s, e), n in zip([(0, 10), (10, 20)], nlls, strict=True)
         ]
-        return {"sample_id": f"d{i}", "buckets": b}
+        return SampleRecord.model_validate({"sample_id": f"d{i}", "buckets": b})
 
     base = [rec(0, [10, 20]), rec(1, [12, 22])]
     other = [rec(0, [11, 25], kl=0.5), rec(1, [12, 27], kl=1.5)]
@@ -188,12 +189,12 @@ def test_position_buckets_pair_only_shared_documents() -> None:
     without a baseline (the baseline's own block) a bucket has its NLL and no comparison; an
     empty bucket is left out."""
 
-    def rec(i: str, nlls: list[float], tokens: list[int], kl: float | None = None) -> dict[str, Any]:
+    def rec(i: str, nlls: list[float], tokens: list[int], kl: float | None = None) -> SampleRecord:
         b = [
             {"start": s, "end": e, "tokens": t, "nll": n} | ({"kl": kl, "top1": t} if kl is not None else {})
             for (s, e), n, t in zip([(0, 10), (10, 20)], nlls, tokens, strict=True)
         ]
-        return {"sample_id": i, "buckets": b}
+        return SampleRecord.model_validate({"sample_id": i, "buckets": b})
 
     base = [rec("a", [10, 0], [10, 0]), rec("b", [20, 0], [10, 0])]
     other = [rec("a", [12, 0], [10, 0], kl=1.0), rec("b", [21, 0], [10, 0], kl=3.0), rec("c", [99, 0], [10, 0], kl=9.0)]

@@ -4,7 +4,7 @@ with the baseline's document by document, position bucket by position bucket (fr
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -15,8 +15,8 @@ from qeval.results.generation import (
     GenerationDivergence,
     TaskGeneration,
 )
+from qeval.results.samples import GeneratedPositionSums, SampleRecord
 from qeval.results.schema import Results
-from qeval.tasks.generation.teacher import RECORD_KEY
 from qeval.tasks.long_context.buckets import bucket_comparison
 
 if TYPE_CHECKING:
@@ -57,12 +57,12 @@ def attach_generation(results: Results, pre: Preflight, store: RunStore) -> Resu
     return results.model_copy(update={"generation_divergence": block})
 
 
-def _sums(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    return {str(r["sample_id"]): r[RECORD_KEY]["buckets"] for r in records if r.get(RECORD_KEY)}
+def _sums(records: list[SampleRecord]) -> dict[str, list[GeneratedPositionSums]]:
+    return {r.sample_id: r.teacher_forced.buckets for r in records if r.teacher_forced}
 
 
 def position_table(
-    records: list[dict[str, Any]], baseline: list[dict[str, Any]] | None, seed: int
+    records: list[SampleRecord], baseline: list[SampleRecord] | None, seed: int
 ) -> list[GeneratedPositionBucket]:
     """Per position bucket: the documents that reach it (with the baseline's: those both scored),
     the mean NLL of the baseline's generated tokens, and against the baseline the paired
@@ -77,16 +77,16 @@ def position_table(
         if not docs:
             continue
         first = mine[docs[0]][k]
-        tok = np.array([mine[i][k]["tokens"] for i in docs], dtype=float)
-        nll = -np.array([mine[i][k]["logprob"] for i in docs])
+        tok = np.array([mine[i][k].tokens for i in docs], dtype=float)
+        nll = -np.array([mine[i][k].logprob for i in docs])
         b = GeneratedPositionBucket(
-            start=first["start"],
-            end=first["end"],
+            start=first.start,
+            end=first.end,
             documents=len(docs),
             tokens=int(tok.sum()),
             nll=float(nll.sum() / tok.sum()),
         )
-        base_nll = -np.array([theirs[i][k]["logprob"] for i in docs]) if baseline is not None else None
+        base_nll = -np.array([theirs[i][k].logprob for i in docs]) if baseline is not None else None
         out.append(b.model_copy(update=bucket_comparison(tok, nll, base_nll, [mine[i][k] for i in docs], seed)))
     return out
 
@@ -112,15 +112,15 @@ def judged(buckets: list[GeneratedPositionBucket], gates: dict[int, float | None
 
 
 def length_table(
-    records: list[dict[str, Any]], baseline: list[dict[str, Any]], edges: list[int], compare: bool, seed: int
+    records: list[SampleRecord], baseline: list[SampleRecord], edges: list[int], compare: bool, seed: int
 ) -> list[AnswerLengthBucket]:
     """Accuracy by answer length: documents bucketed by the length of the baseline's generation
     (its teacher-forced tokens), this setup's accuracy on each bucket and, `compare`, the paired
     difference with the baseline's (Newcombe's interval and McNemar's test on right/wrong; a
     t-interval and Wilcoxon's test on a sampled task's shares)."""
-    length = {str(r["sample_id"]): int(r[RECORD_KEY]["tokens"]) for r in baseline if r.get(RECORD_KEY)}
-    base_ok = {str(r["sample_id"]): r.get("correct") for r in baseline}
-    mine_ok = {str(r["sample_id"]): r.get("correct") for r in records}
+    length = {r.sample_id: r.teacher_forced.tokens for r in baseline if r.teacher_forced}
+    base_ok = {r.sample_id: r.correct for r in baseline}
+    mine_ok = {r.sample_id: r.correct for r in records}
     ids = [
         i
         for i in length

@@ -25,6 +25,7 @@ import numpy as np
 
 from qeval.backends.base import TOPK, RollingRequest, RollingResult
 from qeval.backends.tokens import Conventions, conventions
+from qeval.results.samples import GeneratedPositionSums, SampleRecord, TeacherForced
 from qeval.tasks.scoring import kl_top1
 
 if TYPE_CHECKING:
@@ -32,8 +33,6 @@ if TYPE_CHECKING:
     from qeval.config import RunConfig
     from qeval.tasks.scoring import TaskResult
 
-#: the record key that holds one document's teacher-forced divergence
-RECORD_KEY = "teacher_forced"
 #: the member of the baseline's top-k file that holds its generated texts
 TEXTS_KEY = "generation"
 
@@ -42,7 +41,7 @@ Store = Callable[[str, Any, float, str], None]
 
 def position_sums(
     edges: list[int], logprobs: np.ndarray, kl: np.ndarray | None, top1: np.ndarray | None
-) -> list[dict[str, Any]]:
+) -> list[GeneratedPositionSums]:
     """Per bucket of generated positions (lower `edges`, the last open-ended) that the document
     reaches: tokens, summed log-prob of the actual tokens and, against the baseline, summed KL
     and top-1 agreements."""
@@ -53,14 +52,11 @@ def position_sums(
             break
         hi = edges[i + 1] if i + 1 < len(edges) else None
         sl = slice(lo, n if hi is None else min(hi, n))
-        rec: dict[str, Any] = {
-            "start": lo,
-            "end": hi,
-            "tokens": sl.stop - sl.start,
-            "logprob": float(logprobs[sl].sum(dtype=np.float64)),
-        }
+        rec = GeneratedPositionSums(
+            start=lo, end=hi, tokens=sl.stop - sl.start, logprob=float(logprobs[sl].sum(dtype=np.float64))
+        )
         if kl is not None and top1 is not None:
-            rec |= {"kl": float(kl[sl].sum(dtype=np.float64)), "top1": int(top1[sl].sum())}
+            rec.kl, rec.top1 = float(kl[sl].sum(dtype=np.float64)), int(top1[sl].sum())
         out.append(rec)
     return out
 
@@ -90,7 +86,7 @@ def teacher_forcing(
 
     def wrapped(name: str, result: TaskResult, seconds: float, sha256: str) -> None:
         records = list(result.records)
-        if records and all("raw_output" in r and "prompt" in r for r in records):
+        if records and all(r.raw_output is not None and r.prompt is not None for r in records):
             with progress(
                 f"{cfg.baseline.name if is_baseline else 'setup'}: {name} teacher-forced", len(records)
             ) as bar:
@@ -131,27 +127,25 @@ def _tail(res: RollingResult, n: int) -> RollingResult:
 def baseline_pass(
     backend: Backend,
     conv: Conventions,
-    records: list[dict[str, Any]],
+    records: list[SampleRecord],
     edges: list[int],
     max_context: int,
     advance: Callable[[int], None],
 ) -> dict[str, np.ndarray]:
     """The baseline's own generations scored: each record's log-prob sums by position bucket,
     and the top-k pack the setups read (empty where no generation could be scored)."""
-    kept: list[tuple[dict[str, Any], int, int]] = []
+    kept: list[tuple[SampleRecord, int, int]] = []
     for r in records:
-        text = str(r["raw_output"])
+        text = str(r.raw_output)
         if not text:
             continue
-        total, n_gen = _split(conv, str(r["prompt"]), text)
+        total, n_gen = _split(conv, str(r.prompt), text)
         # one window: a text past the context would be scored in windows that lose the prompt (the
         # vllm and openai backends' windows are two tokens shorter than the context)
         if 0 < n_gen <= total and total <= max_context - 2:
             kept.append((r, total, n_gen))
     results = (
-        backend.loglikelihood_rolling(
-            [RollingRequest(str(r["prompt"]) + str(r["raw_output"])) for r, _, _ in kept], advance
-        )
+        backend.loglikelihood_rolling([RollingRequest(str(r.prompt) + str(r.raw_output)) for r, _, _ in kept], advance)
         if kept
         else []
     )
@@ -160,10 +154,10 @@ def baseline_pass(
         if res.n_tokens != total:  # tokenized otherwise than expected: no divergence, never a wrong one
             continue
         tail = _tail(res, n_gen)
-        r[RECORD_KEY] = {"tokens": n_gen, "buckets": position_sums(edges, tail.token_logprobs, None, None)}
+        r.teacher_forced = TeacherForced(tokens=n_gen, buckets=position_sums(edges, tail.token_logprobs, None, None))
         tails.append(tail)
-        ids.append(str(r["sample_id"]))
-        texts.append(str(r["raw_output"]))
+        ids.append(r.sample_id)
+        texts.append(str(r.raw_output))
     if not tails:
         return {}
     lengths = np.array([t.n_tokens for t in tails], dtype=np.int64)
@@ -180,7 +174,7 @@ def baseline_pass(
 def setup_pass(
     backend: Backend,
     conv: Conventions,
-    records: list[dict[str, Any]],
+    records: list[SampleRecord],
     ref: dict[str, np.ndarray] | None,
     edges: list[int],
     advance: Callable[[int], None],
@@ -192,21 +186,21 @@ def setup_pass(
     meta = json.loads(bytes(ref[TEXTS_KEY]).decode())
     offsets = ref["offsets"]
     where = {sid: k for k, sid in enumerate(meta["sample_ids"])}
-    jobs: list[tuple[dict[str, Any], int, int]] = []
+    jobs: list[tuple[SampleRecord, int, int]] = []
     reqs: list[RollingRequest] = []
     for r in records:
-        k = where.get(str(r["sample_id"]))
+        k = where.get(r.sample_id)
         if k is None:
             continue
         text = meta["texts"][k]
-        total, n_gen = _split(conv, str(r["prompt"]), text)
+        total, n_gen = _split(conv, str(r.prompt), text)
         if n_gen != int(offsets[k + 1] - offsets[k]):  # another prompt than the baseline's: not paired
             continue
         width = ref["indices"].shape[1] if ref["indices"].ndim == 2 else TOPK
         ids = np.zeros((total, width), dtype=np.int64)  # prompt positions: any ids, never read
         ids[total - n_gen :] = ref["indices"][offsets[k] : offsets[k + 1]]
         jobs.append((r, k, n_gen))
-        reqs.append(RollingRequest(str(r["prompt"]) + text, ids))
+        reqs.append(RollingRequest(str(r.prompt) + text, ids))
     results = backend.loglikelihood_rolling(reqs, advance) if reqs else []
     for (r, k, n_gen), res in zip(jobs, results, strict=True):
         if res.ref_logprobs is None or res.n_tokens < n_gen:
@@ -214,4 +208,4 @@ def setup_pass(
         tail = _tail(res, n_gen)
         sl = slice(int(offsets[k]), int(offsets[k + 1]))
         kl, top1 = kl_top1((ref["indices"][sl], ref["logprobs"][sl], ref["token_logprobs"][sl]), tail)
-        r[RECORD_KEY] = {"tokens": n_gen, "buckets": position_sums(edges, tail.token_logprobs, kl, top1)}
+        r.teacher_forced = TeacherForced(tokens=n_gen, buckets=position_sums(edges, tail.token_logprobs, kl, top1))

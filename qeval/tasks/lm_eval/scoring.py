@@ -42,6 +42,7 @@ from qeval.config.chat import strip_thinking
 from qeval.memory.heap import release_free_memory
 from qeval.records.spool import RecordSpool, TopkReader, TopkSpool
 from qeval.results.metrics import KL_OUTPUT_TYPES
+from qeval.results.samples import SampleRecord, read_record
 from qeval.tasks.chat import Chat
 from qeval.tasks.lm_eval import resume
 from qeval.tasks.lm_eval.session import LmEvalSession
@@ -55,6 +56,7 @@ from qeval.tasks.scoring import (
     kl_top1,
     pack_topk,
     request_references,
+    set_divergence,
     split_reference,
 )
 
@@ -231,7 +233,7 @@ def score_lm_eval(
     requests: dict[str, int] | None = None,
     resume_keys: Mapping[str, str] | None = None,
     order: Mapping[str, list[int]] | None = None,
-    stop: Callable[[str, list[dict[str, Any]]], bool] | None = None,
+    stop: Callable[[str, list[SampleRecord]], bool] | None = None,
 ) -> dict[str, TaskResult]:
     """Score `leaves` through lm-eval's evaluate(), `chunk_docs` documents a call (every leaf's
     chunk in the same call: one batched backend call per request type); per leaf, qeval's
@@ -329,13 +331,13 @@ def score_lm_eval(
     return {leaf: results[leaf] for leaf in leaves}
 
 
-def _records_so_far(built: _LeafResult) -> list[dict[str, Any]]:
+def _records_so_far(built: _LeafResult) -> list[SampleRecord]:
     """A leaf's records so far, its spool read through a handle of its own (the spool stays open
     for the chunks to come)."""
     if not isinstance(built.records, RecordSpool):
         return list(built.records)
     with open(built.records.path, "rb") as f:
-        return [json.loads(line) for line in f]
+        return [read_record(json.loads(line)) for line in f]
 
 
 def _resumed(
@@ -396,7 +398,7 @@ class _LeafResult:
     so that neither grows in memory with the documents."""
 
     leaf: str
-    records: list[dict[str, Any]] | RecordSpool
+    records: list[SampleRecord] | RecordSpool
     #: the top-k packs, chunk by chunk (None: not kept, a setup that is not the baseline)
     packs: list[dict[str, np.ndarray]] | TopkSpool | None
     #: (metric, filter) -> per-document values in document order: what evaluate() aggregates
@@ -461,7 +463,7 @@ class _LeafResult:
         samples: list[dict[str, Any]],
         raw: dict[tuple[str, int, int], Any],
         refs: dict[tuple[str, int, int], Reference],
-    ) -> list[dict[str, Any]]:
+    ) -> list[SampleRecord]:
         """One chunk: lm-eval's logged samples of this leaf and the backend's per-request results;
         returns the chunk's records."""
         info, leaf = session.infos[self.leaf], self.leaf
@@ -470,22 +472,23 @@ class _LeafResult:
             by_doc[int(s["doc_id"])].append(s)
             for m in s["metrics"]:
                 self.raw_metrics[(m, s.get("filter", "none"))].append(s[m])
-        records = [
-            _record(leaf, info.output_type, info.compared_metric, doc_id, entries, raw)
-            for doc_id, entries in sorted(by_doc.items())
-        ]
+        doc_ids = sorted(by_doc)
+        records = [_record(leaf, info.output_type, info.compared_metric, d, by_doc[d], raw) for d in doc_ids]
         topk: dict[str, np.ndarray] = {}
         if info.output_type == "loglikelihood_rolling":
-            results = [raw[(leaf, r["doc_id"], 0)] for r in records]
+            results = [raw[(leaf, d, 0)] for d in doc_ids]
             topk = pack_topk(results)
-            for rec, res in zip(records, results, strict=True):
-                doc_ref = refs.get((leaf, rec["doc_id"], 0))
+            for d, rec, res in zip(doc_ids, records, results, strict=True):
+                doc_ref = refs.get((leaf, d, 0))
                 if doc_ref is not None and res.ref_logprobs is not None:
                     kl, top1 = kl_top1(doc_ref, res)
-                    rec |= {"kl": float(kl.mean()), "top1_agreement": float(top1.mean()), "kl_tokens": int(kl.size)}
+                    set_divergence(rec, kl, top1)
                     self.tokens.add(kl, top1, delta_p(doc_ref, res))
         elif info.output_type in ("multiple_choice", "loglikelihood"):  # KL on the scored tokens of every choice
-            keys = [[(leaf, r["doc_id"], i) for i in range(len(r["loglikelihoods"] or [None]))] for r in records]
+            keys = [
+                [(leaf, d, i) for i in range(len(r.loglikelihoods or [None]))]
+                for d, r in zip(doc_ids, records, strict=True)
+            ]
             choices = [[raw[k] for k in doc] for doc in keys]
             chosen = [refs.get(k) for doc in keys for k in doc]
             full = None if any(c is None for c in chosen) else [c for c in chosen if c is not None]
@@ -535,7 +538,7 @@ def _record(
     doc_id: int,
     entries: list[dict[str, Any]],
     raw: dict[tuple[str, int, int], Any],
-) -> dict[str, Any]:
+) -> SampleRecord:
     """One document's record: lm-eval's doc id and per-document metric values (every filter),
     plus what qeval's comparison and drill-down read (correct, prediction, nll...)."""
     first = entries[0]
@@ -546,57 +549,49 @@ def _record(
         for m in e.get("metrics", []):
             scores[m if filt == "none" else f"{m},{filt}"] = e.get(m)
         filtered[filt] = e["filtered_resps"]
-    rec: dict[str, Any] = {
-        "sample_id": str(doc_id),
-        "doc_id": doc_id,
-        "prompt": first["arguments"][0][0],
-        "target": _plain(first["target"]),
-        "doc_hash": first.get("doc_hash"),
-        "prompt_hash": first.get("prompt_hash"),
-        "metrics": _scalars(scores),
-        "loglikelihoods": None,
-        "nll": None,
-        "n_tokens": None,
-    }
+    rec = SampleRecord(
+        sample_id=str(doc_id),
+        doc_id=doc_id,
+        prompt=first["arguments"][0][0],
+        target=_plain(first["target"]),
+        doc_hash=first.get("doc_hash"),
+        prompt_hash=first.get("prompt_hash"),
+        metrics=_scalars(scores),
+        loglikelihoods=None,
+        nll=None,
+        n_tokens=None,
+    )
     value = scores.get(compared)
     if output_type == "multiple_choice":
         lls = [float(resp[0][0]) for resp in first["resps"]]
         pred = int(np.argmax(lls))
-        rec |= {
-            "loglikelihoods": lls,
-            "prediction": first["arguments"][pred][1].strip(),
-            "n_tokens": [raw[(leaf, doc_id, i)].n_tokens for i in range(len(lls))],
-        }
+        rec.loglikelihoods = lls
+        rec.prediction = first["arguments"][pred][1].strip()
+        rec.n_tokens = [raw[(leaf, doc_id, i)].n_tokens for i in range(len(lls))]
     elif output_type == "generate_until":
         filt = compared.split(",", 1)[1] if "," in compared else "none"
         answer = filtered.get(filt, first["filtered_resps"])
         whole = raw.get((leaf, doc_id, 0), first["resps"][0][0])
-        rec |= {
-            "prediction": _plain(answer[0] if isinstance(answer, list) and answer else answer),
-            "raw_output": str(whole),
-            "generated_tokens": generated_tokens(whole),
-            "filtered": {k: _plain(v) for k, v in filtered.items()},
-        }
+        rec.prediction = _plain(answer[0] if isinstance(answer, list) and answer else answer)
+        rec.raw_output = str(whole)
+        rec.generated_tokens = generated_tokens(whole)
+        rec.filtered = {k: _plain(v) for k, v in filtered.items()}
         if first["resps"][0][0] != whole:  # a reasoning block stripped: what lm-eval scored
-            rec["response"] = first["resps"][0][0]
+            rec.response = first["resps"][0][0]
     elif output_type == "loglikelihood_rolling":
         ll = float(first["resps"][0][0])
         bytes_ = scores.get("bits_per_byte") or scores.get("byte_perplexity")
         words = scores.get("word_perplexity")
-        rec |= {
-            "prediction": None,
-            "nll": -ll,
-            "n_tokens": raw[(leaf, doc_id, 0)].n_tokens,
-            "n_bytes": int(bytes_[1]) if isinstance(bytes_, (list, tuple)) else None,
-            "n_words": int(words[1]) if isinstance(words, (list, tuple)) else None,
-        }
+        rec.prediction = None
+        rec.nll = -ll
+        rec.n_tokens = raw[(leaf, doc_id, 0)].n_tokens
+        rec.n_bytes = int(bytes_[1]) if isinstance(bytes_, (list, tuple)) else None
+        rec.n_words = int(words[1]) if isinstance(words, (list, tuple)) else None
     else:  # loglikelihood: one continuation (lambada-style)
         ll, greedy = first["resps"][0][0]
-        rec |= {"prediction": None, "nll": -float(ll), "is_greedy": bool(greedy)}
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value in (0, 1, 0.0, 1.0):
-        rec["correct"] = bool(value)
-    else:
-        rec["correct"] = None
+        rec.prediction, rec.nll, rec.is_greedy = None, -float(ll), bool(greedy)
+    is_flag = isinstance(value, (int, float)) and not isinstance(value, bool) and value in (0, 1, 0.0, 1.0)
+    rec.correct = bool(value) if is_flag else None
     return rec
 
 

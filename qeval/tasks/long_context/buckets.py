@@ -5,16 +5,18 @@ that both long context's prompt positions and the generation's positions use."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from qeval.analysis.stats import paired_ratio
+from qeval.results.samples import BucketSums, PositionSums
 
 
 def bucket_sums(
     edges: list[int], token_logprobs: np.ndarray, kl: np.ndarray | None, top1: np.ndarray | None
-) -> list[dict[str, Any]]:
+) -> list[PositionSums]:
     """Per bucket [edges[i], edges[i+1]) of predicted-token positions (0 = the document's first
     token): tokens, summed NLL (nats) and, against a baseline, summed KL and top-1 agreements.
     Tokens past the last edge count in the last bucket."""
@@ -23,20 +25,17 @@ def bucket_sums(
     for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:], strict=True)):
         hi = max(hi, n) if i == len(edges) - 2 else hi
         sl = slice(min(lo, n), min(hi, n))
-        rec: dict[str, Any] = {
-            "start": lo,
-            "end": hi,
-            "tokens": sl.stop - sl.start,
-            "nll": float(-token_logprobs[sl].sum(dtype=np.float64)),
-        }
+        rec = PositionSums(
+            start=lo, end=hi, tokens=sl.stop - sl.start, nll=float(-token_logprobs[sl].sum(dtype=np.float64))
+        )
         if kl is not None and top1 is not None:
-            rec |= {"kl": float(kl[sl].sum(dtype=np.float64)), "top1": int(top1[sl].sum())}
+            rec.kl, rec.top1 = float(kl[sl].sum(dtype=np.float64)), int(top1[sl].sum())
         out.append(rec)
     return out
 
 
 def bucket_comparison(
-    tok: np.ndarray, nll: np.ndarray, base_nll: np.ndarray | None, sums: list[dict[str, Any]], seed: int
+    tok: np.ndarray, nll: np.ndarray, base_nll: np.ndarray | None, sums: Sequence[BucketSums], seed: int
 ) -> dict[str, Any]:
     """The fields a position bucket adds against the baseline (an update for its model): the
     baseline's token-weighted mean NLL and the paired difference with a t-interval over documents
@@ -52,9 +51,8 @@ def bucket_comparison(
             "ci_method": "t",
             "p_value": cmp.p_value,
         }
-    if all("kl" in s for s in sums):
-        update |= {
-            "kl": float(sum(s["kl"] for s in sums) / tok.sum()),
-            "top1_agreement": float(sum(s["top1"] for s in sums) / tok.sum()),
-        }
+    kl = [s.kl for s in sums if s.kl is not None]
+    top1 = [s.top1 for s in sums if s.top1 is not None]
+    if len(kl) == len(top1) == len(sums):
+        update |= {"kl": float(sum(kl) / tok.sum()), "top1_agreement": float(sum(top1) / tok.sum())}
     return update

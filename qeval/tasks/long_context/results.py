@@ -4,11 +4,12 @@ position paired with the baseline's, bucket by bucket, from the stored records
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from qeval.results.long_context import LengthPoint, LongContextInfo, PositionBucket, SetupLongContext
+from qeval.results.samples import SampleRecord
 from qeval.results.schema import Results, SetupResult
 from qeval.tasks.long_context.buckets import bucket_comparison
 from qeval.tasks.long_context.tasks import LongContextTask
@@ -86,30 +87,30 @@ def _setup_block(
 
 
 def position_buckets(
-    records: list[dict[str, Any]], baseline: list[dict[str, Any]] | None, seed: int
+    records: list[SampleRecord], baseline: list[SampleRecord] | None, seed: int
 ) -> list[PositionBucket]:
     """Loss by position bucket over a length's documents; with the baseline's records, paired
     by document: the difference of the token-weighted mean NLL with a t-interval over
     documents (stats.paired_ratio), and the KL and top-1 agreement the setup's records carry."""
-    mine = {r["sample_id"]: r["buckets"] for r in records if r.get("buckets")}
-    theirs = {r["sample_id"]: r["buckets"] for r in baseline or [] if r.get("buckets")}
+    mine = {r.sample_id: r.buckets for r in records if r.buckets}
+    theirs = {r.sample_id: r.buckets for r in baseline or [] if r.buckets}
     ids = [i for i in mine if i in theirs] if baseline is not None else list(mine)
     if not ids:
         return []
     out = []
     for k, first in enumerate(mine[ids[0]]):
-        docs = [i for i in ids if mine[i][k]["tokens"] > 0]
+        docs = [i for i in ids if mine[i][k].tokens > 0]
         if not docs:
             continue
-        tok = np.array([mine[i][k]["tokens"] for i in docs], dtype=float)
-        nll = np.array([mine[i][k]["nll"] for i in docs])
+        tok = np.array([mine[i][k].tokens for i in docs], dtype=float)
+        nll = np.array([mine[i][k].nll for i in docs])
         b = PositionBucket(
-            start=first["start"],
-            end=first["end"],
+            start=first.start,
+            end=first.end,
             documents=len(docs),
             tokens=int(tok.sum()),
             nll=float(nll.sum() / tok.sum()),
         )
-        base_nll = np.array([theirs[i][k]["nll"] for i in docs]) if baseline is not None else None
+        base_nll = np.array([theirs[i][k].nll for i in docs]) if baseline is not None else None
         out.append(b.model_copy(update=bucket_comparison(tok, nll, base_nll, [mine[i][k] for i in docs], seed)))
     return out

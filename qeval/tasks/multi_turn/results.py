@@ -11,7 +11,6 @@ import numpy as np
 
 from qeval.results.multi_turn import MultiTurnInfo, TurnPoint
 from qeval.results.schema import Results, SetupResult
-from qeval.tasks.generation.teacher import RECORD_KEY
 from qeval.tasks.multi_turn.tasks import MultiTurnTask, spec_of
 
 if TYPE_CHECKING:
@@ -63,18 +62,18 @@ def _point(s: SetupResult, task: MultiTurnTask, store: RunStore) -> TurnPoint:
         p = p.model_copy(update={"delta": c.delta, "ci": c.ci, "p_value": c.p_value, "verdict": c.verdict})
     if not s.baseline:
         sums = [
-            b
+            (b.tokens, b.kl, b.top1 or 0)
             for r in store.read_samples(s.name, task.name)
-            if r.get(RECORD_KEY)
-            for b in r[RECORD_KEY]["buckets"]
-            if "kl" in b
+            if r.teacher_forced
+            for b in r.teacher_forced.buckets
+            if b.kl is not None
         ]
-        tokens = sum(b["tokens"] for b in sums)
+        tokens = sum(n for n, _, _ in sums)
         if tokens:
             p = p.model_copy(
                 update={
-                    "kl": sum(b["kl"] for b in sums) / tokens,
-                    "top1_agreement": sum(b["top1"] for b in sums) / tokens,
+                    "kl": sum(kl for _, kl, _ in sums) / tokens,
+                    "top1_agreement": sum(top1 for _, _, top1 in sums) / tokens,
                 }
             )
     return p
