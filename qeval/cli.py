@@ -257,9 +257,9 @@ def goodput(
             cfg = cfg.model_copy(update={"serving": serving.model_copy(update={"exhaustive": True})})
         # the dtype as `qeval quantize` resolved it: part of a checkpoint's key
         dtype = dtype_for(cfg.model.dtype, Path(cfg.model.path), resolve_device(cfg.device))
-        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"dtype": dtype})})
+        cfg = cfg.for_engine(dtype)  # goodput's engines and serving.json: the resolved dtype, as before
         source = resolve_model(cfg.model.path, cfg.model.revision)
-        cfg = resolve_checkpoints(cfg, source.checksum, {s.name for s in cfg.setups})
+        cfg = resolve_checkpoints(cfg, source.checksum, {s.name for s in cfg.setups}, dtype)
         results = goodput_run(cfg, out, _gated(out))
     except UserError as exc:
         _fail(exc)

@@ -42,13 +42,13 @@ def _weighted(per_doc: np.ndarray, docs: list[list[int]]) -> float:
     return float((per_doc * w).sum() / w.sum())
 
 
-def advise(cfg: RunConfig, config_path: Path, opts: Options, log: Any = print) -> Advice:
-    """Run the advisor on `cfg` (checked input: UserError for what is wrong)."""
+def advise(cfg: RunConfig, config_path: Path, opts: Options, log: Any = print, dtype: str | None = None) -> Advice:
+    """Run the advisor on `cfg` (checked input: UserError for what is wrong). `dtype`: model.dtype
+    as the run resolved it (its advise job's); None (`qeval advise`): resolved here."""
     target = pick_target(cfg, opts.target)
     source = resolve_model(cfg.model.path, cfg.model.revision)
     device = resolve_device(cfg.device)
-    cfg.model.dtype = resolve_precision(cfg.model.dtype, source.config, device).dtype  # type: ignore[assignment]
-    dtype = cfg.model.dtype
+    dtype = dtype or resolve_precision(cfg.model.dtype, source.config, device).dtype  # cfg keeps what was asked
     shape = ModelShape.from_config(source.config)
     cell_units = cells(shape, target, dtype)
     allowance, budget_bytes, basis = allowance_of(opts.budget, shape, target, dtype, cfg.budget.context_len)
@@ -65,7 +65,7 @@ def advise(cfg: RunConfig, config_path: Path, opts: Options, log: Any = print) -
     label, texts = read_texts(cfg, opts.text)
 
     t0 = time.perf_counter()
-    backend = HFBackend(cfg, Setup(name="advise-baseline", baseline=True), device)
+    backend = HFBackend(cfg.for_engine(dtype), Setup(name="advise-baseline", baseline=True), device)
     backend.load()
     names = [m for u in cell_units for m in u.modules]
     missing = [m for m in names if m not in dict(backend.model.named_modules())]

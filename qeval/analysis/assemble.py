@@ -90,7 +90,7 @@ def assemble_results(
     results = Results(
         schema_version=SCHEMA_VERSION,
         run=run,
-        config=cfg.as_json(),
+        config=pre.config_json(),  # model.dtype resolved, as results.json always recorded it
         tasks=tasks,
         setups=list(entries.values()),
         groups={g: m for g, m in pre.groups.items() if g in tasks},
@@ -298,7 +298,7 @@ def _setup_entry(
         setup,
         outcome.memory,
         pre.shape,
-        cfg.model.dtype,
+        pre.dtype,
         pre.device,
         cfg.budget,
         share,
@@ -310,7 +310,7 @@ def _setup_entry(
         perf_key(keys.parts, cfg),
         memory,
         pre.shape,
-        cfg.model.dtype,
+        pre.dtype,
         ceilings,
     )
     return SetupResult(

@@ -47,7 +47,8 @@ class ModelSpec(Strict):
     #: (a CPU without avx512_bf16 / AMX emulates bfloat16 ~100x slower: qeval/backends/device.py).
     #: `bfloat16-if-native`: bfloat16 where the device runs it natively, float32 elsewhere, whatever the
     #: model's own dtype (a float32 folder such as the dequantized SmolLM2 served as its bf16 original).
-    #: Resolved at preflight; results.json records both (`run.dtype_requested`, `run.dtype`)
+    #: Resolved at preflight beside the config, which keeps what was asked (records/preflight.py
+    #: `Precision`); results.json records both (`run.dtype_requested`, `run.dtype`)
     dtype: ModelDtype = "auto"
     max_context: int = Field(default=2048, gt=0)
     trust_remote_code: bool = False
@@ -176,6 +177,12 @@ class RunConfig(ChatKeys):
     def baseline(self) -> Setup:
         """The setup the others are compared with: the one marked, else the first."""
         return next((s for s in self.setups if s.baseline), self.setups[0])
+
+    def for_engine(self, dtype: str) -> RunConfig:
+        """A copy whose model.dtype is `dtype`, the concrete one resolved for the device
+        (records/preflight.py `Precision`): what a backend is built from, since backends read the
+        dtype off their config. `self` keeps what the user asked for."""
+        return self.model_copy(update={"model": self.model.model_copy(update={"dtype": dtype})})
 
     def as_json(self) -> dict[str, Any]:
         """The config as results.json and the config hash hold it: `kinds` left out while empty,

@@ -210,7 +210,7 @@ def ensure_ceilings(pre: Preflight, store: RunStore, python: str) -> dict[str, A
             "device": pre.device,
             "hardware": json.dumps(hardware(), sort_keys=True),
             "python": python,
-            "dtype": pre.cfg.model.dtype,
+            "dtype": pre.dtype,
             "probe": PROBE_VERSION,
         }
     )
@@ -238,7 +238,7 @@ def ensure_ceilings(pre: Preflight, store: RunStore, python: str) -> dict[str, A
     t0 = time.time()
     try:  # dies with this process (a killed `qeval run` leaves no probe racing the rerun for its file)
         proc = subprocess.run(
-            [python, "-m", "qeval.perf.ceilings", str(tmp), pre.device, pre.cfg.model.dtype],
+            [python, "-m", "qeval.perf.ceilings", str(tmp), pre.device, pre.dtype],
             capture_output=True,
             text=True,
             check=False,

@@ -65,10 +65,16 @@ def perf_key(setup_parts: dict[str, str], cfg: RunConfig) -> str:
 
 
 def budget_concurrency(
-    cfg: RunConfig, setup: Setup, device: str, memory: dict[str, MemoryFigure], shape: dict[str, Any] | None
+    cfg: RunConfig,
+    setup: Setup,
+    device: str,
+    dtype: str,
+    memory: dict[str, MemoryFigure],
+    shape: dict[str, Any] | None,
 ) -> float | None:
     """The setup's memory.max_concurrency, computed here exactly as the results will report it
-    (qeval.memory.figures.memory_block on the same measured figures, as stored, and model shape)."""
+    (qeval.memory.figures.memory_block on the same measured figures, as stored, and model shape;
+    `dtype`: the resolved model dtype, the job's)."""
     from qeval.backends import backend_entry
     from qeval.memory.figures import memory_block
 
@@ -76,7 +82,7 @@ def budget_concurrency(
         setup,
         memory,
         _shape(shape) if shape else None,
-        cfg.model.dtype,
+        dtype,
         device,
         cfg.budget,
         "",
@@ -86,14 +92,20 @@ def budget_concurrency(
 
 
 def run_phase(
-    backend: Backend, cfg: RunConfig, setup: Setup, device: str, memory: dict[str, MemoryFigure], job: PerformanceJob
+    backend: Backend,
+    cfg: RunConfig,
+    setup: Setup,
+    device: str,
+    dtype: str,
+    memory: dict[str, MemoryFigure],
+    job: PerformanceJob,
 ) -> PhaseRecord:
     """Time the workload on the loaded backend; a failure here is recorded, never raised
     (the setup's scores stand without its performance)."""
     t0 = time.time()
     out = PhaseRecord(key=job.key)
     try:
-        conc = budget_concurrency(cfg, setup, device, memory, job.shape)
+        conc = budget_concurrency(cfg, setup, device, dtype, memory, job.shape)
         levels, why = resolve_levels(cfg.performance, conc, backend.concurrency_limit)
         lengths, lengths_source = workload_lengths(cfg)
         workload = workload_for(cfg.performance, levels, why, cfg.seed, lengths, lengths_source)

@@ -58,8 +58,9 @@ def needs_checkpoint(setup: Setup) -> bool:
     return setup.weights in ("int8", "int4") and setup.method in SCHEMES
 
 
-def recipe_spec(cfg: RunConfig, setup: Setup) -> dict[str, Any]:
-    """Everything about the recipe that changes the checkpoint (part of the cache key)."""
+def recipe_spec(cfg: RunConfig, setup: Setup, dtype: str) -> dict[str, Any]:
+    """Everything about the recipe that changes the checkpoint (part of the cache key); `dtype`
+    is model.dtype resolved on this device (records/preflight.py `Precision`), never `auto`."""
     scheme = SCHEMES[setup.method]
     q = cfg.quantize
     spec: dict[str, Any] = {
@@ -67,7 +68,7 @@ def recipe_spec(cfg: RunConfig, setup: Setup) -> dict[str, Any]:
         "scheme": scheme.preset,
         "targets": "Linear",
         "ignore": ignore_list(setup),
-        "dtype": cfg.model.dtype,
+        "dtype": dtype,
         "num_samples": q.num_samples,
         "max_seq_length": min(q.max_seq_length, cfg.model.max_context),
     }
@@ -170,15 +171,18 @@ def checkpoint_key(model_sha256: str, recipe: dict[str, Any], calibration_sha256
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def checkpoint_dir(cfg: RunConfig, setup: Setup, model_sha256: str, calibration_sha256: str) -> Path:
+def checkpoint_dir(cfg: RunConfig, setup: Setup, model_sha256: str, calibration_sha256: str, dtype: str) -> Path:
+    """Where `qeval quantize` puts `setup`'s checkpoint: keyed by model, recipe (`dtype`, the
+    resolved model dtype, included) and calibration text."""
     model_name = Path(cfg.model.path.rstrip("/")).name or "model"
-    key = checkpoint_key(model_sha256, recipe_spec(cfg, setup), calibration_sha256)
+    key = checkpoint_key(model_sha256, recipe_spec(cfg, setup, dtype), calibration_sha256)
     return Path(cfg.quantize.output_dir) / f"{model_name}-{setup.method}-{key}"
 
 
-def resolve_checkpoints(cfg: RunConfig, model_sha256: str, names: set[str]) -> RunConfig:
+def resolve_checkpoints(cfg: RunConfig, model_sha256: str, names: set[str], dtype: str) -> RunConfig:
     """`cfg` with each setup in `names` that serves a quantized checkpoint, and names
-    none, pointed at the folder `qeval quantize` made for it. One line if it is missing."""
+    none, pointed at the folder `qeval quantize` made for it (`dtype`: model.dtype resolved on
+    this device, part of its key). One line if it is missing."""
     wanted = [s for s in cfg.setups if s.name in names and needs_checkpoint(s) and not s.checkpoint]
     if not backend_entry(cfg.backend).serves_checkpoints or not wanted:
         return cfg
@@ -186,7 +190,7 @@ def resolve_checkpoints(cfg: RunConfig, model_sha256: str, names: set[str]) -> R
     setups = []
     for s in cfg.setups:
         if s in wanted:
-            where = checkpoint_dir(cfg, s, model_sha256, cal_sha)
+            where = checkpoint_dir(cfg, s, model_sha256, cal_sha, dtype)
             if not (where / RECORD).is_file():
                 raise UserError(
                     f"setup {s.name!r}: no {SCHEMES[s.method].preset} checkpoint of this model and "

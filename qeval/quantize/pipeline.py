@@ -103,11 +103,7 @@ def quantize(
         )
     source = resolve_model(cfg.model.path, cfg.model.revision)  # one clear line for a bad model path, early
     # `dtype: auto` as the run will resolve it on this device (the checkpoint's key holds the dtype)
-    cfg.model.dtype = resolve_precision(
-        cfg.model.dtype,
-        source.config,  # type: ignore[assignment]
-        resolve_device(cfg.device),
-    ).dtype
+    dtype = resolve_precision(cfg.model.dtype, source.config, resolve_device(cfg.device)).dtype
     cal = calibration_source(cfg)
     cal_sha = calibration_checksum(cal)
     texts = read_calibration_texts(cal, cfg.quantize.num_samples) if cal.path else None
@@ -117,7 +113,7 @@ def quantize(
     names = [n for n, _, _ in ModelShape.from_config(source.config).linear_modules()]
     for setup in todo:
         check_keep_fused(setup, names)
-        dest = checkpoint_dir(cfg, setup, model_sha, cal_sha)
+        dest = checkpoint_dir(cfg, setup, model_sha, cal_sha, dtype)
         scheme = SCHEMES[setup.method]
         if (dest / RECORD).is_file() and not force:
             log(f"{setup.name}: {scheme.preset} checkpoint cached at {dest}")
@@ -126,7 +122,7 @@ def quantize(
         python = python or quant_python()
         n = len(texts) if texts is not None else cfg.quantize.num_samples
         log(f"{setup.name}: quantizing to {scheme.preset} ({scheme.algorithm}) on {n} calibration texts -> {dest}")
-        record = _make(cfg, setup, dest, python, cal, texts, model_sha, cal_sha)
+        record = _make(cfg, setup, dtype, dest, python, cal, texts, model_sha, cal_sha)
         log(f"{setup.name}: done in {record['made_by']['seconds']:.0f} s")
         made.append(Made(setup.name, scheme.preset, dest, False, record["made_by"]["seconds"]))
     return made
@@ -144,6 +140,7 @@ def _remove_stale(dest: Path) -> None:
 def _make(
     cfg: RunConfig,
     setup: Setup,
+    dtype: str,
     dest: Path,
     python: str,
     cal: Calibration,
@@ -154,9 +151,9 @@ def _make(
     tmp = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
     _remove_stale(dest)
     tmp.mkdir(parents=True)
-    recipe = recipe_spec(cfg, setup)
+    recipe = recipe_spec(cfg, setup, dtype)
     m = cfg.model
-    model = {"path": m.path, "revision": m.revision, "dtype": m.dtype, "trust_remote_code": m.trust_remote_code}
+    model = {"path": m.path, "revision": m.revision, "dtype": dtype, "trust_remote_code": m.trust_remote_code}
     job = {
         "model": model,
         "recipe": recipe,

@@ -31,8 +31,11 @@ class Job(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    #: the resolved run config (RunConfig as JSON)
+    #: the run config (RunConfig as JSON), model.dtype as the user asked (`auto` stays `auto`)
     config: dict[str, Any]
+    #: model.dtype resolved on the device at preflight (records/preflight.py `Precision`): what
+    #: the worker computes in
+    dtype: str
     setup: str
     device: str
     #: the run directory the worker writes into
@@ -140,8 +143,10 @@ class AdviseJob(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    #: the resolved run config (RunConfig as JSON)
+    #: the run config (RunConfig as JSON), model.dtype as the user asked
     config: dict[str, Any]
+    #: model.dtype resolved at preflight: what the advisor computes in
+    dtype: str
     run_dir: str
     #: the advice's resume key and its parts (qeval/run/advice.py)
     key: str

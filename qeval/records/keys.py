@@ -56,7 +56,7 @@ def setup_keys(pre: Preflight, setup: Setup) -> SetupKeys:
         "qeval": __version__,
         "backend": cfg.backend,
         "device": pre.device,
-        "dtype": m.dtype,
+        "dtype": pre.dtype,  # resolved (the config keeps `auto`): the key of what really ran
         "max_context": str(m.max_context),
         "limit": str(cfg.limit),
         "batch_size": str(cfg.batch_size),

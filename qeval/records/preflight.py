@@ -3,9 +3,11 @@ every task must say of itself (TaskInfoLike), and the precision the setups compu
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from qeval.config import RunConfig
 from qeval.config.setups import Setup
@@ -72,13 +74,14 @@ class Preflight:
     run_tasks: list[str]  # the ones this invocation scores (--tasks)
     model_sha256: str
     shape: ModelShape | None
+    #: model.dtype as asked (cfg.model.dtype, never changed) and as resolved on this device:
+    #: whatever computes in, keys on or predicts from the dtype reads `dtype` below
+    precision: Precision
     #: optional setups this backend/device cannot run: name -> why (reported, not run)
     skipped: dict[str, str] = field(default_factory=dict)
     #: lm-eval groups of the config -> their tasks; suites -> their entries
     groups: dict[str, list[str]] = field(default_factory=dict)
     suites: dict[str, list[str]] = field(default_factory=dict)
-    #: model.dtype as asked and as resolved on this device (cfg.model.dtype holds the resolved one)
-    precision: Precision | None = None
     #: the local model folder whose every file the checksum covers (None: a hub id or a GGUF file)
     model_dir: Path | None = None
     #: resume-key parts the backend adds (backends/__init__.py `BackendEntry.key_parts`)
@@ -86,6 +89,24 @@ class Preflight:
     #: setup -> the content checksum of the checkpoint it serves (`checkpoint:`, or the folder
     #: `qeval quantize` made): a checkpoint remade at the same path is not served from stale results
     checkpoint_sha256: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def dtype(self) -> str:
+        """The concrete dtype the setups compute in (bfloat16, float16 or float32)."""
+        return self.precision.dtype
+
+    def config_json(self) -> dict[str, Any]:
+        """results.json's `config` block: the config as given, but for model.dtype, which it has
+        always recorded resolved (so it, and `config_hash`, read as they did when preflight
+        resolved the dtype in the config itself)."""
+        out = self.cfg.as_json()
+        out["model"]["dtype"] = self.dtype
+        return out
+
+    def config_hash(self) -> str:
+        """results.json's `run.config_hash`: the hash of `config_json()` (RunConfig.config_hash's
+        recipe on the recorded block)."""
+        return hashlib.sha256(json.dumps(self.config_json(), sort_keys=True).encode()).hexdigest()
 
     @property
     def entries(self) -> list[str]:

@@ -85,16 +85,14 @@ def check_advice(pre: Preflight) -> None:
             f"advise: the advised setup's name {name!r} is a setup of the config already; name it with advise.name"
         )
     if pre.shape is not None:
-        allowance, budget, _ = allowance_of(
-            spec.parsed_budget(), pre.shape, target, cfg.model.dtype, cfg.budget.context_len
-        )
+        allowance, budget, _ = allowance_of(spec.parsed_budget(), pre.shape, target, pre.dtype, cfg.budget.context_len)
         problem = budget_problem(
             spec.parsed_budget(),
             allowance,
             budget,
             target.name,
             f"advise.budget {spec.budget}",
-            sum(u.extra_bytes for u in cells(pre.shape, target, cfg.model.dtype)),
+            sum(u.extra_bytes for u in cells(pre.shape, target, pre.dtype)),
         )
         if problem:
             raise UserError(problem)
@@ -132,7 +130,7 @@ def advice_key(pre: Preflight) -> tuple[str, dict[str, str]]:
         calibration = f"task {rolling[0].name} {rolling[0].sha256}" if rolling else "none"
     parts = {
         "model_sha256": pre.model_sha256,
-        "dtype": cfg.model.dtype,
+        "dtype": pre.dtype,
         "device": pre.device,
         "qeval": __version__,
         "target": target.id,
@@ -181,7 +179,12 @@ def ensure_advice(pre: Preflight, store: RunStore, force: bool, compute: bool = 
     atomic_write_json(
         job,
         AdviseJob(
-            config=pre.cfg.job_json(), run_dir=str(store.root), key=key, key_parts=parts, outcome=str(outcome)
+            config=pre.cfg.job_json(),
+            dtype=pre.dtype,
+            run_dir=str(store.root),
+            key=key,
+            key_parts=parts,
+            outcome=str(outcome),
         ).model_dump(mode="json"),
     )
     print(
@@ -259,7 +262,9 @@ def _work(job: AdviseJob) -> None:
     cfg = RunConfig.model_validate(job.config)
     assert cfg.advise is not None
     target = advise_target(cfg, cfg.advise)
-    advice = advise(cfg, Path(cfg.name), options(cfg, cfg.advise, target), log=lambda m: print(m, file=sys.stderr))
+    advice = advise(
+        cfg, Path(cfg.name), options(cfg, cfg.advise, target), log=lambda m: print(m, file=sys.stderr), dtype=job.dtype
+    )
     advice.key, advice.key_parts = job.key, job.key_parts
     write(advice, Path(job.run_dir) / "advice.md")
 

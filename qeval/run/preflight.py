@@ -72,7 +72,7 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
     precision = _resolve_dtype(cfg, source.config, device)
     setups = _against_model(cfg, setups, source.config, skipped)
     # vllm setups served from `qeval quantize` checkpoints: point them at their folders
-    cfg = resolve_checkpoints(cfg, source.checksum, {s.name for s in setups})
+    cfg = resolve_checkpoints(cfg, source.checksum, {s.name for s in setups}, precision.dtype)
     setups = [s for s in cfg.setups if s.name in {x.name for x in setups}]
     _check_checkpoints(setups, source.config)
     backend_entry(cfg.backend).check_install(cfg)
@@ -85,8 +85,8 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
         [],
         source.checksum,
         shape,
+        precision,
         skipped,
-        precision=precision,
         model_dir=source.local_dir if Path(source.path).is_dir() else None,
         backend_key_parts=backend_entry(cfg.backend).key_parts(cfg),
         checkpoint_sha256={
@@ -142,11 +142,11 @@ def _against_model(
 
 
 def _resolve_dtype(cfg: RunConfig, config: dict[str, object], device: str) -> Precision:
-    """Resolve `model.dtype: auto` for this device, in place: workers, resume keys, the memory
-    prediction and the ceilings probe all see the dtype the setups really run in. An explicit
-    16-bit dtype this device only emulates is kept, with one warning line (it costs ~100x)."""
+    """Resolve `model.dtype: auto` for this device, beside the config (which keeps what was
+    asked): the Preflight record carries it, and workers (their job's `dtype`), resume keys, the
+    memory prediction and the ceilings probe read the dtype the setups really run in from there.
+    An explicit 16-bit dtype this device only emulates is kept, with one warning line (~100x)."""
     precision = resolve_precision(cfg.model.dtype, config, device)
-    cfg.model.dtype = precision.dtype  # type: ignore[assignment]  # one of the three concrete dtypes
     if precision.emulated:
         print(f"qeval: warning: {precision.reason}", file=sys.stderr)
     for setup in cfg.setups:

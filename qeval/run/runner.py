@@ -261,6 +261,7 @@ def _job(
     }
     job = Job(
         config=pre.cfg.job_json(),
+        dtype=pre.dtype,
         setup=setup,
         device=pre.device,
         run_dir=str(store.root),
@@ -283,7 +284,7 @@ def _job(
 def _run_info(pre: Preflight, opts: RunOptions) -> dict[str, Any]:
     return {
         "name": pre.cfg.name,
-        "config_hash": pre.cfg.config_hash(),
+        "config_hash": pre.config_hash(),  # model.dtype resolved, as it always was
         "qeval_version": __version__,
         "git_commit": git_commit(),
         "finished": now_iso(),
@@ -293,13 +294,7 @@ def _run_info(pre: Preflight, opts: RunOptions) -> dict[str, Any]:
         "limit": pre.cfg.limit,
         "output": str(opts.output),
         "skipped_setups": pre.skipped,
-        **(
-            {
-                "dtype": pre.precision.dtype,
-                "dtype_requested": pre.precision.requested,
-                "dtype_reason": pre.precision.reason,
-            }
-            if pre.precision
-            else {}
-        ),
+        "dtype": pre.precision.dtype,
+        "dtype_requested": pre.precision.requested,
+        "dtype_reason": pre.precision.reason,
     }

@@ -85,7 +85,8 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: Job, outcome: Out
     # before anything large is allocated: each pass's logits then come and go as their own
     # mappings instead of raising the arena's high-water (qeval/memory/heap.py)
     set_mmap_threshold()
-    backend = backend_entry(cfg.backend).create(cfg, setup, job.device)
+    # the backend reads the dtype off its config: give it the job's resolved one
+    backend = backend_entry(cfg.backend).create(cfg.for_engine(job.dtype), setup, job.device)
     if setup.memory_limit_mib:
         _limit_memory(setup.memory_limit_mib)
     try:
@@ -155,7 +156,9 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: Job, outcome: Out
             from qeval.perf.phase import run_phase
 
             with progress_bar(f"{setup.name}: performance", total=None) as bar:
-                outcome.performance = run_phase(backend, cfg, setup, job.device, outcome.memory, job.performance)
+                outcome.performance = run_phase(
+                    backend, cfg, setup, job.device, job.dtype, outcome.memory, job.performance
+                )
                 bar.advance(1)
             timings["performance_s"] = outcome.performance.seconds or 0.0
         outcome.quantization = backend.quant_info  # read last: engines log some of it late

@@ -41,23 +41,25 @@ def _one_line_exit_2(res: object, *needles: str) -> None:
 def test_key_covers_what_changes_a_checkpoint(tmp_path: Path) -> None:
     cfg = load_config(demo_vllm_config(tmp_path, tmp_path / "ck"))
     w4a8 = next(s for s in cfg.setups if s.name == "w4a8")
-    base = checkpoint_dir(cfg, w4a8, "m" * 64, "c" * 64)
+    base = checkpoint_dir(cfg, w4a8, "m" * 64, "c" * 64, "float32")
     assert base.parent == tmp_path / "ck" and base.name.startswith("qeval-tiny-w4a8-")
-    assert checkpoint_dir(cfg, w4a8, "m" * 64, "c" * 64) == base  # stable
+    assert checkpoint_dir(cfg, w4a8, "m" * 64, "c" * 64, "float32") == base  # stable
     renamed = w4a8.model_copy(update={"name": "other"})
-    assert checkpoint_dir(cfg, renamed, "m" * 64, "c" * 64) == base  # names don't count
+    assert checkpoint_dir(cfg, renamed, "m" * 64, "c" * 64, "float32") == base  # names don't count
     changed = [
-        checkpoint_dir(cfg, w4a8, "n" * 64, "c" * 64),  # another model
-        checkpoint_dir(cfg, w4a8, "m" * 64, "d" * 64),  # other calibration text
-        checkpoint_dir(cfg, w4a8.model_copy(update={"group_size": 64}), "m" * 64, "c" * 64),
+        checkpoint_dir(cfg, w4a8, "n" * 64, "c" * 64, "float32"),  # another model
+        checkpoint_dir(cfg, w4a8, "m" * 64, "d" * 64, "float32"),  # other calibration text
+        checkpoint_dir(cfg, w4a8.model_copy(update={"group_size": 64}), "m" * 64, "c" * 64, "float32"),
         checkpoint_dir(
             cfg.model_copy(update={"quantize": cfg.quantize.model_copy(update={"num_samples": 64})}),
             w4a8,
             "m" * 64,
             "c" * 64,
+            "float32",
         ),
+        checkpoint_dir(cfg, w4a8, "m" * 64, "c" * 64, "bfloat16"),  # another resolved model dtype
     ]
-    assert len({base, *changed}) == 5
+    assert len({base, *changed}) == 6
 
 
 def test_a_run_without_its_checkpoints_says_to_quantize(tmp_path: Path) -> None:
@@ -142,11 +144,11 @@ def test_quantize_makes_w8a8_and_w4a8_checkpoints(quantized_demo: tuple[Path, Pa
 
     cfg_path, ck, _ = quantized_demo
     cfg = load_config(cfg_path)
-    cfg.model.dtype = dtype_for(cfg.model.dtype, MODEL)  # type: ignore[assignment]  # `auto`, as quantize resolves it
+    dtype = dtype_for(cfg.model.dtype, MODEL)  # `auto`, as quantize resolves it
     want = {"w8a8": (8, "channel", None), "w4a8": (4, "group", 128)}
     train = (TASKS / "data" / "train.jsonl").read_bytes()
     for setup in (s for s in cfg.setups if needs_checkpoint(s)):
-        folder = checkpoint_dir(cfg, setup, folder_checksum(MODEL), hashlib.sha256(train).hexdigest())
+        folder = checkpoint_dir(cfg, setup, folder_checksum(MODEL), hashlib.sha256(train).hexdigest(), dtype)
         record = json.loads((folder / RECORD).read_text())
         assert record["model"]["sha256"] == folder_checksum(MODEL)
         assert record["calibration"]["sha256"] == hashlib.sha256(train).hexdigest()

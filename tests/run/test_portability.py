@@ -125,9 +125,43 @@ def test_auto_is_resolved_before_keys_memory_and_workers(no_bf16: None, tmp_path
     from qeval.run.preflight import preflight
 
     pre = preflight(load_config(_config(tmp_path, "auto")))
-    assert pre.cfg.model.dtype == "float32" and pre.precision is not None
-    assert pre.precision.requested == "auto"
+    assert pre.dtype == "float32" and pre.precision.requested == "auto"
     assert setup_keys(pre, pre.cfg.setups[0]).parts["dtype"] == "float32"
+
+
+@pytest.mark.parametrize("requested", ["auto", "bfloat16-if-native"])
+def test_preflight_keeps_the_asked_dtype_and_the_run_the_resolved_one(
+    no_bf16: None, tmp_path: Path, requested: str
+) -> None:
+    """The config stays what the user asked; the resolved dtype lives beside it (pre.precision)
+    and everything stored reads as it did when preflight wrote it into the config: the resume
+    keys, results.json's config block and hash are those of the same run asking float32 (what
+    both resolve to here), and the worker's job carries the config as asked plus the dtype."""
+    from qeval.config import RunConfig, load_config
+    from qeval.records.job import read_job
+    from qeval.records.keys import setup_keys
+    from qeval.records.store import RunStore
+    from qeval.run.preflight import preflight
+    from qeval.run.runner import _job
+
+    cfg = load_config(_config(tmp_path / "asked", requested))
+    pre = preflight(cfg)
+    explicit = preflight(load_config(_config(tmp_path / "explicit", "float32")))
+    assert cfg.model.dtype == pre.cfg.model.dtype == requested  # not changed in place
+    assert (pre.dtype, pre.precision.requested) == ("float32", requested)
+    for setup in pre.setups:
+        keys, want = setup_keys(pre, setup), setup_keys(explicit, setup)
+        assert keys.parts["dtype"] == "float32"
+        assert keys.key == want.key and keys.tasks == want.tasks and keys.tasks
+    assert pre.config_json()["model"]["dtype"] == "float32"
+    assert pre.config_json() == explicit.config_json() == explicit.cfg.as_json()
+    assert pre.config_hash() == explicit.cfg.config_hash() != pre.cfg.config_hash()
+    keys = setup_keys(pre, pre.setups[1])
+    worker = _job(pre, RunStore(tmp_path / "run"), pre.setups[1], {"facts": "k"}, keys, "base", "", None)
+    job = read_job(worker.job_path)
+    assert job.dtype == "float32"
+    asked = RunConfig.model_validate(job.config)  # what the worker re-validates: `auto` round-trips
+    assert asked.model.dtype == requested and asked.for_engine(job.dtype).model.dtype == "float32"
 
 
 def test_auto_keys_differ_between_cpu_kinds(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
