@@ -58,7 +58,9 @@ def _transformers_quantized(model: Any, setup: Setup) -> Any:
     return Cache(layers=[_quantizer(model.config, setup) for _ in range(model.config.num_hidden_layers)])
 
 
-@pytest.mark.parametrize(("kv", "residual"), [("int4", 1), ("int2", 1), ("fp8", 1), ("int4", 3), ("int2", 3)])
+@pytest.mark.parametrize(
+    ("kv", "residual"), [("int8", 1), ("int4", 1), ("int2", 1), ("fp8", 1), ("int4", 3), ("int2", 3)]
+)
 def test_windowed_layers_decode_as_transformers_quantized_layers_do(kv: KVCache, residual: int) -> None:
     """Past the window, a sliding layer that keeps only W - 1 quantized tokens gives the logits
     of transformers' quantized layer keeping all of them under the sliding mask, step by step;
@@ -75,7 +77,10 @@ def test_windowed_layers_decode_as_transformers_quantized_layers_do(kv: KVCache,
     assert isinstance(ours.layers[0], QuantizedSlidingLayer) and not isinstance(ours.layers[1], QuantizedSlidingLayer)
     theirs = _transformers_quantized(model, setup)
     a, b = _decode(model, ours, prompt, 6), _decode(model, theirs, prompt, 6)
-    assert torch.allclose(a, b, atol=1e-4, rtol=0), float((a - b).abs().max())
+    # HQQ (int8) stops its optimizer on the whole tensor's error, so a kept token's re-quantization
+    # moves with the others in the tensor: close (2.4e-3 here, measured), not exact
+    atol = 1e-2 if kv == "int8" else 1e-4
+    assert torch.allclose(a, b, atol=atol, rtol=0), float((a - b).abs().max())
     unquantized = _decode(model, new_cache(model.config, Setup(name="f", weights="fp32")), prompt, 6)
     assert not torch.allclose(a, unquantized, atol=1e-4)  # the cache did quantize
     assert ours.layers[0].get_seq_length() == 3 * WINDOW + 6
@@ -136,3 +141,23 @@ def test_long_inputs_past_the_window_chunk_as_they_run_in_one_pass(chunk: int) -
         assert greedy_chunked(model, setup, text, 6, chunk, "cpu", never) == greedy_chunked(
             model, setup, text, 6, 1000, "cpu", never
         )
+
+
+def test_the_one_pass_round_trip_quantizes_at_every_width() -> None:
+    """The teacher-forced pass's cache (round_trip_cache: K/V through the quantizer, one forward
+    pass) on every KV width, HQQ's 8-bit included (its quantizer reads the device off keys a
+    standalone quantizer never had): the fewer the bits, the further from the unquantized logits."""
+    import torch
+
+    from qeval.backends.hf.kv_cache import round_trip_cache
+
+    model = _model(WINDOW)
+    ids = torch.randint(0, 128, (2, 3 * WINDOW))
+    with torch.no_grad():
+        base = model(input_ids=ids).logits.log_softmax(-1)
+        kl = {}
+        for kv in ("int8", "int4", "int2"):
+            cache = round_trip_cache(model.config, Setup(name=kv, weights="fp32", kv_cache=kv))  # type: ignore[arg-type]
+            lp = model(input_ids=ids, past_key_values=cache, use_cache=True).logits.log_softmax(-1)
+            kl[kv] = float((base.exp() * (base - lp)).sum(-1).mean())
+    assert 0 < kl["int8"] < kl["int4"] < kl["int2"], kl

@@ -68,6 +68,10 @@ class _Codec:
             self.q.dtype = t.dtype
             data, self.scale = self.q._quantize(t, scale=self.scale)
             return data, self.scale
+        if getattr(self.q, "keys", None) is None:
+            # HQQ's _quantize reads its device and compute dtype off the layer's own keys
+            # (transformers 5.23 HQQQuantizedLayer), which a quantizer used on its own never has
+            self.q.keys = t[..., :0]
         return self.q._quantize(t.contiguous(), axis=self.axis)
 
     def decode(self, stored: Any, dtype: torch.dtype) -> torch.Tensor:
