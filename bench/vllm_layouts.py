@@ -144,7 +144,7 @@ def predicted(config: dict[str, object]) -> tuple[float, int]:
     from qeval.backends.vllm.support import cache_accounting
     from qeval.config.setups import Setup
     from qeval.memory.layouts import predict_sequence
-    from qeval.records.shape import ModelShape
+    from qeval.model.shape import ModelShape
 
     shape = ModelShape.from_config(config)
     seq = predict_sequence(

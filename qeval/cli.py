@@ -236,9 +236,9 @@ def goodput(
     (RUN_DIR/serving.json, serving.md; docs/performance.md, "Serving the workload")."""
     from qeval.backends.device import dtype_for, resolve_device
     from qeval.config import load_config
+    from qeval.model.source import resolve_model
     from qeval.perf.serving import goodput_run
     from qeval.quantize.checkpoints import resolve_checkpoints
-    from qeval.records.model_source import resolve_model
     from qeval.report.serving import write_report
 
     try:

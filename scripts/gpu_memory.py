@@ -51,7 +51,7 @@ from qeval.memory.ledger import (
     predict_kv_bytes_per_token,
     predict_weights_bytes,
 )
-from qeval.records.shape import ModelShape
+from qeval.model.shape import ModelShape
 
 #: qeval's defaults for a budget (qeval/config/budget.py): the formula a run and `qeval plan` apply
 DEFAULT_BUDGET = {"utilization": 0.9, "overhead_gib": 1.0, "margin": 0.05}

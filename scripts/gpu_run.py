@@ -464,7 +464,7 @@ class Target:
         import torch
         from gpu_memory import Meter, model_config
 
-        from qeval.records.shape import ModelShape
+        from qeval.model.shape import ModelShape
 
         self.contexts = [int(c) for c in args.contexts.split(",")] if args.contexts else list(shp["contexts"])
         self.config = model_config(args.model_config, shrink=args.shape == "small", max_context=max(self.contexts))

@@ -35,7 +35,7 @@ TOP_FILES = ("Makefile", "pyproject.toml", "README.md", "CONTRIBUTING.md")
 #: made-up paths that comments use as examples, not citations
 EXAMPLES = frozenset(
     {
-        "models/x",  # qeval/records/model_source.py: a local path that is not a hub id
+        "models/x",  # qeval/model/source.py: a local path that is not a hub id
         "models/qeval-tinyy",  # qeval/config/run.py: a typo of a local path
     }
 )

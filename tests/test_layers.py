@@ -15,6 +15,7 @@ LAYERS = [
     ["errors", "strict", "version"],
     ["plugins"],
     ["files"],
+    ["model"],
     ["config"],
     ["workload"],
     ["results"],

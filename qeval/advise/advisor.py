@@ -23,8 +23,8 @@ from qeval.config import RunConfig
 from qeval.config.setups import Setup
 from qeval.errors import UserError
 from qeval.memory.ledger import predict_weights_bytes
-from qeval.records.model_source import resolve_model
-from qeval.records.shape import ModelShape
+from qeval.model.shape import ModelShape
+from qeval.model.source import resolve_model
 from qeval.results.advice import (
     Advice,
     AdviceCalibration,

@@ -85,7 +85,7 @@ class Probe:
 
     def kl(self, docs: list[list[int]], quantized: set[str]) -> np.ndarray:
         """Per document, mean KL(baseline || candidate) per token, on the baseline's top-k ids
-        plus one tail bucket (as qeval/tasks/scoring.py's kl_top1: a lower bound of the full KL)."""
+        plus one tail bucket (as qeval/tasks/divergence.py's kl_top1: a lower bound of the full KL)."""
         refs = self._refs[id(docs)]
         start = time.perf_counter()
         self.use(quantized)

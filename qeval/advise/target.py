@@ -11,7 +11,7 @@ from qeval.config.advise import AdviceBudget
 from qeval.config.setups import Setup
 from qeval.errors import UserError
 from qeval.memory.ledger import predict_kv_bytes_per_token, predict_weights_bytes
-from qeval.records.shape import ModelShape
+from qeval.model.shape import ModelShape
 
 __all__ = ["Options", "allowance_of", "budget_problem", "pick_target"]
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from qeval.config.setups import Setup
 from qeval.memory.ledger import _DTYPE_BITS, linear_weights_bytes
-from qeval.records.shape import ModelShape
+from qeval.model.shape import ModelShape
 
 #: module type -> the linear layers of one decoder block it covers (Llama-family names)
 KINDS: dict[str, tuple[str, ...]] = {

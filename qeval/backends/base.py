@@ -129,7 +129,7 @@ def rolling_result(parts: list[tuple[np.ndarray, ...]], ref: np.ndarray | None) 
 def at_ids(ref: np.ndarray | None, top_i: np.ndarray, top_l: np.ndarray) -> np.ndarray | None:
     """Log-probs at the reference's ids ([n, k_ref]) from the engine's own top-k ([n, k]); NaN
     where a reference id is not among them: the engine did not return its log-prob, and
-    qeval/tasks/scoring.py `kl_top1` then merges it into the tail bucket on both sides (the KL
+    qeval/tasks/divergence.py `kl_top1` then merges it into the tail bucket on both sides (the KL
     of a coarser partition: still exact for that partition, still a lower bound of the full KL)
     instead of guessing a probability for it."""
     if ref is None:

@@ -37,7 +37,7 @@ from typing import Literal
 
 from qeval.config.setups import Setup
 from qeval.memory.ledger import kv_bytes_per_layer_token
-from qeval.records.shape import ModelShape
+from qeval.model.shape import ModelShape
 
 Engine = Literal["vllm", "hf"]
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from qeval.config.setups import KV_BITS, WEIGHT_BITS, Setup
-from qeval.records.shape import ModelShape
+from qeval.model.shape import ModelShape
 
 _DTYPE_BITS = {"float32": 32, "bfloat16": 16, "float16": 16}
 SCALE_BYTES = 2  # 16-bit scales and zero points, as quanto, GPTQ and AWQ store them

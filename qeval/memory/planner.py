@@ -48,8 +48,8 @@ class PlanRow:
 def load_model_config(model: str) -> dict[str, Any]:
     """config.json from a local folder or file, the config a GGUF file describes, or config.json
     from the hub where it is reachable; one line for anything else (as `qeval run` reads them:
-    qeval/records/model_source.py)."""
-    from qeval.records.model_source import gguf_config, read_config_file, read_model_config
+    qeval/model/source.py)."""
+    from qeval.model.source import gguf_config, read_config_file, read_model_config
 
     path = Path(model)
     if path.is_dir():

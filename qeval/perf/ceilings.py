@@ -196,10 +196,11 @@ def ceilings_path(store: RunStore) -> Path:
     return inside(store.root, "ceilings.json")
 
 
-def ensure_ceilings(pre: Preflight, store: RunStore, python: str) -> dict[str, Any] | None:
+def ensure_ceilings(pre: Preflight, store: RunStore, python: str, remote: str | None = None) -> dict[str, Any] | None:
     """The run's stored ceilings when measured on this device and hardware, else measured now
     (a fresh process of `python`); None when performance is off. A failed probe is stored
-    with its error and warned about: the setups then report figures without shares."""
+    with its error and warned about: the setups then report figures without shares. `remote`:
+    the Ray cluster the jobs run on (qeval/run/executors/address.py), whose nodes are not probed."""
     if not pre.cfg.performance.enabled:
         return None
     from qeval.records.keys import key_of
@@ -222,9 +223,6 @@ def ensure_ceilings(pre: Preflight, store: RunStore, python: str) -> dict[str, A
             stored = None
         if isinstance(stored, dict) and stored.get("key") == key and not stored.get("error"):
             return stored
-    from qeval.records.address import cluster_address
-
-    remote = cluster_address(pre.cfg.executor.address) if pre.cfg.executor.kind == "ray" else None
     if remote is not None:  # the jobs run on the cluster's nodes; this driver's device says nothing of theirs
         err = f"not measured: the jobs run on the Ray cluster at {remote}, whose nodes the driver does not probe"
         print(f"qeval: the ceilings were {err}; no shares of the ceiling", file=sys.stderr)

@@ -185,7 +185,7 @@ def _source(m: Measurement, key: str, workload: Workload) -> str:
 
 def _shape(fields: dict[str, Any]) -> Any:
     """The model's shape from the job file (its fields as a mapping; lists back to tuples)."""
-    from qeval.records.shape import ModelShape
+    from qeval.model.shape import ModelShape
 
     values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
     return ModelShape(**values)

@@ -30,6 +30,8 @@ from qeval.config.setups import Setup
 from qeval.errors import UserError
 from qeval.files.atomic import atomic_write_json
 from qeval.files.processes import die_with_parent, pid_alive
+from qeval.model.shape import ModelShape
+from qeval.model.source import resolve_model
 from qeval.quantize.checkpoints import (
     RECORD,
     SCHEMES,
@@ -42,9 +44,7 @@ from qeval.quantize.checkpoints import (
     read_calibration_texts,
     recipe_spec,
 )
-from qeval.records.model_source import resolve_model
 from qeval.records.provenance import git_commit, hardware, now_iso
-from qeval.records.shape import ModelShape
 from qeval.version import __version__
 
 WORKER = Path(__file__).resolve().parent / "worker.py"

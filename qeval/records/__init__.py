@@ -1,3 +1,4 @@
-"""Records on the ground floor: the model source, the run store and its resume keys, provenance,
-the Preflight record and the job and outcome files between processes. They import nothing above
-them (docs/architecture.md, "Layers")."""
+"""What a run writes and reads back: the run store and its resume keys, the chunk spools,
+provenance, the Preflight record and the job and outcome files between processes (what
+describes a model apart from any run is qeval/model/). They import nothing above them
+(docs/architecture.md, "Layers")."""

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from qeval.config import RunConfig
 from qeval.config.setups import Setup
-from qeval.records.shape import ModelShape
+from qeval.model.shape import ModelShape
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ from qeval.config import RunConfig
 from qeval.config.setups import Setup
 from qeval.errors import UserError
 from qeval.memory.ledger import ModelShape
+from qeval.model.checkpoint import check_identity, checkpoint_config
+from qeval.model.source import ModelSource, is_gguf, resolve_model
 from qeval.quantize.checkpoints import resolve_checkpoints
-from qeval.records.checkpoint import check_identity, checkpoint_config
-from qeval.records.model_source import ModelSource, is_gguf, resolve_model
 from qeval.records.preflight import Preflight
 from qeval.run.advice import advise_target, check_advice
 from qeval.tasks.kinds import check_plugin_pieces, task_kinds
@@ -103,7 +103,7 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
 
 
 def _check_checkpoints(setups: list[Setup], config: dict[str, object]) -> None:
-    """Each setup's checkpoint must be a checkpoint of the model (records/checkpoint.py): the
+    """Each setup's checkpoint must be a checkpoint of the model (model/checkpoint.py): the
     same architecture, vocabulary and sizes; one line naming the first that differs."""
     for setup in setups:
         if setup.checkpoint:

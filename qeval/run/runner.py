@@ -49,6 +49,7 @@ from qeval.results.metrics import KL_OUTPUT_TYPES
 from qeval.results.schema import Results, read_results
 from qeval.run.advice import advised_setup, ensure_advice, result_block, with_advised
 from qeval.run.executors import open_executor
+from qeval.run.executors.address import cluster_address
 from qeval.run.executors.resources import job_resources
 from qeval.run.executors.worker_job import WorkerJob
 from qeval.run.preflight import advised_names, preflight
@@ -173,7 +174,8 @@ def prepare(pre: Preflight, opts: RunOptions, prefix: str = "") -> PreparedRun:
         keys = sequential_keys(pre, keys, seq)
     baseline = pre.cfg.baseline.name
     # the device's ceilings, once per run, before any setup (docs/performance.md)
-    ensure_ceilings(pre, store, backend_entry(pre.cfg.backend).worker_python(pre.cfg))
+    remote = cluster_address(pre.cfg.executor.address) if pre.cfg.executor.kind == "ray" else None
+    ensure_ceilings(pre, store, backend_entry(pre.cfg.backend).worker_python(pre.cfg), remote)
     jobs = []
     for setup in sorted(pre.setups, key=lambda s: s.name != baseline):
         k = keys[setup.name]

@@ -20,7 +20,7 @@ from qeval.config.advise import AdviceBudget
 from qeval.config.setups import Setup
 from qeval.errors import UserError
 from qeval.memory.ledger import predict_weights_bytes
-from qeval.records.shape import ModelShape
+from qeval.model.shape import ModelShape
 from tests.helpers import ROOT
 
 DEMO = ROOT / "configs" / "demo.yaml"

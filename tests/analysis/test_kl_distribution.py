@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from qeval.backends.base import RollingResult
-from qeval.tasks.scoring import TokenDivergence, delta_p, kl_top1
+from qeval.tasks.divergence import TokenDivergence, delta_p, kl_top1
 
 
 def test_quantiles_and_shares_over_every_token_of_every_document() -> None:
@@ -54,17 +54,17 @@ def test_delta_p_is_the_change_in_the_actual_tokens_probability() -> None:
 def test_joining_the_held_arrays_changes_no_figure() -> None:
     """TokenDivergence joins its per-request arrays every COMPACT_EVERY; the summary over more
     than that must be the one over every token, untouched by where the joins fell."""
-    from qeval.tasks import scoring
+    from qeval.tasks import divergence
 
     rng = np.random.default_rng(3)
-    n = scoring.COMPACT_EVERY * 2 + 37
+    n = divergence.COMPACT_EVERY * 2 + 37
     kls = [rng.exponential(0.05, size=rng.integers(1, 6)) for _ in range(n)]
     top1s = [rng.random(k.size) < 0.9 for k in kls]
     dps = [rng.normal(0, 0.02, size=k.size) for k in kls]
     acc = TokenDivergence()
     for kl, t, dp in zip(kls, top1s, dps, strict=True):
         acc.add(kl, t, dp)
-    assert len(acc.kl) < scoring.COMPACT_EVERY  # it did join: what is held is bounded
+    assert len(acc.kl) < divergence.COMPACT_EVERY  # it did join: what is held is bounded
     got = acc.summary()
     assert got is not None
     kl_all, dp_all = np.concatenate(kls), np.concatenate(dps)

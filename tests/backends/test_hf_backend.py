@@ -78,7 +78,7 @@ def test_continuation_top_k_and_reference_log_probs(model_path: Path, fp32: HFBa
     """Each scored continuation token carries the model's top-k and, asked with a reference's
     ids, the log-probs there: the baseline against its own top-k gives KL exactly 0, a quantized
     KV cache a positive KL; a reference of the wrong length is not used."""
-    from qeval.tasks.scoring import as_rolling, kl_top1
+    from qeval.tasks.divergence import as_rolling, kl_top1
 
     base = fp32.loglikelihood(REQS, noop)
     for res in base:

@@ -14,7 +14,7 @@ import pytest
 from qeval.backends.hf import support
 from qeval.config.setups import Setup
 from qeval.errors import UserError
-from qeval.records.checkpoint import describe
+from qeval.model.checkpoint import describe
 
 #: what llm-compressor 0.14 writes for `qeval quantize`'s W8A8 and GPTQ W4A16 (abridged)
 W8A8 = {

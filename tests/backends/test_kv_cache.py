@@ -157,7 +157,7 @@ def test_the_one_pass_round_trip_quantizes_at_every_width() -> None:
         base = model(input_ids=ids).logits.log_softmax(-1)
         kl = {}
         for kv in ("int8", "int4", "int2"):
-            cache = round_trip_cache(model.config, Setup(name=kv, weights="fp32", kv_cache=kv))  # type: ignore[arg-type]
+            cache = round_trip_cache(model.config, Setup(name=kv, weights="fp32", kv_cache=kv))
             lp = model(input_ids=ids, past_key_values=cache, use_cache=True).logits.log_softmax(-1)
             kl[kv] = float((base.exp() * (base - lp)).sum(-1).mean())
     assert 0 < kl["int8"] < kl["int4"] < kl["int2"], kl

@@ -214,7 +214,7 @@ def test_top_k_only_engines_give_an_exact_top1_and_a_kl_lower_bound() -> None:
 
     from qeval.backends.base import TOPK, RollingResult
     from qeval.backends.vllm.backend import at_ids
-    from qeval.tasks.scoring import kl_top1
+    from qeval.tasks.divergence import kl_top1
 
     rng = np.random.default_rng(0)
     n, vocab = 400, 60

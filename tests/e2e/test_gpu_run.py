@@ -287,7 +287,7 @@ def test_a_sliding_window_pool_is_counted_after_the_decode_step() -> None:
     from gpu_memory import Meter, build_model, fill_and_step, model_config, predictions
 
     from qeval.config.setups import Setup
-    from qeval.records.shape import ModelShape
+    from qeval.model.shape import ModelShape
 
     cfg = model_config(ROOT / "tests" / "data" / "mistral-7b-v0.1-config.json", shrink=True, max_context=256)
     assert cfg["sliding_window"] == 128 and cfg["model_type"] == "mistral"

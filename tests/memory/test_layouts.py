@@ -15,7 +15,7 @@ import pytest
 
 from qeval.config.setups import KVCache, Setup
 from qeval.memory.layouts import VLLM_QEVAL_CPU, VllmCache, predict_sequence
-from qeval.records.shape import ModelShape
+from qeval.model.shape import ModelShape
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 MODELS = ["gemma-3-27b", "gpt-oss-20b", "mistral-7b-v0.1", "deepseek-v3", "qwen3-next-80b-a3b", "llama-4-scout"]

@@ -338,13 +338,15 @@ def test_no_ceilings_from_a_driver_whose_jobs_run_on_a_ray_cluster(tmp_path: Pat
     from qeval.config import load_config
     from qeval.perf.ceilings import ensure_ceilings, read_ceilings
     from qeval.records.store import RunStore
+    from qeval.run.executors.address import cluster_address
     from qeval.run.preflight import preflight
 
     text = (ROOT / "configs" / "demo.yaml").read_text().replace("path: models/qeval-tiny", f"path: {MODEL}")
     (tmp_path / "c.yaml").write_text(text + "executor: {kind: ray, address: '10.0.0.1:6379'}\n")
     pre = preflight(load_config(tmp_path / "c.yaml"), None, None)
     store = RunStore(tmp_path / "run")
-    assert ensure_ceilings(pre, store, "/nonexistent/python") is None  # no process started
+    remote = cluster_address(pre.cfg.executor.address)  # as the runner asks before the probe
+    assert ensure_ceilings(pre, store, "/nonexistent/python", remote) is None  # no process started
     stored = json.loads((tmp_path / "run" / "ceilings.json").read_text())
     assert "not measured: the jobs run on the Ray cluster at 10.0.0.1:6379" in stored["error"]
     assert read_ceilings(store) is None

@@ -11,9 +11,9 @@ import pytest
 
 from qeval.config.setups import Setup
 from qeval.errors import UserError
+from qeval.model.shape import ModelShape
 from qeval.quantize.checkpoints import check_keep_fused, ignore_list
 from qeval.quantize.pipeline import quant_python
-from qeval.records.shape import ModelShape
 
 PATTERNS = (
     "model.layers.1.mlp.*",

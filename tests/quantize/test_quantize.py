@@ -17,9 +17,9 @@ import pytest
 
 from qeval.backends.device import dtype_for
 from qeval.config import load_config
+from qeval.model.source import folder_checksum
 from qeval.quantize.checkpoints import RECORD, checkpoint_dir, needs_checkpoint
 from qeval.quantize.pipeline import quant_python
-from qeval.records.model_source import folder_checksum
 from tests.helpers import MODEL, ROOT, TASKS, demo_vllm_config, run_cli
 
 

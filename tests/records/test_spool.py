@@ -12,7 +12,7 @@ import numpy as np
 
 from qeval.records.spool import RecordSpool, TopkSpool, clear_scratch
 from qeval.records.store import RunStore
-from qeval.tasks.scoring import concat_topk
+from qeval.tasks.divergence import concat_topk
 from tests.helpers import sample_records
 
 
@@ -109,7 +109,7 @@ def test_a_topk_reader_hands_out_the_stored_references_in_order(tmp_path: Path) 
     """What a setup reads of the baseline's stored top-k, chunk by chunk, is what the whole
     arrays split per request give (split_reference), request for request."""
     from qeval.records.spool import TopkReader
-    from qeval.tasks.scoring import split_reference
+    from qeval.tasks.divergence import split_reference
 
     packs = _packs(sizes=(5, 2, 6))
     whole = concat_topk(packs)

@@ -16,7 +16,7 @@ import pytest
 from qeval.config import load_config
 from qeval.config.executor import ExecutorSpec
 from qeval.errors import UserError
-from qeval.records.address import check_address, cluster_address
+from qeval.run.executors.address import check_address, cluster_address
 from qeval.run.executors.node import clear_stale_scratch, forwarded_env, verify_inputs
 from qeval.run.executors.resources import JobResources, job_resources, unplaceable
 from qeval.run.executors.worker_job import RefusedFile

@@ -241,7 +241,7 @@ def test_max_gen_toks_must_leave_room_for_a_prompt(tmp_path: Path) -> None:
 def test_a_same_size_same_mtime_model_is_a_different_model(tmp_path: Path) -> None:
     """Files over 256 MiB used to be keyed by size and mtime: `cp -p` of another model of the
     same size reused the old results. (A sparse file keeps this test cheap.)"""
-    from qeval.records.model_source import folder_checksum as checksum
+    from qeval.model.source import folder_checksum as checksum
 
     model = tmp_path / "m"
     model.mkdir()

@@ -61,7 +61,7 @@ def _tiny_gguf(path: Path) -> Path:
 
 
 def test_plan_reads_a_gguf_file_as_run_does(tmp_path: Path) -> None:
-    """`plan --model x.gguf` reads the config the GGUF describes (qeval/records/model_source.py), as
+    """`plan --model x.gguf` reads the config the GGUF describes (qeval/model/source.py), as
     `run` does, instead of decoding the binary file as JSON (point 9)."""
     fp16 = _plan_rows("--model", str(_tiny_gguf(tmp_path / "tiny.gguf")))["fp16"]
     assert fp16["kv_bytes_per_token"] == 2 * 4 * 2 * 32 * 2  # K and V x layers x KV heads x head_dim x 2 bytes

@@ -62,7 +62,7 @@ def test_a_checkpoint_of_the_model_validates(tmp_path: Path) -> None:
 
 def test_a_checkpoint_description_is_bounded() -> None:
     """A quantization_config with 20,000 modules_to_not_convert was copied whole into report.md."""
-    from qeval.records.checkpoint import describe
+    from qeval.model.checkpoint import describe
 
     names = [f"model.layers.{i}.mlp.down_proj" for i in range(20_000)]
     out = describe({"quant_method": "gptq", "bits": 4, "group_size": 128, "modules_to_not_convert": names})
@@ -139,7 +139,7 @@ def test_a_checkpoint_with_another_mlp_width_is_not_the_model() -> None:
     """A checkpoint with the model's vocabulary, hidden size, layers and heads but another MLP
     width is another model (no quantizer changes it): refused, not compared as a quantization
     of the baseline (issue 40 review, point 11)."""
-    from qeval.records.checkpoint import identity_problem
+    from qeval.model.checkpoint import identity_problem
 
     assert identity_problem(_tiny(intermediate_size=512), _tiny()) == "has intermediate_size 512, the model 384"
     assert identity_problem(_tiny(), _tiny()) == ""

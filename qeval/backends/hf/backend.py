@@ -42,7 +42,7 @@ from qeval.backends.tokens import conventions, encode_pair, generation_context, 
 from qeval.config import RunConfig
 from qeval.config.setups import Setup
 from qeval.memory.ledger import cache_bytes, cache_storage_bytes, model_weights_bytes
-from qeval.records.model_source import is_gguf
+from qeval.model.source import is_gguf
 
 if TYPE_CHECKING:
     from qeval.backends.workload import Measurement, Workload
@@ -505,7 +505,7 @@ class HFBackend:
         the storage the cache pins for one sequence of the budget's context, after its prefill and
         one decode step (the step that trims a sliding layer's storage to its window). None for a
         uniform model (KV per token x context is exact there) or a context past the model's."""
-        from qeval.records.shape import ModelShape
+        from qeval.model.shape import ModelShape
 
         try:
             shape = ModelShape.from_config(self.model.config.to_dict())

@@ -9,7 +9,7 @@ import torch
 
 from qeval.config.setups import Setup
 from qeval.errors import UserError
-from qeval.records.checkpoint import checkpoint_config, describe, quantization_config
+from qeval.model.checkpoint import checkpoint_config, describe, quantization_config
 
 
 def _version(dist: str) -> str:

@@ -17,8 +17,8 @@ from typing import Any
 
 from qeval.config.setups import Setup
 from qeval.errors import UserError
-from qeval.records.checkpoint import CUDA_ONLY, PACKAGES, checkpoint_config, quantization_config
-from qeval.records.shape import ModelShape, layer_kinds
+from qeval.model.checkpoint import CUDA_ONLY, PACKAGES, checkpoint_config, quantization_config
+from qeval.model.shape import ModelShape, layer_kinds
 
 #: method -> (package that implements it on transformers, weight precisions it offers)
 WEIGHT_METHODS: dict[str, tuple[str, tuple[str, ...]]] = {

@@ -33,7 +33,7 @@ from qeval.backends.openai.support import DEFAULT_SERVED_NAME, api_key, endpoint
 from qeval.backends.tokens import conventions, encode_pair, generation_context, memoized, rolling_windows, truncate
 from qeval.config import RunConfig
 from qeval.config.setups import Setup
-from qeval.records.checkpoint import checkpoint_config, describe, quantization_config
+from qeval.model.checkpoint import checkpoint_config, describe, quantization_config
 
 if TYPE_CHECKING:
     from qeval.backends.workload import Measurement, Workload

@@ -32,7 +32,7 @@ from qeval.backends.vllm.logs import parse_engine_log, quantized_kernels
 from qeval.backends.vllm.support import setup_engine_args
 from qeval.config import RunConfig
 from qeval.config.setups import Setup
-from qeval.records.checkpoint import checkpoint_config, describe, quantization_config
+from qeval.model.checkpoint import checkpoint_config, describe, quantization_config
 
 if TYPE_CHECKING:
     from qeval.backends.workload import Measurement, Workload

@@ -28,7 +28,7 @@ def worker_python(cfg: RunConfig) -> str:
 
 def check_install(cfg: RunConfig) -> None:
     """Raise UserError when vLLM, or a kv_cache_dtype a setup needs, is missing for the workers."""
-    from qeval.records.model_source import is_gguf
+    from qeval.model.source import is_gguf
 
     if is_gguf(cfg.model.path):
         raise UserError(

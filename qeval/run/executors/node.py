@@ -153,7 +153,7 @@ def worker_env(payload: dict[str, Any]) -> dict[str, str]:
 def verify_inputs(cfg: Any, job: Job) -> None:
     """On a node other than the driver's machine: the model and task data this node would
     read must be what the driver checksummed, or the results would be keyed to other inputs."""
-    from qeval.records.model_source import resolve_model
+    from qeval.model.source import resolve_model
     from qeval.tasks.kinds import task_kind
 
     expected = job.key_parts["model_sha256"]

@@ -35,7 +35,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from qeval.config.executor import ExecutorSpec
 from qeval.errors import UserError
-from qeval.records.address import check_address, cluster_address
+from qeval.run.executors.address import check_address, cluster_address
 from qeval.run.executors.node import forwarded_env, run_on_node
 from qeval.run.executors.resources import unplaceable
 from qeval.run.executors.worker_job import RefusedFile, WorkerJob

@@ -6,7 +6,7 @@ that under a quantized KV cache every generated token attends to K/V that went t
 cache's quantizer (the hf backend's round-trip cache; vLLM's prompt_logprobs and an
 OpenAI-compatible server's prompt log-probs as those engines compute them). Per generated-token
 position: the actual token's log-prob, and against the baseline's top-k at that position the KL
-and top-1 agreement (qeval/tasks/scoring.py `kl_top1`), summed per position bucket into the
+and top-1 agreement (qeval/tasks/divergence.py `kl_top1`), summed per position bucket into the
 document's record (`teacher_forced`) for the results block (results.py) to pair by document.
 
 The baseline keeps its top-k over its generations as the task's top-k file, with the generated
@@ -26,7 +26,7 @@ import numpy as np
 from qeval.backends.base import TOPK, RollingRequest, RollingResult
 from qeval.backends.tokens import Conventions, conventions
 from qeval.results.samples import GeneratedPositionSums, SampleRecord, TeacherForced
-from qeval.tasks.scoring import kl_top1
+from qeval.tasks.divergence import kl_top1
 
 if TYPE_CHECKING:
     from qeval.backends.base import Backend

@@ -44,11 +44,8 @@ from qeval.records.spool import RecordSpool, TopkReader, TopkSpool
 from qeval.results.metrics import KL_OUTPUT_TYPES
 from qeval.results.samples import SampleRecord, read_record
 from qeval.tasks.chat import Chat
-from qeval.tasks.lm_eval import resume
-from qeval.tasks.lm_eval.session import LmEvalSession
-from qeval.tasks.scoring import (
+from qeval.tasks.divergence import (
     Reference,
-    TaskResult,
     TokenDivergence,
     concat_topk,
     continuation_divergence,
@@ -59,6 +56,9 @@ from qeval.tasks.scoring import (
     set_divergence,
     split_reference,
 )
+from qeval.tasks.lm_eval import resume
+from qeval.tasks.lm_eval.session import LmEvalSession
+from qeval.tasks.scoring import TaskResult
 
 #: documents per lm-eval `evaluate()` call: what the worker holds at once (about 100 KB a
 #: HellaSwag document: lm-eval's Instances and samples, the backend's top-k per scored token)

@@ -38,7 +38,7 @@ def expand(pre: Preflight, model_config: dict[str, Any]) -> None:
 
 def model_config_of(path: str) -> dict[str, Any]:
     """config.json of the model (a folder, a GGUF file, or a hub id already cached)."""
-    from qeval.records.model_source import gguf_config, is_gguf, read_model_config
+    from qeval.model.source import gguf_config, is_gguf, read_model_config
 
     if is_gguf(path):
         return gguf_config(Path(path))

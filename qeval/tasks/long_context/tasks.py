@@ -205,7 +205,7 @@ def load_tokenizer(path: str, revision: str | None, trust_remote_code: bool) -> 
     """The model's tokenizer (a folder, a hub id, or a GGUF file's parent folder)."""
     from transformers import AutoTokenizer
 
-    from qeval.records.model_source import is_gguf
+    from qeval.model.source import is_gguf
 
     kw: dict[str, Any] = {"revision": revision, "trust_remote_code": trust_remote_code}
     if is_gguf(path):

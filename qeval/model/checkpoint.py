@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from qeval.errors import UserError
-from qeval.records.model_source import read_model_config, resolve_model
-from qeval.records.shape import ModelShape
+from qeval.model.shape import ModelShape
+from qeval.model.source import read_model_config, resolve_model
 
 #: names shown in a report's description before the rest are counted ("and 19,990 more")
 SHOWN = 10
@@ -61,7 +61,7 @@ def _text_part(config: dict[str, Any]) -> dict[str, Any]:
 
 def identity_problem(checkpoint: dict[str, Any], baseline: dict[str, Any]) -> str:
     """Why a checkpoint's config.json is not a checkpoint of the baseline model, else '': it must
-    be a decoder config qeval reads (records/shape.py), with the baseline's model_type, vocabulary,
+    be a decoder config qeval reads (model/shape.py), with the baseline's model_type, vocabulary,
     hidden and MLP sizes, layers and attention heads (no quantizer changes any of them). A
     checkpoint of another model would be compared as if it were a quantization of this one (a
     vocabulary of 49,152 against 128)."""
