@@ -79,6 +79,10 @@ class BackendEntry:
     kv_accounting: Callable[[RunConfig, str], KvAccounting | None] = lambda cfg, device: None
     #: whether `qeval goodput` can serve this config's setups with `vllm serve` (qeval/perf/serving.py)
     serves_goodput: Callable[[RunConfig], bool] = lambda cfg: False
+    #: whether the config's `server:` block (an OpenAI-compatible server, attached or launched) is its
+    takes_server: bool = False
+    #: whether its performance waves can take the workload's request lengths (`performance.from_workload`)
+    waves_from_workload: bool = False
 
 
 @cache
@@ -98,6 +102,20 @@ def _registered(env: str) -> dict[str, BackendEntry]:
 def backends() -> dict[str, BackendEntry]:
     """Every registered backend by name: qeval's own, then the installed and the environment's."""
     return _registered(os.environ.get(ENV_VAR, ""))
+
+
+def check_blocks(cfg: RunConfig) -> None:
+    """The config's backend-specific blocks against its backend's entry: a block the backend
+    would ignore without a word is one line instead."""
+    entry = backend_entry(cfg.backend)
+    if cfg.server is not None and not entry.takes_server:
+        takers = ", ".join(n for n, e in backends().items() if e.takes_server)
+        raise UserError(f"server: applies to backend {takers} only (this config's backend is {cfg.backend})")
+    if cfg.performance.enabled and cfg.performance.from_workload and not entry.waves_from_workload:
+        raise UserError(
+            f"performance.from_workload: backend {cfg.backend} does not time waves of the workload's lengths "
+            "(on vllm the workload is served by the serving phase: recommend_by goodput, or qeval goodput)"
+        )
 
 
 def backend_entry(name: str) -> BackendEntry:

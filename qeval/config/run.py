@@ -120,8 +120,7 @@ class RunConfig(ChatKeys):
         problem = folder_names_problem(names, "setup")
         if problem:
             raise ValueError(problem)
-        if self.server is not None and self.backend != "openai":  # it would be ignored without a word
-            raise ValueError(f"server: applies to backend openai only (this config's backend is {self.backend})")
+        # a backend-specific block the backend would ignore: qeval/backends/__init__.py check_blocks
         baselines = [s.name for s in self.setups if s.baseline]
         if len(baselines) > 1:
             raise ValueError(f"more than one baseline setup: {', '.join(baselines)}")
@@ -150,11 +149,8 @@ class RunConfig(ChatKeys):
                 f"performance: input_len {perf.input_len} + output_len {perf.output_len} exceeds "
                 f"model.max_context {self.model.max_context}"
             )
-        if perf.enabled and perf.from_workload and (self.workload is None or self.backend != "hf"):
-            raise ValueError(
-                "performance.from_workload needs a workload: block and backend hf (on vllm the "
-                "workload is served by the serving phase: recommend_by goodput, or qeval goodput)"
-            )
+        if perf.enabled and perf.from_workload and self.workload is None:
+            raise ValueError("performance.from_workload needs a workload: block (its request lengths)")
         if self.serving is not None and (self.workload is None or self.workload.slo is None):
             raise ValueError("serving: needs a workload: block with an slo: (the traffic and the targets)")
         if self.recommend_by == "goodput":

@@ -620,8 +620,9 @@ def goodput_run(
 
     if cfg.workload is None or cfg.workload.slo is None or cfg.serving is None:
         raise UserError(f"{cfg.name}: qeval goodput needs a workload: block with an slo: and a serving: block")
-    from qeval.backends import backend_entry
+    from qeval.backends import backend_entry, check_blocks
 
+    check_blocks(cfg)
     if not backend_entry(cfg.backend).serves_goodput(cfg):
         raise UserError(
             f"{cfg.name}: qeval goodput serves each setup with `vllm serve`: backend vllm, or openai "

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from qeval.backends import backend_entry
+from qeval.backends import backend_entry, check_blocks
 from qeval.backends.device import (
     SIXTEEN_BIT,
     Precision,
@@ -48,6 +48,7 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
     """Validate the whole run (`qeval validate`, and the first step of `qeval run`); raise
     UserError with one line at the first problem."""
     device = resolve_device(cfg.device, on_cluster=cfg.executor.kind == "ray")
+    check_blocks(cfg)
     if cfg.recommend_by == "goodput" and not backend_entry(cfg.backend).serves_goodput(cfg):
         raise UserError(GOODPUT_BACKEND)
     setups = cfg.setups

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from qeval.backends import check_blocks
 from qeval.backends.openai import metrics, scoring
 from qeval.backends.openai.client import Client, ServerError, Unreachable
 from qeval.backends.openai.launch import LaunchedServer, ServerDied, free_port
@@ -447,17 +448,33 @@ def test_config_mistakes_are_refused_where_they_are_written() -> None:
     with pytest.raises(ValidationError, match="a literal brace"):
         ServerSpec(command=["sglang", "--json-args", "{"])
     assert ServerSpec(command=["s", "--json", '{{"a": 1}}']).command is not None
-    with pytest.raises(ValidationError, match="applies to backend openai only"):
-        RunConfig.model_validate(
-            {
-                "name": "t",
-                "model": {"path": str(MODEL)},
-                "backend": "hf",
-                "tasks": ["addition"],
-                "setups": [{"name": "b", "baseline": True}],
-                "server": {},
+    cfg = RunConfig.model_validate(
+        {
+            "name": "t",
+            "model": {"path": str(MODEL)},
+            "backend": "hf",
+            "tasks": ["addition"],
+            "setups": [{"name": "b", "baseline": True}],
+            "server": {},
+        }
+    )
+    # the backend's registry entry says which backend takes a server: block (checked at preflight)
+    with pytest.raises(UserError, match="server: applies to backend openai only"):
+        check_blocks(cfg)
+    for line in (
+        "performance.from_workload: backend openai does not time waves of the workload's lengths",
+        "performance.from_workload: backend vllm does not time waves",
+    ):
+        backend = line.split("backend ")[1].split()[0]
+        other = cfg.model_copy(
+            update={
+                "backend": backend,
+                "server": None,
+                "performance": cfg.performance.model_copy(update={"enabled": True, "from_workload": True}),
             }
         )
+        with pytest.raises(UserError, match=line.replace("(", r"\(").replace(")", r"\)")):
+            check_blocks(other)
 
 
 def test_requests_pin_every_sampling_field_and_the_server_ignores_the_model_card() -> None:

@@ -32,4 +32,5 @@ BACKEND = BackendEntry(
     serves_checkpoints=True,
     # transformers' cache layers (cache_utils.py): what qeval's own worker holds per sequence
     kv_accounting=lambda cfg, device: KvAccounting("hf"),
+    waves_from_workload=True,
 )

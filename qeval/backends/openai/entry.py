@@ -41,4 +41,5 @@ BACKEND = BackendEntry(
     kv_accounting=kv_accounting,
     # a launched vLLM server: `qeval goodput` starts its own; an attached one or a command is not vLLM's to tune
     serves_goodput=lambda cfg: cfg.server is None or (cfg.server.mode == "launch" and cfg.server.command is None),
+    takes_server=True,
 )
