@@ -101,6 +101,8 @@ def tensor_bytes(obj: Any, seen: set[int] | None = None) -> int:
     seen = set() if seen is None else seen
     if isinstance(obj, (list, tuple)):
         return sum(tensor_bytes(x, seen) for x in obj)
+    if isinstance(obj, dict):  # HQQ keeps a quantized K/V's scale and zero point in a meta dict
+        return sum(tensor_bytes(x, seen) for x in obj.values())
     if not isinstance(obj, torch.Tensor) or id(obj) in seen:
         return 0
     seen.add(id(obj))

@@ -245,7 +245,7 @@ def test_transformers_caches_what_the_ledger_predicts(model_type: str, context: 
 
 
 @pytest.mark.parametrize("model_type", [m for m in TINY if m != "deepseek_v3"])  # MLA: refused on hf
-@pytest.mark.parametrize("kv", ["int4", "fp8"])
+@pytest.mark.parametrize("kv", ["int8", "int4", "fp8"])
 @pytest.mark.parametrize("context", [12, 40])
 def test_a_quantized_cache_on_every_layout_holds_what_the_ledger_predicts(
     model_type: str, kv: KVCache, context: int

@@ -62,3 +62,16 @@ def test_int4_weights_with_group_scales() -> None:
 def test_tied_embeddings_count_once() -> None:
     tied = ModelShape.from_config(LLAMA2_7B | {"tie_word_embeddings": True})
     assert ModelShape.from_config(LLAMA2_7B).n_params() - tied.n_params() == 32000 * 4096
+
+
+def test_a_quantized_kv_caches_scales_are_counted_where_hqq_keeps_them() -> None:
+    """HQQ (the 8-bit KV cache) keeps a quantized tensor's scale and zero point in a meta dict
+    beside it: the measured KV bytes count them (they were missed: 11,520 measured against the
+    12,960 predicted a SmolLM2 token)."""
+    import torch
+
+    from qeval.memory.ledger import tensor_bytes
+
+    data = torch.zeros(4, 64, dtype=torch.uint8)
+    meta = {"scale": torch.ones(4, 1), "zero": torch.zeros(4, 1), "shape": torch.Size([4, 64]), "nbits": 8}
+    assert tensor_bytes([(data, meta)]) == 4 * 64 + 2 * 4 * 4
