@@ -40,7 +40,7 @@ def test_generation_divergence_and_multi_turn_run(model_path: Path, tmp_path: Pa
         ),
     )
     out = tmp_path / "run"
-    res = run_cli("run", str(cfg), "--output", str(out), "--limit", "8", timeout=600)
+    res = run_cli("run", str(cfg), "--output", str(out), "--limit", "6", timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     results = json.loads((out / "results.json").read_text())
     gen = results["generation_divergence"]
@@ -52,7 +52,7 @@ def test_generation_divergence_and_multi_turn_run(model_path: Path, tmp_path: Pa
     gated = [b for b in kv2 if b["start"] == 2][0]
     assert gated["max_drop"] == 0.05 and gated["verdict"] in ("pass", "fail", "inconclusive")
     assert all(b["verdict"] is None for b in kv2 if b["start"] != 2)
-    assert sum(b["documents"] for b in gen["setups"]["kv2"]["addition"]["answer_lengths"]) == 8
+    assert sum(b["documents"] for b in gen["setups"]["kv2"]["addition"]["answer_lengths"]) == 6
     turns = results["multi_turn"]
     assert turns["turns"] == [2, 3] and turns["tasks"] == {"2": "multi_turn_t2", "3": "multi_turn_t3"}
     points = {p["turn"]: p for p in turns["setups"]["kv2"]}
@@ -63,11 +63,12 @@ def test_generation_divergence_and_multi_turn_run(model_path: Path, tmp_path: Pa
     assert kv2_scores["addition"]["gate"] is None  # a position gate is not the task's own gate
     md = (out / "report.md").read_text()
     assert "## Divergence along the generation" in md and "## Multi-turn probes" in md
+    assert "6 of the 8 generated conversations per turn" in md  # --limit: what was scored, not generated
     html = (out / "report.html").read_text()
     assert "KL against generated position" in html and "accuracy against question turn" in html
     run = qeval.load_run(out)
     assert set(run.generation_positions()["setup"]) == {"base", "kv2"}
     assert len(run.multi_turn()) == 4 and len(run.generation_lengths()) > 0
-    again = run_cli("run", str(cfg), "--output", str(out), "--limit", "8", timeout=300)
+    again = run_cli("run", str(cfg), "--output", str(out), "--limit", "6", timeout=300)
     assert again.returncode == 0 and again.stderr.count("skipped") == 2, again.stderr[-1500:]
     assert json.loads((out / "results.json").read_text())["generation_divergence"] == gen

@@ -43,8 +43,15 @@ def turn_rows(results: Results, esc: Escape) -> tuple[list[str], list[list[str]]
 def legend(results: Results) -> str:
     info = results.multi_turn
     assert info is not None
+    scored = sorted({p.documents for points in info.setups.values() for p in points})
+    # under --limit fewer conversations are scored than generated: say how many were
+    count = (
+        f"{info.samples}"
+        if scored in ([], [info.samples])
+        else f"{'/'.join(map(str, scored))} of the {info.samples} generated"
+    )
     return (
-        f"{info.samples} conversations per turn (seed {info.seed}, {info.facts} facts in turn 1, "
+        f"{count} conversations per turn (seed {info.seed}, {info.facts} facts in turn 1, "
         f"{info.filler_words} words per filler answer). Accuracy: exact match of the number asked for; Δ: "
         "setup minus baseline in points, paired by conversation [95% Newcombe interval], with the gate's "
         "verdict where a gate applies; KL(baseline || setup) per token of the baseline's answer, teacher-forced "
