@@ -173,7 +173,7 @@ def test_exhausted_retries_record_the_cause(cluster: LocalCluster, tmp_path: Pat
 
 
 def test_ctrl_c_cancels_the_jobs_and_the_run_resumes(cluster: LocalCluster, local_run: Path, tmp_path: Path) -> None:
-    for attempt in range(2):
+    for attempt in range(3):
         out = tmp_path / f"run{attempt}"
         args = [
             sys.executable,
@@ -196,9 +196,10 @@ def test_ctrl_c_cancels_the_jobs_and_the_run_resumes(cluster: LocalCluster, loca
                 time.sleep(0.1)
             driver.send_signal(signal.SIGINT)
             _, err = driver.communicate(timeout=120)
-        # on a loaded CI machine the watcher once missed both jobs and the run ended before the
-        # Ctrl-C: a race of this test's own, not a run ignoring Ctrl-C; that case is tried again once
-        if not (driver.returncode == 0 and not ({"int8", "kv-int4"} & set(watch.pids))):
+        # on a loaded CI machine the watcher saw the jobs late (once not at all) and the Ctrl-C came
+        # after the run had finished (exit 0, every setup done): a race of this test's own, not a run
+        # ignoring Ctrl-C, so it is tried again; a run that ignores Ctrl-C exits 0 every time and fails
+        if driver.returncode != 0:
             break
     assert driver.returncode == 130, err[-3000:]
     assert "rerun the same command to resume" in err
