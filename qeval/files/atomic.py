@@ -49,10 +49,12 @@ def atomic_write_stream(path: Path, write: Callable[[IO[bytes]], None]) -> None:
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False, default=_jsonable) + "\n").encode())
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False, default=jsonable) + "\n").encode())
 
 
-def _jsonable(obj: Any) -> Any:
+def jsonable(obj: Any) -> Any:
+    """`json.dumps`'s `default`: numpy scalars and arrays as plain JSON values (shared by the
+    results, the spools and the sample records)."""
     if isinstance(obj, np.bool_):
         return bool(obj)
     if isinstance(obj, (np.integer,)):

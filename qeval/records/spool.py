@@ -22,7 +22,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from qeval.files.atomic import _jsonable, atomic_write_bytes
+from qeval.files.atomic import atomic_write_bytes, jsonable
 from qeval.results.samples import SampleRecord, read_record
 
 #: bytes copied at a time when a spool is written into the store
@@ -221,7 +221,7 @@ def save_state(
     while writing it leaves the previous one whole. `files`: the spools it needs, which
     `clear_scratch(folder, keep_states=True)` then keeps."""
     payload = {f"a.{k}": v for k, v in arrays.items()}
-    blob = json.dumps({"meta": meta, "files": sorted(files)}, default=_jsonable).encode()
+    blob = json.dumps({"meta": meta, "files": sorted(files)}, default=jsonable).encode()
     payload["state"] = np.frombuffer(blob, dtype=np.uint8)
     buf = io.BytesIO()
     np.savez(buf, **payload)  # type: ignore[arg-type]  # numpy's stubs want positional arrays

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from qeval.files.atomic import _jsonable
+from qeval.files.atomic import jsonable
 from qeval.results.base import ResultModel
 
 
@@ -126,7 +126,7 @@ class SampleRecord(ResultModel):
 
     def to_line(self) -> bytes:
         """The record as one JSONL line: the fields set (null ones included) and any extra keys."""
-        return (json.dumps(self.model_dump(exclude_unset=True), default=_jsonable) + "\n").encode()
+        return (json.dumps(self.model_dump(exclude_unset=True), default=jsonable) + "\n").encode()
 
 
 def read_record(obj: dict[str, Any]) -> SampleRecord:
