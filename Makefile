@@ -23,7 +23,11 @@ install: $(STAMP)
 
 # vLLM's workers run in their own virtualenv (vLLM pins another transformers). The CPU
 # build here; on a machine with nvidia-smi, the CUDA build (`vllm`, not run by this project).
-$(VLLM_STAMP): pyproject.toml constraints-vllm.txt
+# The engine first (its own stamp: it needs nothing of .venv, so `make test` installs it beside
+# .venv), then qeval itself, after .venv's editable install: two editable installs at once would
+# write the same qeval.egg-info.
+VLLM_ENGINE := $(VLLM_VENV)/.engine
+$(VLLM_ENGINE): constraints-vllm.txt
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	if command -v nvidia-smi >/dev/null 2>&1; then \
 	  $(VLLM_VENV)/bin/pip install -q vllm; \
@@ -32,6 +36,9 @@ $(VLLM_STAMP): pyproject.toml constraints-vllm.txt
 	  $(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec; \
 	fi
 	# torchvision/torchaudio/torchcodec come built for another torch and break imports
+	touch $(VLLM_ENGINE)
+
+$(VLLM_STAMP): pyproject.toml constraints-vllm.txt $(VLLM_ENGINE) | $(STAMP)
 	$(VLLM_VENV)/bin/pip install -q -c constraints-vllm.txt -e .
 	# the benchmark's reference on this engine (bench/compare_lm_eval.py --backend vllm)
 	$(VLLM_VENV)/bin/pip install -q -c constraints-vllm.txt lm-eval==0.4.13
@@ -77,8 +84,16 @@ lint: $(STAMP)
 # against about 47 min in one process (CONTRIBUTING.md). `make test PYTEST_WORKERS=` runs one.
 PYTEST_WORKERS ?= -n 2 --dist loadgroup
 
+## what `make test` needs, built side by side (`make -j3`): the three virtualenvs' installs, the
+## apt step, lint and the data steps overlap (each still waits for what it needs), which took
+## minutes off CI's install on the 2-core machines; --output-sync keeps each step's log in one piece
+TEST_NEEDS := lint $(VLLM_STAMP) $(QUANT_STAMP) browser models/smollm2-135m/.prepared tasks/lm_eval_full/.prepared
+.PHONY: test-needs
+test-needs: $(TEST_NEEDS)
+
 ## every test, the slow end-to-end ones included (CI runs exactly this)
-test: lint $(VLLM_STAMP) $(QUANT_STAMP) browser models/smollm2-135m/.prepared tasks/lm_eval_full/.prepared
+test:
+	$(MAKE) -j3 --output-sync=target test-needs
 	HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_WORKERS)
 
 ## skip engine starts and full demo runs while developing
