@@ -118,10 +118,16 @@ def document_order(cfg: RunConfig, task: str, n_docs: int) -> list[int]:
     every setup scores, in this order. Seeded by the seed and the task's name, so a task's order
     does not depend on which other tasks the run has."""
     assert cfg.sequential is not None
+    return seeded_order(cfg.sequential.seed, task, n_docs, cfg.sequential.max_docs)
+
+
+def seeded_order(seed: int, task: str, n_docs: int, cap: int | None = None) -> list[int]:
+    """`document_order` from its parts: the permutation of the task's `n_docs` documents that the
+    seed and the task's name fix, cut at `cap` (bench/sequential_replay.py replays a fixed run's
+    whole set in it: exactly the documents, in the order, a sequential run would score)."""
     digest = hashlib.sha256(task.encode()).digest()
-    rng = np.random.default_rng([cfg.sequential.seed, int.from_bytes(digest[:8], "little")])
+    rng = np.random.default_rng([seed, int.from_bytes(digest[:8], "little")])
     order = rng.permutation(n_docs)
-    cap = cfg.sequential.max_docs
     return [int(i) for i in (order[:cap] if cap else order)]
 
 

@@ -147,3 +147,56 @@ def test_monitor_stops_where_assembly_says(broken: bool) -> None:
     traj = cell(p, "arc", order, base_records, scored)
     assert traj is not None and traj.stopped_at == len(traj.looks) - 1 and traj.looks[-1].n == len(scored)
     assert traj.verdict == ("fail" if broken else "pass")
+
+
+def test_a_fixed_run_replayed_in_the_seeded_order_stops_where_the_run_would(tmp_path: Any) -> None:
+    """bench/sequential_replay.py --order-seed puts a fixed run's records (stored in the set's own
+    order) in the sequential run's order, so its stop is the run's: the same documents, looks and
+    verdict as `cell` gives on that order, and the totals line counts what it scored."""
+    import json
+    import subprocess
+    import sys
+
+    from qeval.analysis.sequential_run import seeded_order
+    from tests.helpers import ROOT
+
+    cfg = _cfg(sequential={"enabled": True, "seed": 3, "max_docs": 50})
+    assert seeded_order(3, "arc_easy", 200, 50) == document_order(cfg, "arc_easy", 200)
+    rng = np.random.default_rng(0)
+    n = 1500
+    base = rng.random(n) < 0.6
+    other = base.copy()
+    other[rng.choice(n, 12, replace=False)] ^= True  # a few flips either way: a clear pass at 10 points
+    for setup, values in (("baseline", base), ("int8", other)):
+        folder = tmp_path / "samples" / setup
+        folder.mkdir(parents=True)
+        lines = [json.dumps({"sample_id": str(i), "metrics": {"acc": float(v)}}) for i, v in enumerate(values)]
+        (folder / "arc_easy.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "replay.json"
+    args = ["--gates", "0.10", "--chunk", "100", "--min-docs", "50", "--alpha", "0.025", "--json", str(out)]
+    res = subprocess.run(
+        [sys.executable, "bench/sequential_replay.py", str(tmp_path), *args, "--order-seed", "7"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    (row,) = json.loads(out.read_text())
+    order = seeded_order(7, "arc_easy", n)
+    records = sample_records({"sample_id": str(i), "metrics": {"acc": float(v)}} for i, v in enumerate(base))
+    others = sample_records({"sample_id": str(i), "metrics": {"acc": float(v)}} for i, v in enumerate(other))
+    plan_json = {
+        "tasks": {"arc_easy": {"gate": {"task": "all", "max_drop": 0.10}, "metric": "acc", "higher_is_better": True}},
+        "chunk_docs": 100,
+        "alpha": 0.025,
+        "min_docs": 50,
+    }
+    rank = {d: i for i, d in enumerate(order)}
+    others_in_order = sorted(others, key=lambda r: rank[int(r.sample_id)])
+    traj = cell(plan_json, "arc_easy", order, records, others_in_order)
+    assert traj is not None and traj.verdict == row["sequential"] == "pass" and row["fixed"] == "pass"
+    assert row["scored"] == row["stopped_at_n"] < n  # stopped early, where the run's own monitor stops
+    assert traj.stopped_at is not None and traj.looks[traj.stopped_at].n == row["scored"]
+    assert others_in_order[0].sample_id == str(order[0])
+    assert f"{row['scored']:,} of {n:,} paired documents scored" in res.stdout
+    assert "the same verdict in 1 of the 1 cells" in res.stdout
