@@ -9,15 +9,17 @@ order and chunks, and after each chunk tests each of its undecided cells against
 stored records; a task whose cell is decided stops, and the setup stops when all have. Assembly
 recomputes each cell's trajectory from the stored records (the same numbers, no state to keep).
 
-Which cells: tasks of the lm_eval kind that are not part of an lm-eval group, whose
-compared metric is bounded in [0, 1] (qeval/analysis/sequential.py `sequential_metric`) and that a
-gate covers. Groups (MMLU's 57 subjects), bits per byte and long-context tasks are scored up to the
-cap and judged by the fixed-n interval at the end, as without the switch (lm-eval's in the seeded
-order too); native and long-context tasks are scored whole, as without the switch."""
+Which cells: tasks of the lm_eval and native kinds (not part of an lm-eval group) whose compared
+metric is bounded in [0, 1] (qeval/analysis/sequential.py `sequential_metric`) and that a gate
+covers: native multiple-choice and generation tasks are scored in the same order and chunks
+(qeval/tasks/sequential.py). Groups (MMLU's 57 subjects) and bits per byte are judged by the fixed-n
+interval at the end, as without the switch (lm-eval's scored in the seeded order to the cap, native
+perplexity tasks whole); long-context tasks are scored whole, as without the switch."""
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,8 +39,9 @@ if TYPE_CHECKING:
     from qeval.records.store import RunStore
     from qeval.results.schema import Results
 
-#: the task kinds whose scoring loops take the order and stop (native and long context: not yet)
-SEQUENTIAL_KINDS = ("lm_eval",)
+#: the task kinds whose scoring loops take the order and stop (lm-eval's chunked loop;
+#: qeval/tasks/sequential.py for the native kind); long-context tasks: not yet
+SEQUENTIAL_KINDS = ("lm_eval", "native")
 
 
 def not_sequential(kind: str, in_group: bool, metric: str) -> str | None:
@@ -131,6 +134,15 @@ def seeded_order(seed: int, task: str, n_docs: int, cap: int | None = None) -> l
     return [int(i) for i in (order[:cap] if cap else order)]
 
 
+def task_order(plan_json: dict[str, Any], task: Any) -> tuple[list[str], list[int]]:
+    """A task's documents in the run's seeded order, cut at the cap: their sample ids (what the
+    records are paired and ordered by) and their indices in the set. An lm-eval document's id is
+    its index; a native task's is its `doc_id` (the data's id field, else its index)."""
+    order = seeded_order(plan_json["seed"], task.name, task.n_docs, plan_json["max_docs"])
+    doc_id = getattr(task, "doc_id", None)
+    return ([str(doc_id(i)) for i in order] if callable(doc_id) else [str(i) for i in order]), order
+
+
 def looks(n_scored: int, chunk_docs: int) -> list[int]:
     """The document counts a cell was looked at: after each chunk, and at the last document."""
     out = list(range(chunk_docs, n_scored + 1, chunk_docs))
@@ -143,7 +155,7 @@ def _cell_score(spec: dict[str, Any], base: np.ndarray, other: np.ndarray) -> An
 
 
 def _ordered(
-    base_records: list[SampleRecord], other_records: list[SampleRecord], metric: str, order: list[int]
+    base_records: list[SampleRecord], other_records: list[SampleRecord], metric: str, order: Sequence[int | str]
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """The two sides' values on the documents the setup scored, in the run's order (the order the
     sequence is computed in), or None where some document does not pair."""
@@ -158,7 +170,7 @@ def _ordered(
 def cell(
     plan_json: dict[str, Any],
     task: str,
-    order: list[int],
+    order: Sequence[int | str],
     base_records: list[SampleRecord],
     other_records: list[SampleRecord],
 ) -> Trajectory | None:
@@ -179,7 +191,10 @@ class Monitor:
     records, each task's order, and the setup's records so far."""
 
     def __init__(
-        self, plan_json: dict[str, Any], orders: dict[str, list[int]], baseline_records: dict[str, list[SampleRecord]]
+        self,
+        plan_json: dict[str, Any],
+        orders: Mapping[str, Sequence[int | str]],
+        baseline_records: dict[str, list[SampleRecord]],
     ) -> None:
         self.plan = plan_json
         self.orders = orders
@@ -226,7 +241,7 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
         for task, cmp in entry.vs_baseline.items():
             if entry.name == base or task not in plan_json["tasks"] or cmp.verdict is None:
                 continue
-            order = document_order(pre.cfg, task, infos[task].n_docs)
+            order, _ = task_order(plan_json, infos[task])
             other = store.read_samples(entry.name, task)
             traj = cell(plan_json, task, order, store.read_samples(base, task), other)
             if traj is None:

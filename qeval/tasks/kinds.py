@@ -185,16 +185,22 @@ def check_generation_room(cfg: RunConfig, name: str, output_type: str, max_gen_t
         )
 
 
-def score_each(ctx: Scoring, tasks: Iterable[Task]) -> None:
+def score_each(
+    ctx: Scoring, tasks: Iterable[Task], scorer: Callable[[Scoring, Task, Progress], TaskResult] | None = None
+) -> None:
     """Score qeval-form tasks (native.Task and its kin) one by one, each stored when done: the
-    scoring most kinds need."""
+    scoring most kinds need. `scorer` replaces `score_task` for a kind that scores some tasks its
+    own way (the native kind's sequential cells: qeval/tasks/sequential.py)."""
     import time
 
     for task in tasks:
         t0 = time.time()
         with ctx.progress(f"{ctx.setup.name}: {task.name}", n_requests(task)) as bar:
             advance: Progress = bar.advance
-            result = score_task(ctx.backend, task, advance, ctx.reference(task.name))
+            if scorer is not None:
+                result = scorer(ctx, task, advance)
+            else:
+                result = score_task(ctx.backend, task, advance, ctx.reference(task.name))
         ctx.store(task.name, result, round(time.time() - t0, 2), task.sha256)
 
 

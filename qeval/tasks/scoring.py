@@ -58,13 +58,19 @@ def n_requests(task: Task) -> int:
 
 
 def score_task(
-    backend: Backend, task: Task, progress: Progress, reference: dict[str, np.ndarray] | None = None
+    backend: Backend,
+    task: Task,
+    progress: Progress,
+    reference: dict[str, np.ndarray] | None = None,
+    tokens: TokenDivergence | None = None,
 ) -> TaskResult:
     """Score every document of `task`; `reference` is the baseline's top-k (the KL reference of
-    perplexity and multiple-choice tasks)."""
+    perplexity and multiple-choice tasks). `tokens`: where a task scored a chunk at a time
+    (qeval/tasks/sequential.py) collects a multiple-choice task's token divergence, summed up by
+    its owner once."""
     output_type = task.spec.output_type
     if output_type == "multiple_choice":
-        result = _multiple_choice(backend, task, progress, reference)
+        result = _multiple_choice(backend, task, progress, reference, tokens)
     elif output_type == "generate_until":
         result = _generate(backend, task, progress)
     else:
@@ -76,7 +82,11 @@ def score_task(
 
 
 def _multiple_choice(
-    backend: Backend, task: Task, progress: Progress, reference: dict[str, np.ndarray] | None = None
+    backend: Backend,
+    task: Task,
+    progress: Progress,
+    reference: dict[str, np.ndarray] | None = None,
+    tokens: TokenDivergence | None = None,
 ) -> TaskResult:
     delim = task.choice_delimiter
     reqs: list[LoglikelihoodRequest] = []
@@ -112,8 +122,8 @@ def _multiple_choice(
                 n_tokens=results[start + gold].n_tokens,
             )
         )
-    topk, divergence = continuation_divergence([results[a : a + n] for a, n in spans], refs, records)
-    return TaskResult(records, {"acc": _mean_se(acc), "acc_norm": _mean_se(acc_norm)}, topk, divergence)
+    topk, divergence = continuation_divergence([results[a : a + n] for a, n in spans], refs, records, tokens)
+    return TaskResult(records, {"acc": mean_se(acc), "acc_norm": mean_se(acc_norm)}, topk, divergence)
 
 
 def _extract(text: str, pattern: str | None) -> str:
@@ -169,11 +179,11 @@ def _generate(backend: Backend, task: Task, progress: Progress) -> TaskResult:
         passed.append(any(hits))
         majority.append(voted == target)
         records.append(record)
-    metrics = {"exact_match": _mean_se(em)}
+    metrics = {"exact_match": mean_se(em)}
     if plans[0] is not None:
         # the mean over repeats' standard error is over documents (clustered): k draws of one
         # document are not k independent samples (docs/statistics.md)
-        metrics |= {"pass_at_k": _mean_se(passed), "maj_at_k": _mean_se(majority)}
+        metrics |= {"pass_at_k": mean_se(passed), "maj_at_k": mean_se(majority)}
     return TaskResult(records, metrics)
 
 
@@ -234,7 +244,7 @@ def _perplexity_metrics(records: list[SampleRecord]) -> dict[str, dict[str, floa
     return metrics
 
 
-def _mean_se(values: list[bool] | list[float]) -> dict[str, float | None]:
+def mean_se(values: list[bool] | list[float]) -> dict[str, float | None]:
     """Mean and its standard error (sample std / sqrt(n), as lm-evaluation-harness); None
     where one document leaves it undefined."""
     x = np.asarray(values, dtype=float)

@@ -66,8 +66,8 @@ def _pre(cfg: RunConfig, tasks: list[tuple[str, str, str, str]]) -> Any:
 
 
 def test_plan_cells_and_level() -> None:
-    """Cells: lm-eval tasks outside groups, on bounded metrics, with a gate; the level split over
-    (setups other than the baseline) x cells."""
+    """Cells: lm-eval and native tasks outside groups, on bounded metrics, with a gate; the level
+    split over (setups other than the baseline) x cells."""
     cfg = _cfg(
         sequential={"enabled": True, "level": 0.06},
         gates=[{"task": "all", "max_drop": 0.02}],
@@ -81,17 +81,18 @@ def test_plan_cells_and_level() -> None:
             ("mmlu_a", "lm_eval", "mmlu", "acc"),
             ("piqa", "lm_eval", "piqa", "acc_norm"),
             ("addition", "native", "addition", "exact_match"),
+            ("needle", "long_context", "needle", "exact_match"),
         ],
     )
     p = plan(pre)
-    assert p is not None and set(p["tasks"]) == {"arc", "piqa"}
-    assert p["cells"] == 4 and p["alpha"] == pytest.approx(0.015)
+    assert p is not None and set(p["tasks"]) == {"arc", "piqa", "addition"}
+    assert p["cells"] == 6 and p["alpha"] == pytest.approx(0.01)
     assert plan(_pre(_cfg(), [("arc", "lm_eval", "arc", "acc")])) is None
 
 
 def test_which_kinds_are_sequential_and_why_not() -> None:
-    """Only lm-eval tasks outside groups on bounded metrics are cells; native and long-context tasks
-    (their scoring loops take no order), group members (their group is judged pooled) and bits per
+    """Only lm-eval and native tasks outside groups on bounded metrics are cells; long-context tasks
+    (their scoring loop takes no order), group members (their group is judged pooled) and bits per
     byte (unbounded) are judged by the fixed-n interval, each with its reason for the report."""
     cfg = _cfg(sequential={"enabled": True}, gates=[{"task": "all", "max_drop": 0.02}])
     pre = _pre(
@@ -105,10 +106,10 @@ def test_which_kinds_are_sequential_and_why_not() -> None:
         ],
     )
     p = plan(pre)
-    assert p is not None and set(p["tasks"]) == {"arc"} and p["cells"] == 1
+    assert p is not None and set(p["tasks"]) == {"arc", "addition"} and p["cells"] == 2
     assert not_sequential("lm_eval", False, "acc") is None
     assert "long_context task" in str(not_sequential("long_context", False, "acc"))
-    assert "native task" in str(not_sequential("native", False, "exact_match"))
+    assert not_sequential("native", False, "exact_match") is None  # native tasks are cells (issue 42)
     assert "group" in str(not_sequential("lm_eval", True, "acc"))
     assert "not bounded" in str(not_sequential("lm_eval", False, "bits_per_byte"))
 
@@ -200,3 +201,26 @@ def test_a_fixed_run_replayed_in_the_seeded_order_stops_where_the_run_would(tmp_
     assert others_in_order[0].sample_id == str(order[0])
     assert f"{row['scored']:,} of {n:,} paired documents scored" in res.stdout
     assert "the same verdict in 1 of the 1 cells" in res.stdout
+
+
+def test_a_reference_sliced_to_a_chunk_is_that_chunk_s_requests() -> None:
+    """qeval/tasks/sequential.py hands each chunk the baseline's top-k of its own requests: the
+    slice of a pack is the pack of those requests (split_reference agrees request by request)."""
+    from qeval.tasks.divergence import split_reference
+    from qeval.tasks.sequential import _slice_reference
+
+    lengths = [3, 1, 4, 2, 5]
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    total = int(offsets[-1])
+    pack = {
+        "offsets": offsets,
+        "indices": np.arange(total * 2, dtype=np.int32).reshape(total, 2),
+        "logprobs": -np.arange(total * 2, dtype=np.float32).reshape(total, 2),
+        "token_logprobs": -np.arange(total, dtype=np.float32),
+    }
+    whole = split_reference(pack, 5)
+    part = split_reference(_slice_reference(pack, 1, 4), 3)
+    assert whole is not None and part is not None
+    for a, b in zip(whole[1:4], part, strict=True):
+        assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert _slice_reference(pack, 3, 6) is None and _slice_reference(None, 0, 1) is None

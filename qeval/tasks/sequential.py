@@ -1,0 +1,101 @@
+"""A qeval-form task (native: multiple choice or generation) scored in a sequential run's order
+(issue 42; docs/statistics.md, "Sequential gates"): its documents in the run's seeded random order,
+cut at the cap, a chunk at a time; after each chunk a setup other than the baseline asks the
+monitor whether the task's gate is decided, and stops there. The baseline scores to the cap.
+
+The same scoring as `score_task` on each chunk (qeval/tasks/scoring.py), so a record is what a
+whole-task run writes for that document; the task's metrics are then computed over the records
+scored. A multiple-choice task's KL reference is the baseline's top-k in the same order, sliced
+to the chunk's requests. A task killed mid-way is scored again from its first chunk on resume (the
+same order, so the same stop): these tasks are small, and the lm-eval kind's chunk spools are for
+sets of thousands."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from qeval.analysis.sequential_run import Monitor, task_order
+from qeval.tasks.divergence import TokenDivergence, concat_topk
+from qeval.tasks.scoring import TaskResult, mean_se, score_task
+
+if TYPE_CHECKING:
+    from qeval.backends.base import Progress
+    from qeval.tasks import Task
+    from qeval.tasks.kinds import Scoring
+
+
+def is_sequential(ctx: Scoring, task: Task) -> bool:
+    """Whether `task` is one of the run's sequential cells (its plan names it)."""
+    return ctx.sequential is not None and task.name in ctx.sequential["tasks"]
+
+
+def _slice_reference(ref: dict[str, np.ndarray] | None, start: int, stop: int) -> dict[str, np.ndarray] | None:
+    """The baseline's top-k of requests [start, stop) as a pack of its own (None where the
+    reference holds fewer requests: no KL, never a wrong one)."""
+    if ref is None or len(ref["offsets"]) < stop + 1:
+        return None
+    o = ref["offsets"]
+    lo, hi = int(o[start]), int(o[stop])
+    return {"offsets": o[start : stop + 1] - lo} | {k: v[lo:hi] for k, v in ref.items() if k != "offsets"}
+
+
+def _requests_per_doc(task: Task, docs: list[dict[str, Any]]) -> list[int]:
+    """What the reference holds per document: a multiple-choice document's choices; 0 otherwise
+    (generation tasks take no reference)."""
+    if task.spec.output_type == "multiple_choice":
+        return [len(task.choices(d)) for d in docs]
+    return [0] * len(docs)
+
+
+def _metrics(task: Task, result_records: list[Any]) -> dict[str, dict[str, float | None]]:
+    """The task's metrics over the records scored (the definitions `score_task` uses)."""
+    if task.spec.output_type == "multiple_choice":
+        return {
+            "acc": mean_se([bool(r.correct) for r in result_records]),
+            "acc_norm": mean_se([bool(r.correct_norm) for r in result_records]),
+        }
+    out = {"exact_match": mean_se([float(r.correct) for r in result_records])}
+    if result_records and result_records[0].pass_at_k is not None:
+        out |= {
+            "pass_at_k": mean_se([bool(r.pass_at_k) for r in result_records]),
+            "maj_at_k": mean_se([bool(r.maj_at_k) for r in result_records]),
+        }
+    return out
+
+
+def score_in_order(ctx: Scoring, task: Task, progress: Progress) -> TaskResult:
+    """Score `task` chunk by chunk in the run's order, stopping where its cell is decided (a setup
+    other than the baseline) or at the cap."""
+    plan = ctx.sequential
+    assert plan is not None
+    ids, order = task_order(plan, task)
+    docs = [task.docs[i] for i in order]
+    counts = _requests_per_doc(task, docs)
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+    reference = ctx.reference(task.name)
+    monitor = None
+    if ctx.baseline_records is not None:  # the baseline scores to the cap: the others test against it
+        monitor = Monitor(plan, {task.name: ids}, {task.name: ctx.baseline_records(task.name)})
+    tokens = TokenDivergence()
+    records: list[Any] = []
+    packs: list[dict[str, np.ndarray]] = []
+    chunk = int(plan["chunk_docs"])
+    for first in range(0, len(docs), chunk):
+        last = min(first + chunk, len(docs))
+        part = replace(task, docs=docs[first:last])
+        ref = _slice_reference(reference, int(starts[first]), int(starts[last]))
+        result = score_task(ctx.backend, part, progress, ref, tokens)
+        got = list(result.records)
+        for record, sample_id in zip(got, ids[first:last], strict=True):
+            record.sample_id = sample_id  # the document's own id, not its place in the chunk
+        records += got
+        if isinstance(result.topk, dict) and result.topk:
+            packs.append(result.topk)
+        if monitor is not None and monitor.add(task.name, got):
+            break
+    keep = set(task.metrics) | {"kl_to_baseline", "top1_agreement"}
+    metrics = {k: v for k, v in _metrics(task, records).items() if k in keep}
+    return TaskResult(records, metrics, concat_topk(packs) if packs else {}, tokens.summary() if tokens.kl else None)
