@@ -26,6 +26,7 @@ from qeval.analysis.comparison import paired_records
 from qeval.analysis.sequential import Trajectory, cell_level, decided_looks, gate_score, sequential_metric, to_unit
 from qeval.analysis.sequential import trajectory as cell_trajectory
 from qeval.config.gates import Gate
+from qeval.errors import UserError
 from qeval.records.keys import SetupKeys
 from qeval.results.metrics import describe
 from qeval.results.samples import SampleRecord
@@ -98,6 +99,33 @@ def plan(pre: Preflight) -> dict[str, Any] | None:
         "seed": spec.seed,
         "tasks": tasks,
     }
+
+
+def check(pre: Preflight) -> None:
+    """At preflight: a config that switches the block on but has no task a gate could decide
+    sequentially is refused in one line (with what the run would have judged by the fixed-n
+    interval instead), rather than run as a fixed run the results call sequential."""
+    p = plan(pre)
+    if p is None or p["tasks"]:
+        return
+    why: dict[str, str] = {}
+    for t in pre.tasks:
+        if t.entry != t.name:  # a group's member: named where a gate names it, else its group (below)
+            if any(g.task == t.name for g in pre.cfg.gates):
+                why[t.name] = f"a member of the lm-eval group {t.entry}"
+            continue
+        if task_gate(pre.cfg.gates, t.name) is None:
+            continue
+        kind_ok = t.kind in SEQUENTIAL_KINDS
+        why[t.name] = f"{t.compared_metric} is not bounded in [0, 1]" if kind_ok else f"a {t.kind} task"
+    for group in pre.groups or {}:
+        if task_gate(pre.cfg.gates, group) is not None:
+            why[group] = "an lm-eval group, judged on its pooled documents"
+    found = "; ".join(f"{name}: {reason}" for name, reason in why.items()) or "no gate covers any task"
+    raise UserError(
+        f"sequential: enabled, but no task can be decided sequentially ({found}); only lm-eval tasks outside "
+        "groups, on a metric in [0, 1], with a gate, can: gate one, or remove the block"
+    )
 
 
 def with_keys(pre: Preflight, keys: dict[str, SetupKeys], plan_json: dict[str, Any]) -> dict[str, SetupKeys]:

@@ -200,3 +200,38 @@ def test_a_fixed_run_replayed_in_the_seeded_order_stops_where_the_run_would(tmp_
     assert others_in_order[0].sample_id == str(order[0])
     assert f"{row['scored']:,} of {n:,} paired documents scored" in res.stdout
     assert "the same verdict in 1 of the 1 cells" in res.stdout
+
+
+def test_no_sequential_task_and_a_cap_under_the_floor_are_refused() -> None:
+    """A config that switches the block on with nothing to decide sequentially (no gate; a gate on
+    bits per byte, a native task or an lm-eval group only) is refused at preflight in one line that
+    names why each gated task is not a cell; so is a cap under the floor (no look could decide)."""
+    from pydantic import ValidationError
+
+    from qeval.analysis.sequential_run import check
+    from qeval.errors import UserError
+
+    def pre(gates: list[dict[str, Any]], tasks: list[tuple[str, str, str, str]], groups: Any = None) -> Any:
+        lm_eval = {"tasks": [{"name": "arc"}, {"name": "mmlu"}], "suites": []}  # gates may name lm-eval groups
+        p = _pre(_cfg(sequential={"enabled": True}, gates=gates, lm_eval=lm_eval), tasks)
+        p.groups = groups or {}
+        return p
+
+    arc, wiki = ("arc", "lm_eval", "arc", "acc"), ("wiki", "lm_eval", "wiki", "bits_per_byte")
+    add, mmlu_a = ("addition", "native", "addition", "exact_match"), ("mmlu_a", "lm_eval", "mmlu", "acc")
+    everything = [{"task": "all", "max_drop": 0.02}]
+    check(pre(everything, [arc, wiki]))  # one cell: runs
+    check(_pre(_cfg(gates=[]), [wiki]))  # the switch off: nothing to check
+    cases = [
+        ([], [arc], "(no gate covers any task)"),
+        (everything, [wiki, add], "(wiki: bits_per_byte is not bounded in [0, 1]; addition: a native task)"),
+        ([{"task": "mmlu", "max_drop": 0.02}], [arc, mmlu_a], "(mmlu: an lm-eval group, judged on its pooled"),
+        ([{"task": "mmlu_a", "max_drop": 0.02}], [arc, mmlu_a], "(mmlu_a: a member of the lm-eval group mmlu)"),
+    ]
+    for gates, tasks, why in cases:
+        with pytest.raises(UserError, match="^sequential: enabled, but no task can be decided") as exc:
+            check(pre(gates, tasks, {"mmlu": ["mmlu_a"]} if mmlu_a in tasks else None))
+        assert why in str(exc.value) and "\n" not in str(exc.value)
+    with pytest.raises(ValidationError, match=r"max_docs \(40\) is under min_docs \(50\)"):
+        _cfg(sequential={"enabled": True, "max_docs": 40})
+    assert _cfg(sequential={"enabled": True, "max_docs": 50}).sequential is not None
