@@ -26,7 +26,10 @@ class SequentialSpec(Strict):
     seed: Seed = 0
 
     @model_validator(mode="after")
-    def _cap_above_floor(self) -> SequentialSpec:
+    def _check(self) -> SequentialSpec:
+        # settings without the switch would run a fixed run the user took for a sequential one
+        if "enabled" not in self.model_fields_set and self.model_fields_set:
+            raise ValueError("no `enabled:`; the block is off unless `enabled: true` (`enabled: false` keeps it off)")
         # a cap under the floor leaves no look at which any cell may decide: a run of such a block
         # scores every setup to the cap and reports every cell undecided, which no user means
         if self.max_docs is not None and self.max_docs < self.min_docs:

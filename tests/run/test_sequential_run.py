@@ -235,3 +235,13 @@ def test_no_sequential_task_and_a_cap_under_the_floor_are_refused() -> None:
     with pytest.raises(ValidationError, match=r"max_docs \(40\) is under min_docs \(50\)"):
         _cfg(sequential={"enabled": True, "max_docs": 40})
     assert _cfg(sequential={"enabled": True, "max_docs": 50}).sequential is not None
+
+
+def test_settings_without_the_switch_are_refused() -> None:
+    """`sequential: {level: 0.01}` (no `enabled:`) would run a fixed run the user took for a
+    sequential one: refused; an empty block, or `enabled: false` with settings, stays off."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="no `enabled:`; the block is off unless `enabled: true`"):
+        _cfg(sequential={"level": 0.01, "max_docs": 400})
+    assert not _cfg(sequential={}).sequential_on and not _cfg(sequential={"enabled": False, "seed": 3}).sequential_on
