@@ -137,8 +137,21 @@ def with_keys(pre: Preflight, keys: dict[str, SetupKeys], plan_json: dict[str, A
     out = {}
     for name, k in keys.items():
         part = spec.order_part() + ("" if name == base else "," + spec.stop_part(plan_json["cells"]))
-        out[name] = SetupKeys(k.parts, {t: p | {"sequential": part} for t, p in k.tasks.items()})
+        out[name] = SetupKeys(
+            k.parts, {t: p | {"sequential": part + _gate_part(plan_json, t, name == base)} for t, p in k.tasks.items()}
+        )
     return out
+
+
+def _gate_part(plan_json: dict[str, Any], task: str, baseline: bool) -> str:
+    """The gate a cell is tested against changes where a setup other than the baseline stops the
+    task: records that stopped at a 50-point gate are no run at a 5-point one (they would be read
+    back as "not decided after 8 of 24 documents", never scored further)."""
+    spec = plan_json["tasks"].get(task)
+    if baseline or spec is None:
+        return ""
+    gate = ",".join(f"{k}={v!r}" for k, v in sorted(spec["gate"].items()) if v is not None)
+    return f",gate=({gate})"
 
 
 def document_order(cfg: RunConfig, task: str, n_docs: int) -> list[int]:

@@ -245,3 +245,29 @@ def test_settings_without_the_switch_are_refused() -> None:
     with pytest.raises(ValidationError, match="no `enabled:`; the block is off unless `enabled: true`"):
         _cfg(sequential={"level": 0.01, "max_docs": 400})
     assert not _cfg(sequential={}).sequential_on and not _cfg(sequential={"enabled": False, "seed": 3}).sequential_on
+
+
+def test_a_changed_gate_rescores_the_stopped_setups_not_the_baseline() -> None:
+    """Where a setup stops depends on its cell's gate: records that stopped at a 50-point gate are
+    not a run at a 5-point one (they were read back as "not decided after 8 of 24", never scored
+    further). So a sequential task's key holds its gate for the setups other than the baseline;
+    the baseline's keys, and a task that is no cell (bits per byte), stay as they were."""
+    from qeval.analysis.sequential_run import with_keys
+    from qeval.records.keys import SetupKeys
+
+    tasks = [("arc", "lm_eval", "arc", "acc"), ("wiki", "lm_eval", "wiki", "bits_per_byte")]
+    setups = [{"name": "b", "baseline": True}, {"name": "x", "weights": "int8"}]
+
+    def keys(max_drop: float) -> dict[str, SetupKeys]:
+        cfg = _cfg(sequential={"enabled": True}, gates=[{"task": "all", "max_drop": max_drop}], setups=setups)
+        pre = _pre(cfg, tasks)
+        p = plan(pre)
+        assert p is not None
+        plain = {s: SetupKeys({"setup": s}, {"arc": {"task": "arc"}, "wiki": {"task": "wiki"}}) for s in ("b", "x")}
+        return with_keys(pre, plain, p)
+
+    wide, narrow = keys(0.5), keys(0.05)
+    assert wide["x"].task_key("arc") != narrow["x"].task_key("arc")
+    assert wide["x"].task_key("wiki") == narrow["x"].task_key("wiki")
+    assert all(wide["b"].task_key(t) == narrow["b"].task_key(t) for t in ("arc", "wiki"))
+    assert wide["x"].task_key("arc") == keys(0.5)["x"].task_key("arc")  # stable: a rerun resumes
