@@ -18,6 +18,7 @@ order too); native and long-context tasks are scored whole, as without the switc
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -131,27 +132,33 @@ def check(pre: Preflight) -> None:
 def with_keys(pre: Preflight, keys: dict[str, SetupKeys], plan_json: dict[str, Any]) -> dict[str, SetupKeys]:
     """The run's resume keys with the sequential parts (only while the switch is on): every task's
     the order, chunks and cap; a setup other than the baseline's also the level over the run's
-    cells and the floor, which change where it stops."""
+    cells and the floor, and for each of its cells the gate and the baseline's key of the task,
+    which change where it stops."""
     spec, base = pre.cfg.sequential, pre.cfg.baseline.name
     assert spec is not None
-    out = {}
-    for name, k in keys.items():
-        part = spec.order_part() + ("" if name == base else "," + spec.stop_part(plan_json["cells"]))
-        out[name] = SetupKeys(
-            k.parts, {t: p | {"sequential": part + _gate_part(plan_json, t, name == base)} for t, p in k.tasks.items()}
-        )
-    return out
+
+    def with_part(k: SetupKeys, part: Callable[[str], str]) -> SetupKeys:
+        return SetupKeys(k.parts, {t: p | {"sequential": part(t)} for t, p in k.tasks.items()})
+
+    order = spec.order_part()
+    base_keys = with_part(keys[base], lambda t: order)
+    stop = order + "," + spec.stop_part(plan_json["cells"])
+    return {
+        name: base_keys if name == base else with_part(k, lambda t: stop + _cell_part(plan_json, t, base_keys))
+        for name, k in keys.items()
+    }
 
 
-def _gate_part(plan_json: dict[str, Any], task: str, baseline: bool) -> str:
-    """The gate a cell is tested against changes where a setup other than the baseline stops the
-    task: records that stopped at a 50-point gate are no run at a 5-point one (they would be read
-    back as "not decided after 8 of 24 documents", never scored further)."""
+def _cell_part(plan_json: dict[str, Any], task: str, base_keys: SetupKeys) -> str:
+    """What else changes where a setup other than the baseline stops a cell: the gate it is tested
+    against and the baseline's records it is paired with (records that stopped at a 50-point gate,
+    or against another baseline, are no run at a 5-point one: they would be read back as "not
+    decided after 8 of 24 documents", never scored further). Empty for a task that is no cell."""
     spec = plan_json["tasks"].get(task)
-    if baseline or spec is None:
+    if spec is None:
         return ""
     gate = ",".join(f"{k}={v!r}" for k, v in sorted(spec["gate"].items()) if v is not None)
-    return f",gate=({gate})"
+    return f",gate=({gate}),baseline={base_keys.task_key(task)}"
 
 
 def document_order(cfg: RunConfig, task: str, n_docs: int) -> list[int]:

@@ -258,16 +258,22 @@ def test_a_changed_gate_rescores_the_stopped_setups_not_the_baseline() -> None:
     tasks = [("arc", "lm_eval", "arc", "acc"), ("wiki", "lm_eval", "wiki", "bits_per_byte")]
     setups = [{"name": "b", "baseline": True}, {"name": "x", "weights": "int8"}]
 
-    def keys(max_drop: float) -> dict[str, SetupKeys]:
+    def keys(max_drop: float, baseline: str = "b") -> dict[str, SetupKeys]:
         cfg = _cfg(sequential={"enabled": True}, gates=[{"task": "all", "max_drop": max_drop}], setups=setups)
         pre = _pre(cfg, tasks)
         p = plan(pre)
         assert p is not None
         plain = {s: SetupKeys({"setup": s}, {"arc": {"task": "arc"}, "wiki": {"task": "wiki"}}) for s in ("b", "x")}
+        plain["b"] = SetupKeys({"setup": baseline}, {t: {"task": t, "setup": baseline} for t in ("arc", "wiki")})
         return with_keys(pre, plain, p)
 
     wide, narrow = keys(0.5), keys(0.05)
+    assert list(wide) == ["b", "x"]
     assert wide["x"].task_key("arc") != narrow["x"].task_key("arc")
     assert wide["x"].task_key("wiki") == narrow["x"].task_key("wiki")
     assert all(wide["b"].task_key(t) == narrow["b"].task_key(t) for t in ("arc", "wiki"))
     assert wide["x"].task_key("arc") == keys(0.5)["x"].task_key("arc")  # stable: a rerun resumes
+    # another baseline (its setup changed): the cells it pairs with are rescored, the rest kept
+    other = keys(0.5, baseline="b-int8")
+    assert other["x"].task_key("arc") != wide["x"].task_key("arc")
+    assert other["x"].task_key("wiki") == wide["x"].task_key("wiki")
