@@ -62,9 +62,11 @@ def not_sequential(kind: str, in_group: bool, metric: str) -> str | None:
 
 
 def task_gate(gates: list[Gate], task: str) -> Gate | None:
-    """The gate that covers `task`, as the comparison picks it (qeval/analysis/comparison.py)."""
-    return next((g for g in gates if g.task == task and g.length is None), None) or next(
-        (g for g in gates if g.task == "all" and g.length is None), None
+    """The gate that covers `task`, as the comparison picks it (qeval/analysis/comparison.py): a
+    gate at a generated position judges its bucket's divergence, not the task's score."""
+    score_gates = [g for g in gates if g.length is None and g.position is None]
+    return next((g for g in score_gates if g.task == task), None) or next(
+        (g for g in score_gates if g.task == "all"), None
     )
 
 

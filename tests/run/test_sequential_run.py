@@ -116,6 +116,11 @@ def test_which_kinds_are_sequential_and_why_not() -> None:
 def test_task_gate_prefers_the_named_gate() -> None:
     gates = [Gate(task="all", max_drop=0.02), Gate(task="arc", max_drop=0.05)]
     assert task_gate(gates, "arc") == gates[1] and task_gate(gates, "piqa") == gates[0]
+    # a gate at a generated position judges that bucket's divergence (nats), not the task's score:
+    # the comparison skips it (qeval/analysis/comparison.py), and so does the sequential cell
+    at_position = Gate(task="gsm8k", max_drop=0.3, position=0)
+    assert task_gate([at_position, gates[0]], "gsm8k") == gates[0]
+    assert task_gate([at_position], "gsm8k") is None
 
 
 def _records(values: np.ndarray, ids: list[int]) -> list[SampleRecord]:
