@@ -263,8 +263,9 @@ def test_a_changed_gate_rescores_the_stopped_setups_not_the_baseline() -> None:
     tasks = [("arc", "lm_eval", "arc", "acc"), ("wiki", "lm_eval", "wiki", "bits_per_byte")]
     setups = [{"name": "b", "baseline": True}, {"name": "x", "weights": "int8"}]
 
-    def keys(max_drop: float, baseline: str = "b") -> dict[str, SetupKeys]:
-        cfg = _cfg(sequential={"enabled": True}, gates=[{"task": "all", "max_drop": max_drop}], setups=setups)
+    def keys(max_drop: float, baseline: str = "b", **seq: Any) -> dict[str, SetupKeys]:
+        gates = [{"task": "all", "max_drop": max_drop}]
+        cfg = _cfg(sequential={"enabled": True} | seq, gates=gates, setups=setups)
         pre = _pre(cfg, tasks)
         p = plan(pre)
         assert p is not None
@@ -282,3 +283,7 @@ def test_a_changed_gate_rescores_the_stopped_setups_not_the_baseline() -> None:
     other = keys(0.5, baseline="b-int8")
     assert other["x"].task_key("arc") != wide["x"].task_key("arc")
     assert other["x"].task_key("wiki") == wide["x"].task_key("wiki")
+    # the level: the baseline (scored to the cap whatever the level) is reused; the seed: rescored
+    level, seed = keys(0.5, level=0.1), keys(0.5, seed=1)
+    assert level["b"].tasks == wide["b"].tasks and level["x"].task_key("arc") != wide["x"].task_key("arc")
+    assert all(seed[s].task_key(t) != wide[s].task_key(t) for s in ("b", "x") for t in ("arc", "wiki"))
