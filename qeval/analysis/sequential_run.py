@@ -104,13 +104,24 @@ def plan(pre: Preflight) -> dict[str, Any] | None:
     }
 
 
-def check(pre: Preflight) -> None:
+def check(pre: Preflight) -> list[str]:
     """At preflight: a config that switches the block on but has no task a gate could decide
     sequentially is refused in one line (with what the run would have judged by the fixed-n
-    interval instead), rather than run as a fixed run the results call sequential."""
+    interval instead), rather than run as a fixed run the results call sequential. Returns the
+    warnings to print: cells with fewer documents (`limit`, the set) than the floor, which no look
+    can decide (scored whole and reported "not decided after 6 of 6 documents")."""
     p = plan(pre)
-    if p is None or p["tasks"]:
-        return
+    if p is None:
+        return []
+    if p["tasks"]:
+        cap = p["max_docs"]
+        short = {t: min(s["n_docs"], cap or s["n_docs"]) for t, s in p["tasks"].items()}
+        return [
+            f"sequential: {t} has {n} documents, under min_docs {p['min_docs']}: its cells cannot be decided "
+            "(inconclusive at the end)"
+            for t, n in short.items()
+            if n < p["min_docs"]
+        ]
     why: dict[str, str] = {}
     for t in pre.tasks:
         if t.entry != t.name:  # a group's member: named where a gate names it, else its group (below)

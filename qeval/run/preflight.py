@@ -99,7 +99,8 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
         kind.expand(pre, source.config)
     pre.run_tasks = _selected(pre, only_tasks)
     _check_gates(pre)
-    check_sequential(pre)
+    for warning in check_sequential(pre):
+        print(f"qeval: warning: {warning}", file=sys.stderr)
     check_advice(pre)
     backend_entry(cfg.backend).validate_tasks(pre)
     return pre

@@ -210,7 +210,8 @@ def test_a_fixed_run_replayed_in_the_seeded_order_stops_where_the_run_would(tmp_
 def test_no_sequential_task_and_a_cap_under_the_floor_are_refused() -> None:
     """A config that switches the block on with nothing to decide sequentially (no gate; a gate on
     bits per byte, a native task or an lm-eval group only) is refused at preflight in one line that
-    names why each gated task is not a cell; so is a cap under the floor (no look could decide)."""
+    names why each gated task is not a cell; so is a cap under the floor (no look could decide), and
+    a task with fewer documents than the floor is warned of."""
     from pydantic import ValidationError
 
     from qeval.analysis.sequential_run import check
@@ -225,8 +226,13 @@ def test_no_sequential_task_and_a_cap_under_the_floor_are_refused() -> None:
     arc, wiki = ("arc", "lm_eval", "arc", "acc"), ("wiki", "lm_eval", "wiki", "bits_per_byte")
     add, mmlu_a = ("addition", "native", "addition", "exact_match"), ("mmlu_a", "lm_eval", "mmlu", "acc")
     everything = [{"task": "all", "max_drop": 0.02}]
-    check(pre(everything, [arc, wiki]))  # one cell: runs
-    check(_pre(_cfg(gates=[]), [wiki]))  # the switch off: nothing to check
+    assert check(pre(everything, [arc, wiki])) == []  # one cell on 400 documents: runs, nothing to say
+    assert check(_pre(_cfg(gates=[]), [wiki])) == []  # the switch off: nothing to check
+    few = pre(everything, [arc, wiki])
+    few.tasks[0].n_docs = 30  # `limit: 30`, under the floor of 50: no look can decide it
+    assert check(few) == [
+        "sequential: arc has 30 documents, under min_docs 50: its cells cannot be decided (inconclusive at the end)"
+    ]
     cases = [
         ([], [arc], "(no gate covers any task)"),
         (everything, [wiki, add], "(wiki: bits_per_byte is not bounded in [0, 1]; addition: a native task)"),
