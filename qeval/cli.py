@@ -237,7 +237,7 @@ def goodput(
     from qeval.backends.device import dtype_for, resolve_device
     from qeval.config import load_config
     from qeval.model.source import resolve_model
-    from qeval.perf.serving import goodput_run
+    from qeval.perf.serving import check_goodput, goodput_run
     from qeval.quantize.checkpoints import resolve_checkpoints
     from qeval.report.serving import write_report
 
@@ -246,6 +246,7 @@ def goodput(
         out = output or Path("reports") / cfg.name
         if cfg.workload is None or cfg.workload.slo is None or cfg.serving is None:
             raise UserError(f"{config}: qeval goodput needs a workload: block with an slo: and a serving: block")
+        check_goodput(cfg)  # the backend's blocks, before checkpoints are looked for (`qeval quantize` first)
         serving = cfg.serving
         only = _split(setups, "--setups")
         if only is not None:

@@ -19,7 +19,7 @@ perplexity tasks whole); long-context tasks are scored whole, as without the swi
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,6 +28,7 @@ from qeval.analysis.comparison import paired_records
 from qeval.analysis.sequential import Trajectory, cell_level, decided_looks, gate_score, sequential_metric, to_unit
 from qeval.analysis.sequential import trajectory as cell_trajectory
 from qeval.config.gates import Gate
+from qeval.errors import UserError
 from qeval.records.keys import SetupKeys
 from qeval.results.metrics import describe
 from qeval.results.samples import SampleRecord
@@ -63,9 +64,11 @@ def not_sequential(kind: str, in_group: bool, metric: str) -> str | None:
 
 
 def task_gate(gates: list[Gate], task: str) -> Gate | None:
-    """The gate that covers `task`, as the comparison picks it (qeval/analysis/comparison.py)."""
-    return next((g for g in gates if g.task == task and g.length is None), None) or next(
-        (g for g in gates if g.task == "all" and g.length is None), None
+    """The gate that covers `task`, as the comparison picks it (qeval/analysis/comparison.py): a
+    gate at a generated position judges its bucket's divergence, not the task's score."""
+    score_gates = [g for g in gates if g.length is None and g.position is None]
+    return next((g for g in score_gates if g.task == task), None) or next(
+        (g for g in score_gates if g.task == "all"), None
     )
 
 
@@ -103,17 +106,74 @@ def plan(pre: Preflight) -> dict[str, Any] | None:
     }
 
 
+def check(pre: Preflight) -> list[str]:
+    """At preflight: a config that switches the block on but has no task a gate could decide
+    sequentially is refused in one line (with what the run would have judged by the fixed-n
+    interval instead), rather than run as a fixed run the results call sequential. Returns the
+    warnings to print: cells with fewer documents (`limit`, the set) than the floor, which no look
+    can decide (scored whole and reported "not decided after 6 of 6 documents")."""
+    p = plan(pre)
+    if p is None:
+        return []
+    if p["tasks"]:
+        cap = p["max_docs"]
+        short = {t: min(s["n_docs"], cap or s["n_docs"]) for t, s in p["tasks"].items()}
+        return [
+            f"sequential: {t} has {n} documents, under min_docs {p['min_docs']}: its cells cannot be decided "
+            "(inconclusive at the end)"
+            for t, n in short.items()
+            if n < p["min_docs"]
+        ]
+    why: dict[str, str] = {}
+    for t in pre.tasks:
+        if t.entry != t.name:  # a group's member: named where a gate names it, else its group (below)
+            if any(g.task == t.name for g in pre.cfg.gates):
+                why[t.name] = f"a member of the lm-eval group {t.entry}"
+            continue
+        if task_gate(pre.cfg.gates, t.name) is None:
+            continue
+        kind_ok = t.kind in SEQUENTIAL_KINDS
+        why[t.name] = f"{t.compared_metric} is not bounded in [0, 1]" if kind_ok else f"a {t.kind} task"
+    for group in pre.groups or {}:
+        if task_gate(pre.cfg.gates, group) is not None:
+            why[group] = "an lm-eval group, judged on its pooled documents"
+    found = "; ".join(f"{name}: {reason}" for name, reason in why.items()) or "no gate covers any task"
+    raise UserError(
+        f"sequential: enabled, but no task can be decided sequentially ({found}); only lm-eval and native "
+        "tasks outside groups, on a metric in [0, 1], with a gate, can: gate one, or remove the block"
+    )
+
+
 def with_keys(pre: Preflight, keys: dict[str, SetupKeys], plan_json: dict[str, Any]) -> dict[str, SetupKeys]:
     """The run's resume keys with the sequential parts (only while the switch is on): every task's
     the order, chunks and cap; a setup other than the baseline's also the level over the run's
-    cells and the floor, which change where it stops."""
+    cells and the floor, and for each of its cells the gate and the baseline's key of the task,
+    which change where it stops."""
     spec, base = pre.cfg.sequential, pre.cfg.baseline.name
     assert spec is not None
-    out = {}
-    for name, k in keys.items():
-        part = spec.order_part() + ("" if name == base else "," + spec.stop_part(plan_json["cells"]))
-        out[name] = SetupKeys(k.parts, {t: p | {"sequential": part} for t, p in k.tasks.items()})
-    return out
+
+    def with_part(k: SetupKeys, part: Callable[[str], str]) -> SetupKeys:
+        return SetupKeys(k.parts, {t: p | {"sequential": part(t)} for t, p in k.tasks.items()})
+
+    order = spec.order_part()
+    base_keys = with_part(keys[base], lambda t: order)
+    stop = order + "," + spec.stop_part(plan_json["cells"])
+    return {
+        name: base_keys if name == base else with_part(k, lambda t: stop + _cell_part(plan_json, t, base_keys))
+        for name, k in keys.items()
+    }
+
+
+def _cell_part(plan_json: dict[str, Any], task: str, base_keys: SetupKeys) -> str:
+    """What else changes where a setup other than the baseline stops a cell: the gate it is tested
+    against and the baseline's records it is paired with (records that stopped at a 50-point gate,
+    or against another baseline, are no run at a 5-point one: they would be read back as "not
+    decided after 8 of 24 documents", never scored further). Empty for a task that is no cell."""
+    spec = plan_json["tasks"].get(task)
+    if spec is None:
+        return ""
+    gate = ",".join(f"{k}={v!r}" for k, v in sorted(spec["gate"].items()) if v is not None)
+    return f",gate=({gate}),baseline={base_keys.task_key(task)}"
 
 
 def document_order(cfg: RunConfig, task: str, n_docs: int) -> list[int]:

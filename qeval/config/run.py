@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from qeval.config.advise import AdviseSpec
 from qeval.config.budget import Budget
@@ -39,6 +39,20 @@ from qeval.strict import Seed, Strict
 ModelDtype = Literal["auto", "bfloat16-if-native", "bfloat16", "float16", "float32"]
 
 
+#: model.dtype values a user writes for what the field does not take, and what it means instead
+DTYPE_SLIPS = {
+    **{
+        short: f"{short!r} is a setup's `weights:` spelling; model.dtype takes {full}"
+        for short, full in (("bf16", "bfloat16"), ("fp16", "float16"), ("fp32", "float32"))
+    },
+    **{
+        q: f"{q!r} is a quantization: give it as a setup's `weights: {q}`; model.dtype is the dtype the model "
+        "computes in (auto, bfloat16-if-native, bfloat16, float16, float32)"
+        for q in ("int8", "int4", "fp8")
+    },
+}
+
+
 class ModelSpec(Strict):
     """Where the model comes from: a local directory or a hub id (resolved by transformers)."""
 
@@ -53,6 +67,14 @@ class ModelSpec(Strict):
     max_context: int = Field(default=2048, gt=0)
     trust_remote_code: bool = False
     revision: str | None = None
+
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _dtype_hint(cls, value: object) -> object:
+        # setups spell their weights bf16 / fp16 / fp32 (and int8, int4, fp8): the likeliest slips here
+        if isinstance(value, str) and value in DTYPE_SLIPS:
+            raise ValueError(DTYPE_SLIPS[value])
+        return value
 
 
 class RunConfig(ChatKeys):

@@ -5,7 +5,7 @@ run that does not use it computes, stores and resumes as before the block existe
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from qeval.strict import Seed, Strict
 
@@ -24,6 +24,19 @@ class SequentialSpec(Strict):
     #: documents a chunk (a look after each): lm-eval tasks use it instead of lm_eval.chunk_docs
     chunk_docs: int = Field(default=100, gt=0)
     seed: Seed = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> SequentialSpec:
+        # settings without the switch would run a fixed run the user took for a sequential one
+        if "enabled" not in self.model_fields_set and self.model_fields_set:
+            raise ValueError("no `enabled:`; the block is off unless `enabled: true` (`enabled: false` keeps it off)")
+        # a cap under the floor leaves no look at which any cell may decide: a run of such a block
+        # scores every setup to the cap and reports every cell undecided, which no user means
+        if self.max_docs is not None and self.max_docs < self.min_docs:
+            raise ValueError(
+                f"max_docs ({self.max_docs}) is under min_docs ({self.min_docs}): no cell could ever be decided"
+            )
+        return self
 
     def order_part(self) -> str:
         """What changes the documents a setup scores and their prompts (the order, the chunks, the

@@ -603,6 +603,22 @@ def _shown(cfg: RunConfig, device: str, args: dict[str, Any]) -> dict[str, Any]:
 # -- the whole run ----------------------------------------------------------------------------
 
 
+def check_goodput(cfg: RunConfig) -> None:
+    """What `qeval goodput` refuses in one line before anything else (checkpoints looked up,
+    tokenizer loaded, engines started): the blocks it needs, the config's backend blocks against
+    the backend's entry (backends.check_blocks) and a backend that serves `vllm serve`."""
+    if cfg.workload is None or cfg.workload.slo is None or cfg.serving is None:
+        raise UserError(f"{cfg.name}: qeval goodput needs a workload: block with an slo: and a serving: block")
+    from qeval.backends import backend_entry, check_blocks
+
+    check_blocks(cfg)
+    if not backend_entry(cfg.backend).serves_goodput(cfg):
+        raise UserError(
+            f"{cfg.name}: qeval goodput serves each setup with `vllm serve`: backend vllm, or openai "
+            "with server.mode launch and no command (the hf backend has no server to load)"
+        )
+
+
 def goodput_run(
     cfg: RunConfig, out: Path, gated: tuple[list[str], dict[str, str]] | None, say: Callable[[str], None] = print
 ) -> ServingResults:
@@ -618,16 +634,8 @@ def goodput_run(
     from qeval.workload.stats import summarize
     from qeval.workload.tokens import TokenCounter
 
-    if cfg.workload is None or cfg.workload.slo is None or cfg.serving is None:
-        raise UserError(f"{cfg.name}: qeval goodput needs a workload: block with an slo: and a serving: block")
-    from qeval.backends import backend_entry, check_blocks
-
-    check_blocks(cfg)
-    if not backend_entry(cfg.backend).serves_goodput(cfg):
-        raise UserError(
-            f"{cfg.name}: qeval goodput serves each setup with `vllm serve`: backend vllm, or openai "
-            "with server.mode launch and no command (the hf backend has no server to load)"
-        )
+    check_goodput(cfg)
+    assert cfg.workload is not None and cfg.workload.slo is not None and cfg.serving is not None
     workload, sv, slo = cfg.workload, cfg.serving, cfg.workload.slo
     device = resolve_device(cfg.device)
     for s in cfg.setups:

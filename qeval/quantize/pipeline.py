@@ -84,6 +84,9 @@ def quantize(
     log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
 ) -> list[Made]:
     """Make (or find cached) every checkpoint `cfg` needs; returns where each one is."""
+    from qeval.backends import check_blocks
+
+    check_blocks(cfg)  # a config `qeval run` / `qeval goodput` would refuse: before minutes of quantizing
     todo = [s for s in cfg.setups if needs_checkpoint(s) and not s.checkpoint]
     if only:
         unknown = [n for n in only if n not in {s.name for s in cfg.setups}]

@@ -75,7 +75,8 @@ def summary_rows(results: Results, esc: Escape = md_text) -> tuple[list[str], li
         for t in top_level(results):
             m = task_metric(results, t)
             value = _value(s, t, results.tasks[t].compared_metric)
-            row += ["—" if value is None else m.fmt(value), _delta_cell(m, s.vs_baseline.get(t))]
+            shown = "—" if value is None else m.fmt(value) + sequential_gates.fewer_documents(results, s, t)
+            row += [shown, _delta_cell(m, s.vs_baseline.get(t))]
         rows.append(row)
     return header, rows
 
@@ -367,7 +368,8 @@ def print_summary(results: Results, console: Console | None = None) -> None:
             value = _value(s, t, results.tasks[t].compared_metric)
             cmp = s.vs_baseline.get(t)
             delta = f" ({m.fmt_delta(cmp.delta, unit=False)})" if cmp else ""
-            cells.append(escape(("—" if value is None else m.fmt(value)) + delta))
+            fewer = sequential_gates.fewer_documents(results, s, t)
+            cells.append(escape(("—" if value is None else m.fmt(value) + fewer) + delta))
         table.add_row(
             escape(s.name + (" *" if s.baseline else "")),
             escape(weights_text(s.memory.weights_bytes, " (p)")),

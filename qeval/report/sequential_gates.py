@@ -13,11 +13,24 @@ import matplotlib.pyplot as plt
 
 from qeval.report.sections import HtmlTables, ReportSection
 from qeval.report.tables import Escape, md_table
-from qeval.results.schema import Results
+from qeval.results.schema import Results, SetupResult
 from qeval.results.sequential import SequentialCell
 
 TITLE = "Sequential gates"
 HEADER = ["setup", "task", "verdict", "documents", "stopped at look", "sequence there", "threshold"]
+
+
+def fewer_documents(results: Results, setup: SetupResult, task: str) -> str:
+    """The text " (on 12 of 24 documents)" after a setup's score where a sequential run stopped the task
+    before the baseline's documents: the two scores side by side are on different documents (the
+    Δ beside them is paired, on the setup's); "" elsewhere, and always in a run without the switch."""
+    if results.sequential is None or setup.baseline:
+        return ""
+    base = next((s for s in results.setups if s.baseline), None)
+    mine, theirs = setup.tasks.get(task), base.tasks.get(task) if base else None
+    if mine is None or theirs is None or mine.n >= theirs.n:
+        return ""
+    return f" (on {mine.n:,} of {theirs.n:,} documents)"
 
 
 def _ci(ci: tuple[float, float] | None) -> str:

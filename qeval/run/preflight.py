@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from qeval.analysis.sequential_run import check as check_sequential
 from qeval.backends import backend_entry, check_blocks
 from qeval.backends.device import (
     SIXTEEN_BIT,
@@ -98,6 +99,8 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
         kind.expand(pre, source.config)
     pre.run_tasks = _selected(pre, only_tasks)
     _check_gates(pre)
+    for warning in check_sequential(pre):
+        print(f"qeval: warning: {warning}", file=sys.stderr)
     check_advice(pre)
     backend_entry(cfg.backend).validate_tasks(pre)
     return pre

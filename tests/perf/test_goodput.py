@@ -320,6 +320,32 @@ def test_goodput_needs_a_backend_that_serves_vllm(tmp_path: Path) -> None:
         one_line_exit_2(run_cli("validate", str(path)), message)
 
 
+def test_goodput_checks_the_backend_blocks_before_asking_for_checkpoints(tmp_path: Path) -> None:
+    """`qeval goodput` on a config whose backend would ignore a block (a `server:` block on hf or
+    vllm, performance.from_workload on vllm), or names no backend qeval has, says so in one line,
+    exit 2, before it looks for the W8A8 checkpoint (not "run `qeval quantize` first", only to
+    refuse the config after a quantization)."""
+    base = yaml.safe_load((ROOT / "configs" / "smollm2-goodput.yaml").read_text())
+    base["model"]["path"] = str(ROOT / "models" / "qeval-tiny")
+    base["model"]["max_context"] = 256
+    base["budget"]["context_len"] = 256
+    base["workload"]["trace"] = str(ROOT / "configs" / "workloads" / "gsm8k.jsonl")
+    no_server = {k: v for k, v in base.items() if k != "server"}
+    for cfg, message in (
+        (base | {"backend": "hf"}, "server: applies to backend openai only (this config's backend is hf)"),
+        (base | {"backend": "vllm"}, "server: applies to backend openai only (this config's backend is vllm)"),
+        (no_server | {"backend": "hf"}, "qeval goodput serves each setup with `vllm serve`"),
+        (
+            no_server | {"backend": "vllm", "performance": {"enabled": True, "from_workload": True}},
+            "performance.from_workload: backend vllm does not time waves",
+        ),
+        (no_server | {"backend": "vlm"}, "backend: 'vlm' is not a backend qeval has"),
+    ):
+        path = tmp_path / "c.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        one_line_exit_2(run_cli("goodput", str(path), "--output", str(tmp_path / "out")), message)
+
+
 def test_bench_argv_poisson_and_timed_trace(tmp_path: Path) -> None:
     from qeval.perf.serving import bench_argv
 

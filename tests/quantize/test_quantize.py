@@ -99,6 +99,10 @@ def test_bad_quantize_input_is_one_line_exit_2(tmp_path: Path) -> None:
     bad.write_text(bad.read_text().replace(str(corrupt), str(no_field)))
     _one_line_exit_2(run_cli("quantize", str(bad)), "no string field 'text'")
 
+    served = demo_vllm_config(tmp_path, tmp_path / "ck")  # a block its backend would ignore: refused first
+    served.write_text(served.read_text() + "server: {mode: launch}\n")
+    _one_line_exit_2(run_cli("quantize", str(served)), "server: applies to backend openai only")
+
     if shutil.which("nvidia-smi") is None:
         awq = demo_vllm_config(tmp_path, tmp_path / "ck", "  - {name: awq, weights: int4, method: awq}\n")
         _one_line_exit_2(run_cli("quantize", str(awq), "--setups", "awq"), "AWQ only on a GPU machine")

@@ -162,6 +162,13 @@ def test_preflight_keeps_the_asked_dtype_and_the_run_the_resolved_one(
     assert job.dtype == "float32"
     asked = RunConfig.model_validate(job.config)  # what the worker re-validates: `auto` round-trips
     assert asked.model.dtype == requested and asked.for_engine(job.dtype).model.dtype == "float32"
+    # results.json's run block: the dtype computed in, the one asked for, and why (schema-valid)
+    from qeval.results.schema import RunInfo
+    from qeval.run.runner import RunOptions, _run_info
+
+    info = RunInfo.model_validate(_run_info(pre, RunOptions(output=tmp_path / "run")))
+    assert (info.dtype, info.dtype_requested) == ("float32", requested) and info.dtype_reason
+    assert info.dtype_reason.startswith(f"dtype {requested}: float32, because")
 
 
 def test_auto_keys_differ_between_cpu_kinds(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -316,3 +323,25 @@ def test_onednn_isa_caps_are_ordered(bf16: None, monkeypatch: pytest.MonkeyPatch
     monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", isa)
     assert precision.native_16bit("cpu") == native
+
+
+@pytest.mark.parametrize(
+    ("junk", "said"),
+    [
+        ("bf16", "'bf16' is a setup's `weights:` spelling; model.dtype takes bfloat16"),
+        ("fp32", "'fp32' is a setup's `weights:` spelling; model.dtype takes float32"),
+        ("int8", "'int8' is a quantization: give it as a setup's `weights: int8`"),
+        ("Auto", "Input should be 'auto', 'bfloat16-if-native', 'bfloat16', 'float16' or 'float32'"),
+    ],
+)
+def test_a_model_dtype_it_does_not_take_is_one_line_saying_what_it_takes(junk: str, said: str) -> None:
+    """model.dtype spelled as a setup's weights (bf16, fp32) or given a quantization (int8): the
+    line says what was meant (the field takes bfloat16 / float32; quantizing is a setup's job)."""
+    from pydantic import ValidationError
+
+    from qeval.config import RunConfig
+    from tests.helpers import config_dict
+
+    with pytest.raises(ValidationError, match="model.dtype") as exc:
+        RunConfig.model_validate(config_dict(model={"dtype": junk}))
+    assert said in str(exc.value)

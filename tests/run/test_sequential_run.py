@@ -117,6 +117,11 @@ def test_which_kinds_are_sequential_and_why_not() -> None:
 def test_task_gate_prefers_the_named_gate() -> None:
     gates = [Gate(task="all", max_drop=0.02), Gate(task="arc", max_drop=0.05)]
     assert task_gate(gates, "arc") == gates[1] and task_gate(gates, "piqa") == gates[0]
+    # a gate at a generated position judges that bucket's divergence (nats), not the task's score:
+    # the comparison skips it (qeval/analysis/comparison.py), and so does the sequential cell
+    at_position = Gate(task="gsm8k", max_drop=0.3, position=0)
+    assert task_gate([at_position, gates[0]], "gsm8k") == gates[0]
+    assert task_gate([at_position], "gsm8k") is None
 
 
 def _records(values: np.ndarray, ids: list[int]) -> list[SampleRecord]:
@@ -224,3 +229,91 @@ def test_a_reference_sliced_to_a_chunk_is_that_chunk_s_requests() -> None:
     for a, b in zip(whole[1:4], part, strict=True):
         assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
     assert _slice_reference(pack, 3, 6) is None and _slice_reference(None, 0, 1) is None
+
+
+def test_no_sequential_task_and_a_cap_under_the_floor_are_refused() -> None:
+    """A config that switches the block on with nothing to decide sequentially (no gate; a gate on
+    bits per byte, a long-context task or an lm-eval group only) is refused at preflight in one line that
+    names why each gated task is not a cell; so is a cap under the floor (no look could decide), and
+    a task with fewer documents than the floor is warned of."""
+    from pydantic import ValidationError
+
+    from qeval.analysis.sequential_run import check
+    from qeval.errors import UserError
+
+    def pre(gates: list[dict[str, Any]], tasks: list[tuple[str, str, str, str]], groups: Any = None) -> Any:
+        lm_eval = {"tasks": [{"name": "arc"}, {"name": "mmlu"}], "suites": []}  # gates may name lm-eval groups
+        p = _pre(_cfg(sequential={"enabled": True}, gates=gates, lm_eval=lm_eval), tasks)
+        p.groups = groups or {}
+        return p
+
+    arc, wiki = ("arc", "lm_eval", "arc", "acc"), ("wiki", "lm_eval", "wiki", "bits_per_byte")
+    needle, mmlu_a = ("needle", "long_context", "needle", "acc"), ("mmlu_a", "lm_eval", "mmlu", "acc")
+    everything = [{"task": "all", "max_drop": 0.02}]
+    assert check(pre(everything, [arc, wiki])) == []  # one cell on 400 documents: runs, nothing to say
+    assert check(_pre(_cfg(gates=[]), [wiki])) == []  # the switch off: nothing to check
+    few = pre(everything, [arc, wiki])
+    few.tasks[0].n_docs = 30  # `limit: 30`, under the floor of 50: no look can decide it
+    assert check(few) == [
+        "sequential: arc has 30 documents, under min_docs 50: its cells cannot be decided (inconclusive at the end)"
+    ]
+    cases = [
+        ([], [arc], "(no gate covers any task)"),
+        (everything, [wiki, needle], "(wiki: bits_per_byte is not bounded in [0, 1]; needle: a long_context task)"),
+        ([{"task": "mmlu", "max_drop": 0.02}], [arc, mmlu_a], "(mmlu: an lm-eval group, judged on its pooled"),
+        ([{"task": "mmlu_a", "max_drop": 0.02}], [arc, mmlu_a], "(mmlu_a: a member of the lm-eval group mmlu)"),
+    ]
+    for gates, tasks, why in cases:
+        with pytest.raises(UserError, match="^sequential: enabled, but no task can be decided") as exc:
+            check(pre(gates, tasks, {"mmlu": ["mmlu_a"]} if mmlu_a in tasks else None))
+        assert why in str(exc.value) and "\n" not in str(exc.value)
+    with pytest.raises(ValidationError, match=r"max_docs \(40\) is under min_docs \(50\)"):
+        _cfg(sequential={"enabled": True, "max_docs": 40})
+    assert _cfg(sequential={"enabled": True, "max_docs": 50}).sequential is not None
+
+
+def test_settings_without_the_switch_are_refused() -> None:
+    """`sequential: {level: 0.01}` (no `enabled:`) would run a fixed run the user took for a
+    sequential one: refused; an empty block, or `enabled: false` with settings, stays off."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="no `enabled:`; the block is off unless `enabled: true`"):
+        _cfg(sequential={"level": 0.01, "max_docs": 400})
+    assert not _cfg(sequential={}).sequential_on and not _cfg(sequential={"enabled": False, "seed": 3}).sequential_on
+
+
+def test_a_changed_gate_rescores_the_stopped_setups_not_the_baseline() -> None:
+    """Where a setup stops depends on its cell's gate: records that stopped at a 50-point gate are
+    not a run at a 5-point one (they were read back as "not decided after 8 of 24", never scored
+    further). So a sequential task's key holds its gate for the setups other than the baseline;
+    the baseline's keys, and a task that is no cell (bits per byte), stay as they were."""
+    from qeval.analysis.sequential_run import with_keys
+    from qeval.records.keys import SetupKeys
+
+    tasks = [("arc", "lm_eval", "arc", "acc"), ("wiki", "lm_eval", "wiki", "bits_per_byte")]
+    setups = [{"name": "b", "baseline": True}, {"name": "x", "weights": "int8"}]
+
+    def keys(max_drop: float, baseline: str = "b", **seq: Any) -> dict[str, SetupKeys]:
+        gates = [{"task": "all", "max_drop": max_drop}]
+        cfg = _cfg(sequential={"enabled": True} | seq, gates=gates, setups=setups)
+        pre = _pre(cfg, tasks)
+        p = plan(pre)
+        assert p is not None
+        plain = {s: SetupKeys({"setup": s}, {"arc": {"task": "arc"}, "wiki": {"task": "wiki"}}) for s in ("b", "x")}
+        plain["b"] = SetupKeys({"setup": baseline}, {t: {"task": t, "setup": baseline} for t in ("arc", "wiki")})
+        return with_keys(pre, plain, p)
+
+    wide, narrow = keys(0.5), keys(0.05)
+    assert list(wide) == ["b", "x"]
+    assert wide["x"].task_key("arc") != narrow["x"].task_key("arc")
+    assert wide["x"].task_key("wiki") == narrow["x"].task_key("wiki")
+    assert all(wide["b"].task_key(t) == narrow["b"].task_key(t) for t in ("arc", "wiki"))
+    assert wide["x"].task_key("arc") == keys(0.5)["x"].task_key("arc")  # stable: a rerun resumes
+    # another baseline (its setup changed): the cells it pairs with are rescored, the rest kept
+    other = keys(0.5, baseline="b-int8")
+    assert other["x"].task_key("arc") != wide["x"].task_key("arc")
+    assert other["x"].task_key("wiki") == wide["x"].task_key("wiki")
+    # the level: the baseline (scored to the cap whatever the level) is reused; the seed: rescored
+    level, seed = keys(0.5, level=0.1), keys(0.5, seed=1)
+    assert level["b"].tasks == wide["b"].tasks and level["x"].task_key("arc") != wide["x"].task_key("arc")
+    assert all(seed[s].task_key(t) != wide[s].task_key(t) for s in ("b", "x") for t in ("arc", "wiki"))
