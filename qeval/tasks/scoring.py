@@ -101,14 +101,11 @@ def _multiple_choice(
         reqs = [replace(r, ref_indices=ref[0]) for r, ref in zip(reqs, refs, strict=True)]
     results = backend.loglikelihood(reqs, progress)
     records: list[SampleRecord] = []
-    acc, acc_norm = [], []
     for i, (doc, (start, n)) in enumerate(zip(task.docs, spans, strict=True)):
         choices, gold = task.choices(doc), int(task.target(doc))
         lls = [r.logprob for r in results[start : start + n]]
         pred = int(np.argmax(lls))
         pred_norm = int(np.argmax([ll / len(c) for ll, c in zip(lls, choices, strict=True)]))  # lm-eval: chars
-        acc.append(pred == gold)
-        acc_norm.append(pred_norm == gold)
         records.append(
             SampleRecord(
                 sample_id=task.doc_id(i),
@@ -123,7 +120,7 @@ def _multiple_choice(
             )
         )
     topk, divergence = continuation_divergence([results[a : a + n] for a, n in spans], refs, records, tokens)
-    return TaskResult(records, {"acc": mean_se(acc), "acc_norm": mean_se(acc_norm)}, topk, divergence)
+    return TaskResult(records, record_metrics("multiple_choice", records), topk, divergence)
 
 
 def _extract(text: str, pattern: str | None) -> str:
@@ -143,7 +140,6 @@ def _generate(backend: Backend, task: Task, progress: Progress) -> TaskResult:
     outputs = backend.generate(reqs, progress)
     n = len(task.docs)
     records: list[SampleRecord] = []
-    em, passed, majority = [], [], []
     for i, doc in enumerate(task.docs):
         target = str(task.target(doc)).strip()
         outs = [outputs[r * n + i] for r in range(len(plans))]
@@ -175,16 +171,31 @@ def _generate(backend: Backend, task: Task, progress: Progress) -> TaskResult:
             ]
             record.pass_at_k = any(hits)
             record.maj_at_k = voted == target
-        em.append(float(np.mean(hits)))
-        passed.append(any(hits))
-        majority.append(voted == target)
         records.append(record)
-    metrics = {"exact_match": mean_se(em)}
-    if plans[0] is not None:
+    return TaskResult(records, record_metrics("generate_until", records, sampled=plans[0] is not None))
+
+
+def record_metrics(
+    output_type: str, records: list[SampleRecord], sampled: bool = False
+) -> dict[str, dict[str, float | None]]:
+    """A multiple-choice or generation task's metrics over its records (a task scored whole, or the
+    documents a sequential cell scored: qeval/tasks/sequential.py). Multiple choice: acc and
+    acc_norm; generation: exact_match (a sampled document's mean over its repeats) and, sampled,
+    pass@k and maj@k."""
+    if output_type == "multiple_choice":
+        return {
+            "acc": mean_se([bool(r.correct) for r in records]),
+            "acc_norm": mean_se([bool(r.correct_norm) for r in records]),
+        }
+    metrics = {"exact_match": mean_se([float(r.correct or 0.0) for r in records])}
+    if sampled:
         # the mean over repeats' standard error is over documents (clustered): k draws of one
         # document are not k independent samples (docs/statistics.md)
-        metrics |= {"pass_at_k": mean_se(passed), "maj_at_k": mean_se(majority)}
-    return TaskResult(records, metrics)
+        metrics |= {
+            "pass_at_k": mean_se([bool(r.pass_at_k) for r in records]),
+            "maj_at_k": mean_se([bool(r.maj_at_k) for r in records]),
+        }
+    return metrics
 
 
 def _majority(preds: list[str]) -> str:

@@ -19,10 +19,11 @@ import numpy as np
 
 from qeval.analysis.sequential_run import Monitor, task_order
 from qeval.tasks.divergence import TokenDivergence, concat_topk
-from qeval.tasks.scoring import TaskResult, mean_se, score_task
+from qeval.tasks.scoring import TaskResult, record_metrics, score_task
 
 if TYPE_CHECKING:
     from qeval.backends.base import Progress
+    from qeval.results.samples import SampleRecord
     from qeval.tasks import Task
     from qeval.tasks.kinds import Scoring
 
@@ -50,22 +51,6 @@ def _requests_per_doc(task: Task, docs: list[dict[str, Any]]) -> list[int]:
     return [0] * len(docs)
 
 
-def _metrics(task: Task, result_records: list[Any]) -> dict[str, dict[str, float | None]]:
-    """The task's metrics over the records scored (the definitions `score_task` uses)."""
-    if task.spec.output_type == "multiple_choice":
-        return {
-            "acc": mean_se([bool(r.correct) for r in result_records]),
-            "acc_norm": mean_se([bool(r.correct_norm) for r in result_records]),
-        }
-    out = {"exact_match": mean_se([float(r.correct) for r in result_records])}
-    if result_records and result_records[0].pass_at_k is not None:
-        out |= {
-            "pass_at_k": mean_se([bool(r.pass_at_k) for r in result_records]),
-            "maj_at_k": mean_se([bool(r.maj_at_k) for r in result_records]),
-        }
-    return out
-
-
 def score_in_order(ctx: Scoring, task: Task, progress: Progress) -> TaskResult:
     """Score `task` chunk by chunk in the run's order, stopping where its cell is decided (a setup
     other than the baseline) or at the cap."""
@@ -80,7 +65,7 @@ def score_in_order(ctx: Scoring, task: Task, progress: Progress) -> TaskResult:
     if ctx.baseline_records is not None:  # the baseline scores to the cap: the others test against it
         monitor = Monitor(plan, {task.name: ids}, {task.name: ctx.baseline_records(task.name)})
     tokens = TokenDivergence()
-    records: list[Any] = []
+    records: list[SampleRecord] = []
     packs: list[dict[str, np.ndarray]] = []
     chunk = int(plan["chunk_docs"])
     for first in range(0, len(docs), chunk):
@@ -97,5 +82,8 @@ def score_in_order(ctx: Scoring, task: Task, progress: Progress) -> TaskResult:
         if monitor is not None and monitor.add(task.name, got):
             break
     keep = set(task.metrics) | {"kl_to_baseline", "top1_agreement"}
-    metrics = {k: v for k, v in _metrics(task, records).items() if k in keep}
-    return TaskResult(records, metrics, concat_topk(packs) if packs else {}, tokens.summary() if tokens.kl else None)
+    sampled = bool(records) and records[0].pass_at_k is not None
+    metrics = record_metrics(task.spec.output_type, records, sampled)
+    return TaskResult(
+        records, {k: v for k, v in metrics.items() if k in keep}, concat_topk(packs) if packs else {}, tokens.summary()
+    )
