@@ -9,12 +9,16 @@ order and chunks, and after each chunk tests each of its undecided cells against
 stored records; a task whose cell is decided stops, and the setup stops when all have. Assembly
 recomputes each cell's trajectory from the stored records (the same numbers, no state to keep).
 
-Which cells: tasks of the lm_eval and native kinds (not part of an lm-eval group) whose compared
-metric is bounded in [0, 1] (qeval/analysis/sequential.py `sequential_metric`) and that a gate
-covers: native multiple-choice and generation tasks are scored in the same order and chunks
-(qeval/tasks/sequential.py). Groups (MMLU's 57 subjects) and bits per byte are judged by the fixed-n
-interval at the end, as without the switch (lm-eval's scored in the seeded order to the cap, native
-perplexity tasks whole); long-context tasks are scored whole, as without the switch."""
+Which cells: tasks of the lm_eval and native kinds (not part of an lm-eval group) and lm-eval
+groups (MMLU's 57 subjects) whose compared metric is bounded in [0, 1]
+(qeval/analysis/sequential.py `sequential_metric`) and that a gate covers: native multiple-choice
+and generation tasks are scored in the same order and chunks (qeval/tasks/sequential.py). A group
+is decided on its pooled documents, as the fixed run judges it: its members' documents are put in
+one seeded order over the pooled set (`group_order`), cut at the cap, so every chunk is a random
+sample of the group with each member in proportion, and the group's sequence runs over the pooled
+paired differences. Bits per byte is judged by the fixed-n interval at the end, as without the
+switch (native perplexity tasks scored whole); long-context tasks are scored whole, as without the
+switch."""
 
 from __future__ import annotations
 
@@ -55,8 +59,8 @@ def not_sequential(kind: str, in_group: bool, metric: str) -> str | None:
         )
     if in_group:
         return (
-            "an lm-eval group member: scored in the seeded order to the cap; its group is judged on its pooled "
-            "documents by the fixed-n interval at the end"
+            "an lm-eval group member: scored in its group's seeded order (the group, gated, is decided on its "
+            "pooled documents); its own gate is judged by the fixed-n interval on the documents scored"
         )
     if not sequential_metric(metric.split(",", 1)[0]):
         return f"{metric}: not bounded in [0, 1], no confidence sequence; judged by the fixed-n interval at the cap"
@@ -74,23 +78,35 @@ def task_gate(gates: list[Gate], task: str) -> Gate | None:
 
 def plan(pre: Preflight) -> dict[str, Any] | None:
     """The run's sequential plan as JSON (the worker's job carries it), or None when the switch is
-    off: the level each cell runs at (`cell_level` over every (setup, task, gate) cell) and each
-    sequential task's gate, metric and direction."""
+    off: the level each cell runs at (`cell_level` over every (setup, task, gate) cell), each
+    sequential task's (or group's) gate, metric and direction, and every lm-eval group's members
+    with their document counts (what its pooled order is drawn over)."""
     cfg = pre.cfg
     if not cfg.sequential_on or cfg.sequential is None:
         return None
     tasks: dict[str, Any] = {}
-    for t in pre.tasks:
-        gate = task_gate(cfg.gates, t.name)
-        metric = t.compared_metric
-        if gate is None or not_sequential(t.kind, t.entry != t.name, metric) is not None:
-            continue
-        tasks[t.name] = {
+
+    def add(name: str, gate: Gate, metric: str, n_docs: int, **more: Any) -> None:
+        tasks[name] = {
             "gate": gate.model_dump(mode="json"),
             "metric": metric,
-            "n_docs": t.n_docs,
+            "n_docs": n_docs,
             "higher_is_better": describe(metric).higher_is_better,
-        }
+        } | more
+
+    for t in pre.tasks:
+        gate = task_gate(cfg.gates, t.name)
+        if gate is not None and not_sequential(t.kind, t.entry != t.name, t.compared_metric) is None:
+            add(t.name, gate, t.compared_metric, t.n_docs)
+    infos = {t.name: t for t in pre.tasks}
+    groups: dict[str, list[tuple[str, int]]] = {
+        g: [(m, infos[m].n_docs) for m in members if m in infos] for g, members in (pre.groups or {}).items()
+    }
+    for group, members in groups.items():
+        gate = task_gate(cfg.gates, group)
+        metric = group_metric(pre, group)
+        if gate is not None and metric is not None and members:
+            add(group, gate, metric, sum(n for _, n in members), members=[m for m, _ in members])
     others = [s for s in cfg.setups if s.name != cfg.baseline.name]
     cells = len(others) * len(tasks)
     spec = cfg.sequential
@@ -103,7 +119,21 @@ def plan(pre: Preflight) -> dict[str, Any] | None:
         "max_docs": spec.max_docs,
         "seed": spec.seed,
         "tasks": tasks,
+        "groups": groups,
     }
+
+
+def group_metric(pre: Preflight, group: str) -> str | None:
+    """The metric a group's cell is decided on (its first member's, as assembly judges the group:
+    qeval/analysis/assemble.py), or None where the group cannot be a cell: a member of another
+    kind or metric, or a metric not bounded in [0, 1]."""
+    infos = {t.name: t for t in pre.tasks}
+    members = [infos[m] for m in (pre.groups or {}).get(group, []) if m in infos]
+    if not members:
+        return None
+    metric = members[0].compared_metric
+    same = all(m.kind == "lm_eval" and m.compared_metric == metric for m in members)
+    return metric if same and sequential_metric(metric.split(",", 1)[0]) else None
 
 
 def check(pre: Preflight) -> list[str]:
@@ -136,44 +166,123 @@ def check(pre: Preflight) -> list[str]:
         why[t.name] = f"{t.compared_metric} is not bounded in [0, 1]" if kind_ok else f"a {t.kind} task"
     for group in pre.groups or {}:
         if task_gate(pre.cfg.gates, group) is not None:
-            why[group] = "an lm-eval group, judged on its pooled documents"
+            why[group] = "an lm-eval group whose members' metric is not one bounded in [0, 1]"
     found = "; ".join(f"{name}: {reason}" for name, reason in why.items()) or "no gate covers any task"
     raise UserError(
-        f"sequential: enabled, but no task can be decided sequentially ({found}); only lm-eval and native "
-        "tasks outside groups, on a metric in [0, 1], with a gate, can: gate one, or remove the block"
+        f"sequential: enabled, but no task can be decided sequentially ({found}); only lm-eval tasks and "
+        "groups and native tasks, on a metric in [0, 1], with a gate, can: gate one, or remove the block"
     )
 
 
 def with_keys(pre: Preflight, keys: dict[str, SetupKeys], plan_json: dict[str, Any]) -> dict[str, SetupKeys]:
     """The run's resume keys with the sequential parts (only while the switch is on): every task's
-    the order, chunks and cap; a setup other than the baseline's also the level over the run's
-    cells and the floor, and for each of its cells the gate and the baseline's key of the task,
-    which change where it stops."""
+    the order, chunks and cap (a group member's also its group: its documents are drawn from the
+    group's pooled order); a setup other than the baseline's also the level over the run's cells
+    and the floor, and for each of its cells the gate and the baseline's key of the task (of every
+    member, for a group), which change where it stops."""
     spec, base = pre.cfg.sequential, pre.cfg.baseline.name
     assert spec is not None
 
     def with_part(k: SetupKeys, part: Callable[[str], str]) -> SetupKeys:
         return SetupKeys(k.parts, {t: p | {"sequential": part(t)} for t, p in k.tasks.items()})
 
+    group_of = _group_of(plan_json)
     order = spec.order_part()
-    base_keys = with_part(keys[base], lambda t: order)
-    stop = order + "," + spec.stop_part(plan_json["cells"])
+
+    def ordered(t: str) -> str:
+        return order + (f",group={group_of[t]}" if t in group_of else "")
+
+    base_keys = with_part(keys[base], ordered)
+    stop = "," + spec.stop_part(plan_json["cells"])
     return {
-        name: base_keys if name == base else with_part(k, lambda t: stop + _cell_part(plan_json, t, base_keys))
+        name: base_keys
+        if name == base
+        else with_part(k, lambda t: ordered(t) + stop + _cell_part(plan_json, group_of.get(t, t), base_keys))
         for name, k in keys.items()
     }
 
 
-def _cell_part(plan_json: dict[str, Any], task: str, base_keys: SetupKeys) -> str:
+def _group_of(plan_json: dict[str, Any]) -> dict[str, str]:
+    """lm-eval leaf -> the group whose pooled order it is scored in."""
+    return {m: g for g, members in plan_json.get("groups", {}).items() for m, _ in members}
+
+
+def _cell_part(plan_json: dict[str, Any], cell_name: str, base_keys: SetupKeys) -> str:
     """What else changes where a setup other than the baseline stops a cell: the gate it is tested
     against and the baseline's records it is paired with (records that stopped at a 50-point gate,
     or against another baseline, are no run at a 5-point one: they would be read back as "not
     decided after 8 of 24 documents", never scored further). Empty for a task that is no cell."""
-    spec = plan_json["tasks"].get(task)
+    spec = plan_json["tasks"].get(cell_name)
     if spec is None:
         return ""
     gate = ",".join(f"{k}={v!r}" for k, v in sorted(spec["gate"].items()) if v is not None)
-    return f",gate=({gate}),baseline={base_keys.task_key(task)}"
+    members = spec.get("members")
+    if members is None:
+        return f",gate=({gate}),baseline={base_keys.task_key(cell_name)}"
+    pooled = hashlib.sha256(",".join(base_keys.task_key(m) for m in members).encode()).hexdigest()[:16]
+    return f",gate=({gate}),baseline={pooled}"
+
+
+def widen(plan_json: dict[str, Any] | None, pending: Mapping[str, str], key: Callable[[str], str]) -> dict[str, str]:
+    """The tasks a setup other than the baseline scores (task -> key): a group cell's members all
+    together, or none, since its monitor pools them chunk by chunk (a member stored and another
+    not, by a worker killed between the two, are scored again together: the saved chunks carry
+    both on, and the stop comes at the same look)."""
+    out = dict(pending)
+    for spec in (plan_json or {}).get("tasks", {}).values():
+        members = spec.get("members") or []
+        if any(m in pending for m in members):
+            out |= {m: key(m) for m in members if m not in out}
+    return out
+
+
+def group_order(
+    seed: int, group: str, members: Sequence[Sequence[Any]], cap: int | None = None
+) -> list[tuple[str, int]]:
+    """A group's documents, (member, index), in one seeded random order over the pooled set (the
+    seed and the group's name), cut at the cap: every prefix is a random sample of the group, each
+    member in proportion, which the group's pooled sequence needs. `members`: [member, n_docs]."""
+    pooled = [(str(m), i) for m, n in members for i in range(int(n))]
+    return [pooled[i] for i in seeded_order(seed, group, len(pooled), cap)]
+
+
+def group_ids(plan_json: dict[str, Any], group: str) -> list[str]:
+    """A group's pooled order as ids `member/index`: what its members' records are paired and
+    ordered by once pooled (`pooled`)."""
+    members = plan_json["groups"][group]
+    return [f"{m}/{i}" for m, i in group_order(plan_json["seed"], group, members, plan_json["max_docs"])]
+
+
+def pooled(records: Mapping[str, list[SampleRecord]]) -> list[SampleRecord]:
+    """Members' records as one task's: ids made `member/id`, unique across the group."""
+    return [r.model_copy(update={"sample_id": f"{m}/{r.sample_id}"}) for m, recs in records.items() for r in recs]
+
+
+def leaf_chunks(plan_json: dict[str, Any], n_docs: Mapping[str, int]) -> dict[str, list[list[int]]]:
+    """Per lm-eval leaf (its document count), its documents chunk by chunk in the run's order: a
+    leaf outside groups, the next `chunk_docs` of its own seeded order (`document_order`); a group
+    member, its share of each chunk of its group's pooled order (`group_order`: possibly none), so
+    every member of a group has the group's number of chunks."""
+    c, cap, seed = plan_json["chunk_docs"], plan_json["max_docs"], plan_json["seed"]
+    out: dict[str, list[list[int]]] = {}
+    for group, members in plan_json.get("groups", {}).items():
+        if not any(m in n_docs for m, _ in members):
+            continue
+        order = group_order(seed, group, members, cap)
+        shares: dict[str, list[list[int]]] = {m: [[] for _ in range(0, len(order), c)] for m, _ in members}
+        for k, (m, i) in enumerate(order):
+            shares[m][k // c].append(i)
+        out |= {m: shares[m] for m in shares if m in n_docs}
+    for leaf, n in n_docs.items():
+        if leaf not in out:
+            order_ = seeded_order(seed, leaf, n, cap)
+            out[leaf] = [order_[k : k + c] for k in range(0, len(order_), c)]
+    return out
+
+
+def capped_docs(plan_json: dict[str, Any], n_docs: Mapping[str, int]) -> dict[str, int]:
+    """Per task, the documents a setup scores at most (the cap, over a group's pooled set)."""
+    return {t: sum(len(c) for c in chunks) for t, chunks in leaf_chunks(plan_json, n_docs).items()}
 
 
 def document_order(cfg: RunConfig, task: str, n_docs: int) -> list[int]:
@@ -248,7 +357,8 @@ def cell(
 
 class Monitor:
     """What a worker asks after each chunk: is this task's cell decided? It holds the baseline's
-    records, each task's order, and the setup's records so far."""
+    records, each cell's order (a group's: its pooled ids, `group_ids`; its records `pooled`), and
+    the setup's records so far."""
 
     def __init__(
         self,
@@ -260,6 +370,43 @@ class Monitor:
         self.orders = orders
         self.base = baseline_records
         self.seen: dict[str, list[SampleRecord]] = {}
+
+    @classmethod
+    def for_leaves(
+        cls, plan_json: dict[str, Any], leaves: Sequence[str], baseline: Callable[[str], list[SampleRecord]]
+    ) -> Monitor:
+        """The monitor of an lm-eval scoring of `leaves`: each cell among them (a leaf, or a group
+        whose members are all there), its order's ids and the baseline's stored records."""
+        orders: dict[str, Sequence[int | str]] = {}
+        base: dict[str, list[SampleRecord]] = {}
+        for name, spec in plan_json["tasks"].items():
+            members = spec.get("members")
+            if members is None and name in leaves:
+                orders[name] = [
+                    str(i) for i in seeded_order(plan_json["seed"], name, spec["n_docs"], plan_json["max_docs"])
+                ]
+                base[name] = baseline(name)
+            elif members is not None and all(m in leaves for m in members):
+                orders[name] = group_ids(plan_json, name)
+                base[name] = pooled({m: baseline(m) for m in members})
+        return cls(plan_json, orders, base)
+
+    def chunk(self, added: Mapping[str, list[SampleRecord]]) -> set[str]:
+        """A chunk's new records per lm-eval leaf (or, on resume, all each has so far); the leaves
+        that stop: each whose cell is decided (a group's: all its members, on the pooled records)."""
+        group_of = _group_of(self.plan)
+        by_cell: dict[str, list[SampleRecord]] = {}
+        for leaf, records in added.items():
+            group = group_of.get(leaf)
+            if group is not None and group in self.plan["tasks"]:
+                by_cell.setdefault(group, []).extend(pooled({leaf: records}))
+            else:
+                by_cell.setdefault(leaf, []).extend(records)
+        done: set[str] = set()
+        for name, records in by_cell.items():
+            if self.add(name, records):
+                done |= set(self.plan["tasks"][name].get("members") or [name])
+        return done
 
     def sequential(self, task: str) -> bool:
         """Whether the task's cell is decided sequentially (else it scores to the cap)."""
@@ -296,14 +443,22 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
     infos = {t.name: t for t in pre.tasks}
     cells: list[SequentialCell] = []
     setups = []
+
+    def records(setup: str, name: str) -> list[SampleRecord]:
+        members = plan_json["tasks"][name].get("members")
+        if members is None:
+            return store.read_samples(setup, name)
+        return pooled({m: store.read_samples(setup, m) for m in members})
+
     for entry in results.setups:
         vs = dict(entry.vs_baseline)
         for task, cmp in entry.vs_baseline.items():
             if entry.name == base or task not in plan_json["tasks"] or cmp.verdict is None:
                 continue
-            order, _ = task_order(plan_json, infos[task])
-            other = store.read_samples(entry.name, task)
-            traj = cell(plan_json, task, order, store.read_samples(base, task), other)
+            is_group = "members" in plan_json["tasks"][task]
+            order = group_ids(plan_json, task) if is_group else task_order(plan_json, infos[task])[0]
+            other = records(entry.name, task)
+            traj = cell(plan_json, task, order, records(base, task), other)
             if traj is None:
                 continue
             n, total = len(other), len(order)
@@ -348,18 +503,14 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
         if why is not None and judged(name):
             fixed[name] = why
     for group, members in (pre.groups or {}).items():
-        if judged(group):
+        if group not in plan_json["tasks"] and judged(group):
             fixed[group] = (
-                f"an lm-eval group of {len(members)} tasks: judged on its pooled documents (as without the "
-                "switch) by the fixed-n interval once every member is scored to the cap"
+                f"an lm-eval group of {len(members)} tasks on a metric that is not bounded in [0, 1] (or mixed): "
+                "judged on its pooled documents (as without the switch) by the fixed-n interval at the cap"
             )
+    caps = capped_docs(plan_json, {t.name: t.n_docs for t in pre.tasks})
     scored = sum(entry.tasks[t].n for entry in results.setups for t in entry.tasks if t in infos)
-    full = sum(
-        min(infos[t].n_docs, spec.max_docs or infos[t].n_docs)
-        for entry in results.setups
-        for t in entry.tasks
-        if t in infos
-    )
+    full = sum(caps.get(t, infos[t].n_docs) for entry in results.setups for t in entry.tasks if t in infos)
     block = SequentialRun(
         method="betting confidence sequence (Waudby-Smith & Ramdas 2023)",
         level=spec.level,

@@ -19,7 +19,8 @@ class SequentialSpec(Strict):
     level: float = Field(default=0.05, gt=0, lt=1, description="the chance of any wrong verdict in the run")
     #: no verdict before this many paired documents (at least 6: qeval/analysis/stats.py MIN_PAIRED_N)
     min_docs: int = Field(default=50, ge=6)
-    #: the cap on each task's documents (its first max_docs in the seeded order); None: the whole set
+    #: the cap on each task's documents (its first max_docs in the seeded order; an lm-eval group's: on its
+    #: pooled documents); None: the whole set
     max_docs: int | None = Field(default=None, gt=0)
     #: documents a chunk (a look after each): lm-eval tasks use it instead of lm_eval.chunk_docs
     chunk_docs: int = Field(default=100, gt=0)

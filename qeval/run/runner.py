@@ -27,6 +27,7 @@ from typing import Any
 
 from qeval.analysis.assemble import assemble_results
 from qeval.analysis.sequential_run import plan as sequential_plan
+from qeval.analysis.sequential_run import widen as widen_pending
 from qeval.analysis.sequential_run import with_keys as sequential_keys
 from qeval.backends import backend_entry
 from qeval.config import RunConfig
@@ -182,6 +183,8 @@ def prepare(pre: Preflight, opts: RunOptions, prefix: str = "") -> PreparedRun:
         pending = {
             t: k.task_key(t) for t in pre.run_tasks if opts.force or not store.is_done(setup.name, t, k.task_key(t))
         }
+        if seq is not None and setup.name != baseline:  # a group cell's members are scored together
+            pending = widen_pending(seq, pending, k.task_key)
         outcome = store.read_outcome(setup.name)
         perf = perf_key(k.parts, pre.cfg) if pre.cfg.performance.enabled else None
         perf_stored = outcome.performance if outcome else None

@@ -59,15 +59,20 @@ def test_looks() -> None:
     assert looks(0, 100) == []
 
 
-def _pre(cfg: RunConfig, tasks: list[tuple[str, str, str, str]]) -> Any:
-    """A stand-in Preflight with tasks (name, kind, entry, metric) of 400 documents."""
-    infos = [SimpleNamespace(name=n, kind=k, entry=e, compared_metric=m, n_docs=400) for n, k, e, m in tasks]
-    return SimpleNamespace(cfg=cfg, tasks=infos)
+def _pre(cfg: RunConfig, tasks: list[tuple[str, str, str, str]], n_docs: int = 400) -> Any:
+    """A stand-in Preflight with tasks (name, kind, entry, metric) of `n_docs` documents; a task
+    whose entry is another name is that lm-eval group's member."""
+    infos = [SimpleNamespace(name=n, kind=k, entry=e, compared_metric=m, n_docs=n_docs) for n, k, e, m in tasks]
+    groups: dict[str, list[str]] = {}
+    for t in infos:
+        if t.entry != t.name:
+            groups.setdefault(t.entry, []).append(t.name)
+    return SimpleNamespace(cfg=cfg, tasks=infos, groups=groups)
 
 
 def test_plan_cells_and_level() -> None:
-    """Cells: lm-eval and native tasks outside groups, on bounded metrics, with a gate; the level
-    split over (setups other than the baseline) x cells."""
+    """Cells: lm-eval and native tasks outside groups and lm-eval groups, on bounded metrics, with a
+    gate; the level split over (setups other than the baseline) x cells."""
     cfg = _cfg(
         sequential={"enabled": True, "level": 0.06},
         gates=[{"task": "all", "max_drop": 0.02}],
@@ -85,15 +90,17 @@ def test_plan_cells_and_level() -> None:
         ],
     )
     p = plan(pre)
-    assert p is not None and set(p["tasks"]) == {"arc", "piqa", "addition"}
-    assert p["cells"] == 6 and p["alpha"] == pytest.approx(0.01)
+    assert p is not None and set(p["tasks"]) == {"arc", "piqa", "addition", "mmlu"}
+    assert p["tasks"]["mmlu"]["members"] == ["mmlu_a"] and p["groups"] == {"mmlu": [("mmlu_a", 400)]}
+    assert p["cells"] == 8 and p["alpha"] == pytest.approx(0.06 / 8)
     assert plan(_pre(_cfg(), [("arc", "lm_eval", "arc", "acc")])) is None
 
 
 def test_which_kinds_are_sequential_and_why_not() -> None:
-    """Only lm-eval and native tasks outside groups on bounded metrics are cells; long-context tasks
-    (their scoring loop takes no order), group members (their group is judged pooled) and bits per
-    byte (unbounded) are judged by the fixed-n interval, each with its reason for the report."""
+    """Only lm-eval and native tasks outside groups and lm-eval groups on bounded metrics are cells;
+    long-context tasks (their scoring loop takes no order), group members (their group is the cell)
+    and bits per byte (unbounded) are judged by the fixed-n interval, each with its reason for the
+    report."""
     cfg = _cfg(sequential={"enabled": True}, gates=[{"task": "all", "max_drop": 0.02}])
     pre = _pre(
         cfg,
@@ -106,7 +113,7 @@ def test_which_kinds_are_sequential_and_why_not() -> None:
         ],
     )
     p = plan(pre)
-    assert p is not None and set(p["tasks"]) == {"arc", "addition"} and p["cells"] == 2
+    assert p is not None and set(p["tasks"]) == {"arc", "addition", "mmlu"} and p["cells"] == 3
     assert not_sequential("lm_eval", False, "acc") is None
     assert "long_context task" in str(not_sequential("long_context", False, "acc"))
     assert not_sequential("native", False, "exact_match") is None  # native tasks are cells (issue 42)
@@ -241,14 +248,13 @@ def test_no_sequential_task_and_a_cap_under_the_floor_are_refused() -> None:
     from qeval.analysis.sequential_run import check
     from qeval.errors import UserError
 
-    def pre(gates: list[dict[str, Any]], tasks: list[tuple[str, str, str, str]], groups: Any = None) -> Any:
+    def pre(gates: list[dict[str, Any]], tasks: list[tuple[str, str, str, str]]) -> Any:
         lm_eval = {"tasks": [{"name": "arc"}, {"name": "mmlu"}], "suites": []}  # gates may name lm-eval groups
-        p = _pre(_cfg(sequential={"enabled": True}, gates=gates, lm_eval=lm_eval), tasks)
-        p.groups = groups or {}
-        return p
+        return _pre(_cfg(sequential={"enabled": True}, gates=gates, lm_eval=lm_eval), tasks)
 
     arc, wiki = ("arc", "lm_eval", "arc", "acc"), ("wiki", "lm_eval", "wiki", "bits_per_byte")
     needle, mmlu_a = ("needle", "long_context", "needle", "acc"), ("mmlu_a", "lm_eval", "mmlu", "acc")
+    mmlu_b = ("mmlu_b", "lm_eval", "mmlu", "bits_per_byte")
     everything = [{"task": "all", "max_drop": 0.02}]
     assert check(pre(everything, [arc, wiki])) == []  # one cell on 400 documents: runs, nothing to say
     assert check(_pre(_cfg(gates=[]), [wiki])) == []  # the switch off: nothing to check
@@ -260,13 +266,14 @@ def test_no_sequential_task_and_a_cap_under_the_floor_are_refused() -> None:
     cases = [
         ([], [arc], "(no gate covers any task)"),
         (everything, [wiki, needle], "(wiki: bits_per_byte is not bounded in [0, 1]; needle: a long_context task)"),
-        ([{"task": "mmlu", "max_drop": 0.02}], [arc, mmlu_a], "(mmlu: an lm-eval group, judged on its pooled"),
+        ([{"task": "mmlu", "max_drop": 0.02}], [arc, mmlu_b], "(mmlu: an lm-eval group whose members' metric is not"),
         ([{"task": "mmlu_a", "max_drop": 0.02}], [arc, mmlu_a], "(mmlu_a: a member of the lm-eval group mmlu)"),
     ]
     for gates, tasks, why in cases:
         with pytest.raises(UserError, match="^sequential: enabled, but no task can be decided") as exc:
-            check(pre(gates, tasks, {"mmlu": ["mmlu_a"]} if mmlu_a in tasks else None))
+            check(pre(gates, tasks))
         assert why in str(exc.value) and "\n" not in str(exc.value)
+    assert check(pre([{"task": "mmlu", "max_drop": 0.02}], [arc, mmlu_a])) == []  # a gated group is a cell
     with pytest.raises(ValidationError, match=r"max_docs \(40\) is under min_docs \(50\)"):
         _cfg(sequential={"enabled": True, "max_docs": 40})
     assert _cfg(sequential={"enabled": True, "max_docs": 50}).sequential is not None
@@ -317,3 +324,120 @@ def test_a_changed_gate_rescores_the_stopped_setups_not_the_baseline() -> None:
     level, seed = keys(0.5, level=0.1), keys(0.5, seed=1)
     assert level["b"].tasks == wide["b"].tasks and level["x"].task_key("arc") != wide["x"].task_key("arc")
     assert all(seed[s].task_key(t) != wide[s].task_key(t) for s in ("b", "x") for t in ("arc", "wiki"))
+
+
+def _group_plan(chunk_docs: int = 10, max_docs: int | None = None, sizes: tuple[int, ...] = (30, 60, 90)) -> Any:
+    cfg = _cfg(
+        sequential={"enabled": True, "seed": 2, "chunk_docs": chunk_docs, "min_docs": 20, "max_docs": max_docs},
+        gates=[{"task": "all", "max_drop": 0.05}],
+        lm_eval={"tasks": [{"name": "arc"}, {"name": "mmlu"}], "suites": []},
+    )
+    pre = _pre(cfg, [("arc", "lm_eval", "arc", "acc")] + [(f"mmlu_{i}", "lm_eval", "mmlu", "acc") for i in range(3)])
+    for t, n in zip(pre.tasks[1:], sizes, strict=True):
+        t.n_docs = n
+    p = plan(pre)
+    assert p is not None
+    return pre, p
+
+
+def test_a_group_is_one_pooled_order_cut_into_chunks_each_member_in_proportion() -> None:
+    """A group's members are drawn from one seeded order over the pooled documents (MMLU's
+    subjects as one set), cut at the cap over the pool: every member has the group's number of
+    chunks, each chunk's shares add up to `chunk_docs`, and the members' shares of a long prefix
+    are in proportion to their sizes; a task outside the group keeps its own order."""
+    from qeval.analysis.sequential_run import capped_docs, group_ids, group_order, leaf_chunks
+
+    _, p = _group_plan()
+    sizes = {"arc": 400, "mmlu_0": 30, "mmlu_1": 60, "mmlu_2": 90}
+    chunks = leaf_chunks(p, sizes)
+    members = ["mmlu_0", "mmlu_1", "mmlu_2"]
+    assert all(len(chunks[m]) == 18 for m in members)  # 180 pooled documents, 10 a chunk
+    assert all(sum(len(chunks[m][j]) for m in members) == 10 for j in range(18))
+    for m in members:  # every document once
+        assert sorted(i for c in chunks[m] for i in c) == list(range(sizes[m]))
+    assert [i for c in chunks["arc"] for i in c] == seeded_order_of(p, "arc", 400)
+    order = group_order(2, "mmlu", p["groups"]["mmlu"])
+    half = [m for m, _ in order[:90]]
+    assert 5 <= half.count("mmlu_0") <= 25 and 35 <= half.count("mmlu_2") <= 55  # about 15 and 45
+    ids = group_ids(p, "mmlu")
+    assert ids[:3] == [f"{m}/{i}" for m, i in order[:3]] and len(set(ids)) == 180
+    # the cap counts the pool; a member alone gets its share of the group's chunks
+    _, capped = _group_plan(max_docs=50)
+    assert sum(capped_docs(capped, sizes)[m] for m in members) == 50 and capped_docs(capped, sizes)["arc"] == 50
+    assert (
+        set(leaf_chunks(capped, {"mmlu_1": 60})) == {"mmlu_1"}
+        and len(leaf_chunks(capped, {"mmlu_1": 60})["mmlu_1"]) == 5
+    )
+
+
+def seeded_order_of(p: Any, task: str, n: int) -> list[int]:
+    from qeval.analysis.sequential_run import seeded_order
+
+    return seeded_order(p["seed"], task, n, p["max_docs"])
+
+
+@pytest.mark.parametrize("broken", [True, False])
+def test_a_group_cell_stops_all_its_members_on_the_pooled_sequence(broken: bool) -> None:
+    """The monitor pools a group's members chunk by chunk and stops every member at once where the
+    group's sequence decides (a broken setup fails, an unchanged one passes), never before the
+    floor; assembly's trajectory from the same pooled records stops at the same look."""
+    from qeval.analysis.sequential_run import group_ids, leaf_chunks, pooled
+
+    _, p = _group_plan()
+    sizes = {"mmlu_0": 30, "mmlu_1": 60, "mmlu_2": 90}
+    rng = np.random.default_rng(1)
+    base = {m: (rng.random(n) < 0.7).astype(float) for m, n in sizes.items()}
+    other = {m: np.where(rng.random(len(v)) < 0.5, 0.0, v) if broken else v.copy() for m, v in base.items()}
+    base_records = {m: _records(v, list(range(len(v)))) for m, v in base.items()}
+    monitor = Monitor.for_leaves(p, list(sizes), lambda m: base_records[m])
+    assert set(monitor.orders) == {"mmlu"}  # the group is the cell; its members are none
+    chunks = leaf_chunks(p, sizes)
+    scored: dict[str, list[SampleRecord]] = {m: [] for m in sizes}
+    stopped: set[str] = set()
+    for j in range(18):
+        added = {m: _records(other[m], sorted(chunks[m][j])) for m in sizes if chunks[m][j]}
+        for m, recs in added.items():
+            scored[m] += recs
+        stopped = monitor.chunk(added)
+        if stopped:
+            break
+    assert stopped == set(sizes)  # all members at once
+    n = sum(len(v) for v in scored.values())
+    assert 20 <= n < 180 and n % 10 == 0
+    traj = cell(p, "mmlu", group_ids(p, "mmlu"), pooled(base_records), pooled(scored))
+    assert traj is not None and traj.stopped_at == len(traj.looks) - 1 and traj.looks[-1].n == n
+    assert traj.verdict == ("fail" if broken else "pass")
+
+
+def test_a_group_cell_s_keys_and_its_members_scored_together() -> None:
+    """A group member's key holds its group (its documents come from the group's pooled order) and,
+    for a setup other than the baseline, the group's gate and the baseline's keys of every member;
+    a rerun that finds one member stored and another not scores the whole group again (its
+    monitor pools them)."""
+    from qeval.analysis.sequential_run import widen, with_keys
+    from qeval.records.keys import SetupKeys
+
+    pre, p = _group_plan()
+    names = ["arc", "mmlu_0", "mmlu_1", "mmlu_2"]
+
+    b = pre.cfg.baseline.name
+    x = next(s.name for s in pre.cfg.setups if s.name != b)
+
+    def keys(base_tag: str = "b") -> dict[str, SetupKeys]:
+        tag = {b: base_tag, x: x}
+        plain = {s: SetupKeys({"setup": s}, {t: {"task": t, "tag": tag[s]} for t in names}) for s in (b, x)}
+        return with_keys(pre, plain, p)
+
+    k = keys()
+    assert ",group=mmlu" in k[b].tasks["mmlu_1"]["sequential"] and "group=" not in k[b].tasks["arc"]["sequential"]
+    assert ",gate=(" in k[x].tasks["mmlu_1"]["sequential"]
+    # another baseline for the group's members: every member's key changes, arc's too (its own cell)
+    other = keys("b2")
+    assert all(other[x].task_key(m) != k[x].task_key(m) for m in names)
+    assert all(keys()[x].task_key(m) == k[x].task_key(m) for m in names)  # stable: a rerun resumes
+    assert widen(p, {"mmlu_1": "k1"}, lambda t: f"key-{t}") == {
+        "mmlu_0": "key-mmlu_0",
+        "mmlu_1": "k1",
+        "mmlu_2": "key-mmlu_2",
+    }
+    assert widen(p, {"arc": "a"}, lambda t: t) == {"arc": "a"} and widen(None, {"arc": "a"}, str) == {"arc": "a"}

@@ -62,7 +62,7 @@ def score(tmp_path_factory: pytest.TempPathFactory) -> Any:
         resume_keys: dict[str, str] | None = None,
         wrap: Any = None,
         progress: Any = None,
-        order: dict[str, list[int]] | None = None,
+        order: dict[str, list[list[int]]] | None = None,
         stop: Any = None,
     ) -> dict[str, Any]:
         session = _session(cfg)
@@ -310,36 +310,38 @@ def test_a_killed_sequential_scoring_resumes_at_its_last_look(
     uninterrupted one. The baseline is the same model scored in the same order and the gate a
     0.9-point drop, so that the floor (6 documents) is where it passes, whatever the model answers:
     control flow, not a level (tests/analysis/test_sequential.py has the level)."""
-    from qeval.analysis.sequential_run import Monitor, cell, document_order
+    from qeval.analysis.sequential_run import Monitor, cell, document_order, leaf_chunks
     from qeval.config import RunConfig
     from tests.helpers import config_dict
 
     task, chunk = "arc_easy_local", 2
     seq_cfg = RunConfig.model_validate(config_dict(sequential={"enabled": True, "seed": 5}))
-    order = {task: document_order(seq_cfg, task, 10)}
-    # the baseline scores in the same order (its few-shot draws, so its prompts, follow the order)
-    base = list(score(chunk, names=[task], order=order)[task].records)
-    assert sorted(r.doc_id or 0 for r in base) == list(range(10))
+    flat = document_order(seq_cfg, task, 10)
     plan = {
         "alpha": 0.05,
         "min_docs": 6,
         "chunk_docs": chunk,
+        "seed": 5,
+        "max_docs": None,
         "tasks": {
             task: {"gate": {"task": "all", "max_drop": 0.9}, "metric": "acc", "n_docs": 10, "higher_is_better": True}
         },
     }
+    order = leaf_chunks(plan, {task: 10})
+    assert [i for c in order[task] for i in c] == flat  # the run's order, cut into chunks
+    # the baseline scores in the same order (its few-shot draws, so its prompts, follow the order)
+    base = list(score(chunk, names=[task], order=order)[task].records)
+    assert sorted(r.doc_id or 0 for r in base) == list(range(10))
 
     def monitor() -> Monitor:
-        return Monitor(plan, order, {task: base})
+        return Monitor.for_leaves(plan, [task], lambda t: base)
 
-    straight = score(chunk, names=[task], order=order, stop=monitor().add)[task]
+    straight = score(chunk, names=[task], order=order, stop=monitor().chunk)[task]
     expected = list(straight.records)
     assert 6 <= len(expected) < 10, "the cell was not decided before the cap: no stop to resume to"
     # a prefix of the order, chunk by chunk (each chunk's ids ascending, as lm-eval's)
-    assert [r.doc_id for r in expected] == [
-        i for s in range(0, len(expected), chunk) for i in sorted(order[task][s : s + chunk])
-    ]
-    verdict = cell(plan, task, order[task], base, expected)
+    assert [r.doc_id for r in expected] == [i for c in order[task][: len(expected) // chunk] for i in sorted(c)]
+    verdict = cell(plan, task, flat, base, expected)
     assert verdict is not None and verdict.verdict == "pass" and verdict.stopped_at == len(verdict.looks) - 1
 
     scratch, keys = tmp_path / "scratch", {task: "key-seq"}
@@ -350,7 +352,7 @@ def test_a_killed_sequential_scoring_resumes_at_its_last_look(
         return killed
 
     with pytest.raises(_Interrupted):
-        score(chunk, names=[task], order=order, stop=monitor().add, scratch=scratch, resume_keys=keys, wrap=kill_at_3)
+        score(chunk, names=[task], order=order, stop=monitor().chunk, scratch=scratch, resume_keys=keys, wrap=kill_at_3)
     again = _Watched(None)
 
     def watch(b: Any) -> _Watched:
@@ -358,12 +360,12 @@ def test_a_killed_sequential_scoring_resumes_at_its_last_look(
         return again
 
     resumed = score(
-        chunk, names=[task], order=order, stop=monitor().add, scratch=scratch, resume_keys=keys, wrap=watch
+        chunk, names=[task], order=order, stop=monitor().chunk, scratch=scratch, resume_keys=keys, wrap=watch
     )[task]
     records, _ = _unspooled(resumed)
     # only the chunks from the third on were scored again, and no further than the uninterrupted run
     assert len(again.calls) == len(expected) // chunk - 2
     assert [r.doc_id for r in records] == [r.doc_id for r in expected]
     assert [(r.metrics or {})["acc"] for r in records] == [(r.metrics or {})["acc"] for r in expected]
-    again_verdict = cell(plan, task, order[task], base, records)
+    again_verdict = cell(plan, task, flat, base, records)
     assert again_verdict == verdict

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qeval.analysis.sequential_run import Monitor, document_order
+from qeval.analysis.sequential_run import Monitor, leaf_chunks
 from qeval.config.chat import merge_think_end
 from qeval.records.keys import key_of
 from qeval.tasks.chat import ChatResolver, task_chat
@@ -60,12 +60,11 @@ def score(ctx: Scoring, names: list[str]) -> None:
     try:
         t0 = time.time()
         label = f"{ctx.setup.name}: {len(names)} lm-eval tasks"
-        order = {n: document_order(ctx.cfg, n, session.infos[n].n_docs) for n in names} if ctx.sequential else None
+        seq = ctx.sequential
+        order = leaf_chunks(seq, {n: session.infos[n].n_docs for n in names}) if seq is not None else None
         stop = None
-        if ctx.sequential is not None and ctx.baseline_records is not None:  # the baseline scores up to the cap
-            stop = Monitor(
-                ctx.sequential, order or {}, {n: ctx.baseline_records(n) for n in names if n in ctx.sequential["tasks"]}
-            ).add
+        if seq is not None and ctx.baseline_records is not None:  # the baseline scores up to the cap
+            stop = Monitor.for_leaves(seq, names, ctx.baseline_records).chunk
         counts = leaf_requests(session, names, order)
         with ctx.progress(label, sum(counts.values())) as bar:
             # under the tasks' resume keys: a worker killed mid-task carries on from its last chunk

@@ -203,17 +203,17 @@ def _leaf_references(
 
 
 def leaf_requests(
-    session: LmEvalSession, leaves: list[str], order: Mapping[str, list[int]] | None = None
+    session: LmEvalSession, leaves: list[str], order: Mapping[str, list[list[int]]] | None = None
 ) -> dict[str, int]:
     """Per leaf, the requests it sends (multiple choice: one per choice): the progress bar's
     total, and what the baseline's reference must hold. `order`: a sequential run's documents
-    per leaf (qeval/analysis/sequential_run.py), else the first n_docs."""
+    per leaf, chunk by chunk (qeval/analysis/sequential_run.py `leaf_chunks`), else the first n_docs."""
     counts = {}
     for leaf in leaves:
         task, info = session.tasks[leaf], session.infos[leaf]
         docs: Any = itertools.islice(task.eval_docs, info.n_docs)
         if order is not None and leaf in order:
-            chosen = set(order[leaf])
+            chosen = {i for chunk in order[leaf] for i in chunk}
             docs = (d for i, d in enumerate(task.eval_docs) if i in chosen)
         counts[leaf] = (
             sum(len(task.doc_to_choice(d)) for d in docs) if info.output_type == "multiple_choice" else info.n_docs
@@ -232,8 +232,8 @@ def score_lm_eval(
     keep_topk: bool = True,
     requests: dict[str, int] | None = None,
     resume_keys: Mapping[str, str] | None = None,
-    order: Mapping[str, list[int]] | None = None,
-    stop: Callable[[str, list[SampleRecord]], bool] | None = None,
+    order: Mapping[str, list[list[int]]] | None = None,
+    stop: Callable[[dict[str, list[SampleRecord]]], set[str]] | None = None,
 ) -> dict[str, TaskResult]:
     """Score `leaves` through lm-eval's evaluate(), `chunk_docs` documents a call (every leaf's
     chunk in the same call: one batched backend call per request type); per leaf, qeval's
@@ -249,10 +249,11 @@ def score_lm_eval(
     state is saved after every chunk and an interrupted scoring under the same keys carries on
     from its last finished chunk (qeval/tasks/lm_eval/resume.py).
 
-    A sequential run (qeval/analysis/sequential_run.py) gives `order`, per leaf the documents in
-    its seeded order (cut at the cap): each chunk takes the next `chunk_docs` of them, and `stop`,
-    asked after each chunk with the leaf's new records (on resume, with all it has), says when the
-    leaf's gate is decided: it scores no further."""
+    A sequential run (qeval/analysis/sequential_run.py) gives `order`, per leaf its documents in
+    the seeded order (cut at the cap) chunk by chunk (`leaf_chunks`: a group member's share of each
+    of its group's chunks, possibly none), and `stop`, asked after each chunk with every leaf's new
+    records (on resume, with all each has), names the leaves whose gate is decided (a group's: all
+    its members): they score no further."""
     from lm_eval.evaluator import evaluate
 
     counts = requests if requests is not None else leaf_requests(session, leaves)
@@ -271,10 +272,13 @@ def score_lm_eval(
         templated = chat is not None and chat.template is not None
         for leaf in group:  # once per task: its sampler then carries on from chunk to chunk
             session.tasks[leaf].set_fewshot_seed(session.spec.fewshot_seed)
-        n_docs = {
-            leaf: len(order[leaf]) if order is not None and leaf in order else session.infos[leaf].n_docs
+        chunks = {
+            leaf: order[leaf]
+            if order is not None and leaf in order
+            else _in_chunks(session.infos[leaf].n_docs, chunk_docs)
             for leaf in group
         }
+        n_docs = {leaf: sum(len(c) for c in chunks[leaf]) for leaf in group}
         key = None
         if scratch is not None and resume_keys is not None and all(leaf in resume_keys for leaf in group):
             key = resume.group_key(
@@ -290,19 +294,17 @@ def score_lm_eval(
                 }
             )
         built, first = _resumed(session, group, scratch, key, keep_topk, refs, progress)
-        stopped = {leaf for leaf in group if first and stop is not None and stop(leaf, _records_so_far(built[leaf]))}
-        for start in range(first, max(n_docs.values(), default=0), chunk_docs):
+        stopped = stop({leaf: _records_so_far(built[leaf]) for leaf in group}) if first and stop is not None else set()
+        # `start`: the chunk's first position (what a saved state's next_start counts in)
+        for start in range(first, chunk_docs * max((len(c) for c in chunks.values()), default=0), chunk_docs):
             # never an empty list: lm-eval reads `samples=[]` as "every document"; ascending, as
             # lm-eval maps its own numbering back to `samples` in the set's order
-            samples = {
-                leaf: sorted(order[leaf][start : start + chunk_docs])
-                if order is not None and leaf in order
-                else list(range(start, min(start + chunk_docs, n)))
-                for leaf, n in n_docs.items()
-                if n > start and leaf not in stopped
-            }
-            if not samples:  # every leaf decided
-                break
+            j = start // chunk_docs
+            samples = {leaf: sorted(c[j]) for leaf, c in chunks.items() if j < len(c) and c[j] and leaf not in stopped}
+            if not samples:
+                if not any(leaf not in stopped and any(c[j:]) for leaf, c in chunks.items()):
+                    break  # every leaf decided, or at its cap
+                continue  # (a group member's empty share, its group's other members decided elsewhere)
             lm.chunk_ids = samples
             out = evaluate(
                 lm=lm,
@@ -316,11 +318,12 @@ def score_lm_eval(
                 system_instruction=chat.system_prompt if chat is not None else None,
             )
             requests = Counter(k[0] for k in lm.raw)  # the chunk's requests per task, counted once
+            added = {}
             for leaf in samples:
-                added = built[leaf].add(session, out["samples"][leaf], lm.raw, lm.refs)
+                added[leaf] = built[leaf].add(session, out["samples"][leaf], lm.raw, lm.refs)
                 built[leaf].requests_done += requests[leaf]
-                if stop is not None and stop(leaf, added):
-                    stopped.add(leaf)
+            if stop is not None:  # after the whole chunk: a group's cell looks at every member's share
+                stopped |= stop(added)
             lm.raw.clear()  # the chunk's per-request results and lm-eval's own go here
             lm.refs.clear()
             del out
@@ -329,6 +332,11 @@ def score_lm_eval(
             release_free_memory()  # else glibc keeps what the chunk freed, and the RSS climbs chunk by chunk
         results |= {leaf: built[leaf].result(session) for leaf in group}
     return {leaf: results[leaf] for leaf in leaves}
+
+
+def _in_chunks(n_docs: int, chunk_docs: int) -> list[list[int]]:
+    """The first `n_docs` documents in the set's own order, `chunk_docs` a chunk."""
+    return [list(range(s, min(s + chunk_docs, n_docs))) for s in range(0, n_docs, chunk_docs)]
 
 
 def _records_so_far(built: _LeafResult) -> list[SampleRecord]:
