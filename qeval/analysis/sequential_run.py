@@ -16,9 +16,10 @@ and generation tasks are scored in the same order and chunks (qeval/tasks/sequen
 is decided on its pooled documents, as the fixed run judges it: its members' documents are put in
 one seeded order over the pooled set (`group_order`), cut at the cap, so every chunk is a random
 sample of the group with each member in proportion, and the group's sequence runs over the pooled
-paired differences. Bits per byte is judged by the fixed-n interval at the end, as without the
-switch (native perplexity tasks scored whole); long-context tasks are scored whole, as without the
-switch."""
+paired differences. Long-context tasks (passkey, multikey at each length) are cells as native
+tasks are, scored by the same loop. Bits per byte is judged by the fixed-n interval at the end, as
+without the switch (native and long-context perplexity tasks scored whole); multi-turn tasks are
+scored whole, as without the switch."""
 
 from __future__ import annotations
 
@@ -45,8 +46,8 @@ if TYPE_CHECKING:
     from qeval.results.schema import Results
 
 #: the task kinds whose scoring loops take the order and stop (lm-eval's chunked loop;
-#: qeval/tasks/sequential.py for the native kind); long-context tasks: not yet
-SEQUENTIAL_KINDS = ("lm_eval", "native")
+#: qeval/tasks/sequential.py for the native and long-context kinds, qeval-form tasks both)
+SEQUENTIAL_KINDS = ("lm_eval", "native", "long_context")
 
 
 def not_sequential(kind: str, in_group: bool, metric: str) -> str | None:
@@ -67,10 +68,16 @@ def not_sequential(kind: str, in_group: bool, metric: str) -> str | None:
     return None
 
 
+def _member(task: Any) -> bool:
+    """Whether `task` is an lm-eval group's member (a long-context task's entry is its family)."""
+    return bool(task.kind == "lm_eval" and task.entry != task.name)
+
+
 def task_gate(gates: list[Gate], task: str) -> Gate | None:
     """The gate that covers `task`, as the comparison picks it (qeval/analysis/comparison.py): a
-    gate at a generated position judges its bucket's divergence, not the task's score."""
-    score_gates = [g for g in gates if g.length is None and g.position is None]
+    gate at a generated position judges its bucket's divergence, not the task's score (a gate at a
+    length is one on that length's long-context task: qeval/tasks/long_context/tasks.py)."""
+    score_gates = [g for g in gates if g.position is None]
     return next((g for g in score_gates if g.task == task), None) or next(
         (g for g in score_gates if g.task == "all"), None
     )
@@ -96,7 +103,7 @@ def plan(pre: Preflight) -> dict[str, Any] | None:
 
     for t in pre.tasks:
         gate = task_gate(cfg.gates, t.name)
-        if gate is not None and not_sequential(t.kind, t.entry != t.name, t.compared_metric) is None:
+        if gate is not None and not_sequential(t.kind, _member(t), t.compared_metric) is None:
             add(t.name, gate, t.compared_metric, t.n_docs)
     infos = {t.name: t for t in pre.tasks}
     groups: dict[str, list[tuple[str, int]]] = {
@@ -156,7 +163,7 @@ def check(pre: Preflight) -> list[str]:
         ]
     why: dict[str, str] = {}
     for t in pre.tasks:
-        if t.entry != t.name:  # a group's member: named where a gate names it, else its group (below)
+        if _member(t):  # a group's member: named where a gate names it, else its group (below)
             if any(g.task == t.name for g in pre.cfg.gates):
                 why[t.name] = f"a member of the lm-eval group {t.entry}"
             continue
@@ -200,6 +207,15 @@ def with_keys(pre: Preflight, keys: dict[str, SetupKeys], plan_json: dict[str, A
         else with_part(k, lambda t: ordered(t) + stop + _cell_part(plan_json, group_of.get(t, t), base_keys))
         for name, k in keys.items()
     }
+
+
+def monitored_tasks(plan_json: dict[str, Any]) -> set[str]:
+    """The tasks whose baseline records a setup's monitor reads: each task cell, and each group
+    cell's members."""
+    out = set()
+    for name, spec in plan_json["tasks"].items():
+        out |= set(spec.get("members") or [name])
+    return out
 
 
 def _group_of(plan_json: dict[str, Any]) -> dict[str, str]:
@@ -499,7 +515,7 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
 
     fixed = {}
     for name, info in infos.items():
-        why = not_sequential(info.kind, info.entry != name, info.compared_metric)
+        why = not_sequential(info.kind, _member(info), info.compared_metric)
         if why is not None and judged(name):
             fixed[name] = why
     for group, members in (pre.groups or {}).items():

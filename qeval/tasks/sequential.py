@@ -1,7 +1,8 @@
-"""A qeval-form task (native: multiple choice or generation) scored in a sequential run's order
-(issue 42; docs/statistics.md, "Sequential gates"): its documents in the run's seeded random order,
-cut at the cap, a chunk at a time; after each chunk a setup other than the baseline asks the
-monitor whether the task's gate is decided, and stops there. The baseline scores to the cap.
+"""A qeval-form task (native: multiple choice or generation; long-context: passkey, multikey)
+scored in a sequential run's order (issue 42; docs/statistics.md, "Sequential gates"): its
+documents in the run's seeded random order, cut at the cap, a chunk at a time; after each chunk
+a setup other than the baseline asks the monitor whether the task's gate is decided, and stops
+there. The baseline scores to the cap.
 
 The same scoring as `score_task` on each chunk (qeval/tasks/scoring.py), so a record is what a
 whole-task run writes for that document; the task's metrics are then computed over the records
@@ -26,6 +27,14 @@ if TYPE_CHECKING:
     from qeval.results.samples import SampleRecord
     from qeval.tasks import Task
     from qeval.tasks.kinds import Scoring
+
+
+def score_one(ctx: Scoring, task: Task, progress: Progress) -> TaskResult:
+    """A sequential run's cell in the run's order, stopped when decided; any other task whole (the
+    scorer the native and long-context kinds hand `score_each`)."""
+    if is_sequential(ctx, task):
+        return score_in_order(ctx, task, progress)
+    return score_task(ctx.backend, task, progress, ctx.reference(task.name))
 
 
 def is_sequential(ctx: Scoring, task: Task) -> bool:

@@ -360,6 +360,8 @@ def test_a_sequential_run_stops_decided_cells_and_reports_where(tmp_path: Path) 
     # int8 on this model changes next to no answer: far inside a 0.5-point gate, both cells stop early
     assert decided == 2 and seq["documents"] < seq["total"]
     assert "## Sequential gates" in md and "Judged by the fixed-n interval at the end" in md
+    saved = 1 - seq["documents"] / seq["total"]
+    assert f"of the {seq['total']:,} documents a fixed run scores" in md and f"{saved:.0%} of the scoring saved" in md
     html = (out / "report.html").read_text()
     assert "Sequential gate trajectory: arc_easy_local" in html and "<svg" in html
     frame = load_run(out).sequential()

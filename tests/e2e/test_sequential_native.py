@@ -3,7 +3,9 @@ native multiple-choice and generation tasks are cells. Every setup scores them i
 order (by the data's own ids), the baseline to the cap and INT8 until its gate is decided; the
 multiple-choice task's KL to the baseline is computed against the baseline's top-k sliced to each
 chunk; the perplexity task (bits per byte, no bound) is scored whole and named as judged by the
-fixed-n interval; a rerun scores nothing again."""
+fixed-n interval. A long-context passkey task (generated at one length) is a cell the same way:
+its documents in the seeded order by their ids, INT8 stopping where decided. A rerun scores
+nothing again."""
 
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ def test_native_cells_stop_where_decided_in_the_seeded_order(tmp_path: Path) -> 
         limit=N,
         gates=[{"task": "all", "max_drop": 0.5}],
         sequential=seq,
+        long_context={"tasks": ["passkey"], "lengths": [256], "samples": 12, "depths": [0.5], "chunk_tokens": 64},
     )
     out = tmp_path / "out"
     res = run_cli("run", str(cfg), "--output", str(out))
@@ -42,7 +45,7 @@ def test_native_cells_stop_where_decided_in_the_seeded_order(tmp_path: Path) -> 
     r = json.loads((out / "results.json").read_text())
     block = r["sequential"]
     cells = {(c["setup"], c["task"]): c for c in block["cells"]}
-    assert set(cells) == {("int8", "compare_mc"), ("int8", "addition")}
+    assert set(cells) == {("int8", "compare_mc"), ("int8", "addition"), ("int8", "passkey_256")}
     assert set(block["not_sequential"]) == {"ppl"} and "bits_per_byte" in block["not_sequential"]["ppl"]
     plan = {"seed": 2, "max_docs": None}
     for task in ("compare_mc", "addition"):
@@ -55,7 +58,12 @@ def test_native_cells_stop_where_decided_in_the_seeded_order(tmp_path: Path) -> 
         assert c["documents"] == len(scored) and c["total"] == N
         if c["stopped_at"] is not None:
             assert c["verdict"] == "pass" and len(scored) < N and len(scored) % 4 == 0 and len(scored) >= 8
-    # INT8 barely changes this model: far inside a 50-point gate, both cells stop early
+    # the long-context cell: its generated documents in the seeded order by their ids, INT8 a prefix
+    passkey = _ids(out, "int8", "passkey_256")
+    assert sorted(_ids(out, "bf16", "passkey_256")) == sorted(set(_ids(out, "bf16", "passkey_256")))
+    assert len(_ids(out, "bf16", "passkey_256")) == 12 and passkey == _ids(out, "bf16", "passkey_256")[: len(passkey)]
+    assert cells[("int8", "passkey_256")]["documents"] == len(passkey) and cells[("int8", "passkey_256")]["total"] == 12
+    # INT8 barely changes this model: far inside a 50-point gate, every cell stops early
     assert all(c["stopped_at"] is not None for c in cells.values()) and block["documents"] < block["total"]
     int8 = next(s for s in r["setups"] if s["name"] == "int8")
     assert int8["tasks"]["ppl"]["n"] == N  # not a cell: scored whole

@@ -230,6 +230,10 @@ def test_a_sequential_remote_worker_gets_the_baseline_records_it_stops_on(tmp_pa
     assert base.inputs() == {} and jobs["int8"].inputs() == {}  # the switch off: as before
     with pytest.raises(RefusedFile):  # and it may not send them back
         int8.allowed("samples/bf16/addition.jsonl")
+    # a group cell: its members' records (here a stand-in group of one member, ppl)
+    grouped = {"tasks": {"addition": {}, "grp": {"members": ["ppl"]}}}
+    int8 = replace(jobs["int8"], job=jobs["int8"].job.model_copy(update={"sequential": grouped}))
+    assert set(int8.inputs()) == {"samples/bf16/addition.jsonl", "samples/bf16/ppl.jsonl"}
 
 
 def test_a_lost_job_is_recorded_like_a_crashed_worker(tmp_path: Path) -> None:

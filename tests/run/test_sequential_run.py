@@ -65,7 +65,7 @@ def _pre(cfg: RunConfig, tasks: list[tuple[str, str, str, str]], n_docs: int = 4
     infos = [SimpleNamespace(name=n, kind=k, entry=e, compared_metric=m, n_docs=n_docs) for n, k, e, m in tasks]
     groups: dict[str, list[str]] = {}
     for t in infos:
-        if t.entry != t.name:
+        if t.entry != t.name and t.kind == "lm_eval":  # (a long-context task's entry is its family)
             groups.setdefault(t.entry, []).append(t.name)
     return SimpleNamespace(cfg=cfg, tasks=infos, groups=groups)
 
@@ -86,36 +86,39 @@ def test_plan_cells_and_level() -> None:
             ("mmlu_a", "lm_eval", "mmlu", "acc"),
             ("piqa", "lm_eval", "piqa", "acc_norm"),
             ("addition", "native", "addition", "exact_match"),
-            ("needle", "long_context", "needle", "exact_match"),
+            ("passkey_1024", "long_context", "passkey", "exact_match"),  # its entry is its family
+            ("chat", "multi_turn", "chat", "exact_match"),
         ],
     )
     p = plan(pre)
-    assert p is not None and set(p["tasks"]) == {"arc", "piqa", "addition", "mmlu"}
+    assert p is not None and set(p["tasks"]) == {"arc", "piqa", "addition", "mmlu", "passkey_1024"}
     assert p["tasks"]["mmlu"]["members"] == ["mmlu_a"] and p["groups"] == {"mmlu": [("mmlu_a", 400)]}
-    assert p["cells"] == 8 and p["alpha"] == pytest.approx(0.06 / 8)
+    assert p["cells"] == 10 and p["alpha"] == pytest.approx(0.06 / 10)
     assert plan(_pre(_cfg(), [("arc", "lm_eval", "arc", "acc")])) is None
 
 
 def test_which_kinds_are_sequential_and_why_not() -> None:
-    """Only lm-eval and native tasks outside groups and lm-eval groups on bounded metrics are cells;
-    long-context tasks (their scoring loop takes no order), group members (their group is the cell)
-    and bits per byte (unbounded) are judged by the fixed-n interval, each with its reason for the
-    report."""
+    """Only lm-eval, native and long-context tasks outside groups and lm-eval groups on bounded
+    metrics are cells; multi-turn tasks (their scoring loop takes no order), group members (their
+    group is the cell) and bits per byte (unbounded) are judged by the fixed-n interval, each with
+    its reason for the report."""
     cfg = _cfg(sequential={"enabled": True}, gates=[{"task": "all", "max_drop": 0.02}])
     pre = _pre(
         cfg,
         [
             ("arc", "lm_eval", "arc", "acc"),
-            ("needle_1k", "long_context", "needle_1k", "acc"),
+            ("needle_1k", "long_context", "needle", "acc"),
+            ("chat", "multi_turn", "chat", "acc"),
             ("addition", "native", "addition", "exact_match"),
             ("mmlu_a", "lm_eval", "mmlu", "acc"),
             ("wiki", "lm_eval", "wiki", "bits_per_byte"),
         ],
     )
     p = plan(pre)
-    assert p is not None and set(p["tasks"]) == {"arc", "addition", "mmlu"} and p["cells"] == 3
+    assert p is not None and set(p["tasks"]) == {"arc", "addition", "mmlu", "needle_1k"} and p["cells"] == 4
     assert not_sequential("lm_eval", False, "acc") is None
-    assert "long_context task" in str(not_sequential("long_context", False, "acc"))
+    assert not_sequential("long_context", False, "acc") is None  # passkey, multikey: cells too
+    assert "multi_turn task" in str(not_sequential("multi_turn", False, "acc"))
     assert not_sequential("native", False, "exact_match") is None  # native tasks are cells (issue 42)
     assert "group" in str(not_sequential("lm_eval", True, "acc"))
     assert "not bounded" in str(not_sequential("lm_eval", False, "bits_per_byte"))
@@ -253,7 +256,7 @@ def test_no_sequential_task_and_a_cap_under_the_floor_are_refused() -> None:
         return _pre(_cfg(sequential={"enabled": True}, gates=gates, lm_eval=lm_eval), tasks)
 
     arc, wiki = ("arc", "lm_eval", "arc", "acc"), ("wiki", "lm_eval", "wiki", "bits_per_byte")
-    needle, mmlu_a = ("needle", "long_context", "needle", "acc"), ("mmlu_a", "lm_eval", "mmlu", "acc")
+    needle, mmlu_a = ("needle", "multi_turn", "needle", "acc"), ("mmlu_a", "lm_eval", "mmlu", "acc")
     mmlu_b = ("mmlu_b", "lm_eval", "mmlu", "bits_per_byte")
     everything = [{"task": "all", "max_drop": 0.02}]
     assert check(pre(everything, [arc, wiki])) == []  # one cell on 400 documents: runs, nothing to say
@@ -265,7 +268,7 @@ def test_no_sequential_task_and_a_cap_under_the_floor_are_refused() -> None:
     ]
     cases = [
         ([], [arc], "(no gate covers any task)"),
-        (everything, [wiki, needle], "(wiki: bits_per_byte is not bounded in [0, 1]; needle: a long_context task)"),
+        (everything, [wiki, needle], "(wiki: bits_per_byte is not bounded in [0, 1]; needle: a multi_turn task)"),
         ([{"task": "mmlu", "max_drop": 0.02}], [arc, mmlu_b], "(mmlu: an lm-eval group whose members' metric is not"),
         ([{"task": "mmlu_a", "max_drop": 0.02}], [arc, mmlu_a], "(mmlu_a: a member of the lm-eval group mmlu)"),
     ]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
+from qeval.analysis.sequential_run import monitored_tasks
 from qeval.files.atomic import atomic_write_bytes, atomic_write_json
 from qeval.files.names import inside
 from qeval.files.processes import die_with_parent
@@ -66,8 +67,9 @@ class WorkerJob:
         """What a worker on another machine reads from the run directory, by relative path:
         the setup's previous outcome (a partial rerun keeps its other tasks' timings) and the
         baseline's top-k of each pending perplexity task (the KL reference), and in a sequential
-        run the baseline's records of each pending sequential task (what the worker's monitor tests
-        the setup's gates against after each chunk: without them it would never stop early)."""
+        run the baseline's records of each pending sequential task or group cell's member (what the
+        worker's monitor tests the setup's gates against after each chunk: without them it would
+        never stop early)."""
         wanted = [self.store.setup_path(self.name)]
         for task in self.job.tasks:
             ref = self.job.reference.get(task)
@@ -76,7 +78,7 @@ class WorkerJob:
             if (
                 self.job.sequential is not None
                 and self.name != self.job.baseline
-                and task in self.job.sequential["tasks"]
+                and task in monitored_tasks(self.job.sequential)
             ):
                 wanted.append(self.store.samples_path(self.job.baseline, task))
         return {p.relative_to(self.store.root).as_posix(): p.read_bytes() for p in wanted if p.is_file()}

@@ -13,6 +13,7 @@ from qeval.tasks.kinds import Scoring, TaskKind, score_each
 from qeval.tasks.long_context.report import SECTION
 from qeval.tasks.long_context.results import attach_long_context
 from qeval.tasks.long_context.tasks import LongContextTask, generated_tasks, plan, resolve_gates
+from qeval.tasks.sequential import score_one
 
 if TYPE_CHECKING:
     from qeval.config import RunConfig
@@ -67,7 +68,8 @@ def worker_tasks(cfg: RunConfig, wanted: dict[str, dict[str, str]]) -> dict[str,
 
 def score(ctx: Scoring, names: list[str]) -> None:
     tasks = worker_tasks(ctx.cfg, {n: ctx.key_parts[n] for n in names})
-    score_each(ctx, (tasks[n] for n in names))
+    # a passkey or multikey task that is a sequential run's cell: in the run's order, until decided
+    score_each(ctx, (tasks[n] for n in names), score_one)
 
 
 KIND = TaskKind(name="long_context", expand=expand, score=score, results=attach_long_context, report=SECTION)

@@ -11,11 +11,9 @@ from qeval.tasks.chat import ChatResolver, task_chat
 from qeval.tasks.kinds import Scoring, TaskKind, check_generation_room, score_each
 from qeval.tasks.native.tasks import Task, load_task
 from qeval.tasks.sampling import model_card, task_sampling
-from qeval.tasks.scoring import TaskResult, score_task
-from qeval.tasks.sequential import is_sequential, score_in_order
+from qeval.tasks.sequential import score_one
 
 if TYPE_CHECKING:
-    from qeval.backends.base import Progress
     from qeval.config import RunConfig
     from qeval.records.preflight import Preflight
 
@@ -52,16 +50,9 @@ def _with_card(cfg: RunConfig, task: Task) -> Task:
     return task
 
 
-def _score_one(ctx: Scoring, task: Task, progress: Progress) -> TaskResult:
-    """A sequential run's cell in the run's order, stopped when decided; any other task whole."""
-    if is_sequential(ctx, task):
-        return score_in_order(ctx, task, progress)
-    return score_task(ctx.backend, task, progress, ctx.reference(task.name))
-
-
 def score(ctx: Scoring, names: list[str]) -> None:
     cfg = ctx.cfg
-    score_each(ctx, (_with_card(cfg, t) for t in _load(cfg, names)), _score_one)
+    score_each(ctx, (_with_card(cfg, t) for t in _load(cfg, names)), score_one)
 
 
 def fingerprint(cfg: RunConfig, name: str) -> str:
