@@ -180,7 +180,11 @@ def _compare(
                 vs[t] = c.model_copy(update=kl_summary(store, name, t))
             for group in (g for g in tasks if tasks[g].is_group):
                 parts = [data[m] for m in pre.groups[group] if m in data]
-                if parts and len(parts) == len(pre.groups[group]):  # a group is judged on every member or not at all
+                # a group is judged on every member or not at all: each stored on both sides (a
+                # sequential run's member may have no document in the prefix its group stopped at)
+                members = pre.groups[group]
+                whole = all(m in entries[s].tasks for s in (base, name) for m in members)
+                if parts and whole and all(m in data or entries[name].tasks[m].n == 0 for m in members):
                     vs[group] = compare(Paired.pool(parts), group, cfg.seed, cfg.gates, tasks[group].higher_is_better)
             suites = _suites(pre, data, vs)
         scores |= _group_scores(entry, tasks, pre.groups)
@@ -212,16 +216,18 @@ def _paired_tasks(
 
 def _group_scores(entry: SetupResult, tasks: dict[str, TaskInfo], groups: dict[str, list[str]]) -> dict[str, TaskScore]:
     """A group's score: its tasks' scores weighted by their sizes (lm-eval's weight_by_size);
-    none unless every task of the group was scored."""
+    none unless every task of the group was scored (a member stored with no document, in a
+    sequential run that stopped the group before it, weighs nothing)."""
     out = {}
     for group in (g for g in tasks if tasks[g].is_group):
         metric = tasks[group].compared_metric
         members = [
             (entry.tasks[m].n, entry.tasks[m].metrics[metric].value)
             for m in groups[group]
-            if m in entry.tasks and metric in entry.tasks[m].metrics
+            if m in entry.tasks and metric in entry.tasks[m].metrics and entry.tasks[m].n > 0
         ]
-        if members and len(members) == len(groups[group]):  # part of a group is not the group's score
+        empty = [m for m in groups[group] if m in entry.tasks and entry.tasks[m].n == 0]
+        if members and len(members) + len(empty) == len(groups[group]):  # part of a group is not the group's score
             n = sum(k for k, _ in members)
             out[group] = TaskScore(n=n, metrics={metric: MetricValue(value=sum(k * v for k, v in members) / n)})
     return out

@@ -444,3 +444,25 @@ def test_a_group_cell_s_keys_and_its_members_scored_together() -> None:
         "mmlu_2": "key-mmlu_2",
     }
     assert widen(p, {"arc": "a"}, lambda t: t) == {"arc": "a"} and widen(None, {"arc": "a"}, str) == {"arc": "a"}
+
+
+def test_a_group_member_with_no_document_in_the_stopped_prefix_weighs_nothing() -> None:
+    """Measured on MMLU (57 subjects): a group decided after 200 pooled documents leaves subjects
+    with none in that prefix, stored with n = 0 and no metric. The group's score is the size-weighted
+    mean of the members that have documents (so the pooled mean), not withheld; a member missing
+    altogether (a partial run) still withholds it."""
+    from qeval.analysis.assemble import _group_scores
+    from qeval.results.schema import MetricValue, TaskScore
+
+    def score(n: int, acc: float | None) -> TaskScore:
+        return TaskScore(n=n, metrics={} if acc is None else {"acc": MetricValue(value=acc)})
+
+    tasks = {"g": SimpleNamespace(is_group=True, compared_metric="acc")}
+    groups = {"g": ["a", "b", "c"]}
+    entry = SimpleNamespace(tasks={"a": score(3, 1.0), "b": score(1, 0.0), "c": score(0, None)})
+    got = _group_scores(entry, tasks, groups)  # type: ignore[arg-type]
+    assert got["g"].n == 4 and got["g"].metrics["acc"].value == pytest.approx(0.75)
+    partial = SimpleNamespace(tasks={"a": score(3, 1.0), "b": score(1, 0.0)})
+    assert _group_scores(partial, tasks, groups) == {}  # type: ignore[arg-type]
+    nothing = SimpleNamespace(tasks={"a": score(0, None), "b": score(0, None), "c": score(0, None)})
+    assert _group_scores(nothing, tasks, groups) == {}  # type: ignore[arg-type]
