@@ -1,17 +1,20 @@
 """A qeval-form task (native: multiple choice or generation) scored in a sequential run's order
 (issue 42; docs/statistics.md, "Sequential gates"): its documents in the run's seeded random order,
-cut at the cap, a chunk at a time; after each chunk a setup other than the baseline asks the
-monitor whether the task's gate is decided, and stops there. The baseline scores to the cap.
+cut at the cap, a chunk at a time, up to the pass's horizon (qeval/run/passes.py); after each chunk
+a setup other than the baseline asks the monitor whether the task's gate is decided, and stops there.
+The baseline scores as far as the pass's horizon.
 
 The same scoring as `score_task` on each chunk (qeval/tasks/scoring.py), so a record is what a
 whole-task run writes for that document; the task's metrics are then computed over the records
 scored. A multiple-choice task's KL reference is the baseline's top-k in the same order, sliced
 to the chunk's requests. A task killed mid-way is scored again from its first chunk on resume (the
-same order, so the same stop): these tasks are small, and the lm-eval kind's chunk spools are for
-sets of thousands."""
+same order, so the same stop), and so is one extended by a later pass (its first documents again,
+up to the new horizon: the same records): these tasks are small, and the lm-eval kind's chunk
+spools, which carry on instead, are for sets of thousands."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -51,9 +54,36 @@ def _requests_per_doc(task: Task, docs: list[dict[str, Any]]) -> list[int]:
     return [0] * len(docs)
 
 
+def _carried(
+    ctx: Scoring, task: Task, ids: list[str], counts: list[int], no_reference: bool
+) -> tuple[list[SampleRecord], list[dict[str, np.ndarray]]]:
+    """What an earlier pass stored of this cell under the job's key (records and top-k), where the
+    scoring can carry on from it: a prefix of the order ending at a look, and no KL reference (the
+    token-level divergence is not stored per token, so a setup scored against one starts again).
+    Else nothing: the cell is scored from its first document."""
+    if not no_reference:
+        return [], []
+    got = ctx.stored(task.name)
+    if got is None:
+        return [], []
+    records, topk = got
+    n, chunk = len(records), int(ctx.sequential["chunk_docs"]) if ctx.sequential else 0
+    if not n or not chunk or n % chunk or [r.sample_id for r in records] != ids[:n]:
+        return [], []
+    if ctx.keeps_topk and task.spec.output_type == "multiple_choice":  # the others' KL reference: whole
+        if not topk or len(topk["offsets"]) != sum(counts[:n]) + 1:
+            return [], []
+    print(
+        f"{ctx.setup.name}: {task.name}: carrying on from document {n} (scored by an earlier pass)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return records, [topk] if topk else []
+
+
 def score_in_order(ctx: Scoring, task: Task, progress: Progress) -> TaskResult:
     """Score `task` chunk by chunk in the run's order, stopping where its cell is decided (a setup
-    other than the baseline) or at the cap."""
+    other than the baseline), at the pass's horizon, or at the cap."""
     plan = ctx.sequential
     assert plan is not None
     ids, order = task_order(plan, task)
@@ -62,14 +92,17 @@ def score_in_order(ctx: Scoring, task: Task, progress: Progress) -> TaskResult:
     starts = np.concatenate([[0], np.cumsum(counts)]).astype(int)
     reference = ctx.reference(task.name)
     monitor = None
-    if ctx.baseline_records is not None:  # the baseline scores to the cap: the others test against it
+    if ctx.baseline_records is not None:  # the baseline scores to the horizon: the others test against it
         monitor = Monitor(plan, {task.name: ids}, {task.name: ctx.baseline_records(task.name)})
     tokens = TokenDivergence()
-    records: list[SampleRecord] = []
-    packs: list[dict[str, np.ndarray]] = []
     chunk = int(plan["chunk_docs"])
-    for first in range(0, len(docs), chunk):
-        last = min(first + chunk, len(docs))
+    records, packs = _carried(ctx, task, ids, counts, reference is None)
+    # a pass's horizon (qeval/run/passes.py): no further this pass; the next carries on from here
+    end = min(len(docs), int(plan.get("horizon") or len(docs)))
+    if monitor is not None and records and monitor.add(task.name, list(records)):  # the looks so far, replayed
+        end = len(records)  # decided already (not pending in a run: a direct call)
+    for first in range(len(records), end, chunk):
+        last = min(first + chunk, end)
         part = replace(task, docs=docs[first:last])
         ref = _slice_reference(reference, int(starts[first]), int(starts[last]))
         result = score_task(ctx.backend, part, progress, ref, tokens)

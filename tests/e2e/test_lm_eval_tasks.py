@@ -340,7 +340,10 @@ def test_a_sequential_run_stops_decided_cells_and_reports_where(tmp_path: Path) 
         # the group's members: in the seeded order, to the cap (8), whatever ARC did
         assert setup["tasks"]["mmlu_local"]["n"] == 24 and setup["vs_baseline"]["mmlu_local"]["verdict"] is not None
     base = next(s for s in r["setups"] if s["baseline"])
-    assert base["tasks"]["arc_easy_local"]["n"] == 24  # the baseline scores to the cap
+    # pass 1's horizon (4 x the first look at the floor, 8) is past the cap: the baseline scores to it, in one pass
+    assert base["tasks"]["arc_easy_local"]["n"] == 24 and "sequential pass 2" not in res.stderr
+    assert seq["baseline"] == {"arc_easy_local": {"documents": 24, "total": 24}}
+    assert "arc_easy_local: baseline: 24 of 24 documents" in md
     # int8 on this model changes next to no answer: far inside a 0.5-point gate, it stops early
     assert decided >= 1 and seq["documents"] < seq["total"]
     assert "## Sequential gates" in md and "Judged by the fixed-n interval at the end" in md
