@@ -169,7 +169,7 @@ def _next_pass(p: PreparedRun, number: int) -> PreparedRun | None:
         return None
     horizon = next_horizon(p.horizon)
     print(f"{p.prefix}{pass_line(number, min(horizon, cap), len(opened))}", file=sys.stderr, flush=True)
-    jobs = _jobs(pre, p.opts, store, p.keys, p.sequential, p.prefix, horizon, state, ran)
+    jobs = _jobs(pre, p.opts, store, p.keys, p.sequential, p.prefix, horizon, state, ran, number)
     return replace(p, jobs=jobs, horizon=horizon)
 
 
@@ -244,11 +244,13 @@ def _jobs(
     horizon: int | None,
     state: PassState | None,
     later: list[str] | None = None,
+    number: int = 1,
 ) -> list[WorkerJob]:
     """The jobs of one pass, baseline first, each with its job file written. Pass 1 (`later` None)
     is every run's: every task not stored under its key, and a sequential run's tasks short of the
     horizon; a later pass of a sequential run (`later`: the setups that ran ok) scores only its
-    sequential tasks still short of the new horizon, and never forces."""
+    sequential tasks still short of the new horizon, and never forces. `number`: the pass's (its
+    worker adds its times to the earlier passes': qeval/run/worker.py)."""
     baseline = pre.cfg.baseline.name
     first_pass = later is None
     force = opts.force and first_pass
@@ -281,7 +283,7 @@ def _jobs(
         if force:  # recompute everything: not even an interrupted task's saved chunks are taken up
             clear_scratch(store.scratch_dir(setup.name))
         # the pass's horizon, and whether a cell stored at an earlier one is carried on from (not under --force)
-        job_seq = seq if seq is None else seq | {"horizon": horizon, "carry": not force}
+        job_seq = seq if seq is None else seq | {"horizon": horizon, "carry": not force, "pass": number}
         jobs.append(_job(pre, store, setup, pending, k, baseline, prefix, perf if perf_pending else None, job_seq))
     # a setup whose KL reference is the baseline's top-k waits for the baseline's job
     if jobs and jobs[0].name == baseline:

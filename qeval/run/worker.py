@@ -65,8 +65,23 @@ def run_job(job: Job) -> int:
         outcome.error = _failure(exc, setup)
         outcome.traceback = traceback.format_exc(limit=8)
     outcome.timings["total_s"] = round(time.time() - t0, 2)
+    if current is not None and job.sequential is not None and int(job.sequential.get("pass", 1)) > 1:
+        _after_a_pass(outcome, current, list(job.tasks))
     atomic_write_json(store.setup_path(setup.name), outcome.model_dump(mode="json"))
     return 0 if outcome.status == "ok" else 1
+
+
+def _after_a_pass(outcome: Outcome, before: Outcome, tasks: list[str]) -> None:
+    """A later pass of a sequential run (qeval/run/passes.py) scored only the extensions of some
+    tasks: the setup's times are the passes' together (loading, the whole job, each task carried
+    on), and its memory the first pass's, which scored every task (a pass's smaller peak is not
+    the scoring peak), as a rerun for the performance phase alone keeps it."""
+    # what this pass timed (the rest of `timings` is the earlier passes', carried over as it was)
+    for key in ("load_s", "total_s", *(f"{t}_s" for t in tasks)):
+        if key in outcome.timings and key in before.timings:
+            outcome.timings[key] = round(outcome.timings[key] + before.timings[key], 2)
+    if before.memory:
+        outcome.memory = before.memory
 
 
 def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: Job, outcome: Outcome) -> None:

@@ -161,3 +161,25 @@ def test_an_interrupted_pass_resumes_where_the_store_stands(tmp_path: Path) -> N
     # another key (a changed config): not stored under this run's, scored again
     other = PassState(pre, store, _keys(["b", "x", "y"]) | {"b": SimpleNamespace(task_key=lambda t: "new")}, p)
     assert other.pending(["b", "x", "y"], 160)["b"] == {"arc"}
+
+
+def test_a_later_pass_adds_its_times_and_keeps_the_first_pass_memory() -> None:
+    """A later pass's worker scored only some tasks' extensions: the setup's times are the passes'
+    together (loading, the whole job, each task it carried on; the others as they were) and its
+    memory the first pass's (which scored every task), not this pass's smaller peak."""
+    from qeval.records.job import MemoryFigure, Outcome
+    from qeval.run.worker import _after_a_pass
+
+    first = Outcome(
+        name="int8",
+        timings={"load_s": 2.0, "total_s": 10.0, "arc_s": 5.0, "ppl_s": 3.0, "performance_s": 4.0},
+        memory={"peak_bytes": MemoryFigure(900, "measured")},
+    )
+    second = Outcome(
+        name="int8",
+        timings=dict(first.timings) | {"load_s": 2.5, "total_s": 4.0, "arc_s": 1.25},
+        memory={"peak_bytes": MemoryFigure(500, "measured")},
+    )
+    _after_a_pass(second, first, ["arc"])
+    assert second.timings == {"load_s": 4.5, "total_s": 14.0, "arc_s": 6.25, "ppl_s": 3.0, "performance_s": 4.0}
+    assert second.memory == first.memory
