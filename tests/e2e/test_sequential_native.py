@@ -12,6 +12,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from qeval.analysis.sequential_run import task_order
@@ -29,16 +30,18 @@ def _ids(run: Path, setup: str, task: str) -> list[str]:
 
 def test_native_cells_stop_where_decided_in_the_seeded_order(tmp_path: Path) -> None:
     """Pass 1's horizon is 4 x the first look at the floor, 32 of the 40 documents: the 50-point
-    gate on compare_mc decides before it, so the baseline scores compare_mc no further than 32;
-    the 0.1-point gate on addition (INT8 hardly changes an answer: the sequence straddles it) stays
-    undecided, so pass 2 extends addition alone, baseline and INT8 carrying on from document 32."""
+    gate on addition decides before it, so the baseline scores addition no further than 32; the
+    0.1-point gate on compare_mc (INT8 hardly changes an answer: the sequence straddles it) stays
+    undecided, so pass 2 extends compare_mc alone: the baseline carries on from document 32 (its
+    records and top-k), INT8 scores it again against the baseline's extended top-k (a KL reference:
+    its per-token divergence is not stored to carry on from)."""
     seq = {"enabled": True, "min_docs": 8, "chunk_docs": 4, "seed": 2}
     cfg = make_config(
         tmp_path,
         model={"dtype": "float32"},
         tasks=["compare_mc", "addition", "ppl"],
         limit=N,
-        gates=[{"task": "all", "max_drop": 0.5}, {"task": "addition", "max_drop": 0.001}],
+        gates=[{"task": "all", "max_drop": 0.5}, {"task": "compare_mc", "max_drop": 0.001}],
         sequential=seq,
     )
     out = tmp_path / "out"
@@ -64,34 +67,40 @@ def test_native_cells_stop_where_decided_in_the_seeded_order(tmp_path: Path) -> 
         if c["stopped_at"] is not None:
             assert c["verdict"] == "pass" and len(scored) < N and len(scored) % 4 == 0 and len(scored) >= 8
     # INT8 barely changes this model: far inside a 50-point gate it stops before pass 1's horizon, and
-    # the baseline scored compare_mc that far only, a prefix of the same order
-    mc_order, _ = task_order(plan, load_task("compare_mc", TASKS, N))
-    assert cells[("int8", "compare_mc")]["stopped_at"] is not None and cells[("int8", "compare_mc")]["documents"] < 32
-    assert _ids(out, "bf16", "compare_mc") == mc_order[:32]
-    # ...but never decides a 0.1-point gate: scored to the cap, and the baseline with it, over two passes
+    # the baseline scored addition that far only, a prefix of the same order
     add_order, _ = task_order(plan, load_task("addition", TASKS, N))
-    assert (
-        cells[("int8", "addition")]["stopped_at"] is None and cells[("int8", "addition")]["verdict"] == "inconclusive"
-    )
-    assert _ids(out, "bf16", "addition") == _ids(out, "int8", "addition") == add_order  # each document once
-    for setup in ("bf16", "int8"):  # pass 2 carried on from the 32 documents pass 1 stored, not from 0
-        assert f"{setup}: addition: carrying on from document 32 (scored by an earlier pass)" in res.stderr
-        assert f"{setup}: compare_mc: carrying on" not in res.stderr  # decided: not extended
-    assert block["baseline"] == {"compare_mc": {"documents": 32, "total": N}, "addition": {"documents": N, "total": N}}
+    assert cells[("int8", "addition")]["stopped_at"] is not None and cells[("int8", "addition")]["documents"] < 32
+    assert _ids(out, "bf16", "addition") == add_order[:32]
+    # ...but never decides a 0.1-point gate: scored to the cap, and the baseline with it, over two passes
+    mc_order, _ = task_order(plan, load_task("compare_mc", TASKS, N))
+    mc_cell = cells[("int8", "compare_mc")]
+    assert mc_cell["stopped_at"] is None and mc_cell["verdict"] == "inconclusive"
+    assert _ids(out, "bf16", "compare_mc") == _ids(out, "int8", "compare_mc") == mc_order  # each document once
+    # pass 2: the baseline carried on from the 32 documents pass 1 stored, not from 0; INT8 did not
+    assert "bf16: compare_mc: carrying on from document 32 (scored by an earlier pass)" in res.stderr
+    assert "int8: compare_mc: carrying on" not in res.stderr and ": addition: carrying on" not in res.stderr
+    assert block["baseline"] == {"compare_mc": {"documents": N, "total": N}, "addition": {"documents": 32, "total": N}}
     bf16 = next(s for s in r["setups"] if s["name"] == "bf16")
-    assert bf16["tasks"]["compare_mc"]["n"] == 32 and bf16["tasks"]["addition"]["n"] == N
-    # documents scored: the baseline's real ones (32 + 40), INT8's, and ppl's whole sets
+    assert bf16["tasks"]["compare_mc"]["n"] == N and bf16["tasks"]["addition"]["n"] == 32
+    # the baseline's top-k: pass 1's 32 documents and pass 2's 8, one request per choice of each
+    with np.load(out / "samples" / "bf16" / "compare_mc.topk.npz") as z:
+        choices = [
+            len(json.loads(x)["loglikelihoods"])
+            for x in (out / "samples" / "bf16" / "compare_mc.jsonl").read_text().splitlines()
+        ]
+        assert len(z["offsets"]) == sum(choices) + 1
+    # documents scored: the baseline's real ones (40 + 32), INT8's, and ppl's whole sets
     n_int8 = sum(c["documents"] for c in cells.values())
-    assert block["documents"] == 32 + N + n_int8 + 2 * N and block["total"] == 6 * N
+    assert block["documents"] == N + 32 + n_int8 + 2 * N and block["total"] == 6 * N
     md = (out / "report.md").read_text()
-    assert "compare_mc: baseline: 32 of 40 documents" in md and "addition: baseline: 40 of 40 documents" in md
+    assert "compare_mc: baseline: 40 of 40 documents" in md and "addition: baseline: 32 of 40 documents" in md
     int8 = next(s for s in r["setups"] if s["name"] == "int8")
     assert int8["tasks"]["ppl"]["n"] == N  # not a cell: scored whole
     mc = [json.loads(x) for x in (out / "samples" / "int8" / "compare_mc.jsonl").read_text().splitlines()]
-    # the KL reference followed the order: every chunk's records carry a finite KL, near 0 for INT8
-    assert all(m["kl"] is not None and math.isfinite(m["kl"]) and m["kl"] >= 0 for m in mc)
+    # the KL reference followed the order over both passes: every record carries a finite KL, near 0 for INT8
+    assert len(mc) == N and all(m["kl"] is not None and math.isfinite(m["kl"]) and m["kl"] >= 0 for m in mc)
     assert sum(m["top1_agreement"] for m in mc) / len(mc) > 0.9
-    assert int8["vs_baseline"]["compare_mc"]["verdict_reason"].startswith(f"sequential: decided after {len(mc)} of {N}")
+    assert int8["vs_baseline"]["compare_mc"]["verdict_reason"] == f"sequential: not decided after {N} of {N} documents"
 
     again = run_cli("run", str(cfg), "--output", str(out))
     assert again.returncode == 0, again.stderr[-2000:]
