@@ -33,8 +33,8 @@ def test_native_cells_stop_where_decided_in_the_seeded_order(tmp_path: Path) -> 
     gate on addition decides before it, so the baseline scores addition no further than 32; the
     0.1-point gate on compare_mc (INT8 hardly changes an answer: the sequence straddles it) stays
     undecided, so pass 2 extends compare_mc alone: the baseline carries on from document 32 (its
-    records and top-k), INT8 scores it again against the baseline's extended top-k (a KL reference:
-    its per-token divergence is not stored to carry on from)."""
+    records and top-k), and so does INT8 against the baseline's extended top-k (its KL reference:
+    its per-token divergence saved at the horizon carried on too)."""
     seq = {"enabled": True, "min_docs": 8, "chunk_docs": 4, "seed": 2}
     cfg = make_config(
         tmp_path,
@@ -76,9 +76,11 @@ def test_native_cells_stop_where_decided_in_the_seeded_order(tmp_path: Path) -> 
     mc_cell = cells[("int8", "compare_mc")]
     assert mc_cell["stopped_at"] is None and mc_cell["verdict"] == "inconclusive"
     assert _ids(out, "bf16", "compare_mc") == _ids(out, "int8", "compare_mc") == mc_order  # each document once
-    # pass 2: the baseline carried on from the 32 documents pass 1 stored, not from 0; INT8 did not
-    assert "bf16: compare_mc: carrying on from document 32 (scored by an earlier pass)" in res.stderr
-    assert "int8: compare_mc: carrying on" not in res.stderr and ": addition: carrying on" not in res.stderr
+    # pass 2 carried on from the 32 documents pass 1 stored, not from 0: the baseline with its top-k,
+    # INT8 with its per-token divergence from the baseline (saved in its scratch folder at the horizon)
+    for setup in ("bf16", "int8"):
+        assert f"{setup}: compare_mc: carrying on from document 32 (scored by an earlier pass)" in res.stderr
+    assert ": addition: carrying on" not in res.stderr  # decided in pass 1: not extended
     assert block["baseline"] == {"compare_mc": {"documents": N, "total": N}, "addition": {"documents": 32, "total": N}}
     bf16 = next(s for s in r["setups"] if s["name"] == "bf16")
     assert bf16["tasks"]["compare_mc"]["n"] == N and bf16["tasks"]["addition"]["n"] == 32
@@ -100,6 +102,10 @@ def test_native_cells_stop_where_decided_in_the_seeded_order(tmp_path: Path) -> 
     # the KL reference followed the order over both passes: every record carries a finite KL, near 0 for INT8
     assert len(mc) == N and all(m["kl"] is not None and math.isfinite(m["kl"]) and m["kl"] >= 0 for m in mc)
     assert sum(m["top1_agreement"] for m in mc) / len(mc) > 0.9
+    meta = json.loads((out / "samples" / "int8" / "compare_mc.meta.json").read_text())
+    # the token-level KL distribution covers both passes' documents: every token of the baseline's top-k
+    with np.load(out / "samples" / "bf16" / "compare_mc.topk.npz") as z:
+        assert meta["kl_distribution"]["tokens"] == sum(m["kl_tokens"] for m in mc) == len(z["indices"])
     assert int8["vs_baseline"]["compare_mc"]["verdict_reason"] == f"sequential: not decided after {N} of {N} documents"
 
     again = run_cli("run", str(cfg), "--output", str(out))
