@@ -10,6 +10,9 @@ for each setup, baseline first:
     else a job: a worker process (load, score the missing tasks, measure memory, time the
     performance workload when it is not stored under this run's key, write), run by the
     config's executor: here one after another (local), or on a Ray cluster (ray)
+passes    a sequential run only: the jobs above are pass 1, to a document horizon; each later
+          pass (one executor call) extends the tasks of cells still undecided below the cap,
+          the baseline first, until none is (qeval/run/passes.py)
 assemble  results.json from the stored results whose keys match this run (others dropped, listed)
 report    report.md, report.html and the summary table
 serve     `recommend_by: goodput` only: every setup that scored served on the workload with

@@ -355,6 +355,8 @@ def score_lm_eval(
         # stopped at the horizon, undecided, short of its documents: stored as it stands, its state kept
         paused = {leaf for leaf in group if end[leaf] < n_docs[leaf] and leaf not in stopped}
         results |= {leaf: built[leaf].result(session, paused=leaf in paused) for leaf in group}
+        if key is not None and scratch is not None and ordered.issuperset(group) and not paused:
+            resume.discard(scratch, key)  # a sequential task done (decided, or at the cap): no pass takes it up
     return {leaf: results[leaf] for leaf in leaves}
 
 
