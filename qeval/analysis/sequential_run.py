@@ -3,11 +3,16 @@
 order, the monitor a worker asks after each chunk whether a task is decided, and the trajectory
 assembly reads back from the stored records.
 
-The design: the baseline scores every task up to the cap (`max_docs`, else the whole set) in the
-seeded order, before any other setup (their jobs wait for it); each other setup scores in the same
-order and chunks, and after each chunk tests each of its undecided cells against the baseline's
-stored records; a task whose cell is decided stops, and the setup stops when all have. Assembly
-recomputes each cell's trajectory from the stored records (the same numbers, no state to keep).
+The design: the run goes in passes, each with a document horizon (qeval/run/passes.py; its
+`horizon` travels in the plan of each pass's jobs, in no resume key). In a pass the baseline scores
+each sequential task in the seeded order up to the horizon (at most the cap: `max_docs`, else the
+whole set), carrying on from the pass before, before any other setup (their jobs wait for it);
+each other setup scores in the same order and chunks, and after each chunk tests each of its
+undecided cells against the baseline's stored records; a task whose cell is decided stops, an
+undecided one at the horizon. The next pass extends only the tasks of cells still undecided below
+the cap, so the baseline scores each task only as far as the furthest undecided setup needs.
+Assembly recomputes each cell's trajectory from the stored records (the same numbers, no state to
+keep) and says how far the baseline scored each task.
 
 Which cells: tasks of the lm_eval and native kinds (not part of an lm-eval group) and lm-eval
 groups (MMLU's 57 subjects) whose compared metric is bounded in [0, 1]
@@ -37,7 +42,7 @@ from qeval.errors import UserError
 from qeval.records.keys import SetupKeys
 from qeval.results.metrics import describe
 from qeval.results.samples import SampleRecord
-from qeval.results.sequential import SequentialCell, SequentialLook, SequentialRun
+from qeval.results.sequential import SequentialBaseline, SequentialCell, SequentialLook, SequentialRun
 
 if TYPE_CHECKING:
     from qeval.config import RunConfig
@@ -527,6 +532,13 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
     caps = capped_docs(plan_json, {t.name: t.n_docs for t in pre.tasks})
     scored = sum(entry.tasks[t].n for entry in results.setups for t in entry.tasks if t in infos)
     full = sum(caps.get(t, infos[t].n_docs) for entry in results.setups for t in entry.tasks if t in infos)
+    # how far the baseline scored each sequential task: the last pass's horizon, at most the cap
+    base_entry = next((e for e in results.setups if e.name == base), None)
+    baseline_docs = {
+        t: SequentialBaseline(documents=base_entry.tasks[t].n, total=len(task_order(plan_json, infos[t])[1]))
+        for t in plan_json["tasks"]
+        if base_entry is not None and t in base_entry.tasks and t in infos
+    }
     block = SequentialRun(
         method="betting confidence sequence (Waudby-Smith & Ramdas 2023)",
         level=spec.level,
@@ -539,5 +551,26 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
         documents=scored,
         total=full,
         not_sequential=fixed,
+        baseline=baseline_docs,
     )
     return results.model_copy(update={"setups": setups, "sequential": block})
+
+
+def cell_units(plan_json: dict[str, Any] | None, names: Sequence[str]) -> dict[str, str] | None:
+    """Per lm-eval leaf of `names` scored in the run's order, the unit it is scored with in one
+    `evaluate()` loop: a group's members their group (its monitor pools them chunk by chunk), any
+    other leaf itself (its saved state then does not depend on which other tasks a pass scores)."""
+    if plan_json is None:
+        return None
+    group_of = _group_of(plan_json)
+    return {n: group_of.get(n, n) for n in names}
+
+
+def pass_horizons(plan_json: dict[str, Any] | None, names: Sequence[str]) -> dict[str, int] | None:
+    """Per sequential task of `names`, the horizon of the pass in progress (qeval/run/passes.py):
+    where its scoring stops this pass, undecided or not. None outside a sequential run's pass. A
+    group cell's members get none: a group is scored to the cap (or its decision) in the first
+    pass (qeval/run/passes.py extends single tasks only)."""
+    if plan_json is None or plan_json.get("horizon") is None:
+        return None
+    return {n: int(plan_json["horizon"]) for n in names if n in plan_json["tasks"]}

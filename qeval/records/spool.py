@@ -14,6 +14,7 @@ import io
 import json
 import os
 import secrets
+import shutil
 import stat
 import zipfile
 from collections.abc import Collection, Iterator
@@ -90,6 +91,16 @@ class RecordSpool:
             os.fsync(f.fileno())
         os.replace(self.path, path)
         self.path = path
+
+    def copy(self) -> RecordSpool:
+        """A finished spool of its own over a copy of this one's file (this one left as it is: a
+        sequential task stored at a pass's horizon moves the copy into the store, and a later pass
+        carries on appending to this one from its saved state)."""
+        self.finish()
+        out = RecordSpool.__new__(RecordSpool)
+        out.path, out._out, out.n = _scratch_file(self.path.parent, "copy"), None, self.n
+        shutil.copyfile(self.path, out.path)
+        return out
 
     def __iter__(self) -> Iterator[SampleRecord]:
         for line in self.lines():
@@ -178,6 +189,16 @@ class TopkSpool:
                     np.lib.format.write_array_header_1_0(member, header)  # a few dozen bytes: 1.0 holds it
                     while block := f.read(BLOCK):
                         member.write(block)
+
+    def copy(self) -> TopkSpool:
+        """A spool of its own over copies of this one's files (see RecordSpool.copy)."""
+        out = TopkSpool(self.folder, self.stem)
+        out.lengths = list(self.lengths)
+        for key, (path, dtype, row, rows) in self.arrays.items():
+            dest = _scratch_file(self.folder, f"{self.stem}.{key}")
+            shutil.copyfile(path, dest)
+            out.arrays[key] = (dest, dtype, row, rows)
+        return out
 
     def discard(self) -> None:
         for path, *_ in self.arrays.values():

@@ -1,8 +1,9 @@
 """The report's sequential-gates section (results.json `sequential`, qeval/analysis/sequential_run.py):
 per (setup, task) cell the verdict, the documents it took ("decided after 412 of 2,376 documents"),
 the look it stopped at and the confidence sequence there; per run the documents scored against
-what a fixed run scores; in report.html a trajectory plot per gated task (each setup's sequence at
-every look, the gate's threshold drawn). Empty for a run without the switch."""
+what a fixed run scores, and per task how far the baseline scored ("baseline: 600 of 10,042
+documents": as far as the furthest undecided setup needed); in report.html a trajectory plot per
+gated task (each setup's sequence at every look, the gate's threshold drawn). Empty for a run without the switch."""
 
 from __future__ import annotations
 
@@ -75,6 +76,18 @@ def summary(results: Results) -> str:
     )
 
 
+def baseline_lines(results: Results, esc: Escape) -> list[str]:
+    """Per sequential task, how far the baseline scored it ("baseline: 600 of 10,042 documents"):
+    as far as the furthest undecided setup needed, not necessarily the cap."""
+    b = results.sequential
+    if b is None or not b.baseline:
+        return []
+    return [
+        *(f"- {esc(t)}: baseline: {d.documents:,} of {d.total:,} documents" for t, d in b.baseline.items()),
+        "",
+    ]
+
+
 LEGEND = (
     "The verdicts of these cells are the confidence sequence's (a betting confidence sequence, valid at every "
     'look at once: docs/statistics.md, "Sequential gates"), not the fixed-n interval in the gate table, '
@@ -106,6 +119,7 @@ def markdown(results: Results, esc: Escape) -> list[str]:
         "",
         summary(results),
         "",
+        *baseline_lines(results, esc),
         *(md_table(HEADER, body) if body else ["No sequential cell."]),
         "",
         LEGEND,
@@ -117,6 +131,11 @@ def markdown(results: Results, esc: Escape) -> list[str]:
 def tables(results: Results) -> HtmlTables:
     body = rows(results, str)
     out: HtmlTables = {summary(results): (HEADER, body)} if body else {}
+    if results.sequential is not None and results.sequential.baseline:
+        out["How far the baseline scored each sequential task"] = (
+            ["task", "baseline documents", "of"],
+            [[t, f"{d.documents:,}", f"{d.total:,}"] for t, d in results.sequential.baseline.items()],
+        )
     if results.sequential is not None and results.sequential.not_sequential:
         out["Judged by the fixed-n interval at the end, not sequentially"] = (
             ["task", "why"],

@@ -43,6 +43,14 @@ class SequentialCell(ResultModel):
     looks: list[SequentialLook] = Field(description="the trajectory: the sequence at every look")
 
 
+class SequentialBaseline(ResultModel):
+    """How far the baseline scored one sequential task: as far as its furthest undecided cell needed
+    (the last pass's horizon, at most the cap: qeval/run/passes.py), not necessarily the cap."""
+
+    documents: int = Field(description="documents the baseline scored (a prefix of the seeded order)")
+    total: int = Field(description="the documents the task has up to the cap (what a fixed run scores)")
+
+
 class SequentialRun(ResultModel):
     """The run's sequential figures."""
 
@@ -62,4 +70,9 @@ class SequentialRun(ResultModel):
         default_factory=dict,
         description="the gated tasks and groups judged by "
         "the fixed-n interval at the end, not sequentially, each with why",
+    )
+    baseline: dict[str, SequentialBaseline] = Field(
+        default_factory=dict,
+        description="per sequential task, the documents the baseline scored: as far as the furthest "
+        "undecided setup needed (empty in results written before the baseline scored in passes)",
     )

@@ -10,6 +10,9 @@ for each setup, baseline first:
     else a job: a worker process (load, score the missing tasks, measure memory, time the
     performance workload when it is not stored under this run's key, write), run by the
     config's executor: here one after another (local), or on a Ray cluster (ray)
+passes    a sequential run only: the jobs above are pass 1, to a document horizon; each later
+          pass (one executor call) extends the tasks of cells still undecided below the cap,
+          the baseline first, until none is (qeval/run/passes.py)
 assemble  results.json from the stored results whose keys match this run (others dropped, listed)
 report    report.md, report.html and the summary table
 serve     `recommend_by: goodput` only: every setup that scored served on the workload with
@@ -49,10 +52,11 @@ from qeval.results.advice import Advice
 from qeval.results.metrics import KL_OUTPUT_TYPES
 from qeval.results.schema import Results, read_results
 from qeval.run.advice import advised_setup, ensure_advice, result_block, with_advised
-from qeval.run.executors import open_executor
+from qeval.run.executors import Executor, open_executor
 from qeval.run.executors.address import cluster_address
 from qeval.run.executors.resources import job_resources
 from qeval.run.executors.worker_job import WorkerJob
+from qeval.run.passes import PassState, caps, first_horizon, next_horizon, pass_line
 from qeval.run.preflight import advised_names, preflight
 from qeval.run.rundir import RunDirLock, take_run_dir
 from qeval.run.serving import serve_workload
@@ -85,6 +89,11 @@ class PreparedRun:
     started: str
     #: advice.json's content when the config has an `advise:` block (qeval/run/advice.py)
     advice: Advice | None = None
+    #: a sequential run's plan (None: the switch is off) and its pass's horizon (qeval/run/passes.py)
+    sequential: dict[str, Any] | None = None
+    horizon: int | None = None
+    #: the job-id prefix (a sweep's model)
+    prefix: str = ""
 
 
 def run(cfg: RunConfig, opts: RunOptions) -> Results:
@@ -115,6 +124,7 @@ def execute(
                 locks.append(take_run_dir(opts.output, pre.cfg.name, force))
                 prepared.append(prepare(pre, opts, prefix))
             executor.run([job for p in prepared for job in p.jobs])
+            prepared = _later_passes(executor, prepared)
             results = [finish(p) for p in prepared]
             if after is not None:
                 after(prepared, results)
@@ -124,6 +134,47 @@ def execute(
     for one in results:
         _announce(one)
     return results
+
+
+def _later_passes(executor: Executor, prepared: list[PreparedRun]) -> list[PreparedRun]:
+    """A sequential run's passes after the first (qeval/run/passes.py), every run's jobs of a pass
+    given to the executor together; the runs as their last pass left them."""
+    final = list(prepared)
+    active = [i for i, p in enumerate(prepared) if p.horizon is not None]
+    number = 1
+    while active:
+        number += 1
+        going = []
+        for i in active:
+            nxt = _next_pass(final[i], number)
+            if nxt is not None:
+                final[i] = nxt
+                going.append(i)
+        jobs = [job for i in going for job in final[i].jobs]
+        if jobs:
+            executor.run(jobs)
+        active = going
+    return final
+
+
+def _next_pass(p: PreparedRun, number: int) -> PreparedRun | None:
+    """The run's next pass (its jobs written), or None where it is done: no cell is open below the
+    cap among the setups that ran ok, the last horizon reached every cap, or the baseline failed."""
+    assert p.sequential is not None and p.horizon is not None
+    pre, store = p.pre, p.store
+    cap = max(caps(p.sequential).values(), default=0)
+    base = store.read_outcome(pre.cfg.baseline.name)
+    if p.horizon >= cap or base is None or base.status != "ok":
+        return None
+    ran = [s.name for s in pre.setups if (o := store.read_outcome(s.name)) is not None and o.status == "ok"]
+    state = PassState(pre, store, p.keys, p.sequential)
+    opened = state.open_cells(ran)
+    if not opened:
+        return None
+    horizon = next_horizon(p.horizon)
+    print(f"{p.prefix}{pass_line(number, min(horizon, cap), len(opened))}", file=sys.stderr, flush=True)
+    jobs = _jobs(pre, p.opts, store, p.keys, p.sequential, p.prefix, horizon, state, ran, number)
+    return replace(p, jobs=jobs, horizon=horizon)
 
 
 def _announce(results: Results) -> None:
@@ -173,33 +224,73 @@ def prepare(pre: Preflight, opts: RunOptions, prefix: str = "") -> PreparedRun:
     seq = sequential_plan(pre)  # None while the switch is off: keys and jobs as before it existed
     if seq is not None:
         keys = sequential_keys(pre, keys, seq)
-    baseline = pre.cfg.baseline.name
     # the device's ceilings, once per run, before any setup (docs/performance.md)
     remote = cluster_address(pre.cfg.executor.address) if pre.cfg.executor.kind == "ray" else None
     ensure_ceilings(pre, store, backend_entry(pre.cfg.backend).worker_python(pre.cfg), remote)
+    horizon = state = None
+    if seq is not None:  # pass 1 of a sequential run (qeval/run/passes.py)
+        horizon = first_horizon(seq["min_docs"], seq["chunk_docs"])
+        state = PassState(pre, store, keys, seq)
+        cap = max(caps(seq).values(), default=0)
+        undecided = len(state.open_cells(s.name for s in pre.setups))
+        print(f"{prefix}{pass_line(1, min(horizon, cap), undecided)}", file=sys.stderr, flush=True)
+    jobs = _jobs(pre, opts, store, keys, seq, prefix, horizon, state)
+    return PreparedRun(pre, opts, store, keys, jobs, started, advice, seq, horizon, prefix)
+
+
+def _jobs(
+    pre: Preflight,
+    opts: RunOptions,
+    store: RunStore,
+    keys: dict[str, SetupKeys],
+    seq: dict[str, Any] | None,
+    prefix: str,
+    horizon: int | None,
+    state: PassState | None,
+    later: list[str] | None = None,
+    number: int = 1,
+) -> list[WorkerJob]:
+    """The jobs of one pass, baseline first, each with its job file written. Pass 1 (`later` None)
+    is every run's: every task not stored under its key, and a sequential run's tasks short of the
+    horizon; a later pass of a sequential run (`later`: the setups that ran ok) scores only its
+    sequential tasks still short of the new horizon, and never forces. `number`: the pass's (its
+    worker adds its times to the earlier passes': qeval/run/worker.py)."""
+    baseline = pre.cfg.baseline.name
+    first_pass = later is None
+    force = opts.force and first_pass
+    horizon_tasks = state.pending([s.name for s in pre.setups], horizon) if state is not None and horizon else {}
     jobs = []
     for setup in sorted(pre.setups, key=lambda s: s.name != baseline):
+        if not first_pass and setup.name not in (later or []):
+            continue
         k = keys[setup.name]
+        extend = horizon_tasks.get(setup.name, set())
         pending = {
-            t: k.task_key(t) for t in pre.run_tasks if opts.force or not store.is_done(setup.name, t, k.task_key(t))
+            t: k.task_key(t)
+            for t in pre.run_tasks
+            if t in extend or (first_pass and (force or not store.is_done(setup.name, t, k.task_key(t))))
         }
         if seq is not None and setup.name != baseline:  # a group cell's members are scored together
             pending = widen_pending(seq, pending, k.task_key)
         outcome = store.read_outcome(setup.name)
-        perf = perf_key(k.parts, pre.cfg) if pre.cfg.performance.enabled else None
+        perf = perf_key(k.parts, pre.cfg) if pre.cfg.performance.enabled and first_pass else None
         perf_stored = outcome.performance if outcome else None
         perf_pending = perf is not None and (
-            opts.force or perf_stored is None or perf_stored.key != perf or perf_stored.status != "ok"
+            force or perf_stored is None or perf_stored.key != perf or perf_stored.status != "ok"
         )
+        if not first_pass and not pending:  # a later pass: every cell of this setup decided, or at the horizon
+            continue
         if not pending and not perf_pending and outcome and outcome.status == "ok" and outcome.key == k.key:
             print(
                 f"{prefix}{setup.name}: all {len(pre.run_tasks)} tasks stored, skipped (use --force to recompute)",
                 file=sys.stderr,
             )
             continue
-        if opts.force:  # recompute everything: not even an interrupted task's saved chunks are taken up
+        if force:  # recompute everything: not even an interrupted task's saved chunks are taken up
             clear_scratch(store.scratch_dir(setup.name))
-        jobs.append(_job(pre, store, setup, pending, k, baseline, prefix, perf if perf_pending else None, seq))
+        # the pass's horizon, and whether a cell stored at an earlier one is carried on from (not under --force)
+        job_seq = seq if seq is None else seq | {"horizon": horizon, "carry": not force, "pass": number}
+        jobs.append(_job(pre, store, setup, pending, k, baseline, prefix, perf if perf_pending else None, job_seq))
     # a setup whose KL reference is the baseline's top-k waits for the baseline's job
     if jobs and jobs[0].name == baseline:
         first = jobs[0].id
@@ -208,7 +299,7 @@ def prepare(pre: Preflight, opts: RunOptions, prefix: str = "") -> PreparedRun:
             replace(j, after=(first,)) if seq is not None or any(t in j.job.reference for t in j.job.tasks) else j
             for j in jobs[1:]
         ]
-    return PreparedRun(pre, opts, store, keys, jobs, started, advice)
+    return jobs
 
 
 def _advise(pre: Preflight, opts: RunOptions, store: RunStore) -> Advice | None:

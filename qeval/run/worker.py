@@ -65,8 +65,23 @@ def run_job(job: Job) -> int:
         outcome.error = _failure(exc, setup)
         outcome.traceback = traceback.format_exc(limit=8)
     outcome.timings["total_s"] = round(time.time() - t0, 2)
+    if current is not None and job.sequential is not None and int(job.sequential.get("pass", 1)) > 1:
+        _after_a_pass(outcome, current, list(job.tasks))
     atomic_write_json(store.setup_path(setup.name), outcome.model_dump(mode="json"))
     return 0 if outcome.status == "ok" else 1
+
+
+def _after_a_pass(outcome: Outcome, before: Outcome, tasks: list[str]) -> None:
+    """A later pass of a sequential run (qeval/run/passes.py) scored only the extensions of some
+    tasks: the setup's times are the passes' together (loading, the whole job, each task carried
+    on), and its memory the first pass's, which scored every task (a pass's smaller peak is not
+    the scoring peak), as a rerun for the performance phase alone keeps it."""
+    # what this pass timed (the rest of `timings` is the earlier passes', carried over as it was)
+    for key in ("load_s", "total_s", *(f"{t}_s" for t in tasks)):
+        if key in outcome.timings and key in before.timings:
+            outcome.timings[key] = round(outcome.timings[key] + before.timings[key], 2)
+    if before.memory:
+        outcome.memory = before.memory
 
 
 def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: Job, outcome: Outcome) -> None:
@@ -139,6 +154,8 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: Job, outcome: Out
             baseline_records=None
             if setup.name == job.baseline
             else lambda task: store.read_samples(job.baseline, task),
+            # a sequential cell stored at an earlier pass's horizon carries on from it (not under --force)
+            stored=lambda task: _stored(store, setup.name, job, task),
         )
         try:
             for kind, names in names_by_kind(job.task_kinds, list(job.tasks)).items():
@@ -146,7 +163,9 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: Job, outcome: Out
         except BaseException:  # a task that failed or was interrupted: its saved chunks stay, to resume
             clear_scratch(scratch, keep_states=True)
             raise
-        clear_scratch(scratch)  # every task stored: their spools were moved out, nothing is left to resume
+        # every task stored: their spools were moved out, nothing is left to resume; but for a sequential
+        # run's tasks stopped at a pass's horizon, whose saved states the next pass carries on from
+        clear_scratch(scratch, keep_states=job.sequential is not None)
         outcome.memory = backend.memory()
         if non_finite:  # after every task (the finite ones are stored), before timing a setup that scored nothing
             outcome.quantization = backend.quant_info
@@ -165,6 +184,16 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: Job, outcome: Out
         outcome.library_versions = backend.library_versions()
     finally:
         backend.close()
+
+
+def _stored(store: RunStore, setup: str, job: Job, task: str) -> tuple[list[Any], Any] | None:
+    """This setup's records and top-k of a sequential task stored under the job's key for it, for
+    a later pass to carry on from (qeval/run/passes.py); None under --force, or where there are none."""
+    if job.sequential is None or not job.sequential.get("carry", True):
+        return None
+    if task not in job.tasks or not store.is_done(setup, task, job.tasks[task]):
+        return None
+    return store.read_samples(setup, task), store.read_topk(setup, task)
 
 
 def _reference(store: RunStore, job: Job, task: str) -> Any:

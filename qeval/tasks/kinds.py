@@ -34,6 +34,7 @@ from qeval.plugins import load_entry
 from qeval.tasks.scoring import TaskResult, n_requests, score_task
 
 if TYPE_CHECKING:
+    import numpy as np
     from pydantic import BaseModel
 
     from qeval.backends.base import Backend, Progress
@@ -89,6 +90,11 @@ class Scoring:
     #: the baseline's stored records of a task (a sequential setup's gates are tested against
     #: them after each chunk); None for the baseline itself
     baseline_records: Callable[[str], list[SampleRecord]] | None = None
+    #: this setup's own records and top-k of a task stored under the job's key for it, or None: what
+    #: a sequential cell stored at an earlier pass's horizon carries on from (qeval/tasks/sequential.py)
+    stored: Callable[[str], tuple[list[SampleRecord], dict[str, np.ndarray] | None] | None] = field(
+        default=lambda _task: None
+    )
 
 
 @dataclass(frozen=True)

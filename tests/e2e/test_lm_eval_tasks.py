@@ -356,7 +356,11 @@ def test_a_sequential_run_stops_decided_cells_and_reports_where(tmp_path: Path) 
             assert len(records) == 24 and c["verdict"] == "inconclusive"
             assert "not decided after 24 of 24" in md
     base = next(s for s in r["setups"] if s["baseline"])
-    assert base["tasks"]["arc_easy_local"]["n"] == 24 == base["tasks"]["mmlu_local"]["n"]  # the baseline: to the cap
+    # pass 1's horizon (4 x the first look at the floor, 8) is past the cap: the baseline scores to it, in one pass
+    assert base["tasks"]["arc_easy_local"]["n"] == 24 == base["tasks"]["mmlu_local"]["n"]
+    assert "sequential pass 2" not in res.stderr
+    assert seq["baseline"] == {"arc_easy_local": {"documents": 24, "total": 24}}  # (a group takes no horizon)
+    assert "arc_easy_local: baseline: 24 of 24 documents" in md
     # int8 on this model changes next to no answer: far inside a 0.5-point gate, both cells stop early
     assert decided == 2 and seq["documents"] < seq["total"]
     assert "## Sequential gates" in md and "Judged by the fixed-n interval at the end" in md

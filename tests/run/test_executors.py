@@ -228,6 +228,10 @@ def test_a_sequential_remote_worker_gets_the_baseline_records_it_stops_on(tmp_pa
     store.samples_path("bf16", "ppl").write_bytes(b'{"sample_id": "0"}\n')  # not a sequential task: stays
     assert int8.inputs() == {"samples/bf16/addition.jsonl": b'{"sample_id": "0"}\n'}
     assert base.inputs() == {} and jobs["int8"].inputs() == {}  # the switch off: as before
+    # a native cell the baseline stored at a pass's horizon travels with its next pass's job, to carry on from
+    store.meta_path("bf16", "addition").write_text('{"key": "k"}')
+    assert set(base.inputs()) == {"samples/bf16/addition.jsonl", "samples/bf16/addition.meta.json"}
+    assert jobs["bf16"].inputs() == {}  # the switch off: as before
     with pytest.raises(RefusedFile):  # and it may not send them back
         int8.allowed("samples/bf16/addition.jsonl")
     # a group cell: its members' records (here a stand-in group of one member, ppl)

@@ -64,6 +64,7 @@ def score(tmp_path_factory: pytest.TempPathFactory) -> Any:
         progress: Any = None,
         order: dict[str, list[list[int]]] | None = None,
         stop: Any = None,
+        until: dict[str, int] | None = None,
     ) -> dict[str, Any]:
         session = _session(cfg)
         try:
@@ -79,6 +80,7 @@ def score(tmp_path_factory: pytest.TempPathFactory) -> Any:
                 resume_keys=resume_keys,
                 order=order,
                 stop=stop,
+                until=until,
             )
         finally:
             session.close()
@@ -369,3 +371,64 @@ def test_a_killed_sequential_scoring_resumes_at_its_last_look(
     assert [(r.metrics or {})["acc"] for r in records] == [(r.metrics or {})["acc"] for r in expected]
     again_verdict = cell(plan, task, flat, base, records)
     assert again_verdict == verdict
+
+
+def test_a_sequential_task_carries_on_across_pass_horizons(score: Any, tmp_path: Path) -> None:
+    """A sequential run's task scored in passes (qeval/run/passes.py): stopped at each pass's horizon
+    (4, then 8 of 10 documents), stored as it stands, and carried on by the next pass from its saved
+    state, never scoring a document twice (the backend's calls counted), it ends with what one call
+    to the cap gives: the same documents, prompts (the few-shot sampler carried on), scores and
+    top-k. A setup scored against the baseline's top-k stored at a horizon (a prefix of the order)
+    gets its KL, request by request."""
+    from qeval.analysis.sequential_run import leaf_chunks
+    from qeval.records.spool import TopkReader, clear_scratch
+    from qeval.records.store import RunStore
+
+    task, chunk = "arc_easy_local", 2
+    order = leaf_chunks({"seed": 5, "max_docs": None, "chunk_docs": chunk}, {task: 10})
+    straight = score(chunk, names=[task], order=order)[task]
+    expected = list(straight.records)
+
+    store, keys = RunStore(tmp_path / "run"), {task: "key-base"}
+    scratch = store.scratch_dir("base")  # as the worker's: inside the run directory, spools moved into it
+    calls: list[int] = []
+    stored: list[list[Any]] = []
+    for horizon in (4, 8, 12):  # the last past the cap (10): scored to it
+        watched = _Watched(None)
+        result = score(
+            chunk,
+            names=[task],
+            order=order,
+            scratch=scratch,
+            resume_keys=keys,
+            until={task: horizon},
+            wrap=_wrap(watched),
+        )[task]
+        calls.append(len(watched.calls))
+        store.write_task("base", task, "key-base", result.records, result.metrics, {}, result.topk)
+        clear_scratch(scratch, keep_states=True)  # what the worker leaves at the end of a sequential job
+        stored.append(store.read_samples("base", task))
+        if horizon == 4:  # the baseline's top-k at pass 1's horizon: what a setup pairs with in pass 1
+            (tmp_path / "four.npz").write_bytes(store.topk_path("base", task).read_bytes())
+    # one backend call a chunk: 2 chunks, 2 more, the last one; no chunk twice
+    assert calls == [2, 2, 1]
+    assert [len(x) for x in stored] == [4, 8, 10]
+    for part in stored:  # each pass's stored records: a prefix of the straight run's
+        assert [r.doc_id for r in part] == [r.doc_id for r in expected[: len(part)]]
+        assert [r.prompt for r in part] == [r.prompt for r in expected[: len(part)]]
+    final = stored[-1]
+    assert [r.doc_id for r in final] == [r.doc_id for r in expected]
+    for a, b in zip(expected, final, strict=True):
+        assert b.prompt == a.prompt and b.prediction == a.prediction and b.metrics == a.metrics, a.doc_id
+        assert np.allclose(b.loglikelihoods or [], a.loglikelihoods or [], atol=1e-4), a.doc_id
+    assert straight.metrics["acc"]["value"] == pytest.approx(result.metrics["acc"]["value"])
+    topk = store.read_topk("base", task)
+    straight_topk = straight.topk  # held in memory (no scratch folder): a dict
+    assert topk is not None and np.array_equal(topk["offsets"], straight_topk["offsets"])
+    assert np.allclose(topk["token_logprobs"], straight_topk["token_logprobs"], atol=1e-4)
+
+    # a setup against the baseline's top-k stored at a horizon (its first 4 documents): KL on each record
+    with TopkReader(tmp_path / "four.npz") as ref:
+        against = score(chunk, {task: ref}, names=[task], order=order, keep_topk=False, until={task: 4})[task]
+    got = list(against.records)
+    assert len(got) == 4 and all(r.kl is not None and r.kl < 1e-3 for r in got)

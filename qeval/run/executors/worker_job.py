@@ -69,7 +69,9 @@ class WorkerJob:
         baseline's top-k of each pending perplexity task (the KL reference), and in a sequential
         run the baseline's records of each pending sequential task or group cell's member (what the
         worker's monitor tests the setup's gates against after each chunk: without them it would
-        never stop early)."""
+        never stop early), and the setup's own stored native and long-context cells (a later pass
+        carries on from them: qeval/run/passes.py; an lm-eval task's saved state stays on the node
+        it ran on, so there it scores again from its first document: the same records)."""
         wanted = [self.store.setup_path(self.name)]
         for task in self.job.tasks:
             ref = self.job.reference.get(task)
@@ -81,6 +83,14 @@ class WorkerJob:
                 and task in monitored_tasks(self.job.sequential)
             ):
                 wanted.append(self.store.samples_path(self.job.baseline, task))
+            if (
+                self.job.sequential is not None
+                and task in self.job.sequential["tasks"]
+                and self.job.task_kinds.get(task) in ("native", "long_context")
+                and self.store.meta_path(self.name, task).is_file()
+            ):  # a native cell stored at an earlier pass's horizon: what the next pass carries on from
+                wanted += [self.store.samples_path(self.name, task), self.store.topk_path(self.name, task)]
+                wanted.append(self.store.meta_path(self.name, task))
         return {p.relative_to(self.store.root).as_posix(): p.read_bytes() for p in wanted if p.is_file()}
 
     def allowed(self, rel: str) -> tuple[int, Path]:

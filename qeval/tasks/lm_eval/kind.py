@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qeval.analysis.sequential_run import Monitor, leaf_chunks
+from qeval.analysis.sequential_run import Monitor, cell_units, leaf_chunks, pass_horizons
 from qeval.config.chat import merge_think_end
 from qeval.records.keys import key_of
 from qeval.tasks.chat import ChatResolver, task_chat
@@ -83,6 +83,9 @@ def score(ctx: Scoring, names: list[str]) -> None:
                 resume_keys=keys,
                 order=order,
                 stop=stop,
+                # a sequential run's pass: its sequential tasks score up to the horizon (qeval/run/passes.py)
+                until=pass_horizons(ctx.sequential, names),
+                together=cell_units(seq, names),
             )
         seconds = round((time.time() - t0) / len(names), 2)  # the tasks were scored together: their time shared out
         for name, result in results.items():

@@ -171,7 +171,8 @@ class _References:
         self.taken[task] += n
         if refs is None:
             return None
-        return refs.take(n) if isinstance(refs, TopkReader) else refs[start : start + n]
+        taken = refs.take(n) if isinstance(refs, TopkReader) else refs[start : start + n]
+        return taken if len(taken) == n else None  # past a prefix's end (qeval/run/passes.py): no KL, never a wrong one
 
     def skip(self, task: str, n: int) -> None:
         """Pass over `task`'s first `n` references (the requests of chunks scored before a
@@ -184,10 +185,16 @@ class _References:
 
 
 def _leaf_references(
-    session: LmEvalSession, leaf: str, ref: dict[str, np.ndarray] | TopkReader | None, n_requests: int
+    session: LmEvalSession,
+    leaf: str,
+    ref: dict[str, np.ndarray] | TopkReader | None,
+    n_requests: int,
+    prefix: bool = False,
 ) -> list[Reference] | TopkReader | None:
     """The baseline's stored top-k of `leaf` (its `n_requests` requests) per request; None where
-    it holds other data (a different document count or choice count: no KL, never a wrong one)."""
+    it holds other data (a different document count or choice count: no KL, never a wrong one).
+    `prefix`: a sequential leaf, whose baseline may have scored only a prefix of the same order
+    (a pass's horizon): a stored file of fewer requests is taken (its requests come first)."""
     if ref is None:
         return None
     info = session.infos[leaf]
@@ -197,8 +204,9 @@ def _leaf_references(
         return split_reference(ref, info.n_docs)
     if info.output_type in ("multiple_choice", "loglikelihood"):
         if isinstance(ref, TopkReader):
-            return ref if ref.n_requests == n_requests else None
-        return request_references(ref, n_requests)
+            return ref if ref.n_requests == n_requests or (prefix and ref.n_requests < n_requests) else None
+        held = len(ref["offsets"]) - 1
+        return request_references(ref, held if prefix and held < n_requests else n_requests)
     return None
 
 
@@ -234,6 +242,8 @@ def score_lm_eval(
     resume_keys: Mapping[str, str] | None = None,
     order: Mapping[str, list[list[int]]] | None = None,
     stop: Callable[[dict[str, list[SampleRecord]]], set[str]] | None = None,
+    until: Mapping[str, int] | None = None,
+    together: Mapping[str, str] | None = None,
 ) -> dict[str, TaskResult]:
     """Score `leaves` through lm-eval's evaluate(), `chunk_docs` documents a call (every leaf's
     chunk in the same call: one batched backend call per request type); per leaf, qeval's
@@ -253,18 +263,34 @@ def score_lm_eval(
     the seeded order (cut at the cap) chunk by chunk (`leaf_chunks`: a group member's share of each
     of its group's chunks, possibly none), and `stop`, asked after each chunk with every leaf's new
     records (on resume, with all each has), names the leaves whose gate is decided (a group's: all
-    its members): they score no further."""
+    its members): they score no further. `until`: per leaf, the pass's horizon (a multiple of
+    `chunk_docs`): a leaf scores no further than its first `until[leaf] // chunk_docs` chunks; one
+    stopped there is stored as it stands and keeps its saved state (and spools), and the next pass,
+    under the same keys, carries on from it (qeval/run/passes.py). A sequential run scores each
+    ordered leaf in an `evaluate()` group of its own (`together`: leaf -> its unit, a group cell's
+    members one unit), so that its state's key does not depend on which other tasks a pass still
+    scores."""
     from lm_eval.evaluator import evaluate
 
+    assert all(h % chunk_docs == 0 for h in (until or {}).values()), (
+        "a horizon falls at a look: a multiple of chunk_docs"
+    )
     counts = requests if requests is not None else leaf_requests(session, leaves)
+    ordered = {leaf for leaf in leaves if order is not None and leaf in order}
     refs = _References(
-        {leaf: _leaf_references(session, leaf, (references or {}).get(leaf), counts[leaf]) for leaf in leaves}
+        {
+            # a sequential leaf pairs with the baseline's prefix of the same order: it may hold fewer requests
+            leaf: _leaf_references(session, leaf, (references or {}).get(leaf), counts[leaf], leaf in ordered)
+            for leaf in leaves
+        }
     )
     lm = make_lm(backend, refs, progress, {leaf: session.infos[leaf].think_end_token for leaf in leaves})
-    by_chat: dict[str | None, list[str]] = defaultdict(list)  # one evaluate() per chat settings
+    # one evaluate() per chat settings (and per ordered leaf: see the docstring)
+    by_chat: dict[tuple[str | None, str | None], list[str]] = defaultdict(list)
     for leaf in leaves:
         chat = session.chats.get(leaf)
-        by_chat[chat.sha256 if chat is not None else None].append(leaf)
+        unit = (together or {}).get(leaf, leaf) if leaf in ordered else None
+        by_chat[(chat.sha256 if chat is not None else None, unit)].append(leaf)
     results: dict[str, TaskResult] = {}
     for group in by_chat.values():
         chat = session.chats.get(group[0])
@@ -293,17 +319,24 @@ def score_lm_eval(
                     "chat": chat.sha256 if chat is not None else None,
                 }
             )
+        # where each leaf stops this call, in chunks: all of them, or an ordered leaf's horizon
+        end = {
+            leaf: min(len(c), until[leaf] // chunk_docs) if until and leaf in until else len(c)
+            for leaf, c in chunks.items()
+        }
         built, first = _resumed(session, group, scratch, key, keep_topk, refs, progress)
         stopped = stop({leaf: _records_so_far(built[leaf]) for leaf in group}) if first and stop is not None else set()
         # `start`: the chunk's first position (what a saved state's next_start counts in)
-        for start in range(first, chunk_docs * max((len(c) for c in chunks.values()), default=0), chunk_docs):
+        for start in range(first, chunk_docs * max(end.values(), default=0), chunk_docs):
             # never an empty list: lm-eval reads `samples=[]` as "every document"; ascending, as
             # lm-eval maps its own numbering back to `samples` in the set's order
             j = start // chunk_docs
-            samples = {leaf: sorted(c[j]) for leaf, c in chunks.items() if j < len(c) and c[j] and leaf not in stopped}
+            samples = {
+                leaf: sorted(c[j]) for leaf, c in chunks.items() if j < end[leaf] and c[j] and leaf not in stopped
+            }
             if not samples:
-                if not any(leaf not in stopped and any(c[j:]) for leaf, c in chunks.items()):
-                    break  # every leaf decided, or at its cap
+                if not any(leaf not in stopped and any(c[j : end[leaf]]) for leaf, c in chunks.items()):
+                    break  # every leaf decided, or at its cap or horizon
                 continue  # (a group member's empty share, its group's other members decided elsewhere)
             lm.chunk_ids = samples
             out = evaluate(
@@ -330,7 +363,11 @@ def score_lm_eval(
             if key is not None and scratch is not None:  # the chunk is on disk: a rerun carries on after it
                 key = key if _save(scratch, key, start + chunk_docs, session, built, refs) else None
             release_free_memory()  # else glibc keeps what the chunk freed, and the RSS climbs chunk by chunk
-        results |= {leaf: built[leaf].result(session) for leaf in group}
+        # stopped at the horizon, undecided, short of its documents: stored as it stands, its state kept
+        paused = {leaf for leaf in group if end[leaf] < len(chunks[leaf]) and leaf not in stopped}
+        results |= {leaf: built[leaf].result(session, paused=leaf in paused) for leaf in group}
+        if key is not None and scratch is not None and ordered.issuperset(group) and not paused:
+            resume.discard(scratch, key)  # a sequential task done (decided, or at the cap): no pass takes it up
     return {leaf: results[leaf] for leaf in leaves}
 
 
@@ -375,7 +412,7 @@ def _resumed(
                 progress(saved.leaves[leaf].requests_done)
             print(
                 f"lm-eval {', '.join(group)}: carrying on from document {saved.next_start} (the chunks before it "
-                "were scored by an interrupted run)",
+                "were scored by an interrupted run, or an earlier pass of a sequential run)",
                 file=sys.stderr,
                 flush=True,
             )
@@ -507,8 +544,10 @@ class _LeafResult:
         self.records.extend(records)
         return records
 
-    def result(self, session: LmEvalSession) -> TaskResult:
-        """The leaf's TaskResult over every chunk: lm-eval's aggregation of every document's values."""
+    def result(self, session: LmEvalSession, paused: bool = False) -> TaskResult:
+        """The leaf's TaskResult over every chunk: lm-eval's aggregation of every document's values.
+        `paused`: stopped at a sequential pass's horizon: its spools stay as its saved state names
+        them (the next pass appends to them) and the result holds copies, which the store takes."""
         # lm-eval 0.4.13: what evaluate() aggregates a task's per-document values with
         from lm_eval.evaluator_utils import _compute_task_aggregations
 
@@ -523,20 +562,22 @@ class _LeafResult:
             if not isinstance(stderr, (int, float)):  # bootstrap_iters=0 leaves it out; a mean's is closed form
                 stderr = _mean_stderr([_scalar(v) for v in self.raw_metrics.get((name, filt), [])])
             metrics[qname] = {"value": float(value), "stderr": float(stderr) if stderr is not None else None}
-        if isinstance(self.records, RecordSpool):
-            self.records.finish()
+        records = self.records
+        if isinstance(records, RecordSpool):
+            records.finish()
+            records = records.copy() if paused else records
         output_type = session.infos[self.leaf].output_type
         packs = self.packs if self.topk_ok and output_type in KL_OUTPUT_TYPES else None
-        if isinstance(self.packs, TopkSpool) and packs is None:
+        if isinstance(self.packs, TopkSpool) and packs is None and not paused:
             self.packs.discard()
         topk: dict[str, np.ndarray] | TopkSpool = {}
         if isinstance(packs, TopkSpool):
-            topk = packs if packs else {}
+            topk = (packs.copy() if paused else packs) if packs else {}
         elif packs:
             topk = concat_topk(packs)
         if output_type not in KL_OUTPUT_TYPES:
-            return TaskResult(self.records, metrics, {})
-        return TaskResult(self.records, metrics, topk, self.tokens.summary())
+            return TaskResult(records, metrics, {})
+        return TaskResult(records, metrics, topk, self.tokens.summary())
 
 
 def _record(
