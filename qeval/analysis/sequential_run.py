@@ -157,6 +157,15 @@ def check(pre: Preflight) -> list[str]:
     p = plan(pre)
     if p is None:
         return []
+    run = set(pre.run_tasks)
+    for group, spec in p["tasks"].items():  # a group cell is scored and decided whole, or not at all
+        some = [m for m in spec.get("members") or [] if m in run]
+        if some and len(some) < len(spec["members"]):
+            raise UserError(
+                f"--tasks: {some[0]} is a member of the lm-eval group {group}, which a sequential run decides "
+                f"as one cell on its pooled documents: name {group} in --tasks (all its members), or switch "
+                "sequential off"
+            )
     if p["tasks"]:
         cap = p["max_docs"]
         short = {t: min(s["n_docs"], cap or s["n_docs"]) for t, s in p["tasks"].items()}
@@ -302,8 +311,21 @@ def leaf_chunks(plan_json: dict[str, Any], n_docs: Mapping[str, int]) -> dict[st
 
 
 def capped_docs(plan_json: dict[str, Any], n_docs: Mapping[str, int]) -> dict[str, int]:
-    """Per task, the documents a setup scores at most (the cap, over a group's pooled set)."""
+    """Per lm-eval leaf (or task), the documents a setup scores of it at most: the cap, or a group
+    member's share of its group's capped pooled order. Per cell: `cell_caps`."""
     return {t: sum(len(c) for c in chunks) for t, chunks in leaf_chunks(plan_json, n_docs).items()}
+
+
+def cell_caps(plan_json: dict[str, Any]) -> dict[str, int]:
+    """Per cell (a task, or a group over its pooled set), the documents it is scored to at most:
+    `max_docs`, else the whole set (what `seeded_order` and `group_order` cut at)."""
+    cap = plan_json["max_docs"]
+    return {t: min(spec["n_docs"], cap or spec["n_docs"]) for t, spec in plan_json["tasks"].items()}
+
+
+def cell_members(plan_json: dict[str, Any], cell_name: str) -> list[str]:
+    """The tasks a cell's records are stored under: a group's members, or the task itself."""
+    return list(plan_json["tasks"][cell_name].get("members") or [cell_name])
 
 
 def document_order(cfg: RunConfig, task: str, n_docs: int) -> list[int]:
@@ -534,10 +556,11 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
     full = sum(caps.get(t, infos[t].n_docs) for entry in results.setups for t in entry.tasks if t in infos)
     # how far the baseline scored each sequential task: the last pass's horizon, at most the cap
     base_entry = next((e for e in results.setups if e.name == base), None)
+    cell_cap = cell_caps(plan_json)
     baseline_docs = {
-        t: SequentialBaseline(documents=base_entry.tasks[t].n, total=len(task_order(plan_json, infos[t])[1]))
+        t: SequentialBaseline(documents=base_entry.tasks[t].n, total=cell_cap[t])
         for t in plan_json["tasks"]
-        if base_entry is not None and t in base_entry.tasks and t in infos
+        if base_entry is not None and t in base_entry.tasks
     }
     block = SequentialRun(
         method="betting confidence sequence (Waudby-Smith & Ramdas 2023)",
@@ -569,8 +592,11 @@ def cell_units(plan_json: dict[str, Any] | None, names: Sequence[str]) -> dict[s
 def pass_horizons(plan_json: dict[str, Any] | None, names: Sequence[str]) -> dict[str, int] | None:
     """Per sequential task of `names`, the horizon of the pass in progress (qeval/run/passes.py):
     where its scoring stops this pass, undecided or not. None outside a sequential run's pass. A
-    group cell's members get none: a group is scored to the cap (or its decision) in the first
-    pass (qeval/run/passes.py extends single tasks only)."""
+    group cell's members get the horizon too: their chunks are shares of the group's pooled chunks
+    (`leaf_chunks`), so the horizon counts the group's pooled documents and all its members pause at
+    the same look."""
     if plan_json is None or plan_json.get("horizon") is None:
         return None
-    return {n: int(plan_json["horizon"]) for n in names if n in plan_json["tasks"]}
+    group_of = _group_of(plan_json)
+    cells = plan_json["tasks"]
+    return {n: int(plan_json["horizon"]) for n in names if n in cells or group_of.get(n) in cells}

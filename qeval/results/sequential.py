@@ -44,8 +44,9 @@ class SequentialCell(ResultModel):
 
 
 class SequentialBaseline(ResultModel):
-    """How far the baseline scored one sequential task: as far as its furthest undecided cell needed
-    (the last pass's horizon, at most the cap: qeval/run/passes.py), not necessarily the cap."""
+    """How far the baseline scored one sequential task (a group: its pooled documents): as far as its
+    furthest undecided cell needed (the last pass's horizon, at most the cap: qeval/run/passes.py),
+    not necessarily the cap."""
 
     documents: int = Field(description="documents the baseline scored (a prefix of the seeded order)")
     total: int = Field(description="the documents the task has up to the cap (what a fixed run scores)")
@@ -73,6 +74,6 @@ class SequentialRun(ResultModel):
     )
     baseline: dict[str, SequentialBaseline] = Field(
         default_factory=dict,
-        description="per sequential task, the documents the baseline scored: as far as the furthest "
+        description="per sequential task (a group: pooled), the documents the baseline scored: as far as the furthest "
         "undecided setup needed (empty in results written before the baseline scored in passes)",
     )

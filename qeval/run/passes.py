@@ -21,7 +21,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from qeval.analysis.sequential_run import cell, task_order
+from qeval.analysis.sequential_run import (
+    capped_docs,
+    cell,
+    cell_caps,
+    cell_members,
+    group_ids,
+    not_sequential,
+    pooled,
+    task_order,
+)
 
 if TYPE_CHECKING:
     from qeval.records.keys import SetupKeys
@@ -46,81 +55,110 @@ def next_horizon(horizon: int) -> int:
     return horizon * MULTIPLIER
 
 
-def caps(plan: Mapping[str, Any]) -> dict[str, int]:
-    """Each sequential task's documents up to the cap (`max_docs`, else the whole set)."""
-    cap = plan["max_docs"]
-    return {t: min(spec["n_docs"], cap or spec["n_docs"]) for t, spec in plan["tasks"].items()}
-
-
 @dataclass(frozen=True)
 class Stored:
-    """One (setup, task) pair as the store holds it under this run's key: its documents and,
-    for a cell, whether its sequence decided on them."""
+    """One (setup, cell) pair as the store holds it under this run's keys: its documents (a group's
+    pooled over its members) and, for a setup other than the baseline, whether its sequence decided
+    on them."""
 
     n: int
     decided: bool
+    #: False where the setup's records outrun the baseline's (the baseline scored again to a shorter
+    #: horizon, by an interrupted --force): no sequence until the baseline holds them all
+    paired: bool = True
 
 
 class PassState:
-    """What the store holds of a sequential run's tasks, read at the start of a pass: which pairs
-    are stored under the run's keys, with how many documents, and which cells are decided."""
+    """What the store holds of a sequential run's cells, read at the start of a pass: which pairs
+    are stored under the run's keys (a group's: every member), with how many documents, and which
+    cells are decided. A pass unit is a cell: a task, or an lm-eval group whose members are scored
+    together and pause at the same look (their horizon counts the group's pooled documents)."""
 
     def __init__(self, pre: Preflight, store: RunStore, keys: Mapping[str, SetupKeys], plan: Mapping[str, Any]) -> None:
         self.pre, self.store, self.keys, self.plan = pre, store, keys, plan
         self.baseline = pre.cfg.baseline.name
-        self.caps = caps(plan)
-        #: the sequential tasks this invocation scores (--tasks)
-        self.tasks = [t for t in pre.run_tasks if t in plan["tasks"]]
+        self.caps = cell_caps(dict(plan))
+        run = set(pre.run_tasks)
+        #: the cells this invocation scores (--tasks), each with the tasks its records are stored under
+        self.members = {c: cell_members(dict(plan), c) for c in plan["tasks"]}
+        self.members = {c: ms for c, ms in self.members.items() if all(m in run for m in ms)}
+        self.tasks = list(self.members)
         infos = {t.name: t for t in pre.tasks}
-        self._orders = {t: task_order(dict(plan), infos[t])[0] for t in self.tasks}
+        self._orders = {
+            c: group_ids(dict(plan), c) if "members" in plan["tasks"][c] else task_order(dict(plan), infos[c])[0]
+            for c in self.tasks
+        }
         self.stored: dict[tuple[str, str], Stored] = {}
-        base_records = {t: store.read_samples(self.baseline, t) for t in self.tasks if self._done(self.baseline, t)}
+        base_records = {c: self._records(self.baseline, c) for c in self.tasks if self._done(self.baseline, c)}
         for setup in pre.setups:
-            for t in self.tasks:
-                if not self._done(setup.name, t):
+            for c in self.tasks:
+                if not self._done(setup.name, c):
                     continue
-                meta = store.read_meta(setup.name, t) or {}
-                n = int(meta.get("n", 0))
-                decided = False
-                if setup.name != self.baseline and t in base_records:
-                    traj = cell(dict(plan), t, self._orders[t], base_records[t], store.read_samples(setup.name, t))
-                    decided = traj is not None and traj.stopped_at is not None
-                self.stored[(setup.name, t)] = Stored(n, decided)
+                n = sum(int((store.read_meta(setup.name, m) or {}).get("n", 0)) for m in self.members[c])
+                decided, paired = False, True
+                if setup.name != self.baseline and c in base_records:
+                    traj = cell(dict(plan), c, self._orders[c], base_records[c], self._records(setup.name, c))
+                    decided, paired = traj is not None and traj.stopped_at is not None, traj is not None
+                self.stored[(setup.name, c)] = Stored(n, decided, paired)
+        # the baseline's tasks in no cell stored short of the cap: a cell at an earlier run's horizon
+        # whose gate was since removed (same key: the baseline's holds the order, not the gate). A
+        # task in no cell is scored to the cap, so it is carried on to it, never read as whole.
+        in_cells = {m for c in plan["tasks"] for m in cell_members(dict(plan), c)}
+        # (only tasks that could be cells, on a metric in [0, 1]: the others are scored whole)
+        ordered = {t.name: t.n_docs for t in pre.tasks if not_sequential(t.kind, False, t.compared_metric) is None}
+        capped = capped_docs(dict(plan), ordered)
+        self.short = {
+            t
+            for t in self.pre.run_tasks
+            if t in capped
+            and t not in in_cells
+            and store.is_done(self.baseline, t, keys[self.baseline].task_key(t))
+            and int((store.read_meta(self.baseline, t) or {}).get("n", 0)) < capped[t]
+        }
 
-    def _done(self, setup: str, task: str) -> bool:
-        return self.store.is_done(setup, task, self.keys[setup].task_key(task))
+    def _done(self, setup: str, cell_name: str) -> bool:
+        """Whether every task of the cell is stored under the setup's key for it."""
+        k = self.keys[setup]
+        return all(self.store.is_done(setup, m, k.task_key(m)) for m in self.members[cell_name])
 
-    def is_open(self, setup: str, task: str) -> bool:
-        """A cell that may still need documents: not stored, or stored undecided below the cap."""
-        got = self.stored.get((setup, task))
-        return got is None or (not got.decided and got.n < self.caps[task])
+    def _records(self, setup: str, cell_name: str) -> list[Any]:
+        """The cell's stored records (a group's pooled: ids `member/id`, as its order's)."""
+        if "members" not in self.plan["tasks"][cell_name]:
+            return self.store.read_samples(setup, cell_name)
+        return pooled({m: self.store.read_samples(setup, m) for m in self.members[cell_name]})
+
+    def is_open(self, setup: str, cell_name: str) -> bool:
+        """A cell that may still need documents: not stored, or stored undecided below the cap, or
+        stored past the baseline's records (the baseline then extends to them, pass by pass)."""
+        got = self.stored.get((setup, cell_name))
+        return got is None or (not got.decided and (got.n < self.caps[cell_name] or not got.paired))
 
     def open_cells(self, setups: Iterable[str]) -> dict[str, list[str]]:
-        """Per setup (not the baseline) of `setups`, its open cells' tasks (setups with none left out)."""
-        out = {s: [t for t in self.tasks if self.is_open(s, t)] for s in setups if s != self.baseline}
-        return {s: ts for s, ts in out.items() if ts}
+        """Per setup (not the baseline) of `setups`, its open cells (setups with none left out)."""
+        out = {s: [c for c in self.tasks if self.is_open(s, c)] for s in setups if s != self.baseline}
+        return {s: cs for s, cs in out.items() if cs}
 
     def pending(self, setups: Iterable[str], horizon: int) -> dict[str, set[str]]:
-        """Per setup of `setups`, the sequential tasks it scores in a pass to `horizon`: a setup's
-        open cells stored short of the horizon (or not stored); the baseline's tasks stored short
-        of what the setups' open cells need (the horizon, at most the cap), or not stored."""
+        """Per setup of `setups`, the tasks it scores in a pass to `horizon` (a group cell's: all its
+        members): a setup's open cells stored short of the horizon (or not stored); the baseline's
+        cells stored short of what the setups' open cells need (the horizon, at most the cap), or
+        not stored, and any task of no cell it holds short of the cap (`short`)."""
         names = list(setups)
         opened = self.open_cells(names)
-        needed = {t for ts in opened.values() for t in ts}
+        needed = {c for cs in opened.values() for c in cs}
         out: dict[str, set[str]] = {}
         for s in names:
-            tasks = set()
-            for t in self.tasks:
-                got = self.stored.get((s, t))
-                reach = min(horizon, self.caps[t])
-                if got is None:
-                    tasks.add(t)
-                elif s == self.baseline:
-                    if t in needed and got.n < reach:
-                        tasks.add(t)
-                elif self.is_open(s, t) and got.n < reach:
-                    tasks.add(t)
-            out[s] = tasks
+            tasks: set[str] = set()
+            for c in self.tasks:
+                got = self.stored.get((s, c))
+                reach = min(horizon, self.caps[c])
+                if (
+                    got is None
+                    or (s == self.baseline and c in needed and got.n < reach)
+                    or (s != self.baseline and self.is_open(s, c) and got.n < reach)
+                ):
+                    tasks |= set(self.members[c])
+            out[s] = tasks | (self.short if s == self.baseline else set())
         return out
 
 

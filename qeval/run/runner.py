@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from qeval.analysis.assemble import assemble_results
+from qeval.analysis.sequential_run import cell_caps
 from qeval.analysis.sequential_run import plan as sequential_plan
 from qeval.analysis.sequential_run import widen as widen_pending
 from qeval.analysis.sequential_run import with_keys as sequential_keys
@@ -56,7 +57,7 @@ from qeval.run.executors import Executor, open_executor
 from qeval.run.executors.address import cluster_address
 from qeval.run.executors.resources import job_resources
 from qeval.run.executors.worker_job import WorkerJob
-from qeval.run.passes import PassState, caps, first_horizon, next_horizon, pass_line
+from qeval.run.passes import PassState, first_horizon, next_horizon, pass_line
 from qeval.run.preflight import advised_names, preflight
 from qeval.run.rundir import RunDirLock, take_run_dir
 from qeval.run.serving import serve_workload
@@ -162,7 +163,7 @@ def _next_pass(p: PreparedRun, number: int) -> PreparedRun | None:
     cap among the setups that ran ok, the last horizon reached every cap, or the baseline failed."""
     assert p.sequential is not None and p.horizon is not None
     pre, store = p.pre, p.store
-    cap = max(caps(p.sequential).values(), default=0)
+    cap = max(cell_caps(p.sequential).values(), default=0)
     base = store.read_outcome(pre.cfg.baseline.name)
     if p.horizon >= cap or base is None or base.status != "ok":
         return None
@@ -231,7 +232,7 @@ def prepare(pre: Preflight, opts: RunOptions, prefix: str = "") -> PreparedRun:
     if seq is not None:  # pass 1 of a sequential run (qeval/run/passes.py)
         horizon = first_horizon(seq["min_docs"], seq["chunk_docs"])
         state = PassState(pre, store, keys, seq)
-        cap = max(caps(seq).values(), default=0)
+        cap = max(cell_caps(seq).values(), default=0)
         undecided = len(state.open_cells(s.name for s in pre.setups))
         print(f"{prefix}{pass_line(1, min(horizon, cap), undecided)}", file=sys.stderr, flush=True)
     jobs = _jobs(pre, opts, store, keys, seq, prefix, horizon, state)
@@ -258,7 +259,9 @@ def _jobs(
     baseline = pre.cfg.baseline.name
     first_pass = later is None
     force = opts.force and first_pass
-    horizon_tasks = state.pending([s.name for s in pre.setups], horizon) if state is not None and horizon else {}
+    # a later pass: only the setups that ran ok (a failed one has no open cell to extend the baseline for)
+    scoring = later if later is not None else [s.name for s in pre.setups]
+    horizon_tasks = state.pending(scoring, horizon) if state is not None and horizon else {}
     jobs = []
     for setup in sorted(pre.setups, key=lambda s: s.name != baseline):
         if not first_pass and setup.name not in (later or []):

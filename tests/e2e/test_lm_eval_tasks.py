@@ -359,7 +359,9 @@ def test_a_sequential_run_stops_decided_cells_and_reports_where(tmp_path: Path) 
     # pass 1's horizon (4 x the first look at the floor, 8) is past the cap: the baseline scores to it, in one pass
     assert base["tasks"]["arc_easy_local"]["n"] == 24 == base["tasks"]["mmlu_local"]["n"]
     assert "sequential pass 2" not in res.stderr
-    assert seq["baseline"] == {"arc_easy_local": {"documents": 24, "total": 24}}  # (a group takes no horizon)
+    # the group cell a pass unit too, its documents pooled
+    assert seq["baseline"] == {t: {"documents": 24, "total": 24} for t in ("arc_easy_local", "mmlu_local")}
+    assert "sequential pass 1: horizon 24 documents; 1 setup still undecided" in res.stderr
     assert "arc_easy_local: baseline: 24 of 24 documents" in md
     # int8 on this model changes next to no answer: far inside a 0.5-point gate, both cells stop early
     assert decided == 2 and seq["documents"] < seq["total"]

@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from qeval.analysis.sequential_run import Monitor, cell, plan, task_order
+from qeval.analysis.sequential_run import Monitor, cell, cell_caps, group_ids, leaf_chunks, plan, pooled, task_order
 from qeval.config import RunConfig
 from qeval.records.store import RunStore
 from qeval.results.samples import SampleRecord
-from qeval.run.passes import PassState, caps, first_horizon, next_horizon, pass_line
+from qeval.run.passes import PassState, first_horizon, next_horizon, pass_line
 from tests.helpers import config_dict, sample_records
 
 N = 400
@@ -86,7 +86,7 @@ def _run(pre: Any, p: dict[str, Any], store: RunStore, values: dict[str, np.ndar
                         break
             scored[name].append([r.sample_id for r in new])
             store.write_task(name, "arc", keys[name].task_key("arc"), before + new, {}, {}, None)
-        if horizon >= max(caps(p).values()):
+        if horizon >= max(cell_caps(p).values()):
             break
         state = PassState(pre, store, keys, p)
         if not state.open_cells(setups):
@@ -163,6 +163,155 @@ def test_an_interrupted_pass_resumes_where_the_store_stands(tmp_path: Path) -> N
     # another key (a changed config): not stored under this run's, scored again
     other = PassState(pre, store, _keys(["b", "x", "y"]) | {"b": SimpleNamespace(task_key=lambda t: "new")}, p)
     assert other.pending(["b", "x", "y"], 160)["b"] == {"arc"}
+
+
+def test_a_task_no_longer_a_cell_is_carried_on_to_the_cap_and_a_failed_setup_extends_nothing(tmp_path: Path) -> None:
+    """The baseline's task stored at an earlier run's horizon (160 of 400) and no cell now (its gate
+    removed: the baseline's key holds the order, not the gate) is not read as whole: the baseline
+    carries it on to the cap. The baseline extends a cell only for the setups that score this pass:
+    a setup that failed (nothing stored) and is left out asks for nothing. And a setup's records
+    that outrun the baseline's (the baseline scored again, shorter) keep its cell open until the
+    baseline holds them all."""
+    base = np.ones(N)
+    pre, p, store = _setup(base, {"x": base}, tmp_path)
+    ids, _ = task_order(p, pre.tasks[0])
+    store.write_task("b", "arc", "key-b-arc", _records(base, ids[:160]), {}, {}, None)  # pass 1, an earlier run
+    ungated: Any = SimpleNamespace(**vars(pre))
+    ungated.cfg = pre.cfg.model_copy(update={"gates": []})
+    q = plan(ungated)
+    assert q is not None and q["tasks"] == {}
+    state = PassState(ungated, store, _keys(["b", "x"]), q)
+    assert state.short == {"arc"} and state.pending(["b", "x"], 160)["b"] == {"arc"}
+    store.write_task("b", "arc", "key-b-arc", _records(base, ids), {}, {}, None)  # carried on to the cap
+    assert PassState(ungated, store, _keys(["b", "x"]), q).pending(["b", "x"], 160)["b"] == set()
+    # gated again: x decided inside 160 (identical), y failed in pass 1 with nothing stored
+    store.write_task("b", "arc", "key-b-arc", _records(base, ids[:160]), {}, {}, None)
+    store.write_task("x", "arc", "key-x-arc", _records(base, ids[:60]), {}, {}, None)
+    pre3, p3, _ = _setup(base, {"x": base, "y": base}, tmp_path / "three")
+    state = PassState(pre3, store, _keys(["b", "x", "y"]), p3)
+    assert state.short == set()  # a cell: its horizon is the passes' business
+    assert state.pending(["b", "x"], 640)["b"] == set()  # the setups that ran ok: nothing open
+    assert state.pending(["b", "x", "y"], 640)["b"] == {"arc"}  # (y counted: what the runner no longer asks)
+
+    # the baseline scored again to a shorter horizon (an interrupted --force) than x's stored records:
+    # x's cell is open until the baseline holds them all, and the baseline extends, never x
+    store.write_task("x", "arc", "key-x-arc", _records(np.where(np.arange(N) % 5 == 0, 0.0, 1.0), ids), {}, {}, None)
+    state = PassState(pre3, store, _keys(["b", "x", "y"]), p3)
+    assert not state.stored[("x", "arc")].paired and state.open_cells(["b", "x"]) == {"x": ["arc"]}
+    assert state.pending(["b", "x"], 640) == {"b": {"arc"}, "x": set()}
+    store.write_task("b", "arc", "key-b-arc", _records(base, ids), {}, {}, None)
+    state = PassState(pre3, store, _keys(["b", "x", "y"]), p3)
+    assert state.stored[("x", "arc")].paired and state.open_cells(["b", "x"]) == {}
+
+
+MEMBERS = {"m_a": 150, "m_b": 90, "m_c": 60}  # a group of 300 pooled documents
+
+
+def _group_setup(setups: list[str], tmp_path: Path) -> tuple[Any, dict[str, Any], RunStore]:
+    cfg = RunConfig.model_validate(
+        config_dict(
+            sequential={"enabled": True, "chunk_docs": 20, "min_docs": 20, "seed": 3},
+            gates=[{"task": "all", "max_drop": 0.2}],
+            setups=[{"name": "b", "baseline": True}] + [{"name": s, "weights": "int8"} for s in setups],
+            lm_eval={"tasks": [{"name": "grp"}], "suites": []},
+        )
+    )
+    infos = [
+        SimpleNamespace(name=m, kind="lm_eval", entry="grp", compared_metric="acc", n_docs=n)
+        for m, n in MEMBERS.items()
+    ]
+    pre = SimpleNamespace(
+        cfg=cfg,
+        tasks=infos,
+        run_tasks=list(MEMBERS),
+        groups={"grp": list(MEMBERS)},
+        setups=[SimpleNamespace(name=n) for n in ["b", *setups]],
+    )
+    p = plan(pre)  # type: ignore[arg-type]
+    assert p is not None and p["tasks"]["grp"]["members"] == list(MEMBERS)
+    return pre, p, RunStore(tmp_path / "run")
+
+
+def _run_group(pre: Any, p: dict[str, Any], store: RunStore, values: dict[str, np.ndarray]) -> dict[str, list[int]]:
+    """The runner's passes over a group cell, each setup's scoring stood in for as the lm-eval loop
+    scores a group (qeval/tasks/lm_eval/scoring.py): its members' shares of the pooled chunks
+    (`leaf_chunks`) up to the horizon, the monitor asked once a chunk with every member's records.
+    `values`: per setup, a value per pooled document in the group's order. Returns, per setup, the
+    pooled documents each pass scored."""
+    keys = _keys(list(values))
+    ids = group_ids(p, "grp")
+    chunks = leaf_chunks(p, MEMBERS)
+    n_chunks = len(chunks["m_a"])
+    scored: dict[str, list[int]] = {n: [] for n in values}
+    horizon = first_horizon(p["min_docs"], p["chunk_docs"])
+    state = PassState(pre, store, keys, p)
+    assert pass_line(1, horizon, len(state.open_cells(values))) == (
+        "sequential pass 1: horizon 80 documents; 2 setups still undecided"  # the group cell counts
+    )
+    while True:
+        pending = state.pending(list(values), horizon)
+        for name in values:
+            if not pending[name]:
+                continue
+            assert pending[name] == set(MEMBERS)  # a group's members together, or none
+            held = {m: store.read_samples(name, m) for m in MEMBERS}
+            monitor = Monitor.for_leaves(p, list(MEMBERS), lambda m: store.read_samples("b", m))
+            if name != "b":
+                monitor.chunk(held)  # on resume: all each has so far
+            start = sum(len(r) for r in held.values()) // p["chunk_docs"]
+            new = 0
+            for j in range(start, min(horizon // p["chunk_docs"], n_chunks)):
+                added = {}
+                for m in MEMBERS:
+                    docs = chunks[m][j]
+                    added[m] = _records(values[name], [str(ids.index(f"{m}/{i}")) for i in docs])
+                    added[m] = [r.model_copy(update={"sample_id": str(i)}) for r, i in zip(added[m], docs, strict=True)]
+                    held[m] += added[m]
+                new += sum(len(a) for a in added.values())
+                if name != "b" and monitor.chunk(added):
+                    break
+            scored[name].append(new)
+            for m in MEMBERS:
+                store.write_task(name, m, keys[name].task_key(m), held[m], {}, {}, None)
+        if horizon >= max(cell_caps(p).values()):
+            break
+        state = PassState(pre, store, keys, p)
+        if not state.open_cells(values):
+            break
+        horizon = next_horizon(horizon)
+    return scored
+
+
+def test_a_group_cell_is_a_pass_unit_its_horizon_in_pooled_documents(tmp_path: Path) -> None:
+    """A gated lm-eval group is one pass unit: the baseline scores its members' shares of the
+    group's pooled order up to each pass's horizon (80, then 300 of 300), never to the cap when the
+    setups decide before it, and an undecided setup extends it pass by pass, each pooled document
+    once; a rerun finds nothing open."""
+    n = sum(MEMBERS.values())
+    rng = np.random.default_rng(4)
+    base = np.ones(n)
+    edge = np.where(rng.random(n) < 0.2, 0.0, 1.0)
+    pre, p, store = _group_setup(["same", "edge"], tmp_path)
+    assert cell_caps(p) == {"grp": 300}
+    # both decided early: the baseline stops at pass 1's horizon, 80 of 300 pooled documents
+    scored = _run_group(pre, p, store, {"b": base, "same": base.copy(), "edge": base.copy()})
+    assert scored["b"] == [80] and all(len(scored[s]) == 1 and scored[s][0] < 80 for s in ("same", "edge"))
+    assert sum(len(store.read_samples("b", m)) for m in MEMBERS) == 80
+    held = pooled({m: store.read_samples("b", m) for m in MEMBERS})
+    assert sorted(r.sample_id for r in held) == sorted(group_ids(p, "grp")[:80])  # the pooled order's prefix
+    again = PassState(pre, store, _keys(["b", "same", "edge"]), p)
+    assert again.open_cells(["b", "same", "edge"]) == {}
+
+    # one setup at the gate's edge: the group extends pass by pass for it and the baseline alone
+    pre, p, store = _group_setup(["same", "edge"], tmp_path / "two")
+    scored = _run_group(pre, p, store, {"b": base, "same": base.copy(), "edge": edge})
+    assert scored["b"] == [80, 220] and scored["edge"] == [80, 220] and len(scored["same"]) == 1
+    ids = group_ids(p, "grp")
+    for name in ("b", "edge"):  # each pooled document once
+        got = sorted(r.sample_id for r in pooled({m: store.read_samples(name, m) for m in MEMBERS}))
+        assert got == sorted(ids)
+    state = PassState(pre, store, _keys(["b", "same", "edge"]), p)
+    assert state.open_cells(["b", "same", "edge"]) == {} and state.stored[("b", "grp")].n == 300
 
 
 def test_a_later_pass_adds_its_times_and_keeps_the_first_pass_memory() -> None:

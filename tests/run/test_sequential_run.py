@@ -67,7 +67,7 @@ def _pre(cfg: RunConfig, tasks: list[tuple[str, str, str, str]], n_docs: int = 4
     for t in infos:
         if t.entry != t.name and t.kind == "lm_eval":  # (a long-context task's entry is its family)
             groups.setdefault(t.entry, []).append(t.name)
-    return SimpleNamespace(cfg=cfg, tasks=infos, groups=groups)
+    return SimpleNamespace(cfg=cfg, tasks=infos, groups=groups, run_tasks=[t.name for t in infos])
 
 
 def test_plan_cells_and_level() -> None:
@@ -277,6 +277,14 @@ def test_no_sequential_task_and_a_cap_under_the_floor_are_refused() -> None:
             check(pre(gates, tasks))
         assert why in str(exc.value) and "\n" not in str(exc.value)
     assert check(pre([{"task": "mmlu", "max_drop": 0.02}], [arc, mmlu_a])) == []  # a gated group is a cell
+    # --tasks naming one member of a group cell: the cell is the group's pooled documents, refused in one line
+    mmlu_c = ("mmlu_c", "lm_eval", "mmlu", "acc")
+    one = pre([{"task": "mmlu", "max_drop": 0.02}], [arc, mmlu_a, mmlu_c])
+    one.run_tasks = ["arc", "mmlu_c"]
+    with pytest.raises(UserError, match="^--tasks: mmlu_c is a member of the lm-eval group mmlu, .* name mmlu in"):
+        check(one)
+    one.run_tasks = ["arc"]  # the group left out whole: fine
+    assert check(one) == []
     with pytest.raises(ValidationError, match=r"max_docs \(40\) is under min_docs \(50\)"):
         _cfg(sequential={"enabled": True, "max_docs": 40})
     assert _cfg(sequential={"enabled": True, "max_docs": 50}).sequential is not None

@@ -65,6 +65,7 @@ def score(tmp_path_factory: pytest.TempPathFactory) -> Any:
         order: dict[str, list[list[int]]] | None = None,
         stop: Any = None,
         until: dict[str, int] | None = None,
+        together: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         session = _session(cfg)
         try:
@@ -81,6 +82,7 @@ def score(tmp_path_factory: pytest.TempPathFactory) -> Any:
                 order=order,
                 stop=stop,
                 until=until,
+                together=together,
             )
         finally:
             session.close()
@@ -374,61 +376,84 @@ def test_a_killed_sequential_scoring_resumes_at_its_last_look(
 
 
 def test_a_sequential_task_carries_on_across_pass_horizons(score: Any, tmp_path: Path) -> None:
-    """A sequential run's task scored in passes (qeval/run/passes.py): stopped at each pass's horizon
-    (4, then 8 of 10 documents), stored as it stands, and carried on by the next pass from its saved
-    state, never scoring a document twice (the backend's calls counted), it ends with what one call
-    to the cap gives: the same documents, prompts (the few-shot sampler carried on), scores and
+    """A sequential run's tasks scored in passes (qeval/run/passes.py), here a group cell's members
+    (a group is a pass unit; a task outside groups is the same loop with a unit of one): their
+    chunks are shares of the group's pooled order (`leaf_chunks`), scored in one `evaluate()` loop
+    (`cell_units`), and the horizon (`pass_horizons`, counted in pooled documents) stops all of them
+    at the same look, stored as they stand. The next pass carries every member on from the saved
+    state, never scoring a chunk twice (the backend's calls counted), and ends with what one call to
+    the cap gives: the same documents, prompts (the few-shot sampler carried on), scores and
     top-k. A setup scored against the baseline's top-k stored at a horizon (a prefix of the order)
-    gets its KL, request by request."""
-    from qeval.analysis.sequential_run import leaf_chunks
+    gets its KL, request by request. (Two fixture tasks stand in for a group's members: the loop
+    does not look at their metrics.)"""
+    from qeval.analysis.sequential_run import cell_units, leaf_chunks, pass_horizons
     from qeval.records.spool import TopkReader, clear_scratch
     from qeval.records.store import RunStore
 
-    task, chunk = "arc_easy_local", 2
-    order = leaf_chunks({"seed": 5, "max_docs": None, "chunk_docs": chunk}, {task: 10})
-    straight = score(chunk, names=[task], order=order)[task]
-    expected = list(straight.records)
-
-    store, keys = RunStore(tmp_path / "run"), {task: "key-base"}
+    members, chunk = {"arc_easy_local": 6, "wikitext_local": 2}, 2
+    plan: dict[str, Any] = {
+        "seed": 2,
+        "max_docs": None,
+        "chunk_docs": chunk,
+        "groups": {"g": [[m, n] for m, n in members.items()]},
+        "tasks": {"g": {"members": list(members)}},
+    }
+    names = list(members)
+    order = leaf_chunks(plan, members)
+    assert {len(c) for c in order.values()} == {4}  # 8 pooled documents: every member has the group's 4 chunks
+    together = cell_units(plan, names)
+    once = _Watched(None)
+    straight = score(chunk, names=names, order=order, together=together, wrap=_wrap(once))
+    store = RunStore(tmp_path / "run")
     scratch = store.scratch_dir("base")  # as the worker's: inside the run directory, spools moved into it
+    keys = {m: f"key-{m}" for m in names}
+    held: list[int] = []
     calls: list[int] = []
-    stored: list[list[Any]] = []
-    for horizon in (4, 8, 12):  # the last past the cap (10): scored to it
+    for horizon in (4, 12):  # pass 1 to 4 pooled documents; pass 2 past the cap (8): to it
+        until = pass_horizons(plan | {"horizon": horizon}, names)
+        assert until == {m: horizon for m in names}  # a group cell's members take the horizon
         watched = _Watched(None)
-        result = score(
+        got = score(
             chunk,
-            names=[task],
+            names=names,
             order=order,
             scratch=scratch,
             resume_keys=keys,
-            until={task: horizon},
+            until=until,
+            together=together,
             wrap=_wrap(watched),
-        )[task]
+        )
         calls.append(len(watched.calls))
-        store.write_task("base", task, "key-base", result.records, result.metrics, {}, result.topk)
+        for m in names:
+            store.write_task("base", m, keys[m], got[m].records, got[m].metrics, {}, got[m].topk)
         clear_scratch(scratch, keep_states=True)  # what the worker leaves at the end of a sequential job
-        stored.append(store.read_samples("base", task))
+        held.append(sum(len(store.read_samples("base", m)) for m in names))
+        for m in names:  # each member: its share of the pooled order up to the horizon, and those prompts
+            want = [i for c in order[m][: min(horizon, 8) // chunk] for i in sorted(c)]
+            part = store.read_samples("base", m)
+            assert [r.doc_id for r in part] == want, (horizon, m)
+            assert [r.prompt for r in part] == [r.prompt for r in straight[m].records[: len(part)]]
         if horizon == 4:  # the baseline's top-k at pass 1's horizon: what a setup pairs with in pass 1
-            (tmp_path / "four.npz").write_bytes(store.topk_path("base", task).read_bytes())
-    # one backend call a chunk: 2 chunks, 2 more, the last one; no chunk twice
-    assert calls == [2, 2, 1]
-    assert [len(x) for x in stored] == [4, 8, 10]
-    for part in stored:  # each pass's stored records: a prefix of the straight run's
-        assert [r.doc_id for r in part] == [r.doc_id for r in expected[: len(part)]]
-        assert [r.prompt for r in part] == [r.prompt for r in expected[: len(part)]]
-    final = stored[-1]
-    assert [r.doc_id for r in final] == [r.doc_id for r in expected]
-    for a, b in zip(expected, final, strict=True):
-        assert b.prompt == a.prompt and b.prediction == a.prediction and b.metrics == a.metrics, a.doc_id
-        assert np.allclose(b.loglikelihoods or [], a.loglikelihoods or [], atol=1e-4), a.doc_id
-    assert straight.metrics["acc"]["value"] == pytest.approx(result.metrics["acc"]["value"])
-    topk = store.read_topk("base", task)
-    straight_topk = straight.topk  # held in memory (no scratch folder): a dict
-    assert topk is not None and np.array_equal(topk["offsets"], straight_topk["offsets"])
-    assert np.allclose(topk["token_logprobs"], straight_topk["token_logprobs"], atol=1e-4)
+            (tmp_path / "four.npz").write_bytes(store.topk_path("base", "arc_easy_local").read_bytes())
+    assert held == [4, 8]
+    assert all(calls) and sum(calls) == len(once.calls)  # each pass scored its chunks, no chunk twice
+    for m in names:  # carried on, not rescored: the same records and top-k as one call to the cap
+        final = store.read_samples("base", m)
+        expected = list(straight[m].records)
+        assert [r.doc_id for r in final] == [r.doc_id for r in expected]
+        for a, b in zip(expected, final, strict=True):
+            assert b.prompt == a.prompt and b.prediction == a.prediction and b.metrics == a.metrics, (m, a.doc_id)
+            assert np.allclose(b.loglikelihoods or [], a.loglikelihoods or [], atol=1e-4), (m, a.doc_id)
+        topk, want_topk = store.read_topk("base", m), straight[m].topk  # (held in memory: no scratch folder)
+        assert topk is not None and np.array_equal(topk["offsets"], want_topk["offsets"])
+        assert np.allclose(topk["token_logprobs"], want_topk["token_logprobs"], atol=1e-4)
+        for name, value in straight[m].metrics.items():  # aggregated once, over every chunk of both passes
+            assert got[m].metrics[name]["value"] == pytest.approx(value["value"], rel=1e-4), (m, name)
 
-    # a setup against the baseline's top-k stored at a horizon (its first 4 documents): KL on each record
+    # a setup against the baseline's top-k stored at a horizon (its first documents): KL on each record
+    arc = "arc_easy_local"
     with TopkReader(tmp_path / "four.npz") as ref:
-        against = score(chunk, {task: ref}, names=[task], order=order, keep_topk=False, until={task: 4})[task]
-    got = list(against.records)
-    assert len(got) == 4 and all(r.kl is not None and r.kl < 1e-3 for r in got)
+        against = score(chunk, {arc: ref}, names=[arc], order={arc: order[arc]}, keep_topk=False, until={arc: 4})[arc]
+    got_arc = list(against.records)
+    assert len(got_arc) == sum(len(c) for c in order[arc][:2]) > 0
+    assert all(r.kl is not None and r.kl < 1e-3 for r in got_arc)
