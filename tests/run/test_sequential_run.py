@@ -42,12 +42,12 @@ def test_bad_values_refused() -> None:
 
 
 def test_order_is_seeded_capped_and_per_task() -> None:
-    cfg = _cfg(sequential={"enabled": True, "seed": 3, "max_docs": 50})
+    cfg = _cfg(sequential={"enabled": True, "seed": 3, "max_docs": 50, "chunk_docs": 10, "min_docs": 10})
     a = document_order(cfg, "arc_easy", 200)
     assert a == document_order(cfg, "arc_easy", 200)  # the same in every worker and at assembly
     assert len(a) == 50 and len(set(a)) == 50 and a != sorted(a)
     assert a != document_order(cfg, "piqa", 200)
-    other = _cfg(sequential={"enabled": True, "seed": 4, "max_docs": 50})
+    other = _cfg(sequential={"enabled": True, "seed": 4, "max_docs": 50, "chunk_docs": 10, "min_docs": 10})
     assert a != document_order(other, "arc_easy", 200)
     full = document_order(_cfg(sequential={"enabled": True, "seed": 3}), "arc_easy", 200)
     assert sorted(full) == list(range(200)) and full[:50] == a  # the cap is a prefix of the same order
@@ -176,7 +176,7 @@ def test_a_fixed_run_replayed_in_the_seeded_order_stops_where_the_run_would(tmp_
     from qeval.analysis.sequential_run import seeded_order
     from tests.helpers import ROOT
 
-    cfg = _cfg(sequential={"enabled": True, "seed": 3, "max_docs": 50})
+    cfg = _cfg(sequential={"enabled": True, "seed": 3, "max_docs": 50, "chunk_docs": 10, "min_docs": 10})
     assert seeded_order(3, "arc_easy", 200, 50) == document_order(cfg, "arc_easy", 200)
     rng = np.random.default_rng(0)
     n = 1500
@@ -279,7 +279,28 @@ def test_no_sequential_task_and_a_cap_under_the_floor_are_refused() -> None:
     assert check(pre([{"task": "mmlu", "max_drop": 0.02}], [arc, mmlu_a])) == []  # a gated group is a cell
     with pytest.raises(ValidationError, match=r"max_docs \(40\) is under min_docs \(50\)"):
         _cfg(sequential={"enabled": True, "max_docs": 40})
-    assert _cfg(sequential={"enabled": True, "max_docs": 50}).sequential is not None
+    assert _cfg(sequential={"enabled": True, "max_docs": 51, "chunk_docs": 10}).sequential is not None
+
+
+def test_a_first_look_at_or_past_the_cap_is_refused() -> None:
+    """Looks fall after each chunk: where the first one at or past the floor is at or past the cap
+    (a chunk as large as the cap; the floor at the cap), no setup could stop before the cap, and the
+    run would be a fixed run judged by the wider sequence: refused in one line."""
+    from pydantic import ValidationError
+
+    cases = [
+        ({"chunk_docs": 500, "max_docs": 40, "min_docs": 8}, "after 500 documents", "max_docs (40)"),
+        ({"chunk_docs": 3, "max_docs": 8, "min_docs": 8}, "after 9 documents", "max_docs (8)"),
+        ({"chunk_docs": 4, "max_docs": 8, "min_docs": 8}, "after 8 documents", "max_docs (8)"),
+        ({"max_docs": 100}, "after 100 documents", "max_docs (100)"),  # the default chunk, 100
+    ]
+    for spec, first, cap in cases:
+        with pytest.raises(ValidationError, match="no setup could stop before the cap") as exc:
+            _cfg(sequential={"enabled": True} | spec)
+        assert first in str(exc.value) and cap in str(exc.value)
+    ok = _cfg(sequential={"enabled": True, "chunk_docs": 4, "max_docs": 9, "min_docs": 8}).sequential
+    assert ok is not None and ok.first_look() == 8  # a look at 8 may decide before the cap, 9
+    assert _cfg(sequential={"enabled": True, "chunk_docs": 500}).sequential is not None  # no cap: the set decides
 
 
 def test_settings_without_the_switch_are_refused() -> None:
