@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from qeval.config import RunConfig
     from qeval.records.preflight import Preflight
     from qeval.records.store import RunStore
-    from qeval.results.schema import Results
+    from qeval.results.schema import Results, SetupResult
 
 #: the task kinds whose scoring loops take the order and stop (lm-eval's chunked loop;
 #: qeval/tasks/sequential.py for the native and long-context kinds, qeval-form tasks both)
@@ -530,8 +530,7 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
                 "judged on its pooled documents (as without the switch) by the fixed-n interval at the cap"
             )
     caps = capped_docs(plan_json, {t.name: t.n_docs for t in pre.tasks})
-    scored = sum(entry.tasks[t].n for entry in results.setups for t in entry.tasks if t in infos)
-    full = sum(caps.get(t, infos[t].n_docs) for entry in results.setups for t in entry.tasks if t in infos)
+    scored, full = documents_scored(results.setups, caps, {t: i.n_docs for t, i in infos.items()})
     # how far the baseline scored each sequential task: the last pass's horizon, at most the cap
     base_entry = next((e for e in results.setups if e.name == base), None)
     baseline_docs = {
@@ -554,6 +553,18 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
         baseline=baseline_docs,
     )
     return results.model_copy(update={"setups": setups, "sequential": block})
+
+
+def documents_scored(
+    setups: Sequence[SetupResult], caps: Mapping[str, int], n_docs: Mapping[str, int]
+) -> tuple[int, int]:
+    """The documents the run scored and those a fixed run scores (each task to its cap), over the
+    setups that ran ok: a setup that failed (at load, or in a later pass) stopped for no verdict,
+    and counting it would call its unscored documents a saving."""
+    ok = [e for e in setups if e.status == "ok"]
+    scored = sum(e.tasks[t].n for e in ok for t in e.tasks if t in n_docs)
+    full = sum(caps.get(t, n_docs[t]) for e in ok for t in e.tasks if t in n_docs)
+    return scored, full
 
 
 def cell_units(plan_json: dict[str, Any] | None, names: Sequence[str]) -> dict[str, str] | None:
