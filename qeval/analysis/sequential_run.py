@@ -478,9 +478,12 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
                 continue
             is_group = "members" in plan_json["tasks"][task]
             order = group_ids(plan_json, task) if is_group else task_order(plan_json, infos[task])[0]
-            other = records(entry.name, task)
-            traj = cell(plan_json, task, order, records(base, task), other)
-            if traj is None:
+            other, theirs = records(entry.name, task), records(base, task)
+            traj = cell(plan_json, task, order, theirs, other)
+            if traj is None:  # no sequence on these records: the fixed-n verdict is no sequential one
+                vs[task] = cmp.model_copy(
+                    update={"verdict": "inconclusive", "samples_to_decide": None} | unpaired(other, theirs)
+                )
                 continue
             n, total = len(other), len(order)
             decided = traj.stopped_at is not None
@@ -553,6 +556,21 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
         baseline=baseline_docs,
     )
     return results.model_copy(update={"setups": setups, "sequential": block})
+
+
+def unpaired(other: list[SampleRecord], base: list[SampleRecord]) -> dict[str, str]:
+    """The verdict reason of a cell whose documents do not all pair with the baseline's (by id and
+    prompt: qeval/analysis/comparison.py `paired_records`): the baseline scored again to a shorter
+    horizon than the setup's stored records reach (a `--force` run interrupted after the baseline,
+    or limited to it by --setups), so no sequence runs on them and no verdict is given (no
+    evidence, no pass)."""
+    theirs = {r.sample_id: r.prompt_hash for r in base}
+    lone = sum(1 for r in other if r.sample_id not in theirs or theirs[r.sample_id] != r.prompt_hash)
+    return {
+        "verdict_reason": f"sequential: no verdict: {lone:,} of this setup's {len(other):,} documents do not pair "
+        f"with the baseline's {len(base):,} (the baseline scored again, to a shorter horizon, or prompted "
+        "otherwise): rerun with --force"
+    }
 
 
 def documents_scored(

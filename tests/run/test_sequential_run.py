@@ -12,7 +12,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from qeval.analysis.sequential_run import Monitor, cell, document_order, looks, not_sequential, plan, task_gate
+from qeval.analysis.sequential_run import (
+    Monitor,
+    cell,
+    document_order,
+    looks,
+    not_sequential,
+    plan,
+    task_gate,
+    task_order,
+)
 from qeval.config import RunConfig
 from qeval.config.gates import Gate
 from qeval.results.samples import SampleRecord
@@ -487,3 +496,46 @@ def test_a_group_member_with_no_document_in_the_stopped_prefix_weighs_nothing() 
     assert _group_scores(partial, tasks, groups) == {}  # type: ignore[arg-type]
     nothing = SimpleNamespace(tasks={"a": score(0, None), "b": score(0, None), "c": score(0, None)})
     assert _group_scores(nothing, tasks, groups) == {}  # type: ignore[arg-type]
+
+
+def test_a_cell_whose_documents_outrun_the_baseline_s_gets_no_verdict(tmp_path: Any) -> None:
+    """Measured: `qeval run --force` interrupted once the baseline had scored pass 1 (24 of 30
+    documents), then a plain rerun: INT8's stored 30 documents (its key unchanged) no longer all pair
+    with the baseline's 24, no sequence runs on them, and the fixed-n verdict on the 24 stood in
+    results.json as if sequential, with no reason. It is made inconclusive, saying why (no
+    evidence, no pass); where they pair, the cell is the sequence's as before."""
+    from qeval.analysis.sequential_run import results_block
+    from qeval.records.store import RunStore
+    from qeval.results.schema import read_results
+    from tests.helpers import ROOT
+
+    results = read_results(ROOT / "tests" / "data" / "run-v1" / "results.json")
+    results = results.model_copy(update={"setups": [s for s in results.setups if s.name in ("bf16", "int8")]})
+    assert results.setups[1].vs_baseline["compare_mc"].verdict == "pass"  # the fixed-n verdict stored
+    info = SimpleNamespace(name="compare_mc", kind="native", entry="compare_mc", compared_metric="acc", n_docs=30)
+    pre = SimpleNamespace(
+        cfg=_cfg(
+            sequential={"enabled": True, "min_docs": 6, "chunk_docs": 2}, gates=[{"task": "all", "max_drop": 0.5}]
+        ),
+        tasks=[info],
+        groups={},
+    )
+    p = plan(pre)  # type: ignore[arg-type]
+    assert p is not None
+    ids, _ = task_order(p, info)
+
+    def stored(n_base: int, n_int8: int) -> Any:
+        store = RunStore(tmp_path / f"run-{n_base}-{n_int8}")
+        for setup, n in (("bf16", n_base), ("int8", n_int8)):
+            rows = ({"sample_id": i, "metrics": {"acc": 1.0}, "prompt_hash": "p"} for i in ids[:n])
+            store.write_task(setup, "compare_mc", "k", sample_records(rows), {}, {}, None)
+        return results_block(results, pre, store)  # type: ignore[arg-type]
+
+    short = stored(24, 30).setups[1].vs_baseline["compare_mc"]
+    assert short.verdict == "inconclusive" and short.samples_to_decide is None
+    assert short.verdict_reason is not None and "6 of this setup's 30 documents do not pair with the baseline's 24" in (
+        short.verdict_reason
+    )
+    paired = stored(30, 14)
+    assert paired.setups[1].vs_baseline["compare_mc"].verdict == "pass"  # identical answers, far inside 50 points
+    assert [c.documents for c in paired.sequential.cells] == [14]
