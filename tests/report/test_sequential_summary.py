@@ -5,6 +5,7 @@ score beside it is on more (the stored v1 run, made sequential by hand: no model
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 from rich.console import Console
 
@@ -87,3 +88,18 @@ def test_a_failed_baseline_claims_no_saving_and_a_stopped_score_says_its_documen
     # every document scored: nothing short, nothing said about a saving
     whole = seq.model_copy(update={"sequential": block.model_copy(update={"documents": full})})
     assert summary(whole).endswith("(no setup was compared with the baseline).")
+
+
+def test_load_run_summary_gives_the_documents_each_score_is_on(tmp_path: Path) -> None:
+    """load_run(...).summary() has `n` beside each score: a stopped setup's score (12 documents)
+    sits next to the baseline's (24) in the frame, and without it a notebook reads them as alike."""
+    import shutil
+
+    import qeval
+
+    run = tmp_path / "run"
+    shutil.copytree(V1.parent, run)
+    seq = _stopped(read_results(V1), "int8", "compare_mc", 12)
+    (run / "results.json").write_text(seq.model_dump_json(indent=2))
+    frame = qeval.load_run(run).summary().set_index(["setup", "task"])
+    assert frame.loc[("int8", "compare_mc"), "n"] == 12 and frame.loc[("bf16", "compare_mc"), "n"] == 24
