@@ -182,7 +182,8 @@ def check(pre: Preflight) -> list[str]:
     found = "; ".join(f"{name}: {reason}" for name, reason in why.items()) or "no gate covers any task"
     raise UserError(
         f"sequential: enabled, but no task can be decided sequentially ({found}); only lm-eval tasks and "
-        "groups and native tasks, on a metric in [0, 1], with a gate, can: gate one, or remove the block"
+        "groups, native tasks and long-context ones (passkey, multikey), on a metric in [0, 1], with a gate, can: "
+        "gate one, or remove the block"
     )
 
 

@@ -285,6 +285,7 @@ def test_no_sequential_task_and_a_cap_under_the_floor_are_refused() -> None:
         with pytest.raises(UserError, match="^sequential: enabled, but no task can be decided") as exc:
             check(pre(gates, tasks))
         assert why in str(exc.value) and "\n" not in str(exc.value)
+        assert "native tasks and long-context ones (passkey, multikey)" in str(exc.value)  # every cell kind named
     assert check(pre([{"task": "mmlu", "max_drop": 0.02}], [arc, mmlu_a])) == []  # a gated group is a cell
     with pytest.raises(ValidationError, match=r"max_docs \(40\) is under min_docs \(50\)"):
         _cfg(sequential={"enabled": True, "max_docs": 40})
