@@ -64,7 +64,8 @@ class Run:
         return base.name
 
     def summary(self) -> pd.DataFrame:
-        """One row per setup x task: primary score, its stderr, difference from the baseline,
+        """One row per setup x task: primary score, its stderr, the documents it is on (`n`: in a
+        sequential run a stopped setup's are fewer than the baseline's), difference from the baseline,
         95% CI, p-values, flips, KL and top-1 agreement, and the gate verdict."""
         rows = []
         for s in self.results.setups:
@@ -82,6 +83,7 @@ class Run:
                         "metric": metric,
                         "score": value.value if value else None,
                         "stderr": value.stderr if value else None,
+                        "n": s.tasks[task].n if task in s.tasks else None,
                         "delta": c.get("delta"),
                         "ci_low": ci[0],
                         "ci_high": ci[1],

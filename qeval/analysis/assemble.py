@@ -86,7 +86,9 @@ def assemble_results(
         entries[s.name] = _setup_entry(pre, store, s, outcome, keys[s.name], dropped, ceilings)
     tasks = _task_infos(pre, entries)
     entries = _compare(pre, store, entries, tasks)
-    run = RunInfo(**run_info, hardware=hardware(), partial_tasks=partial_tasks(pre, tasks))
+    base = entries.get(cfg.baseline.name)
+    held = set(base.tasks) if base is not None and base.status == "ok" else None
+    run = RunInfo(**run_info, hardware=hardware(), partial_tasks=partial_tasks(pre, tasks, held))
     results = Results(
         schema_version=SCHEMA_VERSION,
         run=run,
@@ -140,14 +142,21 @@ def _task_infos(pre: Preflight, entries: dict[str, SetupResult]) -> dict[str, Ta
     return tasks
 
 
-def partial_tasks(pre: Preflight, tasks: dict[str, TaskInfo]) -> dict[str, str]:
+def partial_tasks(pre: Preflight, tasks: dict[str, TaskInfo], baseline: set[str] | None = None) -> dict[str, str]:
     """The config's entries (tasks, lm-eval groups) this run has no complete result for, and
-    why: a run limited by --tasks is judged on part of the config, and must say so."""
+    why: a run limited by --tasks is judged on part of the config, and must say so. `baseline`:
+    the tasks the baseline holds where it ran ok; a task outside --tasks that only other setups
+    hold (a sequential run scores a group cell's members together: qeval/analysis/sequential_run.py
+    `widen`) is no result either, since nothing is compared on it."""
     out: dict[str, str] = {}
     for entry in pre.entries:
         # an lm-eval group's tasks, a long-context family's other lengths, or the task itself
         members = [t.name for t in pre.tasks if t.entry == entry]
-        missing = [m for m in members if m not in tasks]  # every task this invocation scores is in `tasks`
+        missing = [  # every task this invocation scores is in `tasks`
+            m
+            for m in members
+            if m not in tasks or (baseline is not None and m not in baseline and m not in pre.run_tasks)
+        ]
         if not missing:
             continue
         why = "not selected by --tasks"

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from qeval.config import RunConfig
     from qeval.records.preflight import Preflight
     from qeval.records.store import RunStore
-    from qeval.results.schema import Results
+    from qeval.results.schema import Results, SetupResult
 
 #: the task kinds whose scoring loops take the order and stop (lm-eval's chunked loop;
 #: qeval/tasks/sequential.py for the native and long-context kinds, qeval-form tasks both)
@@ -191,7 +191,8 @@ def check(pre: Preflight) -> list[str]:
     found = "; ".join(f"{name}: {reason}" for name, reason in why.items()) or "no gate covers any task"
     raise UserError(
         f"sequential: enabled, but no task can be decided sequentially ({found}); only lm-eval tasks and "
-        "groups and native tasks, on a metric in [0, 1], with a gate, can: gate one, or remove the block"
+        "groups, native tasks and long-context ones (passkey, multikey), on a metric in [0, 1], with a gate, can: "
+        "gate one, or remove the block"
     )
 
 
@@ -500,9 +501,12 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
                 continue
             is_group = "members" in plan_json["tasks"][task]
             order = group_ids(plan_json, task) if is_group else task_order(plan_json, infos[task])[0]
-            other = records(entry.name, task)
-            traj = cell(plan_json, task, order, records(base, task), other)
-            if traj is None:
+            other, theirs = records(entry.name, task), records(base, task)
+            traj = cell(plan_json, task, order, theirs, other)
+            if traj is None:  # no sequence on these records: the fixed-n verdict is no sequential one
+                vs[task] = cmp.model_copy(
+                    update={"verdict": "inconclusive", "samples_to_decide": None} | unpaired(other, theirs)
+                )
                 continue
             n, total = len(other), len(order)
             decided = traj.stopped_at is not None
@@ -552,8 +556,7 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
                 "judged on its pooled documents (as without the switch) by the fixed-n interval at the cap"
             )
     caps = capped_docs(plan_json, {t.name: t.n_docs for t in pre.tasks})
-    scored = sum(entry.tasks[t].n for entry in results.setups for t in entry.tasks if t in infos)
-    full = sum(caps.get(t, infos[t].n_docs) for entry in results.setups for t in entry.tasks if t in infos)
+    scored, full = documents_scored(results.setups, caps, {t: i.n_docs for t, i in infos.items()})
     # how far the baseline scored each sequential task: the last pass's horizon, at most the cap
     base_entry = next((e for e in results.setups if e.name == base), None)
     cell_cap = cell_caps(plan_json)
@@ -577,6 +580,33 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
         baseline=baseline_docs,
     )
     return results.model_copy(update={"setups": setups, "sequential": block})
+
+
+def unpaired(other: list[SampleRecord], base: list[SampleRecord]) -> dict[str, str]:
+    """The verdict reason of a cell whose documents do not all pair with the baseline's (by id and
+    prompt: qeval/analysis/comparison.py `paired_records`): the baseline scored again to a shorter
+    horizon than the setup's stored records reach (a `--force` run interrupted after the baseline,
+    or limited to it by --setups), so no sequence runs on them and no verdict is given (no
+    evidence, no pass)."""
+    theirs = {r.sample_id: r.prompt_hash for r in base}
+    lone = sum(1 for r in other if r.sample_id not in theirs or theirs[r.sample_id] != r.prompt_hash)
+    return {
+        "verdict_reason": f"sequential: no verdict: {lone:,} of this setup's {len(other):,} documents do not pair "
+        f"with the baseline's {len(base):,} (the baseline scored again, to a shorter horizon, or prompted "
+        "otherwise): rerun with --force"
+    }
+
+
+def documents_scored(
+    setups: Sequence[SetupResult], caps: Mapping[str, int], n_docs: Mapping[str, int]
+) -> tuple[int, int]:
+    """The documents the run scored and those a fixed run scores (each task to its cap), over the
+    setups that ran ok: a setup that failed (at load, or in a later pass) stopped for no verdict,
+    and counting it would call its unscored documents a saving."""
+    ok = [e for e in setups if e.status == "ok"]
+    scored = sum(e.tasks[t].n for e in ok for t in e.tasks if t in n_docs)
+    full = sum(caps.get(t, n_docs[t]) for e in ok for t in e.tasks if t in n_docs)
+    return scored, full
 
 
 def cell_units(plan_json: dict[str, Any] | None, names: Sequence[str]) -> dict[str, str] | None:

@@ -37,7 +37,21 @@ class SequentialSpec(Strict):
             raise ValueError(
                 f"max_docs ({self.max_docs}) is under min_docs ({self.min_docs}): no cell could ever be decided"
             )
+        # looks fall after each chunk: where the first one at or past the floor is at or past the cap,
+        # every setup scores every task to the cap (a fixed run judged by the wider sequence)
+        first = self.first_look()
+        if self.max_docs is not None and first >= self.max_docs:
+            raise ValueError(
+                f"the first look that may decide is after {first:,} documents (min_docs {self.min_docs} "
+                f"rounded up to a multiple of chunk_docs {self.chunk_docs}), at or past max_docs ({self.max_docs}): "
+                "no setup could stop before the cap; lower chunk_docs or min_docs, or raise max_docs"
+            )
         return self
+
+    def first_look(self) -> int:
+        """The first look at which a cell may be decided: the first multiple of `chunk_docs` at or
+        past `min_docs` (a look falls after each chunk)."""
+        return -(-self.min_docs // self.chunk_docs) * self.chunk_docs
 
     def order_part(self) -> str:
         """What changes the documents a setup scores and their prompts (the order, the chunks, the

@@ -24,14 +24,18 @@ HEADER = ["setup", "task", "verdict", "documents", "stopped at look", "sequence 
 def fewer_documents(results: Results, setup: SetupResult, task: str) -> str:
     """The text " (on 12 of 24 documents)" after a setup's score where a sequential run stopped the task
     before the baseline's documents: the two scores side by side are on different documents (the
-    Δ beside them is paired, on the setup's); "" elsewhere, and always in a run without the switch."""
+    Δ beside them is paired, on the setup's); where the baseline has no score of the task (it
+    failed), before the task's documents up to the cap (a setup stopped at a pass's horizon is not
+    scored whole); "" elsewhere, and always in a run without the switch."""
     if results.sequential is None or setup.baseline:
         return ""
     base = next((s for s in results.setups if s.baseline), None)
     mine, theirs = setup.tasks.get(task), base.tasks.get(task) if base else None
-    if mine is None or theirs is None or mine.n >= theirs.n:
+    info, cap = results.tasks.get(task), results.sequential.max_docs
+    of = theirs.n if theirs is not None else (min(info.n, cap or info.n) if info is not None else None)
+    if mine is None or of is None or mine.n >= of:
         return ""
-    return f" (on {mine.n:,} of {theirs.n:,} documents)"
+    return f" (on {mine.n:,} of {of:,} documents)"
 
 
 def _ci(ci: tuple[float, float] | None) -> str:
@@ -66,11 +70,17 @@ def summary(results: Results) -> str:
     b = results.sequential
     if b is None:
         return ""
+    scored = f"Scored {b.documents:,} of the {b.total:,} documents a fixed run scores"
+    if not b.cells:  # the baseline, or every other setup, failed: the setups stopped at a horizon, not a verdict
+        short = ", so the documents not scored are no saving" if b.documents < b.total else ""
+        return (
+            f"{scored}, over every setup that ran ok and every task; no cell was tested (no setup was compared "
+            f"with the baseline){short}."
+        )
     # the compute saved, in documents: a document costs about the same in every setup of a task
     share = f" ({b.documents / b.total:.0%}: {1 - b.documents / b.total:.0%} of the scoring saved)" if b.total else ""
     return (
-        f"Scored {b.documents:,} of the {b.total:,} documents a fixed run scores{share}, over every setup and "
-        "task; "
+        f"{scored}{share}, over every setup that ran ok and every task; "
         f"each of {len(b.cells)} cells at level {b.cell_level:.4g} ({b.level:g} over the run, Bonferroni), "
         f"looked at every {b.chunk_docs:,} documents, no verdict before {b.min_docs:,}."
     )
@@ -122,8 +132,7 @@ def markdown(results: Results, esc: Escape) -> list[str]:
         *baseline_lines(results, esc),
         *(md_table(HEADER, body) if body else ["No sequential cell."]),
         "",
-        LEGEND,
-        "",
+        *([LEGEND, ""] if body else []),
         *fixed(results, esc),
     ]
 

@@ -65,7 +65,7 @@ class SequentialRun(ResultModel):
     max_docs: int | None = Field(description="the cap on each task's documents (null: the whole set)")
     seed: int = Field(description="the seed of the documents' order")
     cells: list[SequentialCell] = Field(description="every sequential (setup, task, gate) cell")
-    documents: int = Field(description="documents scored over every setup and task")
+    documents: int = Field(description="documents scored over every setup that ran ok and every task")
     total: int = Field(description="documents a fixed run scores over the same setups and tasks (to the cap)")
     not_sequential: dict[str, str] = Field(
         default_factory=dict,

@@ -210,3 +210,22 @@ def test_a_group_member_alone_gets_no_group_verdict_or_recommendation() -> None:
     assert rec.reasons["int8"] == f"int8: no paired comparison with the baseline on g ({why}): no evidence, no pass"
     assert rec.setup == "bf16"  # the baseline, never a quantized setup, on no evidence
     assert Results.model_validate(results.model_dump(mode="json")).run.partial_tasks == {"g": why}
+
+
+def test_a_member_only_other_setups_hold_leaves_its_group_partial() -> None:
+    """A sequential run limited by --tasks to one group member scores the group's other members for
+    the setups that are not the baseline (its cell's members go together), never for the baseline:
+    the group has no score or verdict, so the run says it scored part of the config (measured: the
+    recommendation had dropped "judged on part of the config" and --fail-on-gate exited 0)."""
+    tiny = {"output_type": "multiple_choice", "n": 12, "sha256": "", "fingerprint": "", "metric": "acc"}
+    pre = SimpleNamespace(
+        entries=["g", "t"],
+        tasks=[SimpleNamespace(name=n, entry="g") for n in ("g_one", "g_two")] + [SimpleNamespace(name="t", entry="t")],
+        run_tasks=["g_one", "t"],
+        groups={"g": ["g_one", "g_two"]},
+    )
+    tasks = {n: TaskInfo(**tiny, kind="lm_eval", entry=e) for n, e in (("g_one", "g"), ("g_two", "g"), ("t", "t"))}
+    why = "1 of its 2 tasks scored (missing: g_two: not selected by --tasks), so no group score or verdict"
+    assert partial_tasks(pre, tasks, {"g_one", "t"}) == {"g": why}  # type: ignore[arg-type]
+    assert partial_tasks(pre, tasks, {"g_one", "g_two", "t"}) == {}  # type: ignore[arg-type]  # stored before
+    assert partial_tasks(pre, tasks) == {}  # type: ignore[arg-type]  # no baseline that ran ok: as before

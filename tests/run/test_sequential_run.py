@@ -12,7 +12,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from qeval.analysis.sequential_run import Monitor, cell, document_order, looks, not_sequential, plan, task_gate
+from qeval.analysis.sequential_run import (
+    Monitor,
+    cell,
+    document_order,
+    looks,
+    not_sequential,
+    plan,
+    task_gate,
+    task_order,
+)
 from qeval.config import RunConfig
 from qeval.config.gates import Gate
 from qeval.results.samples import SampleRecord
@@ -42,12 +51,12 @@ def test_bad_values_refused() -> None:
 
 
 def test_order_is_seeded_capped_and_per_task() -> None:
-    cfg = _cfg(sequential={"enabled": True, "seed": 3, "max_docs": 50})
+    cfg = _cfg(sequential={"enabled": True, "seed": 3, "max_docs": 50, "chunk_docs": 10, "min_docs": 10})
     a = document_order(cfg, "arc_easy", 200)
     assert a == document_order(cfg, "arc_easy", 200)  # the same in every worker and at assembly
     assert len(a) == 50 and len(set(a)) == 50 and a != sorted(a)
     assert a != document_order(cfg, "piqa", 200)
-    other = _cfg(sequential={"enabled": True, "seed": 4, "max_docs": 50})
+    other = _cfg(sequential={"enabled": True, "seed": 4, "max_docs": 50, "chunk_docs": 10, "min_docs": 10})
     assert a != document_order(other, "arc_easy", 200)
     full = document_order(_cfg(sequential={"enabled": True, "seed": 3}), "arc_easy", 200)
     assert sorted(full) == list(range(200)) and full[:50] == a  # the cap is a prefix of the same order
@@ -176,7 +185,7 @@ def test_a_fixed_run_replayed_in_the_seeded_order_stops_where_the_run_would(tmp_
     from qeval.analysis.sequential_run import seeded_order
     from tests.helpers import ROOT
 
-    cfg = _cfg(sequential={"enabled": True, "seed": 3, "max_docs": 50})
+    cfg = _cfg(sequential={"enabled": True, "seed": 3, "max_docs": 50, "chunk_docs": 10, "min_docs": 10})
     assert seeded_order(3, "arc_easy", 200, 50) == document_order(cfg, "arc_easy", 200)
     rng = np.random.default_rng(0)
     n = 1500
@@ -276,6 +285,7 @@ def test_no_sequential_task_and_a_cap_under_the_floor_are_refused() -> None:
         with pytest.raises(UserError, match="^sequential: enabled, but no task can be decided") as exc:
             check(pre(gates, tasks))
         assert why in str(exc.value) and "\n" not in str(exc.value)
+        assert "native tasks and long-context ones (passkey, multikey)" in str(exc.value)  # every cell kind named
     assert check(pre([{"task": "mmlu", "max_drop": 0.02}], [arc, mmlu_a])) == []  # a gated group is a cell
     # --tasks naming one member of a group cell: the cell is the group's pooled documents, refused in one line
     mmlu_c = ("mmlu_c", "lm_eval", "mmlu", "acc")
@@ -287,7 +297,28 @@ def test_no_sequential_task_and_a_cap_under_the_floor_are_refused() -> None:
     assert check(one) == []
     with pytest.raises(ValidationError, match=r"max_docs \(40\) is under min_docs \(50\)"):
         _cfg(sequential={"enabled": True, "max_docs": 40})
-    assert _cfg(sequential={"enabled": True, "max_docs": 50}).sequential is not None
+    assert _cfg(sequential={"enabled": True, "max_docs": 51, "chunk_docs": 10}).sequential is not None
+
+
+def test_a_first_look_at_or_past_the_cap_is_refused() -> None:
+    """Looks fall after each chunk: where the first one at or past the floor is at or past the cap
+    (a chunk as large as the cap; the floor at the cap), no setup could stop before the cap, and the
+    run would be a fixed run judged by the wider sequence: refused in one line."""
+    from pydantic import ValidationError
+
+    cases = [
+        ({"chunk_docs": 500, "max_docs": 40, "min_docs": 8}, "after 500 documents", "max_docs (40)"),
+        ({"chunk_docs": 3, "max_docs": 8, "min_docs": 8}, "after 9 documents", "max_docs (8)"),
+        ({"chunk_docs": 4, "max_docs": 8, "min_docs": 8}, "after 8 documents", "max_docs (8)"),
+        ({"max_docs": 100}, "after 100 documents", "max_docs (100)"),  # the default chunk, 100
+    ]
+    for spec, first, cap in cases:
+        with pytest.raises(ValidationError, match="no setup could stop before the cap") as exc:
+            _cfg(sequential={"enabled": True} | spec)
+        assert first in str(exc.value) and cap in str(exc.value)
+    ok = _cfg(sequential={"enabled": True, "chunk_docs": 4, "max_docs": 9, "min_docs": 8}).sequential
+    assert ok is not None and ok.first_look() == 8  # a look at 8 may decide before the cap, 9
+    assert _cfg(sequential={"enabled": True, "chunk_docs": 500}).sequential is not None  # no cap: the set decides
 
 
 def test_settings_without_the_switch_are_refused() -> None:
@@ -474,3 +505,46 @@ def test_a_group_member_with_no_document_in_the_stopped_prefix_weighs_nothing() 
     assert _group_scores(partial, tasks, groups) == {}  # type: ignore[arg-type]
     nothing = SimpleNamespace(tasks={"a": score(0, None), "b": score(0, None), "c": score(0, None)})
     assert _group_scores(nothing, tasks, groups) == {}  # type: ignore[arg-type]
+
+
+def test_a_cell_whose_documents_outrun_the_baseline_s_gets_no_verdict(tmp_path: Any) -> None:
+    """Measured: `qeval run --force` interrupted once the baseline had scored pass 1 (24 of 30
+    documents), then a plain rerun: INT8's stored 30 documents (its key unchanged) no longer all pair
+    with the baseline's 24, no sequence runs on them, and the fixed-n verdict on the 24 stood in
+    results.json as if sequential, with no reason. It is made inconclusive, saying why (no
+    evidence, no pass); where they pair, the cell is the sequence's as before."""
+    from qeval.analysis.sequential_run import results_block
+    from qeval.records.store import RunStore
+    from qeval.results.schema import read_results
+    from tests.helpers import ROOT
+
+    results = read_results(ROOT / "tests" / "data" / "run-v1" / "results.json")
+    results = results.model_copy(update={"setups": [s for s in results.setups if s.name in ("bf16", "int8")]})
+    assert results.setups[1].vs_baseline["compare_mc"].verdict == "pass"  # the fixed-n verdict stored
+    info = SimpleNamespace(name="compare_mc", kind="native", entry="compare_mc", compared_metric="acc", n_docs=30)
+    pre = SimpleNamespace(
+        cfg=_cfg(
+            sequential={"enabled": True, "min_docs": 6, "chunk_docs": 2}, gates=[{"task": "all", "max_drop": 0.5}]
+        ),
+        tasks=[info],
+        groups={},
+    )
+    p = plan(pre)  # type: ignore[arg-type]
+    assert p is not None
+    ids, _ = task_order(p, info)
+
+    def stored(n_base: int, n_int8: int) -> Any:
+        store = RunStore(tmp_path / f"run-{n_base}-{n_int8}")
+        for setup, n in (("bf16", n_base), ("int8", n_int8)):
+            rows = ({"sample_id": i, "metrics": {"acc": 1.0}, "prompt_hash": "p"} for i in ids[:n])
+            store.write_task(setup, "compare_mc", "k", sample_records(rows), {}, {}, None)
+        return results_block(results, pre, store)  # type: ignore[arg-type]
+
+    short = stored(24, 30).setups[1].vs_baseline["compare_mc"]
+    assert short.verdict == "inconclusive" and short.samples_to_decide is None
+    assert short.verdict_reason is not None and "6 of this setup's 30 documents do not pair with the baseline's 24" in (
+        short.verdict_reason
+    )
+    paired = stored(30, 14)
+    assert paired.setups[1].vs_baseline["compare_mc"].verdict == "pass"  # identical answers, far inside 50 points
+    assert [c.documents for c in paired.sequential.cells] == [14]
