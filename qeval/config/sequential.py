@@ -10,6 +10,12 @@ from pydantic import Field, model_validator
 from qeval.strict import Seed, Strict
 
 
+def first_look(min_docs: int, chunk_docs: int) -> int:
+    """The first look at which a cell may be decided: the first multiple of `chunk_docs` at or past
+    `min_docs` (a look falls after each chunk)."""
+    return -(-min_docs // chunk_docs) * chunk_docs
+
+
 class SequentialSpec(Strict):
     """Each task's documents scored in a seeded random order shared by every setup, in chunks; after
     each chunk every undecided (setup, task, gate) cell is tested with an anytime-valid confidence
@@ -51,7 +57,7 @@ class SequentialSpec(Strict):
     def first_look(self) -> int:
         """The first look at which a cell may be decided: the first multiple of `chunk_docs` at or
         past `min_docs` (a look falls after each chunk)."""
-        return -(-self.min_docs // self.chunk_docs) * self.chunk_docs
+        return first_look(self.min_docs, self.chunk_docs)
 
     def order_part(self) -> str:
         """What changes the documents a setup scores and their prompts (the order, the chunks, the

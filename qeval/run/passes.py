@@ -31,6 +31,7 @@ from qeval.analysis.sequential_run import (
     pooled,
     task_order,
 )
+from qeval.config.sequential import first_look
 
 if TYPE_CHECKING:
     from qeval.records.keys import SetupKeys
@@ -47,7 +48,7 @@ MULTIPLIER = 4
 def first_horizon(min_docs: int, chunk_docs: int) -> int:
     """Pass 1's horizon: `MULTIPLIER` times the first look at or past `min_docs` (a multiple of
     `chunk_docs`, since looks fall after each chunk)."""
-    return MULTIPLIER * (-(-min_docs // chunk_docs) * chunk_docs)
+    return MULTIPLIER * first_look(min_docs, chunk_docs)
 
 
 def next_horizon(horizon: int) -> int:

@@ -253,7 +253,12 @@ def test_goodput_on_the_vllm_cpu_engine(tmp_path: Path) -> None:
         assert lv.completed == 6 and lv.failed == 0 and lv.meets_slo
         assert lv.vllm_goodput_rps == pytest.approx(lv.goodput_rps, abs=1e-3)
         assert 0 < lv.percentiles_ms["ttft"]["p50"] <= lv.percentiles_ms["ttft"]["p99"]
-        assert lv.kv_usage_peak is not None and 0 < lv.kv_usage_peak < 1 and lv.preemptions == 0
+        assert lv.preemptions == 0 and (lv.kv_usage_peak is None) == (lv.kv_samples == 0)
+        assert lv.kv_usage_peak is None or 0 < lv.kv_usage_peak < 1
+    # KV usage is sampled from /metrics every 0.1 s while a request runs: rate 1's six requests take
+    # about 5 s and are always caught; rate 4's take about 1.5 s, and on a loaded 2-core machine its
+    # few scrapes can all miss (seen once in CI: kv_samples 0), which qeval reports as not measured
+    assert row.levels[0].kv_usage_peak is not None
     assert "timed_trace" in data.workload["arrivals"] and "Poisson at 2 requests/s" in data.workload["arrivals"]
     assert row.pick is not None and data.recommendation["setup"] == "base"
     assert "--max-num-seqs 4" in row.serve_command and "--max-model-len 128" in row.serve_command

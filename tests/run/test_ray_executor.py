@@ -217,15 +217,24 @@ def test_ctrl_c_cancels_the_jobs_and_the_run_resumes(cluster: LocalCluster, loca
             "ray",
         ]
         with Watch(cluster.scratch) as watch:
-            driver = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            driver = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            # Ctrl-C once the driver itself prints that a worker of int8 or kv-int4 is loading its
+            # model: that job is running then, with seconds of work left. Waiting on the scratch
+            # watcher alone raced on loaded CI machines (the run finished first, exit 0, every time)
+            lines: list[str] = []
+            reader = threading.Thread(target=_read_lines, args=(driver, lines), daemon=True)
+            reader.start()
             deadline = time.monotonic() + 600
-            while not ({"int8", "kv-int4"} & set(watch.pids)) and driver.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.1)
+            while driver.poll() is None and time.monotonic() < deadline:
+                if any(line.startswith(("int8: loading model", "kv-int4: loading model")) for line in list(lines)):
+                    break
+                time.sleep(0.05)
             driver.send_signal(signal.SIGINT)
-            _, err = driver.communicate(timeout=120)
-        # on a loaded CI machine the watcher saw the jobs late (once not at all) and the Ctrl-C came
-        # after the run had finished (exit 0, every setup done): a race of this test's own, not a run
-        # ignoring Ctrl-C, so it is tried again; a run that ignores Ctrl-C exits 0 every time and fails
+            driver.wait(timeout=120)
+            reader.join(30)
+            err = "".join(lines)
+        # a run that finished before the Ctrl-C landed (exit 0) is this test's race, tried again; a
+        # run that ignores Ctrl-C exits 0 every time and fails
         if driver.returncode != 0:
             break
     assert driver.returncode == 130, err[-3000:]
@@ -239,6 +248,12 @@ def test_ctrl_c_cancels_the_jobs_and_the_run_resumes(cluster: LocalCluster, loca
     assert res.returncode == 0, res.stderr[-3000:]
     assert "bf16: all 4 tasks stored, skipped" in res.stderr  # resumed: the baseline finished before Ctrl-C
     assert _same(_samples(out), _samples(local_run))
+
+
+def _read_lines(proc: subprocess.Popen[str], into: list[str]) -> None:
+    """Append `proc`'s stderr lines to `into` as they come."""
+    for line in proc.stderr or []:
+        into.append(line)
 
 
 def _float32_copy(dst: Path) -> Path:
