@@ -55,8 +55,7 @@ class SequentialSpec(Strict):
         return self
 
     def first_look(self) -> int:
-        """The first look at which a cell may be decided: the first multiple of `chunk_docs` at or
-        past `min_docs` (a look falls after each chunk)."""
+        """`first_look` for this block's floor and chunk."""
         return first_look(self.min_docs, self.chunk_docs)
 
     def order_part(self) -> str:
