@@ -9,18 +9,27 @@ Values are mapped to [0, 1]; for a candidate mean m,
 
     K+_t(m) = prod_{i<=t} (1 + l+_i(m) (y_i - m)),   K-_t(m) = prod_{i<=t} (1 - l-_i(m) (y_i - m)),
 
-l+_i(m) = min(l_i, c / m), l-_i(m) = min(l_i, c / (1 - m)), l_i = sqrt(2 log(2 / alpha) /
+l+_i(m) = min(l_i, c / m), l-_i(m) = min(l_i, c / (1 - m)), l_i = sqrt(2 log(1 / alpha) /
 (s2_{i-1} i log(1 + i))) from the documents before i only (predictable), s2 the running variance
-with a prior of 1/4. Where E[y] = m each is a nonnegative martingale, so by Ville's inequality it
-passes 2 / alpha with probability at most alpha / 2, at any time. The (1 - alpha) sequence is
-{m : K+_t(m) < 2 / alpha and K-_t(m) < 2 / alpha}: each factor is decreasing in m for K+
-(increasing for K-), so the set is an interval (L_t, U_t), and "the sequence lies above m0" is
-exactly K+_t(m0) >= 2 / alpha. The running intersection over looks is reported (still valid).
+with a prior of 1/4. Where E[y] = m each is a nonnegative martingale (where E[y] lies on the other
+side of m, a supermartingale), so by Ville's inequality it passes 1 / alpha with probability at
+most alpha, at any time.
+
+One-sided, because a gate can be wrong on one side only: where the true mean is at or above the
+threshold m0 only a fail is wrong, and a fail needs K-_t(m0) >= 1 / alpha (a supermartingale
+there); below it only a pass is wrong, and a pass needs K+_t(m0) >= 1 / alpha. So each side is
+run at the whole alpha, not alpha / 2, and P(wrong verdict) <= alpha still holds at any stopping
+time (simulated: docs/statistics.md). The reported ends are L_t = inf{m : K+_t(m) < 1 / alpha}, a
+(1 - alpha) lower confidence sequence, and U_t = sup{m : K-_t(m) < 1 / alpha}, a (1 - alpha)
+upper one (together a (1 - 2 alpha) interval): each factor is decreasing in m for K+ (increasing
+for K-), and "the lower end lies above m0" is exactly K+_t(m0) >= 1 / alpha. The running
+intersection over looks is reported (still valid).
 
 Assumption: the paired differences of the documents, in the run's seeded random order, are
 independent draws with one mean (the documents an i.i.d. sample of the task's population, the
 assumption today's fixed-n intervals make too), bounded in a known range. That is why the order
-is random: a set stored sorted by difficulty is no random sample prefix by prefix.
+is random: a set stored sorted by difficulty is no random sample prefix by prefix, and why both
+sides' records are put in that order before they are paired (qeval/analysis/sequential_run.py).
 
 A gate in any of its forms is a mean of one bounded paired score z_i against a threshold
 (`gate_score`): `max_drop: D` is mean(o - b) >= -D; `relative: true` is mean(o - (1 - D) b) >= 0;
@@ -38,6 +47,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+#: the capital a side must reach to decide is 1 / alpha: one-sided (the module's docstring)
+_SIDES = 1.0
 
 #: the bet's truncation (Waudby-Smith & Ramdas 2023 use c = 1/2 or 3/4 for the hedged process)
 C_TRUNCATION = 0.5
@@ -73,7 +85,7 @@ def predictable_bets(y: np.ndarray, alpha: float) -> np.ndarray:
     prev_mu = np.concatenate([np.full(y.shape[:-1] + (1,), 0.5), mu[..., :-1]], axis=-1)
     s2 = (0.25 + np.cumsum((y - prev_mu) ** 2, axis=-1)) / (t + 1)  # running variance, prior 1/4
     s2_prev = np.concatenate([np.full(y.shape[:-1] + (1,), 0.25), s2[..., :-1]], axis=-1)
-    bets: np.ndarray = np.sqrt(2 * math.log(2 / alpha) / (s2_prev * t * np.log1p(t)))
+    bets: np.ndarray = np.sqrt(2 * math.log(_SIDES / alpha) / (s2_prev * t * np.log1p(t)))
     return bets
 
 
@@ -91,21 +103,22 @@ def log_capital(
 
 
 def decisions(y: np.ndarray, m0: float, alpha: float) -> tuple[np.ndarray, np.ndarray]:
-    """At every t: whether the (1 - alpha) sequence lies wholly above m0 (K+_t(m0) >= 2 / alpha)
-    and wholly below it (K-_t(m0) >= 2 / alpha); `y` in [0, 1] along the last axis."""
+    """At every t: whether the (1 - alpha) lower sequence lies above m0 (K+_t(m0) >= 1 / alpha)
+    and whether the (1 - alpha) upper one lies below it (K-_t(m0) >= 1 / alpha); `y` in [0, 1]
+    along the last axis."""
     up, down = log_capital(y, min(max(m0, 1e-12), 1 - 1e-12), alpha)
-    bar = math.log(2 / alpha)
+    bar = math.log(_SIDES / alpha)
     return up >= bar, down >= bar
 
 
 def bounds(y: np.ndarray, alpha: float, at: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The (1 - alpha) sequence's ends (L_t, U_t) in [0, 1] at the positions `at` (0-based
+    """The one-sided (1 - alpha) sequences' ends (L_t, U_t) in [0, 1] at the positions `at` (0-based
     indices into the last axis; every t if None), as the running intersection over those looks.
     Found by bisection on m (K+ decreases in m, K- increases), vectorised over the looks."""
     n = y.shape[-1]
     idx = np.arange(n) if at is None else np.asarray(at, dtype=int)
     lam = predictable_bets(y, alpha)
-    bar = math.log(2 / alpha)
+    bar = math.log(_SIDES / alpha)
 
     def capital_at(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         # each look's own m: the whole path at that m, read at the look
@@ -215,7 +228,7 @@ def trajectory(score: GateScore, looks: list[int], alpha: float, min_docs: int) 
 
 def decided_looks(y: np.ndarray, m0: float, alpha: float, looks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per look (document counts), whether the sequence at it or at an earlier look lay wholly
-    above m0 (pass) or wholly below (fail): the exact tests K+(m0), K-(m0) >= 2 / alpha at the looks,
+    above m0 (pass) or wholly below (fail): the exact tests K+(m0), K-(m0) >= 1 / alpha at the looks,
     carried forward (the running intersection's ends say the same, to bisection's precision).
     Vectorised over the leading axes of `y`."""
     ups, downs = decisions(y, m0, alpha)

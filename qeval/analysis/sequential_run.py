@@ -371,13 +371,35 @@ def _ordered(
     base_records: list[SampleRecord], other_records: list[SampleRecord], metric: str, order: Sequence[int | str]
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """The two sides' values on the documents the setup scored, in the run's order (the order the
-    sequence is computed in), or None where some document does not pair."""
+    sequence is computed in), or None where some document does not pair.
+
+    Both sides are put in the seeded order: `paired_records` walks the baseline's records, and a
+    baseline stored in another order (a group pooled member after member, an lm-eval chunk sorted
+    by id) would feed the capital process its pairs subject by subject, which breaks the
+    sequence's exchangeability assumption (P(any wrong verdict) <= level no longer holds)."""
     rank = {str(d): i for i, d in enumerate(order)}
-    other_sorted = sorted(other_records, key=lambda r: rank.get(r.sample_id, len(rank)))
-    data = paired_records(base_records, other_sorted, metric)
+    unranked = len(rank)
+
+    def seeded(records: list[SampleRecord]) -> list[SampleRecord]:
+        return sorted(records, key=lambda r: rank.get(r.sample_id, unranked))
+
+    data = paired_records(seeded(base_records), seeded(other_records), metric)
     if data is None or len(data.base) != len(other_records):
         return None
     return data.base, data.other
+
+
+def _bounded(metric: str, values: tuple[np.ndarray, np.ndarray]) -> bool:
+    """Whether both sides' values lie in [0, 1], as the sequence's bet needs (the plan checked
+    the metric's name only: a task's metric named `acc` could still hold 0-100 values)."""
+    return all(sequential_metric(metric, v) for v in values)
+
+
+def unbounded(metric: str, base_records: list[SampleRecord], other_records: list[SampleRecord]) -> bool:
+    """Whether the two sides' stored values of `metric` leave [0, 1]: such a cell is never stopped
+    early and is judged by the fixed-n interval at the cap."""
+    values = _ordered(base_records, other_records, metric, [r.sample_id for r in other_records])
+    return values is not None and not _bounded(metric, values)
 
 
 def cell(
@@ -391,7 +413,7 @@ def cell(
     stopped; None where the documents do not pair."""
     spec = plan_json["tasks"][task]
     values = _ordered(base_records, other_records, spec["metric"], order)
-    if values is None:
+    if values is None or not _bounded(spec["metric"], values):
         return None
     score = _cell_score(spec, *values)
     return cell_trajectory(
@@ -466,12 +488,18 @@ class Monitor:
         spec = self.plan["tasks"][task]
         # the sequence runs in the order's own sequence (records within a chunk come sorted by id)
         values = _ordered(self.base[task], seen, spec["metric"], self.orders[task])
-        if values is None:
+        if values is None or not _bounded(spec["metric"], values):  # out of [0, 1]: scored to the cap
             return False
         y, m0 = to_unit(_cell_score(spec, *values))
         at = np.array(looks(len(y), self.plan["chunk_docs"]))
         up, down = decided_looks(y, m0, self.plan["alpha"], at)
         return bool(((up | down) & (at >= self.plan["min_docs"])).any())
+
+
+_UNBOUNDED = (
+    "sequential: its {metric} values leave [0, 1], so no confidence sequence runs on them; scored to the "
+    "cap and judged by the fixed-n interval there"
+)
 
 
 def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
@@ -487,6 +515,7 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
     infos = {t.name: t for t in pre.tasks}
     cells: list[SequentialCell] = []
     setups = []
+    off_range: dict[str, str] = {}
 
     def records(setup: str, name: str) -> list[SampleRecord]:
         members = plan_json["tasks"][name].get("members")
@@ -502,6 +531,11 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
             is_group = "members" in plan_json["tasks"][task]
             order = group_ids(plan_json, task) if is_group else task_order(plan_json, infos[task])[0]
             other, theirs = records(entry.name, task), records(base, task)
+            if unbounded(plan_json["tasks"][task]["metric"], theirs, other):
+                # never stopped early (the monitor skips it): one look at the cap, a valid fixed-n test
+                vs[task] = cmp.model_copy(update={"verdict_reason": _UNBOUNDED.format(metric=cmp.metric)})
+                off_range[task] = _UNBOUNDED.format(metric=cmp.metric).removeprefix("sequential: ")
+                continue
             traj = cell(plan_json, task, order, theirs, other)
             if traj is None:  # no sequence on these records: the fixed-n verdict is no sequential one
                 vs[task] = cmp.model_copy(
@@ -544,7 +578,7 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
             (c := e.vs_baseline.get(name)) is not None and c.verdict is not None for e in results.setups
         )
 
-    fixed = {}
+    fixed = dict(off_range)
     for name, info in infos.items():
         why = not_sequential(info.kind, _member(info), info.compared_metric)
         if why is not None and judged(name):

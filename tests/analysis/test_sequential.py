@@ -197,3 +197,19 @@ def test_unbounded_metrics_are_not_sequential() -> None:
     assert sequential_metric("acc") and sequential_metric("acc", np.array([0.0, 1.0]))
     assert not sequential_metric("mc2", np.array([0.5, 1.2]))
     assert not sequential_metric("acc", np.array([0.5, np.nan]))
+
+
+@pytest.mark.parametrize(("gate", "floor"), [(0.05, 143), (0.02, 364)])
+def test_each_side_runs_at_the_whole_level(gate: float, floor: int) -> None:
+    """One-sided: with nothing changed, a pass needs log(1/alpha) / log(1 + D / (2 (1 - D)))
+    documents (143 at a 5-point gate, 364 at a 2-point one, alpha 0.025; docs/statistics.md), not
+    the two-sided log(2/alpha) / ... (169 and 432)."""
+    import math
+
+    from qeval.analysis.sequential import decided_looks
+
+    alpha = 0.025
+    assert floor == math.ceil(math.log(1 / alpha) / math.log(1 + gate / (2 * (1 - gate))))
+    y, m0 = to_unit(gate_score(np.ones(1000), np.ones(1000), True, gate))
+    up, down = decided_looks(y, m0, alpha, np.arange(1, 1001))
+    assert int(np.argmax(up)) + 1 == floor and not down.any()

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from qeval.analysis.sequential import Trajectory
 from qeval.analysis.sequential_run import (
     Monitor,
     cell,
@@ -548,3 +549,129 @@ def test_a_cell_whose_documents_outrun_the_baseline_s_gets_no_verdict(tmp_path: 
     paired = stored(30, 14)
     assert paired.setups[1].vs_baseline["compare_mc"].verdict == "pass"  # identical answers, far inside 50 points
     assert [c.documents for c in paired.sequential.cells] == [14]
+
+
+def _pairs_in_seeded_order(
+    p: Any, cell_name: str, order: list[str], base: dict[str, float], other: dict[str, float]
+) -> Trajectory:
+    """The cell's trajectory computed straight from the values in the seeded order: what `cell`
+    must give whatever order the records are stored in."""
+    from qeval.analysis.sequential import gate_score
+    from qeval.analysis.sequential import trajectory as cell_trajectory
+
+    ids = [i for i in order if i in other]
+    spec = p["tasks"][cell_name]
+    gate = Gate.model_validate(spec["gate"])
+    score = gate_score(np.array([base[i] for i in ids]), np.array([other[i] for i in ids]), True, gate.max_drop)
+    return cell_trajectory(score, looks(len(ids), p["chunk_docs"]), p["alpha"], p["min_docs"])
+
+
+@pytest.mark.parametrize("stored", ["by_member", "reversed", "shuffled"])
+def test_a_cell_consumes_its_pairs_in_the_seeded_order_whatever_the_storage_order(stored: str) -> None:
+    """The capital process is fed the pairs in the run's seeded order, on both sides: a group's
+    pooled baseline (stored member after member), or either side stored in any other order, gives
+    exactly the trajectory of the values taken in the seeded order (look for look, bounds and
+    verdict), in assembly (`cell`) and in the worker's monitor alike."""
+    from qeval.analysis.sequential_run import group_ids, pooled
+
+    _, p = _group_plan()
+    sizes = {"mmlu_0": 30, "mmlu_1": 60, "mmlu_2": 90}
+    rng = np.random.default_rng(5)
+    # the drop differs across members: the order the pairs come in changes the sequence
+    drop = {"mmlu_0": 0.6, "mmlu_1": 0.0, "mmlu_2": 0.1}
+    base = {m: (rng.random(n) < 0.7).astype(float) for m, n in sizes.items()}
+    other = {m: np.where(rng.random(len(v)) < drop[m], 0.0, v) for m, v in base.items()}
+    base_records = pooled({m: _records(v, list(range(len(v)))) for m, v in base.items()})
+    other_records = pooled({m: _records(v, list(range(len(v)))) for m, v in other.items()})
+    if stored == "reversed":
+        base_records, other_records = base_records[::-1], other_records[::-1]
+    elif stored == "shuffled":
+        perm_b, perm_o = rng.permutation(len(base_records)), rng.permutation(len(other_records))
+        base_records = [base_records[i] for i in perm_b]
+        other_records = [other_records[i] for i in perm_o]
+    order = group_ids(p, "mmlu")
+
+    def values(recs: list[SampleRecord]) -> dict[str, float]:
+        return {r.sample_id: float((r.metrics or {})["acc"]) for r in recs}
+
+    want = _pairs_in_seeded_order(p, "mmlu", order, values(base_records), values(other_records))
+    got = cell(p, "mmlu", order, base_records, other_records)
+    assert got is not None
+    assert got.looks == want.looks and got.stopped_at == want.stopped_at
+    # the worker's monitor, holding the baseline in that storage order and fed the setup's records
+    # chunk by chunk as a run scores them (the seeded order), decides at the same look
+    monitor = Monitor(p, {"mmlu": order}, {"mmlu": base_records})
+    by_id = {r.sample_id: r for r in other_records}
+    seeded = [by_id[i] for i in order]
+    decided_at = next((k + 10 for k in range(0, len(seeded), 10) if monitor.add("mmlu", seeded[k : k + 10])), None)
+    assert want.stopped_at is not None and decided_at == want.looks[want.stopped_at].n
+
+
+def test_a_group_cell_whose_drop_differs_across_members_stays_within_the_level() -> None:
+    """Simulation with the real `cell` on a group of three subjects whose drops differ (one -20
+    points, two +10: the pool's mean change is 0 on a 5-point gate, so a fail is wrong). The
+    baseline's records are stored member after member, as `pooled` gives them. Wrong verdicts
+    stay at or under the level; fed subject by subject (the order storage gives) they would be
+    most paths."""
+    from qeval.analysis.sequential_run import group_ids, pooled
+
+    _, p = _group_plan(sizes=(100, 100, 100))
+    order = group_ids(p, "mmlu")
+    members = ["mmlu_0", "mmlu_1", "mmlu_2"]
+    rng = np.random.default_rng(11)
+    paths, wrong, wrong_by_member = 200, 0, 0
+    for _ in range(paths):
+        base: dict[str, np.ndarray] = {}
+        other: dict[str, np.ndarray] = {}
+        for m, change in zip(members, (-0.2, 0.1, 0.1), strict=True):
+            b = np.zeros(100)
+            b[rng.permutation(100)[:60]] = 1.0  # 60 right of 100
+            o = b.copy()
+            k = int(abs(change) * 100)  # exactly that many flips: the pool's change is exactly 0
+            flips = rng.permutation(np.flatnonzero(b == (1.0 if change < 0 else 0.0)))[:k]
+            o[flips] = 1.0 - o[flips]
+            base[m], other[m] = b, o
+        base_records = pooled({m: _records(v, list(range(100))) for m, v in base.items()})
+        other_records = pooled({m: _records(v, list(range(100))) for m, v in other.items()})
+        traj = cell(p, "mmlu", order, base_records, other_records)
+        assert traj is not None
+        wrong += traj.verdict == "fail"
+        # the same pairs taken member after member: what storage order alone would decide
+        by_member = cell(p, "mmlu", [r.sample_id for r in base_records], base_records, other_records)
+        assert by_member is not None
+        wrong_by_member += by_member.verdict == "fail"
+    assert wrong / paths <= p["alpha"], (wrong, paths)
+    assert wrong_by_member / paths > 0.5  # the check has teeth: the storage order is far off
+
+
+def test_a_metric_whose_values_leave_0_1_is_never_stopped_and_judged_at_the_cap(tmp_path: Any) -> None:
+    """The plan checks the metric's name; the values are checked too: `acc` stored as 0-100 runs no
+    confidence sequence (the monitor never stops it, `cell` gives none), and assembly keeps the
+    fixed-n verdict at the cap, saying why, in the cell's reason and the block's not_sequential."""
+    from qeval.analysis.sequential_run import results_block
+    from qeval.records.store import RunStore
+    from qeval.results.schema import read_results
+    from tests.helpers import ROOT
+
+    results = read_results(ROOT / "tests" / "data" / "run-v1" / "results.json")
+    results = results.model_copy(update={"setups": [s for s in results.setups if s.name in ("bf16", "int8")]})
+    info = SimpleNamespace(name="compare_mc", kind="native", entry="compare_mc", compared_metric="acc", n_docs=30)
+    cfg = _cfg(sequential={"enabled": True, "min_docs": 6, "chunk_docs": 2}, gates=[{"task": "all", "max_drop": 0.5}])
+    pre = SimpleNamespace(cfg=cfg, tasks=[info], groups={})
+    p = plan(pre)  # type: ignore[arg-type]
+    assert p is not None
+    ids, _ = task_order(p, info)
+    rows = [{"sample_id": i, "metrics": {"acc": 100.0 * (k % 2)}, "prompt_hash": "p"} for k, i in enumerate(ids)]
+    base = sample_records(rows)
+    monitor = Monitor(p, {"compare_mc": ids}, {"compare_mc": base})
+    assert not any(monitor.add("compare_mc", base[k : k + 2]) for k in range(0, 30, 2))
+    assert cell(p, "compare_mc", ids, base, base) is None
+    store = RunStore(tmp_path / "run")
+    for setup in ("bf16", "int8"):
+        store.write_task(setup, "compare_mc", "k", sample_records(rows), {}, {}, None)
+    out = results_block(results, pre, store)  # type: ignore[arg-type]
+    cmp = out.setups[1].vs_baseline["compare_mc"]
+    assert cmp.verdict == results.setups[1].vs_baseline["compare_mc"].verdict  # the fixed-n verdict kept
+    assert cmp.verdict_reason is not None and "leave [0, 1]" in cmp.verdict_reason
+    assert out.sequential is not None and out.sequential.cells == []
+    assert "compare_mc" in out.sequential.not_sequential
