@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import yaml
 
+from qeval.config.sequential import CellPlan, SequentialPlan
 from qeval.results.samples import SampleRecord
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -294,3 +295,13 @@ def agreement_limit(dtype: str) -> int:
         if dtype == "bfloat16" and "bfloat16" not in native_16bit("cpu")
         else AGREEMENT_LIMIT
     )
+
+
+def seq_plan(**fields: Any) -> SequentialPlan:
+    """A sequential run's plan (qeval/config/sequential.py `SequentialPlan`) from the fields a test
+    needs; the rest default (level 0.05 over one cell, a floor of 6, chunks of 10, seed 0, no cap).
+    A cell given as a dict gets a 2-point gate on acc, higher is better, unless it says otherwise."""
+    cell_default = {"gate": {"task": "all", "max_drop": 0.02}, "metric": "acc", "n_docs": 0, "higher_is_better": True}
+    tasks = {name: CellPlan.model_validate(cell_default | spec) for name, spec in fields.pop("tasks", {}).items()}
+    base = {"alpha": 0.05, "level": 0.05, "cells": 1, "min_docs": 6, "chunk_docs": 10, "max_docs": None, "seed": 0}
+    return SequentialPlan.model_validate(base | fields | {"tasks": tasks})

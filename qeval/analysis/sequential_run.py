@@ -38,6 +38,7 @@ from qeval.analysis.comparison import paired_records
 from qeval.analysis.sequential import Trajectory, cell_level, decided_looks, gate_score, sequential_metric, to_unit
 from qeval.analysis.sequential import trajectory as cell_trajectory
 from qeval.config.gates import Gate
+from qeval.config.sequential import CellPlan, SequentialPlan
 from qeval.errors import UserError
 from qeval.records.keys import SetupKeys
 from qeval.results.metrics import describe
@@ -88,23 +89,19 @@ def task_gate(gates: list[Gate], task: str) -> Gate | None:
     )
 
 
-def plan(pre: Preflight) -> dict[str, Any] | None:
-    """The run's sequential plan as JSON (the worker's job carries it), or None when the switch is
+def plan(pre: Preflight) -> SequentialPlan | None:
+    """The run's sequential plan (the worker's job carries it), or None when the switch is
     off: the level each cell runs at (`cell_level` over every (setup, task, gate) cell), each
     sequential task's (or group's) gate, metric and direction, and every lm-eval group's members
     with their document counts (what its pooled order is drawn over)."""
     cfg = pre.cfg
     if not cfg.sequential_on or cfg.sequential is None:
         return None
-    tasks: dict[str, Any] = {}
+    tasks: dict[str, CellPlan] = {}
 
-    def add(name: str, gate: Gate, metric: str, n_docs: int, **more: Any) -> None:
-        tasks[name] = {
-            "gate": gate.model_dump(mode="json"),
-            "metric": metric,
-            "n_docs": n_docs,
-            "higher_is_better": describe(metric).higher_is_better,
-        } | more
+    def add(name: str, gate: Gate, metric: str, n_docs: int, members: list[str] | None = None) -> None:
+        hib = describe(metric).higher_is_better
+        tasks[name] = CellPlan(gate=gate, metric=metric, n_docs=n_docs, higher_is_better=hib, members=members)
 
     for t in pre.tasks:
         gate = task_gate(cfg.gates, t.name)
@@ -122,17 +119,17 @@ def plan(pre: Preflight) -> dict[str, Any] | None:
     others = [s for s in cfg.setups if s.name != cfg.baseline.name]
     cells = len(others) * len(tasks)
     spec = cfg.sequential
-    return {
-        "alpha": cell_level(spec.level, cells),
-        "level": spec.level,
-        "cells": cells,
-        "min_docs": spec.min_docs,
-        "chunk_docs": spec.chunk_docs,
-        "max_docs": spec.max_docs,
-        "seed": spec.seed,
-        "tasks": tasks,
-        "groups": groups,
-    }
+    return SequentialPlan(
+        alpha=cell_level(spec.level, cells),
+        level=spec.level,
+        cells=cells,
+        min_docs=spec.min_docs,
+        chunk_docs=spec.chunk_docs,
+        max_docs=spec.max_docs,
+        seed=spec.seed,
+        tasks=tasks,
+        groups=groups,
+    )
 
 
 def group_metric(pre: Preflight, group: str) -> str | None:
@@ -158,22 +155,20 @@ def check(pre: Preflight) -> list[str]:
     if p is None:
         return []
     run = set(pre.run_tasks)
-    for group, spec in p["tasks"].items():  # a group cell is scored and decided whole, or not at all
-        some = [m for m in spec.get("members") or [] if m in run]
-        if some and len(some) < len(spec["members"]):
+    for group, spec in p.tasks.items():  # a group cell is scored and decided whole, or not at all
+        some = [m for m in spec.members or [] if m in run]
+        if some and len(some) < len(spec.members or []):
             raise UserError(
                 f"--tasks: {some[0]} is a member of the lm-eval group {group}, which a sequential run decides "
                 f"as one cell on its pooled documents: name {group} in --tasks (all its members), or switch "
                 "sequential off"
             )
-    if p["tasks"]:
-        cap = p["max_docs"]
-        short = {t: min(s["n_docs"], cap or s["n_docs"]) for t, s in p["tasks"].items()}
+    if p.tasks:
         return [
-            f"sequential: {t} has {n} documents, under min_docs {p['min_docs']}: its cells cannot be decided "
+            f"sequential: {t} has {n} documents, under min_docs {p.min_docs}: its cells cannot be decided "
             "(inconclusive at the end)"
-            for t, n in short.items()
-            if n < p["min_docs"]
+            for t, n in cell_caps(p).items()
+            if n < p.min_docs
         ]
     why: dict[str, str] = {}
     for t in pre.tasks:
@@ -196,7 +191,7 @@ def check(pre: Preflight) -> list[str]:
     )
 
 
-def with_keys(pre: Preflight, keys: dict[str, SetupKeys], plan_json: dict[str, Any]) -> dict[str, SetupKeys]:
+def with_keys(pre: Preflight, keys: dict[str, SetupKeys], plan_json: SequentialPlan) -> dict[str, SetupKeys]:
     """The run's resume keys with the sequential parts (only while the switch is on): every task's
     the order, chunks and cap (a group member's also its group: its documents are drawn from the
     group's pooled order); a setup other than the baseline's also the level over the run's cells
@@ -208,14 +203,14 @@ def with_keys(pre: Preflight, keys: dict[str, SetupKeys], plan_json: dict[str, A
     def with_part(k: SetupKeys, part: Callable[[str], str]) -> SetupKeys:
         return SetupKeys(k.parts, {t: p | {"sequential": part(t)} for t, p in k.tasks.items()})
 
-    group_of = _group_of(plan_json)
+    group_of = plan_json.group_of()
     order = spec.order_part()
 
     def ordered(t: str) -> str:
         return order + (f",group={group_of[t]}" if t in group_of else "")
 
     base_keys = with_part(keys[base], ordered)
-    stop = "," + spec.stop_part(plan_json["cells"])
+    stop = "," + spec.stop_part(plan_json.cells)
     return {
         name: base_keys
         if name == base
@@ -224,44 +219,36 @@ def with_keys(pre: Preflight, keys: dict[str, SetupKeys], plan_json: dict[str, A
     }
 
 
-def monitored_tasks(plan_json: dict[str, Any]) -> set[str]:
+def monitored_tasks(plan_json: SequentialPlan) -> set[str]:
     """The tasks whose baseline records a setup's monitor reads: each task cell, and each group
     cell's members."""
-    out = set()
-    for name, spec in plan_json["tasks"].items():
-        out |= set(spec.get("members") or [name])
-    return out
+    return plan_json.monitored()
 
 
-def _group_of(plan_json: dict[str, Any]) -> dict[str, str]:
-    """lm-eval leaf -> the group whose pooled order it is scored in."""
-    return {m: g for g, members in plan_json.get("groups", {}).items() for m, _ in members}
-
-
-def _cell_part(plan_json: dict[str, Any], cell_name: str, base_keys: SetupKeys) -> str:
+def _cell_part(plan_json: SequentialPlan, cell_name: str, base_keys: SetupKeys) -> str:
     """What else changes where a setup other than the baseline stops a cell: the gate it is tested
     against and the baseline's records it is paired with (records that stopped at a 50-point gate,
     or against another baseline, are no run at a 5-point one: they would be read back as "not
     decided after 8 of 24 documents", never scored further). Empty for a task that is no cell."""
-    spec = plan_json["tasks"].get(cell_name)
+    spec = plan_json.tasks.get(cell_name)
     if spec is None:
         return ""
-    gate = ",".join(f"{k}={v!r}" for k, v in sorted(spec["gate"].items()) if v is not None)
-    members = spec.get("members")
+    gate = ",".join(f"{k}={v!r}" for k, v in sorted(spec.gate.model_dump(mode="json").items()) if v is not None)
+    members = spec.members
     if members is None:
         return f",gate=({gate}),baseline={base_keys.task_key(cell_name)}"
     pooled = hashlib.sha256(",".join(base_keys.task_key(m) for m in members).encode()).hexdigest()[:16]
     return f",gate=({gate}),baseline={pooled}"
 
 
-def widen(plan_json: dict[str, Any] | None, pending: Mapping[str, str], key: Callable[[str], str]) -> dict[str, str]:
+def widen(plan_json: SequentialPlan | None, pending: Mapping[str, str], key: Callable[[str], str]) -> dict[str, str]:
     """The tasks a setup other than the baseline scores (task -> key): a group cell's members all
     together, or none, since its monitor pools them chunk by chunk (a member stored and another
     not, by a worker killed between the two, are scored again together: the saved chunks carry
     both on, and the stop comes at the same look)."""
     out = dict(pending)
-    for spec in (plan_json or {}).get("tasks", {}).values():
-        members = spec.get("members") or []
+    for spec in (plan_json.tasks if plan_json is not None else {}).values():
+        members = spec.members or []
         if any(m in pending for m in members):
             out |= {m: key(m) for m in members if m not in out}
     return out
@@ -277,11 +264,11 @@ def group_order(
     return [pooled[i] for i in seeded_order(seed, group, len(pooled), cap)]
 
 
-def group_ids(plan_json: dict[str, Any], group: str) -> list[str]:
+def group_ids(plan_json: SequentialPlan, group: str) -> list[str]:
     """A group's pooled order as ids `member/index`: what its members' records are paired and
     ordered by once pooled (`pooled`)."""
-    members = plan_json["groups"][group]
-    return [f"{m}/{i}" for m, i in group_order(plan_json["seed"], group, members, plan_json["max_docs"])]
+    members = plan_json.groups[group]
+    return [f"{m}/{i}" for m, i in group_order(plan_json.seed, group, members, plan_json.max_docs)]
 
 
 def pooled(records: Mapping[str, list[SampleRecord]]) -> list[SampleRecord]:
@@ -289,14 +276,14 @@ def pooled(records: Mapping[str, list[SampleRecord]]) -> list[SampleRecord]:
     return [r.model_copy(update={"sample_id": f"{m}/{r.sample_id}"}) for m, recs in records.items() for r in recs]
 
 
-def leaf_chunks(plan_json: dict[str, Any], n_docs: Mapping[str, int]) -> dict[str, list[list[int]]]:
+def leaf_chunks(plan_json: SequentialPlan, n_docs: Mapping[str, int]) -> dict[str, list[list[int]]]:
     """Per lm-eval leaf (its document count), its documents chunk by chunk in the run's order: a
     leaf outside groups, the next `chunk_docs` of its own seeded order (`document_order`); a group
     member, its share of each chunk of its group's pooled order (`group_order`: possibly none), so
     every member of a group has the group's number of chunks."""
-    c, cap, seed = plan_json["chunk_docs"], plan_json["max_docs"], plan_json["seed"]
+    c, cap, seed = plan_json.chunk_docs, plan_json.max_docs, plan_json.seed
     out: dict[str, list[list[int]]] = {}
-    for group, members in plan_json.get("groups", {}).items():
+    for group, members in plan_json.groups.items():
         if not any(m in n_docs for m, _ in members):
             continue
         order = group_order(seed, group, members, cap)
@@ -311,22 +298,22 @@ def leaf_chunks(plan_json: dict[str, Any], n_docs: Mapping[str, int]) -> dict[st
     return out
 
 
-def capped_docs(plan_json: dict[str, Any], n_docs: Mapping[str, int]) -> dict[str, int]:
+def capped_docs(plan_json: SequentialPlan, n_docs: Mapping[str, int]) -> dict[str, int]:
     """Per lm-eval leaf (or task), the documents a setup scores of it at most: the cap, or a group
     member's share of its group's capped pooled order. Per cell: `cell_caps`."""
     return {t: sum(len(c) for c in chunks) for t, chunks in leaf_chunks(plan_json, n_docs).items()}
 
 
-def cell_caps(plan_json: dict[str, Any]) -> dict[str, int]:
+def cell_caps(plan_json: SequentialPlan) -> dict[str, int]:
     """Per cell (a task, or a group over its pooled set), the documents it is scored to at most:
     `max_docs`, else the whole set (what `seeded_order` and `group_order` cut at)."""
-    cap = plan_json["max_docs"]
-    return {t: min(spec["n_docs"], cap or spec["n_docs"]) for t, spec in plan_json["tasks"].items()}
+    cap = plan_json.max_docs
+    return {t: min(spec.n_docs, cap or spec.n_docs) for t, spec in plan_json.tasks.items()}
 
 
-def cell_members(plan_json: dict[str, Any], cell_name: str) -> list[str]:
+def cell_members(plan_json: SequentialPlan, cell_name: str) -> list[str]:
     """The tasks a cell's records are stored under: a group's members, or the task itself."""
-    return list(plan_json["tasks"][cell_name].get("members") or [cell_name])
+    return plan_json.tasks[cell_name].units(cell_name)
 
 
 def document_order(cfg: RunConfig, task: str, n_docs: int) -> list[int]:
@@ -347,11 +334,11 @@ def seeded_order(seed: int, task: str, n_docs: int, cap: int | None = None) -> l
     return [int(i) for i in (order[:cap] if cap else order)]
 
 
-def task_order(plan_json: dict[str, Any], task: Any) -> tuple[list[str], list[int]]:
+def task_order(plan_json: SequentialPlan, task: Any) -> tuple[list[str], list[int]]:
     """A task's documents in the run's seeded order, cut at the cap: their sample ids (what the
     records are paired and ordered by) and their indices in the set. An lm-eval document's id is
     its index; a native task's is its `doc_id` (the data's id field, else its index)."""
-    order = seeded_order(plan_json["seed"], task.name, task.n_docs, plan_json["max_docs"])
+    order = seeded_order(plan_json.seed, task.name, task.n_docs, plan_json.max_docs)
     doc_id = getattr(task, "doc_id", None)
     return ([str(doc_id(i)) for i in order] if callable(doc_id) else [str(i) for i in order]), order
 
@@ -362,9 +349,9 @@ def looks(n_scored: int, chunk_docs: int) -> list[int]:
     return out + [n_scored] if n_scored and (not out or out[-1] != n_scored) else out
 
 
-def _cell_score(spec: dict[str, Any], base: np.ndarray, other: np.ndarray) -> Any:
-    gate = Gate.model_validate(spec["gate"])
-    return gate_score(base, other, spec["higher_is_better"], gate.max_drop, gate.relative, gate.min_recovery)
+def _cell_score(spec: CellPlan, base: np.ndarray, other: np.ndarray) -> Any:
+    gate = spec.gate
+    return gate_score(base, other, spec.higher_is_better, gate.max_drop, gate.relative, gate.min_recovery)
 
 
 def _ordered(
@@ -403,7 +390,7 @@ def unbounded(metric: str, base_records: list[SampleRecord], other_records: list
 
 
 def cell(
-    plan_json: dict[str, Any],
+    plan_json: SequentialPlan,
     task: str,
     order: Sequence[int | str],
     base_records: list[SampleRecord],
@@ -411,14 +398,12 @@ def cell(
 ) -> Trajectory | None:
     """The cell's trajectory from the stored records: its sequence at every look and where it
     stopped; None where the documents do not pair."""
-    spec = plan_json["tasks"][task]
-    values = _ordered(base_records, other_records, spec["metric"], order)
-    if values is None or not _bounded(spec["metric"], values):
+    spec = plan_json.tasks[task]
+    values = _ordered(base_records, other_records, spec.metric, order)
+    if values is None or not _bounded(spec.metric, values):
         return None
     score = _cell_score(spec, *values)
-    return cell_trajectory(
-        score, looks(len(values[0]), plan_json["chunk_docs"]), plan_json["alpha"], plan_json["min_docs"]
-    )
+    return cell_trajectory(score, looks(len(values[0]), plan_json.chunk_docs), plan_json.alpha, plan_json.min_docs)
 
 
 class Monitor:
@@ -428,7 +413,7 @@ class Monitor:
 
     def __init__(
         self,
-        plan_json: dict[str, Any],
+        plan_json: SequentialPlan,
         orders: Mapping[str, Sequence[int | str]],
         baseline_records: dict[str, list[SampleRecord]],
     ) -> None:
@@ -439,18 +424,16 @@ class Monitor:
 
     @classmethod
     def for_leaves(
-        cls, plan_json: dict[str, Any], leaves: Sequence[str], baseline: Callable[[str], list[SampleRecord]]
+        cls, plan_json: SequentialPlan, leaves: Sequence[str], baseline: Callable[[str], list[SampleRecord]]
     ) -> Monitor:
         """The monitor of an lm-eval scoring of `leaves`: each cell among them (a leaf, or a group
         whose members are all there), its order's ids and the baseline's stored records."""
         orders: dict[str, Sequence[int | str]] = {}
         base: dict[str, list[SampleRecord]] = {}
-        for name, spec in plan_json["tasks"].items():
-            members = spec.get("members")
+        for name, spec in plan_json.tasks.items():
+            members = spec.members
             if members is None and name in leaves:
-                orders[name] = [
-                    str(i) for i in seeded_order(plan_json["seed"], name, spec["n_docs"], plan_json["max_docs"])
-                ]
+                orders[name] = [str(i) for i in seeded_order(plan_json.seed, name, spec.n_docs, plan_json.max_docs)]
                 base[name] = baseline(name)
             elif members is not None and all(m in leaves for m in members):
                 orders[name] = group_ids(plan_json, name)
@@ -460,23 +443,23 @@ class Monitor:
     def chunk(self, added: Mapping[str, list[SampleRecord]]) -> set[str]:
         """A chunk's new records per lm-eval leaf (or, on resume, all each has so far); the leaves
         that stop: each whose cell is decided (a group's: all its members, on the pooled records)."""
-        group_of = _group_of(self.plan)
+        group_of = self.plan.group_of()
         by_cell: dict[str, list[SampleRecord]] = {}
         for leaf, records in added.items():
             group = group_of.get(leaf)
-            if group is not None and group in self.plan["tasks"]:
+            if group is not None and group in self.plan.tasks:
                 by_cell.setdefault(group, []).extend(pooled({leaf: records}))
             else:
                 by_cell.setdefault(leaf, []).extend(records)
         done: set[str] = set()
         for name, records in by_cell.items():
             if self.add(name, records):
-                done |= set(self.plan["tasks"][name].get("members") or [name])
+                done |= set(self.plan.tasks[name].units(name))
         return done
 
     def sequential(self, task: str) -> bool:
         """Whether the task's cell is decided sequentially (else it scores to the cap)."""
-        return task in self.plan["tasks"] and task in self.base and task in self.orders
+        return task in self.plan.tasks and task in self.base and task in self.orders
 
     def add(self, task: str, records: list[SampleRecord]) -> bool:
         """The chunk's records of `task` (or, on resume, every record scored before); True once its
@@ -485,15 +468,15 @@ class Monitor:
             return False
         seen = self.seen.setdefault(task, [])
         seen.extend(records)
-        spec = self.plan["tasks"][task]
+        spec = self.plan.tasks[task]
         # the sequence runs in the order's own sequence (records within a chunk come sorted by id)
-        values = _ordered(self.base[task], seen, spec["metric"], self.orders[task])
-        if values is None or not _bounded(spec["metric"], values):  # out of [0, 1]: scored to the cap
+        values = _ordered(self.base[task], seen, spec.metric, self.orders[task])
+        if values is None or not _bounded(spec.metric, values):  # out of [0, 1]: scored to the cap
             return False
         y, m0 = to_unit(_cell_score(spec, *values))
-        at = np.array(looks(len(y), self.plan["chunk_docs"]))
-        up, down = decided_looks(y, m0, self.plan["alpha"], at)
-        return bool(((up | down) & (at >= self.plan["min_docs"])).any())
+        at = np.array(looks(len(y), self.plan.chunk_docs))
+        up, down = decided_looks(y, m0, self.plan.alpha, at)
+        return bool(((up | down) & (at >= self.plan.min_docs)).any())
 
 
 _UNBOUNDED = (
@@ -518,7 +501,7 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
     off_range: dict[str, str] = {}
 
     def records(setup: str, name: str) -> list[SampleRecord]:
-        members = plan_json["tasks"][name].get("members")
+        members = plan_json.tasks[name].members
         if members is None:
             return store.read_samples(setup, name)
         return pooled({m: store.read_samples(setup, m) for m in members})
@@ -526,12 +509,12 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
     for entry in results.setups:
         vs = dict(entry.vs_baseline)
         for task, cmp in entry.vs_baseline.items():
-            if entry.name == base or task not in plan_json["tasks"] or cmp.verdict is None:
+            if entry.name == base or task not in plan_json.tasks or cmp.verdict is None:
                 continue
-            is_group = "members" in plan_json["tasks"][task]
+            is_group = plan_json.tasks[task].members is not None
             order = group_ids(plan_json, task) if is_group else task_order(plan_json, infos[task])[0]
             other, theirs = records(entry.name, task), records(base, task)
-            if unbounded(plan_json["tasks"][task]["metric"], theirs, other):
+            if unbounded(plan_json.tasks[task].metric, theirs, other):
                 # never stopped early (the monitor skips it): one look at the cap, a valid fixed-n test
                 vs[task] = cmp.model_copy(update={"verdict_reason": _UNBOUNDED.format(metric=cmp.metric)})
                 off_range[task] = _UNBOUNDED.format(metric=cmp.metric).removeprefix("sequential: ")
@@ -553,14 +536,14 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
             vs[task] = cmp.model_copy(
                 update={"verdict": traj.verdict, "verdict_reason": reason, "samples_to_decide": None}
             )
-            score_spec = plan_json["tasks"][task]
-            gate = Gate.model_validate(score_spec["gate"])
+            score_spec = plan_json.tasks[task]
+            gate = score_spec.gate
             threshold = -gate.max_drop if gate.max_drop is not None and not gate.relative else 0.0
             cells.append(
                 SequentialCell(
                     setup=entry.name,
                     task=task,
-                    metric=score_spec["metric"],
+                    metric=score_spec.metric,
                     threshold=threshold,
                     documents=n,
                     total=total,
@@ -584,7 +567,7 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
         if why is not None and judged(name):
             fixed[name] = why
     for group, members in (pre.groups or {}).items():
-        if group not in plan_json["tasks"] and judged(group):
+        if group not in plan_json.tasks and judged(group):
             fixed[group] = (
                 f"an lm-eval group of {len(members)} tasks on a metric that is not bounded in [0, 1] (or mixed): "
                 "judged on its pooled documents (as without the switch) by the fixed-n interval at the cap"
@@ -596,13 +579,13 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
     cell_cap = cell_caps(plan_json)
     baseline_docs = {
         t: SequentialBaseline(documents=base_entry.tasks[t].n, total=cell_cap[t])
-        for t in plan_json["tasks"]
+        for t in plan_json.tasks
         if base_entry is not None and t in base_entry.tasks
     }
     block = SequentialRun(
         method="betting confidence sequence (Waudby-Smith & Ramdas 2023)",
         level=spec.level,
-        cell_level=plan_json["alpha"],
+        cell_level=plan_json.alpha,
         min_docs=spec.min_docs,
         chunk_docs=spec.chunk_docs,
         max_docs=spec.max_docs,
@@ -643,24 +626,23 @@ def documents_scored(
     return scored, full
 
 
-def cell_units(plan_json: dict[str, Any] | None, names: Sequence[str]) -> dict[str, str] | None:
+def cell_units(plan_json: SequentialPlan | None, names: Sequence[str]) -> dict[str, str] | None:
     """Per lm-eval leaf of `names` scored in the run's order, the unit it is scored with in one
     `evaluate()` loop: a group's members their group (its monitor pools them chunk by chunk), any
     other leaf itself (its saved state then does not depend on which other tasks a pass scores)."""
     if plan_json is None:
         return None
-    group_of = _group_of(plan_json)
+    group_of = plan_json.group_of()
     return {n: group_of.get(n, n) for n in names}
 
 
-def pass_horizons(plan_json: dict[str, Any] | None, names: Sequence[str]) -> dict[str, int] | None:
+def pass_horizons(plan_json: SequentialPlan | None, names: Sequence[str]) -> dict[str, int] | None:
     """Per sequential task of `names`, the horizon of the pass in progress (qeval/run/passes.py):
     where its scoring stops this pass, undecided or not. None outside a sequential run's pass. A
     group cell's members get the horizon too: their chunks are shares of the group's pooled chunks
     (`leaf_chunks`), so the horizon counts the group's pooled documents and all its members pause at
     the same look."""
-    if plan_json is None or plan_json.get("horizon") is None:
+    if plan_json is None or plan_json.horizon is None:
         return None
-    group_of = _group_of(plan_json)
-    cells = plan_json["tasks"]
-    return {n: int(plan_json["horizon"]) for n in names if n in cells or group_of.get(n) in cells}
+    group_of, cells, horizon = plan_json.group_of(), plan_json.tasks, plan_json.horizon
+    return {n: horizon for n in names if n in cells or group_of.get(n) in cells}

@@ -5,8 +5,9 @@ run that does not use it computes, stores and resumes as before the block existe
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from qeval.config.gates import Gate
 from qeval.strict import Seed, Strict
 
 
@@ -67,3 +68,62 @@ class SequentialSpec(Strict):
         """What changes where a setup that is not the baseline stops: the level over `cells` cells
         and the floor (a part of those setups' resume keys while on)."""
         return f"level={self.level!r},cells={cells},min_docs={self.min_docs}"
+
+
+class CellPlan(BaseModel):
+    """One sequential cell of a run's plan: a task, or an lm-eval group over its pooled documents."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gate: Gate
+    #: the compared metric, bounded in [0, 1] (qeval/analysis/sequential.py `sequential_metric`)
+    metric: str
+    #: the cell's documents (a group's: its members' sum)
+    n_docs: int
+    higher_is_better: bool
+    #: a group cell's members (lm-eval leaves), None for a task
+    members: list[str] | None = None
+
+    def units(self, name: str) -> list[str]:
+        """The tasks the cell is scored as: a group's members, else the task itself."""
+        return list(self.members or [name])
+
+
+class SequentialPlan(BaseModel):
+    """A sequential run's plan (qeval/analysis/sequential_run.py `plan`): what every worker's
+    monitor and assembly decide the cells with. The runner makes it once; each job carries it, with
+    the pass's horizon (qeval/run/passes.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: each cell's level: `level` over the run's cells (qeval/analysis/sequential.py `cell_level`)
+    alpha: float
+    level: float
+    #: (setups other than the baseline) x cells
+    cells: int
+    min_docs: int
+    chunk_docs: int
+    max_docs: int | None
+    seed: int
+    #: per cell (a task, or a group), its gate, metric, size and members
+    tasks: dict[str, CellPlan]
+    #: every lm-eval group's members with their document counts (what its pooled order is drawn over)
+    groups: dict[str, list[tuple[str, int]]] = {}
+    #: the pass's document horizon (None: score each cell to its cap)
+    horizon: int | None = None
+    #: a cell stored at an earlier pass's horizon carries on from it (False under --force)
+    carry: bool = True
+    #: the pass's number (1: the first; a later one scores only extensions)
+    number: int = 1
+
+    def for_pass(self, horizon: int | None, carry: bool, number: int) -> SequentialPlan:
+        """The plan a job of pass `number` carries: this one with the pass's horizon."""
+        return self.model_copy(update={"horizon": horizon, "carry": carry, "number": number})
+
+    def group_of(self) -> dict[str, str]:
+        """lm-eval leaf -> the group whose pooled order it is scored in."""
+        return {m: g for g, members in self.groups.items() for m, _ in members}
+
+    def monitored(self) -> set[str]:
+        """Every task a monitor watches: each cell's units (a group's members)."""
+        return {u for name, c in self.tasks.items() for u in c.units(name)}

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.dataclasses import dataclass
 
+from qeval.config.sequential import SequentialPlan
 from qeval.errors import UserError
 from qeval.results.performance import Measured, PerfWorkload
 
@@ -54,7 +55,7 @@ class Job(BaseModel):
     key_parts: dict[str, str]
     performance: PerformanceJob | None = None
     #: a sequential run's plan (qeval/analysis/sequential_run.py), None while the switch is off
-    sequential: dict[str, Any] | None = None
+    sequential: SequentialPlan | None = None
 
 
 @dataclass

@@ -31,7 +31,7 @@ from qeval.analysis.sequential_run import (
     pooled,
     task_order,
 )
-from qeval.config.sequential import first_look
+from qeval.config.sequential import SequentialPlan, first_look
 
 if TYPE_CHECKING:
     from qeval.records.keys import SetupKeys
@@ -75,18 +75,18 @@ class PassState:
     cells are decided. A pass unit is a cell: a task, or an lm-eval group whose members are scored
     together and pause at the same look (their horizon counts the group's pooled documents)."""
 
-    def __init__(self, pre: Preflight, store: RunStore, keys: Mapping[str, SetupKeys], plan: Mapping[str, Any]) -> None:
+    def __init__(self, pre: Preflight, store: RunStore, keys: Mapping[str, SetupKeys], plan: SequentialPlan) -> None:
         self.pre, self.store, self.keys, self.plan = pre, store, keys, plan
         self.baseline = pre.cfg.baseline.name
-        self.caps = cell_caps(dict(plan))
+        self.caps = cell_caps(plan)
         run = set(pre.run_tasks)
         #: the cells this invocation scores (--tasks), each with the tasks its records are stored under
-        self.members = {c: cell_members(dict(plan), c) for c in plan["tasks"]}
+        self.members = {c: cell_members(plan, c) for c in plan.tasks}
         self.members = {c: ms for c, ms in self.members.items() if all(m in run for m in ms)}
         self.tasks = list(self.members)
         infos = {t.name: t for t in pre.tasks}
         self._orders = {
-            c: group_ids(dict(plan), c) if "members" in plan["tasks"][c] else task_order(dict(plan), infos[c])[0]
+            c: group_ids(plan, c) if plan.tasks[c].members is not None else task_order(plan, infos[c])[0]
             for c in self.tasks
         }
         self.stored: dict[tuple[str, str], Stored] = {}
@@ -98,16 +98,16 @@ class PassState:
                 n = sum(int((store.read_meta(setup.name, m) or {}).get("n", 0)) for m in self.members[c])
                 decided, paired = False, True
                 if setup.name != self.baseline and c in base_records:
-                    traj = cell(dict(plan), c, self._orders[c], base_records[c], self._records(setup.name, c))
+                    traj = cell(plan, c, self._orders[c], base_records[c], self._records(setup.name, c))
                     decided, paired = traj is not None and traj.stopped_at is not None, traj is not None
                 self.stored[(setup.name, c)] = Stored(n, decided, paired)
         # the baseline's tasks in no cell stored short of the cap: a cell at an earlier run's horizon
         # whose gate was since removed (same key: the baseline's holds the order, not the gate). A
         # task in no cell is scored to the cap, so it is carried on to it, never read as whole.
-        in_cells = {m for c in plan["tasks"] for m in cell_members(dict(plan), c)}
+        in_cells = plan.monitored()
         # (only tasks that could be cells, on a metric in [0, 1]: the others are scored whole)
         ordered = {t.name: t.n_docs for t in pre.tasks if not_sequential(t.kind, False, t.compared_metric) is None}
-        capped = capped_docs(dict(plan), ordered)
+        capped = capped_docs(plan, ordered)
         self.short = {
             t
             for t in self.pre.run_tasks
@@ -124,7 +124,7 @@ class PassState:
 
     def _records(self, setup: str, cell_name: str) -> list[Any]:
         """The cell's stored records (a group's pooled: ids `member/id`, as its order's)."""
-        if "members" not in self.plan["tasks"][cell_name]:
+        if self.plan.tasks[cell_name].members is None:
             return self.store.read_samples(setup, cell_name)
         return pooled({m: self.store.read_samples(setup, m) for m in self.members[cell_name]})
 

@@ -36,6 +36,7 @@ from qeval.analysis.sequential_run import with_keys as sequential_keys
 from qeval.backends import backend_entry
 from qeval.config import RunConfig
 from qeval.config.executor import ExecutorSpec
+from qeval.config.sequential import SequentialPlan
 from qeval.config.setups import Setup
 from qeval.errors import UserError
 from qeval.files.atomic import atomic_write_bytes, atomic_write_json
@@ -91,7 +92,7 @@ class PreparedRun:
     #: advice.json's content when the config has an `advise:` block (qeval/run/advice.py)
     advice: Advice | None = None
     #: a sequential run's plan (None: the switch is off) and its pass's horizon (qeval/run/passes.py)
-    sequential: dict[str, Any] | None = None
+    sequential: SequentialPlan | None = None
     horizon: int | None = None
     #: the job-id prefix (a sweep's model)
     prefix: str = ""
@@ -230,7 +231,7 @@ def prepare(pre: Preflight, opts: RunOptions, prefix: str = "") -> PreparedRun:
     ensure_ceilings(pre, store, backend_entry(pre.cfg.backend).worker_python(pre.cfg), remote)
     horizon = state = None
     if seq is not None:  # pass 1 of a sequential run (qeval/run/passes.py)
-        horizon = first_horizon(seq["min_docs"], seq["chunk_docs"])
+        horizon = first_horizon(seq.min_docs, seq.chunk_docs)
         state = PassState(pre, store, keys, seq)
         cap = max(cell_caps(seq).values(), default=0)
         undecided = len(state.open_cells(s.name for s in pre.setups))
@@ -244,7 +245,7 @@ def _jobs(
     opts: RunOptions,
     store: RunStore,
     keys: dict[str, SetupKeys],
-    seq: dict[str, Any] | None,
+    seq: SequentialPlan | None,
     prefix: str,
     horizon: int | None,
     state: PassState | None,
@@ -292,7 +293,7 @@ def _jobs(
         if force:  # recompute everything: not even an interrupted task's saved chunks are taken up
             clear_scratch(store.scratch_dir(setup.name))
         # the pass's horizon, and whether a cell stored at an earlier one is carried on from (not under --force)
-        job_seq = seq if seq is None else seq | {"horizon": horizon, "carry": not force, "pass": number}
+        job_seq = seq if seq is None else seq.for_pass(horizon, carry=not force, number=number)
         jobs.append(_job(pre, store, setup, pending, k, baseline, prefix, perf if perf_pending else None, job_seq))
     # a setup whose KL reference is the baseline's top-k waits for the baseline's job
     if jobs and jobs[0].name == baseline:
@@ -347,7 +348,7 @@ def _job(
     baseline: str,
     prefix: str,
     perf: str | None,
-    sequential: dict[str, Any] | None = None,
+    sequential: SequentialPlan | None = None,
 ) -> WorkerJob:
     """One setup's job: its job file (what qeval.run.worker reads) written into RUN_DIR/jobs/."""
     setup = spec.name

@@ -65,7 +65,7 @@ def run_job(job: Job) -> int:
         outcome.error = _failure(exc, setup)
         outcome.traceback = traceback.format_exc(limit=8)
     outcome.timings["total_s"] = round(time.time() - t0, 2)
-    if current is not None and job.sequential is not None and int(job.sequential.get("pass", 1)) > 1:
+    if current is not None and job.sequential is not None and job.sequential.number > 1:
         _after_a_pass(outcome, current, list(job.tasks))
     atomic_write_json(store.setup_path(setup.name), outcome.model_dump(mode="json"))
     return 0 if outcome.status == "ok" else 1
@@ -189,7 +189,7 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: Job, outcome: Out
 def _stored(store: RunStore, setup: str, job: Job, task: str) -> tuple[list[Any], Any] | None:
     """This setup's records and top-k of a sequential task stored under the job's key for it, for
     a later pass to carry on from (qeval/run/passes.py); None under --force, or where there are none."""
-    if job.sequential is None or not job.sequential.get("carry", True):
+    if job.sequential is None or not job.sequential.carry:
         return None
     if task not in job.tasks or not store.is_done(setup, task, job.tasks[task]):
         return None

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
     from qeval.backends.base import Backend, Progress
     from qeval.config import RunConfig
+    from qeval.config.sequential import SequentialPlan
     from qeval.config.setups import Setup
     from qeval.records.preflight import Preflight
     from qeval.records.spool import TopkReader
@@ -86,7 +87,7 @@ class Scoring:
     #: None: what a kind that scores in chunks reads instead of `reference`'s whole arrays
     open_reference: Callable[[str], TopkReader | None] = field(default=lambda _task: None)
     #: a sequential run's plan (qeval/analysis/sequential_run.py `plan`), or None: the switch is off
-    sequential: dict[str, Any] | None = None
+    sequential: SequentialPlan | None = None
     #: the baseline's stored records of a task (a sequential setup's gates are tested against
     #: them after each chunk); None for the baseline itself
     baseline_records: Callable[[str], list[SampleRecord]] | None = None

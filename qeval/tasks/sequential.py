@@ -45,7 +45,7 @@ def score_one(ctx: Scoring, task: Task, progress: Progress) -> TaskResult:
 
 def is_sequential(ctx: Scoring, task: Task) -> bool:
     """Whether `task` is one of the run's sequential cells (its plan names it)."""
-    return ctx.sequential is not None and task.name in ctx.sequential["tasks"]
+    return ctx.sequential is not None and task.name in ctx.sequential.tasks
 
 
 def _slice_reference(ref: dict[str, np.ndarray] | None, start: int, stop: int) -> dict[str, np.ndarray] | None:
@@ -89,7 +89,7 @@ def _carried(
     if got is None:
         return [], []
     records, topk = got
-    n, chunk = len(records), int(ctx.sequential["chunk_docs"]) if ctx.sequential else 0
+    n, chunk = len(records), ctx.sequential.chunk_docs if ctx.sequential else 0
     if not n or not chunk or n % chunk or [r.sample_id for r in records] != ids[:n]:
         return [], []
     if ctx.keeps_topk and task.spec.output_type == "multiple_choice":  # the others' KL reference: whole
@@ -123,10 +123,10 @@ def score_in_order(ctx: Scoring, task: Task, progress: Progress) -> TaskResult:
     if ctx.baseline_records is not None:  # the baseline scores to the horizon: the others test against it
         monitor = Monitor(plan, {task.name: ids}, {task.name: ctx.baseline_records(task.name)})
     tokens = TokenDivergence()
-    chunk = int(plan["chunk_docs"])
+    chunk = plan.chunk_docs
     records, packs = _carried(ctx, task, ids, counts, tokens if reference is not None else None)
     # a pass's horizon (qeval/run/passes.py): no further this pass; the next carries on from here
-    end = min(len(docs), int(plan.get("horizon") or len(docs)))
+    end = min(len(docs), plan.horizon or len(docs))
     decided = monitor is not None and bool(records) and monitor.add(task.name, list(records))  # replayed
     if decided:
         end = len(records)  # decided already (not pending in a run: a direct call)

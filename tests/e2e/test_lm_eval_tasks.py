@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import MODEL, ROOT, TASKS, run_cli
+from tests.helpers import MODEL, ROOT, TASKS, run_cli, seq_plan
 
 pytestmark = pytest.mark.slow
 SMOLLM2 = ROOT / "models" / "smollm2-135m"
@@ -334,7 +334,7 @@ def test_a_sequential_run_stops_decided_cells_and_reports_where(tmp_path: Path) 
         task = c["task"]
         if task == "mmlu_local":  # the group's members pooled: a prefix of the group's one order
             records = [x | {"sample_id": f"{m}/{x['sample_id']}"} for m in subjects for x in stored(c["setup"], m)]
-            plan = {"seed": 1, "max_docs": None, "groups": {"mmlu_local": [[m, 8] for m in subjects]}}
+            plan = seq_plan(seed=1, groups={"mmlu_local": [(m, 8) for m in subjects]})
             prefix = group_ids(plan, "mmlu_local")[: len(records)]
             assert sorted(x["sample_id"] for x in records) == sorted(prefix)
             assert all(setup["tasks"][m]["n"] < 8 for m in subjects) or len(records) == 24

@@ -18,7 +18,7 @@ import pytest
 
 from qeval.analysis.sequential_run import task_order
 from qeval.tasks.native.tasks import load_task
-from tests.helpers import TASKS, make_config, run_cli
+from tests.helpers import TASKS, make_config, run_cli, seq_plan
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +54,7 @@ def test_native_cells_stop_where_decided_in_the_seeded_order(tmp_path: Path) -> 
     cells = {(c["setup"], c["task"]): c for c in block["cells"]}
     assert set(cells) == {("int8", "compare_mc"), ("int8", "addition"), ("int8", "passkey_256")}
     assert set(block["not_sequential"]) == {"ppl"} and "bits_per_byte" in block["not_sequential"]["ppl"]
-    plan = {"seed": 2, "max_docs": None}
+    plan = seq_plan(seed=2)
     # the passes: 32 documents (4 x the first look at the floor, 8), then the cap
     assert "sequential pass 1: horizon 32 documents; 1 setup still undecided" in res.stderr
     assert "sequential pass 2: horizon 40 documents; 1 setup still undecided" in res.stderr

@@ -22,7 +22,7 @@ from qeval.run.executors.resources import JobResources, job_resources, unplaceab
 from qeval.run.executors.worker_job import RefusedFile
 from qeval.run.preflight import preflight
 from qeval.run.runner import PreparedRun, RunOptions, prepare
-from tests.helpers import MODEL, TASKS, run_cli, write_config
+from tests.helpers import MODEL, TASKS, run_cli, seq_plan, write_config
 
 SETUPS: list[dict[str, Any]] = [
     {"name": "bf16", "baseline": True},
@@ -219,7 +219,7 @@ def test_a_sequential_remote_worker_gets_the_baseline_records_it_stops_on(tmp_pa
     from dataclasses import replace
 
     jobs = {j.id: j for j in _prepared(tmp_path).jobs}
-    plan: dict[str, Any] = {"tasks": {"addition": {}}}
+    plan = seq_plan(tasks={"addition": {}})
     int8 = replace(jobs["int8"], job=jobs["int8"].job.model_copy(update={"sequential": plan}))
     base = replace(jobs["bf16"], job=jobs["bf16"].job.model_copy(update={"sequential": plan}))
     store = int8.store
@@ -235,7 +235,7 @@ def test_a_sequential_remote_worker_gets_the_baseline_records_it_stops_on(tmp_pa
     with pytest.raises(RefusedFile):  # and it may not send them back
         int8.allowed("samples/bf16/addition.jsonl")
     # a group cell: its members' records (here a stand-in group of one member, ppl)
-    grouped = {"tasks": {"addition": {}, "grp": {"members": ["ppl"]}}}
+    grouped = seq_plan(tasks={"addition": {}, "grp": {"members": ["ppl"]}})
     int8 = replace(jobs["int8"], job=jobs["int8"].job.model_copy(update={"sequential": grouped}))
     assert set(int8.inputs()) == {"samples/bf16/addition.jsonl", "samples/bf16/ppl.jsonl"}
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from qeval.analysis.sequential_run import Monitor, cell, cell_caps, group_ids, leaf_chunks, plan, pooled, task_order
 from qeval.config import RunConfig
+from qeval.config.sequential import SequentialPlan
 from qeval.records.store import RunStore
 from qeval.results.samples import SampleRecord
 from qeval.run.passes import PassState, first_horizon, next_horizon, pass_line
@@ -32,7 +33,7 @@ def test_horizons_fall_at_looks_and_grow_fourfold() -> None:
     assert pass_line(1, 32, 1).endswith("; 1 setup still undecided")
 
 
-def _setup(base: np.ndarray, setups: dict[str, np.ndarray], tmp_path: Path) -> tuple[Any, dict[str, Any], RunStore]:
+def _setup(base: np.ndarray, setups: dict[str, np.ndarray], tmp_path: Path) -> tuple[Any, SequentialPlan, RunStore]:
     names = ["b", *setups]
     cfg = RunConfig.model_validate(
         config_dict(
@@ -58,12 +59,12 @@ def _records(values: np.ndarray, ids: list[str]) -> list[SampleRecord]:
     return sample_records({"sample_id": i, "metrics": {"acc": float(values[int(i)])}, "prompt_hash": "p"} for i in ids)
 
 
-def _run(pre: Any, p: dict[str, Any], store: RunStore, values: dict[str, np.ndarray]) -> dict[str, list[list[str]]]:
+def _run(pre: Any, p: SequentialPlan, store: RunStore, values: dict[str, np.ndarray]) -> dict[str, list[list[str]]]:
     """The runner's passes, each setup's scoring stood in for: the documents each pass scored, per setup."""
     keys = _keys(list(values))
     ids, _ = task_order(p, pre.tasks[0])
     scored: dict[str, list[list[str]]] = {n: [] for n in values}
-    horizon = first_horizon(p["min_docs"], p["chunk_docs"])
+    horizon = first_horizon(p.min_docs, p.chunk_docs)
     state = PassState(pre, store, keys, p)
     setups = list(values)
     while True:
@@ -79,8 +80,8 @@ def _run(pre: Any, p: dict[str, Any], store: RunStore, values: dict[str, np.ndar
             else:  # chunk by chunk, the monitor replayed over what is stored, as the worker's
                 monitor = Monitor(p, {"arc": ids}, {"arc": store.read_samples("b", "arc")})
                 monitor.add("arc", list(before))
-                for start in range(len(before), end, p["chunk_docs"]):
-                    chunk = _records(values[name], ids[start : start + p["chunk_docs"]])
+                for start in range(len(before), end, p.chunk_docs):
+                    chunk = _records(values[name], ids[start : start + p.chunk_docs])
                     new += chunk
                     if monitor.add("arc", chunk):
                         break
@@ -179,7 +180,7 @@ def test_a_task_no_longer_a_cell_is_carried_on_to_the_cap_and_a_failed_setup_ext
     ungated: Any = SimpleNamespace(**vars(pre))
     ungated.cfg = pre.cfg.model_copy(update={"gates": []})
     q = plan(ungated)
-    assert q is not None and q["tasks"] == {}
+    assert q is not None and q.tasks == {}
     state = PassState(ungated, store, _keys(["b", "x"]), q)
     assert state.short == {"arc"} and state.pending(["b", "x"], 160)["b"] == {"arc"}
     store.write_task("b", "arc", "key-b-arc", _records(base, ids), {}, {}, None)  # carried on to the cap
@@ -207,7 +208,7 @@ def test_a_task_no_longer_a_cell_is_carried_on_to_the_cap_and_a_failed_setup_ext
 MEMBERS = {"m_a": 150, "m_b": 90, "m_c": 60}  # a group of 300 pooled documents
 
 
-def _group_setup(setups: list[str], tmp_path: Path) -> tuple[Any, dict[str, Any], RunStore]:
+def _group_setup(setups: list[str], tmp_path: Path) -> tuple[Any, SequentialPlan, RunStore]:
     cfg = RunConfig.model_validate(
         config_dict(
             sequential={"enabled": True, "chunk_docs": 20, "min_docs": 20, "seed": 3},
@@ -228,11 +229,11 @@ def _group_setup(setups: list[str], tmp_path: Path) -> tuple[Any, dict[str, Any]
         setups=[SimpleNamespace(name=n) for n in ["b", *setups]],
     )
     p = plan(pre)  # type: ignore[arg-type]
-    assert p is not None and p["tasks"]["grp"]["members"] == list(MEMBERS)
+    assert p is not None and p.tasks["grp"].members == list(MEMBERS)
     return pre, p, RunStore(tmp_path / "run")
 
 
-def _run_group(pre: Any, p: dict[str, Any], store: RunStore, values: dict[str, np.ndarray]) -> dict[str, list[int]]:
+def _run_group(pre: Any, p: SequentialPlan, store: RunStore, values: dict[str, np.ndarray]) -> dict[str, list[int]]:
     """The runner's passes over a group cell, each setup's scoring stood in for as the lm-eval loop
     scores a group (qeval/tasks/lm_eval/scoring.py): its members' shares of the pooled chunks
     (`leaf_chunks`) up to the horizon, the monitor asked once a chunk with every member's records.
@@ -243,7 +244,7 @@ def _run_group(pre: Any, p: dict[str, Any], store: RunStore, values: dict[str, n
     chunks = leaf_chunks(p, MEMBERS)
     n_chunks = len(chunks["m_a"])
     scored: dict[str, list[int]] = {n: [] for n in values}
-    horizon = first_horizon(p["min_docs"], p["chunk_docs"])
+    horizon = first_horizon(p.min_docs, p.chunk_docs)
     state = PassState(pre, store, keys, p)
     assert pass_line(1, horizon, len(state.open_cells(values))) == (
         "sequential pass 1: horizon 80 documents; 2 setups still undecided"  # the group cell counts
@@ -258,9 +259,9 @@ def _run_group(pre: Any, p: dict[str, Any], store: RunStore, values: dict[str, n
             monitor = Monitor.for_leaves(p, list(MEMBERS), lambda m: store.read_samples("b", m))
             if name != "b":
                 monitor.chunk(held)  # on resume: all each has so far
-            start = sum(len(r) for r in held.values()) // p["chunk_docs"]
+            start = sum(len(r) for r in held.values()) // p.chunk_docs
             new = 0
-            for j in range(start, min(horizon // p["chunk_docs"], n_chunks)):
+            for j in range(start, min(horizon // p.chunk_docs, n_chunks)):
                 added = {}
                 for m in MEMBERS:
                     docs = chunks[m][j]

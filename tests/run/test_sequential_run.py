@@ -26,7 +26,7 @@ from qeval.analysis.sequential_run import (
 from qeval.config import RunConfig
 from qeval.config.gates import Gate
 from qeval.results.samples import SampleRecord
-from tests.helpers import config_dict, sample_records
+from tests.helpers import config_dict, sample_records, seq_plan
 
 
 def _cfg(**extra: Any) -> RunConfig:
@@ -101,9 +101,9 @@ def test_plan_cells_and_level() -> None:
         ],
     )
     p = plan(pre)
-    assert p is not None and set(p["tasks"]) == {"arc", "piqa", "addition", "mmlu", "passkey_1024"}
-    assert p["tasks"]["mmlu"]["members"] == ["mmlu_a"] and p["groups"] == {"mmlu": [("mmlu_a", 400)]}
-    assert p["cells"] == 10 and p["alpha"] == pytest.approx(0.06 / 10)
+    assert p is not None and set(p.tasks) == {"arc", "piqa", "addition", "mmlu", "passkey_1024"}
+    assert p.tasks["mmlu"].members == ["mmlu_a"] and p.groups == {"mmlu": [("mmlu_a", 400)]}
+    assert p.cells == 10 and p.alpha == pytest.approx(0.06 / 10)
     assert plan(_pre(_cfg(), [("arc", "lm_eval", "arc", "acc")])) is None
 
 
@@ -125,7 +125,7 @@ def test_which_kinds_are_sequential_and_why_not() -> None:
         ],
     )
     p = plan(pre)
-    assert p is not None and set(p["tasks"]) == {"arc", "addition", "mmlu", "needle_1k"} and p["cells"] == 4
+    assert p is not None and set(p.tasks) == {"arc", "addition", "mmlu", "needle_1k"} and p.cells == 4
     assert not_sequential("lm_eval", False, "acc") is None
     assert not_sequential("long_context", False, "acc") is None  # passkey, multikey: cells too
     assert "multi_turn task" in str(not_sequential("multi_turn", False, "acc"))
@@ -211,12 +211,12 @@ def test_a_fixed_run_replayed_in_the_seeded_order_stops_where_the_run_would(tmp_
     order = seeded_order(7, "arc_easy", n)
     records = sample_records({"sample_id": str(i), "metrics": {"acc": float(v)}} for i, v in enumerate(base))
     others = sample_records({"sample_id": str(i), "metrics": {"acc": float(v)}} for i, v in enumerate(other))
-    plan_json = {
-        "tasks": {"arc_easy": {"gate": {"task": "all", "max_drop": 0.10}, "metric": "acc", "higher_is_better": True}},
-        "chunk_docs": 100,
-        "alpha": 0.025,
-        "min_docs": 50,
-    }
+    plan_json = seq_plan(
+        tasks={"arc_easy": {"gate": {"task": "all", "max_drop": 0.10}, "n_docs": n}},
+        chunk_docs=100,
+        alpha=0.025,
+        min_docs=50,
+    )
     rank = {d: i for i, d in enumerate(order)}
     others_in_order = sorted(others, key=lambda r: rank[int(r.sample_id)])
     traj = cell(plan_json, "arc_easy", order, records, others_in_order)
@@ -399,7 +399,7 @@ def test_a_group_is_one_pooled_order_cut_into_chunks_each_member_in_proportion()
     for m in members:  # every document once
         assert sorted(i for c in chunks[m] for i in c) == list(range(sizes[m]))
     assert [i for c in chunks["arc"] for i in c] == seeded_order_of(p, "arc", 400)
-    order = group_order(2, "mmlu", p["groups"]["mmlu"])
+    order = group_order(2, "mmlu", p.groups["mmlu"])
     half = [m for m, _ in order[:90]]
     assert 5 <= half.count("mmlu_0") <= 25 and 35 <= half.count("mmlu_2") <= 55  # about 15 and 45
     ids = group_ids(p, "mmlu")
@@ -416,7 +416,7 @@ def test_a_group_is_one_pooled_order_cut_into_chunks_each_member_in_proportion()
 def seeded_order_of(p: Any, task: str, n: int) -> list[int]:
     from qeval.analysis.sequential_run import seeded_order
 
-    return seeded_order(p["seed"], task, n, p["max_docs"])
+    return seeded_order(p.seed, task, n, p.max_docs)
 
 
 @pytest.mark.parametrize("broken", [True, False])
@@ -560,10 +560,9 @@ def _pairs_in_seeded_order(
     from qeval.analysis.sequential import trajectory as cell_trajectory
 
     ids = [i for i in order if i in other]
-    spec = p["tasks"][cell_name]
-    gate = Gate.model_validate(spec["gate"])
+    gate = p.tasks[cell_name].gate
     score = gate_score(np.array([base[i] for i in ids]), np.array([other[i] for i in ids]), True, gate.max_drop)
-    return cell_trajectory(score, looks(len(ids), p["chunk_docs"]), p["alpha"], p["min_docs"])
+    return cell_trajectory(score, looks(len(ids), p.chunk_docs), p.alpha, p.min_docs)
 
 
 @pytest.mark.parametrize("stored", ["by_member", "reversed", "shuffled"])
@@ -640,7 +639,7 @@ def test_a_group_cell_whose_drop_differs_across_members_stays_within_the_level()
         by_member = cell(p, "mmlu", [r.sample_id for r in base_records], base_records, other_records)
         assert by_member is not None
         wrong_by_member += by_member.verdict == "fail"
-    assert wrong / paths <= p["alpha"], (wrong, paths)
+    assert wrong / paths <= p.alpha, (wrong, paths)
     assert wrong_by_member / paths > 0.5  # the check has teeth: the storage order is far off
 
 

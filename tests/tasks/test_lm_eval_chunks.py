@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from qeval.results.samples import SampleRecord
-from tests.helpers import ROOT, TASKS, make_config
+from tests.helpers import ROOT, TASKS, make_config, seq_plan
 
 pytestmark = pytest.mark.slow
 SMOLLM2 = ROOT / "models" / "smollm2-135m"
@@ -321,16 +321,9 @@ def test_a_killed_sequential_scoring_resumes_at_its_last_look(
     task, chunk = "arc_easy_local", 2
     seq_cfg = RunConfig.model_validate(config_dict(sequential={"enabled": True, "seed": 5}))
     flat = document_order(seq_cfg, task, 10)
-    plan = {
-        "alpha": 0.05,
-        "min_docs": 6,
-        "chunk_docs": chunk,
-        "seed": 5,
-        "max_docs": None,
-        "tasks": {
-            task: {"gate": {"task": "all", "max_drop": 0.9}, "metric": "acc", "n_docs": 10, "higher_is_better": True}
-        },
-    }
+    plan = seq_plan(
+        alpha=0.05, min_docs=6, chunk_docs=chunk, seed=5, tasks={task: {"gate": {"max_drop": 0.9}, "n_docs": 10}}
+    )
     order = leaf_chunks(plan, {task: 10})
     assert [i for c in order[task] for i in c] == flat  # the run's order, cut into chunks
     # the baseline scores in the same order (its few-shot draws, so its prompts, follow the order)
@@ -391,13 +384,12 @@ def test_a_sequential_task_carries_on_across_pass_horizons(score: Any, tmp_path:
     from qeval.records.store import RunStore
 
     members, chunk = {"arc_easy_local": 6, "wikitext_local": 2}, 2
-    plan: dict[str, Any] = {
-        "seed": 2,
-        "max_docs": None,
-        "chunk_docs": chunk,
-        "groups": {"g": [[m, n] for m, n in members.items()]},
-        "tasks": {"g": {"members": list(members)}},
-    }
+    plan = seq_plan(
+        seed=2,
+        chunk_docs=chunk,
+        groups={"g": list(members.items())},
+        tasks={"g": {"members": list(members), "n_docs": sum(members.values())}},
+    )
     names = list(members)
     order = leaf_chunks(plan, members)
     assert {len(c) for c in order.values()} == {4}  # 8 pooled documents: every member has the group's 4 chunks
@@ -410,7 +402,7 @@ def test_a_sequential_task_carries_on_across_pass_horizons(score: Any, tmp_path:
     held: list[int] = []
     calls: list[int] = []
     for horizon in (4, 12):  # pass 1 to 4 pooled documents; pass 2 past the cap (8): to it
-        until = pass_horizons(plan | {"horizon": horizon}, names)
+        until = pass_horizons(plan.for_pass(horizon, carry=True, number=1), names)
         assert until == {m: horizon for m in names}  # a group cell's members take the horizon
         watched = _Watched(None)
         got = score(

@@ -85,7 +85,7 @@ class WorkerJob:
                 wanted.append(self.store.samples_path(self.job.baseline, task))
             if (
                 self.job.sequential is not None
-                and task in self.job.sequential["tasks"]
+                and task in self.job.sequential.tasks
                 and self.job.task_kinds.get(task) in ("native", "long_context")
                 and self.store.meta_path(self.name, task).is_file()
             ):  # a native cell stored at an earlier pass's horizon: what the next pass carries on from

@@ -69,7 +69,7 @@ def score(ctx: Scoring, names: list[str]) -> None:
         with ctx.progress(label, sum(counts.values())) as bar:
             # under the tasks' resume keys: a worker killed mid-task carries on from its last chunk
             keys = {n: key_of(ctx.key_parts[n]) for n in names if n in ctx.key_parts}
-            chunk = ctx.sequential["chunk_docs"] if ctx.sequential else ctx.cfg.lm_eval.chunk_docs
+            chunk = ctx.sequential.chunk_docs if ctx.sequential else ctx.cfg.lm_eval.chunk_docs
             results = score_lm_eval(
                 ctx.backend,
                 session,
