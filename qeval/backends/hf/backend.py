@@ -548,7 +548,7 @@ SUB_BATCH_OVERHEAD = 64
 #: the most full-vocabulary logits one second pass may produce, in bytes: a pass returns float32
 #: logits at every position of every row (64 HellaSwag endings x 40 tokens x 49,152 ids is 500 MB),
 #: and that one tensor set the worker's peak RSS, higher the longer the batch the data happened to
-#: hold; passes capped at this keep the peak bounded whatever the documents (docs/benchmarks.md)
+#: hold; passes capped at this keep the peak bounded whatever the documents (docs/history.md, "Memory at scale")
 LOGITS_BUDGET_BYTES = 128 * 2**20
 
 
