@@ -276,6 +276,23 @@ def pooled(records: Mapping[str, list[SampleRecord]]) -> list[SampleRecord]:
     return [r.model_copy(update={"sample_id": f"{m}/{r.sample_id}"}) for m, recs in records.items() for r in recs]
 
 
+def cell_records(
+    plan_json: SequentialPlan,
+    cell_name: str,
+    read: Callable[[str], list[SampleRecord]],
+    order: Sequence[int | str] | None = None,
+) -> list[SampleRecord]:
+    """The one reader of a cell's records: a task's as `read` gives them, a group's members pooled
+    (ids `member/id`, as its order's); with `order`, sorted in that seeded order (ids outside it
+    last), the order the cell's sequence consumes its pairs in."""
+    members = plan_json.tasks[cell_name].members
+    records = read(cell_name) if members is None else pooled({m: read(m) for m in members})
+    if order is None:
+        return records
+    rank = {str(d): i for i, d in enumerate(order)}
+    return sorted(records, key=lambda r: rank.get(r.sample_id, len(rank)))
+
+
 def leaf_chunks(plan_json: SequentialPlan, n_docs: Mapping[str, int]) -> dict[str, list[list[int]]]:
     """Per lm-eval leaf (its document count), its documents chunk by chunk in the run's order: a
     leaf outside groups, the next `chunk_docs` of its own seeded order (`document_order`); a group
@@ -434,10 +451,11 @@ class Monitor:
             members = spec.members
             if members is None and name in leaves:
                 orders[name] = [str(i) for i in seeded_order(plan_json.seed, name, spec.n_docs, plan_json.max_docs)]
-                base[name] = baseline(name)
             elif members is not None and all(m in leaves for m in members):
                 orders[name] = group_ids(plan_json, name)
-                base[name] = pooled({m: baseline(m) for m in members})
+            else:
+                continue
+            base[name] = cell_records(plan_json, name, baseline, orders[name])
         return cls(plan_json, orders, base)
 
     def chunk(self, added: Mapping[str, list[SampleRecord]]) -> set[str]:
@@ -501,10 +519,7 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
     off_range: dict[str, str] = {}
 
     def records(setup: str, name: str) -> list[SampleRecord]:
-        members = plan_json.tasks[name].members
-        if members is None:
-            return store.read_samples(setup, name)
-        return pooled({m: store.read_samples(setup, m) for m in members})
+        return cell_records(plan_json, name, lambda t: store.read_samples(setup, t))
 
     for entry in results.setups:
         vs = dict(entry.vs_baseline)

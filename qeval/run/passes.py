@@ -26,9 +26,9 @@ from qeval.analysis.sequential_run import (
     cell,
     cell_caps,
     cell_members,
+    cell_records,
     group_ids,
     not_sequential,
-    pooled,
     task_order,
 )
 from qeval.config.sequential import SequentialPlan, first_look
@@ -124,9 +124,7 @@ class PassState:
 
     def _records(self, setup: str, cell_name: str) -> list[Any]:
         """The cell's stored records (a group's pooled: ids `member/id`, as its order's)."""
-        if self.plan.tasks[cell_name].members is None:
-            return self.store.read_samples(setup, cell_name)
-        return pooled({m: self.store.read_samples(setup, m) for m in self.members[cell_name]})
+        return cell_records(self.plan, cell_name, lambda t: self.store.read_samples(setup, t))
 
     def is_open(self, setup: str, cell_name: str) -> bool:
         """A cell that may still need documents: not stored, or stored undecided below the cap, or
