@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from qeval.strict import Strict
+from qeval.strict import Seed, Strict
 
 #: the trace formats qeval reads (qeval/workload/trace.py); `auto` picks one from the file's first entry
 TraceFormat = Literal["auto", "qeval", "sharegpt", "vllm-custom"]
@@ -125,7 +125,7 @@ class WorkloadSpec(Strict):
     input: LengthSpec | None = None
     output: LengthSpec | None = None
     requests: int = Field(default=1000, gt=0, le=1_000_000)
-    seed: int = 0
+    seed: Seed = 0
     #: requests per second, Poisson (seeded), where a trace has no arrival times of its own
     arrival_rate: float | None = Field(default=None, gt=0)
     slo: SloSpec | None = None

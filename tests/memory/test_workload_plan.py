@@ -21,7 +21,7 @@ from qeval.workload.draw import draw
 from qeval.workload.stats import nearest_rank, summarize
 from qeval.workload.tokens import TokenCounter
 from qeval.workload.trace import MAX_TRACE_BYTES, read_trace
-from tests.helpers import MODEL, ROOT, TASKS, run_cli
+from tests.helpers import MODEL, ROOT, TASKS, one_line_exit_2, run_cli
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -309,3 +309,33 @@ def test_the_shipped_trace_loads() -> None:
     assert stats.refused <= stats.requests // 100 + 1
     block = workload_source(SHIPPED.with_suffix(".yaml"), None, None).spec  # the block that names it
     assert Path(block.trace or "").resolve() == SHIPPED.resolve() and block.slo and block.slo.ttft_ms
+
+
+@pytest.mark.parametrize(
+    ("extra", "where"),
+    [
+        (
+            {
+                "workload": {
+                    "input": {"family": "fixed", "value": 8},
+                    "output": {"family": "fixed", "value": 4},
+                    "seed": -1,
+                }
+            },
+            "workload.seed",
+        ),
+        ({"serving": {"rates": [1], "seed": -1}}, "serving.seed"),
+        ({"serving": {"rates": [1], "seed": 2**32}}, "serving.seed"),
+    ],
+)
+def test_a_negative_or_too_large_seed_is_refused_at_validate(
+    tmp_path: Path, extra: dict[str, object], where: str
+) -> None:
+    """Issue 54 point 9: seed -1 passed validate, then plan and goodput crashed in numpy."""
+    _write(tmp_path / "t.jsonl", TINY)
+    raw = yaml.safe_load(_config(tmp_path, {"trace": "t.jsonl", "slo": {"ttft_ms": 500}}).read_text())
+    for key, value in extra.items():
+        raw[key] = value
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    res = run_cli("validate", str(tmp_path / "c.yaml"))
+    one_line_exit_2(res, where)
