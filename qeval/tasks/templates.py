@@ -4,9 +4,11 @@ Templates come from task files, which are untrusted: jinja2's ImmutableSandboxed
 refuses attribute access to internals (`cycler.__init__.__globals__.os`) and calls that
 mutate. qeval bounds what a template may build on top, at three depths:
 
-- before an operation allocates: `*` and `**`, printf widths (`'%0100000000d' % a`, the
-  `format` filter, `str.format`), and a width past the bound to a padding method or filter
-  (`'a'|center(100000000)`) are refused;
+- before an operation allocates: `*` and `**`, printf widths and precisions (`'%0100000000d' % a`,
+  `'%*d' % (n, a)`, the `format` filter, `str.format` and `format_map`, a nested `{:>{}}` taking
+  its width from an argument), a width past the bound to a padding method or filter
+  (`'a'|center(100000000)`), and what `replace`, `join`, `indent`, `expandtabs` and `translate`
+  would build (computed from their arguments) are refused;
 - while rendering: the output is streamed and refused past `_MAX_RENDERED` characters
   (nested `range` loops), past `_MAX_ITERATIONS` range() items (loops that print nothing),
   and past `_MAX_SECONDS` (a SIGALRM timer in the main thread; elsewhere at each output piece);
@@ -22,8 +24,10 @@ from __future__ import annotations
 import functools
 import re
 import signal
+import string
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
@@ -33,16 +37,81 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment, 
 
 _MAX_RENDERED = 1_000_000  # characters: a template that builds more is refused, not rendered
 _MAX_SECONDS = 5.0  # per render: a prompt template takes microseconds
-#: a printf (`%08d`) or format-spec (`{:>8}`) width or precision
-_PRINTF_WIDTH = re.compile(r"%[-+ #0*]*(\d+)(?:\.(\d+))?")
-_FORMAT_WIDTH = re.compile(r"\{[^{}]*:[^{}]*?(\d+)(?:\.(\d+))?[^{}]*\}")
+#: a printf conversion's width and precision (`%08d`, `%(key)-12s`, `%.3f`, `%*d`, `%.*f`)
+_PRINTF_SPEC = re.compile(r"%(?:\([^()]*\))?[-+ #0]*(\*|\d+)?(?:\.(\*|\d*))?")
+#: the digits of a format spec (`{:>8}`, `{:.3f}`)
+_DIGITS = re.compile(r"\d+")
 
 
-def _check_widths(fmt: object, pattern: re.Pattern[str]) -> None:
-    if isinstance(fmt, str):
-        for match in pattern.finditer(fmt):
-            if any(g and int(g) > _MAX_RENDERED for g in match.groups()):
+def _too_wide(value: object) -> bool:
+    """An integer, or a string of digits, past the output bound: a width or precision that only
+    ever builds an oversized string. Never converts more than 18 digits (a 5,000-digit string
+    would be Python's int-max-str-digits ValueError)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return abs(value) > _MAX_RENDERED
+    if isinstance(value, str):
+        digits = value.strip().lstrip("+-")
+        return digits.isdigit() and (len(digits) > 18 or int(digits) > _MAX_RENDERED)
+    return False
+
+
+def _any_too_wide(values: object) -> bool:
+    """Whether `values` (a call's arguments: nested lists, tuples and dicts, whose items a
+    format field may index) hold a width past the bound."""
+    stack, seen = [values], 0
+    while stack:
+        v = stack.pop()
+        seen += 1
+        if seen > _MAX_RENDERED:
+            return True
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+        elif _too_wide(v):
+            return True
+    return False
+
+
+def _check_printf(fmt: object, operand: object) -> None:
+    """Refuse `fmt % operand` (or `fmt|format(...)`) whose width or precision is past the bound:
+    written in the format (`%0100000000d`, `%(a)100000000s`), or taken from the operand (`%*d`)."""
+    if not isinstance(fmt, str) or "%" not in fmt:
+        return
+    star = False
+    for match in _PRINTF_SPEC.finditer(fmt):
+        for group in match.groups():
+            star = star or group == "*"
+            if group and group != "*" and _too_wide(group):
                 raise SecurityError("format width too large")
+    if star and _any_too_wide(operand):
+        raise SecurityError("format width too large")
+
+
+def _check_format(fmt: object, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Refuse `fmt.format(*args, **kwargs)` (or `format_map`) whose width or precision is past the
+    bound: written in a field's spec (`{:>100000000}`), or taken from an argument by a nested
+    field (`{:>{}}`, `{:.{w}f}`, `{0:{1[0]}}`)."""
+    if not isinstance(fmt, str) or "{" not in fmt:
+        return
+    pending, nested = [fmt], False
+    while pending:
+        try:
+            fields = list(string.Formatter().parse(pending.pop()))
+        except ValueError:  # malformed: str.format refuses it itself
+            return
+        for _, _, spec, _ in fields:
+            if not spec:
+                continue
+            if any(_too_wide(d) for d in _DIGITS.findall(spec)):
+                raise SecurityError("format width too large")
+            if "{" in spec:
+                nested = True
+                pending.append(spec)
+    if nested and _any_too_wide((args, kwargs)):
+        raise SecurityError("format width too large")
 
 
 #: str methods and filters whose integer arguments are output widths: a width past the output
@@ -142,8 +211,23 @@ def _check_sizes(name: str, target: Any, args: tuple[Any, ...], kwargs: dict[str
         grown = len(strings[0]) + (strings[0].count("\n") + 1) * (
             len(width) if isinstance(width, str) else abs(int(width))
         )
+    elif name == "expandtabs" and isinstance(target, str):  # each tab becomes at most tabsize spaces
+        size = args[0] if args else kwargs.get("tabsize", 8)
+        if isinstance(size, int):
+            grown = len(target) + target.count("\t") * max(size, 0)
+    elif name == "translate" and isinstance(target, str) and args:  # each character becomes its table entry
+        grown = sum(n * _translated(args[0], ch) for ch, n in Counter(target).items())
     if grown > _MAX_RENDERED:
         raise SecurityError(f"{name} would build more than {_MAX_RENDERED:,} characters")
+
+
+def _translated(table: Any, ch: str) -> int:
+    """The characters `ch` becomes under str.translate's `table`."""
+    try:
+        value = table[ord(ch)]
+    except (LookupError, TypeError):
+        return 1
+    return len(value) if isinstance(value, str) else 0 if value is None else 1
 
 
 def _bounded_filter(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -151,8 +235,8 @@ def _bounded_filter(f: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         _check_args(f.__name__, args[1:], kwargs)  # args[0]: the filtered value (or the context)
         _check_sizes(f.__name__, None, args, kwargs)
-        if f.__name__ == "do_format" and args:
-            _check_widths(next((a for a in args if isinstance(a, str)), None), _PRINTF_WIDTH)
+        if f.__name__ == "do_format" and args:  # value|format(*args, **kwargs): value % (kwargs or args)
+            _check_printf(args[0], (args[1:], kwargs))
         return _bounded(f(*args, **kwargs))
 
     return wrapper
@@ -276,7 +360,7 @@ class _Bounds(SandboxedEnvironment):
         if operator == "+" and not ints and _size(left) + _size(right) > _MAX_RENDERED:
             raise SecurityError("concatenation too large")  # s + s in a recursing macro doubles it
         if operator == "%":
-            _check_widths(left, _PRINTF_WIDTH)
+            _check_printf(left, right)
         return _bounded(super().call_binop(context, operator, left, right))
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 - jinja's signature
@@ -285,7 +369,7 @@ class _Bounds(SandboxedEnvironment):
         _check_args(getattr(method, "__name__", ""), args, kwargs)
         _check_sizes(getattr(method, "__name__", ""), getattr(method, "__self__", None), args, kwargs)
         if getattr(method, "__name__", None) in ("format", "format_map"):
-            _check_widths(getattr(method, "__self__", None), _FORMAT_WIDTH)
+            _check_format(getattr(method, "__self__", None), args, kwargs)
         return _bounded(super().call(__context, __obj, *args, **kwargs))
 
 
