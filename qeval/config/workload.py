@@ -16,21 +16,28 @@ TraceFormat = Literal["auto", "qeval", "sharegpt", "vllm-custom"]
 #: vLLM's `--custom-output-len` default (vllm/benchmarks/datasets/arg_utils.py): every request of its
 #: custom dataset generates this many tokens, the file naming none
 VLLM_CUSTOM_OUTPUT_LEN = 256
+#: the most tokens one prompt or one output of a workload may have (2^24, 16,777,216): above
+#: every model's context today (10M tokens at most), and far enough below 2^63 that no sum or
+#: product of lengths (a max-model-len, a KV pool in blocks) overflows where a model's config
+#: names no context to check them against
+MAX_TOKENS = 2**24
+#: a length in tokens: whole, positive, at most MAX_TOKENS
+Length = Annotated[int, Field(gt=0, le=MAX_TOKENS)]
 
 
 class FixedLength(Strict):
     """Every request the same length."""
 
     family: Literal["fixed"]
-    value: int = Field(gt=0)
+    value: Length
 
 
 class UniformLength(Strict):
     """Whole lengths drawn uniformly from [min, max]."""
 
     family: Literal["uniform"]
-    min: int = Field(gt=0)
-    max: int = Field(gt=0)
+    min: Length
+    max: Length
 
     @model_validator(mode="after")
     def _order(self) -> UniformLength:
@@ -43,10 +50,10 @@ class LogNormalLength(Strict):
     """exp(N(ln median, sigma)), rounded and held to [min, max] (max is required: a workload is bounded)."""
 
     family: Literal["lognormal"]
-    median: float = Field(gt=0)
+    median: float = Field(gt=0, le=MAX_TOKENS)
     sigma: float = Field(gt=0, le=5)
-    min: int = Field(default=1, gt=0)
-    max: int = Field(gt=0)
+    min: Length = 1
+    max: Length
 
     @model_validator(mode="after")
     def _order(self) -> LogNormalLength:
@@ -60,8 +67,8 @@ class PercentileLength(Strict):
     piecewise-linear distribution through (0, min) and these points; 100 (the maximum) is required."""
 
     family: Literal["percentiles"]
-    points: dict[float, int] = Field(min_length=1)
-    min: int = Field(default=1, gt=0)
+    points: dict[float, Length] = Field(min_length=1)
+    min: Length = 1
 
     @model_validator(mode="after")
     def _points(self) -> PercentileLength:
@@ -121,7 +128,7 @@ class WorkloadSpec(Strict):
     trace: str | None = None
     format: TraceFormat = "auto"
     #: output tokens of every request of a `vllm-custom` trace (vLLM's `--custom-output-len`)
-    custom_output_len: int = Field(default=VLLM_CUSTOM_OUTPUT_LEN, gt=0)
+    custom_output_len: Length = VLLM_CUSTOM_OUTPUT_LEN
     input: LengthSpec | None = None
     output: LengthSpec | None = None
     requests: int = Field(default=1000, gt=0, le=1_000_000)

@@ -108,9 +108,11 @@ def test_sharegpt_array_and_lines(tmp_path: Path) -> None:
         },
     ]
     tok = _tok()
+    # as vLLM's ShareGPTDataset reads them: turns 0 and 1, whoever speaks (issue 54: the reader
+    # took the first human turn followed by a gpt turn, "Sum 1 and 2" and "3" here)
     expected = [
         (len(tok("Hi there").input_ids), len(tok("Hello!").input_ids)),
-        (len(tok("Sum 1 and 2").input_ids), len(tok("3").input_ids)),
+        (len(tok("I am a bot").input_ids), len(tok("Sum 1 and 2").input_ids)),
     ]
     (tmp_path / "s.json").write_text(json.dumps(convs))
     for path in (tmp_path / "s.json", _write(tmp_path / "s.jsonl", convs)):
@@ -120,7 +122,7 @@ def test_sharegpt_array_and_lines(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text(
         json.dumps([convs[0], {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": ""}]}])
     )
-    with pytest.raises(UserError, match=r"bad.json: entry 2: the gpt turn is empty"):
+    with pytest.raises(UserError, match=r"bad.json: entry 2: the second turn \(the answer\) is empty"):
         read_trace(tmp_path / "bad.json", counter=TokenCounter(str(MODEL)))
 
 
