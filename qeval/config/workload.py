@@ -118,7 +118,7 @@ class SloSpec(Strict):
 
 
 _TRACE_ONLY = ("format", "custom_output_len")
-_DRAWN_ONLY = ("requests", "seed")
+_DRAWN_ONLY = ("requests", "seed", "arrival_rate")
 
 
 class WorkloadSpec(Strict):
@@ -133,7 +133,9 @@ class WorkloadSpec(Strict):
     output: LengthSpec | None = None
     requests: int = Field(default=1000, gt=0, le=1_000_000)
     seed: Seed = 0
-    #: requests per second, Poisson (seeded), where a trace has no arrival times of its own
+    #: requests per second of a described distribution: Poisson gaps drawn with `seed`. Refused
+    #: beside a trace, whose requests arrive at their own `arrival_s` or, at each serving level,
+    #: by `serving.arrivals: poisson` (it was ignored there)
     arrival_rate: float | None = Field(default=None, gt=0)
     slo: SloSpec | None = None
     #: max-model-len is this percentile of prompt + output, rounded up to the KV block size
@@ -151,5 +153,11 @@ class WorkloadSpec(Strict):
         for key in _TRACE_ONLY if drawn else _DRAWN_ONLY:
             # at its default it changes nothing: a config dumped whole (a worker's job file) validates again
             if key in self.model_fields_set and getattr(self, key) != type(self).model_fields[key].default:
+                if key == "arrival_rate":
+                    raise ValueError(
+                        "arrival_rate applies to a described distribution only: a trace's requests arrive "
+                        "at its own arrival_s, and `serving.arrivals: poisson` (the default) sends them at "
+                        "seeded Poisson gaps at each rate"
+                    )
                 raise ValueError(f"{key} applies to a {'trace' if drawn else 'described distribution'} only")
         return self

@@ -159,6 +159,11 @@ def timed_dataset(trace: Trace, n: int, max_model_len: int) -> tuple[list[dict[s
         )
     t0 = float(times[0] or 0.0)
     span = float(times[-1] or 0.0) - t0
+    if len(admitted) > 1 and span <= 0:  # scaled to any rate, the times stay one burst
+        raise UserError(
+            f"serving.arrivals trace: every request of the workload arrives at {t0:g} s, so every rate "
+            "would replay the same burst; give arrival times that differ, or use arrivals: poisson"
+        )
     gap = span / (len(admitted) - 1) if len(admitted) > 1 and span > 0 else 1.0
     groups: dict[str, list[int]] = {}
     next_id = 1 << 40  # distinct from every group's ids

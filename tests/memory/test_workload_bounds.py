@@ -142,3 +142,14 @@ def test_lengths_in_the_workload_block_are_bounded_at_validate(tmp_path: Path, b
     }
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
     one_line_exit_2(run_cli("validate", str(tmp_path / "c.yaml")), "less than or equal to 16777216")
+
+
+def test_arrival_rate_beside_a_trace_is_refused(tmp_path: Path) -> None:
+    """It was ignored there (the shipped gsm8k.yaml set one): a trace's requests arrive at its own
+    arrival_s, or at seeded Poisson gaps at each serving rate."""
+    (tmp_path / "t.jsonl").write_text('{"input_tokens": 5, "output_tokens": 3}\n')
+    (tmp_path / "w.yaml").write_text("trace: t.jsonl\narrival_rate: 2.0\n")
+    one_line_exit_2(
+        run_cli("plan", "--model", str(MODEL), "--workload", str(tmp_path / "w.yaml")),
+        "arrival_rate applies to a described distribution only",
+    )

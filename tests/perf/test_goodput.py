@@ -384,6 +384,10 @@ def test_timed_dataset_keeps_times_prefixes_and_exact_lengths() -> None:
     assert rate == pytest.approx(4 / 3.5)
     with pytest.raises(UserError, match="no arrival times"):
         timed_dataset(Trace([Request(40, 10)], "t", "qeval"), 2, 128)
+    # issue 54: times that are all the same have no span to scale, and gave every rate the same burst
+    with pytest.raises(UserError, match="every request of the workload arrives at 5 s, so every rate"):
+        timed_dataset(Trace([Request(40, 10, 5.0), Request(20, 5, 5.0)], "t", "qeval"), 2, 128)
+    assert timed_dataset(Trace([Request(40, 10, 5.0)], "t", "qeval"), 2, 128)[1] == 1.0  # one request: a pass a second
 
 
 def test_each_turn_of_a_conversation_gets_its_own_shared_prefix() -> None:
