@@ -58,6 +58,21 @@ def test_a_number_of_thousands_of_digits_is_one_line(tmp_path: Path) -> None:
     one_line_exit_2(run_cli("plan", "--model", str(MODEL), "--workload", str(lines)), "4,300 digits")
 
 
+@pytest.mark.parametrize("where", ["config", "workload"])
+def test_a_yaml_number_of_thousands_of_digits_is_one_line(tmp_path: Path, where: str) -> None:
+    """PyYAML's int() raised the ValueError through the config loader too: a traceback."""
+    big = "9" * 5000
+    if where == "config":
+        raw = {"name": "wl", "model": {"path": str(MODEL)}, "tasks": ["addition"], "tasks_dir": str(TASKS)}
+        (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw) + f"seed: {big}\n")
+        res = run_cli("validate", str(tmp_path / "c.yaml"))
+    else:
+        block = f"input: {{family: fixed, value: {big}}}\noutput: {{family: fixed, value: 1}}\n"
+        (tmp_path / "c.yaml").write_text(block)
+        res = run_cli("plan", "--model", str(MODEL), "--workload", str(tmp_path / "c.yaml"))
+    one_line_exit_2(res, "c.yaml: invalid YAML: a number of more than 4,300 digits")
+
+
 def test_a_text_is_bounded_before_it_is_tokenized(tmp_path: Path) -> None:
     """8 MB of prompt text took 2 GB and 31 s to tokenize before any bound was checked."""
     counter = _counter()
