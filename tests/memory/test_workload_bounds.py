@@ -168,3 +168,13 @@ def test_arrival_rate_beside_a_trace_is_refused(tmp_path: Path) -> None:
         run_cli("plan", "--model", str(MODEL), "--workload", str(tmp_path / "w.yaml")),
         "arrival_rate applies to a described distribution only",
     )
+
+
+def test_a_data_line_number_of_thousands_of_digits_is_one_error(tmp_path: Path) -> None:
+    """Task data and calibration text are read by the same JSON Lines reader."""
+    from qeval.files.jsonl import read_objects
+
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"q": "a"}\n{"q": ' + "9" * 5000 + "}\n")
+    with pytest.raises(UserError, match=r"d.jsonl:2: corrupt dataset line \(a number of more than 4,300 digits\)"):
+        list(read_objects(path))
