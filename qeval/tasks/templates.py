@@ -37,10 +37,13 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment, 
 
 _MAX_RENDERED = 1_000_000  # characters: a template that builds more is refused, not rendered
 _MAX_SECONDS = 5.0  # per render: a prompt template takes microseconds
-#: a printf conversion's width and precision (`%08d`, `%(key)-12s`, `%.3f`, `%*d`, `%.*f`)
-_PRINTF_SPEC = re.compile(r"%(?:\([^()]*\))?[-+ #0]*(\*|\d+)?(?:\.(\*|\d*))?")
+#: a printf conversion: its mapping key, width and precision (`*`: taken from the operand), and
+#: its type (`%%` is a literal percent sign)
+_PRINTF_SPEC = re.compile(r"%(\([^()]*\))?[-+ #0]*(\*|\d+)?(?:\.(\*|\d*))?[hlL]?(.?)", re.DOTALL)
 #: the digits of a format spec (`{:>8}`, `{:.3f}`)
 _DIGITS = re.compile(r"\d+")
+#: a format field's name: its first part, then `[index]` parts (attribute parts are not followed)
+_FIELD = re.compile(r"([^.\[]*)((?:\[[^\]]*\])*)")
 
 
 def _too_wide(value: object) -> bool:
@@ -58,8 +61,8 @@ def _too_wide(value: object) -> bool:
 
 
 def _any_too_wide(values: object) -> bool:
-    """Whether `values` (a call's arguments: nested lists, tuples and dicts, whose items a
-    format field may index) hold a width past the bound."""
+    """Whether `values` (a call's arguments: nested lists, tuples and dicts) hold a width past the
+    bound anywhere: where a field's value cannot be followed, any of them might be its width."""
     stack, seen = [values], 0
     while stack:
         v = stack.pop()
@@ -77,41 +80,73 @@ def _any_too_wide(values: object) -> bool:
 
 def _check_printf(fmt: object, operand: object) -> None:
     """Refuse `fmt % operand` (or `fmt|format(...)`) whose width or precision is past the bound:
-    written in the format (`%0100000000d`, `%(a)100000000s`), or taken from the operand (`%*d`)."""
+    written in the format (`%0100000000d`, `%(a)100000000s`), or taken from the operand by a `*`
+    (`'%*d' % (width, value)`: the arguments are consumed in order, as printf consumes them)."""
     if not isinstance(fmt, str) or "%" not in fmt:
         return
-    star = False
+    values = list(operand) if isinstance(operand, tuple) else [operand]
+    at = 0
     for match in _PRINTF_SPEC.finditer(fmt):
-        for group in match.groups():
-            star = star or group == "*"
-            if group and group != "*" and _too_wide(group):
+        key, width, precision, kind = match.groups()
+        if kind == "%" and key is None and width is None and precision is None:
+            continue  # `%%`
+        for part in (width, precision):
+            if part == "*":
+                if at < len(values) and _too_wide(values[at]):
+                    raise SecurityError("format width too large")
+                at += 1
+            elif part and _too_wide(part):
                 raise SecurityError("format width too large")
-    if star and _any_too_wide(operand):
-        raise SecurityError("format width too large")
+        at += key is None
 
 
-def _check_format(fmt: object, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """Refuse `fmt.format(*args, **kwargs)` (or `format_map`) whose width or precision is past the
-    bound: written in a field's spec (`{:>100000000}`), or taken from an argument by a nested
-    field (`{:>{}}`, `{:.{w}f}`, `{0:{1[0]}}`)."""
+def _check_format(fmt: object, args: tuple[Any, ...], kwargs: Any) -> None:
+    """Refuse `fmt.format(*args, **kwargs)` (or `fmt.format_map(kwargs)`) whose width or
+    precision is past the bound: written in a field's spec (`{:>100000000}`), or taken from an
+    argument by a nested field (`{:>{}}`, `{:.{w}f}`, `{0:{1[0]}}`), numbered as str.format
+    numbers them."""
     if not isinstance(fmt, str) or "{" not in fmt:
         return
-    pending, nested = [fmt], False
-    while pending:
+    auto = 0
+
+    def value(name: str) -> tuple[bool, Any]:
+        """(whether the field could be followed, its value)."""
+        nonlocal auto
+        match = _FIELD.fullmatch(name)
+        if match is None:  # an attribute (`{0.x}`): not followed, as the sandbox decides on it
+            return False, None
+        first, rest = match.groups()
+        if first == "":
+            first, auto = str(auto), auto + 1
         try:
-            fields = list(string.Formatter().parse(pending.pop()))
+            obj = args[int(first)] if first.isdigit() and len(first) < 19 else kwargs[first]
+            for index in re.findall(r"\[([^\]]*)\]", rest):
+                obj = obj[int(index)] if index.isdigit() and len(index) < 19 else obj[index]
+        except (LookupError, TypeError):  # str.format refuses it itself
+            return True, None
+        return True, obj
+
+    def walk(text: str, depth: int) -> None:
+        nonlocal auto
+        try:
+            fields = list(string.Formatter().parse(text))
         except ValueError:  # malformed: str.format refuses it itself
             return
-        for _, _, spec, _ in fields:
-            if not spec:
+        for _, name, spec, _ in fields:
+            if name is None:
                 continue
-            if any(_too_wide(d) for d in _DIGITS.findall(spec)):
+            if depth:  # a nested field: its value is written into the enclosing spec
+                known, obj = value(name)
+                if _too_wide(obj) or (not known and _any_too_wide((args, kwargs))):
+                    raise SecurityError("format width too large")
+            elif name == "" or name.startswith(("[", ".")):
+                auto += 1
+            if spec and any(_too_wide(d) for d in _DIGITS.findall(spec)):
                 raise SecurityError("format width too large")
-            if "{" in spec:
-                nested = True
-                pending.append(spec)
-    if nested and _any_too_wide((args, kwargs)):
-        raise SecurityError("format width too large")
+            if spec and "{" in spec and depth < 3:
+                walk(spec, depth + 1)
+
+    walk(fmt, 0)
 
 
 #: str methods and filters whose integer arguments are output widths: a width past the output
@@ -236,7 +271,7 @@ def _bounded_filter(f: Callable[..., Any]) -> Callable[..., Any]:
         _check_args(f.__name__, args[1:], kwargs)  # args[0]: the filtered value (or the context)
         _check_sizes(f.__name__, None, args, kwargs)
         if f.__name__ == "do_format" and args:  # value|format(*args, **kwargs): value % (kwargs or args)
-            _check_printf(args[0], (args[1:], kwargs))
+            _check_printf(args[0], kwargs or tuple(args[1:]))
         return _bounded(f(*args, **kwargs))
 
     return wrapper
@@ -368,8 +403,10 @@ class _Bounds(SandboxedEnvironment):
         method = getattr(__obj, "__wrapped__", __obj)
         _check_args(getattr(method, "__name__", ""), args, kwargs)
         _check_sizes(getattr(method, "__name__", ""), getattr(method, "__self__", None), args, kwargs)
-        if getattr(method, "__name__", None) in ("format", "format_map"):
+        if getattr(method, "__name__", None) == "format":
             _check_format(getattr(method, "__self__", None), args, kwargs)
+        elif getattr(method, "__name__", None) == "format_map":
+            _check_format(getattr(method, "__self__", None), (), args[0] if args else {})
         return _bounded(super().call(__context, __obj, *args, **kwargs))
 
 

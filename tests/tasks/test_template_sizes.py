@@ -34,6 +34,10 @@ WIDE = 200_000_000
         (f"{{{{ ('%(a){WIDE}s' % {{'a': 1}})|length }}}}", "format width too large"),
         (f"{{{{ '%*d'|format({WIDE}, 1)|length }}}}", "format width too large"),
         (f"{{{{ '%.{WIDE}f'|format(1.5)|length }}}}", "format width too large"),
+        (f"{{{{ '%d %*d'|format(1, {WIDE}, 1)|length }}}}", "format width too large"),
+        (f"{{{{ ('%% %d %.*f' % (1, {WIDE}, 1.5))|length }}}}", "format width too large"),
+        (f"{{{{ '{{}} {{:>{{}}}}'.format('a', 'b', {WIDE})|length }}}}", "format width too large"),
+        (f"{{{{ '{{[0]:>{{[1]}}}}'.format(['a'], [0, {WIDE}])|length }}}}", "format width too large"),
         ("{{ ('%' + '9' * 5000 + 'd') % 1 }}", "format width too large"),  # no int-max-str-digits error
     ],
 )
@@ -60,6 +64,13 @@ def test_ordinary_widths_and_tables_still_render() -> None:
         "{{ 'a\\tb'.expandtabs(4) }}|{{ 'abc'.translate({97: 'xy', 98: none}) }}|{{ '{} {}'.format(12345678, n) }}"
     )
     assert render(template, {"n": 10**12}) == "   a|  7|    x|1.23|a   b|xyc|12345678 1000000000000"
+    # a large value beside a width taken from an argument is a value, not a width
+    values = (
+        "{{ '%*d' % (9, n) }}|{{ '%%%-*d%%' % (3, 1) }}|{{ '{:>{}} {}'.format('a', 2, n) }}|"
+        "{{ '{0:>{1}} {2}'.format('a', 2, n) }}|{{ '{x:>{w}} {n}'.format(x='a', w=2, n=n) }}|"
+        "{{ '{x:>{w[0]}}'.format_map({'x': 'a', 'w': [2]}) }}"
+    )
+    assert render(values, {"n": 10**8}) == "100000000|%1  %| a 100000000| a 100000000| a 100000000| a"
 
 
 def test_the_chat_templates_expandtabs_is_refused_at_validate(tmp_path: Path) -> None:
