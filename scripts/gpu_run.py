@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -81,6 +82,19 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 
 
+def seconds(text: str) -> float:
+    """A time budget: a finite number of seconds, 0 or more (0: every phase skipped, the files
+    written). nan turned the deadline off, as no comparison with it is true, and went into the
+    JSON as NaN; inf the same; a negative one is a typo."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r:.40} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r:.40}: give a finite number of seconds, 0 or more")
+    return value
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="folder for gpu-run.json and gpu-run.md ($OUT)")
@@ -98,7 +112,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--kv", default="auto,int4", help="KV caches, of auto (16-bit), int4, int2, fp8")
     ap.add_argument("--contexts", help="comma-separated context lengths (default: the shape's)")
-    ap.add_argument("--time-budget", type=float, default=480.0, help="seconds; no phase starts past it")
+    ap.add_argument("--time-budget", type=seconds, default=480.0, help="seconds; no phase starts past it")
     ap.add_argument("--tiny-limit", type=int, help="samples per task for the tiny model (default: the shape's)")
     ap.add_argument("--tiny-setups", help="comma-separated, of " + ",".join(TINY_SETUPS))
     ap.add_argument(

@@ -20,7 +20,8 @@ Counts use the model's tokenizer (`--tokenizer`, SmolLM2-135M's by default, `mak
 `input_tokens` is the prompt's tokens as the engine adds them (`tokenizer(prompt).input_ids`),
 `output_tokens` the reference solution's tokens (GSM8K's worked answer, "#### N" included, no
 special tokens) plus one for the end-of-sequence token that ends a generation. There are no
-arrival times: real ones are not in the data; a config gives `arrival_rate`."""
+arrival times: real ones are not in the data; `qeval goodput` sends the trace at seeded Poisson
+gaps at each rate (`serving.arrivals: poisson`)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from qeval.strict import Strict
+from qeval.strict import Seed, Strict
 
 #: a concurrency level: a number of sequences, or `max`, the most the setup's memory budget allows
 Level = int | Literal["max"]
@@ -73,7 +73,7 @@ class ServingSpec(Strict):
     #: requests per level, taken in order from the workload (a trace shorter than this is cycled)
     requests: int = Field(default=100, gt=0, le=100_000)
     #: seed of the Poisson arrivals (vLLM bench serve's --seed)
-    seed: int = 0
+    seed: Seed = 0
     #: a level's peak KV-cache usage must stay below this share of the pool (the auto-tune's 90%)
     kv_usage_limit: float = Field(default=0.9, gt=0, le=1)
     #: keep sweeping rates after a level breaks the SLO (an exhaustive sweep, for comparison)

@@ -9,28 +9,35 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from qeval.strict import Strict
+from qeval.strict import Seed, Strict
 
 #: the trace formats qeval reads (qeval/workload/trace.py); `auto` picks one from the file's first entry
 TraceFormat = Literal["auto", "qeval", "sharegpt", "vllm-custom"]
 #: vLLM's `--custom-output-len` default (vllm/benchmarks/datasets/arg_utils.py): every request of its
 #: custom dataset generates this many tokens, the file naming none
 VLLM_CUSTOM_OUTPUT_LEN = 256
+#: the most tokens one prompt or one output of a workload may have (2^24, 16,777,216): above
+#: every model's context today (10M tokens at most), and far enough below 2^63 that no sum or
+#: product of lengths (a max-model-len, a KV pool in blocks) overflows where a model's config
+#: names no context to check them against
+MAX_TOKENS = 2**24
+#: a length in tokens: whole, positive, at most MAX_TOKENS
+Length = Annotated[int, Field(gt=0, le=MAX_TOKENS)]
 
 
 class FixedLength(Strict):
     """Every request the same length."""
 
     family: Literal["fixed"]
-    value: int = Field(gt=0)
+    value: Length
 
 
 class UniformLength(Strict):
     """Whole lengths drawn uniformly from [min, max]."""
 
     family: Literal["uniform"]
-    min: int = Field(gt=0)
-    max: int = Field(gt=0)
+    min: Length
+    max: Length
 
     @model_validator(mode="after")
     def _order(self) -> UniformLength:
@@ -43,10 +50,10 @@ class LogNormalLength(Strict):
     """exp(N(ln median, sigma)), rounded and held to [min, max] (max is required: a workload is bounded)."""
 
     family: Literal["lognormal"]
-    median: float = Field(gt=0)
+    median: float = Field(gt=0, le=MAX_TOKENS)
     sigma: float = Field(gt=0, le=5)
-    min: int = Field(default=1, gt=0)
-    max: int = Field(gt=0)
+    min: Length = 1
+    max: Length
 
     @model_validator(mode="after")
     def _order(self) -> LogNormalLength:
@@ -60,8 +67,8 @@ class PercentileLength(Strict):
     piecewise-linear distribution through (0, min) and these points; 100 (the maximum) is required."""
 
     family: Literal["percentiles"]
-    points: dict[float, int] = Field(min_length=1)
-    min: int = Field(default=1, gt=0)
+    points: dict[float, Length] = Field(min_length=1)
+    min: Length = 1
 
     @model_validator(mode="after")
     def _points(self) -> PercentileLength:
@@ -111,7 +118,7 @@ class SloSpec(Strict):
 
 
 _TRACE_ONLY = ("format", "custom_output_len")
-_DRAWN_ONLY = ("requests", "seed")
+_DRAWN_ONLY = ("requests", "seed", "arrival_rate")
 
 
 class WorkloadSpec(Strict):
@@ -121,12 +128,14 @@ class WorkloadSpec(Strict):
     trace: str | None = None
     format: TraceFormat = "auto"
     #: output tokens of every request of a `vllm-custom` trace (vLLM's `--custom-output-len`)
-    custom_output_len: int = Field(default=VLLM_CUSTOM_OUTPUT_LEN, gt=0)
+    custom_output_len: Length = VLLM_CUSTOM_OUTPUT_LEN
     input: LengthSpec | None = None
     output: LengthSpec | None = None
     requests: int = Field(default=1000, gt=0, le=1_000_000)
-    seed: int = 0
-    #: requests per second, Poisson (seeded), where a trace has no arrival times of its own
+    seed: Seed = 0
+    #: requests per second of a described distribution: Poisson gaps drawn with `seed`. Refused
+    #: beside a trace, whose requests arrive at their own `arrival_s` or, at each serving level,
+    #: by `serving.arrivals: poisson` (it was ignored there)
     arrival_rate: float | None = Field(default=None, gt=0)
     slo: SloSpec | None = None
     #: max-model-len is this percentile of prompt + output, rounded up to the KV block size
@@ -144,5 +153,11 @@ class WorkloadSpec(Strict):
         for key in _TRACE_ONLY if drawn else _DRAWN_ONLY:
             # at its default it changes nothing: a config dumped whole (a worker's job file) validates again
             if key in self.model_fields_set and getattr(self, key) != type(self).model_fields[key].default:
+                if key == "arrival_rate":
+                    raise ValueError(
+                        "arrival_rate applies to a described distribution only: a trace's requests arrive "
+                        "at its own arrival_s, and `serving.arrivals: poisson` (the default) sends them at "
+                        "seeded Poisson gaps at each rate"
+                    )
                 raise ValueError(f"{key} applies to a {'trace' if drawn else 'described distribution'} only")
         return self

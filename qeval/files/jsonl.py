@@ -4,6 +4,7 @@ naming the file and line number when a line is not one."""
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,10 @@ def read_objects(path: Path, raw: bytes | None = None) -> Iterator[tuple[int, di
             raise UserError(f"{path}:{lineno}: corrupt dataset line ({exc.msg})") from None
         except RecursionError:  # `[[[[...` thousands deep: json's decoder recurses (a hostile file)
             raise UserError(f"{path}:{lineno}: corrupt dataset line (nested too deeply)") from None
+        except ValueError:  # Python's int-max-str-digits: a number of thousands of digits
+            raise UserError(
+                f"{path}:{lineno}: corrupt dataset line (a number of more than {sys.get_int_max_str_digits():,} digits)"
+            ) from None
         if not isinstance(obj, dict):
             raise UserError(f"{path}:{lineno}: corrupt dataset line (expected a JSON object)")
         yield lineno, obj

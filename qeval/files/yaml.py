@@ -9,6 +9,7 @@ nine aliases ("billion laughs") are 387 million nodes, and took the whole machin
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -66,8 +67,8 @@ def expanded_size(obj: Any, limit: int = MAX_YAML_NODES) -> int:
 
 
 def load_yaml(path: Path) -> Any:
-    """Parse a YAML file; a syntax error, duplicate key, non-UTF-8 byte or oversized document
-    becomes a one-line UserError."""
+    """Parse a YAML file; a syntax error, duplicate key, non-UTF-8 byte, number of thousands of
+    digits or oversized document becomes a one-line UserError."""
     if not path.is_file():
         raise UserError(f"{path}: file not found")
     if path.stat().st_size > MAX_YAML_BYTES:
@@ -87,6 +88,10 @@ def load_yaml(path: Path) -> Any:
         raise UserError(f"{path}: invalid YAML{where}: {problem}") from None
     except RecursionError:
         raise UserError(f"{path}: YAML nested too deeply") from None
+    except ValueError:  # Python's int-max-str-digits, raised by PyYAML's int(): not a YAMLError
+        raise UserError(
+            f"{path}: invalid YAML: a number of more than {sys.get_int_max_str_digits():,} digits"
+        ) from None
     if expanded_size(doc) > MAX_YAML_NODES:
         raise UserError(
             f"{path}: YAML expands to more than {MAX_YAML_NODES:,} nodes once its aliases are expanded (an alias bomb?)"

@@ -98,6 +98,25 @@ def exact_prompt(tok: Any, words: list[int], rng: np.random.Generator, n: int, h
     raise UserError(f"cannot write a prompt of exactly {n} tokens with this tokenizer")
 
 
+def shared_prefix(tok: Any, words: list[int], rng: np.random.Generator, stream: list[int], n: int) -> str:
+    """The first `n` tokens (as the bench counts them) of a group's shared `stream` of words, as
+    text; the stream is grown with fresh words where `n` reaches past it. Every request of a
+    group (a conversation's turns, each with its own prefix_tokens) starts with the stream, so
+    any two share the shorter of their prefixes, and a later turn's longer prefix extends an
+    earlier one's."""
+    k = n - len(tok("").input_ids)  # the tokenizer's special tokens count towards n
+    for _ in range(10):
+        k = max(k, 0)
+        if k > len(stream):
+            stream += [int(x) for x in rng.choice(words, size=k - len(stream))]
+        text = tok.decode(stream[:k])
+        got = len(tok(text).input_ids)
+        if got == n:
+            return text
+        k += n - got
+    raise UserError(f"cannot write a shared prefix of exactly {n} tokens with this tokenizer")
+
+
 def dataset(trace: Trace, tok: Any, n: int, max_model_len: int, seed: int) -> tuple[list[dict[str, Any]], int]:
     """`n` requests of the trace in order (cycled), those max-model-len admits, as the custom
     dataset's lines; and how many of the first pass were refused (longer than max-model-len)."""
@@ -107,15 +126,13 @@ def dataset(trace: Trace, tok: Any, n: int, max_model_len: int, seed: int) -> tu
         raise UserError(f"no request of the workload fits max-model-len {max_model_len}")
     words = word_ids(tok)
     rng = np.random.default_rng(seed)
-    prefixes: dict[str, str] = {}
+    streams: dict[str, list[int]] = {}  # each group's shared words, grown as its requests need them
     lines = []
     for i in range(n):
         r: Request = admitted[i % len(admitted)]
         head = ""
         if r.group is not None and r.prefix_tokens:
-            if r.group not in prefixes:
-                prefixes[r.group] = exact_prompt(tok, words, rng, r.prefix_tokens)
-            head = prefixes[r.group]
+            head = shared_prefix(tok, words, rng, streams.setdefault(r.group, []), r.prefix_tokens)
         lines.append({"prompt": exact_prompt(tok, words, rng, r.input_tokens, head), "output_tokens": r.output_tokens})
     return lines, refused
 
@@ -142,6 +159,11 @@ def timed_dataset(trace: Trace, n: int, max_model_len: int) -> tuple[list[dict[s
         )
     t0 = float(times[0] or 0.0)
     span = float(times[-1] or 0.0) - t0
+    if len(admitted) > 1 and span <= 0:  # scaled to any rate, the times stay one burst
+        raise UserError(
+            f"serving.arrivals trace: every request of the workload arrives at {t0:g} s, so every rate "
+            "would replay the same burst; give arrival times that differ, or use arrivals: poisson"
+        )
     gap = span / (len(admitted) - 1) if len(admitted) > 1 and span > 0 else 1.0
     groups: dict[str, list[int]] = {}
     next_id = 1 << 40  # distinct from every group's ids

@@ -4,9 +4,11 @@ Templates come from task files, which are untrusted: jinja2's ImmutableSandboxed
 refuses attribute access to internals (`cycler.__init__.__globals__.os`) and calls that
 mutate. qeval bounds what a template may build on top, at three depths:
 
-- before an operation allocates: `*` and `**`, printf widths (`'%0100000000d' % a`, the
-  `format` filter, `str.format`), and a width past the bound to a padding method or filter
-  (`'a'|center(100000000)`) are refused;
+- before an operation allocates: `*` and `**`, printf widths and precisions (`'%0100000000d' % a`,
+  `'%*d' % (n, a)`, the `format` filter, `str.format` and `format_map`, a nested `{:>{}}` taking
+  its width from an argument), a width past the bound to a padding method or filter
+  (`'a'|center(100000000)`), and what `replace`, `join`, `indent`, `expandtabs` and `translate`
+  would build (computed from their arguments) are refused;
 - while rendering: the output is streamed and refused past `_MAX_RENDERED` characters
   (nested `range` loops), past `_MAX_ITERATIONS` range() items (loops that print nothing),
   and past `_MAX_SECONDS` (a SIGALRM timer in the main thread; elsewhere at each output piece);
@@ -22,8 +24,10 @@ from __future__ import annotations
 import functools
 import re
 import signal
+import string
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
@@ -33,16 +37,116 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment, 
 
 _MAX_RENDERED = 1_000_000  # characters: a template that builds more is refused, not rendered
 _MAX_SECONDS = 5.0  # per render: a prompt template takes microseconds
-#: a printf (`%08d`) or format-spec (`{:>8}`) width or precision
-_PRINTF_WIDTH = re.compile(r"%[-+ #0*]*(\d+)(?:\.(\d+))?")
-_FORMAT_WIDTH = re.compile(r"\{[^{}]*:[^{}]*?(\d+)(?:\.(\d+))?[^{}]*\}")
+#: a printf conversion: its mapping key, width and precision (`*`: taken from the operand), and
+#: its type (`%%` is a literal percent sign)
+_PRINTF_SPEC = re.compile(r"%(\([^()]*\))?[-+ #0]*(\*|\d+)?(?:\.(\*|\d*))?[hlL]?(.?)", re.DOTALL)
+#: the digits of a format spec (`{:>8}`, `{:.3f}`)
+_DIGITS = re.compile(r"\d+")
+#: a format field's name: its first part, then `[index]` parts (attribute parts are not followed)
+_FIELD = re.compile(r"([^.\[]*)((?:\[[^\]]*\])*)")
 
 
-def _check_widths(fmt: object, pattern: re.Pattern[str]) -> None:
-    if isinstance(fmt, str):
-        for match in pattern.finditer(fmt):
-            if any(g and int(g) > _MAX_RENDERED for g in match.groups()):
+def _too_wide(value: object) -> bool:
+    """An integer, or a string of digits, past the output bound: a width or precision that only
+    ever builds an oversized string. Never converts more than 18 digits (a 5,000-digit string
+    would be Python's int-max-str-digits ValueError)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return abs(value) > _MAX_RENDERED
+    if isinstance(value, str):
+        digits = value.strip().lstrip("+-")
+        return digits.isdigit() and (len(digits) > 18 or int(digits) > _MAX_RENDERED)
+    return False
+
+
+def _any_too_wide(values: object) -> bool:
+    """Whether `values` (a call's arguments: nested lists, tuples and dicts) hold a width past the
+    bound anywhere: where a field's value cannot be followed, any of them might be its width."""
+    stack, seen = [values], 0
+    while stack:
+        v = stack.pop()
+        seen += 1
+        if seen > _MAX_RENDERED:
+            return True
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+        elif _too_wide(v):
+            return True
+    return False
+
+
+def _check_printf(fmt: object, operand: object) -> None:
+    """Refuse `fmt % operand` (or `fmt|format(...)`) whose width or precision is past the bound:
+    written in the format (`%0100000000d`, `%(a)100000000s`), or taken from the operand by a `*`
+    (`'%*d' % (width, value)`: the arguments are consumed in order, as printf consumes them)."""
+    if not isinstance(fmt, str) or "%" not in fmt:
+        return
+    values = list(operand) if isinstance(operand, tuple) else [operand]
+    at = 0
+    for match in _PRINTF_SPEC.finditer(fmt):
+        key, width, precision, kind = match.groups()
+        if kind == "%" and key is None and width is None and precision is None:
+            continue  # `%%`
+        for part in (width, precision):
+            if part == "*":
+                if at < len(values) and _too_wide(values[at]):
+                    raise SecurityError("format width too large")
+                at += 1
+            elif part and _too_wide(part):
                 raise SecurityError("format width too large")
+        at += key is None
+
+
+def _check_format(fmt: object, args: tuple[Any, ...], kwargs: Any) -> None:
+    """Refuse `fmt.format(*args, **kwargs)` (or `fmt.format_map(kwargs)`) whose width or
+    precision is past the bound: written in a field's spec (`{:>100000000}`), or taken from an
+    argument by a nested field (`{:>{}}`, `{:.{w}f}`, `{0:{1[0]}}`), numbered as str.format
+    numbers them."""
+    if not isinstance(fmt, str) or "{" not in fmt:
+        return
+    auto = 0
+
+    def value(name: str) -> tuple[bool, Any]:
+        """(whether the field could be followed, its value)."""
+        nonlocal auto
+        match = _FIELD.fullmatch(name)
+        if match is None:  # an attribute (`{0.x}`): not followed, as the sandbox decides on it
+            return False, None
+        first, rest = match.groups()
+        if first == "":
+            first, auto = str(auto), auto + 1
+        try:
+            obj = args[int(first)] if first.isdigit() and len(first) < 19 else kwargs[first]
+            for index in re.findall(r"\[([^\]]*)\]", rest):
+                obj = obj[int(index)] if index.isdigit() and len(index) < 19 else obj[index]
+        except (LookupError, TypeError):  # str.format refuses it itself
+            return True, None
+        return True, obj
+
+    def walk(text: str, depth: int) -> None:
+        nonlocal auto
+        try:
+            fields = list(string.Formatter().parse(text))
+        except ValueError:  # malformed: str.format refuses it itself
+            return
+        for _, name, spec, _ in fields:
+            if name is None:
+                continue
+            if depth:  # a nested field: its value is written into the enclosing spec
+                known, obj = value(name)
+                if _too_wide(obj) or (not known and _any_too_wide((args, kwargs))):
+                    raise SecurityError("format width too large")
+            elif name == "" or name.startswith(("[", ".")):
+                auto += 1
+            if spec and any(_too_wide(d) for d in _DIGITS.findall(spec)):
+                raise SecurityError("format width too large")
+            if spec and "{" in spec and depth < 3:
+                walk(spec, depth + 1)
+
+    walk(fmt, 0)
 
 
 #: str methods and filters whose integer arguments are output widths: a width past the output
@@ -142,8 +246,23 @@ def _check_sizes(name: str, target: Any, args: tuple[Any, ...], kwargs: dict[str
         grown = len(strings[0]) + (strings[0].count("\n") + 1) * (
             len(width) if isinstance(width, str) else abs(int(width))
         )
+    elif name == "expandtabs" and isinstance(target, str):  # each tab becomes at most tabsize spaces
+        size = args[0] if args else kwargs.get("tabsize", 8)
+        if isinstance(size, int):
+            grown = len(target) + target.count("\t") * max(size, 0)
+    elif name == "translate" and isinstance(target, str) and args:  # each character becomes its table entry
+        grown = sum(n * _translated(args[0], ch) for ch, n in Counter(target).items())
     if grown > _MAX_RENDERED:
         raise SecurityError(f"{name} would build more than {_MAX_RENDERED:,} characters")
+
+
+def _translated(table: Any, ch: str) -> int:
+    """The characters `ch` becomes under str.translate's `table`."""
+    try:
+        value = table[ord(ch)]
+    except (LookupError, TypeError):
+        return 1
+    return len(value) if isinstance(value, str) else 0 if value is None else 1
 
 
 def _bounded_filter(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -151,8 +270,8 @@ def _bounded_filter(f: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         _check_args(f.__name__, args[1:], kwargs)  # args[0]: the filtered value (or the context)
         _check_sizes(f.__name__, None, args, kwargs)
-        if f.__name__ == "do_format" and args:
-            _check_widths(next((a for a in args if isinstance(a, str)), None), _PRINTF_WIDTH)
+        if f.__name__ == "do_format" and args:  # value|format(*args, **kwargs): value % (kwargs or args)
+            _check_printf(args[0], kwargs or tuple(args[1:]))
         return _bounded(f(*args, **kwargs))
 
     return wrapper
@@ -276,7 +395,7 @@ class _Bounds(SandboxedEnvironment):
         if operator == "+" and not ints and _size(left) + _size(right) > _MAX_RENDERED:
             raise SecurityError("concatenation too large")  # s + s in a recursing macro doubles it
         if operator == "%":
-            _check_widths(left, _PRINTF_WIDTH)
+            _check_printf(left, right)
         return _bounded(super().call_binop(context, operator, left, right))
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 - jinja's signature
@@ -284,8 +403,10 @@ class _Bounds(SandboxedEnvironment):
         method = getattr(__obj, "__wrapped__", __obj)
         _check_args(getattr(method, "__name__", ""), args, kwargs)
         _check_sizes(getattr(method, "__name__", ""), getattr(method, "__self__", None), args, kwargs)
-        if getattr(method, "__name__", None) in ("format", "format_map"):
-            _check_widths(getattr(method, "__self__", None), _FORMAT_WIDTH)
+        if getattr(method, "__name__", None) == "format":
+            _check_format(getattr(method, "__self__", None), args, kwargs)
+        elif getattr(method, "__name__", None) == "format_map":
+            _check_format(getattr(method, "__self__", None), (), args[0] if args else {})
         return _bounded(super().call(__context, __obj, *args, **kwargs))
 
 

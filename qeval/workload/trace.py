@@ -7,30 +7,34 @@ and the plan").
   leading tokens: a system prompt, earlier turns) with `prefix_tokens` (how many), and `id`.
   Any other key is refused (a typo must not pass as an unknown field).
 - `sharegpt`: ShareGPT conversations, a JSON array (as ShareGPT_V3 ships) or one per line:
-  `{"conversations": [{"from": "human", "value": ...}, {"from": "gpt", "value": ...}, ...]}`. The
-  prompt is the first human turn followed by a gpt turn, the output that gpt turn's token count
-  (vLLM's ShareGPTDataset takes turns 0 and 1); an entry with no such pair is skipped and counted,
-  as vLLM skips conversations of fewer than two turns.
+  `{"conversations": [{"from": "human", "value": ...}, {"from": "gpt", "value": ...}, ...]}`. As
+  vLLM's ShareGPTDataset reads it (vllm/benchmarks/datasets/datasets.py, vllm 0.32.0): the
+  prompt is turn 0's text and the output turn 1's token count, whoever speaks them; an entry of
+  fewer than two turns is skipped and counted. vLLM's own sampling filter (prompts of 4 to 1,024
+  tokens, outputs of 4 or more, 2,048 in all) is not applied: the plan takes the traffic as it is.
 - `vllm-custom`: `vllm bench serve --dataset-name custom`'s JSON Lines, `{"prompt": ...}` a line,
   every request generating `custom_output_len` tokens (vLLM's `--custom-output-len`, default
   256), the prompt rendered by the chat template where the tokenizer has one; other keys are
   ignored, as vLLM's pandas reader ignores them. Checked against vLLM's source at commit 237145ea
   (vllm/benchmarks/datasets/custom.py, arg_utils.py; the layout vllm 0.32.0 ships).
 
-Hostile input: the file is read up to MAX_TRACE_BYTES; a malformed line, a length that is not a
-positive whole number, or a request longer than the model's context is one UserError naming the
-file and line (an entry, in a JSON array)."""
+Hostile input: the file is read up to MAX_TRACE_BYTES; a malformed line (a number of more digits
+than Python converts included), a length that is not a positive whole number or is over
+MAX_TOKENS, a text too long to tokenize (qeval/workload/tokens.py: checked before the tokenizer
+runs), or a request longer than the model's context is one UserError naming the file and line
+(an entry, in a JSON array)."""
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qeval.config.workload import VLLM_CUSTOM_OUTPUT_LEN
+from qeval.config.workload import MAX_TOKENS, VLLM_CUSTOM_OUTPUT_LEN
 from qeval.errors import UserError
 from qeval.workload.tokens import TokenCounter
 
@@ -39,9 +43,9 @@ MAX_TRACE_BYTES = 64 * 2**20
 QEVAL_KEYS = frozenset(
     {"prompt", "input_tokens", "output_tokens", "arrival_s", "prefix_id", "conversation_id", "prefix_tokens", "id"}
 )
-HUMAN = frozenset({"human", "user"})
-GPT = frozenset({"gpt", "assistant", "chatgpt", "bard", "model"})
 MAX_ID_CHARS = 200
+#: what a number of more digits than Python converts is called in a refusal
+_DIGITS = f"a number of more than {sys.get_int_max_str_digits():,} digits"
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,7 @@ class Trace:
     requests: list[Request]
     source: str
     format: str
-    #: entries a format skips by its own rule (ShareGPT conversations with no prompt-answer pair)
+    #: entries a format skips by its own rule (ShareGPT conversations of fewer than two turns)
     skipped: int = 0
     #: how requests arrive: the trace's own times, a Poisson rate, or all at once
     arrivals: str = ""
@@ -100,14 +104,14 @@ def read_trace(
         raise UserError(f"{path}: a JSON array, which only the sharegpt format is read as; {fmt} is JSON Lines")
     parse = _PARSERS[fmt]
     read = [
-        (where, parse(obj, where, counter, custom_output_len))
+        (where, parse(obj, where, counter, custom_output_len, context))
         for where, obj in (_array_entries(path, text) if array else _lines(path, text))
     ]
     kept = [(where, r) for where, r in read if r is not None]
     skipped = len(read) - len(kept)
     if not kept:
         raise UserError(
-            f"{path}: no requests" + (f" ({skipped} conversations without a prompt and an answer)" if skipped else "")
+            f"{path}: no requests" + (f" ({skipped} conversations of fewer than two turns)" if skipped else "")
         )
     requests = [r for _, r in kept]
     check_requests(requests, [where for where, _ in kept], context)
@@ -165,6 +169,8 @@ def _lines(path: Path, text: str) -> Iterator[tuple[str, dict[str, Any]]]:
             raise UserError(f"{path}:{lineno}: not a JSON line ({exc.msg})") from None
         except RecursionError:  # `[[[[...`: nested past the parser's depth
             raise UserError(f"{path}:{lineno}: not a JSON line (nested too deep)") from None
+        except ValueError:  # Python's int-max-str-digits: a number of thousands of digits
+            raise UserError(f"{path}:{lineno}: not a JSON line ({_DIGITS})") from None
         if not isinstance(obj, dict):
             raise UserError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
         yield f"{path}:{lineno}", obj
@@ -177,6 +183,8 @@ def _array_entries(path: Path, text: str) -> Iterator[tuple[str, dict[str, Any]]
         raise UserError(f"{path}:{exc.lineno}: not a JSON array ({exc.msg})") from None
     except RecursionError:
         raise UserError(f"{path}: not a JSON array (nested too deep)") from None
+    except ValueError:
+        raise UserError(f"{path}: not a JSON array ({_DIGITS})") from None
     if not isinstance(data, list):
         raise UserError(f"{path}: expected a JSON array of conversations")
     for i, obj in enumerate(data, 1):
@@ -207,7 +215,9 @@ def _length(obj: dict[str, Any], key: str, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise UserError(f"{where}: {key} {value!r:.40} is not a whole number of tokens")
     if value <= 0:
-        raise UserError(f"{where}: {key} {value}: a length must be positive (zero or negative length)")
+        raise UserError(f"{where}: {key} {value!r:.40}: a length must be positive (zero or negative length)")
+    if value > MAX_TOKENS:
+        raise UserError(f"{where}: {key} {value!r:.40} is more than a workload's {MAX_TOKENS:,} tokens")
     return value
 
 
@@ -220,14 +230,16 @@ def _text(obj: dict[str, Any], key: str, where: str) -> str:
     return value
 
 
-def _qeval_request(obj: dict[str, Any], where: str, counter: TokenCounter, _output_len: int) -> Request:
+def _qeval_request(
+    obj: dict[str, Any], where: str, counter: TokenCounter, _output_len: int, context: int | None
+) -> Request:
     unknown = sorted(set(obj) - QEVAL_KEYS)
     if unknown:
         raise UserError(f"{where}: unknown key {unknown[0]!r} (a qeval trace line has {', '.join(sorted(QEVAL_KEYS))})")
     if "input_tokens" in obj:
         input_tokens = _length(obj, "input_tokens", where)
     elif "prompt" in obj:
-        input_tokens = counter.count(_text(obj, "prompt", where), where)
+        input_tokens = counter.count(_text(obj, "prompt", where), where, context or MAX_TOKENS)
     else:
         raise UserError(f"{where}: needs prompt (text) or input_tokens (a count)")
     if "output_tokens" not in obj:
@@ -241,9 +253,13 @@ def _arrival(obj: dict[str, Any], where: str) -> float | None:
     if "arrival_s" not in obj:
         return None
     value = obj["arrival_s"]
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+    try:
+        seconds = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
+    except OverflowError:  # an integer past a float's range
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0:
         raise UserError(f"{where}: arrival_s {value!r:.40} is not a time in seconds from the start (a number >= 0)")
-    return float(value)
+    return seconds
 
 
 def _group(obj: dict[str, Any], where: str, input_tokens: int) -> tuple[str | None, int]:
@@ -269,32 +285,40 @@ def _group(obj: dict[str, Any], where: str, input_tokens: int) -> tuple[str | No
     return f"{keys[0].removesuffix('_id')}:{ident}", prefix
 
 
-def _custom_request(obj: dict[str, Any], where: str, counter: TokenCounter, output_len: int) -> Request:
+def _custom_request(
+    obj: dict[str, Any], where: str, counter: TokenCounter, output_len: int, context: int | None
+) -> Request:
     if "prompt" not in obj:
         raise UserError(f"{where}: needs prompt (vllm bench serve's custom dataset reads a `prompt` on every line)")
-    return Request(counter.count_chat(_text(obj, "prompt", where), where), output_len)
+    return Request(counter.count_chat(_text(obj, "prompt", where), where, context or MAX_TOKENS), output_len)
 
 
-def _sharegpt_request(obj: dict[str, Any], where: str, counter: TokenCounter, _output_len: int) -> Request | None:
+def _sharegpt_request(
+    obj: dict[str, Any], where: str, counter: TokenCounter, _output_len: int, context: int | None
+) -> Request | None:
+    """vLLM's ShareGPTDataset: turn 0's text is the prompt and turn 1's the answer, whoever speaks
+    them; an entry of fewer than two turns is skipped."""
     turns = obj.get("conversations")
     if not isinstance(turns, list):
         raise UserError(f"{where}: needs conversations, a list of turns")
     for t in turns:
-        if not isinstance(t, dict) or not isinstance(t.get("from"), str) or not isinstance(t.get("value"), str):
+        if not isinstance(t, dict) or not isinstance(t.get("value"), str):
             raise UserError(f'{where}: a turn is not {{"from": ..., "value": text}}')
-    for ask, answer in zip(turns, turns[1:], strict=False):
-        if ask["from"].lower() in HUMAN and answer["from"].lower() in GPT:
-            if not ask["value"]:
-                raise UserError(f"{where}: the human turn is empty (zero length)")
-            prompt = counter.count(ask["value"], where)
-            output = counter.count(answer["value"], where) if answer["value"] else 0
-            if output <= 0:
-                raise UserError(f"{where}: the gpt turn is empty (zero length)")
-            return Request(prompt, output)
-    return None
+    if len(turns) < 2:
+        return None
+    ask, answer = turns[0]["value"], turns[1]["value"]
+    if not ask:
+        raise UserError(f"{where}: the first turn (the prompt) is empty (zero length)")
+    if not answer:
+        raise UserError(f"{where}: the second turn (the answer) is empty (zero length)")
+    within = context or MAX_TOKENS
+    prompt, output = counter.count(ask, where, within), counter.count(answer, where, within)
+    if min(prompt, output) <= 0:
+        raise UserError(f"{where}: the {'prompt' if prompt <= 0 else 'answer'} is no tokens (zero length)")
+    return Request(prompt, output)
 
 
-_PARSERS: dict[str, Callable[[dict[str, Any], str, TokenCounter, int], Request | None]] = {
+_PARSERS: dict[str, Callable[[dict[str, Any], str, TokenCounter, int, int | None], Request | None]] = {
     "qeval": _qeval_request,
     "sharegpt": _sharegpt_request,
     "vllm-custom": _custom_request,

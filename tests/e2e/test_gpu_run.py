@@ -55,6 +55,22 @@ def good_bundle(folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.parametrize("budget", ["nan", "inf", "-inf", "-5", "soon"])
+def test_a_time_budget_that_is_not_a_finite_number_of_seconds_is_refused(
+    budget: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--time-budget nan` turned the deadline off (no comparison with nan is true) and wrote NaN
+    into gpu_run.json (issue 54)."""
+    import gpu_run
+
+    with pytest.raises(SystemExit) as exc:
+        gpu_run.parse_args(["--out", str(tmp_path), "--time-budget", budget])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --time-budget:" in err and "Traceback" not in err
+    assert gpu_run.parse_args(["--out", str(tmp_path), "--time-budget", "60"]).time_budget == 60.0
+
+
 def test_bundle_check_accepts_the_pinned_wheels(tmp_path: Path) -> None:
     assert gpu_bundle.check_bundle(good_bundle(tmp_path / "b"), PINS) == []
 

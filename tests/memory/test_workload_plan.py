@@ -21,7 +21,7 @@ from qeval.workload.draw import draw
 from qeval.workload.stats import nearest_rank, summarize
 from qeval.workload.tokens import TokenCounter
 from qeval.workload.trace import MAX_TRACE_BYTES, read_trace
-from tests.helpers import MODEL, ROOT, TASKS, run_cli
+from tests.helpers import MODEL, ROOT, TASKS, one_line_exit_2, run_cli
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -108,9 +108,11 @@ def test_sharegpt_array_and_lines(tmp_path: Path) -> None:
         },
     ]
     tok = _tok()
+    # as vLLM's ShareGPTDataset reads them: turns 0 and 1, whoever speaks (issue 54: the reader
+    # took the first human turn followed by a gpt turn, "Sum 1 and 2" and "3" here)
     expected = [
         (len(tok("Hi there").input_ids), len(tok("Hello!").input_ids)),
-        (len(tok("Sum 1 and 2").input_ids), len(tok("3").input_ids)),
+        (len(tok("I am a bot").input_ids), len(tok("Sum 1 and 2").input_ids)),
     ]
     (tmp_path / "s.json").write_text(json.dumps(convs))
     for path in (tmp_path / "s.json", _write(tmp_path / "s.jsonl", convs)):
@@ -120,7 +122,7 @@ def test_sharegpt_array_and_lines(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text(
         json.dumps([convs[0], {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": ""}]}])
     )
-    with pytest.raises(UserError, match=r"bad.json: entry 2: the gpt turn is empty"):
+    with pytest.raises(UserError, match=r"bad.json: entry 2: the second turn \(the answer\) is empty"):
         read_trace(tmp_path / "bad.json", counter=TokenCounter(str(MODEL)))
 
 
@@ -309,3 +311,33 @@ def test_the_shipped_trace_loads() -> None:
     assert stats.refused <= stats.requests // 100 + 1
     block = workload_source(SHIPPED.with_suffix(".yaml"), None, None).spec  # the block that names it
     assert Path(block.trace or "").resolve() == SHIPPED.resolve() and block.slo and block.slo.ttft_ms
+
+
+@pytest.mark.parametrize(
+    ("extra", "where"),
+    [
+        (
+            {
+                "workload": {
+                    "input": {"family": "fixed", "value": 8},
+                    "output": {"family": "fixed", "value": 4},
+                    "seed": -1,
+                }
+            },
+            "workload.seed",
+        ),
+        ({"serving": {"rates": [1], "seed": -1}}, "serving.seed"),
+        ({"serving": {"rates": [1], "seed": 2**32}}, "serving.seed"),
+    ],
+)
+def test_a_negative_or_too_large_seed_is_refused_at_validate(
+    tmp_path: Path, extra: dict[str, object], where: str
+) -> None:
+    """Issue 54 point 9: seed -1 passed validate, then plan and goodput crashed in numpy."""
+    _write(tmp_path / "t.jsonl", TINY)
+    raw = yaml.safe_load(_config(tmp_path, {"trace": "t.jsonl", "slo": {"ttft_ms": 500}}).read_text())
+    for key, value in extra.items():
+        raw[key] = value
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    res = run_cli("validate", str(tmp_path / "c.yaml"))
+    one_line_exit_2(res, where)

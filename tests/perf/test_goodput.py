@@ -384,6 +384,44 @@ def test_timed_dataset_keeps_times_prefixes_and_exact_lengths() -> None:
     assert rate == pytest.approx(4 / 3.5)
     with pytest.raises(UserError, match="no arrival times"):
         timed_dataset(Trace([Request(40, 10)], "t", "qeval"), 2, 128)
+    # issue 54: times that are all the same have no span to scale, and gave every rate the same burst
+    with pytest.raises(UserError, match="every request of the workload arrives at 5 s, so every rate"):
+        timed_dataset(Trace([Request(40, 10, 5.0), Request(20, 5, 5.0)], "t", "qeval"), 2, 128)
+    assert timed_dataset(Trace([Request(40, 10, 5.0)], "t", "qeval"), 2, 128)[1] == 1.0  # one request: a pass a second
+
+
+def test_each_turn_of_a_conversation_gets_its_own_shared_prefix() -> None:
+    """Issue 54 point 11: later turns reused the first turn's prefix text, so a later turn with a
+    shorter prompt than that prefix was refused ("cannot write a prompt of exactly 30 tokens")
+    and a later turn with a longer prefix shared only the first turn's. Each request now starts
+    with exactly its own prefix_tokens of its group's shared tokens."""
+    from transformers import AutoTokenizer
+
+    from qeval.perf.serving import dataset
+    from qeval.workload.trace import Request, Trace
+
+    tok = AutoTokenizer.from_pretrained(str(ROOT / "models" / "smollm2-135m"))
+    reqs = [
+        Request(50, 4, None, "conversation:c", 40),
+        Request(30, 4, None, "conversation:c", 20),  # a turn shorter than the first turn's prefix
+        Request(80, 4, None, "conversation:c", 60),
+        Request(100, 4, None, "conversation:c", 90),
+        Request(30, 4, None, "conversation:d", 10),
+        Request(80, 4, None, "conversation:d", 60),  # a longer later prefix
+        Request(90, 4, None, "conversation:d", 60),
+        Request(25, 4),
+        Request(40, 4, None, "prefix:p", 16),
+        Request(60, 4, None, "prefix:p", 16),
+    ]
+    lines, refused = dataset(Trace(reqs, "t", "qeval"), tok, len(reqs), 4096, 0)
+    ids = [tok(line["prompt"]).input_ids for line in lines]
+    assert refused == 0 and [len(x) for x in ids] == [r.input_tokens for r in reqs]
+    for a, ra in enumerate(reqs):
+        for b, rb in enumerate(reqs[:a]):
+            if ra.group is not None and ra.group == rb.group:
+                shared = min(ra.prefix_tokens, rb.prefix_tokens)
+                assert ids[a][:shared] == ids[b][:shared], (a, b, shared)
+    assert ids[5][60:] != ids[6][60:]  # beyond their prefix, turns are their own
 
 
 def test_a_trace_workload_config_round_trips_through_the_job_file() -> None:

@@ -194,6 +194,34 @@ def test_a_tracker_that_is_down_shows_no_part_of_a_hostile_uri(
     assert not [s for s in HOSTILE_SECRETS if s in captured.err + captured.out], captured.err
 
 
+#: a password with `/` in it (AWS's documented example key): `urlsplit` ends the authority there
+SLASHED_URI = "http://AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY@127.0.0.1:{port}"
+SLASHED_SECRETS = ("AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI", "K7MDENG", "bPxRfiCYEXAMPLEKEY")
+
+
+def test_the_userinfo_ends_at_the_last_at_sign() -> None:
+    """Issue 54 point 4: a password holding `/`, `?` or `#` was shown whole."""
+    assert redact(SLASHED_URI.format(port=9)) == "http://***@127.0.0.1:9"
+    assert redact("http://alice:s3cr#et@host/") == "http://***@host/"
+    assert redact("http://alice:pa?ss=1@host:5000/x?token=t") == "http://***@host:5000/x?token=***"
+    assert redact("sqlite:///mlflow.db") == "sqlite:///mlflow.db"
+    # a client that parses it as urlsplit does quotes the pieces: none of them is shown
+    message = "Invalid port 'wJalrXUtnFEMI' for host AKIAIOSFODNN7EXAMPLE, path /K7MDENG/bPxRfiCYEXAMPLEKEY@127.0.0.1:9"
+    assert not [s for s in SLASHED_SECRETS if s in scrub(message, SLASHED_URI.format(port=9))]
+
+
+def test_a_tracker_that_is_down_shows_no_part_of_a_slashed_password(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = read_results(V1 / "results.json")
+    uri = SLASHED_URI.format(port=closed_port())
+    spec = TrackingSpec.model_validate({"mlflow": {"tracking_uri": uri, "experiment": "x", "max_retries": 0}})
+    assert track_run(V1, results, spec) is None
+    captured = capsys.readouterr()
+    assert "not logged to MLflow at http://***@127.0.0.1:" in captured.err
+    assert not [s for s in SLASHED_SECRETS if s in captured.err + captured.out], captured.err
+
+
 def test_a_long_tracker_error_is_cut_at_a_word(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
