@@ -111,10 +111,24 @@ def test_tuner_pick_matches_the_exhaustive_sweeps_best_here_and_none_when_nothin
     assert full.levels[full.pick][0].max_num_seqs == 16 and full.levels[full.pick][1] == 2.0
     bad = {k: Fake(v.goodput_rps, False, v.kv_usage_peak) for k, v in table.items()}
     assert search(settings_of([4], [None]), [1.0, 2.0], replay(bad), 0.9).pick is None
-    # unknown KV usage is never admissible; ties go to fewer max-num-seqs
-    assert best([(EngineSetting(4), 1.0, Fake(1.0, True, None))], 0.9) is None
+    # ties go to fewer max-num-seqs
     tie = [(EngineSetting(16), 1.0, Fake(1.0, True, 0.1)), (EngineSetting(4), 1.0, Fake(1.0, True, 0.1))]
     assert best(tie, 0.9) == 1
+
+
+def test_a_level_whose_kv_usage_was_not_sampled_is_judged_on_the_slo_alone() -> None:
+    """Issue 54 item 2: on a light level every /metrics scrape can miss the running requests
+    (kv_usage_peak None). That reading is not measured: the level that meets the SLO is
+    admissible, the sweep goes on, and the pick can be it."""
+    table = {(4, 0.5): Fake(0.49, True, None), (4, 1.0): Fake(0.99, True, None), (4, 2.0): Fake(1.2, False, None)}
+    found = search(settings_of([4], [None]), [0.5, 1.0, 2.0], replay(table), 0.9)
+    assert [r for _, r, _ in found.levels] == [0.5, 1.0, 2.0]  # not stopped at the first unsampled level
+    assert found.pick is not None and found.levels[found.pick][1] == 1.0
+    assert best([(EngineSetting(4), 1.0, Fake(1.0, True, None))], 0.9) == 0
+    # a measured peak over the limit still stops the sweep and is never picked
+    over = {(4, 0.5): Fake(0.49, True, None), (4, 1.0): Fake(0.99, True, 0.95), (4, 2.0): Fake(1.5, True, 0.5)}
+    found = search(settings_of([4], [None]), [0.5, 1.0, 2.0], replay(over), 0.9)
+    assert [r for _, r, _ in found.levels] == [0.5, 1.0] and found.levels[found.pick or 0][1] == 0.5
 
 
 def test_serve_command_line() -> None:
