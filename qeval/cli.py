@@ -231,6 +231,9 @@ def goodput(
         bool,
         typer.Option(help="measure every level of the grid (no early stop): the tuner's pick is then compared offline"),
     ] = False,
+    force: Annotated[bool, typer.Option(help="measure every setup again, reusing no stored row of serving.json")] = (
+        False
+    ),
 ) -> None:
     """Serve CONFIG's workload on each setup with `vllm serve`, tune max-num-seqs, recommend by goodput
     (RUN_DIR/serving.json, serving.md; docs/performance.md, "Serving the workload")."""
@@ -261,7 +264,12 @@ def goodput(
         cfg = cfg.for_engine(dtype)  # goodput's engines and serving.json: the resolved dtype, as before
         source = resolve_model(cfg.model.path, cfg.model.revision)
         cfg = resolve_checkpoints(cfg, source.checksum, {s.name for s in cfg.setups}, dtype)
-        results = goodput_run(cfg, out, _gated(out))
+        checkpoints = {
+            s.name: resolve_model(s.checkpoint, s.checkpoint_revision).checksum for s in cfg.setups if s.checkpoint
+        }  # as preflight keys the scores: the served content, not its path
+        results = goodput_run(
+            cfg, out, _gated(out), model_sha256=source.checksum, checkpoint_sha256=checkpoints, force=force
+        )
     except UserError as exc:
         _fail(exc)
         return

@@ -6,7 +6,8 @@ that pass every gate and fit the budget.
 
 It runs in the driver, on this machine, whatever the executor: the serving figures are the
 driver machine's (results.json's `serving.machine` says which). RUN_DIR/serving.json is
-rewritten after every setup, so an interrupted phase resumes with the setups already served."""
+rewritten after every setup, so an interrupted phase resumes with the setups already served
+(under `qeval run --force`, none is reused)."""
 
 from __future__ import annotations
 
@@ -27,9 +28,11 @@ def _say(line: str) -> None:
     print(f"serving: {line.strip()}", file=sys.stderr)
 
 
-def serve_workload(pre: Preflight, results: Results, out: Path) -> Results:
+def serve_workload(pre: Preflight, results: Results, out: Path, force: bool = False) -> Results:
     """`results` with its `serving` block (every setup that scored, served and tuned) and the
-    recommendation decided by goodput; RUN_DIR/serving.json and serving.md written beside."""
+    recommendation decided by goodput; RUN_DIR/serving.json and serving.md written beside. Stored
+    rows are keyed by the same content checksums as the scores (the model's, each checkpoint's);
+    `force` (`qeval run --force`) measures every setup again."""
     scored = {s.name for s in results.setups if s.status == "ok"}
     setups = [s for s in pre.cfg.setups if s.name in scored]
     if not setups:
@@ -39,7 +42,15 @@ def serve_workload(pre: Preflight, results: Results, out: Path) -> Results:
     # the run's own rule (every gate passed, the budget fitted) lets these through; the others keep their reason
     gated = (list(rec.candidates), {k: v for k, v in rec.reasons.items() if k not in rec.candidates})
     cfg = pre.cfg.model_copy(update={"setups": setups})
-    served = goodput_run(cfg, out, gated, say=_say)
+    served = goodput_run(
+        cfg,
+        out,
+        gated,
+        say=_say,
+        model_sha256=pre.model_sha256,
+        checkpoint_sha256=pre.checkpoint_sha256,
+        force=force,
+    )
     write_report(served, out)
     with_serving = results.model_copy(update={"serving": served})
     return with_serving.model_copy(update={"recommendation": recommend(with_serving)})

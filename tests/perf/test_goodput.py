@@ -410,3 +410,117 @@ def test_a_trace_workload_config_round_trips_through_the_job_file() -> None:
     assert RunConfig.model_validate(cfg.job_json()).workload == cfg.workload
     with pytest.raises(ValueError, match="requests applies to a described distribution only"):
         RunConfig.model_validate(base | {"workload": base["workload"] | {"requests": 5}})
+
+
+def _keyed_config(tmp_path: Path) -> tuple[RunConfig, Path]:
+    """A goodput config on qeval-tiny with a trace of its own in tmp_path."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"input_tokens": 20 + i, "output_tokens": 8}) + "\n" for i in range(4)))
+    cfg = RunConfig.model_validate(
+        {
+            "name": "gp",
+            "model": {"path": str(ROOT / "models" / "qeval-tiny"), "dtype": "auto", "max_context": 256},
+            "backend": "openai",
+            "server": {"mode": "launch"},
+            "device": "cpu",
+            "setups": [{"name": "base", "baseline": True}],
+            "tasks": ["addition"],
+            "workload": {"trace": str(trace), "slo": {"percentile": 99, "ttft_ms": 4000}},
+            "serving": {"rates": [1], "max_num_seqs": [4], "requests": 3},
+        }
+    )
+    return cfg, trace
+
+
+@pytest.fixture
+def fake_engine(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """goodput_run with no engine: each setup's measurement counted, vLLM's version settable."""
+    from qeval.perf import serving as SV
+
+    state: dict[str, Any] = {"served": 0, "vllm": "0.32.0"}
+
+    def serve(cfg: Any, setup: Any, device: str, dtype: str, trace: Any, mml: int, *rest: Any) -> ServingSetup:
+        state["served"] += 1
+        state["requests"] = [r.input_tokens for r in trace.requests]
+        row = _row(setup.name, 1.0)
+        return row.model_copy(update={"key": rest[-3]})
+
+    class Bench:
+        def __init__(self, *a: Any) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(SV, "serve_setup", serve)
+    monkeypatch.setattr(SV, "BenchRunner", Bench)
+    monkeypatch.setattr(SV, "_vllm_version", lambda cfg: state["vllm"])
+    return state
+
+
+def test_goodput_rows_are_keyed_by_content_not_the_traces_path(tmp_path: Path, fake_engine: dict[str, Any]) -> None:
+    """Issue 54 item 3: a trace rewritten in place, another model checksum, a checkpoint's
+    checksum, another vLLM, or force: the stored row is measured again; nothing changed: reused.
+    The same bytes under another path are the same workload."""
+    from qeval.perf.serving import goodput_run
+
+    cfg, trace = _keyed_config(tmp_path)
+    out = tmp_path / "out"
+
+    def served(**kw: Any) -> int:
+        before = fake_engine["served"]
+        goodput_run(cfg, out, None, say=lambda _: None, **({"model_sha256": "m1"} | kw))
+        return fake_engine["served"] - before
+
+    assert served() == 1
+    assert served() == 0  # unchanged: reused
+    trace.write_text(trace.read_text().replace('"input_tokens": 2', '"input_tokens": 10'))  # 5x longer, same path
+    assert served() == 1 and fake_engine["requests"] == [100, 101, 102, 103]
+    assert served() == 0
+    assert served(model_sha256="m2") == 1  # the model's content changed
+    assert served(model_sha256="m2", checkpoint_sha256={"base": "c1"}) == 1
+    fake_engine["vllm"] = "0.33.0"
+    assert served(model_sha256="m2", checkpoint_sha256={"base": "c1"}) == 1  # another vLLM
+    assert served(model_sha256="m2", checkpoint_sha256={"base": "c1"}) == 0
+    assert served(model_sha256="m2", checkpoint_sha256={"base": "c1"}, force=True) == 1  # --force: never reused
+    moved = tmp_path / "elsewhere.jsonl"
+    moved.write_bytes(trace.read_bytes())
+    assert cfg.workload is not None
+    cfg = cfg.model_copy(update={"workload": cfg.workload.model_copy(update={"trace": str(moved)})})
+    assert served(model_sha256="m2", checkpoint_sha256={"base": "c1"}) == 0  # the same bytes elsewhere
+    stored = json.loads((out / "serving.json").read_text())
+    assert stored["load_generator"].count("0.33.0") == 1
+
+
+def test_run_force_measures_the_serving_phase_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`qeval run --force` with recommend_by goodput: the serving phase gets force and the run's
+    model and checkpoint checksums (the scores' keys)."""
+    from types import SimpleNamespace
+
+    from qeval.run import serving as phase
+
+    seen: dict[str, Any] = {}
+
+    def fake(cfg: Any, out: Path, gated: Any, say: Any, **kw: Any) -> ServingResults:
+        seen.update(kw)
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(phase, "goodput_run", fake)
+    setups = [SimpleNamespace(name="base")]
+    pre = SimpleNamespace(
+        cfg=SimpleNamespace(setups=setups, model_copy=lambda update: SimpleNamespace(**update)),
+        model_sha256="m",
+        checkpoint_sha256={"base": "c"},
+    )
+    results = SimpleNamespace(
+        setups=[SimpleNamespace(name="base", status="ok")],
+        recommendation=SimpleNamespace(candidates=["base"], reasons={}),
+    )
+    with pytest.raises(RuntimeError, match="stop"):
+        phase.serve_workload(pre, results, tmp_path, force=True)  # type: ignore[arg-type]
+    assert seen == {"model_sha256": "m", "checkpoint_sha256": {"base": "c"}, "force": True}
+    import inspect
+
+    from qeval.run import runner
+
+    assert "force=prepared.opts.force" in inspect.getsource(runner.finish)

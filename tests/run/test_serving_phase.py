@@ -98,7 +98,7 @@ def test_serving_decides_among_the_gated_setups_and_joins_the_report(
     results = _goodput_run(tmp_path)
     seen: dict[str, Any] = {}
 
-    def fake_goodput_run(cfg: Any, out: Path, gated: Any, say: Any) -> ServingResults:
+    def fake_goodput_run(cfg: Any, out: Path, gated: Any, say: Any, **kw: Any) -> ServingResults:
         seen["setups"], seen["gated"] = [s.name for s in cfg.setups], gated
         # kv-int2 serves the most, but fails its gate; int4 cannot meet the SLO; int8 beats bf16
         rows = [
@@ -112,7 +112,11 @@ def test_serving_decides_among_the_gated_setups_and_joins_the_report(
 
     monkeypatch.setattr(phase, "goodput_run", fake_goodput_run)
     setups = [SimpleNamespace(name=s.name) for s in results.setups]
-    pre = SimpleNamespace(cfg=SimpleNamespace(setups=setups, model_copy=lambda update: SimpleNamespace(**update)))
+    pre = SimpleNamespace(
+        cfg=SimpleNamespace(setups=setups, model_copy=lambda update: SimpleNamespace(**update)),
+        model_sha256="m",
+        checkpoint_sha256={},
+    )
     out = tmp_path / "run"
     served = phase.serve_workload(pre, results, out)  # type: ignore[arg-type]
     assert seen["setups"] == ["bf16", "int8", "int4", "kv-int4", "kv-int2"]
