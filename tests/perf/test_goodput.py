@@ -433,7 +433,7 @@ def _keyed_config(tmp_path: Path) -> tuple[RunConfig, Path]:
 
 
 @pytest.fixture
-def fake_engine(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+def fake_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """goodput_run with no engine: each setup's measurement counted, vLLM's version settable."""
     from qeval.perf import serving as SV
 
@@ -455,6 +455,7 @@ def fake_engine(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     monkeypatch.setattr(SV, "serve_setup", serve)
     monkeypatch.setattr(SV, "BenchRunner", Bench)
     monkeypatch.setattr(SV, "_vllm_version", lambda cfg: state["vllm"])
+    monkeypatch.setenv("QEVAL_VLLM_PYTHON", _interpreter(tmp_path, True))  # the install check passes
     return state
 
 
@@ -524,3 +525,175 @@ def test_run_force_measures_the_serving_phase_again(tmp_path: Path, monkeypatch:
     from qeval.run import runner
 
     assert "force=prepared.opts.force" in inspect.getsource(runner.finish)
+
+
+def _cli_config(tmp_path: Path) -> Path:
+    """A goodput config on qeval-tiny (openai, launched vLLM) for the command line's checks."""
+    cfg, _ = _keyed_config(tmp_path)
+    path = tmp_path / "gp.yaml"
+    body = cfg.model_dump(mode="json", exclude_none=True)
+    path.write_text(yaml.safe_dump({k: v for k, v in body.items() if k in _KEYS}))
+    return path
+
+
+_KEYS = ("name", "model", "backend", "server", "device", "setups", "tasks", "workload", "serving")
+
+
+def _interpreter(tmp_path: Path, has_vllm: bool) -> str:
+    """A stand-in for vLLM's interpreter: answers the install check (find_spec) as told."""
+    fake = tmp_path / ("py-vllm" if has_vllm else "py-none")
+    fake.write_text(f"#!/bin/sh\necho {has_vllm}\n")
+    fake.chmod(0o755)
+    return str(fake)
+
+
+@pytest.fixture
+def goodput_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """`qeval goodput` in process, its serving replaced by the rows `state["rows"]` (None: not
+    called expected); what it was given kept in `state`."""
+    from qeval.perf import serving as SV
+
+    state: dict[str, Any] = {"calls": []}
+
+    def fake(cfg: Any, out: Path, gated: Any, say: Any = print, **kw: Any) -> ServingResults:
+        state["calls"].append({"gated": gated} | kw)
+        rows = state["rows"]
+        res = ServingResults(
+            config=cfg.name,
+            workload={"source": "t.jsonl", "slo": {"percentile": 99, "ttft_ms": 500}},
+            load_generator="vllm bench serve",
+            machine="cpu",
+            kv_usage_limit=0.9,
+            setups=rows,
+            recommendation=recommend_goodput(rows, gated, SloSpec(ttft_ms=500)),
+        )
+        return res
+
+    monkeypatch.setattr(SV, "goodput_run", fake)
+    monkeypatch.setenv("QEVAL_VLLM_PYTHON", _interpreter(tmp_path, True))
+    return state
+
+
+def _goodput(*args: str) -> Any:
+    from typer.testing import CliRunner
+
+    from qeval.cli import app
+
+    return CliRunner().invoke(app, ["goodput", *args])
+
+
+def _failed(name: str) -> ServingSetup:
+    return _row(name, None).model_copy(update={"status": "failed", "error": "RuntimeError: boom", "levels": []})
+
+
+def test_goodput_exit_codes(tmp_path: Path, goodput_cli: dict[str, Any]) -> None:
+    """Issue 54 item 6: 0 a setup recommended; 1 one could not be served; 3 none meets the SLO or
+    none was served, each said in one line on stderr."""
+    path, out = _cli_config(tmp_path), str(tmp_path / "out")
+    for rows, code, says in (
+        ([_row("base", 1.0)], 0, None),
+        ([_row("base", 1.0), _failed("b")], 1, "setups that could not be served: b"),
+        ([_row("base", None)], 3, "no setup meets the SLO"),
+        ([_failed("base")], 3, "no setup could be served"),
+    ):
+        goodput_cli["rows"] = rows
+        res = _goodput(str(path), "--output", out)
+        assert res.exit_code == code, (rows, res.output)
+        assert says is None or says in res.stderr.strip().splitlines()[-1], res.stderr
+        assert "Traceback" not in res.output
+
+
+def test_goodput_checks_vllm_before_anything_starts(
+    tmp_path: Path, goodput_cli: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 54 item 6: no vLLM where the servers would run: one line, exit 2, nothing written."""
+    monkeypatch.setenv("QEVAL_VLLM_PYTHON", _interpreter(tmp_path, False))
+    res = _goodput(str(_cli_config(tmp_path)), "--output", str(tmp_path / "out"))
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.output
+    assert "vLLM is not installed for" in res.stderr and "py-none" in res.stderr
+    assert goodput_cli["calls"] == [] and not (tmp_path / "out").exists()
+
+
+def test_goodput_output_is_checked_before_anything_loads(
+    tmp_path: Path, goodput_cli: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--output` onto a file or where nothing can be created: one line, exit 2, before the
+    model is looked at (it was a traceback after the loading)."""
+    import qeval.model.source
+
+    def no_load(*a: Any, **k: Any) -> None:
+        raise AssertionError("the model was loaded before --output was checked")
+
+    monkeypatch.setattr(qeval.model.source, "resolve_model", no_load)
+    path = _cli_config(tmp_path)
+    (tmp_path / "file").write_text("x")
+    for out, says in ((tmp_path / "file", "exists and is not a directory"), (Path("/proc/x"), "cannot create it")):
+        res = _goodput(str(path), "--output", str(out))
+        assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.output
+        assert says in res.stderr and "Traceback" not in res.output
+    assert goodput_cli["calls"] == []
+
+
+def _scored_run(tmp_path: Path, path: Path, out: Path, model_sha256: str | None = None) -> None:
+    """run-v1's results.json in `out`, made a run of config `path` on qeval-tiny (its checksum
+    unless `model_sha256`), with the run directory's marker."""
+    from qeval.backends.device import dtype_for
+    from qeval.config import load_config
+    from qeval.model.source import resolve_model
+
+    cfg = load_config(path)
+    asked = cfg.for_engine(dtype_for(cfg.model.dtype, Path(cfg.model.path), "cpu"))
+    data = json.loads((ROOT / "tests" / "data" / "run-v1" / "results.json").read_text())
+    data["config"] = asked.as_json()
+    data["run"]["name"] = cfg.name
+    data["run"]["model_sha256"] = model_sha256 or resolve_model(cfg.model.path).checksum
+    out.mkdir(exist_ok=True)
+    (out / "results.json").write_text(json.dumps(data))
+    (out / ".qeval-run.json").write_text(json.dumps({"config_name": cfg.name}))
+
+
+def test_goodput_takes_quality_evidence_only_from_a_run_of_its_config_and_model(
+    tmp_path: Path, goodput_cli: dict[str, Any]
+) -> None:
+    """Issue 54 item 5: results.json of another config (run-v1: another name, backend and tasks)
+    or of another model is not quality evidence: the gates are not checked, and every reason says
+    so; a run of this config on this model is. Another config's run directory is refused unless
+    --force, as `qeval run` refuses it."""
+    import shutil
+
+    path = _cli_config(tmp_path)
+    goodput_cli["rows"] = [_row("base", 1.0)]
+    other = tmp_path / "other"
+    shutil.copytree(ROOT / "tests" / "data" / "run-v1", other)
+    (other / ".qeval-run.json").write_text(json.dumps({"config_name": "demo"}))
+    res = _goodput(str(path), "--output", str(other))
+    assert res.exit_code == 2 and "holds the run of config 'demo'" in res.stderr and goodput_cli["calls"] == []
+    res = _goodput(str(path), "--output", str(other), "--force")
+    assert res.exit_code == 0, res.output
+    assert goodput_cli["calls"][-1]["gated"] is None and "not used as quality evidence" in res.stderr
+    assert "quality gates not checked" in res.stdout
+    mine = tmp_path / "mine"
+    _scored_run(tmp_path, path, mine, model_sha256="0" * 64)
+    res = _goodput(str(path), "--output", str(mine))
+    assert res.exit_code == 0 and goodput_cli["calls"][-1]["gated"] is None and "another model" in res.stderr
+    _scored_run(tmp_path, path, mine)
+    res = _goodput(str(path), "--output", str(mine))
+    gated = goodput_cli["calls"][-1]["gated"]
+    assert gated is not None and "not used" not in res.stderr, res.output
+    assert "base" not in gated[0]  # run-v1's candidates: the setups it scored that pass every gate
+    assert res.exit_code == 3 and "no setup meets the SLO and passes every gate" in res.stderr
+
+
+def test_goodput_holds_the_run_directorys_lock(tmp_path: Path, goodput_cli: dict[str, Any]) -> None:
+    """Issue 54 item 5: a `qeval run` writing into RUN_DIR (its lock held) refuses goodput there."""
+    from qeval.run.rundir import take_run_dir
+
+    path = _cli_config(tmp_path)
+    goodput_cli["rows"] = [_row("base", 1.0)]
+    held = take_run_dir(tmp_path / "out", "gp", False)
+    try:
+        res = _goodput(str(path), "--output", str(tmp_path / "out"))
+        assert res.exit_code == 2 and "another qeval run" in res.stderr and goodput_cli["calls"] == []
+    finally:
+        held.release()
+    assert _goodput(str(path), "--output", str(tmp_path / "out")).exit_code == 0
