@@ -146,3 +146,33 @@ def test_a_run_without_serving_is_unchanged(tmp_path: Path) -> None:
     assert results.serving is None
     md, _ = write_report(run, results)
     assert md.read_text() == (ROOT / "tests" / "data" / "run-v1" / "report.md").read_text()
+
+
+def test_fail_on_gate_needs_the_candidate_to_meet_the_slo(tmp_path: Path) -> None:
+    """Issue 54 item 7: under recommend_by goodput, `run --fail-on-gate` stops a candidate that
+    passes every gate but meets the SLO at no level; with no candidate, its message says that
+    none of the setups passing every gate meets the SLO (not that none passes every gate)."""
+    from qeval.analysis.recommend import candidate_problem
+    from qeval.cli import EXIT_GATE_FAILED, EXIT_OK, exit_code
+
+    results = _goodput_run(tmp_path)
+    gated: tuple[list[str], dict[str, str]] = (list(results.recommendation.candidates), {})
+
+    def served(rows: list[ServingSetup], candidate: str | None = None) -> Results:
+        config = results.config | ({"candidate": candidate} if candidate else {})
+        out = results.model_copy(update={"config": config, "serving": _serving(rows, gated)})
+        return out.model_copy(update={"recommendation": recommend(out)})
+
+    none_meets = [_served(n, None) for n in ("bf16", "int8", "int4", "kv-int4", "kv-int2")]
+    problem = candidate_problem(served(none_meets))
+    assert problem is not None and "no setup that passes every gate meets the SLO" in problem, problem
+    assert "bf16, int8, int4" in problem
+    problem = candidate_problem(served(none_meets, candidate="int8"))
+    assert problem == "candidate int8 meets the SLO at no level measured (best p99: TTFT 900.0 ms)"
+    assert exit_code(served(none_meets, candidate="int8"), fail_on_gate=True) == EXIT_GATE_FAILED
+    meets = [_served("bf16", 1.0), _served("int8", 1.9), _served("int4", None)]
+    assert candidate_problem(served(meets, candidate="int8")) is None
+    assert exit_code(served(meets), fail_on_gate=True) == EXIT_OK  # int8 recommended
+    assert candidate_problem(served(meets[1:], candidate="bf16")) == "candidate bf16 was not served"
+    before = results.model_copy(update={"config": results.config | {"candidate": "int8"}})
+    assert "serving phase has not run" in (candidate_problem(before) or "")
