@@ -129,6 +129,9 @@ def recommend_goodput(
 
 
 def _targets(slo: SloSpec) -> str:
+    from qeval.perf.slo import ms
+
     return ", ".join(
-        f"{slo.percentile:g}th-percentile {k.removesuffix('_ms').upper()} <= {v:g} ms" for k, v in slo.targets().items()
+        f"{slo.percentile:g}th-percentile {k.removesuffix('_ms').upper()} <= {ms(v)} ms"
+        for k, v in slo.targets().items()
     )

@@ -69,6 +69,16 @@ def test_one_token_outputs_have_no_tpot_in_the_verdict_but_pass_goodput() -> Non
     assert not fig.meets_slo and "no TPOT measured" in fig.violations
 
 
+def test_slo_targets_are_printed_with_their_digits() -> None:
+    """A sub-millisecond or fractional target reads as given ("> 0.5 ms"), not rounded to a
+    whole millisecond ("52.5 ms > 0 ms")."""
+    reqs = S.requests_of_detailed(_detailed([0.0525, 0.0525], [0.1, 0.1], [5, 5]))
+    fig = S.level_figures(reqs, 1.0, {"ttft_ms": 0.4, "e2e_ms": 4000.0}, 99)
+    assert fig.violations == ["p99 TTFT 52.5 ms > 0.4 ms"]
+    rec = recommend_goodput([_row("a", None)], None, SloSpec(ttft_ms=0.25, tpot_ms=1500))
+    assert "TTFT <= 0.25 ms, 99th-percentile TPOT <= 1,500 ms" in rec["reasons"]["a"]
+
+
 @dataclass
 class Fake:
     goodput_rps: float
