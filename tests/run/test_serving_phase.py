@@ -176,3 +176,21 @@ def test_fail_on_gate_needs_the_candidate_to_meet_the_slo(tmp_path: Path) -> Non
     assert candidate_problem(served(meets[1:], candidate="bf16")) == "candidate bf16 was not served"
     before = results.model_copy(update={"config": results.config | {"candidate": "int8"}})
     assert "serving phase has not run" in (candidate_problem(before) or "")
+
+
+def test_report_md_writes_the_slo_as_text_and_html_escapes_it(tmp_path: Path) -> None:
+    """report.md's serving recommendation reads "TTFT <= 500 ms", not the HTML entity "&lt;=";
+    report.html escapes it; markup from the results stays inert in the .md."""
+    from qeval.report.tables import md_text
+
+    results = _goodput_run(tmp_path)
+    gated: tuple[list[str], dict[str, str]] = (list(results.recommendation.candidates), {})
+    out = results.model_copy(update={"serving": _serving([_served("int8", 1.9), _served("bf16", None)], gated)})
+    out = out.model_copy(update={"recommendation": recommend(out)})
+    (tmp_path / "run" / "results.json").write_text(out.model_dump_json(indent=2) + "\n")
+    md, html = write_report(tmp_path / "run", read_results(tmp_path / "run" / "results.json"))
+    text = md.read_text()
+    assert "99th-percentile TTFT <= 500 ms" in text and "&lt;" not in text, text[:3000]
+    assert "TTFT &lt;= 500 ms" in html.read_text()
+    assert md_text("a <img src=x onerror=y> b") == "a &lt;img src=x onerror=y&gt; b"
+    assert md_text("> quote") == "&gt; quote" and md_text("52.5 ms > 0.4 ms") == "52.5 ms > 0.4 ms"
