@@ -891,11 +891,13 @@ def _print_workload(planned: tuple[WorkloadStats, Trace], rows: list[PlanRow], s
         )
     out.print(table)
     if spec.slo:
-        targets = ", ".join(f"{k.removesuffix('_ms')} {v:g} ms" for k, v in spec.slo.targets().items())
+        from qeval.perf.slo import ms
+
+        targets = ", ".join(f"{k.removesuffix('_ms')} {ms(v)} ms" for k, v in spec.slo.targets().items())
         out.print(
             escape(
-                f"SLO at p{spec.slo.percentile:g}: {targets} (recorded; the load measurement against it "
-                "is not built yet)"
+                f"SLO at p{spec.slo.percentile:g}: {targets} (the plan sizes memory only; `qeval goodput` serves "
+                "this workload against it with `vllm serve`, as does `qeval run` with recommend_by: goodput)"
             )
         )
 

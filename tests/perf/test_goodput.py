@@ -707,3 +707,22 @@ def test_goodput_holds_the_run_directorys_lock(tmp_path: Path, goodput_cli: dict
     finally:
         held.release()
     assert _goodput(str(path), "--output", str(tmp_path / "out")).exit_code == 0
+
+
+def test_plan_workload_points_at_the_goodput_measurement(tmp_path: Path) -> None:
+    """`qeval plan --workload` with an slo: says where the load is measured against it (`qeval
+    goodput`), not that the measurement "is not built yet"; its targets keep their digits."""
+    from typer.testing import CliRunner
+
+    from qeval.cli import app
+
+    cfg, _ = _keyed_config(tmp_path)
+    body = cfg.model_dump(mode="json", exclude_none=True)
+    body["workload"]["slo"] = {"percentile": 99, "ttft_ms": 0.5, "tpot_ms": 50}
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump({k: v for k, v in body.items() if k in _KEYS}))
+    res = CliRunner().invoke(app, ["plan", "--workload", str(path)], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.stdout.split())
+    assert "not built yet" not in text and "`qeval goodput` serves this workload" in text, text
+    assert "ttft 0.5 ms" in text
