@@ -815,6 +815,6 @@ def _vllm_version(cfg: RunConfig) -> str:
         done = subprocess.run(
             [server_python(cfg), "-c", _VERSION_PROBE], capture_output=True, text=True, timeout=60, check=True
         )
-        return done.stdout.strip()[:40]
+        return done.stdout.strip()[:40] or "unknown"
     except (subprocess.SubprocessError, OSError):
         return "unknown"

@@ -499,6 +499,14 @@ def test_goodput_rows_are_keyed_by_content_not_the_traces_path(tmp_path: Path, f
     assert cfg.workload is not None
     cfg = cfg.model_copy(update={"workload": cfg.workload.model_copy(update={"trace": str(moved)})})
     assert served(model_sha256="m2", checkpoint_sha256={"base": "c1"}) == 0  # the same bytes elsewhere
+    assert cfg.serving is not None and cfg.workload is not None and cfg.workload.slo is not None
+    for change in (
+        {"serving": cfg.serving.model_copy(update={"requests": 4})},
+        {"workload": cfg.workload.model_copy(update={"slo": cfg.workload.slo.model_copy(update={"ttft_ms": 3000})})},
+        {"setups": [cfg.setups[0].model_copy(update={"kv_cache": "fp8"})]},
+    ):
+        cfg = cfg.model_copy(update=change)
+        assert served(model_sha256="m2", checkpoint_sha256={"base": "c1"}) == 1, change
     stored = json.loads((out / "serving.json").read_text())
     assert stored["load_generator"].count("0.33.0") == 1
 
