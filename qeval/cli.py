@@ -248,7 +248,7 @@ def goodput(
     from qeval.backends.device import dtype_for, resolve_device
     from qeval.config import load_config
     from qeval.model.source import resolve_model
-    from qeval.perf.serving import check_goodput, goodput_run
+    from qeval.perf.serving import check_goodput, check_vllm, goodput_run
     from qeval.quantize.checkpoints import resolve_checkpoints
     from qeval.report.serving import write_report
     from qeval.run.rundir import take_run_dir
@@ -263,6 +263,7 @@ def goodput(
         # the backend's blocks and the vLLM that will serve, before checkpoints are looked for
         # (`qeval quantize` first) and before anything loads
         check_goodput(cfg)
+        check_vllm(cfg)
         serving = cfg.serving
         only = _split(setups, "--setups")
         if only is not None:

@@ -635,9 +635,8 @@ def _shown(cfg: RunConfig, device: str, args: dict[str, Any]) -> dict[str, Any]:
 def check_goodput(cfg: RunConfig) -> None:
     """What `qeval goodput` refuses in one line before anything else (checkpoints looked up,
     tokenizer loaded, engines started): the blocks it needs, the config's backend blocks against
-    the backend's entry (backends.check_blocks), a backend that serves `vllm serve`, and vLLM
-    installed where the servers and the bench run (the backend's `check_install`: .venv-vllm,
-    QEVAL_VLLM_PYTHON)."""
+    the backend's entry (backends.check_blocks) and a backend that serves `vllm serve`
+    (`check_vllm` asks whether vLLM is installed for it)."""
     if cfg.workload is None or cfg.workload.slo is None or cfg.serving is None:
         raise UserError(f"{cfg.name}: qeval goodput needs a workload: block with an slo: and a serving: block")
     from qeval.backends import backend_entry, check_blocks
@@ -648,7 +647,15 @@ def check_goodput(cfg: RunConfig) -> None:
             f"{cfg.name}: qeval goodput serves each setup with `vllm serve`: backend vllm, or openai "
             "with server.mode launch and no command (the hf backend has no server to load)"
         )
-    backend_entry(cfg.backend).check_install(cfg)  # the vLLM that serves and benches, before anything starts
+
+
+def check_vllm(cfg: RunConfig) -> None:
+    """vLLM installed where the servers and the bench run (the backend's `check_install`:
+    .venv-vllm, QEVAL_VLLM_PYTHON), one line if not: `qeval goodput` asks before anything loads;
+    `qeval run`'s preflight asks it for every config on vLLM."""
+    from qeval.backends import backend_entry
+
+    backend_entry(cfg.backend).check_install(cfg)
 
 
 def goodput_run(
