@@ -242,9 +242,9 @@ def goodput(
     (RUN_DIR/serving.json, serving.md; docs/performance.md, "Serving the workload").
 
     Exit codes: 0 a setup is recommended and every setup was served; 1 a setup could not be
-    served (the recommendation is among the others); 2 bad input or no vLLM to serve with
-    (nothing served); 3 no setup recommended: none meets the SLO (and passes every gate of a
-    scored run in RUN_DIR), or none could be served; 130 interrupted."""
+    served (the recommendation is among the others), or the files could not be written; 2 bad
+    input or no vLLM to serve with (nothing served); 3 no setup recommended: none meets the SLO
+    (and passes every gate of a scored run in RUN_DIR), or none could be served; 130 interrupted."""
     from qeval.backends.device import dtype_for, resolve_device
     from qeval.config import load_config
     from qeval.model.source import resolve_model
@@ -296,6 +296,10 @@ def goodput(
     except KeyboardInterrupt:
         print("qeval: interrupted; the setups served are kept in serving.json: rerun to resume", file=sys.stderr)
         raise typer.Exit(EXIT_INTERRUPTED) from None
+    except OSError as exc:  # a full disk, a read-only file: serving.json or the report
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"qeval: error: cannot write the serving files{where}: {exc.strerror or exc}", file=sys.stderr)
+        raise typer.Exit(EXIT_SETUP_FAILED) from None
     finally:
         if lock is not None:
             lock.release()
@@ -322,12 +326,12 @@ def goodput(
 def _goodput_files(out: Path, name: str) -> frozenset[str]:
     """`qeval goodput`'s own files in `out` where its serving.json is of config `name`: written
     before goodput took the run directory as `run` does (no marker), they are this config's."""
+    import json
+
     from qeval.report.serving import FIGURES
     from qeval.results.serving import FILE
 
     try:
-        import json
-
         if json.loads((out / FILE).read_text(encoding="utf-8")).get("config") != name:
             return frozenset()
     except (OSError, ValueError, AttributeError):

@@ -734,3 +734,16 @@ def test_plan_workload_points_at_the_goodput_measurement(tmp_path: Path) -> None
     text = " ".join(res.stdout.split())
     assert "not built yet" not in text and "`qeval goodput` serves this workload" in text, text
     assert "ttft 0.5 ms" in text
+
+
+def test_goodput_cannot_write_its_files_is_one_line_exit_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from qeval.perf import serving as SV
+
+    def full(*a: Any, **k: Any) -> None:
+        raise OSError(28, "No space left on device", "serving.json")
+
+    monkeypatch.setattr(SV, "goodput_run", full)
+    monkeypatch.setenv("QEVAL_VLLM_PYTHON", _interpreter(tmp_path, True))
+    res = _goodput(str(_cli_config(tmp_path)), "--output", str(tmp_path / "out"))
+    assert res.exit_code == 1 and len(res.stderr.strip().splitlines()) == 1, res.output
+    assert "cannot write the serving files (serving.json): No space left on device" in res.stderr
