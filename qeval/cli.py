@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from qeval.memory.planner import PlanRow
     from qeval.memory.workload_plan import WorkloadSource
     from qeval.results.schema import Results
+    from qeval.results.serving import ServingResults
     from qeval.workload.stats import WorkloadStats
     from qeval.workload.trace import Trace
 
@@ -38,6 +39,7 @@ EXIT_OK = 0  # every setup scored (and, under --fail-on-gate, the candidate pass
 EXIT_SETUP_FAILED = 1  # a setup (the baseline included) failed: the comparison is incomplete
 EXIT_BAD_INPUT = 2  # bad input, refused before any model loaded; nothing written
 EXIT_GATE_FAILED = 3  # --fail-on-gate: every setup scored, but the candidate does not pass every gate
+EXIT_NONE_MEETS_SLO = 3  # goodput: no setup recommended (none meets the SLO, or none was served)
 EXIT_NOT_CHECKED = 4  # compare --fail-on-regression: no regression found, but not everything could be checked
 EXIT_INTERRUPTED = 130  # Ctrl-C: rerun the same command to resume
 
@@ -231,60 +233,121 @@ def goodput(
         bool,
         typer.Option(help="measure every level of the grid (no early stop): the tuner's pick is then compared offline"),
     ] = False,
+    force: Annotated[
+        bool,
+        typer.Option(help="measure every setup again (reuse no stored row); write into a folder holding another run"),
+    ] = False,
 ) -> None:
     """Serve CONFIG's workload on each setup with `vllm serve`, tune max-num-seqs, recommend by goodput
-    (RUN_DIR/serving.json, serving.md; docs/performance.md, "Serving the workload")."""
+    (RUN_DIR/serving.json, serving.md; docs/performance.md, "Serving the workload").
+
+    Exit codes: 0 a setup is recommended and every setup was served; 1 a setup could not be
+    served (the recommendation is among the others), or the files could not be written; 2 bad
+    input or no vLLM to serve with (nothing served); 3 no setup recommended: none meets the SLO
+    (and passes every gate of a scored run in RUN_DIR), or none could be served; 130 interrupted."""
     from qeval.backends.device import dtype_for, resolve_device
     from qeval.config import load_config
     from qeval.model.source import resolve_model
-    from qeval.perf.serving import check_goodput, goodput_run
+    from qeval.perf.serving import check_goodput, check_vllm, goodput_run
     from qeval.quantize.checkpoints import resolve_checkpoints
     from qeval.report.serving import write_report
+    from qeval.run.rundir import take_run_dir
+    from qeval.run.serving import scored_gates
 
+    lock = None
     try:
         cfg = load_config(config)
         out = output or Path("reports") / cfg.name
         if cfg.workload is None or cfg.workload.slo is None or cfg.serving is None:
             raise UserError(f"{config}: qeval goodput needs a workload: block with an slo: and a serving: block")
-        check_goodput(cfg)  # the backend's blocks, before checkpoints are looked for (`qeval quantize` first)
+        # the backend's blocks and the vLLM that will serve, before checkpoints are looked for
+        # (`qeval quantize` first) and before anything loads
+        check_goodput(cfg)
+        check_vllm(cfg)
         serving = cfg.serving
         only = _split(setups, "--setups")
         if only is not None:
             unknown = sorted(set(only) - {s.name for s in cfg.setups})
             if unknown:
                 raise UserError(f"--setups: {unknown[0]!r} is not a setup of {config}")
+        # the run directory as `run` takes it (its owner, its lock: no `qeval run` writes beside)
+        lock = take_run_dir(out, cfg.name, force, _goodput_files(out, cfg.name))
+        # the dtype as `qeval quantize` resolved it: part of a checkpoint's key
+        dtype = dtype_for(cfg.model.dtype, Path(cfg.model.path), resolve_device(cfg.device))
+        asked = cfg.for_engine(dtype)  # the config as a scored run records it: its results.json is matched on it
+        if only is not None:
             cfg = cfg.model_copy(update={"setups": [s for s in cfg.setups if s.name in only]})
         if exhaustive:
             cfg = cfg.model_copy(update={"serving": serving.model_copy(update={"exhaustive": True})})
-        # the dtype as `qeval quantize` resolved it: part of a checkpoint's key
-        dtype = dtype_for(cfg.model.dtype, Path(cfg.model.path), resolve_device(cfg.device))
         cfg = cfg.for_engine(dtype)  # goodput's engines and serving.json: the resolved dtype, as before
         source = resolve_model(cfg.model.path, cfg.model.revision)
         cfg = resolve_checkpoints(cfg, source.checksum, {s.name for s in cfg.setups}, dtype)
-        results = goodput_run(cfg, out, _gated(out))
+        checkpoints = {
+            s.name: resolve_model(s.checkpoint, s.checkpoint_revision).checksum for s in cfg.setups if s.checkpoint
+        }  # as preflight keys the scores: the served content, not its path
+        gated, unused = scored_gates(out, asked, source.checksum)
+        if unused:
+            print(f"qeval: {unused}", file=sys.stderr)
+        results = goodput_run(cfg, out, gated, model_sha256=source.checksum, checkpoint_sha256=checkpoints, force=force)
+        report = write_report(results, out)
     except UserError as exc:
         _fail(exc)
         return
-    report = write_report(results, out)
+    except KeyboardInterrupt:
+        print("qeval: interrupted; the setups served are kept in serving.json: rerun to resume", file=sys.stderr)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except OSError as exc:  # a full disk, a read-only file: serving.json or the report
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"qeval: error: cannot write the serving files{where}: {exc.strerror or exc}", file=sys.stderr)
+        raise typer.Exit(EXIT_SETUP_FAILED) from None
+    finally:
+        if lock is not None:
+            lock.release()
     print(f"recommended (by goodput): {results.recommendation.get('setup') or 'none'}")
     for reason in (results.recommendation.get("reasons") or {}).values():
         print(f"  {reason}")
     for r in results.setups:
         print(f"{r.setup}: {r.serve_command}")
     print(f"report: {report}")
+    code = goodput_exit_code(results)
+    if code == EXIT_NONE_MEETS_SLO:
+        if all(r.status != "ok" for r in results.setups):
+            why = "no setup could be served (see serving.json)"
+        else:
+            gates = " and passes every gate" if results.recommendation.get("gates_checked") else ""
+            why = f"no setup meets the SLO{gates} (serving.md says why)"
+        print(f"qeval: goodput: {why}", file=sys.stderr)
+    elif code == EXIT_SETUP_FAILED:
+        failed = ", ".join(r.setup for r in results.setups if r.status != "ok")
+        print(f"qeval: goodput: setups that could not be served: {failed} (see serving.json)", file=sys.stderr)
+    raise typer.Exit(code)
 
 
-def _gated(out: Path) -> tuple[list[str], dict[str, str]] | None:
-    """The setups a scored run in `out` lets through (every gate passed, the budget fitted: its
-    recommendation's candidates) and why each other one is out; None without results.json."""
-    file = out / "results.json"
-    if not file.is_file():
-        return None
-    from qeval.analysis.recommend import recommend
-    from qeval.results.schema import read_results
+def _goodput_files(out: Path, name: str) -> frozenset[str]:
+    """`qeval goodput`'s own files in `out` where its serving.json is of config `name`: written
+    before goodput took the run directory as `run` does (no marker), they are this config's."""
+    import json
 
-    rec = recommend(read_results(file))
-    return rec.candidates, {k: v for k, v in rec.reasons.items() if k not in rec.candidates}
+    from qeval.report.serving import FIGURES
+    from qeval.results.serving import FILE
+
+    try:
+        if json.loads((out / FILE).read_text(encoding="utf-8")).get("config") != name:
+            return frozenset()
+    except (OSError, ValueError, AttributeError):
+        return frozenset()
+    return frozenset({FILE, "serving.md", "serving", *FIGURES})
+
+
+def goodput_exit_code(results: ServingResults) -> int:
+    """`qeval goodput`'s exit code for a finished run (2 and 130 are decided before it finishes):
+    3 with no recommendation (no setup meets the SLO, or none was served), else 1 when a setup
+    could not be served, else 0."""
+    if not results.recommendation.get("setup"):
+        return EXIT_NONE_MEETS_SLO
+    if any(r.status != "ok" for r in results.setups):
+        return EXIT_SETUP_FAILED
+    return EXIT_OK
 
 
 @app.command()
@@ -833,11 +896,13 @@ def _print_workload(planned: tuple[WorkloadStats, Trace], rows: list[PlanRow], s
         )
     out.print(table)
     if spec.slo:
-        targets = ", ".join(f"{k.removesuffix('_ms')} {v:g} ms" for k, v in spec.slo.targets().items())
+        from qeval.perf.slo import ms
+
+        targets = ", ".join(f"{k.removesuffix('_ms')} {ms(v)} ms" for k, v in spec.slo.targets().items())
         out.print(
             escape(
-                f"SLO at p{spec.slo.percentile:g}: {targets} (recorded; the load measurement against it "
-                "is not built yet)"
+                f"SLO at p{spec.slo.percentile:g}: {targets} (the plan sizes memory only; `qeval goodput` serves "
+                "this workload against it with `vllm serve`, as does `qeval run` with recommend_by: goodput)"
             )
         )
 

@@ -221,16 +221,37 @@ def _at(c: Comparison) -> str:
     return f" at turn {c.gate.turn}" if c.gate is not None and c.gate.turn is not None else ""
 
 
+def _slo_problem(results: Results, target: str) -> str | None:
+    """Why `target` does not meet the SLO at any level the serving phase measured, or None."""
+    if results.serving is None:
+        return "has no goodput measured: the serving phase has not run (rerun the same command)"
+    row = next((r for r in results.serving.setups if r.setup == target), None)
+    if row is None:
+        return "was not served"
+    if row.status != "ok":
+        return f"could not be served: {row.error}"
+    if row.pick is None:
+        p = f"p{results.serving.slo().percentile:g}"
+        best = ", ".join(f"{k.removesuffix('_ms').upper()} {v:,.1f} ms" for k, v in row.best_p99_ms.items())
+        return "meets the SLO at no level measured" + (f" (best {p}: {best})" if best else "")
+    return None
+
+
 def candidate_problem(results: Results) -> str | None:
     """Why a release pipeline should stop (`run --fail-on-gate`): no recommendation at all, or
     the candidate (the config's `candidate`, else the recommended setup) does not pass every
-    gate, or cannot be recommended, or the run scored only part of the config; None when it
-    may ship."""
+    gate, or cannot be recommended, or (`recommend_by: goodput`) meets the SLO at no level
+    measured, or the run scored only part of the config; None when it may ship."""
     rec = results.recommendation
     if rec.blocked:
         return f"no recommendation: {rec.blocked}"
     target = results.config.get("candidate") or rec.setup
+    by_goodput = results.config.get("recommend_by") == "goodput"
     if target is None:
+        if by_goodput and rec.candidates:  # some pass every gate: it is the SLO none of them meets
+            if results.serving is None:
+                return "no goodput measured: the serving phase has not run (rerun the same command)"
+            return f"no setup that passes every gate meets the SLO ({', '.join(rec.candidates)} pass every gate)"
         return "no setup passes every gate and fits the budget"
     setup = next((s for s in results.setups if s.name == target), None)
     if setup is None:
@@ -247,6 +268,10 @@ def candidate_problem(results: Results) -> str | None:
         return f"candidate {target} does not pass every gate ({', '.join(bad)})"
     if target not in rec.candidates:  # e.g. no comparison on some task, or no room in the budget
         return f"candidate {target} is not recommendable: {rec.reasons.get(target, '')}"
+    if by_goodput:  # ranked on goodput: it must serve the workload within the SLO at some level
+        why = _slo_problem(results, target)
+        if why:
+            return f"candidate {target} {why}"
     if results.run.partial_tasks:  # a release is judged on the whole config, not on the tasks one run chose
         return f"candidate {target} was {partial_text(results.run.partial_tasks)}"
     return None

@@ -104,7 +104,9 @@ def recommend_goodput(
         else:
             ranked.append(r)
     ranked.sort(key=lambda r: (-(r.pick.goodput_rps if r.pick else 0), r.pick.max_num_seqs if r.pick else 0))
-    unchecked = "" if gated is not None else "; quality gates not checked: no scored run (results.json) in RUN_DIR"
+    unchecked = (
+        "" if gated is not None else "; quality gates not checked: no scored run of this config and model in RUN_DIR"
+    )
     top = ranked[0] if ranked else None
     for r in ranked:
         assert r.pick is not None  # ranked only with a pick
@@ -127,6 +129,9 @@ def recommend_goodput(
 
 
 def _targets(slo: SloSpec) -> str:
+    from qeval.perf.slo import ms
+
     return ", ".join(
-        f"{slo.percentile:g}th-percentile {k.removesuffix('_ms').upper()} <= {v:g} ms" for k, v in slo.targets().items()
+        f"{slo.percentile:g}th-percentile {k.removesuffix('_ms').upper()} <= {ms(v)} ms"
+        for k, v in slo.targets().items()
     )

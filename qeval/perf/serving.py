@@ -13,11 +13,14 @@ sampled: KV-cache usage, preemptions, queueing time. qeval's SLO maths (qeval/pe
 read the bench's per-request figures (`--save-detailed`).
 
 Results go to RUN_DIR/serving.json, rewritten atomically after every setup; a rerun reuses a
-setup whose key (its engine arguments, the workload, the SLO, the grid) is unchanged."""
+setup whose key is unchanged: keyed by content as scoring's results are (`serving_parts`: the
+model's and checkpoint's checksums, the trace's bytes, vLLM's version, the setup, its engine
+arguments, the workload and SLO, the `serving:` block); `force` reuses none."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import os
@@ -502,23 +505,49 @@ def run_level(
     )
 
 
-def serving_key(cfg: RunConfig, setup: Setup, args: dict[str, Any]) -> str:
-    """What a setup's serving figures depend on."""
-    from qeval.records.keys import key_of
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes (a trace: up to 64 MiB, streamed)."""
+    with path.open("rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
+
+def serving_parts(
+    cfg: RunConfig,
+    setup: Setup,
+    args: dict[str, Any],
+    model_sha256: str,
+    vllm_version: str,
+    checkpoint_sha256: str | None = None,
+    trace_sha256: str | None = None,
+) -> dict[str, str]:
+    """What a setup's serving figures depend on, keyed by content as scoring's results are
+    (qeval/records/keys.py): the model's content checksum (and the setup's checkpoint's), the
+    trace's bytes (not its path), vLLM's version, the setup, its engine arguments, the
+    workload with its SLO, and the `serving:` block."""
     assert cfg.workload is not None and cfg.serving is not None  # checked by the caller
     serving = cfg.serving.model_dump(mode="json")
-    if serving["arrivals"] == "poisson":  # the default: keys from before the option existed still match
-        del serving["arrivals"]
-    return key_of(
-        {
-            "setup": setup.model_dump_json(),
-            "engine": json.dumps(args, sort_keys=True, default=str),
-            "workload": cfg.workload.model_dump_json(),
-            "serving": json.dumps(serving, separators=(",", ":")),
-            "version": SERVING_VERSION,
-        }
-    )
+    workload = cfg.workload.model_dump(mode="json")
+    if workload.get("trace") is not None:  # the file's content, wherever it lies
+        workload["trace"] = f"sha256:{trace_sha256}"
+    parts = {
+        "model_sha256": model_sha256,
+        "vllm": vllm_version,
+        "setup": setup.model_dump_json(),
+        "engine": json.dumps(args, sort_keys=True, default=str),
+        "workload": json.dumps(workload, sort_keys=True, separators=(",", ":")),
+        "serving": json.dumps(serving, sort_keys=True, separators=(",", ":")),
+        "version": SERVING_VERSION,
+    }
+    if checkpoint_sha256 is not None:
+        parts["checkpoint_sha256"] = checkpoint_sha256
+    return parts
+
+
+def serving_key(parts: dict[str, str]) -> str:
+    """The key a setup's row of serving.json is stored under (`serving_parts`)."""
+    from qeval.records.keys import key_of
+
+    return key_of(parts)
 
 
 def serve_setup(
@@ -628,7 +657,8 @@ def _shown(cfg: RunConfig, device: str, args: dict[str, Any]) -> dict[str, Any]:
 def check_goodput(cfg: RunConfig) -> None:
     """What `qeval goodput` refuses in one line before anything else (checkpoints looked up,
     tokenizer loaded, engines started): the blocks it needs, the config's backend blocks against
-    the backend's entry (backends.check_blocks) and a backend that serves `vllm serve`."""
+    the backend's entry (backends.check_blocks) and a backend that serves `vllm serve`
+    (`check_vllm` asks whether vLLM is installed for it)."""
     if cfg.workload is None or cfg.workload.slo is None or cfg.serving is None:
         raise UserError(f"{cfg.name}: qeval goodput needs a workload: block with an slo: and a serving: block")
     from qeval.backends import backend_entry, check_blocks
@@ -641,13 +671,33 @@ def check_goodput(cfg: RunConfig) -> None:
         )
 
 
+def check_vllm(cfg: RunConfig) -> None:
+    """vLLM installed where the servers and the bench run (the backend's `check_install`:
+    .venv-vllm, QEVAL_VLLM_PYTHON), one line if not: `qeval goodput` asks before anything loads;
+    `qeval run`'s preflight asks it for every config on vLLM."""
+    from qeval.backends import backend_entry
+
+    backend_entry(cfg.backend).check_install(cfg)
+
+
 def goodput_run(
-    cfg: RunConfig, out: Path, gated: tuple[list[str], dict[str, str]] | None, say: Callable[[str], None] = print
+    cfg: RunConfig,
+    out: Path,
+    gated: tuple[list[str], dict[str, str]] | None,
+    say: Callable[[str], None] = print,
+    *,
+    model_sha256: str,
+    checkpoint_sha256: dict[str, str] | None = None,
+    force: bool = False,
 ) -> ServingResults:
     """Serve and tune every setup of `cfg` on its workload (its checkpoint setups already pointed
     at their folders: quantize.checkpoints.resolve_checkpoints); RUN_DIR/serving.json; the
     recommendation among the setups `gated` lets through (the scored run's candidates and why
-    each other one is out; None without a scored run: qeval.cli.goodput reads it)."""
+    each other one is out; None without a scored run: qeval.cli.goodput reads it).
+
+    A setup's stored row is reused only under its key (`serving_parts`: the model's checksum
+    `model_sha256`, its checkpoint's in `checkpoint_sha256`, the trace's bytes, vLLM's version…),
+    and never under `force`."""
     from qeval.backends.device import resolve_device
     from qeval.backends.vllm.support import cache_accounting
     from qeval.backends.vllm.support import validate as vllm_validate
@@ -669,6 +719,8 @@ def goodput_run(
 
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
     trace = requests_of(workload, TokenCounter(cfg.model.path), cfg.model.max_context)
+    trace_sha = file_sha256(Path(workload.trace)) if workload.trace is not None else None
+    vllm_version = _vllm_version(cfg)
     block = cache_accounting(device).block_size
     stats = summarize(trace, workload.max_model_len_percentile, block, cfg.model.max_context)
     if sv.arrivals == "trace":  # checked before any engine starts
@@ -683,7 +735,7 @@ def goodput_run(
         old = {s.setup: s for s in read_serving(file).setups if s.status == "ok"}
     results = ServingResults(
         config=cfg.name,
-        load_generator=LOAD_GENERATOR.format(version=_vllm_version(cfg)),
+        load_generator=LOAD_GENERATOR.format(version=vllm_version),
         machine=f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs" if device == "cpu" else device,
         kv_usage_limit=sv.kv_usage_limit,
         workload={
@@ -729,8 +781,18 @@ def goodput_run(
                 settings_of(sv.max_num_seqs, sv.max_num_batched_tokens)[0],
                 prefix,
             )
-            key = serving_key(cfg, setup, args)
-            if setup.name in old and old[setup.name].key == key:
+            key = serving_key(
+                serving_parts(
+                    cfg,
+                    setup,
+                    args,
+                    model_sha256,
+                    vllm_version,
+                    (checkpoint_sha256 or {}).get(setup.name),
+                    trace_sha,
+                )
+            )
+            if not force and setup.name in old and old[setup.name].key == key:
                 say(f"{setup.name}: reused from {file} (same key)")
                 results.setups.append(old[setup.name])
             else:
@@ -782,6 +844,6 @@ def _vllm_version(cfg: RunConfig) -> str:
         done = subprocess.run(
             [server_python(cfg), "-c", _VERSION_PROBE], capture_output=True, text=True, timeout=60, check=True
         )
-        return done.stdout.strip()[:40]
+        return done.stdout.strip()[:40] or "unknown"
     except (subprocess.SubprocessError, OSError):
         return "unknown"

@@ -85,6 +85,12 @@ def requests_of_detailed(result: dict[str, Any]) -> list[RequestTimes]:
     return out
 
 
+def ms(x: float) -> str:
+    """Milliseconds as a line shows them: whole with thousands separators, else six significant
+    digits (a target of 0.5 ms reads 0.5 ms, never 0 ms; 52.5 ms stays 52.5)."""
+    return f"{x:,.0f}" if float(x).is_integer() else f"{x:,.6g}"
+
+
 def pct(values: list[float], p: float) -> float:
     """The p-th percentile by linear interpolation (np.percentile); 0 for no values (as vLLM)."""
     return float(np.percentile(values, p)) if values else 0.0
@@ -121,7 +127,7 @@ def level_figures(
         got = pcts[name][f"p{percentile:g}"]
         if not series[name] or got > target:
             violations.append(
-                f"p{percentile:g} {name.upper()} {got:,.1f} ms > {target:,.0f} ms"
+                f"p{percentile:g} {name.upper()} {ms(got)} ms > {ms(target)} ms"
                 if series[name]
                 else f"no {name.upper()} measured"
             )

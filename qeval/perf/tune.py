@@ -6,7 +6,9 @@ keep the best goodput that meets the latency target).
 
 The search: every engine setting (max_num_seqs x max_num_batched_tokens) is one engine start;
 at each, the rates are swept upwards, and the sweep stops at the first level that breaks the SLO
-or the KV limit (a higher rate only queues more: latency does not come back). Its cost is
+or the KV limit (a higher rate only queues more: latency does not come back); a level whose
+KV usage was not sampled (no /metrics scrape caught a request running) is judged on the SLO
+alone: an unknown reading is not measured, never a failure. Its cost is
 bounded before it starts: at most len(settings) restarts and len(settings) x len(rates) levels;
 `exhaustive` runs every level (the comparison in docs/benchmarks.md)."""
 
@@ -61,8 +63,10 @@ def settings_of(max_num_seqs: list[int], max_num_batched_tokens: list[int | None
 
 
 def admissible(level: Measured, kv_limit: float) -> bool:
-    """Meets the SLO with the KV cache's peak usage under `kv_limit` (unknown usage is not under it)."""
-    return level.meets_slo and level.kv_usage_peak is not None and level.kv_usage_peak < kv_limit
+    """Meets the SLO with the KV cache's peak usage under `kv_limit`. A usage not sampled (None:
+    every /metrics scrape missed the level's running requests) is not measured: the level is
+    judged on the SLO alone, never failed for it."""
+    return level.meets_slo and (level.kv_usage_peak is None or level.kv_usage_peak < kv_limit)
 
 
 def best(levels: list[tuple[EngineSetting, float, L]], kv_limit: float) -> int | None:

@@ -15,12 +15,17 @@ _MD_SPECIAL = str.maketrans(
     {c: f"\\{c}" for c in "\\`|"} | {"<": "&lt;", ">": "&gt;", "&": "&amp;", "\n": " ", "\r": " "}
 )
 _LINK = re.compile(r"\](?=[(\[:])")
+# a comparison between spaces ("TTFT <= 8000 ms", "52.5 ms > 0.4 ms") opens no tag and starts no
+# quote: written as it is, not as an entity the raw .md would show ("&lt;=")
+_OPERATOR = re.compile(r"(?<= )&(lt|gt);(=?)(?= )")
 
 
 def md_text(value: object) -> str:
     """Text from the results (names, errors, paths, reasons) made inert in markdown: no table
-    cell is split by a `|`, no HTML or link passes through, no line is broken."""
-    return _LINK.sub(r"]\\", str(value).translate(_MD_SPECIAL))
+    cell is split by a `|`, no HTML or link passes through, no line is broken. `<` and `>` as a
+    comparison between spaces stay as they are; anywhere else they are entities."""
+    text = _LINK.sub(r"]\\", str(value).translate(_MD_SPECIAL))
+    return _OPERATOR.sub(lambda m: ("<" if m[1] == "lt" else ">") + m[2], text)
 
 
 def code_text(value: object) -> str:

@@ -33,16 +33,17 @@ class RunDirLock:
         self.handle.close()
 
 
-def take_run_dir(root: Path, config_name: str, force: bool) -> RunDirLock:
+def take_run_dir(root: Path, config_name: str, force: bool, ours: frozenset[str] = frozenset()) -> RunDirLock:
     """Create or reuse `root` for a run of `config_name`; raise one-line UserErrors for every
-    reason it cannot be, before anything in it is touched."""
+    reason it cannot be, before anything in it is touched. `ours`: names the caller knows as
+    this config's own though no marker says so (`qeval goodput`'s files of before it wrote one)."""
     if root.exists() and not root.is_dir():
         raise UserError(f"--output {root}: exists and is not a directory")
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserError(f"--output {root}: cannot create it ({exc.strerror})") from None
-    _check_owner(root, config_name, force)
+    _check_owner(root, config_name, force, ours)
     try:
         handle = open(root / LOCK, "a+")  # noqa: SIM115 - held for the whole run
     except OSError as exc:
@@ -69,9 +70,9 @@ def take_run_dir(root: Path, config_name: str, force: bool) -> RunDirLock:
     return RunDirLock(root, handle)
 
 
-def _check_owner(root: Path, config_name: str, force: bool) -> None:
+def _check_owner(root: Path, config_name: str, force: bool, ours: frozenset[str] = frozenset()) -> None:
     """A folder qeval may write: empty, or holding this config's run (qeval's marker says so)."""
-    entries = [p.name for p in root.iterdir() if p.name != LOCK]
+    entries = [p.name for p in root.iterdir() if p.name != LOCK and p.name not in ours]
     if not entries or force:
         return
     marker = root / MARKER

@@ -332,7 +332,7 @@ def finish(prepared: PreparedRun) -> Results:
     results = read_results(store.results_path)
     write_report(store.root, results, report_sections())
     if pre.cfg.recommend_by == "goodput":  # the scores are written first: the serving phase takes minutes
-        results = serve_workload(pre, results, store.root)
+        results = serve_workload(pre, results, store.root, force=prepared.opts.force)
         atomic_write_bytes(store.results_path, (results.model_dump_json(indent=2) + "\n").encode())
         results = read_results(store.results_path)
         write_report(store.root, results, report_sections())

@@ -69,6 +69,16 @@ def test_one_token_outputs_have_no_tpot_in_the_verdict_but_pass_goodput() -> Non
     assert not fig.meets_slo and "no TPOT measured" in fig.violations
 
 
+def test_slo_targets_are_printed_with_their_digits() -> None:
+    """A sub-millisecond or fractional target reads as given ("> 0.5 ms"), not rounded to a
+    whole millisecond ("52.5 ms > 0 ms")."""
+    reqs = S.requests_of_detailed(_detailed([0.0525, 0.0525], [0.1, 0.1], [5, 5]))
+    fig = S.level_figures(reqs, 1.0, {"ttft_ms": 0.4, "e2e_ms": 4000.0}, 99)
+    assert fig.violations == ["p99 TTFT 52.5 ms > 0.4 ms"]
+    rec = recommend_goodput([_row("a", None)], None, SloSpec(ttft_ms=0.25, tpot_ms=1500))
+    assert "TTFT <= 0.25 ms, 99th-percentile TPOT <= 1,500 ms" in rec["reasons"]["a"]
+
+
 @dataclass
 class Fake:
     goodput_rps: float
@@ -111,10 +121,24 @@ def test_tuner_pick_matches_the_exhaustive_sweeps_best_here_and_none_when_nothin
     assert full.levels[full.pick][0].max_num_seqs == 16 and full.levels[full.pick][1] == 2.0
     bad = {k: Fake(v.goodput_rps, False, v.kv_usage_peak) for k, v in table.items()}
     assert search(settings_of([4], [None]), [1.0, 2.0], replay(bad), 0.9).pick is None
-    # unknown KV usage is never admissible; ties go to fewer max-num-seqs
-    assert best([(EngineSetting(4), 1.0, Fake(1.0, True, None))], 0.9) is None
+    # ties go to fewer max-num-seqs
     tie = [(EngineSetting(16), 1.0, Fake(1.0, True, 0.1)), (EngineSetting(4), 1.0, Fake(1.0, True, 0.1))]
     assert best(tie, 0.9) == 1
+
+
+def test_a_level_whose_kv_usage_was_not_sampled_is_judged_on_the_slo_alone() -> None:
+    """Issue 54 item 2: on a light level every /metrics scrape can miss the running requests
+    (kv_usage_peak None). That reading is not measured: the level that meets the SLO is
+    admissible, the sweep goes on, and the pick can be it."""
+    table = {(4, 0.5): Fake(0.49, True, None), (4, 1.0): Fake(0.99, True, None), (4, 2.0): Fake(1.2, False, None)}
+    found = search(settings_of([4], [None]), [0.5, 1.0, 2.0], replay(table), 0.9)
+    assert [r for _, r, _ in found.levels] == [0.5, 1.0, 2.0]  # not stopped at the first unsampled level
+    assert found.pick is not None and found.levels[found.pick][1] == 1.0
+    assert best([(EngineSetting(4), 1.0, Fake(1.0, True, None))], 0.9) == 0
+    # a measured peak over the limit still stops the sweep and is never picked
+    over = {(4, 0.5): Fake(0.49, True, None), (4, 1.0): Fake(0.99, True, 0.95), (4, 2.0): Fake(1.5, True, 0.5)}
+    found = search(settings_of([4], [None]), [0.5, 1.0, 2.0], replay(over), 0.9)
+    assert [r for _, r, _ in found.levels] == [0.5, 1.0] and found.levels[found.pick or 0][1] == 0.5
 
 
 def test_serve_command_line() -> None:
@@ -434,3 +458,330 @@ def test_a_trace_workload_config_round_trips_through_the_job_file() -> None:
     assert RunConfig.model_validate(cfg.job_json()).workload == cfg.workload
     with pytest.raises(ValueError, match="requests applies to a described distribution only"):
         RunConfig.model_validate(base | {"workload": base["workload"] | {"requests": 5}})
+
+
+def _keyed_config(tmp_path: Path) -> tuple[RunConfig, Path]:
+    """A goodput config on qeval-tiny with a trace of its own in tmp_path."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"input_tokens": 20 + i, "output_tokens": 8}) + "\n" for i in range(4)))
+    cfg = RunConfig.model_validate(
+        {
+            "name": "gp",
+            "model": {"path": str(ROOT / "models" / "qeval-tiny"), "dtype": "auto", "max_context": 256},
+            "backend": "openai",
+            "server": {"mode": "launch"},
+            "device": "cpu",
+            "setups": [{"name": "base", "baseline": True}],
+            "tasks": ["addition"],
+            "workload": {"trace": str(trace), "slo": {"percentile": 99, "ttft_ms": 4000}},
+            "serving": {"rates": [1], "max_num_seqs": [4], "requests": 3},
+        }
+    )
+    return cfg, trace
+
+
+@pytest.fixture
+def fake_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """goodput_run with no engine: each setup's measurement counted, vLLM's version settable."""
+    from qeval.perf import serving as SV
+
+    state: dict[str, Any] = {"served": 0, "vllm": "0.32.0"}
+
+    def serve(cfg: Any, setup: Any, device: str, dtype: str, trace: Any, mml: int, *rest: Any) -> ServingSetup:
+        state["served"] += 1
+        state["requests"] = [r.input_tokens for r in trace.requests]
+        row = _row(setup.name, 1.0)
+        return row.model_copy(update={"key": rest[-3]})
+
+    class Bench:
+        def __init__(self, *a: Any) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(SV, "serve_setup", serve)
+    monkeypatch.setattr(SV, "BenchRunner", Bench)
+    monkeypatch.setattr(SV, "_vllm_version", lambda cfg: state["vllm"])
+    monkeypatch.setenv("QEVAL_VLLM_PYTHON", _interpreter(tmp_path, True))  # the install check passes
+    return state
+
+
+def test_goodput_rows_are_keyed_by_content_not_the_traces_path(tmp_path: Path, fake_engine: dict[str, Any]) -> None:
+    """Issue 54 item 3: a trace rewritten in place, another model checksum, a checkpoint's
+    checksum, another vLLM, or force: the stored row is measured again; nothing changed: reused.
+    The same bytes under another path are the same workload."""
+    from qeval.perf.serving import goodput_run
+
+    cfg, trace = _keyed_config(tmp_path)
+    out = tmp_path / "out"
+
+    def served(**kw: Any) -> int:
+        before = fake_engine["served"]
+        goodput_run(cfg, out, None, say=lambda _: None, **({"model_sha256": "m1"} | kw))
+        return fake_engine["served"] - before
+
+    assert served() == 1
+    assert served() == 0  # unchanged: reused
+    trace.write_text(trace.read_text().replace('"input_tokens": 2', '"input_tokens": 10'))  # 5x longer, same path
+    assert served() == 1 and fake_engine["requests"] == [100, 101, 102, 103]
+    assert served() == 0
+    assert served(model_sha256="m2") == 1  # the model's content changed
+    assert served(model_sha256="m2", checkpoint_sha256={"base": "c1"}) == 1
+    fake_engine["vllm"] = "0.33.0"
+    assert served(model_sha256="m2", checkpoint_sha256={"base": "c1"}) == 1  # another vLLM
+    assert served(model_sha256="m2", checkpoint_sha256={"base": "c1"}) == 0
+    assert served(model_sha256="m2", checkpoint_sha256={"base": "c1"}, force=True) == 1  # --force: never reused
+    moved = tmp_path / "elsewhere.jsonl"
+    moved.write_bytes(trace.read_bytes())
+    assert cfg.workload is not None
+    cfg = cfg.model_copy(update={"workload": cfg.workload.model_copy(update={"trace": str(moved)})})
+    assert served(model_sha256="m2", checkpoint_sha256={"base": "c1"}) == 0  # the same bytes elsewhere
+    assert cfg.serving is not None and cfg.workload is not None and cfg.workload.slo is not None
+    for change in (
+        {"serving": cfg.serving.model_copy(update={"requests": 4})},
+        {"workload": cfg.workload.model_copy(update={"slo": cfg.workload.slo.model_copy(update={"ttft_ms": 3000})})},
+        {"setups": [cfg.setups[0].model_copy(update={"kv_cache": "fp8"})]},
+    ):
+        cfg = cfg.model_copy(update=change)
+        assert served(model_sha256="m2", checkpoint_sha256={"base": "c1"}) == 1, change
+    stored = json.loads((out / "serving.json").read_text())
+    assert stored["load_generator"].count("0.33.0") == 1
+
+
+def test_run_force_measures_the_serving_phase_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`qeval run --force` with recommend_by goodput: the serving phase gets force and the run's
+    model and checkpoint checksums (the scores' keys)."""
+    from types import SimpleNamespace
+
+    from qeval.run import serving as phase
+
+    seen: dict[str, Any] = {}
+
+    def fake(cfg: Any, out: Path, gated: Any, say: Any, **kw: Any) -> ServingResults:
+        seen.update(kw)
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(phase, "goodput_run", fake)
+    setups = [SimpleNamespace(name="base")]
+    pre = SimpleNamespace(
+        cfg=SimpleNamespace(setups=setups, model_copy=lambda update: SimpleNamespace(**update)),
+        model_sha256="m",
+        checkpoint_sha256={"base": "c"},
+    )
+    results = SimpleNamespace(
+        setups=[SimpleNamespace(name="base", status="ok")],
+        recommendation=SimpleNamespace(candidates=["base"], reasons={}),
+    )
+    with pytest.raises(RuntimeError, match="stop"):
+        phase.serve_workload(pre, results, tmp_path, force=True)  # type: ignore[arg-type]
+    assert seen == {"model_sha256": "m", "checkpoint_sha256": {"base": "c"}, "force": True}
+    import inspect
+
+    from qeval.run import runner
+
+    assert "force=prepared.opts.force" in inspect.getsource(runner.finish)
+
+
+def _cli_config(tmp_path: Path) -> Path:
+    """A goodput config on qeval-tiny (openai, launched vLLM) for the command line's checks."""
+    cfg, _ = _keyed_config(tmp_path)
+    path = tmp_path / "gp.yaml"
+    body = cfg.model_dump(mode="json", exclude_none=True)
+    path.write_text(yaml.safe_dump({k: v for k, v in body.items() if k in _KEYS}))
+    return path
+
+
+_KEYS = ("name", "model", "backend", "server", "device", "setups", "tasks", "workload", "serving")
+
+
+def _interpreter(tmp_path: Path, has_vllm: bool) -> str:
+    """A stand-in for vLLM's interpreter: answers the install check (find_spec) as told."""
+    fake = tmp_path / ("py-vllm" if has_vllm else "py-none")
+    fake.write_text(f"#!/bin/sh\necho {has_vllm}\n")
+    fake.chmod(0o755)
+    return str(fake)
+
+
+@pytest.fixture
+def goodput_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """`qeval goodput` in process, its serving replaced by the rows `state["rows"]` (None: not
+    called expected); what it was given kept in `state`."""
+    from qeval.perf import serving as SV
+
+    state: dict[str, Any] = {"calls": []}
+
+    def fake(cfg: Any, out: Path, gated: Any, say: Any = print, **kw: Any) -> ServingResults:
+        state["calls"].append({"gated": gated} | kw)
+        rows = state["rows"]
+        res = ServingResults(
+            config=cfg.name,
+            workload={"source": "t.jsonl", "slo": {"percentile": 99, "ttft_ms": 500}},
+            load_generator="vllm bench serve",
+            machine="cpu",
+            kv_usage_limit=0.9,
+            setups=rows,
+            recommendation=recommend_goodput(rows, gated, SloSpec(ttft_ms=500)),
+        )
+        return res
+
+    monkeypatch.setattr(SV, "goodput_run", fake)
+    monkeypatch.setenv("QEVAL_VLLM_PYTHON", _interpreter(tmp_path, True))
+    return state
+
+
+def _goodput(*args: str) -> Any:
+    from typer.testing import CliRunner
+
+    from qeval.cli import app
+
+    return CliRunner().invoke(app, ["goodput", *args])
+
+
+def _failed(name: str) -> ServingSetup:
+    return _row(name, None).model_copy(update={"status": "failed", "error": "RuntimeError: boom", "levels": []})
+
+
+def test_goodput_exit_codes(tmp_path: Path, goodput_cli: dict[str, Any]) -> None:
+    """Issue 54 item 6: 0 a setup recommended; 1 one could not be served; 3 none meets the SLO or
+    none was served, each said in one line on stderr."""
+    path, out = _cli_config(tmp_path), str(tmp_path / "out")
+    for rows, code, says in (
+        ([_row("base", 1.0)], 0, None),
+        ([_row("base", 1.0), _failed("b")], 1, "setups that could not be served: b"),
+        ([_row("base", None)], 3, "no setup meets the SLO"),
+        ([_failed("base")], 3, "no setup could be served"),
+    ):
+        goodput_cli["rows"] = rows
+        res = _goodput(str(path), "--output", out)
+        assert res.exit_code == code, (rows, res.output)
+        assert says is None or says in res.stderr.strip().splitlines()[-1], res.stderr
+        assert "Traceback" not in res.output
+
+
+def test_goodput_checks_vllm_before_anything_starts(
+    tmp_path: Path, goodput_cli: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 54 item 6: no vLLM where the servers would run: one line, exit 2, nothing written."""
+    monkeypatch.setenv("QEVAL_VLLM_PYTHON", _interpreter(tmp_path, False))
+    res = _goodput(str(_cli_config(tmp_path)), "--output", str(tmp_path / "out"))
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.output
+    assert "vLLM is not installed for" in res.stderr and "py-none" in res.stderr
+    assert goodput_cli["calls"] == [] and not (tmp_path / "out").exists()
+
+
+def test_goodput_output_is_checked_before_anything_loads(
+    tmp_path: Path, goodput_cli: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--output` onto a file or where nothing can be created: one line, exit 2, before the
+    model is looked at (it was a traceback after the loading)."""
+    import qeval.model.source
+
+    def no_load(*a: Any, **k: Any) -> None:
+        raise AssertionError("the model was loaded before --output was checked")
+
+    monkeypatch.setattr(qeval.model.source, "resolve_model", no_load)
+    path = _cli_config(tmp_path)
+    (tmp_path / "file").write_text("x")
+    for out, says in ((tmp_path / "file", "exists and is not a directory"), (Path("/proc/x"), "cannot create it")):
+        res = _goodput(str(path), "--output", str(out))
+        assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.output
+        assert says in res.stderr and "Traceback" not in res.output
+    assert goodput_cli["calls"] == []
+
+
+def _scored_run(tmp_path: Path, path: Path, out: Path, model_sha256: str | None = None) -> None:
+    """run-v1's results.json in `out`, made a run of config `path` on qeval-tiny (its checksum
+    unless `model_sha256`), with the run directory's marker."""
+    from qeval.backends.device import dtype_for
+    from qeval.config import load_config
+    from qeval.model.source import resolve_model
+
+    cfg = load_config(path)
+    asked = cfg.for_engine(dtype_for(cfg.model.dtype, Path(cfg.model.path), "cpu"))
+    data = json.loads((ROOT / "tests" / "data" / "run-v1" / "results.json").read_text())
+    data["config"] = asked.as_json()
+    data["run"]["name"] = cfg.name
+    data["run"]["model_sha256"] = model_sha256 or resolve_model(cfg.model.path).checksum
+    out.mkdir(exist_ok=True)
+    (out / "results.json").write_text(json.dumps(data))
+    (out / ".qeval-run.json").write_text(json.dumps({"config_name": cfg.name}))
+
+
+def test_goodput_takes_quality_evidence_only_from_a_run_of_its_config_and_model(
+    tmp_path: Path, goodput_cli: dict[str, Any]
+) -> None:
+    """Issue 54 item 5: results.json of another config (run-v1: another name, backend and tasks)
+    or of another model is not quality evidence: the gates are not checked, and every reason says
+    so; a run of this config on this model is. Another config's run directory is refused unless
+    --force, as `qeval run` refuses it."""
+    import shutil
+
+    path = _cli_config(tmp_path)
+    goodput_cli["rows"] = [_row("base", 1.0)]
+    other = tmp_path / "other"
+    shutil.copytree(ROOT / "tests" / "data" / "run-v1", other)
+    (other / ".qeval-run.json").write_text(json.dumps({"config_name": "demo"}))
+    res = _goodput(str(path), "--output", str(other))
+    assert res.exit_code == 2 and "holds the run of config 'demo'" in res.stderr and goodput_cli["calls"] == []
+    res = _goodput(str(path), "--output", str(other), "--force")
+    assert res.exit_code == 0, res.output
+    assert goodput_cli["calls"][-1]["gated"] is None and "not used as quality evidence" in res.stderr
+    assert "quality gates not checked" in res.stdout
+    mine = tmp_path / "mine"
+    _scored_run(tmp_path, path, mine, model_sha256="0" * 64)
+    res = _goodput(str(path), "--output", str(mine))
+    assert res.exit_code == 0 and goodput_cli["calls"][-1]["gated"] is None and "another model" in res.stderr
+    _scored_run(tmp_path, path, mine)
+    res = _goodput(str(path), "--output", str(mine))
+    gated = goodput_cli["calls"][-1]["gated"]
+    assert gated is not None and "not used" not in res.stderr, res.output
+    assert "base" not in gated[0]  # run-v1's candidates: the setups it scored that pass every gate
+    assert res.exit_code == 3 and "no setup meets the SLO and passes every gate" in res.stderr
+
+
+def test_goodput_holds_the_run_directorys_lock(tmp_path: Path, goodput_cli: dict[str, Any]) -> None:
+    """Issue 54 item 5: a `qeval run` writing into RUN_DIR (its lock held) refuses goodput there."""
+    from qeval.run.rundir import take_run_dir
+
+    path = _cli_config(tmp_path)
+    goodput_cli["rows"] = [_row("base", 1.0)]
+    held = take_run_dir(tmp_path / "out", "gp", False)
+    try:
+        res = _goodput(str(path), "--output", str(tmp_path / "out"))
+        assert res.exit_code == 2 and "another qeval run" in res.stderr and goodput_cli["calls"] == []
+    finally:
+        held.release()
+    assert _goodput(str(path), "--output", str(tmp_path / "out")).exit_code == 0
+
+
+def test_plan_workload_points_at_the_goodput_measurement(tmp_path: Path) -> None:
+    """`qeval plan --workload` with an slo: says where the load is measured against it (`qeval
+    goodput`), not that the measurement "is not built yet"; its targets keep their digits."""
+    from typer.testing import CliRunner
+
+    from qeval.cli import app
+
+    cfg, _ = _keyed_config(tmp_path)
+    body = cfg.model_dump(mode="json", exclude_none=True)
+    body["workload"]["slo"] = {"percentile": 99, "ttft_ms": 0.5, "tpot_ms": 50}
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump({k: v for k, v in body.items() if k in _KEYS}))
+    res = CliRunner().invoke(app, ["plan", "--workload", str(path)], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.stdout.split())
+    assert "not built yet" not in text and "`qeval goodput` serves this workload" in text, text
+    assert "ttft 0.5 ms" in text
+
+
+def test_goodput_cannot_write_its_files_is_one_line_exit_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from qeval.perf import serving as SV
+
+    def full(*a: Any, **k: Any) -> None:
+        raise OSError(28, "No space left on device", "serving.json")
+
+    monkeypatch.setattr(SV, "goodput_run", full)
+    monkeypatch.setenv("QEVAL_VLLM_PYTHON", _interpreter(tmp_path, True))
+    res = _goodput(str(_cli_config(tmp_path)), "--output", str(tmp_path / "out"))
+    assert res.exit_code == 1 and len(res.stderr.strip().splitlines()) == 1, res.output
+    assert "cannot write the serving files (serving.json): No space left on device" in res.stderr

@@ -98,7 +98,7 @@ def test_serving_decides_among_the_gated_setups_and_joins_the_report(
     results = _goodput_run(tmp_path)
     seen: dict[str, Any] = {}
 
-    def fake_goodput_run(cfg: Any, out: Path, gated: Any, say: Any) -> ServingResults:
+    def fake_goodput_run(cfg: Any, out: Path, gated: Any, say: Any, **kw: Any) -> ServingResults:
         seen["setups"], seen["gated"] = [s.name for s in cfg.setups], gated
         # kv-int2 serves the most, but fails its gate; int4 cannot meet the SLO; int8 beats bf16
         rows = [
@@ -112,7 +112,11 @@ def test_serving_decides_among_the_gated_setups_and_joins_the_report(
 
     monkeypatch.setattr(phase, "goodput_run", fake_goodput_run)
     setups = [SimpleNamespace(name=s.name) for s in results.setups]
-    pre = SimpleNamespace(cfg=SimpleNamespace(setups=setups, model_copy=lambda update: SimpleNamespace(**update)))
+    pre = SimpleNamespace(
+        cfg=SimpleNamespace(setups=setups, model_copy=lambda update: SimpleNamespace(**update)),
+        model_sha256="m",
+        checkpoint_sha256={},
+    )
     out = tmp_path / "run"
     served = phase.serve_workload(pre, results, out)  # type: ignore[arg-type]
     assert seen["setups"] == ["bf16", "int8", "int4", "kv-int4", "kv-int2"]
@@ -142,3 +146,51 @@ def test_a_run_without_serving_is_unchanged(tmp_path: Path) -> None:
     assert results.serving is None
     md, _ = write_report(run, results)
     assert md.read_text() == (ROOT / "tests" / "data" / "run-v1" / "report.md").read_text()
+
+
+def test_fail_on_gate_needs_the_candidate_to_meet_the_slo(tmp_path: Path) -> None:
+    """Issue 54 item 7: under recommend_by goodput, `run --fail-on-gate` stops a candidate that
+    passes every gate but meets the SLO at no level; with no candidate, its message says that
+    none of the setups passing every gate meets the SLO (not that none passes every gate)."""
+    from qeval.analysis.recommend import candidate_problem
+    from qeval.cli import EXIT_GATE_FAILED, EXIT_OK, exit_code
+
+    results = _goodput_run(tmp_path)
+    gated: tuple[list[str], dict[str, str]] = (list(results.recommendation.candidates), {})
+
+    def served(rows: list[ServingSetup], candidate: str | None = None) -> Results:
+        config = results.config | ({"candidate": candidate} if candidate else {})
+        out = results.model_copy(update={"config": config, "serving": _serving(rows, gated)})
+        return out.model_copy(update={"recommendation": recommend(out)})
+
+    none_meets = [_served(n, None) for n in ("bf16", "int8", "int4", "kv-int4", "kv-int2")]
+    problem = candidate_problem(served(none_meets))
+    assert problem is not None and "no setup that passes every gate meets the SLO" in problem, problem
+    assert "bf16, int8, int4" in problem
+    problem = candidate_problem(served(none_meets, candidate="int8"))
+    assert problem == "candidate int8 meets the SLO at no level measured (best p99: TTFT 900.0 ms)"
+    assert exit_code(served(none_meets, candidate="int8"), fail_on_gate=True) == EXIT_GATE_FAILED
+    meets = [_served("bf16", 1.0), _served("int8", 1.9), _served("int4", None)]
+    assert candidate_problem(served(meets, candidate="int8")) is None
+    assert exit_code(served(meets), fail_on_gate=True) == EXIT_OK  # int8 recommended
+    assert candidate_problem(served(meets[1:], candidate="bf16")) == "candidate bf16 was not served"
+    before = results.model_copy(update={"config": results.config | {"candidate": "int8"}})
+    assert "serving phase has not run" in (candidate_problem(before) or "")
+
+
+def test_report_md_writes_the_slo_as_text_and_html_escapes_it(tmp_path: Path) -> None:
+    """report.md's serving recommendation reads "TTFT <= 500 ms", not the HTML entity "&lt;=";
+    report.html escapes it; markup from the results stays inert in the .md."""
+    from qeval.report.tables import md_text
+
+    results = _goodput_run(tmp_path)
+    gated: tuple[list[str], dict[str, str]] = (list(results.recommendation.candidates), {})
+    out = results.model_copy(update={"serving": _serving([_served("int8", 1.9), _served("bf16", None)], gated)})
+    out = out.model_copy(update={"recommendation": recommend(out)})
+    (tmp_path / "run" / "results.json").write_text(out.model_dump_json(indent=2) + "\n")
+    md, html = write_report(tmp_path / "run", read_results(tmp_path / "run" / "results.json"))
+    text = md.read_text()
+    assert "99th-percentile TTFT <= 500 ms" in text and "&lt;" not in text, text[:3000]
+    assert "TTFT &lt;= 500 ms" in html.read_text()
+    assert md_text("a <img src=x onerror=y> b") == "a &lt;img src=x onerror=y&gt; b"
+    assert md_text("> quote") == "&gt; quote" and md_text("52.5 ms > 0.4 ms") == "52.5 ms > 0.4 ms"
