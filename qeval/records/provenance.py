@@ -6,6 +6,10 @@ import platform
 import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from qeval.records.preflight import Preflight
 
 
 def now_iso() -> str:
@@ -36,4 +40,26 @@ def hardware() -> dict[str, str | int]:
         "cpus": os.cpu_count() or 0,
         "python": platform.python_version(),
         "platform": platform.platform(),
+    }
+
+
+def run_info(pre: Preflight, output: Path) -> dict[str, Any]:
+    """results.json's `run` block but for `started`: what ran, where, with which model, dtype and code."""
+    from qeval.version import __version__
+
+    return {
+        "name": pre.cfg.name,
+        "config_hash": pre.config_hash(),  # model.dtype resolved, as it always was
+        "qeval_version": __version__,
+        "git_commit": git_commit(),
+        "finished": now_iso(),
+        "device": pre.device,
+        "backend": pre.cfg.backend,
+        "model_sha256": pre.model_sha256,
+        "limit": pre.cfg.limit,
+        "output": str(output),
+        "skipped_setups": pre.skipped,
+        "dtype": pre.precision.dtype,
+        "dtype_requested": pre.precision.requested,
+        "dtype_reason": pre.precision.reason,
     }

@@ -287,3 +287,27 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def advised_names(cfg: RunConfig) -> set[str]:
+    """The name the advised setup will have (advise:), where the block names a setup to lower."""
+    if cfg.advise is None:
+        return set()
+    try:
+        return {cfg.advise.setup_name(advise_target(cfg, cfg.advise).name)}
+    except UserError:  # no target: check_advice says so in its own words
+        return set()
+
+
+def advise_for_run(pre: Preflight, store: RunStore, only: list[str] | None, force: bool) -> Advice | None:
+    """The config's advice (advise:), stored or computed now, with its setup added to the run
+    (in place); None without the block. Under --setups (`only`) that leaves the advised setup out, only
+    stored advice is used (the advisor is not run for a setup this invocation does not run)."""
+    if pre.cfg.advise is None:
+        return None
+    name = next(iter(advised_names(pre.cfg)))
+    run_it = not only or name in only
+    advice = ensure_advice(pre, store, force, compute=run_it)
+    if advice is not None:
+        with_advised(pre, advised_setup(advice), run_it)
+    return advice

@@ -25,7 +25,7 @@ from qeval.model.checkpoint import check_identity, checkpoint_config
 from qeval.model.source import ModelSource, is_gguf, resolve_model
 from qeval.quantize.checkpoints import resolve_checkpoints
 from qeval.records.preflight import Preflight
-from qeval.run.advice import advise_target, check_advice
+from qeval.run.advice import advised_names, check_advice
 from qeval.tasks.kinds import check_plugin_pieces, task_kinds
 
 
@@ -113,16 +113,6 @@ def _check_checkpoints(setups: list[Setup], config: dict[str, object]) -> None:
         if setup.checkpoint:
             ref = setup.checkpoint
             check_identity(setup.name, ref, checkpoint_config(ref, setup.checkpoint_revision), dict(config))
-
-
-def advised_names(cfg: RunConfig) -> set[str]:
-    """The name the advised setup will have (advise:), where the block names a setup to lower."""
-    if cfg.advise is None:
-        return set()
-    try:
-        return {cfg.advise.setup_name(advise_target(cfg, cfg.advise).name)}
-    except UserError:  # no target: check_advice says so in its own words
-        return set()
 
 
 def _against_model(

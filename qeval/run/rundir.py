@@ -90,3 +90,17 @@ def _check_owner(root: Path, config_name: str, force: bool, ours: frozenset[str]
             f"--output {root}: holds the run of config {owner!r}, not {config_name!r}; refusing to "
             "overwrite it (choose another --output, or pass --force)"
         )
+
+
+def check_output(output: Path, model_dir: Path | None) -> None:
+    """Refuse a run directory inside the model's folder, before anything is written: the model's
+    checksum covers every file of that folder, so the run's own files would make each rerun see
+    another model and recompute everything."""
+    if model_dir is None:
+        return
+    out, model = output.resolve(), model_dir.resolve()
+    if out == model or model in out.parents:
+        raise UserError(
+            f"--output {output}: inside the model folder {model_dir}: the run's files would change the "
+            "model's checksum, and every rerun would recompute everything; write the run elsewhere"
+        )

@@ -24,59 +24,39 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from qeval.analysis.assemble import assemble_results
 from qeval.analysis.sequential_run import cell_caps
 from qeval.analysis.sequential_run import plan as sequential_plan
-from qeval.analysis.sequential_run import widen as widen_pending
 from qeval.analysis.sequential_run import with_keys as sequential_keys
 from qeval.backends import backend_entry
 from qeval.config import RunConfig
 from qeval.config.executor import ExecutorSpec
 from qeval.config.sequential import SequentialPlan
-from qeval.config.setups import Setup
 from qeval.errors import UserError
-from qeval.files.atomic import atomic_write_bytes, atomic_write_json
+from qeval.files.atomic import atomic_write_bytes
 from qeval.perf.ceilings import ensure_ceilings
-from qeval.perf.phase import perf_key
-from qeval.records.job import Job, PerformanceJob
 from qeval.records.keys import SetupKeys, setup_keys
 from qeval.records.preflight import Preflight
-from qeval.records.provenance import git_commit, now_iso
-from qeval.records.spool import clear_scratch
+from qeval.records.provenance import now_iso, run_info
 from qeval.records.store import RunStore
-from qeval.report.markdown import print_summary
 from qeval.report.write import write_report
 from qeval.results.advice import Advice
-from qeval.results.metrics import KL_OUTPUT_TYPES
 from qeval.results.schema import Results, read_results
-from qeval.run.advice import advised_setup, ensure_advice, result_block, with_advised
+from qeval.run.advice import advise_for_run, result_block
 from qeval.run.executors import Executor, open_executor
 from qeval.run.executors.address import cluster_address
-from qeval.run.executors.resources import job_resources
 from qeval.run.executors.worker_job import WorkerJob
+from qeval.run.exits import announce_summary
+from qeval.run.jobs import pass_jobs
+from qeval.run.options import RunOptions
 from qeval.run.passes import PassState, first_horizon, next_horizon, pass_line
-from qeval.run.preflight import advised_names, preflight
-from qeval.run.rundir import RunDirLock, take_run_dir
+from qeval.run.preflight import preflight
+from qeval.run.rundir import RunDirLock, check_output, take_run_dir
 from qeval.run.serving import serve_workload
 from qeval.tasks.kinds import report_sections, results_blocks
-from qeval.version import __version__
-
-
-@dataclass
-class RunOptions:
-    output: Path
-    setups: list[str] | None = None
-    tasks: list[str] | None = None
-    limit: int | None = None
-    force: bool = False
-    #: `local` or `ray`: overrides the config's executor.kind (`qeval run --executor`)
-    executor: str | None = None
-    #: overrides the config's performance.enabled (`qeval run --performance/--no-performance`)
-    performance: bool | None = None
 
 
 @dataclass
@@ -134,7 +114,7 @@ def execute(
             for lock in reversed(locks):
                 lock.release()
     for one in results:
-        _announce(one)
+        announce_summary(one)
     return results
 
 
@@ -175,16 +155,8 @@ def _next_pass(p: PreparedRun, number: int) -> PreparedRun | None:
         return None
     horizon = next_horizon(p.horizon)
     print(f"{p.prefix}{pass_line(number, min(horizon, cap), len(opened))}", file=sys.stderr, flush=True)
-    jobs = _jobs(pre, p.opts, store, p.keys, p.sequential, p.prefix, horizon, state, ran, number)
+    jobs = pass_jobs(pre, p.opts, store, p.keys, p.sequential, p.prefix, horizon, state, ran, number)
     return replace(p, jobs=jobs, horizon=horizon)
-
-
-def _announce(results: Results) -> None:
-    """The summary table; under recommend_by goodput each setup's tuned command, ready to paste."""
-    print_summary(results)
-    if results.serving is not None:
-        for row in results.serving.setups:
-            print(f"{row.setup}: {row.serve_command}")
 
 
 def check(cfg: RunConfig, opts: RunOptions) -> Preflight:
@@ -202,26 +174,12 @@ def check(cfg: RunConfig, opts: RunOptions) -> Preflight:
     return pre
 
 
-def check_output(output: Path, model_dir: Path | None) -> None:
-    """Refuse a run directory inside the model's folder, before anything is written: the model's
-    checksum covers every file of that folder, so the run's own files would make each rerun see
-    another model and recompute everything."""
-    if model_dir is None:
-        return
-    out, model = output.resolve(), model_dir.resolve()
-    if out == model or model in out.parents:
-        raise UserError(
-            f"--output {output}: inside the model folder {model_dir}: the run's files would change the "
-            "model's checksum, and every rerun would recompute everything; write the run elsewhere"
-        )
-
-
 def prepare(pre: Preflight, opts: RunOptions, prefix: str = "") -> PreparedRun:
     """The jobs still missing, baseline first, each with its job file written into RUN_DIR/jobs/
     (call it holding the run directory's lock). `prefix` makes job ids unique in a sweep."""
     started = now_iso()
     store = RunStore(opts.output)
-    advice = _advise(pre, opts, store)
+    advice = advise_for_run(pre, store, opts.setups, opts.force)
     keys = {s.name: setup_keys(pre, s) for s in pre.cfg.setups}
     seq = sequential_plan(pre)  # None while the switch is off: keys and jobs as before it existed
     if seq is not None:
@@ -236,94 +194,14 @@ def prepare(pre: Preflight, opts: RunOptions, prefix: str = "") -> PreparedRun:
         cap = max(cell_caps(seq).values(), default=0)
         undecided = len(state.open_cells(s.name for s in pre.setups))
         print(f"{prefix}{pass_line(1, min(horizon, cap), undecided)}", file=sys.stderr, flush=True)
-    jobs = _jobs(pre, opts, store, keys, seq, prefix, horizon, state)
+    jobs = pass_jobs(pre, opts, store, keys, seq, prefix, horizon, state)
     return PreparedRun(pre, opts, store, keys, jobs, started, advice, seq, horizon, prefix)
-
-
-def _jobs(
-    pre: Preflight,
-    opts: RunOptions,
-    store: RunStore,
-    keys: dict[str, SetupKeys],
-    seq: SequentialPlan | None,
-    prefix: str,
-    horizon: int | None,
-    state: PassState | None,
-    later: list[str] | None = None,
-    number: int = 1,
-) -> list[WorkerJob]:
-    """The jobs of one pass, baseline first, each with its job file written. Pass 1 (`later` None)
-    is every run's: every task not stored under its key, and a sequential run's tasks short of the
-    horizon; a later pass of a sequential run (`later`: the setups that ran ok) scores only its
-    sequential tasks still short of the new horizon, and never forces. `number`: the pass's (its
-    worker adds its times to the earlier passes': qeval/run/worker.py)."""
-    baseline = pre.cfg.baseline.name
-    first_pass = later is None
-    force = opts.force and first_pass
-    # a later pass: only the setups that ran ok (a failed one has no open cell to extend the baseline for)
-    scoring = later if later is not None else [s.name for s in pre.setups]
-    horizon_tasks = state.pending(scoring, horizon) if state is not None and horizon else {}
-    jobs = []
-    for setup in sorted(pre.setups, key=lambda s: s.name != baseline):
-        if not first_pass and setup.name not in (later or []):
-            continue
-        k = keys[setup.name]
-        extend = horizon_tasks.get(setup.name, set())
-        pending = {
-            t: k.task_key(t)
-            for t in pre.run_tasks
-            if t in extend or (first_pass and (force or not store.is_done(setup.name, t, k.task_key(t))))
-        }
-        if seq is not None and setup.name != baseline:  # a group cell's members are scored together
-            pending = widen_pending(seq, pending, k.task_key)
-        outcome = store.read_outcome(setup.name)
-        perf = perf_key(k.parts, pre.cfg) if pre.cfg.performance.enabled and first_pass else None
-        perf_stored = outcome.performance if outcome else None
-        perf_pending = perf is not None and (
-            force or perf_stored is None or perf_stored.key != perf or perf_stored.status != "ok"
-        )
-        if not first_pass and not pending:  # a later pass: every cell of this setup decided, or at the horizon
-            continue
-        if not pending and not perf_pending and outcome and outcome.status == "ok" and outcome.key == k.key:
-            print(
-                f"{prefix}{setup.name}: all {len(pre.run_tasks)} tasks stored, skipped (use --force to recompute)",
-                file=sys.stderr,
-            )
-            continue
-        if force:  # recompute everything: not even an interrupted task's saved chunks are taken up
-            clear_scratch(store.scratch_dir(setup.name))
-        # the pass's horizon, and whether a cell stored at an earlier one is carried on from (not under --force)
-        job_seq = seq if seq is None else seq.for_pass(horizon, carry=not force, number=number)
-        jobs.append(_job(pre, store, setup, pending, k, baseline, prefix, perf if perf_pending else None, job_seq))
-    # a setup whose KL reference is the baseline's top-k waits for the baseline's job
-    if jobs and jobs[0].name == baseline:
-        first = jobs[0].id
-        # (every setup of a sequential run: it tests its gates against the baseline's records as it goes)
-        jobs = jobs[:1] + [
-            replace(j, after=(first,)) if seq is not None or any(t in j.job.reference for t in j.job.tasks) else j
-            for j in jobs[1:]
-        ]
-    return jobs
-
-
-def _advise(pre: Preflight, opts: RunOptions, store: RunStore) -> Advice | None:
-    """The config's advice (advise:), stored or computed now, with its setup added to the run
-    (in place); None without the block. Under --setups that leaves the advised setup out, only
-    stored advice is used (the advisor is not run for a setup this invocation does not run)."""
-    if pre.cfg.advise is None:
-        return None
-    name = next(iter(advised_names(pre.cfg)))
-    run_it = not opts.setups or name in opts.setups
-    advice = ensure_advice(pre, store, opts.force, compute=run_it)
-    if advice is not None:
-        with_advised(pre, advised_setup(advice), run_it)
-    return advice
 
 
 def finish(prepared: PreparedRun) -> Results:
     """results.json from what the run directory holds under this run's keys, and the report."""
     pre, store = prepared.pre, prepared.store
-    info = _run_info(pre, prepared.opts) | {"started": prepared.started}
+    info = run_info(pre, prepared.opts.output) | {"started": prepared.started}
     assembled = assemble_results(pre, store, prepared.keys, info, results_blocks())
     if prepared.advice is not None:
         assembled = assembled.model_copy(update={"advice": result_block(prepared.advice)})
@@ -337,64 +215,3 @@ def finish(prepared: PreparedRun) -> Results:
         results = read_results(store.results_path)
         write_report(store.root, results, report_sections())
     return results
-
-
-def _job(
-    pre: Preflight,
-    store: RunStore,
-    spec: Setup,
-    tasks: dict[str, str],
-    keys: SetupKeys,
-    baseline: str,
-    prefix: str,
-    perf: str | None,
-    sequential: SequentialPlan | None = None,
-) -> WorkerJob:
-    """One setup's job: its job file (what qeval.run.worker reads) written into RUN_DIR/jobs/."""
-    setup = spec.name
-    # generation tasks under generation_divergence: the baseline's top-k over its own generations
-    teacher = pre.cfg.generation_divergence is not None
-    ref = {
-        t.name: (baseline, t.name)
-        for t in pre.tasks
-        if (t.output_type in KL_OUTPUT_TYPES or (teacher and t.output_type == "generate_until")) and setup != baseline
-    }
-    job = Job(
-        config=pre.cfg.job_json(),
-        dtype=pre.dtype,
-        setup=setup,
-        device=pre.device,
-        run_dir=str(store.root),
-        tasks=tasks,
-        task_key_parts={t: keys.tasks[t] for t in tasks},
-        task_kinds={t.name: t.kind for t in pre.tasks if t.name in tasks},
-        reference=ref,
-        baseline=baseline,
-        key=keys.key,
-        key_parts=keys.parts,
-        # the performance phase, when its figures are not stored under this key yet
-        performance=PerformanceJob(key=perf, shape=asdict(pre.shape) if pre.shape else None) if perf else None,
-        sequential=sequential,
-    )
-    worker = WorkerJob(f"{prefix}{setup}", pre.cfg, spec, store, job, keys, job_resources(pre.cfg, pre.device))
-    atomic_write_json(worker.job_path, job.model_dump(mode="json"))
-    return worker
-
-
-def _run_info(pre: Preflight, opts: RunOptions) -> dict[str, Any]:
-    return {
-        "name": pre.cfg.name,
-        "config_hash": pre.config_hash(),  # model.dtype resolved, as it always was
-        "qeval_version": __version__,
-        "git_commit": git_commit(),
-        "finished": now_iso(),
-        "device": pre.device,
-        "backend": pre.cfg.backend,
-        "model_sha256": pre.model_sha256,
-        "limit": pre.cfg.limit,
-        "output": str(opts.output),
-        "skipped_setups": pre.skipped,
-        "dtype": pre.precision.dtype,
-        "dtype_requested": pre.precision.requested,
-        "dtype_reason": pre.precision.reason,
-    }

@@ -93,7 +93,7 @@ def _comparable(config: dict[str, Any], cfg: RunConfig) -> dict[str, Any]:
     """A config block without what the run itself adds: the advised setup (advise:) and the
     checkpoint folders resolved for setups that name none (made by `qeval quantize` from the
     model, its calibration text and dtype, all in the block or the model's checksum)."""
-    from qeval.run.preflight import advised_names
+    from qeval.run.advice import advised_names
 
     named = {s.name for s in cfg.setups if s.checkpoint}
     advised = advised_names(cfg)

@@ -144,3 +144,18 @@ def _ratio_ci(sweep: SweepResults) -> str:
     """How bits per byte was compared (sweeps written before the t-interval: a bootstrap)."""
     t = any(c.ci_method == "t" for vs in sweep.baselines_vs_reference.values() for c in vs.values())
     return "a t-interval on the paired differences" if t else "a paired bootstrap"
+
+
+def regenerate(run_dir: Path) -> list[Path]:
+    """`qeval report RUN_DIR`: report.md and report.html again from RUN_DIR/results.json (byte for
+    byte), with every task kind's section; for a sweep, each model's and then the sweep's
+    report.md from sweep.json. The paths written (a sweep's: its own report)."""
+    from qeval.report.write import write_report
+    from qeval.tasks.kinds import report_sections
+
+    if (run_dir / "sweep.json").is_file():  # a sweep: each model's report, then the sweep's
+        for m in read_sweep(run_dir / "sweep.json").models:
+            folder = model_run_dir(run_dir, m)
+            write_report(folder, read_results(folder / "results.json"), report_sections())
+        return [write_sweep_report(run_dir, report_sections())]
+    return list(write_report(run_dir, read_results(run_dir / "results.json"), report_sections()))

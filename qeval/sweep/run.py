@@ -9,16 +9,18 @@ before the setups that need it), then each model's results and report, and the s
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from qeval.errors import UserError
 from qeval.files.atomic import atomic_write_bytes
 from qeval.records.preflight import Preflight
 from qeval.records.provenance import now_iso
 from qeval.results.schema import Results
-from qeval.run.preflight import advised_names
-from qeval.run.runner import PreparedRun, RunOptions, check, execute
+from qeval.run.advice import advised_names
+from qeval.run.options import RunOptions
+from qeval.run.runner import PreparedRun, check, execute
 from qeval.sweep.config import Sweep
 from qeval.sweep.report import write_sweep_report
 from qeval.sweep.summary import summarize
@@ -63,3 +65,32 @@ def _setups_of(sweep: Sweep, model: str, names: list[str] | None) -> list[str] |
     cfg = sweep.configs[model]
     own = [s.name for s in cfg.setups] + sorted(advised_names(cfg))
     return [n for n in own if n in names] or [cfg.baseline.name]
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What `qeval run CONFIG` ran: each model's results ("" for a config of one model), the run
+    directory and tracking block of each, the output folder, and whether it was a sweep."""
+
+    runs: dict[str, Results]
+    tracked: dict[str, tuple[Path, Any]]
+    out: Path
+    sweep: bool
+
+
+def run_config(config: Path, output: Path | None, opts: RunOptions) -> Ran:
+    """`qeval run`: CONFIG as a sweep of several models (qeval/sweep/config.py) or as one run;
+    `opts.output` is replaced by `output`, or reports/<name>."""
+    from qeval.config import load_config
+    from qeval.run.runner import run as run_one
+    from qeval.sweep.config import load_sweep
+
+    sweep = load_sweep(config)  # None: a config of one model
+    if sweep is not None:
+        out = output or Path("reports") / sweep.name
+        runs = run_sweep(sweep, replace(opts, output=out))
+        tracked = {m: (model_dir(out, m), c.tracking) for m, c in sweep.configs.items() if m in runs}
+        return Ran(runs, tracked, out, True)
+    cfg = load_config(config)
+    out = output or Path("reports") / cfg.name
+    return Ran({"": run_one(cfg, replace(opts, output=out))}, {"": (out, cfg.tracking)}, out, False)

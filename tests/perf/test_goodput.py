@@ -279,10 +279,11 @@ def test_goodput_on_the_vllm_cpu_engine(tmp_path: Path) -> None:
         assert 0 < lv.percentiles_ms["ttft"]["p50"] <= lv.percentiles_ms["ttft"]["p99"]
         assert lv.preemptions == 0 and (lv.kv_usage_peak is None) == (lv.kv_samples == 0)
         assert lv.kv_usage_peak is None or 0 < lv.kv_usage_peak < 1
-    # KV usage is sampled from /metrics every 0.1 s while a request runs: rate 1's six requests take
-    # about 5 s and are always caught; rate 4's take about 1.5 s, and on a loaded 2-core machine its
-    # few scrapes can all miss (seen once in CI: kv_samples 0), which qeval reports as not measured
-    assert row.levels[0].kv_usage_peak is not None
+    # KV usage is sampled from /metrics every 0.1 s while a request runs; on a loaded 2-core machine
+    # a level's scrapes can all miss (seen in CI at rate 4 and once at rate 1: kv_samples 0), which
+    # qeval reports as not measured and never counts against the level (issue 54 item 2: the tuner's
+    # tests). A sampler that never reads the engine's figure (a renamed metric) misses every level
+    assert any(lv.kv_usage_peak is not None for lv in row.levels), [lv.kv_samples for lv in row.levels]
     assert "timed_trace" in data.workload["arrivals"] and "Poisson at 2 requests/s" in data.workload["arrivals"]
     assert row.pick is not None and data.recommendation["setup"] == "base"
     assert "--max-num-seqs 4" in row.serve_command and "--max-model-len 128" in row.serve_command
@@ -507,11 +508,17 @@ def fake_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, An
     return state
 
 
-def test_goodput_rows_are_keyed_by_content_not_the_traces_path(tmp_path: Path, fake_engine: dict[str, Any]) -> None:
+def test_goodput_rows_are_keyed_by_content_not_the_traces_path(
+    tmp_path: Path, fake_engine: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Issue 54 item 3: a trace rewritten in place, another model checksum, a checkpoint's
     checksum, another vLLM, or force: the stored row is measured again; nothing changed: reused.
     The same bytes under another path are the same workload."""
+    import qeval.backends.vllm.support as vllm_support
     from qeval.perf.serving import goodput_run
+
+    # the FP8 KV setup below is a change of key, on any CPU (an AVX2 one refuses it to serve)
+    monkeypatch.setattr(vllm_support, "cpu_has_fp8", lambda: True)
 
     cfg, trace = _keyed_config(tmp_path)
     out = tmp_path / "out"

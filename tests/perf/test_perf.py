@@ -316,7 +316,8 @@ def test_the_phase_is_on_only_where_the_config_asks_or_the_command_line_says(tmp
     """No `performance:` block: no phase (a quality-only run pays nothing for it); a block, even
     empty, turns it on; `--no-performance` skips it for one run, `--performance` forces it."""
     from qeval.config import load_config
-    from qeval.run.runner import RunOptions, check
+    from qeval.run.options import RunOptions
+    from qeval.run.runner import check
 
     base = (ROOT / "configs" / "demo.yaml").read_text().replace("path: models/qeval-tiny", f"path: {MODEL}")
     without = base.split("performance:")[0]

@@ -20,8 +20,9 @@ from qeval.run.executors.address import check_address, cluster_address
 from qeval.run.executors.node import clear_stale_scratch, forwarded_env, verify_inputs
 from qeval.run.executors.resources import JobResources, job_resources, unplaceable
 from qeval.run.executors.worker_job import RefusedFile
+from qeval.run.options import RunOptions
 from qeval.run.preflight import preflight
-from qeval.run.runner import PreparedRun, RunOptions, prepare
+from qeval.run.runner import PreparedRun, prepare
 from tests.helpers import MODEL, TASKS, run_cli, seq_plan, write_config
 
 SETUPS: list[dict[str, Any]] = [

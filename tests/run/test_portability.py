@@ -141,8 +141,8 @@ def test_preflight_keeps_the_asked_dtype_and_the_run_the_resolved_one(
     from qeval.records.job import read_job
     from qeval.records.keys import setup_keys
     from qeval.records.store import RunStore
+    from qeval.run.jobs import one_job
     from qeval.run.preflight import preflight
-    from qeval.run.runner import _job
 
     cfg = load_config(_config(tmp_path / "asked", requested))
     pre = preflight(cfg)
@@ -157,16 +157,16 @@ def test_preflight_keeps_the_asked_dtype_and_the_run_the_resolved_one(
     assert pre.config_json() == explicit.config_json() == explicit.cfg.as_json()
     assert pre.config_hash() == explicit.cfg.config_hash() != pre.cfg.config_hash()
     keys = setup_keys(pre, pre.setups[1])
-    worker = _job(pre, RunStore(tmp_path / "run"), pre.setups[1], {"facts": "k"}, keys, "base", "", None)
+    worker = one_job(pre, RunStore(tmp_path / "run"), pre.setups[1], {"facts": "k"}, keys, "base", "", None)
     job = read_job(worker.job_path)
     assert job.dtype == "float32"
     asked = RunConfig.model_validate(job.config)  # what the worker re-validates: `auto` round-trips
     assert asked.model.dtype == requested and asked.for_engine(job.dtype).model.dtype == "float32"
     # results.json's run block: the dtype computed in, the one asked for, and why (schema-valid)
+    from qeval.records.provenance import run_info
     from qeval.results.schema import RunInfo
-    from qeval.run.runner import RunOptions, _run_info
 
-    info = RunInfo.model_validate(_run_info(pre, RunOptions(output=tmp_path / "run")))
+    info = RunInfo.model_validate(run_info(pre, tmp_path / "run"))
     assert (info.dtype, info.dtype_requested) == ("float32", requested) and info.dtype_reason
     assert info.dtype_reason.startswith(f"dtype {requested}: float32, because")
 

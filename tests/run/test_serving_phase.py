@@ -153,7 +153,7 @@ def test_fail_on_gate_needs_the_candidate_to_meet_the_slo(tmp_path: Path) -> Non
     passes every gate but meets the SLO at no level; with no candidate, its message says that
     none of the setups passing every gate meets the SLO (not that none passes every gate)."""
     from qeval.analysis.recommend import candidate_problem
-    from qeval.cli import EXIT_GATE_FAILED, EXIT_OK, exit_code
+    from qeval.run.exits import EXIT_GATE_FAILED, EXIT_OK, exit_code
 
     results = _goodput_run(tmp_path)
     gated: tuple[list[str], dict[str, str]] = (list(results.recommendation.candidates), {})

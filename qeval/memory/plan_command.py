@@ -1,0 +1,145 @@
+"""`qeval plan`: the options checked, the model's setups planned against the budget, and (with
+--gpus-per-node) on a cluster, (with --workload) on a workload's lengths. The command line
+(qeval/cli.py) parses the options into a `PlanRequest`; what is printed is qeval/report/plan.py's."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qeval.errors import UserError
+from qeval.memory.capacity import Budget
+
+if TYPE_CHECKING:
+    from qeval.config.workload import WorkloadSpec
+    from qeval.memory.cluster import Cluster, ClusterRow
+    from qeval.memory.planner import PlanRow
+    from qeval.memory.workload_plan import WorkloadSource
+    from qeval.workload.stats import WorkloadStats
+    from qeval.workload.trace import Trace
+
+#: whose accounting of the KV cache `--engine` may name
+ENGINES = ("vllm", "hf")
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """`qeval plan`'s options as given (None: not given, the default applies)."""
+
+    model: str | None = None
+    gpu_gib: float | None = None
+    utilization: float | None = None
+    context_len: int | None = None
+    margin: float | None = None
+    overhead_gib: float | None = None
+    gpus_per_node: int | None = None
+    nodes: int | None = None
+    concurrency: int | None = None
+    engine: str = "vllm"
+    block_size: int = 16
+    max_num_batched_tokens: int = 2048
+    workload: Path | None = None
+    percentile: float | None = None
+    workload_format: str | None = None
+    custom_output_len: int | None = None
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What `qeval plan` prints: every setup's row, and the cluster and workload views asked for."""
+
+    model: str
+    engine: str
+    budget: Budget
+    rows: list[PlanRow]
+    concurrency: int
+    cluster: Cluster | None = None
+    grouped: tuple[list[ClusterRow], int] | None = None
+    workload: tuple[WorkloadStats, Trace] | None = None
+    spec: WorkloadSpec | None = None
+
+
+def _check_options(req: PlanRequest) -> None:
+    """One line for options that cannot go together, or numbers click's ranges let through (inf
+    and nan: every comparison with nan is false)."""
+    for name in ("gpu_gib", "utilization", "margin", "overhead_gib", "percentile"):
+        value = getattr(req, name)
+        if value is not None and not math.isfinite(value):
+            raise UserError(f"--{name.replace('_', '-')} {value}: expected a finite number")
+    if req.gpus_per_node is None and (req.nodes is not None or req.concurrency is not None):
+        raise UserError(
+            f"{'--nodes' if req.nodes is not None else '--concurrency'} applies to the cluster view: "
+            "give --gpus-per-node too"
+        )
+    if req.workload is None and (req.percentile, req.workload_format, req.custom_output_len) != (None, None, None):
+        raise UserError("--percentile, --workload-format and --custom-output-len apply to --workload: give it too")
+    if req.workload is not None and req.context_len is not None:
+        raise UserError("--context-len and --workload: the workload's max-model-len is the context")
+    if req.engine not in ENGINES:
+        raise UserError(f"--engine {req.engine}: expected vllm or hf")
+
+
+def plan_setups(req: PlanRequest) -> Planned:
+    """The plan `req` asks for; UserError (one line) for bad options, a model or workload that
+    cannot be read."""
+    from qeval.memory.cluster import Cluster, cluster_plan
+    from qeval.memory.layouts import VllmCache
+    from qeval.memory.planner import load_model_config, plan
+    from qeval.memory.workload_plan import workload_source
+
+    _check_options(req)
+    source = workload_source(req.workload, req.workload_format, req.custom_output_len) if req.workload else None
+    run_cfg = source.run if source else None
+    model = req.model or (run_cfg.model.path if run_cfg else None)
+    if model is None:
+        raise UserError("--model is required (or --workload with a run config, whose model is planned)")
+    given = {
+        "gpu_memory_gib": req.gpu_gib,
+        "utilization": req.utilization,
+        "context_len": req.context_len,
+        "overhead_gib": req.overhead_gib,
+        "margin": req.margin,
+    }
+    base = run_cfg.budget if run_cfg else Budget()
+    budget = Budget(**(base.model_dump() | {k: v for k, v in given.items() if v is not None}))
+    vllm = VllmCache(
+        block_size=req.block_size,
+        in_flight_tokens=req.max_num_batched_tokens,
+        state_pages=2,
+        kernel_block=req.block_size,
+    )
+    config = load_model_config(model)
+    planned = _plan_workload(source, model, config, req.percentile, req.block_size) if source else None
+    if planned:
+        budget = Budget(**(budget.model_dump() | {"context_len": planned[0].max_model_len}))
+    engine: Any = req.engine  # one of ENGINES: checked above
+    rows = plan(config, budget, engine=engine, vllm=vllm)
+    concurrency = req.concurrency or 1
+    cluster = Cluster(req.nodes or 1, req.gpus_per_node) if req.gpus_per_node else None
+    grouped = cluster_plan(config, budget, cluster, concurrency, engine=engine, vllm=vllm) if cluster else None
+    return Planned(
+        model, req.engine, budget, rows, concurrency, cluster, grouped, planned, source.spec if source else None
+    )
+
+
+def _plan_workload(
+    source: WorkloadSource, model: str, config: dict[str, Any], percentile: float | None, block_size: int
+) -> tuple[WorkloadStats, Trace]:
+    """The workload's requests, checked against the model's context (a run config's
+    model.max_context, else config.json's), and their plan at the percentile and block size."""
+    from qeval.memory.workload_plan import model_context, tokenizer_source
+    from qeval.workload.draw import requests_of
+    from qeval.workload.stats import summarize
+    from qeval.workload.tokens import TokenCounter
+
+    run = source.run
+    own = run is not None and run.model.path == model  # --model names another model: its own context
+    context = run.model.max_context if run is not None and own else model_context(config)
+    tok, why = tokenizer_source(model)
+    counter = TokenCounter(
+        tok, run.model.trust_remote_code if run and own else False, run.model.revision if run and own else None, why
+    )
+    trace = requests_of(source.spec, counter, context)
+    return summarize(trace, percentile or source.spec.max_model_len_percentile, block_size, context), trace
