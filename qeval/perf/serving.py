@@ -511,6 +511,17 @@ def file_sha256(path: Path) -> str:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
+def _digest(trace: str | None) -> str | None:
+    """A trace file's sha256, None without a trace or where it cannot be read (the trace's reader
+    says why, in one line)."""
+    if trace is None:
+        return None
+    try:
+        return file_sha256(Path(trace))
+    except OSError:
+        return None
+
+
 def serving_parts(
     cfg: RunConfig,
     setup: Setup,
@@ -717,9 +728,18 @@ def goodput_run(
     dtype = dtype_for(cfg.model.dtype, Path(cfg.model.path), device)
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(cfg.model.path)
-    trace = requests_of(workload, TokenCounter(cfg.model.path), cfg.model.max_context)
-    trace_sha = file_sha256(Path(workload.trace)) if workload.trace is not None else None
+    try:
+        tok = AutoTokenizer.from_pretrained(cfg.model.path)
+    except (OSError, ValueError) as exc:  # no tokenizer in the folder, a hub id offline: bad input
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"{cfg.model.path}: cannot load the tokenizer: {first}") from None
+    # the trace's key is the content measured: hashed before and after it is read (tokenizing a
+    # large trace takes minutes), so a trace rewritten meanwhile is refused, not stored under the
+    # new bytes' key with the old bytes' figures
+    trace_sha = _digest(workload.trace)
+    trace = requests_of(workload, TokenCounter(cfg.model.path), cfg.model.max_context)  # refuses an unreadable one
+    if _digest(workload.trace) != trace_sha:
+        raise UserError(f"{workload.trace}: the trace changed while it was read; run again")
     vllm_version = _vllm_version(cfg)
     block = cache_accounting(device).block_size
     stats = summarize(trace, workload.max_model_len_percentile, block, cfg.model.max_context)

@@ -100,7 +100,7 @@ def print_workload(planned: tuple[WorkloadStats, Trace], rows: list[PlanRow], sp
 
     stats, trace = planned
     out = Console()
-    skipped = f", {trace.skipped} entries skipped (no prompt-answer pair)" if trace.skipped else ""
+    skipped = f", {trace.skipped} entries skipped (fewer than two turns)" if trace.skipped else ""
     out.print(
         escape(
             f"workload: {trace.source} ({trace.format}), {stats.requests:,} requests{skipped}; "

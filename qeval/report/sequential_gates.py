@@ -102,7 +102,8 @@ LEGEND = (
     "The verdicts of these cells are the confidence sequence's (a betting confidence sequence, valid at every "
     'look at once: docs/statistics.md, "Sequential gates"), not the fixed-n interval in the gate table, '
     "which is shown for reading: after stopping on the data it is no 95% interval. The sequence is in the "
-    "gate score's units: setup minus baseline for a max_drop gate (pass: wholly above the threshold, -max_drop)."
+    "gate score's units: setup minus baseline for a max_drop gate (pass: wholly above the threshold, -max_drop); "
+    "each end is a one-sided bound at the cell's level, since a gate can be wrong on one side only."
 )
 
 

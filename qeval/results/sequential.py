@@ -18,7 +18,8 @@ class SequentialLook(ResultModel):
     n: int
     ci: tuple[float, float] = Field(
         description="the confidence sequence at this look (running intersection), in the "
-        "gate score's units: for a max_drop gate, setup minus baseline"
+        "gate score's units: for a max_drop gate, setup minus baseline; each end a one-sided "
+        "(1 - cell_level) bound (the lower end decides a pass, the upper a fail)"
     )
     verdict: Literal["pass", "fail", "inconclusive"] = Field(description="the cell's verdict at this look")
 

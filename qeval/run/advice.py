@@ -285,10 +285,6 @@ def main() -> None:
         raise
 
 
-if __name__ == "__main__":
-    main()
-
-
 def advised_names(cfg: RunConfig) -> set[str]:
     """The name the advised setup will have (advise:), where the block names a setup to lower."""
     if cfg.advise is None:
@@ -311,3 +307,7 @@ def advise_for_run(pre: Preflight, store: RunStore, only: list[str] | None, forc
     if advice is not None:
         with_advised(pre, advised_setup(advice), run_it)
     return advice
+
+
+if __name__ == "__main__":
+    main()

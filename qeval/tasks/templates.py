@@ -60,6 +60,34 @@ def _too_wide(value: object) -> bool:
     return False
 
 
+def _width(value: object) -> int:
+    """A width or precision's size (a field builds at least this many characters); 0 where it is
+    not a plain number (a nested field's value, say: bounded on its own)."""
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return abs(value)
+    if isinstance(value, str):
+        digits = value.strip().lstrip("+-")
+        return int(digits) if digits.isdigit() and len(digits) <= 18 else 0
+    return 0
+
+
+class _Widths:
+    """The widths of a format's fields added up: each field may be under the bound while their sum,
+    the string the format builds (`'%999999d' * 80000`), is far past it."""
+
+    def __init__(self) -> None:
+        self.total = 0
+
+    def add(self, value: object) -> None:
+        if _too_wide(value):
+            raise SecurityError("format width too large")
+        self.total += _width(value)
+        if self.total > _MAX_RENDERED:
+            raise SecurityError(f"format widths add up to more than {_MAX_RENDERED:,} characters")
+
+
 def _any_too_wide(values: object) -> bool:
     """Whether `values` (a call's arguments: nested lists, tuples and dicts) hold a width past the
     bound anywhere: where a field's value cannot be followed, any of them might be its width."""
@@ -85,18 +113,18 @@ def _check_printf(fmt: object, operand: object) -> None:
     if not isinstance(fmt, str) or "%" not in fmt:
         return
     values = list(operand) if isinstance(operand, tuple) else [operand]
-    at = 0
+    at, widths = 0, _Widths()
     for match in _PRINTF_SPEC.finditer(fmt):
         key, width, precision, kind = match.groups()
         if kind == "%" and key is None and width is None and precision is None:
             continue  # `%%`
         for part in (width, precision):
             if part == "*":
-                if at < len(values) and _too_wide(values[at]):
-                    raise SecurityError("format width too large")
+                if at < len(values):
+                    widths.add(values[at])
                 at += 1
-            elif part and _too_wide(part):
-                raise SecurityError("format width too large")
+            elif part:
+                widths.add(part)
         at += key is None
 
 
@@ -107,7 +135,7 @@ def _check_format(fmt: object, args: tuple[Any, ...], kwargs: Any) -> None:
     numbers them."""
     if not isinstance(fmt, str) or "{" not in fmt:
         return
-    auto = 0
+    auto, widths = 0, _Widths()
 
     def value(name: str) -> tuple[bool, Any]:
         """(whether the field could be followed, its value)."""
@@ -137,12 +165,13 @@ def _check_format(fmt: object, args: tuple[Any, ...], kwargs: Any) -> None:
                 continue
             if depth:  # a nested field: its value is written into the enclosing spec
                 known, obj = value(name)
-                if _too_wide(obj) or (not known and _any_too_wide((args, kwargs))):
+                if not known and _any_too_wide((args, kwargs)):
                     raise SecurityError("format width too large")
+                widths.add(obj)
             elif name == "" or name.startswith(("[", ".")):
                 auto += 1
-            if spec and any(_too_wide(d) for d in _DIGITS.findall(spec)):
-                raise SecurityError("format width too large")
+            for digits in _DIGITS.findall(spec or ""):
+                widths.add(digits)
             if spec and "{" in spec and depth < 3:
                 walk(spec, depth + 1)
 

@@ -556,6 +556,39 @@ def test_goodput_rows_are_keyed_by_content_not_the_traces_path(
     assert stored["load_generator"].count("0.33.0") == 1
 
 
+def test_a_model_without_a_tokenizer_and_a_trace_rewritten_while_read_are_bad_input(
+    tmp_path: Path, fake_engine: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model folder with no tokenizer is one line (UserError: exit 2), not an OSError read as
+    "cannot write the serving files"; a trace rewritten while it is read is refused, not measured
+    under the new bytes' key with the old bytes' figures."""
+    import shutil
+
+    from qeval.errors import UserError
+    from qeval.perf import serving as SV
+
+    cfg, trace = _keyed_config(tmp_path)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(ROOT / "models" / "qeval-tiny" / "config.json", bare / "config.json")
+    no_tok = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": str(bare)})})
+    with pytest.raises(UserError, match="cannot load the tokenizer"):
+        SV.goodput_run(no_tok, tmp_path / "a", None, say=lambda _: None, model_sha256="m")
+    import qeval.workload.draw as draw
+
+    real = draw.requests_of
+
+    def rewritten(*args: Any, **kw: Any) -> Any:
+        out = real(*args, **kw)
+        trace.write_text(trace.read_text().replace('"output_tokens": 8', '"output_tokens": 9'))
+        return out
+
+    monkeypatch.setattr(draw, "requests_of", rewritten)
+    with pytest.raises(UserError, match="changed while it was read"):
+        SV.goodput_run(cfg, tmp_path / "b", None, say=lambda _: None, model_sha256="m")
+    assert fake_engine["served"] == 0
+
+
 def test_run_force_measures_the_serving_phase_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`qeval run --force` with recommend_by goodput: the serving phase gets force and the run's
     model and checkpoint checksums (the scores' keys)."""

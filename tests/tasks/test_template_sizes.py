@@ -39,6 +39,11 @@ WIDE = 200_000_000
         (f"{{{{ '{{}} {{:>{{}}}}'.format('a', 'b', {WIDE})|length }}}}", "format width too large"),
         (f"{{{{ '{{[0]:>{{[1]}}}}'.format(['a'], [0, {WIDE}])|length }}}}", "format width too large"),
         ("{{ ('%' + '9' * 5000 + 'd') % 1 }}", "format width too large"),  # no int-max-str-digits error
+        # every field's width under the bound, their sum (what is built) far past it
+        ("{{ (('%(a)999999d' * 80000) % {'a': 1})|length }}", "widths add up"),
+        ("{{ (('{0:>999999}' * 80000).format(1))|length }}", "widths add up"),
+        ("{{ ('%999999d' * 3)|format(1, 2, 3)|length }}", "widths add up"),
+        ("{{ ('{:>{}}' * 3).format('a', 999999, 'b', 999999, 'c', 999999)|length }}", "widths add up"),
     ],
 )
 def test_a_multiplying_call_is_refused_before_it_allocates(template: str, says: str) -> None:
