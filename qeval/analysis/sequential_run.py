@@ -219,12 +219,6 @@ def with_keys(pre: Preflight, keys: dict[str, SetupKeys], plan_json: SequentialP
     }
 
 
-def monitored_tasks(plan_json: SequentialPlan) -> set[str]:
-    """The tasks whose baseline records a setup's monitor reads: each task cell, and each group
-    cell's members."""
-    return plan_json.monitored()
-
-
 def _cell_part(plan_json: SequentialPlan, cell_name: str, base_keys: SetupKeys) -> str:
     """What else changes where a setup other than the baseline stops a cell: the gate it is tested
     against and the baseline's records it is paired with (records that stopped at a 50-point gate,
@@ -529,12 +523,12 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
             is_group = plan_json.tasks[task].members is not None
             order = group_ids(plan_json, task) if is_group else task_order(plan_json, infos[task])[0]
             other, theirs = records(entry.name, task), records(base, task)
-            if unbounded(plan_json.tasks[task].metric, theirs, other):
+            traj = cell(plan_json, task, order, theirs, other)
+            if traj is None and unbounded(plan_json.tasks[task].metric, theirs, other):
                 # never stopped early (the monitor skips it): one look at the cap, a valid fixed-n test
                 vs[task] = cmp.model_copy(update={"verdict_reason": _UNBOUNDED.format(metric=cmp.metric)})
                 off_range[task] = _UNBOUNDED.format(metric=cmp.metric).removeprefix("sequential: ")
                 continue
-            traj = cell(plan_json, task, order, theirs, other)
             if traj is None:  # no sequence on these records: the fixed-n verdict is no sequential one
                 vs[task] = cmp.model_copy(
                     update={"verdict": "inconclusive", "samples_to_decide": None} | unpaired(other, theirs)

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
-from qeval.analysis.sequential_run import monitored_tasks
 from qeval.files.atomic import atomic_write_bytes, atomic_write_json
 from qeval.files.names import inside
 from qeval.files.processes import die_with_parent
@@ -80,7 +79,7 @@ class WorkerJob:
             if (
                 self.job.sequential is not None
                 and self.name != self.job.baseline
-                and task in monitored_tasks(self.job.sequential)
+                and task in self.job.sequential.monitored()
             ):
                 wanted.append(self.store.samples_path(self.job.baseline, task))
             if (
