@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 import traceback
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from qeval.backends.workload import Measurement, Workload, resolve_levels, workload_for
 from qeval.perf.stats import measured, percentile
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from qeval.backends.base import Backend
     from qeval.config import RunConfig
     from qeval.config.setups import Setup
+    from qeval.model.shape import ModelShape
     from qeval.records.job import MemoryFigure, PerformanceJob
 
 #: bump when the measurement changes what a stored figure means
@@ -70,7 +71,7 @@ def budget_concurrency(
     device: str,
     dtype: str,
     memory: dict[str, MemoryFigure],
-    shape: dict[str, Any] | None,
+    shape: ModelShape | None,
 ) -> float | None:
     """The setup's memory.max_concurrency, computed here exactly as the results will report it
     (qeval.memory.figures.memory_block on the same measured figures, as stored, and model shape;
@@ -81,7 +82,7 @@ def budget_concurrency(
     block = memory_block(
         setup,
         memory,
-        _shape(shape) if shape else None,
+        shape,
         dtype,
         device,
         cfg.budget,
@@ -181,11 +182,3 @@ def _source(m: Measurement, key: str, workload: Workload) -> str:
         f"{m.sources[key]} {WORKLOAD_MARK}{lengths}; median of {workload.repeats} timed repeat(s) after "
         f"{workload.warmup} warm-up pass(es)]"
     )
-
-
-def _shape(fields: dict[str, Any]) -> Any:
-    """The model's shape from the job file (its fields as a mapping; lists back to tuples)."""
-    from qeval.model.shape import ModelShape
-
-    values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
-    return ModelShape(**values)

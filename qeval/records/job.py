@@ -7,14 +7,42 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_serializer, model_validator
 from pydantic.dataclasses import dataclass
 
+from qeval.config import RunConfig
 from qeval.config.sequential import SequentialPlan
 from qeval.errors import UserError
+from qeval.model.shape import ModelShape
 from qeval.results.performance import Measured, PerfWorkload
+
+
+def _as_text(value: Any) -> Any:
+    """Key parts are text; an outcome written by an older qeval may hold a number or null there
+    (its key then differs: the setup is dropped, saying which part changed, not misread)."""
+    if isinstance(value, dict):
+        return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in value.items()}
+    return value
+
+
+#: a resume key's parts (qeval/records/keys.py), as stored beside the key
+KeyParts = Annotated[dict[str, str], BeforeValidator(_as_text)]
+
+
+class _CarriesConfig(BaseModel):
+    """A job file holds the run config as a worker validates it: all of it but `tracking`, which
+    only the driver uses, after the run (its URI may carry credentials)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: the run config, model.dtype as the user asked (`auto` stays `auto`)
+    config: RunConfig
+
+    @field_serializer("config")
+    def _without_tracking(self, cfg: RunConfig) -> dict[str, Any]:
+        return cfg.job_json()
 
 
 class PerformanceJob(BaseModel):
@@ -23,17 +51,13 @@ class PerformanceJob(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     key: str
-    #: the model's shape (records.shape.ModelShape as a mapping): the budget's concurrency
-    shape: dict[str, Any] | None = None
+    #: the model's shape: the budget's concurrency
+    shape: ModelShape | None = None
 
 
-class Job(BaseModel):
+class Job(_CarriesConfig):
     """One setup's job: what `python -m qeval.run.worker JOB.json` serves and scores."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    #: the run config (RunConfig as JSON), model.dtype as the user asked (`auto` stays `auto`)
-    config: dict[str, Any]
     #: model.dtype resolved on the device at preflight (records/preflight.py `Precision`): what
     #: the worker computes in
     dtype: str
@@ -52,7 +76,7 @@ class Job(BaseModel):
     baseline: str
     #: the setup's resume key and its parts
     key: str
-    key_parts: dict[str, str]
+    key_parts: KeyParts
     performance: PerformanceJob | None = None
     #: a sequential run's plan (qeval/analysis/sequential_run.py), None while the switch is off
     sequential: SequentialPlan | None = None
@@ -130,7 +154,7 @@ class Outcome(BaseModel):
     #: seconds: load_s, <task>_s, performance_s, total_s
     timings: dict[str, float] = {}
     key: str | None = None
-    key_parts: dict[str, Any] | None = None
+    key_parts: KeyParts | None = None
     #: the backend's memory figures by name (weights_bytes, kv_bytes_per_token, peak_bytes, ...)
     memory: dict[str, MemoryFigure] = {}
     #: the performance phase's figures (qeval/perf/phase.py), keyed to their own key
@@ -139,19 +163,15 @@ class Outcome(BaseModel):
     library_versions: dict[str, str] = Field(default_factory=dict)
 
 
-class AdviseJob(BaseModel):
+class AdviseJob(_CarriesConfig):
     """The advisor's job (RUN_DIR/jobs/_advise.json): what `python -m qeval.run.advice JOB.json` runs."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    #: the run config (RunConfig as JSON), model.dtype as the user asked
-    config: dict[str, Any]
     #: model.dtype resolved at preflight: what the advisor computes in
     dtype: str
     run_dir: str
     #: the advice's resume key and its parts (qeval/run/advice.py)
     key: str
-    key_parts: dict[str, str]
+    key_parts: KeyParts
     #: where the process writes an AdviseOutcome when it fails
     outcome: str
 

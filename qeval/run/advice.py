@@ -179,7 +179,7 @@ def ensure_advice(pre: Preflight, store: RunStore, force: bool, compute: bool = 
     atomic_write_json(
         job,
         AdviseJob(
-            config=pre.cfg.job_json(),
+            config=pre.cfg,
             dtype=pre.dtype,
             run_dir=str(store.root),
             key=key,
@@ -259,7 +259,7 @@ def _work(job: AdviseJob) -> None:
     from qeval.advise.advisor import advise
     from qeval.advise.output import write
 
-    cfg = RunConfig.model_validate(job.config)
+    cfg = job.config
     assert cfg.advise is not None
     target = advise_target(cfg, cfg.advise)
     advice = advise(

@@ -6,7 +6,7 @@ RUN_DIR/jobs/ for a worker process (qeval/run/worker.py) to read."""
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from qeval.analysis.sequential_run import widen as widen_pending
@@ -115,7 +115,7 @@ def one_job(
         if (t.output_type in KL_OUTPUT_TYPES or (teacher and t.output_type == "generate_until")) and setup != baseline
     }
     job = Job(
-        config=pre.cfg.job_json(),
+        config=pre.cfg,
         dtype=pre.dtype,
         setup=setup,
         device=pre.device,
@@ -128,7 +128,7 @@ def one_job(
         key=keys.key,
         key_parts=keys.parts,
         # the performance phase, when its figures are not stored under this key yet
-        performance=PerformanceJob(key=perf, shape=asdict(pre.shape) if pre.shape else None) if perf else None,
+        performance=PerformanceJob(key=perf, shape=pre.shape) if perf else None,
         sequential=sequential,
     )
     worker = WorkerJob(f"{prefix}{setup}", pre.cfg, spec, store, job, keys, job_resources(pre.cfg, pre.device))

@@ -41,7 +41,7 @@ def _limit_memory(mib: int) -> None:
 
 def run_job(job: Job) -> int:
     """Serve one setup as the runner's job file says; write its outcome; 0 if it is ok."""
-    cfg = RunConfig.model_validate(job.config)
+    cfg = job.config
     setup = next(s for s in cfg.setups if s.name == job.setup)
     store = RunStore(Path(job.run_dir))
     previous = store.read_outcome(setup.name)

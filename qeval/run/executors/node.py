@@ -58,13 +58,11 @@ def run_on_node(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run(payload: dict[str, Any], scratch: Path) -> dict[str, Any]:
-    from qeval.config import RunConfig
-
     setup, root = payload["setup"], scratch / "run"
     for rel, data in payload["inputs"].items():
         atomic_write_bytes(inside(root, *PurePosixPath(rel).parts), data)
     job = Job.model_validate(payload["job"]).model_copy(update={"run_dir": str(root)})
-    cfg = RunConfig.model_validate(job.config)
+    cfg = job.config
     if payload["driver_host"] != socket.gethostname():
         verify_inputs(cfg, job)
     job_path = inside(root, "jobs", f"{setup}.json")
