@@ -195,6 +195,7 @@ UPSTREAM = frozenset(
 NOT_MODULES = frozenset(
     {
         "qeval.task_kinds",  # the task kinds' entry-point group (CONTRIBUTING.md)
+        "qeval.run_phases",  # the run phases' entry-point group (qeval/run/phases/__init__.py)
         # MLflow tags (docs/tracking.md)
         "qeval.kind",
         "qeval.recommendation",

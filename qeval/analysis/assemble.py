@@ -22,7 +22,6 @@ from qeval.analysis.comparison import (
 )
 from qeval.analysis.finite import failure_reason, finite_results, task_problem
 from qeval.analysis.recommend import recommend
-from qeval.analysis.sequential_run import results_block as sequential_block
 from qeval.backends import backend_entry
 from qeval.config.setups import Setup
 from qeval.memory.figures import gap_flags, memory_block
@@ -67,8 +66,9 @@ def assemble_results(
     run_info: dict[str, Any],
     blocks: Sequence[ResultsBlock] = (),
 ) -> Results:
-    """The run's results from its directory (see the module docstring). `blocks` add the task
-    kinds' own blocks (qeval/tasks/kinds.py `results_blocks()`), before the recommendation."""
+    """The run's results from its directory (see the module docstring). `blocks` add the run
+    phases' and the task kinds' own blocks (qeval/run/phases/__init__.py `results_blocks()`: a
+    sequential run's verdicts first), before the recommendation."""
     cfg = pre.cfg
     dropped: list[Dropped] = []
     entries: dict[str, SetupResult] = {}
@@ -101,7 +101,6 @@ def assemble_results(
         recommendation={"setup": None, "reasons": {}},
         ceilings=ceilings,
     )
-    results = sequential_block(results, pre, store)  # a sequential run's verdicts and block; else unchanged
     for block in blocks:  # e.g. long context: KV bytes and loss by token position at each length
         results = block(results, pre, store)
     results = finite_results(results)

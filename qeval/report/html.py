@@ -99,7 +99,7 @@ def render_html(run_dir: Path, results: Results, sections: Sequence[ReportSectio
         figures["Quality x memory x throughput (filled: Pareto-optimal over all three)"] = _plot(
             plots.tradeoff, results
         )
-    sections = (*OWN_SECTIONS, *sections)  # the report's own, then the task kinds'
+    sections = (*OWN_SECTIONS, *sections)  # the report's own, then the run phases' and task kinds'
     for section in sections:
         for caption, make in section.figures(results).items():
             figures[caption] = _plot(functools.partial(plots.svg_of, make), results)

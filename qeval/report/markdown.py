@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from qeval.memory.capacity import whole_sequences
-from qeval.report import advice, divergence, generated, sequence, sequential_gates, serving
+from qeval.report import divergence, generated, sequence, sequential_gates, serving
 from qeval.report import performance as perf_views
 from qeval.report.sections import ReportSection
 from qeval.report.tables import Escape, code_text, md_table, md_text
@@ -87,14 +87,11 @@ def _value(s: SetupResult, task: str, metric: str) -> float | None:
     return value.value if value else None
 
 
-#: the report's own sections, before the task kinds'
+#: the report's own sections, before the run phases' and the task kinds' (qeval/run/phases/)
 OWN_SECTIONS = (
-    advice.SECTION,
     sequence.SECTION,
     divergence.SECTION,
     generated.SECTION,
-    sequential_gates.SECTION,
-    serving.SECTION,
 )
 
 
@@ -121,7 +118,7 @@ def render_markdown(results: Results, sections: Sequence[ReportSection] = ()) ->
     ]
     lines += _recommendation(results) + _suite_table(results) + _gate_table(results) + _members_table(results)
     lines += perf_views.markdown_lines(results, md_text)  # nothing for results without a performance phase
-    for section in (*OWN_SECTIONS, *sections):  # the report's own, then the task kinds'
+    for section in (*OWN_SECTIONS, *sections):  # the report's own, then the run phases' and task kinds'
         lines += section.markdown(results, md_text)
     notes = _notes(results)
     if notes:

@@ -13,6 +13,10 @@ for each setup, baseline first:
 passes    a sequential run only: the jobs above are pass 1, to a document horizon; each later
           pass (one executor call) extends the tasks of cells still undecided below the cap,
           the baseline first, until none is (qeval/run/passes.py)
+
+Each step but preflight, take and report is a run phase (qeval/run/phases/): the runner prepares
+the phases the config asks for, then runs pass after pass while a phase schedules jobs, then
+assembles with the phases' results blocks and lets the phases finish.
 assemble  results.json from the stored results whose keys match this run (others dropped, listed)
 report    report.md, report.html and the summary table
 serve     `recommend_by: goodput` only: every setup that scored served on the workload with
@@ -22,60 +26,27 @@ serve     `recommend_by: goodput` only: every setup that scored served on the wo
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from pathlib import Path
 
 from qeval.analysis.assemble import assemble_results
-from qeval.analysis.sequential_run import cell_caps
-from qeval.analysis.sequential_run import plan as sequential_plan
-from qeval.analysis.sequential_run import with_keys as sequential_keys
-from qeval.backends import backend_entry
 from qeval.config import RunConfig
 from qeval.config.executor import ExecutorSpec
-from qeval.config.sequential import SequentialPlan
 from qeval.errors import UserError
 from qeval.files.atomic import atomic_write_bytes
-from qeval.perf.ceilings import ensure_ceilings
-from qeval.records.keys import SetupKeys, setup_keys
 from qeval.records.preflight import Preflight
 from qeval.records.provenance import now_iso, run_info
 from qeval.records.store import RunStore
 from qeval.report.write import write_report
-from qeval.results.advice import Advice
 from qeval.results.schema import Results, read_results
-from qeval.run.advice import advise_for_run, result_block
 from qeval.run.executors import Executor, open_executor
-from qeval.run.executors.address import cluster_address
-from qeval.run.executors.worker_job import WorkerJob
 from qeval.run.exits import announce_summary
-from qeval.run.jobs import pass_jobs
 from qeval.run.options import RunOptions
-from qeval.run.passes import PassState, first_horizon, next_horizon, pass_line
+from qeval.run.phases import PreparedRun, active, report_sections, results_blocks
 from qeval.run.preflight import preflight
 from qeval.run.rundir import RunDirLock, check_output, take_run_dir
-from qeval.run.serving import serve_workload
-from qeval.tasks.kinds import report_sections, results_blocks
 
-
-@dataclass
-class PreparedRun:
-    """A checked run whose directory is taken: its keys, and the worker jobs still missing."""
-
-    pre: Preflight
-    opts: RunOptions
-    store: RunStore
-    keys: dict[str, SetupKeys]
-    jobs: list[WorkerJob]
-    started: str
-    #: advice.json's content when the config has an `advise:` block (qeval/run/advice.py)
-    advice: Advice | None = None
-    #: a sequential run's plan (None: the switch is off) and its pass's horizon (qeval/run/passes.py)
-    sequential: SequentialPlan | None = None
-    horizon: int | None = None
-    #: the job-id prefix (a sweep's model)
-    prefix: str = ""
+__all__ = ["PreparedRun", "check", "execute", "finish", "prepare", "run"]
 
 
 def run(cfg: RunConfig, opts: RunOptions) -> Results:
@@ -93,9 +64,9 @@ def execute(
 ) -> list[Results]:
     """The one orchestration of `qeval run` and of a sweep (qeval/sweep/run.py): each checked run
     (preflight, options, job-id prefix) takes its directory (after `outer`'s, a sweep's root) and
-    prepares its jobs; all of them go to one executor together; then each run is finished, and
-    `after` runs while the directories are still held (a sweep's summary). Each run's summary is
-    printed at the end, in order."""
+    prepares its phases; each pass's jobs of all of them go to one executor together; then each
+    run is finished, and `after` runs while the directories are still held (a sweep's summary).
+    Each run's summary is printed at the end, in order."""
     locks: list[RunDirLock] = []
     with open_executor(spec) as executor:
         try:
@@ -105,8 +76,7 @@ def execute(
             for pre, opts, prefix in runs:
                 locks.append(take_run_dir(opts.output, pre.cfg.name, force))
                 prepared.append(prepare(pre, opts, prefix))
-            executor.run([job for p in prepared for job in p.jobs])
-            prepared = _later_passes(executor, prepared)
+            prepared = _passes(executor, prepared)
             results = [finish(p) for p in prepared]
             if after is not None:
                 after(prepared, results)
@@ -118,45 +88,32 @@ def execute(
     return results
 
 
-def _later_passes(executor: Executor, prepared: list[PreparedRun]) -> list[PreparedRun]:
-    """A sequential run's passes after the first (qeval/run/passes.py), every run's jobs of a pass
-    given to the executor together; the runs as their last pass left them."""
+def _schedule(p: PreparedRun, number: int) -> PreparedRun | None:
+    """The run with pass `number`'s jobs from the first of its phases that schedules one, or None."""
+    for phase in active(p.pre.cfg):
+        if phase.schedule is not None and (nxt := phase.schedule(p, number)) is not None:
+            return nxt
+    return None
+
+
+def _passes(executor: Executor, prepared: list[PreparedRun]) -> list[PreparedRun]:
+    """Pass after pass, every run's jobs of a pass given to the executor together, while a phase
+    of some run schedules another (a sequential run's: qeval/run/passes.py); the runs as their
+    last pass left them."""
     final = list(prepared)
-    active = [i for i, p in enumerate(prepared) if p.horizon is not None]
+    going = list(range(len(final)))
     number = 1
-    while active:
+    while going:
+        executor.run([job for i in going for job in final[i].jobs])
         number += 1
-        going = []
-        for i in active:
-            nxt = _next_pass(final[i], number)
+        still = []
+        for i in going:
+            nxt = _schedule(final[i], number)
             if nxt is not None:
                 final[i] = nxt
-                going.append(i)
-        jobs = [job for i in going for job in final[i].jobs]
-        if jobs:
-            executor.run(jobs)
-        active = going
+                still.append(i)
+        going = still
     return final
-
-
-def _next_pass(p: PreparedRun, number: int) -> PreparedRun | None:
-    """The run's next pass (its jobs written), or None where it is done: no cell is open below the
-    cap among the setups that ran ok, the last horizon reached every cap, or the baseline failed."""
-    assert p.sequential is not None and p.horizon is not None
-    pre, store = p.pre, p.store
-    cap = max(cell_caps(p.sequential).values(), default=0)
-    base = store.read_outcome(pre.cfg.baseline.name)
-    if p.horizon >= cap or base is None or base.status != "ok":
-        return None
-    ran = [s.name for s in pre.setups if (o := store.read_outcome(s.name)) is not None and o.status == "ok"]
-    state = PassState(pre, store, p.keys, p.sequential)
-    opened = state.open_cells(ran)
-    if not opened:
-        return None
-    horizon = next_horizon(p.horizon)
-    print(f"{p.prefix}{pass_line(number, min(horizon, cap), len(opened))}", file=sys.stderr, flush=True)
-    jobs = pass_jobs(pre, p.opts, store, p.keys, p.sequential, p.prefix, horizon, state, ran, number)
-    return replace(p, jobs=jobs, horizon=horizon)
 
 
 def check(cfg: RunConfig, opts: RunOptions) -> Preflight:
@@ -175,43 +132,38 @@ def check(cfg: RunConfig, opts: RunOptions) -> Preflight:
 
 
 def prepare(pre: Preflight, opts: RunOptions, prefix: str = "") -> PreparedRun:
-    """The jobs still missing, baseline first, each with its job file written into RUN_DIR/jobs/
-    (call it holding the run directory's lock). `prefix` makes job ids unique in a sweep."""
-    started = now_iso()
-    store = RunStore(opts.output)
-    advice = advise_for_run(pre, store, opts.setups, opts.force)
-    keys = {s.name: setup_keys(pre, s) for s in pre.cfg.setups}
-    seq = sequential_plan(pre)  # None while the switch is off: keys and jobs as before it existed
-    if seq is not None:
-        keys = sequential_keys(pre, keys, seq)
-    # the device's ceilings, once per run, before any setup (docs/performance.md)
-    remote = cluster_address(pre.cfg.executor.address) if pre.cfg.executor.kind == "ray" else None
-    ensure_ceilings(pre, store, backend_entry(pre.cfg.backend).worker_python(pre.cfg), remote)
-    horizon = state = None
-    if seq is not None:  # pass 1 of a sequential run (qeval/run/passes.py)
-        horizon = first_horizon(seq.min_docs, seq.chunk_docs)
-        state = PassState(pre, store, keys, seq)
-        cap = max(cell_caps(seq).values(), default=0)
-        undecided = len(state.open_cells(s.name for s in pre.setups))
-        print(f"{prefix}{pass_line(1, min(horizon, cap), undecided)}", file=sys.stderr, flush=True)
-    jobs = pass_jobs(pre, opts, store, keys, seq, prefix, horizon, state)
-    return PreparedRun(pre, opts, store, keys, jobs, started, advice, seq, horizon, prefix)
+    """Each phase the config asks for prepared, in order (the advisor's setup joins, the keys, a
+    sequential plan, the device's ceilings), and pass 1's jobs, baseline first, each with its job
+    file written into RUN_DIR/jobs/ (call it holding the run directory's lock). `prefix` makes job
+    ids unique in a sweep."""
+    p = PreparedRun(pre, opts, RunStore(opts.output), now_iso(), prefix)
+    for phase in active(pre.cfg):
+        if phase.prepare is not None:
+            p = phase.prepare(p)
+    return _schedule(p, 1) or p
 
 
 def finish(prepared: PreparedRun) -> Results:
-    """results.json from what the run directory holds under this run's keys, and the report."""
+    """results.json from what the run directory holds under this run's keys, and the report; then
+    each phase that finishes after them (the serving phase takes minutes: the scores are written
+    first), and both written again."""
     pre, store = prepared.pre, prepared.store
     info = run_info(pre, prepared.opts.output) | {"started": prepared.started}
-    assembled = assemble_results(pre, store, prepared.keys, info, results_blocks())
-    if prepared.advice is not None:
-        assembled = assembled.model_copy(update={"advice": result_block(prepared.advice)})
-    atomic_write_bytes(store.results_path, (assembled.model_dump_json(indent=2) + "\n").encode())
-    # the report is rendered from the file just written, as `qeval report` renders it: same bytes
-    results = read_results(store.results_path)
-    write_report(store.root, results, report_sections())
-    if pre.cfg.recommend_by == "goodput":  # the scores are written first: the serving phase takes minutes
-        results = serve_workload(pre, results, store.root, force=prepared.opts.force)
-        atomic_write_bytes(store.results_path, (results.model_dump_json(indent=2) + "\n").encode())
-        results = read_results(store.results_path)
-        write_report(store.root, results, report_sections())
+    results = assemble_results(pre, store, prepared.keys, info, results_blocks(pre.cfg))
+    for phase in active(pre.cfg):
+        if phase.assembled is not None:
+            results = phase.assembled(prepared, results)
+    results = _write(store, results)
+    for phase in active(pre.cfg):
+        if phase.finish is not None:
+            results = _write(store, phase.finish(prepared, results))
     return results
+
+
+def _write(store: RunStore, results: Results) -> Results:
+    """results.json written, and the report rendered from the file just written, as `qeval report`
+    renders it: the same bytes."""
+    atomic_write_bytes(store.results_path, (results.model_dump_json(indent=2) + "\n").encode())
+    written = read_results(store.results_path)
+    write_report(store.root, written, report_sections())
+    return written

@@ -151,7 +151,7 @@ def regenerate(run_dir: Path) -> list[Path]:
     byte), with every task kind's section; for a sweep, each model's and then the sweep's
     report.md from sweep.json. The paths written (a sweep's: its own report)."""
     from qeval.report.write import write_report
-    from qeval.tasks.kinds import report_sections
+    from qeval.run.phases import report_sections
 
     if (run_dir / "sweep.json").is_file():  # a sweep: each model's report, then the sweep's
         for m in read_sweep(run_dir / "sweep.json").models:

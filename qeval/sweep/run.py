@@ -20,11 +20,11 @@ from qeval.records.provenance import now_iso
 from qeval.results.schema import Results
 from qeval.run.advice import advised_names
 from qeval.run.options import RunOptions
+from qeval.run.phases import report_sections
 from qeval.run.runner import PreparedRun, check, execute
 from qeval.sweep.config import Sweep
 from qeval.sweep.report import write_sweep_report
 from qeval.sweep.summary import summarize
-from qeval.tasks.kinds import report_sections
 
 
 def model_dir(root: Path, model: str) -> Path:

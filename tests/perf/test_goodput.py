@@ -618,9 +618,9 @@ def test_run_force_measures_the_serving_phase_again(tmp_path: Path, monkeypatch:
     assert seen == {"model_sha256": "m", "checkpoint_sha256": {"base": "c"}, "force": True}
     import inspect
 
-    from qeval.run import runner
+    from qeval.run.phases import serving as serving_phase
 
-    assert "force=prepared.opts.force" in inspect.getsource(runner.finish)
+    assert "force=p.opts.force" in inspect.getsource(serving_phase._finish)
 
 
 def _cli_config(tmp_path: Path) -> Path:

@@ -19,6 +19,7 @@ from qeval.perf.rank import recommend_goodput
 from qeval.report.write import write_report
 from qeval.results.schema import Results, read_results
 from qeval.results.serving import ServingLevel, ServingPick, ServingResults, ServingSetup
+from qeval.run.phases import report_sections
 from tests.helpers import ROOT
 
 SLO = {"percentile": 99, "ttft_ms": 500}
@@ -131,7 +132,7 @@ def test_serving_decides_among_the_gated_setups_and_joins_the_report(
     (out / "results.json").write_text(served.model_dump_json(indent=2) + "\n")
     again = read_results(out / "results.json")
     assert again.serving == served.serving and recommend(again) == rec
-    md, html = write_report(out, again)
+    md, html = write_report(out, again, report_sections())
     text = md.read_text()
     assert "## Serving the workload" in text and "vllm serve models/int8 --max-num-seqs 8" in text
     assert "| int4 | SLO not met (best p99: TTFT 900 ms) |" in text
@@ -188,7 +189,7 @@ def test_report_md_writes_the_slo_as_text_and_html_escapes_it(tmp_path: Path) ->
     out = results.model_copy(update={"serving": _serving([_served("int8", 1.9), _served("bf16", None)], gated)})
     out = out.model_copy(update={"recommendation": recommend(out)})
     (tmp_path / "run" / "results.json").write_text(out.model_dump_json(indent=2) + "\n")
-    md, html = write_report(tmp_path / "run", read_results(tmp_path / "run" / "results.json"))
+    md, html = write_report(tmp_path / "run", read_results(tmp_path / "run" / "results.json"), report_sections())
     text = md.read_text()
     assert "99th-percentile TTFT <= 500 ms" in text and "&lt;" not in text, text[:3000]
     assert "TTFT &lt;= 500 ms" in html.read_text()
