@@ -35,11 +35,9 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING
 
-from qeval.errors import UserError
-from qeval.plugins import load_entry
+from qeval.plugins import load_registry
 from qeval.tasks.kinds import report_sections as kind_sections
 from qeval.tasks.kinds import results_blocks as kind_blocks
 
@@ -116,16 +114,7 @@ class RunPhase:
 
 @cache
 def _registered(env: str) -> tuple[RunPhase, ...]:
-    refs = list(BUILT_IN)
-    refs += [f"{ep.module}:{ep.attr}" for ep in entry_points(group=ENTRY_POINT_GROUP)]
-    refs += [r.strip() for r in env.split(",") if r.strip()]
-    phases: dict[str, RunPhase] = {}
-    for ref in dict.fromkeys(refs):
-        entry = load_entry(ref, "run phase", "PHASE", RunPhase)
-        if entry.name in phases and phases[entry.name] is not entry:
-            raise UserError(f"run phase {entry.name!r} is registered twice ({ref})")
-        phases[entry.name] = entry
-    return tuple(phases.values())
+    return tuple(load_registry(BUILT_IN, ENTRY_POINT_GROUP, env, "run phase", "PHASE", RunPhase).values())
 
 
 def run_phases() -> tuple[RunPhase, ...]:
