@@ -4,7 +4,7 @@ process. Imports no engine: `create` imports transformers' backend when a worker
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from qeval.backends import BackendEntry
 from qeval.backends.hf.support import validate, validate_model
@@ -14,6 +14,12 @@ if TYPE_CHECKING:
     from qeval.backends.base import Backend
     from qeval.config import RunConfig
     from qeval.config.setups import Setup
+
+
+def _quantize_weights(model: Any, setup: Setup) -> dict[str, Any]:
+    from qeval.backends.hf.quant import quantize_weights
+
+    return quantize_weights(model, setup)
 
 
 def _create(cfg: RunConfig, setup: Setup, device: str) -> Backend:
@@ -33,4 +39,5 @@ BACKEND = BackendEntry(
     # transformers' cache layers (cache_utils.py): what qeval's own worker holds per sequence
     kv_accounting=lambda cfg, device: KvAccounting("hf"),
     waves_from_workload=True,
+    quantize_weights=_quantize_weights,
 )

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from qeval.backends import BackendEntry
 from qeval.backends.vllm.install import check_install, worker_python
+from qeval.backends.vllm.serve import VllmServing
 from qeval.backends.vllm.support import cache_accounting, distributed_backend, validate
 from qeval.memory.layouts import KvAccounting
 
@@ -39,5 +40,5 @@ BACKEND = BackendEntry(
     distributed=lambda cfg: distributed_backend(cfg.engine.tensor_parallel_size, cfg.engine.pipeline_parallel_size),
     # the LLM class's paged blocks, as qeval's worker runs it on this device
     kv_accounting=lambda cfg, device: KvAccounting("vllm", cache_accounting(device)),
-    serves_goodput=lambda cfg: True,
+    serving=VllmServing(),
 )
