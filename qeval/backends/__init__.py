@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from qeval.backends.base import Backend, ServingEngine
     from qeval.config import RunConfig
     from qeval.config.setups import Setup
-    from qeval.memory.layouts import KvAccounting
+    from qeval.memory.layouts import KvRule
     from qeval.records.preflight import Preflight
 
 #: the backends qeval ships: `module:attribute`
@@ -76,7 +76,10 @@ class BackendEntry:
     #: whose rules size one sequence's KV cache on this device (qeval/memory/layouts.py), for the
     #: memory block's `kv_per_sequence` and the capacity of models whose layers keep different
     #: spans; None where qeval cannot know the engine (no sequence is then predicted)
-    kv_accounting: Callable[[RunConfig, str], KvAccounting | None] = lambda cfg, device: None
+    kv_accounting: Callable[[RunConfig, str], KvRule | None] = lambda cfg, device: None
+    #: the accounting `qeval plan --engine NAME` assumes, at its --block-size and --max-num-batched-tokens
+    #: (the engine serving on a GPU); None: `qeval plan` does not plan for it
+    plan_kv_rule: Callable[[int, int], KvRule] | None = None
     #: how `qeval goodput` and the serving phase serve its setups on the workload (qeval/perf/serving.py
     #: drives it; `ServingEngine.serves` says for which configs); None: it has no server to tune
     serving: ServingEngine | None = None
@@ -127,6 +130,16 @@ def serving_engine(cfg: RunConfig) -> ServingEngine | None:
     its backend, or its backend as this config sets it up, has no server qeval can tune."""
     serving = backend_entry(cfg.backend).serving
     return serving if serving is not None and serving.serves(cfg) else None
+
+
+def plan_kv_rule(engine: str, block_size: int, in_flight_tokens: int) -> KvRule:
+    """The KV accounting `qeval plan --engine` names (`BackendEntry.plan_kv_rule`); one line
+    naming the engines it may name where it names another."""
+    planned = {n: e.plan_kv_rule for n, e in backends().items() if e.plan_kv_rule is not None}
+    rule = planned.get(engine)
+    if rule is None:
+        raise UserError(f"--engine {engine}: expected {' or '.join(sorted(planned, reverse=True))}")
+    return rule(block_size, in_flight_tokens)
 
 
 def backend_entry(name: str) -> BackendEntry:

@@ -7,8 +7,8 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from qeval.backends import BackendEntry
+from qeval.backends.hf.kv_rule import HeldKv
 from qeval.backends.hf.support import validate, validate_model
-from qeval.memory.layouts import KvAccounting
 
 if TYPE_CHECKING:
     from qeval.backends.base import Backend
@@ -37,7 +37,8 @@ BACKEND = BackendEntry(
     validate_model=validate_model,
     serves_checkpoints=True,
     # transformers' cache layers (cache_utils.py): what qeval's own worker holds per sequence
-    kv_accounting=lambda cfg, device: KvAccounting("hf"),
+    kv_accounting=lambda cfg, device: HeldKv(),
+    plan_kv_rule=lambda block_size, in_flight_tokens: HeldKv(),
     waves_from_workload=True,
     quantize_weights=_quantize_weights,
 )

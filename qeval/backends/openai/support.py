@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from qeval.backends.base import TOPK
 from qeval.config.setups import Setup
 from qeval.errors import UserError
-from qeval.memory.layouts import KvAccounting
+from qeval.memory.layouts import KvRule
 
 if TYPE_CHECKING:
     from qeval.config import RunConfig
@@ -126,7 +126,7 @@ def key_parts(cfg: RunConfig) -> dict[str, str]:
 SERVE_CPU_BATCHED_TOKENS = 2048
 
 
-def kv_accounting(cfg: RunConfig, device: str) -> KvAccounting | None:
+def kv_accounting(cfg: RunConfig, device: str) -> KvRule | None:
     """Whose rules size a sequence's KV cache on the server: vLLM's, where qeval launches vLLM's
     server (the in-process engine's settings, as the same translation passes them, but serve's
     batched tokens on a CPU); None for an attached server or a `command` template: qeval cannot
@@ -137,12 +137,13 @@ def kv_accounting(cfg: RunConfig, device: str) -> KvAccounting | None:
         return None
     from dataclasses import replace
 
+    from qeval.backends.vllm.kv_rule import PagedKv
     from qeval.backends.vllm.support import cache_accounting
 
     vllm = cache_accounting(device)
     if device != "cuda":  # on a GPU cache_accounting is `vllm serve`'s defaults already
         vllm = replace(vllm, in_flight_tokens=SERVE_CPU_BATCHED_TOKENS)
-    return KvAccounting("vllm", vllm)
+    return PagedKv(vllm)
 
 
 def serve_argv(cfg: RunConfig, setup: Setup, device: str, port: int, host: str) -> tuple[list[str], dict[str, object]]:
