@@ -403,11 +403,11 @@ def performance(
     concurrency at qeval's default budget on this device), capped at the spec's max_concurrency."""
     from qeval.backends.hf import kv_cache
     from qeval.backends.hf import perf as perf_hf
+    from qeval.backends.hf.kv_rule import HeldKv
     from qeval.backends.workload import resolve_levels, workload_for
     from qeval.config.performance import PerfSpec
     from qeval.memory.capacity import GIB, Budget
     from qeval.memory.figures import memory_block
-    from qeval.backends.hf.kv_rule import HeldKv
     from qeval.perf.block import performance_block
     from qeval.perf.phase import summarize
     from qeval.records.job import MemoryFigure, PhaseRecord

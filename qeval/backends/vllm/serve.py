@@ -48,35 +48,15 @@ def vllm_version(cfg: RunConfig) -> str:
         return "unknown"
 
 
-def server_argv(cfg: RunConfig, args: dict[str, Any], host: str, port: int) -> list[str]:
-    """`vllm serve`'s command line with the engine arguments `args`, as qeval names the model."""
-    from qeval.backends.openai.support import VLLM_SERVER_MODULE, flags, server_python
-
-    return [
-        server_python(cfg),
-        "-m",
-        VLLM_SERVER_MODULE,
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--served-model-name",
-        "qeval",
-        "--disable-uvicorn-access-log",
-        "--generation-config",
-        "vllm",
-        *flags(args),
-    ]
-
-
 @contextmanager
 def launched(cfg: RunConfig, args: dict[str, Any], log: Path) -> Iterator[tuple[int, Any]]:
     """`vllm serve` with `args` on 127.0.0.1 at a free port, healthy; (port, client); stopped after."""
     from qeval.backends.openai.client import Client
     from qeval.backends.openai.launch import HOST, LaunchedServer, free_port
+    from qeval.backends.openai.support import vllm_server_argv
 
     port = free_port()
-    server = LaunchedServer(server_argv(cfg, args, HOST, port), {}, log)
+    server = LaunchedServer(vllm_server_argv(cfg, args, HOST, port, "qeval"), {}, log)
     client = Client(f"http://{HOST}:{port}/v1", timeout_s=60)
     try:
         server.wait_healthy(client.healthy, 900)
