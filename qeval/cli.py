@@ -428,6 +428,7 @@ def plan_cmd(
     """Predict weights, KV cache per token, KV tokens that fit and concurrent sequences per setup;
     with --gpus-per-node, also the GPUs each setup needs on a cluster and how many run at once;
     with --workload, max-model-len from the workload's lengths and the concurrency they allow."""
+    from qeval.backends import plan_kv_rule
     from qeval.memory.plan_command import PlanRequest, plan_setups
     from qeval.report.plan import show_plan
 
@@ -450,7 +451,7 @@ def plan_cmd(
         custom_output_len=custom_output_len,
     )
     try:
-        planned = plan_setups(request)
+        planned = plan_setups(request, plan_kv_rule)
     except UserError as exc:
         _fail(exc)
         return

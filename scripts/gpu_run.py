@@ -403,11 +403,11 @@ def performance(
     concurrency at qeval's default budget on this device), capped at the spec's max_concurrency."""
     from qeval.backends.hf import kv_cache
     from qeval.backends.hf import perf as perf_hf
+    from qeval.backends.hf.kv_rule import HeldKv
     from qeval.backends.workload import resolve_levels, workload_for
     from qeval.config.performance import PerfSpec
     from qeval.memory.capacity import GIB, Budget
     from qeval.memory.figures import memory_block
-    from qeval.memory.layouts import KvAccounting
     from qeval.perf.block import performance_block
     from qeval.perf.phase import summarize
     from qeval.records.job import MemoryFigure, PhaseRecord
@@ -418,7 +418,7 @@ def performance(
         "kv_bytes_per_token": MemoryFigure(kv_per_token, "gpu_memory: one real sequence"),
     }
     budget = Budget(gpu_memory_gib=capacity / GIB, context_len=budget_context)
-    memory = memory_block(setup, measured, shape, dtype, device, budget, "", KvAccounting("hf"))
+    memory = memory_block(setup, measured, shape, dtype, device, budget, "", HeldKv())
     spec = PerfSpec(num_requests=1, concurrency=[1, "max"], **spec_fields)
     conc = float(fit) if fit else memory.max_concurrency
     levels, why = resolve_levels(spec, conc, None)

@@ -184,3 +184,117 @@ def test_the_documented_order_is_this_one() -> None:
     rows = [re.findall(r"[\w/.]+", row) for row in block.replace("\n", " ").split("<")]
     names = [[w.removeprefix("qeval/").removesuffix(".py") for w in row] for row in rows]
     assert names == LAYERS
+
+
+# -- engines own their engine code ------------------------------------------------------------
+
+
+def backend_packages(root: Path = QEVAL) -> set[str]:
+    """The backends qeval ships, by folder: every qeval/backends/<name>/ with an entry.py."""
+    return {p.parent.name for p in (root / "backends").glob("*/entry.py")}
+
+
+def _is_backends(placed: Path) -> bool:
+    return placed.relative_to(ROOT).parts[:2] == ("qeval", "backends")
+
+
+def engine_imports(files: list[tuple[str, Path]], engines: set[str]) -> list[str]:
+    """Every import (function-level ones included) of a backend's own package
+    (qeval.backends.<engine> or below) from a module outside qeval/backends/."""
+    bad = []
+    for text, placed in files:
+        if _is_backends(placed):
+            continue
+        for line, module in imports(text, placed):
+            parts = module.split(".")
+            if parts[:2] == ["qeval", "backends"] and len(parts) > 2 and parts[2] in engines:
+                bad.append(f"{placed.relative_to(ROOT)}:{line}: imports {module}")
+    return sorted(set(bad))
+
+
+def _names_in(node: ast.AST, engines: set[str]) -> list[str]:
+    """Backend names among the string constants directly in `node` (a tuple, list or set of
+    them included)."""
+    items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+    return [x.value for x in items if isinstance(x, ast.Constant) and x.value in engines]
+
+
+def _literal_names(node: ast.AST, engines: set[str]) -> list[str]:
+    """Backend names inside `Literal[...]` (typing.Literal or a bare Literal)."""
+    out: list[str] = []
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Subscript):
+            head = sub.value
+            name = head.attr if isinstance(head, ast.Attribute) else getattr(head, "id", None)
+            if name == "Literal":
+                for c in ast.walk(sub.slice):
+                    out += _names_in(c, engines)
+    return out
+
+
+def engine_name_tests(files: list[tuple[str, Path]], engines: set[str]) -> list[str]:
+    """Every comparison (==, !=, in, not in, a match case) of a string constant that is a backend's
+    name, and every `Literal[...]` naming one, in a module outside qeval/backends/."""
+    bad = []
+    for text, placed in files:
+        if _is_backends(placed):
+            continue
+        where = placed.relative_to(ROOT)
+        for node in ast.walk(ast.parse(text)):
+            names: list[str] = []
+            if isinstance(node, ast.Compare) and any(
+                isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops
+            ):
+                for side in [node.left, *node.comparators]:
+                    names += _names_in(side, engines)
+            elif isinstance(node, ast.MatchValue):
+                names += _names_in(node.value, engines)
+            elif isinstance(node, ast.Subscript):
+                names += _literal_names(node, engines)
+            bad += [f"{where}:{node.lineno}: tests the backend name {n!r}" for n in names]  # type: ignore[attr-defined]
+    return sorted(set(bad))
+
+
+def test_the_backends_are_found_by_their_entries() -> None:
+    assert {"hf", "vllm", "openai"} <= backend_packages()
+
+
+def test_no_module_outside_the_backends_imports_an_engine() -> None:
+    files = [(p.read_text(), p) for p in sorted(QEVAL.rglob("*.py"))]
+    bad = engine_imports(files, backend_packages())
+    assert not bad, "imports of a backend's own package outside qeval/backends/:\n" + "\n".join(bad)
+
+
+def test_no_module_outside_the_backends_tests_a_backend_name() -> None:
+    files = [(p.read_text(), p) for p in sorted(QEVAL.rglob("*.py"))]
+    bad = engine_name_tests(files, backend_packages())
+    assert not bad, "backend names tested outside qeval/backends/ (ask backend_entry):\n" + "\n".join(bad)
+
+
+def test_the_engine_checks_can_fail() -> None:
+    """A function-level import of an engine's module, a comparison, a match case and a Literal
+    naming a backend are each reported; the same inside qeval/backends/ and a default are not."""
+    engines = {"hf", "vllm", "openai"}
+    probe = (
+        "from qeval.backends import backend_entry\n"
+        "def f(x: str = 'vllm'):\n"
+        "    from qeval.backends.hf.quant import q\n"
+        "    if x == 'vllm' or x in ('hf', 'other'):\n"
+        "        pass\n"
+        "    match x:\n"
+        "        case 'openai':\n"
+        "            pass\n"
+        "E = Literal['vllm', 'x']\n"
+        "import qeval.backends.openai\n"
+    )
+    outside, inside = QEVAL / "perf" / "probe.py", QEVAL / "backends" / "vllm" / "probe.py"
+    assert sorted(engine_imports([(probe, outside), (probe, inside)], engines)) == [
+        "qeval/perf/probe.py:10: imports qeval.backends.openai",
+        "qeval/perf/probe.py:3: imports qeval.backends.hf.quant",
+    ]
+    assert engine_name_tests([(probe, outside), (probe, inside)], engines) == [
+        "qeval/perf/probe.py:4: tests the backend name 'hf'",
+        "qeval/perf/probe.py:4: tests the backend name 'vllm'",
+        "qeval/perf/probe.py:7: tests the backend name 'openai'",
+        "qeval/perf/probe.py:9: tests the backend name 'vllm'",
+    ]

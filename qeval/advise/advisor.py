@@ -13,12 +13,12 @@ import numpy as np
 
 from qeval.advise.calibration import make_slice, read_texts
 from qeval.advise.search import choose
-from qeval.advise.sensitivity import Probe
+from qeval.advise.sensitivity import ADVISOR_BACKEND, Probe
 from qeval.advise.target import Options, allowance_of, budget_problem, pick_target
 from qeval.advise.units import Unit, cells, unions
 from qeval.analysis.stats import t_interval
+from qeval.backends import backend_entry
 from qeval.backends.device import resolve_device, resolve_precision
-from qeval.backends.hf.backend import HFBackend
 from qeval.config import RunConfig
 from qeval.config.setups import Setup
 from qeval.errors import UserError
@@ -65,7 +65,9 @@ def advise(cfg: RunConfig, config_path: Path, opts: Options, log: Any = print, d
     label, texts = read_texts(cfg, opts.text)
 
     t0 = time.perf_counter()
-    backend = HFBackend(cfg.for_engine(dtype), Setup(name="advise-baseline", baseline=True), device)
+    backend: Any = backend_entry(ADVISOR_BACKEND).create(
+        cfg.for_engine(dtype), Setup(name="advise-baseline", baseline=True), device
+    )
     backend.load()
     names = [m for u in cell_units for m in u.modules]
     missing = [m for m in names if m not in dict(backend.model.named_modules())]

@@ -18,10 +18,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from qeval.backends.hf import quant as hf_quant
+from qeval.backends import backend_entry
 from qeval.config.setups import Setup
 
 TOP_K = 32
+#: the backend whose models the advisor loads and probes in its own process (transformers')
+ADVISOR_BACKEND = "hf"
 
 
 @dataclass
@@ -42,7 +44,9 @@ class Probe:
         self._layers = {n: named[n] for n in modules}
         self._orig = {n: m.weight.data for n, m in self._layers.items()}
         twin = copy.deepcopy(model)  # quantized once, as the hf backend would, then dequantized
-        self.quant_info = hf_quant.quantize_weights(twin, target)
+        quantize = backend_entry(ADVISOR_BACKEND).quantize_weights
+        assert quantize is not None  # the advisor's backend quantizes a loaded model's weights
+        self.quant_info = quantize(twin, target)
         twin_named = dict(twin.named_modules())
         self._quant = {n: twin_named[n].qweight.dequantize().to(self._orig[n].dtype).detach() for n in self._layers}
         del twin

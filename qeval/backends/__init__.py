@@ -28,10 +28,10 @@ from qeval.errors import UserError
 from qeval.plugins import load_entry
 
 if TYPE_CHECKING:
-    from qeval.backends.base import Backend
+    from qeval.backends.base import Backend, ServingEngine
     from qeval.config import RunConfig
     from qeval.config.setups import Setup
-    from qeval.memory.layouts import KvAccounting
+    from qeval.memory.layouts import KvRule
     from qeval.records.preflight import Preflight
 
 #: the backends qeval ships: `module:attribute`
@@ -76,13 +76,20 @@ class BackendEntry:
     #: whose rules size one sequence's KV cache on this device (qeval/memory/layouts.py), for the
     #: memory block's `kv_per_sequence` and the capacity of models whose layers keep different
     #: spans; None where qeval cannot know the engine (no sequence is then predicted)
-    kv_accounting: Callable[[RunConfig, str], KvAccounting | None] = lambda cfg, device: None
-    #: whether `qeval goodput` can serve this config's setups with `vllm serve` (qeval/perf/serving.py)
-    serves_goodput: Callable[[RunConfig], bool] = lambda cfg: False
+    kv_accounting: Callable[[RunConfig, str], KvRule | None] = lambda cfg, device: None
+    #: the accounting `qeval plan --engine NAME` assumes, at its --block-size and --max-num-batched-tokens
+    #: (the engine serving on a GPU); None: `qeval plan` does not plan for it
+    plan_kv_rule: Callable[[int, int], KvRule] | None = None
+    #: how `qeval goodput` and the serving phase serve its setups on the workload (qeval/perf/serving.py
+    #: drives it; `ServingEngine.serves` says for which configs); None: it has no server to tune
+    serving: ServingEngine | None = None
     #: whether the config's `server:` block (an OpenAI-compatible server, attached or launched) is its
     takes_server: bool = False
     #: whether its performance waves can take the workload's request lengths (`performance.from_workload`)
     waves_from_workload: bool = False
+    #: quantize a model this backend loaded (its `create`) in place, as the engine serves the setup's
+    #: weights; what was done. The advisor's sensitivity probe (qeval/advise/sensitivity.py) uses it
+    quantize_weights: Callable[[Any, Setup], dict[str, Any]] | None = None
 
 
 @cache
@@ -116,6 +123,23 @@ def check_blocks(cfg: RunConfig) -> None:
             f"performance.from_workload: backend {cfg.backend} does not time waves of the workload's lengths "
             "(on vllm the workload is served by the serving phase: recommend_by goodput, or qeval goodput)"
         )
+
+
+def serving_engine(cfg: RunConfig) -> ServingEngine | None:
+    """The engine that serves `cfg`'s setups on its workload (`BackendEntry.serving`), None where
+    its backend, or its backend as this config sets it up, has no server qeval can tune."""
+    serving = backend_entry(cfg.backend).serving
+    return serving if serving is not None and serving.serves(cfg) else None
+
+
+def plan_kv_rule(engine: str, block_size: int, in_flight_tokens: int) -> KvRule:
+    """The KV accounting `qeval plan --engine` names (`BackendEntry.plan_kv_rule`); one line
+    naming the engines it may name where it names another."""
+    planned = {n: e.plan_kv_rule for n, e in backends().items() if e.plan_kv_rule is not None}
+    rule = planned.get(engine)
+    if rule is None:
+        raise UserError(f"--engine {engine}: expected {' or '.join(sorted(planned, reverse=True))}")
+    return rule(block_size, in_flight_tokens)
 
 
 def backend_entry(name: str) -> BackendEntry:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -12,6 +14,10 @@ from qeval.records.job import MemoryFigure  # the backends build it from here; t
 
 if TYPE_CHECKING:
     from qeval.backends.workload import Measurement, Workload
+    from qeval.config import RunConfig
+    from qeval.config.performance import ServingSpec
+    from qeval.config.setups import Setup
+    from qeval.workload.trace import Trace
 
 #: a progress callback: called with the number of requests just finished
 Progress = Callable[[int], None]
@@ -173,3 +179,101 @@ class Backend(Protocol):
     def library_versions(self) -> dict[str, str]: ...
 
     def close(self) -> None: ...
+
+
+# -- serving the workload (`qeval goodput`) ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadLevel:
+    """One level of `qeval goodput`'s load: `requests` requests of the dataset at `data` (written by
+    `ServingEngine.write_dataset`) at `rate` requests/s, or, with `time_scale`, the dataset's own
+    times multiplied by it; the per-request figures written to `out`."""
+
+    tokenizer: str
+    data: Path
+    requests: int
+    rate: float
+    seed: int
+    targets: dict[str, float]
+    out: Path
+    time_scale: float | None = None
+
+
+class LoadGenerator(Protocol):
+    """The process that puts each level's load on a server, for the whole run."""
+
+    log: Path
+
+    def close(self) -> None: ...
+
+
+#: one level measured on a started server: the load generator's result (per-request lists, as
+#: qeval/perf/slo.py reads them) and the server's own figures sampled meanwhile (KV usage...)
+Measure = Callable[[LoadGenerator, LoadLevel], tuple[dict[str, Any], dict[str, Any]]]
+
+
+class ServingEngine(Protocol):
+    """How `qeval goodput` (qeval/perf/serving.py, engine-agnostic: the search, the SLO verdict,
+    serving.json) serves a backend's setups on the workload: the engine's server per engine
+    setting, its load generator per level, its printed command. A backend's registry entry
+    gives it (`BackendEntry.serving`), None where the backend has no server to tune."""
+
+    #: the server as progress lines name it ("vllm serve")
+    name: str
+
+    def serves(self, cfg: RunConfig) -> bool:
+        """Whether this config's setups can be served (a server qeval starts itself)."""
+        ...
+
+    def check_setups(self, cfg: RunConfig, device: str) -> None:
+        """One line (UserError) for a setup the server refuses on this device."""
+        ...
+
+    def version(self, cfg: RunConfig) -> str:
+        """The serving engine's version where it runs (part of a row's key)."""
+        ...
+
+    def load_generator_label(self, version: str) -> str:
+        """What generates the load, as serving.json records it."""
+        ...
+
+    def block_size(self, device: str) -> int:
+        """The KV block the server allocates in, in tokens (the workload's plan rounds to it)."""
+        ...
+
+    def check_arrivals(self, trace: Trace, serving: ServingSpec, max_model_len: int) -> None:
+        """One line (UserError) for arrivals the load generator cannot replay, before any server starts."""
+        ...
+
+    def write_dataset(
+        self, trace: Trace, tok: Any, serving: ServingSpec, max_model_len: int, path: Path
+    ) -> float | None:
+        """The load's dataset at `path`; the trace's own mean rate where its times are replayed."""
+        ...
+
+    def engine_args(
+        self,
+        cfg: RunConfig,
+        setup: Setup,
+        device: str,
+        dtype: str,
+        max_model_len: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int | None,
+        prefix_caching: bool,
+    ) -> dict[str, Any]:
+        """The setup's engine arguments at one engine setting."""
+        ...
+
+    def command(self, args: dict[str, Any]) -> str:
+        """The command line that serves with `args` (printed, and kept in serving.json)."""
+        ...
+
+    def start_load(self, cfg: RunConfig, log: Path) -> LoadGenerator:
+        """The load generator, started before the first server (its start overlaps the engine's)."""
+        ...
+
+    def server(self, cfg: RunConfig, args: dict[str, Any], log: Path) -> AbstractContextManager[Measure]:
+        """A server with `args`, healthy, its log at `log`; stopped on leaving."""
+        ...

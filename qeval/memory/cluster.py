@@ -17,7 +17,7 @@ from typing import Any
 
 from qeval.errors import UserError
 from qeval.memory.capacity import Budget, kv_capacity
-from qeval.memory.layouts import VLLM_SERVE_GPU, Engine, VllmCache, predict_sequence
+from qeval.memory.layouts import KvRule, predict_sequence
 from qeval.memory.ledger import ModelShape, predict_weights_bytes
 from qeval.memory.planner import PLAN_SETUPS, model_shape
 
@@ -69,18 +69,19 @@ def cluster_plan(
     cluster: Cluster,
     concurrency: int = 1,
     dtype: str = "float16",
-    engine: Engine = "vllm",
-    vllm: VllmCache = VLLM_SERVE_GPU,
+    *,
+    rule: KvRule,
 ) -> tuple[list[ClusterRow], int]:
     """Each plan setup's group on `cluster` for `concurrency` sequences of budget.context_len
-    tokens, and how many of the setups run at once on the cluster."""
+    tokens (a sequence as the engine's accounting `rule` holds it), and how many of the setups run
+    at once on the cluster."""
     if cluster.nodes < 1 or cluster.gpus_per_node < 1 or concurrency < 1:
         raise UserError("a cluster needs at least one node, one GPU per node and a concurrency of at least 1")
     shape = model_shape(config)
     rows = []
     for setup in PLAN_SETUPS:
         weights = predict_weights_bytes(shape, setup, dtype)
-        seq = predict_sequence(shape, setup, dtype, budget.context_len, engine, vllm).total
+        seq = predict_sequence(shape, setup, dtype, budget.context_len, rule).total
         row = ClusterRow(setup.name, None, None, None, 0, 0.0, 0)
         for tp, pp in layouts(shape, cluster):
             gpus = tp * pp

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from qeval.config.setups import Setup
 from qeval.memory.capacity import Budget, kv_capacity
-from qeval.memory.layouts import VLLM_QEVAL_CPU, VLLM_SERVE_GPU, KvAccounting, predict_sequence
+from qeval.memory.layouts import KvAccounting, predict_sequence
 from qeval.memory.ledger import ModelShape, predict_kv_bytes_per_token, predict_weights_bytes
 from qeval.records.job import MemoryFigure
 from qeval.results.schema import EnginePool, Figure, Memory, SequenceKV
@@ -96,8 +96,7 @@ def _sequence(
     """One sequence of the budget's context on this backend, predicted by its engine's rules, and
     measured where the worker measured it at that context."""
     engine = accounting.engine
-    vllm = accounting.vllm or (VLLM_SERVE_GPU if device == "cuda" else VLLM_QEVAL_CPU)
-    p = predict_sequence(shape, setup, dtype, budget.context_len, engine, vllm)
+    p = predict_sequence(shape, setup, dtype, budget.context_len, accounting)
     m = measured.get("kv_bytes_per_sequence", _NOT_MEASURED)
     ok = m.measured is not None and m.context == budget.context_len
     return SequenceKV(

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,13 +16,11 @@ from qeval.memory.capacity import Budget
 if TYPE_CHECKING:
     from qeval.config.workload import WorkloadSpec
     from qeval.memory.cluster import Cluster, ClusterRow
+    from qeval.memory.layouts import KvRule
     from qeval.memory.planner import PlanRow
     from qeval.memory.workload_plan import WorkloadSource
     from qeval.workload.stats import WorkloadStats
     from qeval.workload.trace import Trace
-
-#: whose accounting of the KV cache `--engine` may name
-ENGINES = ("vllm", "hf")
 
 
 @dataclass(frozen=True)
@@ -77,19 +76,22 @@ def _check_options(req: PlanRequest) -> None:
         raise UserError("--percentile, --workload-format and --custom-output-len apply to --workload: give it too")
     if req.workload is not None and req.context_len is not None:
         raise UserError("--context-len and --workload: the workload's max-model-len is the context")
-    if req.engine not in ENGINES:
-        raise UserError(f"--engine {req.engine}: expected vllm or hf")
 
 
-def plan_setups(req: PlanRequest) -> Planned:
-    """The plan `req` asks for; UserError (one line) for bad options, a model or workload that
-    cannot be read."""
+#: the KV accounting `--engine` names, at its --block-size and --max-num-batched-tokens; UserError
+#: (one line) for an engine it may not name (the backends' entries decide: backends.plan_kv_rule)
+RuleOf = Callable[[str, int, int], "KvRule"]
+
+
+def plan_setups(req: PlanRequest, rule_of: RuleOf) -> Planned:
+    """The plan `req` asks for, each sequence held as `rule_of` says `req.engine` holds it;
+    UserError (one line) for bad options, a model or workload that cannot be read."""
     from qeval.memory.cluster import Cluster, cluster_plan
-    from qeval.memory.layouts import VllmCache
     from qeval.memory.planner import load_model_config, plan
     from qeval.memory.workload_plan import workload_source
 
     _check_options(req)
+    rule = rule_of(req.engine, req.block_size, req.max_num_batched_tokens)
     source = workload_source(req.workload, req.workload_format, req.custom_output_len) if req.workload else None
     run_cfg = source.run if source else None
     model = req.model or (run_cfg.model.path if run_cfg else None)
@@ -104,21 +106,14 @@ def plan_setups(req: PlanRequest) -> Planned:
     }
     base = run_cfg.budget if run_cfg else Budget()
     budget = Budget(**(base.model_dump() | {k: v for k, v in given.items() if v is not None}))
-    vllm = VllmCache(
-        block_size=req.block_size,
-        in_flight_tokens=req.max_num_batched_tokens,
-        state_pages=2,
-        kernel_block=req.block_size,
-    )
     config = load_model_config(model)
     planned = _plan_workload(source, model, config, req.percentile, req.block_size) if source else None
     if planned:
         budget = Budget(**(budget.model_dump() | {"context_len": planned[0].max_model_len}))
-    engine: Any = req.engine  # one of ENGINES: checked above
-    rows = plan(config, budget, engine=engine, vllm=vllm)
+    rows = plan(config, budget, rule=rule)
     concurrency = req.concurrency or 1
     cluster = Cluster(req.nodes or 1, req.gpus_per_node) if req.gpus_per_node else None
-    grouped = cluster_plan(config, budget, cluster, concurrency, engine=engine, vllm=vllm) if cluster else None
+    grouped = cluster_plan(config, budget, cluster, concurrency, rule=rule) if cluster else None
     return Planned(
         model, req.engine, budget, rows, concurrency, cluster, grouped, planned, source.spec if source else None
     )

@@ -9,7 +9,7 @@ from typing import Any
 from qeval.config.setups import Setup
 from qeval.errors import UserError
 from qeval.memory.capacity import Budget, kv_capacity
-from qeval.memory.layouts import VLLM_SERVE_GPU, Engine, VllmCache, predict_sequence
+from qeval.memory.layouts import KvRule, predict_sequence
 from qeval.memory.ledger import ModelShape, predict_kv_bytes_per_token, predict_weights_bytes
 
 #: the setups a plan compares; the 16-bit, automatic-KV row is named fp16 (the stable surface: docs/architecture.md)
@@ -79,18 +79,18 @@ def plan(
     config: dict[str, Any],
     budget: Budget,
     dtype: str = "float16",
-    engine: Engine = "vllm",
-    vllm: VllmCache = VLLM_SERVE_GPU,
+    *,
+    rule: KvRule,
 ) -> list[PlanRow]:
     """Weights, KV bytes per token and per sequence (per layer kind, and the state), KV tokens
-    that fit and concurrent sequences, per setup, on `engine`'s accounting (memory.layouts), by
+    that fit and concurrent sequences, per setup, on the engine's accounting `rule` (memory.layouts), by
     the same formula a run's recommendation uses (memory.capacity)."""
     shape = model_shape(config)
     rows = []
     for setup in PLAN_SETUPS:
         w = predict_weights_bytes(shape, setup, dtype)
         kv = predict_kv_bytes_per_token(shape, setup, dtype)
-        seq = predict_sequence(shape, setup, dtype, budget.context_len, engine, vllm)
+        seq = predict_sequence(shape, setup, dtype, budget.context_len, rule)
         cap = kv_capacity(w, seq.total, budget)
         rows.append(
             PlanRow(

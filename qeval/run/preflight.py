@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from qeval.analysis.sequential_run import check as check_sequential
-from qeval.backends import backend_entry, check_blocks
+from qeval.backends import backend_entry, check_blocks, serving_engine
 from qeval.backends.device import (
     SIXTEEN_BIT,
     Precision,
@@ -50,7 +50,7 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
     UserError with one line at the first problem."""
     device = resolve_device(cfg.device, on_cluster=cfg.executor.kind == "ray")
     check_blocks(cfg)
-    if cfg.recommend_by == "goodput" and not backend_entry(cfg.backend).serves_goodput(cfg):
+    if cfg.recommend_by == "goodput" and serving_engine(cfg) is None:
         raise UserError(GOODPUT_BACKEND)
     setups = cfg.setups
     if only_setups:  # the advised setup (advise:) joins the run once the advisor named its keep list

@@ -90,13 +90,14 @@ def test_kv_accounting_is_the_served_engines() -> None:
     (the LLM class's 4,096 is the in-process backend's); an attached server or a command template
     runs an engine qeval cannot see: no rules, so no sequence predicted (not transformers')."""
     from qeval.backends import backend_entry
+    from qeval.backends.vllm.kv_rule import PagedKv
     from qeval.backends.vllm.support import cache_accounting
 
     kv = backend_entry("openai").kv_accounting
     launched = kv(_cfg(), "cpu")
-    assert launched is not None and launched.engine == "vllm" and launched.vllm is not None
-    assert launched.vllm.in_flight_tokens == 2048 != cache_accounting("cpu").in_flight_tokens
-    assert launched.vllm.block_size == cache_accounting("cpu").block_size
+    assert isinstance(launched, PagedKv) and launched.engine == "vllm"
+    assert launched.cache.in_flight_tokens == 2048 != cache_accounting("cpu").in_flight_tokens
+    assert launched.cache.block_size == cache_accounting("cpu").block_size
     assert kv(_cfg(), "cuda") == backend_entry("vllm").kv_accounting(_cfg(), "cuda")
     assert kv(_cfg(mode="attach", base_url="http://127.0.0.1:1/v1", model="m"), "cpu") is None
     assert kv(_cfg(command=["serve", "{model}", "--port", "{port}"]), "cpu") is None

@@ -10,10 +10,10 @@ import sys
 from qeval.backends import BackendEntry
 from qeval.backends.base import Backend
 from qeval.backends.hf.backend import HFBackend
+from qeval.backends.hf.kv_rule import HeldKv
 from qeval.config import RunConfig
 from qeval.config.setups import Setup
 from qeval.errors import UserError
-from qeval.memory.layouts import KvAccounting
 
 
 def _validate(setup: Setup, device: str) -> None:
@@ -34,5 +34,5 @@ BACKEND = BackendEntry(
     worker_python=lambda cfg: sys.executable,
     create=_create,
     key_parts=lambda cfg: {"toy_backend": "1"},
-    kv_accounting=lambda cfg, device: KvAccounting("hf"),
+    kv_accounting=lambda cfg, device: HeldKv(),
 )

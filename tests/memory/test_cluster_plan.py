@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from qeval.backends.vllm.kv_rule import VLLM_SERVE_GPU, PagedKv
 from qeval.memory.capacity import Budget, kv_capacity
 from qeval.memory.cluster import Cluster, cluster_plan, group_kv_bytes_per_token, layouts
 from qeval.memory.ledger import ModelShape, predict_kv_bytes_per_token, predict_weights_bytes
@@ -27,7 +28,7 @@ BUDGET = Budget(gpu_memory_gib=24, utilization=0.9, context_len=4096, overhead_g
 
 
 def _rows(config: dict, cluster: Cluster, concurrency: int = 1) -> tuple[dict, int]:
-    rows, at_once = cluster_plan(config, BUDGET, cluster, concurrency)
+    rows, at_once = cluster_plan(config, BUDGET, cluster, concurrency, rule=PagedKv(VLLM_SERVE_GPU))
     return {r.setup: r for r in rows}, at_once
 
 

@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
+from qeval.backends.hf.kv_rule import HeldKv
+from qeval.backends.vllm.kv_rule import VLLM_QEVAL_CPU, VLLM_SERVE_GPU, PagedKv, VllmCache
 from qeval.config.setups import KVCache, Setup
-from qeval.memory.layouts import VLLM_QEVAL_CPU, VllmCache, predict_sequence
+from qeval.memory.layouts import predict_sequence
 from qeval.model.shape import ModelShape
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -96,22 +98,22 @@ def test_the_shapes_read() -> None:
 def test_per_sequence_kv_equals_the_hand_worked_value(name: str, context: int) -> None:
     shape = shape_of(name)
     vllm, hf = WORKED[(name, context)]
-    assert predict_sequence(shape, BF16, "bfloat16", context, "vllm", VLLM_CPU_PREFIX).total == vllm
-    assert predict_sequence(shape, BF16, "bfloat16", context, "hf").total == hf
+    assert predict_sequence(shape, BF16, "bfloat16", context, PagedKv(VLLM_CPU_PREFIX)).total == vllm
+    assert predict_sequence(shape, BF16, "bfloat16", context, HeldKv()).total == hf
     if context == 131072:
-        assert predict_sequence(shape, BF16, "bfloat16", context, "hf").naive == NAIVE_128K[name]
+        assert predict_sequence(shape, BF16, "bfloat16", context, HeldKv()).naive == NAIVE_128K[name]
 
 
 def test_a_uniform_model_is_tokens_times_context_on_both_engines() -> None:
     shape = ModelShape.from_config(json.loads((DATA / "llama3-8b-config.json").read_text()))
-    for engine in ("vllm", "hf"):
-        seq = predict_sequence(shape, BF16, "bfloat16", 4096, engine, VLLM_QEVAL_CPU)
+    for rule in (PagedKv(VLLM_QEVAL_CPU), HeldKv()):
+        seq = predict_sequence(shape, BF16, "bfloat16", 4096, rule)
         assert seq.by_kind == {"full": 131072 * 4096} and seq.state == 0 and seq.naive == seq.total
 
 
 def test_an_fp8_latent_halves_deepseeks_cache() -> None:
     shape = shape_of("deepseek-v3")
-    fp8 = predict_sequence(shape, Setup(name="f", kv_cache="fp8"), "bfloat16", 4096, "vllm", VLLM_CPU_PREFIX)
+    fp8 = predict_sequence(shape, Setup(name="f", kv_cache="fp8"), "bfloat16", 4096, PagedKv(VLLM_CPU_PREFIX))
     assert fp8.by_kind == {"latent": 287_834_112 // 2}
 
 
@@ -122,12 +124,12 @@ def test_an_mla_block_size_applies_to_latent_models_only() -> None:
     mla16 = VllmCache(block_size=128, in_flight_tokens=4096, state_pages=1, kernel_block=128, mla_block_size=16)
     ds = shape_of("deepseek-v3")
     llama = ModelShape.from_config(json.loads((DATA / "llama3-8b-config.json").read_text()))
-    seq = predict_sequence(ds, BF16, "bfloat16", 4095, "vllm", mla16)
+    seq = predict_sequence(ds, BF16, "bfloat16", 4095, PagedKv(mla16))
     assert seq.block_bytes == 16 * 287_834_112 // 4096 and seq.total == 287_834_112
-    assert predict_sequence(ds, BF16, "bfloat16", 4097, "vllm", mla16).total == 287_834_112 // 4096 * 4112
-    assert predict_sequence(ds, BF16, "bfloat16", 4097, "vllm", VLLM_QEVAL_CPU).total == 287_834_112 // 4096 * 4224
-    assert predict_sequence(llama, BF16, "bfloat16", 4097, "vllm", mla16) == predict_sequence(
-        llama, BF16, "bfloat16", 4097, "vllm", VLLM_QEVAL_CPU
+    assert predict_sequence(ds, BF16, "bfloat16", 4097, PagedKv(mla16)).total == 287_834_112 // 4096 * 4112
+    assert predict_sequence(ds, BF16, "bfloat16", 4097, PagedKv(VLLM_QEVAL_CPU)).total == 287_834_112 // 4096 * 4224
+    assert predict_sequence(llama, BF16, "bfloat16", 4097, PagedKv(mla16)) == predict_sequence(
+        llama, BF16, "bfloat16", 4097, PagedKv(VLLM_QEVAL_CPU)
     )
 
 
@@ -136,7 +138,7 @@ def test_plan_splits_the_sequence_and_sizes_capacity_by_it() -> None:
     from qeval.memory.planner import plan
 
     raw = json.loads((DATA / "gemma-3-27b-config.json").read_text())
-    rows = {r.setup: r for r in plan(raw, Budget(gpu_memory_gib=80, context_len=32768))}
+    rows = {r.setup: r for r in plan(raw, Budget(gpu_memory_gib=80, context_len=32768), rule=PagedKv(VLLM_SERVE_GPU))}
     fp16 = rows["fp16"]
     assert set(fp16.kv_by_layer_type) == {"sliding", "full"} and fp16.state_bytes_per_sequence == 0
     assert fp16.kv_bytes_per_sequence == sum(fp16.kv_by_layer_type.values())
@@ -240,7 +242,7 @@ def test_transformers_caches_what_the_ledger_predicts(model_type: str, context: 
         out = model(input_ids=torch.randint(0, 128, (1, context - 1)), past_key_values=cache, use_cache=True)
         model(input_ids=out.logits[:, -1:].argmax(-1), past_key_values=cache, use_cache=True)
     shape = ModelShape.from_config(config.to_dict())
-    predicted = predict_sequence(shape, Setup(name="f", weights="fp32"), "float32", context, "hf")
+    predicted = predict_sequence(shape, Setup(name="f", weights="fp32"), "float32", context, HeldKv())
     assert cache_storage_bytes(cache) == predicted.total, (model_type, predicted)
 
 
@@ -265,6 +267,6 @@ def test_a_quantized_cache_on_every_layout_holds_what_the_ledger_predicts(
         out = model(input_ids=torch.randint(0, 128, (1, context - 1)), past_key_values=cache, use_cache=True)
         model(input_ids=out.logits[:, -1:].argmax(-1), past_key_values=cache, use_cache=True)
     shape = ModelShape.from_config(config.to_dict())
-    predicted = predict_sequence(shape, setup, "float32", context, "hf")
+    predicted = predict_sequence(shape, setup, "float32", context, HeldKv())
     # FP8's per-tensor scale is a 0-d tensor per stream: bookkeeping, not tokens (cache_storage_bytes)
     assert cache_storage_bytes(cache) == predicted.total, (model_type, predicted)

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import yaml
 
+from qeval.backends.vllm.serve_cmd import serve_command
 from qeval.config import RunConfig
 from qeval.config.workload import SloSpec
 from qeval.perf import slo as S
 from qeval.perf.rank import recommend_goodput
-from qeval.perf.serve_cmd import serve_command
 from qeval.perf.tune import EngineSetting, best, replay, search, settings_of
 from qeval.results.serving import ServingLevel, ServingPick, ServingResults, ServingSetup
 from tests.helpers import ROOT, one_line_exit_2, run_cli
@@ -377,7 +377,7 @@ def test_goodput_checks_the_backend_blocks_before_asking_for_checkpoints(tmp_pat
 
 
 def test_bench_argv_poisson_and_timed_trace(tmp_path: Path) -> None:
-    from qeval.perf.serving import bench_argv
+    from qeval.backends.vllm.serve_load import bench_argv
 
     targets = {"ttft_ms": 500.0, "tpot_ms": 50.0}
     poisson = bench_argv(8000, "m", tmp_path / "d.jsonl", 12, 2.0, 0, targets, tmp_path / "o.json")
@@ -390,8 +390,8 @@ def test_bench_argv_poisson_and_timed_trace(tmp_path: Path) -> None:
 
 
 def test_timed_dataset_keeps_times_prefixes_and_exact_lengths() -> None:
+    from qeval.backends.vllm.serve_data import TIMED_CHUNK, timed_dataset
     from qeval.errors import UserError
-    from qeval.perf.serving import TIMED_CHUNK, timed_dataset
     from qeval.workload.trace import Request, Trace
 
     reqs = [
@@ -422,7 +422,7 @@ def test_each_turn_of_a_conversation_gets_its_own_shared_prefix() -> None:
     with exactly its own prefix_tokens of its group's shared tokens."""
     from transformers import AutoTokenizer
 
-    from qeval.perf.serving import dataset
+    from qeval.backends.vllm.serve_data import dataset
     from qeval.workload.trace import Request, Trace
 
     tok = AutoTokenizer.from_pretrained(str(ROOT / "models" / "smollm2-135m"))
@@ -484,15 +484,16 @@ def _keyed_config(tmp_path: Path) -> tuple[RunConfig, Path]:
 @pytest.fixture
 def fake_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """goodput_run with no engine: each setup's measurement counted, vLLM's version settable."""
+    from qeval.backends.vllm.serve import VllmServing
     from qeval.perf import serving as SV
 
     state: dict[str, Any] = {"served": 0, "vllm": "0.32.0"}
 
-    def serve(cfg: Any, setup: Any, device: str, dtype: str, trace: Any, mml: int, *rest: Any) -> ServingSetup:
+    def serve(run: Any, setup: Any, work: Path, key: str, load: Any) -> ServingSetup:
         state["served"] += 1
-        state["requests"] = [r.input_tokens for r in trace.requests]
+        state["requests"] = [r.input_tokens for r in run.trace.requests]
         row = _row(setup.name, 1.0)
-        return row.model_copy(update={"key": rest[-3]})
+        return row.model_copy(update={"key": key})
 
     class Bench:
         def __init__(self, *a: Any) -> None:
@@ -502,8 +503,8 @@ def fake_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, An
             pass
 
     monkeypatch.setattr(SV, "serve_setup", serve)
-    monkeypatch.setattr(SV, "BenchRunner", Bench)
-    monkeypatch.setattr(SV, "_vllm_version", lambda cfg: state["vllm"])
+    monkeypatch.setattr(VllmServing, "start_load", lambda self, cfg, log: Bench())
+    monkeypatch.setattr(VllmServing, "version", lambda self, cfg: state["vllm"])
     monkeypatch.setenv("QEVAL_VLLM_PYTHON", _interpreter(tmp_path, True))  # the install check passes
     return state
 

@@ -221,45 +221,71 @@ class HFBackend:
         inputs = {
             k: cont[:-1] if fresh else ctx[-1:] + cont[:-1] for k, (_, (ctx, cont)) in ((k, reqs[k]) for k in second)
         }
-        # the continuations' lengths vary (HellaSwag's endings: 5 to 40 tokens): one pass over all of
-        # them pads each to the longest, which doubled the tokens run; passes over rows of like
-        # length, each on a copy of its cache rows, run about what is real. Quantized caches cannot
-        # be row-selected: their rows are the chunk's own, one pass. No pass returns more logits
-        # than LOGITS_BUDGET_BYTES (float32 over the vocabulary at every padded position).
+        rests = self._score_rest(
+            cache,
+            p_mask,
+            len(chunk),
+            [reqs[k] for k in second],
+            [ref_of[k] for k in second],
+            [inputs[k] for k in second],
+            fresh,
+        )
+        rest_of = dict(zip(second, rests, strict=True))
+        return [
+            _Span.join(([first[k]] if fresh else []) + ([rest_of[k]] if k in rest_of else [])) for k in range(len(reqs))
+        ]
+
+    def _score_rest(
+        self,
+        cache: Any,
+        p_mask: torch.Tensor,
+        n_rows: int,
+        reqs: list[tuple[int, tuple[list[int], list[int]]]],
+        refs: list[np.ndarray | None],
+        inputs: list[list[int]],
+        fresh: bool,
+    ) -> list[_Span]:
+        """The continuation positions the prefill's last logits do not score, per request (`reqs`:
+        its cache row and its (context, continuation); `inputs`: the tokens run after the prefill).
+
+        The continuations' lengths vary (HellaSwag's endings: 5 to 40 tokens): one pass over all of
+        them pads each to the longest, which doubled the tokens run; passes over rows of like
+        length, each on a copy of its cache rows, run about what is real. Quantized caches cannot
+        be row-selected: their rows are the chunk's own, one pass. No pass returns more logits
+        than LOGITS_BUDGET_BYTES (float32 over the vocabulary at every padded position)."""
         vocab = getattr(self.model.config, "vocab_size", None) or len(self.tok)
         max_tokens = max(1, LOGITS_BUDGET_BYTES // (4 * vocab))
-        subs = (
-            _sub_batches([len(inputs[k]) for k in second], SUB_BATCH_OVERHEAD, max_tokens)
-            if fresh
-            else [range(len(second))]
-        )
-        rests: dict[int, _Span] = {}
+        lengths = [len(x) for x in inputs]
+        subs = _sub_batches(lengths, SUB_BATCH_OVERHEAD, max_tokens) if fresh else [range(len(reqs))]
+        out: dict[int, _Span] = {}
         for sub in subs:
-            ks = [second[j] for j in sub]
+            ks = list(sub)
             rows = torch.tensor([reqs[k][0] for k in ks])
             part = cache if len(subs) == 1 else copy.deepcopy(cache)
-            if len(rows) != len(chunk) or not torch.equal(rows, torch.arange(len(chunk))):
+            if len(rows) != n_rows or not torch.equal(rows, torch.arange(n_rows)):
                 part.batch_select_indices(rows.to(self.device))
-            r_ids, r_mask = _pad([inputs[k] for k in ks], self.tok.pad_token_id, left=False)
-            mask = p_mask[rows]
-            pos = mask.sum(1, keepdim=True) + torch.arange(r_ids.shape[1]).unsqueeze(0)
-            logits = self.model(
-                input_ids=r_ids.to(self.device),
-                attention_mask=torch.cat([mask, r_mask], 1).to(self.device),
-                position_ids=pos.to(self.device),
-                past_key_values=part,
-                use_cache=True,
-            ).logits
+            logits = self._extend(part, p_mask[rows], [inputs[k] for k in ks])
             for row, k in enumerate(ks):
-                cont, ref = reqs[k][1][1], ref_of[k]
-                rests[k] = _span(
+                cont, ref = reqs[k][1][1], refs[k]
+                out[k] = _span(
                     F.log_softmax(logits[row, : len(cont) - fresh].float(), -1),
                     cont[fresh:],
                     None if ref is None else ref[fresh:],
                 )
-        return [
-            _Span.join(([first[k]] if fresh else []) + ([rests[k]] if k in rests else [])) for k in range(len(reqs))
-        ]
+        return [out[k] for k in range(len(reqs))]
+
+    def _extend(self, cache: Any, mask: torch.Tensor, inputs: list[list[int]]) -> torch.Tensor:
+        """The logits of `inputs` (right-padded) run after the prefill's rows in `cache`, whose
+        prefix mask is `mask`."""
+        r_ids, r_mask = _pad(inputs, self.tok.pad_token_id, left=False)
+        pos = mask.sum(1, keepdim=True) + torch.arange(r_ids.shape[1]).unsqueeze(0)
+        return self.model(
+            input_ids=r_ids.to(self.device),
+            attention_mask=torch.cat([mask, r_mask], 1).to(self.device),
+            position_ids=pos.to(self.device),
+            past_key_values=cache,
+            use_cache=True,
+        ).logits
 
     def _prefill(self, prefixes: list[list[int]], keep_last: bool = False) -> tuple[Any, torch.Tensor, Any]:
         """Left-padded prefill into a fresh cache: the cache, the prefix mask, and (keep_last)

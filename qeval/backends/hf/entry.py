@@ -4,16 +4,22 @@ process. Imports no engine: `create` imports transformers' backend when a worker
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from qeval.backends import BackendEntry
+from qeval.backends.hf.kv_rule import HeldKv
 from qeval.backends.hf.support import validate, validate_model
-from qeval.memory.layouts import KvAccounting
 
 if TYPE_CHECKING:
     from qeval.backends.base import Backend
     from qeval.config import RunConfig
     from qeval.config.setups import Setup
+
+
+def _quantize_weights(model: Any, setup: Setup) -> dict[str, Any]:
+    from qeval.backends.hf.quant import quantize_weights
+
+    return quantize_weights(model, setup)
 
 
 def _create(cfg: RunConfig, setup: Setup, device: str) -> Backend:
@@ -31,6 +37,8 @@ BACKEND = BackendEntry(
     validate_model=validate_model,
     serves_checkpoints=True,
     # transformers' cache layers (cache_utils.py): what qeval's own worker holds per sequence
-    kv_accounting=lambda cfg, device: KvAccounting("hf"),
+    kv_accounting=lambda cfg, device: HeldKv(),
+    plan_kv_rule=lambda block_size, in_flight_tokens: HeldKv(),
     waves_from_workload=True,
+    quantize_weights=_quantize_weights,
 )

@@ -15,6 +15,7 @@ from qeval.backends.openai.support import (
     validate_tasks,
     worker_python,
 )
+from qeval.backends.vllm.serve import VllmServing
 
 if TYPE_CHECKING:
     from qeval.backends.base import Backend
@@ -40,6 +41,6 @@ BACKEND = BackendEntry(
     validate_served=validate_served,
     kv_accounting=kv_accounting,
     # a launched vLLM server: `qeval goodput` starts its own; an attached one or a command is not vLLM's to tune
-    serves_goodput=lambda cfg: cfg.server is None or (cfg.server.mode == "launch" and cfg.server.command is None),
+    serving=VllmServing(lambda cfg: cfg.server is None or (cfg.server.mode == "launch" and cfg.server.command is None)),
     takes_server=True,
 )

@@ -22,12 +22,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from qeval.backends.base import TOPK
 from qeval.config.setups import Setup
 from qeval.errors import UserError
-from qeval.memory.layouts import KvAccounting
+from qeval.memory.layouts import KvRule
 
 if TYPE_CHECKING:
     from qeval.config import RunConfig
@@ -126,7 +126,7 @@ def key_parts(cfg: RunConfig) -> dict[str, str]:
 SERVE_CPU_BATCHED_TOKENS = 2048
 
 
-def kv_accounting(cfg: RunConfig, device: str) -> KvAccounting | None:
+def kv_accounting(cfg: RunConfig, device: str) -> KvRule | None:
     """Whose rules size a sequence's KV cache on the server: vLLM's, where qeval launches vLLM's
     server (the in-process engine's settings, as the same translation passes them, but serve's
     batched tokens on a CPU); None for an attached server or a `command` template: qeval cannot
@@ -137,12 +137,13 @@ def kv_accounting(cfg: RunConfig, device: str) -> KvAccounting | None:
         return None
     from dataclasses import replace
 
+    from qeval.backends.vllm.kv_rule import PagedKv
     from qeval.backends.vllm.support import cache_accounting
 
     vllm = cache_accounting(device)
     if device != "cuda":  # on a GPU cache_accounting is `vllm serve`'s defaults already
         vllm = replace(vllm, in_flight_tokens=SERVE_CPU_BATCHED_TOKENS)
-    return KvAccounting("vllm", vllm)
+    return PagedKv(vllm)
 
 
 def serve_argv(cfg: RunConfig, setup: Setup, device: str, port: int, host: str) -> tuple[list[str], dict[str, object]]:
@@ -162,7 +163,17 @@ def serve_argv(cfg: RunConfig, setup: Setup, device: str, port: int, host: str) 
     from qeval.backends.vllm.support import setup_engine_args
 
     args = setup_engine_args(cfg, setup, device)
-    argv = [
+    # the top-k of every prompt position plus the actual token, as the in-process backend asks
+    return vllm_server_argv(cfg, args, host, port, name, ["--max-logprobs", str(TOPK + 1)]), args
+
+
+def vllm_server_argv(
+    cfg: RunConfig, args: dict[str, Any], host: str, port: int, name: str, extra: list[str] | None = None
+) -> list[str]:
+    """`vllm serve` in vLLM's interpreter on host:port, serving as `name`, with the engine
+    arguments `args` as flags (`extra` options before them): the openai backend's launch and
+    `qeval goodput`'s servers (qeval/backends/vllm/serve.py)."""
+    return [
         server_python(cfg),
         "-m",
         VLLM_SERVER_MODULE,
@@ -172,17 +183,14 @@ def serve_argv(cfg: RunConfig, setup: Setup, device: str, port: int, host: str) 
         str(port),
         "--served-model-name",
         name,
-        # the top-k of every prompt position plus the actual token, as the in-process backend asks
-        "--max-logprobs",
-        str(TOPK + 1),
+        *(extra or []),
         "--disable-uvicorn-access-log",
         # request defaults from vLLM, not from the model's generation_config.json: the in-process
         # engine never reads that file (qeval's requests set every sampling field as well)
         "--generation-config",
         "vllm",
+        *flags(args),
     ]
-    argv += flags(args)
-    return argv, args
 
 
 def flags(args: dict[str, object]) -> list[str]:

@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING
 
 from qeval.backends import BackendEntry
 from qeval.backends.vllm.install import check_install, worker_python
+from qeval.backends.vllm.kv_rule import PagedKv, plan_rule
+from qeval.backends.vllm.serve import VllmServing
 from qeval.backends.vllm.support import cache_accounting, distributed_backend, validate
-from qeval.memory.layouts import KvAccounting
 
 if TYPE_CHECKING:
     from qeval.backends.base import Backend
@@ -38,6 +39,7 @@ BACKEND = BackendEntry(
     serves_checkpoints=True,
     distributed=lambda cfg: distributed_backend(cfg.engine.tensor_parallel_size, cfg.engine.pipeline_parallel_size),
     # the LLM class's paged blocks, as qeval's worker runs it on this device
-    kv_accounting=lambda cfg, device: KvAccounting("vllm", cache_accounting(device)),
-    serves_goodput=lambda cfg: True,
+    kv_accounting=lambda cfg, device: PagedKv(cache_accounting(device)),
+    plan_kv_rule=plan_rule,
+    serving=VllmServing(),
 )

@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from qeval.backends.device import cpu_flags
+from qeval.backends.vllm.kv_rule import VLLM_QEVAL_CPU, VLLM_SERVE_GPU, VllmCache
 from qeval.config import RunConfig
 from qeval.config.setups import Setup
 from qeval.errors import UserError
-from qeval.memory.layouts import VLLM_QEVAL_CPU, VLLM_SERVE_GPU, VllmCache
 
 _CHECKPOINT_METHODS = {"w8a8": "int8", "w4a8": "int4", "gptq": "int4", "awq": "int4"}
 

@@ -3,8 +3,8 @@
 (its console script dies on a version lookup in the CPU build, bench/perf_vs_vllm_serve.py).
 Nothing of qeval's measures here: this is the field's load generator, given a dataset qeval wrote.
 
-    python -m qeval.perf.bench_serve ARGS...           one run
-    python -m qeval.perf.bench_serve --serve-stdin FD  one run per JSON line (an argument list) on
+    python -m qeval.backends.vllm.bench_serve ARGS...           one run
+    python -m qeval.backends.vllm.bench_serve --serve-stdin FD  one run per JSON line (an argument list) on
                                                        stdin, "ok" or "error: ..." written to FD
                                                        after each: vLLM is imported once (a minute
                                                        on a loaded 2-core CPU), not once per level
