@@ -5,11 +5,9 @@ baseline's own generation teacher-forced through the setup) and its accuracy by 
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field
 
-from qeval.results.base import ResultModel
+from qeval.results.base import ResultModel, Verdict
 from qeval.results.long_context import NllBucket
 
 
@@ -21,7 +19,7 @@ class GeneratedPositionBucket(NllBucket):
     max_drop: float | None = Field(
         None, description="a gate at this position: the largest delta allowed (nats per token); null: no gate"
     )
-    verdict: Literal["pass", "fail", "inconclusive"] | None = Field(
+    verdict: Verdict | None = Field(
         None, description="the gate's verdict on the interval of delta (non-inferiority, as every gate); null: no gate"
     )
     verdict_reason: str | None = Field(

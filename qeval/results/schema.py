@@ -20,7 +20,7 @@ from pydantic import Field, ValidationError, field_validator
 from qeval.config.gates import Gate
 from qeval.errors import UserError
 from qeval.results.advice import AdviceResult
-from qeval.results.base import ResultModel
+from qeval.results.base import ResultModel, Verdict
 from qeval.results.echo import ConfigEcho, Hardware, Quantization, SetupSpec
 from qeval.results.generation import GenerationDivergence
 from qeval.results.long_context import LongContextInfo, SetupLongContext
@@ -174,9 +174,7 @@ class Comparison(ResultModel):
     flips_to_wrong: int | None = Field(None, description="documents right under the baseline, wrong here")
     flips_to_right: int | None = Field(None, description="documents wrong under the baseline, right here")
     n: int = Field(description="documents paired")
-    verdict: Literal["pass", "fail", "inconclusive"] | None = Field(
-        None, description="the gate's verdict; null: no gate applies"
-    )
+    verdict: Verdict | None = Field(None, description="the gate's verdict; null: no gate applies")
     verdict_reason: str | None = Field(
         None,
         description="why the verdict is inconclusive whatever the interval says (e.g. fewer paired documents "
@@ -216,7 +214,7 @@ class SuiteScore(ResultModel):
     ci: tuple[float, float] | None = Field(
         None, description="95% interval of recovery, from the tasks' own intervals combined (docs/statistics.md)"
     )
-    verdict: Literal["pass", "fail", "inconclusive"] | None = Field(None, description="a min_recovery gate's verdict")
+    verdict: Verdict | None = Field(None, description="a min_recovery gate's verdict")
     gate: Gate | None = Field(None, description="the recovery gate applied to the suite")
 
 
