@@ -19,14 +19,18 @@ Reads only the stored results; no model is loaded.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from pydantic import BaseModel
 
 from qeval.errors import UserError
 from qeval.records.store import RunStore
+from qeval.results.echo import ConfigEcho
+from qeval.results.generation import TaskGeneration
 from qeval.results.schema import Results, read_results
 
 
@@ -44,8 +48,8 @@ class Run:
         self._store = RunStore(path)
 
     @property
-    def config(self) -> dict[str, Any]:
-        """The resolved run config, as stored."""
+    def config(self) -> ConfigEcho:
+        """The resolved run config, as stored (typed on the keys qeval reads; `.as_dict()` for all)."""
         return self.results.config
 
     @property
@@ -227,15 +231,7 @@ class Run:
         """Divergence along the generation: one row per setup x generation task x bucket of
         generated positions (KL, top-1 agreement, NLL and Δ NLL with its CI; docs/tasks.md,
         "Divergence along the generation"); empty for a run without `generation_divergence:`."""
-        block = self.results.generation_divergence
-        setups = block.setups if block else {}
-        rows = [
-            {"setup": setup, "task": task} | b.model_dump()
-            for setup, tasks in setups.items()
-            for task, t in tasks.items()
-            for b in t.positions
-        ]
-        return pd.DataFrame(rows)
+        return self._generation_table(lambda t: t.positions)
 
     def multi_turn(self) -> pd.DataFrame:
         """The multi-turn probes: one row per setup x question turn (accuracy, Δ against the
@@ -248,13 +244,17 @@ class Run:
     def generation_lengths(self) -> pd.DataFrame:
         """Accuracy by the baseline's answer length: one row per setup x generation task x
         length bucket (accuracy, Δ against the baseline with its CI and p-value)."""
+        return self._generation_table(lambda t: t.answer_lengths)
+
+    def _generation_table(self, buckets: Callable[[TaskGeneration], Sequence[BaseModel]]) -> pd.DataFrame:
+        """One row per setup x generation task x bucket of `buckets` (empty without the block)."""
         block = self.results.generation_divergence
         setups = block.setups if block else {}
         rows = [
             {"setup": setup, "task": task} | b.model_dump()
             for setup, tasks in setups.items()
             for task, t in tasks.items()
-            for b in t.answer_lengths
+            for b in buckets(t)
         ]
         return pd.DataFrame(rows)
 

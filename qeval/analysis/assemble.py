@@ -33,11 +33,13 @@ from qeval.records.keys import key_difference
 from qeval.records.preflight import Preflight
 from qeval.records.provenance import hardware
 from qeval.records.store import RunStore
+from qeval.results.echo import ConfigEcho, Hardware, Quantization, SetupSpec
 from qeval.results.performance import Ceilings
 from qeval.results.schema import (
     SCHEMA_VERSION,
     Comparison,
     Dropped,
+    Memory,
     MetricValue,
     Results,
     RunInfo,
@@ -88,11 +90,13 @@ def assemble_results(
     entries = _compare(pre, store, entries, tasks)
     base = entries.get(cfg.baseline.name)
     held = set(base.tasks) if base is not None and base.status == "ok" else None
-    run = RunInfo(**run_info, hardware=hardware(), partial_tasks=partial_tasks(pre, tasks, held))
+    run = RunInfo(
+        **run_info, hardware=Hardware.model_validate(hardware()), partial_tasks=partial_tasks(pre, tasks, held)
+    )
     results = Results(
         schema_version=SCHEMA_VERSION,
         run=run,
-        config=pre.config_json(),  # model.dtype resolved, as results.json always recorded it
+        config=ConfigEcho.model_validate(pre.config_json()),  # model.dtype resolved, as results.json always recorded it
         tasks=tasks,
         setups=list(entries.values()),
         groups={g: m for g, m in pre.groups.items() if g in tasks},
@@ -277,6 +281,45 @@ def _setup_entry(
     ceilings: Ceilings | None = None,
 ) -> SetupResult:
     outcome = outcome or Outcome(name=setup.name, status="failed", error="not run")
+    scores, non_finite = _stored_scores(pre, store, setup, keys, dropped)
+    status, error = outcome.status, outcome.error
+    missing = [t for t in pre.run_tasks if t not in scores]
+    if status == "ok" and non_finite:
+        status, error = "failed", failure_reason(non_finite)
+    elif status == "ok" and setup in pre.setups and missing:
+        status, error = "failed", f"no stored results for {', '.join(missing)}"
+    cfg = pre.cfg
+    memory = _memory(pre, setup, outcome)
+    perf, perf_flags = performance_block(
+        setup,
+        outcome.performance if cfg.performance.enabled else None,
+        perf_key(keys.parts, cfg),
+        memory,
+        pre.shape,
+        pre.dtype,
+        ceilings,
+    )
+    return SetupResult(
+        name=setup.name,
+        baseline=setup.name == cfg.baseline.name,
+        status=status,
+        error=error,
+        spec=SetupSpec.model_validate(setup.model_dump(mode="json") | {"id": setup.id}),
+        memory=memory,
+        tasks=scores,
+        library_versions=outcome.library_versions,
+        quantization=Quantization.model_validate(outcome.quantization),
+        timings=outcome.timings,
+        performance=perf,
+        flags=perf_flags + checkpoint_flags(outcome.quantization),
+    )
+
+
+def _stored_scores(
+    pre: Preflight, store: RunStore, setup: Setup, keys: SetupKeys, dropped: list[Dropped]
+) -> tuple[dict[str, TaskScore], list[str]]:
+    """`setup`'s scores stored under this run's keys (the others appended to `dropped`), and the
+    problems of those whose figures are not numbers."""
     scores: dict[str, TaskScore] = {}
     non_finite: list[str] = []
     for t in pre.tasks:
@@ -296,19 +339,18 @@ def _setup_entry(
             non_finite.append(problem)
             continue
         scores[t.name] = TaskScore(n=meta["n"], metrics=meta["metrics"], generated_tokens=meta.get("generated_tokens"))
-    status, error = outcome.status, outcome.error
-    missing = [t for t in pre.run_tasks if t not in scores]
-    if status == "ok" and non_finite:
-        status, error = "failed", failure_reason(non_finite)
-    elif status == "ok" and setup in pre.setups and missing:
-        status, error = "failed", f"no stored results for {', '.join(missing)}"
+    return scores, non_finite
+
+
+def _memory(pre: Preflight, setup: Setup, outcome: Outcome) -> Memory:
+    """`setup`'s memory block: predicted from the shape beside what its worker measured."""
     cfg = pre.cfg
     share = (
         f"GPU memory x {cfg.budget.utilization} (budget.utilization)"
         if pre.device == "cuda"
         else f"host memory x {cfg.engine.cpu_memory_utilization} (engine.cpu_memory_utilization)"
     )
-    memory = memory_block(
+    return memory_block(
         setup,
         outcome.memory,
         pre.shape,
@@ -317,29 +359,6 @@ def _setup_entry(
         cfg.budget,
         share,
         backend_entry(cfg.backend).kv_accounting(cfg, pre.device),
-    )
-    perf, perf_flags = performance_block(
-        setup,
-        outcome.performance if cfg.performance.enabled else None,
-        perf_key(keys.parts, cfg),
-        memory,
-        pre.shape,
-        pre.dtype,
-        ceilings,
-    )
-    return SetupResult(
-        name=setup.name,
-        baseline=setup.name == cfg.baseline.name,
-        status=status,
-        error=error,
-        spec=setup.model_dump(mode="json") | {"id": setup.id},
-        memory=memory,
-        tasks=scores,
-        library_versions=outcome.library_versions,
-        quantization=outcome.quantization,
-        timings=outcome.timings,
-        performance=perf,
-        flags=perf_flags + checkpoint_flags(outcome.quantization),
     )
 
 

@@ -29,7 +29,7 @@ def worst_drop(setup: SetupResult) -> float:
 
 def recommend(results: Results) -> Recommendation:
     """The recommendation for `results` (see the module docstring)."""
-    context = results.config["budget"]["context_len"]
+    context = results.config.budget.context_len
     base = results.baseline
     if base is None or base.status != "ok":
         why = (
@@ -52,7 +52,7 @@ def recommend(results: Results) -> Recommendation:
             reasons[s.name] = reason
         else:
             eligible.append(s)
-    by = results.config.get("recommend_by", "concurrency")
+    by = results.config.recommend_by
     if by == "goodput":  # from the serving phase's figures (qeval/run/serving.py, qeval/perf/rank.py)
         best = _rank_by_goodput(results, eligible, reasons)
     elif by != "concurrency":  # throughput or latency, from the performance phase (qeval/perf/rank.py)
@@ -245,8 +245,8 @@ def candidate_problem(results: Results) -> str | None:
     rec = results.recommendation
     if rec.blocked:
         return f"no recommendation: {rec.blocked}"
-    target = results.config.get("candidate") or rec.setup
-    by_goodput = results.config.get("recommend_by") == "goodput"
+    target = results.config.candidate or rec.setup
+    by_goodput = results.config.recommend_by == "goodput"
     if target is None:
         if by_goodput and rec.candidates:  # some pass every gate: it is the SLO none of them meets
             if results.serving is None:

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from qeval.config import RunConfig
     from qeval.records.preflight import Preflight
     from qeval.records.store import RunStore
-    from qeval.results.schema import Results, SetupResult
+    from qeval.results.schema import Comparison, Results, SetupResult
 
 #: the task kinds whose scoring loops take the order and stop (lm-eval's chunked loop;
 #: qeval/tasks/sequential.py for the native and long-context kinds, qeval-form tasks both)
@@ -506,91 +506,10 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
     spec = pre.cfg.sequential
     if plan_json is None or spec is None:
         return results
-    base = pre.cfg.baseline.name
-    infos = {t.name: t for t in pre.tasks}
-    cells: list[SequentialCell] = []
-    setups = []
-    off_range: dict[str, str] = {}
-
-    def records(setup: str, name: str) -> list[SampleRecord]:
-        return cell_records(plan_json, name, lambda t: store.read_samples(setup, t))
-
-    for entry in results.setups:
-        vs = dict(entry.vs_baseline)
-        for task, cmp in entry.vs_baseline.items():
-            if entry.name == base or task not in plan_json.tasks or cmp.verdict is None:
-                continue
-            is_group = plan_json.tasks[task].members is not None
-            order = group_ids(plan_json, task) if is_group else task_order(plan_json, infos[task])[0]
-            other, theirs = records(entry.name, task), records(base, task)
-            traj = cell(plan_json, task, order, theirs, other)
-            if traj is None and unbounded(plan_json.tasks[task].metric, theirs, other):
-                # never stopped early (the monitor skips it): one look at the cap, a valid fixed-n test
-                vs[task] = cmp.model_copy(update={"verdict_reason": _UNBOUNDED.format(metric=cmp.metric)})
-                off_range[task] = _UNBOUNDED.format(metric=cmp.metric).removeprefix("sequential: ")
-                continue
-            if traj is None:  # no sequence on these records: the fixed-n verdict is no sequential one
-                vs[task] = cmp.model_copy(
-                    update={"verdict": "inconclusive", "samples_to_decide": None} | unpaired(other, theirs)
-                )
-                continue
-            n, total = len(other), len(order)
-            decided = traj.stopped_at is not None
-            last = traj.looks[-1] if traj.looks else None
-            reason = (
-                f"sequential: decided after {n:,} of {total:,} documents"
-                if decided
-                else f"sequential: not decided after {n:,} of {total:,} documents"
-            )
-            vs[task] = cmp.model_copy(
-                update={"verdict": traj.verdict, "verdict_reason": reason, "samples_to_decide": None}
-            )
-            score_spec = plan_json.tasks[task]
-            gate = score_spec.gate
-            threshold = -gate.max_drop if gate.max_drop is not None and not gate.relative else 0.0
-            cells.append(
-                SequentialCell(
-                    setup=entry.name,
-                    task=task,
-                    metric=score_spec.metric,
-                    threshold=threshold,
-                    documents=n,
-                    total=total,
-                    stopped_at=traj.stopped_at,
-                    ci=(last.lower, last.upper) if last else None,
-                    verdict=traj.verdict,
-                    looks=[SequentialLook(n=k.n, ci=(k.lower, k.upper), verdict=k.verdict) for k in traj.looks],
-                )
-            )
-        setups.append(entry.model_copy(update={"vs_baseline": vs}))
-
-    # the gated tasks judged by the fixed-n interval: named in the block and the report, not silently mixed in
-    def judged(name: str) -> bool:
-        return task_gate(pre.cfg.gates, name) is not None and any(
-            (c := e.vs_baseline.get(name)) is not None and c.verdict is not None for e in results.setups
-        )
-
-    fixed = dict(off_range)
-    for name, info in infos.items():
-        why = not_sequential(info.kind, _member(info), info.compared_metric)
-        if why is not None and judged(name):
-            fixed[name] = why
-    for group, members in (pre.groups or {}).items():
-        if group not in plan_json.tasks and judged(group):
-            fixed[group] = (
-                f"an lm-eval group of {len(members)} tasks on a metric that is not bounded in [0, 1] (or mixed): "
-                "judged on its pooled documents (as without the switch) by the fixed-n interval at the cap"
-            )
+    judge = _CellJudge(plan_json, pre, store)
+    setups = [judge.setup(entry) for entry in results.setups]
     caps = capped_docs(plan_json, {t.name: t.n_docs for t in pre.tasks})
-    scored, full = documents_scored(results.setups, caps, {t: i.n_docs for t, i in infos.items()})
-    # how far the baseline scored each sequential task: the last pass's horizon, at most the cap
-    base_entry = next((e for e in results.setups if e.name == base), None)
-    cell_cap = cell_caps(plan_json)
-    baseline_docs = {
-        t: SequentialBaseline(documents=base_entry.tasks[t].n, total=cell_cap[t])
-        for t in plan_json.tasks
-        if base_entry is not None and t in base_entry.tasks
-    }
+    scored, full = documents_scored(results.setups, caps, {t: i.n_docs for t, i in judge.infos.items()})
     block = SequentialRun(
         method="betting confidence sequence (Waudby-Smith & Ramdas 2023)",
         level=spec.level,
@@ -599,13 +518,112 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
         chunk_docs=spec.chunk_docs,
         max_docs=spec.max_docs,
         seed=spec.seed,
-        cells=cells,
+        cells=judge.cells,
         documents=scored,
         total=full,
-        not_sequential=fixed,
-        baseline=baseline_docs,
+        not_sequential=_fixed_n(results, pre, plan_json, judge.off_range),
+        baseline=_baseline_documents(results, plan_json, judge.base),
     )
     return results.model_copy(update={"setups": setups, "sequential": block})
+
+
+class _CellJudge:
+    """Each setup's sequential cells judged by their confidence sequences, the cells collected
+    for the block, and the cells whose values left [0, 1] (judged at the cap by the fixed-n test)."""
+
+    def __init__(self, plan_json: SequentialPlan, pre: Preflight, store: RunStore) -> None:
+        self.plan, self.store = plan_json, store
+        self.base = pre.cfg.baseline.name
+        self.infos = {t.name: t for t in pre.tasks}
+        self.cells: list[SequentialCell] = []
+        self.off_range: dict[str, str] = {}
+
+    def records(self, setup: str, name: str) -> list[SampleRecord]:
+        return cell_records(self.plan, name, lambda t: self.store.read_samples(setup, t))
+
+    def setup(self, entry: SetupResult) -> SetupResult:
+        """`entry` with each sequential cell's verdict the confidence sequence's."""
+        vs = dict(entry.vs_baseline)
+        for task, cmp in entry.vs_baseline.items():
+            if entry.name != self.base and task in self.plan.tasks and cmp.verdict is not None:
+                vs[task] = self.comparison(entry.name, task, cmp)
+        return entry.model_copy(update={"vs_baseline": vs})
+
+    def comparison(self, setup: str, task: str, cmp: Comparison) -> Comparison:
+        """One cell's comparison, its verdict the sequence's (its cell kept for the block)."""
+        score_spec = self.plan.tasks[task]
+        order = (
+            group_ids(self.plan, task) if score_spec.members is not None else task_order(self.plan, self.infos[task])[0]
+        )
+        other, theirs = self.records(setup, task), self.records(self.base, task)
+        traj = cell(self.plan, task, order, theirs, other)
+        if traj is None and unbounded(score_spec.metric, theirs, other):
+            # never stopped early (the monitor skips it): one look at the cap, a valid fixed-n test
+            self.off_range[task] = _UNBOUNDED.format(metric=cmp.metric).removeprefix("sequential: ")
+            return cmp.model_copy(update={"verdict_reason": _UNBOUNDED.format(metric=cmp.metric)})
+        if traj is None:  # no sequence on these records: the fixed-n verdict is no sequential one
+            return cmp.model_copy(
+                update={"verdict": "inconclusive", "samples_to_decide": None} | unpaired(other, theirs)
+            )
+        n, total = len(other), len(order)
+        state = "decided" if traj.stopped_at is not None else "not decided"
+        reason = f"sequential: {state} after {n:,} of {total:,} documents"
+        self.cells.append(_cell_entry(setup, task, score_spec, traj, n, total))
+        return cmp.model_copy(update={"verdict": traj.verdict, "verdict_reason": reason, "samples_to_decide": None})
+
+
+def _cell_entry(setup: str, task: str, score_spec: CellPlan, traj: Trajectory, n: int, total: int) -> SequentialCell:
+    """The block's entry of one cell: its gate's threshold, documents, looks and verdict."""
+    gate = score_spec.gate
+    last = traj.looks[-1] if traj.looks else None
+    return SequentialCell(
+        setup=setup,
+        task=task,
+        metric=score_spec.metric,
+        threshold=-gate.max_drop if gate.max_drop is not None and not gate.relative else 0.0,
+        documents=n,
+        total=total,
+        stopped_at=traj.stopped_at,
+        ci=(last.lower, last.upper) if last else None,
+        verdict=traj.verdict,
+        looks=[SequentialLook(n=k.n, ci=(k.lower, k.upper), verdict=k.verdict) for k in traj.looks],
+    )
+
+
+def _fixed_n(results: Results, pre: Preflight, plan_json: SequentialPlan, off_range: dict[str, str]) -> dict[str, str]:
+    """The gated tasks judged by the fixed-n interval, and why: named in the block and the
+    report, not silently mixed in."""
+
+    def judged(name: str) -> bool:
+        return task_gate(pre.cfg.gates, name) is not None and any(
+            (c := e.vs_baseline.get(name)) is not None and c.verdict is not None for e in results.setups
+        )
+
+    fixed = dict(off_range)
+    for info in pre.tasks:
+        why = not_sequential(info.kind, _member(info), info.compared_metric)
+        if why is not None and judged(info.name):
+            fixed[info.name] = why
+    for group, members in (pre.groups or {}).items():
+        if group not in plan_json.tasks and judged(group):
+            fixed[group] = (
+                f"an lm-eval group of {len(members)} tasks on a metric that is not bounded in [0, 1] (or mixed): "
+                "judged on its pooled documents (as without the switch) by the fixed-n interval at the cap"
+            )
+    return fixed
+
+
+def _baseline_documents(results: Results, plan_json: SequentialPlan, base: str) -> dict[str, SequentialBaseline]:
+    """How far the baseline scored each sequential task: the last pass's horizon, at most the cap."""
+    base_entry = next((e for e in results.setups if e.name == base), None)
+    if base_entry is None:
+        return {}
+    cell_cap = cell_caps(plan_json)
+    return {
+        t: SequentialBaseline(documents=base_entry.tasks[t].n, total=cell_cap[t])
+        for t in plan_json.tasks
+        if t in base_entry.tasks
+    }
 
 
 def unpaired(other: list[SampleRecord], base: list[SampleRecord]) -> dict[str, str]:

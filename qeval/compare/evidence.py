@@ -109,18 +109,17 @@ def recorded_key_parts(results: Results, s: SetupResult, task: str) -> dict[str,
     """The resume-key parts of `s` on `task` (qeval/records/keys.py `setup_keys`) as results.json
     records them; None where it does not."""
     cfg, run = results.config, results.run
-    model: dict[str, Any] = cfg["model"] if isinstance(cfg.get("model"), dict) else {}
-    batch = cfg.get("batch_size")
-    gen = cfg.get("generation_batch_size") or (4 * batch if isinstance(batch, int) else None)
+    batch = cfg.batch_size
+    gen = cfg.generation_batch_size or (4 * batch if batch is not None else None)
     return {
         "model_sha256": run.model_sha256,
-        "setup": _text(s.spec.get("id")),
+        "setup": s.spec.id,
         "qeval": run.qeval_version,
         "backend": run.backend,
         "device": run.device,
         "dtype": run.dtype,
         "limit": str(run.limit),
-        "max_context": str(model["max_context"]) if "max_context" in model else None,
+        "max_context": _text(cfg.model.max_context),
         "batch_size": _text(batch),
         "generation_batch_size": _text(gen),
         "task": results.tasks[task].fingerprint,
@@ -138,10 +137,11 @@ def chat_settings(run: LoadedRun, setup: str, task: str) -> tuple[dict[str, str]
     no key parts (stored before they were)."""
     cfg = run.results.config
     entry = run.results.tasks[task].entry or task
-    lm_eval: dict[str, Any] = cfg["lm_eval"] if isinstance(cfg.get("lm_eval"), dict) else {}
+    lm_eval: dict[str, Any] = cfg.lm_eval or {}
     entries: list[Any] = lm_eval["tasks"] if isinstance(lm_eval.get("tasks"), list) else []
     own: dict[str, Any] = next((e for e in entries if isinstance(e, dict) and e.get("name") == entry), {})
-    keys = {k: own[k] if own.get(k) is not None else cfg.get(k) for k in CHAT_KEYS}
+    run_keys = cfg.chat_keys()
+    keys = {k: own[k] if own.get(k) is not None else run_keys[k] for k in CHAT_KEYS}
     config = {k: json.dumps(v, sort_keys=True) for k, v in keys.items() if v is not None}
     stored: dict[str, str] = {}
     for member in run.members(task):

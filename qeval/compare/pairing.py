@@ -105,8 +105,8 @@ def compare_setups(a: LoadedRun, b: LoadedRun, margin: float | None) -> list[Set
             )
             continue
         note = None
-        if sa.spec.get("id") != sb.spec.get("id"):
-            note = f"the setup's spec changed (id {sa.spec.get('id')} → {sb.spec.get('id')})"
+        if sa.spec.id != sb.spec.id:
+            note = f"the setup's spec changed (id {sa.spec.id} → {sb.spec.id})"
         tasks = [_task(a, b, sa, sb, t, margin) for t in _common_tasks(a.results, b.results, sa, sb)]
         if sa.status == "ok" and sb.status == "ok":
             tasks += [_missing(a, b, sa, t, margin) for t in _reference_only(a.results, b.results, sa, sb)]
@@ -209,10 +209,8 @@ def _task(a: LoadedRun, b: LoadedRun, sa: SetupResult, sb: SetupResult, task: st
     if reason is None:
         data = paired_records(ra, rb, metric)
         if data is not None:
-            seed = a.results.config.get("seed")
-            c = compare(
-                data, task, seed if isinstance(seed, int) else 0, gates=[], higher_is_better=info_a.higher_is_better
-            )
+            seed = a.results.config.seed
+            c = compare(data, task, seed or 0, gates=[], higher_is_better=info_a.higher_is_better)
             return _decided(
                 TaskDelta(
                     sa.name,

@@ -30,8 +30,8 @@ def provenance_diff(a: Results, b: Results) -> list[Change]:
     """Every recorded difference from `a` (the reference) to `b`, grouped run, config, setups,
     tasks, in a stable order."""
     out = _diff("run.", {k: getattr(a.run, k) for k in _RUN_FIELDS}, {k: getattr(b.run, k) for k in _RUN_FIELDS})
-    out += _diff("run.hardware.", flatten(a.run.hardware), flatten(b.run.hardware))
-    out += _diff("config.", flatten(a.config), flatten(b.config))
+    out += _diff("run.hardware.", flatten(a.run.hardware.as_dict()), flatten(b.run.hardware.as_dict()))
+    out += _diff("config.", flatten(a.config.as_dict()), flatten(b.config.as_dict()))
     out += _diff("setups.", _setup_facts(a), _setup_facts(b))
     out += _diff("tasks.", _task_facts(a), _task_facts(b))
     return out
@@ -41,9 +41,9 @@ def _setup_facts(results: Results) -> dict[str, str]:
     """Per setup: the versions it ran on, its spec id and what its quantizer or checkpoint was."""
     facts: dict[str, str] = {}
     for s in results.setups:
-        facts[f"{s.name}.id"] = str(s.spec.get("id"))
+        facts[f"{s.name}.id"] = str(s.spec.id)
         facts |= {f"{s.name}.version.{lib}": v for lib, v in s.library_versions.items()}
-        facts |= {f"{s.name}.quantization.{k}": v for k, v in flatten(s.quantization).items()}
+        facts |= {f"{s.name}.quantization.{k}": v for k, v in flatten(s.quantization.as_dict()).items()}
     return facts
 
 

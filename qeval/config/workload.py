@@ -5,7 +5,7 @@ each setup and measures goodput against the SLOs (qeval/perf/serving.py, "Servin
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
 from pydantic import Field, model_validator
 
@@ -32,34 +32,32 @@ class FixedLength(Strict):
     value: Length
 
 
-class UniformLength(Strict):
-    """Whole lengths drawn uniformly from [min, max]."""
+class _Bounded(Strict):
+    """A family whose lengths are held to [min, max]: min at most max."""
 
-    family: Literal["uniform"]
     min: Length
     max: Length
 
     @model_validator(mode="after")
-    def _order(self) -> UniformLength:
+    def _order(self) -> Self:
         if self.min > self.max:
             raise ValueError(f"min {self.min} is above max {self.max}")
         return self
 
 
-class LogNormalLength(Strict):
+class UniformLength(_Bounded):
+    """Whole lengths drawn uniformly from [min, max]."""
+
+    family: Literal["uniform"]
+
+
+class LogNormalLength(_Bounded):
     """exp(N(ln median, sigma)), rounded and held to [min, max] (max is required: a workload is bounded)."""
 
     family: Literal["lognormal"]
     median: float = Field(gt=0, le=MAX_TOKENS)
     sigma: float = Field(gt=0, le=5)
     min: Length = 1
-    max: Length
-
-    @model_validator(mode="after")
-    def _order(self) -> LogNormalLength:
-        if self.min > self.max:
-            raise ValueError(f"min {self.min} is above max {self.max}")
-        return self
 
 
 class PercentileLength(Strict):

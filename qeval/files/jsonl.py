@@ -19,19 +19,24 @@ def read_objects(path: Path, raw: bytes | None = None) -> Iterator[tuple[int, di
     except UnicodeDecodeError as exc:
         bad_line = (raw if raw is not None else path.read_bytes())[: exc.start].count(b"\n") + 1
         raise UserError(f"{path}:{bad_line}: corrupt dataset line (not UTF-8)") from None
+    yield from json_lines(path, text, "corrupt dataset line")
+
+
+def json_lines(path: Path, text: str, bad: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line of `text` (read from `path`); one UserError,
+    `path:line: <bad> (why)`, for a line that is not a JSON object."""
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise UserError(f"{path}:{lineno}: corrupt dataset line ({exc.msg})") from None
+            raise UserError(f"{path}:{lineno}: {bad} ({exc.msg})") from None
         except RecursionError:  # `[[[[...` thousands deep: json's decoder recurses (a hostile file)
-            raise UserError(f"{path}:{lineno}: corrupt dataset line (nested too deeply)") from None
+            raise UserError(f"{path}:{lineno}: {bad} (nested too deeply)") from None
         except ValueError:  # Python's int-max-str-digits: a number of thousands of digits
-            raise UserError(
-                f"{path}:{lineno}: corrupt dataset line (a number of more than {sys.get_int_max_str_digits():,} digits)"
-            ) from None
+            digits = sys.get_int_max_str_digits()
+            raise UserError(f"{path}:{lineno}: {bad} (a number of more than {digits:,} digits)") from None
         if not isinstance(obj, dict):
-            raise UserError(f"{path}:{lineno}: corrupt dataset line (expected a JSON object)")
+            raise UserError(f"{path}:{lineno}: {bad} (expected a JSON object, got {type(obj).__name__})")
         yield lineno, obj

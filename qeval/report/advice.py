@@ -62,12 +62,7 @@ def mix_row(a: AdviceResult, esc: Escape) -> tuple[list[str], list[str]]:
 def _uniform(s: SetupResult) -> bool:
     """A uniform quanto INT4 or INT8 setup: what the advised mix is verified against."""
     spec = s.spec
-    return (
-        spec.get("weights") in ("int4", "int8")
-        and spec.get("method", "rtn") == "rtn"
-        and not spec.get("keep")
-        and spec.get("kv_cache", "auto") == "auto"
-    )
+    return spec.weights in ("int4", "int8") and spec.method == "rtn" and not spec.keep and spec.kv_cache == "auto"
 
 
 def compared_setups(results: Results) -> list[SetupResult]:

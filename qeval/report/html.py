@@ -114,8 +114,8 @@ def render_html(run_dir: Path, results: Results, sections: Sequence[ReportSectio
         budget=budget_text(results),
         partial=partial_line(results),
         versions=_versions(results),
-        config_yaml=yaml.safe_dump(results.config, sort_keys=False),
-        hardware=json.dumps(results.run.hardware, indent=1),
+        config_yaml=yaml.safe_dump(results.config.as_dict(), sort_keys=False),
+        hardware=json.dumps(results.run.hardware.as_dict(), indent=1),
         perf=perf,
         sections=[(s.title, s.anchor, tables) for s in sections if (tables := s.tables(results))],
     )

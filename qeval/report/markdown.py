@@ -102,7 +102,7 @@ def render_markdown(results: Results, sections: Sequence[ReportSection] = ()) ->
     lines = [
         f"# qeval run: {md_text(run.name)}",
         "",
-        f"Model `{code_text(results.config['model']['path'])}` (sha256 {run.model_sha256[:12]}…), backend "
+        f"Model `{code_text(results.config.model.path)}` (sha256 {run.model_sha256[:12]}…), backend "
         f"{run.backend} on {run.device}{_precision_text(results)}, qeval {run.qeval_version}.",
         "",
         *md_table(header, rows),
@@ -220,11 +220,11 @@ def _ci_legend(results: Results) -> str:
 def budget_text(results: Results) -> str:
     """The budget as configured; overhead and margin only where the run recorded them (a
     results.json from before they existed was sized without them)."""
-    b = results.config["budget"]
-    text = f"{b['gpu_memory_gib']:g} GiB x {b['utilization']:g} utilization"
-    if "overhead_gib" in b:
-        text += f" - {b['overhead_gib']:g} GiB runtime overhead, {b['margin']:.0%} fragmentation margin"
-    return f"{text}, {b['context_len']}-token sequences"
+    b = results.config.budget
+    text = f"{b.gpu_memory_gib:g} GiB x {b.utilization:g} utilization"
+    if b.overhead_gib is not None:
+        text += f" - {b.overhead_gib:g} GiB runtime overhead, {b.margin or 0:.0%} fragmentation margin"
+    return f"{text}, {b.context_len}-token sequences"
 
 
 def _recommendation(results: Results) -> list[str]:
@@ -307,10 +307,10 @@ def _gate_table(results: Results) -> list[str]:
 def _notes(results: Results) -> list[str]:
     notes = []
     for s in results.setups:
-        described = s.quantization.get("description")
+        described = s.quantization.description
         if described:  # a pre-quantized checkpoint, described from its own quantization_config
             notes.append(
-                f"**{md_text(s.name)}** serves checkpoint {md_text(str(s.quantization.get('checkpoint')))}: "
+                f"**{md_text(s.name)}** serves checkpoint {md_text(str(s.quantization.checkpoint))}: "
                 f"{md_text(described)}"
             )
         for flag in s.flags:
@@ -330,7 +330,7 @@ def _notes(results: Results) -> list[str]:
                 fit = whole_sequences(engine.max_concurrency)
                 parts[0] += f", {fit} sequences of {engine.max_concurrency_context} tokens"
             parts.append(f"pool sized as {engine.pool}")
-            kernels = s.quantization.get("engine_kernels")
+            kernels = s.quantization.engine_kernels
             if kernels:
                 parts.append("kernels: " + ", ".join(f"{k}: {v}" for k, v in kernels.items()))
             notes.append(md_text("; ".join(parts)))
@@ -342,7 +342,7 @@ def _notes(results: Results) -> list[str]:
         )
     for name, why in results.run.skipped_setups.items():
         notes.append(f"optional setup {md_text(name)} skipped: {md_text(why)}")
-    served = serving.workload_note(results.config)
+    served = serving.workload_note(results.config.as_dict())
     if served:
         notes.append(md_text(served))
     return notes

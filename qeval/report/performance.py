@@ -120,7 +120,7 @@ def ceiling_rows(results: Results, esc: Escape) -> list[list[str]]:
 def tradeoff_points(results: Results) -> list[tuple[str, float, int, float]]:
     """(setup, worst accuracy Δ in points, bytes of one sequence, output tokens/s at its top
     level) for every ok setup with performance figures."""
-    context = results.config["budget"]["context_len"]
+    context = results.config.budget.context_len
     points = []
     for s in results.setups:
         perf = s.performance
@@ -264,7 +264,7 @@ def markdown_lines(results: Results, esc: Escape) -> list[str]:
         *md_table(TRADEOFF_HEADER, tradeoff_rows(results, esc)),
         "",
         "Pareto-optimal: no other setup is at least as good on all three sides (accuracy, memory per sequence "
-        f"at {results.config['budget']['context_len']} tokens, throughput) and better on one.",
+        f"at {results.config.budget.context_len} tokens, throughput) and better on one.",
         "",
     ]
     lines += ["### Throughput", "", *md_table(THROUGHPUT_HEADER, throughput_rows(results, esc)), ""]

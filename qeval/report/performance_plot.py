@@ -32,7 +32,7 @@ def tradeoff_figure(results: Results) -> Any:
             linewidths=1.2,
         )
         ax.annotate(f"{name} ({nbytes / 2**20:.2f} MiB)", (tps, delta), textcoords="offset points", xytext=(6, 6))
-    context = results.config["budget"]["context_len"]
+    context = results.config.budget.context_len
     ax.set_xlabel("output tokens/s at the setup's top concurrency level (median)")
     ax.set_ylabel("worst accuracy Δ vs baseline (pts)")
     ax.set_title(f"marker area: weights + KV of one {context}-token sequence; filled: Pareto-optimal", fontsize=8)

@@ -77,7 +77,7 @@ def tradeoff(results: Results) -> str:
 
 def quality_vs_memory_figure(results: Results) -> Any:
     """Worst accuracy difference against the memory one sequence needs, with the Pareto front."""
-    context = results.config["budget"]["context_len"]
+    context = results.config.budget.context_len
     pts = [(s.sequence_bytes(context) / 2**20, s.worst_accuracy_delta(), s.name) for s in _ok(results)]
     fig, ax = plt.subplots(figsize=(6, 3.6))
     ax.scatter([p[0] for p in pts], [p[1] for p in pts], color="#4477aa", zorder=3)
@@ -125,7 +125,7 @@ def task_deltas_figure(results: Results) -> Any:
 
 def memory_ledger_figure(results: Results) -> Any:
     """Measured weights, KV cache of one sequence and scoring-time growth, stacked per setup."""
-    context = results.config["budget"]["context_len"]
+    context = results.config.budget.context_len
     setups = _ok(results)
     names = [s.name for s in setups]
     parts = {

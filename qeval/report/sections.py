@@ -35,6 +35,29 @@ class ReportSection:
     figures: Callable[[Results], dict[str, Callable[[Results], Any]]] = field(default=_none)
 
 
+#: a section's table from the results: (header, rows), cells made inert by the escape
+TableRows = Callable[[Results, Escape], tuple[list[str], list[list[str]]]]
+
+
+def section_tables(
+    block: Callable[[Results], object], first: tuple[str, TableRows], *more: tuple[str, TableRows]
+) -> Callable[[Results], HtmlTables]:
+    """A section's `tables`: nothing where its results block (`block`) is None; else by caption
+    the first table always and each further one where it has rows (Jinja2 escapes the cells)."""
+
+    def tables(results: Results) -> HtmlTables:
+        if block(results) is None:
+            return {}
+        out: HtmlTables = {first[0]: first[1](results, str)}
+        for caption, table in more:
+            header, rows = table(results, str)
+            if rows:
+                out[caption] = (header, rows)
+        return out
+
+    return tables
+
+
 def table_section(
     title: str,
     anchor: str,

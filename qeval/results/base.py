@@ -3,7 +3,12 @@ sweep.json): in a module of its own so those modules share it without importing 
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict
+
+#: a gate's verdict, wherever results.json gives one
+Verdict = Literal["pass", "fail", "inconclusive"]
 
 
 class ResultModel(BaseModel):

@@ -5,40 +5,21 @@ baseline's own generation teacher-forced through the setup) and its accuracy by 
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field
 
-from qeval.results.base import ResultModel
+from qeval.results.base import ResultModel, Verdict
+from qeval.results.long_context import NllBucket
 
 
-class GeneratedPositionBucket(ResultModel):
-    """Generated-token positions [start, end) of one task's documents (0: the first generated token)."""
+class GeneratedPositionBucket(NllBucket):
+    """Generated-token positions [start, end) of one task's documents (0: the first generated
+    token): the documents whose generation reaches the bucket, the negative log-prob of the
+    baseline's generated tokens."""
 
-    start: int = Field(description="first generated position of the bucket")
-    end: int | None = Field(description="one past its last position; null: open-ended (the last bucket)")
-    documents: int = Field(description="documents whose generation reaches the bucket (paired with the baseline's)")
-    tokens: int = Field(description="generated tokens in the bucket, over those documents")
-    nll: float = Field(description="this setup's mean negative log-prob of the baseline's generated tokens (nats)")
-    baseline_nll: float | None = Field(None, description="the baseline's, on the same tokens; null for the baseline")
-    delta: float | None = Field(None, description="nll - baseline_nll (nats per token; positive: worse)")
-    ci: tuple[float, float] | None = Field(None, description="95% paired t-interval of delta over documents")
-    ci_method: Literal["t"] | None = Field(
-        None, description="t: Student's t-interval on the documents' linearised differences (stats.paired_ratio)"
-    )
-    p_value: float | None = Field(None, description="Wilcoxon signed-rank test over documents")
-    kl: float | None = Field(
-        None,
-        description="mean KL(baseline || setup) per generated token (top-16 + tail, a "
-        "lower bound of the full KL); null for the baseline",
-    )
-    top1_agreement: float | None = Field(
-        None, description="share of the bucket's tokens where the setup's top-1 prediction is the baseline's"
-    )
     max_drop: float | None = Field(
         None, description="a gate at this position: the largest delta allowed (nats per token); null: no gate"
     )
-    verdict: Literal["pass", "fail", "inconclusive"] | None = Field(
+    verdict: Verdict | None = Field(
         None, description="the gate's verdict on the interval of delta (non-inferiority, as every gate); null: no gate"
     )
     verdict_reason: str | None = Field(

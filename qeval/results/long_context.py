@@ -12,11 +12,12 @@ from pydantic import Field
 from qeval.results.base import ResultModel
 
 
-class PositionBucket(ResultModel):
-    """One bucket of token positions [start, end) of a length's position_ppl documents."""
+class NllBucket(ResultModel):
+    """Token positions [start, end) of a task's documents: this setup's loss there, paired with
+    the baseline's document by document (qeval/tasks/long_context/buckets.py `compared_bucket`)."""
 
-    start: int = Field(description="first token position of the bucket (0: a document's first token)")
-    end: int = Field(description="one past its last position")
+    start: int = Field(description="first position of the bucket (0: the first token scored)")
+    end: int | None = Field(description="one past its last position; null: open-ended (the last bucket)")
     documents: int = Field(description="documents with tokens in the bucket (paired with the baseline's)")
     tokens: int = Field(description="tokens scored in the bucket, over those documents")
     nll: float = Field(description="this setup's mean negative log-likelihood per token in the bucket (nats)")
@@ -28,17 +29,25 @@ class PositionBucket(ResultModel):
     ci_method: Literal["t"] | None = Field(
         None,
         description="t: Student's t-interval on the documents' linearised "
-        "differences; null: a paired percentile bootstrap "
+        "differences (stats.paired_ratio); null: a paired percentile bootstrap "
         "(results written before the t-interval)",
     )
     p_value: float | None = Field(None, description="Wilcoxon signed-rank test over documents")
     kl: float | None = Field(
         None,
-        description="mean KL(baseline || setup) per token in the bucket (top-16 + tail, a lower bound of the full KL)",
+        description="mean KL(baseline || setup) per token in the bucket (top-16 + tail, a lower "
+        "bound of the full KL); null for the baseline",
     )
     top1_agreement: float | None = Field(
         None, description="share of the bucket's tokens whose top-1 prediction agrees with the baseline's"
     )
+
+
+class PositionBucket(NllBucket):
+    """One bucket of token positions [start, end) of a length's position_ppl documents (0: a
+    document's first token)."""
+
+    end: int = Field(description="one past its last position")
 
 
 class LengthPoint(ResultModel):

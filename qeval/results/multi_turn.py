@@ -5,11 +5,9 @@ and comparisons are ordinary tasks (`multi_turn_t6`, ...) in `tasks` and `vs_bas
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field
 
-from qeval.results.base import ResultModel
+from qeval.results.base import ResultModel, Verdict
 
 
 class TurnPoint(ResultModel):
@@ -23,9 +21,7 @@ class TurnPoint(ResultModel):
     delta: float | None = Field(None, description="accuracy - the baseline's, paired by conversation (null: baseline)")
     ci: tuple[float, float] | None = Field(None, description="95% paired interval of delta (Newcombe's)")
     p_value: float | None = Field(None, description="McNemar's exact test")
-    verdict: Literal["pass", "fail", "inconclusive"] | None = Field(
-        None, description="the turn's gate's verdict (null: no gate)"
-    )
+    verdict: Verdict | None = Field(None, description="the turn's gate's verdict (null: no gate)")
     kl: float | None = Field(
         None,
         description="mean KL(baseline || setup) per token of the baseline's answer, "

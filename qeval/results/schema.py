@@ -20,7 +20,8 @@ from pydantic import Field, ValidationError, field_validator
 from qeval.config.gates import Gate
 from qeval.errors import UserError
 from qeval.results.advice import AdviceResult
-from qeval.results.base import ResultModel
+from qeval.results.base import ResultModel, Verdict
+from qeval.results.echo import ConfigEcho, Hardware, Quantization, SetupSpec
 from qeval.results.generation import GenerationDivergence
 from qeval.results.long_context import LongContextInfo, SetupLongContext
 from qeval.results.multi_turn import MultiTurnInfo
@@ -173,9 +174,7 @@ class Comparison(ResultModel):
     flips_to_wrong: int | None = Field(None, description="documents right under the baseline, wrong here")
     flips_to_right: int | None = Field(None, description="documents wrong under the baseline, right here")
     n: int = Field(description="documents paired")
-    verdict: Literal["pass", "fail", "inconclusive"] | None = Field(
-        None, description="the gate's verdict; null: no gate applies"
-    )
+    verdict: Verdict | None = Field(None, description="the gate's verdict; null: no gate applies")
     verdict_reason: str | None = Field(
         None,
         description="why the verdict is inconclusive whatever the interval says (e.g. fewer paired documents "
@@ -215,7 +214,7 @@ class SuiteScore(ResultModel):
     ci: tuple[float, float] | None = Field(
         None, description="95% interval of recovery, from the tasks' own intervals combined (docs/statistics.md)"
     )
-    verdict: Literal["pass", "fail", "inconclusive"] | None = Field(None, description="a min_recovery gate's verdict")
+    verdict: Verdict | None = Field(None, description="a min_recovery gate's verdict")
     gate: Gate | None = Field(None, description="the recovery gate applied to the suite")
 
 
@@ -226,7 +225,7 @@ class SetupResult(ResultModel):
     baseline: bool
     status: Literal["ok", "failed"]
     error: str | None = Field(None, description="why it failed, one line")
-    spec: dict[str, Any] = Field(description="the setup as configured, with its stable id")
+    spec: SetupSpec = Field(description="the setup as configured, with its stable id")
     memory: Memory
     tasks: dict[str, TaskScore] = Field({}, description="task -> score (only results stored under this run's key)")
     vs_baseline: dict[str, Comparison] = Field(
@@ -235,7 +234,9 @@ class SetupResult(ResultModel):
     suites: dict[str, SuiteScore] = Field({}, description="suite -> average score and recovery against the baseline")
     flags: list[str] = Field([], description="warnings a reviewer must see (e.g. kv_cache_no_effect, memory_gap)")
     library_versions: dict[str, str] = {}
-    quantization: dict[str, Any] = Field({}, description="what the quantizer or engine did (library, scheme, kernels)")
+    quantization: Quantization = Field(
+        Quantization(), description="what the quantizer or engine did (library, scheme, kernels)"
+    )
     timings: dict[str, float] = {}
     performance: Performance | None = Field(
         None,
@@ -276,7 +277,7 @@ class RunInfo(ResultModel):
     limit: int | None = None
     output: str | None = None
     skipped_setups: dict[str, str] = Field({}, description="optional setups this device could not run, and why")
-    hardware: dict[str, Any] = {}
+    hardware: Hardware = Hardware()
     dtype: str | None = Field(
         None,
         description="the dtype the setups computed in (model.dtype resolved on this "
@@ -358,7 +359,7 @@ class Results(ResultModel):
 
     schema_version: Literal[1]
     run: RunInfo
-    config: dict[str, Any] = Field(description="the resolved run config")
+    config: ConfigEcho = Field(description="the resolved run config")
     tasks: dict[str, TaskInfo]
     setups: list[SetupResult]
     groups: dict[str, list[str]] = Field({}, description="lm-eval group -> its tasks (scored pooled, as one task)")

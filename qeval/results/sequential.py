@@ -5,11 +5,9 @@ verdict, and the run's documents scored against the full sets' total (docs/stati
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field
 
-from qeval.results.base import ResultModel
+from qeval.results.base import ResultModel, Verdict
 
 
 class SequentialLook(ResultModel):
@@ -21,7 +19,7 @@ class SequentialLook(ResultModel):
         "gate score's units: for a max_drop gate, setup minus baseline; each end a one-sided "
         "(1 - cell_level) bound (the lower end decides a pass, the upper a fail)"
     )
-    verdict: Literal["pass", "fail", "inconclusive"] = Field(description="the cell's verdict at this look")
+    verdict: Verdict = Field(description="the cell's verdict at this look")
 
 
 class SequentialCell(ResultModel):
@@ -38,9 +36,7 @@ class SequentialCell(ResultModel):
     total: int = Field(description="the documents the task has up to the cap (what a fixed run scores)")
     stopped_at: int | None = Field(description="the look (0-based) the cell was decided at; null: not decided")
     ci: tuple[float, float] | None = Field(description="the sequence at the last look (at stopping, if decided)")
-    verdict: Literal["pass", "fail", "inconclusive"] = Field(
-        description="the sequence's verdict: the one in `vs_baseline` for this cell"
-    )
+    verdict: Verdict = Field(description="the sequence's verdict: the one in `vs_baseline` for this cell")
     looks: list[SequentialLook] = Field(description="the trajectory: the sequence at every look")
 
 

@@ -21,14 +21,19 @@ SERVING_VERSION = "1"
 FILE = "serving.json"
 
 
-class ServingLevel(ResultModel):
-    """One load level: a request rate against one engine setting."""
+class EngineRate(ResultModel):
+    """An engine setting and a request rate offered to it."""
 
     max_num_seqs: int = Field(description="the server's --max-num-seqs")
     max_num_batched_tokens: int | None = Field(
         None, description="the server's --max-num-batched-tokens (null: vLLM's default)"
     )
     rate: float = Field(description="offered request rate, requests/s (seeded Poisson arrivals)")
+
+
+class ServingLevel(EngineRate):
+    """One load level: a request rate against one engine setting."""
+
     requests: int = Field(description="requests sent")
     completed: int = Field(description="requests answered in full")
     failed: int = Field(description="requests that ended in an error")
@@ -53,14 +58,9 @@ class ServingLevel(ResultModel):
     kv_samples: int = Field(0, description="/metrics samples taken during the level")
 
 
-class ServingPick(ResultModel):
-    """The tuner's answer for a setup."""
+class ServingPick(EngineRate):
+    """The tuner's answer for a setup: the engine setting, at the level the pick is measured at."""
 
-    max_num_seqs: int = Field(description="the tuned --max-num-seqs")
-    max_num_batched_tokens: int | None = Field(
-        None, description="the tuned --max-num-batched-tokens (null: vLLM's default)"
-    )
-    rate: float = Field(description="the offered rate (requests/s) of the level the pick is measured at")
     goodput_rps: float = Field(description="its goodput, requests/s within the SLO")
 
 

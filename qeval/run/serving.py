@@ -81,7 +81,7 @@ def scored_gates(out: Path, cfg: RunConfig, model_sha256: str) -> tuple[Gated | 
     problem = None
     if scored.run.model_sha256 != model_sha256:
         problem = "it scored another model (its content checksum differs)"
-    elif _comparable(scored.config, cfg) != _comparable(cfg.as_json(), cfg):
+    elif _comparable(scored.config.as_dict(), cfg) != _comparable(cfg.as_json(), cfg):
         problem = f"it is a run of another config ({scored.run.name}, or {cfg.name} as it was then)"
     if problem:
         return None, f"{file} is not used as quality evidence: {problem}; quality gates not checked"

@@ -60,7 +60,7 @@ def _entry(name: str, results: Results, tasks: dict[str, str]) -> SweepModelEntr
     }
     return SweepModelEntry(
         name=name,
-        path=str(results.config["model"]["path"]),
+        path=results.config.model.path,
         run_dir=f"models/{name}",
         model_sha256=results.run.model_sha256,
         baseline=base.name if base else None,

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from qeval.errors import UserError
 from qeval.plugins import load_entry
@@ -181,6 +181,14 @@ def report_sections() -> list[ReportSection]:
 def results_blocks() -> list[Callable[[Results, Preflight, RunStore], Results]]:
     """The results blocks the registered kinds add at assembly, in registry order."""
     return [k.results for k in task_kinds() if k.results is not None]
+
+
+T = TypeVar("T")
+
+
+def scored_tasks(pre: Preflight, results: Results, cls: type[T]) -> list[T]:
+    """The run's tasks of class `cls` that results.json holds: what a kind's results block reads."""
+    return [t for t in pre.tasks if isinstance(t, cls) and t.name in results.tasks]
 
 
 def check_generation_room(cfg: RunConfig, name: str, output_type: str, max_gen_toks: int) -> None:

@@ -71,9 +71,9 @@ def parent_run(results: Results, run_dir: str) -> Logged:
         "finished",
     ):
         out.param(key, getattr(info, key))
-    for key, value in results.config.items():  # the resolved config, one param per top-level key
+    for key, value in results.config.as_dict().items():  # the resolved config, one param per top-level key
         out.param(f"config.{key}", value)
-    for key, value in info.hardware.items():
+    for key, value in info.hardware.as_dict().items():
         out.param(f"hardware.{key}", value)
     for task, t in results.tasks.items():  # which data each task was scored on: what compare pairs by
         out.param(f"task.{task}.fingerprint", t.fingerprint)
@@ -90,13 +90,13 @@ def child_run(results: Results, setup: SetupResult) -> Logged:
     """One setup: its spec, the model and the versions it ran on as params; its scores, its
     comparison with the baseline, memory and speed as metrics."""
     out = Logged(name=setup.name)
-    out.param("setup.spec", setup.spec)
-    out.param("setup.id", setup.spec.get("id"))
+    out.param("setup.spec", setup.spec.as_dict())
+    out.param("setup.id", setup.spec.id)
     for key in ("model_sha256", "qeval_version", "config_hash", "backend", "device"):
         out.param(key, getattr(results.run, key))
     for lib, version in setup.library_versions.items():  # the engine's and its libraries' versions
         out.param(f"version.{lib}", version)
-    for key, value in setup.quantization.items():
+    for key, value in setup.quantization.as_dict().items():
         out.param(f"quantization.{key}", value)
     _scores(out, setup)
     _memory(out, setup)

@@ -36,6 +36,7 @@ from typing import Any
 
 from qeval.config.workload import MAX_TOKENS, VLLM_CUSTOM_OUTPUT_LEN
 from qeval.errors import UserError
+from qeval.files.jsonl import json_lines
 from qeval.workload.tokens import TokenCounter
 
 #: a trace larger than this is refused (ShareGPT_V3's 642 MB file: take a sample of it)
@@ -160,19 +161,7 @@ def _read_bounded(path: Path) -> bytes:
 
 def _lines(path: Path, text: str) -> Iterator[tuple[str, dict[str, Any]]]:
     """(`path:line`, object) for each non-blank line; one UserError for a line that is not an object."""
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path}:{lineno}: not a JSON line ({exc.msg})") from None
-        except RecursionError:  # `[[[[...`: nested past the parser's depth
-            raise UserError(f"{path}:{lineno}: not a JSON line (nested too deep)") from None
-        except ValueError:  # Python's int-max-str-digits: a number of thousands of digits
-            raise UserError(f"{path}:{lineno}: not a JSON line ({_DIGITS})") from None
-        if not isinstance(obj, dict):
-            raise UserError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+    for lineno, obj in json_lines(path, text, "not a JSON line"):
         yield f"{path}:{lineno}", obj
 
 

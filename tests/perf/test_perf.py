@@ -185,7 +185,9 @@ def _with_perf(results: Results, tps: dict[str, float], latency: dict[str, float
                 }
             )
         )
-    return results.model_copy(update={"setups": setups, "config": results.config | {"recommend_by": by}})
+    return results.model_copy(
+        update={"setups": setups, "config": results.config.model_copy(update={"recommend_by": by})}
+    )
 
 
 def test_recommend_by_throughput_or_latency_stays_subject_to_the_gates() -> None:

@@ -79,7 +79,7 @@ def _goodput_run(tmp_path: Path) -> Results:
     run = tmp_path / "run"
     shutil.copytree(ROOT / "tests" / "data" / "run-v1", run)
     results = read_results(run / "results.json")
-    config = results.config | {"recommend_by": "goodput"}
+    config = results.config.model_copy(update={"recommend_by": "goodput"})
     results = results.model_copy(update={"config": config})
     return results.model_copy(update={"recommendation": recommend(results)})
 
@@ -160,7 +160,7 @@ def test_fail_on_gate_needs_the_candidate_to_meet_the_slo(tmp_path: Path) -> Non
     gated: tuple[list[str], dict[str, str]] = (list(results.recommendation.candidates), {})
 
     def served(rows: list[ServingSetup], candidate: str | None = None) -> Results:
-        config = results.config | ({"candidate": candidate} if candidate else {})
+        config = results.config.model_copy(update={"candidate": candidate} if candidate else {})
         out = results.model_copy(update={"config": config, "serving": _serving(rows, gated)})
         return out.model_copy(update={"recommendation": recommend(out)})
 
@@ -175,7 +175,7 @@ def test_fail_on_gate_needs_the_candidate_to_meet_the_slo(tmp_path: Path) -> Non
     assert candidate_problem(served(meets, candidate="int8")) is None
     assert exit_code(served(meets), fail_on_gate=True) == EXIT_OK  # int8 recommended
     assert candidate_problem(served(meets[1:], candidate="bf16")) == "candidate bf16 was not served"
-    before = results.model_copy(update={"config": results.config | {"candidate": "int8"}})
+    before = results.model_copy(update={"config": results.config.model_copy(update={"candidate": "int8"})})
     assert "serving phase has not run" in (candidate_problem(before) or "")
 
 

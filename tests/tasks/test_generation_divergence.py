@@ -227,7 +227,9 @@ def test_position_and_turn_gates_feed_the_recommendation() -> None:
         "fails the 0.05 nats/token gate at position 64"
     )
     problem = candidate_problem(
-        failing.model_copy(update={"recommendation": rec, "config": failing.config | {"candidate": "int4"}})
+        failing.model_copy(
+            update={"recommendation": rec, "config": failing.config.model_copy(update={"candidate": "int4"})}
+        )
     )
     assert problem is not None and "gsm8k at position 64: fail" in problem
     unsure = recommend(with_bucket(bucket("inconclusive", (-0.01, 0.3))))

@@ -113,7 +113,7 @@ def test_performance_and_memory_figures_become_metrics() -> None:
     assert logged.metrics["addition.delta"] == setup.vs_baseline["addition"].delta
     assert logged.metrics["addition.delta_ci_low"] == setup.vs_baseline["addition"].ci[0]
     assert logged.params["model_sha256"] == results.run.model_sha256
-    assert json.loads(logged.params["setup.spec"]) == setup.spec
+    assert json.loads(logged.params["setup.spec"]) == setup.spec.as_dict()
     assert logged.params["version.transformers"] == setup.library_versions["transformers"]
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 
-from qeval.report.sections import HtmlTables, ReportSection
+from qeval.report.sections import ReportSection, section_tables
 from qeval.report.tables import Escape, md_table
 from qeval.results.generation import AnswerLengthBucket, GeneratedPositionBucket
 from qeval.results.schema import Results
@@ -95,14 +95,11 @@ def markdown_section(results: Results, esc: Escape) -> list[str]:
     return lines
 
 
-def html_tables(results: Results) -> HtmlTables:
-    if results.generation_divergence is None:
-        return {}
-    out = {"Divergence by generated position (KL, top-1, Δ NLL [95% CI])": position_rows(results, str)}
-    header, rows = length_rows(results, str)
-    if rows:
-        out["Accuracy by answer length (baseline's tokens)"] = (header, rows)
-    return out
+html_tables = section_tables(
+    lambda results: results.generation_divergence,
+    ("Divergence by generated position (KL, top-1, Δ NLL [95% CI])", position_rows),
+    ("Accuracy by answer length (baseline's tokens)", length_rows),
+)
 
 
 def kl_by_position_figure(results: Results) -> Any:

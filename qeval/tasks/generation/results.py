@@ -17,7 +17,7 @@ from qeval.results.generation import (
 )
 from qeval.results.samples import GeneratedPositionSums, SampleRecord
 from qeval.results.schema import Results
-from qeval.tasks.long_context.buckets import bucket_comparison
+from qeval.tasks.long_context.buckets import compared_bucket
 
 if TYPE_CHECKING:
     from qeval.records.preflight import Preflight
@@ -76,18 +76,9 @@ def position_table(
         docs = [i for i in ids if len(mine[i]) > k and (baseline is None or len(theirs[i]) > k)]
         if not docs:
             continue
-        first = mine[docs[0]][k]
-        tok = np.array([mine[i][k].tokens for i in docs], dtype=float)
         nll = -np.array([mine[i][k].logprob for i in docs])
-        b = GeneratedPositionBucket(
-            start=first.start,
-            end=first.end,
-            documents=len(docs),
-            tokens=int(tok.sum()),
-            nll=float(nll.sum() / tok.sum()),
-        )
         base_nll = -np.array([theirs[i][k].logprob for i in docs]) if baseline is not None else None
-        out.append(b.model_copy(update=bucket_comparison(tok, nll, base_nll, [mine[i][k] for i in docs], seed)))
+        out.append(compared_bucket(GeneratedPositionBucket, [mine[i][k] for i in docs], nll, base_nll, seed))
     return out
 
 

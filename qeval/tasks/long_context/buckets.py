@@ -6,12 +6,15 @@ that both long context's prompt positions and the generation's positions use."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from qeval.analysis.stats import paired_ratio
+from qeval.results.long_context import NllBucket
 from qeval.results.samples import BucketSums, PositionSums
+
+B = TypeVar("B", bound=NllBucket)
 
 
 def bucket_sums(
@@ -56,3 +59,18 @@ def bucket_comparison(
     if len(kl) == len(top1) == len(sums):
         update |= {"kl": float(sum(kl) / tok.sum()), "top1_agreement": float(sum(top1) / tok.sum())}
     return update
+
+
+def compared_bucket(
+    model: type[B], sums: Sequence[BucketSums], nll: np.ndarray, base_nll: np.ndarray | None, seed: int
+) -> B:
+    """One position bucket over the documents whose bucket sums are `sums` (each document's
+    tokens there, `nll` its summed NLL, `base_nll` the baseline's on the same tokens or None): its
+    span (the first document's), documents, tokens and token-weighted mean NLL, and against the
+    baseline what `bucket_comparison` adds."""
+    tok = np.array([s.tokens for s in sums], dtype=float)
+    first = sums[0]
+    bucket = model(
+        start=first.start, end=first.end, documents=len(sums), tokens=int(tok.sum()), nll=float(nll.sum() / tok.sum())
+    )
+    return bucket.model_copy(update=bucket_comparison(tok, nll, base_nll, sums, seed))

@@ -9,7 +9,7 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 
-from qeval.report.sections import ReportSection
+from qeval.report.sections import ReportSection, section_tables
 from qeval.report.tables import Escape, md_table
 from qeval.results.long_context import PositionBucket
 from qeval.results.metrics import describe
@@ -198,15 +198,12 @@ def bucket_deltas_figure(results: Results) -> Any:
     return fig
 
 
-def html_tables(results: Results) -> dict[str, tuple[list[str], list[list[str]]]]:
-    """The section's tables for report.html (Jinja2 escapes there); empty without long context."""
-    if results.long_context is None:
-        return {}
-    out = {"Quality against context length (KV cache of one sequence beside it)": length_rows(results, str)}
-    header, rows = bucket_rows(results, str)
-    if rows:
-        out["Loss by token position: baseline NLL per token; others Δ NLL [95% CI]; KL"] = (header, rows)
-    return out
+#: the section's tables for report.html (Jinja2 escapes there); empty without long context
+html_tables = section_tables(
+    lambda results: results.long_context,
+    ("Quality against context length (KV cache of one sequence beside it)", length_rows),
+    ("Loss by token position: baseline NLL per token; others Δ NLL [95% CI]; KL", bucket_rows),
+)
 
 
 def _bucket_ci_legend(results: Results) -> str:

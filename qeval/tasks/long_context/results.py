@@ -11,7 +11,8 @@ import numpy as np
 from qeval.results.long_context import LengthPoint, LongContextInfo, PositionBucket, SetupLongContext
 from qeval.results.samples import SampleRecord
 from qeval.results.schema import Results, SetupResult
-from qeval.tasks.long_context.buckets import bucket_comparison
+from qeval.tasks.kinds import scored_tasks
+from qeval.tasks.long_context.buckets import compared_bucket
 from qeval.tasks.long_context.tasks import LongContextTask
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ SOURCE = (
 
 def attach_long_context(results: Results, pre: Preflight, store: RunStore) -> Results:
     """`results` with its long-context blocks, when the run generated long-context tasks."""
-    tasks = [t for t in pre.tasks if isinstance(t, LongContextTask) and t.name in results.tasks]
+    tasks = scored_tasks(pre, results, LongContextTask)
     spec = pre.cfg.long_context
     if not tasks or spec is None:
         return results
@@ -98,19 +99,11 @@ def position_buckets(
     if not ids:
         return []
     out = []
-    for k, first in enumerate(mine[ids[0]]):
+    for k in range(len(mine[ids[0]])):
         docs = [i for i in ids if mine[i][k].tokens > 0]
         if not docs:
             continue
-        tok = np.array([mine[i][k].tokens for i in docs], dtype=float)
         nll = np.array([mine[i][k].nll for i in docs])
-        b = PositionBucket(
-            start=first.start,
-            end=first.end,
-            documents=len(docs),
-            tokens=int(tok.sum()),
-            nll=float(nll.sum() / tok.sum()),
-        )
         base_nll = np.array([theirs[i][k].nll for i in docs]) if baseline is not None else None
-        out.append(b.model_copy(update=bucket_comparison(tok, nll, base_nll, [mine[i][k] for i in docs], seed)))
+        out.append(compared_bucket(PositionBucket, [mine[i][k] for i in docs], nll, base_nll, seed))
     return out

@@ -10,7 +10,7 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 
-from qeval.report.sections import HtmlTables, ReportSection
+from qeval.report.sections import ReportSection, section_tables
 from qeval.report.tables import Escape, md_table
 from qeval.results.multi_turn import TurnPoint
 from qeval.results.schema import Results
@@ -65,10 +65,10 @@ def markdown_section(results: Results, esc: Escape) -> list[str]:
     return ["## Multi-turn probes", "", *md_table(*turn_rows(results, esc)), "", legend(results), ""]
 
 
-def html_tables(results: Results) -> HtmlTables:
-    if results.multi_turn is None:
-        return {}
-    return {"Multi-turn probes: accuracy by question turn, Δ vs baseline [95% CI] verdict; KL": turn_rows(results, str)}
+html_tables = section_tables(
+    lambda results: results.multi_turn,
+    ("Multi-turn probes: accuracy by question turn, Δ vs baseline [95% CI] verdict; KL", turn_rows),
+)
 
 
 def accuracy_by_turn_figure(results: Results) -> Any:

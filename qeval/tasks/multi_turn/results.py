@@ -11,6 +11,7 @@ import numpy as np
 
 from qeval.results.multi_turn import MultiTurnInfo, TurnPoint
 from qeval.results.schema import Results, SetupResult
+from qeval.tasks.kinds import scored_tasks
 from qeval.tasks.multi_turn.tasks import MultiTurnTask, spec_of
 
 if TYPE_CHECKING:
@@ -27,9 +28,7 @@ SOURCE = (
 def attach_multi_turn(results: Results, pre: Preflight, store: RunStore) -> Results:
     """`results` with its multi-turn block, when the run generated multi-turn tasks."""
     spec = spec_of(pre.cfg)
-    tasks = sorted(
-        (t for t in pre.tasks if isinstance(t, MultiTurnTask) and t.name in results.tasks), key=lambda t: t.turn
-    )
+    tasks = sorted(scored_tasks(pre, results, MultiTurnTask), key=lambda t: t.turn)
     if spec is None or not tasks:
         return results
     setups = {
