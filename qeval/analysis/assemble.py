@@ -33,7 +33,7 @@ from qeval.records.keys import key_difference
 from qeval.records.preflight import Preflight
 from qeval.records.provenance import hardware
 from qeval.records.store import RunStore
-from qeval.results.echo import ConfigEcho, Hardware, Quantization, SetupSpec
+from qeval.results.echo import ConfigEcho, Hardware, SetupSpec
 from qeval.results.performance import Ceilings
 from qeval.results.schema import (
     SCHEMA_VERSION,
@@ -308,10 +308,10 @@ def _setup_entry(
         memory=memory,
         tasks=scores,
         library_versions=outcome.library_versions,
-        quantization=Quantization.model_validate(outcome.quantization),
+        quantization=outcome.quantization,
         timings=outcome.timings,
         performance=perf,
-        flags=perf_flags + checkpoint_flags(outcome.quantization),
+        flags=perf_flags + checkpoint_flags(outcome.quantization.as_dict()),
     )
 
 
@@ -326,19 +326,19 @@ def _stored_scores(
         meta = store.read_meta(setup.name, t.name)
         if meta is None:
             continue
-        if meta.get("key") != keys.task_key(t.name):
+        if meta.key != keys.task_key(t.name):
             dropped.append(
-                Dropped(setup=setup.name, task=t.name, reason=key_difference(meta.get("key_parts"), keys.tasks[t.name]))
+                Dropped(setup=setup.name, task=t.name, reason=key_difference(meta.key_parts, keys.tasks[t.name]))
             )
             continue
         # stored before the worker checked (or by another path): not numbers, not a score
         problem = task_problem(
-            t.name, store.read_samples(setup.name, t.name), meta.get("metrics"), meta.get("kl_distribution")
+            t.name, store.read_samples(setup.name, t.name), meta.metric_values(), meta.kl_distribution
         )
         if problem is not None:
             non_finite.append(problem)
             continue
-        scores[t.name] = TaskScore(n=meta["n"], metrics=meta["metrics"], generated_tokens=meta.get("generated_tokens"))
+        scores[t.name] = TaskScore(n=meta.n, metrics=meta.metric_values(), generated_tokens=meta.generated_tokens)
     return scores, non_finite
 
 

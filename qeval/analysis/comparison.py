@@ -224,7 +224,8 @@ def kl_summary(store: RunStore, other: str, task: str) -> dict[str, Any]:
         "kl": float(np.average([r.kl for r in records], weights=w)),
         "top1_agreement": float(np.average([r.top1_agreement for r in records], weights=w)),
     }
-    dist = (store.read_meta(other, task) or {}).get("kl_distribution")
+    meta = store.read_meta(other, task)
+    dist = meta.kl_distribution if meta is not None else None
     if dist:  # absent from results stored before the distribution was kept
         out["kl_distribution"] = KLDistribution.model_validate(dist)
     return out

@@ -16,6 +16,7 @@ from qeval.config.chat import CHAT_KEYS
 from qeval.errors import UserError
 from qeval.files.atomic import read_json
 from qeval.records.keys import key_of
+from qeval.records.store import TaskMeta, task_meta
 from qeval.results.metrics import describe
 from qeval.results.schema import Results, SetupResult
 
@@ -51,10 +52,10 @@ def _member_problems(run: LoadedRun, s: SetupResult, task: str) -> list[str]:
     reported = score.metrics.get(metric)
     stored = _meta_value(meta, metric)
     m = describe(metric, info.higher_is_better)
-    if meta.get("n") != score.n or (reported is not None and stored != reported.value):
+    if meta.n != score.n or (reported is not None and stored != reported.value):
         shown = "—" if stored is None else m.fmt(stored)
         out.append(
-            f"{where}.meta.json ({metric} {shown}, n = {str(meta.get('n'))[:12]}) is not what results.json "
+            f"{where}.meta.json ({metric} {shown}, n = {meta.n}) is not what results.json "
             f"reports ({'—' if reported is None else m.fmt(reported.value)}, n = {score.n})"
         )
     if reported is not None and records and len(records) == score.n and metric.split(",", 1)[0] in MEAN_METRICS:
@@ -65,31 +66,30 @@ def _member_problems(run: LoadedRun, s: SetupResult, task: str) -> list[str]:
     return out + _key_problems(meta, run.results, s, task, where)
 
 
-def read_meta(run: LoadedRun, setup: str, task: str) -> tuple[dict[str, Any] | None, str | None]:
-    """A stored task's meta file and, where it exists but cannot be used, why."""
+def read_meta(run: LoadedRun, setup: str, task: str) -> tuple[TaskMeta | None, str | None]:
+    """A stored task's meta file, typed, and, where it exists but cannot be used, why."""
     path = run.store.meta_path(setup, task)
     if not path.is_file():
         return None, None
     try:
-        meta = read_json(path)
+        raw = read_json(path)
     except UserError as exc:
         return None, str(exc)
-    return (meta, None) if isinstance(meta, dict) else (None, f"{path}: not a JSON object")
+    return task_meta(raw, path) if isinstance(raw, dict) else (None, f"{path}: not a JSON object")
 
 
-def _meta_value(meta: dict[str, Any], metric: str) -> float | None:
-    entry = meta.get("metrics", {}).get(metric) if isinstance(meta.get("metrics"), dict) else None
-    value = entry.get("value") if isinstance(entry, dict) else None
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+def _meta_value(meta: TaskMeta, metric: str) -> float | None:
+    entry = meta.metrics.get(metric)
+    return entry.value if entry is not None else None
 
 
-def _key_problems(meta: dict[str, Any], results: Results, s: SetupResult, task: str, where: str) -> list[str]:
+def _key_problems(meta: TaskMeta, results: Results, s: SetupResult, task: str, where: str) -> list[str]:
     """The meta's resume-key parts against what results.json records of its run: a record
     scored under another batch size, model, setup or data is another run's."""
-    parts = meta.get("key_parts")
-    if not isinstance(parts, dict):
+    parts = meta.key_parts
+    if parts is None:
         return []  # stored before key parts were: nothing to check them against
-    if key_of(parts) != meta.get("key"):
+    if key_of(parts) != meta.key:
         return [f"{where}.meta.json: its key is not the hash of its key parts"]
     expected = recorded_key_parts(results, s, task)
     diff = [
@@ -146,8 +146,8 @@ def chat_settings(run: LoadedRun, setup: str, task: str) -> tuple[dict[str, str]
     stored: dict[str, str] = {}
     for member in run.members(task):
         meta, _ = read_meta(run, setup, member)
-        parts = meta.get("key_parts") if meta else None
-        if not isinstance(parts, dict):
+        parts = meta.key_parts if meta else None
+        if parts is None:
             return config, None
         stored |= {f"{member}.{k}": str(parts[k]) for k in CHAT_PARTS if k in parts}
     return config, stored

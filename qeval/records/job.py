@@ -16,6 +16,7 @@ from qeval.config import RunConfig
 from qeval.config.sequential import SequentialPlan
 from qeval.errors import UserError
 from qeval.model.shape import ModelShape
+from qeval.results.echo import Quantization
 from qeval.results.performance import Measured, PerfWorkload
 
 
@@ -159,7 +160,8 @@ class Outcome(BaseModel):
     memory: dict[str, MemoryFigure] = {}
     #: the performance phase's figures (qeval/perf/phase.py), keyed to their own key
     performance: PhaseRecord | None = None
-    quantization: dict[str, Any] = Field(default_factory=dict)
+    #: what the quantizer or engine did (the backend's quant_info), as results.json's setup block holds it
+    quantization: Quantization = Field(default_factory=Quantization)
     library_versions: dict[str, str] = Field(default_factory=dict)
 
 

@@ -18,13 +18,59 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from qeval.errors import UserError
 from qeval.files.atomic import atomic_write_bytes, atomic_write_json, atomic_write_stream, read_json
 from qeval.files.names import inside
-from qeval.records.job import Outcome, outcome_of
+from qeval.records.job import KeyParts, Outcome, outcome_of
 from qeval.records.spool import RecordSpool, TopkReader, TopkSpool
 from qeval.results.samples import SampleRecord, read_record
+
+
+class StoredMetric(BaseModel):
+    """One metric of a stored task, as its scorer computed it (non-finite values included: the
+    run says so, qeval/analysis/finite.py)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    value: float
+    stderr: float | None = None
+
+
+class TaskMeta(BaseModel):
+    """RUN_DIR/samples/<setup>/<task>.meta.json: the file that marks a (setup, task) stored
+    (docs/guarantees.md), read back typed."""
+
+    # extra="allow": a meta written by another qeval version still reads (its key then differs)
+    model_config = ConfigDict(extra="allow")
+
+    #: the resume key the task was stored under, and its parts
+    key: str
+    key_parts: KeyParts | None = None
+    #: documents scored
+    n: int
+    metrics: dict[str, StoredMetric] = {}
+    seconds: float | None = None
+    #: the checksum of the task's data as scored
+    task_sha256: str | None = None
+    #: scored against the baseline's top-k: the token-level KL and Δp distribution
+    kl_distribution: dict[str, float] | None = None
+    #: generation tasks on a backend that counts: the mean tokens generated per document
+    generated_tokens: float | None = None
+
+    def metric_values(self) -> dict[str, dict[str, Any]]:
+        """The metrics as the scorer wrote them (what qeval/analysis/finite.py checks)."""
+        return {k: v.model_dump() for k, v in self.metrics.items()}
+
+
+def task_meta(raw: Any, where: Path) -> tuple[TaskMeta | None, str | None]:
+    """A meta file's content, validated; else None and why."""
+    try:
+        return TaskMeta.model_validate(raw), None
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        return None, f"{where}: not a qeval task meta ({'.'.join(map(str, err['loc']))}: {err['msg']})"
 
 
 class RunStore:
@@ -57,7 +103,7 @@ class RunStore:
 
     def is_done(self, setup: str, task: str, key: str) -> bool:
         meta = self.read_meta(setup, task)
-        return meta is not None and meta.get("key") == key and self.samples_path(setup, task).is_file()
+        return meta is not None and meta.key == key and self.samples_path(setup, task).is_file()
 
     def write_task(
         self,
@@ -89,10 +135,17 @@ class RunStore:
             atomic_write_bytes(self.topk_path(setup, task), buf.getvalue())
         atomic_write_json(self.meta_path(setup, task), {"key": key, "n": len(records), "metrics": metrics} | extra)
 
-    def read_meta(self, setup: str, task: str) -> dict[str, Any] | None:
-        """The stored meta, or None when absent or unreadable (a corrupt meta means the pair is
-        not done: it is recomputed, and the reason printed)."""
-        return _read_object(self.meta_path(setup, task), f"{setup}/{task} will be recomputed")
+    def read_meta(self, setup: str, task: str) -> TaskMeta | None:
+        """The stored meta, typed, or None when absent or unreadable (a corrupt meta means the
+        pair is not done: it is recomputed, and the reason printed)."""
+        consequence = f"{setup}/{task} will be recomputed"
+        raw = _read_object(self.meta_path(setup, task), consequence)
+        if raw is None:
+            return None
+        meta, why = task_meta(raw, self.meta_path(setup, task))
+        if why is not None:
+            print(f"qeval: warning: {why}; {consequence}", file=sys.stderr)
+        return meta
 
     def read_outcome(self, setup: str) -> Outcome | None:
         """A worker's stored outcome, typed, or None when absent or unreadable."""

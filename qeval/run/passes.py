@@ -95,7 +95,7 @@ class PassState:
             for c in self.tasks:
                 if not self._done(setup.name, c):
                     continue
-                n = sum(int((store.read_meta(setup.name, m) or {}).get("n", 0)) for m in self.members[c])
+                n = sum(meta.n for m in self.members[c] if (meta := store.read_meta(setup.name, m)) is not None)
                 decided, paired = False, True
                 if setup.name != self.baseline and c in base_records:
                     traj = cell(plan, c, self._orders[c], base_records[c], self._records(setup.name, c))
@@ -114,7 +114,7 @@ class PassState:
             if t in capped
             and t not in in_cells
             and store.is_done(self.baseline, t, keys[self.baseline].task_key(t))
-            and int((store.read_meta(self.baseline, t) or {}).get("n", 0)) < capped[t]
+            and _stored_n(store, self.baseline, t) < capped[t]
         }
 
     def _done(self, setup: str, cell_name: str) -> bool:
@@ -167,3 +167,9 @@ def pass_line(number: int, horizon: int, undecided: int) -> str:
         f"sequential pass {number}: horizon {horizon:,} documents; "
         f"{undecided} setup{'' if undecided == 1 else 's'} still undecided"
     )
+
+
+def _stored_n(store: RunStore, setup: str, task: str) -> int:
+    """The documents a stored task holds (0 where none is stored)."""
+    meta = store.read_meta(setup, task)
+    return meta.n if meta is not None else 0

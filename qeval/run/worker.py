@@ -24,6 +24,7 @@ from qeval.memory.heap import release_free_memory, set_mmap_threshold
 from qeval.records.job import Job, Outcome, read_job
 from qeval.records.spool import clear_scratch
 from qeval.records.store import RunStore
+from qeval.results.echo import Quantization
 from qeval.run.progress import progress_bar
 
 _OOM_SIGNS = ("out of memory", "can't allocate memory", "cannot allocate memory", "failed to map")
@@ -168,7 +169,7 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: Job, outcome: Out
         clear_scratch(scratch, keep_states=job.sequential is not None)
         outcome.memory = backend.memory()
         if non_finite:  # after every task (the finite ones are stored), before timing a setup that scored nothing
-            outcome.quantization = backend.quant_info
+            outcome.quantization = Quantization.model_validate(backend.quant_info)
             outcome.library_versions = backend.library_versions()
             raise NonFiniteScores(failure_reason(non_finite))
         if job.performance:  # after scoring and memory: its larger batches must not show in either
@@ -180,7 +181,7 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: Job, outcome: Out
                 )
                 bar.advance(1)
             timings["performance_s"] = outcome.performance.seconds or 0.0
-        outcome.quantization = backend.quant_info  # read last: engines log some of it late
+        outcome.quantization = Quantization.model_validate(backend.quant_info)  # read last: engines log some of it late
         outcome.library_versions = backend.library_versions()
     finally:
         backend.close()

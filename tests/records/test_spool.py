@@ -82,7 +82,7 @@ def test_the_store_moves_a_record_spool_into_place(tmp_path: Path) -> None:
     assert store.read_samples("base", "t") == records
     ref = store.read_topk("base", "t")
     assert ref is not None and all(np.array_equal(ref[k], v) for k, v in concat_topk(packs).items())
-    assert store.is_done("base", "t", "k1") and store.read_meta("base", "t")["n"] == 7  # type: ignore[index]
+    assert store.is_done("base", "t", "k1") and (meta := store.read_meta("base", "t")) is not None and meta.n == 7
     # the records' file was renamed into place; the top-k's raw files are gone
     assert not list(scratch.glob("*.spool"))
     lines = store.samples_path("base", "t").read_text(encoding="utf-8").splitlines()
