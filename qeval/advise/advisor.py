@@ -111,7 +111,7 @@ def _allowance(
 
 
 def _prepare(
-    backend: HFBackend,
+    backend: Any,
     cfg: RunConfig,
     opts: Options,
     target: Setup,
@@ -120,7 +120,8 @@ def _prepare(
     texts: list[str],
 ) -> tuple[Slice, Probe]:
     """The calibration and held-out documents, tokenized, and the probe over the loaded model's
-    units; a UserError where the model has not the layer names the advisor knows."""
+    units (`backend`: the loaded HF backend, its `model` and `tok`); a UserError where the model
+    has not the layer names the advisor knows."""
     names = [m for u in cell_units for m in u.modules]
     missing = [m for m in names if m not in dict(backend.model.named_modules())]
     if missing:
