@@ -48,6 +48,110 @@ def _split(value: str | None, option: str = "") -> list[str] | None:
     return names
 
 
+# the longer options of `run`, `advise` and `plan`, named here so that each signature stays a list of names
+RunForceOpt = Annotated[bool, typer.Option(help="recompute stored results; write into a folder holding another run")]
+FailOnGateOpt = Annotated[bool, typer.Option(help="exit 3 when the candidate does not pass every quality gate")]
+ExecutorOpt = Annotated[
+    str | None,
+    typer.Option(help="local or ray: where the setups run (overrides the config's executor.kind; docs/cluster.md)"),
+]
+PerformanceOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--performance/--no-performance",
+        help="time every setup after scoring, or skip that phase for this run (overrides the config's "
+        "performance.enabled; docs/performance.md)",
+    ),
+]
+BudgetOpt = Annotated[
+    str | None,
+    typer.Option(help="average bits per decoder-linear weight (4.5bpw) or memory at the budget's context (350MiB)"),
+]
+TargetOpt = Annotated[
+    str | None, typer.Option(help="the setup to lower (default: the config's first int4, else int8, quanto setup)")
+]
+TextOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="calibration text: plain text (paragraphs) or JSON Lines with `text` (default: the perplexity task)"
+    ),
+]
+CalibDocsOpt = Annotated[int | None, typer.Option(help="documents the sensitivity is measured on [default: 16]")]
+HeldoutDocsOpt = Annotated[int | None, typer.Option(help="further documents the mix is checked on [default: 32]")]
+RandomDrawsOpt = Annotated[int | None, typer.Option(help="random mixes of the same bytes to compare with [default: 5]")]
+UnionsOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--unions/--no-unions",
+        help="also measure whole blocks and module types, not only the layer x type cells [default: unions]",
+    ),
+]
+AdviceOutputOpt = Annotated[
+    Path | None,
+    typer.Option(help="advice.md to write (.html and .json beside it); default reports/<config name>/advice.md"),
+]
+ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="model folder, config.json path, GGUF file, or hub id (default with --workload CONFIG: the config's model)"
+    ),
+]
+GpuGibOpt = Annotated[
+    float | None, typer.Option(min=0.001, help="GPU memory in GiB [default: 24, or a --workload config's budget]")
+]
+UtilizationOpt = Annotated[
+    float | None, typer.Option(min=0.01, max=1.0, help="share of GPU memory the engine may use [default: 0.9]")
+]
+ContextLenOpt = Annotated[
+    int | None, typer.Option(min=1, help="tokens per sequence [default: 4096; with --workload: max-model-len]")
+]
+MarginOpt = Annotated[
+    float | None,
+    typer.Option(min=0.0, max=0.9, help="share of the KV pool lost to fragmentation (budget.margin) [default: 0.05]"),
+]
+_OVERHEAD_HELP = (
+    "runtime overhead inside the budget: activations, workspaces, CUDA context (budget.overhead_gib) [default: 1]"
+)
+OverheadGibOpt = Annotated[float | None, typer.Option(min=0.0, help=_OVERHEAD_HELP)]
+GpusPerNodeOpt = Annotated[
+    int | None, typer.Option(min=1, help="cluster view: GPUs per node (of --gpu-gib each; docs/cluster.md)")
+]
+ConcurrencyOpt = Annotated[
+    int | None, typer.Option(min=1, help="cluster view: sequences of --context-len each setup must hold (default 1)")
+]
+EngineOpt = Annotated[
+    str,
+    typer.Option(
+        help="whose accounting of the KV cache: vllm (block rounding, the hybrid allocator's groups) or hf "
+        "(transformers' cache layers)"
+    ),
+]
+MaxBatchedOpt = Annotated[
+    int, typer.Option(min=1, help="vLLM's tokens in flight: sliding-window and chunked layers keep room for them")
+]
+WorkloadOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="a trace (JSON Lines, ShareGPT JSON) or a YAML with a workload: block: max-model-len from its lengths, "
+        "the share it refuses, KV blocks per request, prefix sharing (docs/performance.md)"
+    ),
+]
+_PERCENTILE_HELP = (
+    "with --workload: max-model-len's percentile of prompt + output [default: 99, or the block's "
+    "max_model_len_percentile]"
+)
+PercentileOpt = Annotated[float | None, typer.Option(min=0.001, max=100.0, help=_PERCENTILE_HELP)]
+WorkloadFormatOpt = Annotated[
+    str | None, typer.Option(help="a trace file's format: auto, qeval, sharegpt or vllm-custom [default: auto]")
+]
+CustomOutputLenOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=1, help="output tokens of each request of a vllm-custom trace (vLLM's --custom-output-len) [default: 256]"
+    ),
+]
+
+
 @app.command()
 def run(
     config: Annotated[Path, typer.Argument(help="run config YAML")],
@@ -55,24 +159,10 @@ def run(
     setups: Annotated[str | None, typer.Option(help="comma-separated setups to run (the baseline always runs)")] = None,
     tasks: Annotated[str | None, typer.Option(help="comma-separated tasks to score")] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="score only the first N samples of each task")] = None,
-    force: Annotated[
-        bool, typer.Option(help="recompute stored results; write into a folder holding another run")
-    ] = False,
-    fail_on_gate: Annotated[
-        bool, typer.Option(help="exit 3 when the candidate does not pass every quality gate")
-    ] = False,
-    executor: Annotated[
-        str | None,
-        typer.Option(help="local or ray: where the setups run (overrides the config's executor.kind; docs/cluster.md)"),
-    ] = None,
-    performance: Annotated[
-        bool | None,
-        typer.Option(
-            "--performance/--no-performance",
-            help="time every setup after scoring, or skip that phase for this run (overrides the config's "
-            "performance.enabled; docs/performance.md)",
-        ),
-    ] = None,
+    force: RunForceOpt = False,
+    fail_on_gate: FailOnGateOpt = False,
+    executor: ExecutorOpt = None,
+    performance: PerformanceOpt = None,
 ) -> None:
     """Serve the model under every setup of CONFIG, score the tasks, write RUN_DIR.
 
@@ -207,40 +297,15 @@ def goodput(
 @app.command()
 def advise(
     config: Annotated[Path, typer.Argument(help="run config YAML")],
-    budget: Annotated[
-        str | None,
-        typer.Option(help="average bits per decoder-linear weight (4.5bpw) or memory at the budget's context (350MiB)"),
-    ] = None,
-    target: Annotated[
-        str | None, typer.Option(help="the setup to lower (default: the config's first int4, else int8, quanto setup)")
-    ] = None,
-    text: Annotated[
-        Path | None,
-        typer.Option(
-            help="calibration text: plain text (paragraphs) or JSON Lines with `text` (default: the perplexity task)"
-        ),
-    ] = None,
-    calib_docs: Annotated[
-        int | None, typer.Option(help="documents the sensitivity is measured on [default: 16]")
-    ] = None,
-    heldout_docs: Annotated[
-        int | None, typer.Option(help="further documents the mix is checked on [default: 32]")
-    ] = None,
-    random_draws: Annotated[
-        int | None, typer.Option(help="random mixes of the same bytes to compare with [default: 5]")
-    ] = None,
+    budget: BudgetOpt = None,
+    target: TargetOpt = None,
+    text: TextOpt = None,
+    calib_docs: CalibDocsOpt = None,
+    heldout_docs: HeldoutDocsOpt = None,
+    random_draws: RandomDrawsOpt = None,
     seed: Annotated[int | None, typer.Option(help="seed of the random mixes [default: 0]")] = None,
-    unions: Annotated[
-        bool | None,
-        typer.Option(
-            "--unions/--no-unions",
-            help="also measure whole blocks and module types, not only the layer x type cells [default: unions]",
-        ),
-    ] = None,
-    output: Annotated[
-        Path | None,
-        typer.Option(help="advice.md to write (.html and .json beside it); default reports/<config name>/advice.md"),
-    ] = None,
+    unions: UnionsOpt = None,
+    output: AdviceOutputOpt = None,
 ) -> None:
     """Which layers to keep at the model's dtype: per-unit sensitivity, a search under the budget,
     and the advised setup with its `keep:` list (docs/advisor.md). A config with an `advise:`
@@ -344,86 +409,23 @@ def list_tasks(
 
 @app.command("plan")
 def plan_cmd(
-    model: Annotated[
-        str | None,
-        typer.Option(
-            help="model folder, config.json path, GGUF file, or hub id (default "
-            "with --workload CONFIG: the config's model)"
-        ),
-    ] = None,
-    gpu_gib: Annotated[
-        float | None, typer.Option(min=0.001, help="GPU memory in GiB [default: 24, or a --workload config's budget]")
-    ] = None,
-    utilization: Annotated[
-        float | None, typer.Option(min=0.01, max=1.0, help="share of GPU memory the engine may use [default: 0.9]")
-    ] = None,
-    context_len: Annotated[
-        int | None, typer.Option(min=1, help="tokens per sequence [default: 4096; with --workload: max-model-len]")
-    ] = None,
-    margin: Annotated[
-        float | None,
-        typer.Option(
-            min=0.0, max=0.9, help="share of the KV pool lost to fragmentation (budget.margin) [default: 0.05]"
-        ),
-    ] = None,
-    overhead_gib: Annotated[
-        float | None,
-        typer.Option(
-            min=0.0,
-            help="runtime overhead inside the budget: "
-            "activations, workspaces, CUDA context (budget.overhead_gib) "
-            "[default: 1]",
-        ),
-    ] = None,
+    model: ModelOpt = None,
+    gpu_gib: GpuGibOpt = None,
+    utilization: UtilizationOpt = None,
+    context_len: ContextLenOpt = None,
+    margin: MarginOpt = None,
+    overhead_gib: OverheadGibOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
-    gpus_per_node: Annotated[
-        int | None, typer.Option(min=1, help="cluster view: GPUs per node (of --gpu-gib each; docs/cluster.md)")
-    ] = None,
+    gpus_per_node: GpusPerNodeOpt = None,
     nodes: Annotated[int | None, typer.Option(min=1, help="cluster view: nodes (default 1)")] = None,
-    concurrency: Annotated[
-        int | None,
-        typer.Option(min=1, help="cluster view: sequences of --context-len each setup must hold (default 1)"),
-    ] = None,
-    engine: Annotated[
-        str,
-        typer.Option(
-            help="whose accounting of the KV cache: vllm (block rounding, the "
-            "hybrid allocator's groups) or hf (transformers' cache layers)"
-        ),
-    ] = "vllm",
+    concurrency: ConcurrencyOpt = None,
+    engine: EngineOpt = "vllm",
     block_size: Annotated[int, typer.Option(min=1, help="vLLM's KV block size in tokens (16 on a GPU)")] = 16,
-    max_num_batched_tokens: Annotated[
-        int, typer.Option(min=1, help="vLLM's tokens in flight: sliding-window and chunked layers keep room for them")
-    ] = 2048,
-    workload: Annotated[
-        Path | None,
-        typer.Option(
-            help="a trace (JSON Lines, ShareGPT JSON) or a YAML with a "
-            "workload: block: max-model-len from its lengths, the share it "
-            "refuses, KV blocks per request, prefix sharing "
-            "(docs/performance.md)"
-        ),
-    ] = None,
-    percentile: Annotated[
-        float | None,
-        typer.Option(
-            min=0.001,
-            max=100.0,
-            help="with --workload: max-model-len's "
-            "percentile of prompt + output [default: 99, or the block's "
-            "max_model_len_percentile]",
-        ),
-    ] = None,
-    workload_format: Annotated[
-        str | None, typer.Option(help="a trace file's format: auto, qeval, sharegpt or vllm-custom [default: auto]")
-    ] = None,
-    custom_output_len: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="output tokens of each request of a vllm-custom trace (vLLM's --custom-output-len) [default: 256]",
-        ),
-    ] = None,
+    max_num_batched_tokens: MaxBatchedOpt = 2048,
+    workload: WorkloadOpt = None,
+    percentile: PercentileOpt = None,
+    workload_format: WorkloadFormatOpt = None,
+    custom_output_len: CustomOutputLenOpt = None,
 ) -> None:
     """Predict weights, KV cache per token, KV tokens that fit and concurrent sequences per setup;
     with --gpus-per-node, also the GPUs each setup needs on a cluster and how many run at once;

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from qeval.advise.calibration import make_slice, read_texts
+from qeval.advise.calibration import Slice, make_slice, read_texts
 from qeval.advise.search import choose
 from qeval.advise.sensitivity import ADVISOR_BACKEND, Probe
 from qeval.advise.target import Options, allowance_of, budget_problem, pick_target
@@ -51,17 +52,7 @@ def advise(cfg: RunConfig, config_path: Path, opts: Options, log: Any = print, d
     dtype = dtype or resolve_precision(cfg.model.dtype, source.config, device).dtype  # cfg keeps what was asked
     shape = ModelShape.from_config(source.config)
     cell_units = cells(shape, target, dtype)
-    allowance, budget_bytes, basis = allowance_of(opts.budget, shape, target, dtype, cfg.budget.context_len)
-    problem = budget_problem(
-        opts.budget,
-        allowance,
-        budget_bytes,
-        target.name,
-        f"--budget {opts.budget}",
-        sum(u.extra_bytes for u in cell_units),
-    )
-    if problem:
-        raise UserError(problem)
+    allowance, budget_bytes, basis = _allowance(cfg, opts, shape, target, dtype, cell_units)
     label, texts = read_texts(cfg, opts.text)
 
     t0 = time.perf_counter()
@@ -69,61 +60,16 @@ def advise(cfg: RunConfig, config_path: Path, opts: Options, log: Any = print, d
         cfg.for_engine(dtype), Setup(name="advise-baseline", baseline=True), device
     )
     backend.load()
-    names = [m for u in cell_units for m in u.modules]
-    missing = [m for m in names if m not in dict(backend.model.named_modules())]
-    if missing:
-        raise UserError(f"the model has no module {missing[0]}: the advisor knows Llama-family layer names only")
-    sl = make_slice(
-        label, texts, backend.tok, n_calib=opts.calib_docs, n_heldout=opts.heldout_docs, max_len=cfg.model.max_context
-    )
-    probe = Probe(backend.model, target, names, batch_size=cfg.batch_size)
+    sl, probe = _prepare(backend, cfg, opts, target, cell_units, label, texts)
     load_s = time.perf_counter() - t0
     log(
         f"advise: {len(cell_units)} cells, calibration {sl.calib_tokens} tokens in {len(sl.calib)} documents "
         f"of {label}; target {target.name}"
     )
-
-    t1 = time.perf_counter()
-    probe.baseline(sl.calib)
-    baseline_s = time.perf_counter() - t1
-    everything = set(names)
-    uniform = _weighted(probe.kl(sl.calib, everything), sl.calib)
-    rows = []
-    for n, u in enumerate(cell_units + (unions(cell_units) if opts.unions else [])):
-        if n and n % 10 == 0:
-            log(f"advise: {n} units measured, {time.perf_counter() - t1:.0f} s")
-        cost = _weighted(probe.kl(sl.calib, set(u.modules)), sl.calib)
-        gain = uniform - _weighted(probe.kl(sl.calib, everything - set(u.modules)), sl.calib)
-        rows.append(
-            AdviceUnit(unit=u.name, layer=u.layer, kind=u.kind, extra_bytes=u.extra_bytes, cost_kl=cost, gain_kl=gain)
-        )
-    passes, sens_s = probe.passes, time.perf_counter() - t1
-    log(f"advise: sensitivity in {sens_s:.1f} s ({passes} passes, baseline {baseline_s:.2f} s)")
-
-    cell_rows = rows[: len(cell_units)]
-    choice = choose([r.gain_kl for r in cell_rows], [r.extra_bytes for r in cell_rows], allowance)
-    kept_units = [cell_units[i] for i in choice.kept]
-    advised = Setup.model_validate(
-        target.model_dump()
-        | {
-            "name": opts.name or f"{target.name}-advised",
-            "baseline": False,
-            "optional": False,
-            "keep": tuple(p for u in kept_units for p in u.keep_patterns()),
-        }
-    )
-    kept_modules = {m for u in kept_units for m in u.modules}
-    mix_calib_kl = _weighted(probe.kl(sl.calib, everything - kept_modules), sl.calib)
-
+    sens = _sensitivity(probe, sl.calib, cell_units, opts.unions, log)
+    search, kept_units, advised = _search(probe, sl.calib, sens, cell_units, allowance, target, opts)
     mixes, versus = _verify(probe, sl.heldout, cell_units, kept_units, advised, target, shape, dtype, opts, log)
-    timing = AdviceTiming(
-        load_s=load_s,
-        baseline_pass_s=baseline_s,
-        sensitivity_s=sens_s,
-        passes=float(passes),
-        seconds_per_pass=(sens_s - baseline_s) / max(passes, 1),
-        total_s=time.perf_counter() - t0,
-    )
+    timing = sens.timing(load_s, time.perf_counter() - t0)
     backend.close()
     return Advice(
         config=str(config_path),
@@ -137,22 +83,139 @@ def advise(cfg: RunConfig, config_path: Path, opts: Options, log: Any = print, d
         calibration=AdviceCalibration(
             source=label, documents=len(sl.calib), tokens=sl.calib_tokens, heldout_documents=len(sl.heldout), top_k=32
         ),
-        rows=rows,
-        uniform_kl=uniform,
-        search=AdviceSearch(
-            method=choice.method,
-            allowance_bytes=allowance,
-            extra_bytes=choice.extra_bytes,
-            kept=[u.name for u in kept_units],
-            predicted_gain_kl=choice.predicted_gain,
-            predicted_kl=uniform - choice.predicted_gain,
-            measured_calib_kl=mix_calib_kl,
-        ),
+        rows=sens.rows,
+        uniform_kl=sens.uniform,
+        search=search,
         setup=advised,
         mixes=mixes,
         versus_random=versus,
         timing=timing,
     )
+
+
+def _allowance(
+    cfg: RunConfig, opts: Options, shape: ModelShape, target: Setup, dtype: str, cell_units: list[Unit]
+) -> tuple[int, int, str]:
+    """The budget's allowance in bytes over the target, its bytes and basis; a UserError where
+    the budget cannot be met or is no budget at all (advise/target.py `budget_problem`)."""
+    allowance, budget_bytes, basis = allowance_of(opts.budget, shape, target, dtype, cfg.budget.context_len)
+    problem = budget_problem(
+        opts.budget,
+        allowance,
+        budget_bytes,
+        target.name,
+        f"--budget {opts.budget}",
+        sum(u.extra_bytes for u in cell_units),
+    )
+    if problem:
+        raise UserError(problem)
+    return allowance, budget_bytes, basis
+
+
+def _prepare(
+    backend: Any,
+    cfg: RunConfig,
+    opts: Options,
+    target: Setup,
+    cell_units: list[Unit],
+    label: str,
+    texts: list[str],
+) -> tuple[Slice, Probe]:
+    """The calibration and held-out documents, tokenized, and the probe over the loaded model's
+    units (`backend`: the loaded HF backend, its `model` and `tok`); a UserError where the model
+    has not the layer names the advisor knows."""
+    names = [m for u in cell_units for m in u.modules]
+    missing = [m for m in names if m not in dict(backend.model.named_modules())]
+    if missing:
+        raise UserError(f"the model has no module {missing[0]}: the advisor knows Llama-family layer names only")
+    sl = make_slice(
+        label, texts, backend.tok, n_calib=opts.calib_docs, n_heldout=opts.heldout_docs, max_len=cfg.model.max_context
+    )
+    return sl, Probe(backend.model, target, names, batch_size=cfg.batch_size)
+
+
+@dataclass
+class _Sensitivity:
+    """Every unit's measured cost and gain (cells first, then unions), the uniform setup's KL and
+    what measuring took."""
+
+    rows: list[AdviceUnit]
+    uniform: float
+    passes: int
+    baseline_s: float
+    sens_s: float
+
+    def timing(self, load_s: float, total_s: float) -> AdviceTiming:
+        """The advice's timing, with the model's load and the whole run's seconds."""
+        return AdviceTiming(
+            load_s=load_s,
+            baseline_pass_s=self.baseline_s,
+            sensitivity_s=self.sens_s,
+            passes=float(self.passes),
+            seconds_per_pass=(self.sens_s - self.baseline_s) / max(self.passes, 1),
+            total_s=total_s,
+        )
+
+
+def _sensitivity(
+    probe: Probe, calib: list[list[int]], cell_units: list[Unit], with_unions: bool, log: Any
+) -> _Sensitivity:
+    """Each unit's KL from the baseline kept alone (cost) and what keeping it saves the uniform
+    setup (gain), on the calibration documents."""
+    t1 = time.perf_counter()
+    probe.baseline(calib)
+    baseline_s = time.perf_counter() - t1
+    everything = {m for u in cell_units for m in u.modules}
+    uniform = _weighted(probe.kl(calib, everything), calib)
+    rows = []
+    for n, u in enumerate(cell_units + (unions(cell_units) if with_unions else [])):
+        if n and n % 10 == 0:
+            log(f"advise: {n} units measured, {time.perf_counter() - t1:.0f} s")
+        cost = _weighted(probe.kl(calib, set(u.modules)), calib)
+        gain = uniform - _weighted(probe.kl(calib, everything - set(u.modules)), calib)
+        rows.append(
+            AdviceUnit(unit=u.name, layer=u.layer, kind=u.kind, extra_bytes=u.extra_bytes, cost_kl=cost, gain_kl=gain)
+        )
+    passes, sens_s = probe.passes, time.perf_counter() - t1
+    log(f"advise: sensitivity in {sens_s:.1f} s ({passes} passes, baseline {baseline_s:.2f} s)")
+    return _Sensitivity(rows, uniform, passes, baseline_s, sens_s)
+
+
+def _search(
+    probe: Probe,
+    calib: list[list[int]],
+    sens: _Sensitivity,
+    cell_units: list[Unit],
+    allowance: int,
+    target: Setup,
+    opts: Options,
+) -> tuple[AdviceSearch, list[Unit], Setup]:
+    """The cells to keep under the allowance, the advised setup that keeps them, and the mix's
+    KL measured on the calibration documents."""
+    cell_rows = sens.rows[: len(cell_units)]
+    choice = choose([r.gain_kl for r in cell_rows], [r.extra_bytes for r in cell_rows], allowance)
+    kept_units = [cell_units[i] for i in choice.kept]
+    advised = Setup.model_validate(
+        target.model_dump()
+        | {
+            "name": opts.name or f"{target.name}-advised",
+            "baseline": False,
+            "optional": False,
+            "keep": tuple(p for u in kept_units for p in u.keep_patterns()),
+        }
+    )
+    everything = {m for u in cell_units for m in u.modules}
+    kept_modules = {m for u in kept_units for m in u.modules}
+    search = AdviceSearch(
+        method=choice.method,
+        allowance_bytes=allowance,
+        extra_bytes=choice.extra_bytes,
+        kept=[u.name for u in kept_units],
+        predicted_gain_kl=choice.predicted_gain,
+        predicted_kl=sens.uniform - choice.predicted_gain,
+        measured_calib_kl=_weighted(probe.kl(calib, everything - kept_modules), calib),
+    )
+    return search, kept_units, advised
 
 
 def _verify(
@@ -187,6 +250,18 @@ def _verify(
         )
 
     mixes = [mix(target.name, []), mix(advised.name, kept)]
+    draws = _draws(cell_units, kept, opts)
+    for i, units in enumerate(draws):
+        mixes.append(mix(f"random-{i + 1}", units))
+        log(f"advise: held-out check, random mix {i + 1} of {len(draws)}")
+    if not draws:
+        return mixes, VersusRandom(verdict="nothing kept: no random mix to compare")
+    return mixes, _versus(mixes[1], mixes[2:])
+
+
+def _draws(cell_units: list[Unit], kept: list[Unit], opts: Options) -> list[list[Unit]]:
+    """`opts.random_draws` random mixes of as many attention and MLP cells as `kept` (seeded),
+    distinct, none equal to the advisor's own; none where nothing is kept."""
     rng = random.Random(opts.seed)
     by_kind = {k: [u for u in cell_units if u.kind == k] for k in ("attn", "mlp")}
     counts = {k: sum(1 for u in kept if u.kind == k) for k in by_kind}
@@ -200,15 +275,15 @@ def _verify(
                 seen.add(frozenset(u.name for u in units))
                 draws.append(units)
                 break
-    for i, units in enumerate(draws):
-        mixes.append(mix(f"random-{i + 1}", units))
-        log(f"advise: held-out check, random mix {i + 1} of {len(draws)}")
-    if not draws:
-        return mixes, VersusRandom(verdict="nothing kept: no random mix to compare")
-    adv = np.array(mixes[1].per_doc)
-    rand = np.array([m.per_doc for m in mixes[2:]])
+    return draws
+
+
+def _versus(advised: HeldoutMix, randoms: list[HeldoutMix]) -> VersusRandom:
+    """The advised mix against each random mix and their mean, paired by held-out document."""
+    adv = np.array(advised.per_doc)
+    rand = np.array([m.per_doc for m in randoms])
     per_draw: list[RandomDraw] = []
-    for m, r in zip(mixes[2:], rand, strict=True):
+    for m, r in zip(randoms, rand, strict=True):
         d = r - adv  # > 0: the random mix drifts further from the baseline than the advisor's
         lo, hi = t_interval(float(d.mean()), float(d.std(ddof=1)), len(d))
         per_draw.append(RandomDraw(mix=m.name, mean_diff=float(d.mean()), ci95=[lo, hi]))
@@ -221,9 +296,9 @@ def _verify(
         if hi < 0
         else "no difference beyond noise between the advisor's mix and random mixes of the same bytes"
     )
-    return mixes, VersusRandom(
+    return VersusRandom(
         documents=len(d),
-        draws=len(draws),
+        draws=len(randoms),
         mean_diff=float(d.mean()),
         ci95=[lo, hi],
         draws_beaten=sum(1 for p in per_draw if p.ci95[0] > 0),

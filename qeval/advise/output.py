@@ -30,7 +30,7 @@ def _kl(x: float) -> str:
 
 def markdown(advice: Advice) -> str:
     """advice.md."""
-    s, t, c = advice.search, advice.timing, advice.calibration
+    c = advice.calibration
     lines = [
         f"# Mixed-precision advice: {advice.target.name}",
         "",
@@ -61,7 +61,13 @@ def markdown(advice: Advice) -> str:
             for r in advice.rows
         ],
     )
-    lines += [
+    return "\n".join(lines + _chosen_lines(advice) + _heldout_lines(advice) + _cost_lines(advice))
+
+
+def _chosen_lines(advice: Advice) -> list[str]:
+    """advice.md's chosen mix: the search's pick and the advised setup's YAML."""
+    s = advice.search
+    return [
         "",
         "## Chosen mix",
         "",
@@ -75,6 +81,12 @@ def markdown(advice: Advice) -> str:
         "```",
         "",
     ]
+
+
+def _heldout_lines(advice: Advice) -> list[str]:
+    """advice.md's held-out check (none where there are no mixes): each mix's KL, and random
+    mixes against the advisor's."""
+    c, lines = advice.calibration, []
     if advice.mixes:
         lines += [
             "## Held-out check",
@@ -96,7 +108,13 @@ def markdown(advice: Advice) -> str:
                 f"{v.draws_beaten} of {v.draws} draws beaten beyond noise. "
                 f"{v.verdict.capitalize()}.",
             ]
-    lines += [
+    return lines
+
+
+def _cost_lines(advice: Advice) -> list[str]:
+    """advice.md's cost: what the sensitivity and the whole run took."""
+    t = advice.timing
+    return [
         "",
         "## Cost",
         "",
@@ -105,7 +123,6 @@ def markdown(advice: Advice) -> str:
         f"loading {t.load_s:.1f} s; everything {t.total_s:.1f} s.",
         "",
     ]
-    return "\n".join(lines)
 
 
 def heatmap_svg(rows: list[AdviceUnit], value: str = "gain_kl") -> str:

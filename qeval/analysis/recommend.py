@@ -58,22 +58,7 @@ def recommend(results: Results) -> Recommendation:
     elif by != "concurrency":  # throughput or latency, from the performance phase (qeval/perf/rank.py)
         best = _rank_by_performance(eligible, by, reasons)
     else:
-        eligible.sort(key=lambda s: (-(s.memory.max_concurrency or 0), worst_drop(s)))
-        best = eligible[0] if eligible else None
-        for s in eligible[1:]:
-            assert best is not None
-            mine = whole_sequences(s.memory.max_concurrency or 0)
-            theirs = whole_sequences(best.memory.max_concurrency or 0)
-            reasons[s.name] = (
-                f"{s.name}: passes every gate, but allows {mine} sequences at {context} tokens against "
-                f"{theirs} for {best.name}"
-            )
-        if best is not None:
-            reasons[best.name] = (
-                f"{best.name}: recommended: passes every gate and allows "
-                f"{whole_sequences(best.memory.max_concurrency or 0)} sequences at {context} tokens, "
-                "the most of any passing setup"
-            )
+        best = _rank_by_concurrency(eligible, context, reasons)
     if best is not None and results.run.partial_tasks:
         reasons[best.name] += f"; {partial_text(results.run.partial_tasks)}"
     order = [s.name for s in results.setups]
@@ -83,6 +68,28 @@ def recommend(results: Results) -> Recommendation:
         candidates=[s.name for s in eligible],
         blocked=None,
     )
+
+
+def _rank_by_concurrency(eligible: list[SetupResult], context: int, reasons: dict[str, str]) -> SetupResult | None:
+    """The passing setup allowing the most concurrent sequences (ties: the smaller worst drop),
+    sorting `eligible` so; each other passing setup gets its reason."""
+    eligible.sort(key=lambda s: (-(s.memory.max_concurrency or 0), worst_drop(s)))
+    best = eligible[0] if eligible else None
+    for s in eligible[1:]:
+        assert best is not None
+        mine = whole_sequences(s.memory.max_concurrency or 0)
+        theirs = whole_sequences(best.memory.max_concurrency or 0)
+        reasons[s.name] = (
+            f"{s.name}: passes every gate, but allows {mine} sequences at {context} tokens against "
+            f"{theirs} for {best.name}"
+        )
+    if best is not None:
+        reasons[best.name] = (
+            f"{best.name}: recommended: passes every gate and allows "
+            f"{whole_sequences(best.memory.max_concurrency or 0)} sequences at {context} tokens, "
+            "the most of any passing setup"
+        )
+    return best
 
 
 def _rank_by_goodput(results: Results, eligible: list[SetupResult], reasons: dict[str, str]) -> SetupResult | None:
@@ -180,31 +187,44 @@ def _exclusion(
             return (
                 f"{name}: {describe_position(task, b)}, fails the {b.max_drop:g} nats/token gate at position {b.start}"
             )
+    reason = _suite_gates(s) or _inconclusive(s, positions)
+    if reason:
+        return reason
+    conc = s.memory.max_concurrency
+    if conc is None:
+        return f"{name}: no memory figures to size it against the budget"
+    if conc < 1:
+        return f"{name}: fits only {whole_sequences(conc)} sequences of {context} tokens in the budget"
+    return None
+
+
+def _suite_gates(s: SetupResult) -> str | None:
+    """Why `s` fails a suite's recovery gate or is inconclusive against it, or None."""
     for suite, sc in s.suites.items():
         if sc.verdict in ("fail", "inconclusive") and sc.gate is not None:
             rec = f"{100 * sc.recovery:.1f}%" if sc.recovery is not None else "unknown"
             ci = f" [{100 * sc.ci[0]:.1f}%, {100 * sc.ci[1]:.1f}%]" if sc.ci else ""
             word = "fails" if sc.verdict == "fail" else "inconclusive against"
             gate = f"{100 * (sc.gate.min_recovery or 0):g}%"
-            return f"{name}: {suite} recovery {rec}{ci}, {word} the {gate} recovery gate"
+            return f"{s.name}: {suite} recovery {rec}{ci}, {word} the {gate} recovery gate"
+    return None
+
+
+def _inconclusive(s: SetupResult, positions: list[tuple[str, GeneratedPositionBucket]]) -> str | None:
+    """The first task gate, then generated-position gate, that `s` is inconclusive against, or None."""
     for task, c in s.vs_baseline.items():
         if c.verdict == "inconclusive":
             # the figure is the comparison's own (stats.samples_to_decide); results written before it have none
             why = f" ({c.verdict_reason})" if c.verdict_reason else ""
             more = f"; about {c.samples_to_decide} samples would decide it" if c.samples_to_decide else ""
-            return f"{name}: {describe_delta(task, c)}, inconclusive against the {_margin(c)}{why}{more}"
+            return f"{s.name}: {describe_delta(task, c)}, inconclusive against the {_margin(c)}{why}{more}"
     for task, b in positions:
         if b.verdict == "inconclusive":
             why = f" ({b.verdict_reason})" if b.verdict_reason else ""
             return (
-                f"{name}: {describe_position(task, b)}, inconclusive against the {b.max_drop:g} nats/token gate "
+                f"{s.name}: {describe_position(task, b)}, inconclusive against the {b.max_drop:g} nats/token gate "
                 f"at position {b.start}{why}"
             )
-    conc = s.memory.max_concurrency
-    if conc is None:
-        return f"{name}: no memory figures to size it against the budget"
-    if conc < 1:
-        return f"{name}: fits only {whole_sequences(conc)} sequences of {context} tokens in the budget"
     return None
 
 

@@ -9,11 +9,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from qeval.analysis.comparison import compare, document_values, paired_records
+from qeval.analysis.comparison import Comparison, Paired, compare, document_values, paired_records
 from qeval.analysis.stats import small_sample_reason, unpaired_difference, verdict
 from qeval.compare.evidence import chat_difference, chat_settings, stored_problems
 from qeval.compare.runs import LoadedRun
 from qeval.results.metrics import describe
+from qeval.results.samples import SampleRecord
 from qeval.results.schema import Results, SetupResult
 
 
@@ -171,26 +172,7 @@ def _task(a: LoadedRun, b: LoadedRun, sa: SetupResult, sb: SetupResult, task: st
     desc = describe(metric, info_a.higher_is_better)
     hib = desc.higher_is_better
     if info_b.compared_metric != metric:
-        return _unchecked(
-            TaskDelta(
-                sa.name,
-                task,
-                metric,
-                hib,
-                None,
-                None,
-                None,
-                None,
-                "",
-                False,
-                None,
-                sa.tasks[task].n,
-                sb.tasks[task].n,
-                None,
-            ),
-            f"compared on {metric} in the reference run, on {info_b.compared_metric} here",
-            margin,
-        )
+        return _other_metric(sa, sb, task, metric, hib, info_b.compared_metric, margin)
     problems = [f"reference run: {p}" for p in stored_problems(a, sa, task)] + [
         f"this run: {p}" for p in stored_problems(b, sb, task)
     ]
@@ -211,30 +193,84 @@ def _task(a: LoadedRun, b: LoadedRun, sa: SetupResult, sb: SetupResult, task: st
         if data is not None:
             seed = a.results.config.seed
             c = compare(data, task, seed or 0, gates=[], higher_is_better=info_a.higher_is_better)
-            return _decided(
-                TaskDelta(
-                    sa.name,
-                    task,
-                    metric,
-                    hib,
-                    data.base_value(),
-                    data.other_value(),
-                    c.delta,
-                    c.ci,
-                    f"paired, {c.ci_method}",
-                    True,
-                    None,
-                    len(ra),
-                    len(rb),
-                    c.n,
-                    c.p_value,
-                    c.flips_to_wrong,
-                    c.flips_to_right,
-                ),
-                margin,
-                c.n,
-            )
+            return _paired(sa, task, metric, hib, data, c, (len(ra), len(rb)), margin)
         reason = "no document pairs (ids or prompts differ)"
+    return _unpaired(sa, task, metric, hib, ra, rb, reason, margin)
+
+
+def _other_metric(
+    sa: SetupResult, sb: SetupResult, task: str, metric: str, hib: bool, other: str, margin: float | None
+) -> TaskDelta:
+    """A row left unchecked: the two runs compared the task on different metrics."""
+    return _unchecked(
+        TaskDelta(
+            sa.name,
+            task,
+            metric,
+            hib,
+            None,
+            None,
+            None,
+            None,
+            "",
+            False,
+            None,
+            sa.tasks[task].n,
+            sb.tasks[task].n,
+            None,
+        ),
+        f"compared on {metric} in the reference run, on {other} here",
+        margin,
+    )
+
+
+def _paired(
+    sa: SetupResult,
+    task: str,
+    metric: str,
+    hib: bool,
+    data: Paired,
+    c: Comparison,
+    n_records: tuple[int, int],
+    margin: float | None,
+) -> TaskDelta:
+    """A row compared document by document (`data`: the pairs, `c`: their comparison)."""
+    return _decided(
+        TaskDelta(
+            sa.name,
+            task,
+            metric,
+            hib,
+            data.base_value(),
+            data.other_value(),
+            c.delta,
+            c.ci,
+            f"paired, {c.ci_method}",
+            True,
+            None,
+            n_records[0],
+            n_records[1],
+            c.n,
+            c.p_value,
+            c.flips_to_wrong,
+            c.flips_to_right,
+        ),
+        margin,
+        c.n,
+    )
+
+
+def _unpaired(
+    sa: SetupResult,
+    task: str,
+    metric: str,
+    hib: bool,
+    ra: list[SampleRecord],
+    rb: list[SampleRecord],
+    reason: str,
+    margin: float | None,
+) -> TaskDelta:
+    """A row compared as two independent samples, and why they could not be paired."""
     va, da = document_values(ra, metric)
     vb, db = document_values(rb, metric)
     d = unpaired_difference(va, vb, metric, da, db)

@@ -26,7 +26,7 @@ from qeval.report.tables import Escape, md_table, md_text
 from qeval.results.metrics import describe
 
 if TYPE_CHECKING:
-    from qeval.compare.comparison import RunComparison
+    from qeval.compare.comparison import OtherRun, RunComparison
 
 DELTA_HEADER = ["setup", "task", "metric", "reference", "this run", "Δ [95% CI]", "n", "method", "verdict"]
 CHANGE_HEADER = ["what", "reference run", "this run"]
@@ -131,42 +131,9 @@ def render_markdown(c: RunComparison) -> str:
             for i, r in enumerate(c.runs)
         ],
     )
-    regressions, unchecked = c.regressions(), c.unchecked()
-    if c.margin is not None:
-        lines += [
-            "",
-            f"**Regressions beyond {c.margin:g}:** "
-            + ("; ".join(md_text(x) for x in regressions) if regressions else "none found")
-            + ".",
-        ]
-    if unchecked:
-        lines += [
-            "",
-            f"**Not checked ({len(unchecked)}{'; the gate fails' if c.margin is not None else ''}):** "
-            + "; ".join(md_text(x) for x in unchecked)
-            + ".",
-        ]
+    lines += _gate_lines(c)
     for other in c.others:
-        lines += [
-            "",
-            f"## {md_text(other.run.path)} against {md_text(c.runs[0].path)}",
-            "",
-            *md_table(DELTA_HEADER, delta_rows(other.setups, md_text)),
-            "",
-            _legend(c.margin),
-            "",
-            "### What changed",
-            "",
-        ]
-        if other.changes:
-            lines += md_table(
-                CHANGE_HEADER, [[md_text(ch.what), md_text(ch.a or "—"), md_text(ch.b or "—")] for ch in other.changes]
-            )
-        else:
-            lines += [
-                "Nothing the runs recorded differs (qeval, engine and library versions, checksums, device, "
-                "config, task data)."
-            ]
+        lines += _against_lines(c, other)
     lines += [
         "",
         "## History",
@@ -183,6 +150,52 @@ def render_markdown(c: RunComparison) -> str:
             "",
         ]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _gate_lines(c: RunComparison) -> list[str]:
+    """compare.md's regressions beyond the margin (under --fail-on-regression) and what could not be checked."""
+    lines: list[str] = []
+    regressions, unchecked = c.regressions(), c.unchecked()
+    if c.margin is not None:
+        lines += [
+            "",
+            f"**Regressions beyond {c.margin:g}:** "
+            + ("; ".join(md_text(x) for x in regressions) if regressions else "none found")
+            + ".",
+        ]
+    if unchecked:
+        lines += [
+            "",
+            f"**Not checked ({len(unchecked)}{'; the gate fails' if c.margin is not None else ''}):** "
+            + "; ".join(md_text(x) for x in unchecked)
+            + ".",
+        ]
+    return lines
+
+
+def _against_lines(c: RunComparison, other: OtherRun) -> list[str]:
+    """compare.md's section of one run against the reference: the deltas and what changed."""
+    lines = [
+        "",
+        f"## {md_text(other.run.path)} against {md_text(c.runs[0].path)}",
+        "",
+        *md_table(DELTA_HEADER, delta_rows(other.setups, md_text)),
+        "",
+        _legend(c.margin),
+        "",
+        "### What changed",
+        "",
+    ]
+    if other.changes:
+        lines += md_table(
+            CHANGE_HEADER, [[md_text(ch.what), md_text(ch.a or "—"), md_text(ch.b or "—")] for ch in other.changes]
+        )
+    else:
+        lines += [
+            "Nothing the runs recorded differs (qeval, engine and library versions, checksums, device, "
+            "config, task data)."
+        ]
+    return lines
 
 
 _TEMPLATE = """<!DOCTYPE html>

@@ -35,13 +35,7 @@ def memory_block(
     sequence is predicted."""
 
     def fig(name: str, predicted: int | None = None) -> Figure:
-        m = measured.get(name, _NOT_MEASURED)
-        return Figure(
-            measured=m.measured,
-            predicted=predicted,
-            source=m.source,
-            **({"reserved_peak": m.reserved_peak} if name == "peak_bytes" and m.reserved_peak is not None else {}),
-        )
+        return _figure(measured, name, predicted)
 
     mem = Memory(
         weights_bytes=fig("weights_bytes", predict_weights_bytes(shape, setup, dtype) if shape else None),
@@ -65,6 +59,23 @@ def memory_block(
                 "capacity_source": f"vLLM engine on this GPU ({mem.engine.source}); concurrency = tokens / {ctx}",
             }
         )
+    return _with_capacity(mem, shape, budget)
+
+
+def _figure(measured: dict[str, MemoryFigure], name: str, predicted: int | None = None) -> Figure:
+    """One figure: the worker's measurement of `name` (with its source) beside the prediction."""
+    m = measured.get(name, _NOT_MEASURED)
+    return Figure(
+        measured=m.measured,
+        predicted=predicted,
+        source=m.source,
+        **({"reserved_peak": m.reserved_peak} if name == "peak_bytes" and m.reserved_peak is not None else {}),
+    )
+
+
+def _with_capacity(mem: Memory, shape: ModelShape | None, budget: Budget) -> Memory:
+    """`mem` with the KV tokens and concurrency the budget holds, predicted from the weights and
+    the KV bytes (measured where measured); as it is where either is unknown."""
     w = mem.weights_bytes.measured or mem.weights_bytes.predicted
     kv = mem.kv_bytes_per_token.measured or mem.kv_bytes_per_token.predicted
     if not w or not kv:

@@ -134,49 +134,7 @@ def describe(qc: dict[str, Any]) -> dict[str, Any]:
     fields it was read from (scheme, bits, group size, ignored layers)."""
     method = _short(qc.get("quant_method", "unknown"))
     out: dict[str, Any] = {"quant_method": method}
-    if method == "compressed-tensors":
-        groups = qc.get("config_groups") or {}
-        groups = groups if isinstance(groups, dict) else {}
-        parts = []
-        for name, g in sorted(groups.items()):
-            if not isinstance(g, dict):
-                continue
-            targets: list[Any] = g["targets"] if isinstance(g.get("targets"), list) else [name]
-            w, a = _tensor(g.get("weights")), _tensor(g.get("input_activations"))
-            parts.append(
-                f"{_short('+'.join(map(str, targets)))}: weights {_short(w or 'unquantized')}, "
-                f"activations {_short(a or '16-bit')}"
-            )
-            weights = g.get("weights") or {}
-            out.setdefault("bits", weights.get("num_bits"))
-            out.setdefault("group_size", weights.get("group_size"))
-            out.setdefault("activation_bits", (g.get("input_activations") or {}).get("num_bits"))
-        out["format"] = qc.get("format")
-        scheme = (
-            "; ".join(parts[:SHOWN]) + (f"; and {len(parts) - SHOWN:,} more groups" if len(parts) > SHOWN else "")
-            or "no config groups"
-        )
-    else:  # gptq, awq, bitsandbytes, fp8, torchao...: their flat fields
-        out["bits"] = (
-            qc.get("bits")
-            or qc.get("w_bit")
-            or (4 if qc.get("load_in_4bit") else 8 if qc.get("load_in_8bit") else None)
-        )
-        out["group_size"] = qc.get("group_size") or qc.get("q_group_size")
-        block = qc.get("weight_block_size")
-        scheme = (
-            ", ".join(
-                x
-                for x in (
-                    f"{out['bits']}-bit" if out["bits"] else None,
-                    f"group {out['group_size']}" if out["group_size"] else None,
-                    f"blocks {block}" if block else None,
-                    "asym" if qc.get("sym") is False or qc.get("zero_point") else None,
-                )
-                if x
-            )
-            or "as configured"
-        )
+    scheme = _compressed_tensors(qc, out) if method == "compressed-tensors" else _flat(qc, out)
     ignore = qc.get("ignore") or qc.get("modules_to_not_convert") or qc.get("llm_int8_skip_modules") or []
     ignore = list(ignore) if isinstance(ignore, (list, tuple)) else [ignore]
     # results.json and the reports carry a bounded part: the first names and how many there are
@@ -185,3 +143,54 @@ def describe(qc: dict[str, Any]) -> dict[str, Any]:
     kept = f"; unquantized: {_names(ignore)}" if ignore else ""
     out["text"] = f"{method}: {scheme}{kept}"
     return out
+
+
+def _compressed_tensors(qc: dict[str, Any], out: dict[str, Any]) -> str:
+    """A compressed-tensors config's scheme text: each config group's targets, weights and
+    activations (the first SHOWN); its bits, group size and format go into `out`."""
+    groups = qc.get("config_groups") or {}
+    groups = groups if isinstance(groups, dict) else {}
+    parts = []
+    for name, g in sorted(groups.items()):
+        if not isinstance(g, dict):
+            continue
+        targets: list[Any] = g["targets"] if isinstance(g.get("targets"), list) else [name]
+        w, a = _tensor(g.get("weights")), _tensor(g.get("input_activations"))
+        parts.append(
+            f"{_short('+'.join(map(str, targets)))}: weights {_short(w or 'unquantized')}, "
+            f"activations {_short(a or '16-bit')}"
+        )
+        weights = g.get("weights") or {}
+        out.setdefault("bits", weights.get("num_bits"))
+        out.setdefault("group_size", weights.get("group_size"))
+        out.setdefault("activation_bits", (g.get("input_activations") or {}).get("num_bits"))
+    out["format"] = qc.get("format")
+    scheme = (
+        "; ".join(parts[:SHOWN]) + (f"; and {len(parts) - SHOWN:,} more groups" if len(parts) > SHOWN else "")
+        or "no config groups"
+    )
+    return scheme
+
+
+def _flat(qc: dict[str, Any], out: dict[str, Any]) -> str:
+    """The scheme text of a config with flat fields (gptq, awq, bitsandbytes, fp8, torchao...);
+    its bits and group size go into `out`."""
+    out["bits"] = (
+        qc.get("bits") or qc.get("w_bit") or (4 if qc.get("load_in_4bit") else 8 if qc.get("load_in_8bit") else None)
+    )
+    out["group_size"] = qc.get("group_size") or qc.get("q_group_size")
+    block = qc.get("weight_block_size")
+    scheme = (
+        ", ".join(
+            x
+            for x in (
+                f"{out['bits']}-bit" if out["bits"] else None,
+                f"group {out['group_size']}" if out["group_size"] else None,
+                f"blocks {block}" if block else None,
+                "asym" if qc.get("sym") is False or qc.get("zero_point") else None,
+            )
+            if x
+        )
+        or "as configured"
+    )
+    return scheme

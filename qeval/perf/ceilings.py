@@ -113,15 +113,7 @@ def probe(device: str, dtype: str, budget_s: float = BUDGET_S) -> dict[str, Any]
 
     start = time.perf_counter()
     sync: Callable[[], None] = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    cache = (torch.cuda.get_device_properties(0).L2_cache_size if device == "cuda" else last_level_cache_bytes()) or 0
-    # the copy stays sized past the caches (a cached copy would overstate DRAM bandwidth)
-    # (twice the last level: a VM reports the whole socket's L3, 480 MiB on these EPYCs/Xeons, and 8x
-    # that took 6 s just to allocate and touch; src + dst at 2x each stream 4x the cache per call)
-    nbytes = min(max(256 * 2**20, 2 * cache), 2 * 2**30) if device != "cuda" else max(2 * 2**30, 8 * cache)
-    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    copies = [2 * nbytes / t for t in _repeat(lambda: dst.copy_(src), sync, start + 0.2 * budget_s)]
-    src = dst = torch.empty(0)  # give the memory back before the matmuls
+    cache, nbytes, copies = _copies(device, sync, start + 0.2 * budget_s)
     n_max = 8192 if device == "cuda" else 2048
     tdt = getattr(torch, dtype)
     # the model dtype's share of the time left, then int8's: both bounded by the same budget
@@ -141,23 +133,7 @@ def probe(device: str, dtype: str, budget_s: float = BUDGET_S) -> dict[str, Any]
             "best of the repeats is the ceiling",
         )
     }
-    try:
-
-        def int_mm(n: int) -> Callable[[], Any]:
-            ia = torch.randint(-128, 127, (n, n), dtype=torch.int8, device=device)
-            ib = torch.randint(-128, 127, (n, n), dtype=torch.int8, device=device)
-            return lambda: torch._int_mm(ia, ib)
-
-        n8, rates8 = _sized_matmul(int_mm, sync, n_max, start + budget_s)
-        peaks["int8"] = measured(
-            rates8,
-            "OP/s",
-            f"torch._int_mm of two {n8}x{n8} int8 matrices (int32 accumulate; "
-            f"size grown until one call took {1000 * TARGET_S:.0f} ms, at most "
-            f"{n_max}): 2 n^3 / time; best of the repeats is the ceiling",
-        )
-    except (RuntimeError, AttributeError) as exc:  # no int8 GEMM in this torch build or device
-        peaks["int8_unavailable"] = {"reason": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+    peaks.update(_int8_peak(device, sync, n_max, start + budget_s))
     name = torch.cuda.get_device_name(0) if device == "cuda" else _cpu_name()
     past = "8x" if device == "cuda" else "2x"
     return {
@@ -176,6 +152,48 @@ def probe(device: str, dtype: str, budget_s: float = BUDGET_S) -> dict[str, Any]
         "matmul_peak": {k: v for k, v in peaks.items() if "unavailable" not in k},
         "notes": [v["reason"] for k, v in peaks.items() if "unavailable" in k],
     }
+
+
+def _copies(device: str, sync: Callable[[], None], deadline: float) -> tuple[int, int, list[float]]:
+    """The largest cache's bytes, the copy's bytes and its rates (bytes read + written per
+    second), repeated until `deadline`."""
+    import torch
+
+    cache = (torch.cuda.get_device_properties(0).L2_cache_size if device == "cuda" else last_level_cache_bytes()) or 0
+    # the copy stays sized past the caches (a cached copy would overstate DRAM bandwidth)
+    # (twice the last level: a VM reports the whole socket's L3, 480 MiB on these EPYCs/Xeons, and 8x
+    # that took 6 s just to allocate and touch; src + dst at 2x each stream 4x the cache per call)
+    nbytes = min(max(256 * 2**20, 2 * cache), 2 * 2**30) if device != "cuda" else max(2 * 2**30, 8 * cache)
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    copies = [2 * nbytes / t for t in _repeat(lambda: dst.copy_(src), sync, deadline)]
+    return cache, nbytes, copies  # the tensors go with the frame: the memory is back before the matmuls
+
+
+def _int8_peak(device: str, sync: Callable[[], None], n_max: int, deadline: float) -> dict[str, Any]:
+    """`int8`: the int8 matmul's peak, or `int8_unavailable` with the reason where this torch
+    build or device has no int8 GEMM."""
+    import torch
+
+    try:
+
+        def int_mm(n: int) -> Callable[[], Any]:
+            ia = torch.randint(-128, 127, (n, n), dtype=torch.int8, device=device)
+            ib = torch.randint(-128, 127, (n, n), dtype=torch.int8, device=device)
+            return lambda: torch._int_mm(ia, ib)
+
+        n8, rates8 = _sized_matmul(int_mm, sync, n_max, deadline)
+        return {
+            "int8": measured(
+                rates8,
+                "OP/s",
+                f"torch._int_mm of two {n8}x{n8} int8 matrices (int32 accumulate; "
+                f"size grown until one call took {1000 * TARGET_S:.0f} ms, at most "
+                f"{n_max}): 2 n^3 / time; best of the repeats is the ceiling",
+            )
+        }
+    except (RuntimeError, AttributeError) as exc:  # no int8 GEMM in this torch build or device
+        return {"int8_unavailable": {"reason": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}}
 
 
 def _cpu_name() -> str:
@@ -216,13 +234,9 @@ def ensure_ceilings(pre: Preflight, store: RunStore, python: str, remote: str | 
         }
     )
     path = ceilings_path(store)
-    if path.is_file():
-        try:
-            stored = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            stored = None
-        if isinstance(stored, dict) and stored.get("key") == key and not stored.get("error"):
-            return stored
+    stored = _stored(path, key)
+    if stored is not None:
+        return stored
     if remote is not None:  # the jobs run on the cluster's nodes; this driver's device says nothing of theirs
         err = f"not measured: the jobs run on the Ray cluster at {remote}, whose nodes the driver does not probe"
         print(f"qeval: the ceilings were {err}; no shares of the ceiling", file=sys.stderr)
@@ -232,7 +246,27 @@ def ensure_ceilings(pre: Preflight, store: RunStore, python: str, remote: str | 
         atomic_write_json(path, _MEASURED[key])
         return _MEASURED[key]
     print(f"qeval: measuring {pre.device} copy bandwidth and matmul peak (once per run)", file=sys.stderr)
-    tmp = path.with_name("ceilings.probe.json")
+    result = _run_probe(python, pre, path.with_name("ceilings.probe.json"), key)
+    atomic_write_json(path, result)
+    if not result.get("error"):
+        _MEASURED[key] = result
+    return result
+
+
+def _stored(path: Path, key: str) -> dict[str, Any] | None:
+    """The stored ceilings at `path` where they are under `key` and measured (no error)."""
+    if not path.is_file():
+        return None
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return stored if isinstance(stored, dict) and stored.get("key") == key and not stored.get("error") else None
+
+
+def _run_probe(python: str, pre: Preflight, tmp: Path, key: str) -> dict[str, Any]:
+    """The probe run in a fresh process of `python` (writing `tmp`): its ceilings, or the error
+    it ended with (warned about)."""
     t0 = time.time()
     try:  # dies with this process (a killed `qeval run` leaves no probe racing the rerun for its file)
         proc = subprocess.run(
@@ -252,9 +286,6 @@ def ensure_ceilings(pre: Preflight, store: RunStore, python: str, remote: str | 
         err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         print(f"qeval: warning: the ceilings probe failed ({err}); no shares of the ceiling", file=sys.stderr)
         result = {"key": key, "error": err}
-    atomic_write_json(path, result)
-    if not result.get("error"):
-        _MEASURED[key] = result
     return result
 
 

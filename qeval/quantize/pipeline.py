@@ -87,23 +87,7 @@ def quantize(
     from qeval.backends import check_blocks
 
     check_blocks(cfg)  # a config `qeval run` / `qeval goodput` would refuse: before minutes of quantizing
-    todo = [s for s in cfg.setups if needs_checkpoint(s) and not s.checkpoint]
-    if only:
-        unknown = [n for n in only if n not in {s.name for s in cfg.setups}]
-        if unknown:
-            raise UserError(f"--setups: unknown setup {unknown[0]!r}")
-        todo = [s for s in todo if s.name in only]
-    if not todo:
-        raise UserError(
-            "no setup to quantize: that takes weights int8/int4 with method "
-            f"{' / '.join(SCHEMES)} and no `checkpoint:` of its own"
-        )
-    if any(s.method == "awq" for s in todo) and shutil.which("nvidia-smi") is None:
-        # measured: llmcompressor 0.14's AWQ pipeline pins calibration tensors, which needs an accelerator
-        raise UserError(
-            "method awq: llm-compressor 0.14 runs AWQ only on a GPU machine (on CPU it fails with "
-            "'Cannot access accelerator device'); use method gptq here"
-        )
+    todo = _todo(cfg, only)
     source = resolve_model(cfg.model.path, cfg.model.revision)  # one clear line for a bad model path, early
     # `dtype: auto` as the run will resolve it on this device (the checkpoint's key holds the dtype)
     dtype = resolve_precision(cfg.model.dtype, source.config, resolve_device(cfg.device)).dtype
@@ -129,6 +113,29 @@ def quantize(
         log(f"{setup.name}: done in {record['made_by']['seconds']:.0f} s")
         made.append(Made(setup.name, scheme.preset, dest, False, record["made_by"]["seconds"]))
     return made
+
+
+def _todo(cfg: RunConfig, only: list[str] | None) -> list[Setup]:
+    """The setups to quantize (those of `only`, where given): UserError for an unknown name, for
+    none to quantize, and for AWQ on a machine without a GPU."""
+    todo = [s for s in cfg.setups if needs_checkpoint(s) and not s.checkpoint]
+    if only:
+        unknown = [n for n in only if n not in {s.name for s in cfg.setups}]
+        if unknown:
+            raise UserError(f"--setups: unknown setup {unknown[0]!r}")
+        todo = [s for s in todo if s.name in only]
+    if not todo:
+        raise UserError(
+            "no setup to quantize: that takes weights int8/int4 with method "
+            f"{' / '.join(SCHEMES)} and no `checkpoint:` of its own"
+        )
+    if any(s.method == "awq" for s in todo) and shutil.which("nvidia-smi") is None:
+        # measured: llmcompressor 0.14's AWQ pipeline pins calibration tensors, which needs an accelerator
+        raise UserError(
+            "method awq: llm-compressor 0.14 runs AWQ only on a GPU machine (on CPU it fails with "
+            "'Cannot access accelerator device'); use method gptq here"
+        )
+    return todo
 
 
 def _remove_stale(dest: Path) -> None:
@@ -169,25 +176,7 @@ def _make(
     atomic_write_json(job_path, job)
     started = now_iso()
     log_path = tmp / "quantize.log"
-    env = os.environ | {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
-    with log_path.open("w") as log_file:
-        # -P: the worker's own folder (qeval/) stays off sys.path, so no qeval module shadows another
-        proc = subprocess.run(
-            [python, "-P", str(WORKER), str(job_path)],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=env,
-            check=False,
-            preexec_fn=functools.partial(die_with_parent, os.getpid()),
-        )  # no orphan quantizer
-    if proc.returncode != 0:
-        tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()][-1:]
-        raise QuantizeFailed(
-            f"setup {setup.name!r}: llm-compressor exited with {proc.returncode}: "
-            f"{tail[0] if tail else 'no output'} (log: {log_path})"
-        )
-    info = json.loads((tmp / "worker-info.json").read_text())
-    (tmp / "worker-info.json").unlink()
+    info = _run_worker(python, job_path, log_path, setup.name)
     job_path.unlink()  # the calibration texts are in the source file; the record says which
     record = {
         "schema_version": SCHEMA_VERSION,
@@ -203,17 +192,54 @@ def _make(
             "texts": info["calibration_texts"],
             "tokens": info["calibration_tokens"],
         },
-        "made_by": {
-            "qeval": __version__,
-            "git_commit": git_commit(),
-            "started": started,
-            "finished": now_iso(),
-            "seconds": info["seconds"],
-            "libraries": info["libraries"],
-            "hardware": hardware(),
-        },
+        "made_by": _made_by(started, info),
     }
     atomic_write_json(tmp / RECORD, record)
+    _install(tmp, dest)
+    return record
+
+
+def _run_worker(python: str, job_path: Path, log_path: Path, setup: str) -> dict[str, Any]:
+    """The quantizing worker run on `job_path` under `python`, its output in `log_path`; what it
+    reports (worker-info.json, read and removed). QuantizeFailed where it exits non-zero."""
+    env = os.environ | {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    with log_path.open("w") as log_file:
+        # -P: the worker's own folder (qeval/) stays off sys.path, so no qeval module shadows another
+        proc = subprocess.run(
+            [python, "-P", str(WORKER), str(job_path)],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            check=False,
+            preexec_fn=functools.partial(die_with_parent, os.getpid()),
+        )  # no orphan quantizer
+    if proc.returncode != 0:
+        tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()][-1:]
+        raise QuantizeFailed(
+            f"setup {setup!r}: llm-compressor exited with {proc.returncode}: "
+            f"{tail[0] if tail else 'no output'} (log: {log_path})"
+        )
+    info_path = job_path.parent / "worker-info.json"
+    info: dict[str, Any] = json.loads(info_path.read_text())
+    info_path.unlink()
+    return info
+
+
+def _made_by(started: str, info: dict[str, Any]) -> dict[str, Any]:
+    """The record's `made_by`: qeval, the commit, when, and the worker's libraries and seconds."""
+    return {
+        "qeval": __version__,
+        "git_commit": git_commit(),
+        "started": started,
+        "finished": now_iso(),
+        "seconds": info["seconds"],
+        "libraries": info["libraries"],
+        "hardware": hardware(),
+    }
+
+
+def _install(tmp: Path, dest: Path) -> None:
+    """The finished checkpoint folder moved into place (replacing an older one only once the new one is complete)."""
     if dest.exists():  # --force: the old folder goes only once the new one is complete
         old = dest.with_name(f"{dest.name}.old-{os.getpid()}")
         os.replace(dest, old)
@@ -221,4 +247,3 @@ def _make(
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, dest)
-    return record

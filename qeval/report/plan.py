@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from qeval.memory.cluster import Cluster, ClusterRow
     from qeval.memory.plan_command import Planned
     from qeval.memory.planner import PlanRow
+    from qeval.memory.workload_plan import ServingRow
     from qeval.workload.stats import WorkloadStats
     from qeval.workload.trace import Trace
 
@@ -100,6 +101,23 @@ def print_workload(planned: tuple[WorkloadStats, Trace], rows: list[PlanRow], sp
 
     stats, trace = planned
     out = Console()
+    _print_lengths(out, stats, trace)
+    out.print(_concurrency_table(serving_rows(rows, stats), stats))
+    if spec.slo:
+        from qeval.perf.slo import ms
+
+        targets = ", ".join(f"{k.removesuffix('_ms')} {ms(v)} ms" for k, v in spec.slo.targets().items())
+        out.print(
+            escape(
+                f"SLO at p{spec.slo.percentile:g}: {targets} (the plan sizes memory only; `qeval goodput` serves "
+                "this workload against it with `vllm serve`, as does `qeval run` with recommend_by: goodput)"
+            )
+        )
+
+
+def _print_lengths(out: Console, stats: WorkloadStats, trace: Trace) -> None:
+    """The workload's source, its request lengths, max-model-len and what it refuses, KV blocks
+    per request and prefix sharing."""
     skipped = f", {trace.skipped} entries skipped (fewer than two turns)" if trace.skipped else ""
     out.print(
         escape(
@@ -136,7 +154,11 @@ def print_workload(planned: tuple[WorkloadStats, Trace], rows: list[PlanRow], sp
                 f"{x.mean_blocks_with_cache:g} blocks per request"
             )
         )
-    serving = serving_rows(rows, stats)
+
+
+def _concurrency_table(serving: list[ServingRow], stats: WorkloadStats) -> Table:
+    """Each setup's concurrent requests: the worst case, on the distribution, with prefix caching."""
+    p = f"p{stats.percentile:g}"
     table = Table(
         "setup",
         "KV pool (blocks)",
@@ -156,17 +178,7 @@ def print_workload(planned: tuple[WorkloadStats, Trace], rows: list[PlanRow], sp
             f"{r.concurrency_at_percentile:,.1f}",
             cached,
         )
-    out.print(table)
-    if spec.slo:
-        from qeval.perf.slo import ms
-
-        targets = ", ".join(f"{k.removesuffix('_ms')} {ms(v)} ms" for k, v in spec.slo.targets().items())
-        out.print(
-            escape(
-                f"SLO at p{spec.slo.percentile:g}: {targets} (the plan sizes memory only; `qeval goodput` serves "
-                "this workload against it with `vllm serve`, as does `qeval run` with recommend_by: goodput)"
-            )
-        )
+    return table
 
 
 def _print_cluster(

@@ -154,7 +154,16 @@ def markdown(results: ServingResults) -> str:
         ]
         if r.status != "ok":
             lines += [f"failed: {r.error}", ""]
-    lines += [
+    lines += _levels_lines(results, p)
+    lines += ["", "## Figures", ""] + [f"![{name}]({name})" for name in FIGURES]
+    if results.notes:
+        lines += ["", "Notes: " + "; ".join(results.notes) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def _levels_lines(results: ServingResults, p: str) -> list[str]:
+    """serving.md's table of every setup's measured levels (`p`: the SLO's percentile column)."""
+    lines = [
         "## Levels",
         "",
         "Latencies in ms (np.percentile over the level's requests); goodput: requests "
@@ -177,10 +186,7 @@ def markdown(results: ServingResults) -> str:
                 f"{lv.preemptions if lv.preemptions is not None else 'n/a'} | {queue} | "
                 f"{'met' if lv.meets_slo else 'broken: ' + '; '.join(lv.violations)} |"
             )
-    lines += ["", "## Figures", ""] + [f"![{name}]({name})" for name in FIGURES]
-    if results.notes:
-        lines += ["", "Notes: " + "; ".join(results.notes) + "."]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def write_report(results: ServingResults, out: Path) -> Path:

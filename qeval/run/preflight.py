@@ -52,23 +52,7 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
     check_blocks(cfg)
     if cfg.recommend_by == "goodput" and serving_engine(cfg) is None:
         raise UserError(GOODPUT_BACKEND)
-    setups = cfg.setups
-    if only_setups:  # the advised setup (advise:) joins the run once the advisor named its keep list
-        unknown = [s for s in only_setups if s not in {x.name for x in cfg.setups} | advised_names(cfg)]
-        if unknown:
-            raise UserError(f"--setups: unknown setup {unknown[0]!r}")
-        setups = [s for s in cfg.setups if s.name in only_setups or s.name == cfg.baseline.name]
-    skipped: dict[str, str] = {}
-    for setup in setups:
-        try:
-            backend_entry(cfg.backend).validate_setup(setup, device)
-            backend_entry(cfg.backend).validate_served(cfg, setup, device)
-        except UserError as exc:
-            if not setup.optional or setup.baseline:
-                raise
-            skipped[setup.name] = str(exc)
-            print(f"qeval: optional setup {setup.name} skipped: {exc}", file=sys.stderr)
-    setups = [s for s in setups if s.name not in skipped]
+    setups, skipped = _usable_setups(cfg, only_setups, device)
     source = resolve_model(cfg.model.path, cfg.model.revision)
     shape = model_shape(source)
     precision = _resolve_dtype(cfg, source.config, device)
@@ -104,6 +88,29 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
     check_advice(pre)
     backend_entry(cfg.backend).validate_tasks(pre)
     return pre
+
+
+def _usable_setups(cfg: RunConfig, only_setups: list[str] | None, device: str) -> tuple[list[Setup], dict[str, str]]:
+    """The setups the run takes (those of --setups and the baseline, where given) that the
+    backend can serve on `device`, and the optional ones skipped (name -> why); UserError for an
+    unknown name or a setup that is not optional and cannot be served."""
+    setups = cfg.setups
+    if only_setups:  # the advised setup (advise:) joins the run once the advisor named its keep list
+        unknown = [s for s in only_setups if s not in {x.name for x in cfg.setups} | advised_names(cfg)]
+        if unknown:
+            raise UserError(f"--setups: unknown setup {unknown[0]!r}")
+        setups = [s for s in cfg.setups if s.name in only_setups or s.name == cfg.baseline.name]
+    skipped: dict[str, str] = {}
+    for setup in setups:
+        try:
+            backend_entry(cfg.backend).validate_setup(setup, device)
+            backend_entry(cfg.backend).validate_served(cfg, setup, device)
+        except UserError as exc:
+            if not setup.optional or setup.baseline:
+                raise
+            skipped[setup.name] = str(exc)
+            print(f"qeval: optional setup {setup.name} skipped: {exc}", file=sys.stderr)
+    return [s for s in setups if s.name not in skipped], skipped
 
 
 def _check_checkpoints(setups: list[Setup], config: dict[str, object]) -> None:

@@ -13,8 +13,9 @@ import resource
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qeval.analysis.finite import NonFiniteScores, failure_reason, task_problem
 from qeval.config import RunConfig
@@ -26,6 +27,10 @@ from qeval.records.spool import clear_scratch
 from qeval.records.store import RunStore
 from qeval.results.echo import Quantization
 from qeval.run.progress import progress_bar
+
+if TYPE_CHECKING:
+    from qeval.backends.base import Backend
+    from qeval.tasks.kinds import Scoring
 
 _OOM_SIGNS = ("out of memory", "can't allocate memory", "cannot allocate memory", "failed to map")
 
@@ -94,7 +99,6 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: Job, outcome: Out
     import transformers.models.llama.modeling_llama  # noqa: F401
 
     from qeval.backends import backend_entry
-    from qeval.tasks.kinds import Scoring, names_by_kind, task_kind
 
     timings = outcome.timings
     t0 = time.time()
@@ -111,80 +115,105 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: Job, outcome: Out
             release_free_memory()  # what loading and quantizing freed: scoring starts from what the model holds
             bar.advance(1)
         timings["load_s"] = round(time.time() - t0, 2)
-
-        #: tasks whose scores are not finite: not stored (a rerun scores them again), the setup's failure
-        non_finite: list[str] = []
-
-        def store_result(name: str, result: Any, seconds: float, sha256: str) -> None:
-            problem = task_problem(name, result.records, result.metrics, getattr(result, "kl_distribution", None))
-            if problem is not None:
-                non_finite.append(problem)
-                return
-            _store(store, setup, job, name, result, seconds, sha256, timings)
-
-        store_fn: Any = store_result
-        if cfg.generation_divergence is not None:  # the baseline's generations teacher-forced, before storing
-            from qeval.tasks.generation.teacher import teacher_forcing
-
-            store_fn = teacher_forcing(
-                store_result,
-                backend,
-                cfg,
-                setup.name == job.baseline,
-                lambda task: _reference(store, job, task),
-                lambda label, total: progress_bar(label, total=total),
-            )
-
-        scratch = store.scratch_dir(setup.name)
-        # what a worker killed mid-task left there, but for a chunked scoring's saved state and its
-        # spools: the task carries on from its last finished chunk (qeval/tasks/lm_eval/resume.py)
-        clear_scratch(scratch, keep_states=True)
-        ctx = Scoring(
-            backend=backend,
-            cfg=cfg,
-            setup=setup,
-            key_parts=job.task_key_parts,
-            progress=lambda label, total: progress_bar(label, total=total),
-            reference=lambda task: _reference(store, job, task),
-            store=store_fn,
-            scratch=scratch,
-            keeps_topk=setup.name == job.baseline,
-            open_reference=lambda task: store.open_topk(*ref) if (ref := job.reference.get(task)) else None,
-            sequential=job.sequential,
-            # a sequential setup tests its gates against the baseline's records, stored before it runs
-            baseline_records=None
-            if setup.name == job.baseline
-            else lambda task: store.read_samples(job.baseline, task),
-            # a sequential cell stored at an earlier pass's horizon carries on from it (not under --force)
-            stored=lambda task: _stored(store, setup.name, job, task),
-        )
-        try:
-            for kind, names in names_by_kind(job.task_kinds, list(job.tasks)).items():
-                task_kind(kind).score(ctx, names)
-        except BaseException:  # a task that failed or was interrupted: its saved chunks stay, to resume
-            clear_scratch(scratch, keep_states=True)
-            raise
-        # every task stored: their spools were moved out, nothing is left to resume; but for a sequential
-        # run's tasks stopped at a pass's horizon, whose saved states the next pass carries on from
-        clear_scratch(scratch, keep_states=job.sequential is not None)
+        non_finite = _score_tasks(backend, cfg, setup, store, job, timings)
         outcome.memory = backend.memory()
         if non_finite:  # after every task (the finite ones are stored), before timing a setup that scored nothing
             outcome.quantization = Quantization.model_validate(backend.quant_info)
             outcome.library_versions = backend.library_versions()
             raise NonFiniteScores(failure_reason(non_finite))
         if job.performance:  # after scoring and memory: its larger batches must not show in either
-            from qeval.perf.phase import run_phase
-
-            with progress_bar(f"{setup.name}: performance", total=None) as bar:
-                outcome.performance = run_phase(
-                    backend, cfg, setup, job.device, job.dtype, outcome.memory, job.performance
-                )
-                bar.advance(1)
-            timings["performance_s"] = outcome.performance.seconds or 0.0
+            _time(backend, cfg, setup, job, outcome)
         outcome.quantization = Quantization.model_validate(backend.quant_info)  # read last: engines log some of it late
         outcome.library_versions = backend.library_versions()
     finally:
         backend.close()
+
+
+def _score_tasks(
+    backend: Backend, cfg: RunConfig, setup: Setup, store: RunStore, job: Job, timings: dict[str, float]
+) -> list[str]:
+    """Each pending task scored by its kind and stored as soon as it is done; the problems of
+    those whose scores are not finite (not stored: a rerun scores them again)."""
+    from qeval.tasks.kinds import names_by_kind, task_kind
+
+    non_finite: list[str] = []
+
+    def store_result(name: str, result: Any, seconds: float, sha256: str) -> None:
+        problem = task_problem(name, result.records, result.metrics, getattr(result, "kl_distribution", None))
+        if problem is not None:
+            non_finite.append(problem)
+            return
+        _store(store, setup, job, name, result, seconds, sha256, timings)
+
+    scratch = store.scratch_dir(setup.name)
+    # what a worker killed mid-task left there, but for a chunked scoring's saved state and its
+    # spools: the task carries on from its last finished chunk (qeval/tasks/lm_eval/resume.py)
+    clear_scratch(scratch, keep_states=True)
+    ctx = _scoring(backend, cfg, setup, store, job, store_result, scratch)
+    try:
+        for kind, names in names_by_kind(job.task_kinds, list(job.tasks)).items():
+            task_kind(kind).score(ctx, names)
+    except BaseException:  # a task that failed or was interrupted: its saved chunks stay, to resume
+        clear_scratch(scratch, keep_states=True)
+        raise
+    # every task stored: their spools were moved out, nothing is left to resume; but for a sequential
+    # run's tasks stopped at a pass's horizon, whose saved states the next pass carries on from
+    clear_scratch(scratch, keep_states=job.sequential is not None)
+    return non_finite
+
+
+def _scoring(
+    backend: Backend,
+    cfg: RunConfig,
+    setup: Setup,
+    store: RunStore,
+    job: Job,
+    store_result: Callable[[str, Any, float, str], None],
+    scratch: Path,
+) -> Scoring:
+    """What the kinds' scoring gets in this worker (qeval/tasks/kinds.py `Scoring`)."""
+    from qeval.tasks.kinds import Scoring
+
+    store_fn: Any = store_result
+    if cfg.generation_divergence is not None:  # the baseline's generations teacher-forced, before storing
+        from qeval.tasks.generation.teacher import teacher_forcing
+
+        store_fn = teacher_forcing(
+            store_result,
+            backend,
+            cfg,
+            setup.name == job.baseline,
+            lambda task: _reference(store, job, task),
+            lambda label, total: progress_bar(label, total=total),
+        )
+    return Scoring(
+        backend=backend,
+        cfg=cfg,
+        setup=setup,
+        key_parts=job.task_key_parts,
+        progress=lambda label, total: progress_bar(label, total=total),
+        reference=lambda task: _reference(store, job, task),
+        store=store_fn,
+        scratch=scratch,
+        keeps_topk=setup.name == job.baseline,
+        open_reference=lambda task: store.open_topk(*ref) if (ref := job.reference.get(task)) else None,
+        sequential=job.sequential,
+        # a sequential setup tests its gates against the baseline's records, stored before it runs
+        baseline_records=None if setup.name == job.baseline else lambda task: store.read_samples(job.baseline, task),
+        # a sequential cell stored at an earlier pass's horizon carries on from it (not under --force)
+        stored=lambda task: _stored(store, setup.name, job, task),
+    )
+
+
+def _time(backend: Backend, cfg: RunConfig, setup: Setup, job: Job, outcome: Outcome) -> None:
+    """The performance phase (qeval/perf/phase.py), as the job's typed plan asks."""
+    from qeval.perf.phase import run_phase
+
+    assert job.performance is not None
+    with progress_bar(f"{setup.name}: performance", total=None) as bar:
+        outcome.performance = run_phase(backend, cfg, setup, job.device, job.dtype, outcome.memory, job.performance)
+        bar.advance(1)
+    outcome.timings["performance_s"] = outcome.performance.seconds or 0.0
 
 
 def _stored(store: RunStore, setup: str, job: Job, task: str) -> tuple[list[Any], Any] | None:

@@ -74,85 +74,91 @@ def make_lm(
     filters and metrics see the text, as HFLM's `think_end_token` does)."""
     from lm_eval.api.model import LM
 
-    class QevalLM(LM):
+    class QevalLM(_LMMethods, LM):
         """lm-eval calls each method once with every request of every task of the call."""
 
-        def __init__(self) -> None:
-            super().__init__()
-            #: the chat settings of the evaluate() call in progress (lm-eval asks the LM to render)
-            self.chat: Chat | None = None
-            #: the chunk in progress: task -> its document ids, ascending. With `samples=`, lm-eval
-            #: numbers a chunk's requests from 0 in the set's order (its logged samples carry the true ids)
-            self.chunk_ids: dict[str, list[int]] = {}
-            #: the backend's own result per request, keyed (task, doc_id, idx) with the true doc
-            #: id: token counts and the top-k that lm-eval's return types drop (one chunk's worth)
-            self.raw: dict[tuple[str, int, int], Any] = {}
-            #: the baseline's reference per request of the chunk in progress, same keys
-            self.refs: dict[tuple[str, int, int], Reference] = {}
+    return QevalLM(backend, references, progress, think)
 
-        @property
-        def tokenizer_name(self) -> str:
-            """Only lm-eval's request cache reads it (qeval runs without that cache)."""
-            return "qeval"
 
-        def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-            """HFLM.apply_chat_template over the model's tokenizer (qeval/tasks/chat.py)."""
-            assert self.chat is not None and self.chat.template is not None
-            return self.chat.apply(chat_history, add_generation_prompt)
+class _LMMethods:
+    """The methods of make_lm's LM (lm-eval's base class comes in there, imported as needed):
+    lm-eval calls each method once with every request of every task of the call."""
 
-        def _key(self, r: Any) -> tuple[str, int, int]:
-            return (r.task_name, self.chunk_ids[r.task_name][r.doc_id], r.idx)
+    def __init__(
+        self, backend: Backend, references: _References, progress: Progress, think: dict[str, str | None] | None
+    ) -> None:
+        super().__init__()
+        self.backend, self.references, self.progress, self.think = backend, references, progress, think
+        #: the chat settings of the evaluate() call in progress (lm-eval asks the LM to render)
+        self.chat: Chat | None = None
+        #: the chunk in progress: task -> its document ids, ascending. With `samples=`, lm-eval
+        #: numbers a chunk's requests from 0 in the set's order (its logged samples carry the true ids)
+        self.chunk_ids: dict[str, list[int]] = {}
+        #: the backend's own result per request, keyed (task, doc_id, idx) with the true doc
+        #: id: token counts and the top-k that lm-eval's return types drop (one chunk's worth)
+        self.raw: dict[tuple[str, int, int], Any] = {}
+        #: the baseline's reference per request of the chunk in progress, same keys
+        self.refs: dict[tuple[str, int, int], Reference] = {}
 
-        def _keep(self, requests: list[Any], results: list[Any]) -> None:
-            for r, res in zip(requests, results, strict=True):
-                self.raw[self._key(r)] = res
+    @property
+    def tokenizer_name(self) -> str:
+        """Only lm-eval's request cache reads it (qeval runs without that cache)."""
+        return "qeval"
 
-        def _ref_ids(self, requests: list[Any]) -> list[np.ndarray | None]:
-            """Per request, the baseline's top-k ids at its scored tokens (None: no reference).
-            Each task's requests of the chunk take the next references in (document, choice) order."""
-            by_task: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
-            for r in requests:
-                by_task[r.task_name].append(self._key(r))
-            for task, keys in by_task.items():
-                keys.sort()
-                taken = references.take(task, len(keys))
-                if taken is not None:
-                    self.refs.update(zip(keys, taken, strict=True))
-            return [ref[0] if (ref := self.refs.get(self._key(r))) is not None else None for r in requests]
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """HFLM.apply_chat_template over the model's tokenizer (qeval/tasks/chat.py)."""
+        assert self.chat is not None and self.chat.template is not None
+        return self.chat.apply(chat_history, add_generation_prompt)
 
-        def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-            ids = self._ref_ids(requests)
-            res = backend.loglikelihood(
-                [LoglikelihoodRequest(r.args[0], r.args[1], i) for r, i in zip(requests, ids, strict=True)], progress
-            )
-            self._keep(requests, res)
-            return [(float(r.logprob), bool(r.is_greedy)) for r in res]
+    def _key(self, r: Any) -> tuple[str, int, int]:
+        return (r.task_name, self.chunk_ids[r.task_name][r.doc_id], r.idx)
 
-        def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
-            ids = self._ref_ids(requests)
-            res = backend.loglikelihood_rolling(
-                [RollingRequest(r.args[0], i) for r, i in zip(requests, ids, strict=True)], progress
-            )
-            self._keep(requests, res)
-            return [float(r.logprob) for r in res]
+    def _keep(self, requests: list[Any], results: list[Any]) -> None:
+        for r, res in zip(requests, results, strict=True):
+            self.raw[self._key(r)] = res
 
-        def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-            reqs = []
-            for r in requests:
-                context, kwargs = r.args[0], dict(r.args[1])
-                if kwargs.get("do_sample") or float(kwargs.get("temperature") or 0) > 0:
-                    raise ValueError(
-                        f"lm-eval task {r.task_name} asks for sampling; qeval's backends generate greedily"
-                    )
-                until = kwargs.get("until") or []
-                until = [until] if isinstance(until, str) else list(until)
-                reqs.append(GenerateRequest(context, tuple(until), int(kwargs.get("max_gen_toks", 256))))
-            out = backend.generate(reqs, progress)
-            self._keep(requests, out)  # the whole generation, the reasoning block included
-            cut = think or {}  # lm-eval is handed plain strings: what it scores, the block stripped
-            return [str(strip_thinking(text, cut.get(r.task_name))) for r, text in zip(requests, out, strict=True)]
+    def _ref_ids(self, requests: list[Any]) -> list[np.ndarray | None]:
+        """Per request, the baseline's top-k ids at its scored tokens (None: no reference).
+        Each task's requests of the chunk take the next references in (document, choice) order."""
+        by_task: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
+        for r in requests:
+            by_task[r.task_name].append(self._key(r))
+        for task, keys in by_task.items():
+            keys.sort()
+            taken = self.references.take(task, len(keys))
+            if taken is not None:
+                self.refs.update(zip(keys, taken, strict=True))
+        return [ref[0] if (ref := self.refs.get(self._key(r))) is not None else None for r in requests]
 
-    return QevalLM()
+    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        ids = self._ref_ids(requests)
+        res = self.backend.loglikelihood(
+            [LoglikelihoodRequest(r.args[0], r.args[1], i) for r, i in zip(requests, ids, strict=True)], self.progress
+        )
+        self._keep(requests, res)
+        return [(float(r.logprob), bool(r.is_greedy)) for r in res]
+
+    def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+        ids = self._ref_ids(requests)
+        res = self.backend.loglikelihood_rolling(
+            [RollingRequest(r.args[0], i) for r, i in zip(requests, ids, strict=True)], self.progress
+        )
+        self._keep(requests, res)
+        return [float(r.logprob) for r in res]
+
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        reqs = []
+        for r in requests:
+            context, kwargs = r.args[0], dict(r.args[1])
+            if kwargs.get("do_sample") or float(kwargs.get("temperature") or 0) > 0:
+                raise ValueError(f"lm-eval task {r.task_name} asks for sampling; qeval's backends generate greedily")
+            until = kwargs.get("until") or []
+            until = [until] if isinstance(until, str) else list(until)
+            reqs.append(GenerateRequest(context, tuple(until), int(kwargs.get("max_gen_toks", 256))))
+        out = self.backend.generate(reqs, self.progress)
+        self._keep(requests, out)  # the whole generation, the reasoning block included
+        cut = self.think or {}  # lm-eval is handed plain strings: what it scores, the block stripped
+        return [str(strip_thinking(text, cut.get(r.task_name))) for r, text in zip(requests, out, strict=True)]
 
 
 class _References:
@@ -270,8 +276,6 @@ def score_lm_eval(
     ordered leaf in an `evaluate()` group of its own (`together`: leaf -> its unit, a group cell's
     members one unit), so that its state's key does not depend on which other tasks a pass still
     scores."""
-    from lm_eval.evaluator import evaluate
-
     assert all(h % chunk_docs == 0 for h in (until or {}).values()), (
         "a horizon falls at a look: a multiple of chunk_docs"
     )
@@ -285,90 +289,142 @@ def score_lm_eval(
         }
     )
     lm = make_lm(backend, refs, progress, {leaf: session.infos[leaf].think_end_token for leaf in leaves})
-    # one evaluate() per chat settings (and per ordered leaf: see the docstring)
-    by_chat: dict[tuple[str | None, str | None], list[str]] = defaultdict(list)
-    for leaf in leaves:
-        chat = session.chats.get(leaf)
-        unit = (together or {}).get(leaf, leaf) if leaf in ordered else None
-        by_chat[(chat.sha256 if chat is not None else None, unit)].append(leaf)
+    call = _Call(session, lm, refs, counts, progress, chunk_docs, scratch, keep_topk, resume_keys, stop, ordered)
     results: dict[str, TaskResult] = {}
-    for group in by_chat.values():
-        chat = session.chats.get(group[0])
-        lm.chat = chat
-        templated = chat is not None and chat.template is not None
-        for leaf in group:  # once per task: its sampler then carries on from chunk to chunk
-            session.tasks[leaf].set_fewshot_seed(session.spec.fewshot_seed)
+    for group in _groups(session, leaves, ordered, together):
         chunks = {
             leaf: order[leaf]
             if order is not None and leaf in order
             else _in_chunks(session.infos[leaf].n_docs, chunk_docs)
             for leaf in group
         }
-        n_docs = {leaf: sum(len(c) for c in chunks[leaf]) for leaf in group}
-        key = None
-        if scratch is not None and resume_keys is not None and all(leaf in resume_keys for leaf in group):
-            key = resume.group_key(
-                {
-                    "leaves": {
-                        leaf: [resume_keys[leaf], n_docs[leaf], counts[leaf], refs.per_task.get(leaf) is not None]
-                        for leaf in group
-                    },
-                    "chunk_docs": chunk_docs,
-                    "fewshot_seed": session.spec.fewshot_seed,
-                    "keep_topk": keep_topk,
-                    "chat": chat.sha256 if chat is not None else None,
-                }
-            )
         # where each leaf stops this call, in chunks: all of them, or an ordered leaf's horizon
         end = {
             leaf: min(len(c), until[leaf] // chunk_docs) if until and leaf in until else len(c)
             for leaf, c in chunks.items()
         }
-        built, first = _resumed(session, group, scratch, key, keep_topk, refs, progress)
-        stopped = stop({leaf: _records_so_far(built[leaf]) for leaf in group}) if first and stop is not None else set()
-        # `start`: the chunk's first position (what a saved state's next_start counts in)
-        for start in range(first, chunk_docs * max(end.values(), default=0), chunk_docs):
-            # never an empty list: lm-eval reads `samples=[]` as "every document"; ascending, as
-            # lm-eval maps its own numbering back to `samples` in the set's order
-            j = start // chunk_docs
-            samples = {
-                leaf: sorted(c[j]) for leaf, c in chunks.items() if j < end[leaf] and c[j] and leaf not in stopped
-            }
-            if not samples:
-                if not any(leaf not in stopped and any(c[j : end[leaf]]) for leaf, c in chunks.items()):
-                    break  # every leaf decided, or at its cap or horizon
-                continue  # (a group member's empty share, its group's other members decided elsewhere)
-            lm.chunk_ids = samples
-            out = evaluate(
-                lm=lm,
-                task_dict={"tasks": {leaf: session.tasks[leaf] for leaf in samples}, "groups": {}, "group_map": {}},
-                samples=samples,
-                log_samples=True,
-                bootstrap_iters=0,
-                verbosity="ERROR",
-                apply_chat_template=templated,
-                fewshot_as_multiturn=chat is not None and templated and chat.fewshot_as_multiturn,
-                system_instruction=chat.system_prompt if chat is not None else None,
-            )
-            requests = Counter(k[0] for k in lm.raw)  # the chunk's requests per task, counted once
-            added = {}
-            for leaf in samples:
-                added[leaf] = built[leaf].add(session, out["samples"][leaf], lm.raw, lm.refs)
-                built[leaf].requests_done += requests[leaf]
-            if stop is not None:  # after the whole chunk: a group's cell looks at every member's share
-                stopped |= stop(added)
-            lm.raw.clear()  # the chunk's per-request results and lm-eval's own go here
-            lm.refs.clear()
-            del out
-            if key is not None and scratch is not None:  # the chunk is on disk: a rerun carries on after it
-                key = key if _save(scratch, key, start + chunk_docs, session, built, refs) else None
-            release_free_memory()  # else glibc keeps what the chunk freed, and the RSS climbs chunk by chunk
-        # stopped at the horizon, undecided, short of its documents: stored as it stands, its state kept
-        paused = {leaf for leaf in group if end[leaf] < len(chunks[leaf]) and leaf not in stopped}
-        results |= {leaf: built[leaf].result(session, paused=leaf in paused) for leaf in group}
-        if key is not None and scratch is not None and ordered.issuperset(group) and not paused:
-            resume.discard(scratch, key)  # a sequential task done (decided, or at the cap): no pass takes it up
+        results |= _score_group(call, group, chunks, end)
     return {leaf: results[leaf] for leaf in leaves}
+
+
+@dataclass
+class _Call:
+    """What every `evaluate()` group of one score_lm_eval call shares (its arguments there)."""
+
+    session: LmEvalSession
+    lm: Any
+    refs: _References
+    counts: dict[str, int]
+    progress: Progress
+    chunk_docs: int
+    scratch: Path | None
+    keep_topk: bool
+    resume_keys: Mapping[str, str] | None
+    stop: Callable[[dict[str, list[SampleRecord]]], set[str]] | None
+    ordered: set[str]
+
+
+def _groups(
+    session: LmEvalSession, leaves: list[str], ordered: set[str], together: Mapping[str, str] | None
+) -> list[list[str]]:
+    """The leaves of each `evaluate()` group: one per chat settings, and per ordered leaf's unit
+    (score_lm_eval's docstring)."""
+    by_chat: dict[tuple[str | None, str | None], list[str]] = defaultdict(list)
+    for leaf in leaves:
+        chat = session.chats.get(leaf)
+        unit = (together or {}).get(leaf, leaf) if leaf in ordered else None
+        by_chat[(chat.sha256 if chat is not None else None, unit)].append(leaf)
+    return list(by_chat.values())
+
+
+def _group_key(call: _Call, group: list[str], chunks: dict[str, list[list[int]]], chat: Chat | None) -> str | None:
+    """The group's resume key (qeval/tasks/lm_eval/resume.py), or None where it is not resumable
+    (no scratch folder, or a leaf without a resume key)."""
+    keys = call.resume_keys
+    if call.scratch is None or keys is None or not all(leaf in keys for leaf in group):
+        return None
+    n_docs = {leaf: sum(len(c) for c in chunks[leaf]) for leaf in group}
+    return resume.group_key(
+        {
+            "leaves": {
+                leaf: [keys[leaf], n_docs[leaf], call.counts[leaf], call.refs.per_task.get(leaf) is not None]
+                for leaf in group
+            },
+            "chunk_docs": call.chunk_docs,
+            "fewshot_seed": call.session.spec.fewshot_seed,
+            "keep_topk": call.keep_topk,
+            "chat": chat.sha256 if chat is not None else None,
+        }
+    )
+
+
+def _score_group(
+    call: _Call, group: list[str], chunks: dict[str, list[list[int]]], end: dict[str, int]
+) -> dict[str, TaskResult]:
+    """One `evaluate()` group scored chunk by chunk, from its saved state where it has one; each
+    leaf stops at `end[leaf]` chunks, or once `stop` names it."""
+    session, chunk_docs, scratch = call.session, call.chunk_docs, call.scratch
+    chat = session.chats.get(group[0])
+    call.lm.chat = chat
+    for leaf in group:  # once per task: its sampler then carries on from chunk to chunk
+        session.tasks[leaf].set_fewshot_seed(session.spec.fewshot_seed)
+    key = _group_key(call, group, chunks, chat)
+    built, first = _resumed(session, group, scratch, key, call.keep_topk, call.refs, call.progress)
+    stop = call.stop
+    stopped = stop({leaf: _records_so_far(built[leaf]) for leaf in group}) if first and stop is not None else set()
+    # `start`: the chunk's first position (what a saved state's next_start counts in)
+    for start in range(first, chunk_docs * max(end.values(), default=0), chunk_docs):
+        # never an empty list: lm-eval reads `samples=[]` as "every document"; ascending, as
+        # lm-eval maps its own numbering back to `samples` in the set's order
+        j = start // chunk_docs
+        samples = {leaf: sorted(c[j]) for leaf, c in chunks.items() if j < end[leaf] and c[j] and leaf not in stopped}
+        if not samples:
+            if not any(leaf not in stopped and any(c[j : end[leaf]]) for leaf, c in chunks.items()):
+                break  # every leaf decided, or at its cap or horizon
+            continue  # (a group member's empty share, its group's other members decided elsewhere)
+        added = _evaluate_chunk(call, chat, samples, built)
+        if stop is not None:  # after the whole chunk: a group's cell looks at every member's share
+            stopped |= stop(added)
+        if key is not None and scratch is not None:  # the chunk is on disk: a rerun carries on after it
+            key = key if _save(scratch, key, start + chunk_docs, session, built, call.refs) else None
+        release_free_memory()  # else glibc keeps what the chunk freed, and the RSS climbs chunk by chunk
+    # stopped at the horizon, undecided, short of its documents: stored as it stands, its state kept
+    paused = {leaf for leaf in group if end[leaf] < len(chunks[leaf]) and leaf not in stopped}
+    results = {leaf: built[leaf].result(session, paused=leaf in paused) for leaf in group}
+    if key is not None and scratch is not None and call.ordered.issuperset(group) and not paused:
+        resume.discard(scratch, key)  # a sequential task done (decided, or at the cap): no pass takes it up
+    return results
+
+
+def _evaluate_chunk(
+    call: _Call, chat: Chat | None, samples: dict[str, list[int]], built: dict[str, _LeafResult]
+) -> dict[str, list[SampleRecord]]:
+    """One chunk (`samples`: per leaf, its documents) through lm-eval's `evaluate()`, added to
+    each leaf's result; returns each leaf's new records."""
+    from lm_eval.evaluator import evaluate
+
+    lm, session = call.lm, call.session
+    templated = chat is not None and chat.template is not None
+    lm.chunk_ids = samples
+    out = evaluate(
+        lm=lm,
+        task_dict={"tasks": {leaf: session.tasks[leaf] for leaf in samples}, "groups": {}, "group_map": {}},
+        samples=samples,
+        log_samples=True,
+        bootstrap_iters=0,
+        verbosity="ERROR",
+        apply_chat_template=templated,
+        fewshot_as_multiturn=chat is not None and templated and chat.fewshot_as_multiturn,
+        system_instruction=chat.system_prompt if chat is not None else None,
+    )
+    requests = Counter(k[0] for k in lm.raw)  # the chunk's requests per task, counted once
+    added = {}
+    for leaf in samples:
+        added[leaf] = built[leaf].add(session, out["samples"][leaf], lm.raw, lm.refs)
+        built[leaf].requests_done += requests[leaf]
+    lm.raw.clear()  # the chunk's per-request results and lm-eval's own go here
+    lm.refs.clear()
+    return added
 
 
 def _in_chunks(n_docs: int, chunk_docs: int) -> list[list[int]]:
@@ -610,7 +666,26 @@ def _record(
         nll=None,
         n_tokens=None,
     )
+    _set_outcome(rec, (leaf, doc_id), output_type, compared, entries, filtered, scores, raw)
     value = scores.get(compared)
+    is_flag = isinstance(value, (int, float)) and not isinstance(value, bool) and value in (0, 1, 0.0, 1.0)
+    rec.correct = bool(value) if is_flag else None
+    return rec
+
+
+def _set_outcome(
+    rec: SampleRecord,
+    doc: tuple[str, int],
+    output_type: str,
+    compared: str,
+    entries: list[dict[str, Any]],
+    filtered: dict[str, Any],
+    scores: dict[str, Any],
+    raw: dict[tuple[str, int, int], Any],
+) -> None:
+    """The record's prediction and what its output type scores (log-likelihoods, the generation,
+    nll and token counts), from lm-eval's logged sample and the backend's results. `doc`: (leaf, doc id)."""
+    (leaf, doc_id), first = doc, entries[0]
     if output_type == "multiple_choice":
         lls = [float(resp[0][0]) for resp in first["resps"]]
         pred = int(np.argmax(lls))
@@ -639,9 +714,6 @@ def _record(
     else:  # loglikelihood: one continuation (lambada-style)
         ll, greedy = first["resps"][0][0]
         rec.prediction, rec.nll, rec.is_greedy = None, -float(ll), bool(greedy)
-    is_flag = isinstance(value, (int, float)) and not isinstance(value, bool) and value in (0, 1, 0.0, 1.0)
-    rec.correct = bool(value) if is_flag else None
-    return rec
 
 
 def _mean_stderr(values: list[float | None]) -> float | None:

@@ -107,34 +107,11 @@ def open_session(
     names, unreadable data or a task qeval cannot score. `chat_for` gives each entry's chat
     settings (None: every task plain, lm-eval's default arguments), `think_for` its
     `think_end_token`."""
-    os.environ.setdefault("HF_DATASETS_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "0"))
-    # lm-eval and datasets draw tqdm bars on stderr; qeval shows its own progress, and an error
-    # must stay one line
-    os.environ["TQDM_DISABLE"] = "1"
-    logging.getLogger("lm_eval").setLevel(logging.ERROR)
-    import datasets
-
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
-    sandbox_templates()
-    from lm_eval.tasks import TaskManager
-
+    _quiet()
     workdir = tempfile.TemporaryDirectory(prefix="qeval-lm-eval-")
     entries = spec.entries()
-    overrides = {t.name: _data_overrides(t) for t in entries if _data_overrides(t)}
-    paths = [(base / p).resolve() if not Path(p).is_absolute() else Path(p) for p in spec.include_path]
-    data_dirs = [(base / p).resolve() if not Path(p).is_absolute() else Path(p) for p in spec.data_dirs]
-    folder = materialize(paths, overrides, Path(workdir.name) / "tasks", data_dirs)
-    local = TaskManager(include_defaults=False, include_path=str(folder))
     names = [t.name for t in entries]
-    manager = (
-        local
-        if all(n in local.all_subtasks or n in local.all_groups for n in names)
-        else TaskManager(include_path=str(folder))
-    )  # lm-eval's own library: its index takes ~10 s to build
-    unknown = [n for n in names if n not in manager.all_subtasks and n not in manager.all_groups]
-    if unknown:
-        raise UserError(_unknown_task(unknown[0], folder))
+    manager = _manager(spec, base, entries, Path(workdir.name) / "tasks")
     try:
         loaded = manager.load(names)
     except Exception as exc:  # noqa: BLE001 - a missing data file, a hub dataset offline...: one line
@@ -155,6 +132,43 @@ def open_session(
             if think_for is not None and task.OUTPUT_TYPE == "generate_until":
                 session.infos[leaf].think_end_token = think_for(entry)
     return session
+
+
+def _quiet() -> None:
+    """lm-eval and datasets set up for a run: offline as the hub is, no progress bars, errors only."""
+    os.environ.setdefault("HF_DATASETS_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "0"))
+    # lm-eval and datasets draw tqdm bars on stderr; qeval shows its own progress, and an error
+    # must stay one line
+    os.environ["TQDM_DISABLE"] = "1"
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    sandbox_templates()
+
+
+def _manager(spec: LmEvalSpec, base: Path, entries: list[LmEvalTask], tasks_dir: Path) -> Any:
+    """lm-eval's TaskManager over the include folders, materialized in `tasks_dir` with each
+    entry's data overrides (lm-eval's own library too where they miss a name: UserError for
+    a name neither knows)."""
+    from lm_eval.tasks import TaskManager
+
+    overrides = {t.name: _data_overrides(t) for t in entries if _data_overrides(t)}
+    paths = [(base / p).resolve() if not Path(p).is_absolute() else Path(p) for p in spec.include_path]
+    data_dirs = [(base / p).resolve() if not Path(p).is_absolute() else Path(p) for p in spec.data_dirs]
+    folder = materialize(paths, overrides, tasks_dir, data_dirs)
+    local = TaskManager(include_defaults=False, include_path=str(folder))
+    names = [t.name for t in entries]
+    manager = (
+        local
+        if all(n in local.all_subtasks or n in local.all_groups for n in names)
+        else TaskManager(include_path=str(folder))
+    )  # lm-eval's own library: its index takes ~10 s to build
+    unknown = [n for n in names if n not in manager.all_subtasks and n not in manager.all_groups]
+    if unknown:
+        raise UserError(_unknown_task(unknown[0], folder))
+    return manager
 
 
 def _unknown_task(name: str, folder: Path) -> str:
@@ -201,15 +215,7 @@ def describe(leaf: str, entry: LmEvalTask, task: Any, seed: int, limit: int | No
         raise UserError(
             f"lm-eval task name {leaf!r} cannot be stored safely (qeval names are letters, digits, '.', '_', '-')"
         )
-    yaml_shots = task.get_config("num_fewshot")
-    if entry.num_fewshot is not None and yaml_shots != 0:  # simple_evaluate's rule: a YAML's 0 stays 0
-        task.set_config("num_fewshot", entry.num_fewshot)
-    elif yaml_shots is None:
-        task.set_config("num_fewshot", 0)
-    if entry.max_gen_toks is not None and task.OUTPUT_TYPE == "generate_until":
-        task.set_config("generation_kwargs", {"max_gen_toks": entry.max_gen_toks}, update=True)
-    task.set_fewshot_seed(seed)
-    _check_fewshot_pool(leaf, task)
+    _apply(leaf, entry, task, seed)
     metrics = task_metrics(task)
     # perplexity tasks are compared on bits per byte (paired by document), whatever comes first
     default = (
@@ -223,19 +229,7 @@ def describe(leaf: str, entry: LmEvalTask, task: Any, seed: int, limit: int | No
     docs = list(task.eval_docs)
     n = min(len(docs), limit) if limit else len(docs)
     data = _data_sha256(task, docs)
-    shots = task.get_config("num_fewshot")
-    body = {
-        "lm_eval": lm_eval_version(),
-        "config": _stable(task.config.to_dict(keep_callable=True)),
-        "num_fewshot": shots,
-        "n": n,
-        "data": data,
-    }
-    if shots:  # the seed draws the few-shot examples: a 0-shot prompt does not depend on it
-        body["fewshot_seed"] = seed
-    body["config"].get("metadata", {}).pop("config_source", None)  # where the YAML lived is not content
-    body["config"].pop("dataset_kwargs", None)  # local paths: the data is in `data` by content
-    fingerprint = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    fingerprint = _fingerprint(task, n, data, seed)
     return LmEvalTaskInfo(
         name=leaf,
         entry=entry.name,
@@ -249,6 +243,38 @@ def describe(leaf: str, entry: LmEvalTask, task: Any, seed: int, limit: int | No
         higher_is_better={m.split(",")[0]: bool(v) for m, v in task.higher_is_better().items()},
         limit=n if n < len(docs) else None,
     )
+
+
+def _apply(leaf: str, entry: LmEvalTask, task: Any, seed: int) -> None:
+    """The entry's shots and max_gen_toks set on the lm-eval task, its few-shot sampler seeded
+    (UserError where the pool is too small for the shots)."""
+    yaml_shots = task.get_config("num_fewshot")
+    if entry.num_fewshot is not None and yaml_shots != 0:  # simple_evaluate's rule: a YAML's 0 stays 0
+        task.set_config("num_fewshot", entry.num_fewshot)
+    elif yaml_shots is None:
+        task.set_config("num_fewshot", 0)
+    if entry.max_gen_toks is not None and task.OUTPUT_TYPE == "generate_until":
+        task.set_config("generation_kwargs", {"max_gen_toks": entry.max_gen_toks}, update=True)
+    task.set_fewshot_seed(seed)
+    _check_fewshot_pool(leaf, task)
+
+
+def _fingerprint(task: Any, n: int, data: str, seed: int) -> str:
+    """What the task's prompts and documents depend on, hashed: lm-eval's version, the task's
+    config, shots, documents scored and the data's checksum (the seed where there are shots)."""
+    shots = task.get_config("num_fewshot")
+    body = {
+        "lm_eval": lm_eval_version(),
+        "config": _stable(task.config.to_dict(keep_callable=True)),
+        "num_fewshot": shots,
+        "n": n,
+        "data": data,
+    }
+    if shots:  # the seed draws the few-shot examples: a 0-shot prompt does not depend on it
+        body["fewshot_seed"] = seed
+    body["config"].get("metadata", {}).pop("config_source", None)  # where the YAML lived is not content
+    body["config"].pop("dataset_kwargs", None)  # local paths: the data is in `data` by content
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _check_fewshot_pool(leaf: str, task: Any) -> None:

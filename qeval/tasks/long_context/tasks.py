@@ -116,19 +116,7 @@ def _task(
     encode: Encode,
     limit: int | None,
 ) -> LongContextTask:
-    # one stream per (family, length): adding a length or a family leaves the others' documents alone
-    rng = random.Random(f"{spec.seed}/{family}/{length}")
-    docs: list[dict[str, Any]] = []
-    for i in range(spec.samples):
-        depth = spec.depths[i % len(spec.depths)]
-        if family == "passkey":
-            doc = passkey_doc(encode, length - MAX_GEN[family], depth, rng)
-        elif family == "multikey":
-            doc = multikey_doc(encode, length - MAX_GEN[family], depth, rng, spec.keys)
-        else:
-            doc = prose_doc(encode, length, rng)
-        suffix = f"-d{round(100 * depth):02d}" if family != "position_ppl" else ""
-        docs.append({"id": f"{family}-{length}-{i:03d}{suffix}", **doc})
+    docs = _docs(spec, family, length, encode)
     name = f"{family}_{length}"
     meta = {
         "family": family,
@@ -166,6 +154,24 @@ def _task(
         deployment=deployment,
         buckets=bucket_edges(edges, length) if family == "position_ppl" else [],
     )
+
+
+def _docs(spec: LongContextSpec, family: str, length: int, encode: Encode) -> list[dict[str, Any]]:
+    """The documents of one (family, length), their needles at the spec's depths in turn."""
+    # one stream per (family, length): adding a length or a family leaves the others' documents alone
+    rng = random.Random(f"{spec.seed}/{family}/{length}")
+    docs: list[dict[str, Any]] = []
+    for i in range(spec.samples):
+        depth = spec.depths[i % len(spec.depths)]
+        if family == "passkey":
+            doc = passkey_doc(encode, length - MAX_GEN[family], depth, rng)
+        elif family == "multikey":
+            doc = multikey_doc(encode, length - MAX_GEN[family], depth, rng, spec.keys)
+        else:
+            doc = prose_doc(encode, length, rng)
+        suffix = f"-d{round(100 * depth):02d}" if family != "position_ppl" else ""
+        docs.append({"id": f"{family}-{length}-{i:03d}{suffix}", **doc})
+    return docs
 
 
 def resolve_gates(gates: list[Gate], cfg: RunConfig, p: Plan) -> list[Gate]:

@@ -21,8 +21,11 @@ from qeval.tasks.multi_turn.spec import MultiTurnSpec
 from qeval.tasks.native import GenerationKwargs, Task, TaskSpec
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from qeval.config import RunConfig
     from qeval.config.gates import Gate
+    from qeval.tasks.chat import Chat
 
 NAME = "multi_turn"
 #: bump when the generator's output changes: it is part of every task's fingerprint
@@ -65,21 +68,7 @@ def build_tasks(cfg: RunConfig, spec: MultiTurnSpec) -> list[MultiTurnTask]:
     count = conventions(resolver.tokenizer()).prompt
     out = []
     for turn in spec.turns:
-        # one stream per turn: adding a turn leaves the other turns' conversations alone
-        rng = random.Random(f"{spec.seed}/{NAME}/{turn}")
-        docs: list[dict[str, Any]] = []
-        for i in range(spec.samples):
-            messages, bare, answer = conversation(rng, turn, spec.facts, spec.filler_words, spec.system_prompt)
-            prompt = chat.apply(messages)
-            docs.append(
-                {
-                    "id": f"t{turn}-{i:03d}",
-                    "text": prompt,
-                    "answer": answer,
-                    "turn": turn,
-                    "gap_tokens": len(count(prompt)) - len(count(chat.apply(bare))),
-                }
-            )
+        docs = _turn_docs(spec, turn, chat, count)
         longest = max(len(count(d["text"])) for d in docs)
         if longest + spec.max_gen_toks > cfg.model.max_context:
             raise UserError(
@@ -87,29 +76,52 @@ def build_tasks(cfg: RunConfig, spec: MultiTurnSpec) -> list[MultiTurnTask]:
                 f"model.max_context {cfg.model.max_context} leaves with max_gen_toks {spec.max_gen_toks} "
                 "(fewer turns or filler_words)"
             )
-        name = task_name(turn)
-        meta = {
-            "turn": turn,
-            "seed": spec.seed,
-            "generator": GENERATOR_VERSION,
-            "facts": spec.facts,
-            "filler_words": spec.filler_words,
-        }
-        task_spec = TaskSpec(
-            task=name,
-            output_type="generate_until",
-            doc_to_text="text",
-            doc_to_target="answer",
-            generation_kwargs=GenerationKwargs(until=["\n"], max_gen_toks=spec.max_gen_toks),
-            answer_regex=r"(\d+)",
-            metadata=meta,
-        )
-        digest = hashlib.sha256(json.dumps(docs, sort_keys=True).encode()).hexdigest()
-        docs = docs[: cfg.limit] if cfg.limit else docs  # `limit` scores the first; the checksum covers all
-        out.append(
-            MultiTurnTask(spec=task_spec, yaml_path=Path(f"<{NAME}>/{name}"), docs=docs, sha256=digest, turn=turn)
-        )
+        out.append(_turn_task(cfg, spec, turn, docs))
     return out
+
+
+def _turn_docs(spec: MultiTurnSpec, turn: int, chat: Chat, count: Callable[[str], list[int]]) -> list[dict[str, Any]]:
+    """The conversations of one turn count, each rendered with the chat template."""
+    # one stream per turn: adding a turn leaves the other turns' conversations alone
+    rng = random.Random(f"{spec.seed}/{NAME}/{turn}")
+    docs: list[dict[str, Any]] = []
+    for i in range(spec.samples):
+        messages, bare, answer = conversation(rng, turn, spec.facts, spec.filler_words, spec.system_prompt)
+        prompt = chat.apply(messages)
+        docs.append(
+            {
+                "id": f"t{turn}-{i:03d}",
+                "text": prompt,
+                "answer": answer,
+                "turn": turn,
+                "gap_tokens": len(count(prompt)) - len(count(chat.apply(bare))),
+            }
+        )
+    return docs
+
+
+def _turn_task(cfg: RunConfig, spec: MultiTurnSpec, turn: int, docs: list[dict[str, Any]]) -> MultiTurnTask:
+    """One turn count's task over its conversations (the checksum covers all; `limit` keeps the first)."""
+    name = task_name(turn)
+    meta = {
+        "turn": turn,
+        "seed": spec.seed,
+        "generator": GENERATOR_VERSION,
+        "facts": spec.facts,
+        "filler_words": spec.filler_words,
+    }
+    task_spec = TaskSpec(
+        task=name,
+        output_type="generate_until",
+        doc_to_text="text",
+        doc_to_target="answer",
+        generation_kwargs=GenerationKwargs(until=["\n"], max_gen_toks=spec.max_gen_toks),
+        answer_regex=r"(\d+)",
+        metadata=meta,
+    )
+    digest = hashlib.sha256(json.dumps(docs, sort_keys=True).encode()).hexdigest()
+    docs = docs[: cfg.limit] if cfg.limit else docs  # `limit` scores the first; the checksum covers all
+    return MultiTurnTask(spec=task_spec, yaml_path=Path(f"<{NAME}>/{name}"), docs=docs, sha256=digest, turn=turn)
 
 
 def resolve_gates(gates: list[Gate], spec: MultiTurnSpec | None) -> list[Gate]:
