@@ -21,11 +21,10 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
 from qeval.errors import UserError
-from qeval.plugins import load_entry
+from qeval.plugins import load_registry
 
 if TYPE_CHECKING:
     from qeval.backends.base import Backend, ServingEngine
@@ -94,16 +93,7 @@ class BackendEntry:
 
 @cache
 def _registered(env: str) -> dict[str, BackendEntry]:
-    refs = list(BUILT_IN)
-    refs += [f"{ep.module}:{ep.attr}" for ep in entry_points(group=ENTRY_POINT_GROUP)]
-    refs += [r.strip() for r in env.split(",") if r.strip()]
-    backends: dict[str, BackendEntry] = {}
-    for ref in dict.fromkeys(refs):
-        entry = load_entry(ref, "backend", "BACKEND", BackendEntry)
-        if entry.name in backends and backends[entry.name] is not entry:
-            raise UserError(f"backend {entry.name!r} is registered twice ({ref})")
-        backends[entry.name] = entry
-    return backends
+    return load_registry(BUILT_IN, ENTRY_POINT_GROUP, env, "backend", "BACKEND", BackendEntry)
 
 
 def backends() -> dict[str, BackendEntry]:

@@ -25,12 +25,11 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from functools import cache
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from qeval.errors import UserError
-from qeval.plugins import load_entry
+from qeval.plugins import load_registry
 from qeval.tasks.scoring import TaskResult, n_requests, score_task
 
 if TYPE_CHECKING:
@@ -123,16 +122,7 @@ class TaskKind:
 
 @cache
 def _registered(env: str) -> tuple[TaskKind, ...]:
-    refs = list(BUILT_IN)
-    refs += [f"{ep.module}:{ep.attr}" for ep in entry_points(group=ENTRY_POINT_GROUP)]
-    refs += [r.strip() for r in env.split(",") if r.strip()]
-    kinds: dict[str, TaskKind] = {}
-    for ref in dict.fromkeys(refs):
-        entry = load_entry(ref, "task kind", "KIND", TaskKind)
-        if entry.name in kinds and kinds[entry.name] is not entry:
-            raise UserError(f"task kind {entry.name!r} is registered twice ({ref})")
-        kinds[entry.name] = entry
-    return tuple(kinds.values())
+    return tuple(load_registry(BUILT_IN, ENTRY_POINT_GROUP, env, "task kind", "KIND", TaskKind).values())
 
 
 def task_kinds() -> tuple[TaskKind, ...]:
