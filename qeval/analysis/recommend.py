@@ -105,8 +105,8 @@ def _rank_by_goodput(results: Results, eligible: list[SetupResult], reasons: dic
     slo = results.serving.slo()
     decided = rank.recommend_goodput(results.serving.setups, ([s.name for s in eligible], {}), slo)
     for s in eligible:
-        reasons[s.name] = decided["reasons"].get(s.name) or f"{s.name}: passes every gate, but was not served"
-    best = decided["setup"]
+        reasons[s.name] = decided.reasons.get(s.name) or f"{s.name}: passes every gate, but was not served"
+    best = decided.setup
     return next((s for s in eligible if s.name == best), None) if best in names else None
 
 

@@ -9,7 +9,9 @@ passed, the budget fitted)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from qeval.results.serving import GoodputRecommendation
 
 if TYPE_CHECKING:
     from qeval.config.workload import SloSpec
@@ -83,7 +85,7 @@ def overlaps(best: SetupResult, other: SetupResult, by: str) -> bool:
 
 def recommend_goodput(
     rows: list[ServingSetup], gated: tuple[list[str], dict[str, str]] | None, slo: SloSpec
-) -> dict[str, Any]:
+) -> GoodputRecommendation:
     """`recommend_by: goodput`: among the setups `gated` lets through (the run's candidates and
     why each other one is out; None: no scored run, so no gate was checked, said in each reason),
     the one with the highest goodput within the SLO at its tuned flags; ties: fewer max-num-seqs.
@@ -120,12 +122,12 @@ def recommend_goodput(
             assert top is not None and top.pick is not None
             ratio = r.pick.goodput_rps / top.pick.goodput_rps if top.pick.goodput_rps else float("nan")
             reasons[r.setup] = f"{r.setup}: serves {at}, {ratio:.2f}x {top.setup}'s goodput{unchecked}"
-    return {
-        "setup": top.setup if top else None,
-        "by": "goodput",
-        "reasons": {r.setup: reasons[r.setup] for r in rows if r.setup in reasons},
-        "gates_checked": gated is not None,
-    }
+    return GoodputRecommendation(
+        setup=top.setup if top else None,
+        by="goodput",
+        reasons={r.setup: reasons[r.setup] for r in rows if r.setup in reasons},
+        gates_checked=gated is not None,
+    )
 
 
 def _targets(slo: SloSpec) -> str:

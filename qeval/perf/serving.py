@@ -28,7 +28,7 @@ from qeval.errors import UserError
 from qeval.files.atomic import atomic_write_json
 from qeval.perf import slo as slo_maths
 from qeval.perf.tune import Engine, EngineSetting, Search, search, settings_of
-from qeval.results.serving import FILE, ServingLevel, ServingPick, ServingResults, ServingSetup
+from qeval.results.serving import FILE, ServedWorkload, ServingLevel, ServingPick, ServingResults, ServingSetup
 
 if TYPE_CHECKING:
     from qeval.config import RunConfig
@@ -328,28 +328,28 @@ def _stored(file: Path) -> dict[str, ServingSetup]:
     return {s.setup: s for s in read_serving(file).setups if s.status == "ok"}
 
 
-def _workload_block(cfg: RunConfig, trace: Trace, stats: WorkloadStats, prefix: bool) -> dict[str, Any]:
+def _workload_block(cfg: RunConfig, trace: Trace, stats: WorkloadStats, prefix: bool) -> ServedWorkload:
     """serving.json's `workload` block: what was replayed, how, and its plan."""
     assert cfg.serving is not None and cfg.workload is not None and cfg.workload.slo is not None
     sv = cfg.serving
-    return {
-        "source": trace.source,
-        "requests_per_level": sv.requests,
-        "trace_requests": stats.requests,
-        "max_model_len": stats.max_model_len,
-        "percentile": stats.percentile,
-        "refused": stats.refused,
-        "refused_share": stats.refused_share,
-        "arrivals": (
+    return ServedWorkload(
+        source=trace.source,
+        requests_per_level=sv.requests,
+        trace_requests=stats.requests,
+        max_model_len=stats.max_model_len,
+        percentile=stats.percentile,
+        refused=stats.refused,
+        refused_share=stats.refused_share,
+        arrivals=(
             f"Poisson (seed {sv.seed}) at each rate; the trace's own times are not replayed"
             if sv.arrivals == "poisson"
             else f"the workload's own arrival times ({trace.arrivals or 'the trace'}), scaled to each "
             "rate (vllm bench serve --dataset-name timed_trace)"
         ),
-        "rates": sv.rates,
-        "prefix_caching": prefix,
-        "slo": cfg.workload.slo.model_dump(mode="json", exclude_none=True),
-    }
+        rates=sv.rates,
+        prefix_caching=prefix,
+        slo=cfg.workload.slo.model_dump(mode="json", exclude_none=True),
+    )
 
 
 def _results_of(run: ServingRun, version: str, stats: WorkloadStats) -> ServingResults:

@@ -22,8 +22,7 @@ FIGURES = ("serving-pareto.svg", "serving-goodput.svg", "serving-kv.svg")
 
 
 def _p(results: ServingResults) -> str:
-    slo = results.workload.get("slo") or {}
-    return f"p{float(slo.get('percentile', 99)) if isinstance(slo, dict) else 99:g}"
+    return f"p{results.workload.slo.get('percentile', 99):g}"
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -132,15 +131,15 @@ def markdown(results: ServingResults) -> str:
     lines = [
         f"# Serving the workload: {results.config}",
         "",
-        f"Workload: {w.get('source')}, {w.get('requests_per_level')} requests per level, {w.get('arrivals')}; "
-        f"max-model-len {w.get('max_model_len')} (p{w.get('percentile')} of prompt + output, rounded up to "
-        f"KV blocks), refusing {w.get('refused')} of {w.get('trace_requests')} requests of the trace; "
-        f"prefix caching {'on' if w.get('prefix_caching') else 'off'}. SLO: {w.get('slo')}.",
+        f"Workload: {w.source}, {w.requests_per_level} requests per level, {w.arrivals}; "
+        f"max-model-len {w.max_model_len} (p{w.percentile} of prompt + output, rounded up to "
+        f"KV blocks), refusing {w.refused} of {w.trace_requests} requests of the trace; "
+        f"prefix caching {'on' if w.prefix_caching else 'off'}. SLO: {w.slo}.",
         f"Load generator: {results.load_generator}. Machine: {results.machine}.",
         "",
     ]
-    lines += [f"**Recommendation (by goodput):** {rec.get('setup') or 'none'}", ""]
-    for reason in (rec.get("reasons") or {}).values():
+    lines += [f"**Recommendation (by goodput):** {rec.setup or 'none'}", ""]
+    for reason in rec.reasons.values():
         lines.append(f"- {reason}")
     lines += ["", "## Each setup's `vllm serve` command", ""]
     for r in results.setups:
@@ -200,12 +199,12 @@ def write_report(results: ServingResults, out: Path) -> Path:
 
 def setup_rows(results: ServingResults) -> list[dict[str, Any]]:
     """One row per setup: the tuner's pick, its cost, the command line, the recommendation's reason."""
-    reasons = results.recommendation.get("reasons") or {}
+    reasons = results.recommendation.reasons
     return [
         {
             "setup": r.setup,
             "status": r.status,
-            "recommended": r.setup == results.recommendation.get("setup"),
+            "recommended": r.setup == results.recommendation.setup,
             "goodput_rps": r.pick.goodput_rps if r.pick else None,
             "max_num_seqs": r.pick.max_num_seqs if r.pick else None,
             "rate": r.pick.rate if r.pick else None,
@@ -302,10 +301,10 @@ def section_markdown(results: Results, esc: Escape) -> list[str]:
         f"## {SECTION_TITLE}",
         "",
         esc(
-            f"Workload {w.get('source')}: {w.get('requests_per_level')} requests per level, {w.get('arrivals')}; "
-            f"max-model-len {w.get('max_model_len')} (p{w.get('percentile')} of prompt + output, rounded up to "
-            f"KV blocks; refuses {w.get('refused')} of {w.get('trace_requests')} requests); SLO "
-            f"{w.get('slo')}; load generator {served.load_generator}; machine {served.machine}."
+            f"Workload {w.source}: {w.requests_per_level} requests per level, {w.arrivals}; "
+            f"max-model-len {w.max_model_len} (p{w.percentile} of prompt + output, rounded up to "
+            f"KV blocks; refuses {w.refused} of {w.trace_requests} requests); SLO "
+            f"{w.slo}; load generator {served.load_generator}; machine {served.machine}."
         ),
         "",
         *md_table([h.replace("pct", _p(served)) for h in SECTION_HEADER], section_rows(results, esc)),

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, ValidationError
 
 from qeval.errors import UserError
 from qeval.results.base import ResultModel
+from qeval.results.echo import Echo
 
 if TYPE_CHECKING:
     from qeval.config.workload import SloSpec
@@ -89,24 +90,52 @@ class ServingSetup(ResultModel):
     seconds: float | None = Field(None, description="wall time of the setup's search")
 
 
+class ServedWorkload(Echo):
+    """serving.json's `workload` block: what was replayed, how, and its plan."""
+
+    source: str | None = Field(None, description="the trace file, or the distribution drawn")
+    requests_per_level: int | None = Field(None, description="requests sent at each load level")
+    trace_requests: int | None = Field(None, description="requests in the workload")
+    max_model_len: int | None = Field(None, description="the servers' max-model-len")
+    percentile: float | None = Field(None, description="the percentile of prompt + output max-model-len covers")
+    refused: int | None = Field(None, description="requests longer than max-model-len")
+    refused_share: float | None = Field(None, description="their share of the workload")
+    arrivals: str | None = Field(None, description="how requests arrive at each rate")
+    rates: list[float] = Field([], description="the request rates offered, per second")
+    prefix_caching: bool | None = Field(None, description="whether the servers cached shared prefixes")
+    slo: dict[str, float] = Field({}, description="the SLO: its percentile and each latency's bound in ms")
+
+
+class GoodputRecommendation(Echo):
+    """serving.json's `recommendation`: the setup that serves the most within the SLO among those
+    the scored run lets through, and a reason per setup."""
+
+    setup: str | None = Field(None, description="the recommended setup (null: none meets the SLO)")
+    by: str | None = Field(None, description="what it was ranked by: goodput")
+    reasons: dict[str, str] = Field({}, description="setup -> why it is or is not recommended")
+    gates_checked: bool = Field(False, description="whether a scored run's gates were checked")
+
+
 class ServingResults(ResultModel):
     """RUN_DIR/serving.json."""
 
     version: str = Field(SERVING_VERSION, description="the serving file's format version")
     config: str = Field(description="the run config's name")
-    workload: dict[str, Any] = Field(description="source, requests per level, refused, arrivals, the SLO")
+    workload: ServedWorkload = Field(description="source, requests per level, refused, arrivals, the SLO")
     load_generator: str = Field(description="the tool that sent the load, with its version and options")
     machine: str = Field(description="where the servers ran (the driver's machine)")
     kv_usage_limit: float = Field(description="the tuner's ceiling on a level's peak KV-cache usage (0..1)")
     setups: list[ServingSetup] = Field([], description="every setup served, in config order")
-    recommendation: dict[str, Any] = Field({}, description="`setup` (or null) and a reason per setup")
+    recommendation: GoodputRecommendation = Field(
+        default_factory=GoodputRecommendation, description="`setup` (or null) and a reason per setup"
+    )
     notes: list[str] = Field([], description="what a reader must know (dtype, memory reserved)")
 
     def slo(self) -> SloSpec:
         """The SLO the setups were served against (the workload's, as recorded)."""
         from qeval.config.workload import SloSpec
 
-        return SloSpec.model_validate(self.workload.get("slo") or {})
+        return SloSpec.model_validate(self.workload.slo)
 
 
 def read_serving(path: Path) -> ServingResults:

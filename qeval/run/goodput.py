@@ -100,7 +100,7 @@ def goodput_exit_code(results: ServingResults) -> int:
     """`qeval goodput`'s exit code for a finished run (2 and 130 are decided before it finishes):
     3 with no recommendation (no setup meets the SLO, or none was served), else 1 when a setup
     could not be served, else 0."""
-    if not results.recommendation.get("setup"):
+    if not results.recommendation.setup:
         return EXIT_NONE_MEETS_SLO
     if any(r.status != "ok" for r in results.setups):
         return EXIT_SETUP_FAILED
@@ -110,8 +110,8 @@ def goodput_exit_code(results: ServingResults) -> int:
 def announce(results: ServingResults, report: Path) -> int:
     """The recommendation, each setup's `vllm serve` line and the report's path on stdout, why on
     stderr where no setup is recommended or one could not be served; the exit code."""
-    print(f"recommended (by goodput): {results.recommendation.get('setup') or 'none'}")
-    for reason in (results.recommendation.get("reasons") or {}).values():
+    print(f"recommended (by goodput): {results.recommendation.setup or 'none'}")
+    for reason in results.recommendation.reasons.values():
         print(f"  {reason}")
     for r in results.setups:
         print(f"{r.setup}: {r.serve_command}")
@@ -121,7 +121,7 @@ def announce(results: ServingResults, report: Path) -> int:
         if all(r.status != "ok" for r in results.setups):
             why = "no setup could be served (see serving.json)"
         else:
-            gates = " and passes every gate" if results.recommendation.get("gates_checked") else ""
+            gates = " and passes every gate" if results.recommendation.gates_checked else ""
             why = f"no setup meets the SLO{gates} (serving.md says why)"
         print(f"qeval: goodput: {why}", file=sys.stderr)
     elif code == EXIT_SETUP_FAILED:

@@ -76,7 +76,7 @@ def test_slo_targets_are_printed_with_their_digits() -> None:
     fig = S.level_figures(reqs, 1.0, {"ttft_ms": 0.4, "e2e_ms": 4000.0}, 99)
     assert fig.violations == ["p99 TTFT 52.5 ms > 0.4 ms"]
     rec = recommend_goodput([_row("a", None)], None, SloSpec(ttft_ms=0.25, tpot_ms=1500))
-    assert "TTFT <= 0.25 ms, 99th-percentile TPOT <= 1,500 ms" in rec["reasons"]["a"]
+    assert "TTFT <= 0.25 ms, 99th-percentile TPOT <= 1,500 ms" in rec.reasons["a"]
 
 
 @dataclass
@@ -202,14 +202,14 @@ def test_recommend_by_goodput() -> None:
     slo = SloSpec(ttft_ms=500)
     rows = [_row("bf16", 1.0), _row("int8", 1.9), _row("int4", None, 812.5), _row("kv", 5.0)]
     rec = recommend_goodput(rows, (["bf16", "int8", "int4"], {"kv": "kv: fails the gate on facts"}), slo)
-    assert rec["setup"] == "int8" and rec["gates_checked"]
-    assert "recommended (by goodput)" in rec["reasons"]["int8"] and "1.900 requests/s" in rec["reasons"]["int8"]
-    assert "0.53x int8's goodput" in rec["reasons"]["bf16"]
-    assert "cannot meet the SLO" in rec["reasons"]["int4"] and "TTFT 812.5 ms" in rec["reasons"]["int4"]
-    assert rec["reasons"]["kv"] == "kv: fails the gate on facts"  # the highest goodput, but out by the gates
+    assert rec.setup == "int8" and rec.gates_checked
+    assert "recommended (by goodput)" in rec.reasons["int8"] and "1.900 requests/s" in rec.reasons["int8"]
+    assert "0.53x int8's goodput" in rec.reasons["bf16"]
+    assert "cannot meet the SLO" in rec.reasons["int4"] and "TTFT 812.5 ms" in rec.reasons["int4"]
+    assert rec.reasons["kv"] == "kv: fails the gate on facts"  # the highest goodput, but out by the gates
     ungated = recommend_goodput(rows, None, slo)
-    assert ungated["setup"] == "kv" and "quality gates not checked" in ungated["reasons"]["kv"]
-    assert recommend_goodput([_row("int4", None)], None, slo)["setup"] is None
+    assert ungated.setup == "kv" and "quality gates not checked" in ungated.reasons["kv"]
+    assert recommend_goodput([_row("int4", None)], None, slo).setup is None
 
 
 def test_serving_config_checks(tmp_path: Path) -> None:
@@ -284,8 +284,12 @@ def test_goodput_on_the_vllm_cpu_engine(tmp_path: Path) -> None:
     # qeval reports as not measured and never counts against the level (issue 54 item 2: the tuner's
     # tests). A sampler that never reads the engine's figure (a renamed metric) misses every level
     assert any(lv.kv_usage_peak is not None for lv in row.levels), [lv.kv_samples for lv in row.levels]
-    assert "timed_trace" in data.workload["arrivals"] and "Poisson at 2 requests/s" in data.workload["arrivals"]
-    assert row.pick is not None and data.recommendation["setup"] == "base"
+    assert (
+        data.workload.arrivals is not None
+        and "timed_trace" in data.workload.arrivals
+        and "Poisson at 2 requests/s" in data.workload.arrivals
+    )
+    assert row.pick is not None and data.recommendation.setup == "base"
     assert "--max-num-seqs 4" in row.serve_command and "--max-model-len 128" in row.serve_command
     assert "vllm serve" in res.stdout and (out / "serving.md").is_file() and (out / "serving-kv.svg").is_file()
     again = run_cli("goodput", str(path), "--output", str(out), timeout=300)
