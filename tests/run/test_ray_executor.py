@@ -245,8 +245,8 @@ def test_exhausted_retries_record_the_cause(cluster: LocalCluster, tmp_path: Pat
 def test_ctrl_c_cancels_the_jobs_and_the_run_resumes(cluster: LocalCluster, local_run: Path, tmp_path: Path) -> None:
     # Deterministic by construction. This test used to send Ctrl-C at the first sign of int8 or
     # kv-int4 running and retry when the run had finished first (exit 0): on a loaded 2-core
-    # machine the signal could land after both jobs had returned (the watcher and the driver's
-    # forwarded progress lines are late, and the driver sees the interrupt only between its polls).
+    # machine the signal could land after both jobs had returned (each job is seconds at --limit 20;
+    # the watcher's sight of it and the driver's forwarded progress lines can both come late).
     # Now the watcher SIGSTOPs each of the two Ray workers when it first sees its job, before its
     # task can return (checked: its scratch job file is still there once stopped), and Ctrl-C is
     # sent only once both are frozen: the two jobs are running, and cannot finish, when it lands.
