@@ -275,10 +275,13 @@ def demo_vllm_config(tmp: Path, checkpoints: Path, extra_setups: str = "") -> Pa
     return path
 
 
-#: the vLLM demo scores its first 150 samples a task (of 400: the W4A8 kernel scores about 6
-#: requests/s on this CPU, and CI's time is bounded)
-DEMO_LIMIT = 150
-#: the shipped bf16 setup's agreement runs on vllm score 150 samples a task; bfloat16 is compared
+#: the vLLM demo scores its first 100 samples a task (of 400: the W4A8 kernel scores about 6
+#: requests/s on this CPU, and CI's time is bounded). 100, not 150: each setup runs four tasks, two
+#: of them W4A8; at 150 (measured 2026-12-06) the largest drop was 2 of 150 on addition, on the
+#: first 100 2 of 100 (the demo test's bound is 5 points), and the agreement checks allow one
+#: differing choice in 100 as they did in 150
+DEMO_LIMIT = 100
+#: the shipped bf16 setup's agreement runs on vllm score DEMO_LIMIT samples a task; bfloat16 is compared
 #: on its own numerics (not float32's) on purpose, and where this CPU only emulates it (AVX2: ~116x
 #: slower, qeval/backends/device.py) its runs score 20
 AGREEMENT_LIMIT = DEMO_LIMIT

@@ -95,7 +95,7 @@ def in_process(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, Path]:
     """Each setup on the in-process vllm backend, in its DTYPES dtype: the reference. The same
-    config's runs the session makes anyway, on the first 150 documents a task or more (the first
+    config's runs the session makes anyway, on the first DEMO_LIMIT documents a task or more (the first
     LIMIT are the ones compared): bf16 in float32 from vllm_bf16_runs, W8A8 in bfloat16 from the
     demo where `dtype: auto` computes in it; elsewhere W8A8 is run here."""
     outs = {"bf16": vllm_bf16_runs[DTYPES["bf16"]]}

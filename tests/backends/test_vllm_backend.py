@@ -116,8 +116,8 @@ def test_engine_reported_capacity_in_results(runs: dict[str, Path]) -> None:
 def test_demo_vllm_serves_the_quantized_checkpoints(
     quantized_demo: tuple[Path, Path, str], vllm_demo: tuple[Path, str], tmp_path: Path
 ) -> None:
-    """configs/demo-vllm.yaml as shipped, on its first 150 samples a task (of 400: the W4A8
-    kernel scores about 6 requests/s on this CPU, and CI's time is bounded; conftest.vllm_demo
+    """configs/demo-vllm.yaml as shipped, on its first DEMO_LIMIT samples a task (of 400: the
+    W4A8 kernel scores about 6 requests/s on this CPU, and CI's time is bounded; conftest.vllm_demo
     runs it): bf16, and W8A8-INT8 and W4A8 from `qeval quantize`, each scored on every task by
     the engine's quantized kernels. At 400 the largest drop measured was 1.75 points
     (2026-12-02), inside the 5-point check."""
