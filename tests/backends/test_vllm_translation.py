@@ -212,8 +212,7 @@ def test_top_k_only_engines_give_an_exact_top1_and_a_kl_lower_bound() -> None:
     latter where the setup's top-k holds all the baseline's ids; top-1 agreement is exact."""
     import numpy as np
 
-    from qeval.backends.base import TOPK, RollingResult
-    from qeval.backends.vllm.backend import at_ids
+    from qeval.backends.base import TOPK, RollingResult, at_ids
     from qeval.tasks.divergence import kl_top1
 
     rng = np.random.default_rng(0)
