@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,6 +172,19 @@ def document_windows(
         for r, req in enumerate(requests)
         for ctx, pred in rolling_windows(conv.encode(req.text), conv.prefix_token_id, max_length)
     ]
+
+
+def window_results(
+    requests: list[RollingRequest],
+    windows: list[tuple[int, list[int], list[int]]],
+    arrays: Sequence[tuple[np.ndarray, ...]],
+) -> list[RollingResult]:
+    """Each request's RollingResult from its `document_windows`' arrays (`arrays[i]`: window i's
+    token log-probs, top-k ids and top-k log-probs), its windows in order."""
+    parts: list[list[tuple[np.ndarray, ...]]] = [[] for _ in requests]
+    for (r, _, _), a in zip(windows, arrays, strict=True):
+        parts[r].append(a)
+    return [rolling_result(p, req.ref_indices) for p, req in zip(parts, requests, strict=True)]
 
 
 def at_ids(ref: np.ndarray | None, top_i: np.ndarray, top_l: np.ndarray) -> np.ndarray | None:

@@ -13,8 +13,6 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from qeval.backends.base import (
     GenerateRequest,
     LoglikelihoodRequest,
@@ -25,8 +23,8 @@ from qeval.backends.base import (
     RollingResult,
     document_windows,
     encoded_requests,
-    rolling_result,
     window_result,
+    window_results,
 )
 from qeval.backends.openai import metrics, scoring
 from qeval.backends.openai.client import Client, ServerError, Unreachable
@@ -145,11 +143,8 @@ class OpenAIBackend:
         # windows two shorter than max_model_len, as the vllm backend sends them (one new token asked for)
         windows = document_windows(self.conv, requests, self.max_length - 2)
         outs = self._scored([(ctx + pred, len(ctx), len(pred)) for _, ctx, pred in windows], None)
-        parts: list[list[tuple[np.ndarray, ...]]] = [[] for _ in requests]
-        for (r, _, _), arrays in zip(windows, outs, strict=True):
-            parts[r].append(arrays)
         progress(len(requests))
-        return [rolling_result(p, req.ref_indices) for p, req in zip(parts, requests, strict=True)]
+        return window_results(requests, windows, outs)
 
     def generate(self, requests: list[GenerateRequest], progress: Progress) -> list[str]:
         assert self.client is not None

@@ -25,8 +25,8 @@ from qeval.backends.base import (
     RollingResult,
     document_windows,
     encoded_requests,
-    rolling_result,
     window_result,
+    window_results,
 )
 from qeval.backends.tokens import conventions, generation_context
 from qeval.backends.vllm.logcapture import capture_fds
@@ -118,11 +118,9 @@ class VLLMBackend:
         # max_context tokens was refused by the engine). Shorter documents get the hf backend's windows.
         windows = document_windows(self.conv, requests, self.max_length - 2)
         outs = self._prompt_logprobs([ctx + pred for _, ctx, pred in windows], TOPK, flat=True)
-        parts: list[list[tuple[np.ndarray, ...]]] = [[] for _ in requests]
-        for (r, ctx, pred), flat in zip(windows, outs, strict=True):
-            parts[r].append(_window_arrays(flat, len(ctx), len(pred)))
+        arrays = [_window_arrays(flat, len(ctx), len(pred)) for (_, ctx, pred), flat in zip(windows, outs, strict=True)]
         progress(len(requests))
-        return [rolling_result(p, req.ref_indices) for p, req in zip(parts, requests, strict=True)]
+        return window_results(requests, windows, arrays)
 
     def generate(self, requests: list[GenerateRequest], progress: Progress) -> list[str]:
         from vllm import SamplingParams
