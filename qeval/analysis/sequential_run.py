@@ -121,12 +121,8 @@ def plan(pre: Preflight) -> SequentialPlan | None:
     spec = cfg.sequential
     return SequentialPlan(
         alpha=cell_level(spec.level, cells),
-        level=spec.level,
         cells=cells,
-        min_docs=spec.min_docs,
-        chunk_docs=spec.chunk_docs,
-        max_docs=spec.max_docs,
-        seed=spec.seed,
+        **spec.settings(),
         tasks=tasks,
         groups=groups,
     )
@@ -512,12 +508,8 @@ def results_block(results: Results, pre: Preflight, store: RunStore) -> Results:
     scored, full = documents_scored(results.setups, caps, {t: i.n_docs for t, i in judge.infos.items()})
     block = SequentialRun(
         method="betting confidence sequence (Waudby-Smith & Ramdas 2023)",
-        level=spec.level,
         cell_level=plan_json.alpha,
-        min_docs=spec.min_docs,
-        chunk_docs=spec.chunk_docs,
-        max_docs=spec.max_docs,
-        seed=spec.seed,
+        **spec.settings(),
         cells=judge.cells,
         documents=scored,
         total=full,

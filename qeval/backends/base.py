@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from qeval.backends.tokens import Conventions, encode_pair, memoized, rolling_windows, truncate
 from qeval.records.job import MemoryFigure  # the backends build it from here; the outcome stores it
 
 if TYPE_CHECKING:
@@ -34,6 +35,11 @@ class LoglikelihoodRequest:
     context: str
     continuation: str
     ref_indices: np.ndarray | None = field(default=None, compare=False, hash=False)
+
+    def reference(self, n_tokens: int) -> np.ndarray | None:
+        """`ref_indices` where they cover exactly the continuation's `n_tokens` tokens, else None
+        (no KL for this request)."""
+        return self.ref_indices if self.ref_indices is not None and len(self.ref_indices) == n_tokens else None
 
 
 @dataclass
@@ -130,6 +136,55 @@ def rolling_result(parts: list[tuple[np.ndarray, ...]], ref: np.ndarray | None) 
     return RollingResult(
         logp, top_i, top_l.astype(np.float32), at_ids(None if ref is None else ref[: len(logp)], top_i, top_l)
     )
+
+
+def window_result(
+    req: LoglikelihoodRequest, n_tokens: int, tok: np.ndarray, top_i: np.ndarray, top_l: np.ndarray
+) -> LoglikelihoodResult:
+    """A continuation's LoglikelihoodResult from an engine's arrays over its `n_tokens` tokens (the
+    actual token's log-probs, the top-k ids and log-probs): greedy where every actual token is the
+    top-1 (a tie counts, as vLLM's rank 1 does)."""
+    return LoglikelihoodResult(
+        float(tok.sum()),
+        bool(np.all(tok >= top_l[:, 0])),
+        n_tokens,
+        tok.astype(np.float32),
+        top_i,
+        top_l.astype(np.float32),
+        at_ids(req.reference(n_tokens), top_i, top_l),
+    )
+
+
+def encoded_requests(
+    conv: Conventions, requests: list[LoglikelihoodRequest], max_length: int
+) -> list[tuple[list[int], list[int]]]:
+    """Each request's (context, continuation) tokens as lm-eval splits them, cut to max_length."""
+    encode = memoized(conv.encode)
+    return [truncate(*encode_pair(conv, r.context, r.continuation, encode), max_length) for r in requests]
+
+
+def document_windows(
+    conv: Conventions, requests: list[RollingRequest], max_length: int
+) -> list[tuple[int, list[int], list[int]]]:
+    """Every (request index, context, predicted tokens) rolling window of the requests' texts."""
+    return [
+        (r, ctx, pred)
+        for r, req in enumerate(requests)
+        for ctx, pred in rolling_windows(conv.encode(req.text), conv.prefix_token_id, max_length)
+    ]
+
+
+def window_results(
+    requests: list[RollingRequest],
+    windows: list[tuple[int, list[int], list[int]]],
+    arrays: Sequence[tuple[np.ndarray, ...]],
+) -> list[RollingResult]:
+    """Each request's RollingResult from its `document_windows`' arrays (`arrays[i]`: window i's
+    token log-probs, top-k ids and top-k log-probs), its windows in order."""
+    parts: list[list[tuple[np.ndarray, ...]]] = [[] for _ in requests]
+    for (r, _, _), a in zip(windows, arrays, strict=True):
+        parts[r].append(a)
+    return [rolling_result(p, req.ref_indices) for p, req in zip(parts, requests, strict=True)]
 
 
 def at_ids(ref: np.ndarray | None, top_i: np.ndarray, top_l: np.ndarray) -> np.ndarray | None:

@@ -140,25 +140,31 @@ def _missing(a: LoadedRun, b: LoadedRun, sa: SetupResult, task: str, margin: flo
     value = sa.tasks[task].metrics.get(metric)
     why = "not scored for this setup in this run" if task in b.results.tasks else "not among this run's tasks"
     return _unchecked(
-        TaskDelta(
+        _uncomputed(
             sa.name,
             task,
             metric,
             describe(metric, info.higher_is_better).higher_is_better,
-            value.value if value else None,
-            None,
-            None,
-            None,
-            "",
-            False,
-            None,
-            sa.tasks[task].n,
-            0,
-            None,
+            (value.value if value else None, None),
+            (sa.tasks[task].n, 0),
         ),
         why,
         margin,
     )
+
+
+def _uncomputed(
+    setup: str,
+    task: str,
+    metric: str,
+    hib: bool,
+    values: tuple[float | None, float | None],
+    ns: tuple[int, int],
+    reason: str | None = None,
+) -> TaskDelta:
+    """A row with nothing computed from the records: the two sides' values (where reported) and
+    document counts, no difference, no interval, not paired."""
+    return TaskDelta(setup, task, metric, hib, *values, None, None, "", False, reason, *ns, None)
 
 
 def _unchecked(t: TaskDelta, problem: str, margin: float | None) -> TaskDelta:
@@ -203,22 +209,7 @@ def _other_metric(
 ) -> TaskDelta:
     """A row left unchecked: the two runs compared the task on different metrics."""
     return _unchecked(
-        TaskDelta(
-            sa.name,
-            task,
-            metric,
-            hib,
-            None,
-            None,
-            None,
-            None,
-            "",
-            False,
-            None,
-            sa.tasks[task].n,
-            sb.tasks[task].n,
-            None,
-        ),
+        _uncomputed(sa.name, task, metric, hib, (None, None), (sa.tasks[task].n, sb.tasks[task].n)),
         f"compared on {metric} in the reference run, on {other} here",
         margin,
     )
@@ -302,22 +293,8 @@ def _unpaired(
 def _reported(sa: SetupResult, sb: SetupResult, task: str, metric: str, hib: bool) -> TaskDelta:
     """A row with the two reported scores and nothing computed from the records."""
     ma, mb = sa.tasks[task].metrics.get(metric), sb.tasks[task].metrics.get(metric)
-    return TaskDelta(
-        sa.name,
-        task,
-        metric,
-        hib,
-        ma.value if ma else None,
-        mb.value if mb else None,
-        None,
-        None,
-        "",
-        False,
-        None,
-        sa.tasks[task].n,
-        sb.tasks[task].n,
-        None,
-    )
+    values = (ma.value if ma else None, mb.value if mb else None)
+    return _uncomputed(sa.name, task, metric, hib, values, (sa.tasks[task].n, sb.tasks[task].n))
 
 
 def _from_scores(
@@ -329,7 +306,7 @@ def _from_scores(
     na, nb = sa.tasks[task].n, sb.tasks[task].n
     if ma is None or mb is None:
         return _unchecked(
-            TaskDelta(sa.name, task, metric, hib, None, None, None, None, "", False, reason, na, nb, None),
+            _uncomputed(sa.name, task, metric, hib, (None, None), (na, nb), reason),
             f"{metric} not reported on both sides",
             margin,
         )

@@ -5,6 +5,8 @@ run that does not use it computes, stores and resumes as before the block existe
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from qeval.config.gates import Gate
@@ -58,6 +60,10 @@ class SequentialSpec(Strict):
     def first_look(self) -> int:
         """`first_look` for this block's floor and chunk."""
         return first_look(self.min_docs, self.chunk_docs)
+
+    def settings(self) -> dict[str, Any]:
+        """The settings a run's plan and results.json's `sequential` block carry as configured."""
+        return self.model_dump(include={"level", "min_docs", "chunk_docs", "max_docs", "seed"})
 
     def order_part(self) -> str:
         """What changes the documents a setup scores and their prompts (the order, the chunks, the

@@ -145,6 +145,17 @@ def describe(qc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def checkpoint_description(checkpoint: str, revision: str | None = None) -> dict[str, Any]:
+    """A pre-quantized checkpoint's part of a setup's quant_info, described from its own
+    quantization_config: the checkpoint, the description and the fields it was read from (empty
+    where the checkpoint has no quantization_config)."""
+    qc = quantization_config(checkpoint_config(checkpoint, revision))
+    if qc is None:
+        return {}
+    described = describe(qc)
+    return {"checkpoint": checkpoint, "description": described.pop("text"), "checkpoint_config": described}
+
+
 def _compressed_tensors(qc: dict[str, Any], out: dict[str, Any]) -> str:
     """A compressed-tensors config's scheme text: each config group's targets, weights and
     activations (the first SHOWN); its bits, group size and format go into `out`."""

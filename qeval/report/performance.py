@@ -11,8 +11,8 @@ from qeval.perf.phase import WORKLOAD_MARK
 from qeval.report.tables import Escape, md_table
 
 if TYPE_CHECKING:
-    from qeval.results.performance import Measured
-    from qeval.results.schema import Results, SetupResult
+    from qeval.results.performance import Measured, Performance
+    from qeval.results.schema import Results
 
 
 THROUGHPUT_HEADER = ["setup", "concurrency", "requests/s", "output tokens/s", "prefill tokens/s", "decode tokens/s"]
@@ -56,22 +56,21 @@ def fmt(m: Measured, scale: float = 1.0, digits: int = 0) -> str:
     return f"{f.format(m.median * scale)} [{f.format(m.min * scale)}–{f.format(m.max * scale)}]"
 
 
-def _perf_setups(results: Results) -> list[SetupResult]:
-    return [s for s in results.setups if s.performance is not None]
+def _perf_setups(results: Results) -> list[tuple[str, Performance]]:
+    """(setup name, its performance block) for every setup that has one."""
+    return [(s.name, s.performance) for s in results.setups if s.performance is not None]
 
 
 def throughput_rows(results: Results, esc: Escape) -> list[list[str]]:
     rows = []
-    for s in _perf_setups(results):
-        perf = s.performance
-        assert perf is not None
+    for name, perf in _perf_setups(results):
         if perf.status != "ok":
-            rows.append([esc(s.name), "—", f"failed: {esc(perf.error)}", "", "", ""])
+            rows.append([esc(name), "—", f"failed: {esc(perf.error)}", "", "", ""])
             continue
         for x in perf.levels:
             rows.append(
                 [
-                    esc(s.name),
+                    esc(name),
                     str(x.concurrency),
                     fmt(x.requests_per_s, digits=2),
                     fmt(x.output_tokens_per_s),
@@ -84,12 +83,10 @@ def throughput_rows(results: Results, esc: Escape) -> list[list[str]]:
 
 def latency_rows(results: Results, esc: Escape) -> list[list[str]]:
     rows = []
-    for s in _perf_setups(results):
-        perf = s.performance
-        assert perf is not None
+    for name, perf in _perf_setups(results):
         for x in perf.levels if perf.status == "ok" else []:
             rows.append(
-                [esc(s.name), str(x.concurrency)]
+                [esc(name), str(x.concurrency)]
                 + [
                     fmt(m, 1e3, 1)
                     for m in (x.ttft_p50_s, x.ttft_p90_s, x.tpot_p50_s, x.tpot_p90_s, x.e2e_p50_s, x.e2e_p90_s)
@@ -100,12 +97,10 @@ def latency_rows(results: Results, esc: Escape) -> list[list[str]]:
 
 def ceiling_rows(results: Results, esc: Escape) -> list[list[str]]:
     rows = []
-    for s in _perf_setups(results):
-        perf = s.performance
-        assert perf is not None
+    for name, perf in _perf_setups(results):
         if perf.status != "ok" or (perf.decode is None and perf.prefill is None):
             continue
-        row = [esc(s.name)]
+        row = [esc(name)]
         for share in (perf.decode, perf.prefill):
             if share is None:
                 row += ["—", "—", "—"]
@@ -207,9 +202,7 @@ def workload_text(results: Results) -> str:
 def sources(results: Results) -> list[str]:
     """How the figures were measured, once per distinct source (results.json has each figure's own)."""
     seen: list[str] = []
-    for s in _perf_setups(results):
-        perf = s.performance
-        assert perf is not None
+    for _, perf in _perf_setups(results):
         for x in perf.levels[:1]:
             for label, m in (
                 ("throughput", x.requests_per_s),
@@ -228,14 +221,12 @@ def sources(results: Results) -> list[str]:
 def notes(results: Results) -> list[str]:
     """Each setup's performance notes, a note shared by several setups said once."""
     by_text: dict[str, list[str]] = {}
-    for s in _perf_setups(results):
-        perf = s.performance
-        assert perf is not None
+    for name, perf in _perf_setups(results):
         texts = list(perf.notes)
         if perf.workload and perf.levels:
             texts.append(f"levels {', '.join(str(x.concurrency) for x in perf.levels)} ({perf.workload.levels_source})")
         for text in texts:
-            by_text.setdefault(text, []).append(s.name)
+            by_text.setdefault(text, []).append(name)
     return [f"{', '.join(names)}: {text}" for text, names in by_text.items()]
 
 
@@ -246,10 +237,9 @@ NOISY = 1.5
 def noisy_setups(results: Results) -> list[str]:
     """Setups whose output tokens/s repeats, at some level, differ by more than NOISY x."""
     return [
-        s.name
-        for s in _perf_setups(results)
-        if s.performance is not None
-        and any(x.output_tokens_per_s.max > NOISY * x.output_tokens_per_s.min for x in s.performance.levels)
+        name
+        for name, perf in _perf_setups(results)
+        if any(x.output_tokens_per_s.max > NOISY * x.output_tokens_per_s.min for x in perf.levels)
     ]
 
 
@@ -331,16 +321,14 @@ def terminal_speed_rows(results: Results) -> list[list[str]]:
     """The end-of-run terminal table: per setup, output tokens/s at concurrency 1 and at its
     top level, and TPOT p50 at concurrency 1 (medians; the report has the ranges)."""
     rows = []
-    for s in _perf_setups(results):
-        perf = s.performance
-        assert perf is not None
+    for name, perf in _perf_setups(results):
         one, top = perf.level(1), perf.top
         if perf.status != "ok" or top is None:
-            rows.append([s.name, f"failed: {(perf.error or '')[:50]}", "", ""])
+            rows.append([name, f"failed: {(perf.error or '')[:50]}", "", ""])
             continue
         rows.append(
             [
-                s.name,
+                name,
                 "—" if one is None else f"{one.output_tokens_per_s.median:,.0f}",
                 f"{top.output_tokens_per_s.median:,.0f} at {top.concurrency}",
                 "—" if one is None else f"{one.tpot_p50_s.median * 1e3:.1f}",

@@ -32,6 +32,24 @@ def svg_of(make: Callable[[T], Any], data: T) -> str:
     return text[text.index("<svg") :]  # drop the XML prolog: it is inlined into HTML
 
 
+def panel_row(n: int, width: float = 4.0, **kw: Any) -> tuple[Any, Any]:
+    """A figure of `n` panels side by side, `width` inches each and 3.2 high, and its row of axes
+    (`kw`: more of plt.subplots' arguments, e.g. sharey)."""
+    fig, axes = plt.subplots(1, n, figsize=(width * n, 3.2), squeeze=False, **kw)
+    return fig, axes[0]
+
+
+def finish_panels(fig: Any, axes: Any, ylabel: str | None = None) -> Any:
+    """A row of panels finished: the first panel's y label and legend (where a line is labelled),
+    the layout tightened."""
+    if ylabel is not None:
+        axes[0].set_ylabel(ylabel)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 def styled(make: Callable[[Results], Any]) -> Callable[[Results], Any]:
     """A figure function run under qeval's style, for notebook use."""
 

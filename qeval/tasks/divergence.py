@@ -135,6 +135,17 @@ class TokenDivergence:
 Reference = tuple[np.ndarray, ...]
 
 
+def document_divergence(
+    rec: SampleRecord, ref: Reference, res: RollingResult, tokens: TokenDivergence
+) -> tuple[np.ndarray, np.ndarray]:
+    """A scored text's KL to the baseline and top-1 agreement per token: set on its record and
+    added to the task's token-level distribution (with its Δp); returned for per-position use."""
+    kl, top1 = kl_top1(ref, res)
+    set_divergence(rec, kl, top1)
+    tokens.add(kl, top1, delta_p(ref, res))
+    return kl, top1
+
+
 def as_rolling(res: LoglikelihoodResult) -> RollingResult | None:
     """A continuation's scored positions in RollingResult's form, for the KL helpers above; None
     where the backend gave no per-token arrays."""

@@ -25,11 +25,9 @@ from qeval.tasks import Task
 from qeval.tasks.divergence import (
     TokenDivergence,
     continuation_divergence,
-    delta_p,
-    kl_top1,
+    document_divergence,
     pack_topk,
     request_references,
-    set_divergence,
     split_reference,
 )
 from qeval.tasks.long_context.buckets import bucket_sums
@@ -226,9 +224,7 @@ def _rolling(backend: Backend, task: Task, progress: Progress, reference: dict[s
         )
         kl = top1 = None
         if refs is not None and res.ref_logprobs is not None:
-            kl, top1 = kl_top1(refs[i], res)
-            set_divergence(rec, kl, top1)
-            tokens.add(kl, top1, delta_p(refs[i], res))
+            kl, top1 = document_divergence(rec, refs[i], res, tokens)
         if getattr(task, "buckets", None):  # long-context position_ppl: loss and KL by token position
             rec.buckets = bucket_sums(task.buckets, res.token_logprobs, kl, top1)  # type: ignore[attr-defined]
         records.append(rec)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from qeval.backends.base import RollingResult
-from qeval.tasks.divergence import TokenDivergence, delta_p, kl_top1
+from qeval.results.samples import SampleRecord
+from qeval.tasks.divergence import TokenDivergence, delta_p, document_divergence, kl_top1
 
 
 def test_quantiles_and_shares_over_every_token_of_every_document() -> None:
@@ -49,6 +50,14 @@ def test_delta_p_is_the_change_in_the_actual_tokens_probability() -> None:
     q = np.array([0.5, 0.2, 0.3])
     assert kl[0] == pytest.approx(float((p * np.log(p / q)).sum()))
     assert list(top1) == [True, False]
+
+    rec = SampleRecord(sample_id="0", prompt="p", target=None, prediction=None, correct=None)
+    tokens = TokenDivergence()
+    got = document_divergence(rec, (ref_idx, ref_logp, ref_tok), res, tokens)
+    assert got[0] == pytest.approx(kl) and list(got[1]) == [True, False]
+    assert rec.kl == pytest.approx(float(kl.mean())) and rec.top1_agreement == 0.5 and rec.kl_tokens == 2
+    d = tokens.summary()
+    assert d is not None and d["tokens"] == 2 and d["dp_mean"] == pytest.approx(0.05)
 
 
 def test_joining_the_held_arrays_changes_no_figure() -> None:

@@ -212,8 +212,7 @@ def test_top_k_only_engines_give_an_exact_top1_and_a_kl_lower_bound() -> None:
     latter where the setup's top-k holds all the baseline's ids; top-1 agreement is exact."""
     import numpy as np
 
-    from qeval.backends.base import TOPK, RollingResult
-    from qeval.backends.vllm.backend import at_ids
+    from qeval.backends.base import TOPK, RollingResult, at_ids
     from qeval.tasks.divergence import kl_top1
 
     rng = np.random.default_rng(0)
@@ -238,3 +237,30 @@ def test_top_k_only_engines_give_an_exact_top1_and_a_kl_lower_bound() -> None:
     same = ~missing.any(1)
     assert same.any() and np.allclose(kl_engine[same], kl_hf[same], rtol=1e-4, atol=1e-6)
     assert (top1_engine == (p_idx[:, 0] == q_idx[:, 0])).all() and (top1_engine == top1_hf).all()
+
+
+def test_window_results_join_each_documents_windows_in_order_and_window_result_reads_greedy() -> None:
+    """The engines' shared steps (qeval/backends/base.py): a document's windows, interleaved with
+    another's, are joined in their order; a continuation is greedy where every actual token is
+    at least the top-1 (a tie counts); a reference of another length gives no ref log-probs."""
+    import numpy as np
+
+    from qeval.backends.base import LoglikelihoodRequest, RollingRequest, window_result, window_results
+
+    def arrays(*logps: float) -> tuple[np.ndarray, ...]:
+        tok = np.array(logps)
+        return tok, np.zeros((len(logps), 2), dtype=np.int64), np.stack([tok, tok - 1.0], 1)
+
+    requests = [RollingRequest("a"), RollingRequest("b")]
+    windows = [(0, [1], [2]), (1, [1], [3]), (0, [2], [4, 5])]
+    out = window_results(requests, windows, [arrays(-1.0), arrays(-2.0), arrays(-3.0, -4.0)])
+    assert [r.token_logprobs.tolist() for r in out] == [[-1.0, -3.0, -4.0], [-2.0]]
+
+    tok, top_i, top_l = arrays(-0.5, -0.25)
+    ref = np.zeros((3, 2), dtype=np.int64)  # three tokens' reference for a two-token continuation
+    tied = window_result(LoglikelihoodRequest("c", " d", ref), 2, tok, top_i, top_l)
+    assert tied.is_greedy and tied.logprob == -0.75 and tied.n_tokens == 2 and tied.ref_logprobs is None
+    top_l[1, 0] = 0.0  # another token is the top-1 at the second position
+    assert not window_result(LoglikelihoodRequest("c", " d", ref[:2]), 2, tok, top_i, top_l).is_greedy
+    with_ref = window_result(LoglikelihoodRequest("c", " d", ref[:2]), 2, tok, top_i, top_l)
+    assert with_ref.ref_logprobs is not None and with_ref.ref_logprobs.shape == (2, 2)

@@ -34,11 +34,12 @@ from qeval.backends.base import (
     Progress,
     RollingRequest,
     RollingResult,
+    encoded_requests,
 )
 from qeval.backends.hf import chunked, kv_cache
 from qeval.backends.hf import quant as hf_quant
 from qeval.backends.hf import sampling as hf_sampling
-from qeval.backends.tokens import conventions, encode_pair, generation_context, memoized, rolling_windows, truncate
+from qeval.backends.tokens import conventions, generation_context, rolling_windows
 from qeval.config import RunConfig
 from qeval.config.setups import Setup
 from qeval.memory.ledger import cache_bytes, cache_storage_bytes, model_weights_bytes
@@ -151,10 +152,7 @@ class HFBackend:
         [ctx[-1]] + cont[:-1], so that every scored position attends to K/V that came out of
         the quantized cache.
         """
-        encode = memoized(self.conv.encode)
-        pairs = [
-            truncate(*encode_pair(self.conv, r.context, r.continuation, encode), self.max_length) for r in requests
-        ]
+        pairs = encoded_requests(self.conv, requests, self.max_length)
         groups: dict[tuple[int, ...], list[int]] = {}
         for i, (ctx, _) in enumerate(pairs):
             key = tuple(ctx) if not self.setup.quantizes_kv else (*ctx, -1 - i)  # -1-i: never shared
@@ -171,10 +169,7 @@ class HFBackend:
             ),
         )
         # a reference covers exactly the continuation's tokens, or it is not used (no KL for that request)
-        refs = [
-            r.ref_indices if r.ref_indices is not None and len(r.ref_indices) == len(cont) else None
-            for r, (_, cont) in zip(requests, pairs, strict=True)
-        ]
+        refs = [r.reference(len(cont)) for r, (_, cont) in zip(requests, pairs, strict=True)]
         out: list[LoglikelihoodResult | None] = [None] * len(pairs)
         for chunk in self._chunks(order, pairs):
             ids = [i for g in chunk for i in g]
@@ -279,13 +274,19 @@ class HFBackend:
         prefix mask is `mask`."""
         r_ids, r_mask = _pad(inputs, self.tok.pad_token_id, left=False)
         pos = mask.sum(1, keepdim=True) + torch.arange(r_ids.shape[1]).unsqueeze(0)
+        return self._cached_pass(r_ids, torch.cat([mask, r_mask], 1), pos, cache).logits
+
+    def _cached_pass(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any, **kw: Any) -> Any:
+        """One forward pass of padded rows that extends `cache` (ids, mask and positions moved to
+        the model's device); `kw`: more of the model's arguments (logits_to_keep)."""
         return self.model(
-            input_ids=r_ids.to(self.device),
-            attention_mask=torch.cat([mask, r_mask], 1).to(self.device),
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
             position_ids=pos.to(self.device),
             past_key_values=cache,
             use_cache=True,
-        ).logits
+            **kw,
+        )
 
     def _prefill(self, prefixes: list[list[int]], keep_last: bool = False) -> tuple[Any, torch.Tensor, Any]:
         """Left-padded prefill into a fresh cache: the cache, the prefix mask, and (keep_last)
@@ -308,14 +309,7 @@ class HFBackend:
         if ids.shape[1]:
             pos = shared + (mask.cumsum(1) - 1).clamp(min=0)
             mask = torch.cat([torch.ones(len(prefixes), shared, dtype=mask.dtype), mask], 1)
-            out = self.model(
-                input_ids=ids.to(self.device),
-                attention_mask=mask.to(self.device),
-                position_ids=pos.to(self.device),
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
+            out = self._cached_pass(ids, mask, pos, cache, logits_to_keep=1)
             last = out.logits[:, -1] if keep_last else None
         return cache, mask, last
 
@@ -442,13 +436,7 @@ class HFBackend:
         for _ in range(max_new):
             if step is not None:
                 mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=mask.dtype)], 1)
-                last = self.model(
-                    input_ids=step.to(self.device),
-                    attention_mask=mask.to(self.device),
-                    position_ids=pos.to(self.device),
-                    past_key_values=cache,
-                    use_cache=True,
-                ).logits[:, -1]
+                last = self._cached_pass(step, mask, pos, cache).logits[:, -1]
                 pos = pos + 1
             nxt = hf_sampling.next_tokens(last, [reqs[row].sampling for row in rows], [streams[row] for row in rows])
             for b, token in enumerate(nxt.tolist()):

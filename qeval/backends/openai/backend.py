@@ -13,8 +13,6 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from qeval.backends.base import (
     GenerateRequest,
     LoglikelihoodRequest,
@@ -23,17 +21,19 @@ from qeval.backends.base import (
     Progress,
     RollingRequest,
     RollingResult,
-    at_ids,
-    rolling_result,
+    document_windows,
+    encoded_requests,
+    window_result,
+    window_results,
 )
 from qeval.backends.openai import metrics, scoring
 from qeval.backends.openai.client import Client, ServerError, Unreachable
 from qeval.backends.openai.launch import HOST, LaunchedServer, free_port
 from qeval.backends.openai.support import DEFAULT_SERVED_NAME, api_key, endpoint, serve_argv, server_spec
-from qeval.backends.tokens import conventions, encode_pair, generation_context, memoized, rolling_windows, truncate
+from qeval.backends.tokens import conventions, generation_context
 from qeval.config import RunConfig
 from qeval.config.setups import Setup
-from qeval.model.checkpoint import checkpoint_config, describe, quantization_config
+from qeval.model.checkpoint import checkpoint_description
 
 if TYPE_CHECKING:
     from qeval.backends.workload import Measurement, Workload
@@ -133,41 +133,18 @@ class OpenAIBackend:
         )
 
     def loglikelihood(self, requests: list[LoglikelihoodRequest], progress: Progress) -> list[LoglikelihoodResult]:
-        encode = memoized(self.conv.encode)
-        pairs = [
-            truncate(*encode_pair(self.conv, r.context, r.continuation, encode), self.max_length) for r in requests
-        ]
+        pairs = encoded_requests(self.conv, requests, self.max_length)
         outs = self._scored([(ctx + cont, len(ctx), len(cont)) for ctx, cont in pairs], progress)
-        results = []
-        for req, (_, cont), (tok, top_i, top_l) in zip(requests, pairs, outs, strict=True):
-            ref = req.ref_indices if req.ref_indices is not None and len(req.ref_indices) == len(cont) else None
-            greedy = bool(np.all(tok >= top_l[:, 0]))  # a tie counts, as vLLM's rank 1 does
-            results.append(
-                LoglikelihoodResult(
-                    float(tok.sum()),
-                    greedy,
-                    len(cont),
-                    tok.astype(np.float32),
-                    top_i,
-                    top_l.astype(np.float32),
-                    at_ids(ref, top_i, top_l),
-                )
-            )
-        return results
+        return [
+            window_result(req, len(cont), *arrays) for req, (_, cont), arrays in zip(requests, pairs, outs, strict=True)
+        ]
 
     def loglikelihood_rolling(self, requests: list[RollingRequest], progress: Progress) -> list[RollingResult]:
         # windows two shorter than max_model_len, as the vllm backend sends them (one new token asked for)
-        windows = [
-            (r, ctx, pred)
-            for r, req in enumerate(requests)
-            for ctx, pred in rolling_windows(self.conv.encode(req.text), self.conv.prefix_token_id, self.max_length - 2)
-        ]
+        windows = document_windows(self.conv, requests, self.max_length - 2)
         outs = self._scored([(ctx + pred, len(ctx), len(pred)) for _, ctx, pred in windows], None)
-        parts: list[list[tuple[np.ndarray, ...]]] = [[] for _ in requests]
-        for (r, _, _), arrays in zip(windows, outs, strict=True):
-            parts[r].append(arrays)
         progress(len(requests))
-        return [rolling_result(p, req.ref_indices) for p, req in zip(parts, requests, strict=True)]
+        return window_results(requests, windows, outs)
 
     def generate(self, requests: list[GenerateRequest], progress: Progress) -> list[str]:
         assert self.client is not None
@@ -253,14 +230,7 @@ class OpenAIBackend:
         if self._engine_args and "command" not in self._engine_args:
             info["engine_args"] = self._engine_args
         if self.setup.checkpoint and self.spec.mode == "launch":
-            qc = quantization_config(checkpoint_config(self.setup.checkpoint, self.setup.checkpoint_revision))
-            if qc is not None:
-                described = describe(qc)
-                info |= {
-                    "checkpoint": self.setup.checkpoint,
-                    "description": described.pop("text"),
-                    "checkpoint_config": described,
-                }
+            info |= checkpoint_description(self.setup.checkpoint, self.setup.checkpoint_revision)
         kernels = quantized_kernels(self.server.log_text()) if self.server else {}
         if kernels:
             info["engine_kernels"] = kernels

@@ -23,16 +23,18 @@ from qeval.backends.base import (
     Progress,
     RollingRequest,
     RollingResult,
-    at_ids,
-    rolling_result,
+    document_windows,
+    encoded_requests,
+    window_result,
+    window_results,
 )
-from qeval.backends.tokens import conventions, encode_pair, generation_context, memoized, rolling_windows, truncate
+from qeval.backends.tokens import conventions, generation_context
 from qeval.backends.vllm.logcapture import capture_fds
 from qeval.backends.vllm.logs import parse_engine_log, quantized_kernels
 from qeval.backends.vllm.support import setup_engine_args
 from qeval.config import RunConfig
 from qeval.config.setups import Setup
-from qeval.model.checkpoint import checkpoint_config, describe, quantization_config
+from qeval.model.checkpoint import checkpoint_description
 
 if TYPE_CHECKING:
     from qeval.backends.workload import Measurement, Workload
@@ -72,14 +74,7 @@ class VLLMBackend:
         scheme it loaded (from its log: evidence the checkpoint really ran quantized)."""
         info: dict[str, Any] = {"engine_args": self._engine_args}
         if self.setup.checkpoint:  # described from the checkpoint's own quantization_config
-            qc = quantization_config(checkpoint_config(self.setup.checkpoint, self.setup.checkpoint_revision))
-            if qc is not None:
-                described = describe(qc)
-                info |= {
-                    "checkpoint": self.setup.checkpoint,
-                    "description": described.pop("text"),
-                    "checkpoint_config": described,
-                }
+            info |= checkpoint_description(self.setup.checkpoint, self.setup.checkpoint_revision)
         kernels = quantized_kernels(self._log.text()) if self._log else {}
         if kernels:
             info["engine_kernels"] = kernels
@@ -106,29 +101,13 @@ class VLLMBackend:
         return [o.prompt_logprobs for o in outs]
 
     def loglikelihood(self, requests: list[LoglikelihoodRequest], progress: Progress) -> list[LoglikelihoodResult]:
-        encode = memoized(self.conv.encode)
-        pairs = [
-            truncate(*encode_pair(self.conv, r.context, r.continuation, encode), self.max_length) for r in requests
-        ]
+        pairs = encoded_requests(self.conv, requests, self.max_length)
         # the top-k at every scored position too: the baseline's is the KL reference of the others
         outs = self._prompt_logprobs([ctx + cont for ctx, cont in pairs], TOPK, flat=True)
-        results = []
-        for req, (ctx, cont), flat in zip(requests, pairs, outs, strict=True):
-            tok, top_i, top_l = _window_arrays(flat, len(ctx), len(cont))
-            ref = req.ref_indices if req.ref_indices is not None and len(req.ref_indices) == len(cont) else None
-            # greedy: the actual token is the top-1 (a tie counts, as vLLM's rank 1 does)
-            greedy = bool(np.all(tok >= top_l[:, 0]))
-            results.append(
-                LoglikelihoodResult(
-                    float(tok.sum()),
-                    greedy,
-                    len(cont),
-                    tok.astype(np.float32),
-                    top_i,
-                    top_l.astype(np.float32),
-                    at_ids(ref, top_i, top_l),
-                )
-            )
+        results = [
+            window_result(req, len(cont), *_window_arrays(flat, len(ctx), len(cont)))
+            for req, (ctx, cont), flat in zip(requests, pairs, outs, strict=True)
+        ]
         progress(len(requests))
         return results
 
@@ -137,17 +116,11 @@ class VLLMBackend:
         # at its own position) and asked for one new token: two more than the windows' length. Windows
         # two shorter keep that within max_model_len (as lm-eval's vllm model does; a document of
         # max_context tokens was refused by the engine). Shorter documents get the hf backend's windows.
-        windows = [
-            (r, ctx, pred)
-            for r, req in enumerate(requests)
-            for ctx, pred in rolling_windows(self.conv.encode(req.text), self.conv.prefix_token_id, self.max_length - 2)
-        ]
+        windows = document_windows(self.conv, requests, self.max_length - 2)
         outs = self._prompt_logprobs([ctx + pred for _, ctx, pred in windows], TOPK, flat=True)
-        parts: list[list[tuple[np.ndarray, ...]]] = [[] for _ in requests]
-        for (r, ctx, pred), flat in zip(windows, outs, strict=True):
-            parts[r].append(_window_arrays(flat, len(ctx), len(pred)))
+        arrays = [_window_arrays(flat, len(ctx), len(pred)) for (_, ctx, pred), flat in zip(windows, outs, strict=True)]
         progress(len(requests))
-        return [rolling_result(p, req.ref_indices) for p, req in zip(parts, requests, strict=True)]
+        return window_results(requests, windows, arrays)
 
     def generate(self, requests: list[GenerateRequest], progress: Progress) -> list[str]:
         from vllm import SamplingParams

@@ -8,8 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import matplotlib.pyplot as plt
-
+from qeval.report.plots import finish_panels, panel_row
 from qeval.report.sections import ReportSection, section_tables
 from qeval.report.tables import Escape, md_table
 from qeval.results.generation import AnswerLengthBucket, GeneratedPositionBucket
@@ -107,8 +106,8 @@ def kl_by_position_figure(results: Results) -> Any:
     panel per task."""
     info = results.generation_divergence
     assert info is not None
-    fig, axes = plt.subplots(1, len(info.tasks), figsize=(4 * len(info.tasks), 3.2), squeeze=False)
-    for ax, task in zip(axes[0], info.tasks, strict=True):
+    fig, axes = panel_row(len(info.tasks))
+    for ax, task in zip(axes, info.tasks, strict=True):
         for setup, tasks in info.setups.items():
             bs = [b for b in tasks.get(task, _EMPTY).positions if b.kl is not None]
             if bs:
@@ -116,11 +115,7 @@ def kl_by_position_figure(results: Results) -> Any:
         ax.set_xlabel("generated position (bucket start)")
         ax.set_title(task)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("KL(baseline || setup) per token")
-    if axes[0][0].get_legend_handles_labels()[0]:
-        axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+    return finish_panels(fig, axes, "KL(baseline || setup) per token")
 
 
 class _Empty:

@@ -49,11 +49,9 @@ from qeval.tasks.divergence import (
     TokenDivergence,
     concat_topk,
     continuation_divergence,
-    delta_p,
-    kl_top1,
+    document_divergence,
     pack_topk,
     request_references,
-    set_divergence,
     split_reference,
 )
 from qeval.tasks.lm_eval import resume
@@ -582,9 +580,7 @@ class _LeafResult:
             for d, rec, res in zip(doc_ids, records, results, strict=True):
                 doc_ref = refs.get((leaf, d, 0))
                 if doc_ref is not None and res.ref_logprobs is not None:
-                    kl, top1 = kl_top1(doc_ref, res)
-                    set_divergence(rec, kl, top1)
-                    self.tokens.add(kl, top1, delta_p(doc_ref, res))
+                    document_divergence(rec, doc_ref, res, self.tokens)
         elif info.output_type in ("multiple_choice", "loglikelihood"):  # KL on the scored tokens of every choice
             keys = [
                 [(leaf, d, i) for i in range(len(r.loglikelihoods or [None]))]

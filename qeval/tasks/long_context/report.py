@@ -7,8 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import matplotlib.pyplot as plt
-
+from qeval.report.plots import finish_panels, panel_row
 from qeval.report.sections import ReportSection, section_tables
 from qeval.report.tables import Escape, md_table
 from qeval.results.long_context import PositionBucket
@@ -146,8 +145,8 @@ def quality_vs_length_figure(results: Results) -> Any:
     info = results.long_context
     assert info is not None
     fams = _families(results)
-    fig, axes = plt.subplots(1, len(fams), figsize=(4 * len(fams), 3.2), squeeze=False)
-    for ax, fam in zip(axes[0], fams, strict=True):
+    fig, axes = panel_row(len(fams))
+    for ax, fam in zip(axes, fams, strict=True):
         first = next(iter(info.families[fam].values()))
         m = describe(results.tasks[first].compared_metric)
         for s in (x for x in results.setups if x.status == "ok"):
@@ -164,10 +163,7 @@ def quality_vs_length_figure(results: Results) -> Any:
         ax.set_ylabel(f"{m.name}" + (" (%)" if m.proportion else f" ({m.unit})"))
         ax.set_title(fam)
         ax.grid(alpha=0.3)
-    if axes[0][0].get_legend_handles_labels()[0]:
-        axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+    return finish_panels(fig, axes)
 
 
 def bucket_deltas_figure(results: Results) -> Any:
@@ -175,8 +171,8 @@ def bucket_deltas_figure(results: Results) -> Any:
     line per setup."""
     info = results.long_context
     assert info is not None
-    fig, axes = plt.subplots(1, len(info.lengths), figsize=(3.6 * len(info.lengths), 3.2), squeeze=False, sharey=True)
-    for ax, length in zip(axes[0], info.lengths, strict=True):
+    fig, axes = panel_row(len(info.lengths), 3.6, sharey=True)
+    for ax, length in zip(axes, info.lengths, strict=True):
         for s in (x for x in results.setups if x.status == "ok" and not x.baseline and x.long_context):
             assert s.long_context is not None
             point = next((p for p in s.long_context.lengths if p.length == length), None)
@@ -191,11 +187,7 @@ def bucket_deltas_figure(results: Results) -> Any:
         ax.set_title(f"{tokens_text(length)} tokens")
         ax.set_xlabel("token position (bucket centre)")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("Δ NLL per token vs baseline (nats)")
-    if axes[0][0].get_legend_handles_labels()[0]:
-        axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+    return finish_panels(fig, axes, "Δ NLL per token vs baseline (nats)")
 
 
 #: the section's tables for report.html (Jinja2 escapes there); empty without long context

@@ -10,6 +10,7 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 
+from qeval.report.plots import finish_panels
 from qeval.report.sections import ReportSection, section_tables
 from qeval.report.tables import Escape, md_table
 from qeval.results.multi_turn import TurnPoint
@@ -82,12 +83,8 @@ def accuracy_by_turn_figure(results: Results) -> Any:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=setup)
     ax.set_xticks(info.turns)
     ax.set_xlabel("question turn")
-    ax.set_ylabel("exact match (%)")
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+    return finish_panels(fig, [ax], "exact match (%)")
 
 
 def _figures(results: Results) -> dict[str, Callable[[Results], Any]]:
