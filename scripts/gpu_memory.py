@@ -42,6 +42,7 @@ import torch
 
 from qeval.backends.hf import kv_cache
 from qeval.backends.hf import quant as hf_quant
+from qeval.backends.hf.kv_rule import HeldKv
 from qeval.config.setups import Setup
 from qeval.memory.capacity import GIB, Budget, kv_capacity
 from qeval.memory.layouts import predict_sequence
@@ -255,7 +256,7 @@ def build_model(config: dict[str, Any], setup: Setup, dtype: torch.dtype, device
 def predictions(shape: ModelShape, setup: Setup, dtype: str, context: int) -> dict[str, int]:
     """qeval's own predictions for the setup: weights, KV per token, one sequence of `context` on
     the transformers backend's accounting."""
-    seq = predict_sequence(shape, setup, dtype, context, "hf")
+    seq = predict_sequence(shape, setup, dtype, context, HeldKv())
     return {
         "weights_bytes": predict_weights_bytes(shape, setup, dtype),
         "kv_bytes_per_token": predict_kv_bytes_per_token(shape, setup, dtype),

@@ -16,6 +16,7 @@ import yaml
 
 from qeval.config.sequential import CellPlan, SequentialPlan
 from qeval.results.samples import SampleRecord
+from qeval.results.sequential import SequentialRun
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "qeval-tiny"
@@ -308,3 +309,19 @@ def seq_plan(**fields: Any) -> SequentialPlan:
     tasks = {name: CellPlan.model_validate(cell_default | spec) for name, spec in fields.pop("tasks", {}).items()}
     base = {"alpha": 0.05, "level": 0.05, "cells": 1, "min_docs": 6, "chunk_docs": 10, "max_docs": None, "seed": 0}
     return SequentialPlan.model_validate(base | fields | {"tasks": tasks})
+
+
+def empty_sequential_block() -> SequentialRun:
+    """results.json's `sequential` block of a sequential run with no cell (no model needed)."""
+    return SequentialRun(
+        method="m",
+        level=0.05,
+        cell_level=0.05,
+        min_docs=6,
+        chunk_docs=4,
+        max_docs=None,
+        seed=0,
+        cells=[],
+        documents=0,
+        total=0,
+    )

@@ -11,8 +11,7 @@ from rich.console import Console
 
 from qeval.report.markdown import print_summary, render_markdown
 from qeval.results.schema import Results, read_results
-from qeval.results.sequential import SequentialRun
-from tests.helpers import ROOT
+from tests.helpers import ROOT, empty_sequential_block
 
 V1 = ROOT / "tests" / "data" / "run-v1" / "results.json"
 
@@ -25,18 +24,7 @@ def _stopped(results: Results, setup: str, task: str, n: int) -> Results:
             tasks = s.tasks | {task: s.tasks[task].model_copy(update={"n": n})}
             s = s.model_copy(update={"tasks": tasks})
         setups.append(s)
-    block = SequentialRun(
-        method="m",
-        level=0.05,
-        cell_level=0.05,
-        min_docs=6,
-        chunk_docs=4,
-        max_docs=None,
-        seed=0,
-        cells=[],
-        documents=0,
-        total=0,
-    )
+    block = empty_sequential_block()
     return results.model_copy(update={"setups": setups, "sequential": block})
 
 

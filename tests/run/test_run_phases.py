@@ -18,11 +18,10 @@ from qeval.errors import UserError
 from qeval.records.job import AdviseJob, Job
 from qeval.report.write import write_report
 from qeval.results.schema import read_results
-from qeval.results.sequential import SequentialRun
 from qeval.run import phases
 from qeval.run.options import RunOptions
 from qeval.run.runner import run
-from tests.helpers import MODEL, SMALL_CONFIG, TASKS, config_dict
+from tests.helpers import MODEL, SMALL_CONFIG, TASKS, config_dict, empty_sequential_block
 
 
 @pytest.fixture
@@ -98,18 +97,7 @@ def test_a_run_with_the_sequential_and_serving_phases_unregistered(
     assert "## Sequential gates" not in (out / "report.md").read_text()
 
     # a run directory written with the sequential phase registered: its block loads and reports
-    block = SequentialRun(
-        method="m",
-        level=0.05,
-        cell_level=0.05,
-        min_docs=6,
-        chunk_docs=4,
-        max_docs=None,
-        seed=0,
-        cells=[],
-        documents=0,
-        total=0,
-    )
+    block = empty_sequential_block()
     written = read_results(out / "results.json").model_copy(update={"sequential": block})
     (out / "results.json").write_text(written.model_dump_json(indent=2) + "\n")
     again = read_results(out / "results.json")

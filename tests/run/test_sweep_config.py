@@ -109,7 +109,7 @@ def _two_runs(tmp_path: Path) -> tuple[Sweep, dict, dict]:
     first = next(i for i, r in enumerate(records) if r["correct"])
     records[first]["correct"] = False
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    cfg = RunConfig.model_validate(runs["a"].config)
+    cfg = RunConfig.model_validate(runs["a"].config.as_dict())
     sweep = Sweep("s", {"a": cfg.model_copy(update={"name": "a"}), "b": cfg.model_copy(update={"name": "b"})})
     stores = {n: RunStore(tmp_path / "models" / n) for n in runs}
     return sweep, runs, stores
