@@ -141,15 +141,15 @@ def engine_figures(folder: Path) -> tuple[int, float, str]:
 
 def predicted(config: dict[str, object]) -> tuple[float, int]:
     """qeval's concurrency at CONTEXT for POOL bytes, and its bytes per sequence."""
+    from qeval.backends.vllm.kv_rule import PagedKv
     from qeval.backends.vllm.support import cache_accounting
     from qeval.config.setups import Setup
     from qeval.memory.layouts import predict_sequence
     from qeval.model.shape import ModelShape
 
     shape = ModelShape.from_config(config)
-    seq = predict_sequence(
-        shape, Setup(name="bf16", weights="bf16"), "bfloat16", CONTEXT, "vllm", cache_accounting("cpu")
-    )
+    rule = PagedKv(cache_accounting("cpu"))  # vLLM's rule, with this CPU build's cache settings
+    seq = predict_sequence(shape, Setup(name="bf16", weights="bf16"), "bfloat16", CONTEXT, rule)
     blocks = seq.total // seq.block_bytes
     return (POOL // seq.block_bytes) / blocks, seq.total
 
