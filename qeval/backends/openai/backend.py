@@ -13,24 +13,13 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qeval.backends.base import (
-    GenerateRequest,
-    LoglikelihoodRequest,
-    LoglikelihoodResult,
-    MemoryFigure,
-    Progress,
-    RollingRequest,
-    RollingResult,
-    document_windows,
-    encoded_requests,
-    window_result,
-    window_results,
-)
+from qeval.backends.base import GenerateRequest, MemoryFigure, Progress
 from qeval.backends.openai import metrics, scoring
 from qeval.backends.openai.client import Client, ServerError, Unreachable
 from qeval.backends.openai.launch import HOST, LaunchedServer, free_port
 from qeval.backends.openai.support import DEFAULT_SERVED_NAME, api_key, endpoint, serve_argv, server_spec
 from qeval.backends.tokens import conventions, generation_context
+from qeval.backends.windowed import Prompt, WindowedBackend
 from qeval.config import RunConfig
 from qeval.config.setups import Setup
 from qeval.model.checkpoint import checkpoint_description
@@ -39,15 +28,14 @@ if TYPE_CHECKING:
     from qeval.backends.workload import Measurement, Workload
 
 
-class OpenAIBackend:
+class OpenAIBackend(WindowedBackend):
     """Serves one Setup through an OpenAI-compatible server."""
 
     name = "openai"
 
     def __init__(self, cfg: RunConfig, setup: Setup, device: str) -> None:
-        self.cfg, self.setup, self.device = cfg, setup, device
+        super().__init__(cfg, setup, device)
         self.spec = server_spec(cfg)
-        self.max_length = cfg.model.max_context
         self.server: LaunchedServer | None = None
         self.client: Client | None = None
         self.model = self.spec.model or DEFAULT_SERVED_NAME
@@ -121,7 +109,7 @@ class OpenAIBackend:
             self.server.check_alive()
             raise
 
-    def _scored(self, prompts: list[tuple[list[int], int, int]], progress: Progress | None) -> list[tuple[Any, ...]]:
+    def _scored(self, prompts: list[Prompt], progress: Progress | None) -> list[tuple[Any, ...]]:
         """Window arrays of each (prompt, start, n), `server.concurrency` requests in flight."""
         assert self.client is not None
         mode = self.spec.logprobs
@@ -131,20 +119,6 @@ class OpenAIBackend:
             self.spec.concurrency,
             progress,
         )
-
-    def loglikelihood(self, requests: list[LoglikelihoodRequest], progress: Progress) -> list[LoglikelihoodResult]:
-        pairs = encoded_requests(self.conv, requests, self.max_length)
-        outs = self._scored([(ctx + cont, len(ctx), len(cont)) for ctx, cont in pairs], progress)
-        return [
-            window_result(req, len(cont), *arrays) for req, (_, cont), arrays in zip(requests, pairs, outs, strict=True)
-        ]
-
-    def loglikelihood_rolling(self, requests: list[RollingRequest], progress: Progress) -> list[RollingResult]:
-        # windows two shorter than max_model_len, as the vllm backend sends them (one new token asked for)
-        windows = document_windows(self.conv, requests, self.max_length - 2)
-        outs = self._scored([(ctx + pred, len(ctx), len(pred)) for _, ctx, pred in windows], None)
-        progress(len(requests))
-        return window_results(requests, windows, outs)
 
     def generate(self, requests: list[GenerateRequest], progress: Progress) -> list[str]:
         assert self.client is not None

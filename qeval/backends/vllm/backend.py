@@ -13,25 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qeval.backends.base import (
-    TOPK,
-    GenerateRequest,
-    Generation,
-    LoglikelihoodRequest,
-    LoglikelihoodResult,
-    MemoryFigure,
-    Progress,
-    RollingRequest,
-    RollingResult,
-    document_windows,
-    encoded_requests,
-    window_result,
-    window_results,
-)
+from qeval.backends.base import TOPK, GenerateRequest, Generation, MemoryFigure, Progress
 from qeval.backends.tokens import conventions, generation_context
 from qeval.backends.vllm.logcapture import capture_fds
 from qeval.backends.vllm.logs import parse_engine_log, quantized_kernels
 from qeval.backends.vllm.support import setup_engine_args
+from qeval.backends.windowed import Prompt, WindowedBackend
 from qeval.config import RunConfig
 from qeval.config.setups import Setup
 from qeval.model.checkpoint import checkpoint_description
@@ -40,14 +27,13 @@ if TYPE_CHECKING:
     from qeval.backends.workload import Measurement, Workload
 
 
-class VLLMBackend:
+class VLLMBackend(WindowedBackend):
     """Serves one Setup with vLLM's offline engine."""
 
     name = "vllm"
 
     def __init__(self, cfg: RunConfig, setup: Setup, device: str) -> None:
-        self.cfg, self.setup, self.device = cfg, setup, device
-        self.max_length = cfg.model.max_context
+        super().__init__(cfg, setup, device)
         self.llm: Any = None
         self.tok: Any = None
         self._log: Any = None
@@ -100,27 +86,16 @@ class VLLMBackend:
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         return [o.prompt_logprobs for o in outs]
 
-    def loglikelihood(self, requests: list[LoglikelihoodRequest], progress: Progress) -> list[LoglikelihoodResult]:
-        pairs = encoded_requests(self.conv, requests, self.max_length)
-        # the top-k at every scored position too: the baseline's is the KL reference of the others
-        outs = self._prompt_logprobs([ctx + cont for ctx, cont in pairs], TOPK, flat=True)
-        results = [
-            window_result(req, len(cont), *_window_arrays(flat, len(ctx), len(cont)))
-            for req, (ctx, cont), flat in zip(requests, pairs, outs, strict=True)
+    def _scored(self, prompts: list[Prompt], progress: Progress | None) -> list[tuple[np.ndarray, ...]]:
+        """Every prompt in one engine call, with the top-k at every scored position too (the
+        baseline's is the KL reference of the others)."""
+        outs = self._prompt_logprobs([p for p, _, _ in prompts], TOPK, flat=True)
+        arrays: list[tuple[np.ndarray, ...]] = [
+            _window_arrays(flat, start, n) for (_, start, n), flat in zip(prompts, outs, strict=True)
         ]
-        progress(len(requests))
-        return results
-
-    def loglikelihood_rolling(self, requests: list[RollingRequest], progress: Progress) -> list[RollingResult]:
-        # the engine is sent context + every predicted token (prompt_logprobs reads a token's log-prob
-        # at its own position) and asked for one new token: two more than the windows' length. Windows
-        # two shorter keep that within max_model_len (as lm-eval's vllm model does; a document of
-        # max_context tokens was refused by the engine). Shorter documents get the hf backend's windows.
-        windows = document_windows(self.conv, requests, self.max_length - 2)
-        outs = self._prompt_logprobs([ctx + pred for _, ctx, pred in windows], TOPK, flat=True)
-        arrays = [_window_arrays(flat, len(ctx), len(pred)) for (_, ctx, pred), flat in zip(windows, outs, strict=True)]
-        progress(len(requests))
-        return window_results(requests, windows, arrays)
+        if progress is not None:
+            progress(len(prompts))
+        return arrays
 
     def generate(self, requests: list[GenerateRequest], progress: Progress) -> list[str]:
         from vllm import SamplingParams
