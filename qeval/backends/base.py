@@ -255,6 +255,19 @@ class LoadLevel:
     time_scale: float | None = None
 
 
+@dataclass(frozen=True)
+class ServerSetting:
+    """What one server start of `qeval goodput` runs with besides the setup: the run's dtype,
+    max-model-len and prefix caching, and the grid's engine setting (max-num-seqs, and
+    max-num-batched-tokens where the grid sets it)."""
+
+    dtype: str
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int | None
+    prefix_caching: bool
+
+
 class LoadGenerator(Protocol):
     """The process that puts each level's load on a server, for the whole run."""
 
@@ -307,17 +320,7 @@ class ServingEngine(Protocol):
         """The load's dataset at `path`; the trace's own mean rate where its times are replayed."""
         ...
 
-    def engine_args(
-        self,
-        cfg: RunConfig,
-        setup: Setup,
-        device: str,
-        dtype: str,
-        max_model_len: int,
-        max_num_seqs: int,
-        max_num_batched_tokens: int | None,
-        prefix_caching: bool,
-    ) -> dict[str, Any]:
+    def engine_args(self, cfg: RunConfig, setup: Setup, device: str, setting: ServerSetting) -> dict[str, Any]:
         """The setup's engine arguments at one engine setting."""
         ...
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qeval.backends.base import LoadGenerator, LoadLevel, ServingEngine
+from qeval.backends.base import LoadGenerator, LoadLevel, ServerSetting, ServingEngine
 from qeval.errors import UserError
 from qeval.files.atomic import atomic_write_json
 from qeval.perf import slo as slo_maths
@@ -57,16 +57,10 @@ class ServingRun:
 
     def engine_args(self, setup: Setup, setting: EngineSetting) -> dict[str, Any]:
         """The setup's engine arguments at one engine setting of the grid."""
-        return self.engine.engine_args(
-            self.cfg,
-            setup,
-            self.device,
-            self.dtype,
-            self.max_model_len,
-            setting.max_num_seqs,
-            setting.max_num_batched_tokens,
-            self.prefix,
+        server = ServerSetting(
+            self.dtype, self.max_model_len, setting.max_num_seqs, setting.max_num_batched_tokens, self.prefix
         )
+        return self.engine.engine_args(self.cfg, setup, self.device, server)
 
 
 # -- one level ---------------------------------------------------------------------------------

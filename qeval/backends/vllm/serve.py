@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qeval.backends.base import LoadGenerator, LoadLevel, Measure
+from qeval.backends.base import LoadGenerator, LoadLevel, Measure, ServerSetting
 
 if TYPE_CHECKING:
     from qeval.config import RunConfig
@@ -135,27 +135,17 @@ class VllmServing:
         path.write_text("".join(json.dumps(x) + "\n" for x in lines))
         return native
 
-    def engine_args(
-        self,
-        cfg: RunConfig,
-        setup: Setup,
-        device: str,
-        dtype: str,
-        max_model_len: int,
-        max_num_seqs: int,
-        max_num_batched_tokens: int | None,
-        prefix_caching: bool,
-    ) -> dict[str, Any]:
+    def engine_args(self, cfg: RunConfig, setup: Setup, device: str, setting: ServerSetting) -> dict[str, Any]:
         from qeval.backends.vllm.support import setup_engine_args
 
         args = setup_engine_args(cfg, setup, device) | {
-            "dtype": dtype,
-            "max_model_len": max_model_len,
-            "max_num_seqs": max_num_seqs,
-            "enable_prefix_caching": prefix_caching,
+            "dtype": setting.dtype,
+            "max_model_len": setting.max_model_len,
+            "max_num_seqs": setting.max_num_seqs,
+            "enable_prefix_caching": setting.prefix_caching,
         }
-        if max_num_batched_tokens is not None:
-            args["max_num_batched_tokens"] = max_num_batched_tokens
+        if setting.max_num_batched_tokens is not None:
+            args["max_num_batched_tokens"] = setting.max_num_batched_tokens
         return args
 
     def command(self, args: dict[str, Any]) -> str:
