@@ -5,7 +5,7 @@ said so where they did not, and whether the later run got worse beyond a margin.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -163,7 +163,7 @@ def _uncomputed(
     reason: str | None = None,
 ) -> TaskDelta:
     """A row with nothing computed from the records: the two sides' values (where reported) and
-    document counts, no difference, no interval, not paired."""
+    document counts, no difference, no interval, not paired (what a computed row starts from)."""
     return TaskDelta(setup, task, metric, hib, *values, None, None, "", False, reason, *ns, None)
 
 
@@ -226,29 +226,18 @@ def _paired(
     margin: float | None,
 ) -> TaskDelta:
     """A row compared document by document (`data`: the pairs, `c`: their comparison)."""
-    return _decided(
-        TaskDelta(
-            sa.name,
-            task,
-            metric,
-            hib,
-            data.base_value(),
-            data.other_value(),
-            c.delta,
-            c.ci,
-            f"paired, {c.ci_method}",
-            True,
-            None,
-            n_records[0],
-            n_records[1],
-            c.n,
-            c.p_value,
-            c.flips_to_wrong,
-            c.flips_to_right,
-        ),
-        margin,
-        c.n,
+    row = replace(
+        _uncomputed(sa.name, task, metric, hib, (data.base_value(), data.other_value()), n_records),
+        delta=c.delta,
+        ci=c.ci,
+        method=f"paired, {c.ci_method}",
+        paired=True,
+        n_paired=c.n,
+        p_value=c.p_value,
+        flips_to_wrong=c.flips_to_wrong,
+        flips_to_right=c.flips_to_right,
     )
+    return _decided(row, margin, c.n)
 
 
 def _unpaired(
@@ -267,27 +256,14 @@ def _unpaired(
     d = unpaired_difference(va, vb, metric, da, db)
     value_a = float(va.sum() / da.sum()) if da is not None else float(va.mean())
     value_b = float(vb.sum() / db.sum()) if db is not None else float(vb.mean())
-    return _decided(
-        TaskDelta(
-            sa.name,
-            task,
-            metric,
-            hib,
-            value_a,
-            value_b,
-            d.delta,
-            d.ci,
-            f"unpaired, {d.method}",
-            False,
-            reason,
-            d.n_a,
-            d.n_b,
-            None,
-            d.p_value,
-        ),
-        margin,
-        min(d.n_a, d.n_b),
+    row = replace(
+        _uncomputed(sa.name, task, metric, hib, (value_a, value_b), (d.n_a, d.n_b), reason),
+        delta=d.delta,
+        ci=d.ci,
+        method=f"unpaired, {d.method}",
+        p_value=d.p_value,
     )
+    return _decided(row, margin, min(d.n_a, d.n_b))
 
 
 def _reported(sa: SetupResult, sb: SetupResult, task: str, metric: str, hib: bool) -> TaskDelta:
@@ -311,33 +287,16 @@ def _from_scores(
             margin,
         )
     delta = mb.value - ma.value
+    row = replace(_uncomputed(sa.name, task, metric, hib, (ma.value, mb.value), (na, nb), reason), delta=delta)
     if ma.stderr is None or mb.stderr is None or not all(map(math.isfinite, (delta, ma.stderr, mb.stderr))):
         return _unchecked(
-            TaskDelta(sa.name, task, metric, hib, ma.value, mb.value, delta, None, "", False, reason, na, nb, None),
+            row,
             "no per-document records and no standard errors to compare",
             margin,
         )
     half = 1.959963984540054 * float(np.hypot(ma.stderr, mb.stderr))
-    return _decided(
-        TaskDelta(
-            sa.name,
-            task,
-            metric,
-            hib,
-            ma.value,
-            mb.value,
-            delta,
-            (delta - half, delta + half),
-            "unpaired, normal (reported standard errors)",
-            False,
-            reason,
-            na,
-            nb,
-            None,
-        ),
-        margin,
-        min(na, nb),
-    )
+    row = replace(row, ci=(delta - half, delta + half), method="unpaired, normal (reported standard errors)")
+    return _decided(row, margin, min(na, nb))
 
 
 def _decided(t: TaskDelta, margin: float | None, n: int) -> TaskDelta:
