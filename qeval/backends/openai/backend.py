@@ -22,7 +22,6 @@ from qeval.backends.tokens import conventions, generation_context
 from qeval.backends.windowed import Prompt, WindowedBackend
 from qeval.config import RunConfig
 from qeval.config.setups import Setup
-from qeval.model.checkpoint import checkpoint_description
 
 if TYPE_CHECKING:
     from qeval.backends.workload import Measurement, Workload
@@ -193,7 +192,7 @@ class OpenAIBackend(WindowedBackend):
     def quant_info(self) -> dict[str, Any]:
         """The server (mode, model, launch command and the engine arguments it came from), the
         checkpoint's description, and the kernels a launched vLLM logged for it."""
-        from qeval.backends.vllm.logs import quantized_kernels
+        from qeval.backends.vllm.logs import served_checkpoint_info
 
         server: dict[str, Any] = {"mode": self.spec.mode, "model": self.model}
         if self.client is not None:
@@ -203,12 +202,9 @@ class OpenAIBackend(WindowedBackend):
         info: dict[str, Any] = {"server": server}
         if self._engine_args and "command" not in self._engine_args:
             info["engine_args"] = self._engine_args
-        if self.setup.checkpoint and self.spec.mode == "launch":
-            info |= checkpoint_description(self.setup.checkpoint, self.setup.checkpoint_revision)
-        kernels = quantized_kernels(self.server.log_text()) if self.server else {}
-        if kernels:
-            info["engine_kernels"] = kernels
-        return info
+        served = self.setup.checkpoint if self.spec.mode == "launch" else None  # an attached server's is unknown
+        log = self.server.log_text() if self.server else ""
+        return info | served_checkpoint_info(served, self.setup.checkpoint_revision, log)
 
     def library_versions(self) -> dict[str, str]:
         from importlib.metadata import version

@@ -16,12 +16,11 @@ import numpy as np
 from qeval.backends.base import TOPK, GenerateRequest, Generation, MemoryFigure, Progress
 from qeval.backends.tokens import conventions, generation_context
 from qeval.backends.vllm.logcapture import capture_fds
-from qeval.backends.vllm.logs import parse_engine_log, quantized_kernels
+from qeval.backends.vllm.logs import parse_engine_log, served_checkpoint_info
 from qeval.backends.vllm.support import setup_engine_args
 from qeval.backends.windowed import Prompt, WindowedBackend
 from qeval.config import RunConfig
 from qeval.config.setups import Setup
-from qeval.model.checkpoint import checkpoint_description
 
 if TYPE_CHECKING:
     from qeval.backends.workload import Measurement, Workload
@@ -58,13 +57,10 @@ class VLLMBackend(WindowedBackend):
     def quant_info(self) -> dict[str, Any]:
         """The engine arguments, and the linear kernel the engine chose for each quantized
         scheme it loaded (from its log: evidence the checkpoint really ran quantized)."""
-        info: dict[str, Any] = {"engine_args": self._engine_args}
-        if self.setup.checkpoint:  # described from the checkpoint's own quantization_config
-            info |= checkpoint_description(self.setup.checkpoint, self.setup.checkpoint_revision)
-        kernels = quantized_kernels(self._log.text()) if self._log else {}
-        if kernels:
-            info["engine_kernels"] = kernels
-        return info
+        log = self._log.text() if self._log else ""
+        return {"engine_args": self._engine_args} | served_checkpoint_info(
+            self.setup.checkpoint, self.setup.checkpoint_revision, log
+        )
 
     def library_versions(self) -> dict[str, str]:
         from importlib.metadata import version

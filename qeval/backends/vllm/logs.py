@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from qeval.model.checkpoint import checkpoint_description
+
 GIB = 2**30
 _PATTERNS = {
     "kv_cache_tokens": re.compile(r"KV cache size: ([\d,]+) tokens"),
@@ -31,6 +33,18 @@ def quantized_kernels(text: str) -> dict[str, str]:
     """The linear kernel vLLM chose for each compressed-tensors scheme it loaded (evidence
     that a checkpoint really ran quantized), e.g. {"CompressedTensorsW8A8Int8": "CPUInt8ScaledMMLinearKernel"}."""
     return {scheme: kernel for kernel, scheme in _KERNEL.findall(text)}
+
+
+def served_checkpoint_info(checkpoint: str | None, revision: str | None, log: str) -> dict[str, Any]:
+    """A vLLM engine's part of a setup's quant_info, for the in-process engine and a launched
+    server alike: the served checkpoint's description (none without one) and the kernels the
+    engine's `log` says it chose (none where it names none)."""
+    # described from the checkpoint's own quantization_config
+    info = checkpoint_description(checkpoint, revision) if checkpoint else {}
+    kernels = quantized_kernels(log)
+    if kernels:
+        info["engine_kernels"] = kernels
+    return info
 
 
 def parse_engine_log(text: str) -> dict[str, Any]:
