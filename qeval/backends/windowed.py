@@ -26,7 +26,8 @@ Prompt = tuple[list[int], int, int]
 
 
 class WindowedBackend:
-    """A backend that scores prompts whole on an engine; subclasses give `_scored` and `load` the conventions."""
+    """A backend that scores prompts whole on an engine: a subclass gives `_scored`, and its `load`
+    sets `conv` (the tokeniser's conventions)."""
 
     conv: Conventions
 
