@@ -10,7 +10,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 QUANT_VENV  := .venv-quant
 QUANT_STAMP := $(QUANT_VENV)/.installed
 
-.PHONY: run run-real run-real-sequential run-vllm test test-fast lint bench bench-vllm bench-ray bench-perf bench-serve bench-longctx install browser vllm quant tasks model gpu-bundle
+.PHONY: run run-real run-real-sequential run-vllm test test-fast lint bench bench-published bench-vllm bench-ray bench-perf bench-serve bench-longctx install browser vllm quant tasks model gpu-bundle
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -104,6 +104,11 @@ test-fast: lint $(VLLM_STAMP) $(QUANT_STAMP) models/smollm2-135m/.prepared tasks
 bench: $(STAMP) models/smollm2-135m/.prepared
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) bench/compare_lm_eval.py --model models/smollm2-135m
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) bench/compare_lm_eval.py --model models/qeval-tiny --max-gen-toks 32  # its context is 256 tokens
+
+## the published-numbers table (bench/published.json): qeval and lm-eval on the full ARC sets, per
+## document, in float32 (about 25 min on 2 cores; docs/benchmarks.md, "Published numbers")
+bench-published: $(STAMP) models/smollm2-135m/.prepared tasks/lm_eval_full/.prepared
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) bench/compare_lm_eval.py --model models/smollm2-135m --include tasks/lm_eval_full --tasks arc_easy_full,arc_challenge_full --threads 1 --flops
 
 ## the same against lm-eval's vLLM model type, both on the vLLM engine
 bench-vllm: $(STAMP) $(VLLM_STAMP) models/smollm2-135m/.prepared

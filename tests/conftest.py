@@ -150,12 +150,11 @@ def xdist_group(nodeid: str) -> str:
 
 
 #: the longest groups, longest first (measured, 2026-12-02: the two engine groups about 15 and
-#: 12 minutes, the full ARC-Challenge run 4): under xdist they are scheduled first, so that no
+#: 12 minutes): under xdist they are scheduled first, so that no
 #: worker is left alone with a long one at the end (the rest follow in collection order)
 LONG_FIRST = (
     CHECKPOINT_GROUP,
     ENGINE_GROUP,
-    "tests/e2e/test_published.py",
     "tests/e2e/test_lm_eval_tasks.py",
     "tests/e2e/test_longctx_e2e.py",
     "tests/run/test_trust.py",

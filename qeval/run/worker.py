@@ -95,10 +95,10 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: Job, outcome: Out
     memory, then time the performance workload where the job asks for it."""
     # import the engine's stack first (creating the backend imports its module), so that a
     # memory cap bites on the model, not on imports
-    import torch  # noqa: F401
-    import transformers.models.llama.modeling_llama  # noqa: F401
-
     from qeval.backends import backend_entry
+    from qeval.model.stack import import_model_stack
+
+    import_model_stack()
 
     timings = outcome.timings
     t0 = time.time()

@@ -23,6 +23,7 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from qeval.backends.hf.support import KV_BACKENDS
 from qeval.config.setups import Setup
+from qeval.model.stack import enable_hqq_cache
 
 #: transformers' layer types that cache tokens through K/V (the rest hold states or nothing)
 _FULL = "full_attention"
@@ -43,6 +44,8 @@ def _quantizer(config: Any, setup: Setup) -> Any:
     backend, _, bits = KV_BACKENDS[setup.kv_cache]
     if backend == "fp8":
         return Fp8QuantizedLayer()
+    if backend == "hqq":
+        enable_hqq_cache()  # the worker imported cache_utils without it (qeval/model/stack.py)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     layer = QuantoQuantizedLayer if backend == "quanto" else HQQQuantizedLayer
     return layer(
