@@ -5,9 +5,18 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-from scipy import stats as sps
+
+
+def _sps() -> Any:
+    """scipy.stats, imported at first use: a worker process imports this module through its task
+    kinds and computes no statistic, and scipy.stats is 0.6 s of its start (measured, 2-core CI VM)."""
+    from scipy import stats
+
+    return stats
+
 
 #: The fewest paired documents a gate verdict may rest on; below it the verdict is
 #: "inconclusive" whatever the interval says (docs/statistics.md, "Small samples"). Why 6: on
@@ -54,7 +63,7 @@ def paired_accuracy(base: np.ndarray, other: np.ndarray, metric: str, seed: int)
     table = (int((base & other).sum()), to_wrong, to_right, int((~base & ~other).sum()))
     lo, hi = newcombe_paired_ci(*table)
     discordant = to_wrong + to_right
-    p = float(sps.binomtest(to_right, discordant, 0.5).pvalue) if discordant else 1.0
+    p = float(_sps().binomtest(to_right, discordant, 0.5).pvalue) if discordant else 1.0
 
     def interval_at(m: float) -> Interval:  # the 2x2 table's proportions kept, its counts scaled to m
         return newcombe_paired_ci(*(k * m / n for k in table))
@@ -107,7 +116,7 @@ def paired_ratio(
     d = other_num.astype(float) - base_num.astype(float)
     n, mean_den = len(den), float(den.mean())
     delta = float(d.sum() / den.sum())
-    p = p_value(float(sps.wilcoxon(other_num / den, base_num / den).pvalue)) if np.any(d != 0) else 1.0
+    p = p_value(float(_sps().wilcoxon(other_num / den, base_num / den).pvalue)) if np.any(d != 0) else 1.0
     if n < 2:  # no spread to estimate: the change could be as large as the document's own value
         half = float(max(np.abs(base_num / den).max(), np.abs(other_num / den).max(), abs(delta)))
         return PairedComparison(metric, delta, (delta - half, delta + half), p, None, None, n)
@@ -133,7 +142,7 @@ def paired_mean(base: np.ndarray, other: np.ndarray, metric: str, seed: int) -> 
 
         return PairedComparison(metric, 0.0, rule_of_three(n), 1.0, None, None, n, rule_of_three)
     mean = float(diff.mean())
-    p = p_value(float(sps.wilcoxon(other, base).pvalue))
+    p = p_value(float(_sps().wilcoxon(other, base).pvalue))
     if n < 2:  # no spread to estimate: the change could span the scores' range
         return PairedComparison(metric, mean, (mean - scale, mean + scale), p, None, None, n)
     sd = float(np.std(diff, ddof=1))
@@ -161,7 +170,7 @@ def naive_interval(base: np.ndarray, other: np.ndarray, level: float = 0.95) -> 
 def t_interval(mean: float, sd: float, n: float, level: float = 0.95) -> Interval:
     """Student's t-interval of a mean from n >= 2 paired differences with standard deviation sd
     (n fractional allowed: `samples_to_decide` asks it at other sizes)."""
-    half = float(sps.t.ppf(1 - (1 - level) / 2, n - 1)) * sd / math.sqrt(n)
+    half = float(_sps().t.ppf(1 - (1 - level) / 2, n - 1)) * sd / math.sqrt(n)
     return mean - half, mean + half
 
 
@@ -229,7 +238,7 @@ def unpaired_difference(
     n_a, n_b = len(a), len(b)
     if den_a is None and den_b is None and np.isin(a, (0, 1)).all() and np.isin(b, (0, 1)).all():
         k_a, k_b = float(a.sum()), float(b.sum())
-        p = p_value(float(sps.fisher_exact([[k_b, n_b - k_b], [k_a, n_a - k_a]]).pvalue))
+        p = p_value(float(_sps().fisher_exact([[k_b, n_b - k_b], [k_a, n_a - k_a]]).pvalue))
         return UnpairedDifference(
             metric, k_b / n_b - k_a / n_a, newcombe_unpaired_ci(k_a, n_a, k_b, n_b), p, n_a, n_b, "newcombe"
         )
@@ -242,8 +251,8 @@ def unpaired_difference(
         return UnpairedDifference(metric, delta, (delta - half, delta + half), None, n_a, n_b, "welch")
     # Welch-Satterthwaite degrees of freedom
     df = se**4 / (se_a**4 / (n_a - 1) + se_b**4 / (n_b - 1)) if se_a or se_b else float(n_a + n_b - 2)
-    half = float(sps.t.ppf(0.975, df)) * se
-    p = p_value(float(2 * sps.t.sf(abs(delta) / se, df)))
+    half = float(_sps().t.ppf(0.975, df)) * se
+    p = p_value(float(2 * _sps().t.sf(abs(delta) / se, df)))
     return UnpairedDifference(metric, delta, (delta - half, delta + half), p, n_a, n_b, "welch")
 
 
@@ -266,7 +275,7 @@ def average_difference_ci(
     independent: each task's standard error read off its own interval (Newcombe's for
     accuracies, which stays honest when nothing flipped), combined in quadrature.
     Returns (average difference, CI low, CI high)."""
-    z = float(sps.norm.ppf(1 - (1 - level) / 2))
+    z = float(_sps().norm.ppf(1 - (1 - level) / 2))
     se = math.sqrt(sum(((hi - lo) / (2 * z)) ** 2 for lo, hi in cis)) / len(cis)
     mean = float(np.mean(diffs))
     return mean, mean - z * se, mean + z * se

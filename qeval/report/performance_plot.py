@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import matplotlib.pyplot as plt
-
 from qeval.report.performance import pareto3, tradeoff_points
+from qeval.report.pyplot import subplots
 
 if TYPE_CHECKING:
     from qeval.results.schema import Results
@@ -17,7 +16,7 @@ def tradeoff_figure(results: Results) -> Any:
     """Worst accuracy Δ (y) against output tokens/s at each setup's top level (x)."""
     points = tradeoff_points(results)
     front = pareto3(points)
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    fig, ax = subplots(figsize=(6, 3.6))
     biggest = max((p[2] for p in points), default=1) or 1
     for name, delta, nbytes, tps in points:
         area = 40 + 360 * nbytes / biggest

@@ -6,9 +6,7 @@ import io
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-import matplotlib as mpl
-import matplotlib.pyplot as plt  # no backend forced: Agg headless, inline in a notebook
-
+from qeval.report.pyplot import pyplot, subplots
 from qeval.results.metrics import describe
 from qeval.results.schema import Results, SetupResult
 
@@ -23,11 +21,11 @@ _RC: Any = {"svg.hashsalt": "qeval", "font.size": 9, "text.parse_math": False}  
 def svg_of(make: Callable[[T], Any], data: T) -> str:
     """The figure `make(data)` draws, as an inline SVG string under qeval's style (data: a run's
     Results, or another report's own model: `qeval compare`'s history)."""
-    with mpl.rc_context(_RC):
+    with pyplot().rc_context(_RC):
         fig = make(data)
         buf = io.StringIO()
         fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": "qeval"})
-        plt.close(fig)
+        pyplot().close(fig)
     text = buf.getvalue()
     return text[text.index("<svg") :]  # drop the XML prolog: it is inlined into HTML
 
@@ -35,7 +33,7 @@ def svg_of(make: Callable[[T], Any], data: T) -> str:
 def panel_row(n: int, width: float = 4.0, **kw: Any) -> tuple[Any, Any]:
     """A figure of `n` panels side by side, `width` inches each and 3.2 high, and its row of axes
     (`kw`: more of plt.subplots' arguments, e.g. sharey)."""
-    fig, axes = plt.subplots(1, n, figsize=(width * n, 3.2), squeeze=False, **kw)
+    fig, axes = subplots(1, n, figsize=(width * n, 3.2), squeeze=False, **kw)
     return fig, axes[0]
 
 
@@ -54,7 +52,7 @@ def styled(make: Callable[[Results], Any]) -> Callable[[Results], Any]:
     """A figure function run under qeval's style, for notebook use."""
 
     def wrapped(results: Results) -> Any:
-        with mpl.rc_context(_RC):
+        with pyplot().rc_context(_RC):
             return make(results)
 
     return wrapped
@@ -97,7 +95,7 @@ def quality_vs_memory_figure(results: Results) -> Any:
     """Worst accuracy difference against the memory one sequence needs, with the Pareto front."""
     context = results.config.budget.context_len
     pts = [(s.sequence_bytes(context) / 2**20, s.worst_accuracy_delta(), s.name) for s in _ok(results)]
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    fig, ax = subplots(figsize=(6, 3.6))
     ax.scatter([p[0] for p in pts], [p[1] for p in pts], color="#4477aa", zorder=3)
     for x, y, name in pts:
         ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4))
@@ -114,7 +112,7 @@ def task_deltas_figure(results: Results) -> Any:
     """Each setup x task difference from the baseline with its 95% CI, coloured by verdict:
     proportions (points) on the left, ratio metrics on the right."""
     rows = [(s.name, t, c) for s in _ok(results) for t, c in s.vs_baseline.items()]
-    fig, axes = plt.subplots(1, 2, figsize=(8, 0.35 * max(len(rows), 4) + 1), squeeze=False)
+    fig, axes = subplots(1, 2, figsize=(8, 0.35 * max(len(rows), 4) + 1), squeeze=False)
     for ax, proportion in zip(axes[0], (True, False), strict=True):
         sel = [r for r in rows if describe(r[2].metric).proportion == proportion]
         scale = 100 if proportion else 1
@@ -155,7 +153,7 @@ def memory_ledger_figure(results: Results) -> Any:
             s.memory.activations_bytes.measured or 0 for s in setups
         ],
     }
-    fig, ax = plt.subplots(figsize=(6, 0.4 * len(names) + 1.2))
+    fig, ax = subplots(figsize=(6, 0.4 * len(names) + 1.2))
     left = [0.0] * len(names)
     for (label, values), color in zip(parts.items(), ("#4477aa", "#66ccee", "#ccbb44"), strict=True):
         mib = [v / 2**20 for v in values]
@@ -180,7 +178,7 @@ def sensitivity_heatmap(rows: Sequence[Any], value: str = "gain_kl") -> Any:
         [next((getattr(r, value) for r in cells if r.layer == layer and r.kind == k), 0.0) for layer in layers]
         for k in kinds
     ]
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.25 * len(layers) + 1.5), 1.6))
+    fig, ax = subplots(figsize=(max(4.0, 0.25 * len(layers) + 1.5), 1.6))
     im = ax.imshow(grid, aspect="auto", cmap="viridis")
     ax.set_yticks(range(len(kinds)), kinds)
     ax.set_xticks(range(len(layers)), [str(layer) for layer in layers])

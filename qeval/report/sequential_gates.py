@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import matplotlib.pyplot as plt
-
+from qeval.report.pyplot import subplots
 from qeval.report.sections import HtmlTables, ReportSection
 from qeval.report.tables import Escape, md_table
 from qeval.results.schema import Results, SetupResult
@@ -160,7 +159,7 @@ def trajectory_figure(task: str) -> Callable[[Results], Any]:
     def draw(results: Results) -> Any:
         assert results.sequential is not None
         cells = [c for c in results.sequential.cells if c.task == task]
-        fig, ax = plt.subplots(figsize=(6, 3.2))
+        fig, ax = subplots(figsize=(6, 3.2))
         for i, c in enumerate(cells):
             n = [k.n for k in c.looks]
             color = f"C{i % 10}"

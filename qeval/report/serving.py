@@ -9,10 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import matplotlib.pyplot as plt
-
 from qeval.files.atomic import atomic_write_bytes
 from qeval.report.plots import svg_of
+from qeval.report.pyplot import subplots
 from qeval.report.sections import HtmlTables, ReportSection
 from qeval.report.tables import Escape, md_table
 from qeval.results.schema import Results
@@ -34,7 +33,7 @@ def pareto_figure(results: ServingResults) -> Any:
     """Throughput (x) against the SLO's percentile of E2E latency (y), every level, per setup;
     each setup's Pareto front joined."""
     p = _p(results)
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    fig, ax = subplots(figsize=(6, 3.6))
     for row in results.setups:
         pts = [(lv.throughput_rps, lv.percentiles_ms["e2e"][p]) for lv in row.levels]
         if not pts:
@@ -52,7 +51,7 @@ def pareto_figure(results: ServingResults) -> Any:
 
 def goodput_figure(results: ServingResults) -> Any:
     """Each setup's goodput at its pick (0 where no level met the SLO)."""
-    fig, ax = plt.subplots(figsize=(6, 2.6))
+    fig, ax = subplots(figsize=(6, 2.6))
     names = [r.setup for r in results.setups]
     values = [r.pick.goodput_rps if r.pick else 0.0 for r in results.setups]
     ax.barh(names, values, color=["#4477aa" if r.pick else "#bbbbbb" for r in results.setups])
@@ -71,7 +70,7 @@ def goodput_figure(results: ServingResults) -> Any:
 
 def kv_figure(results: ServingResults) -> Any:
     """Peak KV-cache usage (y) against the offered rate (x), one line per setup and max-num-seqs."""
-    fig, ax = plt.subplots(figsize=(6, 3.2))
+    fig, ax = subplots(figsize=(6, 3.2))
     for row in results.setups:
         by: dict[int, list[ServingLevel]] = {}
         for lv in row.levels:

@@ -8,9 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import matplotlib.pyplot as plt
-
 from qeval.report.plots import finish_panels
+from qeval.report.pyplot import subplots
 from qeval.report.sections import ReportSection, section_tables
 from qeval.report.tables import Escape, md_table
 from qeval.results.multi_turn import TurnPoint
@@ -76,7 +75,7 @@ def accuracy_by_turn_figure(results: Results) -> Any:
     """Accuracy against question turn, one line per setup."""
     info = results.multi_turn
     assert info is not None
-    fig, ax = plt.subplots(figsize=(4.5, 3.2))
+    fig, ax = subplots(figsize=(4.5, 3.2))
     for setup, points in info.setups.items():
         pts = [(p.turn, 100 * p.accuracy) for p in points if p.accuracy is not None]
         if pts:
