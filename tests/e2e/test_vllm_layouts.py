@@ -3,10 +3,11 @@ sliding everywhere, sliding + full, with sinks, chunked + full, MLA latent, line
 full), on small dummy-weight models with a fixed KV pool, the maximum concurrency its log states
 equals qeval's per-sequence prediction (bench/vllm_layouts.py).
 
-CI starts the engine on the four layouts whose accounting differs most (the hybrid allocator's
-grouping of sliding + full layers, chunks, the MLA latent, a linear-attention state page); the
-other three (full, sliding everywhere, sinks) were measured by the same script in one run
-(docs/memory.md) and share these code paths: each engine start is about 28 s on this CPU."""
+CI starts the engine on the three layouts whose accounting differs most (the hybrid allocator's
+grouping of sliding + full layers, the MLA latent, a linear-attention state page); the other four
+(full, sliding everywhere, sinks, chunked + full: grouped as sliding + full is) were measured by
+the same script in one run (docs/memory.md) and share these code paths: each engine start is
+about 28-38 s on the 2-core CI machines."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import pytest
 from tests.helpers import ROOT
 
 pytestmark = pytest.mark.slow
-CI_LAYOUTS = ("gemma3_text", "llama4_text", "deepseek_v3", "qwen3_next")
+CI_LAYOUTS = ("gemma3_text", "deepseek_v3", "qwen3_next")
 
 
 def test_vllm_states_the_concurrency_qeval_predicts(tmp_path: Path) -> None:
