@@ -3,7 +3,7 @@
 transformers 5.23's `cache_utils` imports `hqq.core.quantize` whenever the hqq package is
 installed (qeval installs it for the 8-bit KV cache). That module decorates its classes with
 `torch.compile`, which costs about a second of every worker process's start on the 2-core CI
-machines (measured: a tiny-model worker 7.3-8.1 s with it, 6.5 s without), although only a setup
+machines (measured: a tiny-model worker 7.3-8.1 s with it, 6.0-6.5 s without), although only a setup
 with `kv_cache: int8` on the transformers backend uses it. So the worker imports `cache_utils`
 with hqq reported absent, and `enable_hqq_cache()` gives `cache_utils` its HQQ quantizer when an
 HQQ cache is built. Everything else that asks whether hqq is installed (an HQQ checkpoint's
