@@ -35,6 +35,9 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# both engines of `--backend vllm` in this process, as qeval's vllm backend runs an untimed CPU
+# engine (qeval/backends/vllm/backend.py `engine_in_process`): the same scores, a third of the start
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_HOST_SHARE = 0.15  # of host memory, per engine (the vLLM CPU build's KV pool); two engines run
 # lm-eval's engine starts second, in the process that already holds qeval's: sized from the host

@@ -519,7 +519,9 @@ def test_the_vllm_engine_dies_with_a_killed_run(tmp_path: Path) -> None:
         tasks=["compare_mc", "ppl", "facts"],
         batch_size=None,
         gates=None,
-        performance=None,
+        # timed, so that vLLM runs its engine core and worker in processes of their own
+        # (qeval/backends/vllm/backend.py `engine_in_process`); the kill lands before any timing
+        performance={"input_len": 16, "output_len": 4, "num_requests": 2, "repeats": 1, "warmup": 0},
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "qeval.cli", "run", str(tmp_path / "c.yaml"), "--output", str(out)],

