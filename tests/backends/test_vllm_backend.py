@@ -2,8 +2,9 @@
 with the transformers backend, and its results carry the engine-reported KV capacity.
 
 Engine starts are the cost: the vLLM runs come from the session fixtures of tests/conftest.py
-(`vllm_demo`: the demo as shipped, whose bf16 setup is also the agreement run in the dtype `auto`
-gives; `vllm_bf16_runs`: the other dtype's agreement run, which serves the FP8 KV cache setup too)."""
+(`vllm_demo`: the demo as shipped, untimed, whose bf16 setup is also the agreement run in the dtype
+`auto` gives; `vllm_bf16_runs`: the other dtype's agreement run, which serves the FP8 KV cache setup
+too). One run of its own times the W8A8 checkpoint, in vLLM's own processes."""
 
 from __future__ import annotations
 
@@ -157,21 +158,42 @@ def test_demo_vllm_serves_the_quantized_checkpoints(
         assert setups["w4a8-kv-fp8"]["quantization"]["engine_args"]["kv_cache_dtype"] == "fp8"
         assert setups["w4a8-kv-fp8"]["vs_baseline"]["ppl"]["kl"] > 0
         assert not any(f.startswith("kv_cache_no_effect") for f in setups["w4a8-kv-fp8"]["flags"])
-    for name, s in setups.items():  # the performance phase: throughput and latency per setup, from the same engine
+    for s in setups.values():  # untimed: each engine ran inside its worker
+        assert s["quantization"]["engine_core"] == "in the worker process" and s.get("performance") is None
+    w = {n: s["memory"]["weights_bytes"]["predicted"] for n, s in setups.items()}
+    assert w["w4a8"] < w["w8a8"] < w["bf16"]
+    assert "(predicted)" in (out / "report.md").read_text()  # the CPU build logs no weight size: said so
+    _hf_serves_the_same_checkpoints(cfg, out, setups, tmp_path)
+
+
+def test_a_timed_setup_runs_in_vllms_own_processes(quantized_demo: tuple[Path, Path, str], tmp_path: Path) -> None:
+    """The demo's performance phase on its W8A8 checkpoint alone (as the baseline, one short task
+    scored): the engine timed as `vllm bench throughput` times it, in vLLM's own engine-core and
+    worker processes; throughput and latency from the engine's request metrics; prefill against the
+    int8 peak (W8A8 runs int8 matmuls); the report's latency table."""
+    import yaml
+
+    cfg = yaml.safe_load(quantized_demo[0].read_text())
+    cfg["setups"] = [s | {"baseline": True} for s in cfg["setups"] if s["name"] == "w8a8"]
+    cfg["gates"] = []
+    path, out = tmp_path / "timed.yaml", tmp_path / "timed"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    res = run_cli("run", str(path), "--output", str(out), "--tasks", "ppl", "--limit", "5")
+    assert res.returncode == 0, res.stderr[-3000:]
+    setups = {s["name"]: s for s in json.loads((out / "results.json").read_text())["setups"]}
+    for name, s in setups.items():
+        assert s["status"] == "ok" and s["quantization"]["engine_core"] == "in processes of its own", name
         assert_performance_invariants(s)
         level = s["performance"]["levels"][0]
         assert "RequestOutput.metrics" in level["ttft_p50_s"]["source"]
         assert "RequestOutput.metrics" in level["tpot_p50_s"]["source"]
         assert "vllm bench throughput" in level["requests_per_s"]["source"]
         assert 0 < level["ttft_p50_s"]["median"] <= level["e2e_p50_s"]["median"], name
-        if name != "bf16":  # W8A8 and W4A8 run int8 matmuls: prefill against the int8 peak
-            assert s["performance"]["prefill"]["source"].startswith("int8"), name
+        # the engine's own thread binding (its worker process's log), quoted beside the figures
+        assert any("bound to cores" in n for n in s["performance"]["notes"]), s["performance"]["notes"]
+    assert setups["w8a8"]["performance"]["prefill"]["source"].startswith("int8")
     md = (out / "report.md").read_text()
     assert "### Latency" in md and all(f"| {n} | 1 |" in md for n in setups)
-    w = {n: s["memory"]["weights_bytes"]["predicted"] for n, s in setups.items()}
-    assert w["w4a8"] < w["w8a8"] < w["bf16"]
-    assert "(predicted)" in (out / "report.md").read_text()  # the CPU build logs no weight size: said so
-    _hf_serves_the_same_checkpoints(cfg, out, setups, tmp_path)
 
 
 def _hf_serves_the_same_checkpoints(cfg: Path, vllm_out: Path, vllm: dict[str, Any], tmp_path: Path) -> None:

@@ -270,7 +270,9 @@ def test_the_hub_code_path_on_a_local_dataset_folder(tmp_path: Path) -> None:
 
 def test_the_smollm2_sweep_config_runs_and_reports_recovery(tmp_path: Path) -> None:
     """configs/smollm2-openllm.yaml (the real model, the offline Open LLM suite, WikiText), cut
-    to 3 documents a task and the baseline plus the mixed INT4-weights + INT4-KV setup."""
+    to 3 documents a task and the baseline plus INT4 weights (the mixed INT4-weights + INT4-KV
+    setup took 140 s of CI's time here against the baseline's 43: its quantized cache is the tiny
+    model's demo's and test_longctx_e2e's SmolLM2 check's to exercise)."""
     assert (SMOLLM2 / ".prepared").is_file(), "run `make smollm2` (make test does)"
     out = tmp_path / "out"
     res = run_cli(
@@ -281,14 +283,14 @@ def test_the_smollm2_sweep_config_runs_and_reports_recovery(tmp_path: Path) -> N
         "--limit",
         "3",
         "--setups",
-        "int4-kv-int4",
+        "int4",
         timeout=3000,
     )
     assert res.returncode == 0, res.stderr[-3000:]
     r = json.loads((out / "results.json").read_text())
-    mixed = next(s for s in r["setups"] if s["name"] == "int4-kv-int4")
-    assert set(mixed["suites"]) == {"openllm-v1-local"}
-    assert mixed["vs_baseline"]["wikitext_local"]["kl"] > 0
+    int4 = next(s for s in r["setups"] if s["name"] == "int4")
+    assert set(int4["suites"]) == {"openllm-v1-local"}
+    assert int4["vs_baseline"]["wikitext_local"]["kl"] > 0
     md = (out / "report.md").read_text()
     assert "## Suites" in md and "openllm-v1-local" in md and "recovery" in md
 
