@@ -14,10 +14,12 @@ QUANT_STAMP := $(QUANT_VENV)/.installed
 # and filled by uv (pinned in constraints.txt), bootstrapped into .venv with pip: the same packages
 # and versions pip resolves, installed in seconds where pip took three minutes of CI's install.
 # uv reads no pip configuration, so pip's find-links (a machine's local wheels: this project's
-# machines keep the CPU build of torch there) are handed on.
+# machines keep the CPU build of torch there) are handed on. --compile-bytecode: pip compiles at
+# install, uv only when asked, and where PYTHONDONTWRITEBYTECODE is set (this project's machines)
+# every process would otherwise compile torch, transformers and vLLM anew at each import.
 UV        := $(VENV)/bin/uv
 PIP_LINKS := $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
-UV_PIP     = $(UV) pip install -q $(foreach d,$(PIP_LINKS),--find-links $(d)) --python
+UV_PIP     = $(UV) pip install -q --compile-bytecode $(foreach d,$(PIP_LINKS),--find-links $(d)) --python
 
 .PHONY: run run-real run-real-sequential run-vllm test test-fast lint bench bench-published bench-vllm bench-ray bench-perf bench-serve bench-longctx install browser vllm quant tasks model gpu-bundle
 
