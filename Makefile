@@ -12,7 +12,7 @@ QUANT_STAMP := $(QUANT_VENV)/.installed
 
 # The three virtualenvs are made with python's venv (pip inside: scripts/ download wheels with it)
 # and filled by uv (pinned in constraints.txt), bootstrapped into .venv with pip: the same packages
-# and versions pip resolves, installed in seconds where pip took three minutes of CI's install.
+# and versions pip resolves, a minute sooner on a fresh clone (3 min 47 s against 4 min 48 s).
 # uv reads no pip configuration, so pip's find-links (a machine's local wheels: this project's
 # machines keep the CPU build of torch there) are handed on. --compile-bytecode: pip compiles at
 # install, uv only when asked, and where PYTHONDONTWRITEBYTECODE is set (this project's machines)

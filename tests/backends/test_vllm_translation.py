@@ -264,3 +264,18 @@ def test_window_results_join_each_documents_windows_in_order_and_window_result_r
     assert not window_result(LoglikelihoodRequest("c", " d", ref[:2]), 2, tok, top_i, top_l).is_greedy
     with_ref = window_result(LoglikelihoodRequest("c", " d", ref[:2]), 2, tok, top_i, top_l)
     assert with_ref.ref_logprobs is not None and with_ref.ref_logprobs.shape == (2, 2)
+
+
+def test_an_untimed_cpu_engine_runs_inside_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's engine core runs in the worker only on CPU and only where nothing is timed; a user's
+    own VLLM_ENABLE_V1_MULTIPROCESSING decides either way."""
+    from qeval.backends.vllm.backend import MULTIPROCESSING, engine_in_process
+
+    monkeypatch.delenv(MULTIPROCESSING, raising=False)
+    assert engine_in_process("cpu", timed=False)
+    assert not engine_in_process("cpu", timed=True)  # timed as `vllm serve` runs it
+    assert not engine_in_process("cuda", timed=False)
+    monkeypatch.setenv(MULTIPROCESSING, "1")
+    assert not engine_in_process("cpu", timed=False)
+    monkeypatch.setenv(MULTIPROCESSING, "0")
+    assert engine_in_process("cuda", timed=True)
