@@ -98,6 +98,14 @@ class Run:
                         "kl": c.get("kl"),
                         "top1_agreement": c.get("top1_agreement"),
                         "verdict": c.get("verdict"),
+                        # the noise floor on the task (analysis/floor.py): an A/A control's figures
+                        "floor_setup": (c.get("floor") or {}).get("setup"),
+                        "floor_delta": (c.get("floor") or {}).get("delta"),
+                        "floor_flips_to_wrong": (c.get("floor") or {}).get("flips_to_wrong"),
+                        "floor_flips_to_right": (c.get("floor") or {}).get("flips_to_right"),
+                        "floor_kl": (c.get("floor") or {}).get("kl"),
+                        "within_floor": c.get("within_floor"),
+                        "control": s.control,
                     }
                 )
         return pd.DataFrame(rows)

@@ -21,6 +21,7 @@ from qeval.analysis.comparison import (
     weights_twin,
 )
 from qeval.analysis.finite import failure_reason, finite_results, task_problem
+from qeval.analysis.floor import floor_results
 from qeval.analysis.recommend import recommend
 from qeval.backends import backend_entry
 from qeval.config.setups import Setup
@@ -107,7 +108,8 @@ def assemble_results(
     )
     for block in blocks:  # e.g. long context: KV bytes and loss by token position at each length
         results = block(results, pre, store)
-    results = finite_results(results)
+    # after the blocks: a sequential run's verdicts are read against the floor as the fixed run's
+    results = finite_results(floor_results(results))
     return results.model_copy(update={"recommendation": recommend(results)})
 
 
@@ -304,7 +306,7 @@ def _setup_entry(
         baseline=setup.name == cfg.baseline.name,
         status=status,
         error=error,
-        spec=SetupSpec.model_validate(setup.model_dump(mode="json") | {"id": setup.id}),
+        spec=_spec(setup),
         memory=memory,
         tasks=scores,
         library_versions=outcome.library_versions,
@@ -313,6 +315,15 @@ def _setup_entry(
         performance=perf,
         flags=perf_flags + checkpoint_flags(outcome.quantization.as_dict()),
     )
+
+
+def _spec(setup: Setup) -> SetupSpec:
+    """The setup as results.json echoes it, with its id: a control's conditions as given, and no
+    `control` key for a setup that is none (it echoes as before controls existed)."""
+    spec = setup.model_dump(mode="json", exclude={"control"}) | {"id": setup.id}
+    if setup.control is not None:
+        spec["control"] = setup.control.fields()
+    return SetupSpec.model_validate(spec)
 
 
 def _stored_scores(

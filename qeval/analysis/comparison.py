@@ -280,7 +280,10 @@ def _by_id(records: list[SampleRecord]) -> dict[str, SampleRecord]:
 
 def weights_twin(cfg: RunConfig, setup: Setup) -> Setup | None:
     """The setup with the same weights and an unquantized KV cache, if the config has one."""
-    return next((s for s in cfg.setups if not s.quantizes_kv and s.weights_key() == setup.weights_key()), None)
+    return next(
+        (s for s in cfg.setups if not s.quantizes_kv and s.control is None and s.weights_key() == setup.weights_key()),
+        None,
+    )
 
 
 def outputs_identical(store: RunStore, a: str, b: str, tasks: list[str]) -> bool:

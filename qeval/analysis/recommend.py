@@ -171,6 +171,9 @@ def _exclusion(
     of the generation block and excludes the setup as any other gate (fail first, then
     inconclusive)."""
     name = s.name
+    if s.control:  # the baseline served again: it measures the engine, it is no candidate
+        conditions = ", ".join(f"{k} {v}" for k, v in (s.spec.control or {}).items())
+        return f"{name}: the noise floor (the baseline served again at {conditions}), not a candidate"
     if s.status != "ok":
         return f"{name}: failed: {s.error}"
     if not s.baseline:

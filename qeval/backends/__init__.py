@@ -89,6 +89,22 @@ class BackendEntry:
     #: quantize a model this backend loaded (its `create`) in place, as the engine serves the setup's
     #: weights; what was done. The advisor's sensitivity probe (qeval/advise/sensitivity.py) uses it
     quantize_weights: Callable[[Any, Setup], dict[str, Any]] | None = None
+    #: the serving conditions an A/A control may change on this engine (`config.setups.Control`'s
+    #: fields: batch_size, max_num_seqs, concurrency); a control naming another is refused
+    control_fields: frozenset[str] = frozenset()
+
+
+def check_control(entry: BackendEntry, setup: Setup) -> None:
+    """One line where `setup` is an A/A control asking for a condition its backend does not have."""
+    if setup.control is None:
+        return
+    other = sorted(set(setup.control.fields()) - entry.control_fields)
+    if other:
+        has = ", ".join(sorted(entry.control_fields)) or "none"
+        raise UserError(
+            f"setup {setup.name}: control {other[0]}: backend {entry.name} has no such serving condition "
+            f"(its controls: {has})"
+        )
 
 
 @cache

@@ -156,6 +156,9 @@ class RunConfig(ChatKeys):
             raise ValueError(f"task {both!r} is both a qeval task and an lm-eval one")
         if self.candidate is not None and self.candidate not in names:
             raise ValueError(f"candidate {self.candidate!r} is not a setup of this config")
+        problem = _controls_problem(self.setups, self.baseline, self.candidate)
+        if problem:
+            raise ValueError(problem)
         for gate in self.gates:  # lm-eval group members are known only once loaded: checked at preflight
             if (
                 gate.task != "all"
@@ -202,6 +205,24 @@ class RunConfig(ChatKeys):
         dtype off their config. `self` keeps what the user asked for."""
         return self.model_copy(update={"model": self.model.model_copy(update={"dtype": dtype})})
 
+    def for_setup(self, setup: Setup) -> RunConfig:
+        """The config `setup`'s engine is built from: the run's, with an A/A control's serving
+        conditions in place of the run's (`Setup.control`: the batch size, vLLM's max_num_seqs, the
+        server's concurrency). Any other setup gets `self`."""
+        if setup.control is None:
+            return self
+        c = setup.control
+        update: dict[str, Any] = {}
+        if c.batch_size is not None:
+            update["batch_size"] = c.batch_size
+            if self.generation_batch_size is not None:  # the run's ratio kept: both batches change
+                update["generation_batch_size"] = max(1, self.generation_batch_size * c.batch_size // self.batch_size)
+        if c.max_num_seqs is not None:
+            update["engine"] = self.engine.model_copy(update={"max_num_seqs": c.max_num_seqs})
+        if c.concurrency is not None:
+            update["server"] = (self.server or ServerSpec()).model_copy(update={"concurrency": c.concurrency})
+        return self.model_copy(update=update)
+
     def as_json(self) -> dict[str, Any]:
         """The config as results.json and the config hash hold it: `kinds` left out while empty,
         and the chat keys, `advise`, `server`, `workload` and `generation_divergence` while unset
@@ -241,6 +262,23 @@ class RunConfig(ChatKeys):
 
     def config_hash(self) -> str:
         return hashlib.sha256(json.dumps(self.as_json(), sort_keys=True).encode()).hexdigest()
+
+
+def _controls_problem(setups: list[Setup], baseline: Setup, candidate: str | None) -> str:
+    """Why the config's A/A controls (`Setup.control`) cannot stand, else '': a control serves the
+    baseline's model (else its flips would be the quantization's, not the engine's) and is no
+    candidate for release."""
+    for s in setups:
+        if s.control is None:
+            continue
+        if not s.serves_as(baseline):
+            return (
+                f"setup {s.name}: a control serves the baseline's weights and KV cache under other conditions; "
+                f"it differs from baseline {baseline.name} in its quantization"
+            )
+        if s.name == candidate:
+            return f"candidate {s.name} is a control (the baseline served again), not a setup to ship"
+    return ""
 
 
 def folder_names_problem(names: list[str], what: str) -> str:

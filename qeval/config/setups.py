@@ -24,6 +24,36 @@ KV_BITS: dict[str, int] = {"fp8": 8, "fp8_e5m2": 8, "int8": 8, "int4": 4, "int2"
 _KEEP_PATTERN = re.compile(r"[A-Za-z0-9_.*?\[\]-]{1,200}")
 
 
+class Control(BaseModel):
+    """The serving conditions an A/A control changes (docs/statistics.md, "The noise floor"): the
+    baseline scored again under conditions that must not change its answers. Each backend honours
+    the fields its engine has (`BackendEntry.control_fields`): transformers the batch size, vLLM the
+    scheduler's max_num_seqs, the openai backend the requests in flight."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    #: sequences per forward pass (the hf backend; generation batches follow at 4 x, as the run's do)
+    batch_size: int | None = Field(default=None, gt=0, le=4096)
+    #: the vLLM scheduler's max_num_seqs: how many sequences share a step
+    max_num_seqs: int | None = Field(default=None, gt=0, le=4096)
+    #: requests in flight at once (the openai backend's server.concurrency)
+    concurrency: int | None = Field(default=None, gt=0, le=256)
+
+    @model_validator(mode="after")
+    def _some(self) -> Control:
+        if not self.fields():
+            raise ValueError("control: names no serving condition (batch_size, max_num_seqs or concurrency)")
+        return self
+
+    def fields(self) -> dict[str, int]:
+        """The conditions set, by name."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+    def describe(self) -> str:
+        """ "batch_size 1": what the control changed, in words."""
+        return ", ".join(f"{k} {v}" for k, v in self.fields().items())
+
+
 class Setup(BaseModel):
     """One way of serving the model. `weights` None means the model's own 16-bit dtype."""
 
@@ -52,6 +82,10 @@ class Setup(BaseModel):
     #: module-name patterns (shell-style wildcards, as fnmatch) of linear layers kept at the
     #: model's own dtype while the rest are quantized: a mixed-precision setup (docs/advisor.md)
     keep: tuple[str, ...] = ()
+    #: an A/A control: the baseline's setup (the same weights and KV cache) served under other
+    #: conditions, paired with the baseline like any setup; its flips and KL are the engine's own
+    #: noise, shown beside every gate, and it is never recommended (docs/statistics.md)
+    control: Control | None = None
 
     @field_validator("*", mode="after")
     @classmethod
@@ -96,12 +130,21 @@ class Setup(BaseModel):
             raise ValueError(f"setup {self.name}: checkpoint_revision needs a checkpoint (a hub id) to pin")
         if self.keep and not quantized:
             raise ValueError(f"setup {self.name}: keep needs int8 or int4 weights (something to keep layers from)")
+        if self.control is not None and self.baseline:
+            raise ValueError(f"setup {self.name}: a control is the baseline served again; it cannot be the baseline")
         if self.keep and self.method in ("bnb", "torchao"):
             raise ValueError(
                 f"setup {self.name}: keep is served by quanto (method rtn) or by an llm-compressor "
                 f"checkpoint (gptq, awq, w8a8, w4a8), not by {self.method}"
             )
         return self
+
+    def serves_as(self, other: Setup) -> bool:
+        """Whether this setup serves the same model as `other`: the same weights, KV cache and
+        checkpoint (what an A/A control must share with the baseline)."""
+        fields: tuple[str, ...] = ("weights", "method", "group_size", "kv_cache", "kv_group_size")
+        fields += ("kv_residual_length", "checkpoint", "checkpoint_revision", "keep")
+        return all(getattr(self, f) == getattr(other, f) for f in fields)
 
     @property
     def quantizes_weights(self) -> bool:
@@ -148,4 +191,6 @@ class Setup(BaseModel):
             del fields["keep"]
         if self.checkpoint_revision is None:  # likewise for a setup that pins no checkpoint revision
             del fields["checkpoint_revision"]
+        if self.control is None:  # and for one that is no control
+            del fields["control"]
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]

@@ -18,7 +18,7 @@ import yaml
 from qeval.records.store import RunStore
 from qeval.report import performance as perf_views
 from qeval.report import plots
-from qeval.report.markdown import GATE_HEADER, OWN_SECTIONS, budget_text, gate_rows, partial_line, summary_rows
+from qeval.report.markdown import OWN_SECTIONS, budget_text, gate_header, gate_rows, partial_line, summary_rows
 from qeval.report.sections import ReportSection
 from qeval.results.schema import Results
 
@@ -107,7 +107,7 @@ def render_html(run_dir: Path, results: Results, sections: Sequence[ReportSectio
         r=results,
         header=header,
         rows=rows,
-        gate_header=GATE_HEADER,
+        gate_header=gate_header(results),
         gate_rows=gate_rows(results, esc=str),
         figures=figures,
         flips=flip_examples(run_dir, results),

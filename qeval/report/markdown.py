@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from qeval.memory.capacity import whole_sequences
-from qeval.report import divergence, generated, sequence, sequential_gates, serving
+from qeval.report import divergence, floor, generated, sequence, sequential_gates, serving
 from qeval.report import performance as perf_views
 from qeval.report.sections import ReportSection
 from qeval.report.tables import Escape, code_text, md_table, md_text
@@ -89,6 +89,7 @@ def _value(s: SetupResult, task: str, metric: str) -> float | None:
 
 #: the report's own sections, before the run phases' and the task kinds' (qeval/run/phases/)
 OWN_SECTIONS = (
+    floor.SECTION,
     sequence.SECTION,
     divergence.SECTION,
     generated.SECTION,
@@ -260,6 +261,7 @@ def gate_rows(results: Results, esc: Escape = md_text) -> list[list[str]]:
     tasks and groups, and any group member a gate names."""
     rows = []
     shown = set(top_level(results))
+    floors = has_floor(results)
     for s in results.setups:
         for task, c in s.vs_baseline.items():
             if task not in shown and c.verdict is None:
@@ -269,18 +271,10 @@ def gate_rows(results: Results, esc: Escape = md_text) -> list[list[str]]:
             adjusted = c.p_adjusted if c.p_adjusted is not None else c.p_value
             p = "" if c.p_value is None else f"{c.p_value:.3g} / {adjusted:.3g}"
             kl = "" if c.kl is None else f"{c.kl:.5f} ({100 * (c.top1_agreement or 0):.1f}%)"
-            rows.append(
-                [
-                    esc(s.name),
-                    esc(task),
-                    m.fmt_delta(c.delta, unit=False),
-                    f"[{m.fmt_delta(c.ci[0], unit=False)}, {m.fmt_delta(c.ci[1], unit=False)}]",
-                    p,
-                    flips,
-                    kl,
-                    c.verdict or "no gate",
-                ]
-            )
+            delta = m.fmt_delta(c.delta, unit=False)
+            ci = f"[{m.fmt_delta(c.ci[0], unit=False)}, {m.fmt_delta(c.ci[1], unit=False)}]"
+            floor = [floor_cell(c, esc)] if floors else []
+            rows.append([esc(s.name), esc(task), delta, ci, p, flips, kl, *floor, c.verdict or "no gate"])
     return rows
 
 
@@ -296,11 +290,36 @@ GATE_HEADER = [
 ]
 
 
+def gate_header(results: Results) -> list[str]:
+    """The gate table's columns: with the noise floor's beside the verdict where the run has a control."""
+    if not has_floor(results):
+        return GATE_HEADER
+    return [*GATE_HEADER[:-1], "noise floor: Δ, flips, KL (control)", GATE_HEADER[-1]]
+
+
+def has_floor(results: Results) -> bool:
+    """Whether any comparison of the run was read against an A/A control (analysis/floor.py)."""
+    return any(c.floor is not None for s in results.setups for c in s.vs_baseline.values())
+
+
+def floor_cell(c: Comparison, esc: Escape = md_text) -> str:
+    """ "-0.5, 3 / 2, 0.00120 (bf16-b1): within": the floor on the row's task, and whether the
+    setup's change is within it."""
+    f = c.floor
+    if f is None:
+        return ""
+    m = describe(c.metric, c.higher_is_better)
+    flips = "" if f.flips_to_wrong is None else f", {f.flips_to_wrong} / {f.flips_to_right}"
+    kl = "" if f.kl is None else f", {f.kl:.5f}"
+    mark = "within" if c.within_floor else "beyond"
+    return f"{m.fmt_delta(f.delta, unit=False)}{flips}{kl} ({esc(f.setup)}): {mark}"
+
+
 def _gate_table(results: Results) -> list[str]:
     rows = gate_rows(results)
     if not rows:
         return []
-    lines = ["## Gates", "", *md_table(GATE_HEADER, rows)]
+    lines = ["## Gates", "", *md_table(gate_header(results), rows)]
     return lines + ["", "Δ in points for accuracies, in bits per byte for perplexity (lower is better there).", ""]
 
 

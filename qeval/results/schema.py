@@ -152,6 +152,26 @@ class KLDistribution(ResultModel):
     dp_max: float | None = Field(None, description="the largest Δp")
 
 
+class FloorFigures(ResultModel):
+    """The noise floor on one task: an A/A control (the baseline served again under other conditions,
+    `spec.control`) against the baseline, the figures a setup's own are read beside
+    (docs/statistics.md, "The noise floor")."""
+
+    setup: str = Field(description="the control setup these figures are from")
+    conditions: str = Field(description="what the control changed (e.g. batch_size 1)")
+    delta: float = Field(description="the control minus the baseline, in the metric's units")
+    ci: tuple[float, float] = Field(description="95% confidence interval of that delta")
+    flips_to_wrong: int | None = Field(None, description="documents right under the baseline, wrong under the control")
+    flips_to_right: int | None = Field(None, description="documents wrong under the baseline, right under the control")
+    kl: float | None = Field(None, description="the control's mean KL per scored token (null: not measured)")
+    n: int = Field(description="documents paired")
+    reaches_margin: bool | None = Field(
+        None,
+        description="whether the control's own drop reaches the gate's margin: the engine's noise alone "
+        "would fail the gate (null: no gate)",
+    )
+
+
 class Comparison(ResultModel):
     """A setup against the baseline on one task, paired by document (docs/statistics.md)."""
 
@@ -200,6 +220,17 @@ class Comparison(ResultModel):
     recovery: float | None = Field(
         None, description="the setup's score as a share of the baseline's (higher-is-better metrics)"
     )
+    floor: FloorFigures | None = Field(
+        None,
+        description="the noise floor on this task: the run's A/A control that moved furthest from the "
+        "baseline (null: the run has no control, or this is the control)",
+    )
+    within_floor: bool | None = Field(
+        None,
+        description="whether this setup changed no more than the floor did: no more documents flipped "
+        "(either way), no larger |delta|, and no larger KL where both were measured; its change is then "
+        "within the engine's own noise (null: no floor)",
+    )
 
 
 class SuiteScore(ResultModel):
@@ -246,6 +277,11 @@ class SetupResult(ResultModel):
     long_context: SetupLongContext | None = Field(
         None, description="KV bytes and loss by token position at each long-context length (null: no long_context)"
     )
+
+    @property
+    def control(self) -> bool:
+        """Whether this setup is an A/A control: the baseline served again (docs/statistics.md)."""
+        return self.spec.control is not None
 
     def sequence_bytes(self, context: int) -> int:
         """Weights plus the KV cache of one sequence of `context` tokens (measured, else

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from qeval.analysis.sequential_run import check as check_sequential
-from qeval.backends import backend_entry, check_blocks, serving_engine
+from qeval.backends import backend_entry, check_blocks, check_control, serving_engine
 from qeval.backends.device import (
     SIXTEEN_BIT,
     Precision,
@@ -103,8 +103,10 @@ def _usable_setups(cfg: RunConfig, only_setups: list[str] | None, device: str) -
     skipped: dict[str, str] = {}
     for setup in setups:
         try:
-            backend_entry(cfg.backend).validate_setup(setup, device)
-            backend_entry(cfg.backend).validate_served(cfg, setup, device)
+            entry = backend_entry(cfg.backend)
+            check_control(entry, setup)
+            entry.validate_setup(setup, device)
+            entry.validate_served(cfg, setup, device)
         except UserError as exc:
             if not setup.optional or setup.baseline:
                 raise

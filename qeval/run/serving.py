@@ -35,7 +35,8 @@ def serve_workload(pre: Preflight, results: Results, out: Path, force: bool = Fa
     recommendation decided by goodput; RUN_DIR/serving.json and serving.md written beside. Stored
     rows are keyed by the same content checksums as the scores (the model's, each checkpoint's);
     `force` (`qeval run --force`) measures every setup again."""
-    scored = {s.name for s in results.setups if s.status == "ok"}
+    # an A/A control is the baseline served again: the baseline's own serving answers for it
+    scored = {s.name for s in results.setups if s.status == "ok" and not s.control}
     setups = [s for s in pre.cfg.setups if s.name in scored]
     if not setups:
         _say("no setup scored: nothing to serve")

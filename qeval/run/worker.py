@@ -106,7 +106,7 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: Job, outcome: Out
     # mappings instead of raising the arena's high-water (qeval/memory/heap.py)
     set_mmap_threshold()
     # the backend reads the dtype off its config: give it the job's resolved one
-    backend = backend_entry(cfg.backend).create(cfg.for_engine(job.dtype), setup, job.device)
+    backend = backend_entry(cfg.backend).create(cfg.for_engine(job.dtype).for_setup(setup), setup, job.device)
     if setup.memory_limit_mib:
         _limit_memory(setup.memory_limit_mib)
     try:

@@ -41,4 +41,5 @@ BACKEND = BackendEntry(
     plan_kv_rule=lambda block_size, in_flight_tokens: HeldKv(),
     waves_from_workload=True,
     quantize_weights=_quantize_weights,
+    control_fields=frozenset({"batch_size"}),
 )

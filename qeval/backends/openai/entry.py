@@ -43,4 +43,5 @@ BACKEND = BackendEntry(
     # a launched vLLM server: `qeval goodput` starts its own; an attached one or a command is not vLLM's to tune
     serving=VllmServing(lambda cfg: cfg.server is None or (cfg.server.mode == "launch" and cfg.server.command is None)),
     takes_server=True,
+    control_fields=frozenset({"concurrency"}),
 )

@@ -42,4 +42,5 @@ BACKEND = BackendEntry(
     kv_accounting=lambda cfg, device: PagedKv(cache_accounting(device)),
     plan_kv_rule=plan_rule,
     serving=VllmServing(),
+    control_fields=frozenset({"max_num_seqs"}),
 )
