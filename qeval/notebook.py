@@ -110,6 +110,30 @@ class Run:
                 )
         return pd.DataFrame(rows)
 
+    def kernels(self) -> pd.DataFrame:
+        """One row per setup and module type: what the engine ran (docs/backends.md, "Kernel
+        provenance"): the module's method / scheme / kernel or weight storage, its count, the
+        attention backend, the KV cache, and any fallback the setup ran on."""
+        rows = []
+        for s in self.results.setups:
+            p = s.quantization.provenance
+            if p is None:
+                continue
+            for module, count in (p.linear or {"": 0}).items():
+                rows.append(
+                    {
+                        "setup": s.name,
+                        "module": module,
+                        "count": count,
+                        "attention": ", ".join(p.attention),
+                        "kv_cache": p.kv_cache,
+                        "kv_scales": p.kv_scales,
+                        "fallbacks": "; ".join(p.fallbacks),
+                        "source": p.source,
+                    }
+                )
+        return pd.DataFrame(rows)
+
     def kl(self) -> pd.DataFrame:
         """One row per setup x perplexity task: the token-level KL(baseline || setup) and Δp
         distribution (llama.cpp's `--kl-divergence` figures); empty where none was measured."""

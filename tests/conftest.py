@@ -66,12 +66,19 @@ def vllm_demo(quantized_demo: tuple[Path, Path, str], tmp_path_factory: pytest.T
     test_vllm_backend checks the run whole and takes its bf16 setup as the vllm agreement run in
     that dtype (the same config, limit and tasks, and more); test_openai_backend takes its W8A8
     setup as the in-process reference where that dtype is W8A8's (bfloat16)."""
-    cfg = quantized_demo[0]
+    # with an A/A control beside the shipped setups: the baseline again at max_num_seqs 1, vLLM's floor
+    cfg = quantized_demo[0].with_name("demo-vllm-floor.yaml")
+    text = quantized_demo[0].read_text()
+    cfg.write_text(text.replace("  - name: w8a8\n", f"  - {VLLM_CONTROL}\n  - name: w8a8\n", 1))
     out = tmp_path_factory.mktemp("demo-vllm") / "out"
     res = run_cli("run", str(cfg), "--output", str(out), "--limit", str(DEMO_LIMIT), "--no-performance")
     assert res.returncode == 0, res.stderr[-3000:]
     setups = {s["name"]: s for s in json.loads((out / "results.json").read_text())["setups"]}
     return out, setups["bf16"]["quantization"]["engine_args"]["dtype"]
+
+
+#: the A/A control the vLLM demo fixture runs beside the shipped setups (docs/statistics.md, "The noise floor")
+VLLM_CONTROL = "{name: bf16-seqs1, control: {max_num_seqs: 1}}"
 
 
 @pytest.fixture(scope="session")

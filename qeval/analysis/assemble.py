@@ -34,7 +34,7 @@ from qeval.records.keys import key_difference
 from qeval.records.preflight import Preflight
 from qeval.records.provenance import hardware
 from qeval.records.store import RunStore
-from qeval.results.echo import ConfigEcho, Hardware, SetupSpec
+from qeval.results.echo import ConfigEcho, Hardware, Quantization, SetupSpec
 from qeval.results.performance import Ceilings
 from qeval.results.schema import (
     SCHEMA_VERSION,
@@ -313,7 +313,7 @@ def _setup_entry(
         quantization=outcome.quantization,
         timings=outcome.timings,
         performance=perf,
-        flags=perf_flags + checkpoint_flags(outcome.quantization.as_dict()),
+        flags=perf_flags + checkpoint_flags(outcome.quantization.as_dict()) + fallback_flags(outcome.quantization),
     )
 
 
@@ -371,6 +371,13 @@ def _memory(pre: Preflight, setup: Setup, outcome: Outcome) -> Memory:
         share,
         backend_entry(cfg.backend).kv_accounting(cfg, pre.device),
     )
+
+
+def fallback_flags(quantization: Quantization) -> list[str]:
+    """Where the engine ran a setup on another path than its format's own (its provenance's
+    fallbacks): compared for quality, but flagged, never silently."""
+    p = quantization.provenance
+    return [f"kernel_fallback: {f}" for f in p.fallbacks] if p is not None else []
 
 
 def checkpoint_flags(quantization: dict[str, Any]) -> list[str]:

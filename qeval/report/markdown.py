@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from qeval.memory.capacity import whole_sequences
-from qeval.report import divergence, floor, generated, sequence, sequential_gates, serving
+from qeval.report import divergence, floor, generated, provenance, sequence, sequential_gates, serving
 from qeval.report import performance as perf_views
 from qeval.report.sections import ReportSection
 from qeval.report.tables import Escape, code_text, md_table, md_text
@@ -90,6 +90,7 @@ def _value(s: SetupResult, task: str, metric: str) -> float | None:
 #: the report's own sections, before the run phases' and the task kinds' (qeval/run/phases/)
 OWN_SECTIONS = (
     floor.SECTION,
+    provenance.SECTION,
     sequence.SECTION,
     divergence.SECTION,
     generated.SECTION,

@@ -52,6 +52,19 @@ class SetupSpec(Echo):
     )
 
 
+class Provenance(ResultModel):
+    """What the engine actually ran for a setup (docs/backends.md, "Kernel provenance")."""
+
+    linear: dict[str, int] = Field(
+        {}, description="module type: method / scheme / kernel (vLLM), or its weight's storage (transformers) -> count"
+    )
+    attention: list[str] = Field([], description="the attention backend(s) or implementation")
+    kv_cache: str | None = Field(None, description="what the KV cache held, as the engine was configured")
+    kv_scales: str | None = Field(None, description="an FP8 KV cache's scales: unit (1.0) or calibrated; null: none")
+    source: str = Field("", description="how it was read")
+    fallbacks: list[str] = Field([], description="where the setup ran on another path than its format's own")
+
+
 class Quantization(Echo):
     """What the quantizer or engine did (library, scheme, kernels); the backend's own keys beside."""
 
@@ -60,6 +73,7 @@ class Quantization(Echo):
     description: str | None = Field(None, description="the checkpoint, described from its quantization_config")
     decompressed_to: str | None = Field(None, description="the dtype transformers decompressed a checkpoint to")
     engine_kernels: dict[str, str] = Field({}, description="scheme -> the linear kernel the engine chose")
+    provenance: Provenance | None = Field(None, description="what the engine ran (null: results written before it)")
 
 
 class Hardware(Echo):

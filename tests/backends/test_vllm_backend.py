@@ -130,7 +130,9 @@ def test_demo_vllm_serves_the_quantized_checkpoints(
 
     # the mixed setup (W4A8 + FP8 KV cache) is optional: served where the CPU runs FP8, else skipped, said so
     mixed = ["w4a8-kv-fp8"] if cpu_has_fp8() else []
-    assert list(setups) == ["bf16", "w8a8", "w4a8", *mixed]
+    assert list(setups) == ["bf16", "bf16-seqs1", "w8a8", "w4a8", *mixed]
+    _floor_and_provenance(setups, bool(mixed))
+    del setups["bf16-seqs1"]  # the control: the baseline served again (checked above)
     if not mixed:
         assert "AVX-512" in results["run"]["skipped_setups"]["w4a8-kv-fp8"]
     kernels = {
@@ -194,6 +196,30 @@ def test_a_timed_setup_runs_in_vllms_own_processes(quantized_demo: tuple[Path, P
     assert setups["w8a8"]["performance"]["prefill"]["source"].startswith("int8")
     md = (out / "report.md").read_text()
     assert "### Latency" in md and all(f"| {n} | 1 |" in md for n in setups)
+
+
+def _floor_and_provenance(setups: dict[str, Any], fp8: bool) -> None:
+    """vLLM's noise floor on this CPU (the baseline again at max_num_seqs 1, measured: the issue's
+    ARC-Easy table found vLLM batch-invariant here) beside every gate, and what each engine ran,
+    read from the engine in the worker: the int8 kernels, the CPU attention backend, and the FP8
+    KV cache's unit scales flagged as the fallback they are."""
+    floor = setups["bf16-seqs1"]
+    assert floor["spec"]["control"] == {"max_num_seqs": 1} and floor["status"] == "ok", floor["error"]
+    assert floor["quantization"]["engine_args"]["max_num_seqs"] == 1
+    for task, c in setups["w8a8"]["vs_baseline"].items():
+        assert c["floor"]["setup"] == "bf16-seqs1" and c["floor"]["n"] == DEMO_LIMIT, task
+        assert c["floor"]["delta"] == floor["vs_baseline"][task]["delta"]
+    for name, s in setups.items():
+        p = s["quantization"]["provenance"]
+        assert p["attention"] == ["CPU_ATTN"] and "inspected in the worker" in p["source"], (name, p)
+    w8a8 = setups["w8a8"]["quantization"]["provenance"]["linear"]
+    assert any("CompressedTensorsW8A8Int8 / CPUInt8ScaledMMLinearKernel" in k for k in w8a8), w8a8
+    bf16 = setups["bf16"]["quantization"]["provenance"]
+    assert all("Unquantized" in k for k in bf16["linear"]) and bf16["fallbacks"] == [], bf16
+    if fp8:
+        mixed = setups["w4a8-kv-fp8"]
+        assert mixed["quantization"]["provenance"]["kv_scales"] == "unit"
+        assert any(f.startswith("kernel_fallback: fp8 KV cache with unit scales") for f in mixed["flags"])
 
 
 def _hf_serves_the_same_checkpoints(cfg: Path, vllm_out: Path, vllm: dict[str, Any], tmp_path: Path) -> None:

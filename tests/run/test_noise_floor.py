@@ -1,4 +1,5 @@
-"""The noise floor end to end (docs/statistics.md, "The noise floor"): an A/A control, the
+"""The noise floor end to end (docs/statistics.md, "The noise floor"), and each setup's kernel
+provenance (docs/backends.md, "Kernel provenance"): an A/A control, the
 baseline served again at another batch size, on a backend made deliberately batch-dependent
 (tests/kinds/noisy_backend.py) shows a non-zero floor beside every gate, in results.json, the
 report and load_run, and is never recommended; a control the backend or the config cannot stand
@@ -50,6 +51,14 @@ def test_a_batch_dependent_engine_shows_its_floor_beside_every_gate(
     assert "## Noise floor" in report and "noise floor: Δ, flips, KL (control)" in report
     assert ("within" if int8["within_floor"] else "beyond") in report
     assert 'id="noise-floor"' in (out / "report.html").read_text()
+    # what transformers ran, read off each loaded model: quanto's int8 modules, the attention, the cache
+    prov = {n: s["quantization"]["provenance"] for n, s in by.items()}
+    assert prov["int8"]["linear"]["Linear (bfloat16)"] == 1 and prov["int8"]["linear"]["QLinear (qint8)"] > 0
+    assert set(prov["bf16"]["linear"]) == {"Linear (bfloat16)"} and prov["bf16"]["attention"] == ["sdpa"]
+    assert prov["bf16"]["kv_cache"].endswith("x DynamicLayer") and prov["int8"]["fallbacks"] == []
+    assert "## What each setup ran" in report and "QLinear (qint8)" in report
+    kernels = qeval.load_run(out).kernels()
+    assert set(kernels.setup) == {"bf16", "bf16-b1", "int8"} and "QLinear (qint8)" in set(kernels.module)
     summary = qeval.load_run(out).summary()
     row = summary[(summary.setup == "int8") & (summary.task == "compare_mc")].iloc[0]
     assert row.floor_setup == "bf16-b1" and bool(row.within_floor) == int8["within_floor"]

@@ -39,6 +39,7 @@ from qeval.backends.base import (
 from qeval.backends.hf import chunked, kv_cache
 from qeval.backends.hf import quant as hf_quant
 from qeval.backends.hf import sampling as hf_sampling
+from qeval.backends.hf.provenance import model_provenance
 from qeval.backends.tokens import conventions, generation_context, rolling_windows
 from qeval.config import RunConfig
 from qeval.config.setups import Setup
@@ -106,6 +107,8 @@ class HFBackend:
             )
         else:
             self._quant_info = hf_quant.quantize_weights(self.model, self.setup)
+        # what runs, read off the loaded model: the linear modules' storage, attention, the KV cache's layers
+        self._quant_info["provenance"] = model_provenance(self.model, self.setup)
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
         self.conv = conventions(self.tok)

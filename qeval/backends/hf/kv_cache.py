@@ -202,6 +202,16 @@ def new_cache(config: Any, setup: Setup) -> Any:
     return Cache(layers=layers)
 
 
+def cache_layer_classes(config: Any, setup: Setup) -> dict[str, int]:
+    """The cache `new_cache` builds for `setup`, as its layers' class names with counts."""
+    cache = new_cache(config, setup)
+    out: dict[str, int] = {}
+    for layer in cache.layers:
+        name = type(layer).__name__
+        out[name] = out.get(name, 0) + 1
+    return out
+
+
 def round_trip_cache(config: Any, setup: Setup) -> Any:
     """A cache for scoring whole texts in one forward pass under a quantized KV cache.
 

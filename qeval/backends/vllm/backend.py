@@ -18,6 +18,7 @@ from qeval.backends.base import TOPK, GenerateRequest, Generation, MemoryFigure,
 from qeval.backends.tokens import conventions, generation_context
 from qeval.backends.vllm.logcapture import capture_fds
 from qeval.backends.vllm.logs import parse_engine_log, served_checkpoint_info
+from qeval.backends.vllm.provenance import engine_provenance
 from qeval.backends.vllm.support import setup_engine_args
 from qeval.backends.windowed import Prompt, WindowedBackend
 from qeval.config import RunConfig
@@ -86,9 +87,12 @@ class VLLMBackend(WindowedBackend):
         checkpoint really ran quantized)."""
         log = self._log.text() if self._log else ""
         where = "in the worker process" if self._in_process else "in processes of its own"
-        return {"engine_args": self._engine_args, "engine_core": where} | served_checkpoint_info(
+        info = {"engine_args": self._engine_args, "engine_core": where} | served_checkpoint_info(
             self.setup.checkpoint, self.setup.checkpoint_revision, log
         )
+        if self.llm is not None:  # what the engine ran: its linear kernels, attention backend, KV cache
+            info["provenance"] = engine_provenance(self.llm, self._in_process, log, self.device)
+        return info
 
     def library_versions(self) -> dict[str, str]:
         from importlib.metadata import version
