@@ -20,9 +20,12 @@ def floor_results(results: Results) -> Results:
     controls = [s for s in results.setups if s.control and s.status == "ok" and s.vs_baseline]
     if not controls:
         return results
+    invariant = bool((results.config.as_dict().get("engine") or {}).get("batch_invariant"))
     setups = []
     for s in results.setups:
-        if not s.control and s.vs_baseline:
+        if s.control and invariant and s in controls:
+            s = s.model_copy(update={"flags": s.flags + broken_invariance(s)})
+        elif not s.control and s.vs_baseline:
             vs = {
                 t: against_floor(c, [(k, k.vs_baseline[t]) for k in controls if t in k.vs_baseline])
                 for t, c in s.vs_baseline.items()
@@ -62,6 +65,22 @@ def against_floor(c: Comparison, floors: list[tuple[SetupResult, Comparison]]) -
             ),
         }
     return c.model_copy(update=update)
+
+
+def broken_invariance(control: SetupResult) -> list[str]:
+    """With the engine's batch-invariant mode on, a control must change nothing: where it changed
+    a task, what broke it (a flag a reviewer sees), else nothing."""
+    moved = [
+        f"{task}: {_changed(c) or 0} documents flipped, delta {c.delta:+.4g}" + (f", KL {c.kl:.3g}" if c.kl else "")
+        for task, c in control.vs_baseline.items()
+        if (_changed(c) or 0) > 0 or c.delta != 0 or (c.kl or 0) > 0
+    ]
+    if not moved:
+        return []
+    return [
+        f"batch_invariance_broken: engine.batch_invariant is on, yet the baseline served again "
+        f"({_conditions(control)}) changed {'; '.join(moved)}"
+    ]
 
 
 def within(c: Comparison, floor: Comparison) -> bool:

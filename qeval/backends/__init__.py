@@ -92,6 +92,8 @@ class BackendEntry:
     #: the serving conditions an A/A control may change on this engine (`config.setups.Control`'s
     #: fields: batch_size, max_num_seqs, concurrency); a control naming another is refused
     control_fields: frozenset[str] = frozenset()
+    #: whether its engine takes `engine.batch_invariant` (vLLM's batch-invariant mode)
+    batch_invariant_mode: bool = False
 
 
 def check_control(entry: BackendEntry, setup: Setup) -> None:
@@ -124,6 +126,11 @@ def check_blocks(cfg: RunConfig) -> None:
     if cfg.server is not None and not entry.takes_server:
         takers = ", ".join(n for n, e in backends().items() if e.takes_server)
         raise UserError(f"server: applies to backend {takers} only (this config's backend is {cfg.backend})")
+    if cfg.engine.batch_invariant and not entry.batch_invariant_mode:
+        takers = ", ".join(n for n, e in backends().items() if e.batch_invariant_mode)
+        raise UserError(
+            f"engine.batch_invariant applies to backend {takers} only (this config's backend is {cfg.backend})"
+        )
     if cfg.performance.enabled and cfg.performance.from_workload and not entry.waves_from_workload:
         raise UserError(
             f"performance.from_workload: backend {cfg.backend} does not time waves of the workload's lengths "

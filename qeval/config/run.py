@@ -251,6 +251,8 @@ class RunConfig(ChatKeys):
         # options added later, at their defaults: a config that uses neither reads and hashes as before
         if out["performance"].get("from_workload") is False:
             del out["performance"]["from_workload"]
+        if out["engine"].get("batch_invariant") is False:
+            del out["engine"]["batch_invariant"]
         if (out.get("serving") or {}).get("arrivals") == "poisson":
             del out["serving"]["arrivals"]
         return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qeval.analysis.floor import against_floor, within
+from qeval.analysis.floor import against_floor, broken_invariance, within
 from qeval.config.gates import Gate
 from qeval.results.echo import SetupSpec
 from qeval.results.schema import Comparison, Memory, SetupResult
@@ -69,3 +69,12 @@ def test_the_widest_of_several_controls_is_the_floor() -> None:
     assert out.floor is not None and out.floor.setup == "b64" and out.within_floor is True
     assert out.verdict == "pass"  # a pass is a pass: the floor only explains what changed
     assert against_floor(setup, []) == setup  # no control: nothing added
+
+
+def test_a_control_that_moved_under_batch_invariant_mode_says_what_broke_it() -> None:
+    moved = control().model_copy(update={"vs_baseline": {"arc_easy": cmp(-0.0025, 1, 0, kl=0.0001)}})
+    (flag,) = broken_invariance(moved)
+    assert flag.startswith("batch_invariance_broken:") and "arc_easy: 1 documents flipped" in flag
+    assert "batch_size 1" in flag
+    still = control().model_copy(update={"vs_baseline": {"arc_easy": cmp(0.0, 0, 0, kl=0.0)}})
+    assert broken_invariance(still) == []  # zero, as the mode promises: nothing to flag

@@ -82,3 +82,33 @@ def test_a_control_that_cannot_stand_is_one_line(
     keys = {"candidate": candidate} if candidate else {}
     cfg = make_config(tmp_path, setups=setups, backend=backend, **keys)
     one_line_exit_2(run_cli("validate", str(cfg)), expected)
+
+
+@pytest.mark.parametrize(
+    ("backend", "expected"),
+    [
+        ("vllm", "engine.batch_invariant: vLLM's CPU build has no batch-invariant mode"),
+        ("hf", "engine.batch_invariant applies to backend vllm only (this config's backend is hf)"),
+    ],
+)
+def test_batch_invariant_mode_where_the_engine_has_none_is_one_line(
+    tmp_path: Path, backend: str, expected: str
+) -> None:
+    cfg = make_config(tmp_path, backend=backend, engine={"batch_invariant": True}, setups=[BASELINE, CONTROL])
+    one_line_exit_2(run_cli("validate", str(cfg)), expected)
+
+
+def test_batch_invariant_mode_keys_and_hashes_only_when_on(tmp_path: Path) -> None:
+    """The option reaches vLLM's key parts and the config hash only when on: results stored before
+    it existed still match their keys."""
+    from qeval.backends import backend_entry
+    from qeval.backends.vllm.support import validate_engine
+    from qeval.config import load_config
+    from qeval.config.setups import Setup
+
+    off = load_config(make_config(tmp_path, filename="off.yaml", backend="vllm"))
+    on = load_config(make_config(tmp_path, filename="on.yaml", backend="vllm", engine={"batch_invariant": True}))
+    parts = backend_entry("vllm").key_parts
+    assert "batch_invariant" not in parts(off)["engine"] and '"batch_invariant": true' in parts(on)["engine"]
+    assert "batch_invariant" not in off.as_json()["engine"] and on.as_json()["engine"]["batch_invariant"] is True
+    validate_engine(on, Setup(name="bf16"), "cuda")  # a GPU build takes it: passed through at engine start

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 #: vLLM's switch between its engine core in a process of its own (and, on CPU, its worker in a
 #: third) and the engine inside the calling process (vllm/envs.py, vLLM 0.32)
 MULTIPROCESSING = "VLLM_ENABLE_V1_MULTIPROCESSING"
+#: vLLM's batch-invariant mode (engine.batch_invariant)
+BATCH_INVARIANT = "VLLM_BATCH_INVARIANT"
 
 
 def engine_in_process(device: str, timed: bool) -> bool:
@@ -66,6 +68,8 @@ class VLLMBackend(WindowedBackend):
         self._in_process = engine_in_process(self.device, self.cfg.performance.enabled)
         if self._in_process:
             os.environ[MULTIPROCESSING] = "0"  # read when the engine is built (vllm.envs is lazy)
+        if self.cfg.engine.batch_invariant:  # vLLM's batch-invariant kernels, read at engine start
+            os.environ[BATCH_INVARIANT] = "1"
         from vllm import LLM
 
         args = setup_engine_args(self.cfg, self.setup, self.device)
@@ -87,9 +91,10 @@ class VLLMBackend(WindowedBackend):
         checkpoint really ran quantized)."""
         log = self._log.text() if self._log else ""
         where = "in the worker process" if self._in_process else "in processes of its own"
-        info = {"engine_args": self._engine_args, "engine_core": where} | served_checkpoint_info(
-            self.setup.checkpoint, self.setup.checkpoint_revision, log
-        )
+        info: dict[str, Any] = {"engine_args": self._engine_args, "engine_core": where}
+        if self.cfg.engine.batch_invariant:
+            info["batch_invariant"] = os.environ.get(BATCH_INVARIANT) == "1"
+        info |= served_checkpoint_info(self.setup.checkpoint, self.setup.checkpoint_revision, log)
         if self.llm is not None:  # what the engine ran: its linear kernels, attention backend, KV cache
             info["provenance"] = engine_provenance(self.llm, self._in_process, log, self.device)
         return info

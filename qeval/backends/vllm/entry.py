@@ -10,7 +10,7 @@ from qeval.backends import BackendEntry
 from qeval.backends.vllm.install import check_install, worker_python
 from qeval.backends.vllm.kv_rule import PagedKv, plan_rule
 from qeval.backends.vllm.serve import VllmServing
-from qeval.backends.vllm.support import cache_accounting, distributed_backend, validate
+from qeval.backends.vllm.support import cache_accounting, distributed_backend, validate, validate_engine
 
 if TYPE_CHECKING:
     from qeval.backends.base import Backend
@@ -25,8 +25,10 @@ def _create(cfg: RunConfig, setup: Setup, device: str) -> Backend:
 
 
 def _key_parts(cfg: RunConfig) -> dict[str, str]:
-    # the engine's scheduler decides the batching there: its settings change the numbers
-    return {"engine": json.dumps(cfg.engine.model_dump(mode="json"), sort_keys=True)}
+    # the engine's scheduler decides the batching there: its settings change the numbers; an option
+    # added later, at its default, leaves the key as it was (results stored before it still match)
+    engine = cfg.engine.model_dump(mode="json", exclude=set() if cfg.engine.batch_invariant else {"batch_invariant"})
+    return {"engine": json.dumps(engine, sort_keys=True)}
 
 
 BACKEND = BackendEntry(
@@ -43,4 +45,6 @@ BACKEND = BackendEntry(
     plan_kv_rule=plan_rule,
     serving=VllmServing(),
     control_fields=frozenset({"max_num_seqs"}),
+    validate_served=validate_engine,
+    batch_invariant_mode=True,
 )

@@ -87,6 +87,18 @@ def validate(setup: Setup, device: str) -> None:
         _validate_weights(setup, device, where)
 
 
+def validate_engine(cfg: RunConfig, setup: Setup, device: str) -> None:
+    """One line for engine settings vLLM cannot honour on `device`: batch-invariant mode on the CPU
+    build (vLLM 0.32 initialises its batch-invariant kernels in the GPU worker only, and the CPU
+    platform picks its one attention backend whatever the mode asks: it would run, unchanged, under
+    a batch-invariant label)."""
+    if cfg.engine.batch_invariant and device == "cpu":
+        raise UserError(
+            "engine.batch_invariant: vLLM's CPU build has no batch-invariant mode (its kernels are set up "
+            "by the GPU worker only); measure the CPU engine's own floor with a control setup instead"
+        )
+
+
 def _validate_weights(setup: Setup, device: str, where: str) -> None:
     if setup.method in ("rtn", "torchao"):
         raise UserError(
