@@ -369,7 +369,7 @@ def _memory(pre: Preflight, setup: Setup, outcome: Outcome) -> Memory:
         pre.device,
         cfg.budget,
         share,
-        backend_entry(cfg.backend).kv_accounting(cfg, pre.device),
+        backend_entry(cfg.backend_of(setup)).kv_accounting(cfg.for_setup(setup), pre.device),
     )
 
 

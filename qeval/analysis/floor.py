@@ -17,7 +17,8 @@ from qeval.results.schema import Comparison, FloorFigures, Results, SetupResult
 def floor_results(results: Results) -> Results:
     """`results` with each compared setup's tasks read against the run's controls (unchanged where
     the run has no control that ran)."""
-    controls = [s for s in results.setups if s.control and s.status == "ok" and s.vs_baseline]
+    # the floor is the engine's own noise: an engine-parity control measures another engine, not it
+    controls = [s for s in results.setups if s.control and not s.parity and s.status == "ok" and s.vs_baseline]
     if not controls:
         return results
     invariant = bool((results.config.as_dict().get("engine") or {}).get("batch_invariant"))

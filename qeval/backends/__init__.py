@@ -100,7 +100,7 @@ def check_control(entry: BackendEntry, setup: Setup) -> None:
     """One line where `setup` is an A/A control asking for a condition its backend does not have."""
     if setup.control is None:
         return
-    other = sorted(set(setup.control.fields()) - entry.control_fields)
+    other = sorted(set(setup.control.conditions()) - entry.control_fields)
     if other:
         has = ", ".join(sorted(entry.control_fields)) or "none"
         raise UserError(
@@ -123,7 +123,9 @@ def check_blocks(cfg: RunConfig) -> None:
     """The config's backend-specific blocks against its backend's entry: a block the backend
     would ignore without a word is one line instead."""
     entry = backend_entry(cfg.backend)
-    if cfg.server is not None and not entry.takes_server:
+    # an engine-parity control on a server backend takes the server block too
+    served = [backend_entry(cfg.backend_of(s)) for s in cfg.setups]
+    if cfg.server is not None and not any(e.takes_server for e in served):
         takers = ", ".join(n for n, e in backends().items() if e.takes_server)
         raise UserError(f"server: applies to backend {takers} only (this config's backend is {cfg.backend})")
     if cfg.engine.batch_invariant and not entry.batch_invariant_mode:

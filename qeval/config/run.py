@@ -156,7 +156,7 @@ class RunConfig(ChatKeys):
             raise ValueError(f"task {both!r} is both a qeval task and an lm-eval one")
         if self.candidate is not None and self.candidate not in names:
             raise ValueError(f"candidate {self.candidate!r} is not a setup of this config")
-        problem = _controls_problem(self.setups, self.baseline, self.candidate)
+        problem = _controls_problem(self.setups, self.baseline, self.candidate, self.backend)
         if problem:
             raise ValueError(problem)
         for gate in self.gates:  # lm-eval group members are known only once loaded: checked at preflight
@@ -221,7 +221,13 @@ class RunConfig(ChatKeys):
             update["engine"] = self.engine.model_copy(update={"max_num_seqs": c.max_num_seqs})
         if c.concurrency is not None:
             update["server"] = (self.server or ServerSpec()).model_copy(update={"concurrency": c.concurrency})
+        if c.backend is not None:
+            update["backend"] = c.backend
         return self.model_copy(update=update)
+
+    def backend_of(self, setup: Setup) -> str:
+        """The backend `setup` is served on: the run's, or an engine-parity control's own."""
+        return setup.control.backend if setup.control is not None and setup.control.backend else self.backend
 
     def as_json(self) -> dict[str, Any]:
         """The config as results.json and the config hash hold it: `kinds` left out while empty,
@@ -266,7 +272,7 @@ class RunConfig(ChatKeys):
         return hashlib.sha256(json.dumps(self.as_json(), sort_keys=True).encode()).hexdigest()
 
 
-def _controls_problem(setups: list[Setup], baseline: Setup, candidate: str | None) -> str:
+def _controls_problem(setups: list[Setup], baseline: Setup, candidate: str | None, backend: str) -> str:
     """Why the config's A/A controls (`Setup.control`) cannot stand, else '': a control serves the
     baseline's model (else its flips would be the quantization's, not the engine's) and is no
     candidate for release."""
@@ -280,6 +286,8 @@ def _controls_problem(setups: list[Setup], baseline: Setup, candidate: str | Non
             )
         if s.name == candidate:
             return f"candidate {s.name} is a control (the baseline served again), not a setup to ship"
+        if s.control.backend == backend:
+            return f"setup {s.name}: control backend {backend} is the run's own; parity compares another engine"
     return ""
 
 

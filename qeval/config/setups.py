@@ -38,16 +38,23 @@ class Control(BaseModel):
     max_num_seqs: int | None = Field(default=None, gt=0, le=4096)
     #: requests in flight at once (the openai backend's server.concurrency)
     concurrency: int | None = Field(default=None, gt=0, le=256)
+    #: engine parity: the baseline served on this backend instead of the run's (hf, vllm, openai),
+    #: under the conditions above where given; its difference is the engines', not noise
+    backend: str | None = Field(default=None, pattern=NAME_PATTERN, max_length=64)
 
     @model_validator(mode="after")
     def _some(self) -> Control:
         if not self.fields():
-            raise ValueError("control: names no serving condition (batch_size, max_num_seqs or concurrency)")
+            raise ValueError("control: names no serving condition (batch_size, max_num_seqs, concurrency or backend)")
         return self
 
-    def fields(self) -> dict[str, int]:
-        """The conditions set, by name."""
+    def fields(self) -> dict[str, int | str]:
+        """What the control sets, by name (its backend included)."""
         return {k: v for k, v in self.model_dump().items() if v is not None}
+
+    def conditions(self) -> dict[str, int]:
+        """The serving conditions it sets (its backend left out): each a field of the backend it runs on."""
+        return {k: v for k, v in self.model_dump().items() if v is not None and k != "backend"}
 
     def describe(self) -> str:
         """ "batch_size 1": what the control changed, in words."""
@@ -138,6 +145,11 @@ class Setup(BaseModel):
                 f"checkpoint (gptq, awq, w8a8, w4a8), not by {self.method}"
             )
         return self
+
+    @property
+    def parity(self) -> bool:
+        """Whether this setup is an engine-parity control: the baseline on another backend."""
+        return self.control is not None and self.control.backend is not None
 
     def serves_as(self, other: Setup) -> bool:
         """Whether this setup serves the same model as `other`: the same weights, KV cache and

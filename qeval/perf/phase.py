@@ -87,7 +87,7 @@ def budget_concurrency(
         device,
         cfg.budget,
         "",
-        backend_entry(cfg.backend).kv_accounting(cfg, device),
+        backend_entry(cfg.backend_of(setup)).kv_accounting(cfg.for_setup(setup), device),
     )
     return block.max_concurrency
 

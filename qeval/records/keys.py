@@ -62,7 +62,8 @@ def setup_keys(pre: Preflight, setup: Setup) -> SetupKeys:
         "batch_size": str(cfg.batch_size),
         "generation_batch_size": str(cfg.generation_batch_size or 4 * cfg.batch_size),
     }
-    parts |= pre.backend_key_parts  # the backend's own (vLLM: its engine settings)
+    # the backend's own (vLLM: its engine settings); an engine-parity control's, its backend's
+    parts |= pre.parity_key_parts.get(setup.name, pre.backend_key_parts)
     if setup.name in pre.checkpoint_sha256:  # only checkpoint setups: every other key stays as it was
         parts["checkpoint_sha256"] = pre.checkpoint_sha256[setup.name]
     return SetupKeys(

@@ -86,6 +86,9 @@ class Preflight:
     model_dir: Path | None = None
     #: resume-key parts the backend adds (backends/__init__.py `BackendEntry.key_parts`)
     backend_key_parts: dict[str, str] = field(default_factory=dict)
+    #: an engine-parity control (the baseline on another backend) -> its backend and that backend's
+    #: key parts, in place of the run's
+    parity_key_parts: dict[str, dict[str, str]] = field(default_factory=dict)
     #: setup -> the content checksum of the checkpoint it serves (`checkpoint:`, or the folder
     #: `qeval quantize` made): a checkpoint remade at the same path is not served from stale results
     checkpoint_sha256: dict[str, str] = field(default_factory=dict)

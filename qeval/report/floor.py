@@ -1,6 +1,7 @@
-"""The report's noise-floor section: each A/A control (the baseline served again under other
-conditions) against the baseline, task by task, and which setups changed no more than it did
-(docs/statistics.md, "The noise floor")."""
+"""The report's noise-floor and engine-parity sections: each A/A control (the baseline served again
+under other conditions) against the baseline, task by task, and which setups changed no more than
+it did; and each engine-parity control (the baseline on another backend), paired per document
+(docs/statistics.md, "The noise floor" and "Engine parity")."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ LEGEND = (
 def rows(results: Results, esc: Escape) -> list[list[str]]:
     """One row per control and task; nothing where the run has no control that was compared."""
     out = []
-    for k in (s for s in results.setups if s.control):
+    for k in (s for s in results.setups if s.control and not s.parity):
         conditions = ", ".join(f"{name} {v}" for name, v in (k.spec.control or {}).items())
         for task, c in k.vs_baseline.items():
             m = describe(c.metric, c.higher_is_better)
@@ -40,3 +41,46 @@ def rows(results: Results, esc: Escape) -> list[list[str]]:
 
 
 SECTION = table_section("Noise floor", "noise-floor", "The engine's own noise (A/A controls)", HEADER, rows, LEGEND)
+
+
+PARITY_HEADER = [
+    "control",
+    "served on",
+    "task",
+    "Δ",
+    "95% CI",
+    "same outcome",
+    "flips right→wrong / wrong→right",
+    "KL (top-1)",
+]
+PARITY_LEGEND = (
+    "Each parity control is the baseline served on another engine, paired with the baseline document by "
+    "document: Δ is the other engine minus the run's, same outcome the share of documents scored alike "
+    "(right on both or wrong on both), KL the other engine's divergence from the run's next-token "
+    "distribution. Its difference is the engines', not the quantization's; it is never a candidate."
+)
+
+
+def parity_rows(results: Results, esc: Escape) -> list[list[str]]:
+    """One row per engine-parity control and task; nothing where the run has none."""
+    out = []
+    for k in (s for s in results.setups if s.parity):
+        given = dict(k.spec.control or {})
+        on = ", ".join([str(given.pop("backend"))] + [f"{name} {v}" for name, v in given.items()])
+        for task, c in k.vs_baseline.items():
+            m = describe(c.metric, c.higher_is_better)
+            flips = "" if c.flips_to_wrong is None else f"{c.flips_to_wrong} / {c.flips_to_right}"
+            same = (
+                ""
+                if c.flips_to_wrong is None or not c.n
+                else f"{100 * (1 - (c.flips_to_wrong + (c.flips_to_right or 0)) / c.n):.1f}%"
+            )
+            kl = "" if c.kl is None else f"{c.kl:.5f} ({100 * (c.top1_agreement or 0):.1f}%)"
+            ci = f"[{m.fmt_delta(c.ci[0])}, {m.fmt_delta(c.ci[1])}]"
+            out.append([esc(k.name), esc(on), esc(task), m.fmt_delta(c.delta), ci, same, flips, kl])
+    return out
+
+
+PARITY = table_section(
+    "Engine parity", "engine-parity", "The baseline on another engine", PARITY_HEADER, parity_rows, PARITY_LEGEND
+)

@@ -90,6 +90,7 @@ def _value(s: SetupResult, task: str, metric: str) -> float | None:
 #: the report's own sections, before the run phases' and the task kinds' (qeval/run/phases/)
 OWN_SECTIONS = (
     floor.SECTION,
+    floor.PARITY,
     provenance.SECTION,
     sequence.SECTION,
     divergence.SECTION,

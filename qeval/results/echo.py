@@ -47,7 +47,7 @@ class SetupSpec(Echo):
     memory_limit_mib: int | None = Field(None, description="the worker's address-space cap")
     optional: bool = Field(False, description="skipped, not refused, where the device cannot run it")
     keep: list[str] = Field([], description="module-name patterns kept at the model's dtype (a mixed setup)")
-    control: dict[str, int] | None = Field(
+    control: dict[str, int | str] | None = Field(
         None, description="an A/A control's serving conditions (the baseline served again); absent: not a control"
     )
 

@@ -280,8 +280,14 @@ class SetupResult(ResultModel):
 
     @property
     def control(self) -> bool:
-        """Whether this setup is an A/A control: the baseline served again (docs/statistics.md)."""
+        """Whether this setup is a control: the baseline served again (docs/statistics.md), under
+        other conditions (the noise floor) or on another engine (engine parity)."""
         return self.spec.control is not None
+
+    @property
+    def parity(self) -> bool:
+        """Whether this setup is an engine-parity control: the baseline served on another backend."""
+        return self.spec.control is not None and "backend" in self.spec.control
 
     def sequence_bytes(self, context: int) -> int:
         """Weights plus the KV cache of one sequence of `context` tokens (measured, else

@@ -61,7 +61,8 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
     cfg = resolve_checkpoints(cfg, source.checksum, {s.name for s in setups}, precision.dtype)
     setups = [s for s in cfg.setups if s.name in {x.name for x in setups}]
     _check_checkpoints(setups, source.config)
-    backend_entry(cfg.backend).check_install(cfg)
+    for setup in {cfg.backend_of(s): s for s in setups}.values():  # each engine the setups are served on
+        backend_entry(cfg.backend_of(setup)).check_install(cfg.for_setup(setup))
     check_plugin_pieces(cfg)
     pre = Preflight(
         cfg,
@@ -75,6 +76,11 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
         skipped,
         model_dir=source.local_dir if Path(source.path).is_dir() else None,
         backend_key_parts=backend_entry(cfg.backend).key_parts(cfg),
+        parity_key_parts={
+            s.name: {"backend": cfg.backend_of(s)} | backend_entry(cfg.backend_of(s)).key_parts(cfg.for_setup(s))
+            for s in setups
+            if s.parity
+        },
         checkpoint_sha256={
             s.name: resolve_model(s.checkpoint, s.checkpoint_revision).checksum for s in setups if s.checkpoint
         },
@@ -103,10 +109,10 @@ def _usable_setups(cfg: RunConfig, only_setups: list[str] | None, device: str) -
     skipped: dict[str, str] = {}
     for setup in setups:
         try:
-            entry = backend_entry(cfg.backend)
+            entry = backend_entry(cfg.backend_of(setup))  # an engine-parity control's own backend
             check_control(entry, setup)
             entry.validate_setup(setup, device)
-            entry.validate_served(cfg, setup, device)
+            entry.validate_served(cfg.for_setup(setup), setup, device)
         except UserError as exc:
             if not setup.optional or setup.baseline:
                 raise
@@ -129,11 +135,10 @@ def _against_model(
 ) -> list[Setup]:
     """Setups checked against the model's own config.json (a quantized KV cache on a sliding-window
     model): refused in one line, or skipped and said so where the setup is optional."""
-    entry = backend_entry(cfg.backend)
     kept = []
     for setup in setups:
         try:
-            entry.validate_model(setup, config)
+            backend_entry(cfg.backend_of(setup)).validate_model(setup, config)
         except UserError as exc:
             if not setup.optional or setup.baseline:
                 raise

@@ -106,7 +106,9 @@ def _serve(cfg: RunConfig, setup: Setup, store: RunStore, job: Job, outcome: Out
     # mappings instead of raising the arena's high-water (qeval/memory/heap.py)
     set_mmap_threshold()
     # the backend reads the dtype off its config: give it the job's resolved one
-    backend = backend_entry(cfg.backend).create(cfg.for_engine(job.dtype).for_setup(setup), setup, job.device)
+    # an A/A control's conditions (and an engine-parity control's backend) in place of the run's
+    engine_cfg = cfg.for_engine(job.dtype).for_setup(setup)
+    backend = backend_entry(engine_cfg.backend).create(engine_cfg, setup, job.device)
     if setup.memory_limit_mib:
         _limit_memory(setup.memory_limit_mib)
     try:

@@ -21,7 +21,7 @@ def run_locally(job: WorkerJob) -> None:
     """One job in a fresh process; a crash is recorded, never raised; Ctrl-C is."""
     before = job.outcome_stamp()
     env = os.environ | {"TOKENIZERS_PARALLELISM": "false"}
-    returncode = run_worker_process(worker_python(job.cfg), job.job_path, env)
+    returncode = run_worker_process(worker_python(job.cfg, job.setup.name), job.job_path, env)
     if returncode in (-signal.SIGINT, 130):
         raise KeyboardInterrupt
     if job.outcome_stamp() in (None, before):  # died without writing: killed, segfault, OOM

@@ -75,7 +75,7 @@ def _run(payload: dict[str, Any], scratch: Path) -> dict[str, Any]:
     tail = threading.Thread(target=_forward_progress, args=(log, setup, payload, stop), daemon=True)
     tail.start()
     try:
-        returncode = run_worker_process(worker_python(cfg), job_path, worker_env(payload), log)
+        returncode = run_worker_process(worker_python(cfg, setup), job_path, worker_env(payload), log)
     finally:
         stop.set()
         tail.join(timeout=5)

@@ -158,8 +158,10 @@ def run_worker_process(python: str, job_path: Path, env: dict[str, str], log: Pa
     return proc.returncode
 
 
-def worker_python(cfg: RunConfig) -> str:
-    """The interpreter the worker of `cfg`'s backend runs in, on this machine."""
+def worker_python(cfg: RunConfig, setup: str) -> str:
+    """The interpreter the worker of `setup` runs in, on this machine: its backend's (the run's, or
+    an engine-parity control's own)."""
     from qeval.backends import backend_entry
 
-    return backend_entry(cfg.backend).worker_python(cfg)
+    served = cfg.for_setup(next(s for s in cfg.setups if s.name == setup))
+    return backend_entry(served.backend).worker_python(served)
