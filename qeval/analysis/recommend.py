@@ -103,7 +103,10 @@ def _rank_by_goodput(results: Results, eligible: list[SetupResult], reasons: dic
         return None
     names = {s.name for s in eligible}
     slo = results.serving.slo()
-    decided = rank.recommend_goodput(results.serving.setups, ([s.name for s in eligible], {}), slo)
+    by_name = {s.name: s for s in eligible}
+    decided = rank.recommend_goodput(
+        results.serving.setups, ([s.name for s in eligible], {}), slo, lambda name: _tiebreak(by_name[name])
+    )
     for s in eligible:
         reasons[s.name] = decided.reasons.get(s.name) or f"{s.name}: passes every gate, but was not served"
     best = decided.setup
@@ -124,19 +127,26 @@ def _rank_by_performance(eligible: list[SetupResult], by: str, reasons: dict[str
     )
     if not ranked:
         return None
-    best, most = ranked[0], "the most" if by == "throughput" else "the lowest"
-    for s in ranked[1:]:
+    # setups whose repeats overlap the best's are tied: the speed cannot tell them apart
+    best, tied = rank.tied_best(ranked, lambda a, b: rank.overlaps(a, b, by), _tiebreak)
+    most = "the most" if by == "throughput" else "the lowest"
+    for s in (s for s in ranked if s is not best):
         reasons[s.name] = (
             f"{s.name}: passes every gate, but serves {rank.describe(s, by)} against "
             f"{rank.describe(best, by)} for {best.name}"
-        )
-    close = [s.name for s in ranked[1:] if rank.overlaps(best, s, by)]
-    noise = f"; within the measured spread of {', '.join(close)}: not a clear win" if close else ""
+        ) + (f"; tied within the measured spread, {best.name} chosen: {rank.TIE_RULE}" if s in tied else "")
+    noise = f"; within the measured spread of {', '.join(s.name for s in tied)}: {rank.TIE_RULE}" if tied else ""
+    lead = f"{most} of any passing setup" if best is ranked[0] else f"tied with {ranked[0].name}'s"
     reasons[best.name] = (
-        f"{best.name}: recommended (by {by}): passes every gate and serves "
-        f"{rank.describe(best, by)}, {most} of any passing setup{noise}"
+        f"{best.name}: recommended (by {by}): passes every gate and serves {rank.describe(best, by)}, {lead}{noise}"
     )
     return best
+
+
+def _tiebreak(s: SetupResult) -> tuple[float, float]:
+    """Among setups a speed ranking cannot tell apart: quality first (the smaller worst drop), then
+    memory (more concurrent sequences at the budget's context)."""
+    return worst_drop(s), -(s.memory.max_concurrency or 0)
 
 
 def partial_text(partial: dict[str, str]) -> str:

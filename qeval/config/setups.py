@@ -205,4 +205,6 @@ class Setup(BaseModel):
             del fields["checkpoint_revision"]
         if self.control is None:  # and for one that is no control
             del fields["control"]
+        else:  # a control's conditions as given: a condition added later leaves its id as it was
+            fields["control"] = self.control.fields()
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]

@@ -9,7 +9,9 @@ passed, the budget fitted)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from qeval.results.serving import GoodputRecommendation
 
@@ -83,13 +85,54 @@ def overlaps(best: SetupResult, other: SetupResult, by: str) -> bool:
     return a[0].min <= b[0].max and b[0].min <= a[0].max
 
 
+#: the tie rule's words, where a ranking is within its measurement's spread
+TIE_RULE = "the tie is broken by quality (the smaller worst drop), then memory (more sequences)"
+
+
+def goodput_interval(r: ServingSetup) -> tuple[float, float]:
+    """The 95% interval of a pick's goodput from its own count: the requests within the SLO over the
+    level's duration, counted as a Poisson rate (one run of each level: this is the spread the count
+    alone gives; a machine's run-to-run spread comes on top)."""
+    assert r.pick is not None
+    pick = r.pick
+    level = next(
+        (
+            lv
+            for lv in r.levels
+            if (lv.max_num_seqs, lv.max_num_batched_tokens, lv.rate)
+            == (pick.max_num_seqs, pick.max_num_batched_tokens, pick.rate)
+        ),
+        None,
+    )
+    if level is None or level.duration_s <= 0:
+        return pick.goodput_rps, pick.goodput_rps
+    good = pick.goodput_rps * level.duration_s
+    half = 1.96 * math.sqrt(max(good, 1.0)) / level.duration_s
+    return max(0.0, pick.goodput_rps - half), pick.goodput_rps + half
+
+
+def tied_best(
+    ranked: list[Any], overlap: Callable[[Any, Any], bool], tiebreak: Callable[[Any], Any] | None
+) -> tuple[Any, list[Any]]:
+    """The best of `ranked` (best first) and the others tied with it (within the spread, `overlap`):
+    among the tied, `tiebreak` (quality, then memory) decides where given, else the ranking's order."""
+    tied = [r for r in ranked if overlap(ranked[0], r)]
+    best = min(tied, key=tiebreak) if tiebreak is not None and len(tied) > 1 else ranked[0]
+    return best, [r for r in tied if r is not best]
+
+
 def recommend_goodput(
-    rows: list[ServingSetup], gated: tuple[list[str], dict[str, str]] | None, slo: SloSpec
+    rows: list[ServingSetup],
+    gated: tuple[list[str], dict[str, str]] | None,
+    slo: SloSpec,
+    tiebreak: Callable[[str], Any] | None = None,
 ) -> GoodputRecommendation:
     """`recommend_by: goodput`: among the setups `gated` lets through (the run's candidates and
     why each other one is out; None: no scored run, so no gate was checked, said in each reason),
     the one with the highest goodput within the SLO at its tuned flags; ties: fewer max-num-seqs.
-    A setup that met the SLO at no level says so with its best percentile figures."""
+    Setups whose goodput intervals (`goodput_interval`) overlap the highest's are tied: `tiebreak`
+    (a setup's name -> its key, quality then memory) picks among them where given, and the
+    reasons say so. A setup that met the SLO at no level says so with its best percentile figures."""
     p = f"p{slo.percentile:g}"
     reasons: dict[str, str] = {}
     ranked = []
@@ -109,7 +152,15 @@ def recommend_goodput(
     unchecked = (
         "" if gated is not None else "; quality gates not checked: no scored run of this config and model in RUN_DIR"
     )
-    top = ranked[0] if ranked else None
+    top: ServingSetup | None = None
+    tied: list[ServingSetup] = []
+    if ranked:
+        spans = {r.setup: goodput_interval(r) for r in ranked}
+        top, tied = tied_best(
+            ranked,
+            lambda a, b: spans[a.setup][0] <= spans[b.setup][1] and spans[b.setup][0] <= spans[a.setup][1],
+            (lambda r: tiebreak(r.setup)) if tiebreak is not None else None,
+        )
     for r in ranked:
         assert r.pick is not None  # ranked only with a pick
         at = (
@@ -117,11 +168,20 @@ def recommend_goodput(
             f"offered, max-num-seqs {r.pick.max_num_seqs}"
         )
         if r is top:
-            reasons[r.setup] = f"{r.setup}: recommended (by goodput): serves {at}, the most of any setup{unchecked}"
+            most = "the most of any setup" if r is ranked[0] else f"tied with {ranked[0].setup}'s"
+            reasons[r.setup] = f"{r.setup}: recommended (by goodput): serves {at}, {most}{unchecked}"
+            if tied:
+                lo, hi = spans[r.setup]
+                reasons[r.setup] += (
+                    f"; within the measurement's spread ([{lo:.3f}, {hi:.3f}] requests/s) of "
+                    f"{', '.join(t.setup for t in tied)}: {TIE_RULE if tiebreak else 'not a clear win'}"
+                )
         else:
             assert top is not None and top.pick is not None
             ratio = r.pick.goodput_rps / top.pick.goodput_rps if top.pick.goodput_rps else float("nan")
             reasons[r.setup] = f"{r.setup}: serves {at}, {ratio:.2f}x {top.setup}'s goodput{unchecked}"
+            if r in tied:
+                reasons[r.setup] += f"; tied with {top.setup} within the measurement's spread"
     return GoodputRecommendation(
         setup=top.setup if top else None,
         by="goodput",

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from qeval.analysis.floor import against_floor, broken_invariance, within
+from qeval.analysis.floor import against_floor, broken_invariance, floor_results, within
 from qeval.config.gates import Gate
 from qeval.results.echo import SetupSpec
-from qeval.results.schema import Comparison, Memory, SetupResult
+from qeval.results.schema import Comparison, Memory, Results, SetupResult
 
 GATE = Gate(task="all", max_drop=0.02)
 
@@ -78,3 +78,44 @@ def test_a_control_that_moved_under_batch_invariant_mode_says_what_broke_it() ->
     assert "batch_size 1" in flag
     still = control().model_copy(update={"vs_baseline": {"arc_easy": cmp(0.0, 0, 0, kl=0.0)}})
     assert broken_invariance(still) == []  # zero, as the mode promises: nothing to flag
+
+
+def test_an_engine_parity_control_is_never_a_floor() -> None:
+    """The baseline on another engine differs by the engines, not by the run's engine's noise."""
+    spec = SetupSpec.model_validate({"name": "on-vllm", "control": {"backend": "vllm"}})
+    parity = SetupResult(
+        name="on-vllm",
+        baseline=False,
+        status="ok",
+        spec=spec,
+        memory=Memory.model_validate(_memory()),
+        vs_baseline={"t": cmp(-0.05, 20, 0, kl=0.1)},
+    )
+    int8 = control("int8").model_copy(
+        update={"spec": SetupSpec.model_validate({"name": "int8"}), "vs_baseline": {"t": cmp(-0.01, 4, 0)}}
+    )
+    base = control("bf16").model_copy(update={"baseline": True, "spec": SetupSpec.model_validate({"name": "bf16"})})
+    results = Results.model_validate(
+        {
+            "schema_version": 1,
+            "run": _run(),
+            "config": {"model": {"path": "m"}, "budget": {"gpu_memory_gib": 1, "utilization": 0.9, "context_len": 8}},
+            "tasks": {},
+            "setups": [base.model_dump(), parity.model_dump(), int8.model_dump()],
+            "recommendation": {"setup": None, "reasons": {}},
+        }
+    )
+    assert parity.parity and not int8.parity
+    out = floor_results(results)
+    assert out.setup("int8").vs_baseline["t"].floor is None
+
+
+def _run() -> dict[str, Any]:
+    return {
+        "name": "t",
+        "config_hash": "0",
+        "qeval_version": "0",
+        "device": "cpu",
+        "backend": "hf",
+        "model_sha256": "0",
+    }

@@ -17,7 +17,7 @@ from qeval.backends.vllm.serve_cmd import serve_command
 from qeval.config import RunConfig
 from qeval.config.workload import SloSpec
 from qeval.perf import slo as S
-from qeval.perf.rank import recommend_goodput
+from qeval.perf.rank import goodput_interval, recommend_goodput
 from qeval.perf.tune import EngineSetting, best, replay, search, settings_of
 from qeval.results.serving import ServingLevel, ServingPick, ServingResults, ServingSetup
 from tests.helpers import ROOT, one_line_exit_2, run_cli
@@ -615,7 +615,7 @@ def test_run_force_measures_the_serving_phase_again(tmp_path: Path, monkeypatch:
         checkpoint_sha256={"base": "c"},
     )
     results = SimpleNamespace(
-        setups=[SimpleNamespace(name="base", status="ok")],
+        setups=[SimpleNamespace(name="base", status="ok", control=False)],
         recommendation=SimpleNamespace(candidates=["base"], reasons={}),
     )
     with pytest.raises(RuntimeError, match="stop"):
@@ -830,3 +830,27 @@ def test_goodput_cannot_write_its_files_is_one_line_exit_1(tmp_path: Path, monke
     res = _goodput(str(_cli_config(tmp_path)), "--output", str(tmp_path / "out"))
     assert res.exit_code == 1 and len(res.stderr.strip().splitlines()) == 1, res.output
     assert "cannot write the serving files (serving.json): No space left on device" in res.stderr
+
+
+def test_a_goodput_difference_the_count_cannot_resolve_is_a_tie_broken_by_quality_then_memory() -> None:
+    """0.828 against 0.826 requests/s (the serving phase's bf16 against an FP8 KV cache, one run of
+    each level): about 83 requests within the SLO in 100 s each, a Poisson spread of about ±0.18
+    requests/s. The two are tied; the tie rule decides, and the reasons say so."""
+    slo = SloSpec(ttft_ms=500)
+
+    def row(name: str, goodput: float) -> ServingSetup:
+        r = _row(name, goodput)
+        return r.model_copy(update={"levels": [r.levels[0].model_copy(update={"duration_s": 100.0, "requests": 100})]})
+
+    rows = [row("bf16", 0.828), row("kv-fp8", 0.826), row("int4", 0.2)]
+    lo, hi = goodput_interval(rows[0])
+    assert lo < 0.826 < hi and hi - lo > 0.3
+    quality = {"bf16": (0.0, -60), "kv-fp8": (0.0, -120), "int4": (0.01, -200)}  # same drop: memory decides
+    rec = recommend_goodput(rows, (["bf16", "kv-fp8", "int4"], {}), slo, quality.__getitem__)
+    assert rec.setup == "kv-fp8"
+    assert "tied with bf16's" in rec.reasons["kv-fp8"] and "broken by quality" in rec.reasons["kv-fp8"]
+    assert "tied with kv-fp8 within the measurement's spread" in rec.reasons["bf16"]
+    assert "tied" not in rec.reasons["int4"]  # 0.2 is resolved: not within the spread
+    # without a tie rule (no scored run to judge quality on) the higher figure stands, said to be no clear win
+    plain = recommend_goodput(rows, None, slo)
+    assert plain.setup == "bf16" and "not a clear win" in plain.reasons["bf16"]

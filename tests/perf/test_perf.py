@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from qeval.analysis.recommend import recommend
+from qeval.analysis.recommend import recommend, worst_drop
 from qeval.backends.workload import Measurement, Wave, resolve_levels, workload_for
 from qeval.config import ModelSpec, RunConfig
 from qeval.config.performance import PerfSpec
@@ -353,3 +353,27 @@ def test_no_ceilings_from_a_driver_whose_jobs_run_on_a_ray_cluster(tmp_path: Pat
     stored = json.loads((tmp_path / "run" / "ceilings.json").read_text())
     assert "not measured: the jobs run on the Ray cluster at 10.0.0.1:6379" in stored["error"]
     assert read_ceilings(store) is None
+
+
+def test_a_speed_difference_within_the_repeats_is_a_tie_broken_by_quality_then_memory() -> None:
+    """int8 and int4 both pass; int8 is 1% faster, inside the repeats' spread (each figure's three
+    repeats overlap the other's): tied, so the smaller worst drop decides, then more sequences."""
+    results = read_results(V1 / "results.json")
+    names = [s.name for s in results.setups]
+    tps = dict(zip(names, [100.0, 303.0, 300.0, 900.0, 950.0], strict=True))
+    ranked = _with_perf(results, tps, dict.fromkeys(names, 0.3), "throughput")
+    spread = []
+    for s in ranked.setups:  # repeats 0.95x / 1x / 1.05x of each figure
+        assert s.performance is not None
+        level = s.performance.levels[-1]
+        vals = [tps[s.name] * f for f in (0.95, 1.0, 1.05)]
+        figure = level.output_tokens_per_s.model_copy(update={"values": vals, "min": min(vals), "max": max(vals)})
+        level = level.model_copy(update={"output_tokens_per_s": figure})
+        perf = s.performance.model_copy(update={"levels": [*s.performance.levels[:-1], level]})
+        spread.append(s.model_copy(update={"performance": perf}))
+    rec = recommend(ranked.model_copy(update={"setups": spread}))
+    by = {s.name: s for s in spread}
+    want = min(("int8", "int4"), key=lambda n: (worst_drop(by[n]), -(by[n].memory.max_concurrency or 0)))
+    assert rec.setup == want
+    other = "int4" if want == "int8" else "int8"
+    assert "broken by quality" in rec.reasons[want] and "tied within the measured spread" in rec.reasons[other]
