@@ -42,16 +42,13 @@ def against_floor(c: Comparison, floors: list[tuple[SetupResult, Comparison]]) -
     if not floors:
         return c
     control, f = max(floors, key=lambda kf: _spread(kf[1]))
-    figures = FloorFigures(
-        setup=control.name,
-        conditions=_conditions(control),
-        delta=f.delta,
-        ci=f.ci,
-        flips_to_wrong=f.flips_to_wrong,
-        flips_to_right=f.flips_to_right,
-        kl=f.kl,
-        n=f.n,
-        reaches_margin=None if c.margin is None else _reaches(f, c.margin),
+    figures = FloorFigures.model_validate(
+        f.model_dump(include={"delta", "ci", "flips_to_wrong", "flips_to_right", "kl", "n"})
+        | {
+            "setup": control.name,
+            "conditions": control.spec.conditions(),
+            "reaches_margin": None if c.margin is None else _reaches(f, c.margin),
+        }
     )
     update: dict[str, object] = {"floor": figures, "within_floor": within(c, f)}
     if c.verdict == "fail" and figures.reaches_margin:
@@ -80,7 +77,7 @@ def broken_invariance(control: SetupResult) -> list[str]:
         return []
     return [
         f"batch_invariance_broken: engine.batch_invariant is on, yet the baseline served again "
-        f"({_conditions(control)}) changed {'; '.join(moved)}"
+        f"({control.spec.conditions()}) changed {'; '.join(moved)}"
     ]
 
 
@@ -109,8 +106,3 @@ def _reaches(f: Comparison, margin: float) -> bool:
     """Whether the control's own drop (in the metric's bad direction) reaches the gate's margin."""
     drop = -f.delta if f.higher_is_better else f.delta
     return drop > 0 and drop >= margin
-
-
-def _conditions(control: SetupResult) -> str:
-    given = control.spec.control or {}
-    return ", ".join(f"{k} {v}" for k, v in given.items())

@@ -182,11 +182,10 @@ def _exclusion(
     inconclusive)."""
     name = s.name
     if s.control:  # the baseline served again: it measures the engine, it is no candidate
-        given = dict(s.spec.control or {})
-        conditions = ", ".join(f"{k} {v}" for k, v in given.items() if k != "backend")
-        if "backend" in given:
+        conditions = s.spec.conditions()
+        if s.parity:
             at = f" at {conditions}" if conditions else ""
-            return f"{name}: engine parity (the baseline served on {given['backend']}{at}), not a candidate"
+            return f"{name}: engine parity (the baseline served on {s.spec.served_on()}{at}), not a candidate"
         return f"{name}: the noise floor (the baseline served again at {conditions}), not a candidate"
     if s.status != "ok":
         return f"{name}: failed: {s.error}"

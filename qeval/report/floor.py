@@ -6,7 +6,7 @@ it did; and each engine-parity control (the baseline on another backend), paired
 from __future__ import annotations
 
 from qeval.report.sections import table_section
-from qeval.report.tables import Escape
+from qeval.report.tables import Escape, flips_cell, kl_cell
 from qeval.results.metrics import describe
 from qeval.results.schema import Results
 
@@ -24,19 +24,15 @@ def rows(results: Results, esc: Escape) -> list[list[str]]:
     """One row per control and task; nothing where the run has no control that was compared."""
     out = []
     for k in (s for s in results.setups if s.control and not s.parity):
-        conditions = ", ".join(f"{name} {v}" for name, v in (k.spec.control or {}).items())
         for task, c in k.vs_baseline.items():
             m = describe(c.metric, c.higher_is_better)
-            flips = "" if c.flips_to_wrong is None else f"{c.flips_to_wrong} / {c.flips_to_right}"
-            kl = "" if c.kl is None else f"{c.kl:.5f}"
             inside = [
                 s.name
                 for s in results.setups
                 if (f := s.vs_baseline.get(task)) is not None and f.floor is not None and f.within_floor
             ]
-            out.append(
-                [esc(k.name), esc(conditions), esc(task), m.fmt_delta(c.delta), flips, kl, esc(", ".join(inside))]
-            )
+            cells = [m.fmt_delta(c.delta), flips_cell(c), kl_cell(c, top1=False), esc(", ".join(inside))]
+            out.append([esc(k.name), esc(k.spec.conditions()), esc(task), *cells])
     return out
 
 
@@ -65,19 +61,13 @@ def parity_rows(results: Results, esc: Escape) -> list[list[str]]:
     """One row per engine-parity control and task; nothing where the run has none."""
     out = []
     for k in (s for s in results.setups if s.parity):
-        given = dict(k.spec.control or {})
-        on = ", ".join([str(given.pop("backend"))] + [f"{name} {v}" for name, v in given.items()])
+        on = ", ".join(x for x in (k.spec.served_on() or "", k.spec.conditions()) if x)
         for task, c in k.vs_baseline.items():
             m = describe(c.metric, c.higher_is_better)
-            flips = "" if c.flips_to_wrong is None else f"{c.flips_to_wrong} / {c.flips_to_right}"
-            same = (
-                ""
-                if c.flips_to_wrong is None or not c.n
-                else f"{100 * (1 - (c.flips_to_wrong + (c.flips_to_right or 0)) / c.n):.1f}%"
-            )
-            kl = "" if c.kl is None else f"{c.kl:.5f} ({100 * (c.top1_agreement or 0):.1f}%)"
+            changed = (c.flips_to_wrong or 0) + (c.flips_to_right or 0)
+            same = "" if c.flips_to_wrong is None or not c.n else f"{100 * (1 - changed / c.n):.1f}%"
             ci = f"[{m.fmt_delta(c.ci[0])}, {m.fmt_delta(c.ci[1])}]"
-            out.append([esc(k.name), esc(on), esc(task), m.fmt_delta(c.delta), ci, same, flips, kl])
+            out.append([esc(k.name), esc(on), esc(task), m.fmt_delta(c.delta), ci, same, flips_cell(c), kl_cell(c)])
     return out
 
 

@@ -15,7 +15,7 @@ from qeval.memory.capacity import whole_sequences
 from qeval.report import divergence, floor, generated, provenance, sequence, sequential_gates, serving
 from qeval.report import performance as perf_views
 from qeval.report.sections import ReportSection
-from qeval.report.tables import Escape, code_text, md_table, md_text
+from qeval.report.tables import Escape, code_text, flips_cell, kl_cell, md_table, md_text
 from qeval.results.metrics import Metric, describe
 from qeval.results.schema import Comparison, Figure, Results, SetupResult
 
@@ -269,14 +269,14 @@ def gate_rows(results: Results, esc: Escape = md_text) -> list[list[str]]:
             if task not in shown and c.verdict is None:
                 continue
             m = describe(c.metric, c.higher_is_better)
-            flips = "" if c.flips_to_wrong is None else f"{c.flips_to_wrong} / {c.flips_to_right}"
             adjusted = c.p_adjusted if c.p_adjusted is not None else c.p_value
             p = "" if c.p_value is None else f"{c.p_value:.3g} / {adjusted:.3g}"
-            kl = "" if c.kl is None else f"{c.kl:.5f} ({100 * (c.top1_agreement or 0):.1f}%)"
             delta = m.fmt_delta(c.delta, unit=False)
             ci = f"[{m.fmt_delta(c.ci[0], unit=False)}, {m.fmt_delta(c.ci[1], unit=False)}]"
             floor = [floor_cell(c, esc)] if floors else []
-            rows.append([esc(s.name), esc(task), delta, ci, p, flips, kl, *floor, c.verdict or "no gate"])
+            rows.append(
+                [esc(s.name), esc(task), delta, ci, p, flips_cell(c), kl_cell(c), *floor, c.verdict or "no gate"]
+            )
     return rows
 
 
@@ -311,10 +311,9 @@ def floor_cell(c: Comparison, esc: Escape = md_text) -> str:
     if f is None:
         return ""
     m = describe(c.metric, c.higher_is_better)
-    flips = "" if f.flips_to_wrong is None else f", {f.flips_to_wrong} / {f.flips_to_right}"
-    kl = "" if f.kl is None else f", {f.kl:.5f}"
+    figures = [m.fmt_delta(f.delta, unit=False), flips_cell(f), kl_cell(f, top1=False)]
     mark = "within" if c.within_floor else "beyond"
-    return f"{m.fmt_delta(f.delta, unit=False)}{flips}{kl} ({esc(f.setup)}): {mark}"
+    return f"{', '.join(x for x in figures if x)} ({esc(f.setup)}): {mark}"
 
 
 def _gate_table(results: Results) -> list[str]:

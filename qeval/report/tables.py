@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from typing import Any
 
 #: makes text from the results safe for the output format: `md_text` for markdown, `str` for
 #: report.html (Jinja2 autoescapes there)
@@ -36,3 +37,15 @@ def code_text(value: object) -> str:
 def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     """A markdown table's lines: the header, its rule, one line per row (cells already escaped)."""
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def flips_cell(c: Any) -> str:
+    """ "3 / 2": a comparison's flips right→wrong / wrong→right ('' where it has none: bits per byte)."""
+    return "" if c.flips_to_wrong is None else f"{c.flips_to_wrong} / {c.flips_to_right}"
+
+
+def kl_cell(c: Any, top1: bool = True) -> str:
+    """ "0.00139 (97.3%)": a comparison's KL to the baseline with its top-1 agreement ('' where not measured)."""
+    if c.kl is None:
+        return ""
+    return f"{c.kl:.5f} ({100 * (c.top1_agreement or 0):.1f}%)" if top1 else f"{c.kl:.5f}"

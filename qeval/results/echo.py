@@ -51,6 +51,15 @@ class SetupSpec(Echo):
         None, description="an A/A control's serving conditions (the baseline served again); absent: not a control"
     )
 
+    def served_on(self) -> str | None:
+        """An engine-parity control's backend (None: the run's own)."""
+        backend = (self.control or {}).get("backend")
+        return str(backend) if backend is not None else None
+
+    def conditions(self) -> str:
+        """ "batch_size 1": a control's serving conditions in words, its backend left out."""
+        return ", ".join(f"{k} {v}" for k, v in (self.control or {}).items() if k != "backend")
+
 
 class Provenance(ResultModel):
     """What the engine actually ran for a setup (docs/backends.md, "Kernel provenance")."""

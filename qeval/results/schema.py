@@ -287,7 +287,7 @@ class SetupResult(ResultModel):
     @property
     def parity(self) -> bool:
         """Whether this setup is an engine-parity control: the baseline served on another backend."""
-        return self.spec.control is not None and "backend" in self.spec.control
+        return self.spec.served_on() is not None
 
     def sequence_bytes(self, context: int) -> int:
         """Weights plus the KV cache of one sequence of `context` tokens (measured, else

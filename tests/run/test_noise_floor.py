@@ -23,7 +23,7 @@ def test_a_batch_dependent_engine_shows_its_floor_beside_every_gate(
 ) -> None:
     monkeypatch.setenv("PYTHONPATH", f"{ROOT / 'tests' / 'kinds'}:{ROOT}")
     monkeypatch.setenv("QEVAL_BACKENDS", "noisy_backend:BACKEND")
-    cfg = make_config(tmp_path, backend="noisy", tasks=["compare_mc"], limit=120, setups=[BASELINE, CONTROL, INT8])
+    cfg = make_config(tmp_path, backend="noisy", tasks=["compare_mc"], limit=60, setups=[BASELINE, CONTROL, INT8])
     out = tmp_path / "run"
     res = run_cli("run", str(cfg), "--output", str(out), timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
