@@ -57,3 +57,14 @@ def test_transformers_against_vllm_in_one_run(tmp_path: Path) -> None:
 def test_a_parity_control_that_cannot_stand_is_one_line(tmp_path: Path, control: dict, expected: str) -> None:
     cfg = make_config(tmp_path, setups=[BASELINE, {"name": "other", "control": control}])
     one_line_exit_2(run_cli("validate", str(cfg)), expected)
+
+
+def test_vllm_offline_against_the_endpoint_it_serves_is_one_config(tmp_path: Path) -> None:
+    """A vLLM run whose parity control runs on the openai backend (a launched `vllm serve`) takes the
+    `server:` block the control needs; a config whose no setup runs on a server backend still refuses it."""
+    served = {"name": "endpoint", "control": {"backend": "openai", "concurrency": 4}}
+    cfg = make_config(tmp_path, backend="vllm", setups=[BASELINE, served], server={"mode": "launch"})
+    res = run_cli("validate", str(cfg))
+    assert res.returncode == 0, res.stderr
+    alone = make_config(tmp_path, filename="alone.yaml", backend="vllm", setups=[BASELINE], server={"mode": "launch"})
+    one_line_exit_2(run_cli("validate", str(alone)), "server: applies to backend openai only")
