@@ -66,10 +66,12 @@ def vllm_demo(quantized_demo: tuple[Path, Path, str], tmp_path_factory: pytest.T
     test_vllm_backend checks the run whole and takes its bf16 setup as the vllm agreement run in
     that dtype (the same config, limit and tasks, and more); test_openai_backend takes its W8A8
     setup as the in-process reference where that dtype is W8A8's (bfloat16)."""
-    # with an A/A control beside the shipped setups: the baseline again at max_num_seqs 1, vLLM's floor
-    cfg = quantized_demo[0].with_name("demo-vllm-floor.yaml")
+    # with two controls beside the shipped setups: the baseline again at max_num_seqs 8 (vLLM's own
+    # floor) and on transformers (engine parity)
+    cfg = quantized_demo[0].with_name("demo-vllm-controls.yaml")
     text = quantized_demo[0].read_text()
-    cfg.write_text(text.replace("  - name: w8a8\n", f"  - {VLLM_CONTROL}\n  - name: w8a8\n", 1))
+    controls = "".join(f"  - {c}\n" for c in VLLM_CONTROLS)
+    cfg.write_text(text.replace("  - name: w8a8\n", f"{controls}  - name: w8a8\n", 1))
     out = tmp_path_factory.mktemp("demo-vllm") / "out"
     res = run_cli("run", str(cfg), "--output", str(out), "--limit", str(DEMO_LIMIT), "--no-performance")
     assert res.returncode == 0, res.stderr[-3000:]
@@ -77,8 +79,9 @@ def vllm_demo(quantized_demo: tuple[Path, Path, str], tmp_path_factory: pytest.T
     return out, setups["bf16"]["quantization"]["engine_args"]["dtype"]
 
 
-#: the A/A control the vLLM demo fixture runs beside the shipped setups (docs/statistics.md, "The noise floor")
-VLLM_CONTROL = "{name: bf16-seqs1, control: {max_num_seqs: 1}}"
+#: the controls the vLLM demo fixture runs beside the shipped setups (docs/statistics.md, "The noise
+#: floor", "Engine parity")
+VLLM_CONTROLS = ("{name: bf16-seqs8, control: {max_num_seqs: 8}}", "{name: bf16-on-hf, control: {backend: hf}}")
 
 
 @pytest.fixture(scope="session")

@@ -130,9 +130,11 @@ def test_demo_vllm_serves_the_quantized_checkpoints(
 
     # the mixed setup (W4A8 + FP8 KV cache) is optional: served where the CPU runs FP8, else skipped, said so
     mixed = ["w4a8-kv-fp8"] if cpu_has_fp8() else []
-    assert list(setups) == ["bf16", "bf16-seqs1", "w8a8", "w4a8", *mixed]
-    _floor_and_provenance(setups, bool(mixed))
-    del setups["bf16-seqs1"]  # the control: the baseline served again (checked above)
+    assert list(setups) == ["bf16", "bf16-seqs8", "bf16-on-hf", "w8a8", "w4a8", *mixed]
+    assert "engine parity (the baseline served on hf)" in results["recommendation"]["reasons"]["bf16-on-hf"]
+    _floor_and_provenance(setups, out, bool(mixed))
+    for control in ("bf16-seqs8", "bf16-on-hf"):  # the baseline served again (checked above)
+        del setups[control]
     if not mixed:
         assert "AVX-512" in results["run"]["skipped_setups"]["w4a8-kv-fp8"]
     kernels = {
@@ -198,22 +200,36 @@ def test_a_timed_setup_runs_in_vllms_own_processes(quantized_demo: tuple[Path, P
     assert "### Latency" in md and all(f"| {n} | 1 |" in md for n in setups)
 
 
-def _floor_and_provenance(setups: dict[str, Any], fp8: bool) -> None:
-    """vLLM's noise floor on this CPU (the baseline again at max_num_seqs 1, measured: the issue's
-    ARC-Easy table found vLLM batch-invariant here) beside every gate, and what each engine ran,
-    read from the engine in the worker: the int8 kernels, the CPU attention backend, and the FP8
-    KV cache's unit scales flagged as the fallback they are."""
-    floor = setups["bf16-seqs1"]
-    assert floor["spec"]["control"] == {"max_num_seqs": 1} and floor["status"] == "ok", floor["error"]
-    assert floor["quantization"]["engine_args"]["max_num_seqs"] == 1
+def _floor_and_provenance(setups: dict[str, Any], out: Path, fp8: bool) -> None:
+    """The demo's two controls: vLLM's own noise floor on this CPU (the baseline again at max_num_seqs
+    8) beside every gate, and engine parity (the baseline on transformers, in the same run: its own
+    worker interpreter, key parts and KV accounting), paired per document; and what each engine ran,
+    read from the engine in the worker: the int8 kernels, the CPU attention backend, and the FP8 KV
+    cache's unit scales flagged as the fallback they are."""
+    floor, parity = setups["bf16-seqs8"], setups["bf16-on-hf"]
+    assert floor["spec"]["control"] == {"max_num_seqs": 8} and floor["status"] == "ok", floor["error"]
+    assert floor["quantization"]["engine_args"]["max_num_seqs"] == 8
     for task, c in setups["w8a8"]["vs_baseline"].items():
-        assert c["floor"]["setup"] == "bf16-seqs1" and c["floor"]["n"] == DEMO_LIMIT, task
+        assert c["floor"]["setup"] == "bf16-seqs8" and c["floor"]["n"] == DEMO_LIMIT, task
         assert c["floor"]["delta"] == floor["vs_baseline"][task]["delta"]
+    # parity: transformers against vLLM on every document of every task, a KL on every scored token
+    assert parity["status"] == "ok", parity["error"]
+    assert json.loads((out / "setups" / "bf16-on-hf.json").read_text())["key_parts"]["backend"] == "hf"
+    assert json.loads((out / "setups" / "bf16.json").read_text())["key_parts"]["backend"] == "vllm"
+    assert parity["memory"]["kv_per_sequence"]["engine"] == "hf" and "engine_args" not in parity["quantization"]
+    for task, c in parity["vs_baseline"].items():
+        assert c["n"] == DEMO_LIMIT and c.get("floor") is None, (task, c)
+        assert (c["kl"] is not None) == (task in ("compare_mc", "ppl")), (task, c)  # generation tasks have none
+        assert c["kl"] is None or 0 <= c["kl"] < 0.05, (task, c)
+    report = (out / "report.md").read_text()
+    assert "## Noise floor" in report and "## Engine parity" in report and "| bf16-on-hf | hf | compare_mc |" in report
     for name, s in setups.items():
         p = s["quantization"]["provenance"]
-        assert p["attention"] == ["CPU_ATTN"] and "inspected in the worker" in p["source"], (name, p)
-    w8a8 = setups["w8a8"]["quantization"]["provenance"]["linear"]
-    assert any("CompressedTensorsW8A8Int8 / CPUInt8ScaledMMLinearKernel" in k for k in w8a8), w8a8
+        want = ["sdpa"] if name == "bf16-on-hf" else ["CPU_ATTN"]
+        assert p["attention"] == want, (name, p)
+    w8a8 = setups["w8a8"]["quantization"]["provenance"]
+    assert "inspected in the worker" in w8a8["source"]
+    assert any("CompressedTensorsW8A8Int8 / CPUInt8ScaledMMLinearKernel" in k for k in w8a8["linear"]), w8a8
     bf16 = setups["bf16"]["quantization"]["provenance"]
     assert all("Unquantized" in k for k in bf16["linear"]) and bf16["fallbacks"] == [], bf16
     if fp8:
