@@ -76,9 +76,10 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
         skipped,
         model_dir=source.local_dir if Path(source.path).is_dir() else None,
         backend_key_parts=backend_entry(cfg.backend).key_parts(cfg),
+        # every parity control of the config, run now or not: assembly checks the stored ones' keys too
         parity_key_parts={
             s.name: {"backend": cfg.backend_of(s)} | backend_entry(cfg.backend_of(s)).key_parts(cfg.for_setup(s))
-            for s in setups
+            for s in cfg.setups
             if s.parity
         },
         checkpoint_sha256={

@@ -36,3 +36,19 @@ def test_vllm_offline_against_the_endpoint_it_serves_is_one_config(tmp_path: Pat
     assert res.returncode == 0, res.stderr
     alone = make_config(tmp_path, filename="alone.yaml", backend="vllm", setups=[BASELINE], server={"mode": "launch"})
     one_line_exit_2(run_cli("validate", str(alone)), "server: applies to backend openai only")
+
+
+def test_a_parity_control_keeps_its_backends_key_when_another_setup_runs_alone(tmp_path: Path) -> None:
+    """`--setups int8` runs int8 (and the baseline) only; the parity control stored by an earlier run
+    is still checked at assembly under its own backend's key, not the run's (else it is dropped
+    as stored under another run's key)."""
+    from qeval.config import load_config
+    from qeval.records.keys import setup_keys
+    from qeval.run.preflight import preflight
+
+    cfg = load_config(make_config(tmp_path, setups=[BASELINE, PARITY, {"name": "int8", "weights": "int8"}]))
+    pre = preflight(cfg, only_setups=["int8"])
+    parity = next(s for s in cfg.setups if s.name == "on-vllm")
+    parts = setup_keys(pre, parity).parts
+    assert parts["backend"] == "vllm" and "engine" in parts
+    assert setup_keys(pre, cfg.baseline).parts["backend"] == "hf"
