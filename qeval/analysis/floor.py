@@ -69,9 +69,10 @@ def broken_invariance(control: SetupResult) -> list[str]:
     """With the engine's batch-invariant mode on, a control must change nothing: where it changed
     a task, what broke it (a flag a reviewer sees), else nothing."""
     moved = [
-        f"{task}: {_changed(c) or 0} documents flipped, delta {c.delta:+.4g}" + (f", KL {c.kl:.3g}" if c.kl else "")
+        f"{task}: {changed_documents(c) or 0} documents flipped, delta {c.delta:+.4g}"
+        + (f", KL {c.kl:.3g}" if c.kl else "")
         for task, c in control.vs_baseline.items()
-        if (_changed(c) or 0) > 0 or c.delta != 0 or (c.kl or 0) > 0
+        if (changed_documents(c) or 0) > 0 or c.delta != 0 or (c.kl or 0) > 0
     ]
     if not moved:
         return []
@@ -84,14 +85,16 @@ def broken_invariance(control: SetupResult) -> list[str]:
 def within(c: Comparison, floor: Comparison) -> bool:
     """Whether `c` changed no more than `floor`: no more documents flipped (either way), no larger
     |delta|, and no larger KL where both were measured."""
-    if _changed(c) is not None and _changed(floor) is not None and (_changed(c) or 0) > (_changed(floor) or 0):
+    mine, theirs = changed_documents(c), changed_documents(floor)
+    if mine is not None and theirs is not None and mine > theirs:
         return False
     if abs(c.delta) > abs(floor.delta):
         return False
     return not (c.kl is not None and floor.kl is not None and c.kl > floor.kl)
 
 
-def _changed(c: Comparison) -> int | None:
+def changed_documents(c: Comparison) -> int | None:
+    """Documents whose outcome the comparison's side changed, either way (None: not a right/wrong metric)."""
     if c.flips_to_wrong is None or c.flips_to_right is None:
         return None
     return c.flips_to_wrong + c.flips_to_right
@@ -99,7 +102,7 @@ def _changed(c: Comparison) -> int | None:
 
 def _spread(c: Comparison) -> tuple[int, float, float]:
     """How far a control moved: documents flipped, then |delta|, then KL."""
-    return (_changed(c) or 0, abs(c.delta), c.kl or 0.0)
+    return (changed_documents(c) or 0, abs(c.delta), c.kl or 0.0)
 
 
 def _reaches(f: Comparison, margin: float) -> bool:

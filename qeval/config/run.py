@@ -156,9 +156,6 @@ class RunConfig(ChatKeys):
             raise ValueError(f"task {both!r} is both a qeval task and an lm-eval one")
         if self.candidate is not None and self.candidate not in names:
             raise ValueError(f"candidate {self.candidate!r} is not a setup of this config")
-        problem = _controls_problem(self.setups, self.baseline, self.candidate, self.backend)
-        if problem:
-            raise ValueError(problem)
         for gate in self.gates:  # lm-eval group members are known only once loaded: checked at preflight
             if (
                 gate.task != "all"
@@ -187,6 +184,13 @@ class RunConfig(ChatKeys):
             # whether the backend serves it is its registry entry's to say (run/preflight.py)
         elif self.recommend_by != "concurrency" and not perf.enabled:
             raise ValueError(f"recommend_by {self.recommend_by} needs the performance phase (performance.enabled)")
+        return self
+
+    @model_validator(mode="after")
+    def _check_controls(self) -> RunConfig:
+        problem = _controls_problem(self.setups, self.baseline, self.candidate, self.backend)
+        if problem:
+            raise ValueError(problem)
         return self
 
     @property

@@ -154,13 +154,34 @@ def recommend_goodput(
     )
     top: ServingSetup | None = None
     tied: list[ServingSetup] = []
+    spans = {r.setup: goodput_interval(r) for r in ranked}
     if ranked:
-        spans = {r.setup: goodput_interval(r) for r in ranked}
         top, tied = tied_best(
             ranked,
             lambda a, b: spans[a.setup][0] <= spans[b.setup][1] and spans[b.setup][0] <= spans[a.setup][1],
             (lambda r: tiebreak(r.setup)) if tiebreak is not None else None,
         )
+    reasons |= _ranked_reasons(ranked, top, tied, spans, (slo, unchecked, tiebreak is not None))
+    return GoodputRecommendation(
+        setup=top.setup if top else None,
+        by="goodput",
+        reasons={r.setup: reasons[r.setup] for r in rows if r.setup in reasons},
+        gates_checked=gated is not None,
+    )
+
+
+def _ranked_reasons(
+    ranked: list[ServingSetup],
+    top: ServingSetup | None,
+    tied: list[ServingSetup],
+    spans: dict[str, tuple[float, float]],
+    how: tuple[SloSpec, str, bool],
+) -> dict[str, str]:
+    """Each ranked setup's reason: its goodput at its pick, against the recommended one's, and the
+    tie where the two are within the measurement's spread (`how`: the SLO, the unchecked-gates
+    note, whether a tie rule decided)."""
+    slo, unchecked, ruled = how
+    reasons: dict[str, str] = {}
     for r in ranked:
         assert r.pick is not None  # ranked only with a pick
         at = (
@@ -174,7 +195,7 @@ def recommend_goodput(
                 lo, hi = spans[r.setup]
                 reasons[r.setup] += (
                     f"; within the measurement's spread ([{lo:.3f}, {hi:.3f}] requests/s) of "
-                    f"{', '.join(t.setup for t in tied)}: {TIE_RULE if tiebreak else 'not a clear win'}"
+                    f"{', '.join(t.setup for t in tied)}: {TIE_RULE if ruled else 'not a clear win'}"
                 )
         else:
             assert top is not None and top.pick is not None
@@ -182,12 +203,7 @@ def recommend_goodput(
             reasons[r.setup] = f"{r.setup}: serves {at}, {ratio:.2f}x {top.setup}'s goodput{unchecked}"
             if r in tied:
                 reasons[r.setup] += f"; tied with {top.setup} within the measurement's spread"
-    return GoodputRecommendation(
-        setup=top.setup if top else None,
-        by="goodput",
-        reasons={r.setup: reasons[r.setup] for r in rows if r.setup in reasons},
-        gates_checked=gated is not None,
-    )
+    return reasons
 
 
 def _targets(slo: SloSpec) -> str:

@@ -5,6 +5,7 @@ it did; and each engine-parity control (the baseline on another backend), paired
 
 from __future__ import annotations
 
+from qeval.analysis.floor import changed_documents
 from qeval.report.sections import table_section
 from qeval.report.tables import Escape, flips_cell, kl_cell
 from qeval.results.metrics import describe
@@ -64,8 +65,8 @@ def parity_rows(results: Results, esc: Escape) -> list[list[str]]:
         on = ", ".join(x for x in (k.spec.served_on() or "", k.spec.conditions()) if x)
         for task, c in k.vs_baseline.items():
             m = describe(c.metric, c.higher_is_better)
-            changed = (c.flips_to_wrong or 0) + (c.flips_to_right or 0)
-            same = "" if c.flips_to_wrong is None or not c.n else f"{100 * (1 - changed / c.n):.1f}%"
+            changed = changed_documents(c)
+            same = "" if changed is None or not c.n else f"{100 * (1 - changed / c.n):.1f}%"
             ci = f"[{m.fmt_delta(c.ci[0])}, {m.fmt_delta(c.ci[1])}]"
             out.append([esc(k.name), esc(on), esc(task), m.fmt_delta(c.delta), ci, same, flips_cell(c), kl_cell(c)])
     return out
