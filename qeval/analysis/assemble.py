@@ -16,6 +16,7 @@ from qeval.analysis.comparison import (
     compare,
     compare_suite,
     kl_summary,
+    outputs_changed,
     outputs_identical,
     paired,
     weights_twin,
@@ -185,19 +186,24 @@ def _compare(
         vs: dict[str, Comparison] = {}
         suites: dict[str, SuiteScore] = {}
         scores = dict(entry.tasks)
-        if name != base and name in ok and base in ok:
-            data = _paired_tasks(store, base, name, tasks, entries)
+        # a parity control of another setup (`control.of`) is paired with that setup, not the baseline
+        ref = setup.control.of if setup.control is not None and setup.control.of else base
+        if name != base and name in ok and ref in ok and base in ok:
+            data = _paired_tasks(store, ref, name, tasks, entries)
             for t, d in data.items():
                 # a group's member is gated only by a gate that names it: `all` means the config's entries
                 gates = cfg.gates if tasks[t].entry in (None, t) else [g for g in cfg.gates if g.task == t]
                 c = compare(d, t, cfg.seed, gates, tasks[t].higher_is_better)
-                vs[t] = c.model_copy(update=kl_summary(store, name, t))
+                # the worker's KL is to the baseline's top-k: no divergence from another partner is measured
+                changed = outputs_changed(store.read_samples(ref, t), store.read_samples(name, t))
+                kl = kl_summary(store, name, t) if ref == base else {}
+                vs[t] = c.model_copy(update=kl | ({"outputs_changed": changed} if changed is not None else {}))
             for group in (g for g in tasks if tasks[g].is_group):
                 parts = [data[m] for m in pre.groups[group] if m in data]
                 # a group is judged on every member or not at all: each stored on both sides (a
                 # sequential run's member may have no document in the prefix its group stopped at)
                 members = pre.groups[group]
-                whole = all(m in entries[s].tasks for s in (base, name) for m in members)
+                whole = all(m in entries[s].tasks for s in (ref, name) for m in members)
                 if parts and whole and all(m in data or entries[name].tasks[m].n == 0 for m in members):
                     vs[group] = compare(Paired.pool(parts), group, cfg.seed, cfg.gates, tasks[group].higher_is_better)
             suites = _suites(pre, data, vs)

@@ -99,9 +99,7 @@ def paired_records(base: list[SampleRecord], other: list[SampleRecord], metric: 
     """Two sides' sample records of one task (from one run, or two: `qeval compare`), their
     values of `metric` paired by sample id; None when no sample pairs."""
     b, o = _by_id(base), _by_id(other)
-    # a document prompted differently on the two sides (a changed `!function` helper, say) is not
-    # a pair: its difference would measure the prompt, not the quantization
-    ids = [i for i in b if i in o and b[i].prompt_hash == o[i].prompt_hash]
+    ids = _paired_ids(b, o)
     if not ids:
         return None
     if metric == "bits_per_byte":
@@ -123,6 +121,17 @@ def paired_records(base: list[SampleRecord], other: list[SampleRecord], metric: 
         np.array([_value(o[i], metric) for i in ids], dtype=float),
         repeats=repeats,
     )
+
+
+def outputs_changed(base: list[SampleRecord], other: list[SampleRecord]) -> int | None:
+    """Documents of a generation task whose generated text differs between the two sides, whether
+    or not the answer's score moved (a greedy continuation the engine's numerics changed); None
+    where the task generates nothing. Paired as `paired_records` pairs them."""
+    b, o = _by_id(base), _by_id(other)
+    texts = [(b[i].raw_output, o[i].raw_output) for i in _paired_ids(b, o)]
+    if not texts or any(x is None or y is None for x, y in texts):
+        return None
+    return sum(x != y for x, y in texts)
 
 
 def document_values(records: list[SampleRecord], metric: str) -> tuple[np.ndarray, np.ndarray | None]:
@@ -276,6 +285,13 @@ def adjust_p_values(block: dict[str, Comparison]) -> dict[str, Comparison]:
 
 def _by_id(records: list[SampleRecord]) -> dict[str, SampleRecord]:
     return {r.sample_id: r for r in records}
+
+
+def _paired_ids(b: dict[str, SampleRecord], o: dict[str, SampleRecord]) -> list[str]:
+    """The documents both sides scored from the same prompt, in the first side's order: a document
+    prompted differently (a changed `!function` helper, say) is not a pair, its difference would
+    measure the prompt, not the quantization."""
+    return [i for i in b if i in o and b[i].prompt_hash == o[i].prompt_hash]
 
 
 def weights_twin(cfg: RunConfig, setup: Setup) -> Setup | None:

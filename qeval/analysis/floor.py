@@ -43,7 +43,7 @@ def against_floor(c: Comparison, floors: list[tuple[SetupResult, Comparison]]) -
         return c
     control, f = max(floors, key=lambda kf: _spread(kf[1]))
     figures = FloorFigures.model_validate(
-        f.model_dump(include={"delta", "ci", "flips_to_wrong", "flips_to_right", "kl", "n"})
+        f.model_dump(include={"delta", "ci", "flips_to_wrong", "flips_to_right", "outputs_changed", "kl", "n"})
         | {
             "setup": control.name,
             "conditions": control.spec.conditions(),
@@ -71,8 +71,9 @@ def broken_invariance(control: SetupResult) -> list[str]:
     moved = [
         f"{task}: {changed_documents(c) or 0} documents flipped, delta {c.delta:+.4g}"
         + (f", KL {c.kl:.3g}" if c.kl else "")
+        + (f", {c.outputs_changed} generations differ" if c.outputs_changed else "")
         for task, c in control.vs_baseline.items()
-        if (changed_documents(c) or 0) > 0 or c.delta != 0 or (c.kl or 0) > 0
+        if _spread(c) != (0, 0.0, 0, 0.0)
     ]
     if not moved:
         return []
@@ -83,11 +84,11 @@ def broken_invariance(control: SetupResult) -> list[str]:
 
 
 def within(c: Comparison, floor: Comparison) -> bool:
-    """Whether `c` changed no more than `floor`: no more documents flipped (either way), no larger
-    |delta|, and no larger KL where both were measured."""
-    mine, theirs = changed_documents(c), changed_documents(floor)
-    if mine is not None and theirs is not None and mine > theirs:
-        return False
+    """Whether `c` changed no more than `floor`: no more documents flipped (either way) and no more
+    generations changed, no larger |delta|, and no larger KL where both were measured."""
+    for mine, theirs in ((changed_documents(c), changed_documents(floor)), (c.outputs_changed, floor.outputs_changed)):
+        if mine is not None and theirs is not None and mine > theirs:
+            return False
     if abs(c.delta) > abs(floor.delta):
         return False
     return not (c.kl is not None and floor.kl is not None and c.kl > floor.kl)
@@ -100,9 +101,9 @@ def changed_documents(c: Comparison) -> int | None:
     return c.flips_to_wrong + c.flips_to_right
 
 
-def _spread(c: Comparison) -> tuple[int, float, float]:
-    """How far a control moved: documents flipped, then |delta|, then KL."""
-    return (changed_documents(c) or 0, abs(c.delta), c.kl or 0.0)
+def _spread(c: Comparison) -> tuple[int, float, int, float]:
+    """How far a control moved: documents flipped, then |delta|, then generations changed, then KL."""
+    return (changed_documents(c) or 0, abs(c.delta), c.outputs_changed or 0, c.kl or 0.0)
 
 
 def _reaches(f: Comparison, margin: float) -> bool:

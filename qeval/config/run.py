@@ -188,7 +188,7 @@ class RunConfig(ChatKeys):
 
     @model_validator(mode="after")
     def _check_controls(self) -> RunConfig:
-        problem = _controls_problem(self.setups, self.baseline, self.candidate, self.backend)
+        problem = _controls_problem(self.setups, self.baseline, self.candidate, self.backend, self.sequential_on)
         if problem:
             raise ValueError(problem)
         return self
@@ -276,22 +276,33 @@ class RunConfig(ChatKeys):
         return hashlib.sha256(json.dumps(self.as_json(), sort_keys=True).encode()).hexdigest()
 
 
-def _controls_problem(setups: list[Setup], baseline: Setup, candidate: str | None, backend: str) -> str:
+def _controls_problem(
+    setups: list[Setup], baseline: Setup, candidate: str | None, backend: str, sequential: bool
+) -> str:
     """Why the config's A/A controls (`Setup.control`) cannot stand, else '': a control serves the
-    baseline's model (else its flips would be the quantization's, not the engine's) and is no
-    candidate for release."""
+    model of the setup it is paired with (the baseline, or a parity control's `of`; else its flips
+    would be the quantization's, not the engine's) and is no candidate for release."""
+    by_name = {s.name: s for s in setups}
     for s in setups:
         if s.control is None:
             continue
-        if not s.serves_as(baseline):
+        partner = by_name.get(s.control.of or baseline.name)
+        if partner is None or partner.control is not None or partner is s:
+            return f"setup {s.name}: control of {s.control.of} names no setup of this config other than a control"
+        if not s.serves_as(partner):
             return (
-                f"setup {s.name}: a control serves the baseline's weights and KV cache under other conditions; "
-                f"it differs from baseline {baseline.name} in its quantization"
+                f"setup {s.name}: a control serves {partner.name}'s weights and KV cache under other conditions; "
+                f"it differs from {'baseline ' if partner is baseline else ''}{partner.name} in its quantization"
             )
         if s.name == candidate:
-            return f"candidate {s.name} is a control (the baseline served again), not a setup to ship"
+            return f"candidate {s.name} is a control (a setup served again), not a setup to ship"
         if s.control.backend == backend:
             return f"setup {s.name}: control backend {backend} is the run's own; parity compares another engine"
+        if sequential and partner is not baseline:
+            return (
+                f"setup {s.name}: a parity control of {partner.name} is paired with it, and a sequential run tests "
+                "every cell against the baseline: pair it in a run without sequential:"
+            )
     return ""
 
 

@@ -21,6 +21,8 @@ Method = Literal["rtn", "bnb", "torchao", "w8a8", "w4a8", "gptq", "awq", "fp8"]
 WEIGHT_BITS: dict[str, int] = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4}
 #: bits per KV element for each KV-cache precision; `auto` follows the model dtype
 KV_BITS: dict[str, int] = {"fp8": 8, "fp8_e5m2": 8, "int8": 8, "int4": 4, "int2": 2}
+#: the layer kinds `kv_keep` names (ModelShape.kinds' words for the attention layers)
+KV_KINDS = ("full", "sliding", "chunked")
 _KEEP_PATTERN = re.compile(r"[A-Za-z0-9_.*?\[\]-]{1,200}")
 
 
@@ -41,11 +43,18 @@ class Control(BaseModel):
     #: engine parity: the baseline served on this backend instead of the run's (hf, vllm, openai),
     #: under the conditions above where given; its difference is the engines', not noise
     backend: str | None = Field(default=None, pattern=NAME_PATTERN, max_length=64)
+    #: engine parity of a setup other than the baseline (a W8A8 checkpoint, say): that setup, by
+    #: name, served on `backend`; the control is paired with it instead of with the baseline
+    of: str | None = Field(default=None, pattern=NAME_PATTERN, max_length=64)
 
     @model_validator(mode="after")
     def _some(self) -> Control:
         if not self.fields():
             raise ValueError("control: names no serving condition (batch_size, max_num_seqs, concurrency or backend)")
+        if self.of is not None and self.backend is None:
+            raise ValueError(
+                f"control: of {self.of} serves that setup again on another engine (parity); it needs a backend"
+            )
         return self
 
     def fields(self) -> dict[str, int | str]:
@@ -53,8 +62,8 @@ class Control(BaseModel):
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
     def conditions(self) -> dict[str, int]:
-        """The serving conditions it sets (its backend left out): each a field of the backend it runs on."""
-        return {k: v for k, v in self.model_dump().items() if v is not None and k != "backend"}
+        """The serving conditions it sets (its backend and partner left out): each a field of the backend it runs on."""
+        return {k: v for k, v in self.model_dump().items() if v is not None and k not in ("backend", "of")}
 
     def describe(self) -> str:
         """ "batch_size 1": what the control changed, in words."""
@@ -93,6 +102,10 @@ class Setup(BaseModel):
     #: conditions, paired with the baseline like any setup; its flips and KL are the engine's own
     #: noise, shown beside every gate, and it is never recommended (docs/statistics.md)
     control: Control | None = None
+    #: decoder layers whose KV cache stays at the model's dtype while the rest are quantized
+    #: (`kv_cache`): layer indices (0 first) or layer kinds (full, sliding, chunked); vLLM serves it
+    #: with --kv-cache-dtype-skip-layers, transformers with a per-layer cache (docs/memory.md)
+    kv_keep: tuple[str, ...] = ()
 
     @field_validator("*", mode="after")
     @classmethod
@@ -113,6 +126,24 @@ class Setup(BaseModel):
                         "(letters, digits, . _ - and the wildcards * ? [ ])"
                     )
             value = tuple(sorted(set(value)))  # order and repeats do not change the setup
+        return value
+
+    @field_validator("kv_keep", mode="before")
+    @classmethod
+    def _kv_keep(cls, value: object) -> object:
+        # YAML gives a list of ints and words; strict mode takes a tuple of strings
+        if isinstance(value, list | tuple):
+            out = []
+            for item in value:
+                text = str(item) if isinstance(item, int) and not isinstance(item, bool) else item
+                if not isinstance(text, str) or not (text in KV_KINDS or (text.isdigit() and len(text) <= 6)):
+                    raise ValueError(
+                        f"kv_keep entry {item!r} is neither a layer index (0, 1, ...) nor a layer kind "
+                        f"({', '.join(KV_KINDS)})"
+                    )
+                out.append(str(int(text)) if text.isdigit() else text)
+            # order and repeats do not change the setup
+            value = tuple(sorted(set(out), key=lambda x: (not x.isdigit(), int(x) if x.isdigit() else 0, x)))
         return value
 
     @field_validator("method", mode="before")
@@ -137,6 +168,8 @@ class Setup(BaseModel):
             raise ValueError(f"setup {self.name}: checkpoint_revision needs a checkpoint (a hub id) to pin")
         if self.keep and not quantized:
             raise ValueError(f"setup {self.name}: keep needs int8 or int4 weights (something to keep layers from)")
+        if self.kv_keep and not self.quantizes_kv:
+            raise ValueError(f"setup {self.name}: kv_keep needs a quantized kv_cache (layers to keep from)")
         if self.control is not None and self.baseline:
             raise ValueError(f"setup {self.name}: a control is the baseline served again; it cannot be the baseline")
         if self.keep and self.method in ("bnb", "torchao"):
@@ -155,7 +188,7 @@ class Setup(BaseModel):
         """Whether this setup serves the same model as `other`: the same weights, KV cache and
         checkpoint (what an A/A control must share with the baseline)."""
         fields: tuple[str, ...] = ("weights", "method", "group_size", "kv_cache", "kv_group_size")
-        fields += ("kv_residual_length", "checkpoint", "checkpoint_revision", "keep")
+        fields += ("kv_residual_length", "checkpoint", "checkpoint_revision", "keep", "kv_keep")
         return all(getattr(self, f) == getattr(other, f) for f in fields)
 
     @property
@@ -170,6 +203,30 @@ class Setup(BaseModel):
         """What identifies this setup's weights: two setups with the same key serve the same
         weights (a KV-cache setup's weights-only twin has its key and KV auto)."""
         return (self.weights, self.method, self.group_size, self.keep)
+
+    def kv_kept_layers(self, kinds: tuple[str, ...]) -> tuple[int, ...]:
+        """The decoder layers (indices) whose KV cache stays at the model's dtype, for a model whose
+        layers are of `kinds` (ModelShape.kinds: full, sliding, chunked, linear)."""
+        return tuple(i for i, k in enumerate(kinds) if str(i) in self.kv_keep or k in self.kv_keep)
+
+    def kv_keep_problem(self, kinds: tuple[str, ...]) -> str:
+        """Why this setup's `kv_keep` cannot be served on a model whose layers are of `kinds`, else
+        '': an index past the last layer, a kind the model has none of, a state layer (it holds no
+        K/V), or every attention layer kept (the baseline's cache under a quantized label)."""
+        if not self.kv_keep:
+            return ""
+        where = f"setup {self.name}: kv_keep"
+        for entry in self.kv_keep:
+            if entry.isdigit() and int(entry) >= len(kinds):
+                return f"{where} {entry}: the model has {len(kinds)} layers (0 to {len(kinds) - 1})"
+            if entry.isdigit() and kinds[int(entry)] == "linear":
+                return f"{where} {entry}: layer {entry} is a linear-attention layer: it holds a state, no K/V to keep"
+            if not entry.isdigit() and entry not in kinds:
+                return f"{where} {entry}: the model has no {entry}-attention layer ({', '.join(sorted(set(kinds)))})"
+        attention = [i for i, k in enumerate(kinds) if k != "linear"]
+        if set(attention) <= set(self.kv_kept_layers(kinds)):
+            return f"{where} keeps every attention layer: nothing would be quantized; keep fewer layers"
+        return ""
 
     def keeps(self, module_name: str) -> bool:
         """Whether the linear layer `module_name` stays at the model's dtype (matches a keep pattern)."""
@@ -203,6 +260,8 @@ class Setup(BaseModel):
             del fields["keep"]
         if self.checkpoint_revision is None:  # likewise for a setup that pins no checkpoint revision
             del fields["checkpoint_revision"]
+        if not self.kv_keep:  # and for one that keeps no layer's KV cache
+            del fields["kv_keep"]
         if self.control is None:  # and for one that is no control
             del fields["control"]
         else:  # a control's conditions as given: a condition added later leaves its id as it was

@@ -148,7 +148,8 @@ _LINEAR = (
     "linear_value_head_dim",
     "linear_conv_kernel_dim",
 )
-_KINDS = {
+#: transformers' layer_types -> qeval's layer kinds
+LAYER_KINDS = {
     "full_attention": "full",
     "sliding_attention": "sliding",
     "chunked_attention": "chunked",
@@ -172,12 +173,12 @@ def layer_kinds(text: dict[str, Any], n: int) -> tuple[str, ...]:
     engine/arg_utils.py applies a model-wide window the same way). Empty: all full attention."""
     explicit = text.get("layer_types")
     if isinstance(explicit, list) and explicit:
-        unknown = sorted({k for k in explicit if k not in _KINDS})
+        unknown = sorted({k for k in explicit if k not in LAYER_KINDS})
         if unknown:
             raise ValueError(f"has layer_types {unknown[0]!r}, a layer kind qeval does not know")
         if len(explicit) != n:
             raise ValueError(f"has {len(explicit)} layer_types for {n} layers")
-        kinds = tuple(_KINDS[k] for k in explicit)
+        kinds = tuple(LAYER_KINDS[k] for k in explicit)
         return () if set(kinds) == {"full"} else kinds
     model_type = str(text.get("model_type", ""))
     window = _uses_window(text)

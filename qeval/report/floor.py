@@ -51,10 +51,11 @@ PARITY_HEADER = [
     "KL (top-1)",
 ]
 PARITY_LEGEND = (
-    "Each parity control is the baseline served on another engine, paired with the baseline document by "
-    "document: Δ is the other engine minus the run's, same outcome the share of documents scored alike "
-    "(right on both or wrong on both), KL the other engine's divergence from the run's next-token "
-    "distribution. Its difference is the engines', not the quantization's; it is never a candidate."
+    "Each parity control is the baseline (or the setup it is against) served on another engine, paired with "
+    "it document by document: Δ is the other engine minus the run's, same outcome the share of documents "
+    "scored alike (right on both or wrong on both), KL the other engine's divergence from the run's "
+    "next-token distribution (measured against the baseline only). Its difference is the engines', not the "
+    "quantization's; it is never a candidate."
 )
 
 
@@ -63,6 +64,7 @@ def parity_rows(results: Results, esc: Escape) -> list[list[str]]:
     out = []
     for k in (s for s in results.setups if s.parity):
         on = ", ".join(x for x in (k.spec.served_on() or "", k.spec.conditions()) if x)
+        on += f"; against {k.spec.partner()}" if k.spec.partner() else ""
         for task, c in k.vs_baseline.items():
             m = describe(c.metric, c.higher_is_better)
             changed = changed_documents(c)
@@ -73,5 +75,5 @@ def parity_rows(results: Results, esc: Escape) -> list[list[str]]:
 
 
 PARITY = table_section(
-    "Engine parity", "engine-parity", "The baseline on another engine", PARITY_HEADER, parity_rows, PARITY_LEGEND
+    "Engine parity", "engine-parity", "The same setup on another engine", PARITY_HEADER, parity_rows, PARITY_LEGEND
 )

@@ -40,8 +40,15 @@ def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 
 
 def flips_cell(c: Any) -> str:
-    """ "3 / 2": a comparison's flips right→wrong / wrong→right ('' where it has none: bits per byte)."""
-    return "" if c.flips_to_wrong is None else f"{c.flips_to_wrong} / {c.flips_to_right}"
+    """ "3 / 2": a comparison's flips right→wrong / wrong→right ('' where it has none: bits per byte),
+    and on a generation task how many generated texts differ at all ("0 / 0 (39 of 100 texts
+    differ)": greedy continuations an engine's numerics changed without moving the score)."""
+    flips = "" if c.flips_to_wrong is None else f"{c.flips_to_wrong} / {c.flips_to_right}"
+    changed = getattr(c, "outputs_changed", None)
+    if changed is None:
+        return flips
+    texts = f"{changed} of {c.n} texts differ"
+    return f"{flips} ({texts})" if flips else texts
 
 
 def kl_cell(c: Any, top1: bool = True) -> str:

@@ -58,7 +58,12 @@ class SetupSpec(Echo):
 
     def conditions(self) -> str:
         """ "batch_size 1": a control's serving conditions in words, its backend left out."""
-        return ", ".join(f"{k} {v}" for k, v in (self.control or {}).items() if k != "backend")
+        return ", ".join(f"{k} {v}" for k, v in (self.control or {}).items() if k not in ("backend", "of"))
+
+    def partner(self) -> str | None:
+        """The setup an engine-parity control serves again, where not the baseline (`control.of`)."""
+        of = (self.control or {}).get("of")
+        return str(of) if of is not None else None
 
 
 class Provenance(ResultModel):

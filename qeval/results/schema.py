@@ -163,6 +163,9 @@ class FloorFigures(ResultModel):
     ci: tuple[float, float] = Field(description="95% confidence interval of that delta")
     flips_to_wrong: int | None = Field(None, description="documents right under the baseline, wrong under the control")
     flips_to_right: int | None = Field(None, description="documents wrong under the baseline, right under the control")
+    outputs_changed: int | None = Field(
+        None, description="generation tasks: documents whose generated text the control changed (null: not generated)"
+    )
     kl: float | None = Field(None, description="the control's mean KL per scored token (null: not measured)")
     n: int = Field(description="documents paired")
     reaches_margin: bool | None = Field(
@@ -193,6 +196,11 @@ class Comparison(ResultModel):
     p_adjusted: float | None = Field(None, description="Benjamini-Hochberg adjusted across the setup's tasks")
     flips_to_wrong: int | None = Field(None, description="documents right under the baseline, wrong here")
     flips_to_right: int | None = Field(None, description="documents wrong under the baseline, right here")
+    outputs_changed: int | None = Field(
+        None,
+        description="generation tasks: documents whose generated text differs from the baseline's, whether or "
+        "not the answer's score moved (null: not a generation task)",
+    )
     n: int = Field(description="documents paired")
     verdict: Verdict | None = Field(None, description="the gate's verdict; null: no gate applies")
     verdict_reason: str | None = Field(

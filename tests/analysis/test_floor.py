@@ -119,3 +119,33 @@ def _run() -> dict[str, Any]:
         "backend": "hf",
         "model_sha256": "0",
     }
+
+
+def test_generation_tasks_count_the_texts_that_changed() -> None:
+    """On a generation task the engine's numerics can change a greedy continuation without moving
+    its score: the comparison counts those texts, the floor carries the count, a setup that changed
+    more texts than the control is beyond it, and the report's cell says so."""
+    from qeval.analysis.comparison import outputs_changed
+    from qeval.report.tables import flips_cell
+    from qeval.results.samples import SampleRecord
+
+    def recs(*texts: str | None) -> list[SampleRecord]:
+        return [SampleRecord(sample_id=str(i), prompt_hash="p", raw_output=t) for i, t in enumerate(texts)]
+
+    assert outputs_changed(recs("a", "b", "c"), recs("a", "x", "y")) == 2
+    assert outputs_changed(recs("a", "b"), recs("a", "b")) == 0
+    assert outputs_changed(recs(None, None), recs(None, None)) is None  # not a generation task
+    other_prompt = [SampleRecord(sample_id="0", prompt_hash="q", raw_output="z")]
+    assert outputs_changed(recs("a"), other_prompt) is None  # no pair: another prompt is no evidence
+    floor = cmp(0.0, 0, 0, outputs_changed=39)
+    assert within(cmp(0.0, 0, 0, outputs_changed=39), floor)
+    assert not within(cmp(0.0, 0, 0, outputs_changed=41), floor)
+    read = against_floor(cmp(0.0, 0, 0, outputs_changed=41, margin=0.02), [(control(), floor)])
+    assert read.floor is not None and read.floor.outputs_changed == 39 and read.within_floor is False
+    assert (
+        flips_cell(read) == "0 / 0 (41 of 400 texts differ)"
+        and flips_cell(read.floor) == "0 / 0 (39 of 400 texts differ)"
+    )
+    assert broken_invariance(control().model_copy(update={"vs_baseline": {"gsm8k": floor}}))[0].endswith(
+        "39 generations differ"
+    )

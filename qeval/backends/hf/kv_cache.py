@@ -11,7 +11,9 @@ keeps only its window, so qeval builds the cache itself, per layer type
 - sliding window and chunked: `QuantizedSlidingLayer`, below: the same quantizer on the last
   W - 1 tokens, the same attention mask sizes as `DynamicSlidingWindowLayer`;
 - anything else (state layers, shared-KV "dummy" layers): transformers' own unquantized layer,
-  as `DynamicCache` builds it: there is no K/V there to quantize.
+  as `DynamicCache` builds it: there is no K/V there to quantize;
+- a layer the setup keeps (`kv_keep`: by index or kind): transformers' own unquantized layer too,
+  exactly the baseline's.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from qeval.backends.hf.support import KV_BACKENDS
 from qeval.config.setups import Setup
+from qeval.model.shape import LAYER_KINDS
 from qeval.model.stack import enable_hqq_cache
 
 #: transformers' layer types that cache tokens through K/V (the rest hold states or nothing)
@@ -178,9 +181,20 @@ def _layer_plan(config: Any) -> tuple[list[str], list[dict[str, Any]]]:
     return get_layer_types_and_kwargs(config.get_text_config(decoder=True))
 
 
+def _plan(config: Any, setup: Setup) -> list[tuple[str, dict[str, Any], bool]]:
+    """Each decoder layer's transformers type, init kwargs, and whether the setup quantizes its
+    K/V (a `kv_keep` layer, a state layer: not)."""
+    kinds, kwargs = _layer_plan(config)
+    kept = set(setup.kv_kept_layers(tuple(LAYER_KINDS.get(k, k) for k in kinds)))
+    return [
+        (k, kw, i not in kept and k in (_FULL, *_WINDOWED)) for i, (k, kw) in enumerate(zip(kinds, kwargs, strict=True))
+    ]
+
+
 def new_cache(config: Any, setup: Setup) -> Any:
     """A fresh cache for one batch: transformers' DynamicCache, or a quantized cache built per
-    layer type for a quantized KV setup (the module docstring)."""
+    layer type for a quantized KV setup (the module docstring); a layer the setup keeps
+    (`kv_keep`) is transformers' own unquantized layer, as DynamicCache builds it."""
     from transformers import DynamicCache
     from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache
 
@@ -188,17 +202,17 @@ def new_cache(config: Any, setup: Setup) -> Any:
         return DynamicCache(config=config)
     fp8 = KV_BACKENDS[setup.kv_cache][0] == "fp8"
     layers: list[Any] = []
-    for kind, kwargs in zip(*_layer_plan(config), strict=True):
-        if kind == _FULL:
+    for kind, kwargs, quantized in _plan(config, setup):
+        if not quantized:
+            layers.append(DYNAMIC_LAYER_TYPE_MAPPING[kind](**kwargs))
+        elif kind == _FULL:
             layers.append(_quantizer(config, setup))
-        elif kind in _WINDOWED:
+        else:
             layers.append(
                 QuantizedSlidingLayer(
                     kwargs["sliding_window"], _quantizer(config, setup), fp8, setup.kv_residual_length
                 )
             )
-        else:
-            layers.append(DYNAMIC_LAYER_TYPE_MAPPING[kind](**kwargs))
     return Cache(layers=layers)
 
 
@@ -244,8 +258,8 @@ def round_trip_cache(config: Any, setup: Setup) -> Any:
 
     full, windowed = round_tripping(DynamicLayer), round_tripping(DynamicSlidingWindowLayer)
     layers: list[Any] = []
-    for kind, kwargs in zip(*_layer_plan(config), strict=True):
-        if kind not in (_FULL, *_WINDOWED):
+    for kind, kwargs, quantized in _plan(config, setup):
+        if not quantized:
             layers.append(DYNAMIC_LAYER_TYPE_MAPPING[kind](**kwargs))
             continue
         q = _quantizer(config, setup)

@@ -201,6 +201,8 @@ def flags(args: dict[str, object]) -> list[str]:
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):
             out.append(flag if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, list):  # a list option (nargs="+"): its values after the flag
+            out += [flag, *map(str, value)]
         elif value is not None:
             out += [flag, str(value)]
     return out

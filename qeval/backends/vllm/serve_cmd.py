@@ -19,6 +19,7 @@ SHOWN = (
     "max_num_batched_tokens",
     "gpu_memory_utilization",
     "kv_cache_dtype",
+    "kv_cache_dtype_skip_layers",
     "quantization",
     "enable_prefix_caching",
     "revision",
@@ -39,6 +40,9 @@ def serve_command(args: dict[str, Any]) -> str:
                 parts.append(flag)
             continue
         if key == "dtype" and value == "auto":
+            continue
+        if isinstance(value, list):  # a list flag (nargs="+" in vLLM's argparse): one value after another
+            parts += [flag, *map(str, value)]
             continue
         parts += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
     return shlex.join(parts)

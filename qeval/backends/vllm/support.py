@@ -13,6 +13,7 @@ Setup -> `vllm.LLM(**engine_args)` (argument names as in vLLM 0.32's `EngineArgs
 | weights int4, method bnb      | quantization="bitsandbytes"                           | GPU only                   |
 | kv_cache fp8 / fp8_e5m2       | kv_cache_dtype="fp8" / "fp8_e5m2"                     | GPU; CPU, AVX-512 or AMX   |
 | kv_cache int8 / int4          | kv_cache_dtype="int8_per_token_head" / "int4_per_..." | GPU only                   |
+| kv_keep [layers or kinds]     | kv_cache_dtype_skip_layers=[kept layer indices]       | with the KV dtype above    |
 | engine tensor_parallel_size t | tensor_parallel_size=t, distributed_executor_backend= | GPU: t GPUs on one node    |
 |                               | "mp" (t > 1)                                          | (untested here: no GPUs)   |
 | engine pipeline_parallel_size | pipeline_parallel_size=p, distributed_executor_backend| GPU: t x p GPUs over nodes |
@@ -145,9 +146,11 @@ def engine_args(
     trust_remote_code: bool = False,
     pipeline_parallel_size: int = 1,
     revision: str | None = None,
+    layer_kinds: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """The keyword arguments for `vllm.LLM` that serve `setup` (see the module table). `revision`
-    is the model's hub revision; a checkpoint setup is pinned by its own `checkpoint_revision`."""
+    is the model's hub revision; a checkpoint setup is pinned by its own `checkpoint_revision`.
+    `layer_kinds`: each decoder layer's kind (ModelShape.kinds), where `kv_keep` names a kind."""
     args: dict[str, Any] = {
         "model": setup.checkpoint or model_path,
         "dtype": dtype,
@@ -176,7 +179,21 @@ def engine_args(
         args["quantization"] = "bitsandbytes"
     if setup.kv_cache != "auto":
         args["kv_cache_dtype"] = KV_DTYPES[setup.kv_cache]
+    if setup.kv_keep:
+        args["kv_cache_dtype_skip_layers"] = skip_layers(setup, layer_kinds or ())
     return args
+
+
+def skip_layers(setup: Setup, kinds: tuple[str, ...]) -> list[str]:
+    """`setup.kv_keep` as vLLM 0.32's `kv_cache_dtype_skip_layers` (vllm/config/cache.py: layer
+    indices, or the attention type "sliding_window"; model_executor/layers/attention/attention.py
+    compares `str(extract_layer_index(prefix))`): every kept layer by its index, which says
+    exactly what qeval's per-layer cache and memory plan keep (vLLM's type check would also catch
+    a layer qeval's `kinds` call full on a model with a model-wide window)."""
+    kept = setup.kv_kept_layers(kinds)
+    if not kept:  # the model's kinds unknown here: indices pass as given, a kind cannot be resolved
+        kept = tuple(int(k) for k in setup.kv_keep if k.isdigit())
+    return [str(i) for i in kept]
 
 
 def setup_engine_args(cfg: RunConfig, setup: Setup, device: str) -> dict[str, Any]:
@@ -198,7 +215,16 @@ def setup_engine_args(cfg: RunConfig, setup: Setup, device: str) -> dict[str, An
         trust_remote_code=cfg.model.trust_remote_code,
         pipeline_parallel_size=e.pipeline_parallel_size,
         revision=cfg.model.revision,
+        layer_kinds=model_kinds(cfg) if setup.kv_keep else None,
     )
+
+
+def model_kinds(cfg: RunConfig) -> tuple[str, ...]:
+    """Each decoder layer's kind, from the model's config.json (what `kv_keep`'s kinds resolve to)."""
+    from qeval.model.checkpoint import checkpoint_config
+    from qeval.model.shape import ModelShape
+
+    return ModelShape.from_config(checkpoint_config(cfg.model.path, cfg.model.revision)).kinds()
 
 
 def cache_accounting(device: str) -> VllmCache:
