@@ -96,9 +96,9 @@ def vllm_bf16_runs(vllm_demo: tuple[Path, str], tmp_path_factory: pytest.TempPat
     the performance phase, on AGREEMENT_TASKS (agreement_limit samples): {dtype: output folder}.
     The dtype `auto` resolves to is the demo's own run (vllm_demo: one engine start fewer), the
     other a run of its own. Where the CPU runs an FP8 KV cache, that run also serves a `kv-fp8`
-    setup (test_vllm_backend's FP8 check: its baseline is that run's bf16, in the same pool),
-    under the key "kv-fp8". test_openai_backend takes the float32 run as its in-process bf16
-    reference."""
+    setup and a `kv-fp8-keep0` one (layer 0 kept at the model's dtype; test_vllm_backend's FP8
+    check: their baseline is that run's bf16, in the same pool), under the key "kv-fp8".
+    test_openai_backend takes the float32 run as its in-process bf16 reference."""
     from qeval.backends.vllm.support import cpu_has_fp8
 
     demo, auto = vllm_demo
@@ -109,8 +109,10 @@ def vllm_bf16_runs(vllm_demo: tuple[Path, str], tmp_path_factory: pytest.TempPat
     text = re.sub(r"dtype: auto.*", f"dtype: {other}", text)
     setups = "bf16"
     if cpu_has_fp8():
-        text = text.replace("tasks: [", "  - {name: kv-fp8, kv_cache: fp8}\ntasks: [")
-        setups += ",kv-fp8"
+        # and per-layer KV precision: layer 0 kept at 16 bits (--kv-cache-dtype-skip-layers 0)
+        keep = "  - {name: kv-fp8-keep0, kv_cache: fp8, kv_keep: [0]}\n"
+        text = text.replace("tasks: [", f"  - {{name: kv-fp8, kv_cache: fp8}}\n{keep}tasks: [")
+        setups += ",kv-fp8,kv-fp8-keep0"
     cfg, out = tmp / f"vllm-{other}.yaml", tmp / f"vllm-{other}"
     cfg.write_text(text)
     res = run_cli(

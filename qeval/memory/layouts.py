@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from qeval.config.setups import Setup
-from qeval.memory.ledger import kv_bytes_per_layer_token
+from qeval.memory.ledger import kv_layer_bytes
 from qeval.model.shape import ModelShape
 
 #: bytes per element of the model's dtypes (state layers, the naive figure)
@@ -56,11 +56,17 @@ class KvRule(Protocol):
         ...
 
     def sequence(
-        self, shape: ModelShape, layer_token_bytes: int, context: int, dtype: str, quantized: bool = False
+        self,
+        shape: ModelShape,
+        layer_bytes: tuple[int, ...],
+        context: int,
+        dtype: str,
+        quantized: frozenset[int] = frozenset(),
     ) -> SequenceKV:
-        """One sequence at `context` tokens, from what one token costs in one attention layer
-        (memory.ledger.kv_bytes_per_layer_token: the KV dtype, quantization scales included).
-        `dtype` is the model's (state layers, the naive figure); `quantized`: a quantized KV cache."""
+        """One sequence at `context` tokens, from what one token costs in each decoder layer
+        (memory.ledger.kv_layer_bytes: the KV dtype, quantization scales included, a kept layer's
+        at the model's dtype). `dtype` is the model's (state layers, the naive figure);
+        `quantized`: the layers whose K/V is quantized (a `kv_keep` layer is not)."""
         ...
 
 
@@ -111,6 +117,8 @@ def naive_bytes(shape: ModelShape, dtype_bytes: float, context: int) -> int:
 def predict_sequence(shape: ModelShape, setup: Setup, model_dtype: str, context: int, rule: KvRule) -> SequenceKV:
     """One sequence of `setup` at `context` tokens under the engine's `rule`: KV per layer kind
     (the setup's KV dtype, scales included) and the state of state layers."""
-    return rule.sequence(
-        shape, kv_bytes_per_layer_token(shape, setup, model_dtype), context, model_dtype, setup.quantizes_kv
+    kept = set(setup.kv_kept_layers(shape.kinds()))
+    quantized = frozenset(
+        i for i, k in enumerate(shape.kinds()) if setup.quantizes_kv and k != "linear" and i not in kept
     )
+    return rule.sequence(shape, kv_layer_bytes(shape, setup, model_dtype), context, model_dtype, quantized)

@@ -66,7 +66,19 @@ def predict_kv_bytes_per_token(shape: ModelShape, setup: Setup, model_dtype: str
     each layer 2 (K and V) x KV heads x head_dim x bytes, or one latent vector for MLA, plus
     per-group scales when quantized. Where layers keep different spans of tokens (sliding
     windows, chunks) this is the cost below the shortest span: memory.layouts has the sequence."""
-    return kv_bytes_per_layer_token(shape, setup, model_dtype) * attention_layers(shape)
+    return sum(kv_layer_bytes(shape, setup, model_dtype))
+
+
+def kv_layer_bytes(shape: ModelShape, setup: Setup, model_dtype: str) -> tuple[int, ...]:
+    """What one token costs in each decoder layer (0 in a state layer): the setup's KV dtype, scales
+    included, and the model's dtype in a layer the setup keeps (`kv_keep`)."""
+    quantized = kv_bytes_per_layer_token(shape, setup, model_dtype)
+    kept = set(setup.kv_kept_layers(shape.kinds()))
+    if kept:  # the unquantized cache's figure, as the baseline's
+        plain = kv_bytes_per_layer_token(
+            shape, setup.model_copy(update={"kv_cache": "auto", "kv_keep": ()}), model_dtype
+        )
+    return tuple(0 if kind == "linear" else plain if i in kept else quantized for i, kind in enumerate(shape.kinds()))
 
 
 def attention_layers(shape: ModelShape) -> int:

@@ -326,3 +326,15 @@ def test_fp8_kv_cache_on_this_cpu(request: pytest.FixtureRequest, tmp_path: Path
     assert kv["kv_bytes_per_token"]["measured"] == pytest.approx(512, abs=2) == kv["kv_bytes_per_token"]["predicted"]
     ppl = setups["kv-fp8"]["vs_baseline"]["ppl"]
     assert ppl["kl"] > 1e-4 and not any("no_effect" in f for f in setups["kv-fp8"]["flags"])
+    # per-layer precision: layer 0 of 4 kept at 16 bits, the pool read from the engine's own log
+    # against the plan: 3 FP8 layers of 128 bytes a token and the kept one at the baseline's (896 in
+    # float32, 640 in bfloat16; the FP8 cache's 4 layers cost 512)
+    mixed = setups["kv-fp8-keep0"]
+    assert mixed["status"] == "ok" and mixed["quantization"]["engine_args"]["kv_cache_dtype_skip_layers"] == ["0"]
+    per_token = 512 + (bf16["kv_bytes_per_token"]["predicted"] - 512) // 4
+    mem = mixed["memory"]
+    assert mem["kv_bytes_per_token"]["predicted"] == per_token
+    assert mem["kv_bytes_per_token"]["measured"] == pytest.approx(per_token, rel=0.02)  # GiB to 0.01 in the log
+    tokens = kv["engine"]["kv_cache_tokens"] / mem["engine"]["kv_cache_tokens"]
+    assert tokens == pytest.approx(per_token / 512, rel=0.005) and not any("memory_gap" in f for f in mixed["flags"])
+    assert mixed["vs_baseline"]["ppl"]["kl"] > 0  # the other three layers still quantized

@@ -279,3 +279,37 @@ def test_an_untimed_cpu_engine_runs_inside_the_worker(monkeypatch: pytest.Monkey
     assert not engine_in_process("cpu", timed=False)
     monkeypatch.setenv(MULTIPROCESSING, "0")
     assert engine_in_process("cuda", timed=True)
+
+
+def test_kept_kv_layers_become_skip_layers_by_index() -> None:
+    """`kv_keep` (per-layer KV precision) reaches vLLM 0.32 as --kv-cache-dtype-skip-layers: every
+    kept layer by its index (a kind resolved against the model's layers), in the engine arguments,
+    the launched server's flags and the printed `vllm serve` line; a model with more than one
+    attention kind is refused in one line (its pool is not modelled), and the config refuses a
+    kv_keep without a quantized cache, or one that keeps every layer or names a layer it lacks."""
+    from qeval.backends.openai.support import flags
+    from qeval.backends.vllm.serve_cmd import serve_command
+    from qeval.model.shape import ModelShape
+
+    setup = Setup(name="k", kv_cache="fp8", kv_keep=(0, "31"))  # type: ignore[arg-type]
+    args = _args(setup, layer_kinds=("full",) * 32)
+    assert args["kv_cache_dtype"] == "fp8" and args["kv_cache_dtype_skip_layers"] == ["0", "31"]
+    assert "--kv-cache-dtype-skip-layers 0 31" in serve_command(args)
+    assert flags({"kv_cache_dtype_skip_layers": ["0", "31"]}) == ["--kv-cache-dtype-skip-layers", "0", "31"]
+    gemma = {"model_type": "gemma3_text", "num_hidden_layers": 12, "sliding_window": 512, "hidden_size": 640}
+    gemma |= {"num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "vocab_size": 1000}
+    gemma |= {"intermediate_size": 2048}
+    kinds = ModelShape.from_config(gemma).kinds()
+    by_kind = Setup(name="g", kv_cache="fp8", kv_keep=("full",))
+    assert vllm_support.skip_layers(by_kind, kinds) == ["5", "11"]  # Gemma 3: every 6th layer global
+    with pytest.raises(UserError, match="kv_keep on a model with full and sliding layers"):
+        vllm_support.validate_model(by_kind, gemma)
+    vllm_support.validate_model(setup, {**gemma, "model_type": "llama", "sliding_window": None})
+    assert "the model has 12 layers" in Setup(name="x", kv_cache="fp8", kv_keep=("12",)).kv_keep_problem(kinds)
+    assert "nothing would be quantized" in Setup(name="x", kv_cache="fp8", kv_keep=("full", "sliding")).kv_keep_problem(
+        kinds
+    )
+    assert "no chunked-attention layer" in Setup(name="x", kv_cache="fp8", kv_keep=("chunked",)).kv_keep_problem(kinds)
+    with pytest.raises(ValueError, match="kv_keep needs a quantized kv_cache"):
+        Setup(name="x", kv_keep=("0",))
+    assert Setup(name="a", kv_cache="fp8").id != setup.id

@@ -270,3 +270,63 @@ def test_a_quantized_cache_on_every_layout_holds_what_the_ledger_predicts(
     predicted = predict_sequence(shape, setup, "float32", context, HeldKv())
     # FP8's per-tensor scale is a 0-d tensor per stream: bookkeeping, not tokens (cache_storage_bytes)
     assert cache_storage_bytes(cache) == predicted.total, (model_type, predicted)
+
+
+# MLA: refused on hf; Qwen3-Next's 2-layer instance has one attention layer (keeping it keeps all: refused)
+@pytest.mark.parametrize("model_type", [m for m in TINY if m not in ("deepseek_v3", "qwen3_next")])
+@pytest.mark.parametrize("kv", ["int4", "fp8"])
+def test_a_cache_that_keeps_a_layer_is_the_baselines_there_and_the_ledgers_in_bytes(
+    model_type: str, kv: KVCache
+) -> None:
+    """Per-layer KV precision (`kv_keep`): the kept layer is transformers' own unquantized layer,
+    holding exactly the baseline's K/V; the other attention layers are the quantizer's, as in the
+    all-quantized cache; and the storage equals the ledger's prediction (the kept layer at the
+    model's dtype), past the 16-token windows."""
+    import torch
+    from transformers.cache_utils import DynamicCache
+
+    from qeval.backends.hf.kv_cache import new_cache
+    from qeval.memory.ledger import cache_storage_bytes, predict_kv_bytes_per_token
+
+    config, model = _tiny(model_type)
+    shape = ModelShape.from_config(config.to_dict())
+    first = next(i for i, k in enumerate(shape.kinds()) if k != "linear")
+    setup = Setup(name="k", weights="fp32", kv_cache=kv, kv_keep=(str(first),))
+    every = Setup(name="q", weights="fp32", kv_cache=kv)
+    assert setup.kv_keep_problem(shape.kinds()) == ""
+    ids = torch.randint(0, 128, (1, 39))
+    caches = {"kept": new_cache(config, setup), "base": DynamicCache(config=config), "all": new_cache(config, every)}
+    with torch.no_grad():
+        for cache in caches.values():
+            out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+            model(input_ids=out.logits[:, -1:].argmax(-1), past_key_values=cache, use_cache=True)
+    kept, base, quantized = (caches[k].layers for k in ("kept", "base", "all"))
+    assert type(kept[first]) is type(base[first]) and torch.equal(kept[first].keys, base[first].keys)
+    assert torch.equal(kept[first].values, base[first].values)
+    others = [i for i in range(len(kept)) if i != first]
+    assert [type(kept[i]) for i in others] == [type(quantized[i]) for i in others]
+    predicted = predict_sequence(shape, setup, "float32", 40, HeldKv())
+    assert cache_storage_bytes(caches["kept"]) == predicted.total, (model_type, predicted)
+    # a kept layer costs what the baseline's does, the rest what the quantized cache's do
+    per_token = predict_kv_bytes_per_token(shape, setup, "float32")
+    plain, q = (predict_kv_bytes_per_token(shape, s, "float32") for s in (Setup(name="b", weights="fp32"), every))
+    layers = sum(1 for k in shape.kinds() if k != "linear")
+    assert per_token == plain // layers + q // layers * (layers - 1)
+
+
+def test_vllm_pools_kept_full_attention_layers_in_one_group() -> None:
+    """vLLM 0.32 with kept layers on an all-full-attention model: one group, each layer's page at
+    its own dtype, so a sequence costs the layers' bytes per token summed, in blocks of 128 on this
+    CPU build; on a GPU the block is raised until the FP8 page covers a kept layer's 16-token page
+    (Platform._align_heterogeneous_kv_block_size: 16 -> 32)."""
+    shape = ModelShape.from_config(
+        json.loads((DATA / "mistral-7b-v0.1-config.json").read_text()) | {"sliding_window": None}
+    )
+    assert set(shape.kinds()) == {"full"}
+    setup = Setup(name="k", weights="bf16", kv_cache="fp8", kv_keep=("0", "31"))
+    cpu = predict_sequence(shape, setup, "bfloat16", 1000, PagedKv(VLLM_QEVAL_CPU))
+    per_token = 2 * 8 * 128 * (2 * 2 + 30 * 1)  # K and V, 8 KV heads of 128: two layers bf16, 30 fp8
+    assert cpu.total == per_token * 1024 and cpu.block_bytes == per_token * 128  # 8 blocks of 128
+    gpu = predict_sequence(shape, setup, "bfloat16", 1000, PagedKv(VLLM_SERVE_GPU))
+    assert gpu.total == per_token * 1024 and gpu.block_bytes == per_token * 32  # 32 blocks of 32
+    assert predict_sequence(shape, setup, "bfloat16", 1000, HeldKv()).total == per_token * 1000

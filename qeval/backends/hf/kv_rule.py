@@ -33,6 +33,12 @@ def linear_state_bytes(shape: ModelShape, dtype: str) -> int:
     return conv_dim(shape) * kernel * DTYPE_BYTES[dtype] + recurrent_elements(shape) * 4
 
 
+def _held(shape: ModelShape, kind: str, context: int, span: int) -> int:
+    """Tokens one layer of `kind` holds at `context`; `span` 1: a quantized windowed layer's W - 1."""
+    window = {"sliding": shape.sliding_window, "chunked": shape.attention_chunk_size}.get(kind)
+    return context if window is None else min(context, window - span)
+
+
 @dataclass(frozen=True)
 class HeldKv:
     """transformers' rule (the module docstring): the tokens each cache layer holds."""
@@ -40,17 +46,22 @@ class HeldKv:
     engine: str = "hf"
 
     def sequence(
-        self, shape: ModelShape, layer_token_bytes: int, context: int, dtype: str, quantized: bool = False
+        self,
+        shape: ModelShape,
+        layer_bytes: tuple[int, ...],
+        context: int,
+        dtype: str,
+        quantized: frozenset[int] = frozenset(),
     ) -> SequenceKV:
-        """One sequence at `context` tokens; `quantized`: windowed layers keep W - 1 tokens of
-        their own storage (qeval's QuantizedSlidingLayer), not a slice of the last update's W."""
+        """One sequence at `context` tokens, each layer at its own bytes per token; a quantized
+        windowed layer (in `quantized`) keeps W - 1 tokens of its own storage (qeval's
+        QuantizedSlidingLayer), not a slice of the last update's W (a layer `kv_keep` keeps is
+        transformers' own: the slice)."""
         counts = layer_counts(shape)
-        span = 1 if quantized else 0
-        held = {
-            "full": context,
-            "sliding": min(context, (shape.sliding_window or context + span) - span),
-            "chunked": min(context, (shape.attention_chunk_size or context + span) - span),
-        }
-        kept = {attention_kind(shape, k): n * layer_token_bytes * held[k] for k, n in counts.items() if k != "linear"}
+        kept: dict[str, int] = {}
+        for i, (kind, per_token) in enumerate(zip(shape.kinds(), layer_bytes, strict=True)):
+            if kind != "linear":
+                k = attention_kind(shape, kind)
+                kept[k] = kept.get(k, 0) + per_token * _held(shape, kind, context, 1 if i in quantized else 0)
         state = counts.get("linear", 0) * linear_state_bytes(shape, dtype) if "linear" in counts else 0
         return SequenceKV(self.engine, context, kept, state, naive_bytes(shape, DTYPE_BYTES[dtype], context))

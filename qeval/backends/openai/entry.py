@@ -16,6 +16,7 @@ from qeval.backends.openai.support import (
     worker_python,
 )
 from qeval.backends.vllm.serve import VllmServing
+from qeval.backends.vllm.support import validate_model
 
 if TYPE_CHECKING:
     from qeval.backends.base import Backend
@@ -39,6 +40,7 @@ BACKEND = BackendEntry(
     serves_checkpoints=True,
     validate_tasks=validate_tasks,
     validate_served=validate_served,
+    validate_model=validate_model,
     kv_accounting=kv_accounting,
     # a launched vLLM server: `qeval goodput` starts its own; an attached one or a command is not vLLM's to tune
     serving=VllmServing(lambda cfg: cfg.server is None or (cfg.server.mode == "launch" and cfg.server.command is None)),

@@ -10,7 +10,13 @@ from qeval.backends import BackendEntry
 from qeval.backends.vllm.install import check_install, worker_python
 from qeval.backends.vllm.kv_rule import PagedKv, plan_rule
 from qeval.backends.vllm.serve import VllmServing
-from qeval.backends.vllm.support import cache_accounting, distributed_backend, validate, validate_engine
+from qeval.backends.vllm.support import (
+    cache_accounting,
+    distributed_backend,
+    validate,
+    validate_engine,
+    validate_model,
+)
 
 if TYPE_CHECKING:
     from qeval.backends.base import Backend
@@ -46,5 +52,6 @@ BACKEND = BackendEntry(
     serving=VllmServing(),
     control_fields=frozenset({"max_num_seqs"}),
     validate_served=validate_engine,
+    validate_model=validate_model,
     batch_invariant_mode=True,
 )

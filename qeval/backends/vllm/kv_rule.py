@@ -54,11 +54,17 @@ class VllmCache:
     #: without AMX the reference CPU_MLA backend, whose decode kernel only compiles for 16, so
     #: block_size=16 is forced, a user's choice overridden (`cache_accounting` sets it)
     mla_block_size: int | None = None
+    #: whether the platform raises the block size where kept (`kv_keep`) layers share the pool
+    #: with quantized ones (Platform._align_heterogeneous_kv_block_size: the GPU platforms; the
+    #: CPU build's update_block_size_for_backend aligns hybrid state models only)
+    aligns_kept_layers: bool = False
 
 
 #: vLLM as `qeval plan` assumes it serves on a GPU: `vllm serve`'s defaults (block 16, 2,048
 #: batched tokens, prefix caching on: two state pages per linear-attention group)
-VLLM_SERVE_GPU = VllmCache(block_size=16, in_flight_tokens=2048, state_pages=2, kernel_block=16)
+VLLM_SERVE_GPU = VllmCache(
+    block_size=16, in_flight_tokens=2048, state_pages=2, kernel_block=16, aligns_kept_layers=True
+)
 #: vLLM as qeval's vllm backend runs it on this CPU build: the LLM class, prefix caching off
 VLLM_QEVAL_CPU = VllmCache(block_size=128, in_flight_tokens=4096, state_pages=1, kernel_block=128)
 
@@ -104,9 +110,18 @@ class PagedKv:
         }
 
     def sequence(
-        self, shape: ModelShape, layer_token_bytes: int, context: int, dtype: str, quantized: bool = False
+        self,
+        shape: ModelShape,
+        layer_bytes: tuple[int, ...],
+        context: int,
+        dtype: str,
+        quantized: frozenset[int] = frozenset(),
     ) -> SequenceKV:
         """One sequence at `context` tokens in vLLM's paged blocks, padding slots included."""
+        attention = sorted({b for k, b in zip(shape.kinds(), layer_bytes, strict=True) if k != "linear"})
+        if len(attention) > 1:  # layers kept at 16 bits beside quantized ones (`kv_keep`)
+            return self._mixed(shape, layer_bytes, context, dtype)
+        layer_token_bytes = attention[0] if attention else 0
         counts = layer_counts(shape)
         state_one = linear_state_bytes(shape, dtype, self.cache.state_dtype) if "linear" in counts else 0
         bs = self._block_size(shape, layer_token_bytes, state_one, "linear" in counts)
@@ -124,10 +139,44 @@ class PagedKv:
         naive = naive_bytes(shape, DTYPE_BYTES[dtype], context)
         return SequenceKV(self.engine, context, by_kind, state, naive, width * page)
 
+    def _mixed(self, shape: ModelShape, layer_bytes: tuple[int, ...], context: int, dtype: str) -> SequenceKV:
+        """Quantized and kept layers of one attention kind (every layer full attention): vLLM
+        0.32 puts them in one group (kv_cache_utils.UniformTypeKVCacheSpecs: the same token slots
+        in every layer, each layer's page at its own dtype), so a block of `bs` tokens costs every
+        layer's bytes per token times bs. Measured on the CPU build (an FP8 cache, layer 0 kept on a
+        4-layer model): 679,808 pool tokens against 850,560 with none kept, 640 / 512 bytes per token
+        to 0.01%. Several kinds (a sliding model) pad pages across kinds and dtypes, which qeval
+        does not model: validate_model refuses `kv_keep` there before any engine starts."""
+        kinds = set(shape.kinds())
+        if len(kinds) != 1:
+            raise ValueError(f"kv_keep on a model with layers of kinds {sorted(kinds)}: vLLM's pool is not modelled")
+        kind = next(iter(kinds))
+        bs = (
+            self.cache.mla_block_size
+            if shape.kv_lora_rank is not None and self.cache.mla_block_size
+            else self.cache.block_size
+        )
+        primary, kept = min(layer_bytes), max(layer_bytes)
+        if self.cache.aligns_kept_layers and kept > primary:
+            # Platform._align_heterogeneous_kv_block_size: the quantized page must cover a kept
+            # layer's page at the smallest kernel block
+            align = max(self.cache.kernel_block, bs)
+            bs = max(bs, align * cdiv(kept * self.cache.kernel_block, align * primary))
+        block = sum(layer_bytes) * bs
+        need = block * self._blocks(shape, context, bs)[kind]
+        naive = naive_bytes(shape, DTYPE_BYTES[dtype], context)
+        return SequenceKV(self.engine, context, {attention_kind(shape, kind): need}, 0, naive, block)
+
 
 def plan_rule(block_size: int, in_flight_tokens: int) -> PagedKv:
     """vLLM as `qeval plan` assumes it serves on a GPU: `vllm serve` with prefix caching on (two
     state pages per linear-attention group), at the block size and tokens in flight given."""
     return PagedKv(
-        VllmCache(block_size=block_size, in_flight_tokens=in_flight_tokens, state_pages=2, kernel_block=block_size)
+        VllmCache(
+            block_size=block_size,
+            in_flight_tokens=in_flight_tokens,
+            state_pages=2,
+            kernel_block=block_size,
+            aligns_kept_layers=True,
+        )
     )

@@ -88,6 +88,24 @@ def validate(setup: Setup, device: str) -> None:
         _validate_weights(setup, device, where)
 
 
+def validate_model(setup: Setup, config: dict[str, Any]) -> None:
+    """One line for a `kv_keep` setup on a model with more than one attention kind (Gemma 3's
+    sliding and global layers): vLLM 0.32 serves it (--kv-cache-dtype-skip-layers), but pads pages
+    across kinds and KV dtypes in ways qeval's memory plan does not model, and every figure qeval
+    reports must be one it can stand behind (kv_rule.py `PagedKv._mixed`)."""
+    if not setup.kv_keep:
+        return
+    from qeval.model.shape import ModelShape
+
+    kinds = sorted(set(ModelShape.from_config(config).kinds()))
+    if len(kinds) > 1:
+        raise UserError(
+            f"setup {setup.name!r} on vllm: kv_keep on a model with {' and '.join(kinds)} layers: vLLM's "
+            "pool for mixed KV precision across layer kinds is not modelled by qeval; score it on the hf "
+            "backend (its `vllm serve` flags are in the report)"
+        )
+
+
 def validate_engine(cfg: RunConfig, setup: Setup, device: str) -> None:
     """One line for engine settings vLLM cannot honour on `device`: batch-invariant mode on the CPU
     build (vLLM 0.32 initialises its batch-invariant kernels in the GPU worker only, and the CPU
