@@ -68,7 +68,18 @@ BudgetOpt = Annotated[
     typer.Option(help="average bits per decoder-linear weight (4.5bpw) or memory at the budget's context (350MiB)"),
 ]
 TargetOpt = Annotated[
-    str | None, typer.Option(help="the setup to lower (default: the config's first int4, else int8, quanto setup)")
+    str | None,
+    typer.Option(
+        help="the setup to lower (default: the config's first int4, else int8, quanto setup; with --kl-target "
+        "its first quantized-KV setup)"
+    ),
+]
+KlTargetOpt = Annotated[
+    float | None,
+    typer.Option(
+        help="the KV advisor: the cheapest per-layer KV assignment whose calibration KL stays within this "
+        "(docs/advisor.md, 'Which layers' KV cache to quantize')"
+    ),
 ]
 TextOpt = Annotated[
     Path | None,
@@ -306,15 +317,19 @@ def advise(
     seed: Annotated[int | None, typer.Option(help="seed of the random mixes [default: 0]")] = None,
     unions: UnionsOpt = None,
     output: AdviceOutputOpt = None,
+    kl_target: KlTargetOpt = None,
 ) -> None:
     """Which layers to keep at the model's dtype: per-unit sensitivity, a search under the budget,
-    and the advised setup with its `keep:` list (docs/advisor.md). A config with an `advise:`
-    block gives the defaults of every option (--budget included); an option given overrides it."""
+    and the advised setup with its `keep:` list (docs/advisor.md); with --kl-target, which layers'
+    KV cache to keep (`kv_keep:`). A config with an `advise:` block gives the defaults of every
+    option (--budget included); an option given overrides it."""
     from qeval.advise.advisor import advise as run_advisor
     from qeval.advise.output import setup_snippet, write
     from qeval.run.advise_command import AdviseRequest, advise_plan
 
-    request = AdviseRequest(config, budget, target, text, calib_docs, heldout_docs, random_draws, seed, unions, output)
+    request = AdviseRequest(
+        config, budget, target, text, calib_docs, heldout_docs, random_draws, seed, unions, output, kl_target
+    )
     try:
         cfg, opts, advice_path = advise_plan(request)
         advice = run_advisor(cfg, config, opts, log=lambda m: print(m, file=sys.stderr))

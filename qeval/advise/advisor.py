@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,10 @@ from typing import Any
 import numpy as np
 
 from qeval.advise.calibration import Slice, make_slice, read_texts
+from qeval.advise.kv import KvProbe, cheapest_order, kv_plan, kv_unions, kv_units
 from qeval.advise.search import choose
-from qeval.advise.sensitivity import ADVISOR_BACKEND, Probe
-from qeval.advise.target import Options, allowance_of, budget_problem, pick_target
+from qeval.advise.sensitivity import ADVISOR_BACKEND, Probe, Scorer
+from qeval.advise.target import Options, allowance_of, budget_problem, kv_target, pick_target
 from qeval.advise.units import Unit, cells, unions
 from qeval.analysis.stats import t_interval
 from qeval.backends import backend_entry
@@ -23,7 +25,7 @@ from qeval.backends.device import resolve_device, resolve_precision
 from qeval.config import RunConfig
 from qeval.config.setups import Setup
 from qeval.errors import UserError
-from qeval.memory.ledger import predict_weights_bytes
+from qeval.memory.ledger import predict_kv_bytes_per_token, predict_weights_bytes
 from qeval.model.shape import ModelShape
 from qeval.model.source import resolve_model
 from qeval.results.advice import (
@@ -33,6 +35,7 @@ from qeval.results.advice import (
     AdviceTiming,
     AdviceUnit,
     HeldoutMix,
+    KvPlanRow,
     RandomDraw,
     VersusRandom,
 )
@@ -46,13 +49,17 @@ def _weighted(per_doc: np.ndarray, docs: list[list[int]]) -> float:
 def advise(cfg: RunConfig, config_path: Path, opts: Options, log: Any = print, dtype: str | None = None) -> Advice:
     """Run the advisor on `cfg` (checked input: UserError for what is wrong). `dtype`: model.dtype
     as the run resolved it (its advise job's); None (`qeval advise`): resolved here."""
-    target = pick_target(cfg, opts.target)
+    target = kv_target(cfg, opts.target) if opts.kv else pick_target(cfg, opts.target)
     source = resolve_model(cfg.model.path, cfg.model.revision)
     device = resolve_device(cfg.device)
     dtype = dtype or resolve_precision(cfg.model.dtype, source.config, device).dtype  # cfg keeps what was asked
     shape = ModelShape.from_config(source.config)
-    cell_units = cells(shape, target, dtype)
-    allowance, budget_bytes, basis = _allowance(cfg, opts, shape, target, dtype, cell_units)
+    cell_units = kv_units(shape, target, dtype) if opts.kv else cells(shape, target, dtype)
+    if opts.kv:  # no byte budget: the cheapest assignment within the KL target
+        allowance, budget_bytes = sum(u.extra_bytes for u in cell_units), 0
+        basis = f"the cheapest per-layer KV assignment whose calibration KL is at most {opts.kl_target:g}"
+    else:
+        allowance, budget_bytes, basis = _allowance(cfg, opts, shape, target, dtype, cell_units)
     label, texts = read_texts(cfg, opts.text)
 
     t0 = time.perf_counter()
@@ -66,18 +73,22 @@ def advise(cfg: RunConfig, config_path: Path, opts: Options, log: Any = print, d
         f"advise: {len(cell_units)} cells, calibration {sl.calib_tokens} tokens in {len(sl.calib)} documents "
         f"of {label}; target {target.name}"
     )
-    sens = _sensitivity(probe, sl.calib, cell_units, opts.unions, log)
-    search, kept_units, advised = _search(probe, sl.calib, sens, cell_units, allowance, target, opts)
+    sens = _sensitivity(probe, sl.calib, cell_units, opts.unions, log, kv_unions if opts.kv else unions)
+    if opts.kv:
+        search, kept_units, advised = _kv_search(probe, sl.calib, sens, cell_units, allowance, target, opts)
+    else:
+        search, kept_units, advised = _search(probe, sl.calib, sens, cell_units, allowance, target, opts)
     mixes, versus = _verify(probe, sl.heldout, cell_units, kept_units, advised, target, shape, dtype, opts, log)
     timing = sens.timing(load_s, time.perf_counter() - t0)
     backend.close()
+    plan, line = _kv_memory(cfg, shape, target, advised, dtype) if opts.kv else ([], None)
     return Advice(
         config=str(config_path),
         model=cfg.model.path,
         dtype=dtype,
         device=device,
         target=target,
-        budget=str(opts.budget),
+        budget=str(opts.budget) if opts.budget is not None else f"KL at most {opts.kl_target:g}",
         budget_bytes=budget_bytes,
         budget_basis=basis,
         calibration=AdviceCalibration(
@@ -90,7 +101,25 @@ def advise(cfg: RunConfig, config_path: Path, opts: Options, log: Any = print, d
         mixes=mixes,
         versus_random=versus,
         timing=timing,
+        kv_plan=plan,
+        serve_line=line,
     )
+
+
+def _kv_memory(
+    cfg: RunConfig, shape: ModelShape, target: Setup, advised: Setup, dtype: str
+) -> tuple[list[KvPlanRow], str | None]:
+    """The KV advice's memory beside the baseline's and every uniform KV setup of the config, and
+    the `vllm serve` line that serves it (vLLM's translation: --kv-cache-dtype-skip-layers)."""
+    uniform = [s for s in cfg.setups if s.quantizes_kv and not s.quantizes_weights and not s.kv_keep and not s.control]
+    base = Setup(name=cfg.baseline.name, baseline=True)
+    setups = [base, *uniform, advised] if target in uniform else [base, target, *uniform, advised]
+    vllm = backend_entry("vllm")
+    try:  # a KV dtype vLLM has no cache for (int2) has no line
+        vllm.validate_setup(advised, "cuda")
+    except UserError:
+        return kv_plan(cfg, shape, setups, dtype), None
+    return kv_plan(cfg, shape, setups, dtype), vllm.serving.serve_line(cfg, advised) if vllm.serving else None
 
 
 def _allowance(
@@ -98,6 +127,8 @@ def _allowance(
 ) -> tuple[int, int, str]:
     """The budget's allowance in bytes over the target, its bytes and basis; a UserError where
     the budget cannot be met or is no budget at all (advise/target.py `budget_problem`)."""
+    if opts.budget is None:
+        raise UserError("--budget is required: e.g. --budget 4.5bpw or --budget 350MiB")
     allowance, budget_bytes, basis = allowance_of(opts.budget, shape, target, dtype, cfg.budget.context_len)
     problem = budget_problem(
         opts.budget,
@@ -120,17 +151,21 @@ def _prepare(
     cell_units: list[Unit],
     label: str,
     texts: list[str],
-) -> tuple[Slice, Probe]:
+) -> tuple[Slice, Scorer]:
     """The calibration and held-out documents, tokenized, and the probe over the loaded model's
     units (`backend`: the loaded HF backend, its `model` and `tok`); a UserError where the model
     has not the layer names the advisor knows."""
     names = [m for u in cell_units for m in u.modules]
-    missing = [m for m in names if m not in dict(backend.model.named_modules())]
-    if missing:
-        raise UserError(f"the model has no module {missing[0]}: the advisor knows Llama-family layer names only")
     sl = make_slice(
         label, texts, backend.tok, n_calib=opts.calib_docs, n_heldout=opts.heldout_docs, max_len=cfg.model.max_context
     )
+    if opts.kv:  # the layers' KV cache, through the backend's own per-layer cache
+        cache_for = backend_entry(ADVISOR_BACKEND).kv_cache_for
+        assert cache_for is not None  # the advisor's backend builds per-layer caches
+        return sl, KvProbe(backend.model, target, names, cache_for, batch_size=cfg.batch_size)
+    missing = [m for m in names if m not in dict(backend.model.named_modules())]
+    if missing:
+        raise UserError(f"the model has no module {missing[0]}: the advisor knows Llama-family layer names only")
     return sl, Probe(backend.model, target, names, batch_size=cfg.batch_size)
 
 
@@ -158,7 +193,12 @@ class _Sensitivity:
 
 
 def _sensitivity(
-    probe: Probe, calib: list[list[int]], cell_units: list[Unit], with_unions: bool, log: Any
+    probe: Scorer,
+    calib: list[list[int]],
+    cell_units: list[Unit],
+    with_unions: bool,
+    log: Any,
+    unions_of: Callable[[list[Unit]], list[Unit]] = unions,
 ) -> _Sensitivity:
     """Each unit's KL from the baseline kept alone (cost) and what keeping it saves the uniform
     setup (gain), on the calibration documents."""
@@ -168,7 +208,7 @@ def _sensitivity(
     everything = {m for u in cell_units for m in u.modules}
     uniform = _weighted(probe.kl(calib, everything), calib)
     rows = []
-    for n, u in enumerate(cell_units + (unions(cell_units) if with_unions else [])):
+    for n, u in enumerate(cell_units + (unions_of(cell_units) if with_unions else [])):
         if n and n % 10 == 0:
             log(f"advise: {n} units measured, {time.perf_counter() - t1:.0f} s")
         cost = _weighted(probe.kl(calib, set(u.modules)), calib)
@@ -182,7 +222,7 @@ def _sensitivity(
 
 
 def _search(
-    probe: Probe,
+    probe: Scorer,
     calib: list[list[int]],
     sens: _Sensitivity,
     cell_units: list[Unit],
@@ -218,8 +258,53 @@ def _search(
     return search, kept_units, advised
 
 
+def _kv_search(
+    probe: Scorer,
+    calib: list[list[int]],
+    sens: _Sensitivity,
+    cell_units: list[Unit],
+    allowance: int,
+    target: Setup,
+    opts: Options,
+) -> tuple[AdviceSearch, list[Unit], Setup]:
+    """The cheapest layers to keep for the KV cache's KL to stay within the target: as many as the
+    gains predict, then, measured as a whole on the calibration slice, one more at a time while
+    it is not (at most every layer but one: keeping all is the baseline's cache)."""
+    assert opts.kl_target is not None
+    rows = sens.rows[: len(cell_units)]
+    choice = cheapest_order([r.gain_kl for r in rows], [r.extra_bytes for r in rows], sens.uniform, opts.kl_target)
+    everything = {m for u in cell_units for m in u.modules}
+    most = min(len(choice.order), len(cell_units) - 1)
+
+    def measured(n: int) -> float:
+        kept = {m for i in choice.order[:n] for m in cell_units[i].modules}
+        return _weighted(probe.kl(calib, everything - kept), calib)
+
+    n = min(choice.kept, most)
+    kl = measured(n)
+    while kl > opts.kl_target and n < most:
+        n += 1
+        kl = measured(n)
+    kept_units = sorted((cell_units[i] for i in choice.order[:n]), key=lambda u: u.layer or 0)
+    name = opts.name or f"{target.name}-advised"
+    fields = {"name": name, "baseline": False, "optional": False, "kv_keep": tuple(str(u.layer) for u in kept_units)}
+    advised = Setup.model_validate(target.model_dump() | fields)
+    gain = sum(rows[i].gain_kl for i in choice.order[:n])
+    search = AdviceSearch(
+        method="greedy on KL gained per byte, to the KL target",
+        allowance_bytes=allowance,
+        extra_bytes=sum(u.extra_bytes for u in kept_units),
+        kept=[u.name for u in kept_units],
+        predicted_gain_kl=gain,
+        predicted_kl=sens.uniform - gain,
+        measured_calib_kl=kl,
+        kl_target=opts.kl_target,
+    )
+    return search, kept_units, advised
+
+
 def _verify(
-    probe: Probe,
+    probe: Scorer,
     heldout: list[list[int]],
     cell_units: list[Unit],
     kept: list[Unit],
@@ -239,12 +324,16 @@ def _verify(
 
     def mix(name: str, units: list[Unit]) -> HeldoutMix:
         modules = {m for u in units for m in u.modules}
-        setup = advised.model_copy(update={"keep": tuple(p for u in units for p in u.keep_patterns())})
+        if opts.kv:
+            setup = advised.model_copy(update={"kv_keep": tuple(sorted(modules, key=int))})
+        else:
+            setup = advised.model_copy(update={"keep": tuple(p for u in units for p in u.keep_patterns())})
         per_doc = probe.kl(heldout, everything - modules)
         return HeldoutMix(
             name=name,
             kept=[u.name for u in units],
             weights_bytes=predict_weights_bytes(shape, setup, dtype),
+            kv_bytes_per_token=predict_kv_bytes_per_token(shape, setup, dtype) if opts.kv else None,
             heldout_kl=_weighted(per_doc, heldout),
             per_doc=[float(x) for x in per_doc],
         )
@@ -263,7 +352,8 @@ def _draws(cell_units: list[Unit], kept: list[Unit], opts: Options) -> list[list
     """`opts.random_draws` random mixes of as many attention and MLP cells as `kept` (seeded),
     distinct, none equal to the advisor's own; none where nothing is kept."""
     rng = random.Random(opts.seed)
-    by_kind = {k: [u for u in cell_units if u.kind == k] for k in ("attn", "mlp")}
+    # attention and MLP cells for weights; each attention kind's layers for the KV cache
+    by_kind = {k: [u for u in cell_units if u.kind == k] for k in dict.fromkeys(u.kind for u in cell_units)}
     counts = {k: sum(1 for u in kept if u.kind == k) for k in by_kind}
     chosen = {u.name for u in kept}
     draws: list[list[Unit]] = []

@@ -20,7 +20,10 @@ from qeval.results.advice import Advice, AdviceUnit
 def setup_snippet(advice: Advice) -> str:
     """The advised setup as the YAML to paste under a config's `setups:`."""
     setup = advice.model_dump(mode="json", include={"setup"})["setup"]
-    setup["keep"] = list(setup.get("keep", []))
+    if not advice.setup.kv_keep:  # the weight advice: its keep list, even where empty
+        setup["keep"] = list(setup.get("keep", []))
+    else:
+        setup["kv_keep"] = [int(x) if x.isdigit() else x for x in advice.setup.kv_keep]
     return yaml.safe_dump([setup], sort_keys=False, default_flow_style=None, width=100)
 
 
@@ -31,11 +34,16 @@ def _kl(x: float) -> str:
 def markdown(advice: Advice) -> str:
     """advice.md."""
     c = advice.calibration
+    kv = advice.search.kl_target is not None
     lines = [
-        f"# Mixed-precision advice: {advice.target.name}",
+        f"# {'Per-layer KV' if kv else 'Mixed-precision'} advice: {advice.target.name}",
         "",
-        f"Model `{advice.model}` in {advice.dtype} on {advice.device}; budget {advice.budget} "
-        f"({advice.budget_bytes:,} bytes: {advice.budget_basis}).",
+        f"Model `{advice.model}` in {advice.dtype} on {advice.device}; "
+        + (
+            f"{advice.budget_basis}."
+            if kv
+            else f"budget {advice.budget} ({advice.budget_bytes:,} bytes: {advice.budget_basis})."
+        ),
         "",
         f"Calibration: {c.tokens} tokens in {c.documents} documents of {c.source}; KL(baseline || "
         f"candidate) on the baseline's top-{c.top_k} ids plus a tail bucket, mean per token.",
@@ -45,14 +53,15 @@ def markdown(advice: Advice) -> str:
         "## Sensitivity",
         "",
         "cost: KL with only this unit quantized; gain: KL recovered with only this unit kept at "
-        f"{advice.dtype} in an otherwise quantized model; bytes: what keeping it adds.",
+        f"{advice.dtype} in an otherwise quantized model; bytes: what keeping it adds"
+        + (" per token of KV cache." if kv else "."),
         "",
     ]
     lines += md_table(
-        ["unit", "bytes kept", "cost (KL)", "gain (KL)", "gain per MiB"],
+        ["unit" if not kv else "unit (kind)", "bytes kept", "cost (KL)", "gain (KL)", "gain per MiB"],
         [
             [
-                r.unit,
+                f"{r.unit} ({r.kind})" if kv and r.layer is not None else r.unit,
                 f"{r.extra_bytes:,}",
                 _kl(r.cost_kl),
                 _kl(r.gain_kl),
@@ -61,7 +70,48 @@ def markdown(advice: Advice) -> str:
             for r in advice.rows
         ],
     )
-    return "\n".join(lines + _chosen_lines(advice) + _heldout_lines(advice) + _cost_lines(advice))
+    chosen = _kv_chosen_lines(advice) if kv else _chosen_lines(advice)
+    return "\n".join(lines + chosen + _heldout_lines(advice) + _cost_lines(advice))
+
+
+def _kv_chosen_lines(advice: Advice) -> list[str]:
+    """advice.md's chosen KV assignment: what the search kept, the setup's YAML, its memory beside
+    the uniform caches' and the `vllm serve` line that serves it."""
+    s = advice.search
+    lines = [
+        "",
+        "## Chosen assignment",
+        "",
+        f"Kept at {advice.dtype}: {', '.join(s.kept) or 'no layer'} (+{s.extra_bytes:,} bytes per token). "
+        f"KL target {s.kl_target:g}: predicted {_kl(s.predicted_kl)} (gains added), measured on the "
+        f"calibration slice {_kl(s.measured_calib_kl)}"
+        + (
+            ""
+            if s.kl_target is None or s.measured_calib_kl <= s.kl_target
+            else " (above the target: every layer but one kept)"
+        )
+        + f"; the uniform {advice.target.name} cache {_kl(advice.uniform_kl)}.",
+        "",
+        "```yaml",
+        setup_snippet(advice).rstrip(),
+        "```",
+        "",
+    ]
+    if advice.kv_plan:
+        contexts = sorted(advice.kv_plan[0].sequence_bytes)
+        lines += md_table(
+            ["setup", "KV", "kept", "bytes per token", *(f"sequences at {c:,}" for c in contexts), "accounting"],
+            [
+                [r.setup, r.kv_cache, ", ".join(r.kv_keep) or "-", f"{r.kv_bytes_per_token:,}"]
+                + [f"{r.sequences[c]:,.1f}" for c in contexts]
+                + [r.engine]
+                for r in advice.kv_plan
+            ],
+        )
+        lines += ["", "Sequences: what the config's budget holds of the KV cache at that context.", ""]
+    if advice.serve_line:
+        lines += ["Served on vLLM (0.32):", "", "```", advice.serve_line, "```", ""]
+    return lines
 
 
 def _chosen_lines(advice: Advice) -> list[str]:
@@ -92,12 +142,18 @@ def _heldout_lines(advice: Advice) -> list[str]:
             "## Held-out check",
             "",
             f"{c.heldout_documents} documents the search never saw; the random mixes keep as many "
-            "attention and MLP cells (the same bytes), drawn at random.",
+            "units of each kind (attention and MLP cells, or each attention kind's layers: the same bytes), "
+            "drawn at random.",
             "",
         ]
+        kv = advice.search.kl_target is not None
         lines += md_table(
-            ["mix", "kept", "weights bytes (predicted)", "KL"],
-            [[m.name, ", ".join(m.kept) or "-", f"{m.weights_bytes:,}", _kl(m.heldout_kl)] for m in advice.mixes],
+            ["mix", "kept", "KV bytes per token" if kv else "weights bytes (predicted)", "KL"],
+            [
+                [m.name, ", ".join(m.kept) or "-", f"{(m.kv_bytes_per_token if kv else m.weights_bytes) or 0:,}"]
+                + [_kl(m.heldout_kl)]
+                for m in advice.mixes
+            ],
         )
         v = advice.versus_random
         if v.ci95 is not None and v.mean_diff is not None:

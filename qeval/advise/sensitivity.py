@@ -33,31 +33,24 @@ class _Ref:
     tail: torch.Tensor  # [n_tokens] log of the baseline's mass outside the top k
 
 
-class Probe:
-    """A loaded model whose linear layers can be switched between the model's own weights
-    and the target setup's quantized weights, and scored against the baseline by KL."""
+class Scorer:
+    """A loaded model scored against its baseline by KL on the calibration documents; what a
+    candidate changes (weights swapped, a KV cache quantized per layer) is a subclass's `use`."""
 
-    def __init__(self, model: Any, target: Setup, modules: Iterable[str], batch_size: int = 8) -> None:
+    def __init__(self, model: Any, batch_size: int = 8) -> None:
         self.model = model
         self.batch_size = batch_size
-        named = dict(model.named_modules())
-        self._layers = {n: named[n] for n in modules}
-        self._orig = {n: m.weight.data for n, m in self._layers.items()}
-        twin = copy.deepcopy(model)  # quantized once, as the hf backend would, then dequantized
-        quantize = backend_entry(ADVISOR_BACKEND).quantize_weights
-        assert quantize is not None  # the advisor's backend quantizes a loaded model's weights
-        self.quant_info = quantize(twin, target)
-        twin_named = dict(twin.named_modules())
-        self._quant = {n: twin_named[n].qweight.dequantize().to(self._orig[n].dtype).detach() for n in self._layers}
-        del twin
         self._refs: dict[int, list[_Ref]] = {}
         self.passes = 0
         self.seconds = 0.0
 
     def use(self, quantized: set[str]) -> None:
-        """Serve the layers in `quantized` at the target precision and the rest at the model's."""
-        for n, m in self._layers.items():
-            m.weight.data = self._quant[n] if n in quantized else self._orig[n]
+        """Serve the units in `quantized` at the target precision and the rest at the model's."""
+        raise NotImplementedError
+
+    def _cache(self) -> Any:
+        """A fresh KV cache for one batch's forward pass (None: the model's own)."""
+        return None
 
     def _logprobs(self, docs: list[list[int]]) -> Iterable[torch.Tensor]:
         """Log-probs [len(doc) - 1, vocab] per document (each token predicted from the ones before)."""
@@ -72,13 +65,15 @@ class Probe:
                 for r, d in enumerate(batch):  # right padding: a causal model's real tokens never see it
                     ids[r, : len(d)] = torch.tensor(d)
                     mask[r, : len(d)] = 1
-                logits = self.model(input_ids=ids, attention_mask=mask).logits.float()
+                cache = self._cache()
+                extra = {} if cache is None else {"past_key_values": cache, "use_cache": True}
+                logits = self.model(input_ids=ids, attention_mask=mask, **extra).logits.float()
                 for r, i in enumerate(order[s : s + self.batch_size]):
                     out[i] = torch.log_softmax(logits[r, : len(docs[i]) - 1], dim=-1)
         return [out[i] for i in range(len(docs))]
 
     def baseline(self, docs: list[list[int]]) -> None:
-        """Cache the baseline's top-k distribution on `docs` (every layer at the model's dtype)."""
+        """Cache the baseline's top-k distribution on `docs` (every unit at the model's precision)."""
         self.use(set())
         refs = []
         for lp in self._logprobs(docs):
@@ -104,3 +99,26 @@ class Probe:
         self.passes += 1
         self.seconds += time.perf_counter() - start
         return np.array(out)
+
+
+class Probe(Scorer):
+    """A loaded model whose linear layers can be switched between the model's own weights
+    and the target setup's quantized weights, and scored against the baseline by KL."""
+
+    def __init__(self, model: Any, target: Setup, modules: Iterable[str], batch_size: int = 8) -> None:
+        super().__init__(model, batch_size)
+        named = dict(model.named_modules())
+        self._layers = {n: named[n] for n in modules}
+        self._orig = {n: m.weight.data for n, m in self._layers.items()}
+        twin = copy.deepcopy(model)  # quantized once, as the hf backend would, then dequantized
+        quantize = backend_entry(ADVISOR_BACKEND).quantize_weights
+        assert quantize is not None  # the advisor's backend quantizes a loaded model's weights
+        self.quant_info = quantize(twin, target)
+        twin_named = dict(twin.named_modules())
+        self._quant = {n: twin_named[n].qweight.dequantize().to(self._orig[n].dtype).detach() for n in self._layers}
+        del twin
+
+    def use(self, quantized: set[str]) -> None:
+        """Serve the layers in `quantized` at the target precision and the rest at the model's."""
+        for n, m in self._layers.items():
+            m.weight.data = self._quant[n] if n in quantized else self._orig[n]

@@ -13,7 +13,7 @@ from qeval.errors import UserError
 from qeval.memory.ledger import predict_kv_bytes_per_token, predict_weights_bytes
 from qeval.model.shape import ModelShape
 
-__all__ = ["Options", "allowance_of", "budget_problem", "pick_target"]
+__all__ = ["Options", "allowance_of", "budget_problem", "kv_target", "pick_target"]
 
 #: a budget within this share of the uniform setup is that setup (a rounded 4.25bpw for INT4 g128)
 _EQUAL = 1e-3
@@ -23,7 +23,8 @@ _EQUAL = 1e-3
 class Options:
     """What `qeval advise` was asked (its command-line options)."""
 
-    budget: AdviceBudget
+    #: bits per weight or memory (the weight advisor); None for the KV advisor, which `kl_target` drives
+    budget: AdviceBudget | None
     target: str | None = None
     text: Path | None = None
     calib_docs: int = 16
@@ -34,6 +35,14 @@ class Options:
     unions: bool = True
     #: the advised setup's name (default `<target>-advised`)
     name: str | None = None
+    #: the KV advisor (qeval/advise/kv.py): the cheapest per-layer KV assignment whose KL on the
+    #: calibration slice stays within this; None: the weight advisor under `budget`
+    kl_target: float | None = None
+
+    @property
+    def kv(self) -> bool:
+        """Whether this is the KV advisor's request (per-layer KV precision) rather than the weights'."""
+        return self.kl_target is not None
 
 
 def pick_target(cfg: RunConfig, name: str | None, where: str = "--target") -> Setup:
@@ -55,6 +64,31 @@ def pick_target(cfg: RunConfig, name: str | None, where: str = "--target") -> Se
             if s.weights == bits and s.method == "rtn" and not s.quantizes_kv and not s.keep:
                 return s
     raise UserError(f"advise: the config has no int4 or int8 setup (method rtn) to advise on; add one or name {where}")
+
+
+def kv_target(cfg: RunConfig, name: str | None, where: str = "--target") -> Setup:
+    """The KV setup whose cache the advisor lowers per layer: `name`, else the config's first setup
+    that quantizes the KV cache alone (16-bit weights, no kept layers, no control)."""
+
+    def usable(s: Setup) -> bool:
+        return s.quantizes_kv and not s.quantizes_weights and not s.kv_keep and s.control is None and not s.baseline
+
+    if name is not None:
+        found = next((s for s in cfg.setups if s.name == name), None)
+        if found is None:
+            raise UserError(f"{where}: no setup {name!r} in the config's setups")
+        if not usable(found):
+            raise UserError(
+                f"{where} {name}: the KV advisor lowers a quantized KV cache on the model's own weights "
+                "(kv_cache set, no weights, no kv_keep)"
+            )
+        return found
+    found = next((s for s in cfg.setups if usable(s)), None)
+    if found is None:
+        raise UserError(
+            f"advise: the config has no setup with a quantized KV cache (and 16-bit weights); add one or name {where}"
+        )
+    return found
 
 
 def allowance_of(

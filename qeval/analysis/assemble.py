@@ -326,7 +326,9 @@ def _setup_entry(
 def _spec(setup: Setup) -> SetupSpec:
     """The setup as results.json echoes it, with its id: a control's conditions as given, and no
     `control` key for a setup that is none (it echoes as before controls existed)."""
-    spec = setup.model_dump(mode="json", exclude={"control"}) | {"id": setup.id}
+    # a setup that keeps no layer's KV cache echoes as before kv_keep existed
+    spec = setup.model_dump(mode="json", exclude={"control"} | ({"kv_keep"} if not setup.kv_keep else set()))
+    spec |= {"id": setup.id}
     if setup.control is not None:
         spec["control"] = setup.control.fields()
     return SetupSpec.model_validate(spec)

@@ -89,6 +89,9 @@ class BackendEntry:
     #: quantize a model this backend loaded (its `create`) in place, as the engine serves the setup's
     #: weights; what was done. The advisor's sensitivity probe (qeval/advise/sensitivity.py) uses it
     quantize_weights: Callable[[Any, Setup], dict[str, Any]] | None = None
+    #: a fresh KV cache for one forward pass of a model this backend loaded (its config), quantized
+    #: as the setup asks, its kept layers (`kv_keep`) not: the KV advisor's probe (qeval/advise/kv.py)
+    kv_cache_for: Callable[[Any, Setup], Any] | None = None
     #: the serving conditions an A/A control may change on this engine (`config.setups.Control`'s
     #: fields: batch_size, max_num_seqs, concurrency); a control naming another is refused
     control_fields: frozenset[str] = frozenset()

@@ -294,6 +294,11 @@ class ServingEngine(Protocol):
         """Whether this config's setups can be served (a server qeval starts itself)."""
         ...
 
+    def serve_line(self, cfg: RunConfig, setup: Setup) -> str:
+        """The command that serves `setup` on a GPU with the config's model and context (an
+        advised setup's line: docs/advisor.md), the run's own measurement settings left out."""
+        ...
+
     def check_setups(self, cfg: RunConfig, device: str) -> None:
         """One line (UserError) for a setup the server refuses on this device."""
         ...

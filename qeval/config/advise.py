@@ -8,7 +8,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from qeval.errors import UserError
 from qeval.files.names import NAME_PATTERN
@@ -66,9 +66,14 @@ class AdviseSpec(Strict):
     sensitivity for `target`, chooses the units to keep under `budget`, and the run adds the
     advised setup (named `name`) to its setups. The same knobs as `qeval advise`'s options."""
 
-    budget: str = Field(
-        description="average bits per decoder-linear weight (5bpw) or memory at budget.context_len (350MiB)"
+    budget: str | None = Field(
+        default=None,
+        description="average bits per decoder-linear weight (5bpw) or memory at budget.context_len (350MiB); "
+        "the weight advisor's (required unless kl_target)",
     )
+    #: the KV advisor: the cheapest per-layer KV assignment whose calibration KL stays within this
+    #: (nats per token); its target is a quantized-KV setup (docs/advisor.md)
+    kl_target: float | None = Field(default=None, gt=0, lt=100)
     #: the setup whose precision is lowered; default the config's first int4 (then int8) quanto setup
     target: str | None = Field(default=None, pattern=NAME_PATTERN)
     #: calibration text (plain paragraphs, or JSON Lines with `text`); default the run's perplexity task
@@ -82,9 +87,19 @@ class AdviseSpec(Strict):
     #: the advised setup's name in the run; default `<target>-advised`
     name: str | None = Field(default=None, pattern=NAME_PATTERN)
 
+    @model_validator(mode="after")
+    def _one_criterion(self) -> AdviseSpec:
+        if (self.budget is None) == (self.kl_target is None):
+            raise ValueError(
+                "give budget (the weight advisor: 5bpw, 350MiB) or kl_target (the KV advisor: 0.02), one of them"
+            )
+        return self
+
     @field_validator("budget")
     @classmethod
-    def _budget(cls, value: str) -> str:
+    def _budget(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
         try:
             parse_advice_budget(value, "")
         except UserError as exc:  # first_error names the key: advise.budget
@@ -98,8 +113,9 @@ class AdviseSpec(Strict):
             raise ValueError("1: a paired interval needs at least 2 documents (or 0 for no held-out check)")
         return value
 
-    def parsed_budget(self) -> AdviceBudget:
-        return parse_advice_budget(self.budget, "advise.budget")
+    def parsed_budget(self) -> AdviceBudget | None:
+        """The weight advisor's budget as read (None: the KV advisor's block)."""
+        return None if self.budget is None else parse_advice_budget(self.budget, "advise.budget")
 
     def setup_name(self, target: str) -> str:
         """The advised setup's name for the target setup `target`."""

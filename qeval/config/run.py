@@ -265,6 +265,11 @@ class RunConfig(ChatKeys):
             del out["engine"]["batch_invariant"]
         if (out.get("serving") or {}).get("arrivals") == "poisson":
             del out["serving"]["arrivals"]
+        for setup in out["setups"]:  # per-layer KV precision, and the KV advisor's target, likewise
+            if not setup.get("kv_keep", 1):
+                del setup["kv_keep"]
+        if (out.get("advise") or {}).get("kl_target", 0) is None:
+            del out["advise"]["kl_target"]
         return out
 
     def job_json(self) -> dict[str, Any]:

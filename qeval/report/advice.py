@@ -59,10 +59,18 @@ def mix_row(a: AdviceResult, esc: Escape) -> tuple[list[str], list[str]]:
     return header, row
 
 
-def _uniform(s: SetupResult) -> bool:
-    """A uniform quanto INT4 or INT8 setup: what the advised mix is verified against."""
+def _uniform(s: SetupResult, kv: bool = False) -> bool:
+    """A uniform quanto INT4 or INT8 setup (the KV advice: a uniform quantized KV cache on 16-bit
+    weights): what the advised mix is verified against."""
     spec = s.spec
+    if kv:
+        return spec.kv_cache != "auto" and spec.weights in (None, "bf16", "fp16", "fp32") and not spec.kv_keep
     return spec.weights in ("int4", "int8") and spec.method == "rtn" and not spec.keep and spec.kv_cache == "auto"
+
+
+def _is_kv(a: AdviceResult) -> bool:
+    """Whether the advice is the KV advisor's (per-layer KV precision)."""
+    return a.search.kl_target is not None
 
 
 def compared_setups(results: Results) -> list[SetupResult]:
@@ -72,7 +80,7 @@ def compared_setups(results: Results) -> list[SetupResult]:
     named = [results.baseline.name if results.baseline else None, a.setup, a.target]
     by_name = {s.name: s for s in results.setups}
     first = [by_name[n] for n in dict.fromkeys(named) if n in by_name]
-    return first + [s for s in results.setups if s not in first and _uniform(s)]
+    return first + [s for s in results.setups if s not in first and _uniform(s, _is_kv(a)) and not s.control]
 
 
 def gate_verdict(s: SetupResult) -> str:
@@ -97,11 +105,12 @@ def verification(results: Results, esc: Escape) -> tuple[list[str], list[list[st
     kl_tasks = [
         t for t in tasks if any(s.vs_baseline.get(t) and s.vs_baseline[t].kl is not None for s in results.setups)
     ]
+    memory = "KV bytes per token" if _is_kv(a) else "weights"
     header = [
         "setup",
         "kept",
-        "weights predicted",
-        "weights measured",
+        f"{memory} predicted",
+        f"{memory} measured",
         "advisor KL (calibration)",
         "advisor KL (held out)",
     ]
@@ -110,7 +119,7 @@ def verification(results: Results, esc: Escape) -> tuple[list[str], list[list[st
     advisor = {a.target: a.uniform_kl, a.setup: a.search.measured_calib_kl}
     rows = []
     for s in compared_setups(results):
-        w = s.memory.weights_bytes
+        w = s.memory.kv_bytes_per_token if _is_kv(a) else s.memory.weights_bytes
         kept = "(baseline)" if s.baseline else esc(", ".join(a.search.kept) or "nothing") if s.name == a.setup else "-"
         row = [
             esc(s.name),
@@ -138,10 +147,16 @@ def verification(results: Results, esc: Escape) -> tuple[list[str], list[list[st
 
 
 def heldout_rows(a: AdviceResult, esc: Escape) -> list[list[str]]:
-    return [[esc(m.name), esc(", ".join(m.kept) or "-"), _bytes(m.weights_bytes), _kl(m.heldout_kl)] for m in a.heldout]
+    return [
+        [esc(m.name), esc(", ".join(m.kept) or "-")]
+        + [_bytes(m.kv_bytes_per_token if _is_kv(a) else m.weights_bytes), _kl(m.heldout_kl)]
+        for m in a.heldout
+    ]
 
 
-HELDOUT_HEADER = ["mix", "kept", "weights bytes (predicted)", "KL (held out)"]
+def heldout_header(a: AdviceResult) -> list[str]:
+    """The held-out table's columns: the mixes' weights, or their KV bytes per token."""
+    return ["mix", "kept", "KV bytes per token" if _is_kv(a) else "weights bytes (predicted)", "KL (held out)"]
 
 
 def versus_line(a: AdviceResult) -> str:
@@ -168,7 +183,7 @@ def sensitivity_rows(a: AdviceResult) -> tuple[list[str], list[list[str]]]:
         for k in kinds:
             u = cell.get((layer, k))
             row += [_kl(u.cost_kl if u else None), _kl(u.gain_kl if u else None)]
-        row.append(", ".join(k for k in kinds if f"L{layer}.{k}" in kept))
+        row.append(", ".join(k for k in kinds if (u := cell.get((layer, k))) is not None and u.unit in kept))
         rows.append(row)
     return header, rows
 
@@ -180,8 +195,9 @@ def _how(a: AdviceResult) -> str:
         if a.reused
         else f"computed in {t.total_s if t else 0:.1f} s ({int(t.passes if t else 0)} forward passes)"
     )
+    basis = a.budget_basis if _is_kv(a) else f"Budget {a.budget} ({a.budget_bytes:,} bytes: {a.budget_basis})"
     return (
-        f"Budget {a.budget} ({a.budget_bytes:,} bytes: {a.budget_basis}). Calibration: {c.tokens} tokens in "
+        f"{basis[0].upper()}{basis[1:]}. Calibration: {c.tokens} tokens in "
         f"{c.documents} documents of {c.source}; KL(baseline || mix) on the baseline's top-{c.top_k} "
         f"ids plus a tail bucket, mean per token. Advice {done}. The search honours the budget only: the "
         "run's gates judge the advised setup, in the verification table."
@@ -217,7 +233,7 @@ def markdown(results: Results, esc: Escape) -> list[str]:
         lines += [
             "### Held-out check against random mixes",
             "",
-            *md_table(HELDOUT_HEADER, heldout_rows(a, esc)),
+            *md_table(heldout_header(a), heldout_rows(a, esc)),
             "",
             esc(versus_line(a)),
             "",
@@ -244,7 +260,7 @@ def tables(results: Results) -> HtmlTables:
         "Verification: predicted and measured, against the baseline": verification(results, str),
     }
     if a.heldout:
-        out["Held-out check: " + versus_line(a)] = (HELDOUT_HEADER, heldout_rows(a, str))
+        out["Held-out check: " + versus_line(a)] = (heldout_header(a), heldout_rows(a, str))
     out["Sensitivity per cell (the heatmaps' numbers)"] = sensitivity_rows(a)
     return out
 

@@ -30,6 +30,9 @@ class AdviceMix(ResultModel):
     name: str
     kept: list[str] = Field(description="the units kept at the model's dtype")
     weights_bytes: int = Field(description="predicted weights bytes (memory/ledger.py)")
+    kv_bytes_per_token: int | None = Field(
+        None, description="the KV advisor's mixes: predicted KV bytes per token, each layer at its own precision"
+    )
     heldout_kl: float = Field(description="mean KL to the baseline per token on the held-out documents")
 
 
@@ -59,6 +62,9 @@ class AdviceSearch(ResultModel):
     predicted_gain_kl: float = Field(description="the kept units' gains added")
     predicted_kl: float = Field(description="the uniform target's KL minus the predicted gain")
     measured_calib_kl: float = Field(description="the mix measured as a whole on the calibration slice")
+    kl_target: float | None = Field(
+        None, description="the KV advisor: the KL the cheapest assignment must stay within (null: a weight budget)"
+    )
 
 
 class RandomDraw(ResultModel):
@@ -93,6 +99,19 @@ class AdviceTiming(ResultModel):
     total_s: float = Field(description="the whole advice, the held-out check included")
 
 
+class KvPlanRow(ResultModel):
+    """The KV advisor's memory figures for one setup: bytes per token and, at each context, one
+    sequence's KV cache and the sequences the budget holds (qeval/memory; `engine` names the rule)."""
+
+    setup: str
+    kv_cache: str = Field(description="the setup's KV dtype (auto: the model's)")
+    kv_keep: list[str] = Field([], description="the layers kept at the model's dtype")
+    kv_bytes_per_token: int
+    engine: str = Field(description="whose accounting the sequences follow (vllm's paged blocks or hf's layers)")
+    sequence_bytes: dict[int, int] = Field(description="context -> one sequence's KV cache and state, bytes")
+    sequences: dict[int, float] = Field(description="context -> concurrent sequences the budget's KV pool holds")
+
+
 class Advice(ResultModel):
     """RUN_DIR/advice.json (and `qeval advise`'s advice.json): everything the advisor found,
     written by qeval/advise/advisor.py, read back by qeval/run/advice.py and qeval/advise/output.py."""
@@ -115,6 +134,9 @@ class Advice(ResultModel):
     mixes: list[HeldoutMix]
     versus_random: VersusRandom
     timing: AdviceTiming
+    #: the KV advisor: memory per setup at 4k and 32k tokens, and the `vllm serve` line of the advice
+    kv_plan: list[KvPlanRow] = []
+    serve_line: str | None = None
     #: a run's resume key for this advice and its parts (qeval/run/advice.py); empty from `qeval advise`
     key: str = ""
     key_parts: dict[str, str] = {}
@@ -133,6 +155,7 @@ class AdviceResult(ResultModel):
     setup: str = Field(description="the advised setup's name (one of `setups`)")
     target: str = Field(description="the setup whose precision it lowers (uniform int4 or int8)")
     keep: list[str] = Field(description="the advised setup's keep patterns")
+    kv_keep: list[str] = Field([], description="the KV advisor's: the layers whose KV cache the advised setup keeps")
     budget: str = Field(description="the budget as the advisor read it")
     budget_bytes: int = Field(description="the budget in bytes on its basis")
     budget_basis: str = Field(description="what the budget counts")

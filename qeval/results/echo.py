@@ -47,6 +47,9 @@ class SetupSpec(Echo):
     memory_limit_mib: int | None = Field(None, description="the worker's address-space cap")
     optional: bool = Field(False, description="skipped, not refused, where the device cannot run it")
     keep: list[str] = Field([], description="module-name patterns kept at the model's dtype (a mixed setup)")
+    kv_keep: list[str] = Field(
+        [], description="decoder layers (indices or kinds) whose KV cache stays at the model's dtype; absent: none"
+    )
     control: dict[str, int | str] | None = Field(
         None, description="an A/A control's serving conditions (the baseline served again); absent: not a control"
     )

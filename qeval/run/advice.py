@@ -20,7 +20,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from qeval.advise.calibration import read_texts
-from qeval.advise.target import Options, allowance_of, budget_problem, pick_target
+from qeval.advise.target import Options, allowance_of, budget_problem, kv_target, pick_target
 from qeval.advise.units import cells
 from qeval.backends import backend_entry
 from qeval.config import RunConfig
@@ -30,6 +30,7 @@ from qeval.errors import UserError
 from qeval.files.atomic import atomic_write_json, read_json
 from qeval.files.names import inside
 from qeval.files.processes import die_with_parent
+from qeval.model.checkpoint import checkpoint_config
 from qeval.records.job import AdviseJob, AdviseOutcome
 from qeval.records.keys import key_of
 from qeval.records.preflight import Preflight
@@ -53,7 +54,10 @@ def _job_path(store: RunStore) -> Path:
 
 def advise_target(cfg: RunConfig, spec: AdviseSpec) -> Setup:
     """The setup whose precision the advisor lowers (`advise.target`, else the config's first
-    int4, then int8, quanto setup without a quantized KV cache or a keep list)."""
+    int4, then int8, quanto setup without a quantized KV cache or a keep list; for the KV advisor,
+    `kl_target` set, its first setup with a quantized KV cache on 16-bit weights)."""
+    if spec.kl_target is not None:
+        return kv_target(cfg, spec.target, "advise.target")
     return pick_target(cfg, spec.target, "advise.target")
 
 
@@ -69,6 +73,7 @@ def options(cfg: RunConfig, spec: AdviseSpec, target: Setup) -> Options:
         spec.seed,
         spec.unions,
         spec.setup_name(target.name),
+        spec.kl_target,
     )
 
 
@@ -84,10 +89,11 @@ def check_advice(pre: Preflight) -> None:
         raise UserError(
             f"advise: the advised setup's name {name!r} is a setup of the config already; name it with advise.name"
         )
-    if pre.shape is not None:
-        allowance, budget, _ = allowance_of(spec.parsed_budget(), pre.shape, target, pre.dtype, cfg.budget.context_len)
+    parsed = spec.parsed_budget()
+    if pre.shape is not None and parsed is not None:
+        allowance, budget, _ = allowance_of(parsed, pre.shape, target, pre.dtype, cfg.budget.context_len)
         problem = budget_problem(
-            spec.parsed_budget(),
+            parsed,
             allowance,
             budget,
             target.name,
@@ -107,10 +113,13 @@ def check_advice(pre: Preflight) -> None:
             f"advise: {source} has {len(texts)} documents, fewer than calib_docs {spec.calib_docs} + "
             f"heldout_docs {spec.heldout_docs}"
         )
-    # the advised setup is the target with a keep list: this backend must serve that on this device
-    probe = target.model_copy(update={"name": name, "baseline": False, "keep": ("model.layers.0.mlp.*",)})
+    # the advised setup is the target with a keep list (a kv_keep list): this backend must serve that here
+    kept = {"kv_keep": ("0",)} if spec.kl_target is not None else {"keep": ("model.layers.0.mlp.*",)}
+    probe = target.model_copy(update={"name": name, "baseline": False} | kept)
     try:
         backend_entry(cfg.backend).validate_setup(probe, pre.device)
+        if spec.kl_target is not None:  # per-layer KV precision on this model (vLLM: one attention kind)
+            backend_entry(cfg.backend).validate_model(probe, checkpoint_config(cfg.model.path, cfg.model.revision))
     except UserError as exc:
         raise UserError(f"advise: the advised setup {name}: {exc}") from None
 
@@ -135,7 +144,7 @@ def advice_key(pre: Preflight) -> tuple[str, dict[str, str]]:
         "qeval": __version__,
         "target": target.id,
         "name": spec.setup_name(target.name),
-        "budget": f"{budget.kind} {budget.value!r}",
+        "budget": f"{budget.kind} {budget.value!r}" if budget is not None else f"kl {spec.kl_target!r}",
         "calibration": calibration,
         "calib_docs": str(spec.calib_docs),
         "heldout_docs": str(spec.heldout_docs),
@@ -145,7 +154,9 @@ def advice_key(pre: Preflight) -> tuple[str, dict[str, str]]:
         "max_context": str(cfg.model.max_context),
         "batch_size": str(cfg.batch_size),
     }
-    if budget.kind == "bytes":  # memory at the target context: the context sizes the KV cache counted
+    if (
+        budget is not None and budget.kind == "bytes"
+    ):  # memory at the target context: the context sizes the KV cache counted
         parts["context_len"] = str(cfg.budget.context_len)
     return key_of(parts), parts
 
@@ -238,6 +249,7 @@ def result_block(advice: Advice) -> AdviceResult:
         setup=advice.setup.name,
         target=advice.target.name,
         keep=list(advice.setup.keep),
+        kv_keep=list(advice.setup.kv_keep),
         budget=advice.budget,
         budget_bytes=advice.budget_bytes,
         budget_basis=advice.budget_basis,

@@ -30,6 +30,7 @@ class AdviseRequest:
     seed: int | None = None
     unions: bool | None = None
     output: Path | None = None
+    kl_target: float | None = None
 
 
 def advise_plan(req: AdviseRequest) -> tuple[RunConfig, Options, Path]:
@@ -45,8 +46,17 @@ def advise_plan(req: AdviseRequest) -> tuple[RunConfig, Options, Path]:
 
     cfg = load_config(req.config)
     block = cfg.advise or AdviseSpec(budget="1bpw")  # a stand-in for the defaults; its budget is never used
-    if req.budget is None and cfg.advise is None:
-        raise UserError("--budget is required: e.g. --budget 4.5bpw or --budget 350MiB")
+    kl_target = req.kl_target if req.kl_target is not None else (cfg.advise.kl_target if cfg.advise else None)
+    if kl_target is not None and not (0 < kl_target < 100):  # NaN included
+        raise UserError(f"--kl-target {kl_target}: a KL in nats, above 0 (e.g. 0.02)")
+    if kl_target is not None and req.budget is not None:
+        raise UserError(
+            "--kl-target and --budget: the KV advisor finds the cheapest assignment within the KL target; give one"
+        )
+    if req.budget is None and kl_target is None and (cfg.advise is None or cfg.advise.budget is None):
+        raise UserError(
+            "--budget is required: e.g. --budget 4.5bpw or --budget 350MiB (or --kl-target for the KV cache)"
+        )
     calib = block.calib_docs if req.calib_docs is None else req.calib_docs
     heldout = block.heldout_docs if req.heldout_docs is None else req.heldout_docs
     draws = block.random_draws if req.random_draws is None else req.random_draws
@@ -61,7 +71,11 @@ def advise_plan(req: AdviseRequest) -> tuple[RunConfig, Options, Path]:
     check_output(advice_path, Path(cfg.model.path) if Path(cfg.model.path).is_dir() else None)
     cal_text = req.text if req.text is not None else (Path(block.text) if block.text else None)
     opts = Options(
-        parse_budget(req.budget) if req.budget is not None else block.parsed_budget(),
+        None
+        if kl_target is not None
+        else parse_budget(req.budget)
+        if req.budget is not None
+        else block.parsed_budget(),
         req.target if req.target is not None else block.target,
         cal_text,
         calib,
@@ -70,5 +84,6 @@ def advise_plan(req: AdviseRequest) -> tuple[RunConfig, Options, Path]:
         block.seed if req.seed is None else req.seed,
         block.unions if req.unions is None else req.unions,
         block.name if cfg.advise else None,
+        kl_target,
     )
     return cfg, opts, advice_path

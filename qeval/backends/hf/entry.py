@@ -22,6 +22,12 @@ def _quantize_weights(model: Any, setup: Setup) -> dict[str, Any]:
     return quantize_weights(model, setup)
 
 
+def _kv_cache_for(config: Any, setup: Setup) -> Any:
+    from qeval.backends.hf.kv_cache import round_trip_cache
+
+    return round_trip_cache(config, setup)
+
+
 def _create(cfg: RunConfig, setup: Setup, device: str) -> Backend:
     from qeval.backends.hf.backend import HFBackend
 
@@ -41,5 +47,6 @@ BACKEND = BackendEntry(
     plan_kv_rule=lambda block_size, in_flight_tokens: HeldKv(),
     waves_from_workload=True,
     quantize_weights=_quantize_weights,
+    kv_cache_for=_kv_cache_for,
     control_fields=frozenset({"batch_size"}),
 )

@@ -148,6 +148,12 @@ class VllmServing:
             args["max_num_batched_tokens"] = setting.max_num_batched_tokens
         return args
 
+    def serve_line(self, cfg: RunConfig, setup: Setup) -> str:
+        from qeval.backends.vllm.serve_cmd import serve_command
+        from qeval.backends.vllm.support import setup_engine_args
+
+        return serve_command(setup_engine_args(cfg, setup, "cuda") | {"enable_prefix_caching": None})
+
     def command(self, args: dict[str, Any]) -> str:
         from qeval.backends.vllm.serve_cmd import serve_command
 
