@@ -20,9 +20,9 @@ from qeval.results.advice import Advice, AdviceUnit
 def setup_snippet(advice: Advice) -> str:
     """The advised setup as the YAML to paste under a config's `setups:`."""
     setup = advice.model_dump(mode="json", include={"setup"})["setup"]
-    if not advice.setup.kv_keep:  # the weight advice: its keep list, even where empty
+    if advice.search.kl_target is None:  # the weight advice: its keep list, even where empty
         setup["keep"] = list(setup.get("keep", []))
-    else:
+    else:  # the KV advice: its kept layers as a config writes them (none: the uniform cache is within target)
         setup["kv_keep"] = [int(x) if x.isdigit() else x for x in advice.setup.kv_keep]
     return yaml.safe_dump([setup], sort_keys=False, default_flow_style=None, width=100)
 
