@@ -75,7 +75,7 @@ def advise(cfg: RunConfig, config_path: Path, opts: Options, log: Any = print, d
     )
     sens = _sensitivity(probe, sl.calib, cell_units, opts.unions, log, kv_unions if opts.kv else unions)
     if opts.kv:
-        search, kept_units, advised = _kv_search(probe, sl.calib, sens, cell_units, allowance, target, opts)
+        search, kept_units, advised = _kv_search(probe, sl.calib, sens, cell_units, target, opts)
     else:
         search, kept_units, advised = _search(probe, sl.calib, sens, cell_units, allowance, target, opts)
     mixes, versus = _verify(probe, sl.heldout, cell_units, kept_units, advised, target, shape, dtype, opts, log)
@@ -259,25 +259,19 @@ def _search(
 
 
 def _kv_search(
-    probe: Scorer,
-    calib: list[list[int]],
-    sens: _Sensitivity,
-    cell_units: list[Unit],
-    allowance: int,
-    target: Setup,
-    opts: Options,
+    probe: Scorer, calib: list[list[int]], sens: _Sensitivity, units: list[Unit], target: Setup, opts: Options
 ) -> tuple[AdviceSearch, list[Unit], Setup]:
     """The cheapest layers to keep for the KV cache's KL to stay within the target: as many as the
     gains predict, then, measured as a whole on the calibration slice, one more at a time while
     it is not (at most every layer but one: keeping all is the baseline's cache)."""
     assert opts.kl_target is not None
-    rows = sens.rows[: len(cell_units)]
+    rows = sens.rows[: len(units)]
     choice = cheapest_order([r.gain_kl for r in rows], [r.extra_bytes for r in rows], sens.uniform, opts.kl_target)
-    everything = {m for u in cell_units for m in u.modules}
-    most = min(len(choice.order), len(cell_units) - 1)
+    everything = {m for u in units for m in u.modules}
+    most = min(len(choice.order), len(units) - 1)
 
     def measured(n: int) -> float:
-        kept = {m for i in choice.order[:n] for m in cell_units[i].modules}
+        kept = {m for i in choice.order[:n] for m in units[i].modules}
         return _weighted(probe.kl(calib, everything - kept), calib)
 
     n = min(choice.kept, most)
@@ -285,14 +279,14 @@ def _kv_search(
     while kl > opts.kl_target and n < most:
         n += 1
         kl = measured(n)
-    kept_units = sorted((cell_units[i] for i in choice.order[:n]), key=lambda u: u.layer or 0)
+    kept_units = sorted((units[i] for i in choice.order[:n]), key=lambda u: u.layer or 0)
     name = opts.name or f"{target.name}-advised"
     fields = {"name": name, "baseline": False, "optional": False, "kv_keep": tuple(str(u.layer) for u in kept_units)}
     advised = Setup.model_validate(target.model_dump() | fields)
     gain = sum(rows[i].gain_kl for i in choice.order[:n])
     search = AdviceSearch(
         method="greedy on KL gained per byte, to the KL target",
-        allowance_bytes=allowance,
+        allowance_bytes=sum(u.extra_bytes for u in units),  # keeping every layer: the baseline's cache
         extra_bytes=sum(u.extra_bytes for u in kept_units),
         kept=[u.name for u in kept_units],
         predicted_gain_kl=gain,
