@@ -119,7 +119,9 @@ def _kv_memory(
         vllm.validate_setup(advised, "cuda")
     except UserError:
         return kv_plan(cfg, shape, setups, dtype), None
-    return kv_plan(cfg, shape, setups, dtype), vllm.serving.serve_line(cfg, advised) if vllm.serving else None
+    # the dtype as the run resolved it (`bfloat16-if-native` is qeval's word, not vLLM's)
+    line = vllm.serving.serve_line(cfg.for_engine(dtype), advised) if vllm.serving else None
+    return kv_plan(cfg, shape, setups, dtype), line
 
 
 def _allowance(
