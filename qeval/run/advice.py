@@ -199,8 +199,7 @@ def ensure_advice(pre: Preflight, store: RunStore, force: bool, compute: bool = 
         ).model_dump(mode="json"),
     )
     print(
-        f"advise: measuring the sensitivity for {pre.cfg.advise.budget if pre.cfg.advise else ''} "
-        "in a fresh process (docs/advisor.md)",
+        f"advise: measuring the sensitivity for {_criterion(pre.cfg.advise)} in a fresh process (docs/advisor.md)",
         file=sys.stderr,
     )
     t0 = time.time()
@@ -227,6 +226,13 @@ def _said(outcome: Path) -> AdviseOutcome:
         return AdviseOutcome.model_validate(read_json(outcome)) if outcome.is_file() else AdviseOutcome()
     except (OSError, UserError, ValidationError):
         return AdviseOutcome()
+
+
+def _criterion(spec: AdviseSpec | None) -> str:
+    """What the advice is sized by, in words: the budget, or the KV advisor's KL target."""
+    if spec is None:
+        return ""
+    return spec.budget if spec.budget is not None else f"the KV cache within KL {spec.kl_target:g}"
 
 
 def advised_setup(advice: Advice) -> Setup:
