@@ -110,7 +110,9 @@ def plan_setups(req: PlanRequest, rule_of: RuleOf) -> Planned:
     planned = _plan_workload(source, model, config, req.percentile, req.block_size) if source else None
     if planned:
         budget = Budget(**(budget.model_dump() | {"context_len": planned[0].max_model_len}))
-    rows = plan(config, budget, rule=rule)
+    # a run config's own setups after the standard rows (its controls serve a setup already planned)
+    own = [s for s in run_cfg.setups if s.control is None and not s.baseline] if run_cfg else None
+    rows = plan(config, budget, rule=rule, setups=own)
     concurrency = req.concurrency or 1
     cluster = Cluster(req.nodes or 1, req.gpus_per_node) if req.gpus_per_node else None
     grouped = cluster_plan(config, budget, cluster, concurrency, rule=rule) if cluster else None

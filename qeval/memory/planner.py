@@ -81,16 +81,22 @@ def plan(
     dtype: str = "float16",
     *,
     rule: KvRule,
+    setups: list[Setup] | None = None,
 ) -> list[PlanRow]:
     """Weights, KV bytes per token and per sequence (per layer kind, and the state), KV tokens
     that fit and concurrent sequences, per setup, on the engine's accounting `rule` (memory.layouts), by
-    the same formula a run's recommendation uses (memory.capacity)."""
+    the same formula a run's recommendation uses (memory.capacity). `setups`: a run config's, planned
+    after PLAN_SETUPS (a `kv_keep` setup with each layer at its own precision); one whose pool the
+    rule does not model (vLLM, mixed precision across attention kinds) is left out."""
     shape = model_shape(config)
     rows = []
-    for setup in PLAN_SETUPS:
+    for setup in PLAN_SETUPS + [s for s in setups or [] if s.name not in {p.name for p in PLAN_SETUPS}]:
         w = predict_weights_bytes(shape, setup, dtype)
         kv = predict_kv_bytes_per_token(shape, setup, dtype)
-        seq = predict_sequence(shape, setup, dtype, budget.context_len, rule)
+        try:
+            seq = predict_sequence(shape, setup, dtype, budget.context_len, rule)
+        except ValueError:
+            continue
         cap = kv_capacity(w, seq.total, budget)
         rows.append(
             PlanRow(

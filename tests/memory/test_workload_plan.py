@@ -341,3 +341,22 @@ def test_a_negative_or_too_large_seed_is_refused_at_validate(
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
     res = run_cli("validate", str(tmp_path / "c.yaml"))
     one_line_exit_2(res, where)
+
+
+def test_plan_workload_config_plans_its_own_setups_each_layer_at_its_precision(tmp_path: Path) -> None:
+    """`qeval plan --workload CONFIG` adds the config's setups after the standard rows: a setup that
+    keeps layer 0's KV cache at 16 bits costs that layer's 16-bit bytes and the FP8 bytes of the rest."""
+    _write(tmp_path / "t.jsonl", TINY)
+    cfg = _config(tmp_path, {"trace": "t.jsonl"})
+    raw = yaml.safe_load(cfg.read_text())
+    raw["setups"] += [{"name": "kv-fp8-keep0", "kv_cache": "fp8", "kv_keep": [0]}]
+    cfg.write_text(yaml.safe_dump(raw))
+    res = run_cli("plan", "--workload", str(cfg), "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    rows = {r["setup"]: r for r in out["setups"]}
+    fp16, fp8 = rows["fp16"]["kv_bytes_per_token"], rows["fp16-kv-fp8"]["kv_bytes_per_token"]
+    layers = 4  # the shipped tiny model
+    assert rows["kv-fp8-keep0"]["kv_bytes_per_token"] == fp8 + (fp16 - fp8) // layers
+    context = out["workload"]["max_model_len"]  # whole blocks of 16: one group, every layer at its own bytes
+    assert rows["kv-fp8-keep0"]["kv_bytes_per_sequence"] == rows["kv-fp8-keep0"]["kv_bytes_per_token"] * context
