@@ -9,7 +9,7 @@ from qeval.analysis.floor import changed_documents
 from qeval.report.sections import table_section
 from qeval.report.tables import Escape, flips_cell, kl_cell
 from qeval.results.metrics import describe
-from qeval.results.schema import Results
+from qeval.results.schema import Results, SetupResult
 
 HEADER = ["control", "conditions", "task", "Δ", "flips right→wrong / wrong→right", "KL", "setups within it"]
 LEGEND = (
@@ -77,3 +77,28 @@ def parity_rows(results: Results, esc: Escape) -> list[list[str]]:
 PARITY = table_section(
     "Engine parity", "engine-parity", "The same setup on another engine", PARITY_HEADER, parity_rows, PARITY_LEGEND
 )
+
+
+def parity_controls(results: Results) -> dict[str, SetupResult]:
+    """Each engine-parity control that ran, by the setup it serves again (its `of`, else the baseline)."""
+    base = results.baseline.name if results.baseline else ""
+    out: dict[str, SetupResult] = {}
+    for k in results.setups:  # the first of several for one setup: the config's own order
+        if k.parity and k.status == "ok" and k.vs_baseline:
+            out.setdefault(k.spec.partner() or base, k)
+    return out
+
+
+def parity_cell(parity: dict[str, SetupResult], results: Results, setup: SetupResult, task: str, esc: Escape) -> str:
+    """ "-0.8, 11 / 7 (w8a8-on-vllm)": the engines' difference on the row's task, the setup's own
+    parity control's where it has one, else the baseline's (its engines' gap); '' for a control."""
+    if setup.control:
+        return ""
+    base = results.baseline.name if results.baseline else ""
+    k = parity.get(setup.name) or parity.get(base)
+    c = k.vs_baseline.get(task) if k else None
+    if k is None or c is None:
+        return ""
+    m = describe(c.metric, c.higher_is_better)
+    figures = [m.fmt_delta(c.delta, unit=False), flips_cell(c)]
+    return f"{', '.join(x for x in figures if x)} ({esc(k.name)})"

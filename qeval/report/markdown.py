@@ -14,6 +14,7 @@ from rich.table import Table
 from qeval.memory.capacity import whole_sequences
 from qeval.report import divergence, floor, generated, provenance, sequence, sequential_gates, serving
 from qeval.report import performance as perf_views
+from qeval.report.floor import parity_cell, parity_controls
 from qeval.report.sections import ReportSection
 from qeval.report.tables import Escape, code_text, flips_cell, kl_cell, md_table, md_text
 from qeval.results.metrics import Metric, describe
@@ -263,7 +264,7 @@ def gate_rows(results: Results, esc: Escape = md_text) -> list[list[str]]:
     tasks and groups, and any group member a gate names."""
     rows = []
     shown = set(top_level(results))
-    floors = has_floor(results)
+    floors, parity = has_floor(results), parity_controls(results)
     for s in results.setups:
         for task, c in s.vs_baseline.items():
             if task not in shown and c.verdict is None:
@@ -274,6 +275,7 @@ def gate_rows(results: Results, esc: Escape = md_text) -> list[list[str]]:
             delta = m.fmt_delta(c.delta, unit=False)
             ci = f"[{m.fmt_delta(c.ci[0], unit=False)}, {m.fmt_delta(c.ci[1], unit=False)}]"
             floor = [floor_cell(c, esc)] if floors else []
+            floor += [parity_cell(parity, results, s, task, esc)] if parity else []
             rows.append(
                 [esc(s.name), esc(task), delta, ci, p, flips_cell(c), kl_cell(c), *floor, c.verdict or "no gate"]
             )
@@ -293,10 +295,11 @@ GATE_HEADER = [
 
 
 def gate_header(results: Results) -> list[str]:
-    """The gate table's columns: with the noise floor's beside the verdict where the run has a control."""
-    if not has_floor(results):
-        return GATE_HEADER
-    return [*GATE_HEADER[:-1], "noise floor: Δ, flips, KL (control)", GATE_HEADER[-1]]
+    """The gate table's columns: with the noise floor's and the engines' difference beside the
+    verdict where the run has such controls."""
+    extra = ["noise floor: Δ, flips, KL (control)"] if has_floor(results) else []
+    extra += ["engine parity: Δ, flips (control)"] if parity_controls(results) else []
+    return [*GATE_HEADER[:-1], *extra, GATE_HEADER[-1]]
 
 
 def has_floor(results: Results) -> bool:

@@ -258,6 +258,9 @@ def _hf_serves_the_same_checkpoints(setups: dict[str, Any], out: Path, dtype: st
         assert q["description"] == vllm["quantization"]["description"]  # one description, from the checkpoint
         assert q["checkpoint"] == vllm["quantization"]["engine_args"]["model"]
         assert f"| {name}-on-hf | hf; against {name} | compare_mc |" in md
+        # and beside each of its gates, the engines' difference on that task (its own parity control's)
+        gate = next(line for line in md.splitlines() if line.startswith(f"| {name} | compare_mc |"))
+        assert gate.count(f"({name}-on-hf)") == 1 and "engine parity: Δ, flips (control)" in md
         # transformers 5.23 + compressed-tensors decompress to the load dtype on the first forward
         # pass on CPU: flagged, and the ledger measures the 16-bit weights that are resident
         assert q["decompressed_to"] == dtype
