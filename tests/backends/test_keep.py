@@ -65,9 +65,9 @@ def test_keep_in_id_and_refusals() -> None:
     assert (
         Setup(name="c", weights="int4", keep=("y", "x", "x")).id == Setup(name="d", weights="int4", keep=("x", "y")).id
     )
-    # a setup without keep (or checkpoint_revision, or control) keeps the id it had before those
+    # a setup without keep (or checkpoint_revision, control, kv_keep) keeps the id it had before those
     # fields existed (stored results stay valid)
-    unset = {"keep", "checkpoint_revision", "control"}
+    unset = {"keep", "checkpoint_revision", "control", "kv_keep"}
     old = a.model_dump(exclude={"name", "baseline", "memory_limit_mib", "optional"} | unset)
     assert a.id == hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()[:16]
     assert b.keeps("model.layers.0.mlp.up_proj") and not b.keeps("model.layers.10.mlp.up_proj")
