@@ -221,8 +221,9 @@ class RunConfig(ChatKeys):
             update["batch_size"] = c.batch_size
             if self.generation_batch_size is not None:  # the run's ratio kept: both batches change
                 update["generation_batch_size"] = max(1, self.generation_batch_size * c.batch_size // self.batch_size)
-        if c.max_num_seqs is not None:
-            update["engine"] = self.engine.model_copy(update={"max_num_seqs": c.max_num_seqs})
+        engine = {k: v for k, v in c.conditions().items() if k in ("max_num_seqs", "max_num_batched_tokens")}
+        if engine:
+            update["engine"] = self.engine.model_copy(update=engine)
         if c.concurrency is not None:
             update["server"] = (self.server or ServerSpec()).model_copy(update={"concurrency": c.concurrency})
         if c.backend is not None:
@@ -263,6 +264,8 @@ class RunConfig(ChatKeys):
             del out["performance"]["from_workload"]
         if out["engine"].get("batch_invariant") is False:
             del out["engine"]["batch_invariant"]
+        if out["engine"].get("max_num_batched_tokens", 0) is None:
+            del out["engine"]["max_num_batched_tokens"]
         if (out.get("serving") or {}).get("arrivals") == "poisson":
             del out["serving"]["arrivals"]
         for setup in out["setups"]:  # per-layer KV precision, and the KV advisor's target, likewise

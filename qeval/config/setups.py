@@ -38,6 +38,8 @@ class Control(BaseModel):
     batch_size: int | None = Field(default=None, gt=0, le=4096)
     #: the vLLM scheduler's max_num_seqs: how many sequences share a step
     max_num_seqs: int | None = Field(default=None, gt=0, le=4096)
+    #: the vLLM scheduler's max_num_batched_tokens: the chunk a long prompt is prefilled in
+    max_num_batched_tokens: int | None = Field(default=None, gt=0, le=1_048_576)
     #: requests in flight at once (the openai backend's server.concurrency)
     concurrency: int | None = Field(default=None, gt=0, le=256)
     #: engine parity: the baseline served on this backend instead of the run's (hf, vllm, openai),
@@ -50,7 +52,10 @@ class Control(BaseModel):
     @model_validator(mode="after")
     def _some(self) -> Control:
         if not self.fields():
-            raise ValueError("control: names no serving condition (batch_size, max_num_seqs, concurrency or backend)")
+            raise ValueError(
+                "control: names no serving condition (batch_size, max_num_seqs, max_num_batched_tokens, concurrency "
+                "or backend)"
+            )
         if self.of is not None and self.backend is None:
             raise ValueError(
                 f"control: of {self.of} serves that setup again on another engine (parity); it needs a backend"

@@ -313,3 +313,17 @@ def test_kept_kv_layers_become_skip_layers_by_index() -> None:
     with pytest.raises(ValueError, match="kv_keep needs a quantized kv_cache"):
         Setup(name="x", kv_keep=("0",))
     assert Setup(name="a", kv_cache="fp8").id != setup.id
+
+
+def test_a_vllm_control_may_change_the_prefill_chunk(tmp_path: Path) -> None:
+    """`control: {max_num_batched_tokens: N}` on vLLM: the control's engine gets it (chunked prefill in
+    chunks of N), the run's own engine and its resume key do not; unset, the key is as it was."""
+    from tests.helpers import BASELINE, make_config
+
+    control = {"name": "chunk512", "control": {"max_num_batched_tokens": 512}}
+    cfg = load_config(make_config(tmp_path, backend="vllm", setups=[BASELINE, control]))
+    setup = next(s for s in cfg.setups if s.control is not None)
+    assert vllm_support.setup_engine_args(cfg.for_setup(setup), setup, "cpu")["max_num_batched_tokens"] == 512
+    assert "max_num_batched_tokens" not in vllm_support.setup_engine_args(cfg, cfg.baseline, "cpu")
+    assert "max_num_batched_tokens" not in cfg.engine.key_json()
+    assert '"max_num_batched_tokens": 512' in cfg.for_setup(setup).engine.key_json()

@@ -70,6 +70,12 @@ def test_a_batch_dependent_engine_shows_its_floor_beside_every_gate(
     [
         ([BASELINE, {**CONTROL, "weights": "int8"}], "hf", None, "it differs from baseline bf16 in its quantization"),
         ([BASELINE, {**CONTROL, "control": {"max_num_seqs": 4}}], "hf", None, "control max_num_seqs: backend hf"),
+        (
+            [BASELINE, {**CONTROL, "control": {"max_num_batched_tokens": 512}}],
+            "hf",
+            None,
+            "control max_num_batched_tokens: backend hf",
+        ),
         ([{**CONTROL, "baseline": True}], "hf", None, "a control is the baseline served again"),
         ([BASELINE, CONTROL], "hf", "bf16-b1", "candidate bf16-b1 is a control"),
         ([BASELINE, {"name": "c", "control": {}}], "hf", None, "control: names no serving condition"),

@@ -117,7 +117,7 @@ def key_parts(cfg: RunConfig) -> dict[str, str]:
     elif spec.command is not None:
         parts["command"] = json.dumps(spec.command)
     else:
-        parts["engine"] = json.dumps(cfg.engine.model_dump(mode="json"), sort_keys=True)
+        parts["engine"] = cfg.engine.key_json()
     return parts
 
 

@@ -3,7 +3,6 @@ process, run by the vLLM interpreter. Imports no engine: `create` imports vLLM w
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
 from qeval.backends import BackendEntry
@@ -31,10 +30,8 @@ def _create(cfg: RunConfig, setup: Setup, device: str) -> Backend:
 
 
 def _key_parts(cfg: RunConfig) -> dict[str, str]:
-    # the engine's scheduler decides the batching there: its settings change the numbers; an option
-    # added later, at its default, leaves the key as it was (results stored before it still match)
-    engine = cfg.engine.model_dump(mode="json", exclude=set() if cfg.engine.batch_invariant else {"batch_invariant"})
-    return {"engine": json.dumps(engine, sort_keys=True)}
+    # the engine's scheduler decides the batching there: its settings change the numbers
+    return {"engine": cfg.engine.key_json()}
 
 
 BACKEND = BackendEntry(
@@ -50,7 +47,7 @@ BACKEND = BackendEntry(
     kv_accounting=lambda cfg, device: PagedKv(cache_accounting(device)),
     plan_kv_rule=plan_rule,
     serving=VllmServing(),
-    control_fields=frozenset({"max_num_seqs"}),
+    control_fields=frozenset({"max_num_seqs", "max_num_batched_tokens"}),
     validate_served=validate_engine,
     validate_model=validate_model,
     batch_invariant_mode=True,

@@ -165,6 +165,7 @@ def engine_args(
     pipeline_parallel_size: int = 1,
     revision: str | None = None,
     layer_kinds: tuple[str, ...] | None = None,
+    max_num_batched_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The keyword arguments for `vllm.LLM` that serve `setup` (see the module table). `revision`
     is the model's hub revision; a checkpoint setup is pinned by its own `checkpoint_revision`.
@@ -186,6 +187,8 @@ def engine_args(
         args["revision"] = args["tokenizer_revision"] = pinned
     if max_num_seqs is not None:
         args["max_num_seqs"] = max_num_seqs
+    if max_num_batched_tokens is not None:
+        args["max_num_batched_tokens"] = max_num_batched_tokens
     if pipeline_parallel_size > 1:
         args["pipeline_parallel_size"] = pipeline_parallel_size
     backend = distributed_backend(tensor_parallel_size, pipeline_parallel_size)
@@ -227,6 +230,7 @@ def setup_engine_args(cfg: RunConfig, setup: Setup, device: str) -> dict[str, An
         max_model_len=cfg.model.max_context,
         utilization=utilization,
         max_num_seqs=e.max_num_seqs,
+        max_num_batched_tokens=e.max_num_batched_tokens,
         tensor_parallel_size=e.tensor_parallel_size,
         enforce_eager=e.enforce_eager,
         seed=cfg.seed,
