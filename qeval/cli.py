@@ -214,15 +214,25 @@ def run(
 
 
 @app.command()
-def validate(config: Annotated[Path, typer.Argument(help="run config YAML")]) -> None:
+def validate(
+    config: Annotated[Path, typer.Argument(help="run config YAML")],
+    placement: Annotated[
+        bool, typer.Option(help="also where each setup runs on vLLM by device class (docs/backends.md)")
+    ] = False,
+) -> None:
     """Check CONFIG, its tasks and data checksums, and every setup on this device; load no model."""
+    from qeval.backends import backend_entry
     from qeval.config import load_config
     from qeval.run.preflight import preflight
     from qeval.sweep.config import load_sweep
 
     try:
         sweep = load_sweep(config)
-        plans = {m: preflight(c) for m, c in (sweep.configs if sweep else {"": load_config(config)}).items()}
+        configs = sweep.configs if sweep else {"": load_config(config)}
+        lines = backend_entry("vllm").placement_lines
+        if placement and lines is not None:  # the config's setups alone: before anything this machine lacks
+            print("\n".join(lines(next(iter(configs.values())).setups)).lstrip("\n"))
+        plans = {m: preflight(c) for m, c in configs.items()}
     except UserError as exc:
         _fail(exc)
         return

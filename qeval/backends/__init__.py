@@ -92,6 +92,9 @@ class BackendEntry:
     #: a fresh KV cache for one forward pass of a model this backend loaded (its config), quantized
     #: as the setup asks, its kept layers (`kv_keep`) not: the KV advisor's probe (qeval/advise/kv.py)
     kv_cache_for: Callable[[Any, Setup], Any] | None = None
+    #: where setups' formats run on this engine by device class, as `qeval validate --placement`
+    #: prints it (qeval/backends/vllm/placement.py); None: the engine places nothing
+    placement_lines: Callable[[list[Setup]], list[str]] | None = None
     #: the serving conditions an A/A control may change on this engine (`config.setups.Control`'s
     #: fields: batch_size, max_num_seqs, concurrency); a control naming another is refused
     control_fields: frozenset[str] = frozenset()

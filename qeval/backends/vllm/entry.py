@@ -23,6 +23,12 @@ if TYPE_CHECKING:
     from qeval.config.setups import Setup
 
 
+def _placement_lines(setups: list[Setup]) -> list[str]:
+    from qeval.backends.vllm.placement import placement_lines
+
+    return placement_lines(setups)
+
+
 def _create(cfg: RunConfig, setup: Setup, device: str) -> Backend:
     from qeval.backends.vllm.backend import VLLMBackend
 
@@ -50,5 +56,6 @@ BACKEND = BackendEntry(
     control_fields=frozenset({"max_num_seqs", "max_num_batched_tokens"}),
     validate_served=validate_engine,
     validate_model=validate_model,
+    placement_lines=_placement_lines,
     batch_invariant_mode=True,
 )

@@ -1,0 +1,62 @@
+"""Hardware placement (docs/backends.md, "Hardware placement"): each setup's formats on vLLM by
+device class, before any model loads, as vLLM 0.32's schemes and docs say (GPU; not run by qeval)
+and as measured on its CPU build; and `qeval validate --placement` prints them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from qeval.backends.vllm.placement import DEVICE_CLASSES, place, verdict
+from qeval.config.setups import Setup
+from tests.helpers import ROOT, run_cli
+
+FP8 = Setup(name="fp8", weights="fp8")
+W8A8 = Setup(name="w8a8", weights="int8", method="w8a8")
+W4A16 = Setup(name="w4a16", weights="int4", method="gptq")
+KV_FP8 = Setup(name="kv", kv_cache="fp8")
+
+
+@pytest.mark.parametrize(
+    ("setup", "device", "status", "why"),
+    [
+        (FP8, "hopper", "native", ""),
+        (FP8, "ada", "native", ""),
+        (FP8, "ampere", "fallback", "weight-only FP8 through Marlin"),  # CompressedTensorsW8A16Fp8 below 8.9
+        (FP8, "cpu-avx512", "refused", "no FP8 quantization kernel"),
+        (W8A8, "hopper", "native", ""),
+        (W8A8, "blackwell", "refused", "INT8 is not supported on compute capability >= 10.0"),
+        (W8A8, "cpu-avx2", "native", "measured"),
+        (W4A16, "ampere", "native", "Marlin"),
+        (W4A16, "turing", "fallback", "no Marlin"),
+        (W4A16, "cpu-avx2", "refused", "AVX-512"),
+        (KV_FP8, "cpu-avx512", "native", ""),
+        (KV_FP8, "cpu-avx2", "refused", "AVX-512 or AMX"),
+        (Setup(name="kv2", kv_cache="int2"), "hopper", "refused", "not a vLLM KV dtype"),
+        (Setup(name="q", weights="int8"), "hopper", "refused", "transformers-side quantizer"),
+    ],
+)
+def test_each_format_is_placed_as_vllm_says(setup: Setup, device: str, status: str, why: str) -> None:
+    (placed,) = place(setup, device)
+    assert placed.status == status and why in placed.why, placed
+
+
+def test_a_setup_is_its_worst_format_and_16_bit_runs_everywhere() -> None:
+    mixed = Setup(name="m", weights="int4", method="gptq", kv_cache="fp8")
+    assert [p.status for p in place(mixed, "cpu-avx2")] == ["refused", "refused"]
+    assert verdict(place(mixed, "turing")) == "untested"  # FP8 KV below 8.9: neither source settles it
+    assert all(place(Setup(name="b", baseline=True), d) == [] for d in DEVICE_CLASSES)
+    with pytest.raises(ValueError, match="device class 'volta'"):
+        place(FP8, "volta")
+
+
+def test_validate_prints_the_placement_before_what_this_machine_lacks(tmp_path: Path) -> None:
+    res = run_cli("validate", str(ROOT / "configs" / "gpu-llama3-8b.yaml"), "--placement")
+    assert res.returncode == 2  # no GPU here: refused after the table, in one line
+    table = res.stdout.splitlines()
+    assert table[0].startswith("placement on vLLM 0.32") and table[2].split() == ["setup", *DEVICE_CLASSES]
+    fp8 = next(line.split() for line in table if line.startswith("fp8 "))
+    assert fp8 == ["fp8", "refused", "refused", "fallback", "fallback", "native", "native", "native"]
+    assert "fp8 on ampere: FP8 W8A8: fallback (weight-only FP8 through Marlin" in res.stdout
+    assert len(res.stderr.strip().splitlines()) == 1 and "no NVIDIA GPU" in res.stderr
