@@ -4,7 +4,7 @@ speed does not), or not at all. Pure knowledge: importing this needs no vLLM.
 
 The GPU rows follow vLLM 0.32's own code and docs: a compressed-tensors scheme's
 `get_min_capability` (model_executor/layers/quantization/compressed_tensors/schemes/: W8A8-FP8
-89, W8A16-FP8 75, W8A8-INT8 75, WNA16 75), the scheme choice in compressed_tensors.py (FP8 W8A8
+89, W8A16-FP8 75, W8A8-INT8 75, WNA16 75), the scheme choice in vLLM's compressed_tensors module (FP8 W8A8
 below capability 89 becomes CompressedTensorsW8A16Fp8: weight-only FP8 through Marlin), the FP8
 W8A8 page ("FP8 computation is supported on NVIDIA GPUs with compute capability >= 8.9 ... FP8
 models will run on compute capability >= 7.5 (Turing) as weight-only W8A16, utilizing FP8 Marlin")
