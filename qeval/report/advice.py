@@ -224,7 +224,12 @@ def markdown(results: Results, esc: Escape) -> list[str]:
         "",
         *md_table(vh, vr),
         "",
-        "Weights in bytes (predicted from config.json, measured on the loaded model); the advisor's KL on its "
+        (
+            "KV bytes per token (predicted from config.json, measured on the cache's storage)"
+            if _is_kv(a)
+            else "Weights in bytes (predicted from config.json, measured on the loaded model)"
+        )
+        + "; the advisor's KL on its "
         "own calibration and held-out documents; the run's KL and Δ on the run's tasks, paired by document; "
         "gates: the setup's verdict over the config's gates.",
         "",
