@@ -55,29 +55,21 @@ def advise(cfg: RunConfig, config_path: Path, opts: Options, log: Any = print, d
     dtype = dtype or resolve_precision(cfg.model.dtype, source.config, device).dtype  # cfg keeps what was asked
     shape = ModelShape.from_config(source.config)
     cell_units = kv_units(shape, target, dtype) if opts.kv else cells(shape, target, dtype)
-    if opts.kv:  # no byte budget: the cheapest assignment within the KL target
-        allowance, budget_bytes = sum(u.extra_bytes for u in cell_units), 0
-        basis = f"the cheapest per-layer KV assignment whose calibration KL is at most {opts.kl_target:g}"
-    else:
-        allowance, budget_bytes, basis = _allowance(cfg, opts, shape, target, dtype, cell_units)
+    allowance, budget_bytes, basis = _allowance(cfg, opts, shape, target, dtype, cell_units)
     label, texts = read_texts(cfg, opts.text)
-
     t0 = time.perf_counter()
-    backend: Any = backend_entry(ADVISOR_BACKEND).create(
-        cfg.for_engine(dtype), Setup(name="advise-baseline", baseline=True), device
-    )
-    backend.load()
-    sl, probe = _prepare(backend, cfg, opts, target, cell_units, label, texts)
+    backend, sl, probe = _prepare(cfg, opts, target, cell_units, label, texts, dtype, device)
     load_s = time.perf_counter() - t0
     log(
         f"advise: {len(cell_units)} cells, calibration {sl.calib_tokens} tokens in {len(sl.calib)} documents "
         f"of {label}; target {target.name}"
     )
     sens = _sensitivity(probe, sl.calib, cell_units, opts.unions, log, kv_unions if opts.kv else unions)
-    if opts.kv:
-        search, kept_units, advised = _kv_search(probe, sl.calib, sens, cell_units, target, opts)
-    else:
-        search, kept_units, advised = _search(probe, sl.calib, sens, cell_units, allowance, target, opts)
+    search, kept_units, advised = (
+        _kv_search(probe, sl.calib, sens, cell_units, target, opts)
+        if opts.kv
+        else _search(probe, sl.calib, sens, cell_units, allowance, target, opts)
+    )
     mixes, versus = _verify(probe, sl.heldout, cell_units, kept_units, advised, target, shape, dtype, opts, log)
     timing = sens.timing(load_s, time.perf_counter() - t0)
     backend.close()
@@ -128,7 +120,12 @@ def _allowance(
     cfg: RunConfig, opts: Options, shape: ModelShape, target: Setup, dtype: str, cell_units: list[Unit]
 ) -> tuple[int, int, str]:
     """The budget's allowance in bytes over the target, its bytes and basis; a UserError where
-    the budget cannot be met or is no budget at all (advise/target.py `budget_problem`)."""
+    the budget cannot be met or is no budget at all (advise/target.py `budget_problem`). The KV
+    advisor has no byte budget: the cheapest assignment within its KL target (keeping every layer:
+    the allowance's ceiling)."""
+    if opts.kv:
+        basis = f"the cheapest per-layer KV assignment whose calibration KL is at most {opts.kl_target:g}"
+        return sum(u.extra_bytes for u in cell_units), 0, basis
     if opts.budget is None:
         raise UserError("--budget is required: e.g. --budget 4.5bpw or --budget 350MiB")
     allowance, budget_bytes, basis = allowance_of(opts.budget, shape, target, dtype, cfg.budget.context_len)
@@ -146,17 +143,22 @@ def _allowance(
 
 
 def _prepare(
-    backend: Any,
     cfg: RunConfig,
     opts: Options,
     target: Setup,
     cell_units: list[Unit],
     label: str,
     texts: list[str],
-) -> tuple[Slice, Scorer]:
-    """The calibration and held-out documents, tokenized, and the probe over the loaded model's
-    units (`backend`: the loaded HF backend, its `model` and `tok`); a UserError where the model
-    has not the layer names the advisor knows."""
+    dtype: str,
+    device: str,
+) -> tuple[Any, Slice, Scorer]:
+    """The loaded baseline model (the HF backend, its `model` and `tok`), the calibration and
+    held-out documents tokenized, and the probe over its units; a UserError where the model has not
+    the layer names the advisor knows."""
+    backend: Any = backend_entry(ADVISOR_BACKEND).create(
+        cfg.for_engine(dtype), Setup(name="advise-baseline", baseline=True), device
+    )
+    backend.load()
     names = [m for u in cell_units for m in u.modules]
     sl = make_slice(
         label, texts, backend.tok, n_calib=opts.calib_docs, n_heldout=opts.heldout_docs, max_len=cfg.model.max_context
@@ -164,11 +166,11 @@ def _prepare(
     if opts.kv:  # the layers' KV cache, through the backend's own per-layer cache
         cache_for = backend_entry(ADVISOR_BACKEND).kv_cache_for
         assert cache_for is not None  # the advisor's backend builds per-layer caches
-        return sl, KvProbe(backend.model, target, names, cache_for, batch_size=cfg.batch_size)
+        return backend, sl, KvProbe(backend.model, target, names, cache_for, batch_size=cfg.batch_size)
     missing = [m for m in names if m not in dict(backend.model.named_modules())]
     if missing:
         raise UserError(f"the model has no module {missing[0]}: the advisor knows Llama-family layer names only")
-    return sl, Probe(backend.model, target, names, batch_size=cfg.batch_size)
+    return backend, sl, Probe(backend.model, target, names, batch_size=cfg.batch_size)
 
 
 @dataclass

@@ -46,17 +46,7 @@ def advise_plan(req: AdviseRequest) -> tuple[RunConfig, Options, Path]:
 
     cfg = load_config(req.config)
     block = cfg.advise or AdviseSpec(budget="1bpw")  # a stand-in for the defaults; its budget is never used
-    kl_target = req.kl_target if req.kl_target is not None else (cfg.advise.kl_target if cfg.advise else None)
-    if kl_target is not None and not (0 < kl_target < 100):  # NaN included
-        raise UserError(f"--kl-target {kl_target}: a KL in nats, above 0 (e.g. 0.02)")
-    if kl_target is not None and req.budget is not None:
-        raise UserError(
-            "--kl-target and --budget: the KV advisor finds the cheapest assignment within the KL target; give one"
-        )
-    if req.budget is None and kl_target is None and (cfg.advise is None or cfg.advise.budget is None):
-        raise UserError(
-            "--budget is required: e.g. --budget 4.5bpw or --budget 350MiB (or --kl-target for the KV cache)"
-        )
+    kl_target = _kl_target(req, cfg)
     calib = block.calib_docs if req.calib_docs is None else req.calib_docs
     heldout = block.heldout_docs if req.heldout_docs is None else req.heldout_docs
     draws = block.random_draws if req.random_draws is None else req.random_draws
@@ -87,3 +77,20 @@ def advise_plan(req: AdviseRequest) -> tuple[RunConfig, Options, Path]:
         kl_target,
     )
     return cfg, opts, advice_path
+
+
+def _kl_target(req: AdviseRequest, cfg: RunConfig) -> float | None:
+    """The KV advisor's KL target (the option, else the block's), None for the weight advisor; one
+    line where both criteria or neither are given, or the target is no KL."""
+    kl_target = req.kl_target if req.kl_target is not None else (cfg.advise.kl_target if cfg.advise else None)
+    if kl_target is not None and not (0 < kl_target < 100):  # NaN included
+        raise UserError(f"--kl-target {kl_target}: a KL in nats, above 0 (e.g. 0.02)")
+    if kl_target is not None and req.budget is not None:
+        raise UserError(
+            "--kl-target and --budget: the KV advisor finds the cheapest assignment within the KL target; give one"
+        )
+    if req.budget is None and kl_target is None and (cfg.advise is None or cfg.advise.budget is None):
+        raise UserError(
+            "--budget is required: e.g. --budget 4.5bpw or --budget 350MiB (or --kl-target for the KV cache)"
+        )
+    return kl_target

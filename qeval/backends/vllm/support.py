@@ -198,6 +198,12 @@ def engine_args(
         args["quantization"] = "fp8"
     elif setup.quantizes_weights and setup.method == "bnb":
         args["quantization"] = "bitsandbytes"
+    return args | kv_args(setup, layer_kinds)
+
+
+def kv_args(setup: Setup, layer_kinds: tuple[str, ...] | None) -> dict[str, Any]:
+    """The KV cache's engine arguments: its dtype and the layers kept at the model's (`kv_keep`)."""
+    args: dict[str, Any] = {}
     if setup.kv_cache != "auto":
         args["kv_cache_dtype"] = KV_DTYPES[setup.kv_cache]
     if setup.kv_keep:
