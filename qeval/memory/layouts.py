@@ -22,6 +22,10 @@ from qeval.config.setups import Setup
 from qeval.memory.ledger import kv_layer_bytes
 from qeval.model.shape import ModelShape
 
+#: what one token costs in each decoder layer (memory.ledger.kv_layer_bytes), and a set of layers
+LayerBytes = tuple[int, ...]
+Layers = frozenset[int]
+NO_LAYERS: Layers = frozenset()
 #: bytes per element of the model's dtypes (state layers, the naive figure)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -56,12 +60,7 @@ class KvRule(Protocol):
         ...
 
     def sequence(
-        self,
-        shape: ModelShape,
-        layer_bytes: tuple[int, ...],
-        context: int,
-        dtype: str,
-        quantized: frozenset[int] = frozenset(),
+        self, shape: ModelShape, layer_bytes: LayerBytes, context: int, dtype: str, quantized: Layers = NO_LAYERS
     ) -> SequenceKV:
         """One sequence at `context` tokens, from what one token costs in each decoder layer
         (memory.ledger.kv_layer_bytes: the KV dtype, quantization scales included, a kept layer's

@@ -16,6 +16,9 @@ from dataclasses import dataclass
 
 from qeval.memory.layouts import (
     DTYPE_BYTES,
+    NO_LAYERS,
+    LayerBytes,
+    Layers,
     SequenceKV,
     attention_kind,
     conv_dim,
@@ -46,12 +49,7 @@ class HeldKv:
     engine: str = "hf"
 
     def sequence(
-        self,
-        shape: ModelShape,
-        layer_bytes: tuple[int, ...],
-        context: int,
-        dtype: str,
-        quantized: frozenset[int] = frozenset(),
+        self, shape: ModelShape, layer_bytes: LayerBytes, context: int, dtype: str, quantized: Layers = NO_LAYERS
     ) -> SequenceKV:
         """One sequence at `context` tokens, each layer at its own bytes per token; a quantized
         windowed layer (in `quantized`) keeps W - 1 tokens of its own storage (qeval's

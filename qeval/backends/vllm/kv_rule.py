@@ -22,6 +22,9 @@ from dataclasses import dataclass
 
 from qeval.memory.layouts import (
     DTYPE_BYTES,
+    NO_LAYERS,
+    LayerBytes,
+    Layers,
     SequenceKV,
     attention_kind,
     cdiv,
@@ -110,12 +113,7 @@ class PagedKv:
         }
 
     def sequence(
-        self,
-        shape: ModelShape,
-        layer_bytes: tuple[int, ...],
-        context: int,
-        dtype: str,
-        quantized: frozenset[int] = frozenset(),
+        self, shape: ModelShape, layer_bytes: LayerBytes, context: int, dtype: str, quantized: Layers = NO_LAYERS
     ) -> SequenceKV:
         """One sequence at `context` tokens in vLLM's paged blocks, padding slots included."""
         attention = sorted({b for k, b in zip(shape.kinds(), layer_bytes, strict=True) if k != "linear"})
