@@ -13,6 +13,17 @@ from rich.markup import escape
 from rich.table import Table
 
 from qeval.errors import UserError
+from qeval.run.advise_command import (
+    AdviceOutputOpt,
+    BudgetOpt,
+    CalibDocsOpt,
+    HeldoutDocsOpt,
+    KlTargetOpt,
+    RandomDrawsOpt,
+    TargetOpt,
+    TextOpt,
+    UnionsOpt,
+)
 from qeval.run.exits import (
     EXIT_BAD_INPUT,
     EXIT_INTERRUPTED,
@@ -48,7 +59,8 @@ def _split(value: str | None, option: str = "") -> list[str] | None:
     return names
 
 
-# the longer options of `run`, `advise` and `plan`, named here so that each signature stays a list of names
+# the longer options of `run` and `plan`, named here so that each signature stays a list of names (`advise`'s
+# live with its command: qeval/run/advise_command.py)
 RunForceOpt = Annotated[bool, typer.Option(help="recompute stored results; write into a folder holding another run")]
 FailOnGateOpt = Annotated[bool, typer.Option(help="exit 3 when the candidate does not pass every quality gate")]
 ExecutorOpt = Annotated[
@@ -62,44 +74,6 @@ PerformanceOpt = Annotated[
         help="time every setup after scoring, or skip that phase for this run (overrides the config's "
         "performance.enabled; docs/performance.md)",
     ),
-]
-BudgetOpt = Annotated[
-    str | None,
-    typer.Option(help="average bits per decoder-linear weight (4.5bpw) or memory at the budget's context (350MiB)"),
-]
-TargetOpt = Annotated[
-    str | None,
-    typer.Option(
-        help="the setup to lower (default: the config's first int4, else int8, quanto setup; with --kl-target "
-        "its first quantized-KV setup)"
-    ),
-]
-KlTargetOpt = Annotated[
-    float | None,
-    typer.Option(
-        help="the KV advisor: the cheapest per-layer KV assignment whose calibration KL stays within this "
-        "(docs/advisor.md, 'Which layers' KV cache to quantize')"
-    ),
-]
-TextOpt = Annotated[
-    Path | None,
-    typer.Option(
-        help="calibration text: plain text (paragraphs) or JSON Lines with `text` (default: the perplexity task)"
-    ),
-]
-CalibDocsOpt = Annotated[int | None, typer.Option(help="documents the sensitivity is measured on [default: 16]")]
-HeldoutDocsOpt = Annotated[int | None, typer.Option(help="further documents the mix is checked on [default: 32]")]
-RandomDrawsOpt = Annotated[int | None, typer.Option(help="random mixes of the same bytes to compare with [default: 5]")]
-UnionsOpt = Annotated[
-    bool | None,
-    typer.Option(
-        "--unions/--no-unions",
-        help="also measure whole blocks and module types, not only the layer x type cells [default: unions]",
-    ),
-]
-AdviceOutputOpt = Annotated[
-    Path | None,
-    typer.Option(help="advice.md to write (.html and .json beside it); default reports/<config name>/advice.md"),
 ]
 ModelOpt = Annotated[
     str | None,

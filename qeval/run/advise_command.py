@@ -7,13 +7,56 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
+
+import typer
 
 from qeval.errors import UserError
 
 if TYPE_CHECKING:
     from qeval.advise.advisor import Options
     from qeval.config import RunConfig
+
+
+# `qeval advise`'s longer options (qeval/cli.py), named so that its signature stays a list of names
+BudgetOpt = Annotated[
+    str | None,
+    typer.Option(help="average bits per decoder-linear weight (4.5bpw) or memory at the budget's context (350MiB)"),
+]
+TargetOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="the setup to lower (default: the config's first int4, else int8, quanto setup; with --kl-target "
+        "its first quantized-KV setup)"
+    ),
+]
+KlTargetOpt = Annotated[
+    float | None,
+    typer.Option(
+        help="the KV advisor: the cheapest per-layer KV assignment whose calibration KL stays within this "
+        "(docs/advisor.md, 'Which layers' KV cache to quantize')"
+    ),
+]
+TextOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="calibration text: plain text (paragraphs) or JSON Lines with `text` (default: the perplexity task)"
+    ),
+]
+CalibDocsOpt = Annotated[int | None, typer.Option(help="documents the sensitivity is measured on [default: 16]")]
+HeldoutDocsOpt = Annotated[int | None, typer.Option(help="further documents the mix is checked on [default: 32]")]
+RandomDrawsOpt = Annotated[int | None, typer.Option(help="random mixes of the same bytes to compare with [default: 5]")]
+UnionsOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--unions/--no-unions",
+        help="also measure whole blocks and module types, not only the layer x type cells [default: unions]",
+    ),
+]
+AdviceOutputOpt = Annotated[
+    Path | None,
+    typer.Option(help="advice.md to write (.html and .json beside it); default reports/<config name>/advice.md"),
+]
 
 
 @dataclass(frozen=True)
