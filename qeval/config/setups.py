@@ -13,12 +13,31 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from qeval.files.names import NAME_PATTERN
 from qeval.strict import check_int_bound
 
-Weights = Literal["bf16", "fp16", "fp32", "fp8", "int8", "int4"]
+Weights = Literal["bf16", "fp16", "fp32", "fp8", "fp4", "int8", "int4"]
 KVCache = Literal["auto", "fp8", "fp8_e5m2", "int8", "int4", "int2"]
-Method = Literal["rtn", "bnb", "torchao", "w8a8", "w4a8", "gptq", "awq", "fp8"]
+Method = Literal[
+    "rtn", "bnb", "torchao", "w8a8", "w4a8", "gptq", "awq", "fp8_dynamic", "fp8_static", "nvfp4", "nvfp4a16", "mxfp4",
+    "mxfp4a16",
+]  # fmt: skip
 
 #: bits per weight element for each weight precision (scales are added by memory/ledger.py)
-WEIGHT_BITS: dict[str, int] = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4}
+WEIGHT_BITS: dict[str, int] = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "fp4": 4, "int8": 8, "int4": 4}
+#: the weight precisions a setup quantizes to (the rest are the model's own floating dtypes)
+QUANTIZED_WEIGHTS = ("fp8", "fp4", "int8", "int4")
+#: method -> the weights of the checkpoint `qeval quantize` makes for it (llm-compressor's recipe
+#: for each: quantize/checkpoints.py SCHEMES); every backend that serves checkpoints reads this
+CHECKPOINT_WEIGHTS: dict[str, str] = {
+    "w8a8": "int8",
+    "w4a8": "int4",
+    "gptq": "int4",
+    "awq": "int4",
+    "fp8_dynamic": "fp8",
+    "fp8_static": "fp8",
+    "nvfp4": "fp4",
+    "nvfp4a16": "fp4",
+    "mxfp4": "fp4",
+    "mxfp4a16": "fp4",
+}
 #: bits per KV element for each KV-cache precision; `auto` follows the model dtype
 KV_BITS: dict[str, int] = {"fp8": 8, "fp8_e5m2": 8, "int8": 8, "int4": 4, "int2": 2}
 #: the layer kinds `kv_keep` names (ModelShape.kinds' words for the attention layers)
@@ -164,15 +183,26 @@ class Setup(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> Setup:
-        quantized = self.weights in ("int8", "int4")
-        if self.group_size is not None and self.weights != "int4":
-            raise ValueError(f"setup {self.name}: group_size applies to int4 weights only")
+        quantized = self.quantizes_weights
+        if self.group_size is not None and (
+            self.weights != "int4" or self.method not in ("rtn", "gptq", "awq", "w4a8")
+        ):
+            raise ValueError(f"setup {self.name}: group_size applies to int4 weights only (fp4 formats fix theirs)")
         if not quantized and self.method != "rtn":
-            raise ValueError(f"setup {self.name}: method {self.method!r} needs int8 or int4 weights")
+            raise ValueError(
+                f"setup {self.name}: method {self.method!r} needs quantized weights (int8, int4, fp8, fp4)"
+            )
+        made = CHECKPOINT_WEIGHTS.get(self.method)
+        if made is not None and quantized and made != self.weights:
+            raise ValueError(f"setup {self.name}: method {self.method} makes {made} weights, not {self.weights}")
+        if self.weights == "fp4" and made is None:
+            raise ValueError(
+                f"setup {self.name}: fp4 weights come from a checkpoint: method nvfp4, nvfp4a16, mxfp4 or mxfp4a16"
+            )
         if self.checkpoint_revision is not None and self.checkpoint is None:
             raise ValueError(f"setup {self.name}: checkpoint_revision needs a checkpoint (a hub id) to pin")
         if self.keep and not quantized:
-            raise ValueError(f"setup {self.name}: keep needs int8 or int4 weights (something to keep layers from)")
+            raise ValueError(f"setup {self.name}: keep needs quantized weights (something to keep layers from)")
         if self.kv_keep and not self.quantizes_kv:
             raise ValueError(f"setup {self.name}: kv_keep needs a quantized kv_cache (layers to keep from)")
         if self.control is not None and self.baseline:
@@ -198,7 +228,7 @@ class Setup(BaseModel):
 
     @property
     def quantizes_weights(self) -> bool:
-        return self.weights in ("fp8", "int8", "int4")
+        return self.weights in QUANTIZED_WEIGHTS
 
     @property
     def quantizes_kv(self) -> bool:

@@ -48,6 +48,8 @@ def linear_weights_bytes(out_f: int, in_f: int, setup: Setup, model_dtype: str) 
     total = out_f * in_f * base_bits // 8
     if setup.method == "bnb":  # bitsandbytes keeps float32 scales: per row (int8), per block of 64 (NF4)
         total += out_f * 4 if setup.weights == "int8" else out_f * in_f // 64 * 4
+    elif setup.method in FLOAT_SCALES:
+        total += float_format_scales(out_f, in_f, setup.method, _DTYPE_BITS.get(model_dtype, 16) // 8)
     elif setup.weights == "int8":
         total += out_f * SCALE_BYTES  # per output channel, symmetric
     elif setup.weights == "int4":
@@ -59,6 +61,26 @@ def linear_weights_bytes(out_f: int, in_f: int, setup: Setup, model_dtype: str) 
         # quanto keeps an input_scale and an output_scale scalar per module, in the model dtype
         total += 2 * _DTYPE_BITS[model_dtype] // 8
     return total
+
+
+#: the llm-compressor FP8 / FP4 formats' scales, as compressed-tensors 0.19 stores them (read off
+#: SmolLM2's checkpoints): (values per weight scale: None per output channel, 0 none; that scale's
+#: bytes; per-tensor scalars; their bytes), a byte count of 0 meaning the model dtype's
+FLOAT_SCALES: dict[str, tuple[int | None, int, int, int]] = {
+    "fp8_dynamic": (None, 0, 0, 0),  # a scale per output channel; activations' scales are dynamic
+    "fp8_static": (0, 0, 2, 0),  # one weight scale and one input scale per tensor
+    "nvfp4": (16, 1, 2, 4),  # an FP8 (E4M3) scale per 16 values; float32 weight and input global scales
+    "nvfp4a16": (16, 1, 1, 4),  # the same, without the input's
+    "mxfp4": (32, 1, 0, 0),  # an E8M0 (uint8) scale per 32 values; activations' scales are dynamic
+    "mxfp4a16": (32, 1, 0, 0),
+}
+
+
+def float_format_scales(out_f: int, in_f: int, method: str, dtype_bytes: int) -> int:
+    """The scale bytes of one linear layer in an FP8 / FP4 format (FLOAT_SCALES)."""
+    block, scale_bytes, scalars, scalar_bytes = FLOAT_SCALES[method]
+    scales = 0 if block == 0 else out_f if block is None else out_f * (in_f // block)
+    return scales * (scale_bytes or dtype_bytes) + scalars * (scalar_bytes or dtype_bytes)
 
 
 def predict_kv_bytes_per_token(shape: ModelShape, setup: Setup, model_dtype: str) -> int:

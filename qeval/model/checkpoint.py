@@ -111,7 +111,7 @@ def _names(values: list[Any]) -> str:
     return shown + (f" and {len(values) - SHOWN:,} more" if len(values) > SHOWN else "")
 
 
-def _tensor(args: dict[str, Any] | None) -> str | None:
+def tensor_text(args: dict[str, Any] | None) -> str | None:
     """One compressed-tensors QuantizationArgs, e.g. `int4 sym per group of 128 (static)`."""
     if not args:
         return None
@@ -166,7 +166,7 @@ def _compressed_tensors(qc: dict[str, Any], out: dict[str, Any]) -> str:
         if not isinstance(g, dict):
             continue
         targets: list[Any] = g["targets"] if isinstance(g.get("targets"), list) else [name]
-        w, a = _tensor(g.get("weights")), _tensor(g.get("input_activations"))
+        w, a = tensor_text(g.get("weights")), tensor_text(g.get("input_activations"))
         parts.append(
             f"{_short('+'.join(map(str, targets)))}: weights {_short(w or 'unquantized')}, "
             f"activations {_short(a or '16-bit')}"

@@ -37,6 +37,13 @@ class Scheme:
     weights: str  # the Setup.weights it makes
     smoothquant: bool = False
     awq: bool = False
+    #: round to nearest (llm-compressor's QuantizationModifier) instead of GPTQ: the FP8 and FP4
+    #: presets, as llm-compressor's own examples make them
+    rtn: bool = False
+    #: whether the recipe reads calibration text: GPTQ and AWQ do, and so do static activation
+    #: scales (FP8 per tensor, NVFP4's global input scale); dynamic and weight-only round-to-nearest
+    #: recipes do not, so their key leaves the calibration text out
+    calibrated: bool = True
 
 
 #: setup method -> the checkpoint `qeval quantize` makes for it (llmcompressor 0.14)
@@ -50,12 +57,50 @@ SCHEMES: dict[str, Scheme] = {
     "w4a8": Scheme("W4A8", "GPTQ, INT4 weights per group, INT8 activations per token (dynamic)", "int4"),
     "gptq": Scheme("W4A16", "GPTQ, INT4 weights per group, 16-bit activations", "int4"),
     "awq": Scheme("W4A16_ASYM", "AWQ, asymmetric INT4 weights per group, 16-bit activations", "int4", awq=True),
+    "fp8_dynamic": Scheme(
+        "FP8_DYNAMIC",
+        "FP8 (E4M3) weights per channel, FP8 activations per token (dynamic)",
+        "fp8",
+        rtn=True,
+        calibrated=False,
+    ),
+    "fp8_static": Scheme(
+        "FP8", "FP8 (E4M3) weights per tensor, FP8 activations per tensor (static, calibrated)", "fp8", rtn=True
+    ),
+    "nvfp4": Scheme(
+        "NVFP4",
+        "NVFP4 weights and activations (E2M1, an FP8 scale per 16 values, a global scale per tensor; the "
+        "activations' global scale calibrated)",
+        "fp4",
+        rtn=True,
+    ),
+    "nvfp4a16": Scheme(
+        "NVFP4A16",
+        "NVFP4 weights (E2M1, an FP8 scale per 16 values), 16-bit activations",
+        "fp4",
+        rtn=True,
+        calibrated=False,
+    ),
+    "mxfp4": Scheme(
+        "MXFP4",
+        "MXFP4 weights and activations (E2M1, a power-of-two scale per 32 values; activations dynamic)",
+        "fp4",
+        rtn=True,
+        calibrated=False,
+    ),
+    "mxfp4a16": Scheme(
+        "MXFP4A16",
+        "MXFP4 weights (E2M1, a power-of-two scale per 32 values), 16-bit activations",
+        "fp4",
+        rtn=True,
+        calibrated=False,
+    ),
 }
 
 
 def needs_checkpoint(setup: Setup) -> bool:
     """Setups served from a `qeval quantize` checkpoint folder (vllm and hf backends)."""
-    return setup.weights in ("int8", "int4") and setup.method in SCHEMES
+    return setup.quantizes_weights and setup.method in SCHEMES
 
 
 def recipe_spec(cfg: RunConfig, setup: Setup, dtype: str) -> dict[str, Any]:
@@ -69,9 +114,11 @@ def recipe_spec(cfg: RunConfig, setup: Setup, dtype: str) -> dict[str, Any]:
         "targets": "Linear",
         "ignore": ignore_list(setup),
         "dtype": dtype,
-        "num_samples": q.num_samples,
-        "max_seq_length": min(q.max_seq_length, cfg.model.max_context),
     }
+    if scheme.calibrated:
+        spec |= {"num_samples": q.num_samples, "max_seq_length": min(q.max_seq_length, cfg.model.max_context)}
+    if scheme.rtn:
+        spec["rtn"] = True
     if scheme.weights == "int4":
         spec["group_size"] = setup.group_size or 128
     if scheme.smoothquant:
@@ -93,6 +140,28 @@ def ignore_list(setup: Setup) -> list[str]:
     `re:`, by `re.match`; fnmatch.translate's regex ends in `\\Z`, so a shell pattern matches
     the same names there as in quanto's and Setup.keeps' fnmatch."""
     return ["lm_head", *(p if _is_literal(p) else "re:" + translate(p) for p in setup.keep)]
+
+
+#: values per scale of the FP4 presets (compressed-tensors 0.19: NVFP4 16, MXFP4 32)
+FP4_GROUPS = {"nvfp4": 16, "nvfp4a16": 16, "mxfp4": 32, "mxfp4a16": 32}
+
+
+def check_group_divides(setup: Setup, linear: list[tuple[str, int, int]]) -> None:
+    """Refuse, in one line and before minutes of calibration, a group size that does not divide a
+    quantized layer's columns: llm-compressor 0.14 stops on it only once the model is loaded
+    (`validate_group_size_divisibility`). `linear`: ModelShape.linear_modules()."""
+    group = FP4_GROUPS.get(setup.method) or (setup.group_size or 128 if setup.weights == "int4" else None)
+    if group is None:
+        return
+    # llm-compressor's own condition (modifiers/quantization/group_size_validation.py): a row no
+    # longer than the group is one group
+    bad = [(name, cols) for name, _, cols in linear if cols > group and cols % group and not setup.keeps(name)]
+    if bad:
+        name, cols = bad[0]
+        raise UserError(
+            f"setup {setup.name}: groups of {group} do not divide the {cols} columns of {name} "
+            f"({len(bad)} layers like it); set group_size to a divisor of {cols}, or keep those layers"
+        )
 
 
 def _is_literal(pattern: str) -> bool:
@@ -167,7 +236,11 @@ def read_calibration_texts(cal: Calibration, limit: int) -> list[str]:
 
 
 def checkpoint_key(model_sha256: str, recipe: dict[str, Any], calibration_sha256: str) -> str:
-    blob = json.dumps({"model": model_sha256, "recipe": recipe, "calibration": calibration_sha256}, sort_keys=True)
+    """The hash that names a checkpoint's folder. A recipe that reads no calibration text (no
+    `num_samples` in it: recipe_spec) leaves the text's checksum out: another calibration set makes
+    the same checkpoint."""
+    calibration = calibration_sha256 if "num_samples" in recipe else None
+    blob = json.dumps({"model": model_sha256, "recipe": recipe, "calibration": calibration}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

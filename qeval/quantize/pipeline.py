@@ -37,6 +37,7 @@ from qeval.quantize.checkpoints import (
     SCHEMES,
     calibration_checksum,
     calibration_source,
+    check_group_divides,
     check_keep_fused,
     checkpoint_dir,
     checkpoint_key,
@@ -97,9 +98,11 @@ def quantize(
     model_sha = source.checksum
     made: list[Made] = []
     python: str | None = None
-    names = [n for n, _, _ in ModelShape.from_config(source.config).linear_modules()]
+    linear = ModelShape.from_config(source.config).linear_modules()
+    for setup in todo:  # every setup's layers checked before any of them is quantized
+        check_keep_fused(setup, [n for n, _, _ in linear])
+        check_group_divides(setup, linear)
     for setup in todo:
-        check_keep_fused(setup, names)
         dest = checkpoint_dir(cfg, setup, model_sha, cal_sha, dtype)
         scheme = SCHEMES[setup.method]
         if (dest / RECORD).is_file() and not force:
@@ -108,7 +111,8 @@ def quantize(
             continue
         python = python or quant_python()
         n = len(texts) if texts is not None else cfg.quantize.num_samples
-        log(f"{setup.name}: quantizing to {scheme.preset} ({scheme.algorithm}) on {n} calibration texts -> {dest}")
+        on = f"on {n} calibration texts" if scheme.calibrated else "(no calibration text)"
+        log(f"{setup.name}: quantizing to {scheme.preset} ({scheme.algorithm}) {on} -> {dest}")
         record = _make(cfg, setup, dtype, dest, python, cal, texts, model_sha, cal_sha)
         log(f"{setup.name}: done in {record['made_by']['seconds']:.0f} s")
         made.append(Made(setup.name, scheme.preset, dest, False, record["made_by"]["seconds"]))
@@ -126,7 +130,7 @@ def _todo(cfg: RunConfig, only: list[str] | None) -> list[Setup]:
         todo = [s for s in todo if s.name in only]
     if not todo:
         raise UserError(
-            "no setup to quantize: that takes weights int8/int4 with method "
+            "no setup to quantize: that takes quantized weights with method "
             f"{' / '.join(SCHEMES)} and no `checkpoint:` of its own"
         )
     if any(s.method == "awq" for s in todo) and shutil.which("nvidia-smi") is None:
@@ -162,6 +166,8 @@ def _make(
     _remove_stale(dest)
     tmp.mkdir(parents=True)
     recipe = recipe_spec(cfg, setup, dtype)
+    if "num_samples" not in recipe:  # the recipe reads no calibration text (checkpoint_key)
+        texts = []
     m = cfg.model
     model = {"path": m.path, "revision": m.revision, "dtype": dtype, "trust_remote_code": m.trust_remote_code}
     job = {
@@ -191,7 +197,9 @@ def _make(
             "sha256": cal_sha,
             "texts": info["calibration_texts"],
             "tokens": info["calibration_tokens"],
-        },
+        }
+        if "num_samples" in recipe
+        else {"texts": 0, "tokens": 0, "note": "the recipe reads no calibration text"},
         "made_by": _made_by(started, info),
     }
     atomic_write_json(tmp / RECORD, record)

@@ -42,6 +42,8 @@ def _recipe(spec: dict[str, Any]) -> list[Any]:
         quant["scheme"] = preset
     if spec["method"] == "awq":  # AWQ rescales channels; the quantization modifier then rounds
         return [AWQModifier(), QuantizationModifier(**quant)]
+    if spec.get("rtn"):  # the FP8 / FP4 presets: round to nearest, as llm-compressor's examples make them
+        return [QuantizationModifier(**quant)]
     recipe: list[Any] = []
     if "smoothing_strength" in spec:
         recipe.append(SmoothQuantModifier(smoothing_strength=spec["smoothing_strength"]))
@@ -76,23 +78,24 @@ def main(job_path: str) -> None:
     model = AutoModelForCausalLM.from_pretrained(
         m["path"], revision=m["revision"], dtype=m["dtype"], trust_remote_code=m["trust_remote_code"]
     )
-    dataset, n_texts = _calibration(job, tok)
     out = Path(job["output"])
+    calibrated = "num_samples" in job["recipe"]  # dynamic and weight-only recipes read no text
+    dataset, n_texts = _calibration(job, tok) if calibrated else (None, 0)
     # shuffle off: the first N documents, every time, so a checkpoint is reproducible
-    oneshot(
-        model=model,
-        dataset=dataset,
-        recipe=_recipe(job["recipe"]),
-        output_dir=str(out),
-        max_seq_length=job["recipe"]["max_seq_length"],
-        num_calibration_samples=n_texts,
-        shuffle_calibration_samples=False,
-    )
+    data: dict[str, Any] = {}
+    if dataset is not None:
+        data = {
+            "dataset": dataset,
+            "max_seq_length": job["recipe"]["max_seq_length"],
+            "num_calibration_samples": n_texts,
+            "shuffle_calibration_samples": False,
+        }
+    oneshot(model=model, recipe=_recipe(job["recipe"]), output_dir=str(out), **data)
     tok.save_pretrained(out)
     info = {
         "seconds": round(time.time() - started, 1),
         "calibration_texts": n_texts,
-        "calibration_tokens": int(sum(len(x) for x in dataset["input_ids"])),
+        "calibration_tokens": int(sum(len(x) for x in dataset["input_ids"])) if dataset is not None else 0,
         "libraries": {d: version(d) for d in ("llmcompressor", "compressed-tensors", "transformers", "torch")},
     }
     (out / "worker-info.json").write_text(json.dumps(info, indent=2))

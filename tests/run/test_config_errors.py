@@ -28,7 +28,7 @@ BAD = {
     "missing_model": (GOOD.replace('"@MODEL@"', '"./no/such/model"'), "model path ./no/such/model not found"),
     "vllm_only_fp8_weights": (
         GOOD.replace("weights: int4, group_size: 128", "weights: fp8"),
-        "fp8 weights and fp8_e5m2 KV are served by the vllm backend",
+        "fp8 weights quantized on the fly and fp8_e5m2 KV are served by the vllm backend",
     ),
     "torchao_int4_on_cpu": (GOOD.replace("group_size: 128", "method: torchao"), "offers int8 weights, not int4"),
     "cuda_without_gpu": (GOOD.replace("device: cpu", "device: cuda"), "no NVIDIA GPU"),

@@ -42,7 +42,7 @@ from qeval.backends.hf import sampling as hf_sampling
 from qeval.backends.hf.provenance import model_provenance
 from qeval.backends.tokens import conventions, generation_context, rolling_windows
 from qeval.config import RunConfig
-from qeval.config.setups import Setup
+from qeval.config.setups import QUANTIZED_WEIGHTS, Setup
 from qeval.memory.ledger import cache_bytes, cache_storage_bytes, model_weights_bytes
 from qeval.model.source import is_gguf
 
@@ -76,7 +76,7 @@ class HFBackend:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         spec = self.cfg.model
-        dtype = _DTYPES[spec.dtype if self.setup.weights in (None, "int8", "int4") else _weights_dtype(self.setup)]
+        dtype = _DTYPES[spec.dtype if self.setup.weights in (None, *QUANTIZED_WEIGHTS) else _weights_dtype(self.setup)]
         kw: dict[str, Any] = {"trust_remote_code": spec.trust_remote_code, "revision": spec.revision}
         path = spec.path
         if self.setup.checkpoint:  # pre-quantized: transformers' quantizer for its quant_method loads it
@@ -100,10 +100,20 @@ class HFBackend:
         if self.setup.checkpoint:
             # one forward first: compressed-tensors decompresses on it, and the ledger must see
             # the layers as they are resident while scoring, not as they were read from disk
+            first = torch.tensor([[self.tok.bos_token_id or 0]], device=self.device)
             with torch.no_grad():
-                self.model(input_ids=torch.tensor([[self.tok.bos_token_id or 0]], device=self.device))
+                try:
+                    self.model(input_ids=first)
+                    via = None
+                except RuntimeError:
+                    # compressed-tensors 0.19 decompresses NVFP4 to bfloat16 whatever the load dtype:
+                    # bring those layers to it (exact: bfloat16 values are float32 values) and go again
+                    via = hf_quant.cast_decompressed(self.model, dtype)
+                    if via is None:
+                        raise
+                    self.model(input_ids=first)
             self._quant_info = hf_quant.checkpoint_info(
-                self.model, self.setup.checkpoint, self.setup.checkpoint_revision
+                self.model, self.setup.checkpoint, self.setup.checkpoint_revision, via
             )
         else:
             self._quant_info = hf_quant.quantize_weights(self.model, self.setup)

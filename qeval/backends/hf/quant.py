@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from qeval.config.setups import Setup
+from qeval.config.setups import CHECKPOINT_WEIGHTS, Setup
 from qeval.errors import UserError
-from qeval.model.checkpoint import checkpoint_config, describe, quantization_config
+from qeval.model.checkpoint import checkpoint_config, describe, quantization_config, tensor_text
 
 
 def _version(dist: str) -> str:
@@ -30,7 +30,7 @@ def library_versions(setup: Setup) -> dict[str, str]:
         libs["bitsandbytes"] = _version("bitsandbytes")
     if setup.kv_cache == "int8":
         libs["hqq"] = _version("hqq")
-    if setup.checkpoint or setup.method in ("w8a8", "w4a8", "gptq", "awq"):
+    if setup.checkpoint or setup.method in CHECKPOINT_WEIGHTS:
         libs["compressed-tensors"] = _version("compressed-tensors")
     return libs
 
@@ -54,7 +54,7 @@ def quantize_weights(model: Any, setup: Setup) -> dict[str, Any]:
     """Quantize the decoder's linear layers in place (embeddings and lm_head stay 16-bit,
     as in transformers' own quanto integration; so do the linear layers the setup's `keep`
     patterns match). Returns what was done, for the results."""
-    if setup.weights not in ("int8", "int4"):  # fp8 weights are vLLM's, refused by hf_support
+    if setup.weights not in ("int8", "int4"):  # fp8 / fp4 weights come from checkpoints (checkpoint_info)
         return {"library": None}
     if setup.method == "bnb":  # quantized while loading (load_kwargs)
         scheme = "NF4, blocks of 64, compute in the model dtype" if setup.weights == "int4" else "LLM.int8()"
@@ -125,9 +125,28 @@ def decompressed(model: Any) -> str | None:
     return None
 
 
-def checkpoint_info(model: Any, checkpoint: str, revision: str | None = None) -> dict[str, Any]:
+def cast_decompressed(model: Any, dtype: torch.dtype) -> str | None:
+    """Bring decompressed layers whose weights came out in another floating dtype than the model's
+    (compressed-tensors 0.19's NVFP4 decompressor writes bfloat16 into a float32 model) to the
+    model's dtype; the dtype they came out in, or None where every layer had the model's already."""
+    came: str | None = None
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if (
+            getattr(module, "quantization_scheme", None) is not None
+            and isinstance(weight, torch.Tensor)
+            and weight.is_floating_point()
+            and weight.dtype != dtype
+        ):
+            came = str(weight.dtype).removeprefix("torch.")
+            module.to(dtype)
+    return came
+
+
+def checkpoint_info(model: Any, checkpoint: str, revision: str | None = None, via: str | None = None) -> dict[str, Any]:
     """What the checkpoint is, from its own quantization_config (the report's description of the
-    setup), and the dtype transformers decompressed it to, if it did (assemble flags that)."""
+    setup), and the dtype transformers decompressed it to, if it did (assemble flags that); `via`:
+    the dtype the decompressor wrote before qeval cast it to the model's (cast_decompressed)."""
     qc = quantization_config(checkpoint_config(checkpoint, revision))
     if qc is None:
         return {"library": None, "checkpoint": checkpoint, "description": "unquantized checkpoint"}
@@ -141,5 +160,22 @@ def checkpoint_info(model: Any, checkpoint: str, revision: str | None = None) ->
     }
     dtype = decompressed(model)
     if dtype is not None:
-        info["decompressed_to"] = dtype
+        info["decompressed_to"] = dtype if via is None else f"{dtype} (written as {via} by the decompressor)"
+        emulated = emulated_activations(model)
+        if emulated:
+            info["emulated"] = f"activations {emulated}, rounded in software in {dtype} (weights exact)"
     return info
+
+
+def emulated_activations(model: Any) -> str | None:
+    """The input-activation format compressed-tensors rounds each quantized linear layer's input to
+    in software once its weights are decompressed (its fake-quantizing forward stays on: measured
+    with compressed-tensors 0.19, the W8A8 / FP8 / NVFP4 / MXFP4 logits move when it is switched
+    off), e.g. `float8 sym per token (dynamic)`; None for weight-only schemes. No kernel of the
+    format ran: the figure's activations are emulated."""
+    for module in model.modules():
+        scheme = getattr(module, "quantization_scheme", None)
+        acts = getattr(scheme, "input_activations", None)
+        if acts is not None and getattr(module, "quantization_enabled", True):
+            return tensor_text(acts.model_dump())
+    return None

@@ -4,10 +4,12 @@ Measured on the development machines (transformers 5.23, torch 2.13 CPU, optimum
 0.2.7): quanto int8/int4 weights and quanto 2/4-bit `QuantizedCache` run on CPU and CUDA;
 torchao int4 weight-only needs CUDA kernels (`mslk`) and fails even on the H200 image we
 tried; transformers' `HqqConfig` is broken in 5.2x, so HQQ is only offered for the KV cache.
-Pre-quantized checkpoints (`checkpoint:`, or the `qeval quantize` methods w8a8 / w4a8 / gptq /
-awq) load through transformers' own quantizer for their `quant_method`; compressed-tensors
-0.19 loads W8A8, W4A8 and W4A16 on CPU and decompresses them to the load dtype at the first
-forward pass (hf/quant.py `checkpoint_info` records and flags that).
+Pre-quantized checkpoints (`checkpoint:`, or the `qeval quantize` methods: w8a8 / w4a8 / gptq /
+awq, fp8_dynamic / fp8_static, nvfp4 / nvfp4a16 / mxfp4 / mxfp4a16) load through transformers'
+own quantizer for their `quant_method`; compressed-tensors 0.19 loads every one of them on CPU
+and decompresses the weights to the load dtype at the first forward pass, exactly, while a
+scheme with quantized activations (W8A8, W4A8, FP8, NVFP4, MXFP4) keeps rounding each linear
+layer's input in software (fake quantization): hf/quant.py `checkpoint_info` records and flags both.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from qeval.config.setups import Setup
+from qeval.config.setups import CHECKPOINT_WEIGHTS, Setup
 from qeval.errors import UserError
 from qeval.model.checkpoint import CUDA_ONLY, PACKAGES, checkpoint_config, quantization_config
 from qeval.model.shape import ModelShape, layer_kinds
@@ -33,10 +35,6 @@ KV_BACKENDS: dict[str, tuple[str, str, int]] = {
     "int8": ("hqq", "hqq", 8),
     "fp8": ("fp8", "torch", 8),
 }
-_VLLM_ONLY = {"fp8"}
-#: methods served from a `qeval quantize` checkpoint (compressed-tensors, loaded by transformers'
-#: own quantizer: quantize/checkpoints.py fills in `checkpoint` at preflight)
-CHECKPOINT_METHODS = {"w8a8": "int8", "w4a8": "int4", "gptq": "int4", "awq": "int4"}
 
 
 def _installed(module: str) -> bool:
@@ -49,20 +47,16 @@ def _installed(module: str) -> bool:
 def validate(setup: Setup, device: str) -> None:
     """Raise a one-line UserError for a setup the hf backend cannot run on `device`."""
     where = f"setup {setup.name!r} on hf/{device}"
-    if setup.weights == "fp8" or setup.kv_cache == "fp8_e5m2":
-        raise UserError(f"{where}: fp8 weights and fp8_e5m2 KV are served by the vllm backend")
+    if (setup.weights == "fp8" and setup.method == "rtn") or setup.kv_cache == "fp8_e5m2":
+        raise UserError(
+            f"{where}: fp8 weights quantized on the fly and fp8_e5m2 KV are served by the vllm backend "
+            "(method fp8_dynamic makes an FP8 checkpoint transformers serves)"
+        )
     if setup.checkpoint:
         validate_checkpoint(setup, device)
-    elif setup.quantizes_weights and setup.method in CHECKPOINT_METHODS:
-        if CHECKPOINT_METHODS[setup.method] != setup.weights:
-            raise UserError(f"{where}: method {setup.method!r} does not make {setup.weights} weights")
+    elif setup.quantizes_weights and setup.method in CHECKPOINT_WEIGHTS:
         _need_package("compressed-tensors", where)  # every `qeval quantize` checkpoint is in that format
     elif setup.quantizes_weights:
-        if setup.method in _VLLM_ONLY:
-            raise UserError(
-                f"{where}: method {setup.method!r} is served by the vllm backend from a checkpoint "
-                "(`qeval quantize`), not by transformers"
-            )
         package, precisions = WEIGHT_METHODS[setup.method]
         if setup.weights not in precisions:
             raise UserError(
@@ -101,10 +95,10 @@ def validate_checkpoint(setup: Setup, device: str) -> None:
     quantized by qeval on top as on any setup; `weights:` must not claim a second quantizer."""
     where = f"setup {setup.name!r} on hf/{device}"
     assert setup.checkpoint is not None
-    if setup.weights is not None and setup.method not in CHECKPOINT_METHODS:
+    if setup.weights is not None and setup.method not in CHECKPOINT_WEIGHTS:
         raise UserError(
             f"{where}: a checkpoint brings its own quantization; drop weights/method "
-            f"({setup.weights}/{setup.method}) or name a checkpoint method (w8a8, w4a8, gptq, awq)"
+            f"({setup.weights}/{setup.method}) or name a checkpoint method ({', '.join(CHECKPOINT_WEIGHTS)})"
         )
     qc = quantization_config(checkpoint_config(setup.checkpoint, setup.checkpoint_revision))
     if qc is None:  # a plain 16-bit folder: served as it is (another fine-tune, say)

@@ -77,7 +77,7 @@ def validate_served(cfg: RunConfig, setup: Setup, device: str) -> None:
         from qeval.backends.vllm.support import validate as vllm_validate
 
         vllm_validate(setup, device)
-    elif setup.kv_cache != "auto" or setup.weights == "fp8" or (setup.quantizes_weights and setup.method == "bnb"):
+    elif setup.kv_cache != "auto" or (setup.weights == "fp8" and setup.method == "rtn") or setup.method == "bnb":
         raise UserError(
             f"setup {setup.name!r} on openai/launch with a command template: qeval translates only the "
             "served folder ({model}) for another server; put its KV-cache or quantization flags in "

