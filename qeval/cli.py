@@ -104,6 +104,9 @@ GpusPerNodeOpt = Annotated[
 ConcurrencyOpt = Annotated[
     int | None, typer.Option(min=1, help="cluster view: sequences of --context-len each setup must hold (default 1)")
 ]
+PlacementOpt = Annotated[
+    bool, typer.Option(help="also where each setup runs on vLLM by device class (docs/backends.md)")
+]
 EngineOpt = Annotated[
     str,
     typer.Option(
@@ -190,9 +193,7 @@ def run(
 @app.command()
 def validate(
     config: Annotated[Path, typer.Argument(help="run config YAML")],
-    placement: Annotated[
-        bool, typer.Option(help="also where each setup runs on vLLM by device class (docs/backends.md)")
-    ] = False,
+    placement: PlacementOpt = False,
 ) -> None:
     """Check CONFIG, its tasks and data checksums, and every setup on this device; load no model."""
     from qeval.backends import backend_entry
@@ -425,11 +426,13 @@ def plan_cmd(
     percentile: PercentileOpt = None,
     workload_format: WorkloadFormatOpt = None,
     custom_output_len: CustomOutputLenOpt = None,
+    placement: PlacementOpt = False,
 ) -> None:
     """Predict weights, KV cache per token, KV tokens that fit and concurrent sequences per setup;
     with --gpus-per-node, also the GPUs each setup needs on a cluster and how many run at once;
-    with --workload, max-model-len from the workload's lengths and the concurrency they allow."""
-    from qeval.backends import plan_kv_rule
+    with --workload, max-model-len from the workload's lengths and the concurrency they allow;
+    with --placement, where the config's setups (else each format) run by device class."""
+    from qeval.backends import backend_entry, plan_kv_rule
     from qeval.memory.plan_command import PlanRequest, plan_setups
     from qeval.report.plan import show_plan
 
@@ -452,7 +455,7 @@ def plan_cmd(
         custom_output_len=custom_output_len,
     )
     try:
-        planned = plan_setups(request, plan_kv_rule)
+        planned = plan_setups(request, plan_kv_rule, backend_entry(engine).placement_lines if placement else None)
     except UserError as exc:
         _fail(exc)
         return

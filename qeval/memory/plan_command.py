@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +14,7 @@ from qeval.errors import UserError
 from qeval.memory.capacity import Budget
 
 if TYPE_CHECKING:
+    from qeval.config.setups import Setup
     from qeval.config.workload import WorkloadSpec
     from qeval.memory.cluster import Cluster, ClusterRow
     from qeval.memory.layouts import KvRule
@@ -58,6 +59,9 @@ class Planned:
     grouped: tuple[list[ClusterRow], int] | None = None
     workload: tuple[WorkloadStats, Trace] | None = None
     spec: WorkloadSpec | None = None
+    #: where the run config's setups run on the engine by device class (its backend's placement
+    #: capability; empty without a config or where the engine has none)
+    placement: list[str] = field(default_factory=list)
 
 
 def _check_options(req: PlanRequest) -> None:
@@ -81,10 +85,13 @@ def _check_options(req: PlanRequest) -> None:
 #: the KV accounting `--engine` names, at its --block-size and --max-num-batched-tokens; UserError
 #: (one line) for an engine it may not name (the backends' entries decide: backends.plan_kv_rule)
 RuleOf = Callable[[str, int, int], "KvRule"]
+#: the engine's placement lines for a list of setups (BackendEntry.placement_lines)
+PlaceOf = Callable[[list["Setup"]], list[str]]
 
 
-def plan_setups(req: PlanRequest, rule_of: RuleOf) -> Planned:
-    """The plan `req` asks for, each sequence held as `rule_of` says `req.engine` holds it;
+def plan_setups(req: PlanRequest, rule_of: RuleOf, place: PlaceOf | None = None) -> Planned:
+    """The plan `req` asks for, each sequence held as `rule_of` says `req.engine` holds it, and a
+    run config's setups placed on device classes by `place` (the engine's placement capability);
     UserError (one line) for bad options, a model or workload that cannot be read."""
     from qeval.memory.cluster import Cluster, cluster_plan
     from qeval.memory.planner import load_model_config, plan
@@ -116,8 +123,18 @@ def plan_setups(req: PlanRequest, rule_of: RuleOf) -> Planned:
     concurrency = req.concurrency or 1
     cluster = Cluster(req.nodes or 1, req.gpus_per_node) if req.gpus_per_node else None
     grouped = cluster_plan(config, budget, cluster, concurrency, rule=rule) if cluster else None
+    placement = place(own or []) if place is not None else []  # no config: each format the engine offers
     return Planned(
-        model, req.engine, budget, rows, concurrency, cluster, grouped, planned, source.spec if source else None
+        model,
+        req.engine,
+        budget,
+        rows,
+        concurrency,
+        cluster,
+        grouped,
+        planned,
+        source.spec if source else None,
+        placement,
     )
 
 

@@ -39,9 +39,13 @@ def show_plan(p: Planned, as_json: bool) -> None:
             out["cluster"] = cluster_json(*p.grouped, p.cluster, gpu_gib, p.concurrency)
         if p.workload and p.spec:
             out["workload"] = workload_json(p.workload, p.rows, p.spec)
+        if p.placement:
+            out["placement"] = [line for line in p.placement if line.strip()]
         print(json.dumps(out, indent=2))
         return
     _print_setups(p)
+    if p.placement:  # the config's setups by device class: where the plan's figures would be served
+        print("\n".join(p.placement))
     if p.cluster and p.grouped:
         _print_cluster(p.model, p.cluster, gpu_gib, p.budget.context_len, p.concurrency, *p.grouped)
     if p.workload and p.spec:

