@@ -4,6 +4,7 @@ and as measured on its CPU build; and `qeval validate --placement` prints them."
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,18 @@ def test_validate_prints_the_placement_before_what_this_machine_lacks(tmp_path: 
     assert fp8 == ["fp8", "refused", "refused", "fallback", "fallback", "native", "native", "native"]
     assert "fp8 on ampere: FP8 W8A8: fallback (weight-only FP8 through Marlin" in res.stdout
     assert len(res.stderr.strip().splitlines()) == 1 and "no NVIDIA GPU" in res.stderr
+
+
+def test_plan_places_each_format_or_the_configs_setups(tmp_path: Path) -> None:
+    """`qeval plan --placement`: without a config, one row per format vLLM serves (FP8 and FP4
+    checkpoints among them); --json carries the same lines."""
+    from tests.helpers import MODEL
+
+    res = run_cli("plan", "--model", str(MODEL), "--placement")
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = {line.split()[0]: line.split()[1:] for line in res.stdout.splitlines() if line[:1].isalnum()}
+    assert rows["nvfp4"] == ["refused", "refused", "untested", "fallback", "fallback", "fallback", "native"]
+    assert rows["fp8_dynamic"][:2] == ["refused", "native"] and rows["w8a8"][-1] == "refused"
+    as_json = run_cli("plan", "--model", str(MODEL), "--placement", "--json")
+    lines = json.loads(as_json.stdout)["placement"]
+    assert any(line.startswith("  nvfp4 on hopper: NVFP4 W4A4: fallback") for line in lines)
