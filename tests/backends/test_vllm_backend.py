@@ -262,6 +262,9 @@ def _hf_serves_the_same_checkpoints(setups: dict[str, Any], out: Path, dtype: st
         # pass on CPU: flagged, and the ledger measures the 16-bit weights that are resident
         assert q["decompressed_to"] == dtype
         assert any(f.startswith("checkpoint_decompressed") for f in hf["flags"]), hf["flags"]
+        # and its activations rounded to INT8 per token in software: emulated, said so beside its figures
+        assert q["emulated"].startswith("activations int8 sym per token (dynamic)"), q
+        assert any(f.startswith("activations_emulated:") for f in hf["flags"]), hf["flags"]
         assert hf["memory"]["weights_bytes"]["measured"] >= setups["bf16-on-hf"]["memory"]["weights_bytes"]["measured"]
         # paired with its vLLM setup, not the baseline: Δ is the two engines' scores apart
         for task, c in hf["vs_baseline"].items():

@@ -277,6 +277,7 @@ def _served_on_hf(tmp_path: Path, folder: Path) -> None:
         info = backend.quant_info
     assert "weights int4 sym per group of 64 (static), activations 16-bit" in info["description"]
     assert info["checkpoint_config"]["format"] == "pack-quantized" and info["decompressed_to"] == "float32"
+    assert "emulated" not in info  # weight-only: nothing rounded at run time
     diffs = [abs(a - b) for a, b in zip(scores["bf16"], scores["w4a16"], strict=True)]
     # quantized (not the 16-bit weights), not broken: on the tiny model's narrow layers 4-bit moves
     # one answer's log-prob by up to ~1.5 nats (1.53 measured on an AVX2 CPU, where the quantize
