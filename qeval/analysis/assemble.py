@@ -391,15 +391,17 @@ def fallback_flags(quantization: Quantization) -> list[str]:
 def checkpoint_flags(quantization: dict[str, Any]) -> list[str]:
     """A pre-quantized checkpoint the engine decompressed to a floating dtype on load (transformers
     does for compressed-tensors on CPU): scored as the checkpoint, but not resident as one; and
-    where its activations were rounded in software, that its quality is emulated."""
+    where activations or a KV format were rounded in software, that its quality is emulated."""
     dtype = quantization.get("decompressed_to")
-    if not dtype:
-        return []
-    flags = [
-        f"checkpoint_decompressed: the engine decompressed the checkpoint to {dtype} on load: its quality is "
-        "the checkpoint's, its memory is not (weights_bytes is what is resident)"
-    ]
-    emulated = quantization.get("emulated")
-    if emulated:  # no kernel of the format ran: its arithmetic is the emulation's, its speed is no one's
-        flags.append(f"activations_emulated: {emulated}; quality emulated, no speed figure of the format")
+    flags = []
+    if dtype:
+        flags.append(
+            f"checkpoint_decompressed: the engine decompressed the checkpoint to {dtype} on load: its quality is "
+            "the checkpoint's, its memory is not (weights_bytes is what is resident)"
+        )
+    # no kernel of the format ran: its arithmetic is the emulation's, its speed is no one's
+    for part in str(quantization.get("emulated") or "").split("; "):
+        if part:
+            kind = "kv_cache_emulated" if part.startswith("KV cache") else "activations_emulated"
+            flags.append(f"{kind}: {part}; quality emulated, no speed figure of the format")
     return flags

@@ -14,7 +14,7 @@ from qeval.files.names import NAME_PATTERN
 from qeval.strict import check_int_bound
 
 Weights = Literal["bf16", "fp16", "fp32", "fp8", "fp4", "int8", "int4"]
-KVCache = Literal["auto", "fp8", "fp8_e5m2", "int8", "int4", "int2"]
+KVCache = Literal["auto", "fp8", "fp8_e5m2", "int8", "int4", "int2", "fp8_per_token_head", "nvfp4"]
 Method = Literal[
     "rtn", "bnb", "torchao", "w8a8", "w4a8", "gptq", "awq", "fp8_dynamic", "fp8_static", "nvfp4", "nvfp4a16", "mxfp4",
     "mxfp4a16",
@@ -39,7 +39,15 @@ CHECKPOINT_WEIGHTS: dict[str, str] = {
     "mxfp4a16": "fp4",
 }
 #: bits per KV element for each KV-cache precision; `auto` follows the model dtype
-KV_BITS: dict[str, int] = {"fp8": 8, "fp8_e5m2": 8, "int8": 8, "int4": 4, "int2": 2}
+KV_BITS: dict[str, int] = {
+    "fp8": 8,
+    "fp8_e5m2": 8,
+    "int8": 8,
+    "int4": 4,
+    "int2": 2,
+    "fp8_per_token_head": 8,  # vLLM 0.32's own formats, by its names: an FP8 scale per token and head
+    "nvfp4": 4,  # E2M1 values with an FP8 scale per 16 (Blackwell)
+}
 #: the layer kinds `kv_keep` names (ModelShape.kinds' words for the attention layers)
 KV_KINDS = ("full", "sliding", "chunked")
 _KEEP_PATTERN = re.compile(r"[A-Za-z0-9_.*?\[\]-]{1,200}")

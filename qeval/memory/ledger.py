@@ -121,6 +121,10 @@ def kv_bytes_per_layer_token(shape: ModelShape, setup: Setup, model_dtype: str) 
     data = elems * KV_BITS[setup.kv_cache] // 8
     if setup.kv_cache in ("fp8", "fp8_e5m2"):
         return data  # one per-tensor scale per layer: nothing per token
+    if setup.kv_cache == "fp8_per_token_head":  # a float32 scale per token and head, K and V each
+        return data + (elems // group_dim) * 4
+    if setup.kv_cache == "nvfp4":  # vLLM's page: head_size / 2 data + head_size / 16 FP8 scales per head
+        return data + elems // 16
     group = setup.kv_group_size or group_dim
     # a scale and a zero point per group, in the dtype of the K/V they quantize (quanto's
     # MaxOptimizer and HQQ keep the input's dtype): 4 bytes each when the model computes in float32

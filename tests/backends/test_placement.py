@@ -48,6 +48,10 @@ NVFP4 = Setup(name="nvfp4", weights="fp4", method="nvfp4")
         (Setup(name="m", weights="fp4", method="mxfp4"), "ampere", "fallback", "Marlin"),
         (Setup(name="m", weights="fp4", method="mxfp4"), "turing", "refused", "8.0"),
         (Setup(name="m", weights="fp4", method="mxfp4a16"), "blackwell", "untested", "may quantize the activations"),
+        (Setup(name="s", weights="fp8", method="fp8_static"), "cpu-avx512", "refused", "static_scaled_fp8_quant"),
+        (Setup(name="k", kv_cache="nvfp4"), "blackwell", "native", "FlashInfer"),
+        (Setup(name="k", kv_cache="nvfp4"), "hopper", "refused", "10.x"),
+        (Setup(name="k", kv_cache="fp8_per_token_head"), "cpu-avx512", "refused", "garbage"),
         (Setup(name="q", weights="int8"), "hopper", "refused", "transformers-side quantizer"),
     ],
 )

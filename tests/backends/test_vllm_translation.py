@@ -61,7 +61,11 @@ def test_bitsandbytes_and_kv_dtypes() -> None:
     assert _args(Setup(name="e", kv_cache="fp8_e5m2"))["kv_cache_dtype"] == "fp8_e5m2"
     assert _args(Setup(name="i", kv_cache="int8"))["kv_cache_dtype"] == "int8_per_token_head"
     assert _args(Setup(name="j", kv_cache="int4"))["kv_cache_dtype"] == "int4_per_token_head"
+    # vLLM 0.32's own names for its FP8 per-token-head and NVFP4 caches pass through as they are
+    assert _args(Setup(name="f", kv_cache="fp8_per_token_head"))["kv_cache_dtype"] == "fp8_per_token_head"
+    assert _args(Setup(name="n", kv_cache="nvfp4"))["kv_cache_dtype"] == "nvfp4"
     vllm_support.validate(Setup(name="i", kv_cache="int8"), "cuda")
+    vllm_support.validate(Setup(name="n", kv_cache="nvfp4"), "cuda")
 
 
 def test_int_kv_dtypes_are_asked_of_the_installed_vllm(tmp_path: Path) -> None:
@@ -95,6 +99,9 @@ def test_int_kv_dtypes_are_asked_of_the_installed_vllm(tmp_path: Path) -> None:
         (Setup(name="f", weights="fp8", method="fp8_dynamic", checkpoint="x/y"), "cpu", "need AVX-512 or AMX"),
         (Setup(name="n", weights="fp4", method="nvfp4", checkpoint="x/y"), "cpu", "run on GPU builds of vLLM only"),
         (Setup(name="m", weights="fp4", method="mxfp4a16", checkpoint="x/y"), "cpu", "no FP4 kernel in the CPU build"),
+        (Setup(name="s", weights="fp8", method="fp8_static", checkpoint="x/y"), "cpu", "no static_scaled_fp8_quant"),
+        (Setup(name="k", kv_cache="fp8_per_token_head"), "cpu", "accepts it but returns garbage"),
+        (Setup(name="k", kv_cache="nvfp4"), "cpu", "GPU builds of vLLM only"),
     ],
 )
 def test_refusals(setup: Setup, device: str, message: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,6 +1,7 @@
 """FP8 and FP4 checkpoints (docs/backends.md, "FP8 and FP4"): made by `qeval quantize` through
 llm-compressor on this CPU, scored on transformers with their exact weights and their activations
-rounded in software, flagged so in results.json and the report, and planned to the byte."""
+rounded in software, flagged so in results.json and the report, and planned to the byte; and
+vLLM's own KV formats (FP8 per token-head, NVFP4) rounded in software beside them, in one run."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ quantize: {{output_dir: "@CK@", num_samples: 16, max_seq_length: 128}}
 setups:
   - {{name: bf16, baseline: true}}
   - {{name: fp8, weights: fp8, method: fp8_dynamic}}
-  - {{name: nvfp4, weights: fp4, method: nvfp4}}
+  - {{name: nvfp4, weights: fp4, method: nvfp4, kv_cache: nvfp4}}
+  - {{name: kv-fp8-pth, kv_cache: fp8_per_token_head}}
 tasks: [compare_mc]
 """
 
@@ -49,7 +51,7 @@ def test_fp8_and_nvfp4_made_scored_emulated_and_planned(tmp_path: Path) -> None:
     cfg = load_config(cfg_path)
     shape = ModelShape.from_config(json.loads((MODEL / "config.json").read_text()))
     folders = {p.name.split("-")[-2]: p for p in (tmp_path / "ck").iterdir()}
-    for setup in cfg.setups[1:]:
+    for setup in cfg.setups[1:3]:
         assert predict_weights_bytes(shape, setup, "float32") == _tensor_bytes(folders[setup.method]), setup.name
 
     out = tmp_path / "out"
@@ -63,5 +65,12 @@ def test_fp8_and_nvfp4_made_scored_emulated_and_planned(tmp_path: Path) -> None:
         assert any(f.startswith("activations_emulated:") for f in s["flags"]), s["flags"]
         # the rounding is real: the answers' distributions moved off the baseline's
         assert s["vs_baseline"]["compare_mc"]["kl"] > 0
+    for name in ("nvfp4", "kv-fp8-pth"):  # vLLM's KV formats, rounded token by token
+        s = setups[name]
+        assert "KV cache" in s["quantization"]["emulated"], s["quantization"]
+        assert any(f.startswith("kv_cache_emulated:") for f in s["flags"]), s["flags"]
+        kv = s["memory"]["kv_bytes_per_token"]
+        assert kv["measured"] is None and kv["predicted"] > 0  # no storage of the format was measured
+    assert setups["kv-fp8-pth"]["vs_baseline"]["compare_mc"]["kl"] > 0  # the rounding changed the model's answers
     report = (out / "report.md").read_text()
-    assert "fp8 (activations emulated)" in report and "nvfp4 (activations emulated)" in report
+    assert "fp8 (activations emulated)" in report and "nvfp4 (activations and KV cache emulated)" in report

@@ -117,6 +117,9 @@ class HFBackend:
             )
         else:
             self._quant_info = hf_quant.quantize_weights(self.model, self.setup)
+        if kv_cache.emulated(self.setup):  # vLLM's format, rounded in software: said beside its figures
+            kv = f"KV cache {self.setup.kv_cache} rounded in software, held at the model's dtype"
+            self._quant_info["emulated"] = "; ".join(x for x in (self._quant_info.get("emulated"), kv) if x)
         # what runs, read off the loaded model: the linear modules' storage, attention, the KV cache's layers
         self._quant_info["provenance"] = model_provenance(self.model, self.setup)
         if self.tok.pad_token_id is None:
@@ -486,9 +489,11 @@ class HFBackend:
             ),
             "kv_bytes_per_token": MemoryFigure(
                 self._measure_kv_per_token(), "bytes held by the cache object after a 64-token prefill"
-            ),
+            )
+            if not kv_cache.emulated(self.setup)
+            else MemoryFigure(None, "not measured: the emulated format's values are held at the model's dtype"),
         }
-        sequence = self._measure_sequence()
+        sequence = None if kv_cache.emulated(self.setup) else self._measure_sequence()
         if sequence is not None:
             figures["kv_bytes_per_sequence"] = sequence
         rss_peak = _peak_rss_bytes()

@@ -90,6 +90,42 @@ class _Codec:
         return self.encode(self.decode(stored, dtype)[:, :, -n:, :])
 
 
+#: E2M1's magnitudes (NVFP4's values) and E4M3's largest finite value
+_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+_E4M3_MAX = 448.0
+
+
+def emulated(setup: Setup) -> bool:
+    """Whether the setup's KV format is one of vLLM's that the hf backend rounds in software."""
+    return setup.quantizes_kv and KV_BACKENDS[setup.kv_cache][0] == "emulated"
+
+
+class EmulatedCodec:
+    """vLLM 0.32's own KV formats, rounded in software: `fp8_per_token_head` (each token's head
+    vector scaled by its absolute maximum / 448 in float32, then cast to E4M3) and `nvfp4` (blocks of
+    16 values along the head, each scaled by an E4M3 scale of its maximum / 6, values rounded to
+    E2M1; the per-layer global scale at vLLM's unit default). Token by token, as vLLM writes its
+    cache, so a round trip is what attention reads back; `encode` returns the values read back."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def encode(self, t: torch.Tensor) -> torch.Tensor:
+        x = t.float()
+        if self.kind == "fp8_per_token_head":
+            scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / _E4M3_MAX
+            return ((x / scale).to(torch.float8_e4m3fn).float() * scale).to(t.dtype)
+        blocks = x.reshape(*x.shape[:-1], x.shape[-1] // 16, 16)
+        scale = (blocks.abs().amax(dim=-1, keepdim=True) / 6.0).to(torch.float8_e4m3fn).float()
+        scaled = blocks / scale.clamp(min=2.0**-9)
+        grid = torch.tensor(_E2M1, dtype=x.dtype, device=x.device)
+        nearest = grid[(scaled.abs().unsqueeze(-1) - grid).abs().argmin(dim=-1)]
+        return (torch.sign(scaled) * nearest * scale).reshape(x.shape).to(t.dtype)
+
+    def decode(self, stored: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return stored.to(dtype)
+
+
 class QuantizedSlidingLayer(DynamicSlidingWindowLayer):
     """A sliding-window (or chunked) layer that keeps its last W - 1 tokens quantized.
 
@@ -200,6 +236,8 @@ def new_cache(config: Any, setup: Setup) -> Any:
 
     if not setup.quantizes_kv:
         return DynamicCache(config=config)
+    if emulated(setup):  # rounded token by token: the round trip is exactly what is read back
+        return round_trip_cache(config, setup)
     fp8 = KV_BACKENDS[setup.kv_cache][0] == "fp8"
     layers: list[Any] = []
     for kind, kwargs, quantized in _plan(config, setup):
@@ -244,7 +282,7 @@ def round_trip_cache(config: Any, setup: Setup) -> Any:
 
     def round_tripping(base: type) -> type:
         class _RoundTrip(base):
-            def __init__(self, codec_k: _Codec, codec_v: _Codec, **kwargs: Any) -> None:
+            def __init__(self, codec_k: Any, codec_v: Any, **kwargs: Any) -> None:
                 super().__init__(**kwargs)
                 self._codec_k, self._codec_v = codec_k, codec_v
 
@@ -262,7 +300,11 @@ def round_trip_cache(config: Any, setup: Setup) -> Any:
         if not quantized:
             layers.append(DYNAMIC_LAYER_TYPE_MAPPING[kind](**kwargs))
             continue
-        q = _quantizer(config, setup)
-        codecs = (_Codec(q, fp8, getattr(q, "axis_key", 0)), _Codec(q, fp8, getattr(q, "axis_value", 0)))
+        codecs: tuple[Any, Any]
+        if emulated(setup):
+            codecs = (EmulatedCodec(setup.kv_cache), EmulatedCodec(setup.kv_cache))
+        else:
+            q = _quantizer(config, setup)
+            codecs = (_Codec(q, fp8, getattr(q, "axis_key", 0)), _Codec(q, fp8, getattr(q, "axis_value", 0)))
         layers.append(full(*codecs) if kind == _FULL else windowed(*codecs, sliding_window=kwargs["sliding_window"]))
     return Cache(layers=layers)

@@ -34,6 +34,9 @@ KV_BACKENDS: dict[str, tuple[str, str, int]] = {
     "int2": ("quanto", "optimum.quanto", 2),
     "int8": ("hqq", "hqq", 8),
     "fp8": ("fp8", "torch", 8),
+    # vLLM's own formats, rounded in software as vLLM rounds them (kv_cache.py `EmulatedCodec`)
+    "fp8_per_token_head": ("emulated", "torch", 8),
+    "nvfp4": ("emulated", "torch", 4),
 }
 
 
@@ -79,6 +82,12 @@ def validate(setup: Setup, device: str) -> None:
             )
     if setup.kv_group_size is not None and not setup.quantizes_kv:
         raise UserError(f"{where}: kv_group_size needs a quantized kv_cache")
+    if setup.quantizes_kv and KV_BACKENDS[setup.kv_cache][0] == "emulated":
+        if setup.kv_group_size is not None or setup.kv_residual_length != 1:
+            raise UserError(
+                f"{where}: {setup.kv_cache} is vLLM's format, scaled as vLLM scales it; kv_group_size and "
+                "kv_residual_length do not apply"
+            )
 
 
 def _need_package(quant_method: str, where: str) -> None:
@@ -145,6 +154,9 @@ def validate_model(setup: Setup, config: dict[str, Any]) -> None:
             "is not offered on transformers (its cache holds the latent, not K/V heads); "
             "drop the setup or serve its KV cache on the vllm backend"
         )
+    head_dim = text.get("head_dim") or (text.get("hidden_size") or 0) // (text.get("num_attention_heads") or 1)
+    if setup.kv_cache == "nvfp4" and head_dim % 16:
+        raise UserError(f"setup {setup.name!r} on hf: an nvfp4 KV cache takes blocks of 16; head_dim {head_dim} is not")
 
 
 #: model types whose decoder linear layers carry the Llama-family names ModelShape.linear_modules gives

