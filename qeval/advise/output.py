@@ -78,10 +78,9 @@ def _kv_chosen_lines(advice: Advice) -> list[str]:
     """advice.md's chosen KV assignment: what the search kept, the setup's YAML, its memory beside
     the uniform caches' and the `vllm serve` line that serves it."""
     s = advice.search
-    lines = [
-        "",
-        "## Chosen assignment",
-        "",
+    lines = _chosen_section(
+        advice,
+        "Chosen assignment",
         f"Kept at {advice.dtype}: {', '.join(s.kept) or 'no layer'} (+{s.extra_bytes:,} bytes per token). "
         f"KL target {s.kl_target:g}: predicted {_kl(s.predicted_kl)} (gains added), measured on the "
         f"calibration slice {_kl(s.measured_calib_kl)}"
@@ -91,12 +90,7 @@ def _kv_chosen_lines(advice: Advice) -> list[str]:
             else " (above the target: every layer but one kept)"
         )
         + f"; the uniform {advice.target.name} cache {_kl(advice.uniform_kl)}.",
-        "",
-        "```yaml",
-        setup_snippet(advice).rstrip(),
-        "```",
-        "",
-    ]
+    )
     if advice.kv_plan:
         contexts = sorted(advice.kv_plan[0].sequence_bytes)
         lines += md_table(
@@ -117,20 +111,20 @@ def _kv_chosen_lines(advice: Advice) -> list[str]:
 def _chosen_lines(advice: Advice) -> list[str]:
     """advice.md's chosen mix: the search's pick and the advised setup's YAML."""
     s = advice.search
-    return [
-        "",
-        "## Chosen mix",
-        "",
+    return _chosen_section(
+        advice,
+        "Chosen mix",
         f"{s.method.capitalize()} search over the layer x module-type cells: kept "
         f"{', '.join(s.kept) or 'nothing'} (+{s.extra_bytes:,} bytes of {s.allowance_bytes:,} "
         f"allowed). Predicted KL {_kl(s.predicted_kl)} (gains added), measured on the calibration "
         f"slice {_kl(s.measured_calib_kl)}.",
-        "",
-        "```yaml",
-        setup_snippet(advice).rstrip(),
-        "```",
-        "",
-    ]
+    )
+
+
+def _chosen_section(advice: Advice, title: str, summary: str) -> list[str]:
+    """advice.md's chosen section, weights or KV alike: its title, what the search kept (`summary`)
+    and the advised setup's YAML to paste."""
+    return ["", f"## {title}", "", summary, "", "```yaml", setup_snippet(advice).rstrip(), "```", ""]
 
 
 def _heldout_lines(advice: Advice) -> list[str]:

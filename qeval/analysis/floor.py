@@ -11,7 +11,7 @@ itself."""
 from __future__ import annotations
 
 from qeval.results.metrics import describe
-from qeval.results.schema import Comparison, FloorFigures, Results, SetupResult
+from qeval.results.schema import Comparison, FloorFigures, PairedChange, Results, SetupResult
 
 
 def floor_results(results: Results) -> Results:
@@ -43,7 +43,7 @@ def against_floor(c: Comparison, floors: list[tuple[SetupResult, Comparison]]) -
         return c
     control, f = max(floors, key=lambda kf: _spread(kf[1]))
     figures = FloorFigures.model_validate(
-        f.model_dump(include={"delta", "ci", "flips_to_wrong", "flips_to_right", "outputs_changed", "kl", "n"})
+        f.model_dump(include=set(PairedChange.model_fields))
         | {
             "setup": control.name,
             "conditions": control.spec.conditions(),

@@ -5,11 +5,13 @@ it did; and each engine-parity control (the baseline on another backend), paired
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from qeval.analysis.floor import changed_documents
 from qeval.report.sections import table_section
 from qeval.report.tables import Escape, flips_cell, kl_cell
-from qeval.results.metrics import describe
-from qeval.results.schema import Results, SetupResult
+from qeval.results.metrics import Metric, describe
+from qeval.results.schema import Comparison, Results, SetupResult
 
 HEADER = ["control", "conditions", "task", "Δ", "flips right→wrong / wrong→right", "KL", "setups within it"]
 LEGEND = (
@@ -21,19 +23,26 @@ LEGEND = (
 )
 
 
+def _compared(results: Results, parity: bool) -> Iterator[tuple[SetupResult, str, Comparison, Metric]]:
+    """Each control of one sort (the engine-parity controls, else the noise floor's A/A controls) with
+    each task it was compared on, and the descriptor of that task's metric."""
+    for k in results.setups:
+        if k.control and k.parity == parity:
+            for task, c in k.vs_baseline.items():
+                yield k, task, c, describe(c.metric, c.higher_is_better)
+
+
 def rows(results: Results, esc: Escape) -> list[list[str]]:
     """One row per control and task; nothing where the run has no control that was compared."""
     out = []
-    for k in (s for s in results.setups if s.control and not s.parity):
-        for task, c in k.vs_baseline.items():
-            m = describe(c.metric, c.higher_is_better)
-            inside = [
-                s.name
-                for s in results.setups
-                if (f := s.vs_baseline.get(task)) is not None and f.floor is not None and f.within_floor
-            ]
-            cells = [m.fmt_delta(c.delta), flips_cell(c), kl_cell(c, top1=False), esc(", ".join(inside))]
-            out.append([esc(k.name), esc(k.spec.conditions()), esc(task), *cells])
+    for k, task, c, m in _compared(results, parity=False):
+        inside = [
+            s.name
+            for s in results.setups
+            if (f := s.vs_baseline.get(task)) is not None and f.floor is not None and f.within_floor
+        ]
+        cells = [m.fmt_delta(c.delta), flips_cell(c), kl_cell(c, top1=False), esc(", ".join(inside))]
+        out.append([esc(k.name), esc(k.spec.conditions()), esc(task), *cells])
     return out
 
 
@@ -62,15 +71,13 @@ PARITY_LEGEND = (
 def parity_rows(results: Results, esc: Escape) -> list[list[str]]:
     """One row per engine-parity control and task; nothing where the run has none."""
     out = []
-    for k in (s for s in results.setups if s.parity):
+    for k, task, c, m in _compared(results, parity=True):
         on = ", ".join(x for x in (k.spec.served_on() or "", k.spec.conditions()) if x)
         on += f"; against {k.spec.partner()}" if k.spec.partner() else ""
-        for task, c in k.vs_baseline.items():
-            m = describe(c.metric, c.higher_is_better)
-            changed = changed_documents(c)
-            same = "" if changed is None or not c.n else f"{100 * (1 - changed / c.n):.1f}%"
-            ci = f"[{m.fmt_delta(c.ci[0])}, {m.fmt_delta(c.ci[1])}]"
-            out.append([esc(k.name), esc(on), esc(task), m.fmt_delta(c.delta), ci, same, flips_cell(c), kl_cell(c)])
+        changed = changed_documents(c)
+        same = "" if changed is None or not c.n else f"{100 * (1 - changed / c.n):.1f}%"
+        ci = f"[{m.fmt_delta(c.ci[0])}, {m.fmt_delta(c.ci[1])}]"
+        out.append([esc(k.name), esc(on), esc(task), m.fmt_delta(c.delta), ci, same, flips_cell(c), kl_cell(c)])
     return out
 
 

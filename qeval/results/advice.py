@@ -112,7 +112,20 @@ class KvPlanRow(ResultModel):
     sequences: dict[int, float] = Field(description="context -> concurrent sequences the budget's KV pool holds")
 
 
-class Advice(ResultModel):
+class AdviceFigures(ResultModel):
+    """What the advisor read, measured and chose that advice.json keeps and results.json's `advice`
+    block copies as it is (qeval/run/advice.py `result_block`)."""
+
+    budget: str = Field(description="the budget as the advisor read it")
+    budget_bytes: int = Field(description="the budget in bytes on its basis")
+    budget_basis: str = Field(description="what the budget counts")
+    calibration: AdviceCalibration = Field(description="the calibration slice")
+    uniform_kl: float = Field(description="the uniform target's KL on the calibration slice")
+    search: AdviceSearch = Field(description="the search and the chosen mix")
+    versus_random: VersusRandom = Field(VersusRandom(), description="random minus advisor, paired by document")
+
+
+class Advice(AdviceFigures):
     """RUN_DIR/advice.json (and `qeval advise`'s advice.json): everything the advisor found,
     written by qeval/advise/advisor.py, read back by qeval/run/advice.py and qeval/advise/output.py."""
 
@@ -122,17 +135,10 @@ class Advice(ResultModel):
     device: str
     #: the uniform setup whose precision the advice lowers
     target: Setup
-    budget: str
-    budget_bytes: int
-    budget_basis: str
-    calibration: AdviceCalibration
     rows: list[AdviceUnit]
-    uniform_kl: float
-    search: AdviceSearch
     #: the advised setup
     setup: Setup
     mixes: list[HeldoutMix]
-    versus_random: VersusRandom
     timing: AdviceTiming
     #: the KV advisor: memory per setup at 4k and 32k tokens, and the `vllm serve` line of the advice
     kv_plan: list[KvPlanRow] = []
@@ -149,22 +155,15 @@ class Advice(ResultModel):
         return setup.model_dump(mode="json", exclude_defaults=True) | {"name": setup.name}
 
 
-class AdviceResult(ResultModel):
+class AdviceResult(AdviceFigures):
     """The advice a run computed (or reused from RUN_DIR/advice.json) before its setups ran."""
 
     setup: str = Field(description="the advised setup's name (one of `setups`)")
     target: str = Field(description="the setup whose precision it lowers (uniform int4 or int8)")
     keep: list[str] = Field(description="the advised setup's keep patterns")
     kv_keep: list[str] = Field([], description="the KV advisor's: the layers whose KV cache the advised setup keeps")
-    budget: str = Field(description="the budget as the advisor read it")
-    budget_bytes: int = Field(description="the budget in bytes on its basis")
-    budget_basis: str = Field(description="what the budget counts")
-    calibration: AdviceCalibration = Field(description="the calibration slice")
-    uniform_kl: float = Field(description="the uniform target's KL on the calibration slice")
     units: list[AdviceUnit] = Field(description="each unit's sensitivity: the cells, then the unions when measured")
-    search: AdviceSearch = Field(description="the search and the chosen mix")
     heldout: list[AdviceMix] = Field([], description="the held-out check (empty: heldout_docs 0)")
-    versus_random: VersusRandom = Field(VersusRandom(), description="random minus advisor, paired by document")
     timing: AdviceTiming | None = Field(None, description="what computing the advice cost")
     key: str = Field(description="the advice's resume key (qeval/run/advice.py)")
     reused: bool = Field(False, description="this run reused the stored advice.json (its key unchanged)")

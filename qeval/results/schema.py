@@ -152,22 +152,35 @@ class KLDistribution(ResultModel):
     dp_max: float | None = Field(None, description="the largest Δp")
 
 
-class FloorFigures(ResultModel):
+class PairedChange(ResultModel):
+    """What a setup changed against the baseline on one task, paired by document: a comparison's
+    figures, which a noise floor repeats from its control's comparison (qeval/analysis/floor.py)."""
+
+    delta: float = Field(description="setup minus baseline, in the metric's units")
+    ci: tuple[float, float] = Field(description="95% confidence interval of delta")
+    flips_to_wrong: int | None = Field(None, description="documents right under the baseline, wrong here")
+    flips_to_right: int | None = Field(None, description="documents wrong under the baseline, right here")
+    outputs_changed: int | None = Field(
+        None,
+        description="generation tasks: documents whose generated text differs from the baseline's, whether or "
+        "not the answer's score moved (null: not a generation task)",
+    )
+    n: int = Field(description="documents paired")
+    kl: float | None = Field(
+        None,
+        description="mean KL(baseline || setup) per scored token: perplexity texts, and "
+        "the continuation tokens of every choice of log-likelihood and "
+        "multiple-choice tasks; null: not measured",
+    )
+
+
+class FloorFigures(PairedChange):
     """The noise floor on one task: an A/A control (the baseline served again under other conditions,
     `spec.control`) against the baseline, the figures a setup's own are read beside
-    (docs/statistics.md, "The noise floor")."""
+    (docs/statistics.md, "The noise floor"); `setup` names the control."""
 
     setup: str = Field(description="the control setup these figures are from")
     conditions: str = Field(description="what the control changed (e.g. batch_size 1)")
-    delta: float = Field(description="the control minus the baseline, in the metric's units")
-    ci: tuple[float, float] = Field(description="95% confidence interval of that delta")
-    flips_to_wrong: int | None = Field(None, description="documents right under the baseline, wrong under the control")
-    flips_to_right: int | None = Field(None, description="documents wrong under the baseline, right under the control")
-    outputs_changed: int | None = Field(
-        None, description="generation tasks: documents whose generated text the control changed (null: not generated)"
-    )
-    kl: float | None = Field(None, description="the control's mean KL per scored token (null: not measured)")
-    n: int = Field(description="documents paired")
     reaches_margin: bool | None = Field(
         None,
         description="whether the control's own drop reaches the gate's margin: the engine's noise alone "
@@ -175,13 +188,11 @@ class FloorFigures(ResultModel):
     )
 
 
-class Comparison(ResultModel):
+class Comparison(PairedChange):
     """A setup against the baseline on one task, paired by document (docs/statistics.md)."""
 
     metric: str = Field(description="the metric compared (the task's primary metric)")
     higher_is_better: bool
-    delta: float = Field(description="setup minus baseline, in the metric's units")
-    ci: tuple[float, float] = Field(description="95% confidence interval of delta")
     ci_method: Literal["newcombe", "t", "t_clustered", "bootstrap"] | None = Field(
         None,
         description="newcombe: Newcombe's paired score interval (accuracies); t: Student's t-interval on the "
@@ -194,14 +205,6 @@ class Comparison(ResultModel):
     p_value: float | None = Field(None, description="McNemar's exact test (accuracies) or Wilcoxon (perplexity)")
     repeats: int | None = Field(None, description="sampled repeats per document (null: one, greedy)")
     p_adjusted: float | None = Field(None, description="Benjamini-Hochberg adjusted across the setup's tasks")
-    flips_to_wrong: int | None = Field(None, description="documents right under the baseline, wrong here")
-    flips_to_right: int | None = Field(None, description="documents wrong under the baseline, right here")
-    outputs_changed: int | None = Field(
-        None,
-        description="generation tasks: documents whose generated text differs from the baseline's, whether or "
-        "not the answer's score moved (null: not a generation task)",
-    )
-    n: int = Field(description="documents paired")
     verdict: Verdict | None = Field(None, description="the gate's verdict; null: no gate applies")
     verdict_reason: str | None = Field(
         None,
@@ -212,12 +215,6 @@ class Comparison(ResultModel):
         None,
         description="for an inconclusive verdict: the documents at which this interval, the observed "
         "proportions or spread unchanged, would decide the gate; null: decided, or no estimate",
-    )
-    kl: float | None = Field(
-        None,
-        description="mean KL(baseline || setup) per scored token: perplexity texts, and "
-        "the continuation tokens of every choice of log-likelihood and "
-        "multiple-choice tasks; null: not measured",
     )
     top1_agreement: float | None = Field(None, description="share of tokens whose top-1 prediction agrees")
     kl_distribution: KLDistribution | None = Field(

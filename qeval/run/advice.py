@@ -35,7 +35,7 @@ from qeval.records.job import AdviseJob, AdviseOutcome
 from qeval.records.keys import key_of
 from qeval.records.preflight import Preflight
 from qeval.records.store import RunStore
-from qeval.results.advice import Advice, AdviceMix, AdviceResult
+from qeval.results.advice import Advice, AdviceFigures, AdviceMix, AdviceResult
 from qeval.version import __version__
 
 
@@ -251,20 +251,15 @@ def with_advised(pre: Preflight, setup: Setup, run_it: bool) -> None:
 
 def result_block(advice: Advice) -> AdviceResult:
     """results.json's `advice` block from advice.json (the held-out per-document KLs left out)."""
+    figures = {name: getattr(advice, name) for name in AdviceFigures.model_fields}
     return AdviceResult(
+        **figures,
         setup=advice.setup.name,
         target=advice.target.name,
         keep=list(advice.setup.keep),
         kv_keep=list(advice.setup.kv_keep),
-        budget=advice.budget,
-        budget_bytes=advice.budget_bytes,
-        budget_basis=advice.budget_basis,
-        calibration=advice.calibration,
-        uniform_kl=advice.uniform_kl,
         units=advice.rows,
-        search=advice.search,
         heldout=[AdviceMix.model_validate(m.model_dump(exclude={"per_doc"})) for m in advice.mixes],
-        versus_random=advice.versus_random,
         timing=advice.timing,
         key=advice.key,
         reused=advice.reused,

@@ -95,9 +95,14 @@ class PagedKv:
     cache: VllmCache = VllmCache()
     engine: str = "vllm"
 
+    def _configured_block_size(self, shape: ModelShape) -> int:
+        """The block size before any alignment: a latent (MLA) model's where the platform forces one."""
+        v = self.cache
+        return v.mla_block_size if shape.kv_lora_rank is not None and v.mla_block_size else v.block_size
+
     def _block_size(self, shape: ModelShape, layer_token_bytes: int, state_one: int, linear: bool) -> int:
         v = self.cache
-        bs = v.mla_block_size if shape.kv_lora_rank is not None and v.mla_block_size else v.block_size
+        bs = self._configured_block_size(shape)
         if linear:  # the attention block grows until one attention page holds a state page
             bs = max(v.kernel_block * cdiv(state_one, v.kernel_block * layer_token_bytes), bs)
         return bs
@@ -149,11 +154,7 @@ class PagedKv:
         if len(kinds) != 1:
             raise ValueError(f"kv_keep on a model with layers of kinds {sorted(kinds)}: vLLM's pool is not modelled")
         kind = next(iter(kinds))
-        bs = (
-            self.cache.mla_block_size
-            if shape.kv_lora_rank is not None and self.cache.mla_block_size
-            else self.cache.block_size
-        )
+        bs = self._configured_block_size(shape)
         primary, kept = min(layer_bytes), max(layer_bytes)
         if self.cache.aligns_kept_layers and kept > primary:
             # Platform._align_heterogeneous_kv_block_size: the quantized page must cover a kept

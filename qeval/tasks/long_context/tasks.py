@@ -10,8 +10,6 @@ gated only where a gate names them (`{task: passkey, length: 2048, max_drop: ...
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from qeval.config.long_context import LongContextSpec
 from qeval.errors import UserError
+from qeval.tasks.generated import limited_docs, number_answer_spec
 from qeval.tasks.long_context.generate import Encode, multikey_doc, passkey_doc, prose_doc
-from qeval.tasks.native import GenerationKwargs, Task, TaskSpec
+from qeval.tasks.native import Task, TaskSpec
 
 if TYPE_CHECKING:
     from qeval.config import RunConfig
@@ -133,17 +132,8 @@ def _task(
             metadata=meta | {"buckets": bucket_edges(edges, length)},
         )
     else:
-        task_spec = TaskSpec(
-            task=name,
-            output_type="generate_until",
-            doc_to_text="text",
-            doc_to_target="answer",
-            generation_kwargs=GenerationKwargs(until=["\n"], max_gen_toks=MAX_GEN[family]),
-            answer_regex=r"(\d+)",
-            metadata=meta,
-        )
-    digest = hashlib.sha256(json.dumps(docs, sort_keys=True).encode()).hexdigest()
-    docs = docs[:limit] if limit else docs  # `limit` scores the first documents; the checksum covers all
+        task_spec = number_answer_spec(name, MAX_GEN[family], meta)
+    docs, digest = limited_docs(docs, limit)
     return LongContextTask(
         spec=task_spec,
         yaml_path=Path(f"<long_context>/{name}"),

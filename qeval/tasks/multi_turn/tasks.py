@@ -7,8 +7,6 @@ turn's task, with the paired statistics of every task (docs/statistics.md)."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from qeval.config.chat import ChatChoice
 from qeval.errors import UserError
+from qeval.tasks.generated import limited_docs, number_answer_spec
 from qeval.tasks.multi_turn.generate import conversation
 from qeval.tasks.multi_turn.spec import MultiTurnSpec
-from qeval.tasks.native import GenerationKwargs, Task, TaskSpec
+from qeval.tasks.native import Task
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -110,17 +109,8 @@ def _turn_task(cfg: RunConfig, spec: MultiTurnSpec, turn: int, docs: list[dict[s
         "facts": spec.facts,
         "filler_words": spec.filler_words,
     }
-    task_spec = TaskSpec(
-        task=name,
-        output_type="generate_until",
-        doc_to_text="text",
-        doc_to_target="answer",
-        generation_kwargs=GenerationKwargs(until=["\n"], max_gen_toks=spec.max_gen_toks),
-        answer_regex=r"(\d+)",
-        metadata=meta,
-    )
-    digest = hashlib.sha256(json.dumps(docs, sort_keys=True).encode()).hexdigest()
-    docs = docs[: cfg.limit] if cfg.limit else docs  # `limit` scores the first; the checksum covers all
+    task_spec = number_answer_spec(name, spec.max_gen_toks, meta)
+    docs, digest = limited_docs(docs, cfg.limit)
     return MultiTurnTask(spec=task_spec, yaml_path=Path(f"<{NAME}>/{name}"), docs=docs, sha256=digest, turn=turn)
 
 
