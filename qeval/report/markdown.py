@@ -335,9 +335,36 @@ def _gate_table(results: Results) -> list[str]:
     return lines + ["", "Δ in points for accuracies, in bits per byte for perplexity (lower is better there).", ""]
 
 
+#: the KV caches vLLM serves in formats of its own (the hf backend's int caches are other quantizers)
+VLLM_KV_FORMATS = ("fp8", "fp8_e5m2", "fp8_per_token_head", "nvfp4")
+
+
+def placement_notes(s: SetupResult) -> list[str]:
+    """Where the setup's formats would not run natively on vLLM by GPU class (the vllm backend's
+    placement capability, docs/backends.md "Hardware placement"): the caveat beside its quality
+    figure, which is the format's own (or its emulation's), not what a fallback serves."""
+    from qeval.backends import backend_entry
+    from qeval.config.setups import CHECKPOINT_WEIGHTS, Setup
+
+    place = backend_entry("vllm").placement_lines
+    spec = s.spec
+    # formats vLLM serves as such: checkpoints, FP8 weights, its own KV dtypes (not the hf-side quantizers)
+    served = spec.weights == "fp8" or spec.method in CHECKPOINT_WEIGHTS or spec.kv_cache in VLLM_KV_FORMATS
+    if place is None or spec.control is not None or not served:
+        return []
+    try:
+        fields = {k: v for k, v in s.spec.model_dump().items() if k in Setup.model_fields and v is not None}
+        setup = Setup.model_validate(fields | {"keep": tuple(s.spec.keep), "kv_keep": tuple(s.spec.kv_keep)})
+    except ValueError:  # a results.json written by another version, whose setup this one cannot read
+        return []
+    gpu = [line.strip() for line in place([setup]) if line.startswith("  ") and " on cpu-" not in line]
+    return [f"**{md_text(s.name)}** on GPUs: " + md_text("; ".join(g.split(" on ", 1)[1] for g in gpu))] if gpu else []
+
+
 def _notes(results: Results) -> list[str]:
     notes = []
     for s in results.setups:
+        notes += placement_notes(s)
         described = s.quantization.description
         if described:  # a pre-quantized checkpoint, described from its own quantization_config
             notes.append(

@@ -74,3 +74,7 @@ def test_fp8_and_nvfp4_made_scored_emulated_and_planned(tmp_path: Path) -> None:
     assert setups["kv-fp8-pth"]["vs_baseline"]["compare_mc"]["kl"] > 0  # the rounding changed the model's answers
     report = (out / "report.md").read_text()
     assert "fp8 (activations emulated)" in report and "nvfp4 (activations and KV cache emulated)" in report
+    # and where vLLM would serve it otherwise, beside the figure: Hopper runs NVFP4 weight-only
+    caveat = next(line for line in report.splitlines() if line.startswith("- **nvfp4** on GPUs:"))
+    assert "hopper: NVFP4 W4A4: fallback (weight-only FP4 through Marlin" in caveat, caveat
+    assert "hopper: KV cache nvfp4: refused" in caveat, caveat
