@@ -319,7 +319,7 @@ def _setup_entry(
         quantization=outcome.quantization,
         timings=outcome.timings,
         performance=perf,
-        flags=perf_flags + checkpoint_flags(outcome.quantization.as_dict()) + fallback_flags(outcome.quantization),
+        flags=perf_flags + checkpoint_flags(outcome.quantization) + fallback_flags(outcome.quantization),
     )
 
 
@@ -388,11 +388,11 @@ def fallback_flags(quantization: Quantization) -> list[str]:
     return [f"kernel_fallback: {f}" for f in p.fallbacks] if p is not None else []
 
 
-def checkpoint_flags(quantization: dict[str, Any]) -> list[str]:
+def checkpoint_flags(quantization: Quantization) -> list[str]:
     """A pre-quantized checkpoint the engine decompressed to a floating dtype on load (transformers
     does for compressed-tensors on CPU): scored as the checkpoint, but not resident as one; and
     where activations or a KV format were rounded in software, that its quality is emulated."""
-    dtype = quantization.get("decompressed_to")
+    dtype = quantization.decompressed_to
     flags = []
     if dtype:
         flags.append(
@@ -400,8 +400,7 @@ def checkpoint_flags(quantization: dict[str, Any]) -> list[str]:
             "the checkpoint's, its memory is not (weights_bytes is what is resident)"
         )
     # no kernel of the format ran: its arithmetic is the emulation's, its speed is no one's
-    for part in str(quantization.get("emulated") or "").split("; "):
-        if part:
-            kind = "kv_cache_emulated" if part.startswith("KV cache") else "activations_emulated"
-            flags.append(f"{kind}: {part}; quality emulated, no speed figure of the format")
+    for what, part in quantization.emulated_parts().items():
+        flag = what.lower().replace(" ", "_") + "_emulated"  # activations_emulated, kv_cache_emulated
+        flags.append(f"{flag}: {part}; quality emulated, no speed figure of the format")
     return flags

@@ -53,7 +53,7 @@ def linear_weights_bytes(out_f: int, in_f: int, setup: Setup, model_dtype: str) 
     elif setup.weights == "int8":
         total += out_f * SCALE_BYTES  # per output channel, symmetric
     elif setup.weights == "int4":
-        groups = in_f // _int4_group(in_f, setup.group_size or 128)
+        groups = in_f // _int4_group(in_f, weight_group(setup) or 128)
         # quanto (rtn) and AWQ are asymmetric: a zero point beside each scale; GPTQ / W4A8 are symmetric
         per_group = 1 if setup.method in ("gptq", "w4a8") else 2
         total += out_f * groups * per_group * SCALE_BYTES
@@ -74,6 +74,14 @@ FLOAT_SCALES: dict[str, tuple[int | None, int, int, int]] = {
     "mxfp4": (32, 1, 0, 0),  # an E8M0 (uint8) scale per 32 values; activations' scales are dynamic
     "mxfp4a16": (32, 1, 0, 0),
 }
+
+
+def weight_group(setup: Setup) -> int | None:
+    """Values per weight scale where a setup quantizes in groups: INT4's `group_size` (128 by
+    default), the FP4 formats' fixed blocks (FLOAT_SCALES); None per channel or per tensor."""
+    if setup.weights == "int4":
+        return setup.group_size or 128
+    return FLOAT_SCALES.get(setup.method, (None, 0, 0, 0))[0] or None
 
 
 def float_format_scales(out_f: int, in_f: int, method: str, dtype_bytes: int) -> int:

@@ -23,6 +23,7 @@ from qeval.config.quantize import Calibration
 from qeval.config.setups import Setup
 from qeval.errors import UserError
 from qeval.files.jsonl import read_objects
+from qeval.memory.ledger import weight_group
 
 RECORD = "qeval-quantize.json"  # the record of how a checkpoint was made (written last)
 DEFAULT_CALIBRATION = "data/train.jsonl"  # under tasks_dir: the shipped suite's training text
@@ -120,7 +121,7 @@ def recipe_spec(cfg: RunConfig, setup: Setup, dtype: str) -> dict[str, Any]:
     if scheme.rtn:
         spec["rtn"] = True
     if scheme.weights == "int4":
-        spec["group_size"] = setup.group_size or 128
+        spec["group_size"] = weight_group(setup)
     if scheme.smoothquant:
         spec["smoothing_strength"] = q.smoothing_strength
     return spec
@@ -142,15 +143,11 @@ def ignore_list(setup: Setup) -> list[str]:
     return ["lm_head", *(p if _is_literal(p) else "re:" + translate(p) for p in setup.keep)]
 
 
-#: values per scale of the FP4 presets (compressed-tensors 0.19: NVFP4 16, MXFP4 32)
-FP4_GROUPS = {"nvfp4": 16, "nvfp4a16": 16, "mxfp4": 32, "mxfp4a16": 32}
-
-
 def check_group_divides(setup: Setup, linear: list[tuple[str, int, int]]) -> None:
     """Refuse, in one line and before minutes of calibration, a group size that does not divide a
     quantized layer's columns: llm-compressor 0.14 stops on it only once the model is loaded
     (`validate_group_size_divisibility`). `linear`: ModelShape.linear_modules()."""
-    group = FP4_GROUPS.get(setup.method) or (setup.group_size or 128 if setup.weights == "int4" else None)
+    group = weight_group(setup)
     if group is None:
         return
     # llm-compressor's own condition (modifiers/quantization/group_size_validation.py): a row no

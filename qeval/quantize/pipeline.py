@@ -166,8 +166,8 @@ def _make(
     _remove_stale(dest)
     tmp.mkdir(parents=True)
     recipe = recipe_spec(cfg, setup, dtype)
-    if "num_samples" not in recipe:  # the recipe reads no calibration text (checkpoint_key)
-        texts = []
+    calibrated = SCHEMES[setup.method].calibrated  # else the recipe reads no text (checkpoint_key)
+    texts = texts if calibrated else []
     m = cfg.model
     model = {"path": m.path, "revision": m.revision, "dtype": dtype, "trust_remote_code": m.trust_remote_code}
     job = {
@@ -198,7 +198,7 @@ def _make(
             "texts": info["calibration_texts"],
             "tokens": info["calibration_tokens"],
         }
-        if "num_samples" in recipe
+        if calibrated
         else {"texts": 0, "tokens": 0, "note": "the recipe reads no calibration text"},
         "made_by": _made_by(started, info),
     }

@@ -259,14 +259,6 @@ def partial_line(results: Results) -> str | None:
     )
 
 
-def emulated_words(emulated: str) -> str:
-    """'activations emulated', 'KV cache emulated' or both: what of a setup ran in software."""
-    parts = emulated.split("; ")
-    words = ["activations" for p in parts if p.startswith("activations")][:1]
-    words += ["KV cache" for p in parts if p.startswith("KV cache")][:1]
-    return " and ".join(words) + " emulated"
-
-
 def gate_rows(results: Results, esc: Escape = md_text) -> list[list[str]]:
     """setup, task, delta, 95% CI, p (raw / BH-adjusted), flips, KL, verdict: the config's own
     tasks and groups, and any group member a gate names."""
@@ -285,7 +277,8 @@ def gate_rows(results: Results, esc: Escape = md_text) -> list[list[str]]:
             floor = [floor_cell(c, esc)] if floors else []
             floor += [parity_cell(parity, results, s, task, esc)] if parity else []
             # a figure from emulated arithmetic says so where it is read (results.json: quantization.emulated)
-            name = esc(s.name) + (f" ({emulated_words(s.quantization.emulated)})" if s.quantization.emulated else "")
+            emulated = " and ".join(s.quantization.emulated_parts())  # activations, KV cache, or both
+            name = esc(s.name) + (f" ({emulated} emulated)" if emulated else "")
             rows.append([name, esc(task), delta, ci, p, flips_cell(c), kl_cell(c), *floor, c.verdict or "no gate"])
     return rows
 

@@ -97,6 +97,12 @@ class Quantization(Echo):
     engine_kernels: dict[str, str] = Field({}, description="scheme -> the linear kernel the engine chose")
     provenance: Provenance | None = Field(None, description="what the engine ran (null: results written before it)")
 
+    def emulated_parts(self) -> dict[str, str]:
+        """What of the setup ran in software, `activations` and / or `KV cache`, each with its
+        description (`emulated` holds them joined by "; ", as the backend wrote them)."""
+        parts = [p for p in (self.emulated or "").split("; ") if p]
+        return {("KV cache" if p.startswith("KV cache") else "activations"): p for p in parts}
+
 
 class Hardware(Echo):
     """The machine the run ran on (records/provenance.py `hardware`)."""

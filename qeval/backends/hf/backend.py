@@ -100,20 +100,11 @@ class HFBackend:
         if self.setup.checkpoint:
             # one forward first: compressed-tensors decompresses on it, and the ledger must see
             # the layers as they are resident while scoring, not as they were read from disk
-            first = torch.tensor([[self.tok.bos_token_id or 0]], device=self.device)
+            came = hf_quant.cast_once_decompressed(self.model, dtype)
             with torch.no_grad():
-                try:
-                    self.model(input_ids=first)
-                    via = None
-                except RuntimeError:
-                    # compressed-tensors 0.19 decompresses NVFP4 to bfloat16 whatever the load dtype:
-                    # bring those layers to it (exact: bfloat16 values are float32 values) and go again
-                    via = hf_quant.cast_decompressed(self.model, dtype)
-                    if via is None:
-                        raise
-                    self.model(input_ids=first)
+                self.model(input_ids=torch.tensor([[self.tok.bos_token_id or 0]], device=self.device))
             self._quant_info = hf_quant.checkpoint_info(
-                self.model, self.setup.checkpoint, self.setup.checkpoint_revision, via
+                self.model, self.setup.checkpoint, self.setup.checkpoint_revision, came[0] if came else None
             )
         else:
             self._quant_info = hf_quant.quantize_weights(self.model, self.setup)

@@ -125,28 +125,36 @@ def decompressed(model: Any) -> str | None:
     return None
 
 
-def cast_decompressed(model: Any, dtype: torch.dtype) -> str | None:
-    """Bring decompressed layers whose weights came out in another floating dtype than the model's
+def cast_once_decompressed(model: Any, dtype: torch.dtype) -> list[str]:
+    """Bring decompressed layers whose weights come out in another floating dtype than the model's
     (compressed-tensors 0.19's NVFP4 decompressor writes bfloat16 into a float32 model) to the
-    model's dtype; the dtype they came out in, or None where every layer had the model's already."""
-    came: str | None = None
-    for module in model.modules():
-        weight = getattr(module, "weight", None)
-        if (
-            getattr(module, "quantization_scheme", None) is not None
-            and isinstance(weight, torch.Tensor)
-            and weight.is_floating_point()
-            and weight.dtype != dtype
-        ):
-            came = str(weight.dtype).removeprefix("torch.")
-            module.to(dtype)
+    model's dtype, exactly (bfloat16 values are float32 values). compressed-tensors decompresses in
+    a forward pre-hook on the first forward pass; this one-shot pre-hook, registered after it, runs
+    right after it and before any layer computes. The list it returns receives the dtype they came
+    out in, if any did."""
+    came: list[str] = []
+
+    def cast(_module: Any, _args: Any) -> None:
+        handle.remove()
+        for module in model.modules():
+            weight = getattr(module, "weight", None)
+            if (
+                getattr(module, "quantization_scheme", None) is not None
+                and isinstance(weight, torch.Tensor)
+                and weight.is_floating_point()
+                and weight.dtype != dtype
+            ):
+                came[:] = [str(weight.dtype).removeprefix("torch.")]
+                module.to(dtype)
+
+    handle = model.register_forward_pre_hook(cast)
     return came
 
 
 def checkpoint_info(model: Any, checkpoint: str, revision: str | None = None, via: str | None = None) -> dict[str, Any]:
     """What the checkpoint is, from its own quantization_config (the report's description of the
     setup), and the dtype transformers decompressed it to, if it did (assemble flags that); `via`:
-    the dtype the decompressor wrote before qeval cast it to the model's (cast_decompressed)."""
+    the dtype the decompressor wrote before qeval cast it to the model's (cast_once_decompressed)."""
     qc = quantization_config(checkpoint_config(checkpoint, revision))
     if qc is None:
         return {"library": None, "checkpoint": checkpoint, "description": "unquantized checkpoint"}
