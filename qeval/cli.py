@@ -225,7 +225,7 @@ def quantize(
     ] = None,
     force: Annotated[bool, typer.Option(help="remake checkpoints that are already cached")] = False,
 ) -> None:
-    """Make the checkpoints CONFIG's w8a8 / w4a8 / gptq / awq setups serve, on vllm or hf (llm-compressor)."""
+    """Make the llm-compressor checkpoints CONFIG's setups serve (INT8, INT4, FP8, FP4 methods), on vllm or hf."""
     from qeval.config import load_config
     from qeval.quantize.pipeline import QuantizeFailed
     from qeval.quantize.pipeline import quantize as quantize_all

@@ -187,16 +187,17 @@ def _compare(
         suites: dict[str, SuiteScore] = {}
         scores = dict(entry.tasks)
         # a parity control of another setup (`control.of`) is paired with that setup, not the baseline
-        ref = setup.control.of if setup.control is not None and setup.control.of else base
+        ref = cfg.paired_with(setup)
         if name != base and name in ok and ref in ok and base in ok:
             data = _paired_tasks(store, ref, name, tasks, entries)
             for t, d in data.items():
                 # a group's member is gated only by a gate that names it: `all` means the config's entries
                 gates = cfg.gates if tasks[t].entry in (None, t) else [g for g in cfg.gates if g.task == t]
                 c = compare(d, t, cfg.seed, gates, tasks[t].higher_is_better)
-                # the worker's KL is to the baseline's top-k: no divergence from another partner is measured
+                # the worker's KL is to its partner's top-k (qeval/run/jobs.py): the baseline's, a
+                # parity control's `of`; a control stored before partners kept theirs has none
                 changed = outputs_changed(store.read_samples(ref, t), store.read_samples(name, t))
-                kl = kl_summary(store, name, t) if ref == base else {}
+                kl = kl_summary(store, name, t) if _kl_against(store, name, t, ref, base) else {}
                 vs[t] = c.model_copy(update=kl | ({"outputs_changed": changed} if changed is not None else {}))
             for group in (g for g in tasks if tasks[g].is_group):
                 parts = [data[m] for m in pre.groups[group] if m in data]
@@ -213,6 +214,14 @@ def _compare(
             update={"vs_baseline": adjust_p_values(vs), "tasks": scores, "suites": suites, "flags": entry.flags + flags}
         )
     return out
+
+
+def _kl_against(store: RunStore, name: str, task: str, ref: str, base: str) -> bool:
+    """Whether `name`'s stored KL on `task` is to `ref`'s top-k: always the baseline's, but for a
+    parity control of another setup stored with its reference in its key (qeval/records/keys.py)."""
+    meta = store.read_meta(name, task)
+    parts = meta.key_parts if meta is not None else None
+    return (parts or {}).get("kl_reference", base) == ref
 
 
 def _direction(t: Any) -> bool | None:

@@ -230,6 +230,16 @@ class RunConfig(ChatKeys):
             update["backend"] = c.backend
         return self.model_copy(update=update)
 
+    def paired_with(self, setup: Setup) -> str:
+        """The setup `setup` is compared with: a parity control's `of`, else the baseline."""
+        return setup.control.of if setup.control is not None and setup.control.of else self.baseline.name
+
+    @property
+    def kl_partners(self) -> set[str]:
+        """The setups other than the baseline a parity control takes its KL against: they keep
+        their top-k (qeval/run/worker.py), as the baseline does."""
+        return {s.control.of for s in self.setups if s.control is not None and s.control.of}
+
     def backend_of(self, setup: Setup) -> str:
         """The backend `setup` is served on: the run's, or an engine-parity control's own."""
         return setup.control.backend if setup.control is not None and setup.control.backend else self.backend

@@ -1,6 +1,6 @@
 """`qeval quantize`: make the quantized checkpoints a config's vllm setups serve.
 
-    for each setup that serves a checkpoint (method w8a8 / w4a8 / gptq / awq, no `checkpoint:`):
+    for each setup that serves a checkpoint (an llm-compressor method, no `checkpoint:`):
         skip it if its folder (keyed by model + recipe + calibration text) is complete
         else run llm-compressor in the quantize environment into a temporary folder,
              write the record of how it was made, and rename the folder into place

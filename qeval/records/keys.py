@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from qeval.results.metrics import KL_OUTPUT_TYPES
 from qeval.version import __version__
 
 if TYPE_CHECKING:
@@ -67,8 +68,25 @@ def setup_keys(pre: Preflight, setup: Setup) -> SetupKeys:
     if setup.name in pre.checkpoint_sha256:  # only checkpoint setups: every other key stays as it was
         parts["checkpoint_sha256"] = pre.checkpoint_sha256[setup.name]
     return SetupKeys(
-        parts, {t.name: parts | {"task": t.fingerprint} | _chat_part(t) | _teacher_part(cfg, t) for t in pre.tasks}
+        parts,
+        {
+            t.name: parts | {"task": t.fingerprint} | _chat_part(t) | _teacher_part(cfg, t) | _kl_part(cfg, setup, t)
+            for t in pre.tasks
+        },
     )
+
+
+def _kl_part(cfg: Any, setup: Setup, task: Any) -> dict[str, str]:
+    """A parity control of a setup other than the baseline takes its KL against that setup's
+    top-k, which that setup keeps for it: on a task scored with a KL, the control's key names its
+    reference and the partner's says it kept its top-k. Only then, so every other key is what it
+    was before partners kept theirs (a partner stored without its top-k is scored again)."""
+    if getattr(task, "output_type", None) not in KL_OUTPUT_TYPES:
+        return {}
+    if setup.name in cfg.kl_partners:
+        return {"topk": "kept"}
+    partner = cfg.paired_with(setup)
+    return {"kl_reference": partner} if partner != cfg.baseline.name else {}
 
 
 def _teacher_part(cfg: Any, task: Any) -> dict[str, str]:

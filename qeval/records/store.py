@@ -4,7 +4,7 @@
     RUN_DIR/setups/<setup>.json               one worker's outcome: status, memory, versions, key
     RUN_DIR/samples/<setup>/<task>.jsonl      one line per sample (the store of record)
     RUN_DIR/samples/<setup>/<task>.meta.json  its resume key (and the key's parts), metrics, timing
-    RUN_DIR/samples/<setup>/<task>.topk.npz   perplexity top-k distributions (baseline only)
+    RUN_DIR/samples/<setup>/<task>.topk.npz   top-k distributions (the baseline's, a parity partner's)
 
 Every path is built from validated names and checked to resolve inside RUN_DIR.
 """

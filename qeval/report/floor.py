@@ -63,8 +63,8 @@ PARITY_LEGEND = (
     "Each parity control is the baseline (or the setup it is against) served on another engine, paired with "
     "it document by document: Δ is the other engine minus the run's, same outcome the share of documents "
     "scored alike (right on both or wrong on both), KL the other engine's divergence from the run's "
-    "next-token distribution (measured against the baseline only). Its difference is the engines', not the "
-    "quantization's; it is never a candidate."
+    "next-token distribution on the scored tokens. Its difference is the engines', not the quantization's; it "
+    "is never a candidate."
 )
 
 

@@ -52,7 +52,9 @@ def pass_jobs(
     scoring = later if later is not None else [s.name for s in pre.setups]
     horizon_tasks = state.pending(scoring, horizon) if state is not None and horizon else {}
     jobs = []
-    for setup in sorted(pre.setups, key=lambda s: s.name != baseline):
+    # the baseline, then the setups a parity control takes its KL against, then the rest
+    partners = pre.cfg.kl_partners
+    for setup in sorted(pre.setups, key=lambda s: (s.name != baseline, s.name not in partners)):
         if not first_pass and setup.name not in (later or []):
             continue
         k = keys[setup.name]
@@ -83,15 +85,18 @@ def pass_jobs(
         # the pass's horizon, and whether a cell stored at an earlier one is carried on from (not under --force)
         job_seq = seq if seq is None else seq.for_pass(horizon, carry=not force, number=number)
         jobs.append(one_job(pre, store, setup, pending, k, baseline, prefix, perf if perf_pending else None, job_seq))
-    # a setup whose KL reference is the baseline's top-k waits for the baseline's job
-    if jobs and jobs[0].name == baseline:
-        first = jobs[0].id
-        # (every setup of a sequential run: it tests its gates against the baseline's records as it goes)
-        jobs = jobs[:1] + [
-            replace(j, after=(first,)) if seq is not None or any(t in j.job.reference for t in j.job.tasks) else j
-            for j in jobs[1:]
-        ]
-    return jobs
+    return [replace(j, after=_waits_for(j, jobs, seq is not None)) for j in jobs]
+
+
+def _waits_for(job: WorkerJob, jobs: list[WorkerJob], sequential: bool) -> tuple[str, ...]:
+    """The jobs of this pass `job` waits for: those of the setups whose top-k its pending tasks
+    take their KL against (the baseline's, a parity control's partner's); in a sequential run every
+    setup waits for the baseline's, whose records it tests its gates against as it goes."""
+    ids = {j.job.setup: j.id for j in jobs}
+    targets = {job.job.reference[t][0] for t in job.job.tasks if t in job.job.reference}
+    if sequential:
+        targets.add(job.job.baseline)
+    return tuple(ids[t] for t in sorted(targets) if t in ids and t != job.job.setup)
 
 
 def one_job(
@@ -108,9 +113,11 @@ def one_job(
     """One setup's job: its job file (what qeval.run.worker reads) written into RUN_DIR/jobs/."""
     setup = spec.name
     # generation tasks under generation_divergence: the baseline's top-k over its own generations
-    teacher = pre.cfg.generation_divergence is not None
+    # (the baseline's: a parity control of another setup takes its KL against that setup's top-k instead)
+    partner = pre.cfg.paired_with(spec)
+    teacher = pre.cfg.generation_divergence is not None and partner == baseline
     ref = {
-        t.name: (baseline, t.name)
+        t.name: (partner, t.name)
         for t in pre.tasks
         if (t.output_type in KL_OUTPUT_TYPES or (teacher and t.output_type == "generate_until")) and setup != baseline
     }

@@ -272,7 +272,11 @@ def _hf_serves_the_same_checkpoints(setups: dict[str, Any], out: Path, dtype: st
                 hf["tasks"][task]["metrics"][c["metric"]]["value"]
                 - vllm["tasks"][task]["metrics"][c["metric"]]["value"]
             )
-            assert c["n"] == DEMO_LIMIT and c["kl"] is None and abs(c["delta"] - own) < 1e-9, (name, task, c)
+            assert c["n"] == DEMO_LIMIT and abs(c["delta"] - own) < 1e-9, (name, task, c)
+            # and its KL to the vLLM setup's own top-k (which it kept for this), not to the baseline's
+            assert (c["kl"] is not None) == (task in ("compare_mc", "ppl")), (task, c)
+            assert c["kl"] is None or 0 <= c["kl"] < 0.05, (name, task, c)
+        assert (out / "samples" / name / "ppl.topk.npz").is_file()
         # measured: 100 of 100 choices equal (int8 kernels vs decompressed weights); ppl (bf16
         # CPU): median 0.2%, max 1.7% per document
         mc = hf["vs_baseline"]["compare_mc"]

@@ -167,6 +167,41 @@ def test_baseline_first_and_only_kl_users_wait_for_it(tmp_path: Path) -> None:
     assert [j.after for j in _prepared(tmp_path / "a", tasks=["addition"]).jobs] == [(), (), ()]
 
 
+def test_a_parity_partner_runs_first_and_keeps_the_top_k_its_control_takes_its_kl_against(tmp_path: Path) -> None:
+    """A parity control of a setup other than the baseline takes its KL against that setup's top-k:
+    the partner runs right after the baseline whatever the config's order, keeps its top-k (its key
+    says so, so a partner stored without one is scored again), and the control waits for it, its
+    reference and key naming the partner; a remote control is sent the partner's top-k."""
+    setups: list[dict[str, Any]] = [
+        {"name": "bf16", "baseline": True},
+        {"name": "copy-on-vllm", "control": {"backend": "vllm", "of": "copy"}},
+        {"name": "int8", "weights": "int8"},
+        {"name": "copy"},
+    ]
+    from tests.helpers import config_dict
+
+    cfg = load_config(write_config(tmp_path / "c.yaml", config_dict(setups=setups, tasks=["addition", "ppl"])))
+    (tmp_path / "run").mkdir()
+    jobs = {j.id: j for j in prepare(preflight(cfg, None, None), RunOptions(tmp_path / "run")).jobs}
+    assert [(i, j.after) for i, j in jobs.items()] == [
+        ("bf16", ()),
+        ("copy", ("bf16",)),
+        ("copy-on-vllm", ("copy",)),
+        ("int8", ("bf16",)),
+    ]
+    control, partner = jobs["copy-on-vllm"].job, jobs["copy"].job
+    assert control.reference == {"ppl": ("copy", "ppl")} and jobs["int8"].job.reference == {"ppl": ("bf16", "ppl")}
+    assert (
+        control.task_key_parts["ppl"]["kl_reference"] == "copy"
+        and "kl_reference" not in control.task_key_parts["addition"]
+    )
+    assert partner.task_key_parts["ppl"]["topk"] == "kept" and "topk" not in jobs["int8"].job.task_key_parts["ppl"]
+    store = jobs["copy"].store
+    store.topk_path("copy", "ppl").parent.mkdir(parents=True)
+    store.topk_path("copy", "ppl").write_bytes(b"npz")
+    assert jobs["copy-on-vllm"].inputs() == {"samples/copy/ppl.topk.npz": b"npz"}
+
+
 def test_a_remote_worker_gets_what_it_reads_and_may_send_back_only_its_own_files(tmp_path: Path) -> None:
     jobs = {j.id: j for j in _prepared(tmp_path).jobs}
     int8, store = jobs["int8"], jobs["int8"].store

@@ -147,7 +147,7 @@ def _validate_weights(setup: Setup, device: str, where: str) -> None:
     if setup.method in ("rtn", "torchao"):
         raise UserError(
             f"{where}: method {setup.method!r} is a transformers-side quantizer; on vllm use "
-            "w8a8 / w4a8 / gptq / awq checkpoints (qeval quantize) or bnb"
+            "llm-compressor checkpoints (qeval quantize: w8a8, gptq, fp8_dynamic, ...) or bnb"
         )
     if setup.method == "bnb":
         if device == "cpu":

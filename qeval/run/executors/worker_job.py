@@ -64,13 +64,14 @@ class WorkerJob:
 
     def inputs(self) -> dict[str, bytes]:
         """What a worker on another machine reads from the run directory, by relative path:
-        the setup's previous outcome (a partial rerun keeps its other tasks' timings) and the
-        baseline's top-k of each pending perplexity task (the KL reference), and in a sequential
-        run the baseline's records of each pending sequential task or group cell's member (what the
-        worker's monitor tests the setup's gates against after each chunk: without them it would
-        never stop early), and the setup's own stored native and long-context cells (a later pass
-        carries on from them: qeval/run/passes.py; an lm-eval task's saved state stays on the node
-        it ran on, so there it scores again from its first document: the same records)."""
+        the setup's previous outcome (a partial rerun keeps its other tasks' timings) and the KL
+        reference's top-k of each pending task scored with a KL (the baseline's, or a parity
+        control's partner's), and in a sequential run the baseline's records of each pending
+        sequential task or group cell's member (what the worker's monitor tests the setup's gates
+        against after each chunk: without them it would never stop early), and the setup's own
+        stored native and long-context cells (a later pass carries on from them:
+        qeval/run/passes.py; an lm-eval task's saved state stays on the node it ran on, so there it
+        scores again from its first document: the same records)."""
         wanted = [self.store.setup_path(self.name)]
         for task in self.job.tasks:
             ref = self.job.reference.get(task)
