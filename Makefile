@@ -20,6 +20,10 @@ QUANT_STAMP := $(QUANT_VENV)/.installed
 UV        := $(VENV)/bin/uv
 PIP_LINKS := $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
 UV_PIP     = $(UV) pip install -q --compile-bytecode $(foreach d,$(PIP_LINKS),--find-links $(d)) --python
+# qeval itself is installed editable, so no installer compiles it: compiled before each run of the
+# tests or the demo (only the changed files), so that the CLI and worker processes a test suite
+# starts (hundreds) do not each compile it anew where PYTHONDONTWRITEBYTECODE is set
+PYC        = $(PY) -m compileall -q -j 0 qeval
 
 .PHONY: run run-real run-real-sequential run-vllm test test-fast lint bench bench-published bench-vllm bench-ray bench-perf bench-serve bench-longctx install browser vllm quant tasks model gpu-bundle
 
@@ -71,6 +75,7 @@ quant: $(QUANT_STAMP)
 
 ## run the demo (configs/demo.yaml on the shipped tiny model) into reports/demo/
 run: $(STAMP)
+	$(PYC)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/qeval run configs/demo.yaml
 
 ## the vLLM demo: quantize (W8A8-INT8, W4A8) then serve bf16 + both on the vLLM engine
@@ -106,10 +111,12 @@ test-needs: $(TEST_NEEDS)
 ## every test, the slow end-to-end ones included (CI runs exactly this)
 test:
 	$(MAKE) -j3 --output-sync=target test-needs
+	$(PYC)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_WORKERS)
 
 ## skip engine starts and full demo runs while developing
 test-fast: lint $(VLLM_STAMP) $(QUANT_STAMP) models/smollm2-135m/.prepared tasks/lm_eval_full/.prepared
+	$(PYC)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_WORKERS) -m "not slow"
 
 ## qeval against lm-evaluation-harness: speed ratio and per-sample agreement (bench/)

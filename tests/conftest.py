@@ -66,8 +66,9 @@ def vllm_demo(quantized_demo: tuple[Path, Path, str], tmp_path_factory: pytest.T
     test_vllm_backend checks the run whole and takes its bf16 setup as the vllm agreement run in
     that dtype (the same config, limit and tasks, and more); test_openai_backend takes its W8A8
     setup as the in-process reference where that dtype is W8A8's (bfloat16)."""
-    # with two controls beside the shipped setups: the baseline again at max_num_seqs 8 (vLLM's own
-    # floor) and on transformers (engine parity)
+    # with two controls beside the shipped setups: the baseline and the W8A8 checkpoint on
+    # transformers (engine parity; vLLM's own floor, an engine start more, is
+    # test_vllm_translation's max_num_seqs control and test_noise_floor's floor on transformers)
     cfg = quantized_demo[0].with_name("demo-vllm-controls.yaml")
     text = quantized_demo[0].read_text()
     controls = "".join(f"  - {c}\n" for c in VLLM_CONTROLS)
@@ -82,7 +83,6 @@ def vllm_demo(quantized_demo: tuple[Path, Path, str], tmp_path_factory: pytest.T
 #: the controls the vLLM demo fixture runs beside the shipped setups (docs/statistics.md, "The noise
 #: floor", "Engine parity")
 VLLM_CONTROLS = (
-    "{name: bf16-seqs8, control: {max_num_seqs: 8}}",
     "{name: bf16-on-hf, control: {backend: hf}}",
     # the W8A8 checkpoint on transformers, paired with its vLLM setup (W8A8 parity)
     "{name: w8a8-on-hf, weights: int8, method: w8a8, control: {backend: hf, of: w8a8}}",

@@ -386,3 +386,9 @@ def test_a_vllm_control_may_change_the_prefill_chunk(tmp_path: Path) -> None:
     assert "max_num_batched_tokens" not in vllm_support.setup_engine_args(cfg, cfg.baseline, "cpu")
     assert "max_num_batched_tokens" not in cfg.engine.key_json()
     assert '"max_num_batched_tokens": 512' in cfg.for_setup(setup).engine.key_json()
+    # vLLM's own floor: the baseline again at another max_num_seqs, on the control's engine only
+    seqs = {"name": "seqs8", "control": {"max_num_seqs": 8}}
+    cfg = load_config(make_config(tmp_path, filename="s.yaml", backend="vllm", setups=[BASELINE, seqs]))
+    setup = next(s for s in cfg.setups if s.control is not None)
+    assert vllm_support.setup_engine_args(cfg.for_setup(setup), setup, "cpu")["max_num_seqs"] == 8
+    assert vllm_support.setup_engine_args(cfg, cfg.baseline, "cpu").get("max_num_seqs") != 8

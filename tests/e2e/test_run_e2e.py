@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from qeval.perf.ceilings import REPEATS
 from tests.helpers import ROOT, assert_performance_invariants, run_cli
 
 pytestmark = pytest.mark.slow
@@ -94,7 +95,8 @@ def test_every_setup_has_a_performance_block(demo_run: tuple[Path, dict]) -> Non
     sequences its memory allows (capped by the config), against ceilings measured once."""
     out, r = demo_run
     c = r["ceilings"]
-    assert c["device"] == r["run"]["device"] and c["copy_bandwidth"]["repeats"] >= 3
+    # repeats: up to REPEATS, as many as fit the probe's time bound (one on a loaded machine)
+    assert c["device"] == r["run"]["device"] and 1 <= c["copy_bandwidth"]["repeats"] <= REPEATS
     assert c["copy_bandwidth"]["median"] > 0 and r["config"]["model"]["dtype"] in c["matmul_peak"]
     cap = r["config"]["performance"]["max_concurrency"]
     for s in r["setups"]:
