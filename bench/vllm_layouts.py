@@ -5,6 +5,11 @@ model folder written by transformers, an engine started with a fixed KV pool
 Maximum concurrency for L tokens per request: Yx", against qeval/memory/layouts.py's prediction
 of one sequence (blocks x block bytes): Y = floor(pool / block bytes) / blocks per sequence.
 
+Per-layer KV precision across kinds (`--only kv_keep`, or one row: `kv_keep:5`): a 6-layer Gemma 3
+style model (5 sliding, 1 full) with an FP8 KV cache and no layer, its full layer, or a sliding
+layer kept at bf16 (--kv-cache-dtype-skip-layers, AVX-512 only), against the plan of the same
+`kv_keep` setup.
+
     .venv-vllm/bin/python bench/vllm_layouts.py [--json OUT]      (about half a minute per layout)
 """
 
@@ -83,6 +88,18 @@ LAYOUTS = {
         },
     ),
 }
+GEMMA6 = {
+    "num_hidden_layers": 6,
+    "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+    "sliding_window": 256,
+    "query_pre_attn_scalar": 64,
+}
+#: name -> (model type, config, the layers kept at bf16 beside an FP8 cache): the `kv_keep` rows
+KV_KEEP = {
+    "gemma3 x6, FP8 KV": ("gemma3_text", GEMMA6, ()),
+    "gemma3 x6, FP8 KV, full layer 5 kept": ("gemma3_text", GEMMA6, ("5",)),
+    "gemma3 x6, FP8 KV, sliding layer 0 kept": ("gemma3_text", GEMMA6, ("0",)),
+}
 TOKENIZER = ROOT / "models" / "smollm2-135m"  # `make smollm2`
 BASE = {
     "vocab_size": 49152,
@@ -108,12 +125,14 @@ def write_model(folder: Path, model_type: str, extra: dict[str, object]) -> dict
     return config.to_dict()
 
 
-def start_engine(folder: Path) -> None:
+def start_engine(folder: Path, keep: tuple[str, ...] | None) -> None:
     """In a child process: vLLM on the folder with dummy weights and the fixed pool (it logs its
-    KV cache line at start-up), then exit."""
+    KV cache line at start-up), then exit; with `keep`, an FP8 cache with those layers at bf16."""
     from vllm import LLM
 
+    kv = {} if keep is None else {"kv_cache_dtype": "fp8", "kv_cache_dtype_skip_layers": list(keep)}
     LLM(
+        **kv,
         model=str(folder),
         load_format="dummy",
         max_model_len=CONTEXT,
@@ -124,11 +143,12 @@ def start_engine(folder: Path) -> None:
     )
 
 
-def engine_figures(folder: Path) -> tuple[int, float, str]:
+def engine_figures(folder: Path, keep: tuple[str, ...] | None) -> tuple[int, float, str]:
     """The tokens and concurrency vLLM logged for the folder, from a child process's output
     (vLLM logs to stdout)."""
+    kv = [] if keep is None else ["--kv-keep", ",".join(keep) or "none"]
     res = subprocess.run(
-        [sys.executable, __file__, "--engine", str(folder)],
+        [sys.executable, __file__, "--engine", str(folder), *kv],
         capture_output=True,
         text=True,
         timeout=600,
@@ -145,7 +165,7 @@ def engine_figures(folder: Path) -> tuple[int, float, str]:
     return int(tokens.group(1).replace(",", "")), float(conc.group(2)), tokens.group(0) + "; " + conc.group(0)
 
 
-def predicted(config: dict[str, object]) -> tuple[float, int]:
+def predicted(config: dict[str, object], keep: tuple[str, ...] | None) -> tuple[float, int]:
     """qeval's concurrency at CONTEXT for POOL bytes, and its bytes per sequence."""
     from qeval.backends.vllm.kv_rule import PagedKv
     from qeval.backends.vllm.support import cache_accounting
@@ -155,7 +175,8 @@ def predicted(config: dict[str, object]) -> tuple[float, int]:
 
     shape = ModelShape.from_config(config)
     rule = PagedKv(cache_accounting("cpu"))  # vLLM's rule, with this CPU build's cache settings
-    seq = predict_sequence(shape, Setup(name="bf16", weights="bf16"), "bfloat16", CONTEXT, rule)
+    setup = Setup(name="bf16") if keep is None else Setup(name="kv", kv_cache="fp8", kv_keep=keep)
+    seq = predict_sequence(shape, setup, "bfloat16", CONTEXT, rule)
     blocks = seq.total // seq.block_bytes
     return (POOL // seq.block_bytes) / blocks, seq.total
 
@@ -165,22 +186,26 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--only", default="", help="comma-separated model types to run (default: every layout)")
     ap.add_argument("--engine", type=Path, help=argparse.SUPPRESS)  # the child process's mode
+    ap.add_argument("--kv-keep", help=argparse.SUPPRESS)  # the child's FP8 cache and kept layers
     args = ap.parse_args()
     if args.engine:
-        start_engine(args.engine)
+        keep = None if args.kv_keep is None else tuple(k for k in args.kv_keep.split(",") if k != "none")
+        start_engine(args.engine, keep)
         return
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         only = set(filter(None, args.only.split(",")))
-        for name, (model_type, extra) in LAYOUTS.items():
-            if only and model_type not in only:
+        cases = [(n, t, x, None) for n, (t, x) in LAYOUTS.items()] + [(n, *c) for n, c in KV_KEEP.items()]
+        for name, model_type, extra, keep in cases:
+            row = model_type if keep is None else f"kv_keep:{'+'.join(keep) or 'none'}"
+            if (only or keep is not None) and row not in only and not (keep is not None and "kv_keep" in only):
                 continue
-            folder = Path(tmp) / model_type
+            folder = Path(tmp) / name.replace(" ", "_").replace(",", "")
             config = write_model(folder, model_type, extra)
-            ours, seq = predicted(config)
+            ours, seq = predicted(config, keep)
             try:
-                tokens, theirs, line = engine_figures(folder)
+                tokens, theirs, line = engine_figures(folder, keep)
             except RuntimeError as exc:  # an architecture this build cannot start is a row, said so
                 rows.append({"layout": name, "error": str(exc)})
                 print(f"{name:<40} vLLM could not start it: {rows[-1]['error']}")

@@ -57,7 +57,8 @@ class BackendEntry:
     #: the engine, inside the worker: one instance serves one setup
     create: Callable[[RunConfig, Setup, str], Backend]
     #: raise a one-line UserError for a setup this model's config.json rules out on this backend
-    validate_model: Callable[[Setup, dict[str, Any]], None] = lambda setup, config: None
+    #: and device
+    validate_model: Callable[[Setup, dict[str, Any], str], None] = lambda setup, config, device: None
     #: resume-key parts of this backend beyond the common ones (settings that change its numbers)
     key_parts: Callable[[RunConfig], dict[str, str]] = lambda cfg: {}
     #: whether setups of the `qeval quantize` methods (w8a8, w4a8, gptq, awq) are served from its

@@ -119,7 +119,8 @@ def check_advice(pre: Preflight) -> None:
     try:
         backend_entry(cfg.backend).validate_setup(probe, pre.device)
         if spec.kl_target is not None:  # per-layer KV precision on this model (vLLM: one attention kind)
-            backend_entry(cfg.backend).validate_model(probe, checkpoint_config(cfg.model.path, cfg.model.revision))
+            config = checkpoint_config(cfg.model.path, cfg.model.revision)
+            backend_entry(cfg.backend).validate_model(probe, config, pre.device)
     except UserError as exc:
         raise UserError(f"advise: the advised setup {name}: {exc}") from None
 

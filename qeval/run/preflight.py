@@ -56,7 +56,7 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
     source = resolve_model(cfg.model.path, cfg.model.revision)
     shape = model_shape(source)
     precision = _resolve_dtype(cfg, source.config, device)
-    setups = _against_model(cfg, setups, source.config, shape, skipped)
+    setups = _against_model(cfg, setups, source.config, shape, skipped, device)
     # vllm setups served from `qeval quantize` checkpoints: point them at their folders
     cfg = resolve_checkpoints(cfg, source.checksum, {s.name for s in setups}, precision.dtype)
     setups = [s for s in cfg.setups if s.name in {x.name for x in setups}]
@@ -132,7 +132,12 @@ def _check_checkpoints(setups: list[Setup], config: dict[str, object]) -> None:
 
 
 def _against_model(
-    cfg: RunConfig, setups: list[Setup], config: dict[str, object], shape: ModelShape, skipped: dict[str, str]
+    cfg: RunConfig,
+    setups: list[Setup],
+    config: dict[str, object],
+    shape: ModelShape,
+    skipped: dict[str, str],
+    device: str,
 ) -> list[Setup]:
     """Setups checked against the model's own config.json (a quantized KV cache on a sliding-window
     model, a `kv_keep` layer it lacks): refused in one line, or skipped and said so where the setup
@@ -143,7 +148,7 @@ def _against_model(
             problem = setup.kv_keep_problem(shape.kinds())
             if problem:
                 raise UserError(problem)
-            backend_entry(cfg.backend_of(setup)).validate_model(setup, config)
+            backend_entry(cfg.backend_of(setup)).validate_model(setup, config, device)
         except UserError as exc:
             if not setup.optional or setup.baseline:
                 raise

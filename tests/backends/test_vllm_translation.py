@@ -344,7 +344,7 @@ def test_kept_kv_layers_become_skip_layers_by_index() -> None:
     """`kv_keep` (per-layer KV precision) reaches vLLM 0.32 as --kv-cache-dtype-skip-layers: every
     kept layer by its index (a kind resolved against the model's layers), in the engine arguments,
     the launched server's flags and the printed `vllm serve` line; a model with more than one
-    attention kind is refused in one line (its pool is not modelled), and the config refuses a
+    attention kind is refused in one line on a GPU (its pool is not modelled), and the config refuses a
     kv_keep without a quantized cache, or one that keeps every layer or names a layer it lacks."""
     from qeval.backends.openai.support import flags
     from qeval.backends.vllm.serve_cmd import serve_command
@@ -362,8 +362,9 @@ def test_kept_kv_layers_become_skip_layers_by_index() -> None:
     by_kind = Setup(name="g", kv_cache="fp8", kv_keep=("full",))
     assert vllm_support.skip_layers(by_kind, kinds) == ["5", "11"]  # Gemma 3: every 6th layer global
     with pytest.raises(UserError, match="kv_keep on a model with full and sliding layers"):
-        vllm_support.validate_model(by_kind, gemma)
-    vllm_support.validate_model(setup, {**gemma, "model_type": "llama", "sliding_window": None})
+        vllm_support.validate_model(by_kind, gemma, "cuda")  # a GPU's padded pages: not modelled
+    vllm_support.validate_model(by_kind, gemma, "cpu")  # the CPU build's scaled blocks: modelled
+    vllm_support.validate_model(setup, {**gemma, "model_type": "llama", "sliding_window": None}, "cuda")
     assert "the model has 12 layers" in Setup(name="x", kv_cache="fp8", kv_keep=("12",)).kv_keep_problem(kinds)
     assert "nothing would be quantized" in Setup(name="x", kv_cache="fp8", kv_keep=("full", "sliding")).kv_keep_problem(
         kinds

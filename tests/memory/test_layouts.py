@@ -330,3 +330,56 @@ def test_vllm_pools_kept_full_attention_layers_in_one_group() -> None:
     gpu = predict_sequence(shape, setup, "bfloat16", 1000, PagedKv(VLLM_SERVE_GPU))
     assert gpu.total == per_token * 1024 and gpu.block_bytes == per_token * 32  # 32 blocks of 32
     assert predict_sequence(shape, setup, "bfloat16", 1000, HeldKv()).total == per_token * 1000
+
+
+GEMMA3_270M = {
+    "model_type": "gemma3_text",
+    "num_hidden_layers": 18,
+    "layer_types": ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(18)],
+    "sliding_window": 512,
+    "hidden_size": 640,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 256,
+    "intermediate_size": 2048,
+    "vocab_size": 262144,
+}
+
+
+@pytest.mark.parametrize(
+    ("keep", "blocks_2k", "blocks_32k", "block_kib"),
+    [
+        ((), 16 + 5 * 17, 256 + 5 * 37, 192),  # one dtype: 6 groups of 3 layers, block 128
+        (("5", "11", "17"), 16 + 5 * 9, 256 + 5 * 19, 384),  # global layers bf16: FP8 blocks of 256
+        (("0",), 17 + 14 * 9 + 3 * 8, 37 + 14 * 19 + 3 * 128, 128),  # a bucket of one: 18 groups of 1
+    ],
+)
+def test_vllm_pools_kept_layers_of_several_kinds_on_its_cpu_build(
+    keep: tuple[str, ...], blocks_2k: int, blocks_32k: int, block_kib: int
+) -> None:
+    """vLLM 0.32's CPU build with kept layers on Gemma 3 (sliding and global layers): every page
+    brought to the largest (a bf16 layer's) by doubling an FP8 layer's block size, layers bucketed
+    by (kind, dtype), the buckets grouped at `group_width`'s width (kv_cache_utils.py). Blocks per
+    sequence at 2k and 32k tokens (a sliding layer reserves min(W - 1 + 4,096, L) tokens), as
+    derived from the source; the same rule's concurrency equals the engine's own log on a 6-layer
+    instance (bench/vllm_layouts.py --only kv_keep, 2026-12-07: 20.28x, 16.79x, 16.79x). A GPU pads
+    pages instead: refused there."""
+    shape = ModelShape.from_config(GEMMA3_270M)
+    setup = Setup(name="k", kv_cache="fp8", kv_keep=keep)
+    for context, blocks in ((2048, blocks_2k), (32768, blocks_32k)):
+        seq = predict_sequence(shape, setup, "bfloat16", context, PagedKv(VLLM_QEVAL_CPU))
+        assert seq.block_bytes == block_kib * 1024 and seq.total == blocks * seq.block_bytes, (keep, context)
+    if keep:
+        with pytest.raises(ValueError, match="not modelled"):
+            predict_sequence(shape, setup, "bfloat16", 2048, PagedKv(VLLM_SERVE_GPU))
+    six = ModelShape.from_config(
+        GEMMA3_270M
+        | {"num_hidden_layers": 6, "layer_types": ["sliding_attention"] * 5 + ["full_attention"], "head_dim": 64}
+        | {"sliding_window": 256, "num_key_value_heads": 2, "hidden_size": 256}
+    )
+    # the engine's log (64 MiB pool, 2,048 tokens) for the same keep on the 6-layer instance (its full layer: 5)
+    six_keep, measured = {(): ((), 20.28), ("0",): (("0",), 16.79)}.get(keep, (("5",), 16.79))
+    seq = predict_sequence(
+        six, Setup(name="k", kv_cache="fp8", kv_keep=six_keep), "bfloat16", 2048, PagedKv(VLLM_QEVAL_CPU)
+    )
+    assert round((64 * 2**20 // seq.block_bytes) / (seq.total // seq.block_bytes), 2) == measured

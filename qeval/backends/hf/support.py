@@ -137,7 +137,7 @@ def attention_layer_types(config: dict[str, Any]) -> list[str]:
     return list(kinds) or ["full"] * n
 
 
-def validate_model(setup: Setup, config: dict[str, Any]) -> None:
+def validate_model(setup: Setup, config: dict[str, Any], device: str = "cpu") -> None:
     """What the model's own config rules out, before it loads. A quantized KV cache runs on full,
     sliding-window and chunked layers (kv_cache.py builds it per layer type; state layers hold no
     K/V and stay as transformers keeps them). Refused: a latent (MLA) cache, which transformers

@@ -40,7 +40,8 @@ BACKEND = BackendEntry(
     serves_checkpoints=True,
     validate_tasks=validate_tasks,
     validate_served=validate_served,
-    validate_model=validate_model,
+    # a server's device is not this machine's to know: its pool is modelled as on a GPU
+    validate_model=lambda setup, config, device: validate_model(setup, config, "cuda"),
     kv_accounting=kv_accounting,
     # a launched vLLM server: `qeval goodput` starts its own; an attached one or a command is not vLLM's to tune
     serving=VllmServing(lambda cfg: cfg.server is None or (cfg.server.mode == "launch" and cfg.server.command is None)),

@@ -148,9 +148,11 @@ class PagedKv:
         in every layer, each layer's page at its own dtype), so a block of `bs` tokens costs every
         layer's bytes per token times bs. Measured on the CPU build (an FP8 cache, layer 0 kept on a
         4-layer model): 679,808 pool tokens against 850,560 with none kept, 640 / 512 bytes per token
-        to 0.01%. Several kinds (a sliding model) pad pages across kinds and dtypes, which qeval
-        does not model: validate_model refuses `kv_keep` there before any engine starts."""
+        to 0.01%. Several kinds (a sliding model): `_mixed_kinds` on the CPU build; a GPU pads
+        pages across kinds and dtypes, which qeval does not model (validate_model refuses it)."""
         kinds = set(shape.kinds())
+        if len(kinds) != 1 and not self.cache.aligns_kept_layers:
+            return self._mixed_kinds(shape, layer_bytes, context, dtype)
         if len(kinds) != 1:
             raise ValueError(f"kv_keep on a model with layers of kinds {sorted(kinds)}: vLLM's pool is not modelled")
         kind = next(iter(kinds))
@@ -165,6 +167,33 @@ class PagedKv:
         need = block * self._blocks(shape, context, bs)[kind]
         naive = naive_bytes(shape, DTYPE_BYTES[dtype], context)
         return SequenceKV(self.engine, context, {attention_kind(shape, kind): need}, 0, naive, block)
+
+
+    def _mixed_kinds(self, shape: ModelShape, layer_bytes: tuple[int, ...], context: int, dtype: str) -> SequenceKV:
+        """Kept and quantized layers of several attention kinds on the CPU build (vLLM 0.32,
+        v1/core/kv_cache_utils.py): unify_kv_cache_spec_page_size brings every page to the largest
+        (a kept layer's) by scaling a smaller page's block size (an FP8 layer's `bs` doubles beside
+        16-bit ones; nothing is padded where the pages divide), layers of one (kind, dtype) form a
+        bucket, and _get_kv_cache_groups_uniform_page_size splits the buckets into groups of the
+        width `group_width` gives, each group's block one page per layer of the width. A sequence
+        holds each group's blocks at its own block size."""
+        if "linear" in shape.kinds() or shape.kv_lora_rank is not None:
+            raise ValueError("kv_keep beside state or latent layers: vLLM's pool is not modelled")
+        bs, top = self._configured_block_size(shape), max(layer_bytes)
+        if any(top % b for b in layer_bytes):  # a page that does not divide the largest is padded
+            raise ValueError("kv_keep with pages that do not divide the largest: vLLM pads them, not modelled")
+        buckets: dict[tuple[str, int], int] = {}
+        for kind, b in zip(shape.kinds(), layer_bytes, strict=True):
+            buckets[(kind, b)] = buckets.get((kind, b), 0) + 1
+        width = group_width(list(buckets.values()))
+        page = bs * top
+        by_kind: dict[str, int] = {}
+        for (kind, b), n in buckets.items():
+            blocks = self._blocks(shape, context, bs * top // b)[kind]  # the block scaled to the page
+            label = attention_kind(shape, kind)
+            by_kind[label] = by_kind.get(label, 0) + cdiv(n, width) * width * page * blocks
+        naive = naive_bytes(shape, DTYPE_BYTES[dtype], context)
+        return SequenceKV(self.engine, context, by_kind, 0, naive, width * page)
 
 
 def plan_rule(block_size: int, in_flight_tokens: int) -> PagedKv:

@@ -113,12 +113,14 @@ def validate(setup: Setup, device: str) -> None:
         _validate_weights(setup, device, where)
 
 
-def validate_model(setup: Setup, config: dict[str, Any]) -> None:
+def validate_model(setup: Setup, config: dict[str, Any], device: str) -> None:
     """One line for a `kv_keep` setup on a model with more than one attention kind (Gemma 3's
-    sliding and global layers): vLLM 0.32 serves it (--kv-cache-dtype-skip-layers), but pads pages
-    across kinds and KV dtypes in ways qeval's memory plan does not model, and every figure qeval
-    reports must be one it can stand behind (kv_rule.py `PagedKv._mixed`)."""
-    if not setup.kv_keep:
+    sliding and global layers) on a GPU: vLLM 0.32 serves it (--kv-cache-dtype-skip-layers), but
+    its GPU platforms pad the sliding layers' pages to the kept layers' (attention.py's
+    skip_page_size_padded), which qeval's plan does not model, and every figure qeval reports must
+    be one it can stand behind. The CPU build scales the block size instead, which it models
+    (kv_rule.py `PagedKv._mixed_kinds`)."""
+    if not setup.kv_keep or device != "cuda":
         return
     from qeval.model.shape import ModelShape
 
@@ -126,8 +128,8 @@ def validate_model(setup: Setup, config: dict[str, Any]) -> None:
     if len(kinds) > 1:
         raise UserError(
             f"setup {setup.name!r} on vllm: kv_keep on a model with {' and '.join(kinds)} layers: vLLM's "
-            "pool for mixed KV precision across layer kinds is not modelled by qeval; score it on the hf "
-            "backend (its `vllm serve` flags are in the report)"
+            "GPU pool for mixed KV precision across layer kinds is not modelled by qeval; score it on the hf "
+            "backend or vLLM's CPU build (its `vllm serve` flags are in the report)"
         )
 
 
