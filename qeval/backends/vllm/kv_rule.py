@@ -168,7 +168,6 @@ class PagedKv:
         naive = naive_bytes(shape, DTYPE_BYTES[dtype], context)
         return SequenceKV(self.engine, context, {attention_kind(shape, kind): need}, 0, naive, block)
 
-
     def _mixed_kinds(self, shape: ModelShape, layer_bytes: tuple[int, ...], context: int, dtype: str) -> SequenceKV:
         """Kept and quantized layers of several attention kinds on the CPU build (vLLM 0.32,
         v1/core/kv_cache_utils.py): unify_kv_cache_spec_page_size brings every page to the largest
