@@ -116,7 +116,7 @@ def validate(setup: Setup, device: str) -> None:
 def validate_model(setup: Setup, config: dict[str, Any], device: str) -> None:
     """One line for a `kv_keep` setup on a model with more than one attention kind (Gemma 3's
     sliding and global layers) on a GPU: vLLM 0.32 serves it (--kv-cache-dtype-skip-layers), but
-    its GPU platforms pad the sliding layers' pages to the kept layers' (attention.py's
+    its GPU platforms pad the sliding layers' pages to the kept layers' (vllm's attention layer's
     skip_page_size_padded), which qeval's plan does not model, and every figure qeval reports must
     be one it can stand behind. The CPU build scales the block size instead, which it models
     (kv_rule.py `PagedKv._mixed_kinds`)."""
