@@ -58,7 +58,9 @@ def preflight(cfg: RunConfig, only_setups: list[str] | None = None, only_tasks: 
     precision = _resolve_dtype(cfg, source.config, device)
     setups = _against_model(cfg, setups, source.config, shape, skipped, device)
     # vllm setups served from `qeval quantize` checkpoints: point them at their folders
-    cfg = resolve_checkpoints(cfg, source.checksum, {s.name for s in setups}, precision.dtype)
+    # (and a selected parity control's partner: the config checks the two serve one checkpoint)
+    partners = {s.control.of for s in setups if s.control is not None and s.control.of}
+    cfg = resolve_checkpoints(cfg, source.checksum, {s.name for s in setups} | partners, precision.dtype)
     setups = [s for s in cfg.setups if s.name in {x.name for x in setups}]
     _check_checkpoints(setups, source.config)
     for setup in {cfg.backend_of(s): s for s in setups}.values():  # each engine the setups are served on

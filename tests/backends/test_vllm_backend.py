@@ -171,6 +171,25 @@ def test_demo_vllm_serves_the_quantized_checkpoints(
     assert "(predicted)" in (out / "report.md").read_text()  # the CPU build logs no weight size: said so
 
 
+def test_a_parity_control_runs_alone_from_its_partners_checkpoint(
+    quantized_demo: tuple[Path, Path, str], vllm_demo: tuple[Path, str], tmp_path: Path
+) -> None:
+    """`--setups w8a8-on-hf` (a parity control of the vLLM demo's W8A8 setup, without it): its
+    partner's `qeval quantize` folder is resolved too (the config checks that both serve one
+    checkpoint; it used to fail with a traceback), and the stored run is taken up, nothing redone."""
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(vllm_demo[0], out)
+    stored = (out / "samples" / "w8a8-on-hf" / "ppl.jsonl").stat().st_mtime_ns
+    cfg = quantized_demo[0].with_name("demo-vllm-controls.yaml")
+    args = ["--output", str(out), "--limit", str(DEMO_LIMIT), "--no-performance", "--setups", "w8a8-on-hf"]
+    res = run_cli("run", str(cfg), *args)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "w8a8-on-hf: all 4 tasks stored, skipped" in res.stderr, res.stderr[-3000:]
+    assert (out / "samples" / "w8a8-on-hf" / "ppl.jsonl").stat().st_mtime_ns == stored
+
+
 def test_a_timed_setup_runs_in_vllms_own_processes(quantized_demo: tuple[Path, Path, str], tmp_path: Path) -> None:
     """The demo's performance phase on its W8A8 checkpoint alone (as the baseline, one short task
     scored): the engine timed as `vllm bench throughput` times it, in vLLM's own engine-core and
