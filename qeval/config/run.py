@@ -240,6 +240,11 @@ class RunConfig(ChatKeys):
         their top-k (qeval/run/worker.py), as the baseline does."""
         return {s.control.of for s in self.setups if s.control is not None and s.control.of}
 
+    def keeps_topk(self, name: str) -> bool:
+        """Whether setup `name` keeps its top-k: the baseline's is every setup's KL reference, and a
+        parity control of another setup takes its KL against that setup's (qeval/run/jobs.py)."""
+        return name == self.baseline.name or name in self.kl_partners
+
     def backend_of(self, setup: Setup) -> str:
         """The backend `setup` is served on: the run's, or an engine-parity control's own."""
         return setup.control.backend if setup.control is not None and setup.control.backend else self.backend

@@ -197,7 +197,7 @@ def _scoring(
         reference=lambda task: _reference(store, job, task),
         store=store_fn,
         scratch=scratch,
-        keeps_topk=keeps_topk(cfg, setup, job),
+        keeps_topk=cfg.keeps_topk(setup.name),
         open_reference=lambda task: store.open_topk(*ref) if (ref := job.reference.get(task)) else None,
         sequential=job.sequential,
         # a sequential setup tests its gates against the baseline's records, stored before it runs
@@ -228,12 +228,6 @@ def _stored(store: RunStore, setup: str, job: Job, task: str) -> tuple[list[Any]
     return store.read_samples(setup, task), store.read_topk(setup, task)
 
 
-def keeps_topk(cfg: RunConfig, setup: Setup, job: Job) -> bool:
-    """Whether `setup` keeps its top-k: the baseline's is every setup's KL reference, and a parity
-    control of another setup takes its KL against that setup's (qeval/run/jobs.py)."""
-    return setup.name == job.baseline or setup.name in cfg.kl_partners
-
-
 def _reference(store: RunStore, job: Job, task: str) -> Any:
     """The baseline's stored top-k for a perplexity task (KL reference), if this setup needs it."""
     ref = job.reference.get(task)
@@ -253,7 +247,7 @@ def _store(
     """One task's records and metrics, under its key; the baseline (and a parity control's
     partner) keeps its top-k."""
     timings[f"{name}_s"] = seconds
-    topk = result.topk if (keeps_topk(job.config, setup, job) and result.topk) else None
+    topk = result.topk if (job.config.keeps_topk(setup.name) and result.topk) else None
     extra = {"seconds": seconds, "task_sha256": sha256, "key_parts": job.task_key_parts[name]}
     if getattr(result, "kl_distribution", None):  # scored against the baseline's top-k: token-level KL and Δp
         extra["kl_distribution"] = result.kl_distribution
