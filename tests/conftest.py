@@ -94,9 +94,10 @@ def vllm_bf16_runs(vllm_demo: tuple[Path, str], tmp_path_factory: pytest.TempPat
     """configs/demo-vllm.yaml's bf16 setup on the vllm backend in float32 and in bfloat16, without
     the performance phase, on AGREEMENT_TASKS (agreement_limit samples): {dtype: output folder}.
     The dtype `auto` resolves to is the demo's own run (vllm_demo: one engine start fewer), the
-    other a run of its own. Where the CPU runs an FP8 KV cache, that run also serves a `kv-fp8`
-    setup and a `kv-fp8-keep0` one (layer 0 kept at the model's dtype; test_vllm_backend's FP8
-    check: their baseline is that run's bf16, in the same pool), under the key "kv-fp8".
+    other a run of its own. Where the CPU runs an FP8 KV cache, that run also serves a
+    `kv-fp8-keep0` setup (an FP8 cache with layer 0 kept at the model's dtype; test_vllm_backend's
+    per-layer check: its baseline is that run's bf16, in the same pool), under the key "kv-keep"
+    (the all-FP8 cache is the demo's `w4a8-kv-fp8`, against its `w4a8` twin: no engine start of its own).
     test_openai_backend takes the float32 run as its in-process bf16 reference."""
     from qeval.backends.vllm.support import cpu_has_fp8
 
@@ -110,8 +111,8 @@ def vllm_bf16_runs(vllm_demo: tuple[Path, str], tmp_path_factory: pytest.TempPat
     if cpu_has_fp8():
         # and per-layer KV precision: layer 0 kept at 16 bits (--kv-cache-dtype-skip-layers 0)
         keep = "  - {name: kv-fp8-keep0, kv_cache: fp8, kv_keep: [0]}\n"
-        text = text.replace("tasks: [", f"  - {{name: kv-fp8, kv_cache: fp8}}\n{keep}tasks: [")
-        setups += ",kv-fp8,kv-fp8-keep0"
+        text = text.replace("tasks: [", f"{keep}tasks: [")
+        setups += ",kv-fp8-keep0"
     cfg, out = tmp / f"vllm-{other}.yaml", tmp / f"vllm-{other}"
     cfg.write_text(text)
     res = run_cli(
@@ -128,7 +129,7 @@ def vllm_bf16_runs(vllm_demo: tuple[Path, str], tmp_path_factory: pytest.TempPat
         "--no-performance",
     )  # agreement, not speed
     assert res.returncode == 0, res.stderr[-3000:]
-    return {auto: demo, other: out} | ({"kv-fp8": out} if "kv-fp8" in setups else {})
+    return {auto: demo, other: out} | ({"kv-keep": out} if "kv-fp8-keep0" in setups else {})
 
 
 #: tests that start vLLM engines or servers run in two xdist groups, one per pytest worker:

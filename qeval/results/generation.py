@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from qeval.results.base import ResultModel, Verdict
+from qeval.results.base import PairedDelta, ResultModel, Verdict
 from qeval.results.long_context import NllBucket
 
 
@@ -28,19 +28,16 @@ class GeneratedPositionBucket(NllBucket):
     )
 
 
-class AnswerLengthBucket(ResultModel):
-    """Documents whose baseline answer is [start, end) generated tokens long."""
+class AnswerLengthBucket(PairedDelta):
+    """Documents whose baseline answer is [start, end) generated tokens long: delta is accuracy -
+    baseline_accuracy (positive: better), its interval Newcombe's for right/wrong and a t-interval
+    for sampled shares."""
 
     start: int = Field(description="shortest baseline answer in the bucket (tokens)")
     end: int | None = Field(description="one past the longest; null: open-ended")
     documents: int = Field(description="documents in the bucket, paired with the baseline's")
     accuracy: float = Field(description="this setup's accuracy (mean `correct`) on them")
     baseline_accuracy: float | None = Field(None, description="the baseline's on the same documents")
-    delta: float | None = Field(None, description="accuracy - baseline_accuracy (positive: better)")
-    ci: tuple[float, float] | None = Field(
-        None, description="95% paired interval of delta (Newcombe's for right/wrong, a t-interval for sampled shares)"
-    )
-    p_value: float | None = Field(None, description="McNemar's exact test (right/wrong) or Wilcoxon's")
 
 
 class TaskGeneration(ResultModel):

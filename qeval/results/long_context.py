@@ -9,12 +9,13 @@ from typing import Literal
 
 from pydantic import Field
 
-from qeval.results.base import ResultModel
+from qeval.results.base import PairedDelta, ResultModel, TokenAgreement
 
 
-class NllBucket(ResultModel):
+class NllBucket(PairedDelta, TokenAgreement):
     """Token positions [start, end) of a task's documents: this setup's loss there, paired with
-    the baseline's document by document (qeval/tasks/long_context/buckets.py `compared_bucket`)."""
+    the baseline's document by document (qeval/tasks/long_context/buckets.py `compared_bucket`):
+    delta is nll - baseline_nll (nats per token; positive: worse), its test Wilcoxon's."""
 
     start: int = Field(description="first position of the bucket (0: the first token scored)")
     end: int | None = Field(description="one past its last position; null: open-ended (the last bucket)")
@@ -22,24 +23,11 @@ class NllBucket(ResultModel):
     tokens: int = Field(description="tokens scored in the bucket, over those documents")
     nll: float = Field(description="this setup's mean negative log-likelihood per token in the bucket (nats)")
     baseline_nll: float | None = Field(None, description="the baseline's, on the same tokens; null for the baseline")
-    delta: float | None = Field(None, description="nll - baseline_nll (nats per token; positive: worse)")
-    ci: tuple[float, float] | None = Field(
-        None, description="95% paired interval of delta over documents (ci_method says how)"
-    )
     ci_method: Literal["t"] | None = Field(
         None,
         description="t: Student's t-interval on the documents' linearised "
         "differences (stats.paired_ratio); null: a paired percentile bootstrap "
         "(results written before the t-interval)",
-    )
-    p_value: float | None = Field(None, description="Wilcoxon signed-rank test over documents")
-    kl: float | None = Field(
-        None,
-        description="mean KL(baseline || setup) per token in the bucket (top-16 + tail, a lower "
-        "bound of the full KL); null for the baseline",
-    )
-    top1_agreement: float | None = Field(
-        None, description="share of the bucket's tokens whose top-1 prediction agrees with the baseline's"
     )
 
 

@@ -7,29 +7,20 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from qeval.results.base import ResultModel, Verdict
+from qeval.results.base import PairedDelta, ResultModel, TokenAgreement, Verdict
 
 
-class TurnPoint(ResultModel):
-    """One setup at one question turn."""
+class TurnPoint(PairedDelta, TokenAgreement):
+    """One setup at one question turn: delta is accuracy - the baseline's, paired by conversation
+    (Newcombe's interval, McNemar's test); kl and top1_agreement are over the baseline's answer
+    tokens, teacher-forced (null: no generation_divergence)."""
 
     turn: int = Field(description="the user turn at which the question comes (the facts come in turn 1)")
     task: str = Field(description="the turn's task")
     documents: int = Field(description="conversations scored")
     gap_tokens: float = Field(description="mean tokens of the filler between the facts and the question")
     accuracy: float | None = Field(None, description="exact match of the answer (null: not scored)")
-    delta: float | None = Field(None, description="accuracy - the baseline's, paired by conversation (null: baseline)")
-    ci: tuple[float, float] | None = Field(None, description="95% paired interval of delta (Newcombe's)")
-    p_value: float | None = Field(None, description="McNemar's exact test")
     verdict: Verdict | None = Field(None, description="the turn's gate's verdict (null: no gate)")
-    kl: float | None = Field(
-        None,
-        description="mean KL(baseline || setup) per token of the baseline's answer, "
-        "teacher-forced (null: no generation_divergence, or the baseline)",
-    )
-    top1_agreement: float | None = Field(
-        None, description="share of the baseline's answer tokens where the setup's top-1 is the baseline's"
-    )
 
 
 class MultiTurnInfo(ResultModel):
