@@ -11,7 +11,16 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import AGREEMENT_TASKS, DEMO_LIMIT, MODEL, ROOT, agreement_limit, demo_vllm_config, run_cli
+from tests.helpers import (
+    AGREEMENT_TASKS,
+    DEMO_LIMIT,
+    DEMO_RUN_LIMIT,
+    MODEL,
+    ROOT,
+    agreement_limit,
+    demo_vllm_config,
+    run_cli,
+)
 
 # nothing in the tests may reach a model or dataset hub
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -43,6 +52,22 @@ if (_CORES := _xdist_worker_cores()) is not None:
 def model_path() -> Path:
     assert (MODEL / "model.safetensors").is_file(), "the shipped model is missing"
     return MODEL
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """`qeval run configs/demo.yaml` as `make run` runs it (every setup, the performance phase,
+    the report), on DEMO_RUN_LIMIT documents a task: its folder and results.json. Shared by
+    test_run_e2e and test_notebook (one xdist group, DEMO_GROUP: the run is made once)."""
+    out = tmp_path_factory.mktemp("demo")
+    res = run_cli("run", str(ROOT / "configs" / "demo.yaml"), "--output", str(out), "--limit", DEMO_RUN_LIMIT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    # the terminal ends with the answer, one line, as report.md has it
+    rec = results["recommendation"]["setup"]
+    reason = results["recommendation"]["reasons"][rec].removeprefix(f"{rec}: recommended")
+    assert res.stderr.strip().splitlines()[-1] == "Recommended: " + rec + reason
+    return out, results
 
 
 @pytest.fixture(scope="session")
@@ -157,9 +182,16 @@ RAY_GROUP = "tests/run/test_ray_executor.py"
 NO_RAY_CLUSTER = ("tests/run/test_trust_inputs.py::test_a_ray_cluster_that_is_not_there",)
 
 
+#: the files whose tests read the shipped demo's session run (`demo_run`): one group, so it is made once
+DEMO_GROUP = "tests/e2e/test_run_e2e.py"
+DEMO_FILES = (DEMO_GROUP, "tests/report/test_notebook.py")
+
+
 def xdist_group(nodeid: str) -> str:
     """The xdist group of a test, from its node id alone (the controller schedules by node id)."""
     node = nodeid.lower()
+    if node.startswith(DEMO_FILES):
+        return DEMO_GROUP
     if node.startswith(CHECKPOINT_FILES):
         return CHECKPOINT_GROUP
     if any(w in node for w in ENGINE_WORDS) and not node.startswith(NO_ENGINE_FILES):

@@ -9,24 +9,10 @@ from pathlib import Path
 import pytest
 
 from qeval.perf.ceilings import REPEATS
-from tests.helpers import ROOT, assert_performance_invariants, run_cli
+from tests.helpers import DEMO_RUN_LIMIT, ROOT, assert_performance_invariants, run_cli
 
 pytestmark = pytest.mark.slow
-LIMIT = "60"
-
-
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    out = tmp_path_factory.mktemp("demo")
-    res = run_cli("run", str(ROOT / "configs" / "demo.yaml"), "--output", str(out), "--limit", LIMIT)
-    assert res.returncode == 0, res.stderr[-3000:]
-    results = json.loads((out / "results.json").read_text())
-    # the terminal ends with the answer, one line, as report.md has it
-    rec = results["recommendation"]["setup"]
-    assert res.stderr.strip().splitlines()[-1] == "Recommended: " + rec + results["recommendation"]["reasons"][
-        rec
-    ].removeprefix(f"{rec}: recommended")
-    return out, results
+LIMIT = DEMO_RUN_LIMIT  # the demo_run fixture's (tests/conftest.py)
 
 
 def _setup(results: dict, name: str) -> dict:

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import nbformat
 import pytest
@@ -14,17 +15,15 @@ from nbclient import NotebookClient
 
 import qeval
 from qeval.notebook import SchemaVersionError
-from tests.helpers import ROOT, run_cli
+from tests.helpers import DEMO_RUN_LIMIT, ROOT
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("nbrun")
-    res = run_cli("run", str(ROOT / "configs" / "demo.yaml"), "--output", str(out), "--limit", "80", "--no-performance")
-    assert res.returncode == 0, res.stderr[-2000:]
-    return out
+def run_dir(demo_run: tuple[Path, dict[str, Any]]) -> Path:
+    """The shipped demo's session run (tests/conftest.py), every setup on DEMO_RUN_LIMIT documents."""
+    return demo_run[0]
 
 
 def test_load_run_tables(run_dir: Path) -> None:
@@ -33,7 +32,7 @@ def test_load_run_tables(run_dir: Path) -> None:
     assert len(summary) == len(run.setups) * len(run.tasks)
     assert set(summary.columns) >= {"setup", "task", "score", "delta", "ci_low", "ci_high", "verdict"}
     samples = run.samples()
-    assert len(samples) == len(run.setups) * len(run.tasks) * 80
+    assert len(samples) == len(run.setups) * len(run.tasks) * int(DEMO_RUN_LIMIT)
     assert samples["sample_id"].map(type).eq(str).all()
     flips = run.flips("kv-int2", "addition")
     row = next(s for s in run.results.setups if s.name == "kv-int2").vs_baseline["addition"]
