@@ -14,7 +14,10 @@ from qeval.files.names import NAME_PATTERN
 from qeval.strict import check_int_bound
 
 Weights = Literal["bf16", "fp16", "fp32", "fp8", "fp4", "int8", "int4"]
-KVCache = Literal["auto", "fp8", "fp8_e5m2", "int8", "int4", "int2", "fp8_per_token_head", "nvfp4"]
+KVCache = Literal[
+    "auto", "fp8", "fp8_e5m2", "int8", "int4", "int2", "fp8_per_token_head", "nvfp4", "turboquant_k8v4",
+    "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc",
+]  # fmt: skip
 Method = Literal[
     "rtn", "bnb", "torchao", "w8a8", "w4a8", "gptq", "awq", "fp8_dynamic", "fp8_static", "nvfp4", "nvfp4a16", "mxfp4",
     "mxfp4a16",
@@ -47,7 +50,25 @@ KV_BITS: dict[str, int] = {
     "int2": 2,
     "fp8_per_token_head": 8,  # vLLM 0.32's own formats, by its names: an FP8 scale per token and head
     "nvfp4": 4,  # E2M1 values with an FP8 scale per 16 (Blackwell)
+    # vLLM 0.32's TurboQuant caches: the mean of the key's and the value's bits, rounded down (the
+    # ledger counts their slots exactly: memory/ledger.py)
+    "turboquant_k8v4": 6,
+    "turboquant_4bit_nc": 4,
+    "turboquant_k3v4_nc": 3,
+    "turboquant_3bit_nc": 3,
 }
+#: vLLM 0.32's TurboQuant KV presets (model_executor/layers/quantization/turboquant/config.py
+#: TQ_PRESETS): key bits (8: an FP8 cast; 3-4: a Lloyd-Max codebook after a Hadamard rotation),
+#: value bits (uniform, a scale and zero point per token and head), and the key norm correction
+TURBOQUANT: dict[str, tuple[int, int, bool]] = {
+    "turboquant_k8v4": (8, 4, False),
+    "turboquant_4bit_nc": (4, 4, True),
+    "turboquant_k3v4_nc": (3, 4, True),
+    "turboquant_3bit_nc": (3, 3, True),
+}
+#: TurboQuant keeps the first and last few decoder layers' KV at 16 bits on a dense model (vLLM 0.32
+#: TurboQuantConfig.get_boundary_skip_layers: min(2, layers // 2) each side; none on a hybrid)
+TURBOQUANT_BOUNDARY = 2
 #: the layer kinds `kv_keep` names (ModelShape.kinds' words for the attention layers)
 KV_KINDS = ("full", "sliding", "chunked")
 _KEEP_PATTERN = re.compile(r"[A-Za-z0-9_.*?\[\]-]{1,200}")
@@ -249,14 +270,35 @@ class Setup(BaseModel):
 
     def kv_kept_layers(self, kinds: tuple[str, ...]) -> tuple[int, ...]:
         """The decoder layers (indices) whose KV cache stays at the model's dtype, for a model whose
-        layers are of `kinds` (ModelShape.kinds: full, sliding, chunked, linear)."""
-        return tuple(i for i, k in enumerate(kinds) if str(i) in self.kv_keep or k in self.kv_keep)
+        layers are of `kinds` (ModelShape.kinds: full, sliding, chunked, linear): the `kv_keep`
+        entries, and a TurboQuant cache's boundary layers (`boundary_kept_layers`)."""
+        boundary = set(self.boundary_kept_layers(kinds))
+        return tuple(i for i, k in enumerate(kinds) if str(i) in self.kv_keep or k in self.kv_keep or i in boundary)
+
+    def boundary_kept_layers(self, kinds: tuple[str, ...]) -> tuple[int, ...]:
+        """The layers vLLM keeps at 16 bits under a TurboQuant cache whatever the setup says: the
+        first and last min(2, layers // 2) of a dense model; none on a hybrid (state layers)."""
+        if self.kv_cache not in TURBOQUANT or "linear" in kinds:
+            return ()
+        n = min(TURBOQUANT_BOUNDARY, len(kinds) // 2)
+        return tuple(sorted({*range(n), *range(len(kinds) - n, len(kinds))}))
 
     def kv_keep_problem(self, kinds: tuple[str, ...]) -> str:
         """Why this setup's `kv_keep` cannot be served on a model whose layers are of `kinds`, else
         '': an index past the last layer, a kind the model has none of, a state layer (it holds no
         K/V), or every attention layer kept (the baseline's cache under a quantized label)."""
-        if not self.kv_keep:
+        if self.kv_cache in TURBOQUANT:
+            # vLLM 0.32's TurboQuant attention stores a layer's window but does not hand it to its
+            # kernels (v1/attention/backends/turboquant_attn.py, read, not run): such a layer would
+            # attend to every token, which neither qeval's emulation nor its memory plan shows
+            kept = set(self.kv_kept_layers(kinds))
+            if windowed := [i for i, k in enumerate(kinds) if k in ("sliding", "chunked") and i not in kept]:
+                return (
+                    f"setup {self.name}: {self.kv_cache} on a model with sliding-window or chunked layers "
+                    f"({len(windowed)} not kept): vLLM's TurboQuant attention does not apply their window; keep "
+                    "them (kv_keep: [sliding]) or use another KV format"
+                )
+        if not self.kv_keep and not self.boundary_kept_layers(kinds):
             return ""
         where = f"setup {self.name}: kv_keep"
         for entry in self.kv_keep:
@@ -268,6 +310,12 @@ class Setup(BaseModel):
                 return f"{where} {entry}: the model has no {entry}-attention layer ({', '.join(sorted(set(kinds)))})"
         attention = [i for i, k in enumerate(kinds) if k != "linear"]
         if set(attention) <= set(self.kv_kept_layers(kinds)):
+            if self.boundary_kept_layers(kinds):
+                return (
+                    f"setup {self.name}: {self.kv_cache} keeps the first and last {TURBOQUANT_BOUNDARY} layers at 16 "
+                    f"bits (vLLM's boundary layers), which with kv_keep is every layer of this {len(kinds)}-layer "
+                    "model: nothing would be quantized"
+                )
             return f"{where} keeps every attention layer: nothing would be quantized; keep fewer layers"
         return ""
 

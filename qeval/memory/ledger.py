@@ -8,9 +8,10 @@ model's cache (Llama-3-8B fourfold).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from qeval.config.setups import KV_BITS, WEIGHT_BITS, Setup
+from qeval.config.setups import KV_BITS, TURBOQUANT, WEIGHT_BITS, Setup
 from qeval.model.shape import ModelShape
 
 _DTYPE_BITS = {"float32": 32, "bfloat16": 16, "float16": 16}
@@ -133,6 +134,8 @@ def kv_bytes_per_layer_token(shape: ModelShape, setup: Setup, model_dtype: str) 
         return data + (elems // group_dim) * 4
     if setup.kv_cache == "nvfp4":  # vLLM's page: head_size / 2 data + head_size / 16 FP8 scales per head
         return data + elems // 16
+    if setup.kv_cache in TURBOQUANT:  # one slot per KV head: K and V packed with their norm / scale / zero
+        return shape.num_kv_heads * turboquant_slot_bytes(setup.kv_cache, shape.head_dim)
     group = setup.kv_group_size or group_dim
     # a scale and a zero point per group, in the dtype of the K/V they quantize (quanto's
     # MaxOptimizer and HQQ keep the input's dtype): 4 bytes each when the model computes in float32
@@ -206,3 +209,13 @@ def cache_bytes(cache: Any) -> int:
     """Bytes held by a transformers Cache (DynamicCache, QuantizedCache) across its layers."""
     seen: set[int] = set()
     return sum(tensor_bytes(list(vars(layer).values()), seen) for layer in cache.layers)
+
+
+def turboquant_slot_bytes(kind: str, head_dim: int) -> int:
+    """Bytes one token's K and V of one KV head take in vLLM 0.32's TurboQuant page (turboquant/config.py
+    `slot_size_aligned`): the key's packed codebook indices and a float16 norm (k8v4: one FP8 byte an
+    element), the value's packed levels with a float16 scale and zero point, rounded up to even."""
+    kbits, vbits, _ = TURBOQUANT[kind]
+    key = head_dim if kbits == 8 else math.ceil(head_dim * kbits / 8) + 2
+    slot = key + math.ceil(head_dim * vbits / 8) + 4
+    return slot + slot % 2

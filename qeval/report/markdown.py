@@ -329,7 +329,10 @@ def _gate_table(results: Results) -> list[str]:
 
 
 #: the KV caches vLLM serves in formats of its own (the hf backend's int caches are other quantizers)
-VLLM_KV_FORMATS = ("fp8", "fp8_e5m2", "fp8_per_token_head", "nvfp4")
+VLLM_KV_FORMATS = (
+    "fp8", "fp8_e5m2", "fp8_per_token_head", "nvfp4", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",
+    "turboquant_3bit_nc",
+)  # fmt: skip
 
 
 def placement_notes(s: SetupResult) -> list[str]:

@@ -110,6 +110,9 @@ class HFBackend:
             self._quant_info = hf_quant.quantize_weights(self.model, self.setup)
         if kv_cache.emulated(self.setup):  # vLLM's format, rounded in software: said beside its figures
             kv = f"KV cache {self.setup.kv_cache} rounded in software, held at the model's dtype"
+            kept = self.setup.boundary_kept_layers(kv_cache.layer_kinds(self.model.config))
+            if kept:  # TurboQuant: what vLLM keeps at 16 bits whatever the setup says
+                kv += f" (layers {', '.join(map(str, kept))} at 16 bits, as vLLM keeps a TurboQuant cache's boundary)"
             self._quant_info["emulated"] = "; ".join(x for x in (self._quant_info.get("emulated"), kv) if x)
         # what runs, read off the loaded model: the linear modules' storage, attention, the KV cache's layers
         self._quant_info["provenance"] = model_provenance(self.model, self.setup)

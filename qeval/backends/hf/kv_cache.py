@@ -24,7 +24,8 @@ import torch
 from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from qeval.backends.hf.support import KV_BACKENDS
-from qeval.config.setups import Setup
+from qeval.backends.hf.turboquant import round_keys, round_values
+from qeval.config.setups import TURBOQUANT, Setup
 from qeval.model.shape import LAYER_KINDS
 from qeval.model.stack import enable_hqq_cache
 
@@ -102,15 +103,18 @@ def emulated(setup: Setup) -> bool:
 
 class EmulatedCodec:
     """vLLM 0.32's own KV formats, rounded in software: `fp8_per_token_head` (each token's head
-    vector scaled by its absolute maximum / 448 in float32, then cast to E4M3) and `nvfp4` (blocks of
+    vector scaled by its absolute maximum / 448 in float32, then cast to E4M3), `nvfp4` (blocks of
     16 values along the head, each scaled by an E4M3 scale of its maximum / 6, values rounded to
-    E2M1; the per-layer global scale at vLLM's unit default). Token by token, as vLLM writes its
-    cache, so a round trip is what attention reads back; `encode` returns the values read back."""
+    E2M1; the per-layer global scale at vLLM's unit default) and the TurboQuant presets (keys and
+    values each their own way: turboquant.py; `stream` says which). Token by token, as vLLM writes
+    its cache, so a round trip is what attention reads back; `encode` returns the values read back."""
 
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
+    def __init__(self, kind: str, stream: str = "key") -> None:
+        self.kind, self.stream = kind, stream
 
     def encode(self, t: torch.Tensor) -> torch.Tensor:
+        if self.kind in TURBOQUANT:  # keys and values rounded differently (turboquant.py)
+            return round_keys(t, self.kind) if self.stream == "key" else round_values(t, self.kind)
         x = t.float()
         if self.kind == "fp8_per_token_head":
             scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / _E4M3_MAX
@@ -217,11 +221,16 @@ def _layer_plan(config: Any) -> tuple[list[str], list[dict[str, Any]]]:
     return get_layer_types_and_kwargs(config.get_text_config(decoder=True))
 
 
+def layer_kinds(config: Any) -> tuple[str, ...]:
+    """Each decoder layer's kind in ModelShape's words (full, sliding, chunked, linear)."""
+    return tuple(LAYER_KINDS.get(k, k) for k in _layer_plan(config)[0])
+
+
 def _plan(config: Any, setup: Setup) -> list[tuple[str, dict[str, Any], bool]]:
     """Each decoder layer's transformers type, init kwargs, and whether the setup quantizes its
-    K/V (a `kv_keep` layer, a state layer: not)."""
+    K/V (a `kv_keep` layer, a TurboQuant cache's boundary layer, a state layer: not)."""
     kinds, kwargs = _layer_plan(config)
-    kept = set(setup.kv_kept_layers(tuple(LAYER_KINDS.get(k, k) for k in kinds)))
+    kept = set(setup.kv_kept_layers(layer_kinds(config)))
     return [
         (k, kw, i not in kept and k in (_FULL, *_WINDOWED)) for i, (k, kw) in enumerate(zip(kinds, kwargs, strict=True))
     ]
@@ -302,7 +311,7 @@ def round_trip_cache(config: Any, setup: Setup) -> Any:
             continue
         codecs: tuple[Any, Any]
         if emulated(setup):
-            codecs = (EmulatedCodec(setup.kv_cache), EmulatedCodec(setup.kv_cache))
+            codecs = (EmulatedCodec(setup.kv_cache, "key"), EmulatedCodec(setup.kv_cache, "value"))
         else:
             q = _quantizer(config, setup)
             codecs = (_Codec(q, fp8, getattr(q, "axis_key", 0)), _Codec(q, fp8, getattr(q, "axis_value", 0)))

@@ -37,6 +37,11 @@ KV_BACKENDS: dict[str, tuple[str, str, int]] = {
     # vLLM's own formats, rounded in software as vLLM rounds them (kv_cache.py `EmulatedCodec`)
     "fp8_per_token_head": ("emulated", "torch", 8),
     "nvfp4": ("emulated", "torch", 4),
+    # vLLM's TurboQuant caches (turboquant.py): the key's bits here, the value's in TURBOQUANT
+    "turboquant_k8v4": ("emulated", "torch", 8),
+    "turboquant_4bit_nc": ("emulated", "torch", 4),
+    "turboquant_k3v4_nc": ("emulated", "torch", 3),
+    "turboquant_3bit_nc": ("emulated", "torch", 3),
 }
 
 
@@ -157,6 +162,13 @@ def validate_model(setup: Setup, config: dict[str, Any], device: str = "cpu") ->
     head_dim = text.get("head_dim") or (text.get("hidden_size") or 0) // (text.get("num_attention_heads") or 1)
     if setup.kv_cache == "nvfp4" and head_dim % 16:
         raise UserError(f"setup {setup.name!r} on hf: an nvfp4 KV cache takes blocks of 16; head_dim {head_dim} is not")
+    if setup.kv_cache.startswith("turboquant") and (head_dim < 8 or head_dim & (head_dim - 1)):
+        # vLLM 0.32 builds its Hadamard rotation by doubling: a head_dim that is not a power of two
+        # gets a larger matrix than the keys it rotates
+        raise UserError(
+            f"setup {setup.name!r}: a {setup.kv_cache} KV cache rotates keys by a Hadamard matrix of the head's "
+            f"size, which vLLM builds for powers of two only; head_dim {head_dim} is not one"
+        )
 
 
 #: model types whose decoder linear layers carry the Llama-family names ModelShape.linear_modules gives

@@ -145,6 +145,12 @@ def _kv(setup: Setup, device: str, cap: int | None) -> Placement | None:
             # vLLM 0.32 FlashInferBackend.supports_kv_cache_dtype: the SM100 family (TRT-LLM attention)
             return Placement("KV cache nvfp4", "refused", "FlashInfer's NVFP4 KV cache needs compute capability 10.x")
         return Placement("KV cache nvfp4", "native", "FlashInfer TRT-LLM attention")
+    if setup.kv_cache.startswith("turboquant"):
+        name = f"KV cache {setup.kv_cache}"
+        if cap is None:
+            return Placement(name, "refused", "no TurboQuant attention in the CPU build (Triton, GPU builds only)")
+        # vLLM 0.32 TurboQuantAttentionBackend: Triton kernels, the last of CUDA's backends; not run here
+        return Placement(name, "untested", "Triton TurboQuant attention on GPU builds of vLLM 0.32")
     if setup.kv_cache == "int2":
         return Placement("KV cache int2", "refused", "not a vLLM KV dtype")
     return None
@@ -180,6 +186,7 @@ FORMATS: list[Setup] = [
     Setup(name="kv-int4", kv_cache="int4"),
     Setup(name="kv-fp8-per-token-head", kv_cache="fp8_per_token_head"),
     Setup(name="kv-nvfp4", kv_cache="nvfp4"),
+    Setup(name="kv-turboquant-4bit", kv_cache="turboquant_4bit_nc"),
 ]
 
 

@@ -69,9 +69,17 @@ KV_DTYPES = {
     "int4": "int4_per_token_head",
     "fp8_per_token_head": "fp8_per_token_head",
     "nvfp4": "nvfp4",
+    # TurboQuant (Triton kernels: CUDA, ROCm, XPU): vLLM's own preset names
+    "turboquant_k8v4": "turboquant_k8v4",
+    "turboquant_4bit_nc": "turboquant_4bit_nc",
+    "turboquant_k3v4_nc": "turboquant_k3v4_nc",
+    "turboquant_3bit_nc": "turboquant_3bit_nc",
 }
 #: the setups' KV caches whose kv_cache_dtype is new in vLLM 0.32 (asked of the installed vLLM)
-NEWER_KV_DTYPES = ("int8", "int4", "fp8_per_token_head", "nvfp4")
+NEWER_KV_DTYPES = (
+    "int8", "int4", "fp8_per_token_head", "nvfp4", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",
+    "turboquant_3bit_nc",
+)  # fmt: skip
 
 
 def validate(setup: Setup, device: str) -> None:
@@ -98,6 +106,12 @@ def validate(setup: Setup, device: str) -> None:
         raise UserError(
             f"{where}: {setup.kv_cache} KV cache runs on GPU builds of vLLM only (nvfp4 on Blackwell; the CPU "
             "build accepts it but returns garbage); the hf backend scores it rounded in software (emulated)"
+        )
+    if setup.kv_cache.startswith("turboquant") and device == "cpu":
+        # vLLM 0.32 registers its TurboQuant attention backend for CUDA, ROCm and XPU only (Triton kernels)
+        raise UserError(
+            f"{where}: {setup.kv_cache} KV cache runs on GPU builds of vLLM only (Triton kernels; the CPU build "
+            "has no TurboQuant attention); the hf backend scores it rounded in software (emulated)"
         )
     if setup.kv_cache in ("fp8", "fp8_e5m2") and device == "cpu" and not cpu_has_fp8():
         raise UserError(f"{where}: FP8 KV cache needs AVX-512 or AMX on the CPU build of vLLM; this CPU has neither")
