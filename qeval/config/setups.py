@@ -41,6 +41,15 @@ CHECKPOINT_WEIGHTS: dict[str, str] = {
     "mxfp4": "fp4",
     "mxfp4a16": "fp4",
 }
+#: vLLM 0.32's TurboQuant KV presets (model_executor/layers/quantization/turboquant/config.py
+#: TQ_PRESETS): key bits (8: an FP8 cast; 3-4: a Lloyd-Max codebook after a Hadamard rotation),
+#: value bits (uniform, a scale and zero point per token and head), and the key norm correction
+TURBOQUANT: dict[str, tuple[int, int, bool]] = {
+    "turboquant_k8v4": (8, 4, False),
+    "turboquant_4bit_nc": (4, 4, True),
+    "turboquant_k3v4_nc": (3, 4, True),
+    "turboquant_3bit_nc": (3, 3, True),
+}
 #: bits per KV element for each KV-cache precision; `auto` follows the model dtype
 KV_BITS: dict[str, int] = {
     "fp8": 8,
@@ -52,19 +61,7 @@ KV_BITS: dict[str, int] = {
     "nvfp4": 4,  # E2M1 values with an FP8 scale per 16 (Blackwell)
     # vLLM 0.32's TurboQuant caches: the mean of the key's and the value's bits, rounded down (the
     # ledger counts their slots exactly: memory/ledger.py)
-    "turboquant_k8v4": 6,
-    "turboquant_4bit_nc": 4,
-    "turboquant_k3v4_nc": 3,
-    "turboquant_3bit_nc": 3,
-}
-#: vLLM 0.32's TurboQuant KV presets (model_executor/layers/quantization/turboquant/config.py
-#: TQ_PRESETS): key bits (8: an FP8 cast; 3-4: a Lloyd-Max codebook after a Hadamard rotation),
-#: value bits (uniform, a scale and zero point per token and head), and the key norm correction
-TURBOQUANT: dict[str, tuple[int, int, bool]] = {
-    "turboquant_k8v4": (8, 4, False),
-    "turboquant_4bit_nc": (4, 4, True),
-    "turboquant_k3v4_nc": (3, 4, True),
-    "turboquant_3bit_nc": (3, 3, True),
+    **{kind: (key + value) // 2 for kind, (key, value, _) in TURBOQUANT.items()},
 }
 #: TurboQuant keeps the first and last few decoder layers' KV at 16 bits on a dense model (vLLM 0.32
 #: TurboQuantConfig.get_boundary_skip_layers: min(2, layers // 2) each side; none on a hybrid)

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from qeval.config.setups import TURBOQUANT
 from qeval.memory.capacity import whole_sequences
 from qeval.report import divergence, floor, generated, provenance, sequence, sequential_gates, serving
 from qeval.report import performance as perf_views
@@ -329,10 +330,7 @@ def _gate_table(results: Results) -> list[str]:
 
 
 #: the KV caches vLLM serves in formats of its own (the hf backend's int caches are other quantizers)
-VLLM_KV_FORMATS = (
-    "fp8", "fp8_e5m2", "fp8_per_token_head", "nvfp4", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",
-    "turboquant_3bit_nc",
-)  # fmt: skip
+VLLM_KV_FORMATS = ("fp8", "fp8_e5m2", "fp8_per_token_head", "nvfp4", *TURBOQUANT)
 
 
 def placement_notes(s: SetupResult) -> list[str]:

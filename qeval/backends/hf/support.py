@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from qeval.config.setups import CHECKPOINT_WEIGHTS, Setup
+from qeval.config.setups import CHECKPOINT_WEIGHTS, TURBOQUANT, Setup
 from qeval.errors import UserError
 from qeval.model.checkpoint import CUDA_ONLY, PACKAGES, checkpoint_config, quantization_config
 from qeval.model.shape import ModelShape, layer_kinds
@@ -38,10 +38,7 @@ KV_BACKENDS: dict[str, tuple[str, str, int]] = {
     "fp8_per_token_head": ("emulated", "torch", 8),
     "nvfp4": ("emulated", "torch", 4),
     # vLLM's TurboQuant caches (turboquant.py): the key's bits here, the value's in TURBOQUANT
-    "turboquant_k8v4": ("emulated", "torch", 8),
-    "turboquant_4bit_nc": ("emulated", "torch", 4),
-    "turboquant_k3v4_nc": ("emulated", "torch", 3),
-    "turboquant_3bit_nc": ("emulated", "torch", 3),
+    **{kind: ("emulated", "torch", key) for kind, (key, _, _) in TURBOQUANT.items()},
 }
 
 
@@ -162,7 +159,7 @@ def validate_model(setup: Setup, config: dict[str, Any], device: str = "cpu") ->
     head_dim = text.get("head_dim") or (text.get("hidden_size") or 0) // (text.get("num_attention_heads") or 1)
     if setup.kv_cache == "nvfp4" and head_dim % 16:
         raise UserError(f"setup {setup.name!r} on hf: an nvfp4 KV cache takes blocks of 16; head_dim {head_dim} is not")
-    if setup.kv_cache.startswith("turboquant") and (head_dim < 8 or head_dim & (head_dim - 1)):
+    if setup.kv_cache in TURBOQUANT and (head_dim < 8 or head_dim & (head_dim - 1)):
         # vLLM 0.32 builds its Hadamard rotation by doubling: a head_dim that is not a power of two
         # gets a larger matrix than the keys it rotates
         raise UserError(

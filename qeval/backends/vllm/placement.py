@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qeval.config.setups import Setup
+from qeval.config.setups import TURBOQUANT, Setup
 
 #: device class -> CUDA compute capability (major * 10 + minor); the CPU classes have none
 DEVICE_CLASSES: dict[str, int | None] = {
@@ -145,7 +145,7 @@ def _kv(setup: Setup, device: str, cap: int | None) -> Placement | None:
             # vLLM 0.32 FlashInferBackend.supports_kv_cache_dtype: the SM100 family (TRT-LLM attention)
             return Placement("KV cache nvfp4", "refused", "FlashInfer's NVFP4 KV cache needs compute capability 10.x")
         return Placement("KV cache nvfp4", "native", "FlashInfer TRT-LLM attention")
-    if setup.kv_cache.startswith("turboquant"):
+    if setup.kv_cache in TURBOQUANT:
         name = f"KV cache {setup.kv_cache}"
         if cap is None:
             return Placement(name, "refused", "no TurboQuant attention in the CPU build (Triton, GPU builds only)")

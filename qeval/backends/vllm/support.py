@@ -47,7 +47,7 @@ from typing import Any
 from qeval.backends.device import cpu_flags
 from qeval.backends.vllm.kv_rule import VLLM_QEVAL_CPU, VLLM_SERVE_GPU, VllmCache
 from qeval.config import RunConfig
-from qeval.config.setups import CHECKPOINT_WEIGHTS, Setup
+from qeval.config.setups import CHECKPOINT_WEIGHTS, TURBOQUANT, Setup
 from qeval.errors import UserError
 
 
@@ -70,16 +70,10 @@ KV_DTYPES = {
     "fp8_per_token_head": "fp8_per_token_head",
     "nvfp4": "nvfp4",
     # TurboQuant (Triton kernels: CUDA, ROCm, XPU): vLLM's own preset names
-    "turboquant_k8v4": "turboquant_k8v4",
-    "turboquant_4bit_nc": "turboquant_4bit_nc",
-    "turboquant_k3v4_nc": "turboquant_k3v4_nc",
-    "turboquant_3bit_nc": "turboquant_3bit_nc",
+    **{kind: kind for kind in TURBOQUANT},
 }
 #: the setups' KV caches whose kv_cache_dtype is new in vLLM 0.32 (asked of the installed vLLM)
-NEWER_KV_DTYPES = (
-    "int8", "int4", "fp8_per_token_head", "nvfp4", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",
-    "turboquant_3bit_nc",
-)  # fmt: skip
+NEWER_KV_DTYPES = ("int8", "int4", "fp8_per_token_head", "nvfp4", *TURBOQUANT)
 
 
 def validate(setup: Setup, device: str) -> None:
@@ -107,7 +101,7 @@ def validate(setup: Setup, device: str) -> None:
             f"{where}: {setup.kv_cache} KV cache runs on GPU builds of vLLM only (nvfp4 on Blackwell; the CPU "
             "build accepts it but returns garbage); the hf backend scores it rounded in software (emulated)"
         )
-    if setup.kv_cache.startswith("turboquant") and device == "cpu":
+    if setup.kv_cache in TURBOQUANT and device == "cpu":
         # vLLM 0.32 registers its TurboQuant attention backend for CUDA, ROCm and XPU only (Triton kernels)
         raise UserError(
             f"{where}: {setup.kv_cache} KV cache runs on GPU builds of vLLM only (Triton kernels; the CPU build "
