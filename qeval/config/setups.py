@@ -310,8 +310,8 @@ class Setup(BaseModel):
             if self.boundary_kept_layers(kinds):
                 return (
                     f"setup {self.name}: {self.kv_cache} keeps the first and last {TURBOQUANT_BOUNDARY} layers at 16 "
-                    f"bits (vLLM's boundary layers), which with kv_keep is every layer of this {len(kinds)}-layer "
-                    "model: nothing would be quantized"
+                    f"bits (vLLM's boundary layers), which{' with kv_keep' if self.kv_keep else ''} is every layer "
+                    f"of this {len(kinds)}-layer model: nothing would be quantized"
                 )
             return f"{where} keeps every attention layer: nothing would be quantized; keep fewer layers"
         return ""
