@@ -90,10 +90,14 @@ browser:
 	  || echo "chromium not installed: the HTML rendering test will skip (it fails under CI=true)"
 
 ## lint (ruff) and type-check (mypy): a lint or type error fails `make test` before any test runs
+# mypy's cache lives in the user's cache folder, as uv's does, not in the checkout: a fresh clone
+# checks only what changed since the last check on this machine (5.7 s against 66 s from nothing;
+# mypy re-checks every file whose content differs, whatever folder it was cached from)
+MYPY_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/qeval/mypy
 lint: $(STAMP)
 	$(VENV)/bin/ruff check qeval tests bench scripts
 	$(VENV)/bin/ruff format --check qeval tests bench scripts
-	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy --cache-dir $(MYPY_CACHE)
 
 # two pytest workers (pytest-xdist): each takes half the cores for its torch, OpenMP and vLLM
 # threads (tests/conftest.py), and tests/conftest.py's groups keep at most two vLLM engines at once
