@@ -96,11 +96,12 @@ def test_agreement_on_the_full_public_sets(tmp_path: Path) -> None:
     _assert_agreement(rows, frozenset({"multiple_choice", "generate_until", "loglikelihood"}))
 
 
-@pytest.mark.parametrize("model", [MODEL, SMOLLM2], ids=["shipped", "smollm2"])
-def test_hf_backend_agrees_with_simple_evaluate(model: Path, tmp_path: Path) -> None:
-    if model == SMOLLM2:
-        assert (SMOLLM2 / ".prepared").is_file(), "run `make smollm2` (make test does)"
-    _assert_agreement(_bench(sys.executable, model, tmp_path))
+def test_hf_backend_agrees_with_simple_evaluate(tmp_path: Path) -> None:
+    """The shipped character-level model on the three request types. SmolLM2's BPE is checked on
+    the full sets above (multiple choice, generation, log-likelihood) and, with rolling perplexity,
+    on the vLLM engine below; the same three local tasks on SmolLM2 here took 34-46 s of CI's
+    time for no path of its own."""
+    _assert_agreement(_bench(sys.executable, MODEL, tmp_path))
 
 
 def test_vllm_backend_agrees_with_simple_evaluate(tmp_path: Path) -> None:
