@@ -259,3 +259,44 @@ def test_a_small_logits_budget_scores_the_same(fp32: HFBackend, monkeypatch: pyt
     # relative, the float32 epsilon's order. The bound is the issue's own per-document 1e-4 nats.
     np.testing.assert_allclose([r.logprob for r in capped], [r.logprob for r in whole], atol=1e-4, rtol=0)
     assert [r.is_greedy for r in capped] == [r.is_greedy for r in whole]
+
+
+def test_a_run_with_a_kv_setup_decodes_every_setup_from_the_cache(model_path: Path) -> None:
+    """Where any setup of the config quantizes its KV cache, the baseline is decoded on the KV
+    setups' path: all but the last prompt token prefilled, no prefix shared between rows, the
+    last token fed from the cache; the resume key says so. Without one, the shorter path (the
+    first token from the prefill's last position) and no key part. Both paths give transformers'
+    own greedy tokens in float32; in bf16 they may part on a close call, which is why a run
+    compares its setups on one path (hf/support.py decodes_from_cache)."""
+    from qeval.backends.hf.support import FROM_CACHE, key_parts
+
+    base = Setup(name="bf16", baseline=True)
+    prompts = ["12 + 30 =", "12 + 31 =", "ISO code of France:", "55 + 57 ="]
+    seen: dict[bool, list[tuple[list[list[int]], bool, bool]]] = {}
+    outs = {}
+    for with_kv in (False, True):
+        cfg = RunConfig(
+            name="t",
+            model=ModelSpec(path=str(model_path), dtype="float32", max_context=256),
+            setups=[base, Setup(name="kv4", kv_cache="int4")] if with_kv else [base],
+            tasks=["x"],
+        )
+        assert key_parts(cfg) == (FROM_CACHE if with_kv else {})
+        b = HFBackend(cfg, base, "cpu")
+        b.load()
+        calls = seen.setdefault(with_kv, [])
+        real = b._prefill
+
+        def spy(
+            prefixes: list[list[int]], keep_last: bool = False, share: bool = True, real: Any = real, calls: Any = calls
+        ) -> Any:
+            calls.append((prefixes, keep_last, share))
+            return real(prefixes, keep_last=keep_last, share=share)
+
+        b._prefill = spy  # type: ignore[method-assign]
+        outs[with_kv] = b.generate([GenerateRequest(p, ("\n",), 6) for p in prompts], noop)
+    encoded = sorted((b.conv.prompt(p) for p in prompts), key=len, reverse=True)
+    (short,), (cached,) = seen[False], seen[True]
+    assert short[1:] == (True, True) and sorted(map(len, short[0])) == sorted(map(len, encoded))
+    assert cached[1:] == (False, False) and sorted(map(len, cached[0])) == sorted(len(e) - 1 for e in encoded)
+    assert outs[True] == outs[False]  # float32: one answer either way

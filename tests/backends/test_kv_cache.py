@@ -138,8 +138,8 @@ def test_long_inputs_past_the_window_chunk_as_they_run_in_one_pass(chunk: int) -
         assert one.shape == chunked.shape == (30, 128)
         assert np.abs(one - chunked).max() < 1e-4
         never = lambda generated, token: False  # noqa: E731
-        assert greedy_chunked(model, setup, text, 6, chunk, "cpu", never) == greedy_chunked(
-            model, setup, text, 6, 1000, "cpu", never
+        assert greedy_chunked(model, setup, True, text, 6, chunk, "cpu", never) == greedy_chunked(
+            model, setup, True, text, 6, 1000, "cpu", never
         )
 
 

@@ -86,9 +86,16 @@ CASES: dict[str, tuple[Callable[[Path], None] | None, dict[str, Any], bool, Sche
     "the context": (None, {"model": {"max_context": 200}}, False, EVERYTHING),
     "one setup": (
         None,
-        {"setups": [{"name": "bf16", "baseline": True}, {"name": "int8", "weights": "int8", "kv_cache": "int4"}]},
+        {"setups": [{"name": "bf16", "baseline": True}, {"name": "int8", "weights": "int4"}]},
         False,
         {"int8": (["addition"], True)},
+    ),
+    # a KV setup in the config: every setup decodes from the cache (hf/support.py decodes_from_cache)
+    "a quantized KV cache": (
+        None,
+        {"setups": [{"name": "bf16", "baseline": True}, {"name": "int8", "weights": "int8", "kv_cache": "int4"}]},
+        False,
+        EVERYTHING,
     ),
     "the performance workload": (
         None,

@@ -40,6 +40,7 @@ from qeval.backends.hf import chunked, kv_cache
 from qeval.backends.hf import quant as hf_quant
 from qeval.backends.hf import sampling as hf_sampling
 from qeval.backends.hf.provenance import model_provenance
+from qeval.backends.hf.support import decodes_from_cache
 from qeval.backends.tokens import conventions, generation_context, rolling_windows
 from qeval.config import RunConfig
 from qeval.config.setups import QUANTIZED_WEIGHTS, Setup
@@ -70,6 +71,8 @@ class HFBackend:
         self.tok: Any = None
         self._rss_after_load = 0
         self._gguf_dir: Any = None  # a private folder for a GGUF file (see _gguf_alone), removed with this object
+        # every setup of a run with a KV setup decodes on the cache's path (hf/support.py decodes_from_cache)
+        self.from_cache = setup.quantizes_kv or decodes_from_cache(cfg)
 
     # -- lifecycle -------------------------------------------------------------------
     def load(self) -> None:
@@ -298,7 +301,9 @@ class HFBackend:
             **kw,
         )
 
-    def _prefill(self, prefixes: list[list[int]], keep_last: bool = False) -> tuple[Any, torch.Tensor, Any]:
+    def _prefill(
+        self, prefixes: list[list[int]], keep_last: bool = False, share: bool = True
+    ) -> tuple[Any, torch.Tensor, Any]:
         """Left-padded prefill into a fresh cache: the cache, the prefix mask, and (keep_last)
         the logits of each row's last position. Only those are computed (logits_to_keep=1):
         the full-vocabulary logits of every prefix position are never needed.
@@ -307,7 +312,7 @@ class HFBackend:
         an MMLU subject, which lm-eval draws `first_n`) is run once and its cache rows
         repeated; each row's own tokens follow it, padded in between."""
         cache = kv_cache.new_cache(self.model.config, self.setup)
-        shared = 0 if self.setup.quantizes_kv or len(prefixes) < 2 else _common_prefix(prefixes)
+        shared = 0 if not share or self.setup.quantizes_kv or len(prefixes) < 2 else _common_prefix(prefixes)
         if shared < MIN_SHARED_PREFIX:
             shared = 0
         else:
@@ -405,6 +410,7 @@ class HFBackend:
                 tokens = chunked.greedy_chunked(
                     self.model,
                     self.setup,
+                    self.from_cache,
                     ctx,
                     r.max_gen_toks,
                     self.chunk,
@@ -430,13 +436,15 @@ class HFBackend:
         return out
 
     def _greedy(self, ctxs: list[list[int]], reqs: list[GenerateRequest], max_new: int) -> list[str]:
-        """Decode from a prefilled cache. Unquantized KV: the prefill's last position gives the
-        first token, and a row that has finished leaves the batch (its compute is not spent on
-        padding until the slowest row stops). Quantized KV: the last context token is fed from
+        """Decode from a prefilled cache. In a run without a KV setup: the prefill's last position
+        gives the first token, rows share a common prefix, and a row that has finished leaves the
+        batch (its compute is not spent on padding until the slowest row stops). Where a setup
+        quantizes KV (`from_cache`, every setup of that run): the last context token is fed from
         the cache like every later one, so each generated token is predicted from K/V that came
-        out of the cache (quantized caches cannot drop rows: finished rows ride along)."""
-        fresh = not self.setup.quantizes_kv
-        cache, mask, last = self._prefill(ctxs if fresh else [c[:-1] for c in ctxs], keep_last=fresh)
+        out of the cache, and no prefix is shared or row dropped (quantized caches cannot drop
+        rows: finished rows ride along), so that the baseline is decoded as the KV setups are."""
+        fresh = not self.from_cache
+        cache, mask, last = self._prefill(ctxs if fresh else [c[:-1] for c in ctxs], keep_last=fresh, share=fresh)
         pos = mask.sum(1, keepdim=True)
         generated: list[list[int]] = [[] for _ in ctxs]
         done = [False] * len(ctxs)

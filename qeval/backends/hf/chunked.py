@@ -67,17 +67,19 @@ def prefill_chunked(model: Any, setup: Setup, prefix: list[int], chunk: int, dev
 def greedy_chunked(
     model: Any,
     setup: Setup,
+    from_cache: bool,
     ctx: list[int],
     max_new: int,
     chunk: int,
     device: str,
     stops: Callable[[list[int], int], bool],
 ) -> list[int]:
-    """Greedy decoding of one long prompt, as the batched path decodes: unquantized KV, the
-    prefill's last position gives the first token; quantized KV, all but the last context
-    token are prefilled and that token is fed from the cache like every later one, so each
-    generated token is predicted from K/V that came out of the cache."""
-    fresh = not setup.quantizes_kv
+    """Greedy decoding of one long prompt, as the batched path decodes: in a run without a KV
+    setup, the prefill's last position gives the first token; `from_cache` (every setup of a run
+    with a KV setup), all but the last context token are prefilled and that token is fed from the
+    cache like every later one, so each generated token is predicted from K/V that came out of the
+    cache."""
+    fresh = not from_cache
     cache, last = prefill_chunked(model, setup, ctx if fresh else ctx[:-1], chunk, device)
     step = None if fresh else ctx[-1]
     generated: list[int] = []

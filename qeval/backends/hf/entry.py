@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from qeval.backends import BackendEntry
 from qeval.backends.hf.kv_rule import HeldKv
-from qeval.backends.hf.support import validate, validate_model
+from qeval.backends.hf.support import key_parts, validate, validate_model
 
 if TYPE_CHECKING:
     from qeval.backends.base import Backend
@@ -41,6 +41,7 @@ BACKEND = BackendEntry(
     worker_python=lambda cfg: sys.executable,
     create=_create,
     validate_model=validate_model,
+    key_parts=key_parts,  # the decoding path, where a KV setup makes it the cache's
     serves_checkpoints=True,
     # transformers' cache layers (cache_utils.py): what qeval's own worker holds per sequence
     kv_accounting=lambda cfg, device: HeldKv(),

@@ -15,12 +15,15 @@ layer's input in software (fake quantization): hf/quant.py `checkpoint_info` rec
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qeval.config.setups import CHECKPOINT_WEIGHTS, TURBOQUANT, Setup
 from qeval.errors import UserError
 from qeval.model.checkpoint import CUDA_ONLY, PACKAGES, checkpoint_config, quantization_config
 from qeval.model.shape import ModelShape, layer_kinds
+
+if TYPE_CHECKING:
+    from qeval.config import RunConfig
 
 #: method -> (package that implements it on transformers, weight precisions it offers)
 WEIGHT_METHODS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -186,3 +189,25 @@ def _check_keep(setup: Setup, config: dict[str, Any]) -> None:
     problem = setup.keep_problem(names)
     if problem:
         raise UserError(f"{problem} (on hf)")
+
+
+#: the resume-key part of a run whose every generation is decoded from the cache (`decodes_from_cache`)
+FROM_CACHE = {"generation": "from the cache"}
+
+
+def decodes_from_cache(cfg: RunConfig) -> bool:
+    """Whether every setup of this run decodes as a quantized KV cache must: the prompt's last
+    token fed from the cache, no prefix shared between rows, no finished row dropped from the
+    batch. True where any setup of the config quantizes its KV cache, so that the baseline and the
+    weight setups are decoded on the same path as the KV setups they are compared with: on the
+    shorter path (the first token from the prefill's last position) a close call between two
+    first tokens went one way on the baseline and the other on every KV setup, 5 of 24 answers of
+    a multi-turn probe on SmolLM2 in bf16, a difference of paths, not of the quantizer
+    (docs/benchmarks.md, "Which layers' KV cache"). The config's setups, not the invocation's
+    (--setups): a baseline's numbers do not depend on which setups run beside it."""
+    return any(s.quantizes_kv for s in cfg.setups)
+
+
+def key_parts(cfg: RunConfig) -> dict[str, str]:
+    """The hf backend's resume-key parts: the decoding path, where it is the cache's."""
+    return dict(FROM_CACHE) if decodes_from_cache(cfg) else {}
